@@ -1,0 +1,58 @@
+#include "base.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool grow(kb_str *b, size_t extra) {
+    if (b->oom) return false;
+    if (b->len + extra + 1 <= b->cap) return true;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + extra + 1) cap *= 2;
+    char *s = realloc(b->s, cap);
+    if (!s) {
+        b->oom = true;
+        return false;
+    }
+    b->s = s;
+    b->cap = cap;
+    return true;
+}
+
+void kb_str_addn(kb_str *b, const char *s, size_t n) {
+    if (!grow(b, n)) return;
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+}
+
+void kb_str_add(kb_str *b, const char *s) { kb_str_addn(b, s, strlen(s)); }
+
+void kb_str_addf(kb_str *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || !grow(b, (size_t)n)) return;
+    va_start(ap, fmt);
+    vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+char *kb_str_take(kb_str *b) {
+    char *s = b->oom ? NULL : b->s;
+    if (!s && !b->oom) s = calloc(1, 1);
+    if (b->oom) free(b->s);
+    b->s = NULL;
+    b->len = b->cap = 0;
+    b->oom = false;
+    return s;
+}
+
+void kb_str_free(kb_str *b) {
+    free(b->s);
+    b->s = NULL;
+    b->len = b->cap = 0;
+    b->oom = false;
+}

@@ -1,0 +1,62 @@
+/* codegen: embedded Lua 5.4, templates, kernel instantiation, NVRTC, and the compile driver.
+ * Prefix cg_. */
+#ifndef KILN_CODEGEN_H
+#define KILN_CODEGEN_H
+
+#include "ir/ir.h"
+
+/* Bumped whenever generated code can change for the same IR; part of every kernel key. */
+#define CG_CODEGEN_VERSION 1
+
+typedef struct {
+    int      node;           /* ir node it implements */
+    char     name[64];       /* entry point (content-derived, e.g. "ew_mul_silu") */
+    char    *source;         /* complete CUDA C translation unit, with its header comment */
+    unsigned grid[3], block[3];
+    unsigned smem;
+    int      nparams;        /* kernel parameters: device pointers of these buffers, in order */
+    int      params[IR_MAX_IN + 1];
+    uint8_t  key[16];        /* kernel cache key */
+    char     key_hex[33];
+    void    *cubin;          /* NULL with skip_nvrtc */
+    size_t   cubin_size;
+    bool     from_cache;
+} cg_kernel;
+
+/* Lua state with the templates loaded: embedded at build time, or read from $KILN_TEMPLATE_DIR
+ * when that is set (for template development). */
+typedef struct cg_lua cg_lua;
+kiln_status cg_lua_new(cg_lua **out);
+void        cg_lua_free(cg_lua *L);
+
+/* Instantiates the template for ir node `node` into k (name, source, launch config, params).
+ * Deterministic: the same IR gives byte-identical source. k->source is owned by k. */
+kiln_status cg_generate(cg_lua *L, const ir_prog *p, int node, cg_kernel *k);
+void        cg_kernel_clear(cg_kernel *k);
+
+/* NVRTC, linked dynamically. The options used for arch go into the kernel key too. */
+#define CG_MAX_OPTS 8
+int         cg_nvrtc_options(const char *arch, const char *opts[CG_MAX_OPTS]); /* returns count */
+kiln_status cg_nvrtc_version(int *major, int *minor);
+/* Compiles src for arch ("sm_90a") to a cubin (malloc'd). On failure the status holds the log. */
+kiln_status cg_nvrtc_compile(const char *src, const char *name, const char *arch, void **cubin,
+                             size_t *size);
+
+/* The embedded templates: generated at build time from templates/ (build/gen/templates.c). */
+typedef struct {
+    const char *name; /* file name without ".lua" */
+    const char *text;
+    size_t      len;
+} cg_template_file;
+extern const cg_template_file cg_templates[];
+extern const int cg_ntemplates;
+
+struct kiln_program {
+    ir_prog           *ir;
+    cg_kernel         *kernels; /* launch order */
+    int                nkernels;
+    char               arch[16];
+    kiln_compile_stats stats;
+};
+
+#endif

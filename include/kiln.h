@@ -1,0 +1,211 @@
+/*
+ * kiln — a compiler from ggml-style compute graphs to specialized CUDA programs.
+ *
+ * Usage (error handling shortened; every fallible call returns a kiln_status, NULL on success):
+ *
+ *     kiln_ctx *ctx = kiln_ctx_new();
+ *     int64_t ne[2] = {4096, 8};
+ *     kiln_tensor *x = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 2, ne);
+ *     kiln_tensor *w = kiln_new_tensor(ctx, KILN_ROLE_WEIGHT, KILN_F16, "w", 1, ne);
+ *     kiln_tensor *y = kiln_silu(ctx, kiln_mul(ctx, x, w));       // w broadcasts over rows
+ *     kiln_set_output(ctx, y, "y");
+ *
+ *     kiln_graph *g;   kiln_status st = kiln_graph_new(ctx, &g);  // builder errors surface here
+ *     kiln_program *p; if (!st) st = kiln_compile(g, NULL, &p);   // Lua codegen + NVRTC + cache
+ *     kiln_session *s; if (!st) st = kiln_session_new(p, NULL, &s); // needs a GPU
+ *     if (!st) st = kiln_session_set(s, "x", host_x, sizeof host_x);
+ *     if (!st) st = kiln_session_set(s, "w", host_w, sizeof host_w);
+ *     if (!st) st = kiln_session_run(s);                          // first run captures a CUDA graph
+ *     if (!st) st = kiln_session_get(s, "y", host_y, sizeof host_y);
+ *     if (st) { fprintf(stderr, "%s\n", kiln_status_msg(st)); kiln_status_free(st); }
+ *
+ * Tensors follow ggml: ne[0] is the innermost (fastest) dimension, nb[i] is the stride of
+ * dimension i in bytes, and op semantics (broadcasting, views, ...) are ggml's.
+ */
+#ifndef KILN_H
+#define KILN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_VERSION "0.1.0"
+#define KILN_MAX_DIMS 4
+
+/* ---- status ------------------------------------------------------------------------------- */
+
+typedef enum {
+    KILN_OK = 0,
+    KILN_ERR_INVALID,   /* bad argument to an API call */
+    KILN_ERR_PARSE,     /* .kg text could not be parsed */
+    KILN_ERR_SHAPE,     /* shapes or types do not fit the op */
+    KILN_ERR_IO,        /* file system */
+    KILN_ERR_NOMEM,     /* host allocation failed */
+    KILN_ERR_CODEGEN,   /* a template failed (Lua error) */
+    KILN_ERR_NVRTC,     /* NVRTC missing or compilation failed */
+    KILN_ERR_CACHE,     /* cache entry corrupt or unusable */
+    KILN_ERR_NO_GPU,    /* no CUDA driver or no GPU */
+    KILN_ERR_CUDA,      /* a CUDA driver call failed */
+    KILN_ERR_NOT_FOUND, /* a name that is not in the graph or program */
+} kiln_code;
+
+/* NULL means success; otherwise an owned object the caller frees with kiln_status_free. */
+typedef struct kiln_status_s *kiln_status;
+
+kiln_code   kiln_status_code(kiln_status st);
+const char *kiln_status_msg(kiln_status st);          /* "" for NULL */
+void        kiln_status_free(kiln_status st);
+const char *kiln_code_name(kiln_code code);
+
+/* ---- types and tensors -------------------------------------------------------------------- */
+
+typedef enum { KILN_F32, KILN_F16, KILN_BF16, KILN_I32, KILN_I64, KILN_TYPE_COUNT } kiln_type;
+
+typedef enum {
+    KILN_ROLE_NONE,   /* an intermediate value */
+    KILN_ROLE_INPUT,  /* data supplied per run */
+    KILN_ROLE_WEIGHT, /* data supplied once */
+    KILN_ROLE_OUTPUT, /* a result read back after a run */
+} kiln_role;
+
+const char *kiln_type_name(kiln_type t);     /* "f32", ... */
+size_t      kiln_type_size(kiln_type t);
+int         kiln_type_from_name(const char *name, kiln_type *out); /* 0 on success */
+
+typedef struct kiln_ctx kiln_ctx;
+typedef struct kiln_tensor kiln_tensor;
+typedef struct kiln_graph kiln_graph;
+typedef struct kiln_program kiln_program;
+typedef struct kiln_session kiln_session;
+
+kiln_ctx *kiln_ctx_new(void);
+void      kiln_ctx_free(kiln_ctx *ctx);
+
+/* Builders never fail loudly: on bad arguments they return NULL and record the first error in
+ * the context; any later builder given a NULL operand returns NULL too. The recorded error is
+ * returned by kiln_ctx_status and by kiln_graph_new, so one check after building suffices. */
+kiln_status kiln_ctx_status(const kiln_ctx *ctx); /* a copy of the first error, or NULL */
+
+kiln_tensor *kiln_new_tensor(kiln_ctx *ctx, kiln_role role, kiln_type type, const char *name,
+                             int n_dims, const int64_t *ne);
+void         kiln_set_name(kiln_ctx *ctx, kiln_tensor *t, const char *name);
+void         kiln_set_output(kiln_ctx *ctx, kiln_tensor *t, const char *name); /* name may be NULL */
+
+kiln_type    kiln_tensor_type(const kiln_tensor *t);
+int64_t      kiln_tensor_ne(const kiln_tensor *t, int dim);
+size_t       kiln_tensor_nb(const kiln_tensor *t, int dim);
+int64_t      kiln_tensor_nelements(const kiln_tensor *t);
+size_t       kiln_tensor_nbytes(const kiln_tensor *t); /* bytes spanned by the layout */
+const char  *kiln_tensor_name(const kiln_tensor *t);
+kiln_role    kiln_tensor_role(const kiln_tensor *t);
+
+/* Views (alias their source, like ggml): */
+kiln_tensor *kiln_reshape(kiln_ctx *ctx, kiln_tensor *a, int n_dims, const int64_t *ne);
+kiln_tensor *kiln_view(kiln_ctx *ctx, kiln_tensor *a, int n_dims, const int64_t *ne,
+                       const size_t *nb /* nb[1..n_dims-1], n_dims-1 entries */, size_t offset);
+kiln_tensor *kiln_permute(kiln_ctx *ctx, kiln_tensor *a, int ax0, int ax1, int ax2, int ax3);
+kiln_tensor *kiln_transpose(kiln_ctx *ctx, kiln_tensor *a);
+/* A contiguous copy (an op, not a view). */
+kiln_tensor *kiln_cont(kiln_ctx *ctx, kiln_tensor *a);
+
+/* Binary ops: b is broadcast to a's shape (a.ne[i] % b.ne[i] == 0); the result has a's type. */
+kiln_tensor *kiln_add(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_sub(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_mul(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_div(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b);
+/* a*s + b, as ggml_scale_bias. */
+kiln_tensor *kiln_scale(kiln_ctx *ctx, kiln_tensor *a, float s, float b);
+
+/* Unary ops, elementwise, result of a's type. gelu is ggml's tanh approximation. */
+kiln_tensor *kiln_neg(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_exp(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_sqr(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_sqrt(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_silu(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_gelu(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_relu(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_tanh(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_sigmoid(kiln_ctx *ctx, kiln_tensor *a);
+
+/* ---- text graph format (.kg, docs/graph-format.md) ----------------------------------------- */
+
+/* Parses text into ctx (which should be empty). filename only labels errors ("f.kg:3:7: ..."). */
+kiln_status kiln_parse(kiln_ctx *ctx, const char *text, size_t len, const char *filename);
+kiln_status kiln_load(kiln_ctx *ctx, const char *path);
+/* Canonical text of every tensor in ctx; print(parse(print(g))) == print(g). Caller frees. */
+kiln_status kiln_print(const kiln_ctx *ctx, char **text);
+
+/* ---- graph, compile, run ------------------------------------------------------------------ */
+
+/* The outputs of ctx and everything they depend on, in topological order. Fails when ctx holds
+ * a builder error or no output. The graph refers to ctx, which must outlive it. */
+kiln_status kiln_graph_new(kiln_ctx *ctx, kiln_graph **out);
+void        kiln_graph_free(kiln_graph *g);
+
+typedef enum { KILN_CACHE_ON, KILN_CACHE_OFF, KILN_CACHE_READONLY, KILN_CACHE_REFRESH } kiln_cache_mode;
+
+typedef struct {
+    const char     *arch;       /* "sm_90a" (default), "sm_80", ... */
+    const char     *dump_dir;   /* write each kernel's .cu and program.txt here (NULL: $KILN_DUMP) */
+    const char     *cache_dir;  /* NULL: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln */
+    kiln_cache_mode cache_mode;
+    int             no_fuse;    /* disable all fusion passes */
+    int             skip_nvrtc; /* generate sources only (for inspect/tests); program cannot run */
+    void (*log)(void *user, const char *line); /* warnings and progress; NULL: stderr */
+    void           *log_user;
+} kiln_compile_opts;
+
+typedef struct {
+    int    kernels;        /* kernels in the program */
+    int    compiled;       /* of those, compiled by NVRTC in this call */
+    int    cached;         /* of those, loaded from the kernel cache */
+    int    corrupt;        /* cache entries found corrupt, removed and rebuilt */
+    double ms;             /* wall time of kiln_compile */
+} kiln_compile_stats;
+
+kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_opts *opts, kiln_program **out);
+void        kiln_program_free(kiln_program *p);
+void        kiln_program_stats(const kiln_program *p, kiln_compile_stats *stats);
+/* The IR after passes and the memory plan, as deterministic text. Caller frees. */
+kiln_status kiln_program_describe(const kiln_program *p, char **text);
+/* Kernel i's generated CUDA source and 128-bit cache key as 32 hex digits; NULL if out of range. */
+int         kiln_program_kernel_count(const kiln_program *p);
+const char *kiln_program_kernel_source(const kiln_program *p, int i);
+const char *kiln_program_kernel_key(const kiln_program *p, int i);
+const char *kiln_program_kernel_name(const kiln_program *p, int i);
+
+typedef struct {
+    int no_cuda_graph; /* launch kernels one by one instead of replaying a captured CUDA graph */
+    int device;        /* CUDA device ordinal */
+} kiln_session_opts;
+
+/* Loads the program on the GPU. Fails with KILN_ERR_NO_GPU when no driver or device exists. */
+kiln_status kiln_session_new(const kiln_program *p, const kiln_session_opts *opts, kiln_session **out);
+void        kiln_session_free(kiln_session *s);
+/* Copies host data into the input or weight named name; bytes must equal its contiguous size. */
+kiln_status kiln_session_set(kiln_session *s, const char *name, const void *data, size_t bytes);
+/* Runs the program once and waits for it. The first run with CUDA graphs captures; later ones replay. */
+kiln_status kiln_session_run(kiln_session *s);
+kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size_t bytes);
+/* Milliseconds of GPU time of the last run (events around it). */
+double      kiln_session_last_ms(const kiln_session *s);
+int         kiln_session_captures(const kiln_session *s); /* CUDA graphs captured so far */
+
+/* ---- CPU reference -------------------------------------------------------------------------- */
+
+/* Evaluates g on the CPU with ggml semantics, node by node, nothing fused. Inputs and weights
+ * come from get(user, name, type, nelements) returning contiguous host data of that type. Each
+ * output's contiguous values are passed to put. */
+typedef const void *(*kiln_ref_get_fn)(void *user, const char *name, kiln_type type, int64_t n);
+typedef void (*kiln_ref_put_fn)(void *user, const char *name, kiln_type type, int64_t n,
+                                const void *data);
+kiln_status kiln_reference(const kiln_graph *g, kiln_ref_get_fn get, kiln_ref_put_fn put, void *user);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

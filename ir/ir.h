@@ -1,0 +1,93 @@
+/* ir: the graph lowered to kernels over buffers; passes; the CPU reference evaluator.
+ * Prefix ir_.
+ *
+ * After lowering, every value lives in a buffer (an input, a weight, an output, or a temporary
+ * in the arena), views are gone — folded into the strided layouts (ir_ref) through which nodes
+ * read and write buffers — and each node is one kernel. */
+#ifndef KILN_IR_H
+#define KILN_IR_H
+
+#include "frontend/frontend.h"
+
+#define IR_MAX_IN 16     /* distinct operands of one kernel */
+#define IR_MAX_INSTR 64  /* instructions of one fused elementwise kernel */
+#define IR_ALIGN 256     /* byte alignment of every arena placement */
+
+typedef enum { IR_BUF_INPUT, IR_BUF_WEIGHT, IR_BUF_OUTPUT, IR_BUF_TEMP } ir_buf_kind;
+
+typedef struct {
+    ir_buf_kind kind;
+    kiln_type   type;
+    int64_t     ne[4];  /* natural (contiguous) shape */
+    size_t      bytes;
+    char        name[FE_MAX_NAME]; /* graph name of the tensor that owns it */
+    size_t      offset; /* TEMP: byte offset in the arena, set by ir_memplan */
+    int         first, last; /* TEMP: first and last node using it, set by ir_memplan */
+} ir_buf;
+
+/* A strided view of a buffer. Strides and offset count elements of `type`. */
+typedef struct {
+    int       buf;
+    kiln_type type;
+    int64_t   ne[4];
+    int64_t   st[4];
+    int64_t   offs;
+} ir_ref;
+
+/* One step of an elementwise kernel. Registers 0..nin-1 hold the kernel's loaded inputs (in[i]
+ * read at the output coordinate, broadcast by modulo); register nin+k holds instruction k's
+ * result. Binary ops read a and b; unary ops read a; SCALE uses f[0], f[1]; CONT is identity.
+ * The last instruction's result is stored to dst. All arithmetic is f32. */
+typedef struct {
+    fe_op op;
+    int   a, b;
+    float f[2];
+} ir_instr;
+
+typedef enum { IR_EW } ir_kind;
+
+typedef struct {
+    ir_kind  kind;
+    bool     dead;  /* removed by a pass; skipped everywhere */
+    ir_ref   dst;   /* dst.ne is the kernel's index space */
+    int      nin;
+    ir_ref   in[IR_MAX_IN];
+    int      ninstr;
+    ir_instr ins[IR_MAX_INSTR];
+    int      nsrc;             /* graph nodes this kernel implements (tensor ids), in order */
+    int      src[IR_MAX_INSTR];
+    const char *fusion;        /* NULL, or the name of the pass that fused it */
+} ir_node;
+
+typedef struct ir_prog {
+    const kiln_graph *g;
+    ir_buf  *bufs;
+    int      nbufs, capbufs;
+    ir_node *nodes;
+    int      nnodes, capnodes;
+    size_t   arena_bytes; /* set by ir_memplan */
+} ir_prog;
+
+kiln_status ir_lower(const kiln_graph *g, ir_prog **out);
+void        ir_prog_free(ir_prog *p);
+/* Checks the invariants every pass must keep (operands in range, buffers written before read,
+ * layouts inside their buffers). Run after every pass in tests. */
+kiln_status ir_verify(const ir_prog *p);
+
+/* Passes, in pipeline order (see ir_run_passes). */
+kiln_status ir_fuse_elementwise(ir_prog *p); /* ir/fuse_elementwise.c */
+kiln_status ir_memplan(ir_prog *p);          /* ir/memplan.c */
+kiln_status ir_run_passes(ir_prog *p, bool fuse);
+
+/* Deterministic text: nodes, layouts, fusions, memory plan. */
+void ir_print(const ir_prog *p, kb_str *out);
+/* Name of graph tensor `id` for messages and dumps. */
+const char *ir_node_name(const ir_prog *p, int tensor_id);
+
+/* CPU evaluation of p's live nodes. data[i] is host memory for buffer i (bufs[i].bytes each),
+ * inputs and weights filled in by the caller; temporaries and outputs are written. */
+kiln_status ir_eval(const ir_prog *p, void **data);
+/* Scalar semantics of one elementwise op in f32 (also the reference of the generated code). */
+float ir_apply(const ir_instr *in, float a, float b);
+
+#endif

@@ -1,0 +1,31 @@
+/* Helpers shared by the Check test programs (tests/test_*.c, tests/gpu/test_*.c). Prefix ts_. */
+#ifndef KILN_TEST_SUPPORT_H
+#define KILN_TEST_SUPPORT_H
+
+#include <check.h>
+
+#include "kiln.h"
+
+/* Fails the test with the status message when st is an error; frees st. */
+#define TS_OK(expr)                                                                           \
+    do {                                                                                      \
+        kiln_status ts_st_ = (expr);                                                          \
+        ck_assert_msg(ts_st_ == NULL, "%s failed: %s", #expr, kiln_status_msg(ts_st_));       \
+    } while (0)
+
+/* A new empty directory under $TMPDIR (or /tmp). Caller frees the string. */
+char *ts_tmpdir(void);
+/* rm -rf */
+void  ts_rmtree(const char *dir);
+/* Parses .kg text into a new context; fails the test on error. */
+kiln_ctx *ts_parse(const char *text);
+/* Runs a shell command, capturing stdout and stderr together into *out (caller frees; may be
+ * NULL). Returns the exit status, or -1 if it could not be run. */
+int ts_run(const char *cmd, char **out);
+/* The kiln binary ($KILN_BIN, else build/kiln) and the source tree ($KILN_SRC, else "."). */
+const char *ts_kiln_bin(void);
+const char *ts_src_dir(void);
+/* Runs one suite with CK_NORMAL output; returns the process exit status. */
+int ts_main(Suite *s);
+
+#endif
