@@ -33,7 +33,8 @@ kiln_status kc_default_dir(const char *explicit_dir, char **out);
 
 /* Looks up key. A miss (or mode off/refresh) gives *data = NULL and no error. A corrupt entry
  * (bad magic, version, key, length or checksum) is reported through log, removed, counted in
- * *corrupt, and treated as a miss. */
+ * *corrupt, and treated as a miss. A hit gives *data from malloc (caller frees; non-NULL even
+ * for an empty payload) and its length in *size. corrupt may be NULL. */
 kiln_status kc_get(const kc_cache *c, kc_key key, void **data, size_t *size, int *corrupt);
 /* Stores an entry atomically (not in modes off and readonly). */
 kiln_status kc_put(const kc_cache *c, kc_key key, const void *data, size_t size);

@@ -145,6 +145,8 @@ kiln_status kiln_print(const kiln_ctx *ctx, char **text);
  * a builder error or no output. The graph refers to ctx, which must outlive it. */
 kiln_status kiln_graph_new(kiln_ctx *ctx, kiln_graph **out);
 void        kiln_graph_free(kiln_graph *g);
+int          kiln_graph_size(const kiln_graph *g);
+kiln_tensor *kiln_graph_node(const kiln_graph *g, int i); /* NULL if out of range */
 
 typedef enum { KILN_CACHE_ON, KILN_CACHE_OFF, KILN_CACHE_READONLY, KILN_CACHE_REFRESH } kiln_cache_mode;
 

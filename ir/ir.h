@@ -37,11 +37,14 @@ typedef struct {
 /* One step of an elementwise kernel. Registers 0..nin-1 hold the kernel's loaded inputs (in[i]
  * read at the output coordinate, broadcast by modulo); register nin+k holds instruction k's
  * result. Binary ops read a and b; unary ops read a; SCALE uses f[0], f[1]; CONT is identity.
- * The last instruction's result is stored to dst. All arithmetic is f32. */
+ * The last instruction's result is stored to dst. All arithmetic is f32, and each result is
+ * rounded to `type` (a no-op for f32): the type the graph stored that value in, so a fused
+ * kernel computes exactly what the unfused graph computes. */
 typedef struct {
-    fe_op op;
-    int   a, b;
-    float f[2];
+    fe_op     op;
+    int       a, b;
+    float     f[2];
+    kiln_type type;
 } ir_instr;
 
 typedef enum { IR_EW } ir_kind;

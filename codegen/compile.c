@@ -1,0 +1,228 @@
+/* kiln_compile: the whole pipeline for one graph.
+ *
+ *   lower -> passes -> for each kernel: template (Lua) -> key -> cache hit, or NVRTC + store
+ *         -> dumps
+ *
+ * Kernels with the same key (identical layers) are compiled or loaded once and share a cubin. */
+#include "codegen.h"
+
+#include "cache/cache.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const kiln_compile_opts *o;
+    char                     arch[16];
+    const char              *dump_dir;
+    kc_cache                 cache;
+    const char              *nvrtc_opts[CG_MAX_OPTS];
+    int                      nopts;
+    int                      nvrtc_major, nvrtc_minor;
+} compile_env;
+
+static void default_log(void *user, const char *line) {
+    (void)user;
+    fprintf(stderr, "%s\n", line);
+}
+
+static kiln_status check_arch(const char *arch) {
+    const char *p = arch;
+    if (strncmp(p, "sm_", 3) != 0) goto bad;
+    p += 3;
+    if (!(*p >= '0' && *p <= '9')) goto bad;
+    while (*p >= '0' && *p <= '9') p++;
+    if (*p == 'a') p++;
+    if (*p == 0 && strlen(arch) < 16) return NULL;
+bad:
+    return kb_error(KILN_ERR_INVALID, "unknown GPU architecture '%s' (expected sm_XY or sm_XYa, e.g. sm_90a, sm_80)", arch);
+}
+
+static kiln_status setup(compile_env *e, const kiln_compile_opts *o) {
+    e->o = o;
+    kiln_status st = check_arch(o->arch ? o->arch : "sm_90a");
+    if (st) return st;
+    snprintf(e->arch, sizeof e->arch, "%s", o->arch ? o->arch : "sm_90a");
+    e->dump_dir = o->dump_dir ? o->dump_dir : getenv("KILN_DUMP");
+    if (e->dump_dir && !*e->dump_dir) e->dump_dir = NULL;
+    e->cache.mode = o->cache_mode;
+    e->cache.log = o->log ? o->log : default_log;
+    e->cache.log_user = o->log_user;
+    if (o->skip_nvrtc) return NULL;
+    if ((st = cg_nvrtc_version(&e->nvrtc_major, &e->nvrtc_minor))) return st;
+    e->nopts = cg_nvrtc_options(e->arch, e->nvrtc_opts);
+    if (o->cache_mode != KILN_CACHE_OFF) return kc_default_dir(o->cache_dir, &e->cache.dir);
+    return NULL;
+}
+
+/* Finds an earlier kernel of the program with the same key. */
+static const cg_kernel *same_key(const kiln_program *p, int upto, const uint8_t key[16]) {
+    for (int i = 0; i < upto; i++)
+        if (p->kernels[i].cubin && memcmp(p->kernels[i].key, key, 16) == 0) return &p->kernels[i];
+    return NULL;
+}
+
+static kiln_status obtain_cubin(compile_env *e, kiln_program *p, int i) {
+    cg_kernel *k = &p->kernels[i];
+    kc_key key = kc_kernel_key(k->source, e->nvrtc_opts, e->nopts, e->arch, e->nvrtc_major,
+                               e->nvrtc_minor, CG_CODEGEN_VERSION);
+    memcpy(k->key, key.b, 16);
+    kc_key_hex(key, k->key_hex);
+    if (e->o->skip_nvrtc) return NULL;
+    const cg_kernel *twin = same_key(p, i, k->key);
+    if (twin) {
+        k->cubin = malloc(twin->cubin_size);
+        if (!k->cubin) return kb_oom();
+        memcpy(k->cubin, twin->cubin, twin->cubin_size);
+        k->cubin_size = twin->cubin_size;
+        k->from_cache = twin->from_cache;
+        return NULL;
+    }
+    int corrupt = 0;
+    kiln_status st = kc_get(&e->cache, key, &k->cubin, &k->cubin_size, &corrupt);
+    p->stats.corrupt += corrupt;
+    if (st) return st;
+    if (k->cubin) {
+        k->from_cache = true;
+        p->stats.cached++;
+        return NULL;
+    }
+    if ((st = cg_nvrtc_compile(k->source, k->name, e->arch, &k->cubin, &k->cubin_size))) return st;
+    p->stats.compiled++;
+    return kc_put(&e->cache, key, k->cubin, k->cubin_size);
+}
+
+/* The comment heading a dumped kernel: what graph nodes it implements, and how it launches. */
+static void dump_header(kb_str *o, const kiln_program *p, int i) {
+    const cg_kernel *k = &p->kernels[i];
+    const ir_node *n = &p->ir->nodes[k->node];
+    kb_str_addf(o, "/* kiln %s: kernel %d of %d, %s\n * graph nodes:", KILN_VERSION, i + 1, p->nkernels, k->name);
+    for (int s = 0; s < n->nsrc; s++) {
+        const kiln_tensor *t = p->ir->g->ctx->t[n->src[s]];
+        kb_str_addf(o, "%s %s (%s)", s ? "," : "", t->name, fe_ops[t->op].name);
+    }
+    kb_str_addf(o, "\n * fusion: %s\n * launch: grid (%u, %u, %u), block (%u, %u, %u), %u bytes shared\n",
+                n->fusion ? n->fusion : "none", k->grid[0], k->grid[1], k->grid[2], k->block[0],
+                k->block[1], k->block[2], k->smem);
+    kb_str_addf(o, " * buffers:");
+    for (int a = 0; a < k->nparams; a++) kb_str_addf(o, "%s p%d = %s", a ? "," : "", a, p->ir->bufs[k->params[a]].name);
+    kb_str_addf(o, "\n * key: %s (%s)\n */\n", k->key_hex, p->arch);
+}
+
+static kiln_status write_dumps(const compile_env *e, const kiln_program *p) {
+    kiln_status st = kb_mkdirs(e->dump_dir);
+    for (int i = 0; i < p->nkernels && !st; i++) {
+        const cg_kernel *k = &p->kernels[i];
+        kb_str o = {0};
+        dump_header(&o, p, i);
+        kb_str_add(&o, k->source);
+        char *path = NULL;
+        if (asprintf(&path, "%s/%03d_%s_%.8s.cu", e->dump_dir, i, k->name, k->key_hex) < 0) path = NULL;
+        st = o.oom || !path ? kb_oom() : kb_write_file(path, o.s, o.len);
+        free(path);
+        kb_str_free(&o);
+    }
+    if (st) return st;
+    char *text = NULL, *path = NULL;
+    st = kiln_program_describe(p, &text);
+    if (!st && asprintf(&path, "%s/program.txt", e->dump_dir) < 0) st = kb_oom();
+    if (!st) st = kb_write_file(path, text, strlen(text));
+    free(text);
+    free(path);
+    return st;
+}
+
+static kiln_status generate_all(compile_env *e, kiln_program *p) {
+    cg_lua *L;
+    kiln_status st = cg_lua_new(&L);
+    if (st) return st;
+    int live = 0;
+    for (int i = 0; i < p->ir->nnodes; i++) live += !p->ir->nodes[i].dead;
+    p->kernels = calloc((size_t)live + 1, sizeof *p->kernels);
+    if (!p->kernels) st = kb_oom();
+    for (int i = 0; i < p->ir->nnodes && !st; i++) {
+        if (p->ir->nodes[i].dead) continue;
+        cg_kernel *k = &p->kernels[p->nkernels++];
+        st = cg_generate(L, p->ir, i, k);
+        if (!st) st = obtain_cubin(e, p, p->nkernels - 1);
+        if (st) st = kb_wrap(st, "kernel %d (%s)", p->nkernels - 1, k->name[0] ? k->name : "?");
+    }
+    cg_lua_free(L);
+    return st;
+}
+
+kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_opts *opts, kiln_program **out) {
+    if (!g || !out) return kb_error(KILN_ERR_INVALID, "kiln_compile: NULL argument");
+    *out = NULL;
+    double t0 = kb_now_ms();
+    kiln_compile_opts defaults = {0};
+    compile_env e = {0};
+    kiln_status st = setup(&e, opts ? opts : &defaults);
+    kiln_program *p = calloc(1, sizeof *p);
+    if (!st && !p) st = kb_oom();
+    if (!st) {
+        snprintf(p->arch, sizeof p->arch, "%s", e.arch);
+        st = ir_lower(g, &p->ir);
+    }
+    if (!st) st = ir_run_passes(p->ir, !e.o->no_fuse);
+    if (!st) st = generate_all(&e, p);
+    if (!st && e.dump_dir) st = write_dumps(&e, p);
+    free(e.cache.dir);
+    if (st) {
+        kiln_program_free(p);
+        return st;
+    }
+    p->stats.kernels = p->nkernels;
+    p->stats.ms = kb_now_ms() - t0;
+    *out = p;
+    return NULL;
+}
+
+void kiln_program_free(kiln_program *p) {
+    if (!p) return;
+    for (int i = 0; i < p->nkernels; i++) cg_kernel_clear(&p->kernels[i]);
+    free(p->kernels);
+    ir_prog_free(p->ir);
+    free(p);
+}
+
+void kiln_program_stats(const kiln_program *p, kiln_compile_stats *stats) {
+    if (p && stats) *stats = p->stats;
+}
+
+kiln_status kiln_program_describe(const kiln_program *p, char **text) {
+    if (!p || !text) return kb_error(KILN_ERR_INVALID, "kiln_program_describe: NULL argument");
+    kb_str o = {0};
+    kb_str_addf(&o, "kiln %s program for %s\n", KILN_VERSION, p->arch);
+    ir_print(p->ir, &o);
+    kb_str_add(&o, "launches:\n");
+    for (int i = 0; i < p->nkernels; i++) {
+        const cg_kernel *k = &p->kernels[i];
+        kb_str_addf(&o, "  k%d %s grid (%u, %u, %u) block (%u, %u, %u) key %s\n", i, k->name, k->grid[0],
+                    k->grid[1], k->grid[2], k->block[0], k->block[1], k->block[2], k->key_hex);
+    }
+    *text = kb_str_take(&o);
+    return *text ? NULL : kb_oom();
+}
+
+int kiln_program_kernel_count(const kiln_program *p) { return p ? p->nkernels : 0; }
+
+static const cg_kernel *kernel_at(const kiln_program *p, int i) {
+    return p && i >= 0 && i < p->nkernels ? &p->kernels[i] : NULL;
+}
+
+const char *kiln_program_kernel_source(const kiln_program *p, int i) {
+    const cg_kernel *k = kernel_at(p, i);
+    return k ? k->source : NULL;
+}
+
+const char *kiln_program_kernel_key(const kiln_program *p, int i) {
+    const cg_kernel *k = kernel_at(p, i);
+    return k ? k->key_hex : NULL;
+}
+
+const char *kiln_program_kernel_name(const kiln_program *p, int i) {
+    const cg_kernel *k = kernel_at(p, i);
+    return k ? k->name : NULL;
+}

@@ -1,0 +1,445 @@
+/* Tensor builders with ggml's shape rules. Builders record the first error in the context and
+ * return NULL; a NULL operand makes a builder return NULL silently (the error is already
+ * recorded), so a caller checks once after building. */
+#include "frontend.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const fe_op_info fe_ops[FE_OP_COUNT] = {
+#define FE_X(id, name, kind, nsrc, tol) {name, kind, nsrc, tol},
+    FE_OPS(FE_X)
+#undef FE_X
+};
+
+int fe_op_from_name(const char *name, fe_op *out) {
+    for (int i = 0; i < FE_OP_COUNT; i++) {
+        if (strcmp(fe_ops[i].name, name) == 0) {
+            *out = (fe_op)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static const char *type_names[KILN_TYPE_COUNT] = {"f32", "f16", "bf16", "i32", "i64"};
+static const size_t type_sizes[KILN_TYPE_COUNT] = {4, 2, 2, 4, 8};
+
+const char *kiln_type_name(kiln_type t) {
+    return (unsigned)t < KILN_TYPE_COUNT ? type_names[t] : "?";
+}
+
+size_t kiln_type_size(kiln_type t) { return (unsigned)t < KILN_TYPE_COUNT ? type_sizes[t] : 0; }
+
+int kiln_type_from_name(const char *name, kiln_type *out) {
+    for (int i = 0; i < KILN_TYPE_COUNT; i++) {
+        if (strcmp(type_names[i], name) == 0) {
+            *out = (kiln_type)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* ---- context ------------------------------------------------------------------------------ */
+
+kiln_ctx *kiln_ctx_new(void) { return calloc(1, sizeof(kiln_ctx)); }
+
+void kiln_ctx_free(kiln_ctx *ctx) {
+    if (!ctx) return;
+    for (int i = 0; i < ctx->n; i++) free(ctx->t[i]);
+    free(ctx->t);
+    kiln_status_free(ctx->err);
+    free(ctx);
+}
+
+kiln_status kiln_ctx_status(const kiln_ctx *ctx) {
+    if (!ctx) return kb_error(KILN_ERR_INVALID, "kiln_ctx_status: ctx is NULL");
+    return kb_status_copy(ctx->err);
+}
+
+void fe_fail(kiln_ctx *ctx, kiln_status err) {
+    if (ctx->err) kiln_status_free(err);
+    else ctx->err = err;
+}
+
+void fe_failf(kiln_ctx *ctx, kiln_code code, const char *fmt, ...) {
+    if (ctx->err) return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (ctx->file) ctx->err = kb_error(code, "%s:%d:%d: error: %s", ctx->file, ctx->line, ctx->col, msg);
+    else ctx->err = kb_error(code, "%s", msg);
+}
+
+kiln_tensor *fe_find(const kiln_ctx *ctx, const char *name) {
+    for (int i = 0; i < ctx->n; i++)
+        if (strcmp(ctx->t[i]->name, name) == 0) return ctx->t[i];
+    return NULL;
+}
+
+/* ---- shapes ------------------------------------------------------------------------------- */
+
+int64_t fe_nelements(const kiln_tensor *t) { return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; }
+
+bool fe_is_contiguous(const kiln_tensor *t) {
+    size_t expect = kiln_type_size(t->type);
+    for (int i = 0; i < 4; i++) {
+        if (t->ne[i] != 1 && t->nb[i] != expect) return false;
+        expect *= (size_t)t->ne[i];
+    }
+    return true;
+}
+
+bool fe_can_repeat(const kiln_tensor *b, const kiln_tensor *a) {
+    for (int i = 0; i < 4; i++)
+        if (b->ne[i] == 0 || a->ne[i] % b->ne[i] != 0) return false;
+    return true;
+}
+
+int fe_print_dims(const kiln_tensor *t) {
+    int n = 1;
+    for (int i = 1; i < 4; i++)
+        if (t->ne[i] != 1) n = i + 1;
+    return n > t->n_dims ? n : t->n_dims;
+}
+
+static void set_contiguous_strides(kiln_tensor *t) {
+    t->nb[0] = kiln_type_size(t->type);
+    for (int i = 1; i < 4; i++) t->nb[i] = t->nb[i - 1] * (size_t)t->ne[i - 1];
+}
+
+/* Bytes from the tensor's first element to one past its last, as ggml_nbytes. */
+static size_t span_bytes(const kiln_tensor *t) {
+    size_t n = kiln_type_size(t->type);
+    for (int i = 0; i < 4; i++) n += (size_t)(t->ne[i] - 1) * t->nb[i];
+    return n;
+}
+
+/* "f32[4096, 8]" into buf. */
+static const char *shape_str(const kiln_tensor *t, char *buf, size_t len) {
+    int n = snprintf(buf, len, "%s[", kiln_type_name(t->type));
+    int dims = fe_print_dims(t);
+    for (int i = 0; i < dims && n > 0 && (size_t)n < len; i++)
+        n += snprintf(buf + n, len - (size_t)n, "%s%lld", i ? ", " : "", (long long)t->ne[i]);
+    if (n > 0 && (size_t)n < len) snprintf(buf + n, len - (size_t)n, "]");
+    return buf;
+}
+
+static bool valid_name(const char *s) {
+    if (!s || !(isalpha((unsigned char)*s) || *s == '_')) return false;
+    size_t n = 0;
+    for (; *s; s++, n++)
+        if (!(isalnum((unsigned char)*s) || *s == '_' || *s == '.')) return false;
+    return n < FE_MAX_NAME;
+}
+
+static bool is_float(kiln_type t) { return t == KILN_F32 || t == KILN_F16 || t == KILN_BF16; }
+
+/* ---- creation ----------------------------------------------------------------------------- */
+
+static kiln_tensor *new_node(kiln_ctx *ctx, fe_op op, kiln_type type, const int64_t ne[4]) {
+    if (ctx->n == ctx->cap) {
+        int cap = ctx->cap ? ctx->cap * 2 : 64;
+        kiln_tensor **t = realloc(ctx->t, (size_t)cap * sizeof *t);
+        if (!t) {
+            fe_fail(ctx, kb_oom());
+            return NULL;
+        }
+        ctx->t = t;
+        ctx->cap = cap;
+    }
+    kiln_tensor *t = calloc(1, sizeof *t);
+    if (!t) {
+        fe_fail(ctx, kb_oom());
+        return NULL;
+    }
+    t->id = ctx->n;
+    t->op = op;
+    t->type = type;
+    for (int i = 0; i < 4; i++) t->ne[i] = ne[i];
+    t->n_dims = 1;
+    set_contiguous_strides(t);
+    snprintf(t->name, sizeof t->name, "_%d", t->id);
+    t->line = ctx->file ? ctx->line : 0;
+    t->col = ctx->file ? ctx->col : 0;
+    ctx->t[ctx->n++] = t;
+    return t;
+}
+
+static bool read_dims(kiln_ctx *ctx, const char *what, int n_dims, const int64_t *ne, int64_t out[4]) {
+    if (n_dims < 1 || n_dims > KILN_MAX_DIMS || !ne) {
+        fe_failf(ctx, KILN_ERR_SHAPE, "%s: %d dims given; kiln tensors have 1 to 4", what, n_dims);
+        return false;
+    }
+    int64_t total = 1;
+    for (int i = 0; i < 4; i++) {
+        out[i] = i < n_dims ? ne[i] : 1;
+        if (out[i] < 1) {
+            fe_failf(ctx, KILN_ERR_SHAPE, "%s: dim %d is %lld; dims must be >= 1", what, i,
+                     (long long)out[i]);
+            return false;
+        }
+        if (out[i] > ((int64_t)1 << 48) / total) {
+            fe_failf(ctx, KILN_ERR_SHAPE, "%s: shape too large (more than 2^48 elements)", what);
+            return false;
+        }
+        total *= out[i];
+    }
+    return true;
+}
+
+static bool name_free(kiln_ctx *ctx, const char *name, const kiln_tensor *self) {
+    kiln_tensor *other = fe_find(ctx, name);
+    if (!other || other == self) return true;
+    if (other->line)
+        fe_failf(ctx, KILN_ERR_INVALID, "name '%s' is already defined (line %d)", name, other->line);
+    else
+        fe_failf(ctx, KILN_ERR_INVALID, "name '%s' is already used by another tensor", name);
+    return false;
+}
+
+kiln_tensor *kiln_new_tensor(kiln_ctx *ctx, kiln_role role, kiln_type type, const char *name,
+                             int n_dims, const int64_t *ne) {
+    if (!ctx || ctx->err) return NULL;
+    if (role != KILN_ROLE_INPUT && role != KILN_ROLE_WEIGHT) {
+        fe_failf(ctx, KILN_ERR_INVALID, "new tensor '%s': role must be input or weight",
+                 name ? name : "?");
+        return NULL;
+    }
+    if ((unsigned)type >= KILN_TYPE_COUNT) {
+        fe_failf(ctx, KILN_ERR_INVALID, "new tensor '%s': unknown type %d", name ? name : "?", (int)type);
+        return NULL;
+    }
+    if (!valid_name(name)) {
+        fe_failf(ctx, KILN_ERR_INVALID,
+                 "new tensor: name '%s' is not an identifier ([A-Za-z_][A-Za-z0-9_.]*, < %d chars)",
+                 name ? name : "(null)", FE_MAX_NAME);
+        return NULL;
+    }
+    if (!name_free(ctx, name, NULL)) return NULL;
+    int64_t d[4];
+    char what[FE_MAX_NAME + 16];
+    snprintf(what, sizeof what, "tensor '%s'", name);
+    if (!read_dims(ctx, what, n_dims, ne, d)) return NULL;
+    kiln_tensor *t = new_node(ctx, FE_OP_LEAF, type, d);
+    if (!t) return NULL;
+    t->role = role;
+    t->n_dims = n_dims;
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->named = true;
+    return t;
+}
+
+void kiln_set_name(kiln_ctx *ctx, kiln_tensor *t, const char *name) {
+    if (!ctx || ctx->err || !t) return;
+    if (!valid_name(name)) {
+        fe_failf(ctx, KILN_ERR_INVALID, "set name: '%s' is not an identifier", name ? name : "(null)");
+        return;
+    }
+    if (!name_free(ctx, name, t)) return;
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->named = true;
+}
+
+void kiln_set_output(kiln_ctx *ctx, kiln_tensor *t, const char *name) {
+    if (!ctx || ctx->err || !t) return;
+    if (t->op == FE_OP_LEAF) {
+        fe_failf(ctx, KILN_ERR_INVALID, "'%s' is an %s and cannot also be an output", t->name,
+                 t->role == KILN_ROLE_INPUT ? "input" : "weight");
+        return;
+    }
+    if (name) kiln_set_name(ctx, t, name);
+    if (!ctx->err) t->role = KILN_ROLE_OUTPUT;
+}
+
+kiln_type   kiln_tensor_type(const kiln_tensor *t) { return t->type; }
+int64_t     kiln_tensor_ne(const kiln_tensor *t, int d) { return (unsigned)d < 4 ? t->ne[d] : 1; }
+size_t      kiln_tensor_nb(const kiln_tensor *t, int d) { return (unsigned)d < 4 ? t->nb[d] : 0; }
+int64_t     kiln_tensor_nelements(const kiln_tensor *t) { return fe_nelements(t); }
+size_t      kiln_tensor_nbytes(const kiln_tensor *t) { return span_bytes(t); }
+const char *kiln_tensor_name(const kiln_tensor *t) { return t->name; }
+kiln_role   kiln_tensor_role(const kiln_tensor *t) { return t->role; }
+
+/* ---- views -------------------------------------------------------------------------------- */
+
+static kiln_tensor *new_view(kiln_ctx *ctx, fe_op op, kiln_tensor *a, const int64_t ne[4],
+                             size_t offset) {
+    kiln_tensor *t = new_node(ctx, op, a->type, ne);
+    if (!t) return NULL;
+    t->src[0] = a;
+    t->view_src = a->view_src ? a->view_src : a;
+    t->view_offs = a->view_offs + offset;
+    t->op_offs = offset;
+    return t;
+}
+
+kiln_tensor *kiln_reshape(kiln_ctx *ctx, kiln_tensor *a, int n_dims, const int64_t *ne) {
+    if (!ctx || ctx->err || !a) return NULL;
+    int64_t d[4];
+    if (!read_dims(ctx, "reshape", n_dims, ne, d)) return NULL;
+    char sa[96];
+    if (!fe_is_contiguous(a)) {
+        fe_failf(ctx, KILN_ERR_SHAPE, "reshape: '%s' (%s) is not contiguous; use cont first", a->name,
+                 shape_str(a, sa, sizeof sa));
+        return NULL;
+    }
+    if (d[0] * d[1] * d[2] * d[3] != fe_nelements(a)) {
+        fe_failf(ctx, KILN_ERR_SHAPE, "reshape: '%s' (%s) has %lld elements, the new shape %lld",
+                 a->name, shape_str(a, sa, sizeof sa), (long long)fe_nelements(a),
+                 (long long)(d[0] * d[1] * d[2] * d[3]));
+        return NULL;
+    }
+    kiln_tensor *t = new_view(ctx, FE_OP_RESHAPE, a, d, 0);
+    if (t) t->n_dims = n_dims;
+    return t;
+}
+
+kiln_tensor *kiln_view(kiln_ctx *ctx, kiln_tensor *a, int n_dims, const int64_t *ne, const size_t *nb,
+                       size_t offset) {
+    if (!ctx || ctx->err || !a) return NULL;
+    int64_t d[4];
+    if (!read_dims(ctx, "view", n_dims, ne, d)) return NULL;
+    size_t es = kiln_type_size(a->type);
+    size_t strides[4];
+    strides[0] = es;
+    for (int i = 1; i < 4; i++) {
+        if (i < n_dims) {
+            if (!nb) {
+                fe_failf(ctx, KILN_ERR_SHAPE, "view: %d strides expected", n_dims - 1);
+                return NULL;
+            }
+            strides[i] = nb[i - 1];
+        } else {
+            strides[i] = strides[i - 1] * (size_t)d[i - 1];
+        }
+        if (strides[i] % es != 0) {
+            fe_failf(ctx, KILN_ERR_SHAPE, "view: stride nb[%d] = %zu is not a multiple of the %s size %zu",
+                     i, strides[i], kiln_type_name(a->type), es);
+            return NULL;
+        }
+    }
+    if (offset % es != 0) {
+        fe_failf(ctx, KILN_ERR_SHAPE, "view: offset %zu is not a multiple of the %s size %zu", offset,
+                 kiln_type_name(a->type), es);
+        return NULL;
+    }
+    kiln_tensor *t = new_view(ctx, FE_OP_VIEW, a, d, offset);
+    if (!t) return NULL;
+    memcpy(t->nb, strides, sizeof strides);
+    t->n_dims = n_dims;
+    size_t need = t->view_offs + span_bytes(t), have = span_bytes(t->view_src);
+    if (need > have) {
+        fe_failf(ctx, KILN_ERR_SHAPE,
+                 "view: reaches byte %zu of '%s', which has only %zu bytes", need,
+                 t->view_src->name, have);
+        return NULL;
+    }
+    return t;
+}
+
+kiln_tensor *kiln_permute(kiln_ctx *ctx, kiln_tensor *a, int ax0, int ax1, int ax2, int ax3) {
+    if (!ctx || ctx->err || !a) return NULL;
+    int ax[4] = {ax0, ax1, ax2, ax3};
+    int seen = 0;
+    for (int i = 0; i < 4; i++) {
+        if (ax[i] < 0 || ax[i] > 3 || (seen & (1 << ax[i]))) {
+            fe_failf(ctx, KILN_ERR_SHAPE, "permute: axes (%d, %d, %d, %d) are not a permutation of 0..3",
+                     ax0, ax1, ax2, ax3);
+            return NULL;
+        }
+        seen |= 1 << ax[i];
+    }
+    int64_t ne[4];
+    size_t nb[4];
+    for (int i = 0; i < 4; i++) {
+        ne[ax[i]] = a->ne[i];
+        nb[ax[i]] = a->nb[i];
+    }
+    kiln_tensor *t = new_view(ctx, FE_OP_PERMUTE, a, ne, 0);
+    if (!t) return NULL;
+    memcpy(t->nb, nb, sizeof nb);
+    memcpy(t->ip, ax, sizeof ax);
+    t->n_dims = a->n_dims;
+    return t;
+}
+
+kiln_tensor *kiln_transpose(kiln_ctx *ctx, kiln_tensor *a) {
+    kiln_tensor *t = kiln_permute(ctx, a, 1, 0, 2, 3);
+    if (t) {
+        t->op = FE_OP_TRANSPOSE;
+        t->n_dims = a->n_dims < 2 ? 2 : a->n_dims;
+    }
+    return t;
+}
+
+/* ---- compute ops -------------------------------------------------------------------------- */
+
+static kiln_tensor *unary(kiln_ctx *ctx, fe_op op, kiln_tensor *a) {
+    if (!ctx || ctx->err || !a) return NULL;
+    char sa[96];
+    if (!is_float(a->type)) {
+        fe_failf(ctx, KILN_ERR_SHAPE, "%s: '%s' is %s; this op takes f32, f16 or bf16", fe_ops[op].name,
+                 a->name, shape_str(a, sa, sizeof sa));
+        return NULL;
+    }
+    kiln_tensor *t = new_node(ctx, op, a->type, a->ne);
+    if (!t) return NULL;
+    t->src[0] = a;
+    t->n_dims = a->n_dims;
+    return t;
+}
+
+static kiln_tensor *binary(kiln_ctx *ctx, fe_op op, kiln_tensor *a, kiln_tensor *b) {
+    if (!ctx || ctx->err || !a || !b) return NULL;
+    char sa[96], sb[96];
+    if (!is_float(a->type) || !is_float(b->type)) {
+        fe_failf(ctx, KILN_ERR_SHAPE, "%s: operands '%s' (%s) and '%s' (%s) must be f32, f16 or bf16",
+                 fe_ops[op].name, a->name, shape_str(a, sa, sizeof sa), b->name,
+                 shape_str(b, sb, sizeof sb));
+        return NULL;
+    }
+    if (!fe_can_repeat(b, a)) {
+        fe_failf(ctx, KILN_ERR_SHAPE,
+                 "%s: cannot broadcast '%s' (%s) to '%s' (%s): each dim of the second operand must "
+                 "divide the first's",
+                 fe_ops[op].name, b->name, shape_str(b, sb, sizeof sb), a->name,
+                 shape_str(a, sa, sizeof sa));
+        return NULL;
+    }
+    kiln_tensor *t = new_node(ctx, op, a->type, a->ne);
+    if (!t) return NULL;
+    t->src[0] = a;
+    t->src[1] = b;
+    t->n_dims = a->n_dims > b->n_dims ? a->n_dims : b->n_dims;
+    return t;
+}
+
+kiln_tensor *kiln_cont(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_CONT, a); }
+kiln_tensor *kiln_add(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b) { return binary(ctx, FE_OP_ADD, a, b); }
+kiln_tensor *kiln_sub(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b) { return binary(ctx, FE_OP_SUB, a, b); }
+kiln_tensor *kiln_mul(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b) { return binary(ctx, FE_OP_MUL, a, b); }
+kiln_tensor *kiln_div(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b) { return binary(ctx, FE_OP_DIV, a, b); }
+
+kiln_tensor *kiln_scale(kiln_ctx *ctx, kiln_tensor *a, float s, float b) {
+    kiln_tensor *t = unary(ctx, FE_OP_SCALE, a);
+    if (t) {
+        t->fp[0] = s;
+        t->fp[1] = b;
+    }
+    return t;
+}
+
+kiln_tensor *kiln_neg(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_NEG, a); }
+kiln_tensor *kiln_exp(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_EXP, a); }
+kiln_tensor *kiln_sqr(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_SQR, a); }
+kiln_tensor *kiln_sqrt(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_SQRT, a); }
+kiln_tensor *kiln_silu(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_SILU, a); }
+kiln_tensor *kiln_gelu(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_GELU, a); }
+kiln_tensor *kiln_relu(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_RELU, a); }
+kiln_tensor *kiln_tanh(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_TANH, a); }
+kiln_tensor *kiln_sigmoid(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_SIGMOID, a); }

@@ -1,0 +1,109 @@
+/* The CPU reference: a plain interpreter of IR nodes, used as the oracle for every GPU test.
+ * kiln_reference runs it on the unfused IR, so it is ggml's graph evaluated op by op. */
+#include "ir_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float round_to(float v, kiln_type t) {
+    switch (t) {
+    case KILN_F16: return kb_f16_to_f32(kb_f32_to_f16(v));
+    case KILN_BF16: return kb_bf16_to_f32(kb_f32_to_bf16(v));
+    default: return v;
+    }
+}
+
+float ir_apply(const ir_instr *in, float a, float b) {
+    switch (in->op) {
+    case FE_OP_CONT: return a;
+    case FE_OP_ADD: return a + b;
+    case FE_OP_SUB: return a - b;
+    case FE_OP_MUL: return a * b;
+    case FE_OP_DIV: return a / b;
+    case FE_OP_SCALE: return a * in->f[0] + in->f[1];
+    case FE_OP_NEG: return -a;
+    case FE_OP_EXP: return expf(a);
+    case FE_OP_SQR: return a * a;
+    case FE_OP_SQRT: return sqrtf(a);
+    case FE_OP_SILU: return a / (1.0f + expf(-a));
+    /* ggml_gelu: the tanh approximation with ggml's constants. */
+    case FE_OP_GELU: return 0.5f * a * (1.0f + tanhf(0.79788456080286535587989211986876f * a * (1.0f + 0.044715f * a * a)));
+    case FE_OP_RELU: return a > 0.0f ? a : 0.0f;
+    case FE_OP_TANH: return tanhf(a);
+    case FE_OP_SIGMOID: return 1.0f / (1.0f + expf(-a));
+    default: return NAN;
+    }
+}
+
+static int64_t offset_at(const ir_ref *r, const int64_t c[4]) {
+    int64_t o = r->offs;
+    for (int d = 0; d < 4; d++) o += (c[d] % r->ne[d]) * r->st[d];
+    return o;
+}
+
+static void eval_ew(const ir_node *n, void **data) {
+    float reg[IR_MAX_IN + IR_MAX_INSTR];
+    const int64_t *ne = n->dst.ne;
+    int64_t c[4];
+    for (c[3] = 0; c[3] < ne[3]; c[3]++)
+        for (c[2] = 0; c[2] < ne[2]; c[2]++)
+            for (c[1] = 0; c[1] < ne[1]; c[1]++)
+                for (c[0] = 0; c[0] < ne[0]; c[0]++) {
+                    for (int k = 0; k < n->nin; k++)
+                        reg[k] = kb_load_f32(data[n->in[k].buf], n->in[k].type, offset_at(&n->in[k], c));
+                    for (int i = 0; i < n->ninstr; i++) {
+                        const ir_instr *in = &n->ins[i];
+                        float b = fe_ops[in->op].nsrc > 1 ? reg[in->b] : 0.0f;
+                        reg[n->nin + i] = round_to(ir_apply(in, reg[in->a], b), in->type);
+                    }
+                    kb_store_f32(data[n->dst.buf], n->dst.type, offset_at(&n->dst, c),
+                                 reg[n->nin + n->ninstr - 1]);
+                }
+}
+
+kiln_status ir_eval(const ir_prog *p, void **data) {
+    for (int i = 0; i < p->nnodes; i++) {
+        const ir_node *n = &p->nodes[i];
+        if (n->dead) continue;
+        switch (n->kind) {
+        case IR_EW: eval_ew(n, data); break;
+        default: return kb_error(KILN_ERR_INVALID, "reference: node %d has an unknown kind", i);
+        }
+    }
+    return NULL;
+}
+
+kiln_status kiln_reference(const kiln_graph *g, kiln_ref_get_fn get, kiln_ref_put_fn put, void *user) {
+    if (!g || !get || !put) return kb_error(KILN_ERR_INVALID, "kiln_reference: NULL argument");
+    ir_prog *p;
+    kiln_status st = ir_lower(g, &p);
+    if (st) return st;
+    void **data = calloc((size_t)p->nbufs + 1, sizeof *data);
+    if (!data) st = kb_oom();
+    for (int b = 0; !st && b < p->nbufs; b++) {
+        const ir_buf *buf = &p->bufs[b];
+        data[b] = malloc(buf->bytes ? buf->bytes : 1);
+        if (!data[b]) {
+            st = kb_error(KILN_ERR_NOMEM, "reference: cannot allocate %zu bytes for '%s'", buf->bytes,
+                          buf->name);
+            break;
+        }
+        if (buf->kind != IR_BUF_INPUT && buf->kind != IR_BUF_WEIGHT) continue;
+        int64_t n = buf->ne[0] * buf->ne[1] * buf->ne[2] * buf->ne[3];
+        const void *src = get(user, buf->name, buf->type, n);
+        if (!src) st = kb_error(KILN_ERR_NOT_FOUND, "reference: no data for %s '%s'",
+                                buf->kind == IR_BUF_INPUT ? "input" : "weight", buf->name);
+        else memcpy(data[b], src, buf->bytes);
+    }
+    if (!st) st = ir_eval(p, data);
+    for (int b = 0; !st && b < p->nbufs; b++) {
+        const ir_buf *buf = &p->bufs[b];
+        if (buf->kind == IR_BUF_OUTPUT)
+            put(user, buf->name, buf->type, buf->ne[0] * buf->ne[1] * buf->ne[2] * buf->ne[3], data[b]);
+    }
+    for (int b = 0; data && b < p->nbufs; b++) free(data[b]);
+    free(data);
+    ir_prog_free(p);
+    return st;
+}

@@ -1,0 +1,110 @@
+/* Lowering: graph -> IR. Every leaf and every computed tensor gets a buffer; views get none —
+ * they become strided layouts (ir_ref) into the buffer of the tensor that owns their data, so
+ * a chain of reshape/permute/view costs nothing at run time. Each computed tensor becomes one
+ * elementwise node of a single instruction; the passes merge them later. A graph output that is
+ * a view is materialized by a copy into its own output buffer. */
+#include "ir_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The layout through which tensor t is read: its owner's buffer with t's strides. */
+static ir_ref ref_of(const kiln_tensor *t, const int *buf_of) {
+    const kiln_tensor *owner = t->view_src ? t->view_src : t;
+    size_t es = kiln_type_size(t->type);
+    ir_ref r = {.buf = buf_of[owner->id], .type = t->type, .offs = (int64_t)(t->view_offs / es)};
+    for (int d = 0; d < 4; d++) {
+        r.ne[d] = t->ne[d];
+        r.st[d] = (int64_t)(t->nb[d] / es);
+    }
+    return r;
+}
+
+static int add_input(ir_node *n, const ir_ref *r) {
+    for (int i = 0; i < n->nin; i++)
+        if (ir_ref_equal(&n->in[i], r)) return i;
+    n->in[n->nin] = *r;
+    return n->nin++;
+}
+
+/* One single-instruction elementwise node computing t from its operands into buffer dst. */
+static kiln_status lower_compute(ir_prog *p, const kiln_tensor *t, int dst, const int *buf_of) {
+    ir_node *n = ir_add_node(p);
+    if (!n) return kb_oom();
+    n->kind = IR_EW;
+    n->dst = ir_natural_ref(p, dst);
+    int reg[FE_MAX_SRC] = {0, 0};
+    for (int s = 0; s < fe_ops[t->op].nsrc; s++) {
+        ir_ref r = ref_of(t->src[s], buf_of);
+        reg[s] = add_input(n, &r);
+    }
+    ir_instr *in = &n->ins[n->ninstr++];
+    in->op = t->op;
+    in->a = reg[0];
+    in->b = reg[1];
+    in->f[0] = t->fp[0];
+    in->f[1] = t->fp[1];
+    in->type = t->type;
+    n->src[n->nsrc++] = t->id;
+    return NULL;
+}
+
+/* A view that is a graph output: copy it into its own contiguous buffer. */
+static kiln_status lower_view_output(ir_prog *p, const kiln_tensor *t, int *buf_of) {
+    int dst = ir_add_buf(p, IR_BUF_OUTPUT, t->type, t->ne, t->name);
+    if (dst < 0) return kb_oom();
+    ir_node *n = ir_add_node(p);
+    if (!n) return kb_oom();
+    n->kind = IR_EW;
+    n->dst = ir_natural_ref(p, dst);
+    n->in[0] = ref_of(t, buf_of);
+    n->nin = 1;
+    n->ins[0] = (ir_instr){.op = FE_OP_CONT, .a = 0, .type = t->type};
+    n->ninstr = 1;
+    n->src[n->nsrc++] = t->id;
+    buf_of[t->id] = dst;
+    return NULL;
+}
+
+static kiln_status lower_tensor(ir_prog *p, const kiln_tensor *t, int *buf_of) {
+    switch (fe_ops[t->op].kind) {
+    case FE_LEAF: {
+        ir_buf_kind k = t->role == KILN_ROLE_WEIGHT ? IR_BUF_WEIGHT : IR_BUF_INPUT;
+        buf_of[t->id] = ir_add_buf(p, k, t->type, t->ne, t->name);
+        return buf_of[t->id] < 0 ? kb_oom() : NULL;
+    }
+    case FE_VIEW:
+        return t->role == KILN_ROLE_OUTPUT ? lower_view_output(p, t, buf_of) : NULL;
+    case FE_UNARY:
+    case FE_BINARY: {
+        ir_buf_kind k = t->role == KILN_ROLE_OUTPUT ? IR_BUF_OUTPUT : IR_BUF_TEMP;
+        buf_of[t->id] = ir_add_buf(p, k, t->type, t->ne, t->name);
+        if (buf_of[t->id] < 0) return kb_oom();
+        return lower_compute(p, t, buf_of[t->id], buf_of);
+    }
+    }
+    return kb_error(KILN_ERR_INVALID, "lowering: node '%s': op %s cannot be lowered", t->name,
+                    fe_ops[t->op].name);
+}
+
+kiln_status ir_lower(const kiln_graph *g, ir_prog **out) {
+    *out = NULL;
+    ir_prog *p = calloc(1, sizeof *p);
+    int *buf_of = malloc(((size_t)g->ctx->n + 1) * sizeof *buf_of);
+    if (!p || !buf_of) {
+        free(p);
+        free(buf_of);
+        return kb_oom();
+    }
+    p->g = g;
+    for (int i = 0; i < g->ctx->n; i++) buf_of[i] = -1;
+    kiln_status st = NULL;
+    for (int i = 0; i < g->n && !st; i++) st = lower_tensor(p, g->nodes[i], buf_of);
+    free(buf_of);
+    if (st) {
+        ir_prog_free(p);
+        return st;
+    }
+    *out = p;
+    return NULL;
+}

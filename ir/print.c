@@ -1,0 +1,84 @@
+/* Deterministic text form of the IR: stable numbering, names from the graph, no pointers, so
+ * tests and bug reports can diff it. */
+#include "ir_internal.h"
+
+static const char *kind_name(ir_buf_kind k) {
+    static const char *n[] = {"input", "weight", "output", "temp"};
+    return n[k];
+}
+
+static void print_shape(kb_str *o, kiln_type t, const int64_t ne[4]) {
+    int dims = 1;
+    for (int d = 1; d < 4; d++)
+        if (ne[d] != 1) dims = d + 1;
+    kb_str_addf(o, "%s[", kiln_type_name(t));
+    for (int d = 0; d < dims; d++) kb_str_addf(o, "%s%lld", d ? ", " : "", (long long)ne[d]);
+    kb_str_add(o, "]");
+}
+
+static void print_ref(kb_str *o, const ir_prog *p, const ir_ref *r) {
+    kb_str_addf(o, "b%d ", r->buf);
+    print_shape(o, r->type, r->ne);
+    if (!ir_ref_is_natural(p, r))
+        kb_str_addf(o, " strides [%lld, %lld, %lld, %lld] offset %lld", (long long)r->st[0],
+                    (long long)r->st[1], (long long)r->st[2], (long long)r->st[3], (long long)r->offs);
+}
+
+static void print_reg(kb_str *o, const ir_node *n, int r) {
+    if (r < n->nin) kb_str_addf(o, "in%d", r);
+    else kb_str_addf(o, "r%d", r - n->nin);
+}
+
+static void print_node(kb_str *o, const ir_prog *p, int idx, int k) {
+    const ir_node *n = &p->nodes[idx];
+    kb_str_addf(o, "k%d ew", k);
+    if (n->fusion) kb_str_addf(o, " fused %s", n->fusion);
+    kb_str_add(o, " nodes:");
+    for (int i = 0; i < n->nsrc; i++) kb_str_addf(o, "%s%s", i ? ", " : " ", ir_node_name(p, n->src[i]));
+    kb_str_add(o, "\n    dst ");
+    print_ref(o, p, &n->dst);
+    kb_str_add(o, "\n");
+    for (int i = 0; i < n->nin; i++) {
+        kb_str_addf(o, "    in%d ", i);
+        print_ref(o, p, &n->in[i]);
+        kb_str_add(o, "\n");
+    }
+    for (int i = 0; i < n->ninstr; i++) {
+        const ir_instr *in = &n->ins[i];
+        kb_str_addf(o, "    r%d = %s ", i, fe_ops[in->op].name);
+        print_reg(o, n, in->a);
+        if (fe_ops[in->op].nsrc > 1) {
+            kb_str_add(o, ", ");
+            print_reg(o, n, in->b);
+        }
+        if (in->op == FE_OP_SCALE) kb_str_addf(o, ", %.9g, %.9g", in->f[0], in->f[1]);
+        kb_str_addf(o, " : %s\n", kiln_type_name(in->type));
+    }
+}
+
+/* Kernels are numbered over live nodes only, as they launch. */
+static int kernel_number(const ir_prog *p, int node) {
+    int k = 0;
+    for (int i = 0; i < node; i++) k += !p->nodes[i].dead;
+    return k;
+}
+
+void ir_print(const ir_prog *p, kb_str *o) {
+    kb_str_add(o, "buffers:\n");
+    for (int b = 0; b < p->nbufs; b++) {
+        const ir_buf *buf = &p->bufs[b];
+        if (buf->kind == IR_BUF_TEMP && buf->first < 0 && ir_node_writing(p, b) < 0) continue;
+        kb_str_addf(o, "  b%d %-6s %s ", b, kind_name(buf->kind), buf->name);
+        print_shape(o, buf->type, buf->ne);
+        kb_str_addf(o, " %zu bytes", buf->bytes);
+        if (buf->kind == IR_BUF_TEMP && buf->first >= 0)
+            kb_str_addf(o, " at arena+%zu live k%d..k%d", buf->offset, kernel_number(p, buf->first),
+                        kernel_number(p, buf->last));
+        kb_str_add(o, "\n");
+    }
+    kb_str_add(o, "kernels:\n");
+    int k = 0;
+    for (int i = 0; i < p->nnodes; i++)
+        if (!p->nodes[i].dead) print_node(o, p, i, k++);
+    kb_str_addf(o, "arena: %zu bytes\n", p->arena_bytes);
+}

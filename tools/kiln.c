@@ -1,0 +1,423 @@
+/* kiln: the command-line driver. */
+#include "kiln.h"
+
+#include "base/base.h"
+#include "runtime/runtime.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_NO_GPU = 3 };
+
+static const char *usage_text =
+    "usage: kiln COMMAND [OPTIONS] GRAPH\n"
+    "\n"
+    "kiln compiles ggml-style compute graphs (.kg text, see docs/graph-format.md) into\n"
+    "specialized CUDA kernels, caches them, and runs them as one CUDA graph.\n"
+    "\n"
+    "commands:\n"
+    "  compile GRAPH   generate and compile every kernel (NVRTC; no GPU needed); ends with\n"
+    "                  'compiled N kernels (C new, H from cache) in T ms'\n"
+    "  run GRAPH       compile what is missing, then run on the GPU: inputs random (--seed) or\n"
+    "                  from files (--input), prints a checksum of each output and the timing\n"
+    "  inspect GRAPH   print the IR after passes, the memory plan and the kernel list\n"
+    "  help [COMMAND]  this text, or a command's options\n"
+    "\n"
+    "options: --version, --help. Environment: KILN_CACHE_DIR (kernel cache, default\n"
+    "$XDG_CACHE_HOME/kiln or ~/.cache/kiln), KILN_DUMP=DIR (like --dump-cu),\n"
+    "KILN_TEMPLATE_DIR (load templates from a directory), KILN_CUDA_GRAPHS=0 (plain launches).\n"
+    "exit status: 0 success, 1 error, 2 bad usage, 3 no CUDA driver or GPU.\n";
+
+static const char *compile_help =
+    "usage: kiln compile GRAPH [--arch sm_90a] [--dump-cu DIR] [-o FILE] [--no-fuse]\n"
+    "                          [--cache-dir DIR] [--no-cache]\n"
+    "  --arch ARCH     target GPU architecture (default sm_90a; e.g. sm_80)\n"
+    "  --dump-cu DIR   write each kernel as DIR/NNN_name_KEY8.cu and DIR/program.txt\n"
+    "  -o FILE         write the compiled program's description (IR, plan, kernels, keys)\n"
+    "  --no-fuse       disable fusion passes\n"
+    "  --cache-dir DIR kernel cache directory (default: see 'kiln help')\n"
+    "  --no-cache      neither read nor write the kernel cache\n";
+
+static const char *run_help =
+    "usage: kiln run GRAPH [--seed N] [--input NAME=FILE]... [--output NAME=FILE]...\n"
+    "                      [--iters N] [--no-cuda-graph] [--check] [compile options]\n"
+    "  --seed N             seed for random inputs and weights (default 1)\n"
+    "  --input NAME=FILE    raw little-endian contents of input/weight NAME (its type, contiguous)\n"
+    "  --output NAME=FILE   write output NAME's raw contents to FILE\n"
+    "  --iters N            runs to time (default 20); the first captures the CUDA graph\n"
+    "  --no-cuda-graph      launch kernels one by one instead of replaying a CUDA graph\n"
+    "  --check              also evaluate on the CPU reference and print each output's NMSE\n"
+    "  compile options: --arch, --dump-cu, --no-fuse, --cache-dir, --no-cache (see compile)\n";
+
+static const char *inspect_help =
+    "usage: kiln inspect GRAPH [--no-fuse]\n"
+    "  prints the IR after passes (kernels, fused graph nodes, layouts), the memory plan and the\n"
+    "  generated kernels' names, launch configs and keys. Needs neither NVRTC nor a GPU.\n";
+
+#define MAX_FILES 64
+
+typedef struct {
+    const char *cmd, *graph, *arch, *dump, *out, *cache_dir;
+    bool no_fuse, no_cache, no_graph, check;
+    uint64_t seed;
+    int iters;
+    const char *inputs[MAX_FILES], *outputs[MAX_FILES];
+    int ninputs, noutputs;
+} cli;
+
+static int fail(kiln_status st) {
+    int code = kiln_status_code(st) == KILN_ERR_NO_GPU ? EXIT_NO_GPU : EXIT_ERR;
+    fprintf(stderr, "kiln: %s\n", kiln_status_msg(st));
+    kiln_status_free(st);
+    return code;
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "kiln: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see 'kiln help')\n");
+    return EXIT_USAGE;
+}
+
+static const char *help_for(const char *cmd) {
+    if (!cmd) return usage_text;
+    if (!strcmp(cmd, "compile")) return compile_help;
+    if (!strcmp(cmd, "run")) return run_help;
+    if (!strcmp(cmd, "inspect")) return inspect_help;
+    return NULL;
+}
+
+/* Options may stand before or after the graph argument. */
+static int parse_args(int argc, char **argv, cli *c) {
+    c->cmd = argv[1];
+    c->seed = 1;
+    c->iters = 20;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDS_VALUE() \
+    if (!v) return usage_error("option %s needs a value", a); \
+    i++
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(help_for(c->cmd), stdout);
+            exit(EXIT_OK);
+        } else if (!strcmp(a, "--arch")) { NEEDS_VALUE(); c->arch = v;
+        } else if (!strcmp(a, "--dump-cu")) { NEEDS_VALUE(); c->dump = v;
+        } else if (!strcmp(a, "-o")) { NEEDS_VALUE(); c->out = v;
+        } else if (!strcmp(a, "--cache-dir")) { NEEDS_VALUE(); c->cache_dir = v;
+        } else if (!strcmp(a, "--no-fuse")) { c->no_fuse = true;
+        } else if (!strcmp(a, "--no-cache")) { c->no_cache = true;
+        } else if (!strcmp(a, "--no-cuda-graph")) { c->no_graph = true;
+        } else if (!strcmp(a, "--check")) { c->check = true;
+        } else if (!strcmp(a, "--seed")) { NEEDS_VALUE(); c->seed = strtoull(v, NULL, 0);
+        } else if (!strcmp(a, "--iters")) {
+            NEEDS_VALUE();
+            c->iters = atoi(v);
+            if (c->iters < 1) return usage_error("--iters must be at least 1, not '%s'", v);
+        } else if (!strcmp(a, "--input") || !strcmp(a, "--output")) {
+            NEEDS_VALUE();
+            bool in = !strcmp(a, "--input");
+            if (!strchr(v, '=')) return usage_error("expected NAME=FILE after --input/--output, got '%s'", v);
+            if ((in ? c->ninputs : c->noutputs) == MAX_FILES) return usage_error("too many %s options", a);
+            if (in) c->inputs[c->ninputs++] = v;
+            else c->outputs[c->noutputs++] = v;
+        } else if (a[0] == '-' && a[1]) {
+            return usage_error("unknown option '%s'", a);
+        } else if (c->graph) {
+            return usage_error("more than one graph given ('%s')", a);
+        } else {
+            c->graph = a;
+        }
+#undef NEEDS_VALUE
+    }
+    if (!c->graph) return usage_error("%s: no graph file given", c->cmd);
+    return -1;
+}
+
+static kiln_status build(const cli *c, kiln_ctx **ctx, kiln_graph **g) {
+    *ctx = kiln_ctx_new();
+    *g = NULL;
+    if (!*ctx) return kb_oom();
+    kiln_status st = kiln_load(*ctx, c->graph);
+    if (!st) st = kiln_graph_new(*ctx, g);
+    return st;
+}
+
+static kiln_compile_opts compile_opts(const cli *c, const char *arch) {
+    kiln_compile_opts o = {0};
+    o.arch = c->arch ? c->arch : arch;
+    o.dump_dir = c->dump;
+    o.cache_dir = c->cache_dir;
+    o.cache_mode = c->no_cache ? KILN_CACHE_OFF : KILN_CACHE_ON;
+    o.no_fuse = c->no_fuse;
+    return o;
+}
+
+static void print_compile_line(const kiln_program *p) {
+    kiln_compile_stats s;
+    kiln_program_stats(p, &s);
+    printf("compiled %d kernels (%d new, %d from cache) in %.0f ms\n", s.compiled + s.cached, s.compiled,
+           s.cached, s.ms);
+}
+
+static int cmd_compile(const cli *c) {
+    kiln_ctx *ctx;
+    kiln_graph *g;
+    kiln_program *p = NULL;
+    kiln_status st = build(c, &ctx, &g);
+    kiln_compile_opts o = compile_opts(c, NULL);
+    if (!st) st = kiln_compile(g, &o, &p);
+    if (!st && c->out) {
+        char *text;
+        st = kiln_program_describe(p, &text);
+        if (!st) {
+            st = kb_write_file(c->out, text, strlen(text));
+            free(text);
+        }
+    }
+    if (!st && c->dump) printf("wrote %d kernel sources and program.txt to %s\n", kiln_program_kernel_count(p), c->dump);
+    if (!st) print_compile_line(p);
+    kiln_program_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+    return st ? fail(st) : EXIT_OK;
+}
+
+static int cmd_inspect(const cli *c) {
+    kiln_ctx *ctx;
+    kiln_graph *g;
+    kiln_program *p = NULL;
+    kiln_status st = build(c, &ctx, &g);
+    kiln_compile_opts o = compile_opts(c, NULL);
+    o.skip_nvrtc = 1;
+    o.cache_mode = KILN_CACHE_OFF;
+    if (!st) st = kiln_compile(g, &o, &p);
+    char *text = NULL;
+    if (!st) st = kiln_program_describe(p, &text);
+    if (!st) fputs(text, stdout);
+    free(text);
+    kiln_program_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+    return st ? fail(st) : EXIT_OK;
+}
+
+/* ---- run ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    const kiln_graph *g;
+    const cli        *c;
+    void            **host;   /* per graph node: host data of leaves */
+    kiln_status       err;
+} run_data;
+
+static bool is_leaf_named(const kiln_tensor *t, const char *name) {
+    kiln_role r = kiln_tensor_role(t);
+    return (r == KILN_ROLE_INPUT || r == KILN_ROLE_WEIGHT) && !strcmp(kiln_tensor_name(t), name);
+}
+
+static const char *file_for(const char *const *list, int n, const char *name) {
+    size_t len = strlen(name);
+    for (int i = 0; i < n; i++)
+        if (!strncmp(list[i], name, len) && list[i][len] == '=') return list[i] + len + 1;
+    return NULL;
+}
+
+/* Host contents of every leaf: from --input files, else random from the seed. */
+static kiln_status make_leaves(run_data *d) {
+    const kiln_graph *g = d->g;
+    d->host = calloc((size_t)kiln_graph_size(g) + 1, sizeof *d->host);
+    if (!d->host) return kb_oom();
+    for (int i = 0; i < d->c->ninputs; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)(strchr(d->c->inputs[i], '=') - d->c->inputs[i]), d->c->inputs[i]);
+        bool found = false;
+        for (int j = 0; j < kiln_graph_size(g); j++)
+            found |= is_leaf_named(kiln_graph_node(g, j), name);
+        if (!found) return kb_error(KILN_ERR_NOT_FOUND, "--input %s: the graph has no input or weight '%s'", d->c->inputs[i], name);
+    }
+    for (int i = 0; i < kiln_graph_size(g); i++) {
+        kiln_tensor *t = kiln_graph_node(g, i);
+        kiln_role r = kiln_tensor_role(t);
+        if (r != KILN_ROLE_INPUT && r != KILN_ROLE_WEIGHT) continue;
+        size_t bytes = (size_t)kiln_tensor_nelements(t) * kiln_type_size(kiln_tensor_type(t));
+        const char *file = file_for(d->c->inputs, d->c->ninputs, kiln_tensor_name(t));
+        if (file) {
+            char *data;
+            size_t len;
+            kiln_status st = kb_read_file(file, &data, &len);
+            if (st) return st;
+            if (len != bytes) {
+                free(data);
+                return kb_error(KILN_ERR_INVALID, "%s: %zu bytes, but %s '%s' needs %zu (%lld %s values)", file, len,
+                                r == KILN_ROLE_INPUT ? "input" : "weight", kiln_tensor_name(t), bytes,
+                                (long long)kiln_tensor_nelements(t), kiln_type_name(kiln_tensor_type(t)));
+            }
+            d->host[i] = data;
+        } else {
+            d->host[i] = malloc(bytes ? bytes : 1);
+            if (!d->host[i]) return kb_oom();
+            kb_fill_random(d->host[i], kiln_tensor_type(t), kiln_tensor_nelements(t), d->c->seed * 1000003u + (uint64_t)i);
+        }
+    }
+    return NULL;
+}
+
+/* One output compared with the CPU reference: the reference evaluates the whole graph and
+ * hands over every output; put keeps the one named. */
+typedef struct {
+    run_data   *d;
+    const char *name;
+    const void *gpu;
+    double      nmse;
+} ref_check;
+
+static const void *ref_get(void *user, const char *name, kiln_type type, int64_t n) {
+    run_data *d = ((ref_check *)user)->d;
+    for (int i = 0; i < kiln_graph_size(d->g); i++)
+        if (d->host[i] && !strcmp(kiln_tensor_name(kiln_graph_node(d->g, i)), name)) return d->host[i];
+    return NULL;
+}
+
+static void ref_put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
+    ref_check *rc = user;
+    if (strcmp(rc->name, name) != 0) return;
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double r = kb_load_f32(data, type, i), o = kb_load_f32(rc->gpu, type, i);
+        num += (o - r) * (o - r);
+        den += r * r;
+    }
+    rc->nmse = den > 0 ? num / den : num;
+}
+
+static int by_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static kiln_status upload(run_data *d, kiln_session *s) {
+    for (int i = 0; i < kiln_graph_size(d->g); i++) {
+        if (!d->host[i]) continue;
+        kiln_tensor *t = kiln_graph_node(d->g, i);
+        size_t bytes = (size_t)kiln_tensor_nelements(t) * kiln_type_size(kiln_tensor_type(t));
+        kiln_status st = kiln_session_set(s, kiln_tensor_name(t), d->host[i], bytes);
+        if (st) return st;
+    }
+    return NULL;
+}
+
+static kiln_status time_runs(const cli *c, kiln_session *s) {
+    double *ms = calloc((size_t)c->iters, sizeof *ms);
+    if (!ms) return kb_oom();
+    kiln_status st = NULL;
+    for (int i = 0; i < c->iters && !st; i++) {
+        st = kiln_session_run(s);
+        ms[i] = kiln_session_last_ms(s);
+    }
+    if (!st) {
+        printf("run 1: %.3f ms%s\n", ms[0], c->no_graph ? " (plain launches)" : " (includes CUDA graph capture)");
+        if (c->iters > 1) {
+            qsort(ms + 1, (size_t)c->iters - 1, sizeof *ms, by_double);
+            printf("runs 2..%d: median %.3f ms (GPU time, %s)\n", c->iters, ms[1 + (c->iters - 1) / 2],
+                   c->no_graph ? "plain launches" : "CUDA graph replay");
+        }
+    }
+    free(ms);
+    return st;
+}
+
+/* Prints each output's checksum; writes --output files; compares with the CPU reference. */
+static kiln_status report_outputs(run_data *d, kiln_session *s, bool *check_failed) {
+    kiln_status st = NULL;
+    for (int i = 0; i < kiln_graph_size(d->g) && !st; i++) {
+        kiln_tensor *t = kiln_graph_node(d->g, i);
+        if (kiln_tensor_role(t) != KILN_ROLE_OUTPUT) continue;
+        kiln_type ty = kiln_tensor_type(t);
+        int64_t n = kiln_tensor_nelements(t);
+        size_t bytes = (size_t)n * kiln_type_size(ty);
+        void *buf = malloc(bytes ? bytes : 1);
+        if (!buf) return kb_oom();
+        st = kiln_session_get(s, kiln_tensor_name(t), buf, bytes);
+        double sum = 0, asum = 0;
+        for (int64_t j = 0; !st && j < n; j++) {
+            double v = kb_load_f32(buf, ty, j);
+            sum += v;
+            asum += fabs(v);
+        }
+        if (!st) printf("output %s %s x %lld: sum %.6g, abs sum %.6g\n", kiln_tensor_name(t), kiln_type_name(ty), (long long)n, sum, asum);
+        const char *file = file_for(d->c->outputs, d->c->noutputs, kiln_tensor_name(t));
+        if (!st && file) st = kb_write_file(file, buf, bytes);
+        if (!st && d->c->check) {
+            ref_check it = {d, kiln_tensor_name(t), buf, NAN};
+            st = kiln_reference(d->g, ref_get, ref_put, &it);
+            double tol = ty == KILN_F32 ? 1e-6 : 1e-3;
+            if (!st) {
+                bool ok = it.nmse <= tol;
+                printf("check %s: NMSE vs CPU reference %.3g (%s, limit %g)\n", it.name, it.nmse, ok ? "ok" : "FAILED", tol);
+                *check_failed |= !ok;
+            }
+        }
+        free(buf);
+    }
+    return st;
+}
+
+static int cmd_run(const cli *c) {
+    kiln_status st = rt_driver_init();
+    if (st) return fail(st);
+    char arch[16] = "sm_90a";
+    if ((st = rt_device_arch(0, arch))) return fail(st);
+    kiln_ctx *ctx;
+    kiln_graph *g;
+    kiln_program *p = NULL;
+    kiln_session *s = NULL;
+    run_data d = {0};
+    bool check_failed = false;
+    st = build(c, &ctx, &g);
+    kiln_compile_opts o = compile_opts(c, arch);
+    if (!st) st = kiln_compile(g, &o, &p);
+    if (!st) print_compile_line(p);
+    kiln_session_opts so = {.no_cuda_graph = c->no_graph};
+    if (!st) st = kiln_session_new(p, &so, &s);
+    d.g = g;
+    d.c = c;
+    if (!st) st = make_leaves(&d);
+    if (!st) st = upload(&d, s);
+    if (!st) st = time_runs(c, s);
+    if (!st) st = report_outputs(&d, s, &check_failed);
+    for (int i = 0; g && d.host && i < kiln_graph_size(g); i++) free(d.host[i]);
+    free(d.host);
+    kiln_session_free(s);
+    kiln_program_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+    if (st) return fail(st);
+    return check_failed ? EXIT_ERR : EXIT_OK;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fputs(usage_text, argc < 2 ? stderr : stdout);
+        return argc < 2 ? EXIT_USAGE : EXIT_OK;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("kiln %s\n", KILN_VERSION);
+        return EXIT_OK;
+    }
+    if (!strcmp(argv[1], "help")) {
+        const char *h = help_for(argc > 2 ? argv[2] : NULL);
+        if (!h) return usage_error("no help for unknown command '%s'", argv[2]);
+        fputs(h, stdout);
+        return EXIT_OK;
+    }
+    if (!help_for(argv[1]) || argv[1][0] == '-') return usage_error("unknown command '%s'", argv[1]);
+    cli c = {0};
+    int rc = parse_args(argc, argv, &c);
+    if (rc >= 0) return rc;
+    if (!strcmp(c.cmd, "compile")) return cmd_compile(&c);
+    if (!strcmp(c.cmd, "inspect")) return cmd_inspect(&c);
+    return cmd_run(&c);
+}
