@@ -1,0 +1,141 @@
+/* The .kg text format, writing half: a context -> canonical text (docs/graph-format.md).
+ *
+ * Canonical means one spelling per graph: the header, then every tensor in creation order, one
+ * statement per line, single spaces, every op parameter written out (no defaults), floats as
+ * %.9g (enough digits to read back the same f32). The parser reads it back to the same graph,
+ * so printing the parsed text again gives the same bytes. */
+#include "frontend/frontend.h"
+
+#include <ctype.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A name the parser reads back as one name token: [A-Za-z_][A-Za-z0-9_.]*. */
+static bool is_plain_name(const char *s) {
+    if (!isalpha((unsigned char)s[0]) && s[0] != '_') return false;
+    for (const char *p = s + 1; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '_' && *p != '.') return false;
+    return true;
+}
+
+static int cmp_names(const void *a, const void *b) {
+    const kiln_tensor *x = *(kiln_tensor *const *)a, *y = *(kiln_tensor *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->id > y->id) - (x->id < y->id);
+}
+
+/* Text only names tensors, so every name must be spellable and unique. A C API user can break
+ * both (kiln_set_name(ctx, t, "a b"), or naming a tensor "_3" when another's auto name is
+ * "_3"); that is an error here rather than text that does not parse back. */
+static kiln_status check_names(const kiln_ctx *ctx) {
+    for (int i = 0; i < ctx->n; i++)
+        if (!is_plain_name(ctx->t[i]->name))
+            return kb_error(KILN_ERR_INVALID,
+                            "cannot print tensor %d: its name '%s' is not a .kg name ([A-Za-z_][A-Za-z0-9_.]*)",
+                            ctx->t[i]->id, ctx->t[i]->name);
+    if (ctx->n < 2) return NULL;
+    kiln_tensor **sorted = malloc((size_t)ctx->n * sizeof *sorted);
+    if (!sorted) return kb_oom();
+    memcpy(sorted, ctx->t, (size_t)ctx->n * sizeof *sorted);
+    qsort(sorted, (size_t)ctx->n, sizeof *sorted, cmp_names);
+    kiln_status st = NULL;
+    for (int i = 1; i < ctx->n && !st; i++)
+        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0)
+            st = kb_error(KILN_ERR_INVALID, "cannot print: tensors %d and %d are both named '%s'",
+                          sorted[i - 1]->id, sorted[i]->id, sorted[i]->name);
+    free(sorted);
+    return st;
+}
+
+/* %.9g round-trips every f32; inf and nan are spelled so on every libc ("-nan" is not). */
+static void add_float(kb_str *b, float f) {
+    if (isnan(f)) kb_str_add(b, "nan");
+    else if (isinf(f)) kb_str_add(b, f > 0 ? "inf" : "-inf");
+    else kb_str_addf(b, "%.9g", (double)f);
+}
+
+static void add_ne(kb_str *b, const kiln_tensor *t, int n) {
+    kb_str_add(b, "[");
+    for (int i = 0; i < n; i++) kb_str_addf(b, "%s%" PRId64, i ? ", " : "", t->ne[i]);
+    kb_str_add(b, "]");
+}
+
+/* leaf: input x: f32[4096, 8]   (dims as fe_print_dims says) */
+static kiln_status print_leaf(kb_str *b, const kiln_tensor *t) {
+    const char *kw = t->role == KILN_ROLE_INPUT ? "input" : t->role == KILN_ROLE_WEIGHT ? "weight" : NULL;
+    if (!kw)
+        return kb_error(KILN_ERR_INVALID,
+                        "cannot print leaf '%s': .kg leaves are inputs or weights, this one is %s",
+                        t->name, t->role == KILN_ROLE_OUTPUT ? "an output" : "neither");
+    kb_str_addf(b, "%s %s: %s", kw, t->name, kiln_type_name(t->type));
+    add_ne(b, t, fe_print_dims(t));
+    return NULL;
+}
+
+/* op: [output ] name = op(src0[, src1][, params])   (every parameter, defaults included) */
+static kiln_status print_op(kb_str *b, const kiln_tensor *t) {
+    const fe_op_info *info = &fe_ops[t->op];
+    for (int i = 0; i < info->nsrc; i++)
+        if (!t->src[i])
+            return kb_error(KILN_ERR_INVALID, "cannot print '%s': operand %d is missing", t->name, i);
+    if (t->n_dims < 1 || t->n_dims > KILN_MAX_DIMS)
+        return kb_error(KILN_ERR_INVALID, "cannot print '%s': it has %d dims", t->name, t->n_dims);
+    if (t->role == KILN_ROLE_OUTPUT) kb_str_add(b, "output ");
+    kb_str_addf(b, "%s = %s(", t->name, info->name);
+    for (int i = 0; i < info->nsrc; i++) kb_str_addf(b, "%s%s", i ? ", " : "", t->src[i]->name);
+    switch (t->op) {
+    case FE_OP_RESHAPE:
+        kb_str_add(b, ", ");
+        add_ne(b, t, t->n_dims);
+        break;
+    case FE_OP_VIEW:
+        kb_str_add(b, ", ");
+        add_ne(b, t, t->n_dims);
+        kb_str_add(b, ", [");
+        for (int i = 1; i < t->n_dims; i++) kb_str_addf(b, "%s%zu", i > 1 ? ", " : "", t->nb[i]);
+        kb_str_addf(b, "], %zu", t->op_offs);
+        break;
+    case FE_OP_PERMUTE:
+        for (int i = 0; i < 4; i++) kb_str_addf(b, ", %d", (int)t->ip[i]);
+        break;
+    case FE_OP_SCALE:
+        kb_str_add(b, ", ");
+        add_float(b, t->fp[0]);
+        kb_str_add(b, ", ");
+        add_float(b, t->fp[1]);
+        break;
+    default: break; /* the rest have no parameters */
+    }
+    kb_str_add(b, ")");
+    return NULL;
+}
+
+kiln_status kiln_print(const kiln_ctx *ctx, char **text) {
+    if (!text) return kb_error(KILN_ERR_INVALID, "kiln_print: text is NULL");
+    *text = NULL;
+    if (!ctx) return kb_error(KILN_ERR_INVALID, "kiln_print: ctx is NULL");
+    kiln_status st = check_names(ctx);
+    if (st) return st;
+    kb_str b = {0};
+    kb_str_add(&b, "kiln-graph 1\n");
+    for (int i = 0; i < ctx->n && !st; i++) {
+        const kiln_tensor *t = ctx->t[i];
+        if ((unsigned)t->op >= FE_OP_COUNT) {
+            st = kb_error(KILN_ERR_INVALID, "cannot print '%s': bad op %d", t->name, (int)t->op);
+            break;
+        }
+        st = t->op == FE_OP_LEAF ? print_leaf(&b, t) : print_op(&b, t);
+        kb_str_add(&b, "\n");
+    }
+    if (st) {
+        kb_str_free(&b);
+        return st;
+    }
+    char *s = kb_str_take(&b);
+    if (!s) return kb_oom();
+    *text = s;
+    return NULL;
+}

@@ -1,0 +1,528 @@
+/* The .kg text format: kiln_parse, kiln_load, kiln_print (docs/graph-format.md). */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "frontend/frontend.h"
+#include "tests/support.h"
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static char *print_ctx(const kiln_ctx *ctx) {
+    char *text = NULL;
+    TS_OK(kiln_print(ctx, &text));
+    ck_assert_ptr_nonnull(text);
+    return text;
+}
+
+/* Two contexts hold the same graph: same tensors in the same order with the same ops, types,
+ * roles, names, shapes, strides, operands, aliasing and parameters. (Source positions and the
+ * named flag may differ: they say how a tensor was made, not what it is.) */
+static void assert_same_graph(const kiln_ctx *a, const kiln_ctx *b) {
+    ck_assert_int_eq(a->n, b->n);
+    for (int i = 0; i < a->n; i++) {
+        const kiln_tensor *x = a->t[i], *y = b->t[i];
+        ck_assert_str_eq(x->name, y->name);
+        ck_assert_int_eq(x->id, y->id);
+        ck_assert_int_eq(x->op, y->op);
+        ck_assert_int_eq(x->type, y->type);
+        ck_assert_int_eq(x->role, y->role);
+        ck_assert_int_eq(x->n_dims, y->n_dims);
+        for (int d = 0; d < 4; d++) {
+            ck_assert_int_eq(x->ne[d], y->ne[d]);
+            ck_assert_uint_eq(x->nb[d], y->nb[d]);
+            ck_assert_int_eq(x->ip[d], y->ip[d]);
+        }
+        for (int s = 0; s < FE_MAX_SRC; s++) {
+            ck_assert_int_eq(x->src[s] != NULL, y->src[s] != NULL);
+            if (x->src[s]) ck_assert_int_eq(x->src[s]->id, y->src[s]->id);
+        }
+        ck_assert_int_eq(x->view_src != NULL, y->view_src != NULL);
+        if (x->view_src) ck_assert_int_eq(x->view_src->id, y->view_src->id);
+        ck_assert_uint_eq(x->view_offs, y->view_offs);
+        ck_assert_uint_eq(x->op_offs, y->op_offs);
+        ck_assert_msg(memcmp(x->fp, y->fp, sizeof x->fp) == 0 ||
+                          (x->fp[0] != x->fp[0] && y->fp[0] != y->fp[0]), /* any nan is nan */
+                      "scale params of '%s' differ", x->name);
+    }
+}
+
+/* parse(text) printed, parsed again, printed again: same graph, same bytes. Returns the first
+ * print (caller frees). */
+static char *roundtrip(const char *text, const char *what) {
+    kiln_ctx *c1 = kiln_ctx_new();
+    kiln_status st = kiln_parse(c1, text, strlen(text), "test.kg");
+    ck_assert_msg(st == NULL, "%s: %s", what, kiln_status_msg(st));
+    char *p1 = print_ctx(c1);
+    kiln_ctx *c2 = kiln_ctx_new();
+    st = kiln_parse(c2, p1, strlen(p1), "printed.kg");
+    ck_assert_msg(st == NULL, "%s: printed text does not parse: %s\n%s", what, kiln_status_msg(st), p1);
+    assert_same_graph(c1, c2);
+    char *p2 = print_ctx(c2);
+    ck_assert_msg(strcmp(p1, p2) == 0, "%s: print is not stable:\n%s---\n%s", what, p1, p2);
+    free(p2);
+    kiln_ctx_free(c1);
+    kiln_ctx_free(c2);
+    return p1;
+}
+
+/* The error of parsing text (which must fail); caller frees. */
+static kiln_status parse_err(const char *text) {
+    kiln_ctx *ctx = kiln_ctx_new();
+    kiln_status st = kiln_parse(ctx, text, strlen(text), "test.kg");
+    ck_assert_msg(st != NULL, "parsing should fail:\n%s", text);
+    /* The failure is also the context's error, as a builder's would be. */
+    kiln_status again = kiln_ctx_status(ctx);
+    ck_assert_str_eq(kiln_status_msg(again), kiln_status_msg(st));
+    kiln_status_free(again);
+    kiln_ctx_free(ctx);
+    return st;
+}
+
+/* ---- round trips ------------------------------------------------------------------------- */
+
+START_TEST(examples_roundtrip) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/examples", ts_src_dir());
+    DIR *d = opendir(dir);
+    ck_assert_msg(d != NULL, "cannot open %s (set KILN_SRC)", dir);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (len < 4 || strcmp(e->d_name + len - 3, ".kg") != 0) continue;
+        char path[8192];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        kiln_ctx *ctx = kiln_ctx_new();
+        kiln_status st = kiln_load(ctx, path);
+        ck_assert_msg(st == NULL, "%s", kiln_status_msg(st));
+        ck_assert_int_gt(ctx->n, 0);
+        /* Every example is a complete graph: it has an output and kiln_graph_new accepts it. */
+        kiln_graph *g = NULL;
+        TS_OK(kiln_graph_new(ctx, &g));
+        kiln_graph_free(g);
+        char *p0 = print_ctx(ctx);
+        char *p1 = roundtrip(p0, path);
+        ck_assert_str_eq(p0, p1);
+        free(p0);
+        free(p1);
+        kiln_ctx_free(ctx);
+        n++;
+    }
+    closedir(d);
+    ck_assert_int_ge(n, 3);
+}
+END_TEST
+
+static const char *inline_graphs[] = {
+    /* no header, odd spacing, comments, CRLF */
+    "input x: f32[8]\r\n  a =neg( x )# c\r\noutput b=add(a,x)\r\n",
+    /* no final newline */
+    "input x: f32[8, 2]\noutput y = relu(x)",
+    /* scale in every spelling */
+    "input x: f32[4]\n"
+    "a = scale(x, 2)\nb = scale(a, -0.5, 1e-3)\nc = scale(b, inf, -inf)\nd = scale(c, nan)\n"
+    "e = scale(d, 0x1p-3, 1.0e+10)\nf = scale(e, 1e-40, -0)\noutput g = scale(f, 3.14159265358979, .5)\n",
+    /* keywords and float spellings as names */
+    "input input: f32[4]\nweight weight: f32[4]\noutput output = add(input, weight)\n"
+    "inf = neg(output)\nnan = scale(inf, inf, nan)\n_0 = neg(nan)\na.b_c = neg(_0)\n",
+    /* trailing ones are kept, leading ones too */
+    "input a: f32[4, 1, 1]\ninput b: f16[1, 1, 4]\ninput c: bf16[1]\ninput d: i32[2, 3, 4, 5]\n"
+    "input e: i64[7]\nx = mul(a, a)\n",
+    /* views of views */
+    "input x: f32[6, 4, 2]\nr = reshape(x, [24, 2])\nt = transpose(r)\np = permute(t, 0, 1, 3, 2)\n"
+    "c = cont(p)\nv = view(c, [3, 2], [48], 8)\nw = view(v, [2], [], 4)\nv4 = view(x, [2, 2, 2, 2], [24, 48, 96], 0)\n"
+    "output y = cont(w)\n",
+    /* empty graphs */
+    "",
+    "# nothing\n\n   \n",
+    "kiln-graph 1\n",
+    "# the header may follow comments\n\nkiln-graph 1 # version\ninput x: f32[3]\n",
+};
+
+START_TEST(inline_roundtrip) {
+    for (size_t i = 0; i < sizeof inline_graphs / sizeof *inline_graphs; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "inline graph %zu", i);
+        free(roundtrip(inline_graphs[i], what));
+    }
+}
+END_TEST
+
+START_TEST(canonical_text) {
+    const char *in = "# comment\n"
+                     "input  x : f32 [ 4096 , 8 ]   # trailing comment\n"
+                     "weight w: f16[4096]\n"
+                     "\n"
+                     "a=mul( x,w )\n"
+                     "g = gelu(a)\n"
+                     "s = scale(g, 0.1)\n"
+                     "r = reshape(s, [64, 512])\n"
+                     "p = permute(r, 1, 0, 2, 3)\n"
+                     "t = transpose(r)\n"
+                     "v = view(x, [64, 8], [16384], 0)\n"
+                     "c = cont(p)\n"
+                     "z = scale(c, nan, -inf)\n"
+                     "output y = add(c, c)\n";
+    const char *want = "kiln-graph 1\n"
+                       "input x: f32[4096, 8]\n"
+                       "weight w: f16[4096]\n"
+                       "a = mul(x, w)\n"
+                       "g = gelu(a)\n"
+                       "s = scale(g, 0.100000001, 0)\n"
+                       "r = reshape(s, [64, 512])\n"
+                       "p = permute(r, 1, 0, 2, 3)\n"
+                       "t = transpose(r)\n"
+                       "v = view(x, [64, 8], [16384], 0)\n"
+                       "c = cont(p)\n"
+                       "z = scale(c, nan, -inf)\n"
+                       "output y = add(c, c)\n";
+    char *got = roundtrip(in, "canonical");
+    ck_assert_str_eq(got, want);
+    free(got);
+
+    kiln_ctx *ctx = ts_parse(in);
+    kiln_tensor *v = fe_find(ctx, "v");
+    ck_assert_ptr_nonnull(v);
+    ck_assert_int_eq(v->op, FE_OP_VIEW);
+    ck_assert_int_eq(v->line, 11);
+    ck_assert_int_eq(v->col, 5); /* builders get the op's position */
+    ck_assert_int_eq(fe_find(ctx, "y")->role, KILN_ROLE_OUTPUT);
+    ck_assert_int_eq(fe_find(ctx, "w")->role, KILN_ROLE_WEIGHT);
+    ck_assert_float_eq(fe_find(ctx, "s")->fp[0], 0.1f);
+    ck_assert_ptr_null(ctx->file); /* the parser's location does not outlive it */
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+/* Graphs built through the C API print with their auto names, and parse back. */
+START_TEST(print_c_api_graph) {
+    kiln_ctx *ctx = kiln_ctx_new();
+    int64_t ne[2] = {16, 2};
+    kiln_tensor *x = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 2, ne);
+    kiln_tensor *b = kiln_new_tensor(ctx, KILN_ROLE_WEIGHT, KILN_BF16, "b", 1, ne);
+    kiln_tensor *y = kiln_scale(ctx, kiln_silu(ctx, kiln_add(ctx, x, b)), 2.0f, 0.0f);
+    kiln_set_output(ctx, y, NULL);
+    TS_OK(kiln_ctx_status(ctx));
+    char *text = print_ctx(ctx);
+    ck_assert_str_eq(text, "kiln-graph 1\n"
+                           "input x: f32[16, 2]\n"
+                           "weight b: bf16[16]\n"
+                           "_2 = add(x, b)\n"
+                           "_3 = silu(_2)\n"
+                           "output _4 = scale(_3, 2, 0)\n");
+    kiln_ctx *back = ts_parse(text);
+    assert_same_graph(ctx, back);
+    free(text);
+    kiln_ctx_free(back);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+/* What text cannot say is an error of kiln_print, not text that fails to parse. */
+START_TEST(print_refuses_unspellable) {
+    kiln_ctx *ctx = kiln_ctx_new();
+    int64_t ne[1] = {4};
+    kiln_tensor *x = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "_1", 1, ne);
+    kiln_neg(ctx, x); /* auto-named _1 too */
+    TS_OK(kiln_ctx_status(ctx));
+    char *text = (char *)1;
+    kiln_status st = kiln_print(ctx, &text);
+    ck_assert_ptr_null(text);
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(kiln_status_msg(st), "'_1'"));
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+/* Every op of the table except leaf has a spelling, and it builds that op. */
+START_TEST(every_op_parses) {
+    for (int op = 0; op < FE_OP_COUNT; op++) {
+        if (op == FE_OP_LEAF) continue;
+        const char *args;
+        switch (op) {
+        case FE_OP_RESHAPE: args = "a, [12]"; break;
+        case FE_OP_VIEW: args = "a, [2, 2], [16], 4"; break;
+        case FE_OP_PERMUTE: args = "a, 1, 0, 2, 3"; break;
+        case FE_OP_SCALE: args = "a, 1.5, -2"; break;
+        default: args = fe_ops[op].nsrc == 2 ? "a, b" : "a"; break;
+        }
+        char text[256];
+        snprintf(text, sizeof text, "input a: f32[4, 3]\ninput b: f32[4]\noutput y = %s(%s)\n",
+                 fe_ops[op].name, args);
+        kiln_ctx *ctx = ts_parse(text);
+        kiln_tensor *y = fe_find(ctx, "y");
+        ck_assert_ptr_nonnull(y);
+        ck_assert_msg(y->op == (fe_op)op, "%s built op %d", fe_ops[op].name, (int)y->op);
+        kiln_ctx_free(ctx);
+        free(roundtrip(text, fe_ops[op].name));
+    }
+}
+END_TEST
+
+/* Parsing into a context that has tensors: they are operands, and their names are taken. */
+START_TEST(parse_into_nonempty_ctx) {
+    kiln_ctx *ctx = kiln_ctx_new();
+    int64_t ne[1] = {8};
+    kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 1, ne);
+    const char *more = "output y = neg(x)\n";
+    TS_OK(kiln_parse(ctx, more, strlen(more), "more.kg"));
+    ck_assert_int_eq(ctx->n, 2);
+    ck_assert_ptr_eq(fe_find(ctx, "y")->src[0], fe_find(ctx, "x"));
+    const char *dup = "x = neg(y)\n";
+    kiln_status st = kiln_parse(ctx, dup, strlen(dup), "dup.kg");
+    ck_assert_ptr_nonnull(strstr(kiln_status_msg(st), "dup.kg:1:1: error: duplicate name 'x'"));
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+#define PRE "input x: f32[4, 3]\ninput y: f32[4, 3]\n" /* lines 1 and 2 */
+
+static const struct {
+    const char *text, *where, *word;
+} errors[] = {
+    {PRE "a = foo(x)\n", "test.kg:3:5: error: ", "unknown op 'foo'"},
+    {PRE "a = ad(x, y)\n", "test.kg:3:5: error: ", "did you mean 'add'"},
+    {PRE "a = leaf()\n", "test.kg:3:5: error: ", "not an op"},
+    {PRE "input z: f64[4]\n", "test.kg:3:10: error: ", "unknown type 'f64'"},
+    {PRE "input z: [4]\n", "test.kg:3:10: error: ", "type"},
+    {PRE "a = add(x, q)\n", "test.kg:3:12: error: ", "undefined name 'q'"},
+    {PRE "x = neg(y)\n", "test.kg:3:1: error: ", "duplicate name 'x': first defined at line 1"},
+    {PRE "input y: f32[4]\n", "test.kg:3:7: error: ", "duplicate name 'y'"},
+    {PRE "a = add(x)\n", "test.kg:3:10: error: ", "add takes 2 operands, got 1"},
+    {PRE "a = add(x, y, x)\n", "test.kg:3:15: error: ", "add takes 2 operands, got 3"},
+    {PRE "a = add(x, 2)\n", "test.kg:3:12: error: ", "add takes 2 operands"},
+    {PRE "a = neg(x, y)\n", "test.kg:3:12: error: ", "neg takes 1 operand, got 2"},
+    {PRE "a = neg(x, 2)\n", "test.kg:3:12: error: ", "no parameters"},
+    {PRE "a = scale(x)\n", "test.kg:3:12: error: ", "wrong number of arguments to scale"},
+    {PRE "a = scale(x, 1, 2, 3)\n", "test.kg:3:20: error: ", "wrong number of arguments"},
+    {PRE "a = permute(x, 1, 0)\n", "test.kg:3:20: error: ", "permute(t, ax0, ax1, ax2, ax3)"},
+    {PRE "a = reshape(x, 12)\n", "test.kg:3:16: error: ", "must be a list"},
+    {PRE "a = reshape(x, [12\n", "test.kg:3:19: error: ", "missing ']'"},
+    {PRE "a = reshape(x, [12", "test.kg:3:19: error: ", "end of file"},
+    {PRE "input z: f32[4, 3\n", "test.kg:3:18: error: ", "missing ']'"},
+    {PRE "a = neg(x\n", "test.kg:3:10: error: ", "missing ')'"},
+    {PRE "a = neg(x y)\n", "test.kg:3:11: error: ", "missing ')'"},
+    {PRE "a = add(x, $y)\n", "test.kg:3:12: error: ", "unexpected character '$'"},
+    {PRE "@\n", "test.kg:3:1: error: ", "unexpected character '@'"},
+    {PRE "a = neg(x)\x01\n", "test.kg:3:11: error: ", "character '\\x01'"},
+    {PRE "a = neg(x) y\n", "test.kg:3:12: error: ", "trailing junk"},
+    {PRE "a neg(x)\n", "test.kg:3:3: error: ", "expected '=' after 'a'"},
+    {PRE "a\n", "test.kg:3:2: error: ", "expected '='"},
+    {PRE "a: f32[4]\n", "test.kg:3:2: error: ", "'input' or 'weight'"},
+    {PRE "a = neg x\n", "test.kg:3:9: error: ", "expected '('"},
+    {PRE "a = (x)\n", "test.kg:3:5: error: ", "expected an op name"},
+    {PRE "= neg(x)\n", "test.kg:3:1: error: ", "expected a statement"},
+    {PRE "input z: f32[1, 2, 3, 4, 5]\n", "test.kg:3:26: error: ", "too many dims"},
+    {PRE "a = reshape(x, [1, 1, 1, 3, 4])\n", "test.kg:3:29: error: ", "too many dims"},
+    {PRE "input z: f32[]\n", "test.kg:3:13: error: ", "empty shape"},
+    {PRE "a = reshape(x, [])\n", "test.kg:3:16: error: ", "empty shape"},
+    {PRE "input z: f32[4x]\n", "test.kg:3:14: error: ", "bad number"},
+    {PRE "input z: f32[2.5]\n", "test.kg:3:14: error: ", "bad number"},
+    {PRE "input z: f32[99999999999999999999]\n", "test.kg:3:14: error: ", "out of range"},
+    {PRE "a = scale(x, 1.2.3)\n", "test.kg:3:14: error: ", "bad number"},
+    {PRE "a = scale(x, 1e99)\n", "test.kg:3:14: error: ", "out of range"},
+    {PRE "a = scale(x, [1])\n", "test.kg:3:14: error: ", "must be a number"},
+    {PRE "a = permute(x, 1.5, 0, 2, 3)\n", "test.kg:3:16: error: ", "bad number"},
+    {PRE "a = view(x, [4, 3], [], 0)\n", "test.kg:3:21: error: ", "takes 1 stride"},
+    {PRE "a = view(x, [4, 3], [-16], 0)\n", "test.kg:3:21: error: ", "negative"},
+    {PRE "a = view(x, [4, 3], [16], -4)\n", "test.kg:3:27: error: ", "negative"},
+    {PRE "a = neg(x, x, x, x, x, x, x, x, x)\n", "test.kg:3:33: error: ", "too many arguments"},
+    {PRE "kiln-graph 1\n", "test.kg:3:1: error: ", "header must come before"},
+    {"kiln-graph 2\n", "test.kg:1:12: error: ", "unsupported format version 2"},
+    {"kiln-graph\n", "test.kg:1:11: error: ", "format version"},
+    {"input x: f32[4]\n\n\n# c\n  y = neg(z)\n", "test.kg:5:11: error: ", "undefined name 'z'"},
+    {"input aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa: f32[4]\n",
+     "test.kg:1:7: error: ", "too long"},
+};
+
+START_TEST(parse_errors) {
+    for (size_t i = 0; i < sizeof errors / sizeof *errors; i++) {
+        kiln_status st = parse_err(errors[i].text);
+        const char *msg = kiln_status_msg(st);
+        ck_assert_msg(kiln_status_code(st) == KILN_ERR_PARSE, "case %zu: code %s: %s", i,
+                      kiln_code_name(kiln_status_code(st)), msg);
+        ck_assert_msg(strncmp(msg, errors[i].where, strlen(errors[i].where)) == 0,
+                      "case %zu: want prefix '%s', got '%s'", i, errors[i].where, msg);
+        ck_assert_msg(strstr(msg, errors[i].word) != NULL, "case %zu: want '%s' in '%s'", i,
+                      errors[i].word, msg);
+        kiln_status_free(st);
+    }
+}
+END_TEST
+
+/* Shape errors come from the builders, located at the statement's op. */
+START_TEST(builder_errors_located) {
+    static const struct {
+        const char *text, *where, *op;
+    } cases[] = {
+        {"input x: f32[3, 4]\ninput y: f32[4, 4]\nz = add(x, y)\n", "test.kg:3:5: ", "add"},
+        {"input x: f32[3, 4]\n# comment\n\n  output z = reshape(x, [5])\n", "test.kg:4:14: ", "reshape"},
+        {"input x: f32[3, 4]\nz = permute(x, 0, 0, 1, 2)\n", "test.kg:2:5: ", "permute"},
+        {"input x: f32[3, 4]\nz = view(x, [3, 4], [12], 4)\n", "test.kg:2:5: ", "view"},
+        {"input x: i32[3]\nz = exp(x)\n", "test.kg:2:5: ", "exp"},
+        {"input x: f32[0]\n", "test.kg:1:7: ", "dim"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        kiln_status st = parse_err(cases[i].text);
+        const char *msg = kiln_status_msg(st);
+        ck_assert_msg(strncmp(msg, cases[i].where, strlen(cases[i].where)) == 0,
+                      "case %zu: want prefix '%s', got '%s'", i, cases[i].where, msg);
+        ck_assert_msg(strstr(msg, cases[i].op) != NULL, "case %zu: want '%s' in '%s'", i, cases[i].op, msg);
+        kiln_status_free(st);
+    }
+}
+END_TEST
+
+START_TEST(load_file) {
+    char *dir = ts_tmpdir();
+    char path[4200];
+    snprintf(path, sizeof path, "%s/g.kg", dir);
+    const char *text = "input x: f32[2]\nz = nope(x)\n";
+    TS_OK(kb_write_file(path, text, strlen(text)));
+    kiln_ctx *ctx = kiln_ctx_new();
+    kiln_status st = kiln_load(ctx, path);
+    char want[4300];
+    snprintf(want, sizeof want, "%s:2:5: error: unknown op 'nope'", path);
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_PARSE);
+    ck_assert_ptr_nonnull(strstr(kiln_status_msg(st), want));
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+
+    snprintf(path, sizeof path, "%s/missing.kg", dir);
+    ctx = kiln_ctx_new();
+    st = kiln_load(ctx, path);
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_IO);
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* ---- robustness -------------------------------------------------------------------------- */
+
+/* Texts with NUL bytes, no terminator, huge tokens and lines: errors, never crashes. The
+ * buffers are exactly as long as the text so that ASan sees any read past the end. */
+START_TEST(hostile_input) {
+    static const char nul[] = "input x: f32[4]\na = neg(x)\0b = neg(a)\n";
+    char *buf = malloc(sizeof nul - 1);
+    memcpy(buf, nul, sizeof nul - 1);
+    kiln_ctx *ctx = kiln_ctx_new();
+    kiln_status st = kiln_parse(ctx, buf, sizeof nul - 1, "test.kg");
+    ck_assert_ptr_nonnull(strstr(kiln_status_msg(st), "test.kg:2:11: error: unexpected character '\\x00'"));
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+    free(buf);
+
+    /* Every prefix of a valid text, unterminated. */
+    const char *full = "kiln-graph 1\ninput x: f32[4, 2]\nv = view(x, [2, 2], [8], 4)\ns = scale(v, -1e-3, inf)\n";
+    for (size_t n = 0; n <= strlen(full); n++) {
+        buf = malloc(n ? n : 1);
+        memcpy(buf, full, n);
+        ctx = kiln_ctx_new();
+        st = kiln_parse(ctx, buf, n, "test.kg");
+        if (st) ck_assert_msg(strncmp(kiln_status_msg(st), "test.kg:", 8) == 0, "%s", kiln_status_msg(st));
+        kiln_status_free(st);
+        kiln_ctx_free(ctx);
+        free(buf);
+    }
+
+    /* Megabyte tokens: a name, a number, an op, a type, a comment. */
+    size_t big = 1 << 20;
+    const char *shapes[] = {"input %s: f32[4]\n", "input x: f32[%s]\n", "input x: f32[4]\ny = %s(x)\n",
+                            "input x: %s[4]\n", "# %s\n", "input x: f32[4]\ny = scale(x, %s)\n"};
+    char *tok = malloc(big + 1);
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+        memset(tok, k == 1 || k == 5 ? '9' : 'a', big);
+        tok[big] = 0;
+        buf = malloc(big + 64);
+        snprintf(buf, big + 64, shapes[k], tok);
+        ctx = kiln_ctx_new();
+        st = kiln_parse(ctx, buf, strlen(buf), "test.kg");
+        if (k == 4) ck_assert_ptr_null(st);
+        else ck_assert_msg(strncmp(kiln_status_msg(st), "test.kg:", 8) == 0, "%.200s", kiln_status_msg(st));
+        ck_assert_uint_lt(strlen(kiln_status_msg(st)), 1000); /* messages quote tokens shortened */
+        kiln_status_free(st);
+        kiln_ctx_free(ctx);
+        free(buf);
+    }
+    free(tok);
+}
+END_TEST
+
+/* Random edits of valid graphs: each result parses or fails with a located error; whatever
+ * parses round-trips. */
+START_TEST(fuzz_mutations) {
+    const char *seeds[] = {
+        "kiln-graph 1\ninput x: f32[8, 4]\nweight w: f16[8]\na = mul(x, w)\nb = scale(a, 0.5, -1)\n"
+        "r = reshape(b, [4, 8])\nt = transpose(r)\np = permute(x, 1, 0, 2, 3)\nc = cont(p)\n"
+        "v = view(x, [4, 2], [64], 16)\nz = add(c, v)\noutput y = add(t, x)\n",
+        inline_graphs[3],
+        inline_graphs[5],
+    };
+    const char alphabet[] = "xyzabw01234[](),:=# \n\t.-+e_$\x01\xff";
+    uint64_t s = 0x9e3779b97f4a7c15u;
+    int ok = 0;
+    for (int iter = 0; iter < 4000; iter++) {
+        const char *seed = seeds[iter % 3];
+        size_t n = strlen(seed);
+        char *buf = malloc(n + 8);
+        memcpy(buf, seed, n);
+        int edits = 1 + iter % 3;
+        for (int e = 0; e < edits; e++) {
+            s = s * 6364136223846793005u + 1442695040888963407u;
+            uint64_t r = s >> 16;
+            size_t pos = (size_t)(r % (n ? n : 1));
+            char c = alphabet[(r >> 20) % (sizeof alphabet - 1)];
+            switch ((r >> 40) % 3) {
+            case 0: if (n) buf[pos] = c; break;
+            case 1: memmove(buf + pos + 1, buf + pos, n - pos); buf[pos] = c; n++; break;
+            case 2: if (n) { memmove(buf + pos, buf + pos + 1, n - pos - 1); n--; } break;
+            }
+        }
+        kiln_ctx *ctx = kiln_ctx_new();
+        kiln_status st = kiln_parse(ctx, buf, n, "test.kg");
+        if (st) {
+            ck_assert_msg(strncmp(kiln_status_msg(st), "test.kg:", 8) == 0, "unlocated: %s", kiln_status_msg(st));
+            kiln_status_free(st);
+        } else {
+            ok++;
+            char *p = print_ctx(ctx);
+            free(roundtrip(p, "mutant"));
+            free(p);
+        }
+        kiln_ctx_free(ctx);
+        free(buf);
+    }
+    ck_assert_int_gt(ok, 100);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("format");
+    TCase *tc = tcase_create("format");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, examples_roundtrip);
+    tcase_add_test(tc, inline_roundtrip);
+    tcase_add_test(tc, canonical_text);
+    tcase_add_test(tc, print_c_api_graph);
+    tcase_add_test(tc, print_refuses_unspellable);
+    tcase_add_test(tc, every_op_parses);
+    tcase_add_test(tc, parse_into_nonempty_ctx);
+    tcase_add_test(tc, parse_errors);
+    tcase_add_test(tc, builder_errors_located);
+    tcase_add_test(tc, load_file);
+    tcase_add_test(tc, hostile_input);
+    tcase_add_test(tc, fuzz_mutations);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return ts_main(suite()); }
