@@ -14,4 +14,89 @@ kiln_status rt_driver_init(void);
 /* Compute capability of device ordinal `dev` as "sm_XY" (for choosing an arch). */
 kiln_status rt_device_arch(int dev, char out[16]);
 
+/* ---- the driver API, for runtime/ only -------------------------------------------------------
+ *
+ * Our own minimal declarations of the CUDA driver API (cuda.h is never included, so that the
+ * build needs no CUDA headers for the runtime and nothing links against libcuda). Types are
+ * ABI-compatible with cuda.h; names carry an rt_ prefix so that a file may include both. */
+
+typedef int                rt_cures;   /* CUresult; 0 is CUDA_SUCCESS */
+typedef int                rt_cudev;   /* CUdevice */
+typedef unsigned long long rt_cuptr;   /* CUdeviceptr */
+typedef struct rt_cuctx_s       *rt_cuctx;       /* CUcontext */
+typedef struct rt_cumod_s       *rt_cumod;       /* CUmodule */
+typedef struct rt_cufn_s        *rt_cufn;        /* CUfunction */
+typedef struct rt_custream_s    *rt_custream;    /* CUstream */
+typedef struct rt_cuevent_s     *rt_cuevent;     /* CUevent */
+typedef struct rt_cugraph_s     *rt_cugraph;     /* CUgraph */
+typedef struct rt_cugraphexec_s *rt_cugraphexec; /* CUgraphExec */
+
+/* Enum values, checked against cuda.h (CUDA 13.0). */
+#define RT_CUDA_SUCCESS 0
+#define RT_CUDA_ERROR_NO_DEVICE 100
+#define RT_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define RT_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+#define RT_CU_STREAM_NON_BLOCKING 0x1
+#define RT_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
+#define RT_CU_EVENT_DEFAULT 0x0
+#define RT_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+
+/* Entry points, resolved by rt_driver_init (valid only after it succeeded). Fields are named
+ * after the exported symbol without its "cu" prefix and version suffix. */
+typedef struct {
+    rt_cures (*Init)(unsigned flags);
+    rt_cures (*DriverGetVersion)(int *version);
+    rt_cures (*DeviceGetCount)(int *count);
+    rt_cures (*DeviceGet)(rt_cudev *dev, int ordinal);
+    rt_cures (*DeviceGetAttribute)(int *value, int attrib, rt_cudev dev);
+    rt_cures (*DeviceGetName)(char *name, int len, rt_cudev dev);
+    rt_cures (*DevicePrimaryCtxRetain)(rt_cuctx *ctx, rt_cudev dev);
+    rt_cures (*DevicePrimaryCtxRelease)(rt_cudev dev);
+    rt_cures (*CtxSetCurrent)(rt_cuctx ctx);
+    rt_cures (*CtxSynchronize)(void);
+    rt_cures (*ModuleLoadData)(rt_cumod *mod, const void *image);
+    rt_cures (*ModuleUnload)(rt_cumod mod);
+    rt_cures (*ModuleGetFunction)(rt_cufn *fn, rt_cumod mod, const char *name);
+    rt_cures (*FuncSetAttribute)(rt_cufn fn, int attrib, int value);
+    rt_cures (*LaunchKernel)(rt_cufn f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                             unsigned by, unsigned bz, unsigned smem, rt_custream stream,
+                             void **params, void **extra);
+    rt_cures (*MemAlloc)(rt_cuptr *ptr, size_t bytes);
+    rt_cures (*MemFree)(rt_cuptr ptr);
+    rt_cures (*MemcpyHtoD)(rt_cuptr dst, const void *src, size_t bytes);
+    rt_cures (*MemcpyDtoH)(void *dst, rt_cuptr src, size_t bytes);
+    rt_cures (*MemsetD8)(rt_cuptr dst, unsigned char value, size_t n);
+    rt_cures (*StreamCreate)(rt_custream *stream, unsigned flags);
+    rt_cures (*StreamDestroy)(rt_custream stream);
+    rt_cures (*StreamSynchronize)(rt_custream stream);
+    rt_cures (*StreamBeginCapture)(rt_custream stream, int mode);
+    rt_cures (*StreamEndCapture)(rt_custream stream, rt_cugraph *graph);
+    rt_cures (*GraphInstantiateWithFlags)(rt_cugraphexec *exec, rt_cugraph graph,
+                                          unsigned long long flags);
+    rt_cures (*GraphLaunch)(rt_cugraphexec exec, rt_custream stream);
+    rt_cures (*GraphExecDestroy)(rt_cugraphexec exec);
+    rt_cures (*GraphDestroy)(rt_cugraph graph);
+    rt_cures (*EventCreate)(rt_cuevent *ev, unsigned flags);
+    rt_cures (*EventRecord)(rt_cuevent ev, rt_custream stream);
+    rt_cures (*EventSynchronize)(rt_cuevent ev);
+    rt_cures (*EventElapsedTime)(float *ms, rt_cuevent start, rt_cuevent end);
+    rt_cures (*EventDestroy)(rt_cuevent ev);
+    rt_cures (*GetErrorName)(rt_cures err, const char **s);
+    rt_cures (*GetErrorString)(rt_cures err, const char **s);
+} rt_cuda_api;
+
+/* The resolved entry points; NULL until rt_driver_init has succeeded. */
+const rt_cuda_api *rt_cuda(void);
+/* The driver's CUDA version as reported by cuDriverGetVersion (e.g. 12080), 0 if unknown. */
+int rt_driver_version(void);
+/* "CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)", for messages. Never NULL; the
+ * text is static or owned by the driver. Writes into buf when it has to format. */
+const char *rt_cu_errstr(rt_cures r, char *buf, size_t n);
+/* KILN_ERR_CUDA: "<call> failed with <name> (<string>) while <what>". */
+kiln_status rt_cuda_error(rt_cures r, const char *call, const char *what_fmt, ...) KB_PRINTF(3, 4);
+/* Retains device `dev`'s primary context for the rest of the process (once per device), so
+ * that sessions come and go without the driver tearing the context down and rebuilding it.
+ * Sessions still retain and release their own reference. */
+kiln_status rt_device_pin(int dev, rt_cudev *cudev);
+
 #endif

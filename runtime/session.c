@@ -1,0 +1,548 @@
+/* kiln_session: a compiled program loaded on one GPU — device buffers, modules, launches, and
+ * the CUDA graph that replays them.
+ *
+ * Memory: every input, weight and output has its own allocation; temporaries live in one arena
+ * of ir->arena_bytes at the offsets ir_memplan chose. Launches are precomputed at creation (the
+ * argument array of each kernel points at its buffers' device addresses), so a run is a CUDA
+ * graph replay (or, with graphs off, one cuLaunchKernel per kernel) between two events.
+ *
+ * A session belongs to one thread at a time; each call makes the session's context current on
+ * the calling thread. The session copies what it needs from the program, which may be freed
+ * once kiln_session_new has returned. */
+#include "runtime/runtime.h"
+
+#include "codegen/codegen.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    char     name[64];
+    int      node;
+    rt_cufn  fn;
+    unsigned grid[3], block[3], smem;
+    int      nparams;
+    bool     empty; /* a zero grid dimension: nothing to do (zero-element tensors) */
+    rt_cuptr argv[IR_MAX_IN + 1];
+    void    *args[IR_MAX_IN + 1]; /* args[i] = &argv[i], as cuLaunchKernel wants */
+} rt_launch;
+
+typedef struct {
+    char     key[33];
+    rt_cumod mod;
+} rt_module;
+
+struct kiln_session {
+    const rt_cuda_api *cu;
+    int                device;
+    rt_cudev           dev;
+    rt_cuctx           ctx;
+    bool               ctx_retained;
+    char               dev_name[128];
+    char               arch[16];
+    rt_custream        stream;
+    rt_cuevent         ev_start, ev_end;
+
+    int       nbufs;
+    ir_buf   *bufs;  /* copied from the program */
+    rt_cuptr *dptr;  /* device address of each buffer (0 for zero-size ones) */
+    bool     *owned; /* dptr[i] is its own allocation (not in the arena) */
+    rt_cuptr  arena;
+    size_t    arena_bytes;
+
+    rt_module *mods;
+    int        nmods;
+    rt_launch *launches; /* launch order; never reallocated after creation (args point in) */
+    int        nlaunches;
+
+    bool           use_graphs;
+    rt_cugraphexec exec;
+    int            captures;
+    double         last_ms;
+    bool           broken; /* a kernel failed: the context is unusable */
+};
+
+static const char *kind_name(ir_buf_kind k) {
+    switch (k) {
+    case IR_BUF_INPUT: return "input";
+    case IR_BUF_WEIGHT: return "weight";
+    case IR_BUF_OUTPUT: return "output";
+    case IR_BUF_TEMP: return "temporary";
+    }
+    return "buffer";
+}
+
+/* "f32 [4096, 8]" */
+static void describe_buf(const ir_buf *b, char *out, size_t n) {
+    int nd = 1;
+    for (int i = 0; i < 4; i++)
+        if (b->ne[i] != 1) nd = i + 1;
+    int len = snprintf(out, n, "%s [", kiln_type_name(b->type));
+    for (int i = 0; i < nd && len > 0 && (size_t)len < n; i++)
+        len += snprintf(out + len, n - (size_t)len, "%s%lld", i ? ", " : "", (long long)b->ne[i]);
+    if (len > 0 && (size_t)len < n) snprintf(out + len, n - (size_t)len, "]");
+}
+
+static kiln_status make_current(kiln_session *s) {
+    rt_cures r = s->cu->CtxSetCurrent(s->ctx);
+    if (r != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuCtxSetCurrent", "making device %d's context current", s->device);
+    return NULL;
+}
+
+/* Parses "sm_90a", "sm_90", "sm_100f", ... into major, minor and the suffix letter (0 if none). */
+static bool parse_arch(const char *a, int *major, int *minor, char *suffix) {
+    if (strncmp(a, "sm_", 3) != 0 && strncmp(a, "compute_", 8) != 0) return false;
+    const char *d = a + (a[0] == 's' ? 3 : 8);
+    int nd = 0;
+    while (d[nd] >= '0' && d[nd] <= '9') nd++;
+    if (nd < 2 || nd > 3) return false;
+    int v = atoi(d);
+    *major = v / 10;
+    *minor = v % 10;
+    *suffix = d[nd];
+    if (*suffix && (d[nd + 1] || (*suffix != 'a' && *suffix != 'f'))) return false;
+    return true;
+}
+
+static kiln_status check_arch(kiln_session *s, const char *arch) {
+    const rt_cuda_api *cu = s->cu;
+    int cc_major = 0, cc_minor = 0;
+    rt_cures r = cu->DeviceGetAttribute(&cc_major, RT_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                        s->dev);
+    if (r == RT_CUDA_SUCCESS)
+        r = cu->DeviceGetAttribute(&cc_minor, RT_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                   s->dev);
+    if (r != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuDeviceGetAttribute",
+                             "reading the compute capability of device %d", s->device);
+    int  major, minor;
+    char suffix;
+    if (!parse_arch(arch, &major, &minor, &suffix))
+        return kb_error(KILN_ERR_INVALID, "kiln_session_new: the program's arch \"%s\" is not of "
+                                          "the form sm_XY or sm_XYa", arch);
+    /* Cubins run on the same major version only; arch-specific ones ("a") only on exactly
+     * that compute capability; plain and family ("f") ones on any minor at least theirs. */
+    bool fits = major == cc_major && (suffix == 'a' ? minor == cc_minor : minor <= cc_minor);
+    if (fits) return NULL;
+    char want[16];
+    if (cc_major >= 9) snprintf(want, sizeof want, "sm_%d%da", cc_major, cc_minor);
+    else snprintf(want, sizeof want, "sm_%d%d", cc_major, cc_minor);
+    return kb_error(KILN_ERR_INVALID,
+                    "kiln_session_new: the program was compiled for %s, which cannot run on device "
+                    "%d (%s, compute capability %d.%d); compile it for this GPU with arch \"%s\"",
+                    arch, s->device, s->dev_name, cc_major, cc_minor, want);
+}
+
+static kiln_status alloc_buffers(kiln_session *s, const ir_prog *ir) {
+    const rt_cuda_api *cu = s->cu;
+    s->nbufs = ir->nbufs;
+    if (ir->nbufs > 0) {
+        s->bufs = malloc(sizeof *s->bufs * (size_t)ir->nbufs);
+        s->dptr = calloc((size_t)ir->nbufs, sizeof *s->dptr);
+        s->owned = calloc((size_t)ir->nbufs, sizeof *s->owned);
+        if (!s->bufs || !s->dptr || !s->owned) return kb_oom();
+        memcpy(s->bufs, ir->bufs, sizeof *s->bufs * (size_t)ir->nbufs);
+    }
+    s->arena_bytes = ir->arena_bytes;
+    rt_cures r;
+    if (s->arena_bytes > 0) {
+        r = cu->MemAlloc(&s->arena, s->arena_bytes);
+        if (r != RT_CUDA_SUCCESS)
+            return rt_cuda_error(r, "cuMemAlloc", "allocating the %zu-byte arena of temporaries",
+                                 s->arena_bytes);
+        r = cu->MemsetD8(s->arena, 0, s->arena_bytes);
+        if (r != RT_CUDA_SUCCESS)
+            return rt_cuda_error(r, "cuMemsetD8", "clearing the arena of temporaries");
+    }
+    for (int i = 0; i < s->nbufs; i++) {
+        ir_buf *b = &s->bufs[i];
+        b->name[sizeof b->name - 1] = 0;
+        if (b->kind == IR_BUF_TEMP) {
+            if (b->first < 0) continue; /* dead (fused away): not placed, never passed */
+            if (b->offset > s->arena_bytes || b->bytes > s->arena_bytes - b->offset)
+                return kb_error(KILN_ERR_INVALID,
+                                "kiln_session_new: temporary '%s' (%zu bytes at offset %zu) lies "
+                                "outside the %zu-byte arena (the memory plan is inconsistent)",
+                                b->name, b->bytes, b->offset, s->arena_bytes);
+            s->dptr[i] = s->arena ? s->arena + b->offset : 0;
+            continue;
+        }
+        if (b->bytes == 0) continue; /* no memory; kernels touching it have nothing to do */
+        r = cu->MemAlloc(&s->dptr[i], b->bytes);
+        if (r != RT_CUDA_SUCCESS)
+            return rt_cuda_error(r, "cuMemAlloc", "allocating %zu bytes for %s '%s'", b->bytes,
+                                 kind_name(b->kind), b->name);
+        s->owned[i] = true;
+        r = cu->MemsetD8(s->dptr[i], 0, b->bytes);
+        if (r != RT_CUDA_SUCCESS)
+            return rt_cuda_error(r, "cuMemsetD8", "clearing %s '%s'", kind_name(b->kind), b->name);
+    }
+    return NULL;
+}
+
+static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
+    const rt_cuda_api *cu = s->cu;
+    if (p->nkernels <= 0) return NULL;
+    s->launches = calloc((size_t)p->nkernels, sizeof *s->launches);
+    s->mods = calloc((size_t)p->nkernels, sizeof *s->mods);
+    if (!s->launches || !s->mods) return kb_oom();
+    for (int i = 0; i < p->nkernels; i++) {
+        const cg_kernel *k = &p->kernels[i];
+        rt_launch       *l = &s->launches[i];
+        snprintf(l->name, sizeof l->name, "%.*s", (int)sizeof k->name - 1, k->name);
+        l->node = k->node;
+        memcpy(l->grid, k->grid, sizeof l->grid);
+        memcpy(l->block, k->block, sizeof l->block);
+        l->smem = k->smem;
+        l->empty = !k->grid[0] || !k->grid[1] || !k->grid[2];
+        if (!l->empty && (!k->block[0] || !k->block[1] || !k->block[2]))
+            return kb_error(KILN_ERR_INVALID, "kiln_session_new: kernel %d '%s' has an empty block "
+                                              "(%ux%ux%u)", i, l->name, k->block[0], k->block[1],
+                            k->block[2]);
+        if (k->nparams < 0 || k->nparams > IR_MAX_IN + 1)
+            return kb_error(KILN_ERR_INVALID, "kiln_session_new: kernel %d '%s' has %d parameters",
+                            i, l->name, k->nparams);
+        l->nparams = k->nparams;
+        for (int j = 0; j < k->nparams; j++) {
+            int b = k->params[j];
+            if (b < 0 || b >= s->nbufs)
+                return kb_error(KILN_ERR_INVALID, "kiln_session_new: kernel %d '%s' parameter %d "
+                                                  "names buffer %d of %d", i, l->name, j, b,
+                                s->nbufs);
+            if (s->bufs[b].kind == IR_BUF_TEMP && s->bufs[b].first < 0)
+                return kb_error(KILN_ERR_INVALID, "kiln_session_new: kernel %d '%s' uses temporary "
+                                                  "'%s', which the memory plan did not place",
+                                i, l->name, s->bufs[b].name);
+            l->argv[j] = s->dptr[b];
+            l->args[j] = &l->argv[j];
+        }
+
+        /* One module per distinct cubin (kernels with equal keys have equal code). */
+        rt_module *m = NULL;
+        for (int j = 0; j < s->nmods; j++)
+            if (strcmp(s->mods[j].key, k->key_hex) == 0) m = &s->mods[j];
+        if (!m) {
+            m = &s->mods[s->nmods];
+            snprintf(m->key, sizeof m->key, "%s", k->key_hex);
+            rt_cures r = cu->ModuleLoadData(&m->mod, k->cubin);
+            if (r != RT_CUDA_SUCCESS) {
+                int v = rt_driver_version();
+                return rt_cuda_error(r, "cuModuleLoadData",
+                                     "loading kernel %d '%s' (cubin of %zu bytes for %s, key %s) on "
+                                     "device %d (%s; driver supports CUDA %d.%d)",
+                                     i, l->name, k->cubin_size, p->arch, k->key_hex, s->device,
+                                     s->dev_name, v / 1000, v % 1000 / 10);
+            }
+            s->nmods++;
+        }
+        rt_cures r = cu->ModuleGetFunction(&l->fn, m->mod, k->name);
+        if (r != RT_CUDA_SUCCESS)
+            return rt_cuda_error(r, "cuModuleGetFunction",
+                                 "looking up entry point '%s' of kernel %d in its cubin (key %s)",
+                                 k->name, i, k->key_hex);
+        if (l->smem > 48 * 1024) {
+            r = cu->FuncSetAttribute(l->fn, RT_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                     (int)l->smem);
+            if (r != RT_CUDA_SUCCESS)
+                return rt_cuda_error(r, "cuFuncSetAttribute",
+                                     "allowing %u bytes of dynamic shared memory for kernel %d '%s'",
+                                     l->smem, i, l->name);
+        }
+        s->nlaunches++;
+    }
+    return NULL;
+}
+
+static bool graphs_enabled(const kiln_session_opts *opts) {
+    if (opts && opts->no_cuda_graph) return false;
+    const char *e = getenv("KILN_CUDA_GRAPHS");
+    if (e && (strcmp(e, "0") == 0 || strcmp(e, "off") == 0 || strcmp(e, "no") == 0 ||
+              strcmp(e, "false") == 0))
+        return false;
+    return true;
+}
+
+kiln_status kiln_session_new(const kiln_program *p, const kiln_session_opts *opts,
+                             kiln_session **out) {
+    if (!out) return kb_error(KILN_ERR_INVALID, "kiln_session_new: out is NULL");
+    *out = NULL;
+    if (!p) return kb_error(KILN_ERR_INVALID, "kiln_session_new: program is NULL");
+    if (!p->ir) return kb_error(KILN_ERR_INVALID, "kiln_session_new: program has no IR");
+    if (p->nkernels > 0 && !p->kernels)
+        return kb_error(KILN_ERR_INVALID, "kiln_session_new: program has no kernel table");
+    int device = opts ? opts->device : 0;
+    if (device < 0)
+        return kb_error(KILN_ERR_INVALID, "kiln_session_new: device ordinal %d is negative", device);
+
+    kiln_status st = rt_driver_init();
+    if (st) return st;
+
+    for (int i = 0; i < p->nkernels; i++)
+        if (!p->kernels[i].cubin || !p->kernels[i].cubin_size)
+            return kb_error(KILN_ERR_INVALID,
+                            "kiln_session_new: kernel %d '%s' has no machine code: the program was "
+                            "compiled with skip_nvrtc (sources only); compile it without "
+                            "skip_nvrtc to run it",
+                            i, p->kernels[i].name);
+
+    kiln_session *s = calloc(1, sizeof *s);
+    if (!s) return kb_oom();
+    s->cu = rt_cuda();
+    s->device = device;
+    s->use_graphs = graphs_enabled(opts);
+    snprintf(s->arch, sizeof s->arch, "%s", p->arch);
+    const rt_cuda_api *cu = s->cu;
+    rt_cures r;
+
+    st = rt_device_pin(device, &s->dev);
+    if (st) goto fail;
+    r = cu->DeviceGetName(s->dev_name, (int)sizeof s->dev_name - 1, s->dev);
+    if (r != RT_CUDA_SUCCESS) snprintf(s->dev_name, sizeof s->dev_name, "unknown GPU");
+    st = check_arch(s, p->arch);
+    if (st) goto fail;
+
+    r = cu->DevicePrimaryCtxRetain(&s->ctx, s->dev);
+    if (r != RT_CUDA_SUCCESS) {
+        st = rt_cuda_error(r, "cuDevicePrimaryCtxRetain", "creating the context of device %d (%s)",
+                           device, s->dev_name);
+        goto fail;
+    }
+    s->ctx_retained = true;
+    if ((st = make_current(s))) goto fail;
+
+    r = cu->StreamCreate(&s->stream, RT_CU_STREAM_NON_BLOCKING);
+    if (r != RT_CUDA_SUCCESS) {
+        st = rt_cuda_error(r, "cuStreamCreate", "creating the session's stream");
+        goto fail;
+    }
+    r = cu->EventCreate(&s->ev_start, RT_CU_EVENT_DEFAULT);
+    if (r == RT_CUDA_SUCCESS) r = cu->EventCreate(&s->ev_end, RT_CU_EVENT_DEFAULT);
+    if (r != RT_CUDA_SUCCESS) {
+        st = rt_cuda_error(r, "cuEventCreate", "creating the session's timing events");
+        goto fail;
+    }
+
+    if ((st = alloc_buffers(s, p->ir))) goto fail;
+    if ((st = load_kernels(s, p))) goto fail;
+
+    /* The memsets ran on the legacy stream, which the non-blocking session stream does not
+     * wait for. */
+    r = cu->CtxSynchronize();
+    if (r != RT_CUDA_SUCCESS) {
+        st = rt_cuda_error(r, "cuCtxSynchronize", "clearing the session's device memory");
+        goto fail;
+    }
+    *out = s;
+    return NULL;
+
+fail:
+    kiln_session_free(s);
+    return st;
+}
+
+void kiln_session_free(kiln_session *s) {
+    if (!s) return;
+    const rt_cuda_api *cu = s->cu;
+    if (cu && s->ctx) {
+        cu->CtxSetCurrent(s->ctx);
+        if (s->stream) cu->StreamSynchronize(s->stream);
+        if (s->exec) cu->GraphExecDestroy(s->exec);
+        if (s->ev_start) cu->EventDestroy(s->ev_start);
+        if (s->ev_end) cu->EventDestroy(s->ev_end);
+        for (int i = 0; i < s->nmods; i++)
+            if (s->mods[i].mod) cu->ModuleUnload(s->mods[i].mod);
+        for (int i = 0; i < s->nbufs; i++)
+            if (s->owned && s->owned[i] && s->dptr[i]) cu->MemFree(s->dptr[i]);
+        if (s->arena) cu->MemFree(s->arena);
+        if (s->stream) cu->StreamDestroy(s->stream);
+    }
+    if (cu && s->ctx_retained) cu->DevicePrimaryCtxRelease(s->dev);
+    free(s->launches);
+    free(s->mods);
+    free(s->bufs);
+    free(s->dptr);
+    free(s->owned);
+    free(s);
+}
+
+/* The names a caller may pass, for "not found" messages. */
+static char *valid_names(const kiln_session *s, bool for_set) {
+    kb_str b = {0};
+    static const ir_buf_kind order[3] = {IR_BUF_INPUT, IR_BUF_WEIGHT, IR_BUF_OUTPUT};
+    int nkinds = for_set ? 2 : 3;
+    for (int k = 0; k < nkinds; k++) {
+        int n = 0;
+        for (int i = 0; i < s->nbufs; i++) {
+            if (s->bufs[i].kind != order[k]) continue;
+            if (n == 0) kb_str_addf(&b, "%s%ss ", b.len ? "; " : "", kind_name(order[k]));
+            kb_str_addf(&b, "%s'%s'", n ? ", " : "", s->bufs[i].name);
+            n++;
+        }
+    }
+    if (!b.len) kb_str_add(&b, "none");
+    return kb_str_take(&b);
+}
+
+static kiln_status find_buf(const kiln_session *s, const char *fn, const char *name, bool for_set,
+                            int *out) {
+    for (int i = 0; i < s->nbufs; i++) {
+        const ir_buf *b = &s->bufs[i];
+        if (b->kind == IR_BUF_TEMP || strcmp(b->name, name) != 0) continue;
+        if (for_set && b->kind == IR_BUF_OUTPUT)
+            return kb_error(KILN_ERR_INVALID, "%s: '%s' is an output of the program; only inputs "
+                                              "and weights can be set", fn, name);
+        *out = i;
+        return NULL;
+    }
+    char *names = valid_names(s, for_set);
+    kiln_status st = kb_error(KILN_ERR_NOT_FOUND, "%s: the program has no %s named '%s' (valid: %s)",
+                              fn, for_set ? "input or weight" : "input, weight or output", name,
+                              names ? names : "?");
+    free(names);
+    return st;
+}
+
+static kiln_status check_bytes(const kiln_session *s, const char *fn, int i, size_t bytes) {
+    const ir_buf *b = &s->bufs[i];
+    if (bytes == b->bytes) return NULL;
+    char shape[128];
+    describe_buf(b, shape, sizeof shape);
+    return kb_error(KILN_ERR_INVALID, "%s: %s '%s' is %s, %zu bytes contiguous; got %zu bytes", fn,
+                    kind_name(b->kind), b->name, shape, b->bytes, bytes);
+}
+
+kiln_status kiln_session_set(kiln_session *s, const char *name, const void *data, size_t bytes) {
+    static const char fn[] = "kiln_session_set";
+    if (!s || !name) return kb_error(KILN_ERR_INVALID, "%s: %s is NULL", fn, s ? "name" : "session");
+    int i;
+    kiln_status st = find_buf(s, fn, name, true, &i);
+    if (st) return st;
+    if ((st = check_bytes(s, fn, i, bytes))) return st;
+    if (bytes == 0) return NULL;
+    if (!data) return kb_error(KILN_ERR_INVALID, "%s: data for '%s' is NULL", fn, name);
+    if ((st = make_current(s))) return st;
+    rt_cures r = s->cu->MemcpyHtoD(s->dptr[i], data, bytes);
+    if (r != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuMemcpyHtoD", "copying %zu bytes into %s '%s'", bytes,
+                             kind_name(s->bufs[i].kind), name);
+    /* The copy went through the legacy stream; make sure it has landed before the session
+     * stream (which does not wait for the legacy one) reads the buffer. */
+    r = s->cu->CtxSynchronize();
+    if (r != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuCtxSynchronize", "finishing the copy into '%s'", name);
+    return NULL;
+}
+
+kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size_t bytes) {
+    static const char fn[] = "kiln_session_get";
+    if (!s || !name) return kb_error(KILN_ERR_INVALID, "%s: %s is NULL", fn, s ? "name" : "session");
+    int i;
+    kiln_status st = find_buf(s, fn, name, false, &i);
+    if (st) return st;
+    if ((st = check_bytes(s, fn, i, bytes))) return st;
+    if (bytes == 0) return NULL;
+    if (!data) return kb_error(KILN_ERR_INVALID, "%s: data for '%s' is NULL", fn, name);
+    if ((st = make_current(s))) return st;
+    rt_cures r = s->cu->StreamSynchronize(s->stream);
+    if (r == RT_CUDA_SUCCESS) r = s->cu->MemcpyDtoH(data, s->dptr[i], bytes);
+    if (r != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuMemcpyDtoH", "copying %zu bytes out of %s '%s'", bytes,
+                             kind_name(s->bufs[i].kind), name);
+    return NULL;
+}
+
+static kiln_status launch_all(kiln_session *s, const char *doing) {
+    for (int i = 0; i < s->nlaunches; i++) {
+        rt_launch *l = &s->launches[i];
+        if (l->empty) continue;
+        rt_cures r = s->cu->LaunchKernel(l->fn, l->grid[0], l->grid[1], l->grid[2], l->block[0],
+                                         l->block[1], l->block[2], l->smem, s->stream,
+                                         l->nparams ? l->args : NULL, NULL);
+        if (r != RT_CUDA_SUCCESS)
+            return rt_cuda_error(r, "cuLaunchKernel",
+                                 "%s kernel %d '%s' (grid %ux%ux%u, block %ux%ux%u, %u bytes "
+                                 "shared memory)",
+                                 doing, i, l->name, l->grid[0], l->grid[1], l->grid[2],
+                                 l->block[0], l->block[1], l->block[2], l->smem);
+    }
+    return NULL;
+}
+
+static kiln_status capture(kiln_session *s) {
+    const rt_cuda_api *cu = s->cu;
+    rt_cures r = cu->StreamBeginCapture(s->stream, RT_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    if (r != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuStreamBeginCapture", "starting to capture the CUDA graph");
+    kiln_status st = launch_all(s, "capturing");
+    rt_cugraph  g = NULL;
+    r = cu->StreamEndCapture(s->stream, &g);
+    if (st) {
+        if (g) cu->GraphDestroy(g);
+        return st;
+    }
+    if (r != RT_CUDA_SUCCESS) {
+        if (g) cu->GraphDestroy(g);
+        return rt_cuda_error(r, "cuStreamEndCapture", "capturing the CUDA graph of %d kernels",
+                             s->nlaunches);
+    }
+    r = cu->GraphInstantiateWithFlags(&s->exec, g, 0);
+    cu->GraphDestroy(g); /* the executable graph does not need it */
+    if (r != RT_CUDA_SUCCESS) {
+        s->exec = NULL;
+        return rt_cuda_error(r, "cuGraphInstantiateWithFlags",
+                             "instantiating the CUDA graph of %d kernels", s->nlaunches);
+    }
+    s->captures++;
+    return NULL;
+}
+
+kiln_status kiln_session_run(kiln_session *s) {
+    if (!s) return kb_error(KILN_ERR_INVALID, "kiln_session_run: session is NULL");
+    if (s->broken)
+        return kb_error(KILN_ERR_CUDA, "kiln_session_run: an earlier run failed on the GPU and left "
+                                       "the CUDA context unusable; create a new process");
+    const rt_cuda_api *cu = s->cu;
+    kiln_status        st = make_current(s);
+    if (st) return st;
+    if (s->use_graphs && !s->exec && (st = capture(s))) return st;
+
+    rt_cures r = cu->EventRecord(s->ev_start, s->stream);
+    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuEventRecord", "starting the run's timer");
+    if (s->exec) {
+        r = cu->GraphLaunch(s->exec, s->stream);
+        if (r != RT_CUDA_SUCCESS)
+            return rt_cuda_error(r, "cuGraphLaunch", "launching the CUDA graph of %d kernels",
+                                 s->nlaunches);
+    } else if ((st = launch_all(s, "launching"))) {
+        cu->StreamSynchronize(s->stream);
+        return st;
+    }
+    r = cu->EventRecord(s->ev_end, s->stream);
+    if (r != RT_CUDA_SUCCESS) {
+        cu->StreamSynchronize(s->stream);
+        return rt_cuda_error(r, "cuEventRecord", "stopping the run's timer");
+    }
+    r = cu->StreamSynchronize(s->stream);
+    if (r != RT_CUDA_SUCCESS) {
+        s->broken = true;
+        return rt_cuda_error(r, "cuStreamSynchronize",
+                             "waiting for the program's %d kernels on device %d (%s)%s", s->nlaunches,
+                             s->device, s->dev_name,
+                             s->exec ? "; to find the failing kernel, run with KILN_CUDA_GRAPHS=0 "
+                                       "CUDA_LAUNCH_BLOCKING=1"
+                                     : "; to find the failing kernel, run with "
+                                       "CUDA_LAUNCH_BLOCKING=1");
+    }
+    float ms = 0;
+    r = cu->EventElapsedTime(&ms, s->ev_start, s->ev_end);
+    if (r != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuEventElapsedTime", "timing the run");
+    s->last_ms = ms;
+    return NULL;
+}
+
+double kiln_session_last_ms(const kiln_session *s) { return s ? s->last_ms : 0.0; }
+
+int kiln_session_captures(const kiln_session *s) { return s ? s->captures : 0; }
