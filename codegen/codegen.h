@@ -29,6 +29,20 @@ typedef struct cg_lua cg_lua;
 kiln_status cg_lua_new(cg_lua **out);
 void        cg_lua_free(cg_lua *L);
 
+/* Lower-level access (codegen/lua.c), used by generate.c and tests. The sandbox has the base,
+ * string, table, math and utf8 libraries only (no io, os, package, debug, dofile, loadfile,
+ * math.random; load accepts text only), kiln's require, a memory cap and an instruction budget
+ * per protected call. */
+struct lua_State;
+struct lua_State *cg_lua_state(cg_lua *L);
+/* lua_pcall of the function below nargs arguments on the stack, with a fresh instruction budget;
+ * a Lua error becomes KILN_ERR_CODEGEN "<what>: <Lua message>" (with the template file:line)
+ * and leaves nothing of the call on the stack. */
+kiln_status cg_lua_pcall(cg_lua *L, int nargs, int nresults, const char *what);
+/* Runs Lua source `code` (named `name` in errors) in the sandbox; *result (caller frees) is
+ * tostring of its first result, "nil" when it returns nothing. */
+kiln_status cg_lua_exec(cg_lua *L, const char *code, const char *name, char **result);
+
 /* Instantiates the template for ir node `node` into k (name, source, launch config, params).
  * Deterministic: the same IR gives byte-identical source. k->source is owned by k. */
 kiln_status cg_generate(cg_lua *L, const ir_prog *p, int node, cg_kernel *k);

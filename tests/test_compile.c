@@ -11,7 +11,7 @@
 static const char *GRAPH =
     "input x: f32[4096, 4]\nweight w: f16[4096]\ninput b: bf16[4096, 4]\n"
     "a = mul(x, w)\ns = silu(a)\noutput y = add(s, b)\n"
-    "t = transpose(a)\noutput z = gelu(t)\n";
+    "t = transpose(x)\noutput z = gelu(t)\n";
 
 typedef struct {
     char lines[8][512];

@@ -1,0 +1,43 @@
+-- ops: the CUDA expression of each elementwise op (frontend.h FE_OPS), computed in f32.
+--
+-- ops[name] = { arity = 1 or 2, expr = function(a, b, f) -> string }, where a and b are the
+-- operand expressions (register names such as "r3") and f the instruction's two float
+-- parameters as exact CUDA literals ("0.5f", "__int_as_float(0x7f800000)", ...). The
+-- expressions must match ir_apply (ir/eval.c), the CPU reference.
+
+local M = {}
+
+-- A literal as an operand: negative ones in parentheses, for readability.
+local function lit(s)
+    if s:sub(1, 1) == "-" then return "(" .. s .. ")" end
+    return s
+end
+
+local function unary(f) return { arity = 1, expr = f } end
+local function binary(f) return { arity = 2, expr = f } end
+
+M.cont = unary(function(a) return a end)
+
+M.add = binary(function(a, b) return a .. " + " .. b end)
+M.sub = binary(function(a, b) return a .. " - " .. b end)
+M.mul = binary(function(a, b) return a .. " * " .. b end)
+M.div = binary(function(a, b) return a .. " / " .. b end)
+
+-- ggml_scale_bias: a*s + b
+M.scale = unary(function(a, _, f) return a .. " * " .. lit(f[1]) .. " + " .. lit(f[2]) end)
+
+M.neg = unary(function(a) return "-" .. a end)
+M.exp = unary(function(a) return "expf(" .. a .. ")" end)
+M.sqr = unary(function(a) return a .. " * " .. a end)
+M.sqrt = unary(function(a) return "sqrtf(" .. a .. ")" end)
+M.silu = unary(function(a) return a .. " / (1.0f + expf(-" .. a .. "))" end)
+-- ggml's tanh approximation
+M.gelu = unary(function(a)
+    return "0.5f * " .. a .. " * (1.0f + tanhf(0.7978845608f * " .. a .. " * (1.0f + 0.044715f * "
+        .. a .. " * " .. a .. ")))"
+end)
+M.relu = unary(function(a) return a .. " > 0.0f ? " .. a .. " : 0.0f" end)
+M.tanh = unary(function(a) return "tanhf(" .. a .. ")" end)
+M.sigmoid = unary(function(a) return "1.0f / (1.0f + expf(-" .. a .. "))" end)
+
+return M

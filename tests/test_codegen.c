@@ -1,0 +1,1024 @@
+/* codegen: the Lua sandbox, the template engine, kernel generation and NVRTC (no GPU needed). */
+#include "tests/support.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+
+#include <nvrtc.h>
+
+/* ---- hand-built IR ------------------------------------------------------------------------- */
+
+static ir_prog *prog_new(int nnodes) {
+    ir_prog *p = calloc(1, sizeof *p);
+    ck_assert_ptr_nonnull(p);
+    p->capbufs = 4 * IR_MAX_IN;
+    p->bufs = calloc((size_t)p->capbufs, sizeof *p->bufs);
+    p->capnodes = nnodes;
+    p->nnodes = nnodes;
+    p->nodes = calloc((size_t)nnodes, sizeof *p->nodes);
+    ck_assert(p->bufs && p->nodes);
+    return p;
+}
+
+static void prog_free(ir_prog *p) {
+    free(p->bufs);
+    free(p->nodes);
+    free(p);
+}
+
+/* Registers buffer b (named name) large enough for r. */
+static void use_buf(ir_prog *p, const ir_ref *r, const char *name) {
+    ck_assert_int_lt(r->buf, p->capbufs);
+    if (r->buf >= p->nbufs) p->nbufs = r->buf + 1;
+    ir_buf *b = &p->bufs[r->buf];
+    b->type = r->type;
+    b->kind = IR_BUF_TEMP;
+    snprintf(b->name, sizeof b->name, "%s", name);
+    for (int d = 0; d < 4; d++) b->ne[d] = r->ne[d];
+}
+
+static ir_ref ref4(int buf, kiln_type t, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
+    ir_ref r = {.buf = buf, .type = t, .ne = {ne0, ne1, ne2, ne3}};
+    int64_t s = 1;
+    for (int d = 0; d < 4; d++) {
+        r.st[d] = s;
+        s *= r.ne[d];
+    }
+    return r;
+}
+
+static ir_ref strided(int buf, kiln_type t, const int64_t ne[4], const int64_t st[4], int64_t offs) {
+    ir_ref r = {.buf = buf, .type = t, .offs = offs};
+    memcpy(r.ne, ne, sizeof r.ne);
+    memcpy(r.st, st, sizeof r.st);
+    return r;
+}
+
+static ir_instr I1(fe_op op, int a) { return (ir_instr){.op = op, .a = a, .type = KILN_F32}; }
+static ir_instr I2(fe_op op, int a, int b) { return (ir_instr){.op = op, .a = a, .b = b, .type = KILN_F32}; }
+
+/* Sets node i of p. */
+static void set_node(ir_prog *p, int i, ir_ref dst, int nin, const ir_ref *in, int ninstr,
+                     const ir_instr *ins) {
+    ir_node *n = &p->nodes[i];
+    memset(n, 0, sizeof *n);
+    n->kind = IR_EW;
+    n->dst = dst;
+    n->nin = nin;
+    for (int j = 0; j < nin; j++) n->in[j] = in[j];
+    n->ninstr = ninstr;
+    for (int j = 0; j < ninstr; j++) n->ins[j] = ins[j];
+    n->nsrc = 1;
+    n->src[0] = i;
+    char name[64];
+    snprintf(name, sizeof name, "SECRETNAME_out_%d", dst.buf);
+    use_buf(p, &dst, name);
+    for (int j = 0; j < nin; j++) {
+        snprintf(name, sizeof name, "SECRETNAME_in_%d", in[j].buf);
+        use_buf(p, &in[j], name);
+    }
+}
+
+/* A program of one node. */
+static ir_prog *one(ir_ref dst, int nin, const ir_ref *in, int ninstr, const ir_instr *ins) {
+    ir_prog *p = prog_new(1);
+    set_node(p, 0, dst, nin, in, ninstr, ins);
+    return p;
+}
+
+static cg_lua *lua_new(void) {
+    cg_lua *L;
+    TS_OK(cg_lua_new(&L));
+    return L;
+}
+
+/* Generates node 0 of p with a fresh state. */
+static void gen(ir_prog *p, cg_kernel *k) {
+    cg_lua *L = lua_new();
+    TS_OK(cg_generate(L, p, 0, k));
+    cg_lua_free(L);
+}
+
+static const char *const ARCHS[] = {"sm_90a", "sm_80"};
+
+/* Compiles src with kiln's options for sm_90a straight through NVRTC, to see its log: generated
+ * code must compile without warnings (unused helpers, pointless comparisons, ...). */
+static void check_no_warnings(const char *src, const char *name) {
+    const char *opts[CG_MAX_OPTS];
+    int n = cg_nvrtc_options("sm_90a", opts);
+    nvrtcProgram prog;
+    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
+    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
+    size_t len = 0;
+    nvrtcGetProgramLogSize(prog, &len);
+    char *log = calloc(1, len + 1);
+    ck_assert_ptr_nonnull(log);
+    nvrtcGetProgramLog(prog, log);
+    nvrtcDestroyProgram(&prog);
+    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s: NVRTC says:\n%s\nsource:\n%s", name, log, src);
+    free(log);
+}
+
+/* Generates node 0 and compiles it for every arch in ARCHS; checks common properties. */
+static void gen_compile(ir_prog *p, cg_kernel *k) {
+    gen(p, k);
+    ck_assert_msg(strstr(k->source, "SECRETNAME") == NULL, "graph name in source:\n%s", k->source);
+    ck_assert_msg(strstr(k->source, "#include") == NULL, "#include in source");
+    ck_assert_ptr_nonnull(strstr(k->source, k->name));
+    check_no_warnings(k->source, k->name);
+    for (size_t a = 0; a < sizeof ARCHS / sizeof ARCHS[0]; a++) {
+        void *cubin;
+        size_t size;
+        kiln_status st = cg_nvrtc_compile(k->source, k->name, ARCHS[a], &cubin, &size);
+        ck_assert_msg(st == NULL, "%s for %s: %s\nsource:\n%s", k->name, ARCHS[a], kiln_status_msg(st),
+                      k->source);
+        ck_assert_ptr_nonnull(cubin);
+        ck_assert_uint_gt(size, 0);
+        free(cubin);
+    }
+}
+
+static bool has(const char *s, const char *sub) { return strstr(s, sub) != NULL; }
+#define HAS(k, sub) ck_assert_msg(has((k)->source, sub), "missing \"%s\" in:\n%s", sub, (k)->source)
+#define HASNT(k, sub) ck_assert_msg(!has((k)->source, sub), "unexpected \"%s\" in:\n%s", sub, (k)->source)
+
+/* ---- the Lua sandbox and tpl --------------------------------------------------------------- */
+
+static char *exec(cg_lua *L, const char *code) {
+    char *r;
+    TS_OK(cg_lua_exec(L, code, "test", &r));
+    return r;
+}
+
+static void exec_eq(cg_lua *L, const char *code, const char *want) {
+    char *r = exec(L, code);
+    ck_assert_str_eq(r, want);
+    free(r);
+}
+
+/* Runs code expecting a Lua error whose message contains want. */
+static void exec_err(cg_lua *L, const char *code, const char *want) {
+    char *r = NULL;
+    kiln_status st = cg_lua_exec(L, code, "test", &r);
+    ck_assert_msg(st != NULL, "no error from %s (got %s)", code, r ? r : "");
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_CODEGEN);
+    ck_assert_msg(has(kiln_status_msg(st), want), "message \"%s\" lacks \"%s\"", kiln_status_msg(st), want);
+    kiln_status_free(st);
+}
+
+START_TEST(sandbox) {
+    cg_lua *L = lua_new();
+    exec_eq(L,
+            "return tostring(io) .. tostring(os) .. tostring(package) .. tostring(debug) .."
+            " tostring(dofile) .. tostring(loadfile) .. tostring(math.random) .. tostring(math.randomseed)",
+            "nilnilnilnilnilnilnilnil");
+    exec_eq(L, "return type(string.format) .. type(table.concat) .. type(math.floor) .. type(utf8.char)",
+            "functionfunctionfunctionfunction");
+    /* load: text only */
+    exec_eq(L, "return (load(string.dump(function() return 1 end)))", "nil");
+    exec_eq(L, "return load('return 41 + 1')()", "42");
+    exec_eq(L, "return load('return x', 'c', 'b', {x = 7})()", "7");
+    /* require */
+    exec_eq(L, "return require('tpl') == require('tpl')", "true");
+    exec_err(L, "return require('../etc/passwd')", "bad module name");
+    exec_err(L, "return require('no_such_template')", "not found");
+    /* a runaway loop stops */
+    exec_err(L, "while true do end", "budget");
+    /* the state still works after errors */
+    exec_eq(L, "return 1 + 1", "2");
+    /* memory cap */
+    exec_err(L, "local t = {} for i = 1, 1e9 do t[i] = string.rep('x', 1000) .. i end", "memory");
+    exec_eq(L, "collectgarbage() return 'ok'", "ok");
+    cg_lua_free(L);
+}
+END_TEST
+
+START_TEST(tpl_engine) {
+    cg_lua *L = lua_new();
+    exec_eq(L, "return require('tpl').render('a ${x} b\\n@ for i = 1, 3 do\\n  ${i},\\n@ end\\nend\\n', {x = 'X'})",
+            "a X b\n  1,\n  2,\n  3,\nend\n");
+    /* no trailing newline in, none out; empty text */
+    exec_eq(L, "return require('tpl').render('x${y}', {y = 5}) .. '|' .. require('tpl').render('', {})", "x5|");
+    /* globals as fallback, braces and strings inside ${} */
+    exec_eq(L, "return require('tpl').render('${string.upper(s)} ${({a = \"}\"}).a} ${\"{\"}', {s = 'q'})",
+            "Q } {");
+    /* @ lines may be indented; assignments stay in the render */
+    exec_eq(L, "local t = require('tpl') local r = t.render('  @ v = 3\\n${v}\\n', {}) return r .. tostring(v)",
+            "3\nnil");
+    /* errors name the template and its line */
+    exec_err(L, "return require('tpl').render('one\\ntwo ${nope}\\n', {}, 'my.tpl:10')", "my.tpl:11:");
+    exec_err(L, "return require('tpl').render('one\\ntwo ${nope}\\n', {})", "template:2:");
+    exec_err(L, "return require('tpl').render('${1 / 2}', {})", "float");
+    exec_err(L, "return require('tpl').render('${{}}', {})", "not a string or integer");
+    exec_err(L, "return require('tpl').render('a\\n@ for\\n', {}, 'bad.tpl')", "bad.tpl:");
+    exec_err(L, "return require('tpl').render('${x', {}, 'open.tpl')", "open.tpl:1: unterminated");
+    /* define: lines are the file's lines */
+    exec_err(L,
+             "local tpl = require('tpl')\n"
+             "local t = tpl.define [[\n"
+             "first\n"
+             "second ${missing.field}\n"
+             "]]\n"
+             "return t({})\n",
+             "test:4:");
+    exec_err(L, "local tpl = require('tpl')\nlocal t = tpl.define [[\n@ if then\n]]\n", "test:3:");
+    exec_eq(L, "local tpl = require('tpl') return table.concat(tpl.sorted_keys({b = 1, a = 2, c = 3}), ',')",
+            "a,b,c");
+    cg_lua_free(L);
+}
+END_TEST
+
+/* ---- generation ---------------------------------------------------------------------------- */
+
+/* x * w (w broadcast over rows), silu: the usual fused node. */
+static void mul_silu_node(ir_prog *p, int i, int out, int x, int w) {
+    ir_ref in[2] = {ref4(x, KILN_F32, 4096, 8, 1, 1), ref4(w, KILN_F16, 4096, 1, 1, 1)};
+    ir_instr ins[2] = {I2(FE_OP_MUL, 0, 1), I1(FE_OP_SILU, 2)};
+    set_node(p, i, ref4(out, KILN_F32, 4096, 8, 1, 1), 2, in, 2, ins);
+}
+
+START_TEST(determinism) {
+    ir_prog *p = prog_new(2);
+    mul_silu_node(p, 0, 0, 1, 2);
+    mul_silu_node(p, 1, 3, 4, 5);
+    snprintf(p->bufs[4].name, sizeof p->bufs[4].name, "SECRETNAME_other_layer");
+
+    cg_lua *L1 = lua_new(), *L2 = lua_new();
+    cg_kernel ks[4];
+    cg_kernel *a = &ks[0], *b = &ks[1], *c = &ks[2], *d = &ks[3];
+    TS_OK(cg_generate(L1, p, 0, a));
+    TS_OK(cg_generate(L1, p, 0, b)); /* same state again */
+    TS_OK(cg_generate(L2, p, 0, c)); /* another state */
+    TS_OK(cg_generate(L2, p, 1, d)); /* same node over other buffers */
+    ck_assert_str_eq(a->name, "ew_mul_silu");
+    for (cg_kernel *k = b; k <= d; k++) {
+        ck_assert_str_eq(a->name, k->name);
+        ck_assert_str_eq(a->source, k->source);
+        ck_assert_mem_eq(a->grid, k->grid, sizeof a->grid);
+        ck_assert_mem_eq(a->block, k->block, sizeof a->block);
+    }
+    ck_assert_int_eq(a->node, 0);
+    ck_assert_int_eq(d->node, 1);
+    ck_assert_int_eq(a->nparams, 3);
+    ck_assert_int_eq(a->params[0], 0);
+    ck_assert_int_eq(a->params[1], 1);
+    ck_assert_int_eq(a->params[2], 2);
+    ck_assert_int_eq(d->params[0], 3);
+    ck_assert_int_eq(d->params[1], 4);
+    ck_assert_int_eq(d->params[2], 5);
+    ck_assert_uint_eq(a->grid[0], 4096 * 8 / 256);
+    ck_assert_uint_eq(a->grid[1], 1);
+    ck_assert_uint_eq(a->block[0], 256);
+    ck_assert_uint_eq(a->smem, 0);
+    HASNT(a, "SECRETNAME");
+    HAS(a, "extern \"C\" __global__ void __launch_bounds__(256)");
+    HAS(a, "ew_mul_silu(char *__restrict__ p0, const char *__restrict__ p1, const char *__restrict__ p2)");
+    HAS(a, "kiln_f16_to_f32(in1[i0])"); /* broadcast row: coordinate 0 only */
+    HAS(a, "in0[i]");                   /* same shape, contiguous: linear index */
+    HAS(a, "out[i] = r3;");
+    HASNT(a, "bf16");
+    HASNT(a, "long long");
+    for (cg_kernel *k = a; k <= d; k++) cg_kernel_clear(k);
+    ck_assert_ptr_null(a->source);
+    cg_lua_free(L1);
+    cg_lua_free(L2);
+    prog_free(p);
+}
+END_TEST
+
+START_TEST(params) {
+    /* the same buffer read twice (x*x through two layouts) is one parameter */
+    int64_t ne[4] = {64, 64, 1, 1}, st[4] = {64, 1, 4096, 4096};
+    ir_ref in[2] = {ref4(7, KILN_F32, 64, 64, 1, 1), strided(7, KILN_F32, ne, st, 0)};
+    ir_instr ins[1] = {I2(FE_OP_ADD, 0, 1)};
+    ir_prog *p = one(ref4(3, KILN_F32, 64, 64, 1, 1), 2, in, 1, ins);
+    cg_kernel k;
+    gen_compile(p, &k);
+    ck_assert_int_eq(k.nparams, 2);
+    ck_assert_int_eq(k.params[0], 3);
+    ck_assert_int_eq(k.params[1], 7);
+    HAS(&k, "(const float *)p1;");
+    HASNT(&k, "p2");
+    HAS(&k, "in1[i0 * 64u + i1]"); /* transposed */
+    cg_kernel_clear(&k);
+    prog_free(p);
+
+    /* in place: dst's buffer is also an input */
+    ir_ref in2[1] = {ref4(2, KILN_BF16, 100, 1, 1, 1)};
+    ir_instr ins2[1] = {I1(FE_OP_NEG, 0)};
+    p = one(ref4(2, KILN_BF16, 100, 1, 1, 1), 1, in2, 1, ins2);
+    gen_compile(p, &k);
+    ck_assert_int_eq(k.nparams, 1);
+    ck_assert_int_eq(k.params[0], 2);
+    HAS(&k, "(char *__restrict__ p0)");
+    HAS(&k, "(const unsigned short *)p0");
+    ck_assert_uint_eq(k.grid[0], 1);
+    cg_kernel_clear(&k);
+    prog_free(p);
+}
+END_TEST
+
+/* Each op alone, with f32 in and out; checks its expression. */
+START_TEST(each_op) {
+    static const struct {
+        fe_op       op;
+        const char *expr;
+    } cases[] = {
+        {FE_OP_CONT, "const float r1 = r0;"},
+        {FE_OP_ADD, "r0 + r1"},
+        {FE_OP_SUB, "r0 - r1"},
+        {FE_OP_MUL, "r0 * r1"},
+        {FE_OP_DIV, "r0 / r1"},
+        {FE_OP_SCALE, "r0 * 0.5f + (-2.0f)"},
+        {FE_OP_NEG, "-r0"},
+        {FE_OP_EXP, "expf(r0)"},
+        {FE_OP_SQR, "r0 * r0"},
+        {FE_OP_SQRT, "sqrtf(r0)"},
+        {FE_OP_SILU, "r0 / (1.0f + expf(-r0))"},
+        {FE_OP_GELU, "0.5f * r0 * (1.0f + tanhf(0.7978845608f * r0 * (1.0f + 0.044715f * r0 * r0)))"},
+        {FE_OP_RELU, "r0 > 0.0f ? r0 : 0.0f"},
+        {FE_OP_TANH, "tanhf(r0)"},
+        {FE_OP_SIGMOID, "1.0f / (1.0f + expf(-r0))"},
+    };
+    int seen = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        fe_op op = cases[c].op;
+        bool bin = fe_ops[op].nsrc == 2;
+        ir_ref in[2] = {ref4(1, KILN_F32, 33, 5, 1, 1), ref4(2, KILN_F32, 33, 5, 1, 1)};
+        ir_instr ins = bin ? I2(op, 0, 1) : I1(op, 0);
+        ins.f[0] = 0.5f;
+        ins.f[1] = -2.0f;
+        ir_prog *p = one(ref4(0, KILN_F32, 33, 5, 1, 1), bin ? 2 : 1, in, 1, &ins);
+        cg_kernel k;
+        gen_compile(p, &k);
+        char want_name[32];
+        snprintf(want_name, sizeof want_name, "ew_%s", fe_ops[op].name);
+        ck_assert_str_eq(k.name, want_name);
+        HAS(&k, cases[c].expr);
+        HASNT(&k, "i0"); /* all linear */
+        cg_kernel_clear(&k);
+        prog_free(p);
+        seen++;
+    }
+    /* every elementwise op of FE_OPS is covered */
+    int ew = 0;
+    for (int op = 0; op < FE_OP_COUNT; op++) ew += fe_ops[op].kind == FE_UNARY || fe_ops[op].kind == FE_BINARY;
+    ck_assert_int_eq(seen, ew);
+}
+END_TEST
+
+START_TEST(float_literals) {
+    static const struct {
+        float       s, b;
+        const char *want;
+    } cases[] = {
+        {0.5f, -2.0f, "r0 * 0.5f + (-2.0f)"},
+        {3.0f, 0.0f, "r0 * 3.0f + 0.0f"},
+        {0.1f, -0.0f, "r0 * 0.100000001f + (-0.0f)"},
+        {1e-20f, 1e20f, "r0 * 9.99999968e-21f + 1.00000002e+20f"},
+        {INFINITY, -INFINITY, "r0 * __int_as_float(0x7f800000) + __int_as_float(0xff800000)"},
+        {NAN, 16777216.0f, "r0 * __int_as_float(0x7fc00000) + 16777216.0f"},
+        {1.17549435e-38f, 1.40129846e-45f, "r0 * 1.17549435e-38f + 1.40129846e-45f"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ir_ref in = ref4(1, KILN_F32, 8, 1, 1, 1);
+        ir_instr ins = I1(FE_OP_SCALE, 0);
+        ins.f[0] = cases[c].s;
+        ins.f[1] = cases[c].b;
+        ir_prog *p = one(ref4(0, KILN_F32, 8, 1, 1, 1), 1, &in, 1, &ins);
+        cg_kernel k;
+        gen(p, &k);
+        HAS(&k, cases[c].want);
+        cg_kernel_clear(&k);
+        prog_free(p);
+    }
+}
+END_TEST
+
+/* Types, broadcasting, strides, offsets, chains: generated and compiled for sm_90a and sm_80. */
+START_TEST(spread_compiles) {
+    const kiln_type T[3] = {KILN_F32, KILN_F16, KILN_BF16};
+    /* every dst/input type pair through cont (conversion kernels) */
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            ir_ref in = ref4(1, T[b], 17, 3, 2, 1);
+            ir_instr ins = I1(FE_OP_CONT, 0);
+            ir_prog *p = one(ref4(0, T[a], 17, 3, 2, 1), 1, &in, 1, &ins);
+            cg_kernel k;
+            gen_compile(p, &k);
+            if (T[a] == KILN_F16) HAS(&k, "kiln_f32_to_f16(r1)");
+            if (T[a] == KILN_BF16) HAS(&k, "kiln_f32_to_bf16(r1)");
+            if (T[b] == KILN_F16) HAS(&k, "kiln_f16_to_f32(in0[i])");
+            if (T[b] == KILN_BF16) HAS(&k, "kiln_bf16_to_f32(in0[i])");
+            if (T[a] != KILN_BF16 && T[b] != KILN_BF16) HASNT(&k, "bf16");
+            if (T[a] != KILN_F16 && T[b] != KILN_F16) HASNT(&k, "_f16");
+            cg_kernel_clear(&k);
+            prog_free(p);
+        }
+
+    /* broadcasting in every dim: ne 1 and proper divisors, mixed types, scalar */
+    {
+        ir_ref in[5] = {
+            ref4(1, KILN_F32, 6, 10, 4, 3),
+            ref4(2, KILN_F16, 6, 1, 1, 1),
+            ref4(3, KILN_BF16, 1, 10, 1, 3),
+            ref4(4, KILN_F32, 3, 5, 2, 1),
+            ref4(5, KILN_F16, 1, 1, 1, 1),
+        };
+        ir_instr ins[4] = {I2(FE_OP_ADD, 0, 1), I2(FE_OP_MUL, 5, 2), I2(FE_OP_SUB, 6, 3), I2(FE_OP_DIV, 7, 4)};
+        ir_prog *p = one(ref4(0, KILN_F16, 6, 10, 4, 3), 5, in, 4, ins);
+        cg_kernel k;
+        gen_compile(p, &k);
+        ck_assert_str_eq(k.name, "ew_add_mul_sub_div");
+        HAS(&k, "in0[i]");
+        HAS(&k, "in1[i0]");
+        HAS(&k, "in2[i1 + i3 * 10u]");
+        HAS(&k, "in3[(i0 % 3u) + (i1 % 5u) * 3u + (i2 % 2u) * 15u]");
+        HAS(&k, "in4[0]");
+        HAS(&k, "const unsigned i3 = i / 240u;");
+        cg_kernel_clear(&k);
+        prog_free(p);
+    }
+
+    /* strided, permuted, offset operands, strided dst, zero strides */
+    {
+        int64_t ne[4] = {8, 16, 4, 2};
+        int64_t perm_st[4] = {64, 1, 16, 512}; /* dims 0 and 1 swapped */
+        int64_t gap_st[4] = {1, 10, 200, 1000}; /* padded rows */
+        int64_t zero_st[4] = {1, 0, 8, 32};     /* a zero stride: broadcast by layout */
+        ir_ref in[3] = {strided(1, KILN_F32, ne, perm_st, 5), strided(2, KILN_BF16, ne, gap_st, 100),
+                        strided(3, KILN_F16, ne, zero_st, 0)};
+        ir_instr ins[3] = {I2(FE_OP_MUL, 0, 1), I2(FE_OP_ADD, 3, 2), I1(FE_OP_RELU, 4)};
+        ir_ref dst = strided(0, KILN_F32, ne, gap_st, 7);
+        ir_prog *p = one(dst, 3, in, 3, ins);
+        cg_kernel k;
+        gen_compile(p, &k);
+        HAS(&k, "(const float *)p1 + 5;");
+        HAS(&k, "(const unsigned short *)p2 + 100;");
+        HAS(&k, "(float *)p0 + 7;");
+        HAS(&k, "in0[i0 * 64u + i1 + i2 * 16u + i3 * 512u]");
+        HAS(&k, "in2[i0 + i2 * 8u + i3 * 32u]");
+        HAS(&k, "out[i0 + i1 * 10u + i2 * 200u + i3 * 1000u]");
+        cg_kernel_clear(&k);
+        prog_free(p);
+    }
+
+    /* a long fused chain over every op, with intermediate roundings */
+    {
+        ir_ref in[2] = {ref4(1, KILN_BF16, 300, 7, 1, 1), ref4(2, KILN_F32, 300, 1, 1, 1)};
+        ir_instr ins[IR_MAX_INSTR];
+        int n = 0, r = 2;
+        for (int rep = 0; rep < 4; rep++)
+            for (int op = 0; op < FE_OP_COUNT; op++) {
+                if (fe_ops[op].kind != FE_UNARY && fe_ops[op].kind != FE_BINARY) continue;
+                if (n == IR_MAX_INSTR) break;
+                ins[n] = fe_ops[op].kind == FE_BINARY ? I2((fe_op)op, r - 1, rep % 2) : I1((fe_op)op, r - 1);
+                ins[n].f[0] = 1.5f;
+                ins[n].f[1] = 0.25f;
+                ins[n].type = T[n % 3];
+                n++, r++;
+            }
+        ir_prog *p = one(ref4(0, KILN_BF16, 300, 7, 1, 1), 2, in, n, ins);
+        cg_kernel k;
+        gen_compile(p, &k);
+        ck_assert_int_lt(strlen(k.name), 64);
+        ck_assert_msg(strncmp(k.name, "ew_cont_add_sub_mul_div_scale", 29) == 0, "%s", k.name);
+        char suffix[16];
+        snprintf(suffix, sizeof suffix, "_n%d", n);
+        ck_assert_msg(has(k.name, suffix), "%s", k.name);
+        HAS(&k, "kiln_round_f16(");
+        HAS(&k, "kiln_round_bf16(");
+        cg_kernel_clear(&k);
+        prog_free(p);
+    }
+
+    /* last result's type == dst's type: no extra rounding; different: rounded then converted */
+    {
+        ir_ref in = ref4(1, KILN_F32, 10, 1, 1, 1);
+        ir_instr ins[2] = {I1(FE_OP_EXP, 0), I1(FE_OP_SQRT, 1)};
+        ins[0].type = KILN_F16;
+        ins[1].type = KILN_F16;
+        ir_prog *p = one(ref4(0, KILN_F16, 10, 1, 1, 1), 1, &in, 2, ins);
+        cg_kernel k;
+        gen_compile(p, &k);
+        HAS(&k, "const float r1 = kiln_round_f16(expf(r0));");
+        HAS(&k, "const float r2 = sqrtf(r1);");
+        HAS(&k, "out[i] = kiln_f32_to_f16(r2);");
+        cg_kernel_clear(&k);
+        p->nodes[0].ins[1].type = KILN_BF16;
+        gen_compile(p, &k);
+        HAS(&k, "const float r2 = kiln_round_bf16(sqrtf(r1));");
+        cg_kernel_clear(&k);
+        prog_free(p);
+    }
+}
+END_TEST
+
+START_TEST(wide_indices) {
+    /* > 2^31 elements: 64-bit indexing (generated and compiled only) */
+    {
+        ir_ref in[2] = {ref4(1, KILN_F16, 65536, 32768, 1, 1), ref4(2, KILN_F32, 65536, 1, 1, 1)};
+        ir_instr ins[1] = {I2(FE_OP_MUL, 0, 1)};
+        ir_prog *p = one(ref4(0, KILN_F16, 65536, 32768, 1, 1), 2, in, 1, ins);
+        cg_kernel k;
+        gen_compile(p, &k);
+        HAS(&k, "const long long i = blockIdx.x * 256ll + threadIdx.x;");
+        HAS(&k, "if (i >= 2147483648ll)");
+        HAS(&k, "in1[i0]");
+        ck_assert_uint_eq(k.grid[0], 2147483648u / 256);
+        cg_kernel_clear(&k);
+        prog_free(p);
+    }
+    /* few elements but a large offset */
+    {
+        ir_ref in = ref4(1, KILN_F32, 1000, 1, 1, 1);
+        in.offs = 3000000000ll;
+        ir_instr ins = I1(FE_OP_SQR, 0);
+        ir_prog *p = one(ref4(0, KILN_F32, 1000, 1, 1, 1), 1, &in, 1, &ins);
+        cg_kernel k;
+        gen_compile(p, &k);
+        HAS(&k, "long long");
+        HAS(&k, "(const float *)p1 + 3000000000ll;");
+        cg_kernel_clear(&k);
+        prog_free(p);
+    }
+    /* a large stride */
+    {
+        int64_t ne[4] = {2, 3, 1, 1}, st[4] = {1, 1500000000, 1, 1};
+        ir_ref in = strided(1, KILN_F32, ne, st, 0);
+        ir_instr ins = I1(FE_OP_SQR, 0);
+        ir_prog *p = one(ref4(0, KILN_F32, 2, 3, 1, 1), 1, &in, 1, &ins);
+        cg_kernel k;
+        gen_compile(p, &k);
+        HAS(&k, "in0[i0 + i1 * 1500000000ll]");
+        cg_kernel_clear(&k);
+        prog_free(p);
+    }
+    /* more blocks than a grid holds: a grid-stride loop */
+    {
+        ir_ref in = ref4(1, KILN_F32, 1 << 20, 1 << 20, 1, 1);
+        ir_instr ins = I1(FE_OP_TANH, 0);
+        ir_prog *p = one(ref4(0, KILN_F32, 1 << 20, 1 << 20, 1, 1), 1, &in, 1, &ins);
+        cg_kernel k;
+        gen_compile(p, &k);
+        HAS(&k, "for (long long i = blockIdx.x * 256ll + threadIdx.x; i < 1099511627776ll; i += gridDim.x * 256ll) {");
+        ck_assert_uint_eq(k.grid[0], 1048576);
+        cg_kernel_clear(&k);
+        prog_free(p);
+    }
+    /* 2^31-1 elements still fit 32 bits */
+    {
+        ir_ref in = ref4(1, KILN_F32, 2147483647, 1, 1, 1);
+        ir_instr ins = I1(FE_OP_NEG, 0);
+        ir_prog *p = one(ref4(0, KILN_F32, 2147483647, 1, 1, 1), 1, &in, 1, &ins);
+        cg_kernel k;
+        gen(p, &k);
+        HASNT(&k, "long long");
+        HAS(&k, "const unsigned i = blockIdx.x * 256u + threadIdx.x;");
+        cg_kernel_clear(&k);
+        prog_free(p);
+    }
+    /* an empty index space */
+    {
+        ir_ref in = ref4(1, KILN_F16, 0, 4, 1, 1);
+        ir_instr ins = I1(FE_OP_NEG, 0);
+        ir_prog *p = one(ref4(0, KILN_BF16, 0, 4, 1, 1), 1, &in, 1, &ins);
+        cg_kernel k;
+        gen_compile(p, &k);
+        ck_assert_uint_eq(k.grid[0], 1);
+        HAS(&k, "empty index space");
+        HASNT(&k, "kiln_");
+        cg_kernel_clear(&k);
+        prog_free(p);
+    }
+}
+END_TEST
+
+/* Malformed nodes give errors, never bad code. */
+START_TEST(invalid_nodes) {
+    cg_lua *L = lua_new();
+    cg_kernel k;
+    ir_ref in = ref4(1, KILN_F32, 8, 1, 1, 1);
+    ir_instr ins = I1(FE_OP_NEG, 0);
+    ir_prog *p = one(ref4(0, KILN_F32, 8, 1, 1, 1), 1, &in, 1, &ins);
+    ir_node *n = &p->nodes[0];
+    kiln_status st;
+
+#define EXPECT(code, sub)                                                                         \
+    do {                                                                                          \
+        st = cg_generate(L, p, 0, &k);                                                            \
+        ck_assert_msg(st != NULL, "no error");                                                    \
+        ck_assert_int_eq(kiln_status_code(st), code);                                             \
+        ck_assert_msg(has(kiln_status_msg(st), sub), "\"%s\" lacks \"%s\"", kiln_status_msg(st), sub); \
+        ck_assert_ptr_null(k.source);                                                             \
+        kiln_status_free(st);                                                                     \
+    } while (0)
+
+    st = cg_generate(L, p, 1, &k);
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
+    kiln_status_free(st);
+    n->dead = true;
+    EXPECT(KILN_ERR_INVALID, "dead");
+    n->dead = false;
+    n->ninstr = 0;
+    EXPECT(KILN_ERR_INVALID, "instructions");
+    n->ninstr = 1;
+    n->ins[0].op = FE_OP_PERMUTE;
+    EXPECT(KILN_ERR_INVALID, "not elementwise");
+    n->ins[0].op = FE_OP_NEG;
+    n->ins[0].a = 1; /* its own register */
+    EXPECT(KILN_ERR_CODEGEN, "not an earlier register");
+    n->ins[0].a = 0;
+    n->in[0].buf = 99;
+    EXPECT(KILN_ERR_INVALID, "out of range");
+    n->in[0].buf = 1;
+    n->in[0].type = KILN_I32;
+    EXPECT(KILN_ERR_CODEGEN, "unsupported type i32");
+    n->in[0].type = KILN_F32;
+    n->in[0].ne[0] = 3; /* does not divide 8 */
+    EXPECT(KILN_ERR_CODEGEN, "does not divide");
+    n->in[0].ne[0] = 8;
+    TS_OK(cg_generate(L, p, 0, &k));
+    cg_kernel_clear(&k);
+#undef EXPECT
+    prog_free(p);
+    cg_lua_free(L);
+}
+END_TEST
+
+/* ---- KILN_TEMPLATE_DIR --------------------------------------------------------------------- */
+
+static const cg_template_file *embedded(const char *name) {
+    for (int i = 0; i < cg_ntemplates; i++)
+        if (strcmp(cg_templates[i].name, name) == 0) return &cg_templates[i];
+    ck_abort_msg("no embedded template %s", name);
+    return NULL;
+}
+
+/* Writes text as dir/name.lua. */
+static void write_tpl(const char *dir, const char *name, const char *text) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.lua", dir, name);
+    TS_OK(kb_write_file(path, text, strlen(text)));
+}
+
+/* text with the first occurrence of from replaced by to (caller frees); *line gets its line. */
+static char *replace(const char *text, const char *from, const char *to, int *line) {
+    const char *at = strstr(text, from);
+    ck_assert_msg(at != NULL, "\"%s\" not in template", from);
+    if (line) {
+        *line = 1;
+        for (const char *s = text; s < at; s++) *line += *s == '\n';
+    }
+    kb_str b = {0};
+    kb_str_addn(&b, text, (size_t)(at - text));
+    kb_str_add(&b, to);
+    kb_str_add(&b, at + strlen(from));
+    return kb_str_take(&b);
+}
+
+/* Generates the mul+silu node with templates from dir; returns the status (k filled on success). */
+static kiln_status gen_with_dir(const char *dir, cg_kernel *k) {
+    setenv("KILN_TEMPLATE_DIR", dir, 1);
+    cg_lua *L;
+    kiln_status st = cg_lua_new(&L);
+    unsetenv("KILN_TEMPLATE_DIR");
+    if (st) return st;
+    ir_prog *p = prog_new(1);
+    mul_silu_node(p, 0, 0, 1, 2);
+    st = cg_generate(L, p, 0, k);
+    prog_free(p);
+    cg_lua_free(L);
+    return st;
+}
+
+static void expect_codegen_error(const char *dir, const char *sub1, const char *sub2) {
+    cg_kernel k;
+    kiln_status st = gen_with_dir(dir, &k);
+    ck_assert_msg(st != NULL, "no error");
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_CODEGEN);
+    ck_assert_msg(has(kiln_status_msg(st), sub1), "\"%s\" lacks \"%s\"", kiln_status_msg(st), sub1);
+    if (sub2) ck_assert_msg(has(kiln_status_msg(st), sub2), "\"%s\" lacks \"%s\"", kiln_status_msg(st), sub2);
+    kiln_status_free(st);
+}
+
+START_TEST(template_dir) {
+    char *dir = ts_tmpdir();
+    for (int i = 0; i < cg_ntemplates; i++) write_tpl(dir, cg_templates[i].name, cg_templates[i].text);
+    const char *ew = embedded("elementwise")->text;
+
+    /* unchanged copies: the same kernel */
+    cg_kernel base, k;
+    ir_prog *p = prog_new(1);
+    mul_silu_node(p, 0, 0, 1, 2);
+    gen(p, &base);
+    prog_free(p);
+    TS_OK(gen_with_dir(dir, &k));
+    ck_assert_str_eq(k.source, base.source);
+    cg_kernel_clear(&k);
+
+    /* a marker added to the template shows up; the embedded one is unaffected afterwards */
+    char *marked = replace(ew, "extern \"C\"", "// KILN_TEST_MARKER\nextern \"C\"", NULL);
+    write_tpl(dir, "elementwise", marked);
+    TS_OK(gen_with_dir(dir, &k));
+    HAS(&k, "// KILN_TEST_MARKER\nextern \"C\"");
+    cg_kernel_clear(&k);
+    p = prog_new(1);
+    mul_silu_node(p, 0, 0, 1, 2);
+    gen(p, &k);
+    ck_assert_str_eq(k.source, base.source);
+    cg_kernel_clear(&k);
+    prog_free(p);
+
+    /* modules missing from the directory come from the embedded set */
+    char *only = ts_tmpdir();
+    write_tpl(only, "elementwise", marked);
+    TS_OK(gen_with_dir(only, &k));
+    HAS(&k, "KILN_TEST_MARKER");
+    cg_kernel_clear(&k);
+    ts_rmtree(only);
+    free(only);
+    free(marked);
+
+    /* a directory that does not exist is an error */
+    char missing[4200];
+    snprintf(missing, sizeof missing, "%s/nope", dir);
+    kiln_status st = gen_with_dir(missing, &k);
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_IO);
+    ck_assert(has(kiln_status_msg(st), "KILN_TEMPLATE_DIR"));
+    kiln_status_free(st);
+
+    cg_kernel_clear(&base);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(template_errors) {
+    char *dir = ts_tmpdir();
+    const char *ew = embedded("elementwise")->text;
+    char want[64];
+    int line;
+
+    /* Lua syntax error */
+    write_tpl(dir, "elementwise", "local tpl = require('tpl')\nlocal x = = 1\n");
+    expect_codegen_error(dir, "elementwise.lua:2:", NULL);
+    /* runtime error */
+    write_tpl(dir, "elementwise", "return function(k)\n  local t\n  return t.x\nend\n");
+    expect_codegen_error(dir, "elementwise.lua:3:", "attempt to index");
+    /* an error inside the template text: the file's line */
+    char *bad = replace(ew, "// kiln elementwise kernel ${name}", "// kiln elementwise kernel ${name.x.y}", &line);
+    write_tpl(dir, "elementwise", bad);
+    free(bad);
+    snprintf(want, sizeof want, "elementwise.lua:%d:", line);
+    expect_codegen_error(dir, want, "attempt to index");
+    /* a syntax error in a template's @ line */
+    bad = replace(ew, "@ for _, l in ipairs(notes) do", "@ for _, l in ipairs(notes) od", &line);
+    write_tpl(dir, "elementwise", bad);
+    free(bad);
+    snprintf(want, sizeof want, "elementwise.lua:%d:", line);
+    expect_codegen_error(dir, want, NULL);
+    /* a nil in ${} */
+    bad = replace(ew, "${name}(${params})", "${name}(${paramz})", &line);
+    write_tpl(dir, "elementwise", bad);
+    free(bad);
+    snprintf(want, sizeof want, "elementwise.lua:%d:", line);
+    expect_codegen_error(dir, want, "${paramz} is nil");
+    /* an error in another module names that module */
+    write_tpl(dir, "elementwise", ew);
+    write_tpl(dir, "ops", "local M = {}\nM.mul = {arity = 2, expr = function(a, b) error('no mul here') end}\nreturn M\n");
+    expect_codegen_error(dir, "ops.lua:2:", "no mul here");
+    write_tpl(dir, "ops", embedded("ops")->text);
+
+    /* bad results */
+    static const struct {
+        const char *ret, *msg;
+    } results[] = {
+        {"return 42", "not a function"},
+        {"return function(k) return 'x' end", "not a table"},
+        {"return function(k) return {name = '1bad', source = 's', grid = {1,1,1}, block = {1,1,1}} end",
+         "not a C identifier"},
+        {"return function(k) return {name = string.rep('a', 64), source = 's', grid = {1,1,1}, block = {1,1,1}} end",
+         "not a C identifier"},
+        {"return function(k) return {name = 'k', source = '', grid = {1,1,1}, block = {1,1,1}} end", "empty"},
+        {"return function(k) return {name = 'k', source = 's', grid = {0,1,1}, block = {1,1,1}} end",
+         "grid[1]"},
+        {"return function(k) return {name = 'k', source = 's', grid = {1,1}, block = {1,1,1}} end", "3 entries"},
+        {"return function(k) return {name = 'k', source = 's', grid = {1,1,1}, block = {64,32,1}} end",
+         "1024 threads"},
+        {"return function(k) return {name = 'k', source = 's', grid = {1,1,1}, block = {1.5,1,1}} end",
+         "block[1]"},
+        {"return function(k) return {name = 'k', source = 's', grid = {1,1,1}, block = {1,1,1}, smem = -1} end",
+         "smem"},
+        {"return function(k) while true do end end", "budget"},
+        {"return function(k) return require('nonexistent') end", "not found"},
+        {"return function(k) return io.open('x') end", "io"},
+        {"return require('elementwise')", "cycle"},
+    };
+    for (size_t i = 0; i < sizeof results / sizeof results[0]; i++) {
+        write_tpl(dir, "elementwise", results[i].ret);
+        expect_codegen_error(dir, results[i].msg, NULL);
+    }
+    /* a minimal valid result is accepted as is */
+    write_tpl(dir, "elementwise",
+              "return function(k) return {name = 'k_' .. k.instrs[1].op, source = '//' .. k.dst.type,"
+              " grid = {2,3,4}, block = {32,4,1}, smem = 128} end");
+    cg_kernel k;
+    TS_OK(gen_with_dir(dir, &k));
+    ck_assert_str_eq(k.name, "k_mul");
+    ck_assert_str_eq(k.source, "//f32");
+    ck_assert_uint_eq(k.grid[2], 4);
+    ck_assert_uint_eq(k.block[1], 4);
+    ck_assert_uint_eq(k.smem, 128);
+    cg_kernel_clear(&k);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* The table given to templates, as documented in docs/templates.md. */
+START_TEST(node_table) {
+    char *dir = ts_tmpdir();
+    write_tpl(dir, "elementwise",
+              "local function ref(r)\n"
+              "  return string.format('%s ne=%s st=%s offs=%d param=%d', r.type, table.concat(r.ne, ','),\n"
+              "    table.concat(r.st, ','), r.offs, r.param)\n"
+              "end\n"
+              "return function(k)\n"
+              "  local out = {k.kind, 'dst ' .. ref(k.dst)}\n"
+              "  for i, r in ipairs(k.inputs) do out[#out + 1] = 'in ' .. ref(r) end\n"
+              "  for i, s in ipairs(k.instrs) do\n"
+              "    out[#out + 1] = string.format('%s a=%s b=%s f=%s,%s type=%s', s.op, s.a, s.b, s.f[1], s.f[2], s.type)\n"
+              "  end\n"
+              "  out[#out + 1] = 'nparams=' .. k.nparams\n"
+              "  return {name = 'dump', source = table.concat(out, '\\n'), grid = {1,1,1}, block = {1,1,1}}\n"
+              "end\n");
+    setenv("KILN_TEMPLATE_DIR", dir, 1);
+    cg_lua *L = lua_new();
+    unsetenv("KILN_TEMPLATE_DIR");
+    int64_t ne[4] = {4, 6, 1, 1}, st[4] = {6, 1, 24, 24};
+    ir_ref in[3] = {ref4(9, KILN_F16, 4, 6, 1, 1), strided(4, KILN_BF16, ne, st, 12), ref4(9, KILN_F32, 4, 1, 1, 1)};
+    ir_instr ins[2] = {I2(FE_OP_ADD, 0, 1), I1(FE_OP_SCALE, 3)};
+    ins[1].f[0] = 2.0f;
+    ins[1].f[1] = -0.5f;
+    ins[1].type = KILN_F16;
+    ir_prog *p = one(ref4(4, KILN_F32, 4, 6, 1, 1), 3, in, 2, ins);
+    cg_kernel k;
+    TS_OK(cg_generate(L, p, 0, &k));
+    ck_assert_str_eq(k.source, "ew\n"
+                               "dst f32 ne=4,6,1,1 st=1,4,24,24 offs=0 param=0\n"
+                               "in f16 ne=4,6,1,1 st=1,4,24,24 offs=0 param=1\n"
+                               "in bf16 ne=4,6,1,1 st=6,1,24,24 offs=12 param=0\n"
+                               "in f32 ne=4,1,1,1 st=1,4,4,4 offs=0 param=1\n"
+                               "add a=0 b=1 f=0.0f,0.0f type=f32\n"
+                               "scale a=3 b=nil f=2.0f,-0.5f type=f16\n"
+                               "nparams=2");
+    cg_kernel_clear(&k);
+    prog_free(p);
+    cg_lua_free(L);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* ---- NVRTC --------------------------------------------------------------------------------- */
+
+START_TEST(nvrtc_basics) {
+    int major = 0, minor = -1;
+    TS_OK(cg_nvrtc_version(&major, &minor));
+    ck_assert_int_ge(major, 11);
+    ck_assert_int_ge(minor, 0);
+
+    const char *o1[CG_MAX_OPTS], *o2[CG_MAX_OPTS];
+    int n = cg_nvrtc_options("sm_90a", o1);
+    ck_assert_int_eq(n, 3);
+    ck_assert_str_eq(o1[0], "--gpu-architecture=sm_90a");
+    ck_assert_str_eq(o1[1], "--std=c++17");
+    ck_assert_str_eq(o1[2], "-default-device");
+    ck_assert_int_eq(cg_nvrtc_options("sm_80", o2), 3);
+    ck_assert_str_eq(o2[0], "--gpu-architecture=sm_80");
+    ck_assert_int_eq(cg_nvrtc_options("sm_90a", o2), 3);
+    ck_assert_ptr_eq(o1[0], o2[0]); /* stable */
+
+    static const char *const bad[] = {"", "sm90", "sm_", "sm_90b", "compute_90", "SM_90", "sm_90a ",
+                                      "sm_90aa", "sm_12345", "sm_-1", "--gpu-architecture=sm_90"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(cg_nvrtc_options(bad[i], o1), -1);
+        void *cubin = (void *)1;
+        size_t size = 1;
+        kiln_status st = cg_nvrtc_compile("extern \"C\" __global__ void k() {}", "k", bad[i], &cubin, &size);
+        ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
+        ck_assert(has(kiln_status_msg(st), "architecture"));
+        ck_assert_ptr_null(cubin);
+        kiln_status_free(st);
+    }
+    ck_assert_int_eq(cg_nvrtc_options(NULL, o1), -1);
+
+    /* a compile error carries the kernel name and NVRTC's log */
+    void *cubin;
+    size_t size;
+    kiln_status st = cg_nvrtc_compile("extern \"C\" __global__ void broken_kernel(float *p) { p[0] = undefined_thing; }",
+                                      "broken_kernel", "sm_80", &cubin, &size);
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_NVRTC);
+    ck_assert_msg(has(kiln_status_msg(st), "broken_kernel") && has(kiln_status_msg(st), "undefined_thing"), "%s",
+                  kiln_status_msg(st));
+    kiln_status_free(st);
+
+    /* the same source gives the same cubin */
+    const char *src = "extern \"C\" __global__ void same(float *p) { p[threadIdx.x] *= 2.0f; }";
+    void *c1, *c2;
+    size_t s1, s2;
+    TS_OK(cg_nvrtc_compile(src, "same", "sm_90a", &c1, &s1));
+    TS_OK(cg_nvrtc_compile(src, "same", "sm_90a", &c2, &s2));
+    ck_assert_uint_eq(s1, s2);
+    ck_assert_mem_eq(c1, c2, s1);
+    free(c1);
+    free(c2);
+}
+END_TEST
+
+/* ---- through the real lowering ------------------------------------------------------------- */
+
+/* Two identical layers built with the API give identical kernels. */
+START_TEST(lowered_layers) {
+    kiln_ctx *ctx = kiln_ctx_new();
+    int64_t ne[2] = {512, 4};
+    kiln_tensor *x = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "SECRETNAME_x", 2, ne);
+    kiln_tensor *h = x;
+    for (int l = 0; l < 2; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "SECRETNAME_w%d", l);
+        kiln_tensor *w = kiln_new_tensor(ctx, KILN_ROLE_WEIGHT, KILN_F16, name, 1, ne);
+        h = kiln_silu(ctx, kiln_mul(ctx, h, w));
+        snprintf(name, sizeof name, "SECRETNAME_h%d", l);
+        kiln_set_name(ctx, h, name);
+    }
+    kiln_set_output(ctx, h, "SECRETNAME_y");
+    kiln_graph *g;
+    TS_OK(kiln_graph_new(ctx, &g));
+    ir_prog *p;
+    TS_OK(ir_lower(g, &p));
+    TS_OK(ir_run_passes(p, false)); /* unfused: mul, silu, mul, silu */
+    cg_lua *L = lua_new();
+    cg_kernel ks[8];
+    int nk = 0;
+    for (int i = 0; i < p->nnodes && nk < 8; i++) {
+        if (p->nodes[i].dead) continue;
+        TS_OK(cg_generate(L, p, i, &ks[nk]));
+        HASNT(&ks[nk], "SECRETNAME");
+        nk++;
+    }
+    ck_assert_int_eq(nk, 4);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_str_eq(ks[i].source, ks[i + 2].source);
+        ck_assert_str_eq(ks[i].name, ks[i + 2].name);
+    }
+    ck_assert_str_eq(ks[0].name, "ew_mul");
+    ck_assert_str_eq(ks[1].name, "ew_silu");
+    void *cubin;
+    size_t size;
+    TS_OK(cg_nvrtc_compile(ks[0].source, ks[0].name, "sm_90a", &cubin, &size));
+    free(cubin);
+    for (int i = 0; i < nk; i++) cg_kernel_clear(&ks[i]);
+    cg_lua_free(L);
+    ir_prog_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("codegen");
+    TCase *lua = tcase_create("lua");
+    tcase_add_test(lua, sandbox);
+    tcase_add_test(lua, tpl_engine);
+    tcase_set_timeout(lua, 60);
+    suite_add_tcase(s, lua);
+
+    TCase *gen_tc = tcase_create("generate");
+    tcase_add_test(gen_tc, determinism);
+    tcase_add_test(gen_tc, float_literals);
+    tcase_add_test(gen_tc, invalid_nodes);
+    tcase_add_test(gen_tc, template_dir);
+    tcase_add_test(gen_tc, template_errors);
+    tcase_add_test(gen_tc, node_table);
+    tcase_set_timeout(gen_tc, 60);
+    suite_add_tcase(s, gen_tc);
+
+    TCase *nv = tcase_create("nvrtc");
+    tcase_add_test(nv, nvrtc_basics);
+    tcase_add_test(nv, params);
+    tcase_add_test(nv, each_op);
+    tcase_add_test(nv, spread_compiles);
+    tcase_add_test(nv, wide_indices);
+    tcase_add_test(nv, lowered_layers);
+    tcase_set_timeout(nv, 600);
+    suite_add_tcase(s, nv);
+    return s;
+}
+
+int main(void) { return ts_main(suite()); }
