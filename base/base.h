@@ -47,6 +47,10 @@ uint16_t kb_f32_to_bf16(float f);
 float kb_load_f32(const void *p, kiln_type t, int64_t i);
 void  kb_store_f32(void *p, kiln_type t, int64_t i, float v);
 
+/* The shortest "%.Ng" text (N = 1..9) that reads back as exactly f: 0.1f prints "0.1", not
+ * "0.100000001". Finite values only; out needs 32 bytes. */
+void kb_format_float(float f, char out[32]);
+
 kiln_status kb_read_file(const char *path, char **data, size_t *len); /* NUL-terminated */
 kiln_status kb_write_file(const char *path, const void *data, size_t len);
 kiln_status kb_mkdirs(const char *path); /* mkdir -p */

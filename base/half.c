@@ -1,6 +1,8 @@
 #include "base.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static uint32_t bits_of(float f) {
@@ -93,5 +95,12 @@ void kb_fill_random(void *p, kiln_type t, int64_t n, uint64_t seed) {
             float v = (float)((r >> 40) * 0x1p-24) * 2.0f - 1.0f;
             kb_store_f32(p, t, i, v);
         }
+    }
+}
+
+void kb_format_float(float f, char out[32]) {
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(out, 32, "%.*g", digits, (double)f);
+        if (strtof(out, NULL) == f) return;
     }
 }

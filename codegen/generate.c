@@ -26,7 +26,7 @@ static const char *template_of(ir_kind kind) {
     return NULL;
 }
 
-/* A float as an exact CUDA f32 literal: "%.9g" round-trips every float. */
+/* A float as an exact CUDA f32 literal: the shortest decimal text that reads back the same. */
 static void float_literal(float v, char out[48]) {
     if (isnan(v)) {
         strcpy(out, "__int_as_float(0x7fc00000)");
@@ -37,7 +37,7 @@ static void float_literal(float v, char out[48]) {
         return;
     }
     char buf[40];
-    snprintf(buf, sizeof buf, "%.9g", (double)v);
+    kb_format_float(v, buf);
     /* The decimal separator is locale-dependent: normalize it. */
     bool point = false;
     for (char *s = buf; *s; s++) {

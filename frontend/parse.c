@@ -20,7 +20,7 @@
 #include <string.h>
 
 #define MAX_ARGS 8     /* the most arguments any op takes is 5 (permute) */
-#define MAX_NUM_LEN 63 /* %.9g never needs more than 16; longer numbers are typos */
+#define MAX_NUM_LEN 63 /* a printed f32 never needs more than 16; longer numbers are typos */
 
 /* ---- lexer ------------------------------------------------------------------------------ */
 

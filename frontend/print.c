@@ -2,7 +2,7 @@
  *
  * Canonical means one spelling per graph: the header, then every tensor in creation order, one
  * statement per line, single spaces, every op parameter written out (no defaults), floats as
- * %.9g (enough digits to read back the same f32). The parser reads it back to the same graph,
+ * the shortest text that reads back as the same f32. The parser reads it back to the same graph,
  * so printing the parsed text again gives the same bytes. */
 #include "frontend/frontend.h"
 
@@ -50,11 +50,16 @@ static kiln_status check_names(const kiln_ctx *ctx) {
     return st;
 }
 
-/* %.9g round-trips every f32; inf and nan are spelled so on every libc ("-nan" is not). */
+/* The shortest text that reads back as the same f32; inf and nan are spelled so on every libc
+ * ("-nan" is not). */
 static void add_float(kb_str *b, float f) {
+    char buf[32];
     if (isnan(f)) kb_str_add(b, "nan");
     else if (isinf(f)) kb_str_add(b, f > 0 ? "inf" : "-inf");
-    else kb_str_addf(b, "%.9g", (double)f);
+    else {
+        kb_format_float(f, buf);
+        kb_str_add(b, buf);
+    }
 }
 
 static void add_ne(kb_str *b, const kiln_tensor *t, int n) {

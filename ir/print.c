@@ -51,7 +51,12 @@ static void print_node(kb_str *o, const ir_prog *p, int idx, int k) {
             kb_str_add(o, ", ");
             print_reg(o, n, in->b);
         }
-        if (in->op == FE_OP_SCALE) kb_str_addf(o, ", %.9g, %.9g", in->f[0], in->f[1]);
+        if (in->op == FE_OP_SCALE) {
+            char s[32], b[32];
+            kb_format_float(in->f[0], s);
+            kb_format_float(in->f[1], b);
+            kb_str_addf(o, ", %s, %s", s, b);
+        }
         kb_str_addf(o, " : %s\n", kiln_type_name(in->type));
     }
 }

@@ -171,7 +171,7 @@ START_TEST(canonical_text) {
                        "weight w: f16[4096]\n"
                        "a = mul(x, w)\n"
                        "g = gelu(a)\n"
-                       "s = scale(g, 0.100000001, 0)\n"
+                       "s = scale(g, 0.1, 0)\n"
                        "r = reshape(s, [64, 512])\n"
                        "p = permute(r, 1, 0, 2, 3)\n"
                        "t = transpose(r)\n"
