@@ -15,32 +15,47 @@ typedef enum {
     FE_BINARY, /* elementwise, two operands, b broadcast to a */
 } fe_kind;
 
-/* The one table of ops. Columns: enum id, name in .kg and CLI, kind, operand count, NMSE
- * tolerance for GPU-vs-reference tests (ggml's test-backend-ops uses 1e-7 by default). */
-#define FE_OPS(X)                                  \
-    X(LEAF, "leaf", FE_LEAF, 0, 0)                 \
-    X(RESHAPE, "reshape", FE_VIEW, 1, 0)           \
-    X(VIEW, "view", FE_VIEW, 1, 0)                 \
-    X(PERMUTE, "permute", FE_VIEW, 1, 0)           \
-    X(TRANSPOSE, "transpose", FE_VIEW, 1, 0)       \
-    X(CONT, "cont", FE_UNARY, 1, 1e-7)             \
-    X(ADD, "add", FE_BINARY, 2, 1e-7)              \
-    X(SUB, "sub", FE_BINARY, 2, 1e-7)              \
-    X(MUL, "mul", FE_BINARY, 2, 1e-7)              \
-    X(DIV, "div", FE_BINARY, 2, 1e-7)              \
-    X(SCALE, "scale", FE_UNARY, 1, 1e-7)           \
-    X(NEG, "neg", FE_UNARY, 1, 1e-7)               \
-    X(EXP, "exp", FE_UNARY, 1, 1e-7)               \
-    X(SQR, "sqr", FE_UNARY, 1, 1e-7)               \
-    X(SQRT, "sqrt", FE_UNARY, 1, 1e-7)             \
-    X(SILU, "silu", FE_UNARY, 1, 1e-7)             \
-    X(GELU, "gelu", FE_UNARY, 1, 1e-7)             \
-    X(RELU, "relu", FE_UNARY, 1, 1e-7)             \
-    X(TANH, "tanh", FE_UNARY, 1, 1e-7)             \
-    X(SIGMOID, "sigmoid", FE_UNARY, 1, 1e-7)
+/* The one table of ops. Columns: enum id, name in .kg and CLI, kind, operand count, float
+ * parameters (fp[] of the tensor, f[] of an IR instruction), NMSE tolerance for GPU-vs-reference
+ * tests (ggml's test-backend-ops uses 1e-7 by default). */
+#define FE_OPS(X)                                        \
+    X(LEAF, "leaf", FE_LEAF, 0, 0, 0)                    \
+    X(RESHAPE, "reshape", FE_VIEW, 1, 0, 0)              \
+    X(VIEW, "view", FE_VIEW, 1, 0, 0)                    \
+    X(PERMUTE, "permute", FE_VIEW, 1, 0, 0)              \
+    X(TRANSPOSE, "transpose", FE_VIEW, 1, 0, 0)          \
+    X(CONT, "cont", FE_UNARY, 1, 0, 1e-7)                \
+    X(ADD, "add", FE_BINARY, 2, 0, 1e-7)                 \
+    X(SUB, "sub", FE_BINARY, 2, 0, 1e-7)                 \
+    X(MUL, "mul", FE_BINARY, 2, 0, 1e-7)                 \
+    X(DIV, "div", FE_BINARY, 2, 0, 1e-7)                 \
+    X(SCALE, "scale", FE_UNARY, 1, 2, 1e-7)              \
+    X(NEG, "neg", FE_UNARY, 1, 0, 1e-7)                  \
+    X(EXP, "exp", FE_UNARY, 1, 0, 1e-7)                  \
+    X(SQR, "sqr", FE_UNARY, 1, 0, 1e-7)                  \
+    X(SQRT, "sqrt", FE_UNARY, 1, 0, 1e-7)                \
+    X(SILU, "silu", FE_UNARY, 1, 0, 1e-7)                \
+    X(GELU, "gelu", FE_UNARY, 1, 0, 1e-7)                \
+    X(RELU, "relu", FE_UNARY, 1, 0, 1e-7)                \
+    X(TANH, "tanh", FE_UNARY, 1, 0, 1e-7)                \
+    X(SIGMOID, "sigmoid", FE_UNARY, 1, 0, 1e-7)          \
+    X(ABS, "abs", FE_UNARY, 1, 0, 1e-7)                  \
+    X(SGN, "sgn", FE_UNARY, 1, 0, 1e-7)                  \
+    X(STEP, "step", FE_UNARY, 1, 0, 1e-7)                \
+    X(ELU, "elu", FE_UNARY, 1, 0, 1e-7)                  \
+    X(LEAKY_RELU, "leaky_relu", FE_UNARY, 1, 1, 1e-7)    \
+    X(GELU_ERF, "gelu_erf", FE_UNARY, 1, 0, 1e-7)        \
+    X(GELU_QUICK, "gelu_quick", FE_UNARY, 1, 0, 1e-7)    \
+    X(HARDSWISH, "hardswish", FE_UNARY, 1, 0, 1e-7)      \
+    X(HARDSIGMOID, "hardsigmoid", FE_UNARY, 1, 0, 1e-7)  \
+    X(LOG, "log", FE_UNARY, 1, 0, 1e-7)                  \
+    X(SIN, "sin", FE_UNARY, 1, 0, 1e-7)                  \
+    X(COS, "cos", FE_UNARY, 1, 0, 1e-7)                  \
+    X(SOFTPLUS, "softplus", FE_UNARY, 1, 0, 1e-7)        \
+    X(CLAMP, "clamp", FE_UNARY, 1, 2, 1e-7)
 
 typedef enum {
-#define FE_X(id, name, kind, nsrc, tol) FE_OP_##id,
+#define FE_X(id, name, kind, nsrc, nfp, tol) FE_OP_##id,
     FE_OPS(FE_X)
 #undef FE_X
     FE_OP_COUNT
@@ -50,6 +65,7 @@ typedef struct {
     const char *name;
     fe_kind     kind;
     int         nsrc;
+    int         nfp;
     double      nmse_tol;
 } fe_op_info;
 
@@ -69,7 +85,8 @@ struct kiln_tensor {
     kiln_tensor *view_src;
     size_t       view_offs;
     /* Op parameters. permute: ip[0..3] axes. view: op_offs (bytes into src[0]), and ne/nb
-     * above. scale: fp[0] = s, fp[1] = b. */
+     * above. scale: fp[0] = s, fp[1] = b. leaky_relu: fp[0] = negative slope. clamp: fp[0] =
+     * min, fp[1] = max. */
     int32_t ip[4];
     float   fp[2];
     size_t  op_offs;

@@ -317,6 +317,8 @@ static op_sig signature(fe_op op) {
     case FE_OP_VIEW: return (op_sig){"LLi", "view(t, [ne0, ...], [nb1, ...], offset)"};
     case FE_OP_PERMUTE: return (op_sig){"iiii", "permute(t, ax0, ax1, ax2, ax3)"};
     case FE_OP_SCALE: return (op_sig){"f|f", "scale(t, s) or scale(t, s, b)"};
+    case FE_OP_LEAKY_RELU: return (op_sig){"f", "leaky_relu(t, negative_slope)"};
+    case FE_OP_CLAMP: return (op_sig){"ff", "clamp(t, min, max)"};
     default: return (op_sig){"", fe_ops[op].nsrc == 2 ? "OP(a, b)" : "OP(t)"};
     }
 }
@@ -506,6 +508,20 @@ static kiln_tensor *build(parser *P, fe_op op, kiln_tensor **src, const op_param
     case FE_OP_RELU: return kiln_relu(ctx, src[0]);
     case FE_OP_TANH: return kiln_tanh(ctx, src[0]);
     case FE_OP_SIGMOID: return kiln_sigmoid(ctx, src[0]);
+    case FE_OP_ABS: return kiln_abs(ctx, src[0]);
+    case FE_OP_SGN: return kiln_sgn(ctx, src[0]);
+    case FE_OP_STEP: return kiln_step(ctx, src[0]);
+    case FE_OP_ELU: return kiln_elu(ctx, src[0]);
+    case FE_OP_LEAKY_RELU: return kiln_leaky_relu(ctx, src[0], p->f[0]);
+    case FE_OP_GELU_ERF: return kiln_gelu_erf(ctx, src[0]);
+    case FE_OP_GELU_QUICK: return kiln_gelu_quick(ctx, src[0]);
+    case FE_OP_HARDSWISH: return kiln_hardswish(ctx, src[0]);
+    case FE_OP_HARDSIGMOID: return kiln_hardsigmoid(ctx, src[0]);
+    case FE_OP_LOG: return kiln_log(ctx, src[0]);
+    case FE_OP_SIN: return kiln_sin(ctx, src[0]);
+    case FE_OP_COS: return kiln_cos(ctx, src[0]);
+    case FE_OP_SOFTPLUS: return kiln_softplus(ctx, src[0]);
+    case FE_OP_CLAMP: return kiln_clamp(ctx, src[0], p->f[0], p->f[1]);
     case FE_OP_COUNT: break;
     }
     return NULL;

@@ -106,13 +106,12 @@ static kiln_status print_op(kb_str *b, const kiln_tensor *t) {
     case FE_OP_PERMUTE:
         for (int i = 0; i < 4; i++) kb_str_addf(b, ", %d", (int)t->ip[i]);
         break;
-    case FE_OP_SCALE:
-        kb_str_add(b, ", ");
-        add_float(b, t->fp[0]);
-        kb_str_add(b, ", ");
-        add_float(b, t->fp[1]);
+    default: /* the float parameters the op table lists (scale, leaky_relu, clamp) */
+        for (int i = 0; i < fe_ops[t->op].nfp; i++) {
+            kb_str_add(b, ", ");
+            add_float(b, t->fp[i]);
+        }
         break;
-    default: break; /* the rest have no parameters */
     }
     kb_str_add(b, ")");
     return NULL;

@@ -9,7 +9,7 @@
 #include <string.h>
 
 const fe_op_info fe_ops[FE_OP_COUNT] = {
-#define FE_X(id, name, kind, nsrc, tol) {name, kind, nsrc, tol},
+#define FE_X(id, name, kind, nsrc, nfp, tol) {name, kind, nsrc, nfp, tol},
     FE_OPS(FE_X)
 #undef FE_X
 };
@@ -443,3 +443,47 @@ kiln_tensor *kiln_gelu(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_
 kiln_tensor *kiln_relu(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_RELU, a); }
 kiln_tensor *kiln_tanh(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_TANH, a); }
 kiln_tensor *kiln_sigmoid(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_SIGMOID, a); }
+kiln_tensor *kiln_abs(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_ABS, a); }
+kiln_tensor *kiln_sgn(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_SGN, a); }
+kiln_tensor *kiln_step(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_STEP, a); }
+kiln_tensor *kiln_elu(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_ELU, a); }
+kiln_tensor *kiln_gelu_erf(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_GELU_ERF, a); }
+kiln_tensor *kiln_gelu_quick(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_GELU_QUICK, a); }
+kiln_tensor *kiln_hardswish(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_HARDSWISH, a); }
+kiln_tensor *kiln_hardsigmoid(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_HARDSIGMOID, a); }
+kiln_tensor *kiln_log(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_LOG, a); }
+kiln_tensor *kiln_sin(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_SIN, a); }
+kiln_tensor *kiln_cos(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_COS, a); }
+kiln_tensor *kiln_softplus(kiln_ctx *ctx, kiln_tensor *a) { return unary(ctx, FE_OP_SOFTPLUS, a); }
+
+kiln_tensor *kiln_leaky_relu(kiln_ctx *ctx, kiln_tensor *a, float negative_slope) {
+    kiln_tensor *t = unary(ctx, FE_OP_LEAKY_RELU, a);
+    if (t) t->fp[0] = negative_slope;
+    return t;
+}
+
+kiln_tensor *kiln_clamp(kiln_ctx *ctx, kiln_tensor *a, float min, float max) {
+    kiln_tensor *t = unary(ctx, FE_OP_CLAMP, a);
+    if (t) {
+        t->fp[0] = min;
+        t->fp[1] = max;
+    }
+    return t;
+}
+
+/* ---- op listing --------------------------------------------------------------------------- */
+
+kiln_status kiln_describe_ops(char **text) {
+    static const char *kinds[] = {"leaf", "view", "unary", "binary"};
+    if (!text) return kb_error(KILN_ERR_INVALID, "kiln_describe_ops: text is NULL");
+    kb_str o = {0};
+    for (int i = 0; i < FE_OP_COUNT; i++) {
+        const fe_op_info *op = &fe_ops[i];
+        if (op->kind == FE_LEAF) continue;
+        /* Views only move strides and offsets, so they take every type. */
+        const char *types = op->kind == FE_VIEW ? "f32 f16 bf16 i32 i64" : "f32 f16 bf16";
+        kb_str_addf(&o, "%-12s %-7s %s\n", op->name, kinds[op->kind], types);
+    }
+    *text = kb_str_take(&o);
+    return *text ? NULL : kb_oom();
+}

@@ -130,6 +130,25 @@ kiln_tensor *kiln_gelu(kiln_ctx *ctx, kiln_tensor *a);
 kiln_tensor *kiln_relu(kiln_ctx *ctx, kiln_tensor *a);
 kiln_tensor *kiln_tanh(kiln_ctx *ctx, kiln_tensor *a);
 kiln_tensor *kiln_sigmoid(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_abs(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_sgn(kiln_ctx *ctx, kiln_tensor *a);   /* -1, 0 or 1 */
+kiln_tensor *kiln_step(kiln_ctx *ctx, kiln_tensor *a);  /* x > 0 ? 1 : 0 */
+kiln_tensor *kiln_elu(kiln_ctx *ctx, kiln_tensor *a);   /* x > 0 ? x : expm1(x) */
+kiln_tensor *kiln_gelu_erf(kiln_ctx *ctx, kiln_tensor *a);   /* exact GELU, with erf */
+kiln_tensor *kiln_gelu_quick(kiln_ctx *ctx, kiln_tensor *a); /* x * sigmoid(1.702 x) */
+kiln_tensor *kiln_hardswish(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_hardsigmoid(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_log(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_sin(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_cos(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_softplus(kiln_ctx *ctx, kiln_tensor *a); /* x > 20 ? x : log(1 + exp(x)) */
+/* max(x, 0) + negative_slope * min(x, 0) */
+kiln_tensor *kiln_leaky_relu(kiln_ctx *ctx, kiln_tensor *a, float negative_slope);
+/* max(min(x, max), min), as ggml_clamp */
+kiln_tensor *kiln_clamp(kiln_ctx *ctx, kiln_tensor *a, float min, float max);
+
+/* Every supported op, one per line: name, kind, accepted types, .kg usage. Caller frees. */
+kiln_status kiln_describe_ops(char **text);
 
 /* ---- text graph format (.kg, docs/graph-format.md) ----------------------------------------- */
 

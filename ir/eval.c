@@ -32,6 +32,21 @@ float ir_apply(const ir_instr *in, float a, float b) {
     case FE_OP_RELU: return a > 0.0f ? a : 0.0f;
     case FE_OP_TANH: return tanhf(a);
     case FE_OP_SIGMOID: return 1.0f / (1.0f + expf(-a));
+    case FE_OP_ABS: return fabsf(a);
+    case FE_OP_SGN: return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f);
+    case FE_OP_STEP: return a > 0.0f ? 1.0f : 0.0f;
+    case FE_OP_ELU: return a > 0.0f ? a : expm1f(a);
+    case FE_OP_LEAKY_RELU: return (a > 0.0f ? a : 0.0f) + in->f[0] * (a < 0.0f ? a : 0.0f);
+    case FE_OP_GELU_ERF: return 0.5f * a * (1.0f + erff(a * 0.70710678118654752440f));
+    case FE_OP_GELU_QUICK: return a * (1.0f / (1.0f + expf(-1.702f * a)));
+    case FE_OP_HARDSWISH: return a * fminf(1.0f, fmaxf(0.0f, (a + 3.0f) / 6.0f));
+    case FE_OP_HARDSIGMOID: return fminf(1.0f, fmaxf(0.0f, (a + 3.0f) / 6.0f));
+    case FE_OP_LOG: return logf(a);
+    case FE_OP_SIN: return sinf(a);
+    case FE_OP_COS: return cosf(a);
+    case FE_OP_SOFTPLUS: return a > 20.0f ? a : logf(1.0f + expf(a));
+    /* ggml_clamp: MAX(MIN(x, max), min) */
+    case FE_OP_CLAMP: return fmaxf(fminf(a, in->f[1]), in->f[0]);
     default: return NAN;
     }
 }

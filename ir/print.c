@@ -51,11 +51,10 @@ static void print_node(kb_str *o, const ir_prog *p, int idx, int k) {
             kb_str_add(o, ", ");
             print_reg(o, n, in->b);
         }
-        if (in->op == FE_OP_SCALE) {
-            char s[32], b[32];
-            kb_format_float(in->f[0], s);
-            kb_format_float(in->f[1], b);
-            kb_str_addf(o, ", %s, %s", s, b);
+        for (int f = 0; f < fe_ops[in->op].nfp; f++) {
+            char s[32];
+            kb_format_float(in->f[f], s);
+            kb_str_addf(o, ", %s", s);
         }
         kb_str_addf(o, " : %s\n", kiln_type_name(in->type));
     }

@@ -152,6 +152,21 @@ START_TEST(run_without_gpu) {
 }
 END_TEST
 
+START_TEST(ops_lists_every_op) {
+    char *out;
+    ck_assert_int_eq(kiln("ops", &out), 0);
+    static const char *names[] = {"add ", "view ", "silu ", "gelu_erf ", "leaky_relu ", "clamp ", "softplus "};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char line[64];
+        snprintf(line, sizeof line, "\n%s", names[i]);
+        ck_assert_msg(strstr(out, line) || !strncmp(out, names[i], strlen(names[i])), "no line for %s", names[i]);
+    }
+    ck_assert_ptr_nonnull(strstr(out, "f32 f16 bf16"));
+    ck_assert_ptr_null(strstr(out, "leaf"));
+    free(out);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("cli");
     TCase *tc = tcase_create("cli");
@@ -164,6 +179,7 @@ int main(void) {
     tcase_add_test(tc, parse_errors_name_the_position);
     tcase_add_test(tc, inspect_prints_ir);
     tcase_add_test(tc, run_without_gpu);
+    tcase_add_test(tc, ops_lists_every_op);
     suite_add_tcase(s, tc);
     return ts_main(s);
 }

@@ -343,6 +343,20 @@ START_TEST(each_op) {
         {FE_OP_RELU, "r0 > 0.0f ? r0 : 0.0f"},
         {FE_OP_TANH, "tanhf(r0)"},
         {FE_OP_SIGMOID, "1.0f / (1.0f + expf(-r0))"},
+        {FE_OP_ABS, "fabsf(r0)"},
+        {FE_OP_SGN, "r0 > 0.0f ? 1.0f : (r0 < 0.0f ? -1.0f : 0.0f)"},
+        {FE_OP_STEP, "r0 > 0.0f ? 1.0f : 0.0f"},
+        {FE_OP_ELU, "r0 > 0.0f ? r0 : expm1f(r0)"},
+        {FE_OP_LEAKY_RELU, "(r0 > 0.0f ? r0 : 0.0f) + 0.5f * (r0 < 0.0f ? r0 : 0.0f)"},
+        {FE_OP_GELU_ERF, "0.5f * r0 * (1.0f + erff(r0 * 0.70710678f))"},
+        {FE_OP_GELU_QUICK, "r0 * (1.0f / (1.0f + expf(-1.702f * r0)))"},
+        {FE_OP_HARDSWISH, "r0 * fminf(1.0f, fmaxf(0.0f, (r0 + 3.0f) / 6.0f))"},
+        {FE_OP_HARDSIGMOID, "fminf(1.0f, fmaxf(0.0f, (r0 + 3.0f) / 6.0f))"},
+        {FE_OP_LOG, "logf(r0)"},
+        {FE_OP_SIN, "sinf(r0)"},
+        {FE_OP_COS, "cosf(r0)"},
+        {FE_OP_SOFTPLUS, "r0 > 20.0f ? r0 : logf(1.0f + expf(r0))"},
+        {FE_OP_CLAMP, "fmaxf(fminf(r0, -2.0f), 0.5f)"},
     };
     int seen = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {

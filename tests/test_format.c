@@ -248,6 +248,8 @@ START_TEST(every_op_parses) {
         case FE_OP_VIEW: args = "a, [2, 2], [16], 4"; break;
         case FE_OP_PERMUTE: args = "a, 1, 0, 2, 3"; break;
         case FE_OP_SCALE: args = "a, 1.5, -2"; break;
+        case FE_OP_LEAKY_RELU: args = "a, 0.01"; break;
+        case FE_OP_CLAMP: args = "a, -1, 1"; break;
         default: args = fe_ops[op].nsrc == 2 ? "a, b" : "a"; break;
         }
         char text[256];

@@ -384,6 +384,41 @@ START_TEST(reference_by_hand) {
 }
 END_TEST
 
+static float apply1(fe_op op, float x, float f0, float f1) {
+    ir_instr in = {.op = op, .f = {f0, f1}, .type = KILN_F32};
+    return ir_apply(&in, x, 0.0f);
+}
+
+/* Values worked out by hand from ggml's definitions (ggml-cpu vec.h / unary-ops.cpp). */
+START_TEST(unary_semantics_by_hand) {
+    ck_assert_float_eq(apply1(FE_OP_ABS, -3.5f, 0, 0), 3.5f);
+    ck_assert_float_eq(apply1(FE_OP_SGN, -0.25f, 0, 0), -1.0f);
+    ck_assert_float_eq(apply1(FE_OP_SGN, 0.0f, 0, 0), 0.0f);
+    ck_assert_float_eq(apply1(FE_OP_STEP, 0.0f, 0, 0), 0.0f);
+    ck_assert_float_eq(apply1(FE_OP_STEP, 1e-30f, 0, 0), 1.0f);
+    ck_assert_float_eq(apply1(FE_OP_ELU, 2.0f, 0, 0), 2.0f);
+    ck_assert_float_eq_tol(apply1(FE_OP_ELU, -1.0f, 0, 0), -0.63212056f, 1e-7);
+    ck_assert_float_eq_tol(apply1(FE_OP_LEAKY_RELU, -2.0f, 0.1f, 0), -0.2f, 1e-7);
+    ck_assert_float_eq(apply1(FE_OP_LEAKY_RELU, 3.0f, 0.1f, 0), 3.0f);
+    ck_assert_float_eq_tol(apply1(FE_OP_GELU_ERF, 1.0f, 0, 0), 0.84134475f, 1e-6);
+    ck_assert_float_eq_tol(apply1(FE_OP_GELU_QUICK, 1.0f, 0, 0), 0.84579575f, 1e-6);
+    ck_assert_float_eq(apply1(FE_OP_HARDSIGMOID, -3.0f, 0, 0), 0.0f);
+    ck_assert_float_eq(apply1(FE_OP_HARDSIGMOID, 0.0f, 0, 0), 0.5f);
+    ck_assert_float_eq(apply1(FE_OP_HARDSIGMOID, 4.0f, 0, 0), 1.0f);
+    ck_assert_float_eq(apply1(FE_OP_HARDSWISH, 1.0f, 0, 0), 1.0f * 4.0f / 6.0f);
+    ck_assert_float_eq_tol(apply1(FE_OP_LOG, 2.0f, 0, 0), 0.69314718f, 1e-7);
+    ck_assert_float_eq_tol(apply1(FE_OP_SIN, 1.0f, 0, 0), 0.84147098f, 1e-7);
+    ck_assert_float_eq_tol(apply1(FE_OP_COS, 1.0f, 0, 0), 0.54030231f, 1e-7);
+    ck_assert_float_eq(apply1(FE_OP_SOFTPLUS, 21.0f, 0, 0), 21.0f); /* past ggml's threshold */
+    ck_assert_float_eq_tol(apply1(FE_OP_SOFTPLUS, 0.0f, 0, 0), 0.69314718f, 1e-7);
+    ck_assert_float_eq(apply1(FE_OP_CLAMP, 5.0f, -1.0f, 2.0f), 2.0f);
+    ck_assert_float_eq(apply1(FE_OP_CLAMP, -5.0f, -1.0f, 2.0f), -1.0f);
+    ck_assert_float_eq(apply1(FE_OP_CLAMP, 0.5f, -1.0f, 2.0f), 0.5f);
+    /* min > max: ggml's MAX(MIN(x, max), min) gives min */
+    ck_assert_float_eq(apply1(FE_OP_CLAMP, 0.5f, 3.0f, 2.0f), 3.0f);
+}
+END_TEST
+
 START_TEST(ir_text_is_deterministic) {
     static const char *graph = "input x: f32[64, 8]\nweight w: f16[64]\na = mul(x, w)\nt = transpose(a)\n"
                                "output y = silu(t)\noutput z = add(a, x)\n";
@@ -422,6 +457,7 @@ int main(void) {
     tcase_add_test(tc, fused_equals_unfused);
     tcase_add_test(tc, memplan_reuses_and_never_overlaps_live_values);
     tcase_add_test(tc, reference_by_hand);
+    tcase_add_test(tc, unary_semantics_by_hand);
     tcase_add_test(tc, ir_text_is_deterministic);
     suite_add_tcase(s, tc);
     return ts_main(s);

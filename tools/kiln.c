@@ -23,6 +23,7 @@ static const char *usage_text =
     "  run GRAPH       compile what is missing, then run on the GPU: inputs random (--seed) or\n"
     "                  from files (--input), prints a checksum of each output and the timing\n"
     "  inspect GRAPH   print the IR after passes, the memory plan and the kernel list\n"
+    "  ops             list every supported op with its kind and accepted types\n"
     "  help [COMMAND]  this text, or a command's options\n"
     "\n"
     "options: --version, --help. Environment: KILN_CACHE_DIR (kernel cache, default\n"
@@ -411,6 +412,14 @@ int main(int argc, char **argv) {
         const char *h = help_for(argc > 2 ? argv[2] : NULL);
         if (!h) return usage_error("no help for unknown command '%s'", argv[2]);
         fputs(h, stdout);
+        return EXIT_OK;
+    }
+    if (!strcmp(argv[1], "ops")) {
+        char *text;
+        kiln_status st = kiln_describe_ops(&text);
+        if (st) return fail(st);
+        fputs(text, stdout);
+        free(text);
         return EXIT_OK;
     }
     if (!help_for(argv[1]) || argv[1][0] == '-') return usage_error("unknown command '%s'", argv[1]);

@@ -78,7 +78,7 @@ typedef struct {
     int   nout;
 } hset;
 
-typedef enum { FILL_ANY, FILL_POSITIVE, FILL_AWAY_FROM_ZERO } fill_kind;
+typedef enum { FILL_ANY, FILL_POSITIVE, FILL_AWAY_FROM_ZERO, FILL_LOG_DOMAIN } fill_kind;
 
 static void fill(void *p, kiln_type t, int64_t n, uint64_t seed, fill_kind k) {
     kb_fill_random(p, t, n, seed);
@@ -86,6 +86,7 @@ static void fill(void *p, kiln_type t, int64_t n, uint64_t seed, fill_kind k) {
     for (int64_t i = 0; i < n; i++) {
         float v = kb_load_f32(p, t, i);
         if (k == FILL_POSITIVE) v = fabsf(v);
+        else if (k == FILL_LOG_DOMAIN) v = fabsf(v) + 0.25f; /* log(0) is -inf: keep away */
         else v = (v < 0 ? -0.5f : 0.5f) + v; /* [-1.5, -0.5) U [0.5, 1.5) */
         kb_store_f32(p, t, i, v);
     }
@@ -351,6 +352,20 @@ static kiln_tensor *apply_op(kiln_ctx *ctx, fe_op op, kiln_tensor *a, kiln_tenso
     case FE_OP_RELU: return kiln_relu(ctx, a);
     case FE_OP_TANH: return kiln_tanh(ctx, a);
     case FE_OP_SIGMOID: return kiln_sigmoid(ctx, a);
+    case FE_OP_ABS: return kiln_abs(ctx, a);
+    case FE_OP_SGN: return kiln_sgn(ctx, a);
+    case FE_OP_STEP: return kiln_step(ctx, a);
+    case FE_OP_ELU: return kiln_elu(ctx, a);
+    case FE_OP_LEAKY_RELU: return kiln_leaky_relu(ctx, a, s0);
+    case FE_OP_GELU_ERF: return kiln_gelu_erf(ctx, a);
+    case FE_OP_GELU_QUICK: return kiln_gelu_quick(ctx, a);
+    case FE_OP_HARDSWISH: return kiln_hardswish(ctx, a);
+    case FE_OP_HARDSIGMOID: return kiln_hardsigmoid(ctx, a);
+    case FE_OP_LOG: return kiln_log(ctx, a);
+    case FE_OP_SIN: return kiln_sin(ctx, a);
+    case FE_OP_COS: return kiln_cos(ctx, a);
+    case FE_OP_SOFTPLUS: return kiln_softplus(ctx, a);
+    case FE_OP_CLAMP: return kiln_clamp(ctx, a, s0 < s1 ? s0 : s1, s0 < s1 ? s1 : s0);
     default:
         ck_abort_msg("test_gpu_ops has no builder for op '%s': add it to apply_op",
                      fe_ops[op].name);
@@ -360,6 +375,7 @@ static kiln_tensor *apply_op(kiln_ctx *ctx, fe_op op, kiln_tensor *a, kiln_tenso
 
 static fill_kind op_fill(fe_op op, int operand_index) {
     if (op == FE_OP_SQRT) return FILL_POSITIVE;
+    if (op == FE_OP_LOG) return FILL_LOG_DOMAIN;
     if (op == FE_OP_DIV && operand_index == 1) return FILL_AWAY_FROM_ZERO;
     return FILL_ANY;
 }
@@ -459,7 +475,7 @@ static void run_op_case(fe_op op, kiln_type t, int c, uint64_t seed, int *reject
         kiln_graph *g = NULL;
         kiln_status st = kiln_graph_new(ctx, &g);
         char        label[700], params[64] = "";
-        if (op == FE_OP_SCALE) snprintf(params, sizeof params, " s=%g b=%g", s0, s1);
+        if (fe_ops[op].nfp > 0) snprintf(params, sizeof params, " params %g %g", s0, s1);
         snprintf(label, sizeof label, "op %s%s %s case %d (seed %llu%s): %s%s%s", fe_ops[op].name,
                  params, kiln_type_name(t), c, (unsigned long long)seed,
                  attempt ? ", operands made contiguous" : "", da, binary ? "; " : "", db);
