@@ -120,6 +120,11 @@ int64_t fe_nelements(const kiln_tensor *t);
 /* ggml_can_repeat: every dim of b divides the same dim of a. */
 bool    fe_can_repeat(const kiln_tensor *b, const kiln_tensor *a);
 kiln_tensor *fe_find(const kiln_ctx *ctx, const char *name);
+/* A .kg identifier ([A-Za-z_][A-Za-z0-9_.]*) shorter than FE_MAX_NAME. */
+bool    fe_valid_name(const char *s);
+/* Two of the n tensors sharing a name (lowest ids first), or both NULL. Fails only on OOM. */
+kiln_status fe_find_duplicate_name(kiln_tensor *const *t, int n, const kiln_tensor **first,
+                                   const kiln_tensor **second);
 /* Number of dims worth printing: the highest dim with ne != 1, at least n_dims given. */
 int     fe_print_dims(const kiln_tensor *t);
 

@@ -5,21 +5,34 @@
 #include <string.h>
 
 static int by_name(const void *a, const void *b) {
-    return strcmp((*(kiln_tensor *const *)a)->name, (*(kiln_tensor *const *)b)->name);
+    const kiln_tensor *x = *(kiln_tensor *const *)a, *y = *(kiln_tensor *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->id > y->id) - (x->id < y->id);
+}
+
+kiln_status fe_find_duplicate_name(kiln_tensor *const *t, int n, const kiln_tensor **first,
+                                   const kiln_tensor **second) {
+    *first = *second = NULL;
+    if (n < 2) return NULL;
+    kiln_tensor **sorted = malloc((size_t)n * sizeof *sorted);
+    if (!sorted) return kb_oom();
+    memcpy(sorted, t, (size_t)n * sizeof *sorted);
+    qsort(sorted, (size_t)n, sizeof *sorted, by_name);
+    for (int i = 1; i < n && !*first; i++)
+        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0) {
+            *first = sorted[i - 1];
+            *second = sorted[i];
+        }
+    free(sorted);
+    return NULL;
 }
 
 /* Names identify inputs, weights and outputs at run time, so they must be unique. Builders
  * check user names, but an auto name "_ID" can still meet a user name spelled the same. */
 static kiln_status check_unique_names(const kiln_graph *g) {
-    kiln_tensor **sorted = malloc((size_t)g->n * sizeof *sorted);
-    if (!sorted) return kb_oom();
-    memcpy(sorted, g->nodes, (size_t)g->n * sizeof *sorted);
-    qsort(sorted, (size_t)g->n, sizeof *sorted, by_name);
-    kiln_status st = NULL;
-    for (int i = 1; i < g->n && !st; i++)
-        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0)
-            st = kb_error(KILN_ERR_INVALID, "two tensors are named '%s'", sorted[i]->name);
-    free(sorted);
+    const kiln_tensor *a, *b;
+    kiln_status st = fe_find_duplicate_name(g->nodes, g->n, &a, &b);
+    if (!st && a) st = kb_error(KILN_ERR_INVALID, "two tensors are named '%s'", a->name);
     return st;
 }
 

@@ -14,39 +14,20 @@
 #include <string.h>
 
 /* A name the parser reads back as one name token: [A-Za-z_][A-Za-z0-9_.]*. */
-static bool is_plain_name(const char *s) {
-    if (!isalpha((unsigned char)s[0]) && s[0] != '_') return false;
-    for (const char *p = s + 1; *p; p++)
-        if (!isalnum((unsigned char)*p) && *p != '_' && *p != '.') return false;
-    return true;
-}
-
-static int cmp_names(const void *a, const void *b) {
-    const kiln_tensor *x = *(kiln_tensor *const *)a, *y = *(kiln_tensor *const *)b;
-    int c = strcmp(x->name, y->name);
-    return c ? c : (x->id > y->id) - (x->id < y->id);
-}
-
 /* Text only names tensors, so every name must be spellable and unique. A C API user can break
  * both (kiln_set_name(ctx, t, "a b"), or naming a tensor "_3" when another's auto name is
  * "_3"); that is an error here rather than text that does not parse back. */
 static kiln_status check_names(const kiln_ctx *ctx) {
     for (int i = 0; i < ctx->n; i++)
-        if (!is_plain_name(ctx->t[i]->name))
+        if (!fe_valid_name(ctx->t[i]->name))
             return kb_error(KILN_ERR_INVALID,
                             "cannot print tensor %d: its name '%s' is not a .kg name ([A-Za-z_][A-Za-z0-9_.]*)",
                             ctx->t[i]->id, ctx->t[i]->name);
-    if (ctx->n < 2) return NULL;
-    kiln_tensor **sorted = malloc((size_t)ctx->n * sizeof *sorted);
-    if (!sorted) return kb_oom();
-    memcpy(sorted, ctx->t, (size_t)ctx->n * sizeof *sorted);
-    qsort(sorted, (size_t)ctx->n, sizeof *sorted, cmp_names);
-    kiln_status st = NULL;
-    for (int i = 1; i < ctx->n && !st; i++)
-        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0)
-            st = kb_error(KILN_ERR_INVALID, "cannot print: tensors %d and %d are both named '%s'",
-                          sorted[i - 1]->id, sorted[i]->id, sorted[i]->name);
-    free(sorted);
+    const kiln_tensor *a, *b;
+    kiln_status st = fe_find_duplicate_name(ctx->t, ctx->n, &a, &b);
+    if (!st && a)
+        st = kb_error(KILN_ERR_INVALID, "cannot print: tensors %d and %d are both named '%s'", a->id,
+                      b->id, a->name);
     return st;
 }
 

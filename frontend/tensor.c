@@ -130,7 +130,7 @@ static const char *shape_str(const kiln_tensor *t, char *buf, size_t len) {
     return buf;
 }
 
-static bool valid_name(const char *s) {
+bool fe_valid_name(const char *s) {
     if (!s || !(isalpha((unsigned char)*s) || *s == '_')) return false;
     size_t n = 0;
     for (; *s; s++, n++)
@@ -215,7 +215,7 @@ kiln_tensor *kiln_new_tensor(kiln_ctx *ctx, kiln_role role, kiln_type type, cons
         fe_failf(ctx, KILN_ERR_INVALID, "new tensor '%s': unknown type %d", name ? name : "?", (int)type);
         return NULL;
     }
-    if (!valid_name(name)) {
+    if (!fe_valid_name(name)) {
         fe_failf(ctx, KILN_ERR_INVALID,
                  "new tensor: name '%s' is not an identifier ([A-Za-z_][A-Za-z0-9_.]*, < %d chars)",
                  name ? name : "(null)", FE_MAX_NAME);
@@ -237,7 +237,7 @@ kiln_tensor *kiln_new_tensor(kiln_ctx *ctx, kiln_role role, kiln_type type, cons
 
 void kiln_set_name(kiln_ctx *ctx, kiln_tensor *t, const char *name) {
     if (!ctx || ctx->err || !t) return;
-    if (!valid_name(name)) {
+    if (!fe_valid_name(name)) {
         fe_failf(ctx, KILN_ERR_INVALID, "set name: '%s' is not an identifier", name ? name : "(null)");
         return;
     }
