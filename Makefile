@@ -62,11 +62,11 @@ $(BUILD)/libkiln.a: $(LIB_OBJS)
 $(BUILD)/kiln: $(BUILD)/obj/tools/kiln.o $(BUILD)/libkiln.a
 	$(CC) $(LDFLAGS) $^ $(LIBS) -o $@
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(BUILD)/libkiln.a
+$(TEST_BINS): $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(BUILD)/libkiln.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(TEST_LIBS) $(LIBS) -o $@
 
-$(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(TEST_SUPPORT) $(BUILD)/libkiln.a
+$(GPU_TEST_BINS): $(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/obj/tests/gpu/gpu_support.o $(TEST_SUPPORT) $(BUILD)/libkiln.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(TEST_LIBS) $(LIBS) -o $@
 

@@ -18,10 +18,11 @@
 
 #define CG_MAX_SMEM (227u * 1024u)
 
-/* The template module of each node kind. */
-static const char *template_of(ir_kind kind) {
-    switch (kind) {
+/* The template module of a node: elementwise, or the family of its op (templates/FAM.lua). */
+static const char *template_of(const ir_node *n) {
+    switch (n->kind) {
     case IR_EW: return "elementwise";
+    case IR_OP: return (unsigned)n->op < FE_OP_COUNT && fe_ops[n->op].kind == FE_KERNEL ? fe_ops[n->op].fam : NULL;
     }
     return NULL;
 }
@@ -81,8 +82,79 @@ static void push_ref(lua_State *L, const ir_ref *r, int param) {
     lua_setfield(L, -2, "param");
 }
 
+/* IR_OP: k.op, k.args (operand refs by parameter name; absent optional ones are nil), k.inputs
+ * (all operands in order), k.params (scalars by name: floats as exact CUDA literals, ints as
+ * integers, bools as booleans, types and enum values as names, I4 as a table of 4) and
+ * k.values (floats as Lua numbers, for arithmetic at generation time). */
+static void push_op_node(lua_State *L, const gen_ctx *g) {
+    const ir_node *n = g->n;
+    const fe_sig  *sig = fe_op_sig(n->op);
+    lua_createtable(L, 0, 8);
+    lua_pushliteral(L, "op");
+    lua_setfield(L, -2, "kind");
+    lua_pushstring(L, fe_ops[n->op].name);
+    lua_setfield(L, -2, "op");
+    push_ref(L, &n->dst, g->dst_param);
+    lua_setfield(L, -2, "dst");
+    lua_createtable(L, n->nin, 0);
+    for (int i = 0; i < n->nin; i++) {
+        push_ref(L, &n->in[i], g->in_param[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "inputs");
+    lua_createtable(L, 0, sig->ntensor);
+    for (int i = 0; i < sig->n; i++) {
+        const fe_param *q = &sig->p[i];
+        if (q->kind != FE_P_TENSOR || n->opd[q->slot] < 0) continue;
+        push_ref(L, &n->in[n->opd[q->slot]], g->in_param[n->opd[q->slot]]);
+        lua_setfield(L, -2, q->name);
+    }
+    lua_setfield(L, -2, "args");
+    lua_createtable(L, 0, sig->n);
+    lua_createtable(L, 0, sig->nfloat);
+    int params = lua_gettop(L) - 1, values = lua_gettop(L);
+    for (int i = 0; i < sig->n; i++) {
+        const fe_param *q = &sig->p[i];
+        char lit[48];
+        int32_t v = q->slot < FE_MAX_IP ? n->ip[q->slot] : 0;
+        switch (q->kind) {
+        case FE_P_TENSOR:
+        case FE_P_LIST: continue;
+        case FE_P_FLOAT:
+            float_literal(n->fp[q->slot], lit);
+            lua_pushstring(L, lit);
+            lua_pushnumber(L, (lua_Number)n->fp[q->slot]);
+            lua_setfield(L, values, q->name);
+            break;
+        case FE_P_BOOL: lua_pushboolean(L, v != 0); break;
+        case FE_P_TYPE: lua_pushstring(L, kiln_type_name((kiln_type)v)); break;
+        case FE_P_ENUM:
+            if (v >= 0 && v < q->nenum) lua_pushstring(L, q->enums[v]);
+            else lua_pushinteger(L, v);
+            break;
+        case FE_P_INT4:
+            lua_createtable(L, 4, 0);
+            for (int k = 0; k < 4; k++) {
+                lua_pushinteger(L, n->ip[q->slot + k]);
+                lua_rawseti(L, -2, k + 1);
+            }
+            break;
+        default: lua_pushinteger(L, v); break;
+        }
+        lua_setfield(L, params, q->name);
+    }
+    lua_setfield(L, params - 1, "values");
+    lua_setfield(L, -2, "params");
+    lua_pushinteger(L, g->nparams);
+    lua_setfield(L, -2, "nparams");
+}
+
 static void push_node(lua_State *L, const gen_ctx *g) {
     const ir_node *n = g->n;
+    if (n->kind == IR_OP) {
+        push_op_node(L, g);
+        return;
+    }
     lua_createtable(L, 0, 5);
     lua_pushliteral(L, "ew");
     lua_setfield(L, -2, "kind");
@@ -226,11 +298,11 @@ kiln_status cg_generate(cg_lua *C, const ir_prog *p, int node, cg_kernel *k) {
         return kb_error(KILN_ERR_INVALID, "codegen: node %d out of range", node);
     const ir_node *n = &p->nodes[node];
     if (n->dead) return kb_error(KILN_ERR_INVALID, "codegen: node %d is dead", node);
-    const char *tpl = template_of(n->kind);
+    const char *tpl = template_of(n);
     if (!tpl) return kb_error(KILN_ERR_INVALID, "codegen: node %d has unknown kind %d", node, (int)n->kind);
     if (n->nin < 0 || n->nin > IR_MAX_IN)
         return kb_error(KILN_ERR_INVALID, "codegen: node %d: %d inputs", node, n->nin);
-    if (n->ninstr < 1 || n->ninstr > IR_MAX_INSTR)
+    if (n->kind == IR_EW && (n->ninstr < 1 || n->ninstr > IR_MAX_INSTR))
         return kb_error(KILN_ERR_INVALID, "codegen: node %d: %d instructions", node, n->ninstr);
 
     gen_ctx g = {.p = p, .n = n, .tpl = tpl, .k = k};
@@ -243,10 +315,10 @@ kiln_status cg_generate(cg_lua *C, const ir_prog *p, int node, cg_kernel *k) {
         if ((st = check_ref(p, &n->in[i], node, what))) return st;
         g.in_param[i] = param_of(&g, n->in[i].buf);
     }
-    for (int i = 0; i < n->ninstr; i++) {
+    for (int i = 0; n->kind == IR_EW && i < n->ninstr; i++) {
         const ir_instr *in = &n->ins[i];
         if ((unsigned)in->op >= FE_OP_COUNT ||
-            (fe_ops[in->op].kind != FE_UNARY && fe_ops[in->op].kind != FE_BINARY))
+            (fe_ops[in->op].kind != FE_UNARY && fe_ops[in->op].kind != FE_BINARY && fe_ops[in->op].kind != FE_GLU))
             return kb_error(KILN_ERR_INVALID, "codegen: node %d: instruction %d is not elementwise", node, i);
         if ((unsigned)in->type >= KILN_TYPE_COUNT)
             return kb_error(KILN_ERR_INVALID, "codegen: node %d: instruction %d has a bad type", node, i);

@@ -5,57 +5,116 @@
 
 #include "base/base.h"
 
-#define FE_MAX_SRC 2
+#define FE_MAX_SRC 4  /* tensor operands of one op (soft_max_ext: a, mask, sinks) */
+#define FE_MAX_IP 16  /* int parameters of one op (ggml keeps 16 int32 op_params too) */
+#define FE_MAX_FP 8   /* float parameters of one op (rope_ext has 6) */
 #define FE_MAX_NAME 64
 
 typedef enum {
     FE_LEAF,   /* input or weight */
     FE_VIEW,   /* aliases its source: folded into layouts by lowering */
-    FE_UNARY,  /* elementwise, one operand */
-    FE_BINARY, /* elementwise, two operands, b broadcast to a */
+    FE_UNARY,  /* elementwise, one operand: one IR instruction */
+    FE_BINARY, /* elementwise, two operands, b broadcast to a: one IR instruction */
+    FE_GLU,    /* gated unit: act(x) * g over the two halves of a, or over a and b */
+    FE_COPY,   /* cpy, dup, cast, repeat: an elementwise copy into a new shape and/or type */
+    FE_KERNEL, /* anything else: one IR_OP node instantiated from the template of its family */
 } fe_kind;
 
-/* The one table of ops. Columns: enum id, name in .kg and CLI, kind, operand count, float
- * parameters (fp[] of the tensor, f[] of an IR instruction), NMSE tolerance for GPU-vs-reference
- * tests (ggml's test-backend-ops uses 1e-7 by default). */
-#define FE_OPS(X)                                        \
-    X(LEAF, "leaf", FE_LEAF, 0, 0, 0)                    \
-    X(RESHAPE, "reshape", FE_VIEW, 1, 0, 0)              \
-    X(VIEW, "view", FE_VIEW, 1, 0, 0)                    \
-    X(PERMUTE, "permute", FE_VIEW, 1, 0, 0)              \
-    X(TRANSPOSE, "transpose", FE_VIEW, 1, 0, 0)          \
-    X(CONT, "cont", FE_UNARY, 1, 0, 1e-7)                \
-    X(ADD, "add", FE_BINARY, 2, 0, 1e-7)                 \
-    X(SUB, "sub", FE_BINARY, 2, 0, 1e-7)                 \
-    X(MUL, "mul", FE_BINARY, 2, 0, 1e-7)                 \
-    X(DIV, "div", FE_BINARY, 2, 0, 1e-7)                 \
-    X(SCALE, "scale", FE_UNARY, 1, 2, 1e-7)              \
-    X(NEG, "neg", FE_UNARY, 1, 0, 1e-7)                  \
-    X(EXP, "exp", FE_UNARY, 1, 0, 1e-7)                  \
-    X(SQR, "sqr", FE_UNARY, 1, 0, 1e-7)                  \
-    X(SQRT, "sqrt", FE_UNARY, 1, 0, 1e-7)                \
-    X(SILU, "silu", FE_UNARY, 1, 0, 1e-7)                \
-    X(GELU, "gelu", FE_UNARY, 1, 0, 1e-7)                \
-    X(RELU, "relu", FE_UNARY, 1, 0, 1e-7)                \
-    X(TANH, "tanh", FE_UNARY, 1, 0, 1e-7)                \
-    X(SIGMOID, "sigmoid", FE_UNARY, 1, 0, 1e-7)          \
-    X(ABS, "abs", FE_UNARY, 1, 0, 1e-7)                  \
-    X(SGN, "sgn", FE_UNARY, 1, 0, 1e-7)                  \
-    X(STEP, "step", FE_UNARY, 1, 0, 1e-7)                \
-    X(ELU, "elu", FE_UNARY, 1, 0, 1e-7)                  \
-    X(LEAKY_RELU, "leaky_relu", FE_UNARY, 1, 1, 1e-7)    \
-    X(GELU_ERF, "gelu_erf", FE_UNARY, 1, 0, 1e-7)        \
-    X(GELU_QUICK, "gelu_quick", FE_UNARY, 1, 0, 1e-7)    \
-    X(HARDSWISH, "hardswish", FE_UNARY, 1, 0, 1e-7)      \
-    X(HARDSIGMOID, "hardsigmoid", FE_UNARY, 1, 0, 1e-7)  \
-    X(LOG, "log", FE_UNARY, 1, 0, 1e-7)                  \
-    X(SIN, "sin", FE_UNARY, 1, 0, 1e-7)                  \
-    X(COS, "cos", FE_UNARY, 1, 0, 1e-7)                  \
-    X(SOFTPLUS, "softplus", FE_UNARY, 1, 0, 1e-7)        \
-    X(CLAMP, "clamp", FE_UNARY, 1, 2, 1e-7)
+/* The one table of ops. Columns:
+ *  - enum id, name in .kg and on the command line, kind;
+ *  - nsrc: tensor operands (optional ones included);
+ *  - sig: the parameters in order, as `name:kind` separated by spaces (frontend/sig.c reads it;
+ *    docs/graph-format.md documents it). Kinds: t tensor, t? optional tensor, i int, f float,
+ *    b bool, y type name, e(a|b|..) one of the names, I4 four ints, L list of ints (views only);
+ *    `=value` gives a default. Builders store tensor parameters in src[], float ones in fp[]
+ *    and the int-like ones (i b y e I4) in ip[], each in signature order, so the printer and
+ *    the lowering can read them generically;
+ *  - fam: FE_KERNEL ops: the family, naming both the template (templates/FAM.lua) and the CPU
+ *    reference (ir/ref_FAM.c); "ew" for elementwise kinds, "" for leaves and views;
+ *  - types: the element types the op accepts for its first operand (kiln ops prints them);
+ *  - tol: NMSE tolerance of GPU-vs-reference tests (ggml's test-backend-ops default: 1e-7). */
+#define FE_F "f32 f16 bf16"
+#define FE_ALL "f32 f16 bf16 i32 i64"
+#define FE_OPS(X)                                                                                  \
+    X(LEAF, "leaf", FE_LEAF, 0, "", "", FE_ALL, 0)                                                 \
+    X(RESHAPE, "reshape", FE_VIEW, 1, "a:t ne:L", "", FE_ALL, 0)                                   \
+    X(VIEW, "view", FE_VIEW, 1, "a:t ne:L nb:L offset:i", "", FE_ALL, 0)                           \
+    X(PERMUTE, "permute", FE_VIEW, 1, "a:t ax0:i ax1:i ax2:i ax3:i", "", FE_ALL, 0)                \
+    X(TRANSPOSE, "transpose", FE_VIEW, 1, "a:t", "", FE_ALL, 0)                                    \
+    X(CONT, "cont", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                          \
+    X(ADD, "add", FE_BINARY, 2, "a:t b:t", "ew", FE_F, 1e-7)                                       \
+    X(SUB, "sub", FE_BINARY, 2, "a:t b:t", "ew", FE_F, 1e-7)                                       \
+    X(MUL, "mul", FE_BINARY, 2, "a:t b:t", "ew", FE_F, 1e-7)                                       \
+    X(DIV, "div", FE_BINARY, 2, "a:t b:t", "ew", FE_F, 1e-7)                                       \
+    X(ADD1, "add1", FE_BINARY, 2, "a:t b:t", "ew", FE_F, 1e-7)                                     \
+    X(SCALE, "scale", FE_UNARY, 1, "a:t s:f b:f=0", "ew", FE_F, 1e-7)                              \
+    X(NEG, "neg", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
+    X(EXP, "exp", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
+    X(SQR, "sqr", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
+    X(SQRT, "sqrt", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                          \
+    X(SILU, "silu", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                          \
+    X(GELU, "gelu", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                          \
+    X(RELU, "relu", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                          \
+    X(TANH, "tanh", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                          \
+    X(SIGMOID, "sigmoid", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                    \
+    X(ABS, "abs", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
+    X(SGN, "sgn", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
+    X(STEP, "step", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                          \
+    X(ELU, "elu", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
+    X(LEAKY_RELU, "leaky_relu", FE_UNARY, 1, "a:t negative_slope:f", "ew", FE_F, 1e-7)             \
+    X(GELU_ERF, "gelu_erf", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                  \
+    X(GELU_QUICK, "gelu_quick", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                              \
+    X(HARDSWISH, "hardswish", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                \
+    X(HARDSIGMOID, "hardsigmoid", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                            \
+    X(LOG, "log", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
+    X(SIN, "sin", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
+    X(COS, "cos", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
+    X(SOFTPLUS, "softplus", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                  \
+    X(CLAMP, "clamp", FE_UNARY, 1, "a:t min:f max:f", "ew", FE_F, 1e-7)                            \
+    X(REGLU, "reglu", FE_GLU, 2, "a:t b:t? swapped:b=false", "ew", FE_F, 1e-7)                     \
+    X(GEGLU, "geglu", FE_GLU, 2, "a:t b:t? swapped:b=false", "ew", FE_F, 1e-7)                     \
+    X(SWIGLU, "swiglu", FE_GLU, 2, "a:t b:t? swapped:b=false", "ew", FE_F, 1e-7)                   \
+    X(SWIGLU_OAI, "swiglu_oai", FE_GLU, 2, "a:t b:t? swapped:b=false alpha:f=1.702 limit:f=7",     \
+      "ew", FE_F, 1e-7)                                                                            \
+    X(GEGLU_ERF, "geglu_erf", FE_GLU, 2, "a:t b:t? swapped:b=false", "ew", FE_F, 1e-7)             \
+    X(GEGLU_QUICK, "geglu_quick", FE_GLU, 2, "a:t b:t? swapped:b=false", "ew", FE_F, 1e-7)         \
+    X(CPY, "cpy", FE_COPY, 2, "a:t b:t", "ew", FE_F, 1e-7)                                         \
+    X(DUP, "dup", FE_COPY, 1, "a:t", "ew", FE_F, 1e-7)                                             \
+    X(CAST, "cast", FE_COPY, 1, "a:t type:y", "ew", FE_F, 1e-7)                                    \
+    X(REPEAT, "repeat", FE_COPY, 2, "a:t b:t", "ew", FE_F, 1e-7)                                   \
+    X(GET_ROWS, "get_rows", FE_KERNEL, 2, "a:t ids:t", "rows", FE_F, 1e-7)                         \
+    X(SET_ROWS, "set_rows", FE_KERNEL, 3, "a:t b:t ids:t", "rows", FE_F, 1e-7)                     \
+    X(CONCAT, "concat", FE_KERNEL, 2, "a:t b:t dim:i", "rows", FE_F, 1e-7)                         \
+    X(PAD, "pad", FE_KERNEL, 1, "a:t lp0:i=0 rp0:i=0 lp1:i=0 rp1:i=0 lp2:i=0 rp2:i=0 lp3:i=0 rp3:i=0", \
+      "rows", FE_F, 1e-7)                                                                          \
+    X(ADD_ID, "add_id", FE_KERNEL, 3, "a:t b:t ids:t", "rows", FE_F, 1e-7)                         \
+    X(NORM, "norm", FE_KERNEL, 1, "a:t eps:f", "norm", FE_F, 1e-7)                                 \
+    X(RMS_NORM, "rms_norm", FE_KERNEL, 1, "a:t eps:f", "norm", FE_F, 1e-7)                         \
+    X(L2_NORM, "l2_norm", FE_KERNEL, 1, "a:t eps:f", "norm", FE_F, 1e-7)                           \
+    X(GROUP_NORM, "group_norm", FE_KERNEL, 1, "a:t n_groups:i eps:f", "norm", FE_F, 1e-7)          \
+    X(SOFT_MAX, "soft_max", FE_KERNEL, 1, "a:t", "softmax", FE_F, 1e-7)                            \
+    X(SOFT_MAX_EXT, "soft_max_ext", FE_KERNEL, 3, "a:t mask:t? scale:f=1 max_bias:f=0 sinks:t?",   \
+      "softmax", FE_F, 1e-7)                                                                       \
+    X(ROPE_EXT, "rope_ext", FE_KERNEL, 3,                                                                  \
+      "a:t pos:t freq_factors:t? n_dims:i mode:i=0 n_ctx_orig:i=0 sections:I4=[0,0,0,0] "          \
+      "freq_base:f=10000 freq_scale:f=1 ext_factor:f=0 attn_factor:f=1 beta_fast:f=32 "            \
+      "beta_slow:f=1",                                                                             \
+      "rope", FE_F, 1e-7)                                                                          \
+    X(SUM, "sum", FE_KERNEL, 1, "a:t", "reduce", FE_F, 1e-7)                                       \
+    X(SUM_ROWS, "sum_rows", FE_KERNEL, 1, "a:t", "reduce", FE_F, 1e-7)                             \
+    X(MEAN, "mean", FE_KERNEL, 1, "a:t", "reduce", FE_F, 1e-7)                                     \
+    X(ARGMAX, "argmax", FE_KERNEL, 1, "a:t", "reduce", FE_F, 0)                                    \
+    X(CUMSUM, "cumsum", FE_KERNEL, 1, "a:t", "reduce", FE_F, 1e-7)                                 \
+    X(ARGSORT, "argsort", FE_KERNEL, 1, "a:t order:e(asc|desc)=asc", "sort", FE_F, 0)              \
+    X(ARGSORT_TOP_K, "argsort_top_k", FE_KERNEL, 1, "a:t k:i", "sort", FE_F, 0)                    \
+    X(TOP_K, "top_k", FE_KERNEL, 1, "a:t k:i", "sort", FE_F, 0)                                    \
+    X(ARANGE, "arange", FE_KERNEL, 0, "start:f stop:f step:f", "fill", "f32", 0)                   \
+    X(FILL, "fill", FE_KERNEL, 1, "a:t c:f", "fill", FE_F, 0)                                      \
+    X(DIAG_MASK_INF, "diag_mask_inf", FE_KERNEL, 1, "a:t n_past:i", "fill", FE_F, 0)               \
+    X(TRI, "tri", FE_KERNEL, 1, "a:t type:e(upper_diag|upper|lower_diag|lower)", "fill", FE_F, 0)
 
 typedef enum {
-#define FE_X(id, name, kind, nsrc, nfp, tol) FE_OP_##id,
+#define FE_X(id, name, kind, nsrc, sig, fam, types, tol) FE_OP_##id,
     FE_OPS(FE_X)
 #undef FE_X
     FE_OP_COUNT
@@ -65,12 +124,68 @@ typedef struct {
     const char *name;
     fe_kind     kind;
     int         nsrc;
-    int         nfp;
+    const char *sig;
+    const char *fam;
+    const char *types;
     double      nmse_tol;
 } fe_op_info;
 
 extern const fe_op_info fe_ops[FE_OP_COUNT];
 int fe_op_from_name(const char *name, fe_op *out); /* 0 on success */
+
+/* ---- signatures (frontend/sig.c) ---------------------------------------------------------- */
+
+typedef enum { FE_P_TENSOR, FE_P_INT, FE_P_FLOAT, FE_P_BOOL, FE_P_TYPE, FE_P_ENUM, FE_P_INT4, FE_P_LIST } fe_pkind;
+
+#define FE_MAX_PARAMS 20
+#define FE_MAX_ENUM 8
+
+typedef struct {
+    char     name[24];
+    fe_pkind kind;
+    bool     optional;  /* a tensor that may be absent, or a scalar with a default */
+    int      slot;      /* index into src[] (tensors), ip[] (int-like), fp[] (floats), lists */
+    int      nenum;
+    char     enums[FE_MAX_ENUM][24]; /* FE_P_ENUM: the names, value = index */
+    int32_t  idef[4];   /* default of int-like parameters */
+    float    fdef;      /* default of float parameters */
+} fe_param;
+
+typedef struct {
+    int      n;
+    fe_param p[FE_MAX_PARAMS];
+    int      ntensor, nint, nfloat, nlist;
+} fe_sig;
+
+/* The parsed signature of op (cached; the table is static so this cannot fail for a valid
+ * table — tests/test_format.c checks every row). */
+const fe_sig *fe_op_sig(fe_op op);
+
+/* The arguments of an op in signature order, as the parser collects them and builders take. */
+typedef struct {
+    kiln_tensor *t[FE_MAX_SRC];
+    int32_t      ip[FE_MAX_IP];
+    int64_t      iw[FE_MAX_IP]; /* the same ints at full width (view's byte offset) */
+    float        fp[FE_MAX_FP];
+    int          nlist[2];
+    int64_t      list[2][4];
+} fe_args;
+
+/* Fills every defaulted parameter of op in a with its default. */
+void fe_args_defaults(fe_op op, fe_args *a);
+/* The usage line of op, e.g. "soft_max(a, mask=NAME, scale=1, max_bias=0, sinks=NAME)". */
+void fe_op_usage(fe_op op, char *out, size_t n);
+
+/* Builds a tensor of op from generic arguments (the parser's path; the kiln_* builders take the
+ * same path). Returns NULL with the error recorded in ctx. */
+kiln_tensor *fe_build(kiln_ctx *ctx, fe_op op, const fe_args *a);
+
+/* The shape and type rules of the FE_GLU, FE_COPY and FE_KERNEL ops, one per op, in the
+ * frontend/ops_*.c file of its family. Each checks a (recording an error with fe_failf and
+ * returning false on bad input) and sets the result's type, shape and n_dims (dims worth
+ * printing). fe_build then creates the node and stores a's parameters in it. */
+typedef bool (*fe_infer_fn)(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims);
+fe_infer_fn fe_infer_of(fe_op op);
 
 struct kiln_tensor {
     int         id; /* creation index in its context: also a topological order */
@@ -84,11 +199,10 @@ struct kiln_tensor {
      * ggml) and view_offs the byte offset into it. */
     kiln_tensor *view_src;
     size_t       view_offs;
-    /* Op parameters. permute: ip[0..3] axes. view: op_offs (bytes into src[0]), and ne/nb
-     * above. scale: fp[0] = s, fp[1] = b. leaky_relu: fp[0] = negative slope. clamp: fp[0] =
-     * min, fp[1] = max. */
-    int32_t ip[4];
-    float   fp[2];
+    /* Op parameters in signature order (see FE_OPS): src[] tensors, fp[] floats, ip[] the
+     * int-like ones. view: op_offs (bytes into src[0]), and ne/nb above. */
+    int32_t ip[FE_MAX_IP];
+    float   fp[FE_MAX_FP];
     size_t  op_offs;
     int     n_dims; /* dims the builder was given (1..4); only used for printing */
     char    name[FE_MAX_NAME];

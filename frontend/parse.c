@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_ARGS 8     /* the most arguments any op takes is 5 (permute) */
+#define MAX_ARGS 16    /* the most parameters any op has is 13 (rope_ext) */
 #define MAX_NUM_LEN 63 /* a printed f32 never needs more than 16; longer numbers are typos */
 
 /* ---- lexer ------------------------------------------------------------------------------ */
@@ -261,6 +261,8 @@ typedef enum { ARG_NAME, ARG_NUM, ARG_LIST } arg_kind;
 
 typedef struct {
     arg_kind kind;
+    bool     keyed; /* written name=value */
+    token    key;   /* the name, when keyed */
     token    tok; /* the name or number, or the '[' of a list */
     int      n;   /* list entries */
     int64_t  v[KILN_MAX_DIMS];
@@ -291,8 +293,18 @@ static kiln_status parse_list(parser *P, arg *a) {
     return NULL;
 }
 
-/* arg := name | number | list */
+/* arg := [ name '=' ] ( name | number | list ) */
 static kiln_status parse_arg(parser *P, arg *a) {
+    a->keyed = false;
+    if (P->tok.kind == TK_IDENT) {
+        token next = peek(P);
+        if (next.kind == TK_PUNCT && *next.s == '=') {
+            a->keyed = true;
+            a->key = P->tok;
+            advance(P);
+            advance(P);
+        }
+    }
     if (is_punct(&P->tok, '[')) return parse_list(P, a);
     if (P->tok.kind != TK_IDENT && P->tok.kind != TK_NUM)
         return expected(P, "a tensor name, number or list");
@@ -302,99 +314,187 @@ static kiln_status parse_arg(parser *P, arg *a) {
     return NULL;
 }
 
-/* ---- op signatures ----------------------------------------------------------------------- */
+static kiln_status lookup_tensor(const parser *P, const token *t, kiln_tensor **out);
 
-/* What follows an op's tensor operands, one letter per parameter: L a list of ints, i an int,
- * f a float; letters after '|' are optional. The usage line goes into arity errors. */
+/* ---- arguments against the op's signature (frontend/sig.c) --------------------------------- */
+
+/* The converted arguments, and the list arguments as written (for position-exact errors). */
 typedef struct {
-    const char *params;
-    const char *usage;
-} op_sig;
-
-static op_sig signature(fe_op op) {
-    switch (op) {
-    case FE_OP_RESHAPE: return (op_sig){"L", "reshape(t, [ne0, ...])"};
-    case FE_OP_VIEW: return (op_sig){"LLi", "view(t, [ne0, ...], [nb1, ...], offset)"};
-    case FE_OP_PERMUTE: return (op_sig){"iiii", "permute(t, ax0, ax1, ax2, ax3)"};
-    case FE_OP_SCALE: return (op_sig){"f|f", "scale(t, s) or scale(t, s, b)"};
-    case FE_OP_LEAKY_RELU: return (op_sig){"f", "leaky_relu(t, negative_slope)"};
-    case FE_OP_CLAMP: return (op_sig){"ff", "clamp(t, min, max)"};
-    default: return (op_sig){"", fe_ops[op].nsrc == 2 ? "OP(a, b)" : "OP(t)"};
-    }
-}
-
-/* An op's parameters, converted. */
-typedef struct {
+    fe_args    a;
     const arg *list[2];
-    int64_t    i[4];
-    float      f[2];
-    int        nparams;
+    const arg *at[FE_MAX_PARAMS]; /* the argument given for each parameter, or NULL */
 } op_params;
 
-/* Checks args against op's signature: nsrc tensor names first, then the parameters. */
+static int leading_tensors(const fe_sig *sig) {
+    int n = 0;
+    while (n < sig->n && sig->p[n].kind == FE_P_TENSOR && !sig->p[n].optional) n++;
+    return n;
+}
+
+static bool all_tensors(const fe_sig *sig) {
+    for (int i = 0; i < sig->n; i++)
+        if (sig->p[i].kind != FE_P_TENSOR) return false;
+    return true;
+}
+
+/* Does a name fit parameter kind k (tensors; floats spelled inf/nan; bools, types, enums)? */
+static bool name_fits(fe_pkind k) { return k != FE_P_INT && k != FE_P_INT4 && k != FE_P_LIST; }
+
+static kiln_status convert(const parser *P, fe_op op, const fe_param *q, const arg *x, int argno,
+                           const char *usage, op_params *out) {
+    const char *name = fe_ops[op].name;
+    char        buf[64];
+    int64_t     v;
+    kiln_status st;
+    switch (q->kind) {
+    case FE_P_TENSOR:
+        if (x->kind != ARG_NAME)
+            return errf(P, x->tok.col, "argument %d of %s (%s) must be a tensor name (usage: %s)", argno,
+                        name, q->name, usage);
+        return lookup_tensor(P, &x->tok, &out->a.t[q->slot]);
+    case FE_P_LIST:
+        if (x->kind != ARG_LIST)
+            return errf(P, x->tok.col, "argument %d of %s must be a list like [4, 8], got %s (usage: %s)",
+                        argno, name, describe(&x->tok, buf), usage);
+        out->list[q->slot] = x;
+        out->a.nlist[q->slot] = x->n;
+        memcpy(out->a.list[q->slot], x->v, sizeof x->v);
+        return NULL;
+    case FE_P_INT4:
+        if (x->kind != ARG_LIST || x->n != 4)
+            return errf(P, x->tok.col, "argument %d of %s (%s) must be a list of 4 integers (usage: %s)",
+                        argno, name, q->name, usage);
+        for (int k = 0; k < 4; k++) {
+            if (x->v[k] < INT32_MIN || x->v[k] > INT32_MAX)
+                return errf(P, x->tok.col, "bad number: %" PRId64 " is out of range", x->v[k]);
+            out->a.ip[q->slot + k] = (int32_t)x->v[k];
+        }
+        return NULL;
+    case FE_P_INT:
+        if (x->kind != ARG_NUM)
+            return errf(P, x->tok.col, "argument %d of %s must be an integer, got %s (usage: %s)", argno,
+                        name, x->kind == ARG_LIST ? "a list" : describe(&x->tok, buf), usage);
+        if ((st = to_int(P, &x->tok, &v))) return st;
+        out->a.iw[q->slot] = v;
+        if (op == FE_OP_VIEW) return NULL; /* a byte offset: 64 bits, checked below */
+        if (v < INT32_MIN || v > INT32_MAX)
+            return errf(P, x->tok.col, "bad number: %" PRId64 " is out of range", v);
+        out->a.ip[q->slot] = (int32_t)v;
+        return NULL;
+    case FE_P_FLOAT:
+        if (x->kind == ARG_LIST)
+            return errf(P, x->tok.col, "argument %d of %s must be a number, got a list (usage: %s)", argno,
+                        name, usage);
+        return to_float(P, &x->tok, &out->a.fp[q->slot]);
+    case FE_P_BOOL:
+        if (tok_is(&x->tok, "true") || tok_is(&x->tok, "1")) out->a.ip[q->slot] = 1;
+        else if (tok_is(&x->tok, "false") || tok_is(&x->tok, "0")) out->a.ip[q->slot] = 0;
+        else
+            return errf(P, x->tok.col, "argument %d of %s (%s) must be true or false, got %s", argno, name,
+                        q->name, describe(&x->tok, buf));
+        return NULL;
+    case FE_P_TYPE: {
+        char tn[16];
+        kiln_type t;
+        if (x->kind == ARG_NAME && x->tok.len < sizeof tn) {
+            memcpy(tn, x->tok.s, x->tok.len);
+            tn[x->tok.len] = 0;
+            if (kiln_type_from_name(tn, &t) == 0) {
+                out->a.ip[q->slot] = (int32_t)t;
+                return NULL;
+            }
+        }
+        return errf(P, x->tok.col, "argument %d of %s (%s) must be a type (f32, f16, bf16, i32 or i64), got %s",
+                    argno, name, q->name, describe(&x->tok, buf));
+    }
+    case FE_P_ENUM:
+        for (int k = 0; x->kind == ARG_NAME && k < q->nenum; k++)
+            if (tok_is(&x->tok, q->enums[k])) {
+                out->a.ip[q->slot] = k;
+                return NULL;
+            }
+        return errf(P, x->tok.col, "argument %d of %s (%s) must be one of the names in %s, got %s", argno,
+                    name, q->name, usage, describe(&x->tok, buf));
+    }
+    return NULL;
+}
+
+/* Matches args to op's signature: positional arguments fill the parameters in order, name=value
+ * ones by name; parameters left out take their defaults. */
 static kiln_status check_args(const parser *P, fe_op op, const arg *args, int nargs,
                               const token *close, op_params *out) {
-    const char *name = fe_ops[op].name;
-    op_sig sig = signature(op);
-    char usage[96];
-    if (strncmp(sig.usage, "OP", 2) == 0) snprintf(usage, sizeof usage, "%s%s", name, sig.usage + 2);
-    else snprintf(usage, sizeof usage, "%s", sig.usage);
+    const char   *name = fe_ops[op].name;
+    const fe_sig *sig = fe_op_sig(op);
+    char          usage[512], buf[64];
+    fe_op_usage(op, usage, sizeof usage);
+    memset(out, 0, sizeof *out);
+    fe_args_defaults(op, &out->a);
 
-    int nsrc = fe_ops[op].nsrc, names = 0;
-    while (names < nargs && args[names].kind == ARG_NAME) names++;
-    int nslots = 0, nreq = -1;
-    for (const char *c = sig.params; *c; c++) {
-        if (*c == '|') nreq = nslots;
-        else nslots++;
-    }
-    if (nreq < 0) nreq = nslots;
-    /* Names beyond the operands are only parameters where a float may be spelled inf/nan. */
-    int operands = names;
-    if (operands > nsrc && nslots > 0 && sig.params[0] == 'f') operands = nsrc;
-    if (operands != nsrc) {
-        int at = operands < nsrc ? operands : nsrc; /* the first missing or extra operand */
+    int npos = 0;
+    while (npos < nargs && !args[npos].keyed) npos++;
+    for (int k = npos; k < nargs; k++)
+        if (!args[k].keyed)
+            return errf(P, args[k].tok.col, "positional argument after a name=value one in %s (usage: %s)",
+                        name, usage);
+    int nreq = 0, nt = leading_tensors(sig);
+    for (int i = 0; i < sig->n; i++) nreq += !sig->p[i].optional;
+
+    /* Operands: the leading names, except where a parameter other than a tensor takes a name. */
+    int names = 0;
+    while (names < npos && args[names].kind == ARG_NAME &&
+           (names >= sig->n ? all_tensors(sig) : sig->p[names].kind == FE_P_TENSOR))
+        names++;
+    if (names < nt || (names > sig->n && all_tensors(sig))) {
+        int at = names < nt ? names : sig->n;
         int col = at < nargs ? args[at].tok.col : close->col;
-        return errf(P, col, "%s takes %d operand%s, got %d (usage: %s)", name, nsrc,
-                    nsrc == 1 ? "" : "s", operands, usage);
+        return errf(P, col, "%s takes %d operand%s, got %d (usage: %s)", name, nt, nt == 1 ? "" : "s",
+                    names, usage);
     }
-    int np = nargs - nsrc;
-    if (np < nreq || np > nslots) {
-        int col = np > nslots ? args[nsrc + nslots].tok.col : close->col;
-        if (nslots == 0)
+    if (npos > sig->n) {
+        int col = args[sig->n].tok.col;
+        if (all_tensors(sig))
             return errf(P, col, "%s takes no parameters after its operand%s (usage: %s)", name,
-                        nsrc == 1 ? "" : "s", usage);
-        return errf(P, col, "wrong number of arguments to %s: got %d, %s %d (usage: %s)", name,
-                    nargs, nreq == nslots ? "expected" : "expected at least", nsrc + nreq, usage);
+                        nt == 1 ? "" : "s", usage);
+        return errf(P, col, "wrong number of arguments to %s: got %d, expected %s%d (usage: %s)", name,
+                    nargs, nreq == sig->n ? "" : "at most ", sig->n, usage);
     }
-    out->nparams = np;
-    int nl = 0, ni = 0, nf = 0;
-    const char *c = sig.params;
-    for (int k = 0; k < np; k++, c++) {
-        if (*c == '|') c++;
-        const arg *a = &args[nsrc + k];
-        kiln_status st = NULL;
-        char buf[64];
-        switch (*c) {
-        case 'L':
-            if (a->kind != ARG_LIST)
-                return errf(P, a->tok.col, "argument %d of %s must be a list like [4, 8], got %s (usage: %s)",
-                            nsrc + k + 1, name, describe(&a->tok, buf), usage);
-            out->list[nl++] = a;
-            break;
-        case 'i':
-            if (a->kind != ARG_NUM)
-                return errf(P, a->tok.col, "argument %d of %s must be an integer, got %s (usage: %s)",
-                            nsrc + k + 1, name, a->kind == ARG_LIST ? "a list" : describe(&a->tok, buf),
-                            usage);
-            st = to_int(P, &a->tok, &out->i[ni++]);
-            break;
-        case 'f':
-            if (a->kind == ARG_LIST)
-                return errf(P, a->tok.col, "argument %d of %s must be a number, got a list (usage: %s)",
-                            nsrc + k + 1, name, usage);
-            st = to_float(P, &a->tok, &out->f[nf++]);
-            break;
-        }
+    for (int k = 0; k < npos; k++) {
+        const fe_param *q = &sig->p[k];
+        if (q->kind == FE_P_TENSOR && args[k].kind != ARG_NAME && !q->optional)
+            return errf(P, args[k].tok.col, "%s takes %d operand%s (usage: %s)", name, nt, nt == 1 ? "" : "s",
+                        usage);
+        if (q->kind == FE_P_TENSOR && args[k].kind != ARG_NAME)
+            return errf(P, args[k].tok.col,
+                        "argument %d of %s is the tensor '%s': name a tensor there, or pass the "
+                        "parameters after it as name=value (usage: %s)",
+                        k + 1, name, q->name, usage);
+        if (args[k].kind == ARG_NAME && !name_fits(q->kind) && q->kind != FE_P_TENSOR)
+            return errf(P, args[k].tok.col, "argument %d of %s (%s) must be %s, got %s (usage: %s)", k + 1,
+                        name, q->name, q->kind == FE_P_INT ? "an integer" : "a list", describe(&args[k].tok, buf),
+                        usage);
+        out->at[k] = &args[k];
+    }
+    for (int k = npos; k < nargs; k++) {
+        int i = 0;
+        while (i < sig->n && !tok_is(&args[k].key, sig->p[i].name)) i++;
+        if (i == sig->n)
+            return errf(P, args[k].key.col, "%s has no parameter %s (usage: %s)", name,
+                        describe(&args[k].key, buf), usage);
+        if (out->at[i])
+            return errf(P, args[k].key.col, "%s: parameter '%s' is given twice", name, sig->p[i].name);
+        out->at[i] = &args[k];
+    }
+    for (int i = 0; i < sig->n; i++) {
+        if (out->at[i] || sig->p[i].optional) continue;
+        if (npos < nargs)
+            return errf(P, close->col, "%s: missing parameter '%s' (usage: %s)", name, sig->p[i].name, usage);
+        return errf(P, close->col, "wrong number of arguments to %s: got %d, expected %s%d (usage: %s)", name,
+                    nargs, nreq == sig->n ? "" : "at least ", nreq, usage);
+    }
+    for (int i = 0; i < sig->n; i++) {
+        if (!out->at[i]) continue;
+        int         argno = (int)(out->at[i] - args) + 1;
+        kiln_status st = convert(P, op, &sig->p[i], out->at[i], argno, usage, out);
         if (st) return st;
     }
     return NULL;
@@ -478,57 +578,9 @@ static kiln_status builder_status(const parser *P, const kiln_tensor *t, const t
     return NULL;
 }
 
-/* Calls the builder of op. Every op of FE_OPS except leaf has a case; the switch has no
- * default so that -Wswitch flags an op added to the table but not here. */
-static kiln_tensor *build(parser *P, fe_op op, kiln_tensor **src, const op_params *p) {
-    kiln_ctx *ctx = P->ctx;
-    switch (op) {
-    case FE_OP_LEAF: break; /* rejected by lookup_op */
-    case FE_OP_RESHAPE: return kiln_reshape(ctx, src[0], p->list[0]->n, p->list[0]->v);
-    case FE_OP_VIEW: {
-        size_t nb[KILN_MAX_DIMS];
-        for (int i = 0; i < p->list[1]->n; i++) nb[i] = (size_t)p->list[1]->v[i];
-        return kiln_view(ctx, src[0], p->list[0]->n, p->list[0]->v, nb, (size_t)p->i[0]);
-    }
-    case FE_OP_PERMUTE:
-        return kiln_permute(ctx, src[0], (int)p->i[0], (int)p->i[1], (int)p->i[2], (int)p->i[3]);
-    case FE_OP_TRANSPOSE: return kiln_transpose(ctx, src[0]);
-    case FE_OP_CONT: return kiln_cont(ctx, src[0]);
-    case FE_OP_ADD: return kiln_add(ctx, src[0], src[1]);
-    case FE_OP_SUB: return kiln_sub(ctx, src[0], src[1]);
-    case FE_OP_MUL: return kiln_mul(ctx, src[0], src[1]);
-    case FE_OP_DIV: return kiln_div(ctx, src[0], src[1]);
-    case FE_OP_SCALE: return kiln_scale(ctx, src[0], p->f[0], p->nparams > 1 ? p->f[1] : 0.0f);
-    case FE_OP_NEG: return kiln_neg(ctx, src[0]);
-    case FE_OP_EXP: return kiln_exp(ctx, src[0]);
-    case FE_OP_SQR: return kiln_sqr(ctx, src[0]);
-    case FE_OP_SQRT: return kiln_sqrt(ctx, src[0]);
-    case FE_OP_SILU: return kiln_silu(ctx, src[0]);
-    case FE_OP_GELU: return kiln_gelu(ctx, src[0]);
-    case FE_OP_RELU: return kiln_relu(ctx, src[0]);
-    case FE_OP_TANH: return kiln_tanh(ctx, src[0]);
-    case FE_OP_SIGMOID: return kiln_sigmoid(ctx, src[0]);
-    case FE_OP_ABS: return kiln_abs(ctx, src[0]);
-    case FE_OP_SGN: return kiln_sgn(ctx, src[0]);
-    case FE_OP_STEP: return kiln_step(ctx, src[0]);
-    case FE_OP_ELU: return kiln_elu(ctx, src[0]);
-    case FE_OP_LEAKY_RELU: return kiln_leaky_relu(ctx, src[0], p->f[0]);
-    case FE_OP_GELU_ERF: return kiln_gelu_erf(ctx, src[0]);
-    case FE_OP_GELU_QUICK: return kiln_gelu_quick(ctx, src[0]);
-    case FE_OP_HARDSWISH: return kiln_hardswish(ctx, src[0]);
-    case FE_OP_HARDSIGMOID: return kiln_hardsigmoid(ctx, src[0]);
-    case FE_OP_LOG: return kiln_log(ctx, src[0]);
-    case FE_OP_SIN: return kiln_sin(ctx, src[0]);
-    case FE_OP_COS: return kiln_cos(ctx, src[0]);
-    case FE_OP_SOFTPLUS: return kiln_softplus(ctx, src[0]);
-    case FE_OP_CLAMP: return kiln_clamp(ctx, src[0], p->f[0], p->f[1]);
-    case FE_OP_COUNT: break;
-    }
-    return NULL;
-}
-
 /* Range checks the builders cannot do, because the values are narrowed on the way to them. */
 static kiln_status check_params(const parser *P, fe_op op, const arg *args, const op_params *p) {
+    (void)args;
     if (op == FE_OP_RESHAPE || op == FE_OP_VIEW) {
         const arg *ne = p->list[0];
         if (ne->n == 0) return errf(P, ne->tok.col, "empty shape: %s needs 1 to %d dims", fe_ops[op].name, KILN_MAX_DIMS);
@@ -540,13 +592,9 @@ static kiln_status check_params(const parser *P, fe_op op, const arg *args, cons
                         ne->n == 1 ? "" : "s", ne->n - 1, ne->n == 2 ? "" : "s", nb->n);
         for (int i = 0; i < nb->n; i++)
             if (nb->v[i] < 0) return errf(P, nb->tok.col, "bad number: stride %" PRId64 " is negative", nb->v[i]);
-        if (p->i[0] < 0)
-            return errf(P, args[3].tok.col, "bad number: offset %" PRId64 " is negative", p->i[0]);
+        if (p->a.iw[0] < 0)
+            return errf(P, p->at[3]->tok.col, "bad number: offset %" PRId64 " is negative", p->a.iw[0]);
     }
-    if (op == FE_OP_PERMUTE)
-        for (int i = 0; i < 4; i++)
-            if (p->i[i] < INT_MIN || p->i[i] > INT_MAX)
-                return errf(P, args[1 + i].tok.col, "bad number: axis %" PRId64 " is out of range", p->i[i]);
     return NULL;
 }
 
@@ -601,15 +649,12 @@ static kiln_status parse_def(parser *P, bool output) {
     token close = P->tok;
     advance(P); /* ')' */
 
-    op_params p = {0};
+    op_params p;
     if ((st = check_args(P, op, args, nargs, &close, &p))) return st;
     if ((st = check_params(P, op, args, &p))) return st;
-    kiln_tensor *src[FE_MAX_SRC] = {0};
-    for (int i = 0; i < fe_ops[op].nsrc; i++)
-        if ((st = lookup_tensor(P, &args[i].tok, &src[i]))) return st;
 
     locate(P, optok.col);
-    kiln_tensor *t = build(P, op, src, &p);
+    kiln_tensor *t = fe_build(P->ctx, op, &p.a);
     if ((st = builder_status(P, t, &optok))) return st;
     return bind(P, t, &name, output);
 }

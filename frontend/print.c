@@ -61,38 +61,60 @@ static kiln_status print_leaf(kb_str *b, const kiln_tensor *t) {
     return NULL;
 }
 
-/* op: [output ] name = op(src0[, src1][, params])   (every parameter, defaults included) */
+static void add_param(kb_str *b, const kiln_tensor *t, const fe_param *q) {
+    switch (q->kind) {
+    case FE_P_TENSOR: kb_str_add(b, t->src[q->slot]->name); break;
+    case FE_P_FLOAT: add_float(b, t->fp[q->slot]); break;
+    case FE_P_BOOL: kb_str_add(b, t->ip[q->slot] ? "true" : "false"); break;
+    case FE_P_TYPE: kb_str_add(b, kiln_type_name((kiln_type)t->ip[q->slot])); break;
+    case FE_P_ENUM: {
+        int v = t->ip[q->slot];
+        if (v >= 0 && v < q->nenum) kb_str_add(b, q->enums[v]);
+        else kb_str_addf(b, "%d", v); /* the parser refuses it: a C API misuse shows */
+        break;
+    }
+    case FE_P_INT4:
+        kb_str_addf(b, "[%d, %d, %d, %d]", (int)t->ip[q->slot], (int)t->ip[q->slot + 1],
+                    (int)t->ip[q->slot + 2], (int)t->ip[q->slot + 3]);
+        break;
+    case FE_P_LIST: break; /* views only, printed by print_op */
+    default: kb_str_addf(b, "%d", (int)t->ip[q->slot]); break;
+    }
+}
+
+/* op: [output ] name = op(params)   Every parameter is written, defaults included: positionally
+ * up to the first optional tensor, as name=value from there on (absent tensors left out). */
 static kiln_status print_op(kb_str *b, const kiln_tensor *t) {
     const fe_op_info *info = &fe_ops[t->op];
-    for (int i = 0; i < info->nsrc; i++)
-        if (!t->src[i])
-            return kb_error(KILN_ERR_INVALID, "cannot print '%s': operand %d is missing", t->name, i);
+    const fe_sig     *sig = fe_op_sig(t->op);
+    for (int i = 0; i < sig->n; i++)
+        if (sig->p[i].kind == FE_P_TENSOR && !sig->p[i].optional && !t->src[sig->p[i].slot])
+            return kb_error(KILN_ERR_INVALID, "cannot print '%s': operand %s is missing", t->name,
+                            sig->p[i].name);
     if (t->n_dims < 1 || t->n_dims > KILN_MAX_DIMS)
         return kb_error(KILN_ERR_INVALID, "cannot print '%s': it has %d dims", t->name, t->n_dims);
     if (t->role == KILN_ROLE_OUTPUT) kb_str_add(b, "output ");
     kb_str_addf(b, "%s = %s(", t->name, info->name);
-    for (int i = 0; i < info->nsrc; i++) kb_str_addf(b, "%s%s", i ? ", " : "", t->src[i]->name);
-    switch (t->op) {
-    case FE_OP_RESHAPE:
-        kb_str_add(b, ", ");
+    if (t->op == FE_OP_RESHAPE || t->op == FE_OP_VIEW) {
+        kb_str_addf(b, "%s, ", t->src[0]->name);
         add_ne(b, t, t->n_dims);
-        break;
-    case FE_OP_VIEW:
-        kb_str_add(b, ", ");
-        add_ne(b, t, t->n_dims);
-        kb_str_add(b, ", [");
-        for (int i = 1; i < t->n_dims; i++) kb_str_addf(b, "%s%zu", i > 1 ? ", " : "", t->nb[i]);
-        kb_str_addf(b, "], %zu", t->op_offs);
-        break;
-    case FE_OP_PERMUTE:
-        for (int i = 0; i < 4; i++) kb_str_addf(b, ", %d", (int)t->ip[i]);
-        break;
-    default: /* the float parameters the op table lists (scale, leaky_relu, clamp) */
-        for (int i = 0; i < fe_ops[t->op].nfp; i++) {
-            kb_str_add(b, ", ");
-            add_float(b, t->fp[i]);
+        if (t->op == FE_OP_VIEW) {
+            kb_str_add(b, ", [");
+            for (int i = 1; i < t->n_dims; i++) kb_str_addf(b, "%s%zu", i > 1 ? ", " : "", t->nb[i]);
+            kb_str_addf(b, "], %zu", t->op_offs);
         }
-        break;
+        kb_str_add(b, ")");
+        return NULL;
+    }
+    bool keyed = false, first = true;
+    for (int i = 0; i < sig->n; i++) {
+        const fe_param *q = &sig->p[i];
+        if (q->kind == FE_P_TENSOR && q->optional) keyed = true;
+        if (q->kind == FE_P_TENSOR && !t->src[q->slot]) continue;
+        kb_str_add(b, first ? "" : ", ");
+        first = false;
+        if (keyed) kb_str_addf(b, "%s=", q->name);
+        add_param(b, t, q);
     }
     kb_str_add(b, ")");
     return NULL;

@@ -2,6 +2,7 @@
  * return NULL; a NULL operand makes a builder return NULL silently (the error is already
  * recorded), so a caller checks once after building. */
 #include "frontend.h"
+#include "infer.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -9,7 +10,7 @@
 #include <string.h>
 
 const fe_op_info fe_ops[FE_OP_COUNT] = {
-#define FE_X(id, name, kind, nsrc, nfp, tol) {name, kind, nsrc, nfp, tol},
+#define FE_X(id, name, kind, nsrc, sig, fam, types, tol) {name, kind, nsrc, sig, fam, types, tol},
     FE_OPS(FE_X)
 #undef FE_X
 };
@@ -411,6 +412,11 @@ static kiln_tensor *binary(kiln_ctx *ctx, fe_op op, kiln_tensor *a, kiln_tensor 
                  shape_str(a, sa, sizeof sa));
         return NULL;
     }
+    if (op == FE_OP_ADD1 && fe_nelements(b) != 1) {
+        fe_failf(ctx, KILN_ERR_SHAPE, "add1: '%s' (%s) must be a scalar (one element)", b->name,
+                 shape_str(b, sb, sizeof sb));
+        return NULL;
+    }
     kiln_tensor *t = new_node(ctx, op, a->type, a->ne);
     if (!t) return NULL;
     t->src[0] = a;
@@ -424,6 +430,7 @@ kiln_tensor *kiln_add(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b) { return bi
 kiln_tensor *kiln_sub(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b) { return binary(ctx, FE_OP_SUB, a, b); }
 kiln_tensor *kiln_mul(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b) { return binary(ctx, FE_OP_MUL, a, b); }
 kiln_tensor *kiln_div(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b) { return binary(ctx, FE_OP_DIV, a, b); }
+kiln_tensor *kiln_add1(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b) { return binary(ctx, FE_OP_ADD1, a, b); }
 
 kiln_tensor *kiln_scale(kiln_ctx *ctx, kiln_tensor *a, float s, float b) {
     kiln_tensor *t = unary(ctx, FE_OP_SCALE, a);
@@ -471,19 +478,90 @@ kiln_tensor *kiln_clamp(kiln_ctx *ctx, kiln_tensor *a, float min, float max) {
     return t;
 }
 
+/* ---- generic building (the parser's path) ------------------------------------------------ */
+
+/* An op with its own shape rule: checks and infers through fe_infer_of, then stores every
+ * parameter in signature order. */
+static kiln_tensor *build_inferred(kiln_ctx *ctx, fe_op op, const fe_args *a) {
+    fe_infer_fn infer = fe_infer_of(op);
+    if (!infer) {
+        fe_failf(ctx, KILN_ERR_INVALID, "%s: not implemented", fe_ops[op].name);
+        return NULL;
+    }
+    const fe_sig *sig = fe_op_sig(op);
+    for (int i = 0; i < sig->n; i++) {
+        const fe_param *p = &sig->p[i];
+        if (p->kind == FE_P_TENSOR && !p->optional && !a->t[p->slot]) return NULL; /* error recorded */
+    }
+    kiln_type type = KILN_F32;
+    int64_t   ne[4] = {1, 1, 1, 1};
+    int       n_dims = 1;
+    if (!infer(ctx, a, &type, ne, &n_dims)) return NULL;
+    if (!ctx->err) {
+        int64_t total = 1;
+        for (int d = 0; d < 4; d++) {
+            if (ne[d] < 1 || ne[d] > ((int64_t)1 << 48) / total) {
+                fe_failf(ctx, KILN_ERR_SHAPE, "%s: result dim %d is %lld (out of range)",
+                         fe_ops[op].name, d, (long long)ne[d]);
+                return NULL;
+            }
+            total *= ne[d];
+        }
+    }
+    if (ctx->err) return NULL;
+    kiln_tensor *t = new_node(ctx, op, type, ne);
+    if (!t) return NULL;
+    for (int i = 0; i < FE_MAX_SRC; i++) t->src[i] = a->t[i];
+    memcpy(t->ip, a->ip, sizeof t->ip);
+    memcpy(t->fp, a->fp, sizeof t->fp);
+    t->n_dims = n_dims < 1 ? 1 : n_dims > 4 ? 4 : n_dims;
+    return t;
+}
+
+kiln_tensor *fe_build(kiln_ctx *ctx, fe_op op, const fe_args *a) {
+    if (!ctx || ctx->err || !a || (unsigned)op >= FE_OP_COUNT) return NULL;
+    kiln_tensor *t = NULL;
+    switch (fe_ops[op].kind) {
+    case FE_LEAF: fe_failf(ctx, KILN_ERR_INVALID, "leaf: not an op"); return NULL;
+    case FE_VIEW:
+        switch (op) {
+        case FE_OP_RESHAPE: return kiln_reshape(ctx, a->t[0], a->nlist[0], a->list[0]);
+        case FE_OP_VIEW: {
+            size_t nb[KILN_MAX_DIMS] = {0};
+            for (int i = 0; i < a->nlist[1] && i < KILN_MAX_DIMS; i++) nb[i] = (size_t)a->list[1][i];
+            return kiln_view(ctx, a->t[0], a->nlist[0], a->list[0], nb, (size_t)a->iw[0]);
+        }
+        case FE_OP_PERMUTE: return kiln_permute(ctx, a->t[0], a->ip[0], a->ip[1], a->ip[2], a->ip[3]);
+        default: return kiln_transpose(ctx, a->t[0]);
+        }
+    case FE_UNARY:
+        t = unary(ctx, op, a->t[0]);
+        if (t) memcpy(t->fp, a->fp, sizeof t->fp);
+        return t;
+    case FE_BINARY: return binary(ctx, op, a->t[0], a->t[1]);
+    case FE_GLU:
+    case FE_COPY:
+    case FE_KERNEL: return build_inferred(ctx, op, a);
+    }
+    return NULL;
+}
+
 /* ---- op listing --------------------------------------------------------------------------- */
 
 kiln_status kiln_describe_ops(char **text) {
-    static const char *kinds[] = {"leaf", "view", "unary", "binary"};
+    static const char *kinds[] = {"leaf", "view", "unary", "binary", "glu", "copy", "kernel"};
     if (!text) return kb_error(KILN_ERR_INVALID, "kiln_describe_ops: text is NULL");
     kb_str o = {0};
     for (int i = 0; i < FE_OP_COUNT; i++) {
         const fe_op_info *op = &fe_ops[i];
         if (op->kind == FE_LEAF) continue;
-        /* Views only move strides and offsets, so they take every type. */
-        const char *types = op->kind == FE_VIEW ? "f32 f16 bf16 i32 i64" : "f32 f16 bf16";
-        kb_str_addf(&o, "%-12s %-7s %s\n", op->name, kinds[op->kind], types);
+        char usage[512];
+        fe_op_usage((fe_op)i, usage, sizeof usage);
+        kb_str_addf(&o, "%-14s %-7s %-21s %s\n", op->name, kinds[op->kind], op->types, usage);
     }
     *text = kb_str_take(&o);
     return *text ? NULL : kb_oom();
 }
+
+const char *fe_shape_str(const kiln_tensor *t, char *buf, size_t len) { return shape_str(t, buf, len); }
+bool        fe_is_float(kiln_type t) { return is_float(t); }

@@ -25,6 +25,7 @@
 #ifndef KILN_H
 #define KILN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -146,6 +147,86 @@ kiln_tensor *kiln_softplus(kiln_ctx *ctx, kiln_tensor *a); /* x > 20 ? x : log(1
 kiln_tensor *kiln_leaky_relu(kiln_ctx *ctx, kiln_tensor *a, float negative_slope);
 /* max(min(x, max), min), as ggml_clamp */
 kiln_tensor *kiln_clamp(kiln_ctx *ctx, kiln_tensor *a, float min, float max);
+
+/* a + b where b has one element (ggml_add1). */
+kiln_tensor *kiln_add1(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b);
+
+/* Gated linear units, as ggml_glu / ggml_glu_split. With b NULL, a's ne0 is even and its first
+ * half is the activation input x, its second half the gate g (exchanged when swapped); with b,
+ * x = a and g = b (same shape; swapped must be false). The result is act(x) * g, of a's type,
+ * ne0 halved in the one-tensor form. swiglu_oai (gpt-oss): x' = min(x, limit),
+ * g' = clamp(g, -limit, limit), out = x' * sigmoid(alpha x') * (g' + 1). */
+kiln_tensor *kiln_reglu(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b, bool swapped);
+kiln_tensor *kiln_geglu(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b, bool swapped);
+kiln_tensor *kiln_swiglu(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b, bool swapped);
+kiln_tensor *kiln_geglu_erf(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b, bool swapped);
+kiln_tensor *kiln_geglu_quick(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b, bool swapped);
+kiln_tensor *kiln_swiglu_oai(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b, bool swapped,
+                             float alpha, float limit);
+
+/* Copies. cpy: a's values in b's shape and type (same element count; b's data is not read).
+ * dup: a contiguous copy. cast: a contiguous copy converted to `type`. repeat: a tiled to b's
+ * shape (each dim of a divides b's). */
+kiln_tensor *kiln_cpy(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_dup(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_cast(kiln_ctx *ctx, kiln_tensor *a, kiln_type type);
+kiln_tensor *kiln_repeat(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b);
+
+/* Data movement, as ggml. get_rows: rows ids[i] of a -> [a.ne0, ids.ne0, ids.ne1, ids.ne2] (f32).
+ * set_rows: a copy of a with rows ids[i] replaced by the rows of b (converted to a's type).
+ * concat: a and b joined along dim. pad: zeros appended (pad) or on both sides (pad_ext).
+ * add_id: a[:, i, t] + b[:, ids[i, t]] (mixture-of-experts biases). */
+kiln_tensor *kiln_get_rows(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *ids);
+kiln_tensor *kiln_set_rows(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b, kiln_tensor *ids);
+kiln_tensor *kiln_concat(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b, int dim);
+kiln_tensor *kiln_pad(kiln_ctx *ctx, kiln_tensor *a, int p0, int p1, int p2, int p3);
+kiln_tensor *kiln_pad_ext(kiln_ctx *ctx, kiln_tensor *a, int lp0, int rp0, int lp1, int rp1,
+                          int lp2, int rp2, int lp3, int rp3);
+kiln_tensor *kiln_add_id(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b, kiln_tensor *ids);
+
+/* Normalization over rows (dim 0), as ggml; group_norm over groups of ne2. */
+kiln_tensor *kiln_norm(kiln_ctx *ctx, kiln_tensor *a, float eps);
+kiln_tensor *kiln_rms_norm(kiln_ctx *ctx, kiln_tensor *a, float eps);
+kiln_tensor *kiln_l2_norm(kiln_ctx *ctx, kiln_tensor *a, float eps);
+kiln_tensor *kiln_group_norm(kiln_ctx *ctx, kiln_tensor *a, int n_groups, float eps);
+
+/* soft_max(a * scale + mask * slope) over rows, as ggml_soft_max_ext; mask (f16 or f32) and
+ * sinks (f32, one per head) may be NULL; max_bias > 0 enables ALiBi slopes. */
+kiln_tensor *kiln_soft_max(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_soft_max_ext(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *mask, float scale,
+                               float max_bias, kiln_tensor *sinks);
+
+/* Rotary embeddings, as ggml_rope_ext / ggml_rope_multi. pos: i32 positions (4 per token for
+ * mrope/vision); freq_factors may be NULL. */
+#define KILN_ROPE_NORMAL 0
+#define KILN_ROPE_NEOX 2
+#define KILN_ROPE_MROPE 8
+#define KILN_ROPE_VISION 24
+kiln_tensor *kiln_rope_ext(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *pos, kiln_tensor *freq_factors,
+                           int n_dims, int mode, int n_ctx_orig, float freq_base, float freq_scale,
+                           float ext_factor, float attn_factor, float beta_fast, float beta_slow);
+kiln_tensor *kiln_rope_multi(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *pos, kiln_tensor *freq_factors,
+                             int n_dims, const int sections[4], int mode, int n_ctx_orig,
+                             float freq_base, float freq_scale, float ext_factor, float attn_factor,
+                             float beta_fast, float beta_slow);
+
+/* Reductions and selection, as ggml. argmax, argsort, argsort_top_k and top_k give i32. */
+typedef enum { KILN_SORT_ASC, KILN_SORT_DESC } kiln_sort_order;
+kiln_tensor *kiln_sum(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_sum_rows(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_mean(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_argmax(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_cumsum(kiln_ctx *ctx, kiln_tensor *a);
+kiln_tensor *kiln_argsort(kiln_ctx *ctx, kiln_tensor *a, kiln_sort_order order);
+kiln_tensor *kiln_argsort_top_k(kiln_ctx *ctx, kiln_tensor *a, int k);
+kiln_tensor *kiln_top_k(kiln_ctx *ctx, kiln_tensor *a, int k);
+
+/* Constructors and masks, as ggml. */
+typedef enum { KILN_TRI_UPPER_DIAG, KILN_TRI_UPPER, KILN_TRI_LOWER_DIAG, KILN_TRI_LOWER } kiln_tri_type;
+kiln_tensor *kiln_arange(kiln_ctx *ctx, float start, float stop, float step);
+kiln_tensor *kiln_fill(kiln_ctx *ctx, kiln_tensor *a, float c);
+kiln_tensor *kiln_diag_mask_inf(kiln_ctx *ctx, kiln_tensor *a, int n_past);
+kiln_tensor *kiln_tri(kiln_ctx *ctx, kiln_tensor *a, kiln_tri_type type);
 
 /* Every supported op, one per line: name, kind, accepted types, .kg usage. Caller frees. */
 kiln_status kiln_describe_ops(char **text);

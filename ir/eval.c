@@ -47,14 +47,45 @@ float ir_apply(const ir_instr *in, float a, float b) {
     case FE_OP_SOFTPLUS: return a > 20.0f ? a : logf(1.0f + expf(a));
     /* ggml_clamp: MAX(MIN(x, max), min) */
     case FE_OP_CLAMP: return fmaxf(fminf(a, in->f[1]), in->f[0]);
+    case FE_OP_ADD1: return a + b;
+    case FE_OP_REGLU: return (a > 0.0f ? a : 0.0f) * b;
+    case FE_OP_GEGLU: return 0.5f * a * (1.0f + tanhf(0.79788456080286535587989211986876f * a * (1.0f + 0.044715f * a * a))) * b;
+    case FE_OP_SWIGLU: return a / (1.0f + expf(-a)) * b;
+    case FE_OP_GEGLU_ERF: return 0.5f * a * (1.0f + erff(a * 0.70710678118654752440f)) * b;
+    case FE_OP_GEGLU_QUICK: return a * (1.0f / (1.0f + expf(-1.702f * a))) * b;
+    case FE_OP_SWIGLU_OAI: {
+        /* ggml-cpu: x = min(x, limit), g = clamp(g, -limit, limit), silu_alpha(x) * (g + 1) */
+        float x = fminf(a, in->f[1]), g = fminf(fmaxf(b, -in->f[1]), in->f[1]);
+        return x / (1.0f + expf(in->f[0] * -x)) * (g + 1.0f);
+    }
     default: return NAN;
     }
 }
 
-static int64_t offset_at(const ir_ref *r, const int64_t c[4]) {
+int64_t ir_offset_at(const ir_ref *r, const int64_t c[4]) {
     int64_t o = r->offs;
     for (int d = 0; d < 4; d++) o += (c[d] % r->ne[d]) * r->st[d];
     return o;
+}
+
+const ir_ref *ir_operand(const ir_node *n, int slot) {
+    if (slot < 0 || slot >= FE_MAX_SRC || n->opd[slot] < 0) return NULL;
+    return &n->in[n->opd[slot]];
+}
+
+static const struct {
+    const char *fam;
+    ir_ref_fn   fn;
+} ref_fns[] = {
+    {"rows", ir_ref_rows},     {"norm", ir_ref_norm}, {"softmax", ir_ref_softmax}, {"rope", ir_ref_rope},
+    {"reduce", ir_ref_reduce}, {"sort", ir_ref_sort}, {"fill", ir_ref_fill},
+};
+
+static kiln_status eval_op(const ir_prog *p, int i, void **data) {
+    const ir_node *n = &p->nodes[i];
+    for (size_t k = 0; k < sizeof ref_fns / sizeof ref_fns[0]; k++)
+        if (strcmp(ref_fns[k].fam, fe_ops[n->op].fam) == 0) return ref_fns[k].fn(p, n, data);
+    return kb_error(KILN_ERR_INVALID, "reference: node %d: no reference for op %s", i, fe_ops[n->op].name);
 }
 
 static void eval_ew(const ir_node *n, void **data) {
@@ -66,13 +97,13 @@ static void eval_ew(const ir_node *n, void **data) {
             for (c[1] = 0; c[1] < ne[1]; c[1]++)
                 for (c[0] = 0; c[0] < ne[0]; c[0]++) {
                     for (int k = 0; k < n->nin; k++)
-                        reg[k] = kb_load_f32(data[n->in[k].buf], n->in[k].type, offset_at(&n->in[k], c));
+                        reg[k] = kb_load_f32(data[n->in[k].buf], n->in[k].type, ir_offset_at(&n->in[k], c));
                     for (int i = 0; i < n->ninstr; i++) {
                         const ir_instr *in = &n->ins[i];
                         float b = fe_ops[in->op].nsrc > 1 ? reg[in->b] : 0.0f;
                         reg[n->nin + i] = round_to(ir_apply(in, reg[in->a], b), in->type);
                     }
-                    kb_store_f32(data[n->dst.buf], n->dst.type, offset_at(&n->dst, c),
+                    kb_store_f32(data[n->dst.buf], n->dst.type, ir_offset_at(&n->dst, c),
                                  reg[n->nin + n->ninstr - 1]);
                 }
 }
@@ -83,6 +114,11 @@ kiln_status ir_eval(const ir_prog *p, void **data) {
         if (n->dead) continue;
         switch (n->kind) {
         case IR_EW: eval_ew(n, data); break;
+        case IR_OP: {
+            kiln_status st = eval_op(p, i, data);
+            if (st) return st;
+            break;
+        }
         default: return kb_error(KILN_ERR_INVALID, "reference: node %d has an unknown kind", i);
         }
     }

@@ -47,7 +47,10 @@ typedef struct {
     kiln_type type;
 } ir_instr;
 
-typedef enum { IR_EW } ir_kind;
+/* IR_EW: an elementwise kernel (instructions over operands read at the output coordinate).
+ * IR_OP: one graph op of kind FE_KERNEL, instantiated from the template of its family
+ * (fe_ops[op].fam) and evaluated by the reference function of that family (ir/ref_FAM.c). */
+typedef enum { IR_EW, IR_OP } ir_kind;
 
 typedef struct {
     ir_kind  kind;
@@ -57,6 +60,12 @@ typedef struct {
     ir_ref   in[IR_MAX_IN];
     int      ninstr;
     ir_instr ins[IR_MAX_INSTR];
+    /* IR_OP only: the op, its parameters as the graph tensor holds them (signature order), and
+     * for each tensor parameter slot the index of its operand in in[], or -1 when absent. */
+    fe_op    op;
+    int32_t  ip[FE_MAX_IP];
+    float    fp[FE_MAX_FP];
+    int      opd[FE_MAX_SRC];
     int      nsrc;             /* graph nodes this kernel implements (tensor ids), in order */
     int      src[IR_MAX_INSTR];
     const char *fusion;        /* NULL, or the name of the pass that fused it */
@@ -92,5 +101,22 @@ const char *ir_node_name(const ir_prog *p, int tensor_id);
 kiln_status ir_eval(const ir_prog *p, void **data);
 /* Scalar semantics of one elementwise op in f32 (also the reference of the generated code). */
 float ir_apply(const ir_instr *in, float a, float b);
+
+/* The CPU reference of IR_OP nodes, one function per family (ir/ref_FAM.c), dispatched on
+ * fe_ops[n->op].fam. Each reads n's operands from data[n->in[k].buf] through their layouts and
+ * writes n->dst; it may assume the node passed ir_verify and the frontend's shape rules. */
+typedef kiln_status (*ir_ref_fn)(const ir_prog *p, const ir_node *n, void **data);
+kiln_status ir_ref_rows(const ir_prog *p, const ir_node *n, void **data);
+kiln_status ir_ref_norm(const ir_prog *p, const ir_node *n, void **data);
+kiln_status ir_ref_softmax(const ir_prog *p, const ir_node *n, void **data);
+kiln_status ir_ref_rope(const ir_prog *p, const ir_node *n, void **data);
+kiln_status ir_ref_reduce(const ir_prog *p, const ir_node *n, void **data);
+kiln_status ir_ref_sort(const ir_prog *p, const ir_node *n, void **data);
+kiln_status ir_ref_fill(const ir_prog *p, const ir_node *n, void **data);
+
+/* Element offset of r at coordinates c (each taken modulo r's extent: broadcasting). */
+int64_t ir_offset_at(const ir_ref *r, const int64_t c[4]);
+/* The operand of tensor slot `slot` of an IR_OP node, or NULL when absent. */
+const ir_ref *ir_operand(const ir_node *n, int slot);
 
 #endif

@@ -49,6 +49,120 @@ static kiln_status lower_compute(ir_prog *p, const kiln_tensor *t, int dst, cons
     return NULL;
 }
 
+/* The result buffer of computed tensor t: an output's own, or a temporary. */
+static int result_buf(ir_prog *p, const kiln_tensor *t, int *buf_of) {
+    ir_buf_kind k = t->role == KILN_ROLE_OUTPUT ? IR_BUF_OUTPUT : IR_BUF_TEMP;
+    buf_of[t->id] = ir_add_buf(p, k, t->type, t->ne, t->name);
+    return buf_of[t->id];
+}
+
+/* An elementwise node of one instruction `op` over operand refs x (and g when op is binary or
+ * gated), writing dst. */
+static kiln_status ew_node(ir_prog *p, const kiln_tensor *t, int dst, fe_op op, const ir_ref *x,
+                           const ir_ref *g) {
+    ir_node *n = ir_add_node(p);
+    if (!n) return kb_oom();
+    n->kind = IR_EW;
+    n->dst = ir_natural_ref(p, dst);
+    ir_instr *in = &n->ins[n->ninstr++];
+    in->op = op;
+    in->a = add_input(n, x);
+    in->b = g ? add_input(n, g) : 0;
+    in->type = t->type;
+    n->src[n->nsrc++] = t->id;
+    return NULL;
+}
+
+/* The GLU parameters an instruction needs: swiglu_oai's alpha and limit. */
+static void glu_params(ir_prog *p, const kiln_tensor *t) {
+    ir_node *n = &p->nodes[p->nnodes - 1];
+    n->ins[0].f[0] = t->fp[0];
+    n->ins[0].f[1] = t->fp[1];
+}
+
+/* Gated units: x and g are two operands of one instruction; in the one-tensor form they are the
+ * two halves of a along dim 0 (exchanged when swapped). */
+static kiln_status lower_glu(ir_prog *p, const kiln_tensor *t, int *buf_of) {
+    int dst = result_buf(p, t, buf_of);
+    if (dst < 0) return kb_oom();
+    ir_ref x = ref_of(t->src[0], buf_of), g;
+    if (t->src[1]) g = ref_of(t->src[1], buf_of);
+    else {
+        int64_t half = t->ne[0];
+        x.ne[0] = half;
+        g = x;
+        if (t->ip[0]) x.offs += half * x.st[0];
+        else g.offs += half * g.st[0];
+    }
+    kiln_status st = ew_node(p, t, dst, t->op, &x, &g);
+    if (!st) glu_params(p, t);
+    return st;
+}
+
+static bool ref_contiguous(const ir_ref *r) {
+    int64_t s = 1;
+    for (int d = 0; d < 4; d++) {
+        if (r->ne[d] != 1 && r->st[d] != s) return false;
+        s *= r->ne[d];
+    }
+    return true;
+}
+
+/* Copies: identity instructions (CONT) whose result rounds to the destination type. cpy into
+ * another shape reads a in its linear order: directly when a is contiguous, else through a
+ * contiguous temporary. */
+static kiln_status lower_copy(ir_prog *p, const kiln_tensor *t, int *buf_of) {
+    const kiln_tensor *a = t->src[0];
+    ir_ref             x = ref_of(a, buf_of);
+    bool               reshaped = false;
+    for (int d = 0; d < 4; d++) reshaped |= t->op == FE_OP_CPY && a->ne[d] != t->ne[d];
+    if (reshaped && !ref_contiguous(&x)) {
+        int tmp = ir_add_buf(p, IR_BUF_TEMP, a->type, a->ne, t->name);
+        if (tmp < 0) return kb_oom();
+        ir_node *n = ir_add_node(p);
+        if (!n) return kb_oom();
+        n->kind = IR_EW;
+        n->dst = ir_natural_ref(p, tmp);
+        n->in[n->nin++] = x;
+        n->ins[n->ninstr++] = (ir_instr){.op = FE_OP_CONT, .a = 0, .type = a->type};
+        n->src[n->nsrc++] = t->id;
+        x = ir_natural_ref(p, tmp);
+    }
+    if (reshaped) {
+        int64_t s = 1;
+        for (int d = 0; d < 4; d++) {
+            x.ne[d] = t->ne[d];
+            x.st[d] = s;
+            s *= t->ne[d];
+        }
+    }
+    int dst = result_buf(p, t, buf_of);
+    if (dst < 0) return kb_oom();
+    return ew_node(p, t, dst, FE_OP_CONT, &x, NULL);
+}
+
+/* Any other op: one IR_OP node over its present tensor operands. */
+static kiln_status lower_kernel(ir_prog *p, const kiln_tensor *t, int *buf_of) {
+    int dst = result_buf(p, t, buf_of);
+    if (dst < 0) return kb_oom();
+    ir_node *n = ir_add_node(p);
+    if (!n) return kb_oom();
+    n->kind = IR_OP;
+    n->op = t->op;
+    n->dst = ir_natural_ref(p, dst);
+    memcpy(n->ip, t->ip, sizeof n->ip);
+    memcpy(n->fp, t->fp, sizeof n->fp);
+    for (int s = 0; s < FE_MAX_SRC; s++) {
+        n->opd[s] = -1;
+        if (s < fe_ops[t->op].nsrc && t->src[s]) {
+            ir_ref r = ref_of(t->src[s], buf_of);
+            n->opd[s] = add_input(n, &r);
+        }
+    }
+    n->src[n->nsrc++] = t->id;
+    return NULL;
+}
+
 /* A view that is a graph output: copy it into its own contiguous buffer. */
 static kiln_status lower_view_output(ir_prog *p, const kiln_tensor *t, int *buf_of) {
     int dst = ir_add_buf(p, IR_BUF_OUTPUT, t->type, t->ne, t->name);
@@ -75,6 +189,9 @@ static kiln_status lower_tensor(ir_prog *p, const kiln_tensor *t, int *buf_of) {
     }
     case FE_VIEW:
         return t->role == KILN_ROLE_OUTPUT ? lower_view_output(p, t, buf_of) : NULL;
+    case FE_GLU: return lower_glu(p, t, buf_of);
+    case FE_COPY: return lower_copy(p, t, buf_of);
+    case FE_KERNEL: return lower_kernel(p, t, buf_of);
     case FE_UNARY:
     case FE_BINARY: {
         ir_buf_kind k = t->role == KILN_ROLE_OUTPUT ? IR_BUF_OUTPUT : IR_BUF_TEMP;

@@ -29,15 +29,55 @@ static void print_reg(kb_str *o, const ir_node *n, int r) {
     else kb_str_addf(o, "r%d", r - n->nin);
 }
 
+/* IR_OP: the operands by parameter name, then the scalar parameters. */
+static void print_op(kb_str *o, const ir_prog *p, const ir_node *n) {
+    const fe_sig *sig = fe_op_sig(n->op);
+    for (int i = 0; i < sig->n; i++) {
+        const fe_param *q = &sig->p[i];
+        if (q->kind != FE_P_TENSOR || !ir_operand(n, q->slot)) continue;
+        kb_str_addf(o, "    in%d %s ", n->opd[q->slot], q->name);
+        print_ref(o, p, ir_operand(n, q->slot));
+        kb_str_add(o, "\n");
+    }
+    bool any = false;
+    for (int i = 0; i < sig->n; i++) {
+        const fe_param *q = &sig->p[i];
+        if (q->kind == FE_P_TENSOR || q->kind == FE_P_LIST) continue;
+        kb_str_addf(o, "%s%s=", any ? ", " : "    params ", q->name);
+        any = true;
+        char s[32];
+        switch (q->kind) {
+        case FE_P_FLOAT: kb_format_float(n->fp[q->slot], s); kb_str_add(o, s); break;
+        case FE_P_BOOL: kb_str_add(o, n->ip[q->slot] ? "true" : "false"); break;
+        case FE_P_TYPE: kb_str_add(o, kiln_type_name((kiln_type)n->ip[q->slot])); break;
+        case FE_P_ENUM:
+            if (n->ip[q->slot] >= 0 && n->ip[q->slot] < q->nenum) kb_str_add(o, q->enums[n->ip[q->slot]]);
+            else kb_str_addf(o, "%d", (int)n->ip[q->slot]);
+            break;
+        case FE_P_INT4:
+            kb_str_addf(o, "[%d, %d, %d, %d]", (int)n->ip[q->slot], (int)n->ip[q->slot + 1],
+                        (int)n->ip[q->slot + 2], (int)n->ip[q->slot + 3]);
+            break;
+        default: kb_str_addf(o, "%d", (int)n->ip[q->slot]); break;
+        }
+    }
+    if (any) kb_str_add(o, "\n");
+}
+
 static void print_node(kb_str *o, const ir_prog *p, int idx, int k) {
     const ir_node *n = &p->nodes[idx];
-    kb_str_addf(o, "k%d ew", k);
+    if (n->kind == IR_OP) kb_str_addf(o, "k%d %s", k, fe_ops[n->op].name);
+    else kb_str_addf(o, "k%d ew", k);
     if (n->fusion) kb_str_addf(o, " fused %s", n->fusion);
     kb_str_add(o, " nodes:");
     for (int i = 0; i < n->nsrc; i++) kb_str_addf(o, "%s%s", i ? ", " : " ", ir_node_name(p, n->src[i]));
     kb_str_add(o, "\n    dst ");
     print_ref(o, p, &n->dst);
     kb_str_add(o, "\n");
+    if (n->kind == IR_OP) {
+        print_op(o, p, n);
+        return;
+    }
     for (int i = 0; i < n->nin; i++) {
         kb_str_addf(o, "    in%d ", i);
         print_ref(o, p, &n->in[i]);
@@ -51,7 +91,7 @@ static void print_node(kb_str *o, const ir_prog *p, int idx, int k) {
             kb_str_add(o, ", ");
             print_reg(o, n, in->b);
         }
-        for (int f = 0; f < fe_ops[in->op].nfp; f++) {
+        for (int f = 0; f < fe_op_sig(in->op)->nfloat; f++) {
             char s[32];
             kb_format_float(in->f[f], s);
             kb_str_addf(o, ", %s", s);

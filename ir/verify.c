@@ -35,8 +35,15 @@ static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
     if (dk == IR_BUF_INPUT || dk == IR_BUF_WEIGHT)
         return kb_error(KILN_ERR_INVALID, "IR node %d writes %s '%s'", i,
                         dk == IR_BUF_INPUT ? "input" : "weight", p->bufs[n->dst.buf].name);
-    if (n->nin < 0 || n->nin > IR_MAX_IN || n->ninstr < 1 || n->ninstr > IR_MAX_INSTR)
+    bool ew = n->kind == IR_EW;
+    if (!ew && (n->kind != IR_OP || (unsigned)n->op >= FE_OP_COUNT || fe_ops[n->op].kind != FE_KERNEL))
+        return kb_error(KILN_ERR_INVALID, "IR node %d: bad kind or op", i);
+    if (n->nin < 0 || n->nin > IR_MAX_IN || (ew && (n->ninstr < 1 || n->ninstr > IR_MAX_INSTR)))
         return kb_error(KILN_ERR_INVALID, "IR node %d: %d operands, %d instructions", i, n->nin, n->ninstr);
+    for (int s = 0; !ew && s < FE_MAX_SRC; s++)
+        if (n->opd[s] < -1 || n->opd[s] >= n->nin)
+            return kb_error(KILN_ERR_INVALID, "IR node %d: operand slot %d refers to operand %d of %d", i, s,
+                            n->opd[s], n->nin);
     for (int k = 0; k < n->nin; k++) {
         if ((st = check_ref(p, i, "operand", &n->in[k]))) return st;
         int b = n->in[k].buf;
@@ -45,11 +52,11 @@ static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
         ir_buf_kind bk = p->bufs[b].kind;
         if (bk != IR_BUF_INPUT && bk != IR_BUF_WEIGHT && !written[b])
             return kb_error(KILN_ERR_INVALID, "IR node %d reads '%s' before any node writes it", i, p->bufs[b].name);
-        for (int d = 0; d < 4; d++)
+        for (int d = 0; ew && d < 4; d++)
             if (n->dst.ne[d] % n->in[k].ne[d] != 0)
                 return kb_error(KILN_ERR_INVALID, "IR node %d: operand %d does not broadcast in dim %d", i, k, d);
     }
-    for (int j = 0; j < n->ninstr; j++) {
+    for (int j = 0; ew && j < n->ninstr; j++) {
         const ir_instr *in = &n->ins[j];
         int limit = n->nin + j;
         if ((unsigned)in->op >= FE_OP_COUNT || in->a < 0 || in->a >= limit ||

@@ -59,4 +59,22 @@ M.softplus = unary(function(a) return a .. " > 20.0f ? " .. a .. " : logf(1.0f +
 -- ggml_clamp: max(min(x, max), min)
 M.clamp = unary(function(a, _, f) return "fmaxf(fminf(" .. a .. ", " .. f[2] .. "), " .. f[1] .. ")" end)
 
+-- ggml_add1: a + the scalar b (broadcast like any operand)
+M.add1 = binary(function(a, b) return a .. " + " .. b end)
+
+-- Gated units: act(x) * g with x = a, g = b (the lowering picks the halves). The activations
+-- are the unary ones above, inlined so a fused chain keeps one rounding per graph value.
+local function gated(act) return binary(function(a, b, f) return "(" .. act(a, f) .. ") * " .. b end) end
+M.reglu = gated(function(a) return M.relu.expr(a) end)
+M.geglu = gated(function(a) return M.gelu.expr(a) end)
+M.swiglu = gated(function(a) return M.silu.expr(a) end)
+M.geglu_erf = gated(function(a) return M.gelu_erf.expr(a) end)
+M.geglu_quick = gated(function(a) return M.gelu_quick.expr(a) end)
+-- gpt-oss: x = min(x, limit); g = clamp(g, -limit, limit); x / (1 + exp(-alpha x)) * (g + 1)
+M.swiglu_oai = binary(function(a, b, f)
+    local x = "fminf(" .. a .. ", " .. f[2] .. ")"
+    local g = "fminf(fmaxf(" .. b .. ", -" .. lit(f[2]) .. "), " .. f[2] .. ")"
+    return "(" .. x .. " / (1.0f + expf(" .. lit(f[1]) .. " * -" .. x .. "))) * (" .. g .. " + 1.0f)"
+end)
+
 return M

@@ -357,6 +357,13 @@ START_TEST(each_op) {
         {FE_OP_COS, "cosf(r0)"},
         {FE_OP_SOFTPLUS, "r0 > 20.0f ? r0 : logf(1.0f + expf(r0))"},
         {FE_OP_CLAMP, "fmaxf(fminf(r0, -2.0f), 0.5f)"},
+        {FE_OP_ADD1, "r0 + r1"},
+        {FE_OP_REGLU, "(r0 > 0.0f ? r0 : 0.0f) * r1"},
+        {FE_OP_GEGLU, "(0.5f * r0 * (1.0f + tanhf(0.7978845608f * r0 * (1.0f + 0.044715f * r0 * r0)))) * r1"},
+        {FE_OP_SWIGLU, "(r0 / (1.0f + expf(-r0))) * r1"},
+        {FE_OP_GEGLU_ERF, "(0.5f * r0 * (1.0f + erff(r0 * 0.70710678f))) * r1"},
+        {FE_OP_GEGLU_QUICK, "(r0 * (1.0f / (1.0f + expf(-1.702f * r0)))) * r1"},
+        {FE_OP_SWIGLU_OAI, "(fminf(r0, -2.0f) / (1.0f + expf(0.5f * -fminf(r0, -2.0f)))) * (fminf(fmaxf(r1, -(-2.0f)), -2.0f) + 1.0f)"},
     };
     int seen = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -380,7 +387,8 @@ START_TEST(each_op) {
     }
     /* every elementwise op of FE_OPS is covered */
     int ew = 0;
-    for (int op = 0; op < FE_OP_COUNT; op++) ew += fe_ops[op].kind == FE_UNARY || fe_ops[op].kind == FE_BINARY;
+    for (int op = 0; op < FE_OP_COUNT; op++)
+        ew += fe_ops[op].kind == FE_UNARY || fe_ops[op].kind == FE_BINARY || fe_ops[op].kind == FE_GLU;
     ck_assert_int_eq(seen, ew);
 }
 END_TEST
@@ -500,7 +508,7 @@ START_TEST(spread_compiles) {
         cg_kernel k;
         gen_compile(p, &k);
         ck_assert_int_lt(strlen(k.name), 64);
-        ck_assert_msg(strncmp(k.name, "ew_cont_add_sub_mul_div_scale", 29) == 0, "%s", k.name);
+        ck_assert_msg(strncmp(k.name, "ew_cont_add_sub_mul_div_add1_scale", 34) == 0, "%s", k.name);
         char suffix[16];
         snprintf(suffix, sizeof suffix, "_n%d", n);
         ck_assert_msg(has(k.name, suffix), "%s", k.name);

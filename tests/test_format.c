@@ -239,21 +239,59 @@ START_TEST(print_refuses_unspellable) {
 END_TEST
 
 /* Every op of the table except leaf has a spelling, and it builds that op. */
+/* Every op of FE_OPS, parsed from text and printed back canonically. */
 START_TEST(every_op_parses) {
+    static const struct {
+        fe_op       op;
+        const char *args;
+    } special[] = {
+        {FE_OP_RESHAPE, "a, [12]"},
+        {FE_OP_VIEW, "a, [2, 2], [16], 4"},
+        {FE_OP_PERMUTE, "a, 1, 0, 2, 3"},
+        {FE_OP_SCALE, "a, 1.5, -2"},
+        {FE_OP_LEAKY_RELU, "a, 0.01"},
+        {FE_OP_CLAMP, "a, -1, 1"},
+        {FE_OP_ADD1, "a, s"},
+        {FE_OP_REGLU, "a"},
+        {FE_OP_GEGLU, "a, swapped=true"},
+        {FE_OP_SWIGLU, "a, b=a"},
+        {FE_OP_GEGLU_ERF, "a, swapped=false"},
+        {FE_OP_GEGLU_QUICK, "a"},
+        {FE_OP_SWIGLU_OAI, "a, swapped=true, alpha=1.5, limit=6"},
+        {FE_OP_CPY, "a, h"},
+        {FE_OP_DUP, "a"},
+        {FE_OP_CAST, "a, bf16"},
+        {FE_OP_REPEAT, "b, a"},
+        {FE_OP_GET_ROWS, "a, i"},
+        {FE_OP_SET_ROWS, "a, r, i"},
+        {FE_OP_CONCAT, "a, a, 1"},
+        {FE_OP_PAD, "a, 1, 2, 0, 1"},
+        {FE_OP_ADD_ID, "a, e, j"},
+        {FE_OP_NORM, "a, 1e-05"},
+        {FE_OP_RMS_NORM, "a, 1e-06"},
+        {FE_OP_L2_NORM, "a, 1e-12"},
+        {FE_OP_GROUP_NORM, "a, 1, 1e-05"},
+        {FE_OP_SOFT_MAX_EXT, "a, mask=m, scale=0.5, max_bias=0, sinks=k"},
+        {FE_OP_ROPE_EXT, "a, p, n_dims=4, mode=2"},
+        {FE_OP_ARGSORT, "a, desc"},
+        {FE_OP_ARGSORT_TOP_K, "a, 2"},
+        {FE_OP_TOP_K, "a, 2"},
+        {FE_OP_ARANGE, "0, 10, 1"},
+        {FE_OP_FILL, "a, 2"},
+        {FE_OP_DIAG_MASK_INF, "q, 1"},
+        {FE_OP_TRI, "q, lower"},
+    };
     for (int op = 0; op < FE_OP_COUNT; op++) {
         if (op == FE_OP_LEAF) continue;
-        const char *args;
-        switch (op) {
-        case FE_OP_RESHAPE: args = "a, [12]"; break;
-        case FE_OP_VIEW: args = "a, [2, 2], [16], 4"; break;
-        case FE_OP_PERMUTE: args = "a, 1, 0, 2, 3"; break;
-        case FE_OP_SCALE: args = "a, 1.5, -2"; break;
-        case FE_OP_LEAKY_RELU: args = "a, 0.01"; break;
-        case FE_OP_CLAMP: args = "a, -1, 1"; break;
-        default: args = fe_ops[op].nsrc == 2 ? "a, b" : "a"; break;
-        }
-        char text[256];
-        snprintf(text, sizeof text, "input a: f32[4, 3]\ninput b: f32[4]\noutput y = %s(%s)\n",
+        const char *args = fe_ops[op].nsrc == 2 ? "a, b" : "a";
+        for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+            if ((int)special[i].op == op) args = special[i].args;
+        char text[512];
+        snprintf(text, sizeof text,
+                 "input a: f32[4, 3]\ninput b: f32[4]\ninput s: f32[1]\ninput h: f16[12]\n"
+                 "input i: i32[2]\ninput j: i32[3]\ninput r: f32[4, 2]\ninput e: f32[4, 5]\n"
+                 "input m: f16[4, 3]\ninput k: f32[3]\ninput p: i32[1]\ninput q: f32[3, 3]\n"
+                 "output y = %s(%s)\n",
                  fe_ops[op].name, args);
         kiln_ctx *ctx = ts_parse(text);
         kiln_tensor *y = fe_find(ctx, "y");
@@ -261,6 +299,57 @@ START_TEST(every_op_parses) {
         ck_assert_msg(y->op == (fe_op)op, "%s built op %d", fe_ops[op].name, (int)y->op);
         kiln_ctx_free(ctx);
         free(roundtrip(text, fe_ops[op].name));
+    }
+}
+END_TEST
+
+/* Every row of FE_OPS has a signature the printer and parser agree on: its tensor parameters
+ * are the op's nsrc, and the usage line names every parameter. */
+START_TEST(signatures_match_table) {
+    for (int op = 0; op < FE_OP_COUNT; op++) {
+        const fe_sig *sig = fe_op_sig((fe_op)op);
+        ck_assert_msg(sig->ntensor == fe_ops[op].nsrc, "%s: signature has %d tensors, table says %d",
+                      fe_ops[op].name, sig->ntensor, fe_ops[op].nsrc);
+        ck_assert_int_le(sig->nint, FE_MAX_IP);
+        ck_assert_int_le(sig->nfloat, FE_MAX_FP);
+        char usage[512];
+        fe_op_usage((fe_op)op, usage, sizeof usage);
+        for (int i = 0; i < sig->n; i++) {
+            ck_assert_msg(sig->p[i].name[0], "%s: parameter %d has no name", fe_ops[op].name, i);
+            ck_assert_msg(strstr(usage, sig->p[i].name), "%s: usage '%s' lacks %s", fe_ops[op].name, usage,
+                          sig->p[i].name);
+        }
+    }
+}
+END_TEST
+
+/* name=value arguments: any order after the positional ones, defaults filled in, and errors. */
+START_TEST(keyword_arguments) {
+    const char *text = "input a: f32[4, 3]\noutput y = scale(a, b=2, s=3)\n";
+    kiln_ctx *ctx = ts_parse(text);
+    kiln_tensor *y = fe_find(ctx, "y");
+    ck_assert_float_eq(y->fp[0], 3.0f);
+    ck_assert_float_eq(y->fp[1], 2.0f);
+    kiln_ctx_free(ctx);
+    static const struct {
+        const char *text, *want;
+    } bad[] = {
+        {"input a: f32[4]\ny = scale(a, q=2)\n", "scale has no parameter 'q'"},
+        {"input a: f32[4]\ny = scale(a, s=2, s=3)\n", "parameter 's' is given twice"},
+        {"input a: f32[4]\ny = scale(a, b=2)\n", "missing parameter 's'"},
+        {"input a: f32[4]\ny = scale(a, s=2, 3)\n", "positional argument after a name=value"},
+        {"input a: f32[4]\ny = argsort(a, sideways)\n", "must be one of the names"},
+        {"input a: f32[4]\ny = cast(a, f64)\n", "must be a type"},
+        {"input a: f32[4]\ny = swiglu(a, swapped=maybe)\n", "must be true or false"},
+        {"input a: f32[4]\ny = soft_max_ext(a, 0.5)\n", "name a tensor there"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kiln_ctx *c = kiln_ctx_new();
+        kiln_status st = kiln_parse(c, bad[i].text, strlen(bad[i].text), "k.kg");
+        ck_assert_msg(st && strstr(kiln_status_msg(st), bad[i].want), "case %zu: want '%s' in '%s'", i,
+                      bad[i].want, kiln_status_msg(st));
+        kiln_status_free(st);
+        kiln_ctx_free(c);
     }
 }
 END_TEST
@@ -304,7 +393,7 @@ static const struct {
     {PRE "a = neg(x, 2)\n", "test.kg:3:12: error: ", "no parameters"},
     {PRE "a = scale(x)\n", "test.kg:3:12: error: ", "wrong number of arguments to scale"},
     {PRE "a = scale(x, 1, 2, 3)\n", "test.kg:3:20: error: ", "wrong number of arguments"},
-    {PRE "a = permute(x, 1, 0)\n", "test.kg:3:20: error: ", "permute(t, ax0, ax1, ax2, ax3)"},
+    {PRE "a = permute(x, 1, 0)\n", "test.kg:3:20: error: ", "permute(a, ax0, ax1, ax2, ax3)"},
     {PRE "a = reshape(x, 12)\n", "test.kg:3:16: error: ", "must be a list"},
     {PRE "a = reshape(x, [12\n", "test.kg:3:19: error: ", "missing ']'"},
     {PRE "a = reshape(x, [12", "test.kg:3:19: error: ", "end of file"},
@@ -335,7 +424,8 @@ static const struct {
     {PRE "a = view(x, [4, 3], [], 0)\n", "test.kg:3:21: error: ", "takes 1 stride"},
     {PRE "a = view(x, [4, 3], [-16], 0)\n", "test.kg:3:21: error: ", "negative"},
     {PRE "a = view(x, [4, 3], [16], -4)\n", "test.kg:3:27: error: ", "negative"},
-    {PRE "a = neg(x, x, x, x, x, x, x, x, x)\n", "test.kg:3:33: error: ", "too many arguments"},
+    {PRE "a = neg(x, x, x, x, x, x, x, x, x)\n", "test.kg:3:12: error: ", "neg takes 1 operand, got 9"},
+    {PRE "a = neg(x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x)\n", "test.kg:3:57: error: ", "too many arguments"},
     {PRE "kiln-graph 1\n", "test.kg:3:1: error: ", "header must come before"},
     {"kiln-graph 2\n", "test.kg:1:12: error: ", "unsupported format version 2"},
     {"kiln-graph\n", "test.kg:1:11: error: ", "format version"},
@@ -517,6 +607,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, print_c_api_graph);
     tcase_add_test(tc, print_refuses_unspellable);
     tcase_add_test(tc, every_op_parses);
+    tcase_add_test(tc, signatures_match_table);
+    tcase_add_test(tc, keyword_arguments);
     tcase_add_test(tc, parse_into_nonempty_ctx);
     tcase_add_test(tc, parse_errors);
     tcase_add_test(tc, builder_errors_located);

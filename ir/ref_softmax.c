@@ -1,0 +1,8 @@
+/* CPU reference of the softmax family: soft_max, soft_max_ext. */
+#include "ir_internal.h"
+
+kiln_status ir_ref_softmax(const ir_prog *p, const ir_node *n, void **data) {
+    (void)p;
+    (void)data;
+    return kb_error(KILN_ERR_INVALID, "reference: %s is not implemented yet", fe_ops[n->op].name);
+}

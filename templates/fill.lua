@@ -1,0 +1,4 @@
+-- fill: the kernel template of the fill family (see docs/templates.md for the table k of IR_OP nodes).
+return function(k)
+    error("fill: template for " .. tostring(k.op) .. " is not implemented yet", 0)
+end

@@ -1,0 +1,4 @@
+-- reduce: the kernel template of the reduce family (see docs/templates.md for the table k of IR_OP nodes).
+return function(k)
+    error("reduce: template for " .. tostring(k.op) .. " is not implemented yet", 0)
+end

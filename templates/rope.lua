@@ -1,0 +1,4 @@
+-- rope: the kernel template of the rope family (see docs/templates.md for the table k of IR_OP nodes).
+return function(k)
+    error("rope: template for " .. tostring(k.op) .. " is not implemented yet", 0)
+end

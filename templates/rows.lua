@@ -1,0 +1,4 @@
+-- rows: the kernel template of the rows family (see docs/templates.md for the table k of IR_OP nodes).
+return function(k)
+    error("rows: template for " .. tostring(k.op) .. " is not implemented yet", 0)
+end

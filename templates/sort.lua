@@ -1,0 +1,4 @@
+-- sort: the kernel template of the sort family (see docs/templates.md for the table k of IR_OP nodes).
+return function(k)
+    error("sort: template for " .. tostring(k.op) .. " is not implemented yet", 0)
+end

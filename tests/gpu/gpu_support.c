@@ -1,0 +1,290 @@
+/* Shared by the GPU test programs; see gpu_support.h. */
+#include "tests/gpu/gpu_support.h"
+
+#include "runtime/runtime.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+char *g_cache_dir; /* shared by all tests (forked children inherit the path) */
+char  g_arch[24];
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+void need_gpu(void) {
+    kiln_status st = rt_driver_init();
+    ck_assert_msg(st == NULL,
+                  "the GPU tests need an NVIDIA GPU and driver, and this machine has none: %s",
+                  kiln_status_msg(st));
+    if (!g_arch[0]) {
+        char a[16];
+        TS_OK(rt_device_arch(0, a));
+        /* sm_90 devices get kiln's default, the arch-specific sm_90a. */
+        snprintf(g_arch, sizeof g_arch, "%s%s", a, strcmp(a, "sm_90") == 0 ? "a" : "");
+    }
+}
+
+
+uint64_t rng_next(rng_t *r) {
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+int   rng_int(rng_t *r, int lo, int hi) { return lo + (int)(rng_next(r) % (uint64_t)(hi - lo + 1)); }
+float rng_float(rng_t *r, float lo, float hi) {
+    return lo + (hi - lo) * (float)((rng_next(r) >> 40) * (1.0 / 16777216.0));
+}
+
+const kiln_type FLOAT_TYPES[3] = {KILN_F32, KILN_F16, KILN_BF16};
+
+/* Host data of the leaves (by name) and the reference's outputs. */
+
+
+
+void fill(void *p, kiln_type t, int64_t n, uint64_t seed, fill_kind k) {
+    kb_fill_random(p, t, n, seed);
+    if (k == FILL_ANY) return;
+    for (int64_t i = 0; i < n; i++) {
+        float v = kb_load_f32(p, t, i);
+        if (k == FILL_POSITIVE) v = fabsf(v);
+        else if (k == FILL_LOG_DOMAIN) v = fabsf(v) + 0.25f; /* log(0) is -inf: keep away */
+        else v = (v < 0 ? -0.5f : 0.5f) + v; /* [-1.5, -0.5) U [0.5, 1.5) */
+        kb_store_f32(p, t, i, v);
+    }
+}
+
+hdata *hset_add(hset *h, const char *name, kiln_type t, int64_t n) {
+    ck_assert_int_lt(h->nin, MAX_DATA);
+    hdata *d = &h->in[h->nin++];
+    memset(d, 0, sizeof *d);
+    snprintf(d->name, sizeof d->name, "%s", name);
+    d->type = t;
+    d->n = n;
+    d->data = malloc((size_t)(n ? n : 1) * kiln_type_size(t));
+    ck_assert_ptr_nonnull(d->data);
+    return d;
+}
+
+void hset_clear_out(hset *h) {
+    for (int i = 0; i < h->nout; i++) free(h->out[i].data);
+    h->nout = 0;
+}
+
+void hset_free(hset *h) {
+    for (int i = 0; i < h->nin; i++) free(h->in[i].data);
+    h->nin = 0;
+    hset_clear_out(h);
+}
+
+const void *ref_get(void *user, const char *name, kiln_type type, int64_t n) {
+    hset *h = user;
+    for (int i = 0; i < h->nin; i++) {
+        if (strcmp(h->in[i].name, name) != 0) continue;
+        ck_assert_msg(h->in[i].type == type && h->in[i].n == n,
+                      "reference asked for %s as %s x %lld, test has %s x %lld", name,
+                      kiln_type_name(type), (long long)n, kiln_type_name(h->in[i].type),
+                      (long long)h->in[i].n);
+        h->in[i].requested = true;
+        return h->in[i].data;
+    }
+    ck_abort_msg("reference asked for unknown leaf '%s'", name);
+    return NULL;
+}
+
+void ref_put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
+    hset *h = user;
+    ck_assert_int_lt(h->nout, MAX_DATA);
+    hdata *d = &h->out[h->nout++];
+    memset(d, 0, sizeof *d);
+    snprintf(d->name, sizeof d->name, "%s", name);
+    d->type = type;
+    d->n = n;
+    size_t bytes = (size_t)n * kiln_type_size(type);
+    d->data = malloc(bytes ? bytes : 1);
+    ck_assert_ptr_nonnull(d->data);
+    memcpy(d->data, data, bytes);
+}
+
+/* NMSE of out against ref; *bad_at is the first index where out is NaN (or -1). */
+double nmse(const void *out, const void *ref, kiln_type t, int64_t n, int64_t *bad_at,
+                   bool *ref_nonfinite) {
+    double num = 0, den = 0;
+    *bad_at = -1;
+    *ref_nonfinite = false;
+    for (int64_t i = 0; i < n; i++) {
+        double o = kb_load_f32(out, t, i), r = kb_load_f32(ref, t, i);
+        if (!isfinite(r)) *ref_nonfinite = true;
+        if (isnan(o) && *bad_at < 0) *bad_at = i;
+        num += (o - r) * (o - r);
+        den += r * r;
+    }
+    if (den == 0) return num == 0 ? 0 : INFINITY;
+    return num / den;
+}
+
+double lowp_tol(kiln_type t, double f32_tol) {
+    switch (t) {
+    case KILN_F16: return FUSED_TOL_F16 > f32_tol ? FUSED_TOL_F16 : f32_tol;
+    case KILN_BF16: return FUSED_TOL_BF16 > f32_tol ? FUSED_TOL_BF16 : f32_tol;
+    default: return f32_tol;
+    }
+}
+
+/* The lowest precision float type among the graph's tensors. */
+kiln_type lowest_precision(const kiln_graph *g) {
+    kiln_type t = KILN_F32;
+    for (int i = 0; i < g->n; i++) {
+        kiln_type u = g->nodes[i]->type;
+        if (u == KILN_BF16) t = KILN_BF16;
+        else if (u == KILN_F16 && t == KILN_F32) t = KILN_F16;
+    }
+    return t;
+}
+
+kiln_program *compile(const kiln_graph *g, int no_fuse) {
+    kiln_compile_opts o = {0};
+    o.cache_dir = g_cache_dir;
+    o.arch = g_arch;
+    o.no_fuse = no_fuse;
+    kiln_program *p = NULL;
+    TS_OK(kiln_compile(g, &o, &p));
+    return p;
+}
+
+
+/* Runs the reference (h->out), compiles and runs g on the GPU with h's inputs, and compares
+ * every output. Returns the worst NMSE. */
+double check_graph(const kiln_graph *g, hset *h, const cmp_opts *c) {
+    hset_clear_out(h);
+    for (int i = 0; i < h->nin; i++) h->in[i].requested = false;
+    TS_OK(kiln_reference(g, ref_get, ref_put, h));
+    ck_assert_msg(h->nout > 0, "%s: the reference produced no output", c->label);
+
+    kiln_program     *p = compile(g, c->no_fuse);
+    kiln_session     *s = NULL;
+    kiln_session_opts so = {.no_cuda_graph = c->no_graph, .device = 0};
+    TS_OK(kiln_session_new(p, &so, &s));
+    for (int i = 0; i < h->nin; i++) {
+        if (!h->in[i].requested) continue;
+        TS_OK(kiln_session_set(s, h->in[i].name, h->in[i].data,
+                               (size_t)h->in[i].n * kiln_type_size(h->in[i].type)));
+    }
+    TS_OK(kiln_session_run(s));
+    ck_assert_msg(kiln_session_captures(s) == (c->no_graph ? 0 : 1), "%s: captures %d", c->label,
+                  kiln_session_captures(s));
+
+    kiln_type low = lowest_precision(g);
+    double    worst = 0;
+    for (int i = 0; i < h->nout; i++) {
+        hdata *r = &h->out[i];
+        size_t bytes = (size_t)r->n * kiln_type_size(r->type);
+        void  *out = malloc(bytes ? bytes : 1);
+        ck_assert_ptr_nonnull(out);
+        TS_OK(kiln_session_get(s, r->name, out, bytes));
+        int64_t bad;
+        bool    ref_nonfinite;
+        double  e = nmse(out, r->data, r->type, r->n, &bad, &ref_nonfinite);
+        double  tol = c->fused_tol ? lowp_tol(low, c->tol_f32) : c->tol_f32;
+        ck_assert_msg(!ref_nonfinite, "%s: output '%s': the reference has inf/NaN (test inputs "
+                                      "out of the op's domain)", c->label, r->name);
+        if (bad >= 0)
+            ck_abort_msg("%s: output '%s' (%s, %lld elements): NaN at element %lld (reference "
+                         "%g)", c->label, r->name, kiln_type_name(r->type), (long long)r->n,
+                         (long long)bad, kb_load_f32(r->data, r->type, bad));
+        if (!(e <= tol)) {
+            /* Show the worst element to help debugging. */
+            int64_t wi = 0;
+            double  wd = -1;
+            for (int64_t j = 0; j < r->n; j++) {
+                double d = fabs((double)kb_load_f32(out, r->type, j) - kb_load_f32(r->data, r->type, j));
+                if (d > wd) wd = d, wi = j;
+            }
+            ck_abort_msg("%s: output '%s' (%s, %lld elements): NMSE %.3g > tolerance %.3g "
+                         "(worst element %lld: gpu %.8g, reference %.8g)", c->label, r->name,
+                         kiln_type_name(r->type), (long long)r->n, e, tol, (long long)wi,
+                         kb_load_f32(out, r->type, wi), kb_load_f32(r->data, r->type, wi));
+        }
+        if (e > worst) worst = e;
+        free(out);
+    }
+    kiln_session_free(s);
+    kiln_program_free(p);
+    return worst;
+}
+
+void shape_str(const int64_t ne[4], char *out, size_t n) {
+    snprintf(out, n, "[%lld, %lld, %lld, %lld]", (long long)ne[0], (long long)ne[1],
+             (long long)ne[2], (long long)ne[3]);
+}
+
+/* ---- operands with layouts ------------------------------------------------------------------ */
+
+const char *LAYOUT_NAMES[LAY_COUNT] = {"plain", "permuted", "transposed", "viewed",
+                                               "reshaped"};
+
+/* A tensor of logical shape ne and type t, read through `lay` from a new leaf `name` whose
+ * host data is added to h. */
+kiln_tensor *operand(kiln_ctx *ctx, hset *h, rng_t *r, const char *name, kiln_type t,
+                            const int64_t ne[4], layout lay, fill_kind fk, uint64_t seed,
+                            char *desc, size_t desc_n) {
+    kiln_role    role = rng_int(r, 0, 1) ? KILN_ROLE_INPUT : KILN_ROLE_WEIGHT;
+    int64_t      src[4] = {ne[0], ne[1], ne[2], ne[3]};
+    kiln_tensor *leaf = NULL, *x = NULL;
+    char         extra[96] = "";
+    switch (lay) {
+    case LAY_PLAIN:
+        x = leaf = kiln_new_tensor(ctx, role, t, name, 4, src);
+        break;
+    case LAY_PERMUTE: {
+        int p[4] = {0, 1, 2, 3};
+        for (int i = 3; i > 0; i--) {
+            int j = rng_int(r, 0, i), tmp = p[i];
+            p[i] = p[j];
+            p[j] = tmp;
+        }
+        for (int i = 0; i < 4; i++) src[i] = ne[p[i]]; /* permute puts src dim i at p[i] */
+        leaf = kiln_new_tensor(ctx, role, t, name, 4, src);
+        x = kiln_permute(ctx, leaf, p[0], p[1], p[2], p[3]);
+        snprintf(extra, sizeof extra, " axes %d%d%d%d", p[0], p[1], p[2], p[3]);
+        break;
+    }
+    case LAY_TRANSPOSE:
+        src[0] = ne[1];
+        src[1] = ne[0];
+        leaf = kiln_new_tensor(ctx, role, t, name, 4, src);
+        x = kiln_transpose(ctx, leaf);
+        break;
+    case LAY_VIEW: {
+        int pad0 = rng_int(r, 0, 3), pad1 = rng_int(r, 0, 2);
+        src[0] += pad0;
+        src[1] += pad1;
+        leaf = kiln_new_tensor(ctx, role, t, name, 4, src);
+        if (!leaf) break;
+        size_t nb[3] = {kiln_tensor_nb(leaf, 1), kiln_tensor_nb(leaf, 2), kiln_tensor_nb(leaf, 3)};
+        int    o0 = rng_int(r, 0, pad0), o1 = rng_int(r, 0, pad1);
+        size_t offs = (size_t)o0 * kiln_type_size(t) + (size_t)o1 * nb[0];
+        x = kiln_view(ctx, leaf, 4, ne, nb, offs);
+        snprintf(extra, sizeof extra, " of %lldx%lld at (%d,%d)", (long long)src[0],
+                 (long long)src[1], o0, o1);
+        break;
+    }
+    case LAY_RESHAPE: {
+        int64_t n = ne[0] * ne[1] * ne[2] * ne[3];
+        leaf = kiln_new_tensor(ctx, role, t, name, 1, &n);
+        x = kiln_reshape(ctx, leaf, 4, ne);
+        break;
+    }
+    default: ck_abort_msg("bad layout");
+    }
+    int64_t n = src[0] * src[1] * src[2] * src[3];
+    if (lay == LAY_RESHAPE) n = ne[0] * ne[1] * ne[2] * ne[3];
+    hdata *d = hset_add(h, name, t, n);
+    fill(d->data, t, n, seed, fk);
+    char s[96];
+    shape_str(ne, s, sizeof s);
+    snprintf(desc, desc_n, "%s %s %s%s", name, s, LAYOUT_NAMES[lay], extra);
+    return x;
+}

@@ -1,0 +1,80 @@
+/* Shared by the GPU test programs (tests/gpu/test_*.c): GPU detection, a seeded RNG, host data
+ * of the leaves, the CPU reference, compile + run + compare by NMSE (check_graph), shapes and
+ * operand layouts (operand). Test-only code; names are unprefixed for brevity. */
+#ifndef KILN_TEST_GPU_SUPPORT_H
+#define KILN_TEST_GPU_SUPPORT_H
+
+#include "tests/support.h"
+
+#include "frontend/frontend.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define FUSED_TOL_F16 0.0
+
+#define FUSED_TOL_BF16 0.0
+
+typedef struct {
+    uint64_t s;
+} rng_t;
+
+#define MAX_DATA 32
+
+typedef struct {
+    char      name[FE_MAX_NAME];
+    kiln_type type;
+    int64_t   n;
+    void     *data;
+    bool      requested; /* asked for by the reference */
+} hdata;
+
+typedef struct {
+    hdata in[MAX_DATA];
+    int   nin;
+    hdata out[MAX_DATA];
+    int   nout;
+} hset;
+
+typedef enum { FILL_ANY, FILL_POSITIVE, FILL_AWAY_FROM_ZERO, FILL_LOG_DOMAIN } fill_kind;
+
+typedef struct {
+    const char *label;   /* printed on failure */
+    double      tol_f32; /* tolerance for outputs when the graph is all f32 */
+    bool        fused_tol; /* f16/bf16 graphs: use the fused (intermediate-rounding) tolerances */
+    int         no_fuse;
+    bool        no_graph;
+} cmp_opts;
+
+typedef enum { LAY_PLAIN, LAY_PERMUTE, LAY_TRANSPOSE, LAY_VIEW, LAY_RESHAPE, LAY_COUNT } layout;
+
+extern char *g_cache_dir; /* set by main: a temporary kernel cache shared by all tests */
+extern char  g_arch[24];  /* set by need_gpu */
+extern const kiln_type FLOAT_TYPES[3];
+extern const char *LAYOUT_NAMES[LAY_COUNT];
+
+void need_gpu(void);
+uint64_t rng_next(rng_t *r);
+int   rng_int(rng_t *r, int lo, int hi);
+float rng_float(rng_t *r, float lo, float hi);
+void fill(void *p, kiln_type t, int64_t n, uint64_t seed, fill_kind k);
+hdata *hset_add(hset *h, const char *name, kiln_type t, int64_t n);
+void hset_clear_out(hset *h);
+void hset_free(hset *h);
+const void *ref_get(void *user, const char *name, kiln_type type, int64_t n);
+void ref_put(void *user, const char *name, kiln_type type, int64_t n, const void *data);
+double nmse(const void *out, const void *ref, kiln_type t, int64_t n, int64_t *bad_at, bool *ref_nonfinite);
+double lowp_tol(kiln_type t, double f32_tol);
+kiln_type lowest_precision(const kiln_graph *g);
+kiln_program *compile(const kiln_graph *g, int no_fuse);
+/* Runs the reference (into h->out), compiles g, runs it on the GPU with h's inputs and compares
+ * every output by NMSE against c's tolerance; a failure names c->label, the output, and the
+ * worst element. Returns the worst NMSE. */
+double check_graph(const kiln_graph *g, hset *h, const cmp_opts *c);
+void shape_str(const int64_t ne[4], char *out, size_t n);
+/* A tensor of logical shape ne and type t read through layout lay from a new leaf `name`
+ * (input or weight at random), its random data (fill kind fk) added to h; desc describes it. */
+kiln_tensor *operand(kiln_ctx *ctx, hset *h, rng_t *r, const char *name, kiln_type t, const int64_t ne[4], layout lay, fill_kind fk, uint64_t seed, char *desc, size_t desc_n);
+
+#endif
