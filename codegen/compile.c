@@ -208,6 +208,13 @@ kiln_status kiln_program_describe(const kiln_program *p, char **text) {
 
 int kiln_program_kernel_count(const kiln_program *p) { return p ? p->nkernels : 0; }
 
+size_t kiln_program_io_bytes(const kiln_program *p) {
+    size_t n = 0;
+    for (int b = 0; p && b < p->ir->nbufs; b++)
+        if (p->ir->bufs[b].kind != IR_BUF_TEMP) n += p->ir->bufs[b].bytes;
+    return n;
+}
+
 static const cg_kernel *kernel_at(const kiln_program *p, int i) {
     return p && i >= 0 && i < p->nkernels ? &p->kernels[i] : NULL;
 }

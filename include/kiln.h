@@ -279,6 +279,9 @@ int         kiln_program_kernel_count(const kiln_program *p);
 const char *kiln_program_kernel_source(const kiln_program *p, int i);
 const char *kiln_program_kernel_key(const kiln_program *p, int i);
 const char *kiln_program_kernel_name(const kiln_program *p, int i);
+/* Bytes of the program's inputs, weights and outputs: what a run must at least move through
+ * memory (read once, written once), the numerator of an achieved-bandwidth figure. */
+size_t      kiln_program_io_bytes(const kiln_program *p);
 
 typedef struct {
     int no_cuda_graph; /* launch kernels one by one instead of replaying a captured CUDA graph */

@@ -310,7 +310,7 @@ static kiln_status upload(run_data *d, kiln_session *s) {
     return NULL;
 }
 
-static kiln_status time_runs(const cli *c, kiln_session *s) {
+static kiln_status time_runs(const cli *c, kiln_session *s, const kiln_program *p) {
     double *ms = calloc((size_t)c->iters, sizeof *ms);
     if (!ms) return kb_oom();
     kiln_status st = NULL;
@@ -322,8 +322,13 @@ static kiln_status time_runs(const cli *c, kiln_session *s) {
         printf("run 1: %.3f ms%s\n", ms[0], c->no_graph ? " (plain launches)" : " (includes CUDA graph capture)");
         if (c->iters > 1) {
             qsort(ms + 1, (size_t)c->iters - 1, sizeof *ms, by_double);
-            printf("runs 2..%d: median %.3f ms (GPU time, %s)\n", c->iters, ms[1 + (c->iters - 1) / 2],
+            double med = ms[1 + (c->iters - 1) / 2];
+            printf("runs 2..%d: median %.3f ms (GPU time, %s)\n", c->iters, med,
                    c->no_graph ? "plain launches" : "CUDA graph replay");
+            double mb = (double)kiln_program_io_bytes(p) / 1e6;
+            if (med > 0)
+                printf("bandwidth: %.1f MB of inputs, weights and outputs in %.3f ms = %.0f GB/s\n", mb, med,
+                       mb / med);
         }
     }
     free(ms);
@@ -387,7 +392,7 @@ static int cmd_run(const cli *c) {
     d.c = c;
     if (!st) st = make_leaves(&d);
     if (!st) st = upload(&d, s);
-    if (!st) st = time_runs(c, s);
+    if (!st) st = time_runs(c, s, p);
     if (!st) st = report_outputs(&d, s, &check_failed);
     for (int i = 0; g && d.host && i < kiln_graph_size(g); i++) free(d.host[i]);
     free(d.host);
