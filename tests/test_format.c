@@ -290,7 +290,7 @@ START_TEST(every_op_parses) {
         snprintf(text, sizeof text,
                  "input a: f32[4, 3]\ninput b: f32[4]\ninput s: f32[1]\ninput h: f16[12]\n"
                  "input i: i32[2]\ninput j: i32[3]\ninput r: f32[4, 2]\ninput e: f32[4, 5]\n"
-                 "input m: f16[4, 3]\ninput k: f32[3]\ninput p: i32[1]\ninput q: f32[3, 3]\n"
+                 "input m: f16[4, 3]\ninput k: f32[1]\ninput p: i32[1]\ninput q: f32[3, 3]\n"
                  "output y = %s(%s)\n",
                  fe_ops[op].name, args);
         kiln_ctx *ctx = ts_parse(text);
