@@ -32,6 +32,11 @@ static bool glu(kiln_ctx *ctx, fe_op op, const fe_args *a, kiln_type *type, int6
                      x->name, fe_shape_str(x, sx, sizeof sx), g->name, fe_shape_str(g, sg, sizeof sg));
             return false;
         }
+        if (g->type != x->type) {
+            fe_failf(ctx, KILN_ERR_SHAPE, "%s: '%s' (%s) and '%s' (%s) must have the same type (as in ggml)",
+                     name, x->name, fe_shape_str(x, sx, sizeof sx), g->name, fe_shape_str(g, sg, sizeof sg));
+            return false;
+        }
         if (a->ip[0]) {
             fe_failf(ctx, KILN_ERR_INVALID, "%s: swapped applies to the one-tensor form only (b is given)",
                      name);

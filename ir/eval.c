@@ -48,7 +48,7 @@ float ir_apply(const ir_instr *in, float a, float b) {
     /* ggml_clamp: MAX(MIN(x, max), min) */
     case FE_OP_CLAMP: return fmaxf(fminf(a, in->f[1]), in->f[0]);
     case FE_OP_ADD1: return a + b;
-    case FE_OP_REGLU: return (a > 0.0f ? a : 0.0f) * b;
+    case FE_OP_REGLU: return a > 0.0f ? a * b : 0.0f; /* ggml_vec_reglu_f32: no inf*0 NaN */
     case FE_OP_GEGLU: return 0.5f * a * (1.0f + tanhf(0.79788456080286535587989211986876f * a * (1.0f + 0.044715f * a * a))) * b;
     case FE_OP_SWIGLU: return a / (1.0f + expf(-a)) * b;
     case FE_OP_GEGLU_ERF: return 0.5f * a * (1.0f + erff(a * 0.70710678118654752440f)) * b;

@@ -65,7 +65,8 @@ M.add1 = binary(function(a, b) return a .. " + " .. b end)
 -- Gated units: act(x) * g with x = a, g = b (the lowering picks the halves). The activations
 -- are the unary ones above, inlined so a fused chain keeps one rounding per graph value.
 local function gated(act) return binary(function(a, b, f) return "(" .. act(a, f) .. ") * " .. b end) end
-M.reglu = gated(function(a) return M.relu.expr(a) end)
+-- ggml_vec_reglu_f32: x > 0 ? x * g : 0 (so a masked inf or NaN gate gives 0)
+M.reglu = binary(function(a, b) return a .. " > 0.0f ? " .. a .. " * " .. b .. " : 0.0f" end)
 M.geglu = gated(function(a) return M.gelu.expr(a) end)
 M.swiglu = gated(function(a) return M.silu.expr(a) end)
 M.geglu_erf = gated(function(a) return M.gelu_erf.expr(a) end)

@@ -358,7 +358,7 @@ START_TEST(each_op) {
         {FE_OP_SOFTPLUS, "r0 > 20.0f ? r0 : logf(1.0f + expf(r0))"},
         {FE_OP_CLAMP, "fmaxf(fminf(r0, -2.0f), 0.5f)"},
         {FE_OP_ADD1, "r0 + r1"},
-        {FE_OP_REGLU, "(r0 > 0.0f ? r0 : 0.0f) * r1"},
+        {FE_OP_REGLU, "r0 > 0.0f ? r0 * r1 : 0.0f"},
         {FE_OP_GEGLU, "(0.5f * r0 * (1.0f + tanhf(0.7978845608f * r0 * (1.0f + 0.044715f * r0 * r0)))) * r1"},
         {FE_OP_SWIGLU, "(r0 / (1.0f + expf(-r0))) * r1"},
         {FE_OP_GEGLU_ERF, "(0.5f * r0 * (1.0f + erff(r0 * 0.70710678f))) * r1"},
