@@ -1,4 +1,531 @@
--- rows: the kernel template of the rows family (see docs/templates.md for the table k of IR_OP nodes).
+-- rows: the kernel template of the rows family (get_rows, set_rows, concat, pad, add_id); see
+-- docs/templates.md for the table k of IR_OP nodes and docs/ops-rows.md for the design.
+--
+-- Every op is a row copy: one destination row (dst is contiguous, rows of ne0 elements) is
+-- written by a group of TPR threads (TPR a power of two, 1..256), RPB = 256 / TPR rows per block
+-- of TPR x RPB threads, a grid-stride loop over the rows. Each thread moves V consecutive
+-- elements of the row at a time (16 bytes of dst's type: one whole-sector vector store per
+-- warp instruction; sources are read as vectors of V of their own type), U chunks per loop
+-- trip: it loads all U chunks, then stores them, so U 16-byte loads are in flight per thread.
+-- A source whose row is contiguous and aligned for V elements (checked here, on the static
+-- offsets and strides; buffers are 256-byte aligned) is read as vectors, any other element by
+-- element. What differs between the ops is where a row comes from:
+--
+-- * get_rows: a's row ids[i1, i2, i3] of matrix (i2, i3), converted to f32. An id out of range
+--   gives a row of zeros (the CPU reference reports it as an error, as ggml asserts).
+-- * set_rows: one warp per row (TPR = 32). The warp scans ids[:, i2 % ids.ne1, i3 % ids.ne2] for
+--   the last j naming this row (warp max of the matches): if found, b's row j converted to dst's
+--   type, else a's row copied. Every row is written, since dst is a fresh buffer.
+-- * concat: along dim >= 1 a row comes from a or from b; along dim 0 each chunk does.
+-- * pad: zeros outside the source's box, the source inside it.
+-- * add_id: a's row plus b's row ids[i1, i2] (zeros for an id out of range).
+--
+-- Values are copied bit for bit where types agree; offsets are 64-bit (long long), positions
+-- inside a row 32-bit.
+
+local tpl = require("tpl")
+local prelude = require("prelude")
+
+local BLOCK = 256
+local INT_MAX = 2147483647
+local MAX_GRID_X = 2147483647
+local VEC_BYTES = 16 -- bytes of the narrowest type one thread moves per chunk
+local UNROLL = 4     -- chunks per loop trip (loads in flight per thread)
+
+local SIZE = { f32 = 4, f16 = 2, bf16 = 2, i32 = 4, i64 = 8 }
+local CTYPE = { f32 = "float", f16 = "unsigned short", bf16 = "unsigned short", i32 = "int", i64 = "long long" }
+local ZERO = { f32 = "0.0f", f16 = "0", bf16 = "0" } -- +0.0 in each float type's bits
+
+local function fail(fmt, ...) error("rows: " .. string.format(fmt, ...), 0) end
+
+local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+
+local function check_ref(r, what)
+    if type(r) ~= "table" or not SIZE[r.type] then
+        fail("%s: missing or of unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
+    end
+    for d = 1, 4 do
+        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
+        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
+    end
+    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
+end
+
+local function next_pow2(n)
+    local p = 1
+    while p < n do p = p * 2 end
+    return p
+end
+
+-- ---- the kernel being built -------------------------------------------------------------------
+
+-- A kernel under construction: parameters, pointers, vector types, row coordinates.
+local function new_kernel(k)
+    local K = { k = k, pre = prelude.new(), types = {}, seen = {}, ptrs = {}, notes = {}, used = {} }
+    local plist = {}
+    for p = 0, k.nparams - 1 do
+        plist[#plist + 1] = (p == 0 and "char" or "const char") .. " *__restrict__ p" .. p
+    end
+    K.params = table.concat(plist, ", ")
+    if #K.params > 80 then K.params = "\n    " .. table.concat(plist, ",\n    ") end
+    return K
+end
+
+-- Declares the typed pointer `var` to r's first element (offset baked in).
+local function pointer(K, r, var, const)
+    if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= K.k.nparams then
+        fail("%s: param %s out of range", var, tostring(r.param))
+    end
+    local ct = (const and "const " or "") .. CTYPE[r.type]
+    local offs = ""
+    if r.offs ~= 0 then offs = " + " .. tostring(r.offs) .. (math.abs(r.offs) > INT_MAX and "ll" or "") end
+    K.ptrs[#K.ptrs + 1] = string.format("%s *const %s = (%s *)p%d%s;", ct, var, ct, r.param, offs)
+    K.notes[#K.notes + 1] = string.format("%-4s p%d %-4s ne %s st %s offs %d", var, r.param, r.type,
+        dims(r.ne), dims(r.st), r.offs)
+end
+
+-- The struct of v elements of type t (defined once per kernel, in order of first use).
+local function vtype(K, t, v)
+    local name = string.format("kiln_%sx%d", t == "f32" and "f32" or "u16", v)
+    if not K.seen[name] then
+        K.seen[name] = true
+        K.types[#K.types + 1] = string.format("struct alignas(%d) %s {\n    %s v[%d];\n};",
+            math.min(VEC_BYTES, v * SIZE[t]), name, CTYPE[t], v)
+    end
+    return name
+end
+
+-- Can r's rows be read as aligned vectors of v elements starting at multiples of v?
+local function can_vec(r, v)
+    if v == 1 then return false end
+    if r.ne[1] > 1 and r.st[1] ~= 1 then return false end
+    if r.ne[1] % v ~= 0 then return false end
+    local s = SIZE[r.type]
+    local al = math.min(VEC_BYTES, v * s)
+    if (r.offs * s) % al ~= 0 then return false end
+    for d = 2, 4 do
+        if r.ne[d] > 1 and (r.st[d] * s) % al ~= 0 then return false end
+    end
+    return true
+end
+
+-- x * s as a 64-bit C expression (x an identifier or parenthesized).
+local function mul64(x, s)
+    if s == 1 then return "(long long)" .. x end
+    return x .. " * " .. s .. "ll"
+end
+
+-- 64-bit element offset of r at coordinates c[1..4] (C expressions, nil meaning 0), without
+-- r.offs (baked into the pointer). Broadcast dims (ne 1) drop out.
+local function offset(r, c)
+    local terms = {}
+    for d = 1, 4 do
+        if c[d] and r.ne[d] > 1 and r.st[d] ~= 0 then terms[#terms + 1] = mul64(c[d], r.st[d]) end
+    end
+    if #terms == 0 then return "0ll" end
+    return table.concat(terms, " + ")
+end
+
+-- Reads the v elements of r at element offset base + i0 .. i0 + v - 1 along dim 0: returns the
+-- statements and a function giving the C expression (r's raw type) of element j (0-based).
+local function read(K, r, var, base, i0, v, tag)
+    if can_vec(r, v) then
+        local vt = vtype(K, r.type, v)
+        local name = "v" .. tag
+        local line = string.format("const %s %s = *(const %s *)(%s + %s + %s);", vt, name, vt, var, base, i0)
+        return { line }, function(j) return string.format("%s.v[%d]", name, j) end
+    end
+    return {}, function(j)
+        local e = j == 0 and i0 or string.format("(%s + %du)", i0, j)
+        if r.ne[1] == 1 then e = "0" end
+        if r.st[1] ~= 1 and e ~= "0" then e = e .. " * " .. r.st[1] .. "ll" end
+        return string.format("%s[%s + %s]", var, base, e)
+    end
+end
+
+-- ---- the skeleton -----------------------------------------------------------------------------
+
+-- Row coordinates of dst: K.coord(d) (d = 1..3) marks coordinate i<d> used and returns its name,
+-- or nil when dst's dim d is 1 (the coordinate is always 0).
+local function coordinates(K, dne, ix)
+    K.coord = function(d)
+        if dne[d + 1] == 1 then return nil end
+        K.used[d] = true
+        return "i" .. d
+    end
+    K.coord_lines = function()
+        local lines = {}
+        local below = 1
+        local last = 1
+        for d = 2, 4 do if dne[d] > 1 then last = d end end
+        for d = 1, 3 do
+            if K.used[d] then
+                local e = "row"
+                if below > 1 then e = e .. " / " .. below .. K.suffix end
+                if d + 1 < last then e = e .. " % " .. dne[d + 1] .. K.suffix end
+                lines[#lines + 1] = string.format("const %s i%d = %s;", ix, d, e)
+            end
+            below = below * dne[d + 1]
+        end
+        return lines
+    end
+end
+
+-- The chunk loop of one row: fill(i0, o, u) returns the statements setting o.v[0 .. V-1]
+-- (dst's raw type) for the chunk at position i0 (an unsigned expression).
+local function chunk_loop(K, fill)
+    local V, TPR, U, NE0 = K.V, K.TPR, K.U, K.NE0
+    local step = TPR * V * U
+    local lines = {}
+    local function add(s) lines[#lines + 1] = s end
+    add(string.format("for (unsigned c = threadIdx.x * %du; c < %du; c += %du) {", V, NE0, step))
+    local ot = vtype(K, K.dst.type, V)
+    local exact = NE0 % step == 0
+    local guards = {}
+    for u = 0, U - 1 do
+        local i0 = u == 0 and "c" or ("i0_" .. u)
+        if u > 0 then add(string.format("    const unsigned %s = c + %du;", i0, u * TPR * V)) end
+        guards[u] = (u > 0 and not exact) and string.format("%s < %du", i0, NE0) or nil
+        add(string.format("    %s o%d;", ot, u))
+        local body = fill(i0, "o" .. u, u)
+        if guards[u] then
+            add(string.format("    if (%s) {", guards[u]))
+            for _, s in ipairs(body) do add("        " .. s) end
+            add("    }")
+        else
+            for _, s in ipairs(body) do add("    " .. s) end
+        end
+    end
+    for u = 0, U - 1 do
+        local i0 = u == 0 and "c" or ("i0_" .. u)
+        local st = string.format("*(%s *)(out + obase + %s) = o%d;", ot, i0, u)
+        if guards[u] then add(string.format("    if (%s)", guards[u])) end
+        add((guards[u] and "        " or "    ") .. st)
+    end
+    add("}")
+    return lines
+end
+
+local kernel = tpl.define [[
+// kiln rows kernel ${name}: ${what}
+// dst ${dst.type} ${dims(dst.ne)}: ${R} rows of ${NE0}, ${launch}
+@ for _, l in ipairs(notes) do
+//   ${l}
+@ end
+@ if pre ~= "" then
+
+${pre}
+@ end
+@ for _, t in ipairs(types) do
+
+${t}
+@ end
+
+extern "C" __global__ void __launch_bounds__(${BLOCK})
+${name}(${params})
+{
+@ for _, p in ipairs(ptrs) do
+    ${p}
+@ end
+
+    for (${ix} row = (${ix})blockIdx.x * ${RPB}${suffix} + threadIdx.y; row < ${R}${suffix}; row += (${ix})gridDim.x * ${RPB}${suffix}) {
+@ for _, s in ipairs(body) do
+${s}
+@ end
+    }
+}
+]]
+
+-- Chooses V (elements per chunk), TPR, RPB, U for rows of ne0 elements; `divides` lists extents
+-- V must divide (chunk boundaries that must not straddle a source), min_size the narrowest type.
+local function plan(K, ne0, min_size, divides, tpr_fixed)
+    local V = VEC_BYTES // min_size
+    local function ok(v)
+        if ne0 % v ~= 0 then return false end
+        for _, x in ipairs(divides) do if x % v ~= 0 then return false end end
+        return true
+    end
+    while V > 1 and not ok(V) do V = V // 2 end
+    local nvec = ne0 // V
+    local TPR = tpr_fixed or math.min(BLOCK, next_pow2(nvec))
+    K.V, K.TPR, K.RPB, K.NE0 = V, TPR, BLOCK // TPR, ne0
+    K.U = math.max(1, math.min(UNROLL, (nvec + TPR - 1) // TPR))
+end
+
+-- Renders the kernel: body = statements of one row (inside the row loop, unindented).
+local function finish(K, name, what, body)
+    local k, R = K.k, K.R
+    local nblocks = (R + K.RPB - 1) // K.RPB
+    local grid = math.min(nblocks, MAX_GRID_X)
+    local launch = string.format("%d block%s of %dx%d (%d thread%s per row, %d element%s per chunk, %d chunk%s per trip)%s",
+        grid, grid == 1 and "" or "s", K.TPR, K.RPB, K.TPR, K.TPR == 1 and "" or "s", K.V, K.V == 1 and "" or "s",
+        K.U, K.U == 1 and "" or "s", grid < nblocks and ", grid-stride" or "")
+    local lines = {}
+    for _, s in ipairs(K.coord_lines()) do lines[#lines + 1] = "        " .. s end
+    for _, s in ipairs(body) do lines[#lines + 1] = s == "" and "" or ("        " .. s) end
+    local pre = K.pre.code():gsub("\n$", "")
+    local source = kernel {
+        name = name, what = what, dst = k.dst, dims = dims, R = R, NE0 = K.NE0, launch = launch,
+        notes = K.notes, pre = pre, types = K.types, BLOCK = BLOCK, params = K.params, ptrs = K.ptrs,
+        ix = K.ix, suffix = K.suffix, RPB = K.RPB, body = lines,
+    }
+    return { name = name, source = source, grid = { grid, 1, 1 }, block = { K.TPR, K.RPB, 1 }, smem = 0 }
+end
+
+-- Sets up rows, coordinates and the dst pointer.
+local function start(k)
+    local K = new_kernel(k)
+    local d = k.dst
+    check_ref(d, "dst")
+    for dd = 1, 4 do
+        local nat = 1
+        for e = 1, dd - 1 do nat = nat * d.ne[e] end
+        if d.ne[dd] > 1 and d.st[dd] ~= nat then fail("dst is not contiguous") end
+    end
+    K.dst = d
+    K.R = d.ne[2] * d.ne[3] * d.ne[4]
+    if d.ne[1] > INT_MAX - 65536 then fail("rows of %d elements are too long", d.ne[1]) end
+    local wide = K.R + BLOCK > INT_MAX
+    K.ix = wide and "long long" or "unsigned"
+    K.suffix = wide and "ll" or "u"
+    pointer(K, d, "out", false)
+    coordinates(K, d.ne, K.ix)
+    return K
+end
+
+local function input(K, name)
+    local r = K.k.args[name]
+    check_ref(r, name)
+    pointer(K, r, name, true)
+    return r
+end
+
+-- ---- the ops ------------------------------------------------------------------------------------
+
+local OPS = {}
+
+function OPS.get_rows(k)
+    local K = start(k)
+    local a, ids = input(K, "a"), input(K, "ids")
+    if not prelude.ctype[a.type] or ids.type ~= "i32" then fail("get_rows: types %s, %s", a.type, ids.type) end
+    local ne0 = k.dst.ne[1]
+    -- V by dst (f32): 16-byte stores per thread, so each warp store covers whole sectors (a
+    -- bf16 table is then read 8 bytes per thread, still whole sectors per warp). 32-byte
+    -- stores per thread (V = 8 for a 2-byte table) measured 2077 GB/s against 2668 for f32.
+    plan(K, ne0, SIZE[k.dst.type], {})
+    local i1, i2, i3 = K.coord(1), K.coord(2), K.coord(3)
+    local pre = K.pre
+    local body = {
+        string.format("const int r = ids[%s];", offset(ids, { i1, i2, i3 })),
+        string.format("const bool ok = (unsigned)r < %du; /* out of range: a row of zeros */", a.ne[2]),
+        string.format("const long long abase = %s;", offset(a, { nil, "(ok ? r : 0)", i2, i3 })),
+        string.format("const long long obase = %s;", mul64("row", ne0)),
+    }
+    for _, s in ipairs(chunk_loop(K, function(i0, o, u)
+        local lines, elem = read(K, a, "a", "abase", i0, K.V, u)
+        for j = 0, K.V - 1 do
+            lines[#lines + 1] = string.format("%s.v[%d] = ok ? %s : 0.0f;", o, j, pre.load(a.type, elem(j)))
+        end
+        return lines
+    end)) do body[#body + 1] = s end
+    local name = string.format("get_rows_%s_%d", a.type, ne0)
+    return finish(K, name, "dst[:, i1, i2, i3] = f32(a[:, ids[i1, i2, i3], i2, i3])", body)
+end
+
+function OPS.set_rows(k)
+    local K = start(k)
+    local a, b, ids = input(K, "a"), input(K, "b"), input(K, "ids")
+    local d = k.dst
+    if a.type ~= d.type or b.type ~= "f32" or (ids.type ~= "i32" and ids.type ~= "i64") then
+        fail("set_rows: types %s, %s, %s", a.type, b.type, ids.type)
+    end
+    local n = b.ne[2]
+    if n > INT_MAX then fail("set_rows: %d source rows", n) end
+    local ne0 = d.ne[1]
+    plan(K, ne0, SIZE[d.type], {}, 32)
+    local i1, i2, i3 = K.coord(1), K.coord(2), K.coord(3)
+    local pre = K.pre
+    -- ggml's broadcast of ids over b's dims 2 and 3.
+    local function bcast(c, ext, full)
+        if not c or ext == 1 then return nil end
+        if ext == full then return c end
+        return string.format("(%s %% %d%s)", c, ext, K.suffix)
+    end
+    local ibase = offset(ids, { nil, bcast(i2, ids.ne[2], d.ne[3]), bcast(i3, ids.ne[3], d.ne[4]) })
+    local ist = ids.st[1] == 1 and "j" or ("j * " .. ids.st[1] .. "ll")
+    local it = ids.type == "i64" and "long long" or "int"
+    local body = {
+        "/* The last source row j naming this row, as ggml's sequential loop leaves it. */",
+        "int best = -1;",
+        string.format("const long long ibase = %s;", ibase),
+        string.format("for (unsigned j = threadIdx.x; j < %du; j += 32u)", n),
+        string.format("    if (ids[ibase + %s] == (%s)%s)", ist, it, i1 or "0"),
+        "        best = (int)j;",
+        "for (int s = 16; s > 0; s >>= 1)",
+        "    best = max(best, __shfl_xor_sync(0xffffffffu, best, s));",
+        string.format("const long long obase = %s;", mul64("row", ne0)),
+        "if (best >= 0) {",
+        string.format("    const long long bbase = %s;", offset(b, { nil, "best", i2, i3 })),
+    }
+    local function indent(lines) for _, s in ipairs(lines) do body[#body + 1] = "    " .. s end end
+    indent(chunk_loop(K, function(i0, o, u)
+        local lines, elem = read(K, b, "b", "bbase", i0, K.V, "b" .. u)
+        for j = 0, K.V - 1 do
+            lines[#lines + 1] = string.format("%s.v[%d] = %s;", o, j, pre.store(d.type, elem(j)))
+        end
+        return lines
+    end))
+    body[#body + 1] = "} else {"
+    body[#body + 1] = string.format("    const long long abase = %s;", offset(a, { nil, i1, i2, i3 }))
+    indent(chunk_loop(K, function(i0, o, u)
+        local lines, elem = read(K, a, "a", "abase", i0, K.V, "a" .. u)
+        for j = 0, K.V - 1 do lines[#lines + 1] = string.format("%s.v[%d] = %s;", o, j, elem(j)) end
+        return lines
+    end))
+    body[#body + 1] = "}"
+    local name = string.format("set_rows_%s_%s_%d", d.type, ids.type, ne0)
+    return finish(K, name, "dst = a with rows ids[j, i2 % ids.ne1, i3 % ids.ne2] = b[:, j, i2, i3] (last j wins)", body)
+end
+
+function OPS.concat(k)
+    local K = start(k)
+    local a, b = input(K, "a"), input(K, "b")
+    local d = k.dst
+    local dim = k.params.dim
+    if math.type(dim) ~= "integer" or dim < 0 or dim > 3 then fail("concat: dim %s", tostring(dim)) end
+    if a.type ~= d.type or b.type ~= d.type then fail("concat: types %s, %s", a.type, b.type) end
+    local ne0 = d.ne[1]
+    local a_ext = a.ne[dim + 1]
+    plan(K, ne0, SIZE[d.type], dim == 0 and { a_ext } or {})
+    local c = { nil, K.coord(1), K.coord(2), K.coord(3) }
+    local function copy(r, var, base, tag)
+        return function(i0, o, u)
+            local lines, elem = read(K, r, var, base, i0, K.V, tag .. u)
+            for j = 0, K.V - 1 do lines[#lines + 1] = string.format("%s.v[%d] = %s;", o, j, elem(j)) end
+            return lines
+        end
+    end
+    local body = { string.format("const long long obase = %s;", mul64("row", ne0)) }
+    local function indent(lines, ind) for _, s in ipairs(lines) do body[#body + 1] = ind .. s end end
+    if dim == 0 then
+        body[#body + 1] = string.format("const long long abase = %s;", offset(a, c))
+        body[#body + 1] = string.format("const long long bbase = %s;", offset(b, c))
+        local fa, fb = copy(a, "a", "abase", "a"), copy(b, "b", "bbase", "b")
+        indent(chunk_loop(K, function(i0, o, u)
+            local lines = { string.format("if (%s < %du) {", i0, a_ext) }
+            for _, s in ipairs(fa(i0, o, u)) do lines[#lines + 1] = "    " .. s end
+            lines[#lines + 1] = "} else {"
+            local j0 = "j0_" .. u
+            lines[#lines + 1] = string.format("    const unsigned %s = %s - %du;", j0, i0, a_ext)
+            for _, s in ipairs(fb(j0, o, u)) do lines[#lines + 1] = "    " .. s end
+            lines[#lines + 1] = "}"
+            return lines
+        end), "")
+    else
+        local cd = c[dim + 1]
+        local cb = { c[1], c[2], c[3], c[4] }
+        cb[dim + 1] = string.format("(%s - %d%s)", cd, a_ext, K.suffix)
+        body[#body + 1] = string.format("if (%s < %d%s) {", cd, a_ext, K.suffix)
+        body[#body + 1] = string.format("    const long long abase = %s;", offset(a, c))
+        indent(chunk_loop(K, copy(a, "a", "abase", "a")), "    ")
+        body[#body + 1] = "} else {"
+        body[#body + 1] = string.format("    const long long bbase = %s;", offset(b, cb))
+        indent(chunk_loop(K, copy(b, "b", "bbase", "b")), "    ")
+        body[#body + 1] = "}"
+    end
+    local name = string.format("concat_%s_d%d_%d", d.type, dim, ne0)
+    return finish(K, name, string.format("a and b joined along dim %d", dim), body)
+end
+
+function OPS.pad(k)
+    local K = start(k)
+    local a = input(K, "a")
+    local d = k.dst
+    if a.type ~= d.type then fail("pad: types %s, %s", a.type, d.type) end
+    local p = k.params
+    local lp = { p.lp0, p.lp1, p.lp2, p.lp3 }
+    for dd = 1, 4 do
+        if math.type(lp[dd]) ~= "integer" or lp[dd] < 0 or lp[dd] + a.ne[dd] > d.ne[dd] then
+            fail("pad: bad padding of dim %d", dd - 1)
+        end
+    end
+    local ne0 = d.ne[1]
+    plan(K, ne0, SIZE[d.type], { lp[1], a.ne[1] })
+    -- Source coordinates of the row, and the test that the row lies inside the source's box.
+    local c, inside = {}, {}
+    for dd = 2, 4 do
+        local x = K.coord(dd - 1)
+        if x and lp[dd] > 0 then
+            c[dd] = string.format("(%s - %d%s)", x, lp[dd], K.suffix)
+        else
+            c[dd] = x
+        end
+        if a.ne[dd] < d.ne[dd] then
+            local cast = K.ix == "unsigned" and "" or "(unsigned long long)"
+            inside[#inside + 1] = string.format("%s%s < %d%s", cast, c[dd], a.ne[dd], K.ix == "unsigned" and "u" or "ull")
+        end
+    end
+    local body = { string.format("const long long obase = %s;", mul64("row", ne0)) }
+    local rowcond = nil
+    if #inside > 0 then
+        body[#body + 1] = string.format("const bool inside = %s;", table.concat(inside, " && "))
+        rowcond = "inside"
+    end
+    body[#body + 1] = string.format("const long long abase = %s;", offset(a, c))
+    for _, s in ipairs(chunk_loop(K, function(i0, o, u)
+        local cond = {}
+        if rowcond then cond[#cond + 1] = rowcond end
+        local j0 = i0
+        if a.ne[1] < ne0 then
+            if lp[1] > 0 then j0 = string.format("(%s - %du)", i0, lp[1]) end
+            cond[#cond + 1] = string.format("%s < %du", j0, a.ne[1])
+        end
+        local lines, elem = read(K, a, "a", "abase", j0, K.V, u)
+        for j = 0, K.V - 1 do lines[#lines + 1] = string.format("%s.v[%d] = %s;", o, j, elem(j)) end
+        if #cond == 0 then return lines end
+        local out = { string.format("if (%s) {", table.concat(cond, " && ")) }
+        for _, s in ipairs(lines) do out[#out + 1] = "    " .. s end
+        out[#out + 1] = "} else {"
+        for j = 0, K.V - 1 do out[#out + 1] = string.format("    %s.v[%d] = %s;", o, j, ZERO[d.type]) end
+        out[#out + 1] = "}"
+        return out
+    end)) do body[#body + 1] = s end
+    local name = string.format("pad_%s_%d", d.type, ne0)
+    return finish(K, name, "a surrounded by zeros", body)
+end
+
+function OPS.add_id(k)
+    local K = start(k)
+    local a, b, ids = input(K, "a"), input(K, "b"), input(K, "ids")
+    if a.type ~= "f32" or b.type ~= "f32" or ids.type ~= "i32" then
+        fail("add_id: types %s, %s, %s", a.type, b.type, ids.type)
+    end
+    local ne0 = k.dst.ne[1]
+    plan(K, ne0, 4, {})
+    local i1, i2, i3 = K.coord(1), K.coord(2), K.coord(3)
+    local body = {
+        string.format("const int e = ids[%s];", offset(ids, { i1, i2 })),
+        string.format("const bool ok = (unsigned)e < %du; /* out of range: no bias */", b.ne[2]),
+        string.format("const long long abase = %s;", offset(a, { nil, i1, i2, i3 })),
+        string.format("const long long bbase = %s;", offset(b, { nil, "(ok ? e : 0)" })),
+        string.format("const long long obase = %s;", mul64("row", ne0)),
+    }
+    for _, s in ipairs(chunk_loop(K, function(i0, o, u)
+        local la, ea = read(K, a, "a", "abase", i0, K.V, "a" .. u)
+        local lb, eb = read(K, b, "b", "bbase", i0, K.V, "b" .. u)
+        for _, s in ipairs(lb) do la[#la + 1] = s end
+        for j = 0, K.V - 1 do
+            la[#la + 1] = string.format("%s.v[%d] = %s + (ok ? %s : 0.0f);", o, j, ea(j), eb(j))
+        end
+        return la
+    end)) do body[#body + 1] = s end
+    local name = string.format("add_id_f32_%d", ne0)
+    return finish(K, name, "dst[:, i1, i2, i3] = a[:, i1, i2, i3] + b[:, ids[i1, i2]]", body)
+end
+
 return function(k)
-    error("rows: template for " .. tostring(k.op) .. " is not implemented yet", 0)
+    if k.kind ~= "op" then fail("node kind %s is not op", tostring(k.kind)) end
+    local f = OPS[k.op]
+    if not f then fail("no kernel for op %s", tostring(k.op)) end
+    return f(k)
 end
