@@ -87,14 +87,14 @@ typedef enum {
     X(CONCAT, "concat", FE_KERNEL, 2, "a:t b:t dim:i", "rows", FE_F, 1e-7)                         \
     X(PAD, "pad", FE_KERNEL, 1, "a:t lp0:i=0 rp0:i=0 lp1:i=0 rp1:i=0 lp2:i=0 rp2:i=0 lp3:i=0 rp3:i=0", \
       "rows", FE_F, 1e-7)                                                                          \
-    X(ADD_ID, "add_id", FE_KERNEL, 3, "a:t b:t ids:t", "rows", FE_F, 1e-7)                         \
+    X(ADD_ID, "add_id", FE_KERNEL, 3, "a:t b:t ids:t", "rows", "f32", 1e-7)                        \
     X(NORM, "norm", FE_KERNEL, 1, "a:t eps:f", "norm", FE_F, 1e-7)                                 \
     X(RMS_NORM, "rms_norm", FE_KERNEL, 1, "a:t eps:f", "norm", FE_F, 1e-7)                         \
     X(L2_NORM, "l2_norm", FE_KERNEL, 1, "a:t eps:f", "norm", FE_F, 1e-7)                           \
     X(GROUP_NORM, "group_norm", FE_KERNEL, 1, "a:t n_groups:i eps:f", "norm", FE_F, 1e-7)          \
-    X(SOFT_MAX, "soft_max", FE_KERNEL, 1, "a:t", "softmax", FE_F, 1e-7)                            \
+    X(SOFT_MAX, "soft_max", FE_KERNEL, 1, "a:t", "softmax", FE_F, 1e-6)                            \
     X(SOFT_MAX_EXT, "soft_max_ext", FE_KERNEL, 3, "a:t mask:t? scale:f=1 max_bias:f=0 sinks:t?",   \
-      "softmax", FE_F, 1e-7)                                                                       \
+      "softmax", FE_F, 1e-6)                                                                       \
     X(ROPE_EXT, "rope_ext", FE_KERNEL, 3,                                                                  \
       "a:t pos:t freq_factors:t? n_dims:i mode:i=0 n_ctx_orig:i=0 sections:I4=[0,0,0,0] "          \
       "freq_base:f=10000 freq_scale:f=1 ext_factor:f=0 attn_factor:f=1 beta_fast:f=32 "            \
@@ -104,7 +104,7 @@ typedef enum {
     X(SUM_ROWS, "sum_rows", FE_KERNEL, 1, "a:t", "reduce", FE_F, 1e-7)                             \
     X(MEAN, "mean", FE_KERNEL, 1, "a:t", "reduce", FE_F, 1e-7)                                     \
     X(ARGMAX, "argmax", FE_KERNEL, 1, "a:t", "reduce", FE_F, 0)                                    \
-    X(CUMSUM, "cumsum", FE_KERNEL, 1, "a:t", "reduce", FE_F, 1e-7)                                 \
+    X(CUMSUM, "cumsum", FE_KERNEL, 1, "a:t", "reduce", "f32", 1e-7)                                \
     X(ARGSORT, "argsort", FE_KERNEL, 1, "a:t order:e(asc|desc)=asc", "sort", FE_F, 0)              \
     X(ARGSORT_TOP_K, "argsort_top_k", FE_KERNEL, 1, "a:t k:i", "sort", FE_F, 0)                    \
     X(TOP_K, "top_k", FE_KERNEL, 1, "a:t k:i", "sort", FE_F, 0)                                    \

@@ -1,0 +1,491 @@
+/* The softmax family (soft_max, soft_max_ext): the CPU reference against values computed by hand
+ * (or by a plain double-precision softmax written here), the frontend's errors, and every op's
+ * kernel generated and compiled by NVRTC for sm_90a and sm_80 over a spread of shapes, types,
+ * masks and layouts, covering each kernel shape (team, block, cluster, streamed). No GPU needed. */
+#include "tests/support.h"
+
+#include "base/base.h"
+#include "codegen/codegen.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nvrtc.h>
+
+/* ---- the reference, by hand ------------------------------------------------------------------ */
+
+#define MAXN 256
+#define MAXIN 4
+
+typedef struct {
+    const char *name;
+    float       v[MAXN];
+} input;
+
+typedef struct {
+    input     in[MAXIN];
+    int       nin;
+    uint16_t  half[MAXIN][MAXN]; /* f16/bf16 copies handed to the reference */
+    float     out[MAXN];
+    int64_t   nout;
+    kiln_type out_type;
+} hands;
+
+static float *add_input(hands *h, const char *name) {
+    ck_assert_int_lt(h->nin, MAXIN);
+    h->in[h->nin].name = name;
+    return h->in[h->nin++].v;
+}
+
+static const void *get(void *user, const char *name, kiln_type type, int64_t n) {
+    hands *h = user;
+    ck_assert_int_le(n, MAXN);
+    for (int i = 0; i < h->nin; i++) {
+        if (strcmp(h->in[i].name, name) != 0) continue;
+        if (type == KILN_F32) return h->in[i].v;
+        for (int64_t j = 0; j < n; j++) kb_store_f32(h->half[i], type, j, h->in[i].v[j]);
+        return h->half[i];
+    }
+    ck_abort_msg("no data for %s", name);
+    return NULL;
+}
+
+static void put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
+    hands *h = user;
+    ck_assert_str_eq(name, "y");
+    ck_assert_int_le(n, MAXN);
+    h->nout = n;
+    h->out_type = type;
+    for (int64_t i = 0; i < n; i++) h->out[i] = kb_load_f32(data, type, i);
+}
+
+/* Evaluates output y of the graph text with h's inputs. */
+static void reference(const char *kg, hands *h) {
+    kiln_ctx   *ctx = ts_parse(kg);
+    kiln_graph *g = NULL;
+    TS_OK(kiln_graph_new(ctx, &g));
+    TS_OK(kiln_reference(g, get, put, h));
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+static void expect(const hands *h, const double *want, int64_t n, double tol, const char *what) {
+    ck_assert_msg(h->nout == n, "%s: %lld outputs, want %lld", what, (long long)h->nout, (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(fabs(h->out[i] - want[i]) <= tol, "%s: y[%lld] = %.9g, want %.9g", what, (long long)i,
+                      (double)h->out[i], want[i]);
+}
+
+/* A plain softmax in double of x[0..n) with an optional sink (NAN: none): the oracle's oracle. */
+static void softmax_d(const double *x, int n, double sink, double *out) {
+    double m = -INFINITY;
+    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    if (!isnan(sink) && sink > m) m = sink;
+    double s = isnan(sink) ? 0.0 : exp(sink - m);
+    for (int i = 0; i < n; i++) s += exp(x[i] - m);
+    for (int i = 0; i < n; i++) out[i] = exp(x[i] - m) / s;
+}
+
+START_TEST(ref_soft_max_basic) {
+    hands h = {0};
+    float *a = add_input(&h, "a");
+    const float va[8] = {1, 2, 3, 4, 0, 0, 0, 0};
+    memcpy(a, va, sizeof va);
+    reference("input a: f32[4, 2]\noutput y = soft_max(a)\n", &h);
+    const double want[8] = {0.03205860328008499, 0.08714431874203257, 0.23688281808991013, 0.6439142598879724,
+                            0.25, 0.25, 0.25, 0.25};
+    expect(&h, want, 8, 1e-7, "soft_max([1,2,3,4])");
+    ck_assert_int_eq(h.out_type, KILN_F32);
+    /* soft_max_ext with the defaults is soft_max. */
+    reference("input a: f32[4, 2]\noutput y = soft_max_ext(a)\n", &h);
+    expect(&h, want, 8, 1e-7, "soft_max_ext(a) defaults");
+}
+END_TEST
+
+/* scale and an f32 mask with -inf: x = [0.5, -inf, 1.5, 3]. */
+START_TEST(ref_scale_mask_inf) {
+    hands h = {0};
+    float *a = add_input(&h, "a"), *m = add_input(&h, "m");
+    const float va[4] = {1, 2, 3, 4}, vm[4] = {0, -INFINITY, 0, 1};
+    memcpy(a, va, sizeof va);
+    memcpy(m, vm, sizeof vm);
+    reference("input a: f32[4]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, 0.5)\n", &h);
+    const double want[4] = {0.0628900132458675, 0.0, 0.17095278019779026, 0.7661572065563422};
+    expect(&h, want, 4, 1e-7, "soft_max_ext(scale 0.5, -inf mask)");
+}
+END_TEST
+
+/* An f16 mask with more rows than a (the extra row is never read), broadcast over dims 2 and 3:
+ * a [3, 2, 4, 2] with a mask [3, 3, 2, 1]: mask plane i2 % 2, the same for both i3. */
+START_TEST(ref_mask_broadcast) {
+    hands h = {0};
+    float *a = add_input(&h, "a"), *m = add_input(&h, "m");
+    for (int i = 0; i < 48; i++) a[i] = (float)((i * 7) % 11) * 0.25f - 1.0f;
+    for (int i = 0; i < 18; i++) m[i] = (float)((i * 5) % 9) * 0.5f - 2.0f; /* exact in f16 */
+    m[4] = -INFINITY;                                                       /* (1, 1, 0) */
+    for (int i = 6; i < 9; i++) m[i] = 1000.0f; /* row 2 of plane 0: never read */
+    reference("input a: f32[3, 2, 4, 2]\ninput m: f16[3, 3, 2]\noutput y = soft_max_ext(a, m, 0.75)\n", &h);
+    double want[48];
+    for (int i3 = 0; i3 < 2; i3++)
+        for (int i2 = 0; i2 < 4; i2++)
+            for (int i1 = 0; i1 < 2; i1++) {
+                double x[3];
+                int    r = (i3 * 4 + i2) * 2 + i1;
+                for (int i0 = 0; i0 < 3; i0++)
+                    x[i0] = (double)(a[r * 3 + i0] * 0.75f) + m[(i2 % 2) * 9 + i1 * 3 + i0];
+                softmax_d(x, 3, NAN, want + r * 3);
+            }
+    expect(&h, want, 48, 1e-6, "mask broadcast over dims 2 and 3");
+    ck_assert(h.out[4] == 0.0f); /* the -inf element of plane 0, row 1, at i3 = 0 ... */
+    ck_assert(h.out[24 + 4] == 0.0f); /* ... and at i3 = 1 */
+}
+END_TEST
+
+/* ALiBi: 3 heads -> n_head_log2 = 2, max_bias 8: m0 = 2^-4, m1 = 2^-2; slopes 1/16, 1/256 and
+ * m1^1 = 1/4. a = 0 and mask = [0, 1, 2, 3], so x = slope * [0, 1, 2, 3]. */
+START_TEST(ref_alibi) {
+    hands h = {0};
+    float *a = add_input(&h, "a"), *m = add_input(&h, "m");
+    memset(a, 0, 12 * sizeof *a);
+    for (int i = 0; i < 4; i++) m[i] = (float)i;
+    reference("input a: f32[4, 1, 3]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, 1, 8)\n", &h);
+    const double want[12] = {0.22707284323348026, 0.2417177833927635,  0.2573072410435041,  0.2739021323302522,
+                             0.24853706917441049, 0.24950981575963635, 0.2504863695673511,  0.2514667454986021,
+                             0.16529617667112,    0.21224449212702542, 0.27252732244308187, 0.3499320087587727};
+    expect(&h, want, 12, 1e-6, "alibi, 3 heads, max_bias 8");
+
+    /* 5 heads: n_head_log2 = 4, max_bias 4: m0 = 2^-1, m1 = 2^-0.5; head 4 uses m1^1. */
+    memset(a, 0, 20 * sizeof *a);
+    reference("input a: f32[4, 1, 5]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, max_bias=4)\n", &h);
+    double want5[20];
+    const double slopes[5] = {0.5, 0.25, 0.125, 0.0625, 0.7071067811865476};
+    for (int hd = 0; hd < 5; hd++) {
+        double x[4];
+        for (int i = 0; i < 4; i++) x[i] = slopes[hd] * i;
+        softmax_d(x, 4, NAN, want5 + hd * 4);
+    }
+    expect(&h, want5, 20, 1e-6, "alibi, 5 heads, max_bias 4");
+
+    /* max_bias 0 means slope 1, whatever the heads. */
+    reference("input a: f32[4, 1, 3]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, 1, 0)\n", &h);
+    double w1[4], x1[4] = {0, 1, 2, 3};
+    softmax_d(x1, 4, NAN, w1);
+    for (int hd = 0; hd < 3; hd++)
+        for (int i = 0; i < 4; i++) ck_assert(fabs(h.out[hd * 4 + i] - w1[i]) < 1e-7);
+}
+END_TEST
+
+/* Sinks: one logit per head in the max and the denominator, never in the output. a = 0 (2 per
+ * row): head 0's sink ln 2 gives 0.25 each, head 1's sink 0 gives 1/3 each. */
+START_TEST(ref_sinks) {
+    hands h = {0};
+    float *a = add_input(&h, "a"), *k = add_input(&h, "k");
+    memset(a, 0, 8 * sizeof *a);
+    k[0] = 0.69314718f;
+    k[1] = 0.0f;
+    reference("input a: f32[2, 2, 2]\ninput k: f32[2]\noutput y = soft_max_ext(a, sinks=k)\n", &h);
+    const double t = 1.0 / 3.0, want[8] = {0.25, 0.25, 0.25, 0.25, t, t, t, t};
+    expect(&h, want, 8, 1e-7, "sinks");
+    /* A large sink takes almost everything. */
+    k[0] = 20.0f;
+    reference("input a: f32[2, 2, 2]\ninput k: f32[2]\noutput y = soft_max_ext(a, sinks=k)\n", &h);
+    ck_assert(h.out[0] < 1e-8 && h.out[0] > 0);
+}
+END_TEST
+
+/* A row masked entirely to -inf: max = -inf and -inf - -inf = NaN, as ggml; a sink makes the row
+ * 0 instead. Other rows are unaffected. */
+START_TEST(ref_fully_masked) {
+    hands h = {0};
+    float *a = add_input(&h, "a"), *m = add_input(&h, "m"), *k = add_input(&h, "k");
+    for (int i = 0; i < 6; i++) a[i] = (float)i;
+    for (int i = 0; i < 3; i++) m[i] = -INFINITY;
+    for (int i = 3; i < 6; i++) m[i] = 0.0f;
+    k[0] = 0.0f;
+    reference("input a: f32[3, 2]\ninput m: f16[3, 2]\noutput y = soft_max_ext(a, m)\n", &h);
+    for (int i = 0; i < 3; i++) ck_assert_msg(isnan(h.out[i]), "y[%d] = %g, want NaN", i, (double)h.out[i]);
+    double want[3], x[3] = {3, 4, 5};
+    softmax_d(x, 3, NAN, want);
+    for (int i = 0; i < 3; i++) ck_assert(fabs(h.out[3 + i] - want[i]) < 1e-7);
+    reference("input a: f32[3, 2]\ninput m: f16[3, 2]\ninput k: f32[1]\noutput y = soft_max_ext(a, m, sinks=k)\n",
+              &h);
+    for (int i = 0; i < 3; i++) ck_assert(h.out[i] == 0.0f);
+    softmax_d(x, 3, 0.0, want);
+    for (int i = 0; i < 3; i++) ck_assert(fabs(h.out[3 + i] - want[i]) < 1e-7);
+}
+END_TEST
+
+/* Views: a transposed leaf and an offset view give the softmax of their logical values. */
+START_TEST(ref_views) {
+    hands h = {0};
+    float *b = add_input(&h, "b");
+    for (int i = 0; i < 8; i++) b[i] = (float)(i % 4) - (float)(i / 4) * 0.5f; /* [[0,1,2,3],[-.5,.5,1.5,2.5]] */
+    reference("input b: f32[4, 2]\nt = transpose(b)\noutput y = soft_max_ext(t, scale=2)\n", &h);
+    double want[8];
+    for (int r = 0; r < 4; r++) {
+        double x[2] = {2.0 * b[r], 2.0 * b[4 + r]};
+        softmax_d(x, 2, NAN, want + 2 * r);
+    }
+    expect(&h, want, 8, 1e-7, "transposed");
+    reference("input b: f32[4, 2]\nv = view(b, [3, 2], [16], 4)\noutput y = soft_max(v)\n", &h);
+    for (int r = 0; r < 2; r++) {
+        double x[3] = {b[4 * r + 1], b[4 * r + 2], b[4 * r + 3]};
+        softmax_d(x, 3, NAN, want + 3 * r);
+    }
+    expect(&h, want, 6, 1e-7, "offset view");
+}
+END_TEST
+
+/* f16 and bf16 a: computed in f32, rounded once to a's type. */
+START_TEST(ref_half_types) {
+    static const char *types[2] = {"f16", "bf16"};
+    static const kiln_type kt[2] = {KILN_F16, KILN_BF16};
+    for (int t = 0; t < 2; t++) {
+        hands h = {0};
+        float *a = add_input(&h, "a");
+        const float va[4] = {1, 2, 3, 4};
+        memcpy(a, va, sizeof va);
+        char kg[128];
+        snprintf(kg, sizeof kg, "input a: %s[4]\noutput y = soft_max(a)\n", types[t]);
+        reference(kg, &h);
+        ck_assert_int_eq(h.out_type, kt[t]);
+        const double want[4] = {0.03205860328008499, 0.08714431874203257, 0.23688281808991013, 0.6439142598879724};
+        for (int i = 0; i < 4; i++) {
+            /* the f32 result rounded to the type, exactly */
+            uint16_t r;
+            kb_store_f32(&r, kt[t], 0, (float)want[i]);
+            float rv = kb_load_f32(&r, kt[t], 0);
+            ck_assert_msg(fabsf(h.out[i] - rv) <= fabsf(rv) * (t ? 8e-3f : 1e-3f), "%s y[%d] = %g want %g",
+                          types[t], i, (double)h.out[i], (double)rv);
+        }
+    }
+}
+END_TEST
+
+/* ---- frontend errors ------------------------------------------------------------------------ */
+
+static void expect_error(const char *kg, kiln_code code, const char *needle) {
+    kiln_ctx   *ctx = kiln_ctx_new();
+    kiln_status st = kiln_parse(ctx, kg, strlen(kg), "t.kg");
+    ck_assert_msg(st != NULL, "expected an error for:\n%s", kg);
+    ck_assert_msg(kiln_status_code(st) == code, "%s: got %s: %s", kg, kiln_code_name(kiln_status_code(st)),
+                  kiln_status_msg(st));
+    ck_assert_msg(strstr(kiln_status_msg(st), needle), "message lacks \"%s\": %s", needle, kiln_status_msg(st));
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+}
+
+START_TEST(errors) {
+    expect_error("input a: i32[4]\ny = soft_max(a)\n", KILN_ERR_SHAPE, "soft_max: operand 'a' (i32[4]) must be f32");
+    expect_error("input a: i64[4]\ninput m: f32[4]\ny = soft_max_ext(a, m)\n", KILN_ERR_SHAPE, "soft_max_ext: operand 'a'");
+    expect_error("input a: f32[4, 2]\ninput m: bf16[4, 2]\ny = soft_max_ext(a, m)\n", KILN_ERR_SHAPE,
+                 "mask 'm' (bf16[4, 2]) must be f16 or f32");
+    expect_error("input a: f32[4, 2]\ninput m: f32[5, 2]\ny = soft_max_ext(a, m)\n", KILN_ERR_SHAPE,
+                 "must have the ne0 of 'a' (f32[4, 2])");
+    expect_error("input a: f32[4, 3]\ninput m: f16[4, 2]\ny = soft_max_ext(a, m)\n", KILN_ERR_SHAPE,
+                 "at least its ne1 rows");
+    expect_error("input a: f32[4, 2, 3]\ninput m: f16[4, 2, 2]\ny = soft_max_ext(a, m)\n", KILN_ERR_SHAPE,
+                 "ne2 and ne3 must divide");
+    expect_error("input a: f32[4, 2, 1, 3]\ninput m: f16[4, 2, 1, 2]\ny = soft_max_ext(a, m)\n", KILN_ERR_SHAPE,
+                 "must broadcast over");
+    expect_error("input a: f32[4, 2, 3]\ninput k: f16[3]\ny = soft_max_ext(a, sinks=k)\n", KILN_ERR_SHAPE,
+                 "sinks 'k' (f16[3]) must be f32");
+    expect_error("input a: f32[4, 2, 3]\ninput k: f32[2]\ny = soft_max_ext(a, sinks=k)\n", KILN_ERR_SHAPE,
+                 "one value per head");
+    expect_error("input a: f32[4, 3]\ninput k: f32[3]\ny = soft_max_ext(a, sinks=k)\n", KILN_ERR_SHAPE,
+                 "ne0 == ne2 of 'a' (f32[4, 3])");
+    expect_error("input a: f32[4, 2]\ny = soft_max_ext(a, scale=1, max_bias=2)\n", KILN_ERR_INVALID,
+                 "max_bias 2 > 0 (ALiBi) needs a mask");
+    /* the C API takes the same path */
+    kiln_ctx    *ctx = kiln_ctx_new();
+    int64_t      ne[2] = {4, 2};
+    kiln_tensor *a = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "a", 2, ne);
+    ck_assert_ptr_null(kiln_soft_max_ext(ctx, a, NULL, 1.0f, 1.0f, NULL));
+    kiln_status st = kiln_ctx_status(ctx);
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+/* The rows that ggml accepts build (negative max_bias is slope 1; mask rows beyond ne1). */
+START_TEST(accepted) {
+    const char *ok[] = {
+        "input a: f32[4, 2]\ninput m: f16[4, 9]\ny = soft_max_ext(a, m, 1, -3)\noutput z = cont(y)\n",
+        "input a: bf16[4, 2, 6, 2]\ninput m: f32[4, 2, 3]\ninput k: f32[6]\n"
+        "output y = soft_max_ext(a, m, 0.5, 8, k)\n",
+        "input a: f32[4, 3]\ninput s: f32[1]\noutput y = soft_max_ext(a, mask=a, scale=0.5, max_bias=0, sinks=s)\n",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        kiln_ctx   *ctx = ts_parse(ok[i]);
+        kiln_graph *g = NULL;
+        TS_OK(kiln_graph_new(ctx, &g));
+        kiln_graph_free(g);
+        kiln_ctx_free(ctx);
+    }
+}
+END_TEST
+
+/* ---- kernels: generated and compiled ---------------------------------------------------------- */
+
+static char *g_cache;
+
+/* Compiles src straight through NVRTC with kiln's options for arch, to see its log: generated
+ * code must compile without warnings. */
+static void check_no_warnings(const char *src, const char *name, const char *arch) {
+    const char *opts[CG_MAX_OPTS];
+    int         n = cg_nvrtc_options(arch, opts);
+    nvrtcProgram prog;
+    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
+    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
+    size_t      len = 0;
+    nvrtcGetProgramLogSize(prog, &len);
+    char *log = calloc(1, len + 1);
+    ck_assert_ptr_nonnull(log);
+    nvrtcGetProgramLog(prog, log);
+    nvrtcDestroyProgram(&prog);
+    if (!(r == NVRTC_SUCCESS && log[0] == 0)) fprintf(stderr, "source of %s:\n%s\n", name, src);
+    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s (%s): NVRTC says:\n%.3000s", name, arch, log);
+    free(log);
+}
+
+typedef struct {
+    const char *kg;
+    const char *want; /* a substring the softmax kernel's source must contain */
+} gcase;
+
+/* The graphs: every kernel shape, mask types and broadcasts, ALiBi, sinks, scale, layouts, types. */
+static const gcase CASES[] = {
+    /* team kernels: rows of 1 .. 1024 elements */
+    {"input a: f32[1, 3]\noutput y = soft_max(a)\n", "a team of 1 lane per row"},
+    {"input a: f32[7, 5, 3]\ninput m: f32[7, 6, 3]\noutput y = soft_max_ext(a, m, 0.5)\n", "a team of 8 lanes"},
+    {"input a: f16[64, 33]\ninput m: f16[64, 33]\noutput y = soft_max_ext(a, m, 0.125)\n", "vectors of 4"},
+    {"input a: bf16[1024, 16, 4]\ninput m: f16[1024, 16]\ninput k: f32[4]\n"
+     "output y = soft_max_ext(a, m, 0.1, 8, k)\n", "powf(m0"},
+    {"input b: f32[33, 128]\nt = transpose(b)\noutput y = soft_max_ext(t, scale=2)\n", "element by element"},
+    /* block kernels, one block per row */
+    {"input a: f32[4096, 300]\noutput y = soft_max(a)\n", "one per row"},
+    {"input a: f32[4097, 300]\ninput m: f16[4097, 300]\noutput y = soft_max_ext(a, m)\n", "one per row"},
+    {"input a: f16[2048, 9, 300]\ninput m: f32[2048, 9, 3]\ninput k: f32[300]\n"
+     "output y = soft_max_ext(a, m, 0.3, 2.5, k)\n", "groups of 4"},
+    {"input b: f32[1030, 400]\nv = view(b, [1025, 400], [4120], 4)\noutput y = soft_max(v)\n", "element by element"},
+    {"input b: f32[8, 2000, 40]\np = permute(b, 2, 0, 1, 3)\noutput y = soft_max(p)\n", "element by element"},
+    /* clusters (sm_90) with their one-block fallback */
+    {"input a: f32[32000, 8]\noutput y = soft_max(a)\n", "__cluster_dims__(8, 1, 1)"},
+    {"input a: f32[32000, 512]\ninput m: f16[32000, 512]\noutput y = soft_max_ext(a, m, 0.7)\n", "__cluster_dims__(2, 1, 1)"},
+    {"input a: f32[131072, 2, 2]\ninput m: f16[131072, 2]\ninput k: f32[2]\n"
+     "output y = soft_max_ext(a, m, 1, 4, k)\n", "in registers (one read)"},
+    {"input a: bf16[65536, 2]\noutput y = soft_max(a)\n", "kiln_cluster_load"},
+    /* streamed: rows longer than a cluster's registers */
+    {"input a: f32[262144, 3]\noutput y = soft_max(a)\n", "streamed"},
+    {"input a: f32[131073, 2]\ninput m: f32[131073, 2]\ninput k: f32[1]\n"
+     "output y = soft_max_ext(a, m, 0.5, 0, k)\n", "streamed"},
+    {"input b: f16[2, 140000]\nt = transpose(b)\ninput m: f16[140000, 2]\noutput y = soft_max_ext(t, m, 2)\n",
+     "streamed"},
+};
+#define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
+
+static kiln_program *compile_text(const char *kg, const char *arch, int skip, kiln_ctx **ctx_out, kiln_graph **g_out) {
+    kiln_ctx   *ctx = ts_parse(kg);
+    kiln_graph *g = NULL;
+    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_compile_opts o = {.arch = arch, .cache_dir = g_cache, .skip_nvrtc = skip};
+    kiln_program     *p = NULL;
+    TS_OK(kiln_compile(g, &o, &p));
+    *ctx_out = ctx;
+    *g_out = g;
+    return p;
+}
+
+/* The softmax kernel of p (graphs may hold a cont or view copy too). */
+static int softmax_kernel(const kiln_program *p) {
+    for (int i = 0; i < kiln_program_kernel_count(p); i++)
+        if (strncmp(kiln_program_kernel_name(p, i), "soft_max", 8) == 0) return i;
+    ck_abort_msg("no soft_max kernel");
+    return -1;
+}
+
+START_TEST(kernels_compile) {
+    static const char *archs[2] = {"sm_90a", "sm_80"};
+    const gcase       *c = &CASES[_i];
+    for (int a = 0; a < 2; a++) {
+        kiln_ctx     *ctx;
+        kiln_graph   *g;
+        kiln_program *p = compile_text(c->kg, archs[a], 0, &ctx, &g);
+        int           k = softmax_kernel(p);
+        const char   *src = kiln_program_kernel_source(p, k);
+        if (!strstr(src, c->want)) fprintf(stderr, "case %d source:\n%s\n", _i, src);
+        ck_assert_msg(strstr(src, c->want), "case %d: missing \"%s\" (source on stderr)", _i, c->want);
+        ck_assert_msg(!strstr(src, "#include"), "#include in source");
+        /* The cluster fallback is only compiled for sm_80: check both archs' warnings. */
+        check_no_warnings(src, kiln_program_kernel_name(p, k), archs[a]);
+        kiln_program_free(p);
+        kiln_graph_free(g);
+        kiln_ctx_free(ctx);
+    }
+}
+END_TEST
+
+/* The same graph gives the same source; names and layouts show in the kernel's comments. */
+START_TEST(kernels_deterministic) {
+    for (int i = 0; i < NCASES; i++) {
+        char *first = NULL;
+        for (int rep = 0; rep < 2; rep++) {
+            kiln_ctx     *ctx;
+            kiln_graph   *g;
+            kiln_program *p = compile_text(CASES[i].kg, "sm_90a", 1, &ctx, &g);
+            const char   *src = kiln_program_kernel_source(p, softmax_kernel(p));
+            if (!rep) first = strdup(src);
+            else ck_assert_msg(strcmp(first, src) == 0, "case %d: sources differ", i);
+            ck_assert_msg(strstr(src, "kiln softmax kernel"), "header comment");
+            kiln_program_free(p);
+            kiln_graph_free(g);
+            kiln_ctx_free(ctx);
+        }
+        free(first);
+    }
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("ops_softmax");
+    TCase *tc = tcase_create("reference");
+    tcase_add_test(tc, ref_soft_max_basic);
+    tcase_add_test(tc, ref_scale_mask_inf);
+    tcase_add_test(tc, ref_mask_broadcast);
+    tcase_add_test(tc, ref_alibi);
+    tcase_add_test(tc, ref_sinks);
+    tcase_add_test(tc, ref_fully_masked);
+    tcase_add_test(tc, ref_views);
+    tcase_add_test(tc, ref_half_types);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("frontend");
+    tcase_add_test(tc, errors);
+    tcase_add_test(tc, accepted);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("kernels");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
+    tcase_add_test(tc, kernels_deterministic);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    g_cache = NULL;
+    const char *base = getenv("TMPDIR");
+    static char dir[4096];
+    snprintf(dir, sizeof dir, "%s/kiln-softmax-test-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return EXIT_FAILURE;
+    }
+    g_cache = dir;
+    int rc = ts_main(suite());
+    ts_rmtree(g_cache);
+    return rc;
+}
