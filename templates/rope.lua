@@ -1,4 +1,614 @@
--- rope: the kernel template of the rope family (see docs/templates.md for the table k of IR_OP nodes).
+-- rope: the kernel template of the rope family (rope_ext); see docs/templates.md for the table k
+-- of IR_OP nodes and docs/ops-rope.md for the semantics (ggml's CPU rope, ir/ref_rope.c).
+--
+-- One block per (token, group of HPB heads): grid = (ne2 * ne3, ceil(ne1 / HPB)).
+--
+-- 1. The block's threads compute the token's cos/sin cache into shared memory, one pair index
+--    per thread (cs[q] = {cos, sin} of pair q). The angle of pair i is ggml's float recurrence
+--    theta_{i+1} = theta_i * theta_scale started at the position, so each thread walks that chain
+--    (keeping its state from one of its pairs to the next) with the same float multiplications
+--    the CPU does: the angles are bit-identical to the reference's, which matters because the
+--    angles reach thousands of radians (a relative error of 1e-7 in theta would be 1e-4 in the
+--    output). The YaRN ramp, freq_factors and mscale steps use explicitly rounded intrinsics
+--    (__fmul_rn, ...) in ggml's order so that contraction into FMAs cannot change them; sin and
+--    cos are CUDA's precise sincosf (<= 2 ulp). Each cache entry is shared by the HPB heads.
+-- 2. Each thread rotates units of G consecutive pairs of one head: for neox/mrope/imrope/vision
+--    the two halves x[i..i+G) and x[i+n..i+n+G) (n = n_dims/2, vision n_dims), for normal the 2G
+--    adjacent elements x[2i..2i+2G); 16-byte vector loads and stores where the static layout
+--    allows (checked here on offsets and strides; buffers are 256-byte aligned). When the whole
+--    row's pairs fit in one cache chunk and each thread has at most MAX_U units, the units are
+--    loaded into registers before step 1, so the loads overlap the angle computation.
+-- 3. Elements n_dims..ne0-1 (not vision) are copied as they are.
+--
+-- Pairs beyond CACHE_MAX are processed in chunks of CACHE_MAX (large n_dims only).
+
+local tpl = require("tpl")
+local prelude = require("prelude")
+
+local SIZE = { f32 = 4, f16 = 2, bf16 = 2 }
+local INT_MAX = 2147483647
+local BLOCK_MAX = 256
+local CACHE_MAX = 2048  -- pairs of one chunk: 16 KiB of float2
+local MAX_U = 4         -- units per thread held in registers across step 1
+local TARGET_UNITS = 512 -- units per block the head grouping aims for
+local MIN_BLOCKS = 264  -- with fewer blocks, heads are split over more blocks (2 per H100 SM)
+local MAX_GRID_Y = 65535
+local MODES = { [0] = "normal", [2] = "neox", [8] = "mrope", [24] = "vision", [40] = "imrope" }
+
+local function fail(fmt, ...) error("rope: " .. string.format(fmt, ...), 0) end
+
+local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+
+local function check_ref(r, what, types)
+    if type(r) ~= "table" or not types[r.type] then
+        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
+    end
+    for d = 1, 4 do
+        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
+        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
+    end
+    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
+end
+
+local function ceil_div(a, b) return (a + b - 1) // b end
+
+-- ---- float32 arithmetic at generation time ---------------------------------------------------
+--
+-- Lua numbers are doubles. f32(x) rounds one to float; a double +, -, *, / of floats rounded
+-- once to float is the float operation's result (53 >= 2*24 + 2), so f32(a op b) emulates float
+-- arithmetic exactly. pow and log are the C library's double functions rounded to float: the
+-- reference (ir/ref_rope.c) computes these constants the same way, in the same process.
+
+local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
+
+-- An exact CUDA float literal of the float value x.
+local function lit(x)
+    if x ~= x then return "__int_as_float(0x7fc00000)" end
+    if x == math.huge then return "__int_as_float(0x7f800000)" end
+    if x == -math.huge then return "__int_as_float(0xff800000)" end
+    local s = string.format("%.9g", x):gsub(",", ".")
+    if not s:find("[%.e]") then s = s .. ".0" end
+    return s .. "f"
+end
+
+-- C's floorf/ceilf as floats (math.floor returns an integer when it can).
+local function ffloor(x) return math.floor(x) + 0.0 end
+local function fceil(x) return math.ceil(x) + 0.0 end
+
+-- The constants of the angle computation, as ggml computes them (see ir/ref_rope.c).
+local function constants(k)
+    local v, p = k.values, k.params
+    local nd = p.n_dims
+    local c = {}
+    c.theta_scale = f32(v.freq_base ^ f32(-2.0 / nd))
+    -- ggml_rope_yarn_corr_dims
+    local pi = f32(math.pi)
+    local function corr_dim(n_rot)
+        local l = f32(math.log(f32(p.n_ctx_orig / f32(f32(n_rot * 2.0) * pi))))
+        return f32(f32(nd * l) / f32(2.0 * f32(math.log(v.freq_base))))
+    end
+    local start = ffloor(corr_dim(v.beta_fast))
+    local stop = fceil(corr_dim(v.beta_slow))
+    c.low = (0.0 > start) and 0.0 or start
+    c.high = ((nd - 1) < stop) and (nd - 1) + 0.0 or stop
+    local diff = f32(c.high - c.low)
+    local milli = f32(0.001)
+    c.den = (milli > diff) and milli or diff
+    c.mscale = v.attn_factor
+    if v.ext_factor ~= 0 then
+        local l = f32(math.log(f32(1.0 / v.freq_scale)))
+        c.mscale = f32(v.attn_factor * f32(1.0 + f32(f32(0.1) * l)))
+    end
+    return c
+end
+
+-- Largest element offset r reaches, and whether an offset or stride is negative.
+local function reach(r)
+    local m, neg = r.offs, r.offs < 0
+    for d = 1, 4 do
+        if r.ne[d] > 1 then
+            if r.st[d] < 0 then neg = true else m = m + (r.ne[d] - 1) * r.st[d] end
+        end
+    end
+    return m, neg
+end
+
+-- ---- the plan -----------------------------------------------------------------------------
+
+-- Can x be read (and the natural dst written) as vectors of ve elements at element offsets that
+-- are multiples of ve?
+local function vector_ok(a, dst, ve)
+    if ve < 2 or ve * SIZE[a.type] > 16 then return false end
+    if a.st[1] ~= 1 or a.offs % ve ~= 0 then return false end
+    for d = 2, 4 do
+        if a.ne[d] > 1 and a.st[d] % ve ~= 0 then return false end
+    end
+    if dst.offs % ve ~= 0 then return false end
+    if dst.ne[2] * dst.ne[3] * dst.ne[4] > 1 and dst.ne[1] % ve ~= 0 then return false end
+    return true
+end
+
+local function plan_of(k)
+    local a, dst = k.args.a, k.dst
+    local p = k.params
+    local P = { mode = p.mode, kind = MODES[p.mode], nd = p.n_dims, type = a.type }
+    if not P.kind then fail("unsupported mode %s", tostring(p.mode)) end
+    local ne = dst.ne
+    P.ne = ne
+    P.np = P.kind == "vision" and P.nd or P.nd // 2 -- pairs rotated per row
+    P.off = P.np                                     -- neox-like: partner of element i is i + np
+    P.pt = P.kind == "vision" and 0 or ne[1] - P.nd  -- elements copied per row
+    if P.kind == "vision" and 2 * P.nd ~= ne[1] then fail("vision needs n_dims == ne0 / 2") end
+    if P.nd < 0 or P.nd % 2 ~= 0 or P.nd > ne[1] then fail("bad n_dims %d for ne0 %d", P.nd, ne[1]) end
+
+    -- Pairs per unit (G) and vector width in elements (ve, 1 = element by element).
+    local size = SIZE[a.type]
+    local normal = P.kind == "normal"
+    local g = 1
+    if P.np > 0 and a.st[1] == 1 then
+        g = (normal and 8 or 16) // size
+        while g > 1 and P.np % g ~= 0 do g = g // 2 end
+        while g > 1 and not vector_ok(a, dst, normal and 2 * g or g) do g = g // 2 end
+    end
+    P.g = g
+    P.ve = normal and 2 * g or g
+    P.vec = vector_ok(a, dst, P.ve)
+    if not P.vec then P.ve = 1 end
+
+    -- Cache chunks.
+    P.ch = math.min(P.np, CACHE_MAX)
+    P.nchunks = P.np > 0 and ceil_div(P.np, P.ch) or 0
+    P.uph = P.ch // g -- units per head of a full chunk
+
+    -- Heads per block: about TARGET_UNITS units, more blocks when the grid would be small.
+    local tokens = ne[3] * ne[4]
+    local per_head = math.max(P.uph, P.pt, 1)
+    local hpb = math.max(1, math.min(ne[2], ceil_div(TARGET_UNITS, per_head)))
+    while hpb > 1 and tokens * ceil_div(ne[2], hpb) < MIN_BLOCKS and (hpb // 2) * per_head >= 64 do
+        hpb = ceil_div(hpb, 2)
+    end
+    if ceil_div(ne[2], hpb) > MAX_GRID_Y then hpb = ceil_div(ne[2], MAX_GRID_Y) end
+    P.hpb = hpb
+    P.hg = ceil_div(ne[2], hpb)
+    P.tokens = tokens
+    if tokens > INT_MAX then fail("too many tokens (%d)", tokens) end
+
+    -- Block size: enough threads for the block's units (and the chunk's pairs), a warp at least.
+    local work = math.max(hpb * P.uph, hpb * P.pt, math.min(P.ch, BLOCK_MAX), 1)
+    P.block = math.min(BLOCK_MAX, ceil_div(work, 32) * 32)
+    P.nu = hpb * P.uph
+    P.prefetch = P.nchunks == 1 and ceil_div(P.nu, P.block) <= MAX_U
+    P.u = ceil_div(P.nu, P.block)
+    return P
+end
+
+-- ---- code -------------------------------------------------------------------------------------
+
+local kernel = tpl.define [[
+// kiln rope kernel ${name}
+// rope_ext mode ${mode} (${kind}): a ${atype} ${dims(ane)} st ${dims(ast)} offs ${aoffs} -> out ${dims(ane)}
+// n_dims ${nd}: ${np} pairs per row${pairs}; ${copied}
+// theta_scale ${ts}, freq_scale ${fs}, ext_factor ${ef}, mscale ${ms}${yarn}
+// positions: i32 st ${pst} offs ${poffs}${ffnote}
+// grid ${gx} x ${gy} (tokens x head groups of ${hpb}), block ${block}; units of ${g} pair(s) (${how});
+//   ${chunks}, ${bits}-bit offsets
+@ if pre ~= "" then
+
+${pre}
+@ end
+@ for _, t in ipairs(types) do
+
+${t}
+@ end
+
+extern "C" __global__ void __launch_bounds__(${block})
+${name}(${params})
+{
+@ for _, l in ipairs(body) do
+${l}
+@ end
+}
+]]
+
 return function(k)
-    error("rope: template for " .. tostring(k.op) .. " is not implemented yet", 0)
+    if k.kind ~= "op" or k.op ~= "rope_ext" then fail("unsupported node %s", tostring(k.op)) end
+    local a, pos, ff, dst = k.args.a, k.args.pos, k.args.freq_factors, k.dst
+    check_ref(a, "a", SIZE)
+    check_ref(dst, "dst", SIZE)
+    check_ref(pos, "pos", { i32 = 4 })
+    if ff then check_ref(ff, "freq_factors", { f32 = 4 }) end
+    if dst.type ~= a.type then fail("dst type %s differs from a's %s", dst.type, a.type) end
+    for d = 1, 4 do
+        if dst.ne[d] ~= a.ne[d] then fail("dst and a shapes differ") end
+    end
+
+    local P = plan_of(k)
+    local C = constants(k)
+    local pre = prelude.new()
+    local ne, nd, np, g = P.ne, P.nd, P.np, P.g
+    local T = prelude.ctype[a.type]
+
+    -- Index width: 32-bit unless an offset needs more.
+    local wide = false
+    for _, r in ipairs({ a, dst, pos }) do
+        local m, neg = reach(r)
+        if m > INT_MAX or neg then wide = true end
+    end
+    if ff then
+        local m, neg = reach(ff)
+        if m > INT_MAX or neg then wide = true end
+    end
+    local ix = wide and "long long" or "unsigned"
+    local function I(v) return tostring(v) .. (wide and "ll" or "u") end
+    local function U(v) return tostring(v) .. "u" end
+
+    -- Parameters and pointers.
+    local nparams = k.nparams
+    local plist = {}
+    for q = 0, nparams - 1 do
+        plist[#plist + 1] = (q == 0 and "char" or "const char") .. " *__restrict__ p" .. q
+    end
+    local params = table.concat(plist, ", ")
+    local name = string.format("rope_%s_%s_%d_%d", P.kind, a.type, nd, ne[1])
+    if #params + #name > 90 then params = "\n    " .. table.concat(plist, ",\n    ") end
+    local function ptr(r, var, ct, const)
+        if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
+            fail("%s: param %s out of range", var, tostring(r.param))
+        end
+        local cq = (const and "const " or "") .. ct
+        local offs = ""
+        if r.offs ~= 0 then offs = " + " .. tostring(r.offs) .. (math.abs(r.offs) > INT_MAX and "ll" or "") end
+        return string.format("%s *const %s = (%s *)p%d%s;", cq, var, cq, r.param, offs)
+    end
+
+    local body = {}
+    local function add(s, ind) body[#body + 1] = (s == "" or s:sub(1, 1) == "#") and s or (ind or "    ") .. s end
+    add(ptr(dst, "y", T, false))
+    add(ptr(a, "x", T, true))
+    if np > 0 then
+        add(ptr(pos, "pos", "int", true))
+        if ff then add(ptr(ff, "ff", "float", true)) end
+    end
+    add("")
+
+    -- Token and head group.
+    add("const unsigned tok = blockIdx.x;")
+    -- tok = i3 * ne2 + i2; only the coordinates something reads are declared.
+    local i2, i3 = "0u", "0u"
+    if ne[3] > 1 then
+        i2 = ne[4] > 1 and "i2" or "tok"
+        if ne[4] > 1 and (np > 0 or a.st[3] ~= 0) then add(string.format("const unsigned i2 = tok %% %s;", U(ne[3]))) end
+    end
+    if ne[4] > 1 and a.st[4] ~= 0 then
+        i3 = "i3"
+        add(string.format("const unsigned i3 = tok / %s;", U(ne[3])))
+    end
+    local aterms = {}
+    if ne[3] > 1 and a.st[3] ~= 0 then aterms[#aterms + 1] = string.format("(%s)%s * %s", ix, i2, I(a.st[3])) end
+    if ne[4] > 1 and a.st[4] ~= 0 then aterms[#aterms + 1] = string.format("(%s)%s * %s", ix, i3, I(a.st[4])) end
+    add(string.format("const %s xbase = %s;", ix, #aterms > 0 and table.concat(aterms, " + ") or I(0)))
+    add(string.format("const %s ybase = (%s)tok * %s;", ix, ix, I(ne[1] * ne[2])))
+    if P.hg > 1 then
+        add(string.format("const unsigned hb = blockIdx.y * %s; /* first head of the block */", U(P.hpb)))
+    else
+        add("const unsigned hb = 0u; /* first head of the block */")
+    end
+    local partial = ne[2] % P.hpb ~= 0
+    if partial then
+        add(string.format("const unsigned nh = %s - hb < %s ? %s - hb : %s;", U(ne[2]), U(P.hpb), U(ne[2]), U(P.hpb)))
+    end
+    local nh = partial and "nh" or U(P.hpb)
+
+    -- Offsets of element e (an expression) of head h (an expression) in x and y.
+    local function xoff(h, e)
+        local s = "xbase"
+        if ne[2] > 1 and a.st[2] ~= 0 then s = s .. string.format(" + (%s)(%s) * %s", ix, h, I(a.st[2])) end
+        if a.st[1] == 1 then return s .. string.format(" + (%s)", e) end
+        return s .. string.format(" + (%s)(%s) * %s", ix, e, I(a.st[1]))
+    end
+    local function yoff(h, e)
+        return string.format("ybase + (%s)(%s) * %s + (%s)", ix, h, I(ne[1]), e)
+    end
+
+    -- 3. the copied tail (ne0 - n_dims elements per row), element by element.
+    local function copy_tail()
+        if P.pt <= 0 then return end
+        add(string.format("for (unsigned v = threadIdx.x; v < %s * %s; v += %s) {", nh, U(P.pt), U(P.block)))
+        add(string.format("const unsigned h = hb + v / %s, e = %s + v %% %s;", U(P.pt), U(nd), U(P.pt)), "        ")
+        add(string.format("y[%s] = x[%s];", yoff("h", "e"), xoff("h", "e")), "        ")
+        add("}")
+    end
+
+    local types = {}
+    local vt
+    if P.vec then
+        vt = string.format("kiln_rope_%sx%d", a.type == "f32" and "f32" or "u16", P.ve)
+        types[1] = string.format("struct alignas(%d) %s {\n    %s v[%d];\n};", P.ve * SIZE[a.type], vt, T, P.ve)
+    end
+
+    -- The parts of a unit: one run of 2G elements (normal) or two runs of G (the others).
+    -- A part is read into raw registers (a vector, or G scalars) named by its prefix.
+    local function parts_of()
+        if P.kind == "normal" then return { { e = function(i) return "2u * " .. i end, n = 2 * g, pfx = "r" } } end
+        return {
+            { e = function(i) return i end, n = g, pfx = "ra" },
+            { e = function(i) return i .. " + " .. U(P.off) end, n = g, pfx = "rb" },
+        }
+    end
+    local function raw(part, j, m)
+        if P.vec then return string.format("%s%d.v[%d]", part.pfx, j, m) end
+        return string.format("%s%d_%d", part.pfx, j, m)
+    end
+    -- Lines reading unit j's parts (head h<j>, first pair i<j>) into registers: declared here
+    -- (decl), or assigned to registers declared earlier.
+    local function load_unit(j, ind, decl)
+        for _, part in ipairs(parts_of()) do
+            local e = part.e("i" .. j)
+            local h = "h" .. j
+            if P.vec then
+                add(string.format("%s%s%d = *(const %s *)(x + %s);", decl and "const " .. vt .. " " or "", part.pfx, j,
+                    vt, xoff(h, e)), ind)
+            else
+                for m = 0, part.n - 1 do
+                    add(string.format("%s%s = x[%s];", decl and "const " .. T .. " " or "", raw(part, j, m),
+                        xoff(h, e .. " + " .. U(m))), ind)
+                end
+            end
+        end
+    end
+    -- Lines rotating unit j (cache entries from chunk-relative pair q) and storing it.
+    local function rotate_unit(j, ind)
+        local parts = parts_of()
+        local function rot(m, x0, x1, cidx, out0, out1)
+            add(string.format("const float2 c%d_%d = cs[q%d + %s];", j, m, j, U(cidx)), ind)
+            local c = string.format("c%d_%d", j, m)
+            add(string.format("const float x0_%d_%d = %s, x1_%d_%d = %s;", j, m, pre.load(a.type, x0), j, m,
+                pre.load(a.type, x1)), ind)
+            local X0, X1 = string.format("x0_%d_%d", j, m), string.format("x1_%d_%d", j, m)
+            out0[#out0 + 1] = string.format("__fsub_rn(__fmul_rn(%s, %s.x), __fmul_rn(%s, %s.y))", X0, c, X1, c)
+            out1[#out1 + 1] = string.format("__fadd_rn(__fmul_rn(%s, %s.y), __fmul_rn(%s, %s.x))", X0, c, X1, c)
+        end
+        local outs = {}
+        if P.kind == "normal" then
+            local o = {}
+            for m = 0, g - 1 do
+                local o0, o1 = {}, {}
+                rot(m, raw(parts[1], j, 2 * m), raw(parts[1], j, 2 * m + 1), m, o0, o1)
+                o[2 * m + 1], o[2 * m + 2] = o0[1], o1[1]
+            end
+            outs[1] = o
+        else
+            local o0, o1 = {}, {}
+            for m = 0, g - 1 do rot(m, raw(parts[1], j, m), raw(parts[2], j, m), m, o0, o1) end
+            outs[1], outs[2] = o0, o1
+        end
+        for pi, part in ipairs(parts) do
+            local e = part.e("i" .. j)
+            local h = "h" .. j
+            if P.vec then
+                add(string.format("%s o%d_%d;", vt, j, pi), ind)
+                for m = 0, part.n - 1 do
+                    add(string.format("o%d_%d.v[%d] = %s;", j, pi, m, pre.store(a.type, outs[pi][m + 1])), ind)
+                end
+                add(string.format("*(%s *)(y + %s) = o%d_%d;", vt, yoff(h, e), j, pi), ind)
+            else
+                for m = 0, part.n - 1 do
+                    add(string.format("y[%s] = %s;", yoff(h, e .. " + " .. U(m)), pre.store(a.type, outs[pi][m + 1])), ind)
+                end
+            end
+        end
+    end
+    -- Lines defining unit j's head h<j>, chunk-relative pair q<j> and pair i<j> from unit index u
+    -- (uph: units per head, an expression).
+    local function unit_index(j, u, c0, uph, ind)
+        if uph == "1u" then
+            add(string.format("const unsigned h%d = hb + %s, q%d = 0u;", j, u, j), ind)
+        else
+            add(string.format("const unsigned h%d = hb + %s / %s, q%d = %s %% %s * %s;", j, u, uph, j, u, uph, U(g)),
+                ind)
+        end
+        add(string.format("const unsigned i%d = %s + q%d;", j, c0, j), ind)
+    end
+
+    -- 1. the cos/sin cache of pairs [c0, c0 + chn).
+    local mrope = P.mode == 8 or P.mode == 24 or P.mode == 40
+    local sec = k.params.sections
+    local sd = sec[1] + sec[2] + sec[3] + sec[4]
+    if mrope and sd <= 0 then fail("mode %d needs sections with a positive sum", P.mode) end
+    local sec_w, sec_e = sec[1] + sec[2], sec[1] + sec[2] + sec[3]
+    local TS = lit(C.theta_scale)
+    local function step_chain(ind)
+        if not mrope then
+            add(string.format("t = __fmul_rn(t, %s);", TS), ind)
+            return
+        end
+        add(string.format("tt = __fmul_rn(tt, %s); th = __fmul_rn(th, %s);", TS, TS), ind)
+        add(string.format("tw = __fmul_rn(tw, %s); te = __fmul_rn(te, %s);", TS, TS), ind)
+    end
+    -- Vision restarts each section's chain at its first pair (ggml's indep_sects), in ggml's
+    -- if/else order; a repeated constant could never be reached, so it is left out.
+    local function resets(kvar, ind)
+        if P.mode ~= 24 then return end
+        local seen, first = {}, true
+        add(string.format("{ const int s = (int)(%s %% %s);", kvar, U(sd)), ind)
+        for _, r in ipairs({ { 0, "tt", "pt" }, { sec[1], "th", "ph" }, { sec_w, "tw", "pw" }, { sec_e, "te", "pe" } }) do
+            if not seen[r[1]] then
+                seen[r[1]] = true
+                add(string.format("  %sif (s == %d) %s = %s;", first and "" or "else ", r[1], r[2], r[3]), ind)
+                first = false
+            end
+        end
+        add("}", ind)
+    end
+    local function pick(ind)
+        if not mrope then
+            add("const float theta = t;", ind)
+            return
+        end
+        add(string.format("const int s = (int)(i %% %s);", U(sd)), ind)
+        add("float theta = tt;", ind)
+        if P.mode == 40 then
+            add(string.format("if (s %% 3 == 1 && s < %d) theta = th;", 3 * sec[2]), ind)
+            add(string.format("else if (s %% 3 == 2 && s < %d) theta = tw;", 3 * sec[3]), ind)
+            add(string.format("else if (s %% 3 == 0 && s < %d) theta = tt;", 3 * sec[1]), ind)
+            add("else theta = te;", ind)
+        else
+            add(string.format("if (s >= %d && s < %d) theta = th;", sec[1], sec_w), ind)
+            add(string.format("else if (s >= %d && s < %d) theta = tw;", sec_w, sec_w + sec[3]), ind)
+            add(string.format("else if (s >= %d) theta = te;", sec_w + sec[3]), ind)
+        end
+    end
+    local ef = k.values.ext_factor ~= 0
+    local function cache_phase(c0, chn, ind)
+        local in2 = ind .. "    "
+        add(string.format("for (unsigned q = threadIdx.x; q < %s; q += %s) {", chn, U(P.block)), ind)
+        add(string.format("const unsigned i = %s + q;", c0), in2)
+        add("for (; k < i; k++) {", in2)
+        resets("k", in2 .. "    ")
+        step_chain(in2 .. "    ")
+        add("}", in2)
+        resets("i", in2)
+        pick(in2)
+        local ext = "theta"
+        if ff then
+            add(string.format("const float ext = __fdiv_rn(theta, ff[(%s)i * %s]);", ix, I(ff.st[1])), in2)
+            ext = "ext"
+        end
+        local interp = ext
+        if k.values.freq_scale ~= 1 then
+            add(string.format("const float interp = __fmul_rn(%s, %s);", k.params.freq_scale, ext), in2)
+            interp = "interp"
+        end
+        local ang = interp
+        if ef then
+            -- rope_yarn_ramp(low, high, i) * ext_factor, then the mix, in ggml's order.
+            add(string.format("const float ry = __fdiv_rn(__fsub_rn((float)i, %s), %s);", lit(C.low), lit(C.den)), in2)
+            add("const float rmax = 0.0f > ry ? 0.0f : ry;", in2)
+            add("const float rmin = 1.0f < rmax ? 1.0f : rmax;", in2)
+            add(string.format("const float mix = __fmul_rn(__fsub_rn(1.0f, rmin), %s);", k.params.ext_factor), in2)
+            add(string.format("const float ang = __fadd_rn(__fmul_rn(%s, __fsub_rn(1.0f, mix)), __fmul_rn(%s, mix));",
+                interp, ext), in2)
+            ang = "ang"
+        end
+        add("float sn, cn;", in2)
+        add(string.format("sincosf(%s, &sn, &cn);", ang), in2)
+        if C.mscale ~= 1 then
+            local ms = lit(C.mscale)
+            add(string.format("cs[q] = make_float2(__fmul_rn(cn, %s), __fmul_rn(sn, %s));", ms, ms), in2)
+        else
+            add("cs[q] = make_float2(cn, sn);", in2)
+        end
+        add("}", ind)
+    end
+
+    -- The body.
+    if np > 0 then
+        add(string.format("__shared__ float2 cs[%d];", P.ch))
+        local pv = {}
+        local function posv(kk)
+            local idx = kk == 0 and i2 or string.format("(%s + %s)", i2, U(kk * ne[3]))
+            return string.format("(float)pos[(%s)%s * %s]", ix, idx, I(pos.st[1]))
+        end
+        if mrope then
+            add(string.format("const float pt = %s, ph = %s;", posv(0), posv(1)))
+            add(string.format("const float pw = %s, pe = %s;", posv(2), posv(3)))
+            add("float tt = pt, th = ph, tw = pw, te = pe; /* ggml's four chains, at pair k */")
+        else
+            add(string.format("float t = %s; /* ggml's chain theta_k = pos * theta_scale^k, at pair k */", posv(0)))
+        end
+        add("unsigned k = 0u;")
+        add("")
+    end
+
+    if np > 0 and P.prefetch then
+        -- 2a. the units into registers, then the tail copy, the cache, the rotation.
+        local guards = {}
+        for j = 0, P.u - 1 do
+            local u = string.format("(threadIdx.x + %s)", U(j * P.block))
+            if j == 0 then u = "threadIdx.x" end
+            local guard
+            if partial or (j + 1) * P.block > P.nu then
+                guard = string.format("%s < %s * %s", u, nh, U(P.uph))
+            end
+            guards[j] = guard
+            add(string.format("/* unit %d */", j))
+            unit_index(j, u, "0u", U(P.uph), "    ")
+            if P.vec then
+                for _, part in ipairs(parts_of()) do add(string.format("%s %s%d;", vt, part.pfx, j)) end
+            else
+                for _, part in ipairs(parts_of()) do
+                    local names = {}
+                    for m = 0, part.n - 1 do names[#names + 1] = raw(part, j, m) end
+                    add(string.format("%s %s;", T, table.concat(names, ", ")))
+                end
+            end
+            if guard then add(string.format("if (%s) {", guard)) end
+            load_unit(j, guard and "        " or "    ", false)
+            if guard then add("}") end
+        end
+        add("")
+        copy_tail()
+        cache_phase("0u", U(np), "    ")
+        add("__syncthreads();")
+        for j = 0, P.u - 1 do
+            if guards[j] then
+                add(string.format("if (%s) {", guards[j]))
+                rotate_unit(j, "        ")
+                add("}")
+            else
+                rotate_unit(j, "    ")
+            end
+        end
+    elseif np > 0 then
+        -- 2b. chunk by chunk: the cache, then every unit of the chunk.
+        copy_tail()
+        local c0, chn, ind = "0u", U(np), "    "
+        if P.nchunks > 1 then
+            add(string.format("for (unsigned c0 = 0u; c0 < %s; c0 += %s) {", U(np), U(P.ch)))
+            add(string.format("const unsigned chn = %s - c0 < %s ? %s - c0 : %s;", U(np), U(P.ch), U(np), U(P.ch)),
+                "        ")
+            c0, chn, ind = "c0", "chn", "        "
+        end
+        cache_phase(c0, chn, ind)
+        add("__syncthreads();", ind)
+        local uph = P.nchunks > 1 and string.format("(chn / %s)", U(g)) or U(P.uph)
+        add(string.format("for (unsigned u = threadIdx.x; u < %s * %s; u += %s) {", nh, uph, U(P.block)), ind)
+        local in2 = ind .. "    "
+        unit_index(0, "u", c0, uph, in2)
+        load_unit(0, in2, true)
+        rotate_unit(0, in2)
+        add("}", ind)
+        if P.nchunks > 1 then
+            add("__syncthreads();", ind)
+            add("}")
+        end
+    else
+        copy_tail()
+    end
+
+    -- The header notes.
+    local pairs_note = ({
+        normal = " (2i, 2i+1)",
+        neox = string.format(" (i, i+%d)", P.off),
+        mrope = string.format(" (i, i+%d), sections [%d, %d, %d, %d]", P.off, sec[1], sec[2], sec[3], sec[4]),
+        imrope = string.format(" (i, i+%d), interleaved sections [%d, %d, %d, %d]", P.off, sec[1], sec[2], sec[3], sec[4]),
+        vision = string.format(" (i, i+%d), sections [%d, %d, %d, %d] restart", P.off, sec[1], sec[2], sec[3], sec[4]),
+    })[P.kind]
+    local source = kernel {
+        name = name, mode = P.mode, kind = P.kind, atype = a.type, ane = a.ne, ast = a.st, aoffs = a.offs,
+        dims = dims, nd = nd, np = np, pairs = pairs_note,
+        copied = P.pt > 0 and string.format("elements %d..%d copied", nd, ne[1] - 1) or "nothing copied",
+        ts = TS, fs = k.params.freq_scale, ef = k.params.ext_factor, ms = lit(C.mscale),
+        yarn = ef and string.format(", ramp low %s den %s", lit(C.low), lit(C.den)) or "",
+        pst = tostring(pos.st[1]), poffs = tostring(pos.offs),
+        ffnote = ff and string.format("; freq_factors f32 st %d offs %d", ff.st[1], ff.offs) or "",
+        gx = tostring(P.tokens), gy = tostring(P.hg), hpb = tostring(P.hpb), block = tostring(P.block),
+        g = tostring(g), how = P.vec and string.format("vectors of %d", P.ve) or "element by element",
+        chunks = np == 0 and "no pairs" or (P.nchunks == 1 and
+            (P.prefetch and string.format("one chunk, %d unit(s) per thread in registers", P.u) or "one chunk")
+            or string.format("%d chunks of %d pairs", P.nchunks, P.ch)),
+        bits = wide and "64" or "32",
+        pre = (pre.code():gsub("\n$", "")), types = types, params = params, body = body,
+    }
+    return { name = name, source = source, grid = { P.tokens, P.hg, 1 }, block = { P.block, 1, 1 }, smem = 0 }
 end
