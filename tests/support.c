@@ -70,3 +70,49 @@ int ts_main(Suite *s) {
     srunner_free(sr);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
+
+static const void *ts_get(void *user, const char *name, kiln_type type, int64_t n) {
+    ts_buf *b = user;
+    for (int i = 0; b[i].name; i++)
+        if (!strcmp(b[i].name, name) && b[i].data) {
+            ck_assert_msg(b[i].type == type, "%s: reference wants %s", name, kiln_type_name(type));
+            ck_assert_msg(!b[i].n || b[i].n == n, "%s: reference wants %lld elements", name, (long long)n);
+            return b[i].data;
+        }
+    ck_abort_msg("reference asked for unknown input '%s'", name);
+    return NULL;
+}
+
+static void ts_put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
+    ts_buf *b = user;
+    for (int i = 0; b[i].name; i++)
+        if (!strcmp(b[i].name, name) && !b[i].data) {
+            size_t bytes = (size_t)n * kiln_type_size(type);
+            b[i].out = malloc(bytes ? bytes : 1);
+            ck_assert_ptr_nonnull(b[i].out);
+            memcpy(b[i].out, data, bytes);
+            b[i].type = type;
+            b[i].n = n;
+            return;
+        }
+}
+
+void ts_reference(const char *text, ts_buf *b) {
+    kiln_ctx   *ctx = ts_parse(text);
+    kiln_graph *g;
+    TS_OK(kiln_graph_new(ctx, &g));
+    TS_OK(kiln_reference(g, ts_get, ts_put, b));
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+ts_buf *ts_buf_find(ts_buf *b, const char *name) {
+    for (int i = 0; b[i].name; i++)
+        if (!strcmp(b[i].name, name)) return &b[i];
+    ck_abort_msg("no buffer %s", name);
+    return NULL;
+}
+
+void ts_buf_free(ts_buf *b) {
+    for (int i = 0; b[i].name; i++) free(b[i].out);
+}

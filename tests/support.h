@@ -28,4 +28,23 @@ const char *ts_src_dir(void);
 /* Runs one suite with CK_NORMAL output; returns the process exit status. */
 int ts_main(Suite *s);
 
+/* Host buffers for kiln_reference, a list ended by an entry with a NULL name. An input has
+ * data (and type; n when it should be checked); an output has data NULL and receives out
+ * (malloc'd), type and n. */
+typedef struct {
+    const char *name;
+    kiln_type   type;
+    const void *data; /* inputs */
+    void       *out;  /* outputs */
+    int64_t     n;
+} ts_buf;
+
+/* An output slot of a ts_buf list. */
+#define TS_OUT(n) {.name = (n)}
+
+/* Parses text and evaluates it with the CPU reference over the buffers in b. */
+void    ts_reference(const char *text, ts_buf *b);
+ts_buf *ts_buf_find(ts_buf *b, const char *name); /* fails the test when absent */
+void    ts_buf_free(ts_buf *b);                   /* frees the outputs */
+
 #endif

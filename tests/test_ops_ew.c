@@ -18,62 +18,9 @@
 
 /* ---- a small reference harness: named host buffers in, named outputs back ------------------- */
 
-typedef struct {
-    const char *name;
-    kiln_type   type;
-    const void *data; /* inputs */
-    void       *out;  /* outputs (malloc'd by put) */
-    int64_t     n;
-} tbuf;
-
-static const void *t_get(void *user, const char *name, kiln_type type, int64_t n) {
-    tbuf *b = user;
-    for (int i = 0; b[i].name; i++)
-        if (!strcmp(b[i].name, name) && b[i].data) {
-            ck_assert_msg(b[i].type == type, "%s: reference wants %s", name, kiln_type_name(type));
-            return b[i].data;
-        }
-    ck_abort_msg("reference asked for unknown input '%s'", name);
-    return NULL;
-}
-
-static void t_put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
-    tbuf *b = user;
-    for (int i = 0; b[i].name; i++)
-        if (!strcmp(b[i].name, name) && !b[i].data) {
-            size_t bytes = (size_t)n * kiln_type_size(type);
-            b[i].out = malloc(bytes ? bytes : 1);
-            ck_assert_ptr_nonnull(b[i].out);
-            memcpy(b[i].out, data, bytes);
-            b[i].type = type;
-            b[i].n = n;
-            return;
-        }
-}
-
-static void run_ref(const char *text, tbuf *b) {
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
-    TS_OK(kiln_reference(g, t_get, t_put, b));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
-}
-
-static tbuf *find(tbuf *b, const char *name) {
-    for (int i = 0; b[i].name; i++)
-        if (!strcmp(b[i].name, name)) return &b[i];
-    ck_abort_msg("no buffer %s", name);
-    return NULL;
-}
-
-static void free_out(tbuf *b) {
-    for (int i = 0; b[i].name; i++) free(b[i].out);
-}
-
 /* Output `name` is n values of type t close to want[] (relative tol; 0 = exact). */
-static void expect(tbuf *b, const char *name, kiln_type t, const float *want, int64_t n, double tol) {
-    tbuf *o = find(b, name);
+static void expect(ts_buf *b, const char *name, kiln_type t, const float *want, int64_t n, double tol) {
+    ts_buf *o = ts_buf_find(b, name);
     ck_assert_msg(o->out, "no output %s", name);
     ck_assert_msg(o->type == t, "%s is %s, want %s", name, kiln_type_name(o->type), kiln_type_name(t));
     ck_assert_msg(o->n == n, "%s has %lld elements, want %lld", name, (long long)o->n, (long long)n);
@@ -85,8 +32,8 @@ static void expect(tbuf *b, const char *name, kiln_type t, const float *want, in
 }
 
 /* Output `name` holds exactly the raw 16-bit elements want[] (f16 / bf16 bit patterns). */
-static void expect_bits(tbuf *b, const char *name, kiln_type t, const uint16_t *want, int64_t n) {
-    tbuf *o = find(b, name);
+static void expect_bits(ts_buf *b, const char *name, kiln_type t, const uint16_t *want, int64_t n) {
+    ts_buf *o = ts_buf_find(b, name);
     ck_assert_msg(o->out && o->type == t && o->n == n, "%s: bad output", name);
     for (int64_t i = 0; i < n; i++)
         ck_assert_msg(((const uint16_t *)o->out)[i] == want[i], "%s[%lld] = 0x%04x, want 0x%04x", name,
@@ -138,10 +85,10 @@ START_TEST(glu_by_hand) {
                  "output y = %s(a)\noutput ys = %s(a, swapped=true)\noutput yb = %s(b, ga)\n"
                  "t = transpose(at)\noutput yt = %s(t)\n",
                  op, op, op, op);
-        tbuf all[] = {{.name = "a", .type = KILN_F32, .data = a},  {.name = "b", .type = KILN_F32, .data = b},
+        ts_buf all[] = {{.name = "a", .type = KILN_F32, .data = a},  {.name = "b", .type = KILN_F32, .data = b},
                       {.name = "ga", .type = KILN_F32, .data = ga}, {.name = "at", .type = KILN_F32, .data = at},
                       {.name = "y"}, {.name = "ys"}, {.name = "yb"}, {.name = "yt"}, {.name = NULL}};
-        run_ref(text, all);
+        ts_reference(text, all);
         float want[8], want_s[8];
         for (int i = 0; i < 4; i++) {
             want[i] = GLU_HAND[k].xg[i], want[4 + i] = GLU_HAND[k].gx[i];
@@ -151,7 +98,7 @@ START_TEST(glu_by_hand) {
         expect(all, "ys", KILN_F32, want_s, 8, 2e-6);
         expect(all, "yb", KILN_F32, want, 8, 2e-6);
         expect(all, "yt", KILN_F32, want, 8, 2e-6);
-        free_out(all);
+        ts_buf_free(all);
     }
 }
 END_TEST
@@ -162,10 +109,10 @@ START_TEST(swiglu_oai_by_hand) {
     static const float x[4] = {1, 9, -3, 0.5f}, g[4] = {3, -10, 8, 0};
     float              a[8];
     for (int i = 0; i < 4; i++) a[i] = x[i], a[4 + i] = g[i];
-    tbuf all[] = {{.name = "a", .type = KILN_F32, .data = a}, {.name = "x", .type = KILN_F32, .data = x},
+    ts_buf all[] = {{.name = "a", .type = KILN_F32, .data = a}, {.name = "x", .type = KILN_F32, .data = x},
                   {.name = "g", .type = KILN_F32, .data = g}, {.name = "y"}, {.name = "yb"}, {.name = "yp"},
                   {.name = "ys"}, {.name = NULL}};
-    run_ref("input a: f32[8]\ninput x: f32[4]\ninput g: f32[4]\noutput y = swiglu_oai(a)\n"
+    ts_reference("input a: f32[8]\ninput x: f32[4]\ninput g: f32[4]\noutput y = swiglu_oai(a)\n"
             "output yb = swiglu_oai(x, g)\noutput yp = swiglu_oai(x, g, alpha=1, limit=2)\n"
             "output ys = swiglu_oai(a, swapped=true, alpha=1, limit=2)\n",
             all);
@@ -180,7 +127,7 @@ START_TEST(swiglu_oai_by_hand) {
     static const float xs[4] = {2, -10, 2, 0}, gs[4] = {1, 2, -2, 0.5f};
     for (int i = 0; i < 4; i++) want_s[i] = (float)(xs[i] / (1.0 + exp(-xs[i])) * (gs[i] + 1.0));
     expect(all, "ys", KILN_F32, want_s, 4, 2e-6);
-    free_out(all);
+    ts_buf_free(all);
 }
 END_TEST
 
@@ -189,13 +136,13 @@ END_TEST
 START_TEST(glu_low_precision) {
     static const uint16_t h[2] = {0x3c00, 0x4200};  /* f16 [1 | 3] */
     static const uint16_t bf[2] = {0x3f80, 0x4040}; /* bf16 [1 | 3] */
-    tbuf all[] = {{.name = "h", .type = KILN_F16, .data = h}, {.name = "b", .type = KILN_BF16, .data = bf},
+    ts_buf all[] = {{.name = "h", .type = KILN_F16, .data = h}, {.name = "b", .type = KILN_BF16, .data = bf},
                   {.name = "yh"}, {.name = "yb"}, {.name = NULL}};
-    run_ref("input h: f16[2]\ninput b: bf16[2]\noutput yh = swiglu(h)\noutput yb = swiglu(b)\n", all);
+    ts_reference("input h: f16[2]\ninput b: bf16[2]\noutput yh = swiglu(h)\noutput yb = swiglu(b)\n", all);
     const uint16_t wh[1] = {0x4063}, wb[1] = {0x400c};
     expect_bits(all, "yh", KILN_F16, wh, 1);
     expect_bits(all, "yb", KILN_BF16, wb, 1);
-    free_out(all);
+    ts_buf_free(all);
 }
 END_TEST
 
@@ -204,15 +151,15 @@ END_TEST
 START_TEST(add1_by_hand) {
     static const float    a[3] = {1, 2, -3}, s[1] = {0.5f};
     static const uint16_t h[2] = {0x3c00, 0x4000}; /* f16 1, 2 */
-    tbuf all[] = {{.name = "a", .type = KILN_F32, .data = a}, {.name = "s", .type = KILN_F32, .data = s},
+    ts_buf all[] = {{.name = "a", .type = KILN_F32, .data = a}, {.name = "s", .type = KILN_F32, .data = s},
                   {.name = "h", .type = KILN_F16, .data = h}, {.name = "y"}, {.name = "yh"}, {.name = NULL}};
-    run_ref("input a: f32[3]\ninput s: f32[1]\ninput h: f16[2]\noutput y = add1(a, s)\noutput yh = add1(h, s)\n",
+    ts_reference("input a: f32[3]\ninput s: f32[1]\ninput h: f16[2]\noutput y = add1(a, s)\noutput yh = add1(h, s)\n",
             all);
     const float    want[3] = {1.5f, 2.5f, -2.5f};
     const uint16_t wh[2] = {0x3e00, 0x4100}; /* f16 1.5, 2.5 */
     expect(all, "y", KILN_F32, want, 3, 0);
     expect_bits(all, "yh", KILN_F16, wh, 2);
-    free_out(all);
+    ts_buf_free(all);
 }
 END_TEST
 
@@ -227,7 +174,7 @@ START_TEST(copies_by_hand) {
     /* destinations of cpy and repeat: their data is never read, but they are inputs */
     static const float    z32[24] = {0};
     static const uint16_t z16[6] = {0};
-    tbuf all[] = {{.name = "a", .type = KILN_F32, .data = a},     {.name = "r", .type = KILN_F32, .data = r},
+    ts_buf all[] = {{.name = "a", .type = KILN_F32, .data = a},     {.name = "r", .type = KILN_F32, .data = r},
                   {.name = "hb", .type = KILN_F16, .data = hb},   {.name = "rp", .type = KILN_F32, .data = rp},
                   {.name = "d16", .type = KILN_F16, .data = z16}, {.name = "d32", .type = KILN_F32, .data = z32},
                   {.name = "e6", .type = KILN_F32, .data = z32},  {.name = "bb", .type = KILN_BF16, .data = z16},
@@ -235,7 +182,7 @@ START_TEST(copies_by_hand) {
                   {.name = "c1"}, {.name = "c2"}, {.name = "c3"}, {.name = "c4"}, {.name = "c5"},
                   {.name = "d1"}, {.name = "k1"}, {.name = "k2"}, {.name = "k3"}, {.name = "p1"},
                   {.name = "p2"}, {.name = "p3"}, {.name = NULL}};
-    run_ref("input a: f32[2, 3]\ninput r: f32[6]\ninput hb: f16[2]\ninput rp: f32[4]\n"
+    ts_reference("input a: f32[2, 3]\ninput r: f32[6]\ninput hb: f16[2]\ninput rp: f32[4]\n"
             "input d16: f16[3, 2]\ninput d32: f32[6]\ninput e6: f32[2, 3]\ninput bb: bf16[2]\n"
             "input big: f32[6, 4]\n"
             "output c1 = cpy(a, d16)\n"                   /* [2, 3] -> [3, 2], f32 -> f16 */
@@ -275,7 +222,7 @@ START_TEST(copies_by_hand) {
     expect(all, "p1", KILN_F32, p1, 6, 0);
     expect(all, "p2", KILN_F32, p2, 6, 0);
     expect(all, "p3", KILN_F32, p3, 24, 0);
-    free_out(all);
+    ts_buf_free(all);
 }
 END_TEST
 

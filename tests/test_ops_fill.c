@@ -15,63 +15,9 @@
 
 /* ---- a small reference harness: named host buffers in, named outputs back ------------------- */
 
-typedef struct {
-    const char *name;
-    kiln_type   type;
-    const void *data; /* inputs */
-    void       *out;  /* outputs (malloc'd by put) */
-    int64_t     n;
-} tbuf;
-
-static const void *t_get(void *user, const char *name, kiln_type type, int64_t n) {
-    tbuf *b = user;
-    for (int i = 0; b[i].name; i++)
-        if (!strcmp(b[i].name, name) && b[i].data) {
-            ck_assert_msg(b[i].type == type, "%s: reference wants %s", name, kiln_type_name(type));
-            return b[i].data;
-        }
-    ck_abort_msg("reference asked for unknown input '%s'", name);
-    return NULL;
-}
-
-static void t_put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
-    tbuf *b = user;
-    for (int i = 0; b[i].name; i++)
-        if (!strcmp(b[i].name, name) && !b[i].data) {
-            size_t bytes = (size_t)n * kiln_type_size(type);
-            b[i].out = malloc(bytes ? bytes : 1);
-            ck_assert_ptr_nonnull(b[i].out);
-            memcpy(b[i].out, data, bytes);
-            b[i].type = type;
-            b[i].n = n;
-            return;
-        }
-}
-
-/* Parses text, evaluates it with the reference over the buffers in b (NULL-name terminated). */
-static void run_ref(const char *text, tbuf *b) {
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
-    TS_OK(kiln_reference(g, t_get, t_put, b));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
-}
-
-static tbuf *find(tbuf *b, const char *name) {
-    for (int i = 0; b[i].name; i++)
-        if (!strcmp(b[i].name, name)) return &b[i];
-    ck_abort_msg("no buffer %s", name);
-    return NULL;
-}
-
-static void free_out(tbuf *b) {
-    for (int i = 0; b[i].name; i++) free(b[i].out);
-}
-
 /* Output `name` is n floats equal to want[] (bit for bit, -inf included). */
-static void expect_f32(tbuf *b, const char *name, const float *want, int64_t n) {
-    tbuf *t = find(b, name);
+static void expect_f32(ts_buf *b, const char *name, const float *want, int64_t n) {
+    ts_buf *t = ts_buf_find(b, name);
     ck_assert_msg(t->out, "no output %s", name);
     ck_assert_int_eq(t->type, KILN_F32);
     ck_assert_int_eq(t->n, n);
@@ -185,10 +131,10 @@ END_TEST
 START_TEST(reference_arange_fill) {
     static const float    q[6] = {1, 2, 3, 4, 5, 6};
     static const uint16_t hq[4] = {0, 0, 0, 0};
-    tbuf all[] = {{.name = "q", .type = KILN_F32, .data = q}, {.name = "hq", .type = KILN_F16, .data = hq},
+    ts_buf all[] = {{.name = "q", .type = KILN_F32, .data = q}, {.name = "hq", .type = KILN_F16, .data = hq},
                   {.name = "r1"}, {.name = "r2"}, {.name = "r3"}, {.name = "f"}, {.name = "h"}, {.name = "z"},
                   {.name = NULL}};
-    run_ref("input q: f32[3, 2]\ninput hq: f16[4]\n"
+    ts_reference("input q: f32[3, 2]\ninput hq: f16[4]\n"
             "output r1 = arange(0, 10, 3)\noutput r2 = arange(-1, 1, 0.5)\n"
             "output r3 = arange(0.5, 1.6, 0.1)\n"
             "output f = fill(q, -2.5)\noutput h = fill(hq, 0.1)\noutput z = fill(q, 0)\n",
@@ -214,11 +160,11 @@ START_TEST(reference_arange_fill) {
     expect_f32(all, "f", f, 6);
     expect_f32(all, "z", z, 6);
     /* f16 fill: 0.1 rounds to 0x2e66 = 0.0999755859375 */
-    tbuf *h = find(all, "h");
+    ts_buf *h = ts_buf_find(all, "h");
     ck_assert_int_eq(h->type, KILN_F16);
     ck_assert_int_eq(h->n, 4);
     for (int i = 0; i < 4; i++) ck_assert_uint_eq(((const uint16_t *)h->out)[i], 0x2e66);
-    free_out(all);
+    ts_buf_free(all);
 }
 END_TEST
 
@@ -230,10 +176,10 @@ START_TEST(reference_masks) {
             for (int i0 = 0; i0 < 4; i0++) a[i2 * 12 + i1 * 4 + i0] = (float)(100 * i2 + 10 * i1 + i0);
     /* s: [3, 3], s[i0, i1] = 1 + i0 + 3 i1 (1..9) */
     static const float s[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
-    tbuf all[] = {{.name = "a", .type = KILN_F32, .data = a}, {.name = "s", .type = KILN_F32, .data = s},
+    ts_buf all[] = {{.name = "a", .type = KILN_F32, .data = a}, {.name = "s", .type = KILN_F32, .data = s},
                   {.name = "m0"}, {.name = "m1"}, {.name = "m9"}, {.name = "ud"}, {.name = "u"},
                   {.name = "ld"}, {.name = "l"},  {.name = "lt"}, {.name = NULL}};
-    run_ref("input a: f32[4, 3, 2]\ninput s: f32[3, 3]\n"
+    ts_reference("input a: f32[4, 3, 2]\ninput s: f32[3, 3]\n"
             "output m0 = diag_mask_inf(a, 0)\noutput m1 = diag_mask_inf(a, 1)\noutput m9 = diag_mask_inf(a, 9)\n"
             "output ud = tri(s, upper_diag)\noutput u = tri(s, upper)\noutput ld = tri(s, lower_diag)\n"
             "output l = tri(s, lower)\nst = transpose(s)\noutput lt = tri(st, lower)\n",
@@ -259,7 +205,7 @@ START_TEST(reference_masks) {
     expect_f32(all, "ld", ld, 9);
     expect_f32(all, "l", l, 9);
     expect_f32(all, "lt", lt, 9);
-    free_out(all);
+    ts_buf_free(all);
 }
 END_TEST
 
@@ -267,20 +213,20 @@ END_TEST
 START_TEST(reference_masks_low_precision) {
     uint16_t h[4] = {0x3c00, 0x4000, 0x4200, 0x4400}; /* f16 1 2 3 4, as [2, 2] */
     uint16_t bf[4] = {0x3f80, 0x4000, 0x4040, 0x4080}; /* bf16 1 2 3 4 */
-    tbuf     all[] = {{.name = "h", .type = KILN_F16, .data = h}, {.name = "b", .type = KILN_BF16, .data = bf},
+    ts_buf     all[] = {{.name = "h", .type = KILN_F16, .data = h}, {.name = "b", .type = KILN_BF16, .data = bf},
                       {.name = "mh"}, {.name = "tb"}, {.name = NULL}};
-    run_ref("input h: f16[2, 2]\ninput b: bf16[2, 2]\noutput mh = diag_mask_inf(h, 0)\n"
+    ts_reference("input h: f16[2, 2]\ninput b: bf16[2, 2]\noutput mh = diag_mask_inf(h, 0)\n"
             "output tb = tri(b, upper)\n",
             all);
     const uint16_t mh[4] = {0x3c00, 0xfc00, 0x4200, 0x4400};
     const uint16_t tb[4] = {0, 0x4000, 0, 0};
-    tbuf          *t = find(all, "mh");
+    ts_buf          *t = ts_buf_find(all, "mh");
     ck_assert_int_eq(t->type, KILN_F16);
     ck_assert_mem_eq(t->out, mh, sizeof mh);
-    t = find(all, "tb");
+    t = ts_buf_find(all, "tb");
     ck_assert_int_eq(t->type, KILN_BF16);
     ck_assert_mem_eq(t->out, tb, sizeof tb);
-    free_out(all);
+    ts_buf_free(all);
 }
 END_TEST
 

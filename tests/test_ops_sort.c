@@ -16,67 +16,9 @@
 
 /* ---- a small reference harness: named host buffers in, named outputs back ------------------- */
 
-typedef struct {
-    const char *name;
-    kiln_type   type;
-    const void *data; /* inputs */
-    void       *out;  /* outputs (malloc'd by put) */
-    int64_t     n;
-} tbuf;
-
-static const void *t_get(void *user, const char *name, kiln_type type, int64_t n) {
-    tbuf *b = user;
-    for (int i = 0; b[i].name; i++)
-        if (!strcmp(b[i].name, name) && b[i].data) {
-            ck_assert_msg(b[i].type == type, "%s: reference wants %s", name, kiln_type_name(type));
-            ck_assert_msg(b[i].n == n, "%s: reference wants %lld elements", name, (long long)n);
-            return b[i].data;
-        }
-    ck_abort_msg("reference asked for unknown input '%s'", name);
-    return NULL;
-}
-
-static void t_put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
-    tbuf *b = user;
-    for (int i = 0; b[i].name; i++)
-        if (!strcmp(b[i].name, name) && !b[i].data) {
-            size_t bytes = (size_t)n * kiln_type_size(type);
-            b[i].out = malloc(bytes ? bytes : 1);
-            ck_assert_ptr_nonnull(b[i].out);
-            memcpy(b[i].out, data, bytes);
-            b[i].type = type;
-            b[i].n = n;
-            return;
-        }
-}
-
-/* An output slot of a tbuf list. */
-#define OUT(n) {.name = (n)}
-
-/* Parses text and evaluates it with the reference over the buffers in b (NULL-name terminated). */
-static void run_ref(const char *text, tbuf *b) {
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
-    TS_OK(kiln_reference(g, t_get, t_put, b));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
-}
-
-static tbuf *find(tbuf *b, const char *name) {
-    for (int i = 0; b[i].name; i++)
-        if (!strcmp(b[i].name, name)) return &b[i];
-    ck_abort_msg("no buffer %s", name);
-    return NULL;
-}
-
-static void free_out(tbuf *b) {
-    for (int i = 0; b[i].name; i++) free(b[i].out);
-}
-
 /* Output `name` is the n indices want[]. */
-static void expect_i32(tbuf *b, const char *name, const int32_t *want, int64_t n) {
-    tbuf *t = find(b, name);
+static void expect_i32(ts_buf *b, const char *name, const int32_t *want, int64_t n) {
+    ts_buf *t = ts_buf_find(b, name);
     ck_assert_msg(t->out, "no output %s", name);
     ck_assert_int_eq(t->type, KILN_I32);
     ck_assert_int_eq(t->n, n);
@@ -165,8 +107,8 @@ START_TEST(reference_ties) {
     /* Row 0 [3, 1, 2, 1], row 1 [-1, 5, 5, 0]: equal values keep their index order in both
      * directions (a stable sort). */
     static const float a[8] = {3, 1, 2, 1, -1, 5, 5, 0};
-    tbuf b[] = {{"a", KILN_F32, a, NULL, 8}, OUT("s"), OUT("d"), OUT("t"), OUT("u"), {.name = NULL}};
-    run_ref("input a: f32[4, 2]\noutput s = argsort(a, asc)\noutput d = argsort(a, desc)\n"
+    ts_buf b[] = {{"a", KILN_F32, a, NULL, 8}, OUT("s"), OUT("d"), OUT("t"), OUT("u"), {.name = NULL}};
+    ts_reference("input a: f32[4, 2]\noutput s = argsort(a, asc)\noutput d = argsort(a, desc)\n"
             "output t = top_k(a, 2)\noutput u = argsort_top_k(a, 3)\n",
             b);
     static const int32_t s[8] = {1, 3, 2, 0, 0, 3, 1, 2};
@@ -177,22 +119,22 @@ START_TEST(reference_ties) {
     expect_i32(b, "d", d, 8);
     expect_i32(b, "t", t, 4);
     expect_i32(b, "u", u, 6);
-    free_out(b);
+    ts_buf_free(b);
 }
 END_TEST
 
 START_TEST(reference_special_values) {
     /* -0 equals +0 (index order), NaN sorts above +inf. */
     static const float a[6] = {NAN, -0.0f, 0.0f, -INFINITY, 1.0f, INFINITY};
-    tbuf b[] = {{"a", KILN_F32, a, NULL, 6}, OUT("s"), OUT("d"), OUT("t"), {.name = NULL}};
-    run_ref("input a: f32[6]\noutput s = argsort(a)\noutput d = argsort(a, desc)\noutput t = top_k(a, 1)\n", b);
+    ts_buf b[] = {{"a", KILN_F32, a, NULL, 6}, OUT("s"), OUT("d"), OUT("t"), {.name = NULL}};
+    ts_reference("input a: f32[6]\noutput s = argsort(a)\noutput d = argsort(a, desc)\noutput t = top_k(a, 1)\n", b);
     static const int32_t s[6] = {3, 1, 2, 4, 5, 0};
     static const int32_t d[6] = {0, 5, 4, 1, 2, 3};
     static const int32_t t[1] = {0};
     expect_i32(b, "s", s, 6);
     expect_i32(b, "d", d, 6);
     expect_i32(b, "t", t, 1);
-    free_out(b);
+    ts_buf_free(b);
 }
 END_TEST
 
@@ -207,9 +149,9 @@ START_TEST(reference_strided_and_half) {
         h16[i] = kb_f32_to_f16(hv[i]);
         hb16[i] = kb_f32_to_bf16(hv[i]);
     }
-    tbuf b[] = {{"b", KILN_F32, bv, NULL, 6}, {"h", KILN_F16, h16, NULL, 5}, {"g", KILN_BF16, hb16, NULL, 5},
+    ts_buf b[] = {{"b", KILN_F32, bv, NULL, 6}, {"h", KILN_F16, h16, NULL, 5}, {"g", KILN_BF16, hb16, NULL, 5},
                 OUT("s"), OUT("t"), OUT("hd"), OUT("ga"), OUT("gk"), {.name = NULL}};
-    run_ref("input b: f32[2, 3]\ninput h: f16[5]\ninput g: bf16[5]\ntr = transpose(b)\n"
+    ts_reference("input b: f32[2, 3]\ninput h: f16[5]\ninput g: bf16[5]\ntr = transpose(b)\n"
             "output s = argsort(tr)\noutput t = top_k(tr, 2)\noutput hd = argsort(h, desc)\n"
             "output ga = argsort(g)\noutput gk = argsort_top_k(g, 2)\n",
             b);
@@ -223,7 +165,7 @@ START_TEST(reference_strided_and_half) {
     expect_i32(b, "hd", hd, 5);
     expect_i32(b, "ga", ga, 5);
     expect_i32(b, "gk", gk, 2);
-    free_out(b);
+    ts_buf_free(b);
 }
 END_TEST
 
@@ -235,12 +177,12 @@ START_TEST(reference_long_row) {
     float *a = malloc(N * sizeof *a);
     ck_assert_ptr_nonnull(a);
     for (int64_t i = 0; i < N; i++) a[i] = (float)((i * 7919) % N);
-    tbuf b[] = {{"a", KILN_F32, a, NULL, N}, OUT("s"), OUT("t"), {.name = NULL}};
-    run_ref("input a: f32[131072]\noutput s = argsort(a)\noutput t = top_k(a, 5)\n", b);
-    const int32_t *s = find(b, "s")->out, *t = find(b, "t")->out;
+    ts_buf b[] = {{"a", KILN_F32, a, NULL, N}, OUT("s"), OUT("t"), {.name = NULL}};
+    ts_reference("input a: f32[131072]\noutput s = argsort(a)\noutput t = top_k(a, 5)\n", b);
+    const int32_t *s = ts_buf_find(b, "s")->out, *t = ts_buf_find(b, "t")->out;
     for (int64_t j = 0; j < N; j++) ck_assert_msg(a[s[j]] == (float)j, "s[%lld] = %d", (long long)j, s[j]);
     for (int j = 0; j < 5; j++) ck_assert_msg(a[t[j]] == (float)(N - 1 - j), "t[%d] = %d", j, t[j]);
-    free_out(b);
+    ts_buf_free(b);
     free(a);
 }
 END_TEST
