@@ -16,6 +16,8 @@
 
 /* ---- a small reference harness: named host buffers in, named outputs back ------------------- */
 
+#define OUT(n) TS_OUT(n)
+
 /* Output `name` is the n indices want[]. */
 static void expect_i32(ts_buf *b, const char *name, const int32_t *want, int64_t n) {
     ts_buf *t = ts_buf_find(b, name);
