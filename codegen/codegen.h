@@ -8,17 +8,47 @@
 /* Bumped whenever generated code can change for the same IR; part of every kernel key. */
 #define CG_CODEGEN_VERSION 1
 
+/* One operand of a library GEMM step: a kernel parameter (a buffer, or the scratch) plus a
+ * byte offset, its element type, leading dimension and batch stride (both in elements). */
 typedef struct {
+    int       param;
+    int64_t   offset;
+    kiln_type type;
+    int64_t   ld, stride;
+} cg_mat;
+
+/* C = op(A)·op(B) in cuBLAS's column-major terms, `batch` times (cublasGemmStridedBatchedEx
+ * with alpha 1, beta 0, f32 accumulation). */
+typedef struct {
+    bool   ta, tb;
+    int    m, n, k, batch;
+    cg_mat a, b, c;
+} cg_gemm;
+
+typedef enum { CG_LAUNCH, CG_GEMM } cg_step_kind;
+
+/* A kernel parameter that is not a buffer: the node's scratch space (see cg_kernel.scratch). */
+#define CG_PARAM_SCRATCH (-1)
+
+/* One step of a program: a generated kernel launch, or a library GEMM. A node gives one or
+ * more steps, run in order (docs/templates.md, "Result"). */
+typedef struct {
+    cg_step_kind kind;
     int      node;           /* ir node it implements */
+    int      step, nsteps;   /* this step's index among its node's steps, and their count */
     char     name[64];       /* entry point (content-derived, e.g. "ew_mul_silu") */
-    char    *source;         /* complete CUDA C translation unit, with its header comment */
+    char    *source;         /* CUDA C translation unit with its header comment; for CG_GEMM a
+                                comment describing the call (it is what the key hashes) */
     unsigned grid[3], block[3];
     unsigned smem;
-    int      nparams;        /* kernel parameters: device pointers of these buffers, in order */
-    int      params[IR_MAX_IN + 1];
+    int      nparams;        /* kernel parameters: device pointers of these buffers, in order;
+                                CG_PARAM_SCRATCH for the node's scratch */
+    int      params[IR_MAX_IN + 2];
+    size_t   scratch;        /* bytes of scratch the node's steps share (0: none) */
+    cg_gemm  gemm;           /* CG_GEMM */
     uint8_t  key[16];        /* kernel cache key */
     char     key_hex[33];
-    void    *cubin;          /* NULL with skip_nvrtc */
+    void    *cubin;          /* NULL with skip_nvrtc, and for CG_GEMM */
     size_t   cubin_size;
     bool     from_cache;
 } cg_kernel;
@@ -46,6 +76,9 @@ kiln_status cg_lua_exec(cg_lua *L, const char *code, const char *name, char **re
 /* Instantiates the template for ir node `node` into k (name, source, launch config, params).
  * Deterministic: the same IR gives byte-identical source. k->source is owned by k. */
 kiln_status cg_generate(cg_lua *L, const ir_prog *p, int node, cg_kernel *k);
+/* The same for any number of steps: *out (caller frees each with cg_kernel_clear, then the
+ * array) receives the node's *n steps in launch order. */
+kiln_status cg_generate_steps(cg_lua *L, const ir_prog *p, int node, cg_kernel **out, int *n);
 void        cg_kernel_clear(cg_kernel *k);
 
 /* NVRTC, linked dynamically. The options used for arch go into the kernel key too. */
@@ -67,8 +100,9 @@ extern const int cg_ntemplates;
 
 struct kiln_program {
     ir_prog           *ir;
-    cg_kernel         *kernels; /* launch order */
+    cg_kernel         *kernels; /* steps, in launch order */
     int                nkernels;
+    size_t             scratch_bytes; /* the largest scratch of any node (shared: one stream) */
     char               arch[16];
     kiln_compile_stats stats;
 };

@@ -69,7 +69,7 @@ static kiln_status obtain_cubin(compile_env *e, kiln_program *p, int i) {
                                e->nvrtc_minor, CG_CODEGEN_VERSION);
     memcpy(k->key, key.b, 16);
     kc_key_hex(key, k->key_hex);
-    if (e->o->skip_nvrtc) return NULL;
+    if (e->o->skip_nvrtc || k->kind == CG_GEMM) return NULL; /* a library call has no code */
     const cg_kernel *twin = same_key(p, i, k->key);
     if (twin) {
         k->cubin = malloc(twin->cubin_size);
@@ -97,16 +97,23 @@ static kiln_status obtain_cubin(compile_env *e, kiln_program *p, int i) {
 static void dump_header(kb_str *o, const kiln_program *p, int i) {
     const cg_kernel *k = &p->kernels[i];
     const ir_node *n = &p->ir->nodes[k->node];
-    kb_str_addf(o, "/* kiln %s: kernel %d of %d, %s\n * graph nodes:", KILN_VERSION, i + 1, p->nkernels, k->name);
+    kb_str_addf(o, "/* kiln %s: kernel %d of %d, %s", KILN_VERSION, i + 1, p->nkernels, k->name);
+    if (k->nsteps > 1) kb_str_addf(o, " (step %d of %d of its node)", k->step + 1, k->nsteps);
+    kb_str_add(o, "\n * graph nodes:");
     for (int s = 0; s < n->nsrc; s++) {
         const kiln_tensor *t = p->ir->g->ctx->t[n->src[s]];
         kb_str_addf(o, "%s %s (%s)", s ? "," : "", t->name, fe_ops[t->op].name);
     }
-    kb_str_addf(o, "\n * fusion: %s\n * launch: grid (%u, %u, %u), block (%u, %u, %u), %u bytes shared\n",
-                n->fusion ? n->fusion : "none", k->grid[0], k->grid[1], k->grid[2], k->block[0],
-                k->block[1], k->block[2], k->smem);
+    kb_str_addf(o, "\n * fusion: %s\n", n->fusion ? n->fusion : "none");
+    if (k->kind == CG_GEMM) kb_str_add(o, " * launch: cuBLAS (below)\n");
+    else
+        kb_str_addf(o, " * launch: grid (%u, %u, %u), block (%u, %u, %u), %u bytes shared\n", k->grid[0],
+                    k->grid[1], k->grid[2], k->block[0], k->block[1], k->block[2], k->smem);
     kb_str_addf(o, " * buffers:");
-    for (int a = 0; a < k->nparams; a++) kb_str_addf(o, "%s p%d = %s", a ? "," : "", a, p->ir->bufs[k->params[a]].name);
+    for (int a = 0; a < k->nparams; a++) {
+        if (k->params[a] == CG_PARAM_SCRATCH) kb_str_addf(o, "%s p%d = scratch (%zu bytes)", a ? "," : "", a, k->scratch);
+        else kb_str_addf(o, "%s p%d = %s", a ? "," : "", a, p->ir->bufs[k->params[a]].name);
+    }
     kb_str_addf(o, "\n * key: %s (%s)\n */\n", k->key_hex, p->arch);
 }
 
@@ -133,20 +140,43 @@ static kiln_status write_dumps(const compile_env *e, const kiln_program *p) {
     return st;
 }
 
+static kiln_status append_steps(kiln_program *p, int *cap, cg_kernel *steps, int n) {
+    if (p->nkernels + n > *cap) {
+        int ncap = (*cap ? *cap * 2 : 16) + n;
+        cg_kernel *k = realloc(p->kernels, (size_t)ncap * sizeof *k);
+        if (!k) return kb_oom();
+        p->kernels = k;
+        *cap = ncap;
+    }
+    memcpy(p->kernels + p->nkernels, steps, (size_t)n * sizeof *steps);
+    p->nkernels += n;
+    return NULL;
+}
+
 static kiln_status generate_all(compile_env *e, kiln_program *p) {
     cg_lua *L;
     kiln_status st = cg_lua_new(&L);
     if (st) return st;
-    int live = 0;
-    for (int i = 0; i < p->ir->nnodes; i++) live += !p->ir->nodes[i].dead;
-    p->kernels = calloc((size_t)live + 1, sizeof *p->kernels);
-    if (!p->kernels) st = kb_oom();
+    int cap = 0;
     for (int i = 0; i < p->ir->nnodes && !st; i++) {
         if (p->ir->nodes[i].dead) continue;
-        cg_kernel *k = &p->kernels[p->nkernels++];
-        st = cg_generate(L, p->ir, i, k);
-        if (!st) st = obtain_cubin(e, p, p->nkernels - 1);
-        if (st) st = kb_wrap(st, "kernel %d (%s)", p->nkernels - 1, k->name[0] ? k->name : "?");
+        cg_kernel *steps = NULL;
+        int        n = 0;
+        st = cg_generate_steps(L, p->ir, i, &steps, &n);
+        if (st) {
+            st = kb_wrap(st, "kernel %d", p->nkernels);
+            break;
+        }
+        int first = p->nkernels;
+        if ((st = append_steps(p, &cap, steps, n))) {
+            for (int j = 0; j < n; j++) cg_kernel_clear(&steps[j]);
+        }
+        free(steps);
+        for (int j = first; j < p->nkernels && !st; j++) {
+            if (p->kernels[j].scratch > p->scratch_bytes) p->scratch_bytes = p->kernels[j].scratch;
+            st = obtain_cubin(e, p, j);
+            if (st) st = kb_wrap(st, "kernel %d (%s)", j, p->kernels[j].name);
+        }
     }
     cg_lua_free(L);
     return st;
@@ -197,10 +227,15 @@ kiln_status kiln_program_describe(const kiln_program *p, char **text) {
     kb_str_addf(&o, "kiln %s program for %s\n", KILN_VERSION, p->arch);
     ir_print(p->ir, &o);
     kb_str_add(&o, "launches:\n");
+    if (p->scratch_bytes) kb_str_addf(&o, "  scratch: %zu bytes, shared by the steps of each node in turn\n", p->scratch_bytes);
     for (int i = 0; i < p->nkernels; i++) {
         const cg_kernel *k = &p->kernels[i];
-        kb_str_addf(&o, "  k%d %s grid (%u, %u, %u) block (%u, %u, %u) key %s\n", i, k->name, k->grid[0],
-                    k->grid[1], k->grid[2], k->block[0], k->block[1], k->block[2], k->key_hex);
+        if (k->kind == CG_GEMM)
+            kb_str_addf(&o, "  k%d %s cuBLAS m %d n %d k %d batch %d key %s\n", i, k->name, k->gemm.m, k->gemm.n,
+                        k->gemm.k, k->gemm.batch, k->key_hex);
+        else
+            kb_str_addf(&o, "  k%d %s grid (%u, %u, %u) block (%u, %u, %u) key %s\n", i, k->name, k->grid[0],
+                        k->grid[1], k->grid[2], k->block[0], k->block[1], k->block[2], k->key_hex);
     }
     *text = kb_str_take(&o);
     return *text ? NULL : kb_oom();

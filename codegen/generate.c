@@ -58,7 +58,9 @@ typedef struct {
     int            nparams;
     int            params[IR_MAX_IN + 1];
     int            dst_param, in_param[IR_MAX_IN];
-    cg_kernel     *k;
+    int            node;
+    cg_kernel     *steps; /* CG_MAX_STEPS of them */
+    int            nsteps;
 } gen_ctx;
 
 static void set_int_array(lua_State *L, const int64_t *v, int n, const char *field) {
@@ -220,7 +222,130 @@ static void get_dim3(lua_State *L, int t, const char *field, const unsigned max[
     lua_pop(L, 1);
 }
 
-/* Protected: builds the node table, calls the template, checks its result and fills g->k. */
+#define CG_MAX_STEPS 64
+#define CG_MAX_SCRATCH ((lua_Integer)1 << 36)
+
+static lua_Integer get_int(lua_State *L, int t, const char *field, lua_Integer dflt, lua_Integer lo,
+                           lua_Integer hi, const char *what) {
+    lua_getfield(L, t, field);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        if (dflt < lo) luaL_error(L, "%s.%s is missing", what, field);
+        return dflt;
+    }
+    int isint;
+    lua_Integer v = lua_tointegerx(L, -1, &isint);
+    if (!isint || lua_type(L, -1) != LUA_TNUMBER || v < lo || v > hi)
+        luaL_error(L, "%s.%s must be an integer in [%I, %I]", what, field, lo, hi);
+    lua_pop(L, 1);
+    return v;
+}
+
+static char *copy_string(lua_State *L, const char *s, size_t len) {
+    char *c = malloc(len + 1);
+    if (!c) luaL_error(L, "out of host memory");
+    memcpy(c, s, len + 1);
+    return c;
+}
+
+/* The step table at index t is a launch: name, source, grid, block, smem. */
+static void read_launch(lua_State *L, int t, cg_kernel *k) {
+    size_t name_len, src_len;
+    if (lua_getfield(L, t, "name") != LUA_TSTRING) luaL_error(L, "result.name is not a string");
+    const char *name = lua_tolstring(L, -1, &name_len);
+    if (!is_identifier(name, name_len))
+        luaL_error(L, "result.name '%s' is not a C identifier of 1 to %d characters", name, (int)sizeof k->name - 1);
+    if (lua_getfield(L, t, "source") != LUA_TSTRING) luaL_error(L, "result.source is not a string");
+    const char *src = lua_tolstring(L, -1, &src_len);
+    if (src_len == 0 || strlen(src) != src_len) luaL_error(L, "result.source is empty or contains a NUL byte");
+    static const unsigned grid_max[3] = {2147483647u, 65535u, 65535u};
+    static const unsigned block_max[3] = {1024u, 1024u, 64u};
+    get_dim3(L, t, "grid", grid_max, k->grid);
+    get_dim3(L, t, "block", block_max, k->block);
+    if ((unsigned long)k->block[0] * k->block[1] * k->block[2] > 1024)
+        luaL_error(L, "result.block has more than 1024 threads");
+    k->smem = (unsigned)get_int(L, t, "smem", 0, 0, CG_MAX_SMEM, "result");
+    k->kind = CG_LAUNCH;
+    memcpy(k->name, name, name_len + 1);
+    k->source = copy_string(L, src, src_len);
+    lua_pop(L, 2);
+}
+
+/* Bytes behind kernel parameter `param` of node g->n (a buffer, or the scratch). */
+static int64_t param_bytes(const gen_ctx *g, int param, size_t scratch) {
+    if (param == g->nparams) return (int64_t)scratch;
+    return (int64_t)g->p->bufs[g->params[param]].bytes;
+}
+
+static void read_mat(lua_State *L, int t, const char *field, const gen_ctx *g, size_t scratch, int rows,
+                     int cols, int batch, cg_mat *m) {
+    char what[32];
+    snprintf(what, sizeof what, "gemm.%s", field);
+    if (lua_getfield(L, t, field) != LUA_TTABLE) luaL_error(L, "%s is not a table", what);
+    int mt = lua_gettop(L);
+    int nparams = g->nparams + (scratch > 0);
+    m->param = (int)get_int(L, mt, "param", -1, 0, nparams - 1, what);
+    m->offset = get_int(L, mt, "offset", 0, 0, (lua_Integer)1 << 48, what);
+    m->ld = get_int(L, mt, "ld", -1, rows > 1 ? rows : 1, (lua_Integer)1 << 40, what);
+    m->stride = get_int(L, mt, "stride", 0, 0, (lua_Integer)1 << 48, what);
+    if (lua_getfield(L, mt, "type") != LUA_TSTRING) luaL_error(L, "%s.type is not a string", what);
+    const char *tn = lua_tostring(L, -1);
+    if (strcmp(tn, "f32") == 0) m->type = KILN_F32;
+    else if (strcmp(tn, "f16") == 0) m->type = KILN_F16;
+    else if (strcmp(tn, "bf16") == 0) m->type = KILN_BF16;
+    else luaL_error(L, "%s.type '%s' is not f32, f16 or bf16", what, tn);
+    int64_t es = (int64_t)kiln_type_size(m->type);
+    if (m->offset % es) luaL_error(L, "%s.offset %I is not a multiple of the element size", what, (lua_Integer)m->offset);
+    /* The last element the call touches must lie inside the parameter's memory. */
+    int64_t last = m->offset / es + (int64_t)(rows - 1) + (int64_t)(cols - 1) * m->ld + (int64_t)(batch - 1) * m->stride;
+    if (rows > 0 && cols > 0 && (last + 1) * es > param_bytes(g, m->param, scratch))
+        luaL_error(L, "%s reaches byte %I of parameter %d, which has %I", what, (lua_Integer)((last + 1) * es),
+                   m->param, (lua_Integer)param_bytes(g, m->param, scratch));
+    lua_pop(L, 2);
+}
+
+static bool get_bool(lua_State *L, int t, const char *field) {
+    lua_getfield(L, t, field);
+    bool v = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* The step table at index t has a gemm table: a library call (cg_gemm). */
+static void read_gemm(lua_State *L, int t, const gen_ctx *g, size_t scratch, cg_kernel *k) {
+    lua_getfield(L, t, "gemm");
+    int gt = lua_gettop(L);
+    cg_gemm *m = &k->gemm;
+    m->ta = get_bool(L, gt, "transa");
+    m->tb = get_bool(L, gt, "transb");
+    m->m = (int)get_int(L, gt, "m", -1, 0, 2147483647, "gemm");
+    m->n = (int)get_int(L, gt, "n", -1, 0, 2147483647, "gemm");
+    m->k = (int)get_int(L, gt, "k", -1, 0, 2147483647, "gemm");
+    m->batch = (int)get_int(L, gt, "batch", 1, 1, 2147483647, "gemm");
+    read_mat(L, gt, "a", g, scratch, m->ta ? m->k : m->m, m->ta ? m->m : m->k, m->batch, &m->a);
+    read_mat(L, gt, "b", g, scratch, m->tb ? m->n : m->k, m->tb ? m->k : m->n, m->batch, &m->b);
+    read_mat(L, gt, "c", g, scratch, m->m, m->n, m->batch, &m->c);
+    if (m->a.type != m->b.type || m->c.type != KILN_F32)
+        luaL_error(L, "gemm: a and b must have one type and c must be f32 (got %s, %s, %s)",
+                   kiln_type_name(m->a.type), kiln_type_name(m->b.type), kiln_type_name(m->c.type));
+    lua_pop(L, 1);
+    k->kind = CG_GEMM;
+    snprintf(k->name, sizeof k->name, "gemm_%s_%s%s", kiln_type_name(m->a.type), m->ta ? "t" : "n", m->tb ? "t" : "n");
+    char src[768];
+    snprintf(src, sizeof src,
+             "/* cublasGemmStridedBatchedEx(op_a %s, op_b %s, m %d, n %d, k %d, batch %d,\n"
+             " *   a: p%d + %lld bytes, %s, ld %lld, stride %lld;\n"
+             " *   b: p%d + %lld bytes, %s, ld %lld, stride %lld;\n"
+             " *   c: p%d + %lld bytes, %s, ld %lld, stride %lld; alpha 1, beta 0, compute f32) */\n",
+             m->ta ? "T" : "N", m->tb ? "T" : "N", m->m, m->n, m->k, m->batch, m->a.param, (long long)m->a.offset,
+             kiln_type_name(m->a.type), (long long)m->a.ld, (long long)m->a.stride, m->b.param, (long long)m->b.offset,
+             kiln_type_name(m->b.type), (long long)m->b.ld, (long long)m->b.stride, m->c.param, (long long)m->c.offset,
+             kiln_type_name(m->c.type), (long long)m->c.ld, (long long)m->c.stride);
+    k->source = copy_string(L, src, strlen(src));
+}
+
+/* Protected: builds the node table, calls the template, checks its result and fills the steps
+ * in g->steps. The result is one launch table, or {steps = {...}, scratch = bytes}. */
 static int l_generate(lua_State *L) {
     gen_ctx *g = lua_touserdata(L, 1);
     lua_settop(L, 0);
@@ -234,44 +359,34 @@ static int l_generate(lua_State *L) {
     int t = lua_gettop(L);
     if (!lua_istable(L, t))
         return luaL_error(L, "template %s.lua: result is a %s, not a table", g->tpl, luaL_typename(L, t));
-
-    size_t name_len, src_len;
-    if (lua_getfield(L, t, "name") != LUA_TSTRING) return luaL_error(L, "result.name is not a string");
-    const char *name = lua_tolstring(L, -1, &name_len);
-    if (!is_identifier(name, name_len))
-        return luaL_error(L, "result.name '%s' is not a C identifier of 1 to %d characters", name,
-                          (int)sizeof g->k->name - 1);
-    if (lua_getfield(L, t, "source") != LUA_TSTRING) return luaL_error(L, "result.source is not a string");
-    const char *src = lua_tolstring(L, -1, &src_len);
-    if (src_len == 0 || strlen(src) != src_len)
-        return luaL_error(L, "result.source is empty or contains a NUL byte");
-
-    static const unsigned grid_max[3] = {2147483647u, 65535u, 65535u};
-    static const unsigned block_max[3] = {1024u, 1024u, 64u};
-    unsigned grid[3], block[3];
-    get_dim3(L, t, "grid", grid_max, grid);
-    get_dim3(L, t, "block", block_max, block);
-    if ((unsigned long)block[0] * block[1] * block[2] > 1024)
-        return luaL_error(L, "result.block has more than 1024 threads");
-    lua_getfield(L, t, "smem");
-    int isint;
-    lua_Integer smem = lua_tointegerx(L, -1, &isint);
-    if (lua_isnil(L, -1)) smem = 0, isint = 1;
-    if (!isint || smem < 0 || smem > CG_MAX_SMEM)
-        return luaL_error(L, "result.smem must be an integer in [0, %I]", (lua_Integer)CG_MAX_SMEM);
-
-    /* Nothing below raises a Lua error. */
-    char *copy = malloc(src_len + 1);
-    if (!copy) return luaL_error(L, "out of host memory");
-    memcpy(copy, src, src_len + 1);
-    cg_kernel *k = g->k;
-    memcpy(k->name, name, name_len + 1);
-    k->source = copy;
-    memcpy(k->grid, grid, sizeof grid);
-    memcpy(k->block, block, sizeof block);
-    k->smem = (unsigned)smem;
-    k->nparams = g->nparams;
-    memcpy(k->params, g->params, sizeof g->params);
+    size_t scratch = (size_t)get_int(L, t, "scratch", 0, 0, CG_MAX_SCRATCH, "result");
+    int    n = 1, list = 0;
+    if (lua_getfield(L, t, "steps") == LUA_TTABLE) {
+        list = lua_gettop(L);
+        n = (int)lua_rawlen(L, list);
+        if (n < 1 || n > CG_MAX_STEPS) return luaL_error(L, "result.steps must hold 1 to %d steps", CG_MAX_STEPS);
+    } else if (!lua_isnil(L, -1)) {
+        return luaL_error(L, "result.steps is a %s, not a table", luaL_typename(L, -1));
+    }
+    for (int i = 0; i < n; i++) {
+        if (list && lua_rawgeti(L, list, i + 1) != LUA_TTABLE) return luaL_error(L, "result.steps[%d] is not a table", i + 1);
+        int s = list ? lua_gettop(L) : t;
+        cg_kernel *k = &g->steps[i];
+        g->nsteps = i + 1;
+        k->node = g->node;
+        k->step = i;
+        k->nsteps = n;
+        k->scratch = scratch;
+        k->nparams = g->nparams;
+        memcpy(k->params, g->params, sizeof g->params);
+        if (scratch > 0) k->params[k->nparams++] = CG_PARAM_SCRATCH;
+        lua_getfield(L, s, "gemm");
+        bool gemm = !lua_isnil(L, -1);
+        lua_pop(L, 1);
+        if (gemm) read_gemm(L, s, g, scratch, k);
+        else read_launch(L, s, k);
+        if (list) lua_pop(L, 1);
+    }
     return 0;
 }
 
@@ -290,10 +405,10 @@ static int param_of(gen_ctx *g, int buf) {
     return g->nparams++;
 }
 
-kiln_status cg_generate(cg_lua *C, const ir_prog *p, int node, cg_kernel *k) {
-    memset(k, 0, sizeof *k);
-    k->node = node;
-    if (!C || !p) return kb_error(KILN_ERR_INVALID, "cg_generate: NULL argument");
+kiln_status cg_generate_steps(cg_lua *C, const ir_prog *p, int node, cg_kernel **out, int *nout) {
+    if (!C || !p || !out || !nout) return kb_error(KILN_ERR_INVALID, "cg_generate: NULL argument");
+    *out = NULL;
+    *nout = 0;
     if (node < 0 || node >= p->nnodes)
         return kb_error(KILN_ERR_INVALID, "codegen: node %d out of range", node);
     const ir_node *n = &p->nodes[node];
@@ -305,7 +420,7 @@ kiln_status cg_generate(cg_lua *C, const ir_prog *p, int node, cg_kernel *k) {
     if (n->kind == IR_EW && (n->ninstr < 1 || n->ninstr > IR_MAX_INSTR))
         return kb_error(KILN_ERR_INVALID, "codegen: node %d: %d instructions", node, n->ninstr);
 
-    gen_ctx g = {.p = p, .n = n, .tpl = tpl, .k = k};
+    gen_ctx g = {.p = p, .n = n, .tpl = tpl, .node = node};
     kiln_status st = check_ref(p, &n->dst, node, "dst");
     if (st) return st;
     g.dst_param = param_of(&g, n->dst.buf);
@@ -324,6 +439,8 @@ kiln_status cg_generate(cg_lua *C, const ir_prog *p, int node, cg_kernel *k) {
             return kb_error(KILN_ERR_INVALID, "codegen: node %d: instruction %d has a bad type", node, i);
     }
 
+    g.steps = calloc(CG_MAX_STEPS, sizeof *g.steps);
+    if (!g.steps) return kb_oom();
     lua_State *L = cg_lua_state(C);
     int top = lua_gettop(L);
     lua_pushcfunction(L, l_generate);
@@ -332,9 +449,35 @@ kiln_status cg_generate(cg_lua *C, const ir_prog *p, int node, cg_kernel *k) {
     snprintf(what, sizeof what, "codegen: template %s (node %d)", tpl, node);
     st = cg_lua_pcall(C, 1, 0, what);
     lua_settop(L, top);
-    if (st) cg_kernel_clear(k), k->node = node;
-    return st;
+    if (st) {
+        for (int i = 0; i < g.nsteps; i++) cg_kernel_clear(&g.steps[i]);
+        free(g.steps);
+        return st;
+    }
+    *out = g.steps;
+    *nout = g.nsteps;
+    return NULL;
 }
+
+kiln_status cg_generate(cg_lua *C, const ir_prog *p, int node, cg_kernel *k) {
+    if (!k) return kb_error(KILN_ERR_INVALID, "cg_generate: NULL argument");
+    memset(k, 0, sizeof *k);
+    k->node = node;
+    cg_kernel  *steps;
+    int         n;
+    kiln_status st = cg_generate_steps(C, p, node, &steps, &n);
+    if (st) return st;
+    if (n == 1) {
+        *k = steps[0];
+        free(steps);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) cg_kernel_clear(&steps[i]);
+    free(steps);
+    return kb_error(KILN_ERR_CODEGEN, "codegen: node %d gives %d steps; use cg_generate_steps", node, n);
+}
+
+
 
 void cg_kernel_clear(cg_kernel *k) {
     if (!k) return;

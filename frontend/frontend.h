@@ -5,7 +5,7 @@
 
 #include "base/base.h"
 
-#define FE_MAX_SRC 4  /* tensor operands of one op (soft_max_ext: a, mask, sinks) */
+#define FE_MAX_SRC 5  /* tensor operands of one op (flash_attn_ext: q, k, v, mask, sinks) */
 #define FE_MAX_IP 16  /* int parameters of one op (ggml keeps 16 int32 op_params too) */
 #define FE_MAX_FP 8   /* float parameters of one op (rope_ext has 6) */
 #define FE_MAX_NAME 64
@@ -111,7 +111,11 @@ typedef enum {
     X(ARANGE, "arange", FE_KERNEL, 0, "start:f stop:f step:f", "fill", "f32", 0)                   \
     X(FILL, "fill", FE_KERNEL, 1, "a:t c:f", "fill", FE_F, 0)                                      \
     X(DIAG_MASK_INF, "diag_mask_inf", FE_KERNEL, 1, "a:t n_past:i", "fill", FE_F, 0)               \
-    X(TRI, "tri", FE_KERNEL, 1, "a:t type:e(upper_diag|upper|lower_diag|lower)", "fill", FE_F, 0)
+    X(TRI, "tri", FE_KERNEL, 1, "a:t type:e(upper_diag|upper|lower_diag|lower)", "fill", FE_F, 0) \
+    X(MUL_MAT, "mul_mat", FE_KERNEL, 2, "a:t b:t", "matmul", FE_F, 5e-4)                           \
+    X(MUL_MAT_ID, "mul_mat_id", FE_KERNEL, 3, "as:t b:t ids:t", "matmul_id", FE_F, 5e-4)           \
+    X(FLASH_ATTN_EXT, "flash_attn_ext", FE_KERNEL, 5,                                              \
+      "q:t k:t v:t mask:t? scale:f=1 max_bias:f=0 logit_softcap:f=0 sinks:t?", "attn", "f32", 5e-4)
 
 typedef enum {
 #define FE_X(id, name, kind, nsrc, sig, fam, types, tol) FE_OP_##id,

@@ -42,6 +42,9 @@ fe_infer_fn fe_infer_of(fe_op op) {
     case FE_OP_DIAG_MASK_INF: return fe_infer_DIAG_MASK_INF;
     case FE_OP_TRI: return fe_infer_TRI;
     case FE_OP_ROPE_EXT: return fe_infer_ROPE_EXT;
+    case FE_OP_MUL_MAT: return fe_infer_MUL_MAT;
+    case FE_OP_MUL_MAT_ID: return fe_infer_MUL_MAT_ID;
+    case FE_OP_FLASH_ATTN_EXT: return fe_infer_FLASH_ATTN_EXT;
     default: return NULL;
     }
 }
@@ -248,4 +251,40 @@ kiln_tensor *kiln_arange(kiln_ctx *ctx, float start, float stop, float step) {
     x.fp[1] = stop;
     x.fp[2] = step;
     return build(ctx, FE_OP_ARANGE, &x);
+}
+
+kiln_tensor *kiln_mul_mat(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b) {
+    if (!a || !b) return NULL;
+    fe_args x;
+    memset(&x, 0, sizeof x);
+    x.t[0] = a;
+    x.t[1] = b;
+    return build(ctx, FE_OP_MUL_MAT, &x);
+}
+
+kiln_tensor *kiln_mul_mat_id(kiln_ctx *ctx, kiln_tensor *as, kiln_tensor *b, kiln_tensor *ids) {
+    if (!as || !b || !ids) return NULL;
+    fe_args x;
+    memset(&x, 0, sizeof x);
+    x.t[0] = as;
+    x.t[1] = b;
+    x.t[2] = ids;
+    return build(ctx, FE_OP_MUL_MAT_ID, &x);
+}
+
+kiln_tensor *kiln_flash_attn_ext(kiln_ctx *ctx, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
+                                 kiln_tensor *mask, float scale, float max_bias, float logit_softcap,
+                                 kiln_tensor *sinks) {
+    if (!q || !k || !v) return NULL;
+    fe_args x;
+    memset(&x, 0, sizeof x);
+    x.t[0] = q;
+    x.t[1] = k;
+    x.t[2] = v;
+    x.t[3] = mask;
+    x.t[4] = sinks;
+    x.fp[0] = scale;
+    x.fp[1] = max_bias;
+    x.fp[2] = logit_softcap;
+    return build(ctx, FE_OP_FLASH_ATTN_EXT, &x);
 }

@@ -228,6 +228,21 @@ kiln_tensor *kiln_fill(kiln_ctx *ctx, kiln_tensor *a, float c);
 kiln_tensor *kiln_diag_mask_inf(kiln_ctx *ctx, kiln_tensor *a, int n_past);
 kiln_tensor *kiln_tri(kiln_ctx *ctx, kiln_tensor *a, kiln_tri_type type);
 
+/* Matrix products, as ggml. mul_mat(a, b) = b·aᵀ: a [K, M, A2, A3] (f32, f16, bf16; rows
+ * contiguous), b f32 [K, N, B2, B3] (any layout), a broadcast over dims 2 and 3; result f32
+ * [M, N, B2, B3]. mul_mat_id(as, b, ids): as [K, M, n_expert], b f32 [K, 1 or n_used, T],
+ * ids i32 [n_used, T]; result f32 [M, n_used, T]. */
+kiln_tensor *kiln_mul_mat(kiln_ctx *ctx, kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_mul_mat_id(kiln_ctx *ctx, kiln_tensor *as, kiln_tensor *b, kiln_tensor *ids);
+
+/* Attention, as ggml_flash_attn_ext (+ ggml_flash_attn_ext_add_sinks): q f32 [Dk, n_q, n_head,
+ * n_seq], k/v [Dk|Dv, n_kv, n_head_kv, n_seq] (f32, f16 or bf16), mask f16 [n_kv, >= n_q, ...]
+ * or NULL, sinks f32 [n_head] or NULL; result f32 [Dv, n_head, n_q, n_seq] (heads before
+ * tokens). */
+kiln_tensor *kiln_flash_attn_ext(kiln_ctx *ctx, kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
+                                 kiln_tensor *mask, float scale, float max_bias, float logit_softcap,
+                                 kiln_tensor *sinks);
+
 /* Every supported op, one per line: name, kind, accepted types, .kg usage. Caller frees. */
 kiln_status kiln_describe_ops(char **text);
 

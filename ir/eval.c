@@ -79,6 +79,7 @@ static const struct {
 } ref_fns[] = {
     {"rows", ir_ref_rows},     {"norm", ir_ref_norm}, {"softmax", ir_ref_softmax}, {"rope", ir_ref_rope},
     {"reduce", ir_ref_reduce}, {"sort", ir_ref_sort}, {"fill", ir_ref_fill},
+    {"matmul", ir_ref_matmul}, {"matmul_id", ir_ref_matmul}, {"attn", ir_ref_attn},
 };
 
 static kiln_status eval_op(const ir_prog *p, int i, void **data) {

@@ -113,6 +113,8 @@ kiln_status ir_ref_rope(const ir_prog *p, const ir_node *n, void **data);
 kiln_status ir_ref_reduce(const ir_prog *p, const ir_node *n, void **data);
 kiln_status ir_ref_sort(const ir_prog *p, const ir_node *n, void **data);
 kiln_status ir_ref_fill(const ir_prog *p, const ir_node *n, void **data);
+kiln_status ir_ref_matmul(const ir_prog *p, const ir_node *n, void **data); /* mul_mat, mul_mat_id */
+kiln_status ir_ref_attn(const ir_prog *p, const ir_node *n, void **data);
 
 /* Element offset of r at coordinates c (each taken modulo r's extent: broadcasting). */
 int64_t ir_offset_at(const ir_ref *r, const int64_t c[4]);

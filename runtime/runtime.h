@@ -99,4 +99,32 @@ kiln_status rt_cuda_error(rt_cures r, const char *call, const char *what_fmt, ..
  * Sessions still retain and release their own reference. */
 kiln_status rt_device_pin(int dev, rt_cudev *cudev);
 
+/* ---- cuBLAS, also through dlopen (runtime/cublas.c) ------------------------------------------ */
+
+typedef struct rt_cublas_s *rt_cublas;
+#define RT_CUBLAS_OP_N 0
+#define RT_CUBLAS_OP_T 1
+#define RT_CUDA_R_32F 0
+#define RT_CUDA_R_16F 2
+#define RT_CUDA_R_16BF 14
+#define RT_CUBLAS_COMPUTE_32F 68
+#define RT_CUBLAS_GEMM_DEFAULT (-1)
+
+typedef struct {
+    int (*Create)(rt_cublas *h);
+    int (*Destroy)(rt_cublas h);
+    int (*SetStream)(rt_cublas h, rt_custream s);
+    int (*SetWorkspace)(rt_cublas h, void *ws, size_t bytes);
+    int (*GemmStridedBatchedEx)(rt_cublas h, int ta, int tb, int m, int n, int k, const void *alpha,
+                                const void *A, int Atype, int lda, long long sA, const void *B, int Btype,
+                                int ldb, long long sB, const void *beta, void *C, int Ctype, int ldc,
+                                long long sC, int batch, int compute, int algo);
+    const char *(*GetStatusString)(int status);
+} rt_cublas_api;
+
+/* Loads cuBLAS once per process; KILN_ERR_NO_GPU saying what is missing when it cannot. */
+kiln_status rt_cublas_init(const rt_cublas_api **out);
+/* KILN_ERR_CUDA: "cuBLAS call <call> failed with status N (<text>) while <what>". */
+kiln_status rt_cublas_error(int status, const char *call, const char *what);
+
 #endif

@@ -20,12 +20,15 @@
 typedef struct {
     char     name[64];
     int      node;
+    cg_step_kind kind;
+    cg_gemm  gemm;           /* CG_GEMM: the call; a/b/c device addresses below */
+    rt_cuptr gemm_ptr[3];
     rt_cufn  fn;
     unsigned grid[3], block[3], smem;
     int      nparams;
     bool     empty; /* a zero grid dimension: nothing to do (zero-element tensors) */
-    rt_cuptr argv[IR_MAX_IN + 1];
-    void    *args[IR_MAX_IN + 1]; /* args[i] = &argv[i], as cuLaunchKernel wants */
+    rt_cuptr argv[IR_MAX_IN + 2];
+    void    *args[IR_MAX_IN + 2]; /* args[i] = &argv[i], as cuLaunchKernel wants */
 } rt_launch;
 
 typedef struct {
@@ -50,6 +53,12 @@ struct kiln_session {
     bool     *owned; /* dptr[i] is its own allocation (not in the arena) */
     rt_cuptr  arena;
     size_t    arena_bytes;
+    rt_cuptr  scratch;     /* the program's scratch (one stream: nodes take turns) */
+    size_t    scratch_bytes;
+
+    const rt_cublas_api *blas; /* set when the program has library GEMM steps */
+    rt_cublas            blas_handle;
+    rt_cuptr             blas_ws;
 
     rt_module *mods;
     int        nmods;
@@ -182,6 +191,56 @@ static kiln_status alloc_buffers(kiln_session *s, const ir_prog *ir) {
     return NULL;
 }
 
+static kiln_status alloc_scratch(kiln_session *s, const kiln_program *p) {
+    s->scratch_bytes = p->scratch_bytes;
+    if (!s->scratch_bytes) return NULL;
+    rt_cures r = s->cu->MemAlloc(&s->scratch, s->scratch_bytes);
+    if (r != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuMemAlloc", "allocating the program's %zu bytes of scratch", s->scratch_bytes);
+    return NULL;
+}
+
+/* cuBLAS may allocate its workspace on first use, which a stream capture forbids: give it its
+ * own up front (32 MiB: what cuBLAS asks for on Hopper). */
+#define RT_BLAS_WORKSPACE (32u << 20)
+
+static kiln_status setup_blas(kiln_session *s, const kiln_program *p) {
+    bool need = false;
+    for (int i = 0; i < p->nkernels; i++) need |= p->kernels[i].kind == CG_GEMM;
+    if (!need) return NULL;
+    kiln_status st = rt_cublas_init(&s->blas);
+    if (st) return st;
+    int r = s->blas->Create(&s->blas_handle);
+    if (r) return rt_cublas_error(r, "cublasCreate", "creating the session's cuBLAS handle");
+    rt_cures cr = s->cu->MemAlloc(&s->blas_ws, RT_BLAS_WORKSPACE);
+    if (cr != RT_CUDA_SUCCESS) return rt_cuda_error(cr, "cuMemAlloc", "allocating cuBLAS's workspace");
+    if ((r = s->blas->SetStream(s->blas_handle, s->stream)))
+        return rt_cublas_error(r, "cublasSetStream", "binding cuBLAS to the session's stream");
+    if ((r = s->blas->SetWorkspace(s->blas_handle, (void *)(uintptr_t)s->blas_ws, RT_BLAS_WORKSPACE)))
+        return rt_cublas_error(r, "cublasSetWorkspace", "giving cuBLAS its workspace");
+    return NULL;
+}
+
+static int blas_type(kiln_type t) {
+    return t == KILN_F16 ? RT_CUDA_R_16F : t == KILN_BF16 ? RT_CUDA_R_16BF : RT_CUDA_R_32F;
+}
+
+static kiln_status run_gemm(kiln_session *s, int i, const rt_launch *l) {
+    const cg_gemm *g = &l->gemm;
+    const float    one = 1.0f, zero = 0.0f;
+    int r = s->blas->GemmStridedBatchedEx(
+        s->blas_handle, g->ta ? RT_CUBLAS_OP_T : RT_CUBLAS_OP_N, g->tb ? RT_CUBLAS_OP_T : RT_CUBLAS_OP_N, g->m, g->n,
+        g->k, &one, (const void *)(uintptr_t)l->gemm_ptr[0], blas_type(g->a.type), (int)g->a.ld, (long long)g->a.stride,
+        (const void *)(uintptr_t)l->gemm_ptr[1], blas_type(g->b.type), (int)g->b.ld, (long long)g->b.stride, &zero,
+        (void *)(uintptr_t)l->gemm_ptr[2], blas_type(g->c.type), (int)g->c.ld, (long long)g->c.stride, g->batch,
+        RT_CUBLAS_COMPUTE_32F, RT_CUBLAS_GEMM_DEFAULT);
+    if (!r) return NULL;
+    char what[160];
+    snprintf(what, sizeof what, "running step %d '%s' (m %d, n %d, k %d, batch %d)", i, l->name, g->m, g->n, g->k,
+             g->batch);
+    return rt_cublas_error(r, "cublasGemmStridedBatchedEx", what);
+}
+
 static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
     const rt_cuda_api *cu = s->cu;
     if (p->nkernels <= 0) return NULL;
@@ -197,16 +256,25 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
         memcpy(l->block, k->block, sizeof l->block);
         l->smem = k->smem;
         l->empty = !k->grid[0] || !k->grid[1] || !k->grid[2];
-        if (!l->empty && (!k->block[0] || !k->block[1] || !k->block[2]))
+        if (k->kind == CG_LAUNCH && !l->empty && (!k->block[0] || !k->block[1] || !k->block[2]))
             return kb_error(KILN_ERR_INVALID, "kiln_session_new: kernel %d '%s' has an empty block "
                                               "(%ux%ux%u)", i, l->name, k->block[0], k->block[1],
                             k->block[2]);
-        if (k->nparams < 0 || k->nparams > IR_MAX_IN + 1)
+        if (k->nparams < 0 || k->nparams > IR_MAX_IN + 2)
             return kb_error(KILN_ERR_INVALID, "kiln_session_new: kernel %d '%s' has %d parameters",
                             i, l->name, k->nparams);
         l->nparams = k->nparams;
         for (int j = 0; j < k->nparams; j++) {
             int b = k->params[j];
+            if (b == CG_PARAM_SCRATCH) {
+                if (!s->scratch || k->scratch > s->scratch_bytes)
+                    return kb_error(KILN_ERR_INVALID, "kiln_session_new: kernel %d '%s' wants %zu bytes of "
+                                                      "scratch; the program has %zu", i, l->name, k->scratch,
+                                    s->scratch_bytes);
+                l->argv[j] = s->scratch;
+                l->args[j] = &l->argv[j];
+                continue;
+            }
             if (b < 0 || b >= s->nbufs)
                 return kb_error(KILN_ERR_INVALID, "kiln_session_new: kernel %d '%s' parameter %d "
                                                   "names buffer %d of %d", i, l->name, j, b,
@@ -217,6 +285,20 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
                                 i, l->name, s->bufs[b].name);
             l->argv[j] = s->dptr[b];
             l->args[j] = &l->argv[j];
+        }
+        l->kind = k->kind;
+        if (k->kind == CG_GEMM) {
+            l->gemm = k->gemm;
+            const cg_mat *m[3] = {&k->gemm.a, &k->gemm.b, &k->gemm.c};
+            for (int j = 0; j < 3; j++) {
+                if (m[j]->param < 0 || m[j]->param >= k->nparams)
+                    return kb_error(KILN_ERR_INVALID, "kiln_session_new: step %d '%s': operand %d names "
+                                                      "parameter %d of %d", i, l->name, j, m[j]->param, k->nparams);
+                l->gemm_ptr[j] = l->argv[m[j]->param] + (rt_cuptr)m[j]->offset;
+            }
+            l->empty = !k->gemm.m || !k->gemm.n;
+            s->nlaunches++;
+            continue;
         }
 
         /* One module per distinct cubin (kernels with equal keys have equal code). */
@@ -280,7 +362,7 @@ kiln_status kiln_session_new(const kiln_program *p, const kiln_session_opts *opt
     if (st) return st;
 
     for (int i = 0; i < p->nkernels; i++)
-        if (!p->kernels[i].cubin || !p->kernels[i].cubin_size)
+        if (p->kernels[i].kind == CG_LAUNCH && (!p->kernels[i].cubin || !p->kernels[i].cubin_size))
             return kb_error(KILN_ERR_INVALID,
                             "kiln_session_new: kernel %d '%s' has no machine code: the program was "
                             "compiled with skip_nvrtc (sources only); compile it without "
@@ -325,6 +407,8 @@ kiln_status kiln_session_new(const kiln_program *p, const kiln_session_opts *opt
     }
 
     if ((st = alloc_buffers(s, p->ir))) goto fail;
+    if ((st = alloc_scratch(s, p))) goto fail;
+    if ((st = setup_blas(s, p))) goto fail;
     if ((st = load_kernels(s, p))) goto fail;
 
     /* The memsets ran on the legacy stream, which the non-blocking session stream does not
@@ -356,6 +440,9 @@ void kiln_session_free(kiln_session *s) {
         for (int i = 0; i < s->nbufs; i++)
             if (s->owned && s->owned[i] && s->dptr[i]) cu->MemFree(s->dptr[i]);
         if (s->arena) cu->MemFree(s->arena);
+        if (s->blas_handle) s->blas->Destroy(s->blas_handle);
+        if (s->blas_ws) cu->MemFree(s->blas_ws);
+        if (s->scratch) cu->MemFree(s->scratch);
         if (s->stream) cu->StreamDestroy(s->stream);
     }
     if (cu && s->ctx_retained) cu->DevicePrimaryCtxRelease(s->dev);
@@ -457,6 +544,11 @@ static kiln_status launch_all(kiln_session *s, const char *doing) {
     for (int i = 0; i < s->nlaunches; i++) {
         rt_launch *l = &s->launches[i];
         if (l->empty) continue;
+        if (l->kind == CG_GEMM) {
+            kiln_status st = run_gemm(s, i, l);
+            if (st) return st;
+            continue;
+        }
         rt_cures r = s->cu->LaunchKernel(l->fn, l->grid[0], l->grid[1], l->grid[2], l->block[0],
                                          l->block[1], l->block[2], l->smem, s->stream,
                                          l->nparams ? l->args : NULL, NULL);

@@ -39,6 +39,7 @@ static void use_buf(ir_prog *p, const ir_ref *r, const char *name) {
     b->kind = IR_BUF_TEMP;
     snprintf(b->name, sizeof b->name, "%s", name);
     for (int d = 0; d < 4; d++) b->ne[d] = r->ne[d];
+    b->bytes = kiln_type_size(r->type) * (size_t)(r->ne[0] * r->ne[1] * r->ne[2] * r->ne[3]);
 }
 
 static ir_ref ref4(int buf, kiln_type t, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
@@ -862,6 +863,95 @@ START_TEST(template_errors) {
 }
 END_TEST
 
+/* Generates the mul+silu node's steps with templates from dir. */
+static kiln_status steps_with_dir(const char *dir, cg_kernel **ks, int *n) {
+    setenv("KILN_TEMPLATE_DIR", dir, 1);
+    cg_lua *L;
+    kiln_status st = cg_lua_new(&L);
+    unsetenv("KILN_TEMPLATE_DIR");
+    if (st) return st;
+    ir_prog *p = prog_new(1);
+    mul_silu_node(p, 0, 0, 1, 2);
+    st = cg_generate_steps(L, p, 0, ks, n);
+    prog_free(p);
+    cg_lua_free(L);
+    return st;
+}
+
+/* A result with several steps, scratch and a library GEMM (docs/templates.md, "Result"). The
+ * node's buffers: p0 out f32 [4096, 8], p1 x f32 [4096, 8], p2 w f16 [4096]; p3 the scratch. */
+#define GEMM_OK "{transa = true, m = 8, n = 8, k = 4096, a = {param = 1, ld = 4096, type = 'f32'}, " \
+                "b = {param = 1, ld = 4096, type = 'f32'}, c = {param = 0, ld = 8, type = 'f32'}}"
+START_TEST(template_steps) {
+    char *dir = ts_tmpdir();
+    write_tpl(dir, "elementwise",
+              "return function(k) return {scratch = 131072, steps = {\n"
+              "  {name = 'conv', source = '//conv ' .. k.nparams, grid = {2,1,1}, block = {32,1,1}},\n"
+              "  {gemm = {transa = true, m = 8, n = 8, k = 4096, batch = 2,\n"
+              "           a = {param = 3, offset = 0, ld = 4096, stride = 0, type = 'bf16'},\n"
+              "           b = {param = 3, offset = 8192, ld = 4096, stride = 0, type = 'bf16'},\n"
+              "           c = {param = 0, offset = 256, ld = 8, stride = 64, type = 'f32'}}}}} end\n");
+    cg_kernel *ks = NULL;
+    int n = 0;
+    TS_OK(steps_with_dir(dir, &ks, &n));
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(ks[0].kind, CG_LAUNCH);
+    ck_assert_str_eq(ks[0].source, "//conv 3");
+    ck_assert_int_eq(ks[0].nparams, 4);
+    ck_assert_int_eq(ks[0].params[3], CG_PARAM_SCRATCH);
+    ck_assert_int_eq(ks[1].kind, CG_GEMM);
+    ck_assert_int_eq(ks[1].step, 1);
+    ck_assert_int_eq(ks[1].nsteps, 2);
+    ck_assert_uint_eq(ks[1].scratch, 131072);
+    ck_assert(ks[1].gemm.ta && !ks[1].gemm.tb);
+    ck_assert_int_eq(ks[1].gemm.batch, 2);
+    ck_assert_int_eq(ks[1].gemm.a.type, KILN_BF16);
+    ck_assert_int_eq(ks[1].gemm.b.offset, 8192);
+    ck_assert_int_eq(ks[1].gemm.c.stride, 64);
+    ck_assert_str_eq(ks[1].name, "gemm_bf16_tn");
+    ck_assert(has(ks[1].source, "cublasGemmStridedBatchedEx"));
+    for (int i = 0; i < n; i++) cg_kernel_clear(&ks[i]);
+    free(ks);
+
+    /* cg_generate refuses a node of several steps rather than dropping some */
+    cg_kernel k;
+    kiln_status st = gen_with_dir(dir, &k);
+    ck_assert_msg(st && has(kiln_status_msg(st), "2 steps"), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+
+    static const struct {
+        const char *ret, *msg;
+    } bad[] = {
+        {"return function(k) return {steps = {}} end", "1 to 64 steps"},
+        {"return function(k) return {steps = {42}} end", "steps[1] is not a table"},
+        {"return function(k) return {steps = 'x'} end", "not a table"},
+        {"return function(k) return {scratch = -1, steps = {{gemm = " GEMM_OK "}}} end", "scratch"},
+        /* the scratch parameter exists only when there is scratch */
+        {"return function(k) local g = " GEMM_OK "; g.a.param = 3; return {steps = {{gemm = g}}} end", "param"},
+        {"return function(k) local g = " GEMM_OK "; g.c.offset = 131072; return {steps = {{gemm = g}}} end",
+         "reaches byte"},
+        {"return function(k) local g = " GEMM_OK "; g.b.ld = 8; return {steps = {{gemm = g}}} end", "ld"},
+        {"return function(k) local g = " GEMM_OK "; g.a.type = 'f16'; return {steps = {{gemm = g}}} end",
+         "one type"},
+        {"return function(k) local g = " GEMM_OK "; g.c.type = 'i32'; return {steps = {{gemm = g}}} end",
+         "not f32, f16 or bf16"},
+        {"return function(k) local g = " GEMM_OK "; g.m = nil; return {steps = {{gemm = g}}} end", "gemm.m"},
+        {"return function(k) local g = " GEMM_OK "; g.batch = 2; g.c.stride = 32768; return {steps = {{gemm = g}}} end",
+         "reaches byte"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_tpl(dir, "elementwise", bad[i].ret);
+        st = steps_with_dir(dir, &ks, &n);
+        ck_assert_msg(st != NULL, "case %zu: no error", i);
+        ck_assert_msg(has(kiln_status_msg(st), bad[i].msg), "case %zu: \"%s\" lacks \"%s\"", i,
+                      kiln_status_msg(st), bad[i].msg);
+        kiln_status_free(st);
+    }
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* The table given to templates, as documented in docs/templates.md. */
 START_TEST(node_table) {
     char *dir = ts_tmpdir();
@@ -1027,6 +1117,7 @@ static Suite *suite(void) {
     tcase_add_test(gen_tc, invalid_nodes);
     tcase_add_test(gen_tc, template_dir);
     tcase_add_test(gen_tc, template_errors);
+    tcase_add_test(gen_tc, template_steps);
     tcase_add_test(gen_tc, node_table);
     tcase_set_timeout(gen_tc, 60);
     suite_add_tcase(s, gen_tc);

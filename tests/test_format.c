@@ -280,6 +280,8 @@ START_TEST(every_op_parses) {
         {FE_OP_FILL, "a, 2"},
         {FE_OP_DIAG_MASK_INF, "q, 1"},
         {FE_OP_TRI, "q, lower"},
+        {FE_OP_MUL_MAT_ID, "x, b, i"},
+        {FE_OP_FLASH_ATTN_EXT, "a, a, a, scale=0.5, logit_softcap=30, sinks=k"},
     };
     for (int op = 0; op < FE_OP_COUNT; op++) {
         if (op == FE_OP_LEAF) continue;
@@ -291,6 +293,7 @@ START_TEST(every_op_parses) {
                  "input a: f32[4, 3]\ninput b: f32[4]\ninput s: f32[1]\ninput h: f16[12]\n"
                  "input i: i32[2]\ninput j: i32[3]\ninput r: f32[4, 2]\ninput e: f32[4, 5]\n"
                  "input m: f16[4, 3]\ninput k: f32[1]\ninput p: i32[1]\ninput q: f32[3, 3]\n"
+                 "input x: f32[4, 3, 2]\n"
                  "output y = %s(%s)\n",
                  fe_ops[op].name, args);
         kiln_ctx *ctx = ts_parse(text);
