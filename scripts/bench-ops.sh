@@ -23,6 +23,11 @@ printf '%-30s %10s %8s %7s %8s %10s %8s %8s\n' graph "median ms" "GB/s" "% peak"
 for g in $GRAPHS; do
     extra=""
     if grep -q '^input ids: i32\[8192\]' "$g" && [ -f "$tmp/ids.bin" ]; then extra="--input ids=$tmp/ids.bin"; fi
+    # MoE graphs say how to route: "# bench-ids: T U E" (T tokens, U distinct experts of E each).
+    moe=$(sed -n 's/^# bench-ids: *\([0-9]* [0-9]* [0-9]*\).*/\1/p' "$g" | head -1)
+    if [ -n "$moe" ]; then
+        python3 scripts/moe-ids.py ids $moe 1 "$tmp/moe.bin" >/dev/null && extra="--input ids=$tmp/moe.bin"
+    fi
     out=$("$KILN" run "$g" --iters 50 $extra 2>&1)
     line=$(printf '%s\n' "$out" | grep '^bandwidth:')
     if [ -z "$line" ]; then

@@ -1,0 +1,351 @@
+/* mul_mat_id (mixture-of-experts matmul): the CPU reference against products worked out by hand
+ * (expert selection, duplicate ids, ids outside [0, n_expert) giving zero rows, b broadcast over
+ * the slots or one row per slot, f16/bf16 weights, a permuted b), the frontend's shape and type
+ * errors, and each specialization of templates/matmul_id.lua (decode GEMV with every load width,
+ * prefill route/pack + tensor-core kernel for each token tile, prefill FMA kernel for f32 or
+ * unaligned weights) generated and compiled by NVRTC for sm_90a and sm_80 without warnings.
+ * No GPU needed. */
+#include "tests/support.h"
+
+#include "base/base.h"
+#include "codegen/codegen.h"
+
+#include <math.h>
+#include <nvrtc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the reference, by hand ------------------------------------------------------------------ */
+
+/* Output y of buffers b holds exactly want[0..n). */
+static void expect_f32(ts_buf *b, const float *want, int64_t n, const char *what) {
+    ts_buf *t = ts_buf_find(b, "y");
+    ck_assert_msg(t->out, "%s: no output", what);
+    ck_assert_int_eq(t->type, KILN_F32);
+    ck_assert_msg(t->n == n, "%s: %lld outputs, want %lld", what, (long long)t->n, (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(((const float *)t->out)[i] == want[i], "%s: y[%lld] = %.9g, want %.9g", what, (long long)i,
+                      (double)((const float *)t->out)[i], (double)want[i]);
+}
+
+/* as [3, 2, 2]: expert 0 rows (1 2 3) (4 5 6), expert 1 rows (-1 0 1) (0.5 0.5 0.5).
+ * b [3, 1, 2]: token 0 (1 1 1), token 1 (1 2 3). ids [2, 2]: token 0 -> (1, 0), token 1 -> (0, 5):
+ *   y[:, 0, 0] = e1.(1 1 1) = (0, 1.5)    y[:, 1, 0] = e0.(1 1 1) = (6, 15)
+ *   y[:, 0, 1] = e0.(1 2 3) = (14, 32)    y[:, 1, 1] = id 5 >= 2: (0, 0) */
+static const float AS[12] = {1, 2, 3, 4, 5, 6, -1, 0, 1, 0.5f, 0.5f, 0.5f};
+static const float B2[6] = {1, 1, 1, 1, 2, 3};
+static const float WANT[8] = {0, 1.5f, 6, 15, 14, 32, 0, 0};
+
+START_TEST(ref_select) {
+    static const char *types[3] = {"f32", "f16", "bf16"};
+    static const kiln_type kt[3] = {KILN_F32, KILN_F16, KILN_BF16};
+    for (int t = 0; t < 3; t++) {
+        uint16_t half[12];
+        for (int i = 0; i < 12; i++) kb_store_f32(half, kt[t], i, AS[i]); /* all exact in f16/bf16 */
+        const int32_t ids[4] = {1, 0, 0, 5};
+        ts_buf b[] = {{.name = "as", .type = kt[t], .data = t ? (const void *)half : AS, .n = 12},
+                      {.name = "x", .type = KILN_F32, .data = B2, .n = 6},
+                      {.name = "ids", .type = KILN_I32, .data = ids, .n = 4},
+                      TS_OUT("y"),
+                      {0}};
+        char kg[160];
+        snprintf(kg, sizeof kg, "input as: %s[3, 2, 2]\ninput x: f32[3, 1, 2]\ninput ids: i32[2, 2]\n"
+                                "output y = mul_mat_id(as, x, ids)\n", types[t]);
+        ts_reference(kg, b);
+        expect_f32(b, WANT, 8, types[t]);
+        ts_buf_free(b);
+    }
+}
+END_TEST
+
+/* Negative ids, and ids == n_expert, give zero rows; nothing else changes. */
+START_TEST(ref_invalid_ids) {
+    const int32_t ids[4] = {-1, 0, 2, 1};
+    ts_buf b[] = {{.name = "as", .type = KILN_F32, .data = AS, .n = 12},
+                  {.name = "x", .type = KILN_F32, .data = B2, .n = 6},
+                  {.name = "ids", .type = KILN_I32, .data = ids, .n = 4},
+                  TS_OUT("y"),
+                  {0}};
+    ts_reference("input as: f32[3, 2, 2]\ninput x: f32[3, 1, 2]\ninput ids: i32[2, 2]\n"
+                 "output y = mul_mat_id(as, x, ids)\n", b);
+    const float want[8] = {0, 0, 6, 15, 0, 0, 2, 3}; /* token 1 slot 1: e1.(1 2 3) = (2, 3) */
+    expect_f32(b, want, 8, "ids -1 and 2 of 2 experts");
+    ts_buf_free(b);
+}
+END_TEST
+
+/* b with one row per slot (B1 = n_used), and the same expert twice in one token. */
+START_TEST(ref_per_slot_b_and_duplicates) {
+    const float   x[6] = {1, 0, 0, 0, 0, 2}; /* slot 0 (1 0 0), slot 1 (0 0 2) */
+    const int32_t ids[2] = {0, 0};
+    ts_buf b[] = {{.name = "as", .type = KILN_F32, .data = AS, .n = 12},
+                  {.name = "x", .type = KILN_F32, .data = x, .n = 6},
+                  {.name = "ids", .type = KILN_I32, .data = ids, .n = 2},
+                  TS_OUT("y"),
+                  {0}};
+    ts_reference("input as: f32[3, 2, 2]\ninput x: f32[3, 2, 1]\ninput ids: i32[2, 1]\n"
+                 "output y = mul_mat_id(as, x, ids)\n", b);
+    const float want[4] = {1, 4, 6, 12};
+    expect_f32(b, want, 4, "B1 = n_used, duplicate expert");
+    ts_buf_free(b);
+}
+END_TEST
+
+/* A permuted b (tokens fastest in memory) and a strided ids view give the logical products. */
+START_TEST(ref_views) {
+    /* xt [2, 3, 1] holds b with tokens fastest (element (t, k) at t + 2k); permute(xt, 2, 0, 1, 3)
+     * is b [3, 1, 2]. */
+    const float   xt[6] = {1, 1, 1, 2, 1, 3}; /* token 0 (1 1 1), token 1 (1 2 3) */
+    const int32_t ids6[6] = {1, 0, 9, 0, 5, 9};   /* ids view [2, 2] with row stride 3 */
+    ts_buf b[] = {{.name = "as", .type = KILN_F32, .data = AS, .n = 12},
+                  {.name = "xt", .type = KILN_F32, .data = xt, .n = 6},
+                  {.name = "ip", .type = KILN_I32, .data = ids6, .n = 6},
+                  TS_OUT("y"),
+                  {0}};
+    ts_reference("input as: f32[3, 2, 2]\ninput xt: f32[2, 3, 1]\ninput ip: i32[3, 2]\n"
+                 "p = permute(xt, 2, 0, 1, 3)\nids = view(ip, [2, 2], [12], 0)\n"
+                 "output y = mul_mat_id(as, p, ids)\n", b);
+    expect_f32(b, WANT, 8, "permuted b, strided ids");
+    ts_buf_free(b);
+}
+END_TEST
+
+/* ---- frontend errors ------------------------------------------------------------------------ */
+
+static void expect_error(const char *kg, const char *needle) {
+    kiln_ctx   *ctx = kiln_ctx_new();
+    kiln_status st = kiln_parse(ctx, kg, strlen(kg), "t.kg");
+    ck_assert_msg(st != NULL, "expected an error for:\n%s", kg);
+    ck_assert_msg(kiln_status_code(st) == KILN_ERR_SHAPE, "%s: got %s: %s", kg, kiln_code_name(kiln_status_code(st)),
+                  kiln_status_msg(st));
+    ck_assert_msg(strstr(kiln_status_msg(st), needle), "message lacks \"%s\": %s", needle, kiln_status_msg(st));
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+}
+
+START_TEST(errors) {
+    expect_error("input a: i32[8, 4, 3]\ninput x: f32[8, 1, 2]\ninput i: i32[2, 2]\ny = mul_mat_id(a, x, i)\n",
+                 "mul_mat_id: as 'a' (i32[8, 4, 3]) must be f32, f16 or bf16");
+    expect_error("input a: f16[8, 4, 3]\ninput x: f16[8, 1, 2]\ninput i: i32[2, 2]\ny = mul_mat_id(a, x, i)\n",
+                 "b 'x' (f16[8, 1, 2]) must be f32");
+    expect_error("input a: f16[8, 4, 3]\ninput x: f32[8, 1, 2]\ninput i: f32[2, 2]\ny = mul_mat_id(a, x, i)\n",
+                 "ids 'i' (f32[2, 2]) must be i32");
+    expect_error("input a: f16[8, 4, 3, 2]\ninput x: f32[8, 1, 2]\ninput i: i32[2, 2]\ny = mul_mat_id(a, x, i)\n",
+                 "must be 3-D and ids");
+    expect_error("input a: f16[8, 4, 3]\ninput x: f32[8, 1, 2]\ninput i: i32[2, 2, 2]\ny = mul_mat_id(a, x, i)\n",
+                 "must be 3-D and ids");
+    expect_error("input a: f16[8, 4, 3]\ninput x: f32[7, 1, 2]\ninput i: i32[2, 2]\ny = mul_mat_id(a, x, i)\n",
+                 "must have the same ne0");
+    expect_error("input a: f16[8, 4, 3]\ninput x: f32[8, 1, 3]\ninput i: i32[2, 2]\ny = mul_mat_id(a, x, i)\n",
+                 "must have one row per token");
+    expect_error("input a: f16[8, 4, 3]\ninput x: f32[8, 3, 2]\ninput i: i32[2, 2]\ny = mul_mat_id(a, x, i)\n",
+                 "b.ne1 must divide ids.ne0");
+    expect_error("input a: f16[4, 8, 3]\ninput x: f32[4, 1, 2]\ninput i: i32[2, 2]\nt = transpose(a)\n"
+                 "y = mul_mat_id(t, x, i)\n",
+                 "must have contiguous rows");
+}
+END_TEST
+
+START_TEST(shapes) {
+    kiln_ctx   *ctx = ts_parse("input a: bf16[64, 48, 8]\ninput x: f32[64, 1, 5]\ninput i: i32[4, 5]\n"
+                               "output y = mul_mat_id(a, x, i)\n");
+    kiln_graph *g = NULL;
+    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+    /* the C builder: the result is f32 [M, n_used, T] */
+    ctx = kiln_ctx_new();
+    int64_t      na[3] = {16, 24, 4}, nx[3] = {16, 2, 3}, ni[2] = {2, 3};
+    kiln_tensor *a = kiln_new_tensor(ctx, KILN_ROLE_WEIGHT, KILN_F16, "a", 3, na);
+    kiln_tensor *x = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 3, nx);
+    kiln_tensor *i = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_I32, "i", 2, ni);
+    kiln_tensor *y = kiln_mul_mat_id(ctx, a, x, i);
+    ck_assert_ptr_nonnull(y);
+    ck_assert_int_eq(kiln_tensor_type(y), KILN_F32);
+    ck_assert_int_eq(kiln_tensor_ne(y, 0), 24);
+    ck_assert_int_eq(kiln_tensor_ne(y, 1), 2);
+    ck_assert_int_eq(kiln_tensor_ne(y, 2), 3);
+    ck_assert_int_eq(kiln_tensor_ne(y, 3), 1);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- kernels: generated and compiled ---------------------------------------------------------- */
+
+static char *g_cache;
+
+/* Compiles src straight through NVRTC with kiln's options for arch: no warnings allowed. */
+static void check_no_warnings(const char *src, const char *name, const char *arch) {
+    const char *opts[CG_MAX_OPTS];
+    int         n = cg_nvrtc_options(arch, opts);
+    nvrtcProgram prog;
+    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
+    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
+    size_t      len = 0;
+    nvrtcGetProgramLogSize(prog, &len);
+    char *log = calloc(1, len + 1);
+    ck_assert_ptr_nonnull(log);
+    nvrtcGetProgramLog(prog, log);
+    nvrtcDestroyProgram(&prog);
+    if (!(r == NVRTC_SUCCESS && log[0] == 0)) fprintf(stderr, "source of %s:\n%s\n", name, src);
+    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s (%s): NVRTC says:\n%.3000s", name, arch, log);
+    free(log);
+}
+
+typedef struct {
+    const char *kg;
+    int         steps; /* 1: decode GEMV; 2: prefill prep + main */
+    const char *want;  /* a substring of the last step's source */
+} gcase;
+
+#define G3(w, x, i) "input as: " w "\ninput x: " x "\ninput ids: " i "\noutput y = mul_mat_id(as, x, ids)\n"
+
+static const gcase CASES[] = {
+    /* decode GEMV: 16-byte loads (bf16, f16, f32), narrower ones, rows per warp, T up to 4 */
+    {G3("bf16[2048, 768, 128]", "f32[2048, 1, 1]", "i32[8, 1]"), 1, "loads of 16 bytes"},
+    {G3("bf16[768, 2048, 128]", "f32[768, 8, 1]", "i32[8, 1]"), 1, "2 rows per warp"},
+    {G3("f16[256, 100, 4]", "f32[256, 2, 3]", "i32[2, 3]"), 1, "kiln_f16_to_f32"},
+    {G3("f32[64, 33, 4]", "f32[64, 1, 4]", "i32[2, 4]"), 1, "loads of 16 bytes"},
+    {G3("f16[38, 33, 3]", "f32[38, 1, 1]", "i32[1, 1]"), 1, "loads of 4 bytes"},
+    {G3("bf16[37, 33, 3]", "f32[37, 1, 2]", "i32[3, 2]"), 1, "loads of 2 bytes"},
+    {G3("f32[37, 130, 1]", "f32[37, 1, 1]", "i32[1, 1]"), 1, "loads of 4 bytes"},
+    {"input as: bf16[64, 48, 5]\ninput xt: f32[3, 64, 1]\ninput ids: i32[1, 3]\n"
+     "x = permute(xt, 2, 0, 1, 3)\noutput y = mul_mat_id(as, x, ids)\n", 1, "b element by element"},
+    /* prefill, tensor cores: each token tile (16, 32, 64, 128), 64- and 128-row tiles, K tails,
+     * M tails, f16 and bf16 */
+    {G3("bf16[2048, 768, 128]", "f32[2048, 1, 512]", "i32[8, 512]"), 2, "128 rows x 64 tokens"},
+    {G3("bf16[64, 48, 4]", "f32[64, 1, 4096]", "i32[8, 4096]"), 2, "mma.sync.aligned.m16n8k16.row.col.f32.bf16"},
+    {G3("f16[40, 200, 128]", "f32[40, 2, 17]", "i32[2, 17]"), 2, "128 rows x 16 tokens"},
+    {G3("bf16[136, 72, 16]", "f32[136, 1, 40]", "i32[8, 40]"), 2, "64 rows x 32 tokens"},
+    {G3("f16[72, 200, 1]", "f32[72, 8, 512]", "i32[8, 512]"), 2, "64 rows x 128 tokens x 64, 6 stages"},
+    {G3("f16[1032, 200, 1]", "f32[1032, 8, 512]", "i32[8, 512]"), 2, "128 rows x 128 tokens x 64, 4 stages"},
+    {G3("bf16[768, 2048, 128]", "f32[768, 8, 512]", "i32[8, 512]"), 2, "64 rows x 64 tokens x 64, 6 stages"},
+    {G3("bf16[64, 48, 4]", "f32[64, 1, 5]", "i32[1, 5]"), 2, "mma.sync"},
+    {"input as: bf16[64, 48, 1]\ninput xp: f32[3, 64, 512]\ninput ids: i32[3, 512]\n"
+     "x = permute(xp, 1, 0, 2, 3)\noutput y = mul_mat_id(as, x, ids)\n", 2, "mma.sync"},
+    /* prefill, FMA: f32 weights, 16-bit weights not 16-byte aligned */
+    {G3("f32[37, 33, 3]", "f32[37, 1, 16]", "i32[2, 16]"), 2, "f32 FMA"},
+    {G3("bf16[37, 33, 3]", "f32[37, 2, 16]", "i32[2, 16]"), 2, "f32 FMA"},
+    {"input w: f16[72, 100, 4]\ninput x: f32[64, 1, 9]\ninput ids: i32[2, 9]\n"
+     "as = view(w, [64, 100, 4], [144, 14400], 4)\noutput y = mul_mat_id(as, x, ids)\n", 2, "f32 FMA"},
+};
+#define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
+
+static kiln_program *compile_text(const char *kg, const char *arch, int skip, kiln_ctx **ctx_out, kiln_graph **g_out) {
+    kiln_ctx   *ctx = ts_parse(kg);
+    kiln_graph *g = NULL;
+    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_compile_opts o = {.arch = arch, .cache_dir = g_cache, .skip_nvrtc = skip};
+    kiln_program     *p = NULL;
+    TS_OK(kiln_compile(g, &o, &p));
+    *ctx_out = ctx;
+    *g_out = g;
+    return p;
+}
+
+/* The mul_mat_id steps of p: the first one's index and their count (graphs may hold copies). */
+static int mmid_steps(const kiln_program *p, int *count) {
+    int first = -1, n = 0;
+    for (int i = 0; i < kiln_program_kernel_count(p); i++)
+        if (strncmp(kiln_program_kernel_name(p, i), "mul_mat_id_", 11) == 0) {
+            if (first < 0) first = i;
+            n++;
+        }
+    ck_assert_msg(first >= 0, "no mul_mat_id kernel");
+    *count = n;
+    return first;
+}
+
+START_TEST(kernels_compile) {
+    static const char *archs[2] = {"sm_90a", "sm_80"};
+    const gcase       *c = &CASES[_i];
+    for (int a = 0; a < 2; a++) {
+        kiln_ctx     *ctx;
+        kiln_graph   *g;
+        kiln_program *p = compile_text(c->kg, archs[a], 0, &ctx, &g);
+        int           n, k = mmid_steps(p, &n);
+        ck_assert_msg(n == c->steps, "case %d: %d steps, want %d", _i, n, c->steps);
+        const char *last = kiln_program_kernel_source(p, k + n - 1);
+        if (!strstr(last, c->want)) fprintf(stderr, "case %d source:\n%s\n", _i, last);
+        ck_assert_msg(strstr(last, c->want), "case %d: missing \"%s\" (source on stderr)", _i, c->want);
+        for (int s = k; s < k + n; s++) {
+            const char *src = kiln_program_kernel_source(p, s);
+            ck_assert_msg(!strstr(src, "#include"), "#include in source");
+            check_no_warnings(src, kiln_program_kernel_name(p, s), archs[a]);
+        }
+        if (n == 2) { /* prefill steps share the node's scratch, listed in the description */
+            ck_assert_msg(strncmp(kiln_program_kernel_name(p, k), "mul_mat_id_prep_", 16) == 0, "step 1 is %s",
+                          kiln_program_kernel_name(p, k));
+            char *d = NULL;
+            TS_OK(kiln_program_describe(p, &d));
+            ck_assert_msg(strstr(d, "scratch: "), "no scratch in:\n%s", d);
+            free(d);
+        }
+        kiln_program_free(p);
+        kiln_graph_free(g);
+        kiln_ctx_free(ctx);
+    }
+}
+END_TEST
+
+/* The same graph gives the same sources. */
+START_TEST(kernels_deterministic) {
+    for (int i = 0; i < NCASES; i++) {
+        char *first[2] = {NULL, NULL};
+        for (int rep = 0; rep < 2; rep++) {
+            kiln_ctx     *ctx;
+            kiln_graph   *g;
+            kiln_program *p = compile_text(CASES[i].kg, "sm_90a", 1, &ctx, &g);
+            int           n, k = mmid_steps(p, &n);
+            for (int s = 0; s < n; s++) {
+                const char *src = kiln_program_kernel_source(p, k + s);
+                if (!rep) first[s] = strdup(src);
+                else ck_assert_msg(strcmp(first[s], src) == 0, "case %d step %d: sources differ", i, s);
+                ck_assert_msg(strstr(src, "kiln mul_mat_id kernel"), "header comment");
+            }
+            kiln_program_free(p);
+            kiln_graph_free(g);
+            kiln_ctx_free(ctx);
+        }
+        free(first[0]);
+        free(first[1]);
+    }
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("ops_matmul_id");
+    TCase *tc = tcase_create("reference");
+    tcase_add_test(tc, ref_select);
+    tcase_add_test(tc, ref_invalid_ids);
+    tcase_add_test(tc, ref_per_slot_b_and_duplicates);
+    tcase_add_test(tc, ref_views);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("frontend");
+    tcase_add_test(tc, errors);
+    tcase_add_test(tc, shapes);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("kernels");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
+    tcase_add_test(tc, kernels_deterministic);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    const char *base = getenv("TMPDIR");
+    static char dir[4096];
+    snprintf(dir, sizeof dir, "%s/kiln-matmul-id-test-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return EXIT_FAILURE;
+    }
+    g_cache = dir;
+    int rc = ts_main(suite());
+    ts_rmtree(g_cache);
+    return rc;
+}
