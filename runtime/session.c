@@ -324,7 +324,9 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
             return rt_cuda_error(r, "cuModuleGetFunction",
                                  "looking up entry point '%s' of kernel %d in its cubin (key %s)",
                                  k->name, i, k->key_hex);
-        if (l->smem > 48 * 1024) {
+        /* Opt in whenever there is dynamic shared memory: the 48 KiB default limit counts
+         * static plus dynamic, so a kernel under 48 KiB dynamic may still need it. */
+        if (l->smem > 0) {
             r = cu->FuncSetAttribute(l->fn, RT_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                      (int)l->smem);
             if (r != RT_CUDA_SUCCESS)
