@@ -23,6 +23,16 @@ printf '%-30s %10s %8s %7s %8s %10s %8s %8s\n' graph "median ms" "GB/s" "% peak"
 for g in $GRAPHS; do
     extra=""
     if grep -q '^input ids: i32\[8192\]' "$g" && [ -f "$tmp/ids.bin" ]; then extra="--input ids=$tmp/ids.bin"; fi
+    # Attention graphs may want a causal mask: "# bench-mask: NAME causal" (NAME f16 [n_kv, n_q]:
+    # 0 on and below the diagonal, -inf above).
+    mk=$(sed -n 's/^# bench-mask: *\([A-Za-z_][A-Za-z0-9_]*\) causal.*/\1/p' "$g" | head -1)
+    if [ -n "$mk" ]; then
+        dims=$(sed -n "s/^input $mk: f16\[\([0-9]*\), *\([0-9]*\)\].*/\1 \2/p" "$g")
+        python3 -c "import sys,array; k,q=map(int,sys.argv[1:3]); a=array.array('H',[0x0000]*(k*q))
+for i in range(q):
+    a[i*k+i+1:(i+1)*k]=array.array('H',[0xfc00]*(k-i-1))
+open(sys.argv[3],'wb').write(a.tobytes())" $dims "$tmp/mask.bin" && extra="$extra --input $mk=$tmp/mask.bin"
+    fi
     # MoE graphs say how to route: "# bench-ids: T U E" (T tokens, U distinct experts of E each).
     moe=$(sed -n 's/^# bench-ids: *\([0-9]* [0-9]* [0-9]*\).*/\1/p' "$g" | head -1)
     if [ -n "$moe" ]; then

@@ -1,0 +1,512 @@
+/* The attention family (flash_attn_ext): the CPU reference against values computed by hand,
+ * the frontend's shape and type errors, and the kernels of templates/attn.lua generated for a
+ * spread of shapes (each kernel kind and its variants: decode with 8 or 16 rows per block, each
+ * K/V vector width, split-KV and its combine step, prefill with Q in registers or shared memory,
+ * the FMA kernel for f32 and odd head sizes, every optional feature) and compiled by NVRTC for
+ * sm_90a and sm_80 without a warning. No GPU needed. */
+#include "tests/support.h"
+
+#include "base/base.h"
+#include "codegen/codegen.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nvrtc.h>
+
+/* ---- the reference, by hand ------------------------------------------------------------------ */
+
+#define MAXN 64
+#define MAXIN 6
+
+typedef struct {
+    const char *name;
+    float       v[MAXN];
+} input;
+
+typedef struct {
+    input     in[MAXIN];
+    int       nin;
+    uint16_t  half[MAXIN][MAXN];
+    float     out[MAXN];
+    int64_t   nout;
+    kiln_type out_type;
+} hands;
+
+static float *add_input(hands *h, const char *name) {
+    ck_assert_int_lt(h->nin, MAXIN);
+    h->in[h->nin].name = name;
+    return h->in[h->nin++].v;
+}
+
+static const void *get(void *user, const char *name, kiln_type type, int64_t n) {
+    hands *h = user;
+    ck_assert_int_le(n, MAXN);
+    for (int i = 0; i < h->nin; i++) {
+        if (strcmp(h->in[i].name, name) != 0) continue;
+        if (type == KILN_F32) return h->in[i].v;
+        for (int64_t j = 0; j < n; j++) kb_store_f32(h->half[i], type, j, h->in[i].v[j]);
+        return h->half[i];
+    }
+    ck_abort_msg("no data for %s", name);
+    return NULL;
+}
+
+static void put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
+    hands *h = user;
+    ck_assert_str_eq(name, "y");
+    ck_assert_int_le(n, MAXN);
+    h->nout = n;
+    h->out_type = type;
+    for (int64_t i = 0; i < n; i++) h->out[i] = kb_load_f32(data, type, i);
+}
+
+static void reference(const char *kg, hands *h) {
+    kiln_ctx   *ctx = ts_parse(kg);
+    kiln_graph *g = NULL;
+    TS_OK(kiln_graph_new(ctx, &g));
+    TS_OK(kiln_reference(g, get, put, h));
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+static void expect(const hands *h, const double *want, int64_t n, double tol, const char *what) {
+    ck_assert_msg(h->nout == n, "%s: %lld outputs, want %lld", what, (long long)h->nout, (long long)n);
+    ck_assert_int_eq(h->out_type, KILN_F32);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(fabs(h->out[i] - want[i]) <= tol, "%s: y[%lld] = %.9g, want %.9g", what, (long long)i,
+                      (double)h->out[i], want[i]);
+}
+
+/* k0 = [1, 0], k1 = [0, 1]; v0 = [1, 2], v1 = [3, 4]; q = [1, 0]. */
+static void two_keys(hands *h) {
+    float *q = add_input(h, "q"), *k = add_input(h, "k"), *v = add_input(h, "v");
+    const float vq[2] = {1, 0}, vk[4] = {1, 0, 0, 1}, vv[4] = {1, 2, 3, 4};
+    memcpy(q, vq, sizeof vq);
+    memcpy(k, vk, sizeof vk);
+    memcpy(v, vv, sizeof vv);
+}
+
+/* out = w0 v0 + w1 v1 with w = softmax(s0, s1) (and a sink when sink is not NaN). */
+static void mix(double s0, double s1, double sink, double out[2]) {
+    double m = s0 > s1 ? s0 : s1;
+    if (!isnan(sink) && sink > m) m = sink;
+    double e0 = exp(s0 - m), e1 = exp(s1 - m), d = e0 + e1 + (isnan(sink) ? 0.0 : exp(sink - m));
+    out[0] = (e0 * 1 + e1 * 3) / d;
+    out[1] = (e0 * 2 + e1 * 4) / d;
+}
+
+#define KG2(extra_inputs, call)                                                                           \
+    "input q: f32[2, 1, 1]\ninput k: f16[2, 2, 1]\ninput v: f16[2, 2, 1]\n" extra_inputs "output y = " call "\n"
+
+/* One query, two keys: softmax([1, 0]) mixes the two rows of V; scale multiplies the scores. */
+START_TEST(ref_basic) {
+    hands h = {0};
+    two_keys(&h);
+    double want[2];
+    reference(KG2("", "flash_attn_ext(q, k, v)"), &h);
+    mix(1, 0, NAN, want);
+    expect(&h, want, 2, 1e-6, "basic");
+    ck_assert(fabs(want[0] - 1.5378828427399902) < 1e-9); /* 1 + 2 / (e + 1) */
+    reference(KG2("", "flash_attn_ext(q, k, v, scale=0.5)"), &h);
+    mix(0.5, 0, NAN, want);
+    expect(&h, want, 2, 1e-6, "scale 0.5");
+}
+END_TEST
+
+/* A -inf mask entry skips the key; a row masked everywhere gives 0 (not NaN), with or without a
+ * sink; finite mask values add to the scores. */
+START_TEST(ref_mask) {
+    hands h = {0};
+    two_keys(&h);
+    float *m = add_input(&h, "m");
+    double want[2];
+    m[0] = 0;
+    m[1] = -INFINITY;
+    reference(KG2("input m: f16[2, 1]\n", "flash_attn_ext(q, k, v, mask=m)"), &h);
+    const double v0[2] = {1, 2};
+    expect(&h, v0, 2, 1e-7, "key 1 masked");
+    m[0] = -INFINITY;
+    reference(KG2("input m: f16[2, 1]\n", "flash_attn_ext(q, k, v, mask=m)"), &h);
+    const double zero[2] = {0, 0};
+    expect(&h, zero, 2, 0, "fully masked");
+    float *s = add_input(&h, "s");
+    s[0] = 0.5f;
+    reference(KG2("input m: f16[2, 1]\ninput s: f32[1]\n", "flash_attn_ext(q, k, v, mask=m, sinks=s)"), &h);
+    expect(&h, zero, 2, 0, "fully masked with a sink");
+    m[0] = 0.5f;
+    m[1] = 2.0f;
+    reference(KG2("input m: f16[2, 1]\n", "flash_attn_ext(q, k, v, mask=m, scale=2)"), &h);
+    mix(2 + 0.5, 0 + 2, NAN, want);
+    expect(&h, want, 2, 1e-6, "mask values");
+}
+END_TEST
+
+/* A sink joins the denominator only: with e^sink = e + 1 the output halves. */
+START_TEST(ref_sinks) {
+    hands h = {0};
+    two_keys(&h);
+    float *s = add_input(&h, "s");
+    s[0] = (float)log(exp(1.0) + 1.0);
+    reference(KG2("input s: f32[1]\n", "flash_attn_ext(q, k, v, sinks=s)"), &h);
+    double want[2];
+    mix(1, 0, NAN, want);
+    want[0] /= 2, want[1] /= 2;
+    expect(&h, want, 2, 1e-6, "sink");
+    s[0] = 30.0f; /* takes almost everything */
+    reference(KG2("input s: f32[1]\n", "flash_attn_ext(q, k, v, sinks=s)"), &h);
+    ck_assert(h.out[0] > 0 && h.out[0] < 1e-12);
+}
+END_TEST
+
+/* logit_softcap c: scores c * tanh(dot * scale / c). */
+START_TEST(ref_softcap) {
+    hands h = {0};
+    two_keys(&h);
+    reference(KG2("", "flash_attn_ext(q, k, v, scale=4, logit_softcap=2)"), &h);
+    double want[2];
+    mix(2 * tanh(1 * 4.0 / 2), 0, NAN, want);
+    expect(&h, want, 2, 1e-6, "softcap 2, scale 4");
+}
+END_TEST
+
+/* GQA: 4 query heads over 2 kv heads (h -> h / 2); the result is [Dv, n_head, n_q]. */
+START_TEST(ref_gqa_layout) {
+    hands  h = {0};
+    float *q = add_input(&h, "q"), *k = add_input(&h, "k"), *v = add_input(&h, "v");
+    /* q [2, 2 tokens, 4 heads]: token 0 = [1, 0], token 1 = [0, 1], every head */
+    for (int hd = 0; hd < 4; hd++) {
+        q[hd * 4 + 0] = 1, q[hd * 4 + 1] = 0;
+        q[hd * 4 + 2] = 0, q[hd * 4 + 3] = 1;
+    }
+    /* kv head 0: k = [[1, 0], [0, 1]], v = [[1, 2], [3, 4]]; kv head 1: k swapped, v + 4 */
+    const float vk[8] = {1, 0, 0, 1, 0, 1, 1, 0}, vv[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    memcpy(k, vk, sizeof vk);
+    memcpy(v, vv, sizeof vv);
+    reference("input q: f32[2, 2, 4]\ninput k: f16[2, 2, 2]\ninput v: f16[2, 2, 2]\n"
+              "output y = flash_attn_ext(q, k, v)\n",
+              &h);
+    double want[16], a[2], b[2];
+    mix(1, 0, NAN, a); /* token 0, kv head 0: scores [1, 0] */
+    mix(0, 1, NAN, b); /* token 1, kv head 0 */
+    for (int t = 0; t < 2; t++)
+        for (int hd = 0; hd < 4; hd++) {
+            const double *w = (t == 0) == (hd < 2) ? a : b; /* kv head 1 swaps the keys */
+            double        add = hd < 2 ? 0 : 4;
+            want[(t * 4 + hd) * 2 + 0] = w[0] + add;
+            want[(t * 4 + hd) * 2 + 1] = w[1] + add;
+        }
+    expect(&h, want, 16, 1e-6, "gqa 4/2, [Dv, n_head, n_q]");
+}
+END_TEST
+
+/* ALiBi as soft_max_ext: 4 heads, max_bias 8 -> slopes 2^-2, 2^-4, 2^-6, 2^-8; q = 0, so the
+ * scores are slope * mask = slope * [0, 1]. */
+START_TEST(ref_alibi) {
+    hands  h = {0};
+    float *q = add_input(&h, "q"), *k = add_input(&h, "k"), *v = add_input(&h, "v"), *m = add_input(&h, "m");
+    memset(q, 0, 8 * sizeof *q);
+    const float vk[4] = {1, 0, 0, 1}, vv[4] = {1, 2, 3, 4};
+    memcpy(k, vk, sizeof vk);
+    memcpy(v, vv, sizeof vv);
+    m[0] = 0, m[1] = 1;
+    reference("input q: f32[2, 1, 4]\ninput k: f16[2, 2, 1]\ninput v: f16[2, 2, 1]\ninput m: f16[2, 1]\n"
+              "output y = flash_attn_ext(q, k, v, mask=m, max_bias=8)\n",
+              &h);
+    double want[8];
+    for (int hd = 0; hd < 4; hd++) mix(0, pow(2.0, -2.0 * (hd + 1)), NAN, want + 2 * hd);
+    expect(&h, want, 8, 1e-6, "alibi 4 heads, max_bias 8");
+}
+END_TEST
+
+/* K/V types: f16, bf16 and f32 give the same result on exactly representable values; K and V
+ * rounded to the type first (0.1 is not exact in any). */
+START_TEST(ref_types) {
+    static const char *types[3] = {"f32", "f16", "bf16"};
+    for (int t = 0; t < 3; t++) {
+        hands h = {0};
+        two_keys(&h);
+        char kg[256];
+        snprintf(kg, sizeof kg, "input q: f32[2, 1, 1]\ninput k: %s[2, 2, 1]\ninput v: %s[2, 2, 1]\n"
+                 "output y = flash_attn_ext(q, k, v)\n", types[t], types[t]);
+        reference(kg, &h);
+        double want[2];
+        mix(1, 0, NAN, want);
+        expect(&h, want, 2, 1e-6, types[t]);
+    }
+}
+END_TEST
+
+/* ---- frontend errors ------------------------------------------------------------------------ */
+
+static void expect_error(const char *kg, kiln_code code, const char *needle) {
+    kiln_ctx   *ctx = kiln_ctx_new();
+    kiln_status st = kiln_parse(ctx, kg, strlen(kg), "t.kg");
+    ck_assert_msg(st != NULL, "expected an error for:\n%s", kg);
+    ck_assert_msg(kiln_status_code(st) == code, "%s: got %s: %s", kg, kiln_code_name(kiln_status_code(st)),
+                  kiln_status_msg(st));
+    ck_assert_msg(strstr(kiln_status_msg(st), needle), "message lacks \"%s\": %s", needle, kiln_status_msg(st));
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+}
+
+#define QKV "input q: f32[64, 3, 8]\ninput k: f16[64, 10, 2]\ninput v: f16[64, 10, 2]\n"
+
+START_TEST(errors) {
+    expect_error("input q: f16[64, 3, 8]\ninput k: f16[64, 10, 2]\ninput v: f16[64, 10, 2]\n"
+                 "y = flash_attn_ext(q, k, v)\n",
+                 KILN_ERR_SHAPE, "q 'q' (f16[64, 3, 8]) must be f32");
+    expect_error("input q: f32[64, 3, 8]\ninput k: f16[64, 10, 2]\ninput v: bf16[64, 10, 2]\n"
+                 "y = flash_attn_ext(q, k, v)\n",
+                 KILN_ERR_SHAPE, "must have the same type, f32, f16 or bf16");
+    expect_error("input q: f32[64, 3, 8]\ninput k: i32[64, 10, 2]\ninput v: i32[64, 10, 2]\n"
+                 "y = flash_attn_ext(q, k, v)\n",
+                 KILN_ERR_SHAPE, "flash_attn_ext");
+    expect_error("input q: f32[64, 3, 8]\ninput k: f16[32, 10, 2]\ninput v: f16[32, 10, 2]\n"
+                 "y = flash_attn_ext(q, k, v)\n",
+                 KILN_ERR_SHAPE, "need k.ne0 == q.ne0");
+    expect_error("input q: f32[64, 3, 8]\ninput k: f16[64, 10, 2]\ninput v: f16[64, 11, 2]\n"
+                 "y = flash_attn_ext(q, k, v)\n",
+                 KILN_ERR_SHAPE, "the same n_kv (ne1)");
+    expect_error("input q: f32[64, 3, 8]\ninput k: f16[64, 10, 3]\ninput v: f16[64, 10, 3]\n"
+                 "y = flash_attn_ext(q, k, v)\n",
+                 KILN_ERR_SHAPE, "must divide the heads of q");
+    expect_error("input q: f32[64, 3, 8, 2]\ninput k: f16[64, 10, 2]\ninput v: f16[64, 10, 2]\n"
+                 "y = flash_attn_ext(q, k, v)\n",
+                 KILN_ERR_SHAPE, "ne3 must match");
+    expect_error("input q: f32[64, 3, 8]\ninput kt: f16[10, 64, 2]\nk = transpose(kt)\ninput v: f16[64, 10, 2]\n"
+                 "y = flash_attn_ext(q, k, v)\n",
+                 KILN_ERR_SHAPE, "k 'k' (f16[64, 10, 2]) must have contiguous rows");
+    expect_error(QKV "input m: f32[10, 3]\ny = flash_attn_ext(q, k, v, mask=m)\n", KILN_ERR_SHAPE,
+                 "mask 'm' (f32[10, 3]) must be f16");
+    expect_error(QKV "input m: f16[9, 3]\ny = flash_attn_ext(q, k, v, mask=m)\n", KILN_ERR_SHAPE,
+                 "must have ne0 == n_kv (10)");
+    expect_error(QKV "input m: f16[10, 2]\ny = flash_attn_ext(q, k, v, mask=m)\n", KILN_ERR_SHAPE,
+                 "at least n_q (3) rows");
+    expect_error(QKV "input m: f16[10, 3, 3]\ny = flash_attn_ext(q, k, v, mask=m)\n", KILN_ERR_SHAPE,
+                 "its ne2 and ne3 must divide");
+    expect_error(QKV "input s: f32[4]\ny = flash_attn_ext(q, k, v, sinks=s)\n", KILN_ERR_SHAPE,
+                 "sinks 's' (f32[4]) must be f32 [n_head = 8]");
+    expect_error(QKV "input s: f16[8]\ny = flash_attn_ext(q, k, v, sinks=s)\n", KILN_ERR_SHAPE, "sinks 's'");
+    expect_error(QKV "y = flash_attn_ext(q, k, v, max_bias=2)\n", KILN_ERR_INVALID, "max_bias 2 > 0 (ALiBi) needs a mask");
+    /* the C API takes the same path */
+    kiln_ctx    *ctx = kiln_ctx_new();
+    int64_t      nq[3] = {64, 3, 8}, nk[3] = {64, 10, 2};
+    kiln_tensor *q = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "q", 3, nq);
+    kiln_tensor *k = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F16, "k", 3, nk);
+    kiln_tensor *v = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F16, "v", 3, nk);
+    ck_assert_ptr_null(kiln_flash_attn_ext(ctx, q, k, v, NULL, 1.0f, 1.0f, 0.0f, NULL));
+    kiln_status st = kiln_ctx_status(ctx);
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+/* Accepted: strided K/V views (rows contiguous), mask with extra rows and planes, Dk != Dv. */
+START_TEST(accepted) {
+    const char *ok[] = {
+        QKV "input m: f16[10, 8, 4]\ninput s: f32[8]\noutput y = flash_attn_ext(q, k, v, m, 0.1, 2, 30, s)\n",
+        "input q: f32[576, 1, 16]\ninput k: bf16[576, 10, 1]\ninput v: bf16[512, 10, 1]\n"
+        "output y = flash_attn_ext(q, k, v)\n",
+        "input q: f32[64, 3, 8]\ninput c: f16[64, 2, 20]\nk = view(c, [64, 10, 2], [256, 128], 512)\n"
+        "output y = flash_attn_ext(q, k, k)\n",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        kiln_ctx   *ctx = ts_parse(ok[i]);
+        kiln_graph *g = NULL;
+        TS_OK(kiln_graph_new(ctx, &g));
+        kiln_graph_free(g);
+        kiln_ctx_free(ctx);
+    }
+}
+END_TEST
+
+/* ---- kernels: generated and compiled ---------------------------------------------------------- */
+
+static char *g_cache;
+
+static void check_no_warnings(const char *src, const char *name, const char *arch) {
+    const char *opts[CG_MAX_OPTS];
+    int         n = cg_nvrtc_options(arch, opts);
+    nvrtcProgram prog;
+    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
+    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
+    size_t      len = 0;
+    nvrtcGetProgramLogSize(prog, &len);
+    char *log = calloc(1, len + 1);
+    ck_assert_ptr_nonnull(log);
+    nvrtcGetProgramLog(prog, log);
+    nvrtcDestroyProgram(&prog);
+    if (!(r == NVRTC_SUCCESS && log[0] == 0)) fprintf(stderr, "source of %s:\n%s\n", name, src);
+    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s (%s): NVRTC says:\n%.3000s", name, arch, log);
+    free(log);
+}
+
+typedef struct {
+    const char *kg;
+    const char *kernel; /* the attention kernel's name */
+    const char *want;   /* a substring its source must contain */
+    int         steps;  /* 1, or 2 with split-KV */
+} gcase;
+
+#define LLAMA(t, n) "input q: f32[128, 1, 32]\ninput k: " t "[128, " n ", 8]\ninput v: " t "[128, " n ", 8]\n"
+
+static const gcase CASES[] = {
+    /* decode, Llama-3-8B heads: split-KV into 32 splits, 8 rows per block, 16-byte loads */
+    {LLAMA("f16", "8192") "output y = flash_attn_ext(q, k, v, scale=0.088)\n", "fattn_dec_f16_d128",
+     "32 splits of 256 keys", 2},
+    {LLAMA("bf16", "16384") "input m: f16[16384, 1]\ninput s: f32[32]\n"
+     "output y = flash_attn_ext(q, k, v, mask=m, scale=0.088, sinks=s)\n", "fattn_dec_bf16_d128", "bf16.bf16", 2},
+    /* decode: 16 rows per block (GQA 8 x 2 tokens), ALiBi, softcap, head sizes 64..256 */
+    {"input q: f32[64, 2, 8]\ninput k: f16[64, 33, 1]\ninput v: f16[64, 33, 1]\ninput m: f16[33, 4]\n"
+     "output y = flash_attn_ext(q, k, v, m, 0.125, 8, 0)\n", "fattn_dec_f16_d64", "16 rows per block", 1},
+    {"input q: f32[80, 3, 4]\ninput k: bf16[80, 700, 4]\ninput v: bf16[80, 700, 4]\n"
+     "output y = flash_attn_ext(q, k, v, scale=0.11, logit_softcap=30)\n", "fattn_dec_bf16_d80", "tanhf", 2},
+    {"input q: f32[96, 1, 16]\ninput k: f16[96, 4097, 2]\ninput v: f16[96, 4097, 2]\ninput m: f16[4097, 1, 16]\n"
+     "output y = flash_attn_ext(q, k, v, mask=m, scale=0.1)\n", "fattn_dec_f16_d96", "movmatrix", 2},
+    {"input q: f32[112, 16, 1]\ninput k: bf16[112, 31, 1]\ninput v: bf16[112, 31, 1]\n"
+     "output y = flash_attn_ext(q, k, v, scale=0.09)\n", "fattn_dec_bf16_d112", "one pass over the keys", 1},
+    {"input q: f32[256, 1, 8]\ninput k: f16[256, 1000, 2]\ninput v: f16[256, 1000, 2]\ninput m: f16[1000, 1]\n"
+     "input s: f32[8]\noutput y = flash_attn_ext(q, k, v, m, 0.0625, 2, 0, s)\n", "fattn_dec_f16_d256", "powf", 2},
+    /* decode: K/V views whose rows start at odd elements (loads of 4, 2 and 1 elements) */
+    {"input q: f32[128, 1, 8]\ninput c: f16[132, 300, 2]\nk = view(c, [128, 256, 2], [264, 79200], 8)\n"
+     "v = view(c, [128, 256, 2], [264, 79200], 8)\noutput y = flash_attn_ext(q, k, v)\n", "fattn_dec_f16_d128",
+     "K loads of 4, V loads of 4", 2},
+    {"input q: f32[64, 1, 4]\ninput c: bf16[67, 50, 1]\nk = view(c, [64, 40, 1], [134, 6700], 2)\n"
+     "output y = flash_attn_ext(q, k, k)\n", "fattn_dec_bf16_d64", "K loads of 1, V loads of 1", 1},
+    /* prefill: Q in registers (<= 128) or shared memory (256), causal mask, GQA packing */
+    {"input q: f32[128, 2048, 32]\ninput k: bf16[128, 2048, 8]\ninput v: bf16[128, 2048, 8]\n"
+     "input m: f16[2048, 2048]\noutput y = flash_attn_ext(q, k, v, mask=m, scale=0.088)\n", "fattn_pre_bf16_d128",
+     "__syncthreads_or", 1},
+    {"input q: f32[128, 512, 32]\ninput k: f16[128, 512, 8]\ninput v: f16[128, 512, 8]\n"
+     "output y = flash_attn_ext(q, k, v, scale=0.088)\n", "fattn_pre_f16_d128", "Q in registers", 1},
+    {"input q: f32[256, 100, 4]\ninput k: bf16[256, 300, 2]\ninput v: bf16[256, 300, 2]\ninput m: f16[300, 101]\n"
+     "input s: f32[4]\noutput y = flash_attn_ext(q, k, v, m, 0.06, 3, 20, s)\n", "fattn_pre_bf16_d256",
+     "Q from shared memory", 2},
+    {"input q: f32[80, 64, 2]\ninput k: f16[80, 77, 1]\ninput v: f16[80, 77, 1]\ninput c: f16[100, 70]\n"
+     "m = view(c, [77, 64], [200], 2)\noutput y = flash_attn_ext(q, k, v, mask=m)\n", "fattn_pre_f16_d80",
+     "ldmatrix", 1},
+    {"input q: f32[64, 40, 4]\ninput k: bf16[64, 16384, 1]\ninput v: bf16[64, 16384, 1]\n"
+     "input m: f16[16384, 40]\noutput y = flash_attn_ext(q, k, v, mask=m)\n", "fattn_pre_bf16_d64", "cp.async", 2},
+    /* FMA kernel: f32 K/V, odd head sizes, DeepSeek MLA sizes */
+    {"input q: f32[128, 1, 32]\ninput k: f32[128, 4096, 8]\ninput v: f32[128, 4096, 8]\ninput m: f16[4096, 1]\n"
+     "input s: f32[32]\noutput y = flash_attn_ext(q, k, v, m, 0.088, 0, 0, s)\n", "fattn_fma_f32_d128", "f32 K/V", 2},
+    {"input q: f32[40, 20, 2]\ninput k: bf16[40, 70, 2]\ninput v: bf16[40, 70, 2]\n"
+     "output y = flash_attn_ext(q, k, v, logit_softcap=5)\n", "fattn_fma_bf16_d40", "not a multiple of 16", 2},
+    {"input q: f32[576, 1, 16]\ninput k: f16[576, 1000, 1]\ninput v: f16[512, 1000, 1]\ninput m: f16[1000, 1]\n"
+     "output y = flash_attn_ext(q, k, v, mask=m, scale=0.07)\n", "fattn_fma_f16_d576_512", "one warp per row", 2},
+};
+#define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
+
+static kiln_program *compile_text(const char *kg, const char *arch, kiln_ctx **ctx_out, kiln_graph **g_out) {
+    kiln_ctx   *ctx = ts_parse(kg);
+    kiln_graph *g = NULL;
+    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_compile_opts o = {.arch = arch, .cache_dir = g_cache, .skip_nvrtc = 1};
+    kiln_program     *p = NULL;
+    TS_OK(kiln_compile(g, &o, &p));
+    *ctx_out = ctx;
+    *g_out = g;
+    return p;
+}
+
+/* The index of the step named `name`, -1 if none. */
+static int find_kernel(const kiln_program *p, const char *name) {
+    for (int i = 0; i < kiln_program_kernel_count(p); i++)
+        if (strcmp(kiln_program_kernel_name(p, i), name) == 0) return i;
+    return -1;
+}
+
+START_TEST(kernels_compile) {
+    static const char *archs[2] = {"sm_90a", "sm_80"};
+    const gcase       *c = &CASES[_i];
+    kiln_ctx          *ctx;
+    kiln_graph        *g;
+    kiln_program      *p = compile_text(c->kg, "sm_90a", &ctx, &g);
+    int                k = find_kernel(p, c->kernel);
+    if (k < 0)
+        for (int i = 0; i < kiln_program_kernel_count(p); i++)
+            fprintf(stderr, "case %d: kernel %s\n", _i, kiln_program_kernel_name(p, i));
+    ck_assert_msg(k >= 0, "case %d: no kernel %s (names on stderr)", _i, c->kernel);
+    ck_assert_int_eq(kiln_program_kernel_count(p), c->steps);
+    const char *src = kiln_program_kernel_source(p, k);
+    if (!strstr(src, c->want)) fprintf(stderr, "case %d source:\n%s\n", _i, src);
+    ck_assert_msg(strstr(src, c->want), "case %d: missing \"%s\" (source on stderr)", _i, c->want);
+    for (int i = 0; i < kiln_program_kernel_count(p); i++) {
+        const char *s = kiln_program_kernel_source(p, i);
+        ck_assert_msg(!strstr(s, "#include"), "#include in source");
+        if (c->steps == 2) ck_assert_msg(i == k || strncmp(kiln_program_kernel_name(p, i), "fattn_combine", 13) == 0,
+                                         "case %d: step %d is %s", _i, i, kiln_program_kernel_name(p, i));
+        for (int a = 0; a < 2; a++) check_no_warnings(s, kiln_program_kernel_name(p, i), archs[a]);
+    }
+    kiln_program_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+/* The same graph gives the same sources. */
+START_TEST(kernels_deterministic) {
+    for (int i = 0; i < NCASES; i++) {
+        char *first[2] = {NULL, NULL};
+        for (int rep = 0; rep < 2; rep++) {
+            kiln_ctx     *ctx;
+            kiln_graph   *g;
+            kiln_program *p = compile_text(CASES[i].kg, "sm_90a", &ctx, &g);
+            for (int k = 0; k < kiln_program_kernel_count(p) && k < 2; k++) {
+                const char *src = kiln_program_kernel_source(p, k);
+                if (!rep) first[k] = strdup(src);
+                else ck_assert_msg(strcmp(first[k], src) == 0, "case %d kernel %d: sources differ", i, k);
+                ck_assert_msg(strstr(src, "kiln attention kernel"), "header comment");
+            }
+            kiln_program_free(p);
+            kiln_graph_free(g);
+            kiln_ctx_free(ctx);
+        }
+        free(first[0]);
+        free(first[1]);
+    }
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("ops_attn");
+    TCase *tc = tcase_create("reference");
+    tcase_add_test(tc, ref_basic);
+    tcase_add_test(tc, ref_mask);
+    tcase_add_test(tc, ref_sinks);
+    tcase_add_test(tc, ref_softcap);
+    tcase_add_test(tc, ref_gqa_layout);
+    tcase_add_test(tc, ref_alibi);
+    tcase_add_test(tc, ref_types);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("frontend");
+    tcase_add_test(tc, errors);
+    tcase_add_test(tc, accepted);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("kernels");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
+    tcase_add_test(tc, kernels_deterministic);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    const char *base = getenv("TMPDIR");
+    static char dir[4096];
+    snprintf(dir, sizeof dir, "%s/kiln-attn-test-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return EXIT_FAILURE;
+    }
+    g_cache = dir;
+    int rc = ts_main(suite());
+    ts_rmtree(g_cache);
+    return rc;
+}
