@@ -11,7 +11,7 @@ PyTorch user would write for the same math, in the weights' dtype:
                  gather + bmm
   flash_attn_ext F.scaled_dot_product_attention(enable_gqa=True); causal when the graph has a
                  mask and n_q == n_kv > 1, no mask otherwise
-  other ops      skipped
+  other ops      skipped; a graph of several ops runs them one after the other
 Timing: the op captured in a CUDA graph, replayed; median of the replays (kiln's bench also
 replays a CUDA graph), after warm-up.
 """
@@ -22,7 +22,7 @@ DT = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i32": "int32", "i
 
 
 def parse(path):
-    leaves, op = {}, None
+    leaves, ops = {}, []
     for raw in open(path):
         line = raw.split("#", 1)[0].strip()
         if not line or line.startswith("kiln-graph"):
@@ -40,36 +40,19 @@ def parse(path):
                     kw[k.strip()] = v.strip()
                 else:
                     pos.append(a)
-            op = (m.group(2), pos, kw)
-    return leaves, op
+            ops.append((m.group(2), pos, kw))
+    return leaves, ops
 
 
-def main():
-    if len(sys.argv) != 2:
-        print("usage: torch_ops.py GRAPH.kg", file=sys.stderr)
-        return 2
-    try:
-        import torch
-        import torch.nn.functional as F
-    except Exception as e:  # noqa: BLE001
-        print(f"skip: no PyTorch ({e.__class__.__name__})")
-        return 0
-    if not torch.cuda.is_available():
-        print("skip: PyTorch sees no GPU")
-        return 0
-    leaves, op = parse(sys.argv[1])
-    if not op:
-        print("skip: no op in graph")
-        return 0
+def program(torch, F, gen, leaves, op):
+    """(fn, flops) that computes op in PyTorch, or a string saying why there is none."""
     name, pos, kw = op
-    gen = torch.Generator(device="cuda").manual_seed(1)
 
-    def leaf(n, scale=1.0):
+    def leaf(n):
         t, dims = leaves[n]
-        shape = list(reversed(dims))
         if t in ("i32", "i64"):
-            raise ValueError("integer leaf")
-        x = (torch.rand(shape, generator=gen, device="cuda") * 2 - 1) * scale
+            raise ValueError(f"integer leaf {n}")
+        x = torch.rand(list(reversed(dims)), generator=gen, device="cuda") * 2 - 1
         return x.to(getattr(torch, DT[t]))
 
     if name == "mul_mat":
@@ -77,12 +60,10 @@ def main():
         M, K = w.shape[-2], w.shape[-1]
         N = b.numel() // K
         if w.dim() > 2 and any(s != 1 for s in w.shape[:-2]):
-            print("skip: batched weights")
-            return 0
+            return "batched weights"
         w2 = w.reshape(M, K)
-        fn = lambda: F.linear(b.to(w2.dtype), w2)  # noqa: E731
-        flops = 2 * M * N * K
-    elif name == "mul_mat_id":
+        return (lambda: F.linear(b.to(w2.dtype), w2)), 2 * M * N * K
+    if name == "mul_mat_id":
         As, b = leaf(pos[0]), leaf(pos[1])
         E, M, K = As.shape
         U, T = leaves[pos[2]][1][0], leaves[pos[2]][1][1]
@@ -107,37 +88,80 @@ def main():
             out[order] = y
             return out
 
-        fn = moe
-        flops = 2 * T * U * M * K
-    elif name == "flash_attn_ext":
-        q, k, v = leaf(pos[0]), leaf(pos[1]), leaf(pos[2])
+        return moe, 2 * T * U * M * K
+    if name == "flash_attn_ext":
+        # ggml [D, n, heads, seq] reversed is torch's (seq, heads, n, D): make it 4-D.
+        q, k, v = (leaf(pos[i]).reshape([1] * (4 - len(leaves[pos[i]][1])) + list(reversed(leaves[pos[i]][1])))
+                   for i in range(3))
         scale = float(kw.get("scale", pos[4] if len(pos) > 4 else 1.0))
         has_mask = "mask" in kw or (len(pos) > 3 and pos[3] in leaves)
         nq, nkv = q.shape[-2], k.shape[-2]
         causal = has_mask and nq == nkv and nq > 1
         qd = q.to(k.dtype)
-        fn = lambda: F.scaled_dot_product_attention(qd, k, v, is_causal=causal, scale=scale,  # noqa: E731
-                                                    enable_gqa=q.shape[1] != k.shape[1])
+        hq, hkv = q.shape[1], k.shape[1]
         pairs = nq * nkv / (2 if causal else 1)
-        flops = int(2 * 2 * q.shape[0] * q.shape[1] * pairs * q.shape[-1])
-    else:
-        print(f"skip: no PyTorch program for {name}")
-        return 0
+        flops = int(2 * 2 * q.shape[0] * hq * pairs * q.shape[-1])
+        return (lambda: F.scaled_dot_product_attention(qd, k, v, is_causal=causal, scale=scale,
+                                                       enable_gqa=hq != hkv)), flops
+    return f"no PyTorch program for {name}"
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    times = []
+
+def main():
+    if len(sys.argv) != 2:
+        print("usage: torch_ops.py GRAPH.kg", file=sys.stderr)
+        return 2
+    try:
+        import torch
+        import torch.nn.functional as F
+    except Exception as e:  # noqa: BLE001
+        print(f"skip: no PyTorch ({e.__class__.__name__})")
+        return 0
+    if not torch.cuda.is_available():
+        print("skip: PyTorch sees no GPU")
+        return 0
+    leaves, ops = parse(sys.argv[1])
+    if not ops:
+        print("skip: no op in graph")
+        return 0
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    fns, flops = [], 0
+    for op in ops:  # the graph's ops, one after the other (bench graphs read leaves only)
+        try:
+            got = program(torch, F, gen, leaves, op)
+        except Exception as e:  # noqa: BLE001
+            got = f"{op[0]}: {e.__class__.__name__}: {e}".replace("\n", " ")[:200]
+        if isinstance(got, str):
+            print(f"skip: {got}")
+            return 0
+        fns.append(got[0])
+        flops += got[1]
+
+    def fn():
+        for f in fns:
+            f()
+
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        print(f"skip: {e.__class__.__name__}: {e}".replace("\n", " ")[:200])
+        return 0
+    run, how = fn, " eager"
     try:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             fn()
-        run = g.replay
+        g.replay()
+        torch.cuda.synchronize()
+        run, how = g.replay, ""
     except Exception:  # noqa: BLE001  (ops that sync cannot be captured: time them eagerly)
-        run = fn
+        torch.cuda.synchronize()
+    times = []
     for _ in range(5):
         run()
     for _ in range(50):
@@ -148,7 +172,7 @@ def main():
         e.synchronize()
         times.append(a.elapsed_time(e))
     times.sort()
-    print(f"ms={times[len(times) // 2]:.4f} flops={flops}" + ("" if run is not fn else " eager"))
+    print(f"ms={times[len(times) // 2]:.4f} flops={flops}{how}")
     return 0
 
 

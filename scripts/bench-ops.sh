@@ -62,7 +62,10 @@ open(sys.argv[3],'wb').write(a.tobytes())" $dims "$tmp/mask.bin" && extra="$extr
                 tf=$(awk -v f="$fl" -v m="$ms" 'BEGIN { printf "%.1f", f / m / 1e9 }')
                 ttf=$(awk -v f="$fl" -v m="$tms" 'BEGIN { printf "%.1f", f / m / 1e9 }')
             fi ;;
+        *) printf '%s: torch %s\n' "$(basename "$g" .kg)" "$t" >> "$tmp/notes" ;;
         esac
     fi
     printf '%-30s %10s %8s %6s%% %8s %10s %8s %8s\n' "$(basename "$g" .kg)" "$ms" "$gbs" "$(( gbs * 100 / PEAK ))" "$tf" "$tms" "$ttf" "$sp"
 done
+[ -f "$tmp/notes" ] && cat "$tmp/notes"
+exit 0
