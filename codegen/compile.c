@@ -195,7 +195,7 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_opts *opts, kil
         snprintf(p->arch, sizeof p->arch, "%s", e.arch);
         st = ir_lower(g, &p->ir);
     }
-    if (!st) st = ir_run_passes(p->ir, !e.o->no_fuse);
+    if (!st) st = ir_run_passes(p->ir, !e.o->no_fuse, e.o->no_fuse_passes);
     if (!st) st = generate_all(&e, p);
     if (!st && e.dump_dir) st = write_dumps(&e, p);
     free(e.cache.dir);
@@ -267,4 +267,10 @@ const char *kiln_program_kernel_key(const kiln_program *p, int i) {
 const char *kiln_program_kernel_name(const kiln_program *p, int i) {
     const cg_kernel *k = kernel_at(p, i);
     return k ? k->name : NULL;
+}
+
+const char *kiln_fusion_pass(int i, const char **what) {
+    if (i < 0 || i >= ir_nfusions) return NULL;
+    if (what) *what = ir_fusions[i].what;
+    return ir_fusions[i].name;
 }

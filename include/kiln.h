@@ -271,10 +271,14 @@ typedef struct {
     const char     *cache_dir;  /* NULL: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln */
     kiln_cache_mode cache_mode;
     int             no_fuse;    /* disable all fusion passes */
+    const char     *no_fuse_passes; /* or only these: comma-separated pass names (kiln_fusion_pass) */
     int             skip_nvrtc; /* generate sources only (for inspect/tests); program cannot run */
     void (*log)(void *user, const char *line); /* warnings and progress; NULL: stderr */
     void           *log_user;
 } kiln_compile_opts;
+
+/* The fusion passes, in pipeline order: name i (NULL past the last) and what it fuses. */
+const char *kiln_fusion_pass(int i, const char **what);
 
 typedef struct {
     int    kernels;        /* kernels in the program */

@@ -89,7 +89,17 @@ kiln_status ir_verify(const ir_prog *p);
 /* Passes, in pipeline order (see ir_run_passes). */
 kiln_status ir_fuse_elementwise(ir_prog *p); /* ir/fuse_elementwise.c */
 kiln_status ir_memplan(ir_prog *p);          /* ir/memplan.c */
-kiln_status ir_run_passes(ir_prog *p, bool fuse);
+/* The fusion passes, in pipeline order, by the names users give --no-fuse=NAME. */
+typedef struct {
+    const char *name;
+    kiln_status (*run)(ir_prog *p);
+    const char *what; /* one line for --help and errors */
+} ir_fusion;
+extern const ir_fusion ir_fusions[];
+extern const int       ir_nfusions;
+/* Runs the pipeline: every fusion pass unless !fuse or its name is in `skip` (comma-separated
+ * pass names, NULL for none; an unknown name is an error listing the valid ones), then memplan. */
+kiln_status ir_run_passes(ir_prog *p, bool fuse, const char *skip);
 
 /* Deterministic text: nodes, layouts, fusions, memory plan. */
 void ir_print(const ir_prog *p, kb_str *out);

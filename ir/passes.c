@@ -2,15 +2,58 @@
  * code generation, and a broken invariant caught here names the pass that broke it. */
 #include "ir_internal.h"
 
+#include <string.h>
+
+const ir_fusion ir_fusions[] = {
+    {"ew_chain", ir_fuse_elementwise, "chains of elementwise ops (and copies, casts, GLUs) in one kernel"},
+};
+const int ir_nfusions = (int)(sizeof ir_fusions / sizeof ir_fusions[0]);
+
 static kiln_status run(ir_prog *p, const char *name, kiln_status (*pass)(ir_prog *)) {
     kiln_status st = pass(p);
     if (!st) st = ir_verify(p);
     return st ? kb_wrap(st, "pass %s", name) : NULL;
 }
 
-kiln_status ir_run_passes(ir_prog *p, bool fuse) {
-    kiln_status st = ir_verify(p);
-    if (st) return kb_wrap(st, "lowering");
-    if (fuse && (st = run(p, "ew_chain", ir_fuse_elementwise))) return st;
+/* Whether `name` is one of the comma-separated names in list. */
+static bool listed(const char *list, const char *name, size_t len) {
+    for (const char *s = list; s && *s;) {
+        const char *e = strchr(s, ',');
+        size_t      n = e ? (size_t)(e - s) : strlen(s);
+        if (n == len && strncmp(s, name, len) == 0) return true;
+        s = e ? e + 1 : NULL;
+    }
+    return false;
+}
+
+/* Every name in skip must be a fusion pass: a typo must not silently leave fusion on. */
+static kiln_status check_skip(const char *skip) {
+    for (const char *s = skip; s && *s;) {
+        const char *e = strchr(s, ',');
+        size_t      n = e ? (size_t)(e - s) : strlen(s);
+        bool        ok = false;
+        for (int i = 0; i < ir_nfusions && !ok; i++) ok = strlen(ir_fusions[i].name) == n && !strncmp(s, ir_fusions[i].name, n);
+        if (!ok) {
+            kb_str names = {0};
+            for (int i = 0; i < ir_nfusions; i++) kb_str_addf(&names, "%s%s", i ? ", " : "", ir_fusions[i].name);
+            kiln_status st = kb_error(KILN_ERR_INVALID, "no-fuse: unknown fusion pass '%.*s' (passes: %s)", (int)n, s,
+                                      names.s ? names.s : "");
+            kb_str_free(&names);
+            return st;
+        }
+        s = e ? e + 1 : NULL;
+    }
+    return NULL;
+}
+
+kiln_status ir_run_passes(ir_prog *p, bool fuse, const char *skip) {
+    kiln_status st = check_skip(skip);
+    if (st) return st;
+    if ((st = ir_verify(p))) return kb_wrap(st, "lowering");
+    for (int i = 0; fuse && i < ir_nfusions; i++) {
+        const ir_fusion *f = &ir_fusions[i];
+        if (listed(skip, f->name, strlen(f->name))) continue;
+        if ((st = run(p, f->name, f->run))) return st;
+    }
     return run(p, "memplan", ir_memplan);
 }

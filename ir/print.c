@@ -107,7 +107,22 @@ static int kernel_number(const ir_prog *p, int node) {
     return k;
 }
 
+/* One line per fused kernel, "fused NAME: node, node, ...", in graph node names. */
+static void print_fusions(kb_str *o, const ir_prog *p) {
+    int n = 0;
+    for (int i = 0; i < p->nnodes; i++) n += !p->nodes[i].dead && p->nodes[i].fusion;
+    kb_str_addf(o, "fusions: %d\n", n);
+    for (int i = 0; i < p->nnodes; i++) {
+        const ir_node *f = &p->nodes[i];
+        if (f->dead || !f->fusion) continue;
+        kb_str_addf(o, "  fused %s:", f->fusion);
+        for (int s = 0; s < f->nsrc; s++) kb_str_addf(o, "%s%s", s ? ", " : " ", ir_node_name(p, f->src[s]));
+        kb_str_add(o, "\n");
+    }
+}
+
 void ir_print(const ir_prog *p, kb_str *o) {
+    print_fusions(o, p);
     kb_str_add(o, "buffers:\n");
     for (int b = 0; b < p->nbufs; b++) {
         const ir_buf *buf = &p->bufs[b];

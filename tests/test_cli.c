@@ -65,6 +65,33 @@ START_TEST(usage_errors) {
 }
 END_TEST
 
+/* `kiln inspect` lists each fusion as "fused NAME: nodes"; --no-fuse=NAME turns one pass off,
+ * before or after the graph; unknown names are usage errors, listed in --help. */
+START_TEST(fusion_controls) {
+    char *out;
+    ck_assert_int_eq(kiln("inspect examples/swiglu.kg", &out), 0);
+    ck_assert_msg(strstr(out, "fusions: 1\n  fused ew_chain: gg, act, y\n"), "%s", out);
+    free(out);
+    ck_assert_int_eq(kiln("inspect --no-fuse=ew_chain examples/swiglu.kg", &out), 0);
+    ck_assert_msg(strstr(out, "fusions: 0\n") && !strstr(out, "fused ew_chain"), "%s", out);
+    free(out);
+    ck_assert_int_eq(kiln("inspect examples/swiglu.kg --no-fuse=ew_chain", &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "fusions: 0\n"));
+    free(out);
+    ck_assert_int_eq(kiln("inspect examples/swiglu.kg --no-fuse", &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "fusions: 0\n"));
+    free(out);
+    ck_assert_int_eq(kiln("inspect examples/swiglu.kg --no-fuse=ew_chain,nope", &out), 2);
+    ck_assert_msg(strstr(out, "unknown fusion pass"), "%s", out);
+    free(out);
+    ck_assert_int_eq(kiln("inspect examples/swiglu.kg --no-fuse=", &out), 2);
+    free(out);
+    ck_assert_int_eq(kiln("help compile", &out), 0);
+    ck_assert_msg(strstr(out, "fusion passes (--no-fuse=NAME):\n  ew_chain"), "%s", out);
+    free(out);
+}
+END_TEST
+
 START_TEST(compile_summary_line_and_cache) {
     regex_t re;
     ck_assert_int_eq(regcomp(&re, "^compiled ([0-9]+) kernels \\(([0-9]+) new, ([0-9]+) from cache\\) in [0-9]+ ms$",
@@ -178,6 +205,7 @@ int main(void) {
     tcase_add_test(tc, compile_dump_and_output_file);
     tcase_add_test(tc, parse_errors_name_the_position);
     tcase_add_test(tc, inspect_prints_ir);
+    tcase_add_test(tc, fusion_controls);
     tcase_add_test(tc, run_without_gpu);
     tcase_add_test(tc, ops_lists_every_op);
     suite_add_tcase(s, tc);

@@ -1074,7 +1074,7 @@ START_TEST(lowered_layers) {
     TS_OK(kiln_graph_new(ctx, &g));
     ir_prog *p;
     TS_OK(ir_lower(g, &p));
-    TS_OK(ir_run_passes(p, false)); /* unfused: mul, silu, mul, silu */
+    TS_OK(ir_run_passes(p, false, NULL)); /* unfused: mul, silu, mul, silu */
     cg_lua *L = lua_new();
     cg_kernel ks[8];
     int nk = 0;

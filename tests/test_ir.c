@@ -14,7 +14,7 @@ static ir_prog *lower_text(const char *text, kiln_ctx **ctx, kiln_graph **g, boo
     TS_OK(kiln_graph_new(*ctx, g));
     ir_prog *p;
     TS_OK(ir_lower(*g, &p));
-    TS_OK(ir_run_passes(p, fuse));
+    TS_OK(ir_run_passes(p, fuse, NULL));
     return p;
 }
 
@@ -195,6 +195,30 @@ START_TEST(fusion_fires_on_chain) {
     ck_assert_str_eq(ir_node_name(p, n->src[2]), "y");
     ck_assert_int_eq(p->arena_bytes, 0); /* no temporary survives */
     free_all(p, g, ctx);
+}
+END_TEST
+
+/* Passes named in the skip list do not run; an unknown name is an error naming the valid ones. */
+START_TEST(skip_named_passes) {
+    kiln_ctx *ctx = ts_parse("input x: f32[64, 8]\nweight w: f16[64]\n"
+                             "a = mul(x, w)\ns = silu(a)\noutput y = scale(s, 0.5, 1)\n");
+    kiln_graph *g;
+    TS_OK(kiln_graph_new(ctx, &g));
+    ir_prog *p;
+    TS_OK(ir_lower(g, &p));
+    TS_OK(ir_run_passes(p, true, "ew_chain"));
+    ck_assert_int_eq(live_nodes(p), 3);
+    ir_prog_free(p);
+    TS_OK(ir_lower(g, &p));
+    kiln_status st = ir_run_passes(p, true, "ew_chain,ew_chian");
+    ck_assert_msg(st && strstr(kiln_status_msg(st), "unknown fusion pass 'ew_chian' (passes: ew_chain"), "%s",
+                  kiln_status_msg(st));
+    kiln_status_free(st);
+    ir_prog_free(p);
+    ck_assert_str_eq(kiln_fusion_pass(0, NULL), "ew_chain");
+    ck_assert_ptr_null(kiln_fusion_pass(ir_nfusions, NULL));
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
 }
 END_TEST
 
@@ -450,6 +474,7 @@ int main(void) {
     tcase_add_test(tc, view_strides);
     tcase_add_test(tc, views_fold_into_layouts);
     tcase_add_test(tc, fusion_fires_on_chain);
+    tcase_add_test(tc, skip_named_passes);
     tcase_add_test(tc, no_fusion_across_second_use);
     tcase_add_test(tc, diamond_fuses_into_one_kernel);
     tcase_add_test(tc, no_fusion_of_outputs_or_permuted_reads);

@@ -32,12 +32,13 @@ static const char *usage_text =
     "exit status: 0 success, 1 error, 2 bad usage, 3 no CUDA driver or GPU.\n";
 
 static const char *compile_help =
-    "usage: kiln compile GRAPH [--arch sm_90a] [--dump-cu DIR] [-o FILE] [--no-fuse]\n"
+    "usage: kiln compile GRAPH [--arch sm_90a] [--dump-cu DIR] [-o FILE] [--no-fuse[=NAME,...]]\n"
     "                          [--cache-dir DIR] [--no-cache]\n"
     "  --arch ARCH     target GPU architecture (default sm_90a; e.g. sm_80)\n"
     "  --dump-cu DIR   write each kernel as DIR/NNN_name_KEY8.cu and DIR/program.txt\n"
     "  -o FILE         write the compiled program's description (IR, plan, kernels, keys)\n"
-    "  --no-fuse       disable fusion passes\n"
+    "  --no-fuse       disable every fusion pass\n"
+    "  --no-fuse=NAME[,NAME]  disable the named passes only (listed below; may repeat)\n"
     "  --cache-dir DIR kernel cache directory (default: see 'kiln help')\n"
     "  --no-cache      neither read nor write the kernel cache\n";
 
@@ -53,14 +54,16 @@ static const char *run_help =
     "  compile options: --arch, --dump-cu, --no-fuse, --cache-dir, --no-cache (see compile)\n";
 
 static const char *inspect_help =
-    "usage: kiln inspect GRAPH [--no-fuse]\n"
-    "  prints the IR after passes (kernels, fused graph nodes, layouts), the memory plan and the\n"
-    "  generated kernels' names, launch configs and keys. Needs neither NVRTC nor a GPU.\n";
+    "usage: kiln inspect GRAPH [--no-fuse[=NAME,...]]\n"
+    "  prints every fusion applied, one per line (\"fused NAME: node, node, ...\"), the IR after\n"
+    "  passes (kernels, fused graph nodes, layouts), the memory plan and the generated kernels'\n"
+    "  names, launch configs and keys. Needs neither NVRTC nor a GPU.\n";
 
 #define MAX_FILES 64
 
 typedef struct {
     const char *cmd, *graph, *arch, *dump, *out, *cache_dir;
+    char no_fuse_passes[256]; /* --no-fuse=NAME[,NAME]: the names, comma-separated */
     bool no_fuse, no_cache, no_graph, check;
     uint64_t seed;
     int iters;
@@ -82,12 +85,35 @@ static int usage_error(const char *fmt, const char *arg) {
     return EXIT_USAGE;
 }
 
+/* Help text, and for the commands that compile, the fusion passes --no-fuse=NAME knows. */
+static void print_help(const char *cmd, const char *text) {
+    fputs(text, stdout);
+    if (!cmd || !strcmp(cmd, "help")) return;
+    printf("fusion passes (--no-fuse=NAME):\n");
+    const char *what, *name;
+    for (int i = 0; (name = kiln_fusion_pass(i, &what)); i++) printf("  %-14s %s\n", name, what);
+}
+
 static const char *help_for(const char *cmd) {
     if (!cmd) return usage_text;
     if (!strcmp(cmd, "compile")) return compile_help;
     if (!strcmp(cmd, "run")) return run_help;
     if (!strcmp(cmd, "inspect")) return inspect_help;
     return NULL;
+}
+
+/* Whether every comma-separated name in list is a fusion pass. */
+static bool known_passes(const char *list) {
+    for (const char *s = list; *s;) {
+        const char *e = strchr(s, ',');
+        size_t      n = e ? (size_t)(e - s) : strlen(s);
+        bool        ok = false;
+        const char *name;
+        for (int i = 0; !ok && (name = kiln_fusion_pass(i, NULL)); i++) ok = strlen(name) == n && !strncmp(s, name, n);
+        if (!ok) return false;
+        s = e ? e + 1 : s + n;
+    }
+    return true;
 }
 
 /* Options may stand before or after the graph argument. */
@@ -102,13 +128,19 @@ static int parse_args(int argc, char **argv, cli *c) {
     if (!v) return usage_error("option %s needs a value", a); \
     i++
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(help_for(c->cmd), stdout);
+            print_help(c->cmd, help_for(c->cmd));
             exit(EXIT_OK);
         } else if (!strcmp(a, "--arch")) { NEEDS_VALUE(); c->arch = v;
         } else if (!strcmp(a, "--dump-cu")) { NEEDS_VALUE(); c->dump = v;
         } else if (!strcmp(a, "-o")) { NEEDS_VALUE(); c->out = v;
         } else if (!strcmp(a, "--cache-dir")) { NEEDS_VALUE(); c->cache_dir = v;
         } else if (!strcmp(a, "--no-fuse")) { c->no_fuse = true;
+        } else if (!strncmp(a, "--no-fuse=", 10)) {
+            size_t len = strlen(c->no_fuse_passes);
+            if (!a[10]) return usage_error("%s: give pass names after '=' (see 'kiln help compile')", a);
+            if (!known_passes(a + 10)) return usage_error("%s: unknown fusion pass (see 'kiln help compile')", a);
+            if (len + strlen(a + 10) + 2 > sizeof c->no_fuse_passes) return usage_error("%s: too many pass names", a);
+            snprintf(c->no_fuse_passes + len, sizeof c->no_fuse_passes - len, "%s%s", len ? "," : "", a + 10);
         } else if (!strcmp(a, "--no-cache")) { c->no_cache = true;
         } else if (!strcmp(a, "--no-cuda-graph")) { c->no_graph = true;
         } else if (!strcmp(a, "--check")) { c->check = true;
@@ -153,6 +185,7 @@ static kiln_compile_opts compile_opts(const cli *c, const char *arch) {
     o.cache_dir = c->cache_dir;
     o.cache_mode = c->no_cache ? KILN_CACHE_OFF : KILN_CACHE_ON;
     o.no_fuse = c->no_fuse;
+    o.no_fuse_passes = c->no_fuse_passes[0] ? c->no_fuse_passes : NULL;
     return o;
 }
 
@@ -418,7 +451,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "help")) {
         const char *h = help_for(argc > 2 ? argv[2] : NULL);
         if (!h) return usage_error("no help for unknown command '%s'", argv[2]);
-        fputs(h, stdout);
+        print_help(argc > 2 ? argv[2] : NULL, h);
         return EXIT_OK;
     }
     if (!strcmp(argv[1], "ops")) {
