@@ -243,10 +243,36 @@ kiln_status kiln_program_describe(const kiln_program *p, char **text) {
 
 int kiln_program_kernel_count(const kiln_program *p) { return p ? p->nkernels : 0; }
 
+/* The experts of buffer b a run can read: n_expert when something other than mul_mat_id's
+ * `as` operand reads it, else the most any mul_mat_id reading it can select (n_used x
+ * n_tokens, at most n_expert). Returns the fraction as a count over n_expert. */
+static double expert_share(const ir_prog *ir, int b) {
+    double share = 0;
+    bool   read = false;
+    for (int i = 0; i < ir->nnodes; i++) {
+        const ir_node *n = &ir->nodes[i];
+        if (n->dead) continue;
+        for (int k = 0; k < n->nin; k++) {
+            if (n->in[k].buf != b) continue;
+            read = true;
+            const ir_ref *as = n->kind == IR_OP && n->op == FE_OP_MUL_MAT_ID ? ir_operand(n, 0) : NULL;
+            const ir_ref *ids = as ? ir_operand(n, 2) : NULL;
+            if (as != &n->in[k] || !ids || ir_operand(n, 1) == &n->in[k] || ids == &n->in[k]) return 1.0;
+            double e = (double)as->ne[2], sel = (double)ids->ne[0] * (double)ids->ne[1];
+            double s = (sel < e ? sel : e) / e;
+            if (s > share) share = s;
+        }
+    }
+    return read ? share : 1.0;
+}
+
 size_t kiln_program_io_bytes(const kiln_program *p) {
     size_t n = 0;
-    for (int b = 0; p && b < p->ir->nbufs; b++)
-        if (p->ir->bufs[b].kind != IR_BUF_TEMP) n += p->ir->bufs[b].bytes;
+    for (int b = 0; p && b < p->ir->nbufs; b++) {
+        const ir_buf *buf = &p->ir->bufs[b];
+        if (buf->kind == IR_BUF_TEMP) continue;
+        n += buf->kind == IR_BUF_OUTPUT ? buf->bytes : (size_t)((double)buf->bytes * expert_share(p->ir, b) + 0.5);
+    }
     return n;
 }
 

@@ -299,7 +299,9 @@ const char *kiln_program_kernel_source(const kiln_program *p, int i);
 const char *kiln_program_kernel_key(const kiln_program *p, int i);
 const char *kiln_program_kernel_name(const kiln_program *p, int i);
 /* Bytes of the program's inputs, weights and outputs: what a run must at least move through
- * memory (read once, written once), the numerator of an achieved-bandwidth figure. */
+ * memory (read once, written once), the numerator of an achieved-bandwidth figure. A buffer
+ * read only as mul_mat_id's experts counts only the experts a run can select: at most
+ * n_used x n_tokens of them (decode reads 8 of 128, not all). */
 size_t      kiln_program_io_bytes(const kiln_program *p);
 
 typedef struct {

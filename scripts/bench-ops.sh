@@ -46,10 +46,6 @@ open(sys.argv[3],'wb').write(a.tobytes())" $dims "$tmp/mask.bin" && extra="$extr
     fi
     ms=$(printf '%s\n' "$line" | sed 's/.* in \([0-9.]*\) ms.*/\1/')
     gbs=$(printf '%s\n' "$line" | sed 's/.* = \([0-9]*\) GB\/s.*/\1/')
-    # A graph that reads only part of its operands (mul_mat_id reads the selected experts) says
-    # how many bytes it really moves in a "# bench-bytes: N" line.
-    bb=$(sed -n 's/^# bench-bytes: *\([0-9][0-9]*\).*/\1/p' "$g" | head -1)
-    if [ -n "$bb" ]; then gbs=$(awk -v b="$bb" -v m="$ms" 'BEGIN { printf "%d", b / m / 1e6 }'); fi
     tms="-" tf="-" ttf="-" sp="-"
     if [ -n "$TORCH" ]; then
         t=$(python3 bench/torch_ops.py "$g" 2>/dev/null | tail -1)

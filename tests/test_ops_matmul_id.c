@@ -314,6 +314,29 @@ START_TEST(kernels_deterministic) {
 }
 END_TEST
 
+/* The bandwidth numerator counts only the experts a run can select; a weight read by anything
+ * else counts whole. */
+START_TEST(io_bytes_count_selected_experts) {
+    kiln_ctx     *ctx;
+    kiln_graph   *g;
+    kiln_program *p = compile_text("weight w: bf16[256, 64, 128]\ninput x: f32[256, 1, 1]\ninput ids: i32[8, 1]\n"
+                                   "output y = mul_mat_id(w, x, ids)\n", "sm_90a", 1, &ctx, &g);
+    size_t expert = 256 * 64 * 2;
+    ck_assert_uint_eq(kiln_program_io_bytes(p), 8 * expert + 256 * 4 + 8 * 4 + 64 * 8 * 4);
+    kiln_program_free(p), kiln_graph_free(g), kiln_ctx_free(ctx);
+    /* 32 tokens x 8 can select all 128 experts */
+    p = compile_text("weight w: bf16[256, 64, 128]\ninput x: f32[256, 1, 32]\ninput ids: i32[8, 32]\n"
+                     "output y = mul_mat_id(w, x, ids)\n", "sm_90a", 1, &ctx, &g);
+    ck_assert_uint_eq(kiln_program_io_bytes(p), 128 * expert + 256 * 32 * 4 + 8 * 32 * 4 + 64 * 8 * 32 * 4);
+    kiln_program_free(p), kiln_graph_free(g), kiln_ctx_free(ctx);
+    /* also read whole elsewhere: counted whole */
+    p = compile_text("weight w: bf16[256, 64, 128]\ninput x: f32[256, 1, 1]\ninput ids: i32[8, 1]\n"
+                     "output y = mul_mat_id(w, x, ids)\noutput z = cast(w, f32)\n", "sm_90a", 1, &ctx, &g);
+    ck_assert_uint_eq(kiln_program_io_bytes(p), 128 * expert + 256 * 4 + 8 * 4 + 64 * 8 * 4 + 128 * expert * 2);
+    kiln_program_free(p), kiln_graph_free(g), kiln_ctx_free(ctx);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("ops_matmul_id");
     TCase *tc = tcase_create("reference");
@@ -332,6 +355,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
     tcase_add_test(tc, kernels_deterministic);
+    tcase_add_test(tc, io_bytes_count_selected_experts);
     suite_add_tcase(s, tc);
     return s;
 }
