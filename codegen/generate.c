@@ -84,6 +84,36 @@ static void push_ref(lua_State *L, const ir_ref *r, int param) {
     lua_setfield(L, -2, "param");
 }
 
+/* n's instructions as the table k.instrs (IR_EW) or k.epilogue.instrs (IR_OP) of the table on
+ * top of the stack. */
+static void push_instrs(lua_State *L, const ir_node *n) {
+    lua_createtable(L, n->ninstr, 0);
+    for (int i = 0; i < n->ninstr; i++) {
+        const ir_instr *in = &n->ins[i];
+        lua_createtable(L, 0, 5);
+        lua_pushstring(L, fe_ops[in->op].name);
+        lua_setfield(L, -2, "op");
+        lua_pushinteger(L, in->a);
+        lua_setfield(L, -2, "a");
+        if (fe_ops[in->op].nsrc > 1) {
+            lua_pushinteger(L, in->b);
+            lua_setfield(L, -2, "b");
+        }
+        lua_createtable(L, 2, 0);
+        for (int j = 0; j < 2; j++) {
+            char lit[48];
+            float_literal(in->f[j], lit);
+            lua_pushstring(L, lit);
+            lua_rawseti(L, -2, j + 1);
+        }
+        lua_setfield(L, -2, "f");
+        lua_pushstring(L, kiln_type_name(in->type));
+        lua_setfield(L, -2, "type");
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "instrs");
+}
+
 /* IR_OP: k.op, k.args (operand refs by parameter name; absent optional ones are nil), k.inputs
  * (all operands in order), k.params (scalars by name: floats as exact CUDA literals, ints as
  * integers, bools as booleans, types and enum values as names, I4 as a table of 4) and
@@ -147,6 +177,15 @@ static void push_op_node(lua_State *L, const gen_ctx *g) {
     }
     lua_setfield(L, params - 1, "values");
     lua_setfield(L, -2, "params");
+    if (n->ninstr > 0) {
+        /* registers: 0..nin-1 operands at the output coordinate, nin the op's value rounded
+         * to op_type, nin+1+k instruction k (docs/templates.md, "Epilogues") */
+        lua_createtable(L, 0, 2);
+        lua_pushstring(L, kiln_type_name(n->op_type));
+        lua_setfield(L, -2, "op_type");
+        push_instrs(L, n);
+        lua_setfield(L, -2, "epilogue");
+    }
     lua_pushinteger(L, g->nparams);
     lua_setfield(L, -2, "nparams");
 }
@@ -168,31 +207,7 @@ static void push_node(lua_State *L, const gen_ctx *g) {
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "inputs");
-    lua_createtable(L, n->ninstr, 0);
-    for (int i = 0; i < n->ninstr; i++) {
-        const ir_instr *in = &n->ins[i];
-        lua_createtable(L, 0, 5);
-        lua_pushstring(L, fe_ops[in->op].name);
-        lua_setfield(L, -2, "op");
-        lua_pushinteger(L, in->a);
-        lua_setfield(L, -2, "a");
-        if (fe_ops[in->op].nsrc > 1) {
-            lua_pushinteger(L, in->b);
-            lua_setfield(L, -2, "b");
-        }
-        lua_createtable(L, 2, 0);
-        for (int j = 0; j < 2; j++) {
-            char lit[48];
-            float_literal(in->f[j], lit);
-            lua_pushstring(L, lit);
-            lua_rawseti(L, -2, j + 1);
-        }
-        lua_setfield(L, -2, "f");
-        lua_pushstring(L, kiln_type_name(in->type));
-        lua_setfield(L, -2, "type");
-        lua_rawseti(L, -2, i + 1);
-    }
-    lua_setfield(L, -2, "instrs");
+    push_instrs(L, n);
     lua_pushinteger(L, g->nparams);
     lua_setfield(L, -2, "nparams");
 }
@@ -344,6 +359,17 @@ static void read_gemm(lua_State *L, int t, const gen_ctx *g, size_t scratch, cg_
     k->source = copy_string(L, src, strlen(src));
 }
 
+/* The op families whose templates apply an IR_OP node's elementwise epilogue (k.epilogue).
+ * A fusion pass may attach epilogues only to these; codegen refuses the others up front, since a
+ * template that does not know its node has extra operands cannot be trusted to fail cleanly. */
+static const char *const epilogue_families[] = {NULL};
+
+static bool applies_epilogues(const char *fam) {
+    for (int i = 0; epilogue_families[i]; i++)
+        if (strcmp(epilogue_families[i], fam) == 0) return true;
+    return false;
+}
+
 /* Protected: builds the node table, calls the template, checks its result and fills the steps
  * in g->steps. The result is one launch table, or {steps = {...}, scratch = bytes}. */
 static int l_generate(lua_State *L) {
@@ -368,6 +394,9 @@ static int l_generate(lua_State *L) {
     } else if (!lua_isnil(L, -1)) {
         return luaL_error(L, "result.steps is a %s, not a table", luaL_typename(L, -1));
     }
+    if (g->n->kind == IR_OP && g->n->ninstr > 0 && (lua_getfield(L, t, "epilogue"), !lua_toboolean(L, -1)))
+        return luaL_error(L, "template %s.lua does not apply the elementwise epilogue of its node "
+                             "(a fusion attached one): its result must say epilogue = true", g->tpl);
     for (int i = 0; i < n; i++) {
         if (list && lua_rawgeti(L, list, i + 1) != LUA_TTABLE) return luaL_error(L, "result.steps[%d] is not a table", i + 1);
         int s = list ? lua_gettop(L) : t;
@@ -420,6 +449,11 @@ kiln_status cg_generate_steps(cg_lua *C, const ir_prog *p, int node, cg_kernel *
     if (n->kind == IR_EW && (n->ninstr < 1 || n->ninstr > IR_MAX_INSTR))
         return kb_error(KILN_ERR_INVALID, "codegen: node %d: %d instructions", node, n->ninstr);
 
+    if (n->kind == IR_OP && n->ninstr > 0 && !applies_epilogues(tpl))
+        return kb_error(KILN_ERR_CODEGEN,
+                        "codegen: node %d (%s): template %s.lua does not apply the elementwise epilogue a fusion "
+                        "attached (families that do: see epilogue_families in codegen/generate.c)",
+                        node, fe_ops[n->op].name, tpl);
     gen_ctx g = {.p = p, .n = n, .tpl = tpl, .node = node};
     kiln_status st = check_ref(p, &n->dst, node, "dst");
     if (st) return st;
@@ -430,7 +464,7 @@ kiln_status cg_generate_steps(cg_lua *C, const ir_prog *p, int node, cg_kernel *
         if ((st = check_ref(p, &n->in[i], node, what))) return st;
         g.in_param[i] = param_of(&g, n->in[i].buf);
     }
-    for (int i = 0; n->kind == IR_EW && i < n->ninstr; i++) {
+    for (int i = 0; i < n->ninstr; i++) {
         const ir_instr *in = &n->ins[i];
         if ((unsigned)in->op >= FE_OP_COUNT ||
             (fe_ops[in->op].kind != FE_UNARY && fe_ops[in->op].kind != FE_BINARY && fe_ops[in->op].kind != FE_GLU))

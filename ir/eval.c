@@ -82,11 +82,55 @@ static const struct {
     {"matmul", ir_ref_matmul}, {"matmul_id", ir_ref_matmul}, {"attn", ir_ref_attn},
 };
 
-static kiln_status eval_op(const ir_prog *p, int i, void **data) {
-    const ir_node *n = &p->nodes[i];
+static kiln_status eval_ref(const ir_prog *p, int i, const ir_node *n, void **data) {
     for (size_t k = 0; k < sizeof ref_fns / sizeof ref_fns[0]; k++)
         if (strcmp(ref_fns[k].fam, fe_ops[n->op].fam) == 0) return ref_fns[k].fn(p, n, data);
     return kb_error(KILN_ERR_INVALID, "reference: node %d: no reference for op %s", i, fe_ops[n->op].name);
+}
+
+/* An op with an epilogue: the op into a temporary of op_type (what the unfused graph stored),
+ * then the epilogue per output element, exactly as eval_ew does for the consumer it replaced. */
+static kiln_status eval_op_epilogue(const ir_prog *p, int i, void **data) {
+    const ir_node *n = &p->nodes[i];
+    const int64_t *ne = n->dst.ne;
+    int64_t        count = ne[0] * ne[1] * ne[2] * ne[3];
+    void          *tmp = malloc((size_t)(count ? count : 1) * kiln_type_size(n->op_type));
+    void         **d2 = malloc(((size_t)p->nbufs + 1) * sizeof *d2);
+    ir_node       *m = malloc(sizeof *m);
+    if (!tmp || !d2 || !m) {
+        free(tmp), free(d2), free(m);
+        return kb_oom();
+    }
+    memcpy(d2, data, (size_t)p->nbufs * sizeof *d2);
+    d2[p->nbufs] = tmp;
+    *m = *n;
+    m->ninstr = 0;
+    m->dst = (ir_ref){.buf = p->nbufs, .type = n->op_type, .ne = {ne[0], ne[1], ne[2], ne[3]},
+                      .st = {1, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2]}};
+    kiln_status st = eval_ref(p, i, m, d2);
+    float reg[IR_MAX_IN + 1 + IR_MAX_INSTR];
+    int64_t c[4];
+    for (c[3] = 0; !st && c[3] < ne[3]; c[3]++)
+        for (c[2] = 0; c[2] < ne[2]; c[2]++)
+            for (c[1] = 0; c[1] < ne[1]; c[1]++)
+                for (c[0] = 0; c[0] < ne[0]; c[0]++) {
+                    for (int k = 0; k < n->nin; k++)
+                        reg[k] = kb_load_f32(data[n->in[k].buf], n->in[k].type, ir_offset_at(&n->in[k], c));
+                    reg[n->nin] = kb_load_f32(tmp, n->op_type, ir_offset_at(&m->dst, c));
+                    for (int j = 0; j < n->ninstr; j++) {
+                        const ir_instr *in = &n->ins[j];
+                        float b = fe_ops[in->op].nsrc > 1 ? reg[in->b] : 0.0f;
+                        reg[n->nin + 1 + j] = round_to(ir_apply(in, reg[in->a], b), in->type);
+                    }
+                    kb_store_f32(data[n->dst.buf], n->dst.type, ir_offset_at(&n->dst, c), reg[n->nin + n->ninstr]);
+                }
+    free(tmp), free(d2), free(m);
+    return st;
+}
+
+static kiln_status eval_op(const ir_prog *p, int i, void **data) {
+    const ir_node *n = &p->nodes[i];
+    return n->ninstr > 0 ? eval_op_epilogue(p, i, data) : eval_ref(p, i, n, data);
 }
 
 static void eval_ew(const ir_node *n, void **data) {

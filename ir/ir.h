@@ -66,6 +66,13 @@ typedef struct {
     int32_t  ip[FE_MAX_IP];
     float    fp[FE_MAX_FP];
     int      opd[FE_MAX_SRC];
+    /* IR_OP only: an optional elementwise epilogue, ins[0..ninstr) (fusion passes attach the
+     * elementwise kernel that consumed the op's result). At each output coordinate register
+     * nin holds the op's value rounded to op_type (the type the unfused graph stored it in),
+     * registers 0..nin-1 the operands read at that coordinate (meaningful for the epilogue's
+     * own operands, those in no slot of opd, which broadcast onto dst like IR_EW inputs), and
+     * register nin+1+k instruction k's result; the last one is stored to dst. */
+    kiln_type op_type;
     int      nsrc;             /* graph nodes this kernel implements (tensor ids), in order */
     int      src[IR_MAX_INSTR];
     const char *fusion;        /* NULL, or the name of the pass that fused it */

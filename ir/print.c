@@ -24,9 +24,12 @@ static void print_ref(kb_str *o, const ir_prog *p, const ir_ref *r) {
                     (long long)r->st[1], (long long)r->st[2], (long long)r->st[3], (long long)r->offs);
 }
 
+/* Registers: in<k> operands; IR_OP epilogues also "op" (the op's value, register nin). */
 static void print_reg(kb_str *o, const ir_node *n, int r) {
+    bool op = n->kind == IR_OP;
     if (r < n->nin) kb_str_addf(o, "in%d", r);
-    else kb_str_addf(o, "r%d", r - n->nin);
+    else if (op && r == n->nin) kb_str_add(o, "op");
+    else kb_str_addf(o, "r%d", r - n->nin - op);
 }
 
 /* IR_OP: the operands by parameter name, then the scalar parameters. */
@@ -64,25 +67,8 @@ static void print_op(kb_str *o, const ir_prog *p, const ir_node *n) {
     if (any) kb_str_add(o, "\n");
 }
 
-static void print_node(kb_str *o, const ir_prog *p, int idx, int k) {
-    const ir_node *n = &p->nodes[idx];
-    if (n->kind == IR_OP) kb_str_addf(o, "k%d %s", k, fe_ops[n->op].name);
-    else kb_str_addf(o, "k%d ew", k);
-    if (n->fusion) kb_str_addf(o, " fused %s", n->fusion);
-    kb_str_add(o, " nodes:");
-    for (int i = 0; i < n->nsrc; i++) kb_str_addf(o, "%s%s", i ? ", " : " ", ir_node_name(p, n->src[i]));
-    kb_str_add(o, "\n    dst ");
-    print_ref(o, p, &n->dst);
-    kb_str_add(o, "\n");
-    if (n->kind == IR_OP) {
-        print_op(o, p, n);
-        return;
-    }
-    for (int i = 0; i < n->nin; i++) {
-        kb_str_addf(o, "    in%d ", i);
-        print_ref(o, p, &n->in[i]);
-        kb_str_add(o, "\n");
-    }
+/* The elementwise instructions of an IR_EW node or of an IR_OP node's epilogue. */
+static void print_instrs(kb_str *o, const ir_node *n) {
     for (int i = 0; i < n->ninstr; i++) {
         const ir_instr *in = &n->ins[i];
         kb_str_addf(o, "    r%d = %s ", i, fe_ops[in->op].name);
@@ -98,6 +84,35 @@ static void print_node(kb_str *o, const ir_prog *p, int idx, int k) {
         }
         kb_str_addf(o, " : %s\n", kiln_type_name(in->type));
     }
+}
+
+static void print_node(kb_str *o, const ir_prog *p, int idx, int k) {
+    const ir_node *n = &p->nodes[idx];
+    if (n->kind == IR_OP) kb_str_addf(o, "k%d %s", k, fe_ops[n->op].name);
+    else kb_str_addf(o, "k%d ew", k);
+    if (n->fusion) kb_str_addf(o, " fused %s", n->fusion);
+    kb_str_add(o, " nodes:");
+    for (int i = 0; i < n->nsrc; i++) kb_str_addf(o, "%s%s", i ? ", " : " ", ir_node_name(p, n->src[i]));
+    kb_str_add(o, "\n    dst ");
+    print_ref(o, p, &n->dst);
+    kb_str_add(o, "\n");
+    if (n->kind == IR_OP) {
+        print_op(o, p, n);
+        if (n->ninstr) kb_str_addf(o, "    epilogue (op : %s):\n", kiln_type_name(n->op_type));
+        for (int k = 0; n->ninstr && k < n->nin; k++) {
+            kb_str_addf(o, "    in%d ", k);
+            print_ref(o, p, &n->in[k]);
+            kb_str_add(o, "\n");
+        }
+        print_instrs(o, n);
+        return;
+    }
+    for (int i = 0; i < n->nin; i++) {
+        kb_str_addf(o, "    in%d ", i);
+        print_ref(o, p, &n->in[i]);
+        kb_str_add(o, "\n");
+    }
+    print_instrs(o, n);
 }
 
 /* Kernels are numbered over live nodes only, as they launch. */

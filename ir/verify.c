@@ -38,12 +38,20 @@ static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
     bool ew = n->kind == IR_EW;
     if (!ew && (n->kind != IR_OP || (unsigned)n->op >= FE_OP_COUNT || fe_ops[n->op].kind != FE_KERNEL))
         return kb_error(KILN_ERR_INVALID, "IR node %d: bad kind or op", i);
-    if (n->nin < 0 || n->nin > IR_MAX_IN || (ew && (n->ninstr < 1 || n->ninstr > IR_MAX_INSTR)))
+    if (n->nin < 0 || n->nin > IR_MAX_IN || (ew && (n->ninstr < 1 || n->ninstr > IR_MAX_INSTR)) ||
+        (!ew && (n->ninstr < 0 || n->ninstr > IR_MAX_INSTR)))
         return kb_error(KILN_ERR_INVALID, "IR node %d: %d operands, %d instructions", i, n->nin, n->ninstr);
     for (int s = 0; !ew && s < FE_MAX_SRC; s++)
         if (n->opd[s] < -1 || n->opd[s] >= n->nin)
             return kb_error(KILN_ERR_INVALID, "IR node %d: operand slot %d refers to operand %d of %d", i, s,
                             n->opd[s], n->nin);
+    bool epi_in[IR_MAX_IN] = {false}; /* IR_OP: operands of the epilogue (in no slot) */
+    for (int k = 0; !ew && n->ninstr > 0 && k < n->nin; k++) {
+        epi_in[k] = true;
+        for (int s = 0; s < FE_MAX_SRC; s++) epi_in[k] &= n->opd[s] != k;
+    }
+    if (!ew && n->ninstr > 0 && (unsigned)n->op_type >= KILN_TYPE_COUNT)
+        return kb_error(KILN_ERR_INVALID, "IR node %d: epilogue without a valid op type", i);
     for (int k = 0; k < n->nin; k++) {
         if ((st = check_ref(p, i, "operand", &n->in[k]))) return st;
         int b = n->in[k].buf;
@@ -52,13 +60,13 @@ static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
         ir_buf_kind bk = p->bufs[b].kind;
         if (bk != IR_BUF_INPUT && bk != IR_BUF_WEIGHT && !written[b])
             return kb_error(KILN_ERR_INVALID, "IR node %d reads '%s' before any node writes it", i, p->bufs[b].name);
-        for (int d = 0; ew && d < 4; d++)
+        for (int d = 0; (ew || epi_in[k]) && d < 4; d++)
             if (n->dst.ne[d] % n->in[k].ne[d] != 0)
                 return kb_error(KILN_ERR_INVALID, "IR node %d: operand %d does not broadcast in dim %d", i, k, d);
     }
-    for (int j = 0; ew && j < n->ninstr; j++) {
+    for (int j = 0; j < n->ninstr; j++) {
         const ir_instr *in = &n->ins[j];
-        int limit = n->nin + j;
+        int limit = n->nin + j + !ew; /* IR_OP: register nin is the op's value */
         if ((unsigned)in->op >= FE_OP_COUNT || in->a < 0 || in->a >= limit ||
             (fe_ops[in->op].nsrc > 1 && (in->b < 0 || in->b >= limit)))
             return kb_error(KILN_ERR_INVALID, "IR node %d: instruction %d reads a register not yet defined", i, j);

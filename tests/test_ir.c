@@ -2,6 +2,7 @@
 #include "tests/support.h"
 
 #include "ir/ir.h"
+#include "codegen/codegen.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -307,6 +308,97 @@ START_TEST(fused_equals_unfused) {
 }
 END_TEST
 
+/* ---- epilogues ---------------------------------------------------------------------------- */
+
+/* What a fusion pass does to attach elementwise node `ew` (which reads op node `op`'s result at
+ * its own coordinates) to `op` as its epilogue. */
+static void attach_epilogue(ir_prog *p, int op, int ew) {
+    ir_node *n = &p->nodes[op], *m = &p->nodes[ew];
+    int map[IR_MAX_IN + IR_MAX_INSTR], nin = n->nin;
+    int t = -1;
+    for (int k = 0; k < m->nin; k++) {
+        if (m->in[k].buf == n->dst.buf) {
+            t = k;
+            continue;
+        }
+        map[k] = nin;
+        n->in[nin++] = m->in[k];
+    }
+    ck_assert_int_ge(t, 0);
+    map[t] = nin; /* the op's value */
+    for (int j = 0; j < m->ninstr; j++) map[m->nin + j] = nin + 1 + j;
+    n->nin = nin;
+    n->ninstr = m->ninstr;
+    for (int j = 0; j < m->ninstr; j++) {
+        n->ins[j] = m->ins[j];
+        n->ins[j].a = map[m->ins[j].a];
+        if (fe_ops[m->ins[j].op].nsrc > 1) n->ins[j].b = map[m->ins[j].b];
+    }
+    n->op_type = n->dst.type;
+    n->dst = m->dst;
+    for (int s = 0; s < m->nsrc; s++) n->src[n->nsrc++] = m->src[s];
+    n->fusion = "test_epilogue";
+    m->dead = true;
+}
+
+/* An op node carrying the elementwise kernel that consumed it computes bit for bit what the two
+ * nodes computed (the op's value rounded to its type first), prints its epilogue, and is
+ * refused by a template that does not apply epilogues. */
+START_TEST(op_epilogue_equals_unfused) {
+    static const char *graph = "input x: f32[64, 6]\nweight w: f32[64]\ninput r: bf16[64, 6]\n"
+                               "n = rms_norm(x, 1e-06)\nm = mul(n, w)\noutput y = add(m, r)\n"
+                               "input x2: bf16[40, 3]\nn2 = norm(x2, 1e-05)\noutput y2 = scale(n2, 3, 0.25)\n";
+    kiln_ctx *c1, *c2;
+    kiln_graph *g1, *g2;
+    ir_prog *e = lower_text(graph, &c1, &g1, true);
+    ir_prog *plain = lower_text(graph, &c2, &g2, true);
+    ck_assert_int_eq(live_nodes(e), 4);
+    int live[4], nl = 0;
+    for (int i = 0; i < e->nnodes; i++)
+        if (!e->nodes[i].dead) live[nl++] = i;
+    attach_epilogue(e, live[0], live[1]);
+    attach_epilogue(e, live[2], live[3]);
+    TS_OK(ir_verify(e));
+    ck_assert_int_eq(live_nodes(e), 2);
+    void *a1, *a2;
+    void **d1 = alloc_bufs(e, false, &a1, 7), **d2 = alloc_bufs(plain, false, &a2, 7);
+    TS_OK(ir_eval(e, d1));
+    TS_OK(ir_eval(plain, d2));
+    for (int b = 0; b < plain->nbufs; b++)
+        if (plain->bufs[b].kind == IR_BUF_OUTPUT)
+            ck_assert_msg(memcmp(d1[b], d2[b], plain->bufs[b].bytes) == 0, "output %s differs", plain->bufs[b].name);
+    free_bufs(e, d1, a1);
+    free_bufs(plain, d2, a2);
+
+    kb_str o = {0};
+    ir_print(e, &o);
+    ck_assert_msg(strstr(o.s, "epilogue (op : f32):") && strstr(o.s, "r0 = mul op, in2") &&
+                      strstr(o.s, "r1 = add r0, in1") && strstr(o.s, "epilogue (op : bf16):"),
+                  "%s", o.s);
+    kb_str_free(&o);
+
+    /* a broken epilogue: an instruction reading a register defined later */
+    ir_node *n0 = &e->nodes[live[0]];
+    n0->ins[0].a = n0->nin + 2;
+    kiln_status st = ir_verify(e);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), "register not yet defined"), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    n0->ins[0].a = n0->nin;
+
+    cg_lua *L;
+    TS_OK(cg_lua_new(&L));
+    cg_kernel *ks;
+    int        nk;
+    st = cg_generate_steps(L, e, live[0], &ks, &nk);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), "does not apply the elementwise epilogue"), "%s",
+                  kiln_status_msg(st));
+    kiln_status_free(st);
+    cg_lua_free(L);
+    free_all(e, g1, c1);
+    free_all(plain, g2, c2);
+}
+END_TEST
+
 /* ---- memory plan -------------------------------------------------------------------------- */
 
 START_TEST(memplan_reuses_and_never_overlaps_live_values) {
@@ -475,6 +567,7 @@ int main(void) {
     tcase_add_test(tc, views_fold_into_layouts);
     tcase_add_test(tc, fusion_fires_on_chain);
     tcase_add_test(tc, skip_named_passes);
+    tcase_add_test(tc, op_epilogue_equals_unfused);
     tcase_add_test(tc, no_fusion_across_second_use);
     tcase_add_test(tc, diamond_fuses_into_one_kernel);
     tcase_add_test(tc, no_fusion_of_outputs_or_permuted_reads);
