@@ -14,5 +14,10 @@ FE_OPS(FE_INFER_DECL)
 /* Shared by the rules: "f32[4096, 8]" for messages. */
 const char *fe_shape_str(const kiln_tensor *t, char *buf, size_t len);
 bool        fe_is_float(kiln_type t);
+/* "'name' (f32[4096, 8])": a tensor as rule messages name it, returned by value. */
+typedef struct {
+    char s[FE_MAX_NAME + 112];
+} fe_desc;
+fe_desc fe_describe(const kiln_tensor *t);
 
 #endif

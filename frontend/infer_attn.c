@@ -12,39 +12,28 @@
  * but still wants its rows contiguous (nb0 = 2), like k and v rows. */
 #include "infer.h"
 
-typedef struct {
-    char s[FE_MAX_NAME + 112];
-} desc;
-
-static desc describe(const kiln_tensor *t) {
-    desc d;
-    char sh[96];
-    snprintf(d.s, sizeof d.s, "'%s' (%s)", t->name, fe_shape_str(t, sh, sizeof sh));
-    return d;
-}
-
 static bool rows_contiguous(kiln_ctx *ctx, const char *what, const kiln_tensor *t) {
     if (t->nb[0] == kiln_type_size(t->type)) return true;
     fe_failf(ctx, KILN_ERR_SHAPE, "flash_attn_ext: %s %s must have contiguous rows (nb0 = element size)",
-             what, describe(t).s);
+             what, fe_describe(t).s);
     return false;
 }
 
 static bool check_mask(kiln_ctx *ctx, const kiln_tensor *q, const kiln_tensor *k, const kiln_tensor *m) {
     if (m->type != KILN_F16) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "flash_attn_ext: mask %s must be f16", describe(m).s);
+        fe_failf(ctx, KILN_ERR_SHAPE, "flash_attn_ext: mask %s must be f16", fe_describe(m).s);
         return false;
     }
     if (m->ne[0] != k->ne[1] || m->ne[1] < q->ne[1]) {
         fe_failf(ctx, KILN_ERR_SHAPE,
                  "flash_attn_ext: mask %s must have ne0 == n_kv (%lld) and at least n_q (%lld) rows",
-                 describe(m).s, (long long)k->ne[1], (long long)q->ne[1]);
+                 fe_describe(m).s, (long long)k->ne[1], (long long)q->ne[1]);
         return false;
     }
     if (q->ne[2] % m->ne[2] != 0 || q->ne[3] % m->ne[3] != 0) {
         fe_failf(ctx, KILN_ERR_SHAPE,
                  "flash_attn_ext: mask %s must broadcast over q %s: its ne2 and ne3 must divide q's",
-                 describe(m).s, describe(q).s);
+                 fe_describe(m).s, fe_describe(q).s);
         return false;
     }
     return rows_contiguous(ctx, "mask", m);
@@ -53,31 +42,31 @@ static bool check_mask(kiln_ctx *ctx, const kiln_tensor *q, const kiln_tensor *k
 bool fe_infer_FLASH_ATTN_EXT(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims) {
     const kiln_tensor *q = a->t[0], *k = a->t[1], *v = a->t[2], *mask = a->t[3], *sinks = a->t[4];
     if (q->type != KILN_F32) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "flash_attn_ext: q %s must be f32", describe(q).s);
+        fe_failf(ctx, KILN_ERR_SHAPE, "flash_attn_ext: q %s must be f32", fe_describe(q).s);
         return false;
     }
     if (!fe_is_float(k->type) || v->type != k->type) {
         fe_failf(ctx, KILN_ERR_SHAPE, "flash_attn_ext: k %s and v %s must have the same type, f32, f16 or bf16",
-                 describe(k).s, describe(v).s);
+                 fe_describe(k).s, fe_describe(v).s);
         return false;
     }
     if (k->ne[0] != q->ne[0] || k->ne[1] != v->ne[1] || k->ne[2] != v->ne[2]) {
         fe_failf(ctx, KILN_ERR_SHAPE,
                  "flash_attn_ext: q %s, k %s and v %s disagree: need k.ne0 == q.ne0, and k and v with the "
                  "same n_kv (ne1) and kv heads (ne2)",
-                 describe(q).s, describe(k).s, describe(v).s);
+                 fe_describe(q).s, fe_describe(k).s, fe_describe(v).s);
         return false;
     }
     if (q->ne[2] % k->ne[2] != 0 || q->ne[3] != k->ne[3] || q->ne[3] != v->ne[3]) {
         fe_failf(ctx, KILN_ERR_SHAPE,
                  "flash_attn_ext: the kv heads of k %s must divide the heads of q %s, and ne3 must match",
-                 describe(k).s, describe(q).s);
+                 fe_describe(k).s, fe_describe(q).s);
         return false;
     }
     if (!rows_contiguous(ctx, "k", k) || !rows_contiguous(ctx, "v", v)) return false;
     if (mask && !check_mask(ctx, q, k, mask)) return false;
     if (sinks && (sinks->type != KILN_F32 || sinks->ne[0] != q->ne[2] || fe_nelements(sinks) != sinks->ne[0])) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "flash_attn_ext: sinks %s must be f32 [n_head = %lld]", describe(sinks).s,
+        fe_failf(ctx, KILN_ERR_SHAPE, "flash_attn_ext: sinks %s must be f32 [n_head = %lld]", fe_describe(sinks).s,
                  (long long)q->ne[2]);
         return false;
     }

@@ -14,27 +14,16 @@
  * (permuted, transposed). */
 #include "infer.h"
 
-typedef struct {
-    char s[FE_MAX_NAME + 112];
-} desc;
-
-static desc describe(const kiln_tensor *t) {
-    desc d;
-    char sh[96];
-    snprintf(d.s, sizeof d.s, "'%s' (%s)", t->name, fe_shape_str(t, sh, sizeof sh));
-    return d;
-}
-
 static bool weight_ok(kiln_ctx *ctx, const char *op, const char *what, const kiln_tensor *a) {
     if (!fe_is_float(a->type)) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "%s: %s %s must be f32, f16 or bf16", op, what, describe(a).s);
+        fe_failf(ctx, KILN_ERR_SHAPE, "%s: %s %s must be f32, f16 or bf16", op, what, fe_describe(a).s);
         return false;
     }
     if (a->nb[0] != kiln_type_size(a->type) || a->nb[1] < a->nb[0]) {
         fe_failf(ctx, KILN_ERR_SHAPE,
                  "%s: %s %s must have contiguous rows (nb0 = element size, not transposed); "
                  "use cont() first",
-                 op, what, describe(a).s);
+                 op, what, fe_describe(a).s);
         return false;
     }
     return true;
@@ -43,7 +32,7 @@ static bool weight_ok(kiln_ctx *ctx, const char *op, const char *what, const kil
 static bool act_ok(kiln_ctx *ctx, const char *op, const kiln_tensor *b) {
     if (b->type != KILN_F32) {
         fe_failf(ctx, KILN_ERR_SHAPE, "%s: b %s must be f32 (the activations; cast it first)", op,
-                 describe(b).s);
+                 fe_describe(b).s);
         return false;
     }
     return true;
@@ -54,13 +43,13 @@ bool fe_infer_MUL_MAT(kiln_ctx *ctx, const fe_args *x, kiln_type *type, int64_t 
     if (!weight_ok(ctx, "mul_mat", "a", a) || !act_ok(ctx, "mul_mat", b)) return false;
     if (a->ne[0] != b->ne[0]) {
         fe_failf(ctx, KILN_ERR_SHAPE, "mul_mat: a %s and b %s must have the same ne0 (the inner dimension)",
-                 describe(a).s, describe(b).s);
+                 fe_describe(a).s, fe_describe(b).s);
         return false;
     }
     if (b->ne[2] % a->ne[2] != 0 || b->ne[3] % a->ne[3] != 0) {
         fe_failf(ctx, KILN_ERR_SHAPE,
-                 "mul_mat: a %s must broadcast over b %s: a's ne2 and ne3 must divide b's", describe(a).s,
-                 describe(b).s);
+                 "mul_mat: a %s must broadcast over b %s: a's ne2 and ne3 must divide b's", fe_describe(a).s,
+                 fe_describe(b).s);
         return false;
     }
     ne[0] = a->ne[1];
@@ -76,29 +65,29 @@ bool fe_infer_MUL_MAT_ID(kiln_ctx *ctx, const fe_args *x, kiln_type *type, int64
     const kiln_tensor *as = x->t[0], *b = x->t[1], *ids = x->t[2];
     if (!weight_ok(ctx, "mul_mat_id", "as", as) || !act_ok(ctx, "mul_mat_id", b)) return false;
     if (ids->type != KILN_I32) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "mul_mat_id: ids %s must be i32", describe(ids).s);
+        fe_failf(ctx, KILN_ERR_SHAPE, "mul_mat_id: ids %s must be i32", fe_describe(ids).s);
         return false;
     }
     if (as->ne[3] != 1 || b->ne[3] != 1 || ids->ne[2] != 1 || ids->ne[3] != 1) {
         fe_failf(ctx, KILN_ERR_SHAPE,
                  "mul_mat_id: as %s and b %s must be 3-D and ids %s 2-D (as ggml_mul_mat_id)",
-                 describe(as).s, describe(b).s, describe(ids).s);
+                 fe_describe(as).s, fe_describe(b).s, fe_describe(ids).s);
         return false;
     }
     if (as->ne[0] != b->ne[0]) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "mul_mat_id: as %s and b %s must have the same ne0", describe(as).s,
-                 describe(b).s);
+        fe_failf(ctx, KILN_ERR_SHAPE, "mul_mat_id: as %s and b %s must have the same ne0", fe_describe(as).s,
+                 fe_describe(b).s);
         return false;
     }
     if (ids->ne[1] != b->ne[2]) {
         fe_failf(ctx, KILN_ERR_SHAPE, "mul_mat_id: ids %s must have one row per token of b %s (ids.ne1 == b.ne2)",
-                 describe(ids).s, describe(b).s);
+                 fe_describe(ids).s, fe_describe(b).s);
         return false;
     }
     if (ids->ne[0] % b->ne[1] != 0) {
         fe_failf(ctx, KILN_ERR_SHAPE,
                  "mul_mat_id: b %s must broadcast over the %lld experts used per token: b.ne1 must divide ids.ne0",
-                 describe(b).s, (long long)ids->ne[0]);
+                 fe_describe(b).s, (long long)ids->ne[0]);
         return false;
     }
     ne[0] = as->ne[1];

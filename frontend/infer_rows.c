@@ -4,27 +4,16 @@
 #include "infer.h"
 
 /* Names a tensor in messages: 'name' (f32[4, 3]). */
-typedef struct {
-    char s[FE_MAX_NAME + 112];
-} desc;
-
-static desc describe(const kiln_tensor *t) {
-    desc d;
-    char sh[96];
-    snprintf(d.s, sizeof d.s, "'%s' (%s)", t->name, fe_shape_str(t, sh, sizeof sh));
-    return d;
-}
-
 static bool need_float(kiln_ctx *ctx, const char *op, const char *what, const kiln_tensor *t) {
     if (fe_is_float(t->type)) return true;
-    fe_failf(ctx, KILN_ERR_SHAPE, "%s: %s %s must be f32, f16 or bf16", op, what, describe(t).s);
+    fe_failf(ctx, KILN_ERR_SHAPE, "%s: %s %s must be f32, f16 or bf16", op, what, fe_describe(t).s);
     return false;
 }
 
 static bool need_type(kiln_ctx *ctx, const char *op, const char *what, const kiln_tensor *t,
                       kiln_type want) {
     if (t->type == want) return true;
-    fe_failf(ctx, KILN_ERR_SHAPE, "%s: %s %s must be %s", op, what, describe(t).s, kiln_type_name(want));
+    fe_failf(ctx, KILN_ERR_SHAPE, "%s: %s %s must be %s", op, what, fe_describe(t).s, kiln_type_name(want));
     return false;
 }
 
@@ -32,8 +21,8 @@ static bool need_type(kiln_ctx *ctx, const char *op, const char *what, const kil
 static bool need_dim_eq(kiln_ctx *ctx, const char *op, const kiln_tensor *x, int da, const kiln_tensor *y,
                         int db) {
     if (x->ne[da] == y->ne[db]) return true;
-    fe_failf(ctx, KILN_ERR_SHAPE, "%s: ne%d of %s must equal ne%d of %s", op, da, describe(x).s, db,
-             describe(y).s);
+    fe_failf(ctx, KILN_ERR_SHAPE, "%s: ne%d of %s must equal ne%d of %s", op, da, fe_describe(x).s, db,
+             fe_describe(y).s);
     return false;
 }
 
@@ -50,7 +39,7 @@ bool fe_infer_GET_ROWS(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t
     if (!need_dim_eq(ctx, "get_rows", x, 2, ids, 1) || !need_dim_eq(ctx, "get_rows", x, 3, ids, 2))
         return false;
     if (ids->ne[3] != 1) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "get_rows: ids %s must have at most 3 dims", describe(ids).s);
+        fe_failf(ctx, KILN_ERR_SHAPE, "get_rows: ids %s must have at most 3 dims", fe_describe(ids).s);
         return false;
     }
     /* ggml: the result is f32 whatever a's float type (rows are converted on the way). */
@@ -71,7 +60,7 @@ bool fe_infer_SET_ROWS(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t
     const char        *op = "set_rows";
     if (!need_float(ctx, op, "destination", x) || !need_type(ctx, op, "source", b, KILN_F32)) return false;
     if (ids->type != KILN_I32 && ids->type != KILN_I64) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "set_rows: ids %s must be i32 or i64", describe(ids).s);
+        fe_failf(ctx, KILN_ERR_SHAPE, "set_rows: ids %s must be i32 or i64", fe_describe(ids).s);
         return false;
     }
     if (!need_dim_eq(ctx, op, x, 0, b, 0) || !need_dim_eq(ctx, op, x, 2, b, 2) ||
@@ -81,7 +70,7 @@ bool fe_infer_SET_ROWS(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t
         fe_failf(ctx, KILN_ERR_SHAPE,
                  "set_rows: ids %s must broadcast over %s: ids.ne1 must divide ne2, ids.ne2 divide "
                  "ne3, and ids have at most 3 dims",
-                 describe(ids).s, describe(b).s);
+                 fe_describe(ids).s, fe_describe(b).s);
         return false;
     }
     *type = x->type;
@@ -99,14 +88,14 @@ bool fe_infer_CONCAT(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t n
     }
     if (!need_float(ctx, "concat", "operand", x)) return false;
     if (x->type != y->type) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "concat: %s and %s must have the same type", describe(x).s,
-                 describe(y).s);
+        fe_failf(ctx, KILN_ERR_SHAPE, "concat: %s and %s must have the same type", fe_describe(x).s,
+                 fe_describe(y).s);
         return false;
     }
     for (int d = 0; d < 4; d++) {
         if (d != dim && x->ne[d] != y->ne[d]) {
             fe_failf(ctx, KILN_ERR_SHAPE, "concat: %s and %s differ in dim %d (only dim %d may differ)",
-                     describe(x).s, describe(y).s, d, dim);
+                     fe_describe(x).s, fe_describe(y).s, d, dim);
             return false;
         }
         ne[d] = d == dim ? x->ne[d] + y->ne[d] : x->ne[d];

@@ -12,23 +12,11 @@
  * ggml_dup_tensor would give it. */
 #include "infer.h"
 
-typedef struct {
-    char s[FE_MAX_NAME + 112];
-} desc;
-
-/* 'name' (f32[4, 3]) for messages. */
-static desc describe(const kiln_tensor *t) {
-    desc d;
-    char sh[96];
-    snprintf(d.s, sizeof d.s, "'%s' (%s)", t->name, fe_shape_str(t, sh, sizeof sh));
-    return d;
-}
-
 /* a: any float type; the result copies its shape and type. */
 static bool operand_a(kiln_ctx *ctx, const char *op, const kiln_tensor *x, kiln_type *type, int64_t ne[4],
                       int *n_dims) {
     if (!fe_is_float(x->type)) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "%s: operand %s must be f32, f16 or bf16", op, describe(x).s);
+        fe_failf(ctx, KILN_ERR_SHAPE, "%s: operand %s must be f32, f16 or bf16", op, fe_describe(x).s);
         return false;
     }
     for (int d = 0; d < 4; d++) ne[d] = x->ne[d];
@@ -40,19 +28,19 @@ static bool operand_a(kiln_ctx *ctx, const char *op, const kiln_tensor *x, kiln_
 /* The mask rules of ggml_soft_max_impl. */
 static bool check_mask(kiln_ctx *ctx, const kiln_tensor *x, const kiln_tensor *m) {
     if (m->type != KILN_F16 && m->type != KILN_F32) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "soft_max_ext: mask %s must be f16 or f32", describe(m).s);
+        fe_failf(ctx, KILN_ERR_SHAPE, "soft_max_ext: mask %s must be f16 or f32", fe_describe(m).s);
         return false;
     }
     if (m->ne[0] != x->ne[0] || m->ne[1] < x->ne[1]) {
         fe_failf(ctx, KILN_ERR_SHAPE,
-                 "soft_max_ext: mask %s must have the ne0 of %s and at least its ne1 rows", describe(m).s,
-                 describe(x).s);
+                 "soft_max_ext: mask %s must have the ne0 of %s and at least its ne1 rows", fe_describe(m).s,
+                 fe_describe(x).s);
         return false;
     }
     if (x->ne[2] % m->ne[2] != 0 || x->ne[3] % m->ne[3] != 0) {
         fe_failf(ctx, KILN_ERR_SHAPE,
                  "soft_max_ext: mask %s must broadcast over %s: its ne2 and ne3 must divide a's",
-                 describe(m).s, describe(x).s);
+                 fe_describe(m).s, fe_describe(x).s);
         return false;
     }
     return true;
@@ -61,12 +49,12 @@ static bool check_mask(kiln_ctx *ctx, const kiln_tensor *x, const kiln_tensor *m
 /* The sinks rules of ggml_soft_max_add_sinks: one f32 logit per head (dim 2 of a). */
 static bool check_sinks(kiln_ctx *ctx, const kiln_tensor *x, const kiln_tensor *s) {
     if (s->type != KILN_F32) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "soft_max_ext: sinks %s must be f32", describe(s).s);
+        fe_failf(ctx, KILN_ERR_SHAPE, "soft_max_ext: sinks %s must be f32", fe_describe(s).s);
         return false;
     }
     if (s->ne[0] != x->ne[2]) {
         fe_failf(ctx, KILN_ERR_SHAPE, "soft_max_ext: sinks %s must have one value per head: ne0 == ne2 of %s",
-                 describe(s).s, describe(x).s);
+                 fe_describe(s).s, fe_describe(x).s);
         return false;
     }
     return true;

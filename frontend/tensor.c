@@ -565,3 +565,10 @@ kiln_status kiln_describe_ops(char **text) {
 
 const char *fe_shape_str(const kiln_tensor *t, char *buf, size_t len) { return shape_str(t, buf, len); }
 bool        fe_is_float(kiln_type t) { return is_float(t); }
+
+fe_desc fe_describe(const kiln_tensor *t) {
+    fe_desc d;
+    char    sh[96];
+    snprintf(d.s, sizeof d.s, "'%s' (%s)", t->name, shape_str(t, sh, sizeof sh));
+    return d;
+}
