@@ -295,6 +295,8 @@ const char *kiln_program_kernel_name(const kiln_program *p, int i) {
     return k ? k->name : NULL;
 }
 
+kiln_status kiln_check_fusion_passes(const char *list) { return ir_check_fusion_list(list); }
+
 const char *kiln_fusion_pass(int i, const char **what) {
     if (i < 0 || i >= ir_nfusions) return NULL;
     if (what) *what = ir_fusions[i].what;

@@ -279,6 +279,9 @@ typedef struct {
 
 /* The fusion passes, in pipeline order: name i (NULL past the last) and what it fuses. */
 const char *kiln_fusion_pass(int i, const char **what);
+/* NULL when every comma-separated name in list names a fusion pass; else an error that names
+ * the unknown one and lists the passes. */
+kiln_status kiln_check_fusion_passes(const char *list);
 
 typedef struct {
     int    kernels;        /* kernels in the program */

@@ -107,6 +107,9 @@ extern const int       ir_nfusions;
 /* Runs the pipeline: every fusion pass unless !fuse or its name is in `skip` (comma-separated
  * pass names, NULL for none; an unknown name is an error listing the valid ones), then memplan. */
 kiln_status ir_run_passes(ir_prog *p, bool fuse, const char *skip);
+/* NULL when every comma-separated name in list is a fusion pass; else an error naming the
+ * unknown one and listing the passes. */
+kiln_status ir_check_fusion_list(const char *list);
 
 /* Deterministic text: nodes, layouts, fusions, memory plan. */
 void ir_print(const ir_prog *p, kb_str *out);

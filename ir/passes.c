@@ -27,7 +27,7 @@ static bool listed(const char *list, const char *name, size_t len) {
 }
 
 /* Every name in skip must be a fusion pass: a typo must not silently leave fusion on. */
-static kiln_status check_skip(const char *skip) {
+kiln_status ir_check_fusion_list(const char *skip) {
     for (const char *s = skip; s && *s;) {
         const char *e = strchr(s, ',');
         size_t      n = e ? (size_t)(e - s) : strlen(s);
@@ -47,7 +47,7 @@ static kiln_status check_skip(const char *skip) {
 }
 
 kiln_status ir_run_passes(ir_prog *p, bool fuse, const char *skip) {
-    kiln_status st = check_skip(skip);
+    kiln_status st = ir_check_fusion_list(skip);
     if (st) return st;
     if ((st = ir_verify(p))) return kb_wrap(st, "lowering");
     for (int i = 0; fuse && i < ir_nfusions; i++) {

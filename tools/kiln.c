@@ -102,20 +102,6 @@ static const char *help_for(const char *cmd) {
     return NULL;
 }
 
-/* Whether every comma-separated name in list is a fusion pass. */
-static bool known_passes(const char *list) {
-    for (const char *s = list; *s;) {
-        const char *e = strchr(s, ',');
-        size_t      n = e ? (size_t)(e - s) : strlen(s);
-        bool        ok = false;
-        const char *name;
-        for (int i = 0; !ok && (name = kiln_fusion_pass(i, NULL)); i++) ok = strlen(name) == n && !strncmp(s, name, n);
-        if (!ok) return false;
-        s = e ? e + 1 : s + n;
-    }
-    return true;
-}
-
 /* Options may stand before or after the graph argument. */
 static int parse_args(int argc, char **argv, cli *c) {
     c->cmd = argv[1];
@@ -138,7 +124,12 @@ static int parse_args(int argc, char **argv, cli *c) {
         } else if (!strncmp(a, "--no-fuse=", 10)) {
             size_t len = strlen(c->no_fuse_passes);
             if (!a[10]) return usage_error("%s: give pass names after '=' (see 'kiln help compile')", a);
-            if (!known_passes(a + 10)) return usage_error("%s: unknown fusion pass (see 'kiln help compile')", a);
+            kiln_status bad = kiln_check_fusion_passes(a + 10);
+            if (bad) {
+                fprintf(stderr, "kiln: %s\n(see 'kiln help compile')\n", kiln_status_msg(bad));
+                kiln_status_free(bad);
+                return EXIT_USAGE;
+            }
             if (len + strlen(a + 10) + 2 > sizeof c->no_fuse_passes) return usage_error("%s: too many pass names", a);
             snprintf(c->no_fuse_passes + len, sizeof c->no_fuse_passes - len, "%s%s", len ? "," : "", a + 10);
         } else if (!strcmp(a, "--no-cache")) { c->no_cache = true;
