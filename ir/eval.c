@@ -82,6 +82,17 @@ static const struct {
     {"matmul", ir_ref_matmul}, {"matmul_id", ir_ref_matmul}, {"attn", ir_ref_attn},
 };
 
+/* n's instructions over reg, instruction k's result going to register first + k (IR_EW:
+ * first = nin; an IR_OP epilogue: nin + 1, after the op's value). Returns the last result. */
+static float run_instrs(const ir_node *n, float *reg, int first) {
+    for (int j = 0; j < n->ninstr; j++) {
+        const ir_instr *in = &n->ins[j];
+        float b = fe_ops[in->op].nsrc > 1 ? reg[in->b] : 0.0f;
+        reg[first + j] = round_to(ir_apply(in, reg[in->a], b), in->type);
+    }
+    return reg[first + n->ninstr - 1];
+}
+
 static kiln_status eval_ref(const ir_prog *p, int i, const ir_node *n, void **data) {
     for (size_t k = 0; k < sizeof ref_fns / sizeof ref_fns[0]; k++)
         if (strcmp(ref_fns[k].fam, fe_ops[n->op].fam) == 0) return ref_fns[k].fn(p, n, data);
@@ -117,12 +128,8 @@ static kiln_status eval_op_epilogue(const ir_prog *p, int i, void **data) {
                     for (int k = 0; k < n->nin; k++)
                         reg[k] = kb_load_f32(data[n->in[k].buf], n->in[k].type, ir_offset_at(&n->in[k], c));
                     reg[n->nin] = kb_load_f32(tmp, n->op_type, ir_offset_at(&m->dst, c));
-                    for (int j = 0; j < n->ninstr; j++) {
-                        const ir_instr *in = &n->ins[j];
-                        float b = fe_ops[in->op].nsrc > 1 ? reg[in->b] : 0.0f;
-                        reg[n->nin + 1 + j] = round_to(ir_apply(in, reg[in->a], b), in->type);
-                    }
-                    kb_store_f32(data[n->dst.buf], n->dst.type, ir_offset_at(&n->dst, c), reg[n->nin + n->ninstr]);
+                    kb_store_f32(data[n->dst.buf], n->dst.type, ir_offset_at(&n->dst, c),
+                                 run_instrs(n, reg, n->nin + 1));
                 }
     free(tmp), free(d2), free(m);
     return st;
@@ -143,13 +150,8 @@ static void eval_ew(const ir_node *n, void **data) {
                 for (c[0] = 0; c[0] < ne[0]; c[0]++) {
                     for (int k = 0; k < n->nin; k++)
                         reg[k] = kb_load_f32(data[n->in[k].buf], n->in[k].type, ir_offset_at(&n->in[k], c));
-                    for (int i = 0; i < n->ninstr; i++) {
-                        const ir_instr *in = &n->ins[i];
-                        float b = fe_ops[in->op].nsrc > 1 ? reg[in->b] : 0.0f;
-                        reg[n->nin + i] = round_to(ir_apply(in, reg[in->a], b), in->type);
-                    }
                     kb_store_f32(data[n->dst.buf], n->dst.type, ir_offset_at(&n->dst, c),
-                                 reg[n->nin + n->ninstr - 1]);
+                                 run_instrs(n, reg, n->nin));
                 }
 }
 
