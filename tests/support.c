@@ -1,5 +1,9 @@
 #include "tests/support.h"
 
+#include "codegen/codegen.h"
+
+#include <nvrtc.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,4 +119,33 @@ ts_buf *ts_buf_find(ts_buf *b, const char *name) {
 
 void ts_buf_free(ts_buf *b) {
     for (int i = 0; b[i].name; i++) free(b[i].out);
+}
+
+void ts_nvrtc_clean(const char *src, const char *name, const char *arch) {
+    if (!arch) arch = "sm_90a";
+    const char *opts[CG_MAX_OPTS];
+    int          n = cg_nvrtc_options(arch, opts);
+    nvrtcProgram prog;
+    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
+    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
+    size_t      len = 0;
+    nvrtcGetProgramLogSize(prog, &len);
+    char *log = calloc(1, len + 1);
+    ck_assert_ptr_nonnull(log);
+    nvrtcGetProgramLog(prog, log);
+    nvrtcDestroyProgram(&prog);
+    if (r != NVRTC_SUCCESS || log[0]) fprintf(stderr, "%s (%s): NVRTC says:\n%s\nsource:\n%s\n", name, arch, log, src);
+    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s (%s): NVRTC says:\n%.600s", name, arch, log);
+    free(log);
+}
+
+kiln_program *ts_compile(const char *kg, const char *arch, const char *cache_dir, int skip_nvrtc, kiln_ctx **ctx,
+                         kiln_graph **g) {
+    *ctx = ts_parse(kg);
+    *g = NULL;
+    TS_OK(kiln_graph_new(*ctx, g));
+    kiln_compile_opts o = {.arch = arch, .cache_dir = cache_dir, .skip_nvrtc = skip_nvrtc};
+    kiln_program     *p = NULL;
+    TS_OK(kiln_compile(*g, &o, &p));
+    return p;
 }

@@ -47,4 +47,12 @@ void    ts_reference(const char *text, ts_buf *b);
 ts_buf *ts_buf_find(ts_buf *b, const char *name); /* fails the test when absent */
 void    ts_buf_free(ts_buf *b);                   /* frees the outputs */
 
+/* Compiles src with NVRTC and kiln's options for arch (NULL: sm_90a) and fails the test on any
+ * error or warning, printing the source to stderr (Check's messages are short). */
+void ts_nvrtc_clean(const char *src, const char *name, const char *arch);
+/* Parses kg and compiles it for arch into cache_dir (sources only when skip_nvrtc); the caller
+ * frees the program, *g and *ctx. */
+kiln_program *ts_compile(const char *kg, const char *arch, const char *cache_dir, int skip_nvrtc, kiln_ctx **ctx,
+                         kiln_graph **g);
+
 #endif

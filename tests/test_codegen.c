@@ -108,29 +108,13 @@ static const char *const ARCHS[] = {"sm_90a", "sm_80"};
 
 /* Compiles src with kiln's options for sm_90a straight through NVRTC, to see its log: generated
  * code must compile without warnings (unused helpers, pointless comparisons, ...). */
-static void check_no_warnings(const char *src, const char *name) {
-    const char *opts[CG_MAX_OPTS];
-    int n = cg_nvrtc_options("sm_90a", opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    nvrtcDestroyProgram(&prog);
-    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s: NVRTC says:\n%s\nsource:\n%s", name, log, src);
-    free(log);
-}
-
 /* Generates node 0 and compiles it for every arch in ARCHS; checks common properties. */
 static void gen_compile(ir_prog *p, cg_kernel *k) {
     gen(p, k);
     ck_assert_msg(strstr(k->source, "SECRETNAME") == NULL, "graph name in source:\n%s", k->source);
     ck_assert_msg(strstr(k->source, "#include") == NULL, "#include in source");
     ck_assert_ptr_nonnull(strstr(k->source, k->name));
-    check_no_warnings(k->source, k->name);
+    ts_nvrtc_clean(k->source, k->name, NULL);
     for (size_t a = 0; a < sizeof ARCHS / sizeof ARCHS[0]; a++) {
         void *cubin;
         size_t size;

@@ -93,22 +93,6 @@ static void gen(ir_prog *p, cg_kernel *k) {
     cg_lua_free(L);
 }
 
-static void check_no_warnings(const char *src, const char *name) {
-    const char *opts[CG_MAX_OPTS];
-    int n = cg_nvrtc_options("sm_90a", opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    nvrtcDestroyProgram(&prog);
-    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s: NVRTC says:\n%s\nsource:\n%s", name, log, src);
-    free(log);
-}
-
 /* Generates node 0 of p (twice, in two Lua states: the sources must be equal) and compiles it
  * for sm_90a and sm_80. */
 static void gen_compile(ir_prog *p, cg_kernel *k) {
@@ -120,7 +104,7 @@ static void gen_compile(ir_prog *p, cg_kernel *k) {
     ck_assert_mem_eq(k->block, again.block, sizeof k->block);
     cg_kernel_clear(&again);
     ck_assert_msg(strstr(k->source, "SECRETNAME") == NULL, "graph name in source:\n%s", k->source);
-    check_no_warnings(k->source, k->name);
+    ts_nvrtc_clean(k->source, k->name, NULL);
     static const char *const archs[] = {"sm_90a", "sm_80"};
     for (int a = 0; a < 2; a++) {
         void *cubin;

@@ -328,23 +328,6 @@ END_TEST
 
 static char *g_cache;
 
-static void check_no_warnings(const char *src, const char *name, const char *arch) {
-    const char *opts[CG_MAX_OPTS];
-    int         n = cg_nvrtc_options(arch, opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t      len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    nvrtcDestroyProgram(&prog);
-    if (!(r == NVRTC_SUCCESS && log[0] == 0)) fprintf(stderr, "source of %s:\n%s\n", name, src);
-    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s (%s): NVRTC says:\n%.3000s", name, arch, log);
-    free(log);
-}
-
 typedef struct {
     const char *kg;
     const char *kernel; /* the attention kernel's name */
@@ -401,18 +384,6 @@ static const gcase CASES[] = {
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
-static kiln_program *compile_text(const char *kg, const char *arch, kiln_ctx **ctx_out, kiln_graph **g_out) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
-    kiln_compile_opts o = {.arch = arch, .cache_dir = g_cache, .skip_nvrtc = 1};
-    kiln_program     *p = NULL;
-    TS_OK(kiln_compile(g, &o, &p));
-    *ctx_out = ctx;
-    *g_out = g;
-    return p;
-}
-
 /* The index of the step named `name`, -1 if none. */
 static int find_kernel(const kiln_program *p, const char *name) {
     for (int i = 0; i < kiln_program_kernel_count(p); i++)
@@ -425,7 +396,7 @@ START_TEST(kernels_compile) {
     const gcase       *c = &CASES[_i];
     kiln_ctx          *ctx;
     kiln_graph        *g;
-    kiln_program      *p = compile_text(c->kg, "sm_90a", &ctx, &g);
+    kiln_program      *p = ts_compile(c->kg, "sm_90a", g_cache, 1, &ctx, &g);
     int                k = find_kernel(p, c->kernel);
     if (k < 0)
         for (int i = 0; i < kiln_program_kernel_count(p); i++)
@@ -440,7 +411,7 @@ START_TEST(kernels_compile) {
         ck_assert_msg(!strstr(s, "#include"), "#include in source");
         if (c->steps == 2) ck_assert_msg(i == k || strncmp(kiln_program_kernel_name(p, i), "fattn_combine", 13) == 0,
                                          "case %d: step %d is %s", _i, i, kiln_program_kernel_name(p, i));
-        for (int a = 0; a < 2; a++) check_no_warnings(s, kiln_program_kernel_name(p, i), archs[a]);
+        for (int a = 0; a < 2; a++) ts_nvrtc_clean(s, kiln_program_kernel_name(p, i), archs[a]);
     }
     kiln_program_free(p);
     kiln_graph_free(g);
@@ -455,7 +426,7 @@ START_TEST(kernels_deterministic) {
         for (int rep = 0; rep < 2; rep++) {
             kiln_ctx     *ctx;
             kiln_graph   *g;
-            kiln_program *p = compile_text(CASES[i].kg, "sm_90a", &ctx, &g);
+            kiln_program *p = ts_compile(CASES[i].kg, "sm_90a", g_cache, 1, &ctx, &g);
             for (int k = 0; k < kiln_program_kernel_count(p) && k < 2; k++) {
                 const char *src = kiln_program_kernel_source(p, k);
                 if (!rep) first[k] = strdup(src);

@@ -299,22 +299,6 @@ END_TEST
 
 /* ---- kernels: generated and compiled for sm_90a and sm_80 --------------------------------------- */
 
-static void check_no_warnings(const char *src, const char *name) {
-    const char *opts[CG_MAX_OPTS];
-    int         n = cg_nvrtc_options("sm_90a", opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t      len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    nvrtcDestroyProgram(&prog);
-    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s: NVRTC says:\n%s\nsource:\n%s", name, log, src);
-    free(log);
-}
-
 /* Every op of this file over types and layouts (plain, transposed, viewed with an offset, large
  * enough for the vector and tile paths), unfused, so each op is its own kernel. */
 static char *spread_graph(void) {
@@ -375,7 +359,7 @@ START_TEST(kernels_compile) {
         ck_assert_str_eq(src, kiln_program_kernel_source(p80, i));
         bool seen = false; /* identical kernels (e.g. cast to the same type and dup) once */
         for (int j = 0; j < i && !seen; j++) seen = strcmp(src, kiln_program_kernel_source(p90, j)) == 0;
-        if (!seen) check_no_warnings(src, kiln_program_kernel_name(p90, i));
+        if (!seen) ts_nvrtc_clean(src, kiln_program_kernel_name(p90, i), NULL);
     }
     kiln_program_free(p80);
     kiln_program_free(p90);

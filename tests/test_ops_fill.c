@@ -232,23 +232,6 @@ END_TEST
 
 /* ---- kernels: generated and compiled for sm_90a and sm_80 --------------------------------------- */
 
-/* Compiles src with kiln's sm_90a options through NVRTC: it must compile without any warning. */
-static void check_no_warnings(const char *src, const char *name) {
-    const char *opts[CG_MAX_OPTS];
-    int         n = cg_nvrtc_options("sm_90a", opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t      len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    nvrtcDestroyProgram(&prog);
-    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s: NVRTC says:\n%s\nsource:\n%s", name, log, src);
-    free(log);
-}
-
 /* A graph of many fill-family outputs over a spread of shapes, types and layouts. */
 static char *spread_graph(void) {
     kb_str g = {0};
@@ -310,7 +293,7 @@ START_TEST(kernels_compile) {
         ck_assert_msg(!strncmp(name, "tri_", 4) || !strncmp(name, "diag_mask_inf_", 14) || !strncmp(name, "fill_", 5) ||
                           !strncmp(name, "arange_", 7),
                       "unexpected kernel %s", name);
-        check_no_warnings(src, name);
+        ts_nvrtc_clean(src, name, NULL);
     }
     kiln_program_free(p80);
     kiln_program_free(p90);

@@ -124,24 +124,6 @@ END_TEST
 
 static char *g_cache;
 
-/* Compiles src through NVRTC with kiln's options for arch: no warnings allowed. */
-static void check_no_warnings(const char *src, const char *name, const char *arch) {
-    const char *opts[CG_MAX_OPTS];
-    int         n = cg_nvrtc_options(arch, opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t      len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    nvrtcDestroyProgram(&prog);
-    if (!(r == NVRTC_SUCCESS && log[0] == 0)) fprintf(stderr, "source of %s:\n%s\n", name, src);
-    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s (%s): NVRTC says:\n%.3000s", name, arch, log);
-    free(log);
-}
-
 typedef struct {
     const char *kg;
     const char *want; /* a substring of the matmul kernels' sources (all steps concatenated) */
@@ -196,18 +178,6 @@ static const gcase CASES[] = {
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
-static kiln_program *compile_text(const char *kg, const char *arch, kiln_ctx **ctx_out, kiln_graph **g_out) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
-    kiln_compile_opts o = {.arch = arch, .cache_dir = g_cache, .skip_nvrtc = 1};
-    kiln_program     *p = NULL;
-    TS_OK(kiln_compile(g, &o, &p));
-    *ctx_out = ctx;
-    *g_out = g;
-    return p;
-}
-
 /* The steps of the program's matmul node, concatenated (graphs may hold a copy too). */
 static char *matmul_sources(const kiln_program *p) {
     kb_str s = {0};
@@ -224,7 +194,7 @@ START_TEST(kernels_compile) {
     for (int a = 0; a < 2; a++) {
         kiln_ctx     *ctx;
         kiln_graph   *g;
-        kiln_program *p = compile_text(c->kg, archs[a], &ctx, &g);
+        kiln_program *p = ts_compile(c->kg, archs[a], g_cache, 1, &ctx, &g);
         char         *all = matmul_sources(p);
         if (!strstr(all, c->want)) fprintf(stderr, "case %d sources:\n%s\n", _i, all);
         ck_assert_msg(strstr(all, c->want), "case %d: missing \"%s\" (sources on stderr)", _i, c->want);
@@ -232,7 +202,7 @@ START_TEST(kernels_compile) {
         free(all);
         for (int i = 0; i < p->nkernels; i++) {
             const cg_kernel *k = &p->kernels[i];
-            if (k->kind == CG_LAUNCH) check_no_warnings(k->source, k->name, archs[a]);
+            if (k->kind == CG_LAUNCH) ts_nvrtc_clean(k->source, k->name, archs[a]);
         }
         kiln_program_free(p);
         kiln_graph_free(g);
@@ -248,7 +218,7 @@ START_TEST(kernels_deterministic) {
         for (int rep = 0; rep < 2; rep++) {
             kiln_ctx     *ctx;
             kiln_graph   *g;
-            kiln_program *p = compile_text(CASES[i].kg, "sm_90a", &ctx, &g);
+            kiln_program *p = ts_compile(CASES[i].kg, "sm_90a", g_cache, 1, &ctx, &g);
             char         *all = matmul_sources(p);
             if (!rep) first = all;
             else {
@@ -347,7 +317,7 @@ START_TEST(gemm_plans) {
     const pcase  *c = &PLANS[_i];
     kiln_ctx     *ctx;
     kiln_graph   *g;
-    kiln_program *p = compile_text(c->kg, "sm_90a", &ctx, &g);
+    kiln_program *p = ts_compile(c->kg, "sm_90a", g_cache, 1, &ctx, &g);
     const ir_prog *ir = p->ir;
     void         **data = calloc((size_t)ir->nbufs, sizeof *data);
     ck_assert_ptr_nonnull(data);

@@ -175,24 +175,6 @@ END_TEST
 
 static char *g_cache;
 
-/* Compiles src straight through NVRTC with kiln's options for arch: no warnings allowed. */
-static void check_no_warnings(const char *src, const char *name, const char *arch) {
-    const char *opts[CG_MAX_OPTS];
-    int         n = cg_nvrtc_options(arch, opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t      len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    nvrtcDestroyProgram(&prog);
-    if (!(r == NVRTC_SUCCESS && log[0] == 0)) fprintf(stderr, "source of %s:\n%s\n", name, src);
-    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s (%s): NVRTC says:\n%.3000s", name, arch, log);
-    free(log);
-}
-
 typedef struct {
     const char *kg;
     int         steps; /* 1: decode GEMV; 2: prefill prep + main */
@@ -232,18 +214,6 @@ static const gcase CASES[] = {
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
-static kiln_program *compile_text(const char *kg, const char *arch, int skip, kiln_ctx **ctx_out, kiln_graph **g_out) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
-    kiln_compile_opts o = {.arch = arch, .cache_dir = g_cache, .skip_nvrtc = skip};
-    kiln_program     *p = NULL;
-    TS_OK(kiln_compile(g, &o, &p));
-    *ctx_out = ctx;
-    *g_out = g;
-    return p;
-}
-
 /* The mul_mat_id steps of p: the first one's index and their count (graphs may hold copies). */
 static int mmid_steps(const kiln_program *p, int *count) {
     int first = -1, n = 0;
@@ -263,7 +233,7 @@ START_TEST(kernels_compile) {
     for (int a = 0; a < 2; a++) {
         kiln_ctx     *ctx;
         kiln_graph   *g;
-        kiln_program *p = compile_text(c->kg, archs[a], 0, &ctx, &g);
+        kiln_program *p = ts_compile(c->kg, archs[a], g_cache, 0, &ctx, &g);
         int           n, k = mmid_steps(p, &n);
         ck_assert_msg(n == c->steps, "case %d: %d steps, want %d", _i, n, c->steps);
         const char *last = kiln_program_kernel_source(p, k + n - 1);
@@ -272,7 +242,7 @@ START_TEST(kernels_compile) {
         for (int s = k; s < k + n; s++) {
             const char *src = kiln_program_kernel_source(p, s);
             ck_assert_msg(!strstr(src, "#include"), "#include in source");
-            check_no_warnings(src, kiln_program_kernel_name(p, s), archs[a]);
+            ts_nvrtc_clean(src, kiln_program_kernel_name(p, s), archs[a]);
         }
         if (n == 2) { /* prefill steps share the node's scratch, listed in the description */
             ck_assert_msg(strncmp(kiln_program_kernel_name(p, k), "mul_mat_id_prep_", 16) == 0, "step 1 is %s",
@@ -296,7 +266,7 @@ START_TEST(kernels_deterministic) {
         for (int rep = 0; rep < 2; rep++) {
             kiln_ctx     *ctx;
             kiln_graph   *g;
-            kiln_program *p = compile_text(CASES[i].kg, "sm_90a", 1, &ctx, &g);
+            kiln_program *p = ts_compile(CASES[i].kg, "sm_90a", g_cache, 1, &ctx, &g);
             int           n, k = mmid_steps(p, &n);
             for (int s = 0; s < n; s++) {
                 const char *src = kiln_program_kernel_source(p, k + s);
@@ -319,19 +289,19 @@ END_TEST
 START_TEST(io_bytes_count_selected_experts) {
     kiln_ctx     *ctx;
     kiln_graph   *g;
-    kiln_program *p = compile_text("weight w: bf16[256, 64, 128]\ninput x: f32[256, 1, 1]\ninput ids: i32[8, 1]\n"
-                                   "output y = mul_mat_id(w, x, ids)\n", "sm_90a", 1, &ctx, &g);
+    kiln_program *p = ts_compile("weight w: bf16[256, 64, 128]\ninput x: f32[256, 1, 1]\ninput ids: i32[8, 1]\n"
+                                   "output y = mul_mat_id(w, x, ids)\n", "sm_90a", g_cache, 1, &ctx, &g);
     size_t expert = 256 * 64 * 2;
     ck_assert_uint_eq(kiln_program_io_bytes(p), 8 * expert + 256 * 4 + 8 * 4 + 64 * 8 * 4);
     kiln_program_free(p), kiln_graph_free(g), kiln_ctx_free(ctx);
     /* 32 tokens x 8 can select all 128 experts */
-    p = compile_text("weight w: bf16[256, 64, 128]\ninput x: f32[256, 1, 32]\ninput ids: i32[8, 32]\n"
-                     "output y = mul_mat_id(w, x, ids)\n", "sm_90a", 1, &ctx, &g);
+    p = ts_compile("weight w: bf16[256, 64, 128]\ninput x: f32[256, 1, 32]\ninput ids: i32[8, 32]\n"
+                     "output y = mul_mat_id(w, x, ids)\n", "sm_90a", g_cache, 1, &ctx, &g);
     ck_assert_uint_eq(kiln_program_io_bytes(p), 128 * expert + 256 * 32 * 4 + 8 * 32 * 4 + 64 * 8 * 32 * 4);
     kiln_program_free(p), kiln_graph_free(g), kiln_ctx_free(ctx);
     /* also read whole elsewhere: counted whole */
-    p = compile_text("weight w: bf16[256, 64, 128]\ninput x: f32[256, 1, 1]\ninput ids: i32[8, 1]\n"
-                     "output y = mul_mat_id(w, x, ids)\noutput z = cast(w, f32)\n", "sm_90a", 1, &ctx, &g);
+    p = ts_compile("weight w: bf16[256, 64, 128]\ninput x: f32[256, 1, 1]\ninput ids: i32[8, 1]\n"
+                     "output y = mul_mat_id(w, x, ids)\noutput z = cast(w, f32)\n", "sm_90a", g_cache, 1, &ctx, &g);
     ck_assert_uint_eq(kiln_program_io_bytes(p), 128 * expert + 256 * 4 + 8 * 4 + 64 * 8 * 4 + 128 * expert * 2);
     kiln_program_free(p), kiln_graph_free(g), kiln_ctx_free(ctx);
 }

@@ -287,24 +287,6 @@ static const struct {
     {"input x: bf16[16, 16, 64, 2]\noutput y = group_norm(x, 8, 1e-05)\n", "kiln_u16x8"},
 };
 
-static void check_no_warnings(const char *src, const char *name) {
-    const char *opts[CG_MAX_OPTS];
-    int         n = cg_nvrtc_options("sm_90a", opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t      len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    nvrtcDestroyProgram(&prog);
-    /* Check's messages are short: the source goes to stderr. */
-    if (r != NVRTC_SUCCESS || log[0]) fprintf(stderr, "%s: NVRTC says:\n%s\nsource:\n%s\n", name, log, src);
-    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s: NVRTC says:\n%.600s", name, log);
-    free(log);
-}
-
 static void compile_case(int i, const char *arch, const char *cache, char **source) {
     kiln_ctx   *ctx = ts_parse(CASES[i].kg);
     kiln_graph *g;
@@ -329,7 +311,7 @@ START_TEST(kernels_compile) {
     char *src = NULL;
     compile_case(_i, "sm_90a", cache, &src);
     compile_case(_i, "sm_80", cache, &src);
-    check_no_warnings(src, "norm_case");
+    ts_nvrtc_clean(src, "norm_case", NULL);
     free(src);
     ts_rmtree(cache);
     free(cache);

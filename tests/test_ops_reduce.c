@@ -201,22 +201,6 @@ END_TEST
 
 /* ---- kernels: generated, compiled for sm_90a and sm_80, no NVRTC warnings ----------------------- */
 
-static void check_no_warnings(const char *src, const char *name) {
-    const char *opts[CG_MAX_OPTS];
-    int         n = cg_nvrtc_options("sm_90a", opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t      len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    nvrtcDestroyProgram(&prog);
-    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s: NVRTC says:\n%s\nsource:\n%s", name, log, src);
-    free(log);
-}
-
 /* Compiles every kernel of text for sm_90a and sm_80 (fresh cache) and checks for warnings;
  * each kernel's name must start with its op (want_kernels of them). */
 static void compile_all(const char *text, int want_kernels) {
@@ -233,7 +217,7 @@ static void compile_all(const char *text, int want_kernels) {
         for (int i = 0; a == 0 && i < kiln_program_kernel_count(p); i++) {
             const char *src = kiln_program_kernel_source(p, i), *name = kiln_program_kernel_name(p, i);
             ck_assert_msg(strstr(src, "#include") == NULL, "#include in %s", name);
-            check_no_warnings(src, name);
+            ts_nvrtc_clean(src, name, NULL);
         }
         kiln_program_free(p);
     }

@@ -373,23 +373,6 @@ static const struct {
     {"input x: f32[128, 32, 600000]\ninput p: i32[600000]\noutput y = rope_ext(x, p, n_dims=128, mode=2)\n", "64-bit"},
 };
 
-static void check_no_warnings(const char *src, const char *name) {
-    const char  *opts[CG_MAX_OPTS];
-    int          n = cg_nvrtc_options("sm_90a", opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t      len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    nvrtcDestroyProgram(&prog);
-    if (r != NVRTC_SUCCESS || log[0]) fprintf(stderr, "%s: NVRTC says:\n%s\nsource:\n%s\n", name, log, src);
-    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s: NVRTC says:\n%.600s", name, log);
-    free(log);
-}
-
 static void compile_case(int i, const char *arch, const char *cache, char **source) {
     kiln_ctx   *ctx = ts_parse(CASES[i].kg);
     kiln_graph *g;
@@ -414,7 +397,7 @@ START_TEST(kernels_compile) {
     char *src = NULL;
     compile_case(_i, "sm_90a", cache, &src);
     compile_case(_i, "sm_80", cache, &src);
-    check_no_warnings(src, "rope_case");
+    ts_nvrtc_clean(src, "rope_case", NULL);
     free(src);
     ts_rmtree(cache);
     free(cache);

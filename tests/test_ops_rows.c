@@ -365,24 +365,6 @@ END_TEST
 
 /* ---- kernels: generated and compiled ---------------------------------------------------------- */
 
-/* Compiles src for sm_90a straight through NVRTC: generated code must compile without warnings. */
-static void check_no_warnings(const char *src, const char *name) {
-    const char *opts[CG_MAX_OPTS];
-    int         n = cg_nvrtc_options("sm_90a", opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t      len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    ck_assert_msg(r == NVRTC_SUCCESS, "%s: %s", name, log);
-    ck_assert_msg(strstr(log, "warning") == NULL, "%s: NVRTC warnings:\n%s\n%s", name, log, src);
-    free(log);
-    nvrtcDestroyProgram(&prog);
-}
-
 /* Graphs whose kernels must compile: each a .kg body, outputs named y*. */
 static const char *const GRAPHS[] = {
     /* get_rows: the vector path (f32, bf16), odd rows, 3-D ids, a permuted table, strided ids,
@@ -442,7 +424,7 @@ START_TEST(kernels_compile) {
                 ck_assert_ptr_nonnull(src);
                 ck_assert_msg(strstr(src, "kiln rows kernel") || strstr(src, "elementwise"),
                               "graph %zu: kernel %d is not a rows kernel", g, k);
-                check_no_warnings(src, kiln_program_kernel_name(p, k));
+                ts_nvrtc_clean(src, kiln_program_kernel_name(p, k), NULL);
             }
             kiln_program_free(p);
             ok++;

@@ -334,23 +334,6 @@ static char *g_cache;
 
 /* Compiles src straight through NVRTC with kiln's options for arch, to see its log: generated
  * code must compile without warnings. */
-static void check_no_warnings(const char *src, const char *name, const char *arch) {
-    const char *opts[CG_MAX_OPTS];
-    int         n = cg_nvrtc_options(arch, opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t      len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    nvrtcDestroyProgram(&prog);
-    if (!(r == NVRTC_SUCCESS && log[0] == 0)) fprintf(stderr, "source of %s:\n%s\n", name, src);
-    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s (%s): NVRTC says:\n%.3000s", name, arch, log);
-    free(log);
-}
-
 typedef struct {
     const char *kg;
     const char *want; /* a substring the softmax kernel's source must contain */
@@ -387,18 +370,6 @@ static const gcase CASES[] = {
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
-static kiln_program *compile_text(const char *kg, const char *arch, int skip, kiln_ctx **ctx_out, kiln_graph **g_out) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
-    kiln_compile_opts o = {.arch = arch, .cache_dir = g_cache, .skip_nvrtc = skip};
-    kiln_program     *p = NULL;
-    TS_OK(kiln_compile(g, &o, &p));
-    *ctx_out = ctx;
-    *g_out = g;
-    return p;
-}
-
 /* The softmax kernel of p (graphs may hold a cont or view copy too). */
 static int softmax_kernel(const kiln_program *p) {
     for (int i = 0; i < kiln_program_kernel_count(p); i++)
@@ -413,14 +384,14 @@ START_TEST(kernels_compile) {
     for (int a = 0; a < 2; a++) {
         kiln_ctx     *ctx;
         kiln_graph   *g;
-        kiln_program *p = compile_text(c->kg, archs[a], 0, &ctx, &g);
+        kiln_program *p = ts_compile(c->kg, archs[a], g_cache, 0, &ctx, &g);
         int           k = softmax_kernel(p);
         const char   *src = kiln_program_kernel_source(p, k);
         if (!strstr(src, c->want)) fprintf(stderr, "case %d source:\n%s\n", _i, src);
         ck_assert_msg(strstr(src, c->want), "case %d: missing \"%s\" (source on stderr)", _i, c->want);
         ck_assert_msg(!strstr(src, "#include"), "#include in source");
         /* The cluster fallback is only compiled for sm_80: check both archs' warnings. */
-        check_no_warnings(src, kiln_program_kernel_name(p, k), archs[a]);
+        ts_nvrtc_clean(src, kiln_program_kernel_name(p, k), archs[a]);
         kiln_program_free(p);
         kiln_graph_free(g);
         kiln_ctx_free(ctx);
@@ -435,7 +406,7 @@ START_TEST(kernels_deterministic) {
         for (int rep = 0; rep < 2; rep++) {
             kiln_ctx     *ctx;
             kiln_graph   *g;
-            kiln_program *p = compile_text(CASES[i].kg, "sm_90a", 1, &ctx, &g);
+            kiln_program *p = ts_compile(CASES[i].kg, "sm_90a", g_cache, 1, &ctx, &g);
             const char   *src = kiln_program_kernel_source(p, softmax_kernel(p));
             if (!rep) first = strdup(src);
             else ck_assert_msg(strcmp(first, src) == 0, "case %d: sources differ", i);

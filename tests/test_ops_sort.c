@@ -265,23 +265,6 @@ static char *spread_graph(void) {
     return kb_str_take(&g);
 }
 
-/* src compiles for sm_90a with kiln's options and no NVRTC message at all. */
-static void check_no_warnings(const char *src, const char *name) {
-    const char  *opts[CG_MAX_OPTS];
-    int          n = cg_nvrtc_options("sm_90a", opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t      len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    nvrtcDestroyProgram(&prog);
-    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s: NVRTC says:\n%s\nsource:\n%s", name, log, src);
-    free(log);
-}
-
 START_TEST(kernels_compile) {
     char       *text = spread_graph();
     char       *cache = ts_tmpdir();
@@ -298,7 +281,7 @@ START_TEST(kernels_compile) {
         for (int i = 0; i < nk; i++) {
             const char *src = kiln_program_kernel_source(p, i);
             ck_assert_ptr_null(strstr(src, "#include"));
-            if (a == 0) check_no_warnings(src, kiln_program_kernel_name(p, i));
+            if (a == 0) ts_nvrtc_clean(src, kiln_program_kernel_name(p, i), NULL);
         }
         kiln_program_free(p);
     }
