@@ -43,7 +43,7 @@ typedef struct {
     unsigned smem;
     int      nparams;        /* kernel parameters: device pointers of these buffers, in order;
                                 CG_PARAM_SCRATCH for the node's scratch */
-    int      params[IR_MAX_IN + 2];
+    int      params[IR_MAX_IN + 3]; /* dst, dst2, operands, scratch */
     size_t   scratch;        /* bytes of scratch the node's steps share (0: none) */
     cg_gemm  gemm;           /* CG_GEMM */
     uint8_t  key[16];        /* kernel cache key */

@@ -22,7 +22,9 @@
 static const char *template_of(const ir_node *n) {
     switch (n->kind) {
     case IR_EW: return "elementwise";
-    case IR_OP: return (unsigned)n->op < FE_OP_COUNT && fe_ops[n->op].kind == FE_KERNEL ? fe_ops[n->op].fam : NULL;
+    case IR_OP:
+        if (n->fused == IR_FUSED_TOPK_MOE) return "moe";
+        return (unsigned)n->op < FE_OP_COUNT && fe_ops[n->op].kind == FE_KERNEL ? fe_ops[n->op].fam : NULL;
     }
     return NULL;
 }
@@ -56,8 +58,8 @@ typedef struct {
     const ir_node *n;
     const char    *tpl;
     int            nparams;
-    int            params[IR_MAX_IN + 1];
-    int            dst_param, in_param[IR_MAX_IN];
+    int            params[IR_MAX_IN + 2];
+    int            dst_param, dst2_param, in_param[IR_MAX_IN];
     int            node;
     cg_kernel     *steps; /* CG_MAX_STEPS of them */
     int            nsteps;
@@ -112,6 +114,69 @@ static void push_instrs(lua_State *L, const ir_node *n) {
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "instrs");
+}
+
+static void set_float(lua_State *L, float v, const char *field) {
+    char lit[48];
+    float_literal(v, lit);
+    lua_pushstring(L, lit);
+    lua_setfield(L, -2, field);
+}
+
+static void set_bool(lua_State *L, bool v, const char *field) {
+    lua_pushboolean(L, v);
+    lua_setfield(L, -2, field);
+}
+
+/* What paired and fused nodes add to k (docs/templates.md, "Fused nodes"): k.pair (the second
+ * weight), k.dst2 (a second output), k.fused (the fusion's name) and k.moe or k.set_rows. */
+static void push_fused(lua_State *L, const gen_ctx *g) {
+    const ir_node *n = g->n;
+    if (n->paired) {
+        push_ref(L, &n->in[n->pair_in], g->in_param[n->pair_in]);
+        lua_setfield(L, -2, "pair");
+    }
+    if (n->has_dst2) {
+        push_ref(L, &n->dst2, g->dst2_param);
+        lua_setfield(L, -2, "dst2");
+    }
+    if (n->fused == IR_FUSED_TOPK_MOE) {
+        const ir_moe *m = &n->moe;
+        lua_pushliteral(L, "topk_moe");
+        lua_setfield(L, -2, "fused");
+        lua_createtable(L, 0, 12);
+        lua_pushinteger(L, m->k);
+        lua_setfield(L, -2, "k");
+        lua_pushstring(L, m->gating == IR_GATE_SIGMOID ? "sigmoid" : "softmax");
+        lua_setfield(L, -2, "gating");
+        set_bool(L, m->delayed, "delayed");
+        if (m->bias_in >= 0) {
+            push_ref(L, &n->in[m->bias_in], g->in_param[m->bias_in]);
+            lua_setfield(L, -2, "bias");
+        }
+        set_bool(L, m->norm, "norm");
+        set_bool(L, m->clamp, "clamp");
+        set_float(L, m->clamp_lo, "clamp_lo");
+        set_float(L, m->clamp_hi, "clamp_hi");
+        set_bool(L, m->scaled, "scaled");
+        set_float(L, m->scale, "scale");
+        lua_pushstring(L, kiln_type_name(n->op_type));
+        lua_setfield(L, -2, "type");
+        lua_setfield(L, -2, "moe");
+    }
+    if (n->fused == IR_FUSED_ROPE_SET_ROWS) {
+        lua_pushliteral(L, "rope_set_rows");
+        lua_setfield(L, -2, "fused");
+        lua_createtable(L, 0, 4);
+        push_ref(L, &n->in[n->scatter.a_in], g->in_param[n->scatter.a_in]);
+        lua_setfield(L, -2, "a");
+        push_ref(L, &n->in[n->scatter.ids_in], g->in_param[n->scatter.ids_in]);
+        lua_setfield(L, -2, "ids");
+        set_int_array(L, n->scatter.b_ne, 4, "b_ne");
+        lua_pushstring(L, kiln_type_name(n->op_type));
+        lua_setfield(L, -2, "type");
+        lua_setfield(L, -2, "set_rows");
+    }
 }
 
 /* IR_OP: k.op, k.args (operand refs by parameter name; absent optional ones are nil), k.inputs
@@ -183,9 +248,12 @@ static void push_op_node(lua_State *L, const gen_ctx *g) {
         lua_createtable(L, 0, 2);
         lua_pushstring(L, kiln_type_name(n->op_type));
         lua_setfield(L, -2, "op_type");
+        lua_pushinteger(L, ir_op_values(n));
+        lua_setfield(L, -2, "values");
         push_instrs(L, n);
         lua_setfield(L, -2, "epilogue");
     }
+    push_fused(L, g);
     lua_pushinteger(L, g->nparams);
     lua_setfield(L, -2, "nparams");
 }
@@ -362,7 +430,7 @@ static void read_gemm(lua_State *L, int t, const gen_ctx *g, size_t scratch, cg_
 /* The op families whose templates apply an IR_OP node's elementwise epilogue (k.epilogue).
  * A fusion pass may attach epilogues only to these; codegen refuses the others up front, since a
  * template that does not know its node has extra operands cannot be trusted to fail cleanly. */
-static const char *const epilogue_families[] = {NULL};
+static const char *const epilogue_families[] = {"norm", "matmul", "matmul_id", NULL};
 
 static bool applies_epilogues(const char *fam) {
     for (int i = 0; epilogue_families[i]; i++)
@@ -397,6 +465,17 @@ static int l_generate(lua_State *L) {
     if (g->n->kind == IR_OP && g->n->ninstr > 0 && (lua_getfield(L, t, "epilogue"), !lua_toboolean(L, -1)))
         return luaL_error(L, "template %s.lua does not apply the elementwise epilogue of its node "
                              "(a fusion attached one): its result must say epilogue = true", g->tpl);
+    if (g->n->paired && (lua_getfield(L, t, "paired"), !lua_toboolean(L, -1)))
+        return luaL_error(L, "template %s.lua does not compute the paired weight of its node (a fusion paired "
+                             "it): its result must say paired = true", g->tpl);
+    if (g->n->fused) {
+        const char *want = g->n->fused == IR_FUSED_TOPK_MOE ? "topk_moe" : "rope_set_rows";
+        lua_getfield(L, t, "fused");
+        const char *said = lua_tostring(L, -1);
+        if (!said || strcmp(said, want) != 0)
+            return luaL_error(L, "template %s.lua does not implement fusion %s: its result must say fused = \"%s\"",
+                              g->tpl, want, want);
+    }
     for (int i = 0; i < n; i++) {
         if (list && lua_rawgeti(L, list, i + 1) != LUA_TTABLE) return luaL_error(L, "result.steps[%d] is not a table", i + 1);
         int s = list ? lua_gettop(L) : t;
@@ -449,7 +528,7 @@ kiln_status cg_generate_steps(cg_lua *C, const ir_prog *p, int node, cg_kernel *
     if (n->kind == IR_EW && (n->ninstr < 1 || n->ninstr > IR_MAX_INSTR))
         return kb_error(KILN_ERR_INVALID, "codegen: node %d: %d instructions", node, n->ninstr);
 
-    if (n->kind == IR_OP && n->ninstr > 0 && !applies_epilogues(tpl))
+    if (n->kind == IR_OP && (n->ninstr > 0 || n->paired) && !applies_epilogues(tpl))
         return kb_error(KILN_ERR_CODEGEN,
                         "codegen: node %d (%s): template %s.lua does not apply the elementwise epilogue a fusion "
                         "attached (families that do: see epilogue_families in codegen/generate.c)",
@@ -458,6 +537,11 @@ kiln_status cg_generate_steps(cg_lua *C, const ir_prog *p, int node, cg_kernel *
     kiln_status st = check_ref(p, &n->dst, node, "dst");
     if (st) return st;
     g.dst_param = param_of(&g, n->dst.buf);
+    g.dst2_param = -1;
+    if (n->has_dst2) {
+        if ((st = check_ref(p, &n->dst2, node, "dst2"))) return st;
+        g.dst2_param = param_of(&g, n->dst2.buf);
+    }
     for (int i = 0; i < n->nin; i++) {
         char what[32];
         snprintf(what, sizeof what, "input %d", i);

@@ -99,11 +99,65 @@ static kiln_status eval_ref(const ir_prog *p, int i, const ir_node *n, void **da
     return kb_error(KILN_ERR_INVALID, "reference: node %d: no reference for op %s", i, fe_ops[n->op].name);
 }
 
-/* An op with an epilogue: the op into a temporary of op_type (what the unfused graph stored),
- * then the epilogue per output element, exactly as eval_ew does for the consumer it replaced. */
+/* A temporary holding an op's value over n's output space, contiguous, of op_type. */
+static ir_ref temp_ref(const ir_node *n, int buf, const int64_t ne[4]) {
+    return (ir_ref){.buf = buf, .type = n->op_type, .ne = {ne[0], ne[1], ne[2], ne[3]},
+                    .st = {1, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2]}};
+}
+
+/* An op with an epilogue: the op (twice when paired, the second time with in[pair_in] as its
+ * weight) into temporaries of op_type (what the unfused graph stored), then the epilogue per
+ * output element, exactly as eval_ew does for the consumer it replaced. */
 static kiln_status eval_op_epilogue(const ir_prog *p, int i, void **data) {
     const ir_node *n = &p->nodes[i];
     const int64_t *ne = n->dst.ne;
+    int64_t        count = ne[0] * ne[1] * ne[2] * ne[3];
+    int            nv = ir_op_values(n);
+    void          *tmp[2] = {NULL, NULL};
+    void         **d2 = malloc(((size_t)p->nbufs + 2) * sizeof *d2);
+    ir_node       *m = malloc(sizeof *m);
+    bool           ok = d2 && m;
+    for (int v = 0; v < nv; v++) ok = ok && (tmp[v] = malloc((size_t)(count ? count : 1) * kiln_type_size(n->op_type)));
+    if (!ok) {
+        free(tmp[0]), free(tmp[1]), free(d2), free(m);
+        return kb_oom();
+    }
+    memcpy(d2, data, (size_t)p->nbufs * sizeof *d2);
+    kiln_status st = NULL;
+    ir_ref      vref[2];
+    for (int v = 0; v < nv && !st; v++) {
+        d2[p->nbufs + v] = tmp[v];
+        *m = *n;
+        m->ninstr = 0;
+        m->paired = false;
+        if (v == 1) m->opd[0] = n->pair_in;
+        m->dst = vref[v] = temp_ref(n, p->nbufs + v, ne);
+        st = eval_ref(p, i, m, d2);
+    }
+    float reg[IR_MAX_IN + 2 + IR_MAX_INSTR];
+    int64_t c[4];
+    for (c[3] = 0; !st && c[3] < ne[3]; c[3]++)
+        for (c[2] = 0; c[2] < ne[2]; c[2]++)
+            for (c[1] = 0; c[1] < ne[1]; c[1]++)
+                for (c[0] = 0; c[0] < ne[0]; c[0]++) {
+                    for (int k = 0; k < n->nin; k++)
+                        reg[k] = kb_load_f32(data[n->in[k].buf], n->in[k].type, ir_offset_at(&n->in[k], c));
+                    for (int v = 0; v < nv; v++)
+                        reg[n->nin + v] = kb_load_f32(tmp[v], n->op_type, ir_offset_at(&vref[v], c));
+                    float out = n->ninstr ? run_instrs(n, reg, n->nin + nv) : reg[n->nin];
+                    kb_store_f32(data[n->dst.buf], n->dst.type, ir_offset_at(&n->dst, c), out);
+                }
+    free(tmp[0]), free(tmp[1]), free(d2), free(m);
+    return st;
+}
+
+/* rope_set_rows: the rope into a temporary of op_type, then set_rows from it, exactly as the
+ * two unfused nodes compute. */
+static kiln_status eval_scatter(const ir_prog *p, int i, void **data) {
+    const ir_node *n = &p->nodes[i];
+    const ir_ref  *x = ir_operand(n, 0);
+    if (!x) return kb_error(KILN_ERR_INVALID, "reference: node %d: rope_set_rows without its rope input", i);
+    const int64_t *ne = x->ne;
     int64_t        count = ne[0] * ne[1] * ne[2] * ne[3];
     void          *tmp = malloc((size_t)(count ? count : 1) * kiln_type_size(n->op_type));
     void         **d2 = malloc(((size_t)p->nbufs + 1) * sizeof *d2);
@@ -115,29 +169,32 @@ static kiln_status eval_op_epilogue(const ir_prog *p, int i, void **data) {
     memcpy(d2, data, (size_t)p->nbufs * sizeof *d2);
     d2[p->nbufs] = tmp;
     *m = *n;
+    m->fused = IR_FUSED_NONE;
     m->ninstr = 0;
-    m->dst = (ir_ref){.buf = p->nbufs, .type = n->op_type, .ne = {ne[0], ne[1], ne[2], ne[3]},
-                      .st = {1, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2]}};
+    m->dst = temp_ref(n, p->nbufs, ne);
     kiln_status st = eval_ref(p, i, m, d2);
-    float reg[IR_MAX_IN + 1 + IR_MAX_INSTR];
-    int64_t c[4];
-    for (c[3] = 0; !st && c[3] < ne[3]; c[3]++)
-        for (c[2] = 0; c[2] < ne[2]; c[2]++)
-            for (c[1] = 0; c[1] < ne[1]; c[1]++)
-                for (c[0] = 0; c[0] < ne[0]; c[0]++) {
-                    for (int k = 0; k < n->nin; k++)
-                        reg[k] = kb_load_f32(data[n->in[k].buf], n->in[k].type, ir_offset_at(&n->in[k], c));
-                    reg[n->nin] = kb_load_f32(tmp, n->op_type, ir_offset_at(&m->dst, c));
-                    kb_store_f32(data[n->dst.buf], n->dst.type, ir_offset_at(&n->dst, c),
-                                 run_instrs(n, reg, n->nin + 1));
-                }
+    if (!st) {
+        const int64_t *b = n->scatter.b_ne;
+        ir_node        s = {.kind = IR_OP, .op = FE_OP_SET_ROWS, .dst = n->dst, .nin = 3};
+        s.in[0] = n->in[n->scatter.a_in];
+        s.in[1] = temp_ref(n, p->nbufs, b);
+        s.in[2] = n->in[n->scatter.ids_in];
+        for (int k = 0; k < FE_MAX_SRC; k++) s.opd[k] = k < 3 ? k : -1;
+        *m = s;
+        st = ir_ref_rows(p, m, d2);
+    }
     free(tmp), free(d2), free(m);
     return st;
 }
 
 static kiln_status eval_op(const ir_prog *p, int i, void **data) {
     const ir_node *n = &p->nodes[i];
-    return n->ninstr > 0 ? eval_op_epilogue(p, i, data) : eval_ref(p, i, n, data);
+    switch (n->fused) {
+    case IR_FUSED_TOPK_MOE: return ir_ref_moe(p, n, data);
+    case IR_FUSED_ROPE_SET_ROWS: return eval_scatter(p, i, data);
+    case IR_FUSED_NONE: break;
+    }
+    return n->ninstr > 0 || n->paired ? eval_op_epilogue(p, i, data) : eval_ref(p, i, n, data);
 }
 
 static void eval_ew(const ir_node *n, void **data) {

@@ -47,6 +47,39 @@ typedef struct {
     kiln_type type;
 } ir_instr;
 
+/* Fused IR_OP nodes whose computation is more than an op plus an elementwise epilogue. */
+typedef enum {
+    IR_FUSED_NONE,
+    /* topk_moe (ir/fuse_topk_moe.c): MoE routing of one token row in one kernel. The node's op
+     * is argsort_top_k (slot 0 = the logits); dst = the selected experts' weights, dst2 = their
+     * ids (i32 [k, rows]). Template family "moe", reference ir/ref_moe.c. */
+    IR_FUSED_TOPK_MOE,
+    /* rope_set_rows (ir/fuse_rope_set_rows.c): the node's op is rope_ext over its own slots;
+     * its result (of op_type, contiguous, shape of slot 0) is not stored but scattered: dst is
+     * set_rows(in[scatter.a_in], rope result viewed as rows of scatter.b_ne, in[scatter.ids_in]). */
+    IR_FUSED_ROPE_SET_ROWS,
+} ir_fused;
+
+/* Gating of topk_moe: what turns a logit into the probability that is selected and weighted. */
+typedef enum { IR_GATE_SOFTMAX, IR_GATE_SIGMOID } ir_gate;
+
+typedef struct {
+    ir_gate gating;
+    bool    delayed;   /* top-k of the raw logits, then softmax over the k selected (no gating) */
+    int     k;         /* experts selected per row */
+    int     bias_in;   /* operand of a selection bias added to the probabilities (selection only), or -1 */
+    bool    norm;      /* weights divided by their sum ... */
+    bool    clamp;     /* ... clamped first to [clamp_lo, clamp_hi] */
+    float   clamp_lo, clamp_hi;
+    bool    scaled;    /* weights multiplied by scale (ggml_scale) */
+    float   scale;
+} ir_moe;
+
+typedef struct {
+    int     a_in, ids_in; /* operands: the tensor whose rows are replaced, the row ids */
+    int64_t b_ne[4];      /* the rope result's shape as set_rows reads it (rows of b_ne[0]) */
+} ir_scatter;
+
 /* IR_EW: an elementwise kernel (instructions over operands read at the output coordinate).
  * IR_OP: one graph op of kind FE_KERNEL, instantiated from the template of its family
  * (fe_ops[op].fam) and evaluated by the reference function of that family (ir/ref_FAM.c). */
@@ -73,6 +106,17 @@ typedef struct {
      * own operands, those in no slot of opd, which broadcast onto dst like IR_EW inputs), and
      * register nin+1+k instruction k's result; the last one is stored to dst. */
     kiln_type op_type;
+    /* IR_OP only, mul_mat_glu: the op runs a second time with operand in[pair_in] in place of
+     * tensor slot 0 (the weight); that value is epilogue register nin+1 (rounded to op_type)
+     * and the instructions' registers start at nin+2. */
+    bool     paired;
+    int      pair_in;
+    /* IR_OP only: a fusion that changes what the node computes beyond an epilogue. */
+    ir_fused fused;
+    ir_moe   moe;              /* IR_FUSED_TOPK_MOE */
+    ir_scatter scatter;        /* IR_FUSED_ROPE_SET_ROWS */
+    bool     has_dst2;         /* a second output (topk_moe: the selected expert ids) */
+    ir_ref   dst2;
     int      nsrc;             /* graph nodes this kernel implements (tensor ids), in order */
     int      src[IR_MAX_INSTR];
     const char *fusion;        /* NULL, or the name of the pass that fused it */
@@ -94,7 +138,12 @@ void        ir_prog_free(ir_prog *p);
 kiln_status ir_verify(const ir_prog *p);
 
 /* Passes, in pipeline order (see ir_run_passes). */
-kiln_status ir_fuse_elementwise(ir_prog *p); /* ir/fuse_elementwise.c */
+kiln_status ir_fuse_rope_set_rows(ir_prog *p); /* ir/fuse_rope_set_rows.c */
+kiln_status ir_fuse_topk_moe(ir_prog *p);      /* ir/fuse_topk_moe.c */
+kiln_status ir_fuse_mul_mat_glu(ir_prog *p);   /* ir/fuse_mul_mat_glu.c */
+kiln_status ir_fuse_rms_norm_mul(ir_prog *p);  /* ir/fuse_rms_norm_mul.c */
+kiln_status ir_fuse_add_chain(ir_prog *p);     /* ir/fuse_add_chain.c */
+kiln_status ir_fuse_elementwise(ir_prog *p);   /* ir/fuse_elementwise.c */
 kiln_status ir_memplan(ir_prog *p);          /* ir/memplan.c */
 /* The fusion passes, in pipeline order, by the names users give --no-fuse=NAME. */
 typedef struct {
@@ -135,6 +184,9 @@ kiln_status ir_ref_sort(const ir_prog *p, const ir_node *n, void **data);
 kiln_status ir_ref_fill(const ir_prog *p, const ir_node *n, void **data);
 kiln_status ir_ref_matmul(const ir_prog *p, const ir_node *n, void **data); /* mul_mat, mul_mat_id */
 kiln_status ir_ref_attn(const ir_prog *p, const ir_node *n, void **data);
+kiln_status ir_ref_moe(const ir_prog *p, const ir_node *n, void **data); /* IR_FUSED_TOPK_MOE */
+/* Number of op values an IR_OP epilogue sees (registers nin..nin+n-1): 2 when paired, else 1. */
+static inline int ir_op_values(const ir_node *n) { return n->paired ? 2 : 1; }
 
 /* Element offset of r at coordinates c (each taken modulo r's extent: broadcasting). */
 int64_t ir_offset_at(const ir_ref *r, const int64_t c[4]);

@@ -14,4 +14,19 @@ bool     ir_ref_is_natural(const ir_prog *p, const ir_ref *r);
 /* Index of the live node writing buf, or -1. */
 int      ir_node_writing(const ir_prog *p, int buf);
 
+/* Operands of live nodes that read buf (a node reading it twice counts twice). */
+int      ir_readers(const ir_prog *p, int buf);
+/* Whether every buffer node i reads is an input, a weight, or written by a live node before
+ * node `before` (so node i's reads could move up to position `before`). */
+bool     ir_operands_ready(const ir_prog *p, const ir_node *n, int before);
+/* Makes elementwise node ci the epilogue of IR_OP node oi (ir/absorb.c); oi may already carry
+ * one. An operand of c reading buffer vals[v] (v < nvals; at most 2, and 2 only when oi is
+ * paired with vals[1] its second value) becomes op value v: register nin + v, or, when oi
+ * already has an epilogue, that epilogue's result (v = 0 only). c's other operands are added to
+ * oi's. The merged node takes c's destination, c's graph nodes and the name `fusion`, and c
+ * dies. Nothing changes and false is returned unless it is legal: each vals[v] is a temporary
+ * read only by c, naturally and over exactly oi's output space; oi writes vals[0] naturally;
+ * c's other operands are ready at oi; the limits on operands, instructions and nodes hold. */
+bool     ir_absorb_ew(ir_prog *p, int oi, int ci, const int *vals, int nvals, const char *fusion);
+
 #endif

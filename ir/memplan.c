@@ -78,9 +78,11 @@ static void compute_liveness(ir_prog *p) {
     for (int i = 0; i < p->nnodes; i++) {
         const ir_node *n = &p->nodes[i];
         if (n->dead) continue;
-        ir_buf *d = &p->bufs[n->dst.buf];
-        if (d->first < 0) d->first = i;
-        if (d->last < i) d->last = i;
+        for (int o = 0; o < 1 + n->has_dst2; o++) {
+            ir_buf *d = &p->bufs[o ? n->dst2.buf : n->dst.buf];
+            if (d->first < 0) d->first = i;
+            if (d->last < i) d->last = i;
+        }
         for (int k = 0; k < n->nin; k++) {
             ir_buf *b = &p->bufs[n->in[k].buf];
             if (b->first < 0) b->first = i;
@@ -95,8 +97,10 @@ kiln_status ir_memplan(ir_prog *p) {
     for (int i = 0; i < p->nnodes; i++) {
         const ir_node *n = &p->nodes[i];
         if (n->dead) continue;
-        ir_buf *d = &p->bufs[n->dst.buf];
-        if (d->kind == IR_BUF_TEMP && d->first == i) d->offset = place(&a, align_up(d->bytes));
+        for (int o = 0; o < 1 + n->has_dst2; o++) {
+            ir_buf *d = &p->bufs[o ? n->dst2.buf : n->dst.buf];
+            if (d->kind == IR_BUF_TEMP && d->first == i) d->offset = place(&a, align_up(d->bytes));
+        }
         for (int b = 0; b < p->nbufs; b++) {
             ir_buf *t = &p->bufs[b];
             if (t->kind == IR_BUF_TEMP && t->last == i && t->first >= 0 &&

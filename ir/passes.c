@@ -5,6 +5,11 @@
 #include <string.h>
 
 const ir_fusion ir_fusions[] = {
+    {"rope_set_rows", ir_fuse_rope_set_rows, "rope_ext -> view -> set_rows: rotated rows written straight into the cache"},
+    {"topk_moe", ir_fuse_topk_moe, "MoE routing (gating, top-k, weights, normalization, scale) in one kernel per row"},
+    {"mul_mat_glu", ir_fuse_mul_mat_glu, "gate and up mul_mat(_id) sharing an input, feeding a GLU, in one kernel"},
+    {"rms_norm_mul", ir_fuse_rms_norm_mul, "rms_norm/norm -> mul(weight) (-> add) in one kernel"},
+    {"add_chain", ir_fuse_add_chain, "a residual plus several adds (MoE expert slices) in one kernel"},
     {"ew_chain", ir_fuse_elementwise, "chains of elementwise ops (and copies, casts, GLUs) in one kernel"},
 };
 const int ir_nfusions = (int)(sizeof ir_fusions / sizeof ir_fusions[0]);

@@ -26,10 +26,48 @@ static void print_ref(kb_str *o, const ir_prog *p, const ir_ref *r) {
 
 /* Registers: in<k> operands; IR_OP epilogues also "op" (the op's value, register nin). */
 static void print_reg(kb_str *o, const ir_node *n, int r) {
-    bool op = n->kind == IR_OP;
+    int nv = n->kind == IR_OP ? ir_op_values(n) : 0;
     if (r < n->nin) kb_str_addf(o, "in%d", r);
-    else if (op && r == n->nin) kb_str_add(o, "op");
-    else kb_str_addf(o, "r%d", r - n->nin - op);
+    else if (r < n->nin + nv) kb_str_add(o, r == n->nin ? "op" : "op2");
+    else kb_str_addf(o, "r%d", r - n->nin - nv);
+}
+
+/* What a fused node computes beyond its op: the paired weight, topk_moe, rope_set_rows. */
+static void print_fused(kb_str *o, const ir_prog *p, const ir_node *n) {
+    if (n->paired) {
+        kb_str_addf(o, "    paired in%d (op2 = the op with it as weight) ", n->pair_in);
+        print_ref(o, p, &n->in[n->pair_in]);
+        kb_str_add(o, "\n");
+    }
+    if (n->has_dst2) {
+        kb_str_add(o, "    dst2 ");
+        print_ref(o, p, &n->dst2);
+        kb_str_add(o, "\n");
+    }
+    if (n->fused == IR_FUSED_TOPK_MOE) {
+        const ir_moe *m = &n->moe;
+        char lo[32], hi[32], sc[32];
+        kb_format_float(m->clamp_lo, lo), kb_format_float(m->clamp_hi, hi), kb_format_float(m->scale, sc);
+        kb_str_addf(o, "    topk_moe k=%d gating=%s%s", m->k, m->gating == IR_GATE_SIGMOID ? "sigmoid" : "softmax",
+                    m->delayed ? " (delayed: top-k of logits, softmax of the selected)" : "");
+        if (m->bias_in >= 0) kb_str_addf(o, ", selection bias in%d", m->bias_in);
+        if (m->norm) kb_str_add(o, ", normalized");
+        if (m->clamp) kb_str_addf(o, " (sum clamped to [%s, %s])", lo, hi);
+        if (m->scaled) kb_str_addf(o, ", scale=%s", sc);
+        kb_str_addf(o, " : %s\n", kiln_type_name(n->op_type));
+    }
+    if (n->fused == IR_FUSED_ROPE_SET_ROWS) {
+        const int64_t *b = n->scatter.b_ne;
+        kb_str_addf(o, "    set_rows a=in%d ids=in%d, rope result (%s) as rows [%lld, %lld, %lld, %lld]\n",
+                    n->scatter.a_in, n->scatter.ids_in, kiln_type_name(n->op_type), (long long)b[0], (long long)b[1],
+                    (long long)b[2], (long long)b[3]);
+        for (int k = 0; k < 2; k++) {
+            int in = k ? n->scatter.ids_in : n->scatter.a_in;
+            kb_str_addf(o, "    in%d ", in);
+            print_ref(o, p, &n->in[in]);
+            kb_str_add(o, "\n");
+        }
+    }
 }
 
 /* IR_OP: the operands by parameter name, then the scalar parameters. */
@@ -98,6 +136,7 @@ static void print_node(kb_str *o, const ir_prog *p, int idx, int k) {
     kb_str_add(o, "\n");
     if (n->kind == IR_OP) {
         print_op(o, p, n);
+        print_fused(o, p, n);
         if (n->ninstr) kb_str_addf(o, "    epilogue (op : %s):\n", kiln_type_name(n->op_type));
         for (int k = 0; n->ninstr && k < n->nin; k++) {
             kb_str_addf(o, "    in%d ", k);

@@ -69,7 +69,8 @@ bool ir_ref_is_natural(const ir_prog *p, const ir_ref *r) {
 
 int ir_node_writing(const ir_prog *p, int buf) {
     for (int i = 0; i < p->nnodes; i++)
-        if (!p->nodes[i].dead && p->nodes[i].dst.buf == buf) return i;
+        if (!p->nodes[i].dead && (p->nodes[i].dst.buf == buf || (p->nodes[i].has_dst2 && p->nodes[i].dst2.buf == buf)))
+            return i;
     return -1;
 }
 
@@ -77,4 +78,24 @@ const char *ir_node_name(const ir_prog *p, int tensor_id) {
     const kiln_ctx *ctx = p->g->ctx;
     if (tensor_id < 0 || tensor_id >= ctx->n) return "?";
     return ctx->t[tensor_id]->name;
+}
+
+int ir_readers(const ir_prog *p, int buf) {
+    int n = 0;
+    for (int i = 0; i < p->nnodes; i++) {
+        const ir_node *c = &p->nodes[i];
+        if (c->dead) continue;
+        for (int k = 0; k < c->nin; k++) n += c->in[k].buf == buf;
+    }
+    return n;
+}
+
+bool ir_operands_ready(const ir_prog *p, const ir_node *n, int before) {
+    for (int k = 0; k < n->nin; k++) {
+        ir_buf_kind kind = p->bufs[n->in[k].buf].kind;
+        if (kind == IR_BUF_INPUT || kind == IR_BUF_WEIGHT) continue;
+        int w = ir_node_writing(p, n->in[k].buf);
+        if (w < 0 || w >= before) return false;
+    }
+    return true;
 }

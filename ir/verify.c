@@ -27,6 +27,49 @@ static kiln_status check_ref(const ir_prog *p, int i, const char *what, const ir
     return NULL;
 }
 
+static bool in_slot(const ir_node *n, int k) {
+    for (int s = 0; s < FE_MAX_SRC; s++)
+        if (n->opd[s] == k) return true;
+    return false;
+}
+
+/* An operand index that is valid and not one of the op's own slots. */
+static bool extra_operand(const ir_node *n, int k) { return k >= 0 && k < n->nin && !in_slot(n, k); }
+
+/* The fields of paired and fused nodes (ir.h) refer to operands and outputs that exist. */
+static kiln_status check_fused(const ir_prog *p, int i, const ir_node *n) {
+    if (n->kind != IR_OP) {
+        if (n->paired || n->fused || n->has_dst2)
+            return kb_error(KILN_ERR_INVALID, "IR node %d: an elementwise node cannot be paired or fused", i);
+        return NULL;
+    }
+    if (n->paired) {
+        const ir_ref *w = ir_operand(n, 0);
+        if (!w || !extra_operand(n, n->pair_in))
+            return kb_error(KILN_ERR_INVALID, "IR node %d: paired operand %d is not an extra operand", i, n->pair_in);
+        const ir_ref *w2 = &n->in[n->pair_in];
+        for (int d = 0; d < 4; d++)
+            if (w2->ne[d] != w->ne[d] || w2->type != w->type)
+                return kb_error(KILN_ERR_INVALID, "IR node %d: paired weight differs from slot 0 in shape or type", i);
+    }
+    switch (n->fused) {
+    case IR_FUSED_NONE:
+        if (n->has_dst2) return kb_error(KILN_ERR_INVALID, "IR node %d: a second output without a fusion", i);
+        return NULL;
+    case IR_FUSED_TOPK_MOE:
+        if (n->op != FE_OP_ARGSORT_TOP_K || !n->has_dst2 || n->dst2.type != KILN_I32 || n->moe.k < 1 ||
+            (n->moe.bias_in >= 0 && !extra_operand(n, n->moe.bias_in)))
+            return kb_error(KILN_ERR_INVALID, "IR node %d: malformed topk_moe", i);
+        return check_ref(p, i, "dst2", &n->dst2);
+    case IR_FUSED_ROPE_SET_ROWS:
+        if (n->op != FE_OP_ROPE_EXT || n->has_dst2 || !extra_operand(n, n->scatter.a_in) ||
+            !extra_operand(n, n->scatter.ids_in))
+            return kb_error(KILN_ERR_INVALID, "IR node %d: malformed rope_set_rows", i);
+        return NULL;
+    }
+    return kb_error(KILN_ERR_INVALID, "IR node %d: unknown fusion kind %d", i, (int)n->fused);
+}
+
 static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
     const ir_node *n = &p->nodes[i];
     kiln_status st = check_ref(p, i, "dst", &n->dst);
@@ -45,12 +88,13 @@ static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
         if (n->opd[s] < -1 || n->opd[s] >= n->nin)
             return kb_error(KILN_ERR_INVALID, "IR node %d: operand slot %d refers to operand %d of %d", i, s,
                             n->opd[s], n->nin);
+    if ((st = check_fused(p, i, n))) return st;
     bool epi_in[IR_MAX_IN] = {false}; /* IR_OP: operands of the epilogue (in no slot) */
     for (int k = 0; !ew && n->ninstr > 0 && k < n->nin; k++) {
-        epi_in[k] = true;
+        epi_in[k] = !(n->paired && k == n->pair_in);
         for (int s = 0; s < FE_MAX_SRC; s++) epi_in[k] &= n->opd[s] != k;
     }
-    if (!ew && n->ninstr > 0 && (unsigned)n->op_type >= KILN_TYPE_COUNT)
+    if (!ew && (n->ninstr > 0 || n->paired || n->fused) && (unsigned)n->op_type >= KILN_TYPE_COUNT)
         return kb_error(KILN_ERR_INVALID, "IR node %d: epilogue without a valid op type", i);
     for (int k = 0; k < n->nin; k++) {
         if ((st = check_ref(p, i, "operand", &n->in[k]))) return st;
@@ -66,7 +110,7 @@ static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
     }
     for (int j = 0; j < n->ninstr; j++) {
         const ir_instr *in = &n->ins[j];
-        int limit = n->nin + j + !ew; /* IR_OP: register nin is the op's value */
+        int limit = n->nin + j + (ew ? 0 : ir_op_values(n)); /* IR_OP: registers nin.. are the op's values */
         if ((unsigned)in->op >= FE_OP_COUNT || in->a < 0 || in->a >= limit ||
             (fe_ops[in->op].nsrc > 1 && (in->b < 0 || in->b >= limit)))
             return kb_error(KILN_ERR_INVALID, "IR node %d: instruction %d reads a register not yet defined", i, j);
@@ -85,6 +129,16 @@ kiln_status ir_verify(const ir_prog *p) {
             st = kb_error(KILN_ERR_INVALID, "IR node %d writes '%s', which an earlier node wrote", i,
                           p->bufs[p->nodes[i].dst.buf].name);
         if (!st) written[p->nodes[i].dst.buf] = true;
+        if (!st && p->nodes[i].has_dst2) {
+            int b = p->nodes[i].dst2.buf;
+            if (written[b] || b == p->nodes[i].dst.buf || p->bufs[b].kind == IR_BUF_INPUT || p->bufs[b].kind == IR_BUF_WEIGHT)
+                st = kb_error(KILN_ERR_INVALID, "IR node %d: its second output '%s' is written elsewhere or read-only", i,
+                              p->bufs[b].name);
+            for (int k = 0; !st && k < p->nodes[i].nin; k++)
+                if (p->nodes[i].in[k].buf == b)
+                    st = kb_error(KILN_ERR_INVALID, "IR node %d reads its second output '%s'", i, p->bufs[b].name);
+            if (!st) written[b] = true;
+        }
     }
     for (int b = 0; b < p->nbufs && !st; b++)
         if (p->bufs[b].kind == IR_BUF_OUTPUT && !written[b])

@@ -27,8 +27,8 @@ typedef struct {
     unsigned grid[3], block[3], smem;
     int      nparams;
     bool     empty; /* a zero grid dimension: nothing to do (zero-element tensors) */
-    rt_cuptr argv[IR_MAX_IN + 2];
-    void    *args[IR_MAX_IN + 2]; /* args[i] = &argv[i], as cuLaunchKernel wants */
+    rt_cuptr argv[IR_MAX_IN + 3];
+    void    *args[IR_MAX_IN + 3]; /* args[i] = &argv[i], as cuLaunchKernel wants */
 } rt_launch;
 
 typedef struct {
@@ -260,7 +260,7 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
             return kb_error(KILN_ERR_INVALID, "kiln_session_new: kernel %d '%s' has an empty block "
                                               "(%ux%ux%u)", i, l->name, k->block[0], k->block[1],
                             k->block[2]);
-        if (k->nparams < 0 || k->nparams > IR_MAX_IN + 2)
+        if (k->nparams < 0 || k->nparams > IR_MAX_IN + 3)
             return kb_error(KILN_ERR_INVALID, "kiln_session_new: kernel %d '%s' has %d parameters",
                             i, l->name, k->nparams);
         l->nparams = k->nparams;
