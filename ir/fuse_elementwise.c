@@ -17,16 +17,6 @@
 
 #include <string.h>
 
-static int readers_of(const ir_prog *p, int buf) {
-    int n = 0;
-    for (int i = 0; i < p->nnodes; i++) {
-        const ir_node *c = &p->nodes[i];
-        if (c->dead) continue;
-        for (int k = 0; k < c->nin; k++) n += c->in[k].buf == buf;
-    }
-    return n;
-}
-
 static int find_or_add(ir_ref *list, int *n, const ir_ref *r) {
     for (int i = 0; i < *n; i++)
         if (ir_ref_equal(&list[i], r)) return i;
@@ -60,7 +50,7 @@ static int input_index(const ir_ref *ins, int n, const ir_ref *r) {
 }
 
 /* Rewrites c as P's instructions followed by C's, over the merged operand list. */
-static void merge(ir_node *c, int k, ir_node *pn, const ir_ref *ins, int nin) {
+static void merge(ir_node *c, int k, ir_node *pn, const ir_ref *ins, int nin, const char *fusion) {
     ir_node m = *c;
     m.nin = nin;
     memcpy(m.in, ins, (size_t)nin * sizeof *ins);
@@ -86,13 +76,12 @@ static void merge(ir_node *c, int k, ir_node *pn, const ir_ref *ins, int nin) {
     m.nsrc = 0;
     for (int i = 0; i < pn->nsrc; i++) m.src[m.nsrc++] = pn->src[i];
     for (int i = 0; i < c->nsrc; i++) m.src[m.nsrc++] = c->src[i];
-    m.fusion = "ew_chain";
+    m.fusion = fusion;
     *c = m;
     pn->dead = true;
 }
 
-/* Tries to fuse the producer of c's operand k into c. */
-static bool try_fuse(ir_prog *p, int ci, int k) {
+bool ir_ew_fuse_producer(ir_prog *p, int ci, int k, const char *fusion) {
     ir_node *c = &p->nodes[ci];
     const ir_ref *r = &c->in[k];
     if (p->bufs[r->buf].kind != IR_BUF_TEMP) return false;
@@ -101,12 +90,12 @@ static bool try_fuse(ir_prog *p, int ci, int k) {
     ir_node *pn = &p->nodes[pi];
     if (pn->kind != IR_EW || c->kind != IR_EW) return false;
     if (!ir_ref_is_natural(p, r) || !ir_ref_is_natural(p, &pn->dst)) return false;
-    if (readers_of(p, r->buf) != 1) return false;
+    if (ir_readers(p, r->buf) != 1) return false;
     if (pn->ninstr + c->ninstr > IR_MAX_INSTR || pn->nsrc + c->nsrc > IR_MAX_INSTR) return false;
     ir_ref ins[IR_MAX_IN];
     int nin = merged_inputs(c, k, pn, ins);
     if (nin < 0) return false;
-    merge(c, k, pn, ins, nin);
+    merge(c, k, pn, ins, nin, fusion);
     return true;
 }
 
@@ -117,7 +106,7 @@ kiln_status ir_fuse_elementwise(ir_prog *p) {
         bool again = true;
         while (again) {
             again = false;
-            for (int k = 0; k < p->nodes[ci].nin && !again; k++) again = try_fuse(p, ci, k);
+            for (int k = 0; k < p->nodes[ci].nin && !again; k++) again = ir_ew_fuse_producer(p, ci, k, "ew_chain");
         }
     }
     return NULL;

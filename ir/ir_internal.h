@@ -27,6 +27,9 @@ bool     ir_operands_ready(const ir_prog *p, const ir_node *n, int before);
  * dies. Nothing changes and false is returned unless it is legal: each vals[v] is a temporary
  * read only by c, naturally and over exactly oi's output space; oi writes vals[0] naturally;
  * c's other operands are ready at oi; the limits on operands, instructions and nodes hold. */
+/* Fuses the elementwise producer of elementwise node ci's operand k into ci when legal (the
+ * rules of pass ew_chain, ir/fuse_elementwise.c), naming the result `fusion`. */
+bool     ir_ew_fuse_producer(ir_prog *p, int ci, int k, const char *fusion);
 bool     ir_absorb_ew(ir_prog *p, int oi, int ci, const int *vals, int nvals, const char *fusion);
 
 #endif

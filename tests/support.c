@@ -4,6 +4,9 @@
 
 #include <nvrtc.h>
 
+#include "ir/ir.h"
+
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,4 +151,68 @@ kiln_program *ts_compile(const char *kg, const char *arch, const char *cache_dir
     kiln_program     *p = NULL;
     TS_OK(kiln_compile(*g, &o, &p));
     return p;
+}
+
+/* FNV-1a: input data depends on the buffer's name, not on its index. */
+static uint64_t name_seed(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* The outputs of kg evaluated by the CPU reference over IR lowered with passes (fuse, skip),
+ * on inputs filled from seed; data[b] per buffer (caller frees with free_eval). */
+static ir_prog *eval_ir(const kiln_graph *g, bool fuse, const char *skip, uint64_t seed, void ***data) {
+    ir_prog *p;
+    TS_OK(ir_lower(g, &p));
+    TS_OK(ir_run_passes(p, fuse, skip));
+    *data = calloc((size_t)p->nbufs, sizeof **data);
+    for (int b = 0; b < p->nbufs; b++) {
+        const ir_buf *buf = &p->bufs[b];
+        (*data)[b] = calloc(1, buf->bytes + 1);
+        if (buf->kind == IR_BUF_INPUT || buf->kind == IR_BUF_WEIGHT)
+            kb_fill_random((*data)[b], buf->type, (int64_t)(buf->bytes / kiln_type_size(buf->type)),
+                           seed + name_seed(buf->name));
+    }
+    TS_OK(ir_eval(p, *data));
+    return p;
+}
+
+static void free_eval(ir_prog *p, void **data) {
+    for (int b = 0; b < p->nbufs; b++) free(data[b]);
+    free(data);
+    ir_prog_free(p);
+}
+
+double ts_fusion_compare(const char *kg, const char *skip, int *live, char **ir_text) {
+    kiln_ctx   *ctx = ts_parse(kg);
+    kiln_graph *g;
+    TS_OK(kiln_graph_new(ctx, &g));
+    void   **df, **du;
+    ir_prog *pf = eval_ir(g, true, skip, 99, &df), *pu = eval_ir(g, false, NULL, 99, &du);
+    double   worst = 0;
+    for (int b = 0; b < pu->nbufs; b++) {
+        const ir_buf *buf = &pu->bufs[b];
+        if (buf->kind != IR_BUF_OUTPUT) continue;
+        int64_t n = (int64_t)(buf->bytes / kiln_type_size(buf->type));
+        for (int64_t i = 0; i < n; i++) {
+            double a = kb_load_f32(df[b], buf->type, i), r = kb_load_f32(du[b], buf->type, i);
+            double d = a == r ? 0 : fabs(a - r) / (fabs(r) > 1 ? fabs(r) : 1);
+            if (d > worst || d != d) worst = d != d ? INFINITY : d;
+        }
+    }
+    if (live) {
+        *live = 0;
+        for (int i = 0; i < pf->nnodes; i++) *live += !pf->nodes[i].dead;
+    }
+    if (ir_text) {
+        kb_str o = {0};
+        ir_print(pf, &o);
+        *ir_text = o.s;
+    }
+    free_eval(pf, df);
+    free_eval(pu, du);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+    return worst;
 }

@@ -55,4 +55,10 @@ void ts_nvrtc_clean(const char *src, const char *name, const char *arch);
 kiln_program *ts_compile(const char *kg, const char *arch, const char *cache_dir, int skip_nvrtc, kiln_ctx **ctx,
                          kiln_graph **g);
 
+/* Evaluates kg with the CPU reference twice on the same random inputs (by input name): over IR
+ * after every fusion pass but those in skip (NULL: none), and over unfused IR. Returns the
+ * largest difference of any output element, relative where |ref| > 1 (0: identical; inf on a
+ * NaN). *live gets the fused program's kernel count, *ir_text (caller frees) its ir_print. */
+double ts_fusion_compare(const char *kg, const char *skip, int *live, char **ir_text);
+
 #endif
