@@ -147,8 +147,8 @@ end
 -- ---- the shape ----------------------------------------------------------------------------
 
 -- Everything the plans need, from k.
-local function shape_of(k)
-    local a, b, d = k.args.a, k.args.b, k.dst
+local function shape_of(k, vdst)
+    local a, b, d = k.args.a, k.args.b, vdst or k.dst
     check_ref(d, "dst", { f32 = true })
     check_ref(a, "a", { f32 = true, f16 = true, bf16 = true })
     check_ref(b, "b", { f32 = true })
@@ -165,6 +165,15 @@ local function shape_of(k)
         if d.ne[i] ~= want[i] then fail("dst ne %s, want %s", dims(d.ne), dims(want)) end
     end
     if s.K > 1 and a.st[1] ~= 1 then fail("a's rows must be contiguous (st0 = %d)", a.st[1]) end
+    if k.pair then
+        local q = k.pair
+        check_ref(q, "pair", { [a.type] = true })
+        for i = 1, 4 do
+            if q.ne[i] ~= a.ne[i] then fail("pair ne %s differs from a ne %s", dims(q.ne), dims(a.ne)) end
+        end
+        if s.K > 1 and q.st[1] ~= 1 then fail("the pair's rows must be contiguous (st0 = %d)", q.st[1]) end
+        s.pa, s.spa = q, strides(q)
+    end
     s.r2, s.r3 = s.B2 // s.A2, s.B3 // s.A3
     s.C = s.N * s.r2 * s.r3   -- columns per a-matrix
     s.NG = s.A2 * s.A3        -- a-matrices
@@ -180,6 +189,10 @@ local function weight_width(s)
     local function ok(w)
         if s.a.offs % w ~= 0 then return false end
         for d = 2, 4 do if s.sa[d] % w ~= 0 then return false end end
+        if s.pa then -- the paired weight is read with the same vectors
+            if s.pa.offs % w ~= 0 then return false end
+            for d = 2, 4 do if s.spa[d] % w ~= 0 then return false end end
+        end
         return true
     end
     while v > 1 and not ok(v) do v = v // 2 end
@@ -444,12 +457,16 @@ local function pointers(b, k, s, with_b)
     local wt = s.ta == "f32" and "float" or "unsigned short"
     local function off(o) return o ~= 0 and " + " .. lit(o) or "" end
     b.add("const %s *const A = (const %s *)p%d%s;", wt, wt, s.a.param, off(s.a.offs))
+    if s.pa then b.add("const %s *const A2 = (const %s *)p%d%s; /* the paired weight */", wt, wt, s.pa.param, off(s.pa.offs)) end
     if with_b then b.add("const float *const B = (const float *)p%d%s;", s.b.param, off(s.b.offs)) end
-    b.add("float *const D = (float *)p%d%s;", s.d.param, off(s.d.offs))
+    -- With an epilogue the stores go through ep_lines (dst in its own type and layout).
+    if not k.epilogue then b.add("float *const D = (float *)p%d%s;", s.d.param, off(s.d.offs)) end
     return wt
 end
 
 local function param_list(k, extra)
+    -- A product computed into the scratch (epilogue fallback): the scratch is dst, writable.
+    if k.scratch_dst then extra = 1 end
     local n = k.nparams + (extra or 0)
     local plist = {}
     for p = 0, n - 1 do
@@ -512,6 +529,114 @@ local function a_batch_offset(s)
     return sum({ s.A2 > 1 and term64("ja2", s.sa[3]) or nil, s.A3 > 1 and term64("ja3", s.sa[4]) or nil })
 end
 
+-- ---- epilogues (k.epilogue and k.pair; docs/templates.md, "Epilogues") ----------------------
+
+local ops = require("ops")
+
+-- The 64-bit element offset of ref r at dst coordinates c (C expressions, nil for 0), r
+-- broadcast by modulo where its extent is smaller than dst's (dne).
+local function ep_offset(r, c, dne)
+    local t = {}
+    for d = 1, 4 do
+        if c[d] and r.ne[d] > 1 and r.st[d] ~= 0 then
+            local e = "(" .. c[d] .. ")"
+            if r.ne[d] ~= dne[d] then e = "(" .. e .. " % " .. r.ne[d] .. "u)" end
+            t[#t + 1] = "(long long)" .. e .. (r.st[d] ~= 1 and " * " .. tostring(r.st[d]) .. "ll" or "")
+        end
+    end
+    if r.offs ~= 0 then t[#t + 1] = tostring(r.offs) .. "ll" end
+    return #t > 0 and table.concat(t, " + ") or "0"
+end
+
+-- Lines storing to dst at coordinates c what the node computes there from the op's values
+-- vals (f32 expressions: the product, then with k.pair the paired product): without an
+-- epilogue vals[1]; with one, registers 0..nin-1 the epilogue's own operands (only those its
+-- instructions read: the op's operands are never read), nin.. the values rounded to op_type,
+-- then the instructions, each rounded to its type; the last is stored in dst's type.
+local function ep_lines(k, pre, c, vals)
+    local d, e = k.dst, k.epilogue
+    local L = {}
+    if not prelude.ctype[d.type] then fail("dst: unsupported type %s", tostring(d.type)) end
+    local function store(v)
+        L[#L + 1] = string.format("((%s *)p%d)[%s] = %s;", prelude.ctype[d.type], d.param, ep_offset(d, c, d.ne),
+            pre.store(d.type, v))
+    end
+    if not e then
+        store(vals[1])
+        return L
+    end
+    local nin, nv = #k.inputs, e.values or 1
+    if nv ~= #vals then fail("epilogue over %d values, the kernel has %d", nv, #vals) end
+    local used = {}
+    for _, ins in ipairs(e.instrs) do
+        used[ins.a] = true
+        if ins.b then used[ins.b] = true end
+    end
+    L[#L + 1] = "{"
+    for i = 0, nin - 1 do
+        if used[i] then
+            local r = k.inputs[i + 1]
+            local ct = prelude.ctype[r.type]
+            if not ct then fail("epilogue operand %d: unsupported type %s", i, tostring(r.type)) end
+            L[#L + 1] = string.format("    const float e%d = %s;", i,
+                pre.load(r.type, string.format("((const %s *)p%d)[%s]", ct, r.param, ep_offset(r, c, d.ne))))
+        end
+    end
+    for v = 1, nv do L[#L + 1] = string.format("    const float e%d = %s;", nin + v - 1, pre.round(e.op_type, vals[v])) end
+    local first = nin + nv
+    if #e.instrs == 0 then fail("epilogue without instructions") end
+    for j, ins in ipairs(e.instrs) do
+        local reg = first + j - 1
+        local op = ops[ins.op]
+        if type(op) ~= "table" then fail("epilogue: unknown op %s", tostring(ins.op)) end
+        local function operand(v)
+            if math.type(v) ~= "integer" or v < 0 or v >= reg then fail("epilogue instr %d: bad register %s", j - 1, tostring(v)) end
+            return "e" .. v
+        end
+        local x = op.expr(operand(ins.a), op.arity > 1 and operand(ins.b) or nil, ins.f or { "0.0f", "0.0f" })
+        local t = ins.type or "f32"
+        if not prelude.ctype[t] then fail("epilogue instr %d: unsupported type %s", j - 1, tostring(t)) end
+        if not (j == #e.instrs and t == d.type) then x = pre.round(t, x) end
+        L[#L + 1] = string.format("    const float e%d = %s;", reg, x)
+    end
+    store("e" .. (first + #e.instrs - 1))
+    L[#L] = "    " .. L[#L]
+    L[#L + 1] = "}"
+    return L
+end
+
+local EP_BLOCK = 256
+
+-- The epilogue as a kernel step of its own (the fallback of plans that cannot apply it where
+-- they store): one thread per dst element; the op's values are f32, contiguous in dst's shape,
+-- in the scratch at element offsets voffs[1..]. Returns the lines of the body.
+local function ep_body(k, pre, voffs)
+    local d = k.dst
+    local count = d.ne[1] * d.ne[2] * d.ne[3] * d.ne[4]
+    if count > INT_MAX - EP_BLOCK then fail("epilogue over %d elements: at most 2^31", count) end
+    local L = {}
+    L[#L + 1] = string.format("const unsigned i = blockIdx.x * %du + threadIdx.x;", EP_BLOCK)
+    if count % EP_BLOCK ~= 0 then
+        L[#L + 1] = string.format("if (i >= %du)", count)
+        L[#L + 1] = "    return;"
+    end
+    local c, div = {}, 1
+    for dd = 1, 4 do
+        if d.ne[dd] > 1 then
+            local x = div == 1 and "i" or string.format("i / %du", div)
+            if div * d.ne[dd] < count then x = string.format("(%s) %% %du", x, d.ne[dd]) end
+            c[dd] = x
+        end
+        div = div * d.ne[dd]
+    end
+    local vals = {}
+    for v, o in ipairs(voffs) do
+        vals[v] = string.format("((const float *)p%d)[%si]", k.nparams, o > 0 and o .. "u + " or "")
+    end
+    for _, l in ipairs(ep_lines(k, pre, c, vals)) do L[#L + 1] = l end
+    return L, (count + EP_BLOCK - 1) // EP_BLOCK
+end
+
 -- ---- gemv: C == 1 ---------------------------------------------------------------------------
 
 local function gemv_plan(s)
@@ -567,10 +692,19 @@ local function gemv(k, s)
     local bbase = sum({ s.A2 > 1 and term64("ja2", s.sb[3]) or nil, s.A3 > 1 and term64("ja3", s.sb[4]) or nil })
     local dbase = sum({ s.A2 > 1 and term64("ja2", s.sd[3]) or nil, s.A3 > 1 and term64("ja3", s.sd[4]) or nil })
     local wt = s.ta == "f32" and "float" or "unsigned short"
-    for r = 0, R - 1 do
-        local row = r == 0 and "row0" or string.format("(row0 + %du)", r)
+    -- Paired (mul_mat_glu): rows R..2R-1 are the same rows of the paired weight A2, so every
+    -- loop below streams both weights against one read of b.
+    local NR = s.pa and 2 * R or R
+    local pbase = s.pa and sum({ s.A2 > 1 and term64("ja2", s.spa[3]) or nil, s.A3 > 1 and term64("ja3", s.spa[4]) or nil })
+    for r = 0, NR - 1 do
+        local rr = r % R
+        local row = rr == 0 and "row0" or string.format("(row0 + %du)", rr)
         local clamp = s.M % P.rpb == 0 and row or string.format("(%s < %du ? %s : %du)", row, s.M, row, s.M - 1)
-        b.add("const %s *const w%d = A + %s;", wt, r, sum({ term64(clamp, s.sa[2]), abase ~= "0" and abase or nil }))
+        if r < R then
+            b.add("const %s *const w%d = A + %s;", wt, r, sum({ term64(clamp, s.sa[2]), abase ~= "0" and abase or nil }))
+        else
+            b.add("const %s *const w%d = A2 + %s;", wt, r, sum({ term64(clamp, s.spa[2]), pbase ~= "0" and pbase or nil }))
+        end
         b.add("float acc%d = 0.0f;", r)
     end
     b.add("const float *const bc = B%s;", bbase ~= "0" and " + " .. bbase or "")
@@ -597,12 +731,12 @@ local function gemv(k, s)
                 b.add("const float %s = kiln_ldb1(bc + %s);", n0, off)
             end
         end
-        for r = 0, R - 1 do
+        for r = 0, NR - 1 do
             local nm = string.format("x%d%s", r, tag)
             if not loaded then load_raw(b, H, s, vw, string.format("w%d + %s * %du", r, v, vw), nm) end
             convert_raw(b, H, pre, s, vw, nm)
         end
-        for r = 0, R - 1 do
+        for r = 0, NR - 1 do
             for e = 0, vw - 1 do b.add("acc%d = fmaf(x%d%s_%d, b%s_%d, acc%d);", r, r, tag, e, tag, e, r) end
         end
     end
@@ -614,7 +748,7 @@ local function gemv(k, s)
             b.open("{")
             for p = p0, p1 do b.add("const unsigned v%d = %s + %du;", p, tl, p * G) end
             for p = p0, p1 do
-                for r = 0, R - 1 do
+                for r = 0, NR - 1 do
                     load_raw(b, H, s, vw, string.format("w%d + v%d * %du", r, p, vw), string.format("x%d_%d", r, p))
                 end
             end
@@ -648,7 +782,7 @@ local function gemv(k, s)
         local off = s.sb[1] == 1 and "kt" or string.format("(long long)kt * %s", lit(s.sb[1]))
         H.use("ldb1")
         b.add("const float bt = kiln_ldb1(bc + %s);", off)
-        for r = 0, R - 1 do
+        for r = 0, NR - 1 do
             b.add("acc%d = fmaf(%s, bt, acc%d);", r, load_weight1(H, pre, s, "w" .. r .. " + kt"), r)
         end
         b.close()
@@ -659,33 +793,45 @@ local function gemv(k, s)
     if from > 0 then
         b.add("#pragma unroll")
         b.open("for (int o = %d; o > 0; o >>= 1) {", from)
-        for r = 0, R - 1 do b.add("acc%d += __shfl_xor_sync(0xffffffffu, acc%d, o);", r, r) end
+        for r = 0, NR - 1 do b.add("acc%d += __shfl_xor_sync(0xffffffffu, acc%d, o);", r, r) end
         b.close()
     end
-    local function store(b_, val, row)
+    -- vals: the product (and the paired product) of the row; with an epilogue, the epilogue at
+    -- dst coordinates (row, 0, ja2, ja3) (C == 1: dst's batch is the a-matrix's).
+    local function store(b_, vals, row)
         local guard = s.M % P.rpb ~= 0
-        local dst = sum({ term64(row, s.sd[1]), dbase ~= "0" and dbase or nil })
         if guard then b_.add("if (%s < %du)", row, s.M) b_.push() end
-        b_.add("D[%s] = %s;", dst, val)
+        if k.epilogue then
+            local c = { row, nil, s.A2 > 1 and "ja2" or nil, s.A3 > 1 and "ja3" or nil }
+            for _, l in ipairs(ep_lines(k, pre, c, vals)) do b_.add("%s", l) end
+        else
+            b_.add("D[%s] = %s;", sum({ term64(row, s.sd[1]), dbase ~= "0" and dbase or nil }), vals[1])
+        end
         if guard then b_.pop() end
+    end
+    local function row_vals(r)
+        return s.pa and { "acc" .. r, "acc" .. (r + R) } or { "acc" .. r }
     end
     if G <= 32 then
         b.open("if (%s == 0) {", tl)
-        for r = 0, R - 1 do store(b, "acc" .. r, r == 0 and "row0" or string.format("(row0 + %du)", r)) end
+        for r = 0, R - 1 do store(b, row_vals(r), r == 0 and "row0" or string.format("(row0 + %du)", r)) end
         b.close()
     else
         local W = G // 32
-        b.add("__shared__ float red[%d][%d];", R, W)
+        b.add("__shared__ float red[%d][%d];", NR, W)
         b.open("if ((threadIdx.x & 31u) == 0) {")
-        for r = 0, R - 1 do b.add("red[%d][threadIdx.x >> 5] = acc%d;", r, r) end
+        for r = 0, NR - 1 do b.add("red[%d][threadIdx.x >> 5] = acc%d;", r, r) end
         b.close()
         b.add("__syncthreads();")
         b.open("if (threadIdx.x < %du) {", R)
-        b.add("float t = 0.0f;")
+        local tv = s.pa and { "t", "t2" } or { "t" }
+        b.add("float %s;", s.pa and "t = 0.0f, t2 = 0.0f" or "t = 0.0f")
         b.add("#pragma unroll")
-        b.add("for (unsigned w = 0; w < %du; w++)", W)
-        b.add("    t += red[threadIdx.x][w];")
-        store(b, "t", "(row0 + threadIdx.x)")
+        b.open("for (unsigned w = 0; w < %du; w++) {", W)
+        b.add("t += red[threadIdx.x][w];")
+        if s.pa then b.add("t2 += red[threadIdx.x + %du][w];", R) end
+        b.close()
+        store(b, tv, "(row0 + threadIdx.x)")
         b.close()
     end
 
@@ -698,7 +844,9 @@ local function gemv(k, s)
             bw > 1 and string.format("%d-float vector loads through L1", bw) or "element loads through L1",
             P.rgn * s.NG, P.rgn, s.NG),
     }
-    local name = short_name(string.format("mul_mat_gemv_%s_%dx%d", s.ta, s.K, s.M))
+    if s.pa then notes[#notes + 1] = "paired: the same rows of the second weight (A2) against the same b" end
+    if k.epilogue then notes[#notes + 1] = string.format("epilogue: %d instruction(s), dst %s", #k.epilogue.instrs, k.dst.type) end
+    local name = short_name(string.format("mul_mat_gemv%s_%s_%dx%d", s.pa and "_pair" or (k.epilogue and "_ep" or ""), s.ta, s.K, s.M))
     local bounds = GEMV_MINB > 0 and string.format("%d, %d", T, GEMV_MINB) or T
     local source = render(name, s, notes, pre, H, bounds, param_list(k), b.lines)
     return { name = name, source = source, grid = { P.rgn * s.NG, 1, 1 }, block = { T, 1, 1 }, smem = 0 }
@@ -1268,7 +1416,8 @@ local function convert(k, s, tt)
     b.push()
     b.add("const float *const B = (const float *)p%d%s;", s.b.param, s.b.offs ~= 0 and " + " .. lit(s.b.offs) or "")
     local ot = tt == "f32" and "float" or "unsigned short"
-    b.add("%s *const S = (%s *)p%d;", ot, ot, k.nparams)
+    local base = k.scratch_base or 0
+    b.add("%s *const S = (%s *)(p%d%s);", ot, ot, k.nparams, base > 0 and " + " .. base or "")
     b.add("const unsigned idx = blockIdx.x * %du + threadIdx.x;", CVT_BLOCK)
     if total % CVT_BLOCK ~= 0 then
         b.add("if (idx >= %du)", total)
@@ -1391,8 +1540,9 @@ local function gemm(k, s)
         local tt = s.ta
         local conv, bytes = convert(k, s, tt)
         steps[1] = conv
-        scratch = bytes
-        bsrc = { param = k.nparams, offs = 0, st = { 1, s.K, s.K * s.N, s.K * s.N * s.B2 }, ld = s.K, type = tt }
+        local base = k.scratch_base or 0
+        scratch = base + bytes
+        bsrc = { param = k.nparams, offs = base // SIZE[tt], st = { 1, s.K, s.K * s.N, s.K * s.N * s.B2 }, ld = s.K, type = tt }
     end
     local es, bes = s.es, SIZE[bsrc.type]
     local sa, sb, sd = s.sa, bsrc.st, s.sd
@@ -1439,10 +1589,7 @@ local function gemm(k, s)
     return { scratch = scratch, steps = steps }
 end
 
-return function(k)
-    if k.kind ~= "op" then fail("node kind %s is not op", tostring(k.kind)) end
-    if k.op ~= "mul_mat" then fail("unknown op %s", tostring(k.op)) end
-    local s = shape_of(k)
+local function plan(k, s)
     if s.C == 1 then return gemv(k, s) end
     if s.C >= GEMM_MIN_COLS or s.K * s.M * s.NG >= GEMM_SMALL_WEIGHTS then
         local r = gemm(k, s)
@@ -1451,4 +1598,68 @@ return function(k)
     local mp = mma_plan(s)
     if mp then return tile_mma(k, s, mp) end
     return tile(k, s)
+end
+
+local function copy(t)
+    local c = {}
+    for key, v in pairs(t) do c[key] = v end
+    return c
+end
+
+-- The epilogue fallback of the tile and gemm plans: the product (and the paired product) into
+-- f32 regions of the scratch by the plain plan, then the epilogue as a step of its own. The
+-- paired product's conversion of b (identical to the first's) is not repeated.
+local function via_scratch(k)
+    local d = k.dst
+    local count = d.ne[1] * d.ne[2] * d.ne[3] * d.ne[4]
+    local region = ceil_div(count * 4, 256) * 256
+    local nv = k.pair and 2 or 1
+    local base = nv * region
+    local steps, scratch, voffs, conv = {}, base, {}, nil
+    for v = 1, nv do
+        local sk = copy(k)
+        sk.epilogue, sk.pair, sk.scratch_dst, sk.scratch_base = nil, nil, true, base
+        voffs[v] = (v - 1) * region // 4
+        sk.dst = { type = "f32", ne = d.ne, st = { 1, d.ne[1], d.ne[1] * d.ne[2], d.ne[1] * d.ne[2] * d.ne[3] },
+                   offs = voffs[v], param = k.nparams }
+        if v == 2 then
+            sk.args = copy(k.args)
+            sk.args.a = k.pair
+        end
+        local r = plan(sk, shape_of(sk))
+        scratch = math.max(scratch, r.scratch or 0)
+        for i, st in ipairs(r.steps or { r }) do
+            local is_conv = i == 1 and r.steps and st.source and st.name:find("^mul_mat_cvt_")
+            if not (is_conv and conv == st.source) then steps[#steps + 1] = st end
+            if is_conv then conv = st.source end
+        end
+    end
+    local pre = prelude.new()
+    local body, blocks = ep_body(k, pre, voffs)
+    local b = builder()
+    b.push()
+    for _, l in ipairs(body) do b.add("%s", l) end
+    local s = shape_of(k, { type = "f32", ne = d.ne, st = d.st, offs = d.offs, param = d.param })
+    local name = short_name(string.format("mul_mat_epilogue_%s_%dx%d", k.pair and "pair" or "one", s.M, s.C))
+    local notes = { string.format("epilogue after the product%s: one thread per dst element, values from the scratch",
+        k.pair and "s" or "") }
+    steps[#steps + 1] = { name = name, source = render(name, s, notes, pre, helpers(), EP_BLOCK, param_list(k, 1), b.lines),
+        grid = { blocks, 1, 1 }, block = { EP_BLOCK, 1, 1 }, smem = 0 }
+    if #steps > 64 then fail("the epilogue fallback needs %d steps, more than 64", #steps) end
+    return { scratch = scratch, steps = steps, epilogue = k.epilogue ~= nil, paired = k.pair ~= nil }
+end
+
+return function(k)
+    if k.kind ~= "op" then fail("node kind %s is not op", tostring(k.kind)) end
+    if k.op ~= "mul_mat" then fail("unknown op %s", tostring(k.op)) end
+    if not (k.epilogue or k.pair) then return plan(k, shape_of(k)) end
+    -- An epilogue (mul_mat_glu: the GLU over the product and the paired product). The shapes
+    -- are checked against dst's space as an f32 product.
+    local d = k.dst
+    local s = shape_of(k, { type = "f32", ne = d.ne, st = d.st, offs = d.offs, param = d.param })
+    if k.pair and not (k.epilogue and k.epilogue.values == 2) then fail("a paired weight needs an epilogue over 2 values") end
+    local r
+    if s.C == 1 then r = gemv(k, s) else r = via_scratch(k) end
+    r.epilogue, r.paired = k.epilogue ~= nil, k.pair ~= nil
+    return r
 end

@@ -100,6 +100,9 @@ local function problem(k)
     if k.kind ~= "op" or k.op ~= "mul_mat_id" then fail("node is not mul_mat_id (%s %s)", tostring(k.kind), tostring(k.op)) end
     local args = k.args or {}
     local as, b, ids, dst = args.as, args.b, args.ids, k.dst
+    -- With an epilogue dst is the epilogue's (any type and layout, stored through ep_lines): the
+    -- shapes are checked against its space as an f32 product.
+    if k.epilogue then dst = { type = "f32", ne = dst.ne, st = { 1, dst.st[2], dst.st[3], dst.st[4] }, offs = dst.offs, param = dst.param } end
     check_ref(as, "as", { f32 = true, f16 = true, bf16 = true })
     check_ref(b, "b", { f32 = true })
     check_ref(ids, "ids", { i32 = true })
@@ -107,8 +110,19 @@ local function problem(k)
     local p = {
         as = as, b = b, ids = ids, dst = dst, W = as.type,
         K = as.ne[1], M = as.ne[2], E = as.ne[3], B1 = b.ne[2], T = b.ne[3], U = ids.ne[1],
-        nparams = k.nparams,
+        nparams = k.nparams, pa = k.pair, scratch_dst = k.scratch_dst, k = k,
     }
+    -- The scratch of the prefill plan, after the products' regions in the epilogue fallback.
+    local base = k.scratch_base or 0
+    p.S = base > 0 and string.format("(p%d + %d)", k.nparams, base) or "p" .. k.nparams
+    p.base = base
+    if p.pa then
+        check_ref(p.pa, "pair", { [as.type] = true })
+        for d = 1, 4 do
+            if p.pa.ne[d] ~= as.ne[d] then fail("pair ne %s differs from as ne %s", dims(p.pa.ne), dims(as.ne)) end
+        end
+        if p.pa.st[1] ~= 1 then fail("the pair's rows must be contiguous (st0 = %d)", p.pa.st[1]) end
+    end
     if as.ne[4] ~= 1 or b.ne[4] ~= 1 or ids.ne[3] ~= 1 or ids.ne[4] ~= 1 then fail("as, b must be 3-D and ids 2-D") end
     if b.ne[1] ~= p.K then fail("b ne0 %d differs from as ne0 %d", b.ne[1], p.K) end
     if ids.ne[2] ~= p.T then fail("ids ne1 %d differs from b ne2 %d", ids.ne[2], p.T) end
@@ -120,14 +134,18 @@ local function problem(k)
     if dst.st[1] ~= 1 then fail("dst rows must be contiguous (st0 = %d)", dst.st[1]) end
     p.N = p.U * p.T
     if p.N > INT_MAX // 2 or p.M > INT_MAX // 2 or p.K > INT_MAX // 2 then fail("sizes out of range") end
+    -- (an epilogue's operands and the paired weight are parameters of their own)
     for i = 0, k.nparams - 1 do
-        if i ~= dst.param and i ~= as.param and i ~= b.param and i ~= ids.param then fail("stray parameter p%d", i) end
+        if i ~= dst.param and i ~= as.param and i ~= b.param and i ~= ids.param and not (k.epilogue or k.scratch_dst) then
+            fail("stray parameter p%d", i)
+        end
     end
     return p
 end
 
 -- Kernel parameter list: p0 (dst) writable, the others read-only, plus the scratch.
 local function param_list(p, scratch)
+    if p.scratch_dst then scratch = true end
     local l = {}
     for i = 0, p.nparams - 1 do
         l[#l + 1] = (i == p.dst.param and "char" or "const char") .. " *__restrict__ p" .. i
@@ -243,6 +261,114 @@ ${body}
 }
 ]]
 
+-- ---- epilogues (k.epilogue and k.pair; docs/templates.md, "Epilogues") ----------------------
+
+local ops = require("ops")
+
+-- The 64-bit element offset of ref r at dst coordinates c (C expressions, nil for 0), r
+-- broadcast by modulo where its extent is smaller than dst's (dne).
+local function ep_offset(r, c, dne)
+    local t = {}
+    for d = 1, 4 do
+        if c[d] and r.ne[d] > 1 and r.st[d] ~= 0 then
+            local e = "(" .. c[d] .. ")"
+            if r.ne[d] ~= dne[d] then e = "(" .. e .. " % " .. r.ne[d] .. "u)" end
+            t[#t + 1] = "(long long)" .. e .. (r.st[d] ~= 1 and " * " .. tostring(r.st[d]) .. "ll" or "")
+        end
+    end
+    if r.offs ~= 0 then t[#t + 1] = tostring(r.offs) .. "ll" end
+    return #t > 0 and table.concat(t, " + ") or "0"
+end
+
+-- Lines storing to dst at coordinates c what the node computes there from the op's values
+-- vals (f32 expressions: the product, then with k.pair the paired product): without an
+-- epilogue vals[1]; with one, registers 0..nin-1 the epilogue's own operands (only those its
+-- instructions read: the op's operands are never read), nin.. the values rounded to op_type,
+-- then the instructions, each rounded to its type; the last is stored in dst's type.
+local function ep_lines(k, pre, c, vals)
+    local d, e = k.dst, k.epilogue
+    local L = {}
+    if not prelude.ctype[d.type] then fail("dst: unsupported type %s", tostring(d.type)) end
+    local function store(v)
+        L[#L + 1] = string.format("((%s *)p%d)[%s] = %s;", prelude.ctype[d.type], d.param, ep_offset(d, c, d.ne),
+            pre.store(d.type, v))
+    end
+    if not e then
+        store(vals[1])
+        return L
+    end
+    local nin, nv = #k.inputs, e.values or 1
+    if nv ~= #vals then fail("epilogue over %d values, the kernel has %d", nv, #vals) end
+    local used = {}
+    for _, ins in ipairs(e.instrs) do
+        used[ins.a] = true
+        if ins.b then used[ins.b] = true end
+    end
+    L[#L + 1] = "{"
+    for i = 0, nin - 1 do
+        if used[i] then
+            local r = k.inputs[i + 1]
+            local ct = prelude.ctype[r.type]
+            if not ct then fail("epilogue operand %d: unsupported type %s", i, tostring(r.type)) end
+            L[#L + 1] = string.format("    const float e%d = %s;", i,
+                pre.load(r.type, string.format("((const %s *)p%d)[%s]", ct, r.param, ep_offset(r, c, d.ne))))
+        end
+    end
+    for v = 1, nv do L[#L + 1] = string.format("    const float e%d = %s;", nin + v - 1, pre.round(e.op_type, vals[v])) end
+    local first = nin + nv
+    if #e.instrs == 0 then fail("epilogue without instructions") end
+    for j, ins in ipairs(e.instrs) do
+        local reg = first + j - 1
+        local op = ops[ins.op]
+        if type(op) ~= "table" then fail("epilogue: unknown op %s", tostring(ins.op)) end
+        local function operand(v)
+            if math.type(v) ~= "integer" or v < 0 or v >= reg then fail("epilogue instr %d: bad register %s", j - 1, tostring(v)) end
+            return "e" .. v
+        end
+        local x = op.expr(operand(ins.a), op.arity > 1 and operand(ins.b) or nil, ins.f or { "0.0f", "0.0f" })
+        local t = ins.type or "f32"
+        if not prelude.ctype[t] then fail("epilogue instr %d: unsupported type %s", j - 1, tostring(t)) end
+        if not (j == #e.instrs and t == d.type) then x = pre.round(t, x) end
+        L[#L + 1] = string.format("    const float e%d = %s;", reg, x)
+    end
+    store("e" .. (first + #e.instrs - 1))
+    L[#L] = "    " .. L[#L]
+    L[#L + 1] = "}"
+    return L
+end
+
+local EP_BLOCK = 256
+
+-- The epilogue as a kernel step of its own (the fallback of plans that cannot apply it where
+-- they store): one thread per dst element; the op's values are f32, contiguous in dst's shape,
+-- in the scratch at element offsets voffs[1..]. Returns the lines of the body.
+local function ep_body(k, pre, voffs)
+    local d = k.dst
+    local count = d.ne[1] * d.ne[2] * d.ne[3] * d.ne[4]
+    if count > INT_MAX - EP_BLOCK then fail("epilogue over %d elements: at most 2^31", count) end
+    local L = {}
+    L[#L + 1] = string.format("const unsigned i = blockIdx.x * %du + threadIdx.x;", EP_BLOCK)
+    if count % EP_BLOCK ~= 0 then
+        L[#L + 1] = string.format("if (i >= %du)", count)
+        L[#L + 1] = "    return;"
+    end
+    local c, div = {}, 1
+    for dd = 1, 4 do
+        if d.ne[dd] > 1 then
+            local x = div == 1 and "i" or string.format("i / %du", div)
+            if div * d.ne[dd] < count then x = string.format("(%s) %% %du", x, d.ne[dd]) end
+            c[dd] = x
+        end
+        div = div * d.ne[dd]
+    end
+    local vals = {}
+    for v, o in ipairs(voffs) do
+        vals[v] = string.format("((const float *)p%d)[%si]", k.nparams, o > 0 and o .. "u + " or "")
+    end
+    for _, l in ipairs(ep_lines(k, pre, c, vals)) do L[#L + 1] = l end
+    return L, (count + EP_BLOCK - 1) // EP_BLOCK
+end
+
 -- ---- decode: one GEMV per (slot, token) ----------------------------------------------------------
 
 -- Vector types of a weight load of vb bytes: the loaded words and how to load them.
@@ -282,6 +408,13 @@ local function gemv(p)
     -- Elements per weight load: up to 16 bytes, as far as K and every row start allow.
     local wvals = { p.K, as.offs, as.st[2] }
     if p.E > 1 then wvals[#wvals + 1] = as.st[3] end
+    local pa = p.pa -- paired (mul_mat_glu): the same rows of a second weight, same loads of b
+    if pa then
+        wvals[#wvals + 1] = pa.offs
+        wvals[#wvals + 1] = pa.st[2]
+        if p.E > 1 then wvals[#wvals + 1] = pa.st[3] end
+    end
+    local NW = pa and 2 or 1
     local V = widest({ 16 // es, 8 // es, 4 // es, 2 // es, 1 }, wvals)
     if V < 1 then V = 1 end
     local vb = V * es
@@ -290,18 +423,19 @@ local function gemv(p)
     local ITER = ceil_div(NVK, 32)
     local RW = math.max(1, math.min(GEMV_MAX_ROWS, GEMV_ROW_BYTES // (p.K * es)))
     while RW > 1 and ceil_div(p.M, RW) * p.U * p.T < GEMV_MIN_WARPS do RW = RW // 2 end
-    local G = math.max(1, math.min(ITER, GEMV_LOADS // RW))
+    local G = math.max(1, math.min(ITER, GEMV_LOADS // (RW * NW)))
     local NG = ceil_div(ITER, G)
     local rows_per_block = GEMV_WARPS * RW
     local gx = ceil_div(p.M, rows_per_block)
     if p.U > 65535 or p.T > 65535 then fail("gemv: %d slots x %d tokens exceed the grid", p.U, p.T) end
 
-    local pre = prelude.new()
     local vt = ({ [16] = "uint4", [8] = "uint2", [4] = "unsigned", [2] = "unsigned short" })[vb]
     local wct = prelude.ctype[W]
     local bl = builder()
-    bl.add(ptr(p.dst, "out", "float", false))
+    local ep = p.k.epilogue
+    if not ep then bl.add(ptr(p.dst, "out", "float", false)) end
     bl.add(ptr(as, "wa", wct, true))
+    if pa then bl.add(ptr(pa, "wpa", wct, true)) end
     bl.add(ptr(p.b, "xb", "float", true))
     bl.add(ptr(p.ids, "ids", "int", true))
     bl.add("const unsigned lane = threadIdx.x & 31u;")
@@ -313,7 +447,12 @@ local function gemv(p)
     if p.U > 1 then bl.add("const unsigned u = blockIdx.y;") end
     if p.T > 1 then bl.add("const unsigned t = blockIdx.z;") end
     bl.add("const int e = %s;", id_expr(p, "u", "t"))
-    bl.add("float *const o = out + %s + row0;", dcol_expr(p, "u", "t"))
+    if not ep then bl.add("float *const o = out + %s + row0;", dcol_expr(p, "u", "t")) end
+    -- The dst coordinates (row, slot, token) of row expression r, for the epilogue.
+    local function coords(r)
+        return { r, p.U > 1 and "u" or nil, p.T > 1 and "t" or nil }
+    end
+    local pre = prelude.new()
     bl.add("if ((unsigned)e >= %du) { /* no such expert: a zero row, nothing read */", p.E)
     bl.push()
     if RW == 1 then
@@ -321,15 +460,25 @@ local function gemv(p)
     else
         bl.add("if (lane < %du%s)", RW, p.M % RW ~= 0 and string.format(" && row0 + lane < %du", p.M) or "")
     end
-    bl.add("    o[%s] = 0.0f;", RW == 1 and "0" or "lane")
+    if ep then
+        local zeros = pa and { "0.0f", "0.0f" } or { "0.0f" }
+        bl.push()
+        for _, l in ipairs(ep_lines(p.k, pre, coords(RW == 1 and "row0" or "row0 + lane"), zeros)) do bl.add("%s", l) end
+        bl.pop()
+    else
+        bl.add("    o[%s] = 0.0f;", RW == 1 and "0" or "lane")
+    end
     bl.add("return;")
     bl.pop()
     bl.add("}")
     bl.add("const %s *const w = wa + (long long)e * %s + (long long)row0 * %s;", wct, ll(as.st[3]), ll(as.st[2]))
+    if pa then bl.add("const %s *const wp = wpa + (long long)e * %s + (long long)row0 * %s;", wct, ll(pa.st[3]), ll(pa.st[2])) end
     local vidx = p.B1 == 1 and "0" or (p.B1 == p.U and "u" or string.format("u %% %du", p.B1))
     bl.add("const float *const x = xb + %s;", brow_expr(p, vidx, "t"))
+    -- Accumulators acc0.. of the rows of as, then (paired) accRW.. of the same rows of the pair.
+    local NR = RW * NW
     local acc = {}
-    for r = 0, RW - 1 do acc[#acc + 1] = "acc" .. r .. " = 0.0f" end
+    for r = 0, NR - 1 do acc[#acc + 1] = "acc" .. r .. " = 0.0f" end
     bl.add("float %s;", table.concat(acc, ", "))
     -- Rows past M (M % RW != 0) are not loaded; their sums stay 0 and are not stored.
     local function row_ok(r)
@@ -346,16 +495,17 @@ local function gemv(p)
         bl.push()
         bl.add("const unsigned g = 0;")
     end
-    bl.add("%s wv[%d][%d];", vt, RW, G)
+    bl.add("%s wv[%d][%d];", vt, NR, G)
     bl.add("#pragma unroll")
     bl.add("for (unsigned i = 0; i < %du; i++) {", G)
     bl.push()
     bl.add("const unsigned j = (g * %du + i) * 32u + lane;", G)
     if not full then bl.add("if (j < %du) {", NVK) bl.push() end
-    for r = 0, RW - 1 do
-        local src = string.format("w + %s(long long)j * %d", r > 0 and (ll(r * as.st[2]) .. " + ") or "", V)
+    for r = 0, NR - 1 do
+        local rr, wr = r % RW, r < RW and as or pa
+        local src = string.format("%s + %s(long long)j * %d", r < RW and "w" or "wp", rr > 0 and (ll(rr * wr.st[2]) .. " + ") or "", V)
         local ld = vb == 16 and ("kiln_ldw(" .. src .. ")") or string.format("*(const %s *)(%s)", vt, src)
-        local ok = row_ok(r)
+        local ok = row_ok(rr)
         if ok then
             bl.add("if (%s)", ok)
             bl.add("    wv[%d][i] = %s;", r, ld)
@@ -375,7 +525,7 @@ local function gemv(p)
     if not full then bl.add("if (j < %du) {", NVK) bl.push() end
     bl.add("float xs[%d];", V)
     load_b(bl, p, "x", string.format("j * %du", V), V, XV, "xs")
-    for r = 0, RW - 1 do
+    for r = 0, NR - 1 do
         for q = 0, V - 1 do
             bl.add("acc%d = fmaf(%s, xs[%d], acc%d);", r, welem(pre, W, vb, string.format("wv[%d][i]", r), q), q, r)
         end
@@ -385,7 +535,7 @@ local function gemv(p)
     bl.add("}")
     bl.pop()
     bl.add("}")
-    for r = 0, RW - 1 do
+    for r = 0, NR - 1 do
         bl.add("#pragma unroll")
         bl.add("for (int s = 16; s > 0; s >>= 1)")
         bl.add("    acc%d += __shfl_xor_sync(0xffffffffu, acc%d, s);", r, r)
@@ -394,16 +544,26 @@ local function gemv(p)
     bl.push()
     for r = 0, RW - 1 do
         local ok = row_ok(r)
-        bl.add("%so[%d] = acc%d;", ok and ("if (" .. ok .. ") ") or "", r, r)
+        if ep then
+            if ok then bl.add("if (%s)", ok) end
+            local vals = pa and { "acc" .. r, "acc" .. (r + RW) } or { "acc" .. r }
+            for _, l in ipairs(ep_lines(p.k, pre, coords(r == 0 and "row0" or string.format("row0 + %du", r)), vals)) do
+                bl.add("%s%s", ok and "    " or "", l)
+            end
+        else
+            bl.add("%so[%d] = acc%d;", ok and ("if (" .. ok .. ") ") or "", r, r)
+        end
     end
     bl.pop()
     bl.add("}")
 
-    local name = string.format("mul_mat_id_gemv_%s_k%d_m%d_u%d", W, p.K, p.M, p.U)
+    local name = string.format("mul_mat_id_gemv%s_%s_k%d_m%d_u%d", pa and "_pair" or (ep and "_ep" or ""), W, p.K, p.M, p.U)
     local notes = notes_of(p)
     notes[#notes + 1] = string.format("grid (%d, %d, %d) of %d warps; %d row%s per warp; loads of %d bytes (%d per lane before the FMAs); b %s",
         gx, p.U, p.T, GEMV_WARPS, RW, RW == 1 and "" or "s", vb, G * RW,
         XV > 1 and string.format("as float%d", XV) or "element by element")
+    if pa then notes[#notes + 1] = "paired: the same rows of the second weight (wpa) against the same b; the epilogue stores" end
+    if ep and not pa then notes[#notes + 1] = "epilogue at the store" end
     local helpers = {}
     helpers[#helpers + 1] = wload_helpers(vb)
     local src = source {
@@ -441,7 +601,7 @@ local function prep(p, s)
     local kp8 = s.KP // 8
     local total = s.R * kp8
     local pb = math.max(1, math.min(PACK_MAX_BLOCKS, ceil_div(total, PREP_THREADS)))
-    local S = "p" .. p.nparams
+    local S = p.S
     bl.add(ptr(p.ids, "ids", "int", true))
     bl.add(ptr(p.b, "xb", "float", true))
     bl.add("if (blockIdx.x == 0) {")
@@ -626,7 +786,7 @@ end
 -- The common head of both main kernels: the work item, its pairs' packed rows and dst columns,
 -- and the zero rows of invalid ids. Leaves n (pairs of this item), s_brow, s_dcol, e, m0.
 local function main_head(bl, p, s, bm)
-    local S = "p" .. p.nparams
+    local S = p.S
     bl.add("__shared__ int s_brow[%d];", s.BN)
     bl.add("__shared__ long long s_dcol[%d];", s.BN)
     bl.add(ptr(p.dst, "out", "float", false))
@@ -745,7 +905,7 @@ local function main_mma(p, s)
     local a_chunks, b_chunks = BM * 8, BN * 8
     local A_IT = a_chunks // NT
     local wct = prelude.ctype[p.W]
-    local S = "p" .. p.nparams
+    local S = p.S
     local bl = builder()
     bl.add("extern __shared__ __align__(128) unsigned char kiln_smem[];")
     main_head(bl, p, s, BM)
@@ -880,7 +1040,7 @@ local function main_fma(p, s)
     local BM, BN, BK, NT = FMA_BM, s.BN, FMA_BK, FMA_THREADS
     local pre = prelude.new()
     local wct = prelude.ctype[p.W]
-    local S = "p" .. p.nparams
+    local S = p.S
     local bl = builder()
     main_head(bl, p, s, BM)
     bl.add(ptr(p.as, "wa", wct, true))
@@ -960,9 +1120,56 @@ local function mma_ok(p)
     return widest({ 8 }, vals) == 8
 end
 
-return function(k)
-    local p = problem(k)
-    if p.T <= GEMV_MAX_T then return gemv(p) end
+local prefill
+
+local function copy(t)
+    local c = {}
+    for key, v in pairs(t) do c[key] = v end
+    return c
+end
+
+-- The epilogue fallback of the prefill plan: the product (and the paired product) into f32
+-- regions of the scratch by the plain plan, its own scratch after them; the paired product's
+-- routing and packing (identical to the first's) are not repeated; then the epilogue as a step
+-- of its own.
+local function via_scratch(k, p)
+    local d = k.dst
+    local count = d.ne[1] * d.ne[2] * d.ne[3] * d.ne[4]
+    local region = align(count * 4, 256)
+    local nv = p.pa and 2 or 1
+    local base = nv * region
+    local steps, scratch, voffs, prep_src = {}, base, {}, nil
+    for v = 1, nv do
+        local sk = copy(k)
+        sk.epilogue, sk.pair, sk.scratch_dst, sk.scratch_base = nil, nil, true, base
+        voffs[v] = (v - 1) * region // 4
+        sk.dst = { type = "f32", ne = d.ne, st = { 1, d.ne[1], d.ne[1] * d.ne[2], d.ne[1] * d.ne[2] * d.ne[3] },
+                   offs = voffs[v], param = k.nparams }
+        if v == 2 then
+            sk.args = copy(k.args)
+            sk.args.as = k.pair
+        end
+        local r = prefill(problem(sk))
+        scratch = math.max(scratch, r.scratch)
+        if r.steps[1].source ~= prep_src then steps[#steps + 1] = r.steps[1] end
+        prep_src = r.steps[1].source
+        for i = 2, #r.steps do steps[#steps + 1] = r.steps[i] end
+    end
+    local pre = prelude.new()
+    local body, blocks = ep_body(k, pre, voffs)
+    local bl = builder()
+    for _, l in ipairs(body) do bl.add("%s", l) end
+    local name = string.format("mul_mat_id_epilogue_%s_m%d_u%d_t%d", p.pa and "pair" or "one", p.M, p.U, p.T)
+    local src = source {
+        name = name, what = "epilogue after the product" .. (p.pa and "s" or "") .. ": one thread per dst element",
+        notes = notes_of(p), pre = (pre.code():gsub("\n$", "")), helpers = {}, threads = EP_BLOCK,
+        params = param_list(p, true), body = bl.text(),
+    }
+    steps[#steps + 1] = { name = name, source = src, grid = { blocks, 1, 1 }, block = { EP_BLOCK, 1, 1 }, smem = 0 }
+    return { scratch = scratch, steps = steps }
+end
+
+prefill = function(p)
     if p.E > MAX_EXPERTS then fail("%d experts: at most %d for prefill", p.E, MAX_EXPERTS) end
     local s, main
     if mma_ok(p) then
@@ -977,5 +1184,21 @@ return function(k)
         main = main_fma
     end
     if ceil_div(p.M, s.BM) > 65535 then fail("M %d: too many row tiles", p.M) end
-    return { scratch = s.bytes, steps = { prep(p, s), main(p, s) } }
+    return { scratch = p.base + s.bytes, steps = { prep(p, s), main(p, s) } }
+end
+
+return function(k)
+    local p = problem(k)
+    if k.pair and not (k.epilogue and k.epilogue.values == 2) then fail("a paired weight needs an epilogue over 2 values") end
+    if p.T <= GEMV_MAX_T then
+        local r = gemv(p)
+        r.epilogue, r.paired = k.epilogue ~= nil, k.pair ~= nil
+        return r
+    end
+    if k.epilogue then
+        local r = via_scratch(k, p)
+        r.epilogue, r.paired = true, k.pair ~= nil
+        return r
+    end
+    return prefill(p)
 end
