@@ -24,6 +24,7 @@
 
 local tpl = require("tpl")
 local prelude = require("prelude")
+local E = require("epilogue")
 
 local SIZE = { f32 = 4, f16 = 2, bf16 = 2 }
 local INT_MAX = 2147483647
@@ -148,7 +149,7 @@ static __device__ __forceinline__ double kiln_team_sum(double s)
 @ end
 
 extern "C" __global__ void __launch_bounds__(${block})
-${name}(char *__restrict__ p0, const char *__restrict__ p1)
+${name}(${params})
 {
 @ for _, s in ipairs(body) do
 ${s}
@@ -175,10 +176,15 @@ local function emit(c)
         return nm
     end
 
-    add(string.format("const %s *const in = (const %s *)p1%s;", prelude.ctype[t], prelude.ctype[t],
+    add(string.format("const %s *const in = (const %s *)p%d%s;", prelude.ctype[t], prelude.ctype[t], c.in_param,
         c.in_offs ~= 0 and (" + " .. I(c.in_offs)) or ""))
-    add(string.format("%s *const out = (%s *)p0%s;", prelude.ctype[dt], prelude.ctype[dt],
+    add(string.format("%s *const out = (%s *)p%d%s;", prelude.ctype[dt], prelude.ctype[dt], c.out_param,
         c.out_offs ~= 0 and (" + " .. I(c.out_offs)) or ""))
+    for _, o in ipairs(c.epi or {}) do
+        local ct = prelude.ctype[o.ref.type]
+        add(string.format("const %s *const e%d = (const %s *)p%d%s;", ct, o.j, ct, o.ref.param,
+            o.ref.offs ~= 0 and (" + " .. I(o.ref.offs)) or ""))
+    end
     if c.empty then
         add("(void)in;")
         add("(void)out;")
@@ -219,8 +225,45 @@ local function emit(c)
         end
         for _, l in ipairs(out) do add(ind .. l) end
     end
+    -- With an epilogue, element k of group g is the epilogue of op value vals(k) at coordinate
+    -- i0 = g * VEC + k of the segment's row (operands read through e<j>, row part eb<j>).
+    local function epilogue_group(g, vals, ind, put)
+        for _, o in ipairs(c.epi) do
+            if o.vector then
+                local vt = vtype(o.ref.type)
+                add(ind .. string.format("const %s ev%d = *(const %s *)(e%d + eb%d + %s * %s);", vt, o.j, vt, o.j, o.j,
+                    g, I(VEC)))
+            end
+        end
+        for k = 0, VEC - 1 do
+            local loads = {}
+            local i0 = VEC == 1 and g or string.format("%s * %s + %s", g, I(VEC), I(k))
+            for _, o in ipairs(c.epi) do
+                if o.vector then
+                    loads[o.j] = pre.load(o.ref.type, string.format("ev%d.v[%d]", o.j, k))
+                else
+                    local off = E.offset(o.ref, c.dne, { i0 }, I)
+                    loads[o.j] = pre.load(o.ref.type, string.format("e%d[eb%d + %s]", o.j, o.j, off))
+                end
+            end
+            local lines, r = E.lines(c.k, pre, { vals(k) }, loads, "e" .. k .. "_")
+            add(ind .. "{")
+            for _, l in ipairs(lines) do add(ind .. "    " .. l) end
+            add(ind .. "    " .. put(k, pre.store(dt, r)))
+            add(ind .. "}")
+        end
+    end
     local function store_group(g, vals, ind)
-        if c.y.vector then
+        if c.epi then
+            if c.y.vector then
+                local vt = vtype(dt)
+                add(ind .. string.format("%s o;", vt))
+                epilogue_group(g, vals, ind, function(k, v) return string.format("o.v[%d] = %s;", k, v) end)
+                add(ind .. string.format("*(%s *)(y + %s * %s) = o;", vt, g, I(VEC)))
+            else
+                epilogue_group(g, vals, ind, function(k, v) return string.format("y[%s] = %s;", elem_at("y", g, k), v) end)
+            end
+        elseif c.y.vector then
             local vt = vtype(dt)
             add(ind .. string.format("%s o;", vt))
             for k = 0, VEC - 1 do add(ind .. string.format("o.v[%d] = %s;", k, pre.store(dt, vals(k)))) end
@@ -383,12 +426,52 @@ local function aligned(r, vec, bases)
     return true
 end
 
+-- The epilogue's operands (c.epi): each read at the coordinate (i0, i1, i2, i3) of the element
+-- being stored, i1..i3 from the row index; the row's part of the offset (eb<j>) is computed once
+-- per segment, i0's per element. An operand contiguous along a full dim 0 whose rows line up
+-- is read as one vector per group (a weight row, a residual), others element by element.
+local function epilogue_plan(k, c, ne, rows, vec, I, plines)
+    if not k.epilogue then return end
+    c.k, c.dne, c.epi = k, ne, {}
+    local coords = {}
+    if rows > 1 then
+        local stride = 1
+        local last = 2
+        for d = 2, 4 do if ne[d] > 1 then last = d end end
+        for d = 2, 4 do
+            if ne[d] > 1 then
+                local e = "row"
+                if stride > 1 then e = e .. " / " .. I(stride) end
+                if d < last then e = "(" .. e .. ") % " .. I(ne[d]) end
+                coords[d] = "(" .. e .. ")"
+            end
+            stride = stride * ne[d]
+        end
+    end
+    for _, j in ipairs(E.operands(k)) do
+        local r = k.inputs[j + 1]
+        check_ref(r, "epilogue operand " .. j)
+        for d = 1, 4 do
+            if r.ne[d] < 1 or ne[d] % r.ne[d] ~= 0 then
+                fail("%s: epilogue operand %d: ne %s does not broadcast onto %s", k.op, j, dims(r.ne), dims(ne))
+            end
+        end
+        local v = vec > 1 and r.st[1] == 1 and r.ne[1] == ne[1] and vec * SIZE[r.type] <= 16 and r.offs % vec == 0
+        for d = 2, 4 do
+            if r.ne[d] > 1 and r.st[d] % vec ~= 0 then v = false end
+        end
+        c.epi[#c.epi + 1] = { j = j, ref = r, vector = v }
+        plines[#plines + 1] = string.format("const %s eb%d = %s;", c.ix_decl, j, E.offset(r, ne, coords, I))
+    end
+end
+
 -- The plan of norm, rms_norm and l2_norm: one segment per row.
-local function row_plan(k, a, dst, I)
+local function row_plan(k, a, dst, I, ix)
     local ne = dst.ne
     local n0 = ne[1]
     local rows = ne[2] * ne[3] * ne[4]
-    local c = { op = k.op, in_type = a.type, out_type = dst.type, in_offs = a.offs, out_offs = dst.offs, I = I }
+    local c = { op = k.op, in_type = a.type, out_type = dst.type, in_offs = a.offs, out_offs = dst.offs, I = I,
+        ix_decl = ix }
     local vec = vec_of(a.type, n0)
     vec = math.min(vec, vec_of(dst.type, n0))
     -- Row strides of the rows actually present (dims of extent 1 never move).
@@ -455,6 +538,7 @@ local function row_plan(k, a, dst, I)
     local bi = row_base(a, ne, I, plines, "r")
     local bo = row_base(dst, ne, I, plines, "r")
     c.base_in, c.base_out = bi, bo
+    epilogue_plan(k, c, ne, rows, vec, I, plines)
     -- The row decomposition is shared: drop duplicate declarations, and `row` when nothing reads
     -- it (a single row).
     local seen, pro = {}, {}
@@ -567,7 +651,15 @@ return function(k)
     local a, dst = k.args.a, k.dst
     check_ref(a, "a")
     check_ref(dst, "dst")
-    if k.nparams ~= 2 then fail("%s: expected 2 kernel parameters, got %s", op, tostring(k.nparams)) end
+    local nparams = k.nparams
+    if math.type(nparams) ~= "integer" or nparams < 2 then fail("%s: bad kernel parameter count %s", op, tostring(nparams)) end
+    for j, r in ipairs(k.inputs) do
+        if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then fail("%s: input %d: bad param", op, j - 1) end
+    end
+    if math.type(dst.param) ~= "integer" or dst.param < 0 or dst.param >= nparams then fail("%s: dst: bad param", op) end
+    if k.epilogue and (op == "group_norm" or (k.epilogue.values or 1) ~= 1) then
+        fail("%s: this template applies epilogues of row norms with one op value only", op)
+    end
     for d = 1, 4 do
         if a.ne[d] ~= dst.ne[d] then fail("%s: operand shape %s differs from the result's %s", op, dims(a.ne), dims(dst.ne)) end
     end
@@ -579,6 +671,10 @@ return function(k)
     local ma, na = reach(a)
     local md, nd = reach(dst)
     local wide = na or nd or ma > INT_MAX or md > INT_MAX
+    for _, j in ipairs(E.operands(k)) do
+        local m, neg = reach(k.inputs[j + 1])
+        if neg or m > INT_MAX then wide = true end
+    end
     local ix = wide and "long long" or "unsigned"
     local function I(v)
         if type(v) == "string" then return wide and ("(long long)" .. v) or v end
@@ -592,14 +688,22 @@ return function(k)
     elseif op == "group_norm" then
         c = group_plan(k, a, dst, I)
     else
-        c = row_plan(k, a, dst, I)
+        c = row_plan(k, a, dst, I, ix)
     end
     c.eps, c.ix = eps, ix
+    c.in_param, c.out_param = a.param, dst.param
 
     local name = string.format("%s_%s_%d", op, a.type, ne[1])
     if op == "group_norm" then name = string.format("%s_%s_g%d", op, a.type, k.params.n_groups) end
+    if k.epilogue then name = name .. E.name(k, 60 - #name) end
     local body, types, pre = emit(c)
     local notes = { layout_note(a, "in"), layout_note(dst, "out") }
+    if k.epilogue then
+        for _, o in ipairs(c.epi or {}) do
+            notes[#notes + 1] = layout_note(o.ref, "in" .. o.j) .. (o.vector and " (vectors)" or "")
+        end
+        for _, l in ipairs(E.notes(k)) do notes[#notes + 1] = l end
+    end
     notes[#notes + 1] = string.format("eps %s, %s indexing", eps, wide and "64-bit" or "32-bit")
     if c.block then
         -- The block reduction lives in the body; note the helper for readers.
@@ -608,10 +712,15 @@ return function(k)
         notes[#notes + 1] = "sums: double, xor butterflies inside each row's team of lanes"
     end
     local shuffles = c.shuffles
+    local plist = {}
+    for q = 0, nparams - 1 do plist[#plist + 1] = (q == 0 and "char" or "const char") .. " *__restrict__ p" .. q end
+    local params = table.concat(plist, ", ")
+    if #params + #name > 90 then params = "\n    " .. table.concat(plist, ",\n    ") end
     local source = kernel {
         name = name, what = c.what, shape = "shape " .. dims(ne) .. string.format(" = %d elements", n),
         notes = notes, launch = c.launch, pre = (pre.code():gsub("\n$", "")), types = types,
-        shuffles = shuffles, block = c.threads, body = body, empty = c.empty or false,
+        shuffles = shuffles, block = c.threads, body = body, empty = c.empty or false, params = params,
     }
-    return { name = name, source = source, grid = { c.nblocks, 1, 1 }, block = { c.threads, 1, 1 }, smem = 0 }
+    return { name = name, source = source, grid = { c.nblocks, 1, 1 }, block = { c.threads, 1, 1 }, smem = 0,
+        epilogue = k.epilogue ~= nil }
 end

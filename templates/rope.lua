@@ -125,11 +125,13 @@ local function vector_ok(a, dst, ve)
     end
     if dst.offs % ve ~= 0 then return false end
     if dst.ne[2] * dst.ne[3] * dst.ne[4] > 1 and dst.ne[1] % ve ~= 0 then return false end
+    if dst.rowst and dst.rowst % ve ~= 0 then return false end
     return true
 end
 
-local function plan_of(k)
-    local a, dst = k.args.a, k.dst
+-- dst: where rows are written (k.dst, or for rope_set_rows the cache row: see the caller).
+local function plan_of(k, dst)
+    local a = k.args.a
     local p = k.params
     local P = { mode = p.mode, kind = MODES[p.mode], nd = p.n_dims, type = a.type }
     if not P.kind then fail("unsupported mode %s", tostring(p.mode)) end
@@ -182,6 +184,126 @@ local function plan_of(k)
     return P
 end
 
+-- ---- rope_set_rows ----------------------------------------------------------------------------
+--
+-- k.fused == "rope_set_rows" (ir/fuse_rope_set_rows.c): the rope's result r ([ne0, ne1, T, 1], of
+-- op type k.set_rows.type) is not stored; dst = set_rows(k.set_rows.a, r viewed as T rows of
+-- ne0 * ne1, ids): a fresh copy of a whose row ids[j] is token j's rotated heads (the last j
+-- naming a row wins, as ggml's sequential loop leaves it). One launch of two kinds of blocks:
+-- * blocks 0 .. T * HG - 1 are the rope's (token, head group) blocks with their output rows
+--   redirected to cache row ids[tok]; a block whose token is overridden by a later one naming
+--   the same row, or whose id is out of range, writes nothing (the reference rejects such ids);
+-- * the others copy a's rows that no id names, one warp per row, 16-byte vectors where the
+--   layouts allow, four loads in flight per lane.
+-- Replaced rows are computed from x directly: each value rounded to the op type, then converted
+-- to dst's type, which is what the unfused rope + set_rows store.
+
+-- k.set_rows when the node is a rope_set_rows fusion (checked), else nil.
+local function set_rows_of(k)
+    if k.fused ~= "rope_set_rows" then return nil end
+    local S, a, dst = k.set_rows, k.args.a, k.dst
+    if type(S) ~= "table" then fail("rope_set_rows without k.set_rows") end
+    check_ref(S.a, "set_rows a", SIZE)
+    check_ref(S.ids, "set_rows ids", { i32 = 4, i64 = 8 })
+    if S.type ~= a.type then fail("rope_set_rows: op type %s differs from the rope's %s", tostring(S.type), a.type) end
+    if S.a.type ~= dst.type then fail("rope_set_rows: a is %s, dst %s", S.a.type, dst.type) end
+    local b = S.b_ne
+    if type(b) ~= "table" or b[1] ~= a.ne[1] * a.ne[2] or b[2] ~= a.ne[3] or b[3] ~= 1 or b[4] ~= 1 or a.ne[4] ~= 1 then
+        fail("rope_set_rows: the rows must be whole tokens (b %s, rope %s)", dims(b or {}), dims(a.ne))
+    end
+    for d = 1, 4 do
+        if S.a.ne[d] ~= dst.ne[d] then fail("rope_set_rows: a %s and dst %s differ", dims(S.a.ne), dims(dst.ne)) end
+    end
+    if dst.ne[1] ~= b[1] or dst.ne[3] ~= 1 or dst.ne[4] ~= 1 or dst.st[1] ~= 1 then
+        fail("rope_set_rows: dst %s st %s is not a matrix of contiguous rows of %d", dims(dst.ne), dims(dst.st), b[1])
+    end
+    if S.ids.ne[1] ~= b[2] or S.ids.ne[2] * S.ids.ne[3] * S.ids.ne[4] ~= 1 then
+        fail("rope_set_rows: ids %s must list one row per token", dims(S.ids.ne))
+    end
+    if dst.ne[2] > INT_MAX then fail("rope_set_rows: %d rows", dst.ne[2]) end
+    return S
+end
+
+local function scatter_notes(S, P, dst)
+    return {
+        string.format("set_rows: dst %s %s st %s offs %d = ca %s st %s offs %d with row ids[j] (%s st %d offs %d)",
+            dst.type, dims(dst.ne), dims(dst.st), dst.offs, S.a.type, dims(S.a.st), S.a.offs, S.ids.type, S.ids.st[1],
+            S.ids.offs),
+        string.format("  = token j's rope (rounded to %s); blocks 0..%d rope, the rest copy unnamed rows (warp each)",
+            S.type, P.tokens * P.hg - 1),
+    }
+end
+
+-- The copy blocks (see above), then the rope blocks' token, head group and cache row.
+local function scatter_prologue(S, P, dst, add, ix, I, U, types)
+    local R, W = dst.ne[2], dst.ne[1]
+    local ropeb = P.tokens * P.hg
+    local it = S.ids.type == "i64" and "long long" or "int"
+    local function id(j)
+        if S.ids.st[1] == 1 then return "ids[" .. j .. "]" end
+        return string.format("ids[(%s)(%s) * %s]", ix, j, I(S.ids.st[1]))
+    end
+    local ca, DT = S.a, dst.type
+    local V = 16 // SIZE[DT]
+    local vec = W % V == 0 and ca.st[1] == 1 and ca.offs % V == 0 and dst.offs % V == 0 and
+        (R == 1 or (ca.st[2] % V == 0 and dst.st[2] % V == 0))
+    if not vec then V = 1 end
+    local ct = prelude.ctype[DT]
+    local vt = ct
+    if vec then
+        vt = string.format("kiln_rows_%sx%d", DT == "f32" and "f32" or "u16", V)
+        types[#types + 1] = string.format("struct alignas(16) %s {\n    %s v[%d];\n};", vt, ct, V)
+    end
+    local nv = W // V
+    local in1, in2, in3 = "        ", "            ", "                "
+    add("/* copy blocks: a's rows that no id names */")
+    add(string.format("if (blockIdx.x >= %s) {", U(ropeb)))
+    add(string.format("const unsigned crow = (blockIdx.x - %s) * %s + (threadIdx.x >> 5);", U(ropeb), U(P.block // 32)), in1)
+    add(string.format("if (crow >= %s)", U(R)), in1)
+    add("return;", in2)
+    add("const unsigned lane = threadIdx.x & 31u;", in1)
+    add("bool named = false;", in1)
+    add(string.format("for (unsigned j = lane; j < %s; j += 32u)", U(P.tokens)), in1)
+    add(string.format("named |= %s == (%s)crow;", id("j"), it), in2)
+    add("if (__any_sync(0xffffffffu, named))", in1)
+    add("return;", in2)
+    add(string.format("const %s *const src = ca + (%s)crow * %s;", ct, ix, I(ca.st[2])), in1)
+    add(string.format("%s *const drow = y + (%s)crow * %s;", ct, ix, I(dst.st[2])), in1)
+    local function at(base, v, st)
+        if vec then return string.format("((%s%s *)%s)[%s]", base == "src" and "const " or "", vt, base, v) end
+        if st == 1 then return string.format("%s[%s]", base, v) end
+        return string.format("%s[(%s)(%s) * %s]", base, ix, v, I(st))
+    end
+    add(string.format("for (unsigned v = lane; v < %s; v += 128u) {", U(nv)), in1)
+    add(string.format("%s t0, t1, t2, t3;", vt), in2)
+    for u = 0, 3 do
+        local v = u == 0 and "v" or string.format("v + %s", U(32 * u))
+        local guard = u == 0 and "" or string.format("if (%s < %s) ", v, U(nv))
+        add(string.format("%st%d = %s;", guard, u, at("src", v, ca.st[1])), in2)
+    end
+    for u = 0, 3 do
+        local v = u == 0 and "v" or string.format("v + %s", U(32 * u))
+        local guard = u == 0 and "" or string.format("if (%s < %s) ", v, U(nv))
+        add(string.format("%s%s = t%d;", guard, at("drow", v, 1), u), in2)
+    end
+    add("}", in1)
+    add("return;", in1)
+    add("}")
+    add("")
+    add("/* rope blocks: token tok's heads into cache row ids[tok] */")
+    add(P.hg > 1 and string.format("const unsigned tok = blockIdx.x / %s;", U(P.hg)) or "const unsigned tok = blockIdx.x;")
+    add(string.format("const long long row = (long long)%s;", id("tok")))
+    add(string.format("if (row < 0 || row >= %dll)", R))
+    add("return; /* the reference rejects such an id */", in1)
+    if P.tokens > 1 then
+        add("int later = 0; /* a later token naming the same row wins */")
+        add(string.format("for (unsigned j = tok + 1u + threadIdx.x; j < %s; j += %s)", U(P.tokens), U(P.block)))
+        add(string.format("later |= %s == %s;", id("j"), id("tok")), in1)
+        add("if (__syncthreads_or(later))")
+        add("return;", in1)
+    end
+end
+
 -- ---- code -------------------------------------------------------------------------------------
 
 local kernel = tpl.define [[
@@ -190,6 +312,9 @@ local kernel = tpl.define [[
 // n_dims ${nd}: ${np} pairs per row${pairs}; ${copied}
 // theta_scale ${ts}, freq_scale ${fs}, ext_factor ${ef}, mscale ${ms}${yarn}
 // positions: i32 st ${pst} offs ${poffs}${ffnote}
+@ for _, l in ipairs(scatter) do
+// ${l}
+@ end
 // grid ${gx} x ${gy} (tokens x head groups of ${hpb}), block ${block}; units of ${g} pair(s) (${how});
 //   ${chunks}, ${bits}-bit offsets
 @ if pre ~= "" then
@@ -217,12 +342,24 @@ return function(k)
     check_ref(dst, "dst", SIZE)
     check_ref(pos, "pos", { i32 = 4 })
     if ff then check_ref(ff, "freq_factors", { f32 = 4 }) end
-    if dst.type ~= a.type then fail("dst type %s differs from a's %s", dst.type, a.type) end
-    for d = 1, 4 do
-        if dst.ne[d] ~= a.ne[d] then fail("dst and a shapes differ") end
+    -- Y: the rows the rope writes, in the rope's shape; for rope_set_rows a token's heads are
+    -- one row of the cache dst, at a row (and so an offset) known only at run time.
+    local S = set_rows_of(k)
+    local Y = dst
+    if S then
+        Y = { type = dst.type, ne = a.ne, st = { 1, a.ne[1], a.ne[1] * a.ne[2], a.ne[1] * a.ne[2] * a.ne[3] },
+            offs = dst.offs, rowst = dst.st[2], param = dst.param }
+    else
+        if k.fused then fail("unsupported fusion %s", tostring(k.fused)) end
+        if dst.type ~= a.type then fail("dst type %s differs from a's %s", dst.type, a.type) end
+        for d = 1, 4 do
+            if dst.ne[d] ~= a.ne[d] then fail("dst and a shapes differ") end
+        end
     end
+    local OT = S and S.type or a.type -- the rope's value is rounded to OT, then stored as Y's type
+    local DT = Y.type
 
-    local P = plan_of(k)
+    local P = plan_of(k, Y)
     local C = constants(k)
     local pre = prelude.new()
     local ne, nd, np, g = P.ne, P.nd, P.np, P.g
@@ -230,7 +367,7 @@ return function(k)
 
     -- Index width: 32-bit unless an offset needs more.
     local wide = false
-    for _, r in ipairs({ a, dst, pos }) do
+    for _, r in ipairs({ a, dst, pos, S and S.a, S and S.ids }) do
         local m, neg = reach(r)
         if m > INT_MAX or neg then wide = true end
     end
@@ -250,6 +387,7 @@ return function(k)
     end
     local params = table.concat(plist, ", ")
     local name = string.format("rope_%s_%s_%d_%d", P.kind, a.type, nd, ne[1])
+    if S then name = string.format("rope_set_rows_%s_%s_%d_%d_%s_%s", P.kind, a.type, nd, ne[1], DT, S.ids.type) end
     if #params + #name > 90 then params = "\n    " .. table.concat(plist, ",\n    ") end
     local function ptr(r, var, ct, const)
         if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
@@ -261,10 +399,14 @@ return function(k)
         return string.format("%s *const %s = (%s *)p%d%s;", cq, var, cq, r.param, offs)
     end
 
-    local body = {}
+    local body, types = {}, {}
     local function add(s, ind) body[#body + 1] = (s == "" or s:sub(1, 1) == "#") and s or (ind or "    ") .. s end
-    add(ptr(dst, "y", T, false))
+    add(ptr(dst, "y", prelude.ctype[DT], false))
     add(ptr(a, "x", T, true))
+    if S then
+        add(ptr(S.a, "ca", prelude.ctype[DT], true))
+        add(ptr(S.ids, "ids", S.ids.type == "i64" and "long long" or "int", true))
+    end
     if np > 0 then
         add(ptr(pos, "pos", "int", true))
         if ff then add(ptr(ff, "ff", "float", true)) end
@@ -272,7 +414,11 @@ return function(k)
     add("")
 
     -- Token and head group.
-    add("const unsigned tok = blockIdx.x;")
+    if S then
+        scatter_prologue(S, P, dst, add, ix, I, U, types)
+    else
+        add("const unsigned tok = blockIdx.x;")
+    end
     -- tok = i3 * ne2 + i2; only the coordinates something reads are declared.
     local i2, i3 = "0u", "0u"
     if ne[3] > 1 then
@@ -287,8 +433,14 @@ return function(k)
     if ne[3] > 1 and a.st[3] ~= 0 then aterms[#aterms + 1] = string.format("(%s)%s * %s", ix, i2, I(a.st[3])) end
     if ne[4] > 1 and a.st[4] ~= 0 then aterms[#aterms + 1] = string.format("(%s)%s * %s", ix, i3, I(a.st[4])) end
     add(string.format("const %s xbase = %s;", ix, #aterms > 0 and table.concat(aterms, " + ") or I(0)))
-    add(string.format("const %s ybase = (%s)tok * %s;", ix, ix, I(ne[1] * ne[2])))
-    if P.hg > 1 then
+    if S then
+        add(string.format("const %s ybase = (%s)row * %s;", ix, ix, I(dst.st[2])))
+    else
+        add(string.format("const %s ybase = (%s)tok * %s;", ix, ix, I(ne[1] * ne[2])))
+    end
+    if S and P.hg > 1 then
+        add(string.format("const unsigned hb = blockIdx.x %% %s * %s; /* first head of the block */", U(P.hg), U(P.hpb)))
+    elseif P.hg > 1 then
         add(string.format("const unsigned hb = blockIdx.y * %s; /* first head of the block */", U(P.hpb)))
     else
         add("const unsigned hb = 0u; /* first head of the block */")
@@ -315,15 +467,27 @@ return function(k)
         if P.pt <= 0 then return end
         add(string.format("for (unsigned v = threadIdx.x; v < %s * %s; v += %s) {", nh, U(P.pt), U(P.block)))
         add(string.format("const unsigned h = hb + v / %s, e = %s + v %% %s;", U(P.pt), U(nd), U(P.pt)), "        ")
-        add(string.format("y[%s] = x[%s];", yoff("h", "e"), xoff("h", "e")), "        ")
+        local v = string.format("x[%s]", xoff("h", "e"))
+        if S then v = pre.store(DT, pre.round(OT, pre.load(a.type, v))) end
+        add(string.format("y[%s] = %s;", yoff("h", "e"), v), "        ")
         add("}")
     end
 
-    local types = {}
-    local vt
+    local vt, ovt
     if P.vec then
         vt = string.format("kiln_rope_%sx%d", a.type == "f32" and "f32" or "u16", P.ve)
-        types[1] = string.format("struct alignas(%d) %s {\n    %s v[%d];\n};", P.ve * SIZE[a.type], vt, T, P.ve)
+        types[#types + 1] = string.format("struct alignas(%d) %s {\n    %s v[%d];\n};", P.ve * SIZE[a.type], vt, T, P.ve)
+        ovt = vt
+        if SIZE[DT] ~= SIZE[a.type] then
+            ovt = string.format("kiln_rope_%sx%d", DT == "f32" and "f32" or "u16", P.ve)
+            types[#types + 1] = string.format("struct alignas(%d) %s {\n    %s v[%d];\n};", P.ve * SIZE[DT], ovt,
+                prelude.ctype[DT], P.ve)
+        end
+    end
+    -- The rotated value v (f32) as stored: rounded to the op type, converted to Y's type.
+    local function out(v)
+        if S then return pre.store(DT, pre.round(OT, v)) end
+        return pre.store(a.type, v)
     end
 
     -- The parts of a unit: one run of 2G elements (normal) or two runs of G (the others).
@@ -386,14 +550,14 @@ return function(k)
             local e = part.e("i" .. j)
             local h = "h" .. j
             if P.vec then
-                add(string.format("%s o%d_%d;", vt, j, pi), ind)
+                add(string.format("%s o%d_%d;", ovt, j, pi), ind)
                 for m = 0, part.n - 1 do
-                    add(string.format("o%d_%d.v[%d] = %s;", j, pi, m, pre.store(a.type, outs[pi][m + 1])), ind)
+                    add(string.format("o%d_%d.v[%d] = %s;", j, pi, m, out(outs[pi][m + 1])), ind)
                 end
-                add(string.format("*(%s *)(y + %s) = o%d_%d;", vt, yoff(h, e), j, pi), ind)
+                add(string.format("*(%s *)(y + %s) = o%d_%d;", ovt, yoff(h, e), j, pi), ind)
             else
                 for m = 0, part.n - 1 do
-                    add(string.format("y[%s] = %s;", yoff(h, e .. " + " .. U(m)), pre.store(a.type, outs[pi][m + 1])), ind)
+                    add(string.format("y[%s] = %s;", yoff(h, e .. " + " .. U(m)), out(outs[pi][m + 1])), ind)
                 end
             end
         end
@@ -609,6 +773,13 @@ return function(k)
             or string.format("%d chunks of %d pairs", P.nchunks, P.ch)),
         bits = wide and "64" or "32",
         pre = (pre.code():gsub("\n$", "")), types = types, params = params, body = body,
+        scatter = S and scatter_notes(S, P, dst) or {},
     }
+    if S then
+        local grid = P.tokens * P.hg + ceil_div(dst.ne[2], P.block // 32)
+        if grid > 2147483647 then fail("rope_set_rows: %d blocks exceed the grid", grid) end
+        return { name = name, source = source, grid = { grid, 1, 1 }, block = { P.block, 1, 1 }, smem = 0,
+            fused = "rope_set_rows" }
+    end
     return { name = name, source = source, grid = { P.tokens, P.hg, 1 }, block = { P.block, 1, 1 }, smem = 0 }
 end
