@@ -93,3 +93,10 @@ int kiln_graph_size(const kiln_graph *g) { return g ? g->n : 0; }
 kiln_tensor *kiln_graph_node(const kiln_graph *g, int i) {
     return g && i >= 0 && i < g->n ? g->nodes[i] : NULL;
 }
+
+double kiln_graph_nmse_tol(const kiln_graph *g) {
+    double tol = 1e-6;
+    for (int i = 0; g && i < g->n; i++)
+        if (fe_ops[g->nodes[i]->op].nmse_tol > tol) tol = fe_ops[g->nodes[i]->op].nmse_tol;
+    return tol;
+}

@@ -262,6 +262,10 @@ kiln_status kiln_graph_new(kiln_ctx *ctx, kiln_graph **out);
 void        kiln_graph_free(kiln_graph *g);
 int          kiln_graph_size(const kiln_graph *g);
 kiln_tensor *kiln_graph_node(const kiln_graph *g, int i); /* NULL if out of range */
+/* The NMSE within which the GPU must agree with the CPU reference on g's f32 outputs: the
+ * loosest tolerance of g's ops (as ggml's test-backend-ops sets them; mul_mat 5e-4), at least
+ * 1e-6 so that last-bit differences of math functions pass. */
+double       kiln_graph_nmse_tol(const kiln_graph *g);
 
 typedef enum { KILN_CACHE_ON, KILN_CACHE_OFF, KILN_CACHE_READONLY, KILN_CACHE_REFRESH } kiln_cache_mode;
 

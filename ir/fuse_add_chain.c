@@ -190,6 +190,6 @@ static void fuse_into_matmul(ir_prog *p) {
 kiln_status ir_fuse_add_chain(ir_prog *p) {
     fuse_chains(p);
     fuse_slices(p);
-    if (0) fuse_into_matmul(p); /* TEMP: until matmul.lua applies epilogues */
+    fuse_into_matmul(p);
     return NULL;
 }

@@ -83,6 +83,22 @@ START_TEST(partial_broadcast) {
 }
 END_TEST
 
+START_TEST(into_matmul) {
+    /* the residual add (and a second add) become the projection's epilogue: one kernel */
+    expect("weight w: bf16[64, 32]\ninput x: f32[64, 2]\ninput r: f32[32, 2]\ninput r2: f32[32]\n"
+           "m = mul_mat(w, x)\ns = add(r, m)\noutput y = add(s, r2)\n",
+           "ew_chain", 1, "fused add_chain: m, s, y\n", true);
+    /* not when the product is also an output */
+    expect("weight w: bf16[64, 32]\ninput x: f32[64, 2]\ninput r: f32[32, 2]\n"
+           "output m = mul_mat(w, x)\noutput y = add(r, m)\n",
+           "ew_chain", 2, "fused add_chain", false);
+    /* nor when the add broadcasts the product over a larger space */
+    expect("weight w: bf16[64, 32]\ninput x: f32[64, 1]\ninput r: f32[32, 3]\n"
+           "m = mul_mat(w, x)\noutput y = add(r, m)\n",
+           "ew_chain", 2, "fused add_chain", false);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("fuse_add_chain");
     TCase *t = tcase_create("add_chain");
@@ -90,6 +106,7 @@ int main(void) {
     tcase_add_test(t, add_chain_alone);
     tcase_add_test(t, does_not_fire);
     tcase_add_test(t, partial_broadcast);
+    tcase_add_test(t, into_matmul);
     suite_add_tcase(s, t);
     return ts_main(s);
 }

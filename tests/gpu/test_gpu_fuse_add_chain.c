@@ -1,0 +1,125 @@
+/* GPU tests of pass add_chain: each graph compiled fused and unfused (--no-fuse), run on the
+ * GPU and compared with kiln_reference (the unfused graph on the CPU) by NMSE.
+ *
+ * - moe_sum: the MoE expert sum (product, views per slot, adds, residual) as one kernel, at
+ *   decode and prefill token counts, 8 and 4 slots, f32 and f16 residual;
+ * - into_matmul: a residual add (or two) as the epilogue of mul_mat at n = 1 (GEMV), 16
+ *   (tiles), 512 (cuBLAS, then the epilogue step), and of mul_mat_id at decode. */
+#include "tests/support.h"
+
+#include "frontend/frontend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/gpu/gpu_support.h"
+
+static void fill_leaves(const kiln_graph *g, hset *h, uint64_t seed) {
+    rng_t r = {seed};
+    for (int i = 0; i < g->n; i++) {
+        const kiln_tensor *t = g->nodes[i];
+        if (t->role != KILN_ROLE_INPUT && t->role != KILN_ROLE_WEIGHT) continue;
+        int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+        hdata  *d = hset_add(h, t->name, t->type, n);
+        if (t->type == KILN_I32) { /* expert ids: slot u of each token takes a distinct expert */
+            for (int64_t k = 0; k < n; k++) ((int32_t *)d->data)[k] = (int32_t)((k % t->ne[0]) * 7 + rng_int(&r, 0, 6));
+        } else {
+            fill(d->data, t->type, n, seed * 7 + (uint64_t)i, FILL_ANY);
+        }
+    }
+}
+
+/* kg fused and unfused, each against the reference; the fused program has `kernels` kernels. */
+static void run_kg(const char *kg, const char *what, double tol, uint64_t seed) {
+    need_gpu();
+    kiln_ctx   *ctx = ts_parse(kg);
+    kiln_graph *g = NULL;
+    TS_OK(kiln_graph_new(ctx, &g));
+    hset h = {0};
+    fill_leaves(g, &h, seed);
+    for (int no_fuse = 0; no_fuse <= 1; no_fuse++) {
+        char label[4096];
+        snprintf(label, sizeof label, "%s%s:\n%s", what, no_fuse ? " (unfused)" : " (fused)", kg);
+        cmp_opts co = {.label = label, .tol_f32 = tol, .fused_tol = true, .no_fuse = no_fuse};
+        double   e = check_graph(g, &h, &co);
+        printf("%-52s %s nmse %.3g\n", what, no_fuse ? "unfused" : "fused  ", e);
+    }
+    hset_free(&h);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+static void moe_sum(int D, int S, int T, const char *rt, uint64_t seed) {
+    char kg[8192], what[128];
+    int  n = snprintf(kg, sizeof kg, "input experts: f32[%d, %d, %d]\ninput w: f32[1, %d, %d]\ninput res: %s[%d, %d]\n"
+                                    "weighted = mul(experts, w)\n",
+                      D, S, T, S, T, rt, D, T);
+    for (int s = 0; s < S; s++)
+        n += snprintf(kg + n, sizeof kg - (size_t)n, "e%d = view(weighted, [%d, %d], [%d], %d)\n", s, D, T, D * S * 4,
+                      s * D * 4);
+    n += snprintf(kg + n, sizeof kg - (size_t)n, "s1 = add(e0, e1)\n");
+    for (int s = 2; s < S; s++) n += snprintf(kg + n, sizeof kg - (size_t)n, "s%d = add(s%d, e%d)\n", s, s - 1, s);
+    snprintf(kg + n, sizeof kg - (size_t)n, "output out = add(s%d, res)\n", S - 1);
+    snprintf(what, sizeof what, "moe_sum D %d slots %d T %d residual %s", D, S, T, rt);
+    run_kg(kg, what, 1e-7, seed);
+}
+
+START_TEST(test_moe_sum) {
+    static const int cases[6][3] = {{2048, 8, 1}, {2048, 8, 5}, {4096, 4, 1}, {768, 8, 64}, {2048, 8, 512}, {64, 2, 3}};
+    moe_sum(cases[_i][0], cases[_i][1], cases[_i][2], _i % 2 ? "f16" : "f32", 100 + (uint64_t)_i);
+}
+END_TEST
+
+START_TEST(test_into_matmul) {
+    static const int NS[3] = {1, 16, 512};
+    char kg[1024], what[128];
+    int  N = NS[_i % 3];
+    bool two = _i >= 3;
+    snprintf(kg, sizeof kg,
+             "weight w: bf16[2048, 1024]\ninput x: f32[2048, %d]\ninput r1: f32[1024, %d]\ninput r2: f32[1024]\n"
+             "m = mul_mat(w, x)\n%s",
+             N, N, two ? "s = add(m, r1)\noutput y = add(s, r2)\n" : "output y = add(r1, m)\n");
+    snprintf(what, sizeof what, "into mul_mat n %d, %s", N, two ? "two adds" : "residual");
+    run_kg(kg, what, 5e-4, 200 + (uint64_t)_i);
+}
+END_TEST
+
+START_TEST(test_into_matmul_id) {
+    char kg[1024];
+    int  T = _i ? 4 : 1;
+    snprintf(kg, sizeof kg,
+             "weight as: bf16[2048, 768, 16]\ninput x: f32[2048, 1, %d]\ninput ids: i32[4, %d]\ninput r: f32[768, 4, %d]\n"
+             "m = mul_mat_id(as, x, ids)\noutput y = add(m, r)\n",
+             T, T, T);
+    run_kg(kg, T == 1 ? "into mul_mat_id T 1" : "into mul_mat_id T 4", 5e-4, 300 + (uint64_t)_i);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("gpu_fuse_add_chain");
+    TCase *tc = tcase_create("moe_sum");
+    tcase_set_timeout(tc, 900);
+    tcase_add_loop_test(tc, test_moe_sum, 0, 6);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("into_matmul");
+    tcase_set_timeout(tc, 900);
+    tcase_add_loop_test(tc, test_into_matmul, 0, 6);
+    tcase_add_loop_test(tc, test_into_matmul_id, 0, 2);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    const char *base = getenv("TMPDIR");
+    static char dir[4096];
+    snprintf(dir, sizeof dir, "%s/kiln-gpu-fuse-add-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return EXIT_FAILURE;
+    }
+    g_cache_dir = dir;
+    int rc = ts_main(suite());
+    ts_rmtree(g_cache_dir);
+    return rc;
+}
