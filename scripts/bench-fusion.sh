@@ -1,7 +1,7 @@
 #!/bin/sh
 # The report of issue 5: for each fusion pattern (bench/fusion/*.kg, each naming its pass in a
-# "# fusion: NAME" line) and for the example layers, the kernel count and the median CUDA-graph
-# replay time with every pass on, with only that pass off (--no-fuse=NAME), and with fusion off.
+# "# fusion: NAME" line) and for the example layers, the number of kernel nodes (`kiln inspect`;
+# attention's split-KV decode adds a combine step) and the median CUDA-graph replay time with every pass on, with only that pass off (--no-fuse=NAME), and with fusion off.
 # Usage: scripts/bench-fusion.sh [KILN] [GRAPH...]
 set -u
 KILN=${1:-build/kiln}
@@ -13,7 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 # kernels and ms of one configuration, as "K MS" (or "- FAILED")
 measure() {
     out=$("$KILN" run "$@" --iters "$ITERS" 2>&1)
-    k=$(printf '%s\n' "$out" | sed -n 's/^compiled \([0-9]*\) kernels.*/\1/p' | head -1)
+    k=$("$KILN" inspect "$@" 2>/dev/null | grep -cE '^k[0-9]+ ')
     ms=$(printf '%s\n' "$out" | sed -n 's/^bandwidth:.* in \([0-9.]*\) ms.*/\1/p' | head -1)
     if [ -z "$ms" ]; then ms=$(printf '%s\n' "$out" | sed -n 's/.*median \([0-9.]*\) ms.*/\1/p' | head -1); fi
     if [ -z "$k" ] || [ -z "$ms" ]; then echo "- FAILED:$(printf '%s\n' "$out" | tail -1)"; else echo "$k $ms"; fi
