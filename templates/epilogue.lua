@@ -20,6 +20,11 @@
 -- making the register names unique in their scope (one per output element when the caller
 -- unrolls elements). E.offset builds an operand's element offset from coordinate expressions,
 -- broadcasting by modulo exactly as IR_EW inputs do.
+--
+-- Kernels that store dst element by element at 64-bit offsets (matmul, matmul_id) use
+-- E.store_lines(k, pre, c, vals) (the whole store at dst coordinates c, epilogue or not) and,
+-- for plans whose products land in scratch, E.step_body(k, pre, voffs) (a kernel step of
+-- E.STEP_BLOCK threads per block applying the epilogue over dst).
 
 local ops = require("ops")
 local prelude = require("prelude")
@@ -142,6 +147,115 @@ function M.notes(k)
             (ins.type or "f32") ~= "f32" and (" -> " .. ins.type) or "")
     end
     return out
+end
+
+-- ---- for kernels that store element by element (matmul, matmul_id) -------------------------
+
+local INT_MAX = 2147483647
+
+-- The 64-bit element offset of ref r at dst coordinates c (C expressions, nil for 0), r
+-- broadcast by modulo where its extent is smaller than dst's (dne).
+local function store_offset(r, c, dne)
+    local t = {}
+    for d = 1, 4 do
+        if c[d] and r.ne[d] > 1 and r.st[d] ~= 0 then
+            local e = "(" .. c[d] .. ")"
+            if r.ne[d] ~= dne[d] then e = "(" .. e .. " % " .. r.ne[d] .. "u)" end
+            t[#t + 1] = "(long long)" .. e .. (r.st[d] ~= 1 and " * " .. tostring(r.st[d]) .. "ll" or "")
+        end
+    end
+    if r.offs ~= 0 then t[#t + 1] = tostring(r.offs) .. "ll" end
+    return #t > 0 and table.concat(t, " + ") or "0"
+end
+
+-- Lines storing to dst at coordinates c what the node computes there from the op's values
+-- vals (f32 expressions: the product, then with k.pair the paired product): without an
+-- epilogue vals[1]; with one, registers 0..nin-1 the epilogue's own operands (only those its
+-- instructions read: the op's operands are never read), nin.. the values rounded to op_type,
+-- then the instructions, each rounded to its type; the last is stored in dst's type.
+function M.store_lines(k, pre, c, vals)
+    local d, e = k.dst, k.epilogue
+    local L = {}
+    if not prelude.ctype[d.type] then fail("dst: unsupported type %s", tostring(d.type)) end
+    local function store(v)
+        L[#L + 1] = string.format("((%s *)p%d)[%s] = %s;", prelude.ctype[d.type], d.param, store_offset(d, c, d.ne),
+            pre.store(d.type, v))
+    end
+    if not e then
+        store(vals[1])
+        return L
+    end
+    local nin, nv = #k.inputs, e.values or 1
+    if nv ~= #vals then fail("epilogue over %d values, the kernel has %d", nv, #vals) end
+    local used = {}
+    for _, ins in ipairs(e.instrs) do
+        used[ins.a] = true
+        if ins.b then used[ins.b] = true end
+    end
+    L[#L + 1] = "{"
+    for i = 0, nin - 1 do
+        if used[i] then
+            local r = k.inputs[i + 1]
+            local ct = prelude.ctype[r.type]
+            if not ct then fail("epilogue operand %d: unsupported type %s", i, tostring(r.type)) end
+            L[#L + 1] = string.format("    const float e%d = %s;", i,
+                pre.load(r.type, string.format("((const %s *)p%d)[%s]", ct, r.param, store_offset(r, c, d.ne))))
+        end
+    end
+    for v = 1, nv do L[#L + 1] = string.format("    const float e%d = %s;", nin + v - 1, pre.round(e.op_type, vals[v])) end
+    local first = nin + nv
+    if #e.instrs == 0 then fail("epilogue without instructions") end
+    for j, ins in ipairs(e.instrs) do
+        local reg = first + j - 1
+        local op = ops[ins.op]
+        if type(op) ~= "table" then fail("epilogue: unknown op %s", tostring(ins.op)) end
+        local function operand(v)
+            if math.type(v) ~= "integer" or v < 0 or v >= reg then fail("epilogue instr %d: bad register %s", j - 1, tostring(v)) end
+            return "e" .. v
+        end
+        local x = op.expr(operand(ins.a), op.arity > 1 and operand(ins.b) or nil, ins.f or { "0.0f", "0.0f" })
+        local t = ins.type or "f32"
+        if not prelude.ctype[t] then fail("epilogue instr %d: unsupported type %s", j - 1, tostring(t)) end
+        if not (j == #e.instrs and t == d.type) then x = pre.round(t, x) end
+        L[#L + 1] = string.format("    const float e%d = %s;", reg, x)
+    end
+    store("e" .. (first + #e.instrs - 1))
+    L[#L] = "    " .. L[#L]
+    L[#L + 1] = "}"
+    return L
+end
+
+local EP_BLOCK = 256
+M.STEP_BLOCK = EP_BLOCK -- threads per block of step_body's kernel
+
+-- The epilogue as a kernel step of its own (the fallback of plans that cannot apply it where
+-- they store): one thread per dst element; the op's values are f32, contiguous in dst's shape,
+-- in the scratch at element offsets voffs[1..]. Returns the lines of the body.
+function M.step_body(k, pre, voffs)
+    local d = k.dst
+    local count = d.ne[1] * d.ne[2] * d.ne[3] * d.ne[4]
+    if count > INT_MAX - EP_BLOCK then fail("epilogue over %d elements: at most 2^31", count) end
+    local L = {}
+    L[#L + 1] = string.format("const unsigned i = blockIdx.x * %du + threadIdx.x;", EP_BLOCK)
+    if count % EP_BLOCK ~= 0 then
+        L[#L + 1] = string.format("if (i >= %du)", count)
+        L[#L + 1] = "    return;"
+    end
+    local c, div = {}, 1
+    for dd = 1, 4 do
+        if d.ne[dd] > 1 then
+            local x = div == 1 and "i" or string.format("i / %du", div)
+            if div * d.ne[dd] < count then x = string.format("(%s) %% %du", x, d.ne[dd]) end
+            c[dd] = x
+        end
+        div = div * d.ne[dd]
+    end
+    local vals = {}
+    for v, o in ipairs(voffs) do
+        vals[v] = string.format("((const float *)p%d)[%si]", k.nparams, o > 0 and o .. "u + " or "")
+    end
+    for _, l in ipairs(M.store_lines(k, pre, c, vals)) do L[#L + 1] = l end
+    return L, (count + EP_BLOCK - 1) // EP_BLOCK
 end
 
 return M
