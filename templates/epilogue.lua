@@ -258,4 +258,39 @@ function M.step_body(k, pre, voffs)
     return L, (count + EP_BLOCK - 1) // EP_BLOCK
 end
 
+-- The plain nodes computing k's op values (v = 1, and 2 with k.pair, whose weight replaces
+-- args[slot]) as f32 in dst's shape into the scratch, for plans that apply the epilogue as a
+-- step of its own (step_body): sub-node tables, the values' element offsets in the scratch, and
+-- the bytes they take (where the sub-nodes' own scratch begins: sk.scratch_base).
+function M.value_nodes(k, slot)
+    local d = k.dst
+    local count = d.ne[1] * d.ne[2] * d.ne[3] * d.ne[4]
+    local region = (count * 4 + 255) // 256 * 256
+    local nv = k.pair and 2 or 1
+    local base = nv * region
+    local subs, voffs = {}, {}
+    for v = 1, nv do
+        local sk = {}
+        for key, x in pairs(k) do sk[key] = x end
+        sk.epilogue, sk.pair, sk.scratch_dst, sk.scratch_base = nil, nil, true, base
+        voffs[v] = (v - 1) * region // 4
+        sk.dst = { type = "f32", ne = d.ne, st = { 1, d.ne[1], d.ne[1] * d.ne[2], d.ne[1] * d.ne[2] * d.ne[3] },
+                   offs = voffs[v], param = k.nparams }
+        if v == 2 then
+            sk.args = {}
+            for key, x in pairs(k.args) do sk.args[key] = x end
+            sk.args[slot] = k.pair
+        end
+        subs[v] = sk
+    end
+    return subs, voffs, base
+end
+
+-- Whether two kernel sources differ only in comments: the paired value's conversion or routing
+-- step names a different weight in its notes but does the same work, so it runs once.
+function M.same_code(a, b)
+    local function code(src) return src and (src:gsub("//[^\n]*\n", ""):gsub("/%*.-%*/", "")) end
+    return a ~= nil and b ~= nil and code(a) == code(b)
+end
+
 return M

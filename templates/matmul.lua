@@ -1497,37 +1497,19 @@ local function plan(k, s)
     return tile(k, s)
 end
 
-local function copy(t)
-    local c = {}
-    for key, v in pairs(t) do c[key] = v end
-    return c
-end
-
 -- The epilogue fallback of the tile and gemm plans: the product (and the paired product) into
 -- f32 regions of the scratch by the plain plan, then the epilogue as a step of its own. The
 -- paired product's conversion of b (identical to the first's) is not repeated.
 local function via_scratch(k)
     local d = k.dst
-    local count = d.ne[1] * d.ne[2] * d.ne[3] * d.ne[4]
-    local region = ceil_div(count * 4, 256) * 256
-    local nv = k.pair and 2 or 1
-    local base = nv * region
-    local steps, scratch, voffs, conv = {}, base, {}, nil
-    for v = 1, nv do
-        local sk = copy(k)
-        sk.epilogue, sk.pair, sk.scratch_dst, sk.scratch_base = nil, nil, true, base
-        voffs[v] = (v - 1) * region // 4
-        sk.dst = { type = "f32", ne = d.ne, st = { 1, d.ne[1], d.ne[1] * d.ne[2], d.ne[1] * d.ne[2] * d.ne[3] },
-                   offs = voffs[v], param = k.nparams }
-        if v == 2 then
-            sk.args = copy(k.args)
-            sk.args.a = k.pair
-        end
+    local subs, voffs, base = epilogue.value_nodes(k, "a")
+    local steps, scratch, conv = {}, base, nil
+    for _, sk in ipairs(subs) do
         local r = plan(sk, shape_of(sk))
         scratch = math.max(scratch, r.scratch or 0)
         for i, st in ipairs(r.steps or { r }) do
             local is_conv = i == 1 and r.steps and st.source and st.name:find("^mul_mat_cvt_")
-            if not (is_conv and conv == st.source) then steps[#steps + 1] = st end
+            if not (is_conv and epilogue.same_code(conv, st.source)) then steps[#steps + 1] = st end
             if is_conv then conv = st.source end
         end
     end

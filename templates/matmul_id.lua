@@ -1019,36 +1019,17 @@ end
 
 local prefill
 
-local function copy(t)
-    local c = {}
-    for key, v in pairs(t) do c[key] = v end
-    return c
-end
-
 -- The epilogue fallback of the prefill plan: the product (and the paired product) into f32
 -- regions of the scratch by the plain plan, its own scratch after them; the paired product's
 -- routing and packing (identical to the first's) are not repeated; then the epilogue as a step
 -- of its own.
 local function via_scratch(k, p)
-    local d = k.dst
-    local count = d.ne[1] * d.ne[2] * d.ne[3] * d.ne[4]
-    local region = align(count * 4, 256)
-    local nv = p.pa and 2 or 1
-    local base = nv * region
-    local steps, scratch, voffs, prep_src = {}, base, {}, nil
-    for v = 1, nv do
-        local sk = copy(k)
-        sk.epilogue, sk.pair, sk.scratch_dst, sk.scratch_base = nil, nil, true, base
-        voffs[v] = (v - 1) * region // 4
-        sk.dst = { type = "f32", ne = d.ne, st = { 1, d.ne[1], d.ne[1] * d.ne[2], d.ne[1] * d.ne[2] * d.ne[3] },
-                   offs = voffs[v], param = k.nparams }
-        if v == 2 then
-            sk.args = copy(k.args)
-            sk.args.as = k.pair
-        end
+    local subs, voffs, base = epilogue.value_nodes(k, "as")
+    local steps, scratch, prep_src = {}, base, nil
+    for _, sk in ipairs(subs) do
         local r = prefill(problem(sk))
         scratch = math.max(scratch, r.scratch)
-        if r.steps[1].source ~= prep_src then steps[#steps + 1] = r.steps[1] end
+        if not epilogue.same_code(r.steps[1].source, prep_src) then steps[#steps + 1] = r.steps[1] end
         prep_src = r.steps[1].source
         for i = 2, #r.steps do steps[#steps + 1] = r.steps[i] end
     end
