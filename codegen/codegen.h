@@ -23,12 +23,17 @@ typedef struct {
     bool   ta, tb;
     int    m, n, k, batch;
     cg_mat a, b, c;
+    int    n_sym, n_mul; /* n_sym >= 0: n is n_mul times symbolic dim n_sym's run-time value
+                            (n is its maximum) */
 } cg_gemm;
 
 typedef enum { CG_LAUNCH, CG_GEMM } cg_step_kind;
 
 /* A kernel parameter that is not a buffer: the node's scratch space (see cg_kernel.scratch). */
 #define CG_PARAM_SCRATCH (-1)
+/* ... or the device array of the symbolic dims' run-time values (int32, by slot), the last
+ * parameter of every kernel of a node with symbolic dims (k.dims_arg). */
+#define CG_PARAM_DIMS (-2)
 
 /* One step of a program: a generated kernel launch, or a library GEMM. A node gives one or
  * more steps, run in order (docs/templates.md, "Result"). */
@@ -43,7 +48,7 @@ typedef struct {
     unsigned smem;
     int      nparams;        /* kernel parameters: device pointers of these buffers, in order;
                                 CG_PARAM_SCRATCH for the node's scratch */
-    int      params[IR_MAX_IN + 3]; /* dst, dst2, operands, scratch */
+    int      params[IR_MAX_IN + 4]; /* dst, dst2, operands, scratch, dims */
     size_t   scratch;        /* bytes of scratch the node's steps share (0: none) */
     cg_gemm  gemm;           /* CG_GEMM */
     uint8_t  key[16];        /* kernel cache key */

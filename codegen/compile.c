@@ -112,6 +112,7 @@ static void dump_header(kb_str *o, const kiln_program *p, int i) {
     kb_str_addf(o, " * buffers:");
     for (int a = 0; a < k->nparams; a++) {
         if (k->params[a] == CG_PARAM_SCRATCH) kb_str_addf(o, "%s p%d = scratch (%zu bytes)", a ? "," : "", a, k->scratch);
+        else if (k->params[a] == CG_PARAM_DIMS) kb_str_addf(o, "%s p%d = symbolic dims", a ? "," : "", a);
         else kb_str_addf(o, "%s p%d = %s", a ? "," : "", a, p->ir->bufs[k->params[a]].name);
     }
     kb_str_addf(o, "\n * key: %s (%s)\n */\n", k->key_hex, p->arch);

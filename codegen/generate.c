@@ -53,7 +53,8 @@ static void float_literal(float v, char out[48]) {
     snprintf(out, 48, "%s%sf", buf, point ? "" : ".0");
 }
 
-typedef struct {
+typedef struct gen_ctx gen_ctx;
+struct gen_ctx {
     const ir_prog *p;
     const ir_node *n;
     const char    *tpl;
@@ -63,7 +64,39 @@ typedef struct {
     int            node;
     cg_kernel     *steps; /* CG_MAX_STEPS of them */
     int            nsteps;
-} gen_ctx;
+    bool           uses[KILN_MAX_SYMS + 1]; /* symbolic dims the node's refs have (by index + 1) */
+    bool           dynamic;
+};
+
+/* The graph's context, whose dims the syms index (NULL for hand-built test programs). */
+static const kiln_ctx *dims_ctx(const gen_ctx *g) { return g->p->g ? g->p->g->ctx : NULL; }
+
+static const char *sym_name(const gen_ctx *g, int s) {
+    const kiln_ctx *ctx = dims_ctx(g);
+    return ctx && s > 0 && s <= ctx->ndims ? ctx->dims[s - 1].name : "?";
+}
+
+/* k.dims = { {name =, max =, slot =}, ... } for the symbolic dims the node uses, and k.dims_arg,
+ * the parameter declaration its kernels end with (empty when there are none). */
+static void push_dims(lua_State *L, const gen_ctx *g) {
+    const kiln_ctx *ctx = dims_ctx(g);
+    lua_createtable(L, 0, 0);
+    int n = 0;
+    for (int s = 1; ctx && s <= ctx->ndims; s++) {
+        if (!g->uses[s]) continue;
+        lua_createtable(L, 0, 3);
+        lua_pushstring(L, ctx->dims[s - 1].name);
+        lua_setfield(L, -2, "name");
+        lua_pushinteger(L, (lua_Integer)ctx->dims[s - 1].max);
+        lua_setfield(L, -2, "max");
+        lua_pushinteger(L, s - 1);
+        lua_setfield(L, -2, "slot");
+        lua_rawseti(L, -2, ++n);
+    }
+    lua_setfield(L, -2, "dims");
+    lua_pushstring(L, g->dynamic ? ", const int* __restrict__ kdims" : "");
+    lua_setfield(L, -2, "dims_arg");
+}
 
 static void set_int_array(lua_State *L, const int64_t *v, int n, const char *field) {
     lua_createtable(L, n, 0);
@@ -74,8 +107,23 @@ static void set_int_array(lua_State *L, const int64_t *v, int n, const char *fie
     lua_setfield(L, -2, field);
 }
 
-static void push_ref(lua_State *L, const ir_ref *r, int param) {
-    lua_createtable(L, 0, 5);
+
+/* A ref: type, ne (symbolic dims at their maximum), st, offs, param, and dyn/sym: for each
+ * symbolic dim d, dyn[d+1] is the C expression of its run-time extent ("kdims[SLOT]") and
+ * sym[d+1] its name (docs/templates.md, "Symbolic dims"). */
+static void push_ref(lua_State *L, const gen_ctx *g, const ir_ref *r, int param) {
+    lua_createtable(L, 0, 7);
+    lua_createtable(L, 0, 0);
+    lua_createtable(L, 0, 0);
+    for (int d = 0; d < 4; d++) {
+        if (!r->sym[d]) continue;
+        lua_pushfstring(L, "kdims[%d]", (int)r->sym[d] - 1);
+        lua_rawseti(L, -3, d + 1);
+        lua_pushstring(L, sym_name(g, r->sym[d]));
+        lua_rawseti(L, -2, d + 1);
+    }
+    lua_setfield(L, -3, "sym");
+    lua_setfield(L, -2, "dyn");
     lua_pushstring(L, kiln_type_name(r->type));
     lua_setfield(L, -2, "type");
     set_int_array(L, r->ne, 4, "ne");
@@ -133,11 +181,11 @@ static void set_bool(lua_State *L, bool v, const char *field) {
 static void push_fused(lua_State *L, const gen_ctx *g) {
     const ir_node *n = g->n;
     if (n->paired) {
-        push_ref(L, &n->in[n->pair_in], g->in_param[n->pair_in]);
+        push_ref(L, g, &n->in[n->pair_in], g->in_param[n->pair_in]);
         lua_setfield(L, -2, "pair");
     }
     if (n->has_dst2) {
-        push_ref(L, &n->dst2, g->dst2_param);
+        push_ref(L, g, &n->dst2, g->dst2_param);
         lua_setfield(L, -2, "dst2");
     }
     if (n->fused == IR_FUSED_TOPK_MOE) {
@@ -151,7 +199,7 @@ static void push_fused(lua_State *L, const gen_ctx *g) {
         lua_setfield(L, -2, "gating");
         set_bool(L, m->delayed, "delayed");
         if (m->bias_in >= 0) {
-            push_ref(L, &n->in[m->bias_in], g->in_param[m->bias_in]);
+            push_ref(L, g, &n->in[m->bias_in], g->in_param[m->bias_in]);
             lua_setfield(L, -2, "bias");
         }
         set_bool(L, m->norm, "norm");
@@ -168,11 +216,12 @@ static void push_fused(lua_State *L, const gen_ctx *g) {
         lua_pushliteral(L, "rope_set_rows");
         lua_setfield(L, -2, "fused");
         lua_createtable(L, 0, 4);
-        push_ref(L, &n->in[n->scatter.a_in], g->in_param[n->scatter.a_in]);
+        push_ref(L, g, &n->in[n->scatter.a_in], g->in_param[n->scatter.a_in]);
         lua_setfield(L, -2, "a");
-        push_ref(L, &n->in[n->scatter.ids_in], g->in_param[n->scatter.ids_in]);
+        push_ref(L, g, &n->in[n->scatter.ids_in], g->in_param[n->scatter.ids_in]);
         lua_setfield(L, -2, "ids");
         set_int_array(L, n->scatter.b_ne, 4, "b_ne");
+        set_bool(L, n->in[n->scatter.a_in].buf == n->dst.buf, "in_place");
         lua_pushstring(L, kiln_type_name(n->op_type));
         lua_setfield(L, -2, "type");
         lua_setfield(L, -2, "set_rows");
@@ -191,11 +240,11 @@ static void push_op_node(lua_State *L, const gen_ctx *g) {
     lua_setfield(L, -2, "kind");
     lua_pushstring(L, fe_ops[n->op].name);
     lua_setfield(L, -2, "op");
-    push_ref(L, &n->dst, g->dst_param);
+    push_ref(L, g, &n->dst, g->dst_param);
     lua_setfield(L, -2, "dst");
     lua_createtable(L, n->nin, 0);
     for (int i = 0; i < n->nin; i++) {
-        push_ref(L, &n->in[i], g->in_param[i]);
+        push_ref(L, g, &n->in[i], g->in_param[i]);
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "inputs");
@@ -203,7 +252,7 @@ static void push_op_node(lua_State *L, const gen_ctx *g) {
     for (int i = 0; i < sig->n; i++) {
         const fe_param *q = &sig->p[i];
         if (q->kind != FE_P_TENSOR || n->opd[q->slot] < 0) continue;
-        push_ref(L, &n->in[n->opd[q->slot]], g->in_param[n->opd[q->slot]]);
+        push_ref(L, g, &n->in[n->opd[q->slot]], g->in_param[n->opd[q->slot]]);
         lua_setfield(L, -2, q->name);
     }
     lua_setfield(L, -2, "args");
@@ -254,6 +303,8 @@ static void push_op_node(lua_State *L, const gen_ctx *g) {
         lua_setfield(L, -2, "epilogue");
     }
     push_fused(L, g);
+    if (n->op == FE_OP_SET_ROWS && n->opd[0] >= 0) set_bool(L, n->in[n->opd[0]].buf == n->dst.buf, "in_place");
+    push_dims(L, g);
     lua_pushinteger(L, g->nparams);
     lua_setfield(L, -2, "nparams");
 }
@@ -267,15 +318,16 @@ static void push_node(lua_State *L, const gen_ctx *g) {
     lua_createtable(L, 0, 5);
     lua_pushliteral(L, "ew");
     lua_setfield(L, -2, "kind");
-    push_ref(L, &n->dst, g->dst_param);
+    push_ref(L, g, &n->dst, g->dst_param);
     lua_setfield(L, -2, "dst");
     lua_createtable(L, n->nin, 0);
     for (int i = 0; i < n->nin; i++) {
-        push_ref(L, &n->in[i], g->in_param[i]);
+        push_ref(L, g, &n->in[i], g->in_param[i]);
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "inputs");
     push_instrs(L, n);
+    push_dims(L, g);
     lua_pushinteger(L, g->nparams);
     lua_setfield(L, -2, "nparams");
 }
@@ -394,6 +446,27 @@ static bool get_bool(lua_State *L, int t, const char *field) {
     return v;
 }
 
+/* gemm.n_dyn = {slot = S, mul = M}: n is M times symbolic dim S's run-time value (n above is
+ * the maximum, which the bounds checks used). */
+static void read_n_dyn(lua_State *L, int gt, const gen_ctx *g, cg_gemm *m) {
+    m->n_sym = -1;
+    m->n_mul = 0;
+    if (lua_getfield(L, gt, "n_dyn") == LUA_TNIL) {
+        lua_pop(L, 1);
+        return;
+    }
+    if (!lua_istable(L, -1)) luaL_error(L, "gemm.n_dyn is not a table {slot =, mul =}");
+    int t = lua_gettop(L);
+    const kiln_ctx *ctx = dims_ctx(g);
+    if (!ctx) luaL_error(L, "gemm.n_dyn in a program without symbolic dims");
+    m->n_sym = (int)get_int(L, t, "slot", -1, 0, ctx->ndims - 1, "gemm.n_dyn");
+    m->n_mul = (int)get_int(L, t, "mul", 1, 1, 2147483647, "gemm.n_dyn");
+    if (!g->uses[m->n_sym + 1]) luaL_error(L, "gemm.n_dyn: the node does not use symbolic dim slot %d", m->n_sym);
+    if ((int64_t)m->n_mul * ctx->dims[m->n_sym].max > m->n)
+        luaL_error(L, "gemm.n_dyn: %d x max(%s) exceeds n = %d", m->n_mul, ctx->dims[m->n_sym].name, m->n);
+    lua_pop(L, 1);
+}
+
 /* The step table at index t has a gemm table: a library call (cg_gemm). */
 static void read_gemm(lua_State *L, int t, const gen_ctx *g, size_t scratch, cg_kernel *k) {
     lua_getfield(L, t, "gemm");
@@ -408,6 +481,7 @@ static void read_gemm(lua_State *L, int t, const gen_ctx *g, size_t scratch, cg_
     read_mat(L, gt, "a", g, scratch, m->ta ? m->k : m->m, m->ta ? m->m : m->k, m->batch, &m->a);
     read_mat(L, gt, "b", g, scratch, m->tb ? m->n : m->k, m->tb ? m->k : m->n, m->batch, &m->b);
     read_mat(L, gt, "c", g, scratch, m->m, m->n, m->batch, &m->c);
+    read_n_dyn(L, gt, g, m);
     if (m->a.type != m->b.type || m->c.type != KILN_F32)
         luaL_error(L, "gemm: a and b must have one type and c must be f32 (got %s, %s, %s)",
                    kiln_type_name(m->a.type), kiln_type_name(m->b.type), kiln_type_name(m->c.type));
@@ -424,6 +498,10 @@ static void read_gemm(lua_State *L, int t, const gen_ctx *g, size_t scratch, cg_
              kiln_type_name(m->a.type), (long long)m->a.ld, (long long)m->a.stride, m->b.param, (long long)m->b.offset,
              kiln_type_name(m->b.type), (long long)m->b.ld, (long long)m->b.stride, m->c.param, (long long)m->c.offset,
              kiln_type_name(m->c.type), (long long)m->c.ld, (long long)m->c.stride);
+    size_t len = strlen(src);
+    if (m->n_sym >= 0)
+        snprintf(src + len, sizeof src - len, "/* n = %d * kdims[%d] at run time (at most %d) */\n", m->n_mul,
+                 m->n_sym, m->n);
     k->source = copy_string(L, src, strlen(src));
 }
 
@@ -436,6 +514,15 @@ static bool applies_epilogues(const char *fam) {
     for (int i = 0; epilogue_families[i]; i++)
         if (strcmp(epilogue_families[i], fam) == 0) return true;
     return false;
+}
+
+/* "n_kv" or "n_kv, n_tokens": the symbolic dims the node uses, for messages. */
+static const char *first_sym(const gen_ctx *g) {
+    static _Thread_local char buf[160];
+    buf[0] = 0;
+    for (int s = 1; s <= KILN_MAX_SYMS; s++)
+        if (g->uses[s]) snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s", buf[0] ? ", " : "", sym_name(g, s));
+    return buf;
 }
 
 /* Protected: builds the node table, calls the template, checks its result and fills the steps
@@ -476,6 +563,10 @@ static int l_generate(lua_State *L) {
             return luaL_error(L, "template %s.lua does not implement fusion %s: its result must say fused = \"%s\"",
                               g->tpl, want, want);
     }
+    if (g->dynamic && (lua_getfield(L, t, "dynamic"), !lua_toboolean(L, -1)))
+        return luaL_error(L, "template %s.lua does not support symbolic dims (%s here): its result must say "
+                             "dynamic = true (docs/templates.md, \"Symbolic dims\")",
+                          g->tpl, first_sym(g));
     for (int i = 0; i < n; i++) {
         if (list && lua_rawgeti(L, list, i + 1) != LUA_TTABLE) return luaL_error(L, "result.steps[%d] is not a table", i + 1);
         int s = list ? lua_gettop(L) : t;
@@ -493,6 +584,7 @@ static int l_generate(lua_State *L) {
         lua_pop(L, 1);
         if (gemm) read_gemm(L, s, g, scratch, k);
         else read_launch(L, s, k);
+        if (!gemm && g->dynamic) k->params[k->nparams++] = CG_PARAM_DIMS;
         if (list) lua_pop(L, 1);
     }
     return 0;
@@ -504,6 +596,14 @@ static kiln_status check_ref(const ir_prog *p, const ir_ref *r, int node, const 
     if ((unsigned)r->type >= KILN_TYPE_COUNT)
         return kb_error(KILN_ERR_INVALID, "codegen: node %d: %s has a bad type", node, what);
     return NULL;
+}
+
+static void note_syms(gen_ctx *g, const ir_ref *r) {
+    for (int d = 0; d < 4; d++)
+        if (r->sym[d] && r->sym[d] <= KILN_MAX_SYMS) {
+            g->uses[r->sym[d]] = true;
+            g->dynamic = true;
+        }
 }
 
 static int param_of(gen_ctx *g, int buf) {
@@ -536,6 +636,9 @@ kiln_status cg_generate_steps(cg_lua *C, const ir_prog *p, int node, cg_kernel *
     gen_ctx g = {.p = p, .n = n, .tpl = tpl, .node = node};
     kiln_status st = check_ref(p, &n->dst, node, "dst");
     if (st) return st;
+    note_syms(&g, &n->dst);
+    if (n->has_dst2) note_syms(&g, &n->dst2);
+    for (int i = 0; i < n->nin; i++) note_syms(&g, &n->in[i]);
     g.dst_param = param_of(&g, n->dst.buf);
     g.dst2_param = -1;
     if (n->has_dst2) {

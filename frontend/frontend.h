@@ -196,8 +196,10 @@ struct kiln_tensor {
     fe_op       op;
     kiln_type   type;
     kiln_role   role;
-    int64_t     ne[4];
+    int64_t     ne[4];   /* a symbolic dim's extent is its maximum */
     size_t      nb[4];
+    uint8_t     sym[4];  /* 0: static extent; i + 1: ctx->dims[i] (frontend/dims.c) */
+    const kiln_ctx *ctx; /* the context that owns it (for the names of its symbolic dims) */
     kiln_tensor *src[FE_MAX_SRC];
     /* Views alias memory: view_src is the tensor that owns the data (never itself a view, as in
      * ggml) and view_offs the byte offset into it. */
@@ -214,9 +216,23 @@ struct kiln_tensor {
     int     line, col; /* .kg position that defined it; 0 when built through the C API */
 };
 
+/* A symbolic dim: name, maximum, values with a specialized program of their own. */
+typedef struct {
+    char    name[FE_MAX_NAME];
+    int64_t max;
+    int     nspec;
+    int64_t spec[4];
+} fe_dim;
+
 struct kiln_ctx {
     kiln_tensor **t;
     int           n, cap;
+    fe_dim        dims[KILN_MAX_SYMS];
+    int           ndims;
+    /* kiln_ctx_bind: dims that kiln_dim turns into these values instead of declaring them */
+    int           nbound;
+    char          bound_name[KILN_MAX_SYMS][FE_MAX_NAME];
+    int64_t       bound_val[KILN_MAX_SYMS];
     kiln_status   err;      /* first builder error (sticky) */
     const char   *file;     /* while parsing: file name for messages */
     int           line, col; /* while parsing: position of the statement being built */
@@ -243,6 +259,26 @@ bool    fe_valid_name(const char *s);
 /* Two of the n tensors sharing a name (lowest ids first), or both NULL. Fails only on OOM. */
 kiln_status fe_find_duplicate_name(kiln_tensor *const *t, int n, const kiln_tensor **first,
                                    const kiln_tensor **second);
+/* ---- symbolic dims (frontend/dims.c) ---- */
+/* Resolves a builder's extent: a handle of kiln_dim becomes its maximum (*sym = index + 1), a
+ * plain extent stays (*sym = 0). False (error recorded, naming `what`) for a bad handle. */
+bool fe_resolve_extent(kiln_ctx *ctx, const char *what, int64_t v, int64_t *ne, uint8_t *sym);
+/* The symbolic dims of a binary op's result (a's), after checking that b broadcasts onto a:
+ * b's symbolic dims must be a's, and b is 1 where only a is symbolic. */
+bool fe_sym_binary(kiln_ctx *ctx, const char *op, const kiln_tensor *a, const kiln_tensor *b,
+                   uint8_t sym[4]);
+/* The symbolic dims of an inferred op's result: the shape rule is run again with each symbolic
+ * dim of the operands at another value; result dims that follow it are that dim. False (error
+ * recorded) when the rule rejects other values or a result dim depends on one otherwise. */
+bool fe_sym_infer(kiln_ctx *ctx, fe_op op, const fe_args *a, fe_infer_fn infer,
+                  const int64_t ne[4], uint8_t sym[4]);
+/* reshape: each symbolic dim must keep its place (the same product of extents below it, the
+ * same order), since layouts are padded to the maximum. */
+bool fe_sym_reshape(kiln_ctx *ctx, const kiln_tensor *a, const int64_t ne[4], const uint8_t sym[4]);
+bool fe_has_sym(const kiln_tensor *t);
+/* "n_kv" or the decimal extent, for shapes in messages and text. */
+const char *fe_extent_str(const kiln_ctx *ctx, const kiln_tensor *t, int d, char buf[FE_MAX_NAME]);
+
 /* Number of dims worth printing: the highest dim with ne != 1, at least n_dims given. */
 int     fe_print_dims(const kiln_tensor *t);
 

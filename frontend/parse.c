@@ -27,7 +27,7 @@
 typedef enum {
     TK_IDENT, /* [A-Za-z_][A-Za-z0-9_.]*, and the header word kiln-graph */
     TK_NUM,   /* starts with [0-9.+-]; the whole run of [A-Za-z0-9_.+-] so "1e-5" is one token */
-    TK_PUNCT, /* one of : = ( ) [ ] , */
+    TK_PUNCT, /* one of : = ( ) [ ] , < */
     TK_NL,    /* end of line: statements end here */
     TK_EOF,
     TK_BAD, /* any other byte */
@@ -91,7 +91,7 @@ static token lex_at(const parser *P, const char *s) {
     } else if (isdigit(c) || c == '.' || c == '-' || c == '+') {
         t.kind = TK_NUM;
         while (q < e && is_num_char((unsigned char)*q)) q++;
-    } else if (strchr(":=()[],", c) && c != 0) {
+    } else if (strchr(":=()[],<", c) && c != 0) {
         t.kind = TK_PUNCT;
     } else {
         t.kind = TK_BAD;
@@ -266,23 +266,57 @@ typedef struct {
     token    tok; /* the name or number, or the '[' of a list */
     int      n;   /* list entries */
     int64_t  v[KILN_MAX_DIMS];
+    int      nsym;    /* entries that name a symbolic dim (v holds its kiln_dim handle) */
+    int      neg_col; /* column of a negative entry, or 0 */
 } arg;
 
-/* list := '[' [ int { ',' int } ] ']'      (at most 4 entries: shapes and strides) */
+/* A list entry that names a symbolic dim: its kiln_dim handle (or its value, in a bound copy). */
+static kiln_status dim_entry(const parser *P, const token *t, int64_t *v) {
+    char name[FE_MAX_NAME], buf[64];
+    if (t->len >= FE_MAX_NAME) return errf(P, t->col, "unknown dim %s", describe(t, buf));
+    memcpy(name, t->s, t->len);
+    name[t->len] = 0;
+    int i = kiln_ctx_dim_find(P->ctx, name);
+    for (int b = 0; i < 0 && b < P->ctx->nbound; b++)
+        if (strcmp(P->ctx->bound_name[b], name) == 0) {
+            *v = P->ctx->bound_val[b];
+            return NULL;
+        }
+    if (i < 0)
+        return errf(P, t->col, "%s is not a symbolic dim (declare it first: dim %s <= MAX)",
+                    describe(t, buf), name);
+    *v = -(int64_t)i - 1;
+    return NULL;
+}
+
+/* list := '[' [ entry { ',' entry } ] ']'   entry := int | dim-name
+ * (at most 4 entries: shapes and strides) */
 static kiln_status parse_list(parser *P, arg *a) {
     a->kind = ARG_LIST;
     a->tok = P->tok;
     a->n = 0;
+    a->nsym = 0;
+    a->neg_col = 0;
     advance(P); /* '[' */
     if (is_punct(&P->tok, ']')) {
         advance(P);
         return NULL;
     }
     for (;;) {
-        if (P->tok.kind != TK_NUM) return expected(P, "an integer in the list");
+        if (P->tok.kind != TK_NUM && P->tok.kind != TK_IDENT)
+            return expected(P, "an integer or a dim name in the list");
         if (a->n == KILN_MAX_DIMS)
             return errf(P, P->tok.col, "too many dims: at most %d", KILN_MAX_DIMS);
-        kiln_status st = to_int(P, &P->tok, &a->v[a->n++]);
+        kiln_status st;
+        if (P->tok.kind == TK_IDENT) {
+            st = dim_entry(P, &P->tok, &a->v[a->n]);
+            a->nsym += a->v[a->n] < 0;
+            a->n++;
+        } else {
+            st = to_int(P, &P->tok, &a->v[a->n]);
+            if (!st && a->v[a->n] < 0 && !a->neg_col) a->neg_col = P->tok.col;
+            a->n++;
+        }
         if (st) return st;
         advance(P);
         if (is_punct(&P->tok, ']')) break;
@@ -361,7 +395,7 @@ static kiln_status convert(const parser *P, fe_op op, const fe_param *q, const a
         memcpy(out->a.list[q->slot], x->v, sizeof x->v);
         return NULL;
     case FE_P_INT4:
-        if (x->kind != ARG_LIST || x->n != 4)
+        if (x->kind != ARG_LIST || x->n != 4 || x->nsym)
             return errf(P, x->tok.col, "argument %d of %s (%s) must be a list of 4 integers (usage: %s)",
                         argno, name, q->name, usage);
         for (int k = 0; k < 4; k++) {
@@ -561,6 +595,11 @@ static kiln_status check_new_name(const parser *P, const token *t) {
     if (e && e->line > 0)
         return errf(P, t->col, "duplicate name %s: first defined at line %d", describe(t, buf), e->line);
     if (e) return errf(P, t->col, "duplicate name %s: already defined in the context", describe(t, buf));
+    char name[FE_MAX_NAME];
+    memcpy(name, t->s, t->len);
+    name[t->len] = 0;
+    if (kiln_ctx_dim_find(P->ctx, name) >= 0)
+        return errf(P, t->col, "duplicate name %s: it names a symbolic dim", describe(t, buf));
     return NULL;
 }
 
@@ -584,7 +623,10 @@ static kiln_status check_params(const parser *P, fe_op op, const arg *args, cons
     if (op == FE_OP_RESHAPE || op == FE_OP_VIEW) {
         const arg *ne = p->list[0];
         if (ne->n == 0) return errf(P, ne->tok.col, "empty shape: %s needs 1 to %d dims", fe_ops[op].name, KILN_MAX_DIMS);
+        if (ne->neg_col) return errf(P, ne->neg_col, "bad number: a dim is negative; dims must be >= 1");
     }
+    if (op == FE_OP_VIEW && p->list[1]->nsym)
+        return errf(P, p->list[1]->tok.col, "a view's strides are bytes, not symbolic dims");
     if (op == FE_OP_VIEW) {
         const arg *ne = p->list[0], *nb = p->list[1];
         if (nb->n != ne->n - 1)
@@ -659,7 +701,7 @@ static kiln_status parse_def(parser *P, bool output) {
     return bind(P, t, &name, output);
 }
 
-/* decl := ( 'input' | 'weight' ) name ':' type '[' int { ',' int } ']'
+/* decl := ( 'input' | 'weight' | 'state' ) name ':' type list
  * (the keyword is already consumed) */
 static kiln_status parse_decl(parser *P, kiln_role role) {
     token name = P->tok;
@@ -685,6 +727,7 @@ static kiln_status parse_decl(parser *P, kiln_role role) {
     arg shape;
     if ((st = parse_list(P, &shape))) return st;
     if (shape.n == 0) return errf(P, shape.tok.col, "empty shape: a tensor has 1 to %d dims", KILN_MAX_DIMS);
+    if (shape.neg_col) return errf(P, shape.neg_col, "bad number: a dim is negative; dims must be >= 1");
 
     char s[FE_MAX_NAME];
     memcpy(s, name.s, name.len);
@@ -693,6 +736,44 @@ static kiln_status parse_decl(parser *P, kiln_role role) {
     kiln_tensor *t = kiln_new_tensor(P->ctx, role, type, s, shape.n, shape.v);
     if ((st = builder_status(P, t, &name))) return st;
     return sym_add(P, t, P->line);
+}
+
+/* dim := 'dim' name '<=' int [ 'specialize' int { ',' int } ]   (the keyword is consumed) */
+static kiln_status parse_dim(parser *P) {
+    token name = P->tok;
+    kiln_status st = check_new_name(P, &name);
+    if (st) return st;
+    char s[FE_MAX_NAME];
+    memcpy(s, name.s, name.len);
+    s[name.len] = 0;
+    advance(P);
+    token eq = peek(P);
+    if (!is_punct(&P->tok, '<') || !is_punct(&eq, '='))
+        return expected(P, "'<=' and the maximum after the dim name");
+    advance(P);
+    advance(P);
+    int64_t max;
+    token   at = P->tok;
+    if (P->tok.kind != TK_NUM) return expected(P, "the dim's maximum (an integer)");
+    if ((st = to_int(P, &P->tok, &max))) return st;
+    advance(P);
+    locate(P, name.col);
+    kiln_dim(P->ctx, s, max);
+    if (P->ctx->err) return kb_status_copy(P->ctx->err);
+    if (!tok_is(&P->tok, "specialize") || P->tok.kind != TK_IDENT) return NULL;
+    advance(P);
+    for (;;) {
+        int64_t v;
+        at = P->tok;
+        if (P->tok.kind != TK_NUM) return expected(P, "a value to specialize for (an integer)");
+        if ((st = to_int(P, &P->tok, &v))) return st;
+        locate(P, at.col);
+        kiln_dim_specialize(P->ctx, s, v);
+        if (P->ctx->err) return kb_status_copy(P->ctx->err);
+        advance(P);
+        if (!is_punct(&P->tok, ',')) return NULL;
+        advance(P);
+    }
 }
 
 /* header := 'kiln-graph' int      (version 1; only before every other statement) */
@@ -709,8 +790,8 @@ static kiln_status parse_header(parser *P) {
     return NULL;
 }
 
-/* stmt := header | decl | def
- * The keywords input, weight and output are keywords only when a name follows them, so they
+/* stmt := header | dim | decl | def
+ * The keywords input, weight, state, dim and output are keywords only when a name follows them, so they
  * remain usable as tensor names ("output = add(a, b)", "output output = ..."). */
 static kiln_status parse_stmt(parser *P) {
     if (P->tok.kind != TK_IDENT) return expected(P, "a statement (input, weight, or name = op(...))");
@@ -718,9 +799,12 @@ static kiln_status parse_stmt(parser *P) {
     token next = peek(P);
     if (next.kind == TK_IDENT) {
         bool in = tok_is(&P->tok, "input"), w = tok_is(&P->tok, "weight"), out = tok_is(&P->tok, "output");
-        if (in || w || out) advance(P);
+        bool state = tok_is(&P->tok, "state"), dim = tok_is(&P->tok, "dim");
+        if (in || w || out || state || dim) advance(P);
         if (in) return parse_decl(P, KILN_ROLE_INPUT);
         if (w) return parse_decl(P, KILN_ROLE_WEIGHT);
+        if (state) return parse_decl(P, KILN_ROLE_STATE);
+        if (dim) return parse_dim(P);
         if (out) return parse_def(P, true);
     }
     /* Any other "a b" is a def missing its '=', which parse_def reports. */

@@ -45,16 +45,33 @@ static void add_float(kb_str *b, float f) {
 
 static void add_ne(kb_str *b, const kiln_tensor *t, int n) {
     kb_str_add(b, "[");
-    for (int i = 0; i < n; i++) kb_str_addf(b, "%s%" PRId64, i ? ", " : "", t->ne[i]);
+    for (int i = 0; i < n; i++) {
+        char e[FE_MAX_NAME];
+        kb_str_addf(b, "%s%s", i ? ", " : "", fe_extent_str(t->ctx, t, i, e));
+    }
     kb_str_add(b, "]");
+}
+
+/* dim n_tokens <= 512 specialize 1 */
+static void print_dims(kb_str *b, const kiln_ctx *ctx) {
+    for (int i = 0; i < ctx->ndims; i++) {
+        const fe_dim *d = &ctx->dims[i];
+        kb_str_addf(b, "dim %s <= %" PRId64, d->name, d->max);
+        for (int k = 0; k < d->nspec; k++)
+            kb_str_addf(b, "%s%" PRId64, k ? ", " : " specialize ", d->spec[k]);
+        kb_str_add(b, "\n");
+    }
 }
 
 /* leaf: input x: f32[4096, 8]   (dims as fe_print_dims says) */
 static kiln_status print_leaf(kb_str *b, const kiln_tensor *t) {
-    const char *kw = t->role == KILN_ROLE_INPUT ? "input" : t->role == KILN_ROLE_WEIGHT ? "weight" : NULL;
+    const char *kw = t->role == KILN_ROLE_INPUT    ? "input"
+                     : t->role == KILN_ROLE_WEIGHT ? "weight"
+                     : t->role == KILN_ROLE_STATE  ? "state"
+                                                   : NULL;
     if (!kw)
         return kb_error(KILN_ERR_INVALID,
-                        "cannot print leaf '%s': .kg leaves are inputs or weights, this one is %s",
+                        "cannot print leaf '%s': .kg leaves are inputs, weights or states, this one is %s",
                         t->name, t->role == KILN_ROLE_OUTPUT ? "an output" : "neither");
     kb_str_addf(b, "%s %s: %s", kw, t->name, kiln_type_name(t->type));
     add_ne(b, t, fe_print_dims(t));
@@ -128,6 +145,7 @@ kiln_status kiln_print(const kiln_ctx *ctx, char **text) {
     if (st) return st;
     kb_str b = {0};
     kb_str_add(&b, "kiln-graph 1\n");
+    print_dims(&b, ctx);
     for (int i = 0; i < ctx->n && !st; i++) {
         const kiln_tensor *t = ctx->t[i];
         if ((unsigned)t->op >= FE_OP_COUNT) {

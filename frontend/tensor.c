@@ -125,8 +125,10 @@ static size_t span_bytes(const kiln_tensor *t) {
 static const char *shape_str(const kiln_tensor *t, char *buf, size_t len) {
     int n = snprintf(buf, len, "%s[", kiln_type_name(t->type));
     int dims = fe_print_dims(t);
-    for (int i = 0; i < dims && n > 0 && (size_t)n < len; i++)
-        n += snprintf(buf + n, len - (size_t)n, "%s%lld", i ? ", " : "", (long long)t->ne[i]);
+    for (int i = 0; i < dims && n > 0 && (size_t)n < len; i++) {
+        char e[FE_MAX_NAME];
+        n += snprintf(buf + n, len - (size_t)n, "%s%s", i ? ", " : "", fe_extent_str(t->ctx, t, i, e));
+    }
     if (n > 0 && (size_t)n < len) snprintf(buf + n, len - (size_t)n, "]");
     return buf;
 }
@@ -160,6 +162,7 @@ static kiln_tensor *new_node(kiln_ctx *ctx, fe_op op, kiln_type type, const int6
         return NULL;
     }
     t->id = ctx->n;
+    t->ctx = ctx;
     t->op = op;
     t->type = type;
     for (int i = 0; i < 4; i++) t->ne[i] = ne[i];
@@ -172,14 +175,18 @@ static kiln_tensor *new_node(kiln_ctx *ctx, fe_op op, kiln_type type, const int6
     return t;
 }
 
-static bool read_dims(kiln_ctx *ctx, const char *what, int n_dims, const int64_t *ne, int64_t out[4]) {
+/* The extents a builder was given: kiln_dim handles become their maximum, marked in sym. */
+static bool read_dims(kiln_ctx *ctx, const char *what, int n_dims, const int64_t *ne, int64_t out[4],
+                      uint8_t sym[4]) {
     if (n_dims < 1 || n_dims > KILN_MAX_DIMS || !ne) {
         fe_failf(ctx, KILN_ERR_SHAPE, "%s: %d dims given; kiln tensors have 1 to 4", what, n_dims);
         return false;
     }
     int64_t total = 1;
     for (int i = 0; i < 4; i++) {
-        out[i] = i < n_dims ? ne[i] : 1;
+        sym[i] = 0;
+        if (i < n_dims && !fe_resolve_extent(ctx, what, ne[i], &out[i], &sym[i])) return false;
+        if (i >= n_dims) out[i] = 1;
         if (out[i] < 1) {
             fe_failf(ctx, KILN_ERR_SHAPE, "%s: dim %d is %lld; dims must be >= 1", what, i,
                      (long long)out[i]);
@@ -207,8 +214,8 @@ static bool name_free(kiln_ctx *ctx, const char *name, const kiln_tensor *self) 
 kiln_tensor *kiln_new_tensor(kiln_ctx *ctx, kiln_role role, kiln_type type, const char *name,
                              int n_dims, const int64_t *ne) {
     if (!ctx || ctx->err) return NULL;
-    if (role != KILN_ROLE_INPUT && role != KILN_ROLE_WEIGHT) {
-        fe_failf(ctx, KILN_ERR_INVALID, "new tensor '%s': role must be input or weight",
+    if (role != KILN_ROLE_INPUT && role != KILN_ROLE_WEIGHT && role != KILN_ROLE_STATE) {
+        fe_failf(ctx, KILN_ERR_INVALID, "new tensor '%s': role must be input, weight or state",
                  name ? name : "?");
         return NULL;
     }
@@ -224,11 +231,19 @@ kiln_tensor *kiln_new_tensor(kiln_ctx *ctx, kiln_role role, kiln_type type, cons
     }
     if (!name_free(ctx, name, NULL)) return NULL;
     int64_t d[4];
+    uint8_t sym[4];
     char what[FE_MAX_NAME + 16];
     snprintf(what, sizeof what, "tensor '%s'", name);
-    if (!read_dims(ctx, what, n_dims, ne, d)) return NULL;
+    if (!read_dims(ctx, what, n_dims, ne, d, sym)) return NULL;
+    if (role != KILN_ROLE_INPUT && (sym[0] | sym[1] | sym[2] | sym[3])) {
+        /* Weights and states are memory laid out once: their size cannot vary. */
+        fe_failf(ctx, KILN_ERR_SHAPE, "%s: a %s cannot have a symbolic dim (only inputs can)", what,
+                 role == KILN_ROLE_WEIGHT ? "weight" : "state");
+        return NULL;
+    }
     kiln_tensor *t = new_node(ctx, FE_OP_LEAF, type, d);
     if (!t) return NULL;
+    memcpy(t->sym, sym, sizeof sym);
     t->role = role;
     t->n_dims = n_dims;
     snprintf(t->name, sizeof t->name, "%s", name);
@@ -282,7 +297,8 @@ static kiln_tensor *new_view(kiln_ctx *ctx, fe_op op, kiln_tensor *a, const int6
 kiln_tensor *kiln_reshape(kiln_ctx *ctx, kiln_tensor *a, int n_dims, const int64_t *ne) {
     if (!ctx || ctx->err || !a) return NULL;
     int64_t d[4];
-    if (!read_dims(ctx, "reshape", n_dims, ne, d)) return NULL;
+    uint8_t sym[4];
+    if (!read_dims(ctx, "reshape", n_dims, ne, d, sym)) return NULL;
     char sa[96];
     if (!fe_is_contiguous(a)) {
         fe_failf(ctx, KILN_ERR_SHAPE, "reshape: '%s' (%s) is not contiguous; use cont first", a->name,
@@ -295,8 +311,11 @@ kiln_tensor *kiln_reshape(kiln_ctx *ctx, kiln_tensor *a, int n_dims, const int64
                  (long long)(d[0] * d[1] * d[2] * d[3]));
         return NULL;
     }
+    if (!fe_sym_reshape(ctx, a, d, sym)) return NULL;
     kiln_tensor *t = new_view(ctx, FE_OP_RESHAPE, a, d, 0);
-    if (t) t->n_dims = n_dims;
+    if (!t) return NULL;
+    t->n_dims = n_dims;
+    memcpy(t->sym, sym, sizeof sym); /* strides: contiguous at the maximum, like a's */
     return t;
 }
 
@@ -304,7 +323,8 @@ kiln_tensor *kiln_view(kiln_ctx *ctx, kiln_tensor *a, int n_dims, const int64_t 
                        size_t offset) {
     if (!ctx || ctx->err || !a) return NULL;
     int64_t d[4];
-    if (!read_dims(ctx, "view", n_dims, ne, d)) return NULL;
+    uint8_t sym[4];
+    if (!read_dims(ctx, "view", n_dims, ne, d, sym)) return NULL;
     size_t es = kiln_type_size(a->type);
     size_t strides[4];
     strides[0] = es;
@@ -332,6 +352,7 @@ kiln_tensor *kiln_view(kiln_ctx *ctx, kiln_tensor *a, int n_dims, const int64_t 
     kiln_tensor *t = new_view(ctx, FE_OP_VIEW, a, d, offset);
     if (!t) return NULL;
     memcpy(t->nb, strides, sizeof strides);
+    memcpy(t->sym, sym, sizeof sym);
     t->n_dims = n_dims;
     size_t need = t->view_offs + span_bytes(t), have = span_bytes(t->view_src);
     if (need > have) {
@@ -357,13 +378,16 @@ kiln_tensor *kiln_permute(kiln_ctx *ctx, kiln_tensor *a, int ax0, int ax1, int a
     }
     int64_t ne[4];
     size_t nb[4];
+    uint8_t sym[4];
     for (int i = 0; i < 4; i++) {
         ne[ax[i]] = a->ne[i];
         nb[ax[i]] = a->nb[i];
+        sym[ax[i]] = a->sym[i];
     }
     kiln_tensor *t = new_view(ctx, FE_OP_PERMUTE, a, ne, 0);
     if (!t) return NULL;
     memcpy(t->nb, nb, sizeof nb);
+    memcpy(t->sym, sym, sizeof sym);
     memcpy(t->ip, ax, sizeof ax);
     t->n_dims = a->n_dims;
     return t;
@@ -392,6 +416,7 @@ static kiln_tensor *unary(kiln_ctx *ctx, fe_op op, kiln_tensor *a) {
     if (!t) return NULL;
     t->src[0] = a;
     t->n_dims = a->n_dims;
+    memcpy(t->sym, a->sym, sizeof t->sym);
     return t;
 }
 
@@ -417,8 +442,11 @@ static kiln_tensor *binary(kiln_ctx *ctx, fe_op op, kiln_tensor *a, kiln_tensor 
                  shape_str(b, sb, sizeof sb));
         return NULL;
     }
+    uint8_t sym[4];
+    if (!fe_sym_binary(ctx, fe_ops[op].name, a, b, sym)) return NULL;
     kiln_tensor *t = new_node(ctx, op, a->type, a->ne);
     if (!t) return NULL;
+    memcpy(t->sym, sym, sizeof sym);
     t->src[0] = a;
     t->src[1] = b;
     t->n_dims = a->n_dims > b->n_dims ? a->n_dims : b->n_dims;
@@ -509,8 +537,11 @@ static kiln_tensor *build_inferred(kiln_ctx *ctx, fe_op op, const fe_args *a) {
         }
     }
     if (ctx->err) return NULL;
+    uint8_t sym[4];
+    if (!fe_sym_infer(ctx, op, a, infer, ne, sym)) return NULL;
     kiln_tensor *t = new_node(ctx, op, type, ne);
     if (!t) return NULL;
+    memcpy(t->sym, sym, sizeof sym);
     for (int i = 0; i < FE_MAX_SRC; i++) t->src[i] = a->t[i];
     memcpy(t->ip, a->ip, sizeof t->ip);
     memcpy(t->fp, a->fp, sizeof t->fp);

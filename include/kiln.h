@@ -71,6 +71,8 @@ typedef enum {
     KILN_ROLE_INPUT,  /* data supplied per run */
     KILN_ROLE_WEIGHT, /* data supplied once */
     KILN_ROLE_OUTPUT, /* a result read back after a run */
+    KILN_ROLE_STATE,  /* memory that persists from run to run (a KV cache): zero at first, set
+                         and read by name like an input; set_rows into it writes in place */
 } kiln_role;
 
 const char *kiln_type_name(kiln_type t);     /* "f32", ... */
@@ -96,8 +98,34 @@ kiln_tensor *kiln_new_tensor(kiln_ctx *ctx, kiln_role role, kiln_type type, cons
 void         kiln_set_name(kiln_ctx *ctx, kiln_tensor *t, const char *name);
 void         kiln_set_output(kiln_ctx *ctx, kiln_tensor *t, const char *name); /* name may be NULL */
 
+/* ---- symbolic dims ---------------------------------------------------------------------------
+ * A symbolic dim is an extent known only at run time, up to a maximum (the KV length n_kv, the
+ * token count n_tokens). kiln_dim returns a handle that stands for it wherever builders take an
+ * extent (kiln_new_tensor, kiln_reshape, kiln_view); shapes derived from it follow it through
+ * every op. Kernels are compiled once for the maximum, read the value at run time, and never
+ * bake it into their source or cache key; the value is set per run (kiln_session_set_dim).
+ * Layouts are those at the maximum (a tensor [n_kv, 4] has rows of max(n_kv) elements).
+ * Returns the handle (a negative number), or 0 with the error recorded in ctx. When ctx is a
+ * bound copy (kiln_ctx_bind) that binds name, it returns the bound value: a plain extent. */
+#define KILN_MAX_SYMS 8
+int64_t     kiln_dim(kiln_ctx *ctx, const char *name, int64_t max);
+/* Also compile a program in which dim `name` is fixed to value (decode: n_tokens = 1). Runs
+ * whose value is `value` use it; others use the general program. At most 4 per dim. */
+void        kiln_dim_specialize(kiln_ctx *ctx, const char *name, int64_t value);
+int         kiln_ctx_dim_count(const kiln_ctx *ctx);
+const char *kiln_ctx_dim_name(const kiln_ctx *ctx, int i);   /* NULL if out of range */
+int64_t     kiln_ctx_dim_max(const kiln_ctx *ctx, int i);
+/* Index of dim `name` in ctx, or -1. */
+int         kiln_ctx_dim_find(const kiln_ctx *ctx, const char *name);
+/* A new context holding ctx's graph with the n dims names[i] fixed to values[i] (checked
+ * against their maximum): the graph as it is at those values, symbolic in the other dims. */
+kiln_status kiln_ctx_bind(const kiln_ctx *ctx, int n, const char *const *names,
+                          const int64_t *values, kiln_ctx **out);
+/* The symbolic dim of t's dim d (its name), or NULL when that extent is static. */
+const char *kiln_tensor_dim_name(const kiln_tensor *t, int d);
+
 kiln_type    kiln_tensor_type(const kiln_tensor *t);
-int64_t      kiln_tensor_ne(const kiln_tensor *t, int dim);
+int64_t      kiln_tensor_ne(const kiln_tensor *t, int dim); /* symbolic dims: the maximum */
 size_t       kiln_tensor_nb(const kiln_tensor *t, int dim);
 int64_t      kiln_tensor_nelements(const kiln_tensor *t);
 size_t       kiln_tensor_nbytes(const kiln_tensor *t); /* bytes spanned by the layout */

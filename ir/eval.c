@@ -244,17 +244,20 @@ kiln_status kiln_reference(const kiln_graph *g, kiln_ref_get_fn get, kiln_ref_pu
                           buf->name);
             break;
         }
-        if (buf->kind != IR_BUF_INPUT && buf->kind != IR_BUF_WEIGHT) continue;
+        if (buf->kind != IR_BUF_INPUT && buf->kind != IR_BUF_WEIGHT && buf->kind != IR_BUF_STATE) continue;
         int64_t n = buf->ne[0] * buf->ne[1] * buf->ne[2] * buf->ne[3];
         const void *src = get(user, buf->name, buf->type, n);
         if (!src) st = kb_error(KILN_ERR_NOT_FOUND, "reference: no data for %s '%s'",
-                                buf->kind == IR_BUF_INPUT ? "input" : "weight", buf->name);
+                                buf->kind == IR_BUF_INPUT    ? "input"
+                                : buf->kind == IR_BUF_WEIGHT ? "weight"
+                                                             : "state",
+                                buf->name);
         else memcpy(data[b], src, buf->bytes);
     }
     if (!st) st = ir_eval(p, data);
     for (int b = 0; !st && b < p->nbufs; b++) {
         const ir_buf *buf = &p->bufs[b];
-        if (buf->kind == IR_BUF_OUTPUT)
+        if (buf->kind == IR_BUF_OUTPUT || buf->kind == IR_BUF_STATE)
             put(user, buf->name, buf->type, buf->ne[0] * buf->ne[1] * buf->ne[2] * buf->ne[3], data[b]);
     }
     for (int b = 0; data && b < p->nbufs; b++) free(data[b]);

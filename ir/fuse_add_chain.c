@@ -77,9 +77,11 @@ static bool compose(const ir_node *pn, const ir_ref *o, const ir_ref *v, const i
         if (d < 0 || o->ne[d] == 1) {
             out->ne[i] = 1;
             out->st[i] = 0;
+            out->sym[i] = 0;
         } else if (o->ne[d] == pn->dst.ne[d]) {
             out->ne[i] = v->ne[i];
             out->st[i] = o->st[d];
+            out->sym[i] = v->sym[i];
         } else {
             return false; /* a partial (modulo) broadcast does not survive slicing */
         }

@@ -52,7 +52,7 @@ static bool ready_at(const ir_prog *p, int buf, int at) {
     ir_buf_kind kind = p->bufs[buf].kind;
     if (kind == IR_BUF_INPUT || kind == IR_BUF_WEIGHT) return true;
     int w = ir_node_writing(p, buf);
-    return w >= 0 && w < at;
+    return (w >= 0 && w < at) || (kind == IR_BUF_STATE && w < 0);
 }
 
 /* One side of the GLU: the mul_mat node producing it and, when present, the bias add between. */

@@ -105,6 +105,7 @@ static ir_ref flat_probs(const ir_ref *g) {
     ir_ref r = *g;
     r.ne[0] = g->ne[1], r.ne[1] = g->ne[2], r.ne[2] = 1, r.ne[3] = 1;
     r.st[0] = g->st[1], r.st[1] = g->st[2], r.st[2] = g->st[3], r.st[3] = g->st[3];
+    r.sym[0] = g->sym[1], r.sym[1] = g->sym[2], r.sym[2] = 0, r.sym[3] = 0;
     return r;
 }
 

@@ -13,12 +13,15 @@
 #define IR_MAX_INSTR 64  /* instructions of one fused elementwise kernel */
 #define IR_ALIGN 256     /* byte alignment of every arena placement */
 
-typedef enum { IR_BUF_INPUT, IR_BUF_WEIGHT, IR_BUF_OUTPUT, IR_BUF_TEMP } ir_buf_kind;
+/* IR_BUF_STATE: memory that persists across runs (kiln's KILN_ROLE_STATE); it holds a value
+ * before the program runs, like an input, and at most one node (an in-place set_rows) writes it. */
+typedef enum { IR_BUF_INPUT, IR_BUF_WEIGHT, IR_BUF_OUTPUT, IR_BUF_TEMP, IR_BUF_STATE } ir_buf_kind;
 
 typedef struct {
     ir_buf_kind kind;
     kiln_type   type;
-    int64_t     ne[4];  /* natural (contiguous) shape */
+    int64_t     ne[4];  /* natural (contiguous) shape; a symbolic dim at its maximum */
+    uint8_t     sym[4]; /* symbolic dims (index + 1 into the graph's dims; 0: static) */
     size_t      bytes;
     char        name[FE_MAX_NAME]; /* graph name of the tensor that owns it */
     size_t      offset; /* TEMP: byte offset in the arena, set by ir_memplan */
@@ -29,9 +32,11 @@ typedef struct {
 typedef struct {
     int       buf;
     kiln_type type;
-    int64_t   ne[4];
+    int64_t   ne[4];  /* a symbolic dim's extent is its maximum ... */
     int64_t   st[4];
     int64_t   offs;
+    uint8_t   sym[4]; /* ... and sym[d] names it (index + 1 into the graph's dims; 0: static).
+                         Kernels iterate such a dim up to its run-time value only. */
 } ir_ref;
 
 /* One step of an elementwise kernel. Registers 0..nin-1 hold the kernel's loaded inputs (in[i]

@@ -14,6 +14,9 @@ bool     ir_ref_is_natural(const ir_prog *p, const ir_ref *r);
 /* Index of the live node writing buf, or -1. */
 int      ir_node_writing(const ir_prog *p, int buf);
 
+/* States written in place by set_rows: nothing may read their old value (ir/state.c). */
+kiln_status ir_check_states(const kiln_graph *g);
+
 /* Operands of live nodes that read buf (a node reading it twice counts twice). */
 int      ir_readers(const ir_prog *p, int buf);
 /* Whether every buffer node i reads is an input, a weight, or written by a live node before

@@ -16,8 +16,16 @@ static ir_ref ref_of(const kiln_tensor *t, const int *buf_of) {
     for (int d = 0; d < 4; d++) {
         r.ne[d] = t->ne[d];
         r.st[d] = (int64_t)(t->nb[d] / es);
+        r.sym[d] = t->sym[d];
     }
     return r;
+}
+
+/* A buffer holding tensor t's natural layout (symbolic dims at their maximum). */
+static int tensor_buf(ir_prog *p, ir_buf_kind kind, const kiln_tensor *t) {
+    int b = ir_add_buf(p, kind, t->type, t->ne, t->name);
+    if (b >= 0) memcpy(p->bufs[b].sym, t->sym, sizeof t->sym);
+    return b;
 }
 
 static int add_input(ir_node *n, const ir_ref *r) {
@@ -52,7 +60,7 @@ static kiln_status lower_compute(ir_prog *p, const kiln_tensor *t, int dst, cons
 /* The result buffer of computed tensor t: an output's own, or a temporary. */
 static int result_buf(ir_prog *p, const kiln_tensor *t, int *buf_of) {
     ir_buf_kind k = t->role == KILN_ROLE_OUTPUT ? IR_BUF_OUTPUT : IR_BUF_TEMP;
-    buf_of[t->id] = ir_add_buf(p, k, t->type, t->ne, t->name);
+    buf_of[t->id] = tensor_buf(p, k, t);
     return buf_of[t->id];
 }
 
@@ -114,10 +122,17 @@ static bool ref_contiguous(const ir_ref *r) {
 static kiln_status lower_copy(ir_prog *p, const kiln_tensor *t, int *buf_of) {
     const kiln_tensor *a = t->src[0];
     ir_ref             x = ref_of(a, buf_of);
-    bool               reshaped = false;
-    for (int d = 0; d < 4; d++) reshaped |= t->op == FE_OP_CPY && a->ne[d] != t->ne[d];
+    bool               reshaped = false, sym = false;
+    for (int d = 0; d < 4; d++) {
+        reshaped |= t->op == FE_OP_CPY && (a->ne[d] != t->ne[d] || a->sym[d] != t->sym[d]);
+        sym |= a->sym[d] || t->sym[d];
+    }
+    if (reshaped && sym)
+        return kb_error(KILN_ERR_SHAPE, "cpy '%s': a copy into another shape reads its source in "
+                                        "linear order, which symbolic dims (padded layouts) do not keep",
+                        t->name);
     if (reshaped && !ref_contiguous(&x)) {
-        int tmp = ir_add_buf(p, IR_BUF_TEMP, a->type, a->ne, t->name);
+        int tmp = tensor_buf(p, IR_BUF_TEMP, a);
         if (tmp < 0) return kb_oom();
         ir_node *n = ir_add_node(p);
         if (!n) return kb_oom();
@@ -141,9 +156,15 @@ static kiln_status lower_copy(ir_prog *p, const kiln_tensor *t, int *buf_of) {
     return ew_node(p, t, dst, FE_OP_CONT, &x, NULL);
 }
 
-/* Any other op: one IR_OP node over its present tensor operands. */
+/* Whether set_rows t writes a state in place: its destination operand is a state leaf itself. */
+static bool writes_state(const kiln_tensor *t) {
+    return t->op == FE_OP_SET_ROWS && t->src[0]->op == FE_OP_LEAF && t->src[0]->role == KILN_ROLE_STATE;
+}
+
+/* Any other op: one IR_OP node over its present tensor operands. A set_rows into a state
+ * writes the state's buffer (ir/state.c checked that nothing else needs its old value). */
 static kiln_status lower_kernel(ir_prog *p, const kiln_tensor *t, int *buf_of) {
-    int dst = result_buf(p, t, buf_of);
+    int dst = writes_state(t) ? (buf_of[t->id] = buf_of[t->src[0]->id]) : result_buf(p, t, buf_of);
     if (dst < 0) return kb_oom();
     ir_node *n = ir_add_node(p);
     if (!n) return kb_oom();
@@ -165,7 +186,7 @@ static kiln_status lower_kernel(ir_prog *p, const kiln_tensor *t, int *buf_of) {
 
 /* A view that is a graph output: copy it into its own contiguous buffer. */
 static kiln_status lower_view_output(ir_prog *p, const kiln_tensor *t, int *buf_of) {
-    int dst = ir_add_buf(p, IR_BUF_OUTPUT, t->type, t->ne, t->name);
+    int dst = tensor_buf(p, IR_BUF_OUTPUT, t);
     if (dst < 0) return kb_oom();
     ir_node *n = ir_add_node(p);
     if (!n) return kb_oom();
@@ -183,8 +204,10 @@ static kiln_status lower_view_output(ir_prog *p, const kiln_tensor *t, int *buf_
 static kiln_status lower_tensor(ir_prog *p, const kiln_tensor *t, int *buf_of) {
     switch (fe_ops[t->op].kind) {
     case FE_LEAF: {
-        ir_buf_kind k = t->role == KILN_ROLE_WEIGHT ? IR_BUF_WEIGHT : IR_BUF_INPUT;
-        buf_of[t->id] = ir_add_buf(p, k, t->type, t->ne, t->name);
+        ir_buf_kind k = t->role == KILN_ROLE_WEIGHT ? IR_BUF_WEIGHT
+                        : t->role == KILN_ROLE_STATE ? IR_BUF_STATE
+                                                     : IR_BUF_INPUT;
+        buf_of[t->id] = tensor_buf(p, k, t);
         return buf_of[t->id] < 0 ? kb_oom() : NULL;
     }
     case FE_VIEW:
@@ -195,7 +218,7 @@ static kiln_status lower_tensor(ir_prog *p, const kiln_tensor *t, int *buf_of) {
     case FE_UNARY:
     case FE_BINARY: {
         ir_buf_kind k = t->role == KILN_ROLE_OUTPUT ? IR_BUF_OUTPUT : IR_BUF_TEMP;
-        buf_of[t->id] = ir_add_buf(p, k, t->type, t->ne, t->name);
+        buf_of[t->id] = tensor_buf(p, k, t);
         if (buf_of[t->id] < 0) return kb_oom();
         return lower_compute(p, t, buf_of[t->id], buf_of);
     }
@@ -215,7 +238,7 @@ kiln_status ir_lower(const kiln_graph *g, ir_prog **out) {
     }
     p->g = g;
     for (int i = 0; i < g->ctx->n; i++) buf_of[i] = -1;
-    kiln_status st = NULL;
+    kiln_status st = ir_check_states(g);
     for (int i = 0; i < g->n && !st; i++) st = lower_tensor(p, g->nodes[i], buf_of);
     free(buf_of);
     if (st) {

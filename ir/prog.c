@@ -49,6 +49,7 @@ ir_ref ir_natural_ref(const ir_prog *p, int buf) {
     int64_t st = 1;
     for (int d = 0; d < 4; d++) {
         r.ne[d] = b->ne[d];
+        r.sym[d] = b->sym[d];
         r.st[d] = st;
         st *= b->ne[d];
     }
@@ -58,7 +59,8 @@ ir_ref ir_natural_ref(const ir_prog *p, int buf) {
 bool ir_ref_equal(const ir_ref *a, const ir_ref *b) {
     if (a->buf != b->buf || a->type != b->type || a->offs != b->offs) return false;
     for (int d = 0; d < 4; d++)
-        if (a->ne[d] != b->ne[d] || (a->ne[d] != 1 && a->st[d] != b->st[d])) return false;
+        if (a->ne[d] != b->ne[d] || a->sym[d] != b->sym[d] || (a->ne[d] != 1 && a->st[d] != b->st[d]))
+            return false;
     return true;
 }
 
@@ -94,7 +96,9 @@ bool ir_operands_ready(const ir_prog *p, const ir_node *n, int before) {
     for (int k = 0; k < n->nin; k++) {
         ir_buf_kind kind = p->bufs[n->in[k].buf].kind;
         if (kind == IR_BUF_INPUT || kind == IR_BUF_WEIGHT) continue;
+        if (n->in[k].buf == n->dst.buf) continue; /* in place: the old value, ready from the start */
         int w = ir_node_writing(p, n->in[k].buf);
+        if (kind == IR_BUF_STATE && w < 0) continue;
         if (w < 0 || w >= before) return false;
     }
     return true;

@@ -51,8 +51,9 @@ static kiln_status get_rows(const ir_prog *p, const ir_node *n, void **data) {
 static kiln_status set_rows(const ir_prog *p, const ir_node *n, void **data) {
     const ir_ref *a = ir_operand(n, 0), *b = ir_operand(n, 1), *ids = ir_operand(n, 2), *d = &n->dst;
     int64_t       c[4] = {0};
+    /* In place (a state: ir/state.c), dst is a itself and keeps its other rows. */
     FOR_ROWS(c, d->ne) {
-        for (c[0] = 0; c[0] < d->ne[0]; c[0]++)
+        for (c[0] = 0; a->buf != d->buf && c[0] < d->ne[0]; c[0]++)
             copy_elem(data[d->buf], ir_offset_at(d, c), data[a->buf], ir_offset_at(a, c), d->type);
         c[0] = 0;
     }

@@ -70,6 +70,15 @@ static kiln_status check_fused(const ir_prog *p, int i, const ir_node *n) {
     return kb_error(KILN_ERR_INVALID, "IR node %d: unknown fusion kind %d", i, (int)n->fused);
 }
 
+/* Operand k of n is the state that n updates in place: set_rows's destination (or that of a
+ * fused rope_set_rows), the very layout n writes. */
+static bool in_place_operand(const ir_prog *p, const ir_node *n, int k) {
+    if (p->bufs[n->dst.buf].kind != IR_BUF_STATE || n->kind != IR_OP) return false;
+    bool slot = (n->op == FE_OP_SET_ROWS && n->opd[0] == k) ||
+                (n->fused == IR_FUSED_ROPE_SET_ROWS && n->scatter.a_in == k);
+    return slot && ir_ref_equal(&n->in[k], &n->dst);
+}
+
 static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
     const ir_node *n = &p->nodes[i];
     kiln_status st = check_ref(p, i, "dst", &n->dst);
@@ -99,10 +108,10 @@ static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
     for (int k = 0; k < n->nin; k++) {
         if ((st = check_ref(p, i, "operand", &n->in[k]))) return st;
         int b = n->in[k].buf;
-        if (b == n->dst.buf)
+        if (b == n->dst.buf && !in_place_operand(p, n, k))
             return kb_error(KILN_ERR_INVALID, "IR node %d reads the buffer it writes ('%s')", i, p->bufs[b].name);
         ir_buf_kind bk = p->bufs[b].kind;
-        if (bk != IR_BUF_INPUT && bk != IR_BUF_WEIGHT && !written[b])
+        if (bk != IR_BUF_INPUT && bk != IR_BUF_WEIGHT && bk != IR_BUF_STATE && !written[b])
             return kb_error(KILN_ERR_INVALID, "IR node %d reads '%s' before any node writes it", i, p->bufs[b].name);
         for (int d = 0; (ew || epi_in[k]) && d < 4; d++)
             if (n->dst.ne[d] % n->in[k].ne[d] != 0)

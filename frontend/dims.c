@@ -1,0 +1,301 @@
+/* Symbolic dims: declaration, resolution of handles, and how they follow the ops.
+ *
+ * A tensor keeps the maximum as its extent and remembers which dims are symbolic (sym[]), so
+ * every shape rule, stride and size works on the maximum unchanged: layouts are the layouts at
+ * the maximum. What a symbolic dim adds is only the knowledge of which extents vary; that is
+ * what this file propagates. */
+#include "frontend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int64_t handle_of(int i) { return -(int64_t)i - 1; }
+
+int kiln_ctx_dim_find(const kiln_ctx *ctx, const char *name) {
+    if (!ctx || !name) return -1;
+    for (int i = 0; i < ctx->ndims; i++)
+        if (strcmp(ctx->dims[i].name, name) == 0) return i;
+    return -1;
+}
+
+static int bound_find(const kiln_ctx *ctx, const char *name) {
+    for (int i = 0; i < ctx->nbound; i++)
+        if (strcmp(ctx->bound_name[i], name) == 0) return i;
+    return -1;
+}
+
+int64_t kiln_dim(kiln_ctx *ctx, const char *name, int64_t max) {
+    if (!ctx || ctx->err) return 0;
+    if (!fe_valid_name(name)) {
+        fe_failf(ctx, KILN_ERR_INVALID, "dim: name '%s' is not an identifier", name ? name : "(null)");
+        return 0;
+    }
+    if (max < 1 || max > ((int64_t)1 << 40)) {
+        fe_failf(ctx, KILN_ERR_SHAPE, "dim %s: maximum %lld is out of range (1 .. 2^40)", name,
+                 (long long)max);
+        return 0;
+    }
+    int b = bound_find(ctx, name);
+    if (b >= 0) {
+        if (ctx->bound_val[b] > max) {
+            fe_failf(ctx, KILN_ERR_SHAPE, "dim %s: value %lld is over its maximum %lld", name,
+                     (long long)ctx->bound_val[b], (long long)max);
+            return 0;
+        }
+        return ctx->bound_val[b];
+    }
+    int i = kiln_ctx_dim_find(ctx, name);
+    if (i >= 0) {
+        if (ctx->dims[i].max != max) {
+            fe_failf(ctx, KILN_ERR_SHAPE, "dim %s is declared again with maximum %lld (was %lld)",
+                     name, (long long)max, (long long)ctx->dims[i].max);
+            return 0;
+        }
+        return handle_of(i);
+    }
+    if (fe_find(ctx, name)) {
+        fe_failf(ctx, KILN_ERR_INVALID, "dim %s: a tensor already has that name", name);
+        return 0;
+    }
+    if (ctx->ndims == KILN_MAX_SYMS) {
+        fe_failf(ctx, KILN_ERR_INVALID, "dim %s: at most %d symbolic dims", name, KILN_MAX_SYMS);
+        return 0;
+    }
+    fe_dim *d = &ctx->dims[ctx->ndims];
+    memset(d, 0, sizeof *d);
+    snprintf(d->name, sizeof d->name, "%s", name);
+    d->max = max;
+    return handle_of(ctx->ndims++);
+}
+
+void kiln_dim_specialize(kiln_ctx *ctx, const char *name, int64_t value) {
+    if (!ctx || ctx->err || !name) return;
+    if (bound_find(ctx, name) >= 0) return; /* a bound copy: the dim is a constant already */
+    int i = kiln_ctx_dim_find(ctx, name);
+    if (i < 0) {
+        fe_failf(ctx, KILN_ERR_INVALID, "specialize: no symbolic dim named '%s'", name);
+        return;
+    }
+    fe_dim *d = &ctx->dims[i];
+    if (value < 1 || value > d->max) {
+        fe_failf(ctx, KILN_ERR_SHAPE, "specialize %s: value %lld is not in 1 .. %lld", name,
+                 (long long)value, (long long)d->max);
+        return;
+    }
+    for (int k = 0; k < d->nspec; k++)
+        if (d->spec[k] == value) return;
+    if (d->nspec == 4) {
+        fe_failf(ctx, KILN_ERR_INVALID, "specialize %s: at most 4 values", name);
+        return;
+    }
+    d->spec[d->nspec++] = value;
+}
+
+int kiln_ctx_dim_count(const kiln_ctx *ctx) { return ctx ? ctx->ndims : 0; }
+
+const char *kiln_ctx_dim_name(const kiln_ctx *ctx, int i) {
+    return ctx && i >= 0 && i < ctx->ndims ? ctx->dims[i].name : NULL;
+}
+
+int64_t kiln_ctx_dim_max(const kiln_ctx *ctx, int i) {
+    return ctx && i >= 0 && i < ctx->ndims ? ctx->dims[i].max : 0;
+}
+
+const char *kiln_tensor_dim_name(const kiln_tensor *t, int d) {
+    if (!t || (unsigned)d >= 4 || !t->sym[d] || !t->ctx) return NULL;
+    return t->ctx->dims[t->sym[d] - 1].name;
+}
+
+bool fe_resolve_extent(kiln_ctx *ctx, const char *what, int64_t v, int64_t *ne, uint8_t *sym) {
+    *sym = 0;
+    *ne = v;
+    if (v >= 0) return true;
+    int64_t i = -v - 1;
+    if (i >= ctx->ndims) {
+        fe_failf(ctx, KILN_ERR_SHAPE, "%s: extent %lld is neither >= 1 nor a kiln_dim handle", what,
+                 (long long)v);
+        return false;
+    }
+    *ne = ctx->dims[i].max;
+    *sym = (uint8_t)(i + 1);
+    return true;
+}
+
+bool fe_has_sym(const kiln_tensor *t) { return t->sym[0] | t->sym[1] | t->sym[2] | t->sym[3]; }
+
+const char *fe_extent_str(const kiln_ctx *ctx, const kiln_tensor *t, int d, char buf[FE_MAX_NAME]) {
+    if (t->sym[d] && ctx && t->sym[d] <= ctx->ndims) return ctx->dims[t->sym[d] - 1].name;
+    snprintf(buf, FE_MAX_NAME, "%lld", (long long)t->ne[d]);
+    return buf;
+}
+
+static const char *dim_name(const kiln_ctx *ctx, int s) {
+    return s > 0 && s <= ctx->ndims ? ctx->dims[s - 1].name : "?";
+}
+
+bool fe_sym_binary(kiln_ctx *ctx, const char *op, const kiln_tensor *a, const kiln_tensor *b,
+                   uint8_t sym[4]) {
+    for (int d = 0; d < 4; d++) {
+        sym[d] = a->sym[d];
+        if (b->sym[d] && b->sym[d] != a->sym[d]) {
+            fe_failf(ctx, KILN_ERR_SHAPE,
+                     "%s: '%s' has symbolic dim %s in dim %d, where '%s' has %s: a symbolic dim "
+                     "broadcasts only onto the same dim",
+                     op, b->name, dim_name(ctx, b->sym[d]), d, a->name,
+                     a->sym[d] ? dim_name(ctx, a->sym[d]) : "a static extent");
+            return false;
+        }
+        if (a->sym[d] && !b->sym[d] && b->ne[d] != 1) {
+            fe_failf(ctx, KILN_ERR_SHAPE,
+                     "%s: dim %d of '%s' is symbolic (%s), so '%s' must have 1 or %s there, not %lld",
+                     op, d, a->name, dim_name(ctx, a->sym[d]), b->name, dim_name(ctx, a->sym[d]),
+                     (long long)b->ne[d]);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Another value of a dim of maximum max, unlikely to satisfy by accident a rule that holds only
+ * at the maximum (a divisibility, an equality with a static extent). */
+static int64_t probe_value(int64_t max) { return max > 2 ? max - 1 : 1; }
+
+/* Copies of the operands with dim s at its probe value (contiguous ones stay contiguous). */
+static void probe_args(const kiln_ctx *ctx, const fe_args *a, int s, kiln_tensor *copies,
+                       fe_args *out) {
+    *out = *a;
+    int64_t pv = probe_value(ctx->dims[s - 1].max);
+    for (int i = 0; i < FE_MAX_SRC; i++) {
+        const kiln_tensor *t = a->t[i];
+        if (!t) continue;
+        bool uses = false;
+        for (int d = 0; d < 4; d++) uses |= t->sym[d] == s;
+        if (!uses) continue;
+        copies[i] = *t;
+        bool contiguous = fe_is_contiguous(t);
+        for (int d = 0; d < 4; d++)
+            if (t->sym[d] == s) copies[i].ne[d] = pv;
+        if (contiguous)
+            for (int d = 1; d < 4; d++) copies[i].nb[d] = copies[i].nb[d - 1] * (size_t)copies[i].ne[d - 1];
+        out->t[i] = &copies[i];
+    }
+}
+
+bool fe_sym_infer(kiln_ctx *ctx, fe_op op, const fe_args *a, fe_infer_fn infer, const int64_t ne[4],
+                  uint8_t sym[4]) {
+    memset(sym, 0, 4);
+    bool used[KILN_MAX_SYMS + 1] = {0};
+    for (int i = 0; i < FE_MAX_SRC; i++)
+        for (int d = 0; a->t[i] && d < 4; d++) used[a->t[i]->sym[d]] = true;
+    for (int s = 1; s <= ctx->ndims; s++) {
+        if (!used[s]) continue;
+        kiln_tensor copies[FE_MAX_SRC];
+        fe_args     pa;
+        probe_args(ctx, a, s, copies, &pa);
+        kiln_type type;
+        int64_t   pne[4] = {1, 1, 1, 1};
+        int       nd = 1;
+        /* The rule records its error in ctx: run it on the side and keep ours. */
+        const char *file = ctx->file;
+        ctx->file = NULL;
+        bool ok = infer(ctx, &pa, &type, pne, &nd);
+        ctx->file = file;
+        char why[512] = "";
+        if (ctx->err) {
+            snprintf(why, sizeof why, ": %s", kiln_status_msg(ctx->err));
+            kiln_status_free(ctx->err);
+            ctx->err = NULL;
+            ok = false;
+        }
+        const fe_dim *dim = &ctx->dims[s - 1];
+        int64_t       pv = probe_value(dim->max);
+        if (!ok) {
+            fe_failf(ctx, KILN_ERR_SHAPE,
+                     "%s: the shapes fit only at the maximum of symbolic dim %s (%lld), not at other "
+                     "values (at %lld%s)",
+                     fe_ops[op].name, dim->name, (long long)dim->max, (long long)pv, why);
+            return false;
+        }
+        for (int d = 0; d < 4; d++) {
+            if (pne[d] == ne[d]) continue;
+            if (ne[d] == dim->max && pne[d] == pv && !sym[d]) {
+                sym[d] = (uint8_t)s;
+                continue;
+            }
+            fe_failf(ctx, KILN_ERR_SHAPE,
+                     "%s: dim %d of the result depends on symbolic dim %s other than by being it "
+                     "(%lld at the maximum %lld, %lld at %lld)",
+                     fe_ops[op].name, d, dim->name, (long long)ne[d], (long long)dim->max,
+                     (long long)pne[d], (long long)pv);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The symbolic dims of a shape as (dim, product of the extents below it), in order. */
+static int sym_places(const int64_t ne[4], const uint8_t sym[4], int s_out[4], int64_t below[4]) {
+    int     n = 0;
+    int64_t p = 1;
+    for (int d = 0; d < 4; d++) {
+        if (sym[d]) {
+            s_out[n] = sym[d];
+            below[n++] = p;
+        }
+        p *= ne[d];
+    }
+    return n;
+}
+
+bool fe_sym_reshape(kiln_ctx *ctx, const kiln_tensor *a, const int64_t ne[4], const uint8_t sym[4]) {
+    int     sa[4], sb[4];
+    int64_t pa[4], pb[4];
+    int     na = sym_places(a->ne, a->sym, sa, pa), nb = sym_places(ne, sym, sb, pb);
+    bool    same = na == nb;
+    for (int i = 0; same && i < na; i++) same = sa[i] == sb[i] && pa[i] == pb[i];
+    if (same) return true;
+    fe_failf(ctx, KILN_ERR_SHAPE,
+             "reshape of '%s': its symbolic dims must keep their places (the same extents below "
+             "each, in the same order); a reshape cannot merge or split a symbolic dim",
+             a->name);
+    return false;
+}
+
+kiln_status kiln_ctx_bind(const kiln_ctx *ctx, int n, const char *const *names, const int64_t *values,
+                          kiln_ctx **out) {
+    if (!out) return kb_error(KILN_ERR_INVALID, "kiln_ctx_bind: out is NULL");
+    *out = NULL;
+    if (!ctx || n < 0 || (n && (!names || !values)))
+        return kb_error(KILN_ERR_INVALID, "kiln_ctx_bind: bad arguments");
+    if (n > KILN_MAX_SYMS) return kb_error(KILN_ERR_INVALID, "kiln_ctx_bind: more than %d dims", KILN_MAX_SYMS);
+    if (ctx->err) return kb_status_copy(ctx->err);
+    for (int i = 0; i < n; i++) {
+        int d = kiln_ctx_dim_find(ctx, names[i]);
+        if (d < 0) return kb_error(KILN_ERR_NOT_FOUND, "no symbolic dim named '%s'", names[i]);
+        if (values[i] < 1 || values[i] > ctx->dims[d].max)
+            return kb_error(KILN_ERR_SHAPE, "dim %s = %lld is not in 1 .. %lld (its maximum)", names[i],
+                            (long long)values[i], (long long)ctx->dims[d].max);
+    }
+    char       *text;
+    kiln_status st = kiln_print(ctx, &text);
+    if (st) return st;
+    kiln_ctx *c = kiln_ctx_new();
+    if (!c) {
+        free(text);
+        return kb_oom();
+    }
+    for (int i = 0; i < n; i++) {
+        snprintf(c->bound_name[i], FE_MAX_NAME, "%s", names[i]);
+        c->bound_val[i] = values[i];
+    }
+    c->nbound = n;
+    st = kiln_parse(c, text, strlen(text), "<bound graph>");
+    free(text);
+    if (st) {
+        kiln_ctx_free(c);
+        return st;
+    }
+    *out = c;
+    return NULL;
+}
