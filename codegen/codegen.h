@@ -110,6 +110,15 @@ struct kiln_program {
     size_t             scratch_bytes; /* the largest scratch of any node (shared: one stream) */
     char               arch[16];
     kiln_compile_stats stats;
+    /* Specializations (kiln_dim_specialize): spec[i] is the graph with its dim spec_dim[i] (an
+     * index into this graph's dims) fixed to spec_val[i], compiled on its own; it owns that
+     * bound graph (own_ctx, own_graph). */
+    struct kiln_program **spec;
+    int                   nspec;
+    int                   spec_dim[KILN_MAX_SYMS * 4];
+    int64_t               spec_val[KILN_MAX_SYMS * 4];
+    kiln_ctx             *own_ctx;
+    kiln_graph           *own_graph;
 };
 
 #endif

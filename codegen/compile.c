@@ -183,7 +183,73 @@ static kiln_status generate_all(compile_env *e, kiln_program *p) {
     return st;
 }
 
+static kiln_status compile_one(const kiln_graph *g, const kiln_compile_opts *opts, kiln_program **out);
+
+/* The program of g with dim d fixed to v, compiled like g (dumps go to DIR/NAME=V). */
+static kiln_status compile_spec(const kiln_graph *g, const kiln_compile_opts *opts, int d, int64_t v,
+                                kiln_program **out) {
+    const kiln_ctx *ctx = g->ctx;
+    const char     *name = ctx->dims[d].name;
+    kiln_ctx       *bctx;
+    kiln_status     st = kiln_ctx_bind(ctx, 1, &name, &v, &bctx);
+    if (st) return st;
+    kiln_graph *bg = NULL;
+    st = kiln_graph_new(bctx, &bg);
+    kiln_compile_opts o = opts ? *opts : (kiln_compile_opts){0};
+    char              dir[4096];
+    const char       *dump = o.dump_dir ? o.dump_dir : getenv("KILN_DUMP");
+    if (dump && *dump) {
+        snprintf(dir, sizeof dir, "%s/%s=%lld", dump, name, (long long)v);
+        o.dump_dir = dir;
+    }
+    if (!st) st = compile_one(bg, &o, out);
+    if (st) {
+        kiln_graph_free(bg);
+        kiln_ctx_free(bctx);
+        return st;
+    }
+    (*out)->own_ctx = bctx;
+    (*out)->own_graph = bg;
+    return NULL;
+}
+
+/* The general program, then one per specialized value of each symbolic dim. */
 kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_opts *opts, kiln_program **out) {
+    if (!g || !out) return kb_error(KILN_ERR_INVALID, "kiln_compile: NULL argument");
+    double      t0 = kb_now_ms();
+    kiln_status st = compile_one(g, opts, out);
+    if (st) return st;
+    kiln_program   *p = *out;
+    const kiln_ctx *ctx = g->ctx;
+    int             total = 0;
+    for (int d = 0; d < ctx->ndims; d++) total += ctx->dims[d].nspec;
+    if (total) {
+        p->spec = calloc((size_t)total, sizeof *p->spec);
+        if (!p->spec) st = kb_oom();
+    }
+    for (int d = 0; !st && d < ctx->ndims; d++)
+        for (int k = 0; !st && k < ctx->dims[d].nspec; k++) {
+            kiln_program *sp;
+            st = compile_spec(g, opts, d, ctx->dims[d].spec[k], &sp);
+            if (st) break;
+            p->spec[p->nspec] = sp;
+            p->spec_dim[p->nspec] = d;
+            p->spec_val[p->nspec++] = ctx->dims[d].spec[k];
+            p->stats.kernels += sp->stats.kernels;
+            p->stats.compiled += sp->stats.compiled;
+            p->stats.cached += sp->stats.cached;
+            p->stats.corrupt += sp->stats.corrupt;
+        }
+    if (st) {
+        kiln_program_free(p);
+        *out = NULL;
+        return st;
+    }
+    p->stats.ms = kb_now_ms() - t0;
+    return NULL;
+}
+
+static kiln_status compile_one(const kiln_graph *g, const kiln_compile_opts *opts, kiln_program **out) {
     if (!g || !out) return kb_error(KILN_ERR_INVALID, "kiln_compile: NULL argument");
     *out = NULL;
     double t0 = kb_now_ms();
@@ -212,9 +278,13 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_opts *opts, kil
 
 void kiln_program_free(kiln_program *p) {
     if (!p) return;
+    for (int i = 0; i < p->nspec; i++) kiln_program_free(p->spec[i]);
+    free(p->spec);
     for (int i = 0; i < p->nkernels; i++) cg_kernel_clear(&p->kernels[i]);
     free(p->kernels);
     ir_prog_free(p->ir);
+    kiln_graph_free(p->own_graph);
+    kiln_ctx_free(p->own_ctx);
     free(p);
 }
 

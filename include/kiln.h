@@ -356,6 +356,27 @@ kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size
 double      kiln_session_last_ms(const kiln_session *s);
 int         kiln_session_captures(const kiln_session *s); /* CUDA graphs captured so far */
 
+/* Sets symbolic dim `name` for the following runs (1 .. its maximum; initially the maximum).
+ * Set dims before the inputs whose shape they change: kiln_session_set and kiln_session_get
+ * take and give symbolic inputs and outputs contiguous at the current values. A change of
+ * value neither recompiles nor re-captures: kernels read the values from device memory that
+ * the captured graph refreshes at each replay. A program specialized for a value
+ * (kiln_dim_specialize) runs whenever the dims have that value. */
+kiln_status kiln_session_set_dim(kiln_session *s, const char *name, int64_t value);
+
+typedef struct {
+    int64_t runs;          /* kiln_session_run calls that succeeded */
+    int64_t captures;      /* CUDA graphs captured (one per program variant, at its first run) */
+    int64_t replays;       /* runs that replayed a captured graph */
+    int64_t plain_runs;    /* runs that launched kernel by kernel (KILN_CUDA_GRAPHS=0, or a
+                              variant with a library call whose size varies) */
+    double  host_us_last;  /* host time of the last run until its work was queued (excludes
+                              waiting for the GPU) */
+    double  host_us_total;
+    int     variant;       /* program variant of the last run: 0 general, i > 0 specialization i */
+} kiln_session_stats;
+void kiln_session_get_stats(const kiln_session *s, kiln_session_stats *out);
+
 /* ---- CPU reference -------------------------------------------------------------------------- */
 
 /* Evaluates g on the CPU with ggml semantics, node by node, nothing fused. Inputs and weights

@@ -64,6 +64,9 @@ typedef struct {
     rt_cures (*MemAlloc)(rt_cuptr *ptr, size_t bytes);
     rt_cures (*MemFree)(rt_cuptr ptr);
     rt_cures (*MemcpyHtoD)(rt_cuptr dst, const void *src, size_t bytes);
+    rt_cures (*MemcpyHtoDAsync)(rt_cuptr dst, const void *src, size_t bytes, rt_custream stream);
+    rt_cures (*MemAllocHost)(void **ptr, size_t bytes);
+    rt_cures (*MemFreeHost)(void *ptr);
     rt_cures (*MemcpyDtoH)(void *dst, rt_cuptr src, size_t bytes);
     rt_cures (*MemsetD8)(rt_cuptr dst, unsigned char value, size_t n);
     rt_cures (*StreamCreate)(rt_custream *stream, unsigned flags);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct {
     char     name[64];
@@ -27,8 +28,8 @@ typedef struct {
     unsigned grid[3], block[3], smem;
     int      nparams;
     bool     empty; /* a zero grid dimension: nothing to do (zero-element tensors) */
-    rt_cuptr argv[IR_MAX_IN + 3];
-    void    *args[IR_MAX_IN + 3]; /* args[i] = &argv[i], as cuLaunchKernel wants */
+    rt_cuptr argv[IR_MAX_IN + 4];
+    void    *args[IR_MAX_IN + 4]; /* args[i] = &argv[i], as cuLaunchKernel wants */
 } rt_launch;
 
 typedef struct {
@@ -70,6 +71,25 @@ struct kiln_session {
     int            captures;
     double         last_ms;
     bool           broken; /* a kernel failed: the context is unusable */
+
+    /* Symbolic dims: their names and maxima (copied from the program's graph), their values
+     * for the next run in pinned host memory, and the device copy kernels read (kdims), which
+     * every run refreshes first (in a captured graph: a copy node reading the pinned memory). */
+    int       ndims;
+    char      dim_name[KILN_MAX_SYMS][FE_MAX_NAME];
+    int64_t   dim_max[KILN_MAX_SYMS];
+    int32_t  *dims_host;
+    rt_cuptr  dims_dev;
+
+    /* Specialized variants (kiln_dim_specialize): sessions of their own that share this one's
+     * weights and states; spec_dim/spec_val say when each runs. */
+    kiln_session **spec;
+    int            nspec;
+    int            spec_dim[KILN_MAX_SYMS * 4];
+    int64_t        spec_val[KILN_MAX_SYMS * 4];
+    kiln_session  *primary; /* for a variant: the session it belongs to */
+    kiln_session  *last;    /* the session (this one or a variant) that ran last */
+    kiln_session_stats stats;
 };
 
 static const char *kind_name(ir_buf_kind k) {
@@ -78,6 +98,7 @@ static const char *kind_name(ir_buf_kind k) {
     case IR_BUF_WEIGHT: return "weight";
     case IR_BUF_OUTPUT: return "output";
     case IR_BUF_TEMP: return "temporary";
+    case IR_BUF_STATE: return "state";
     }
     return "buffer";
 }
@@ -144,6 +165,25 @@ static kiln_status check_arch(kiln_session *s, const char *arch) {
                     arch, s->device, s->dev_name, cc_major, cc_minor, want);
 }
 
+/* A variant's weight or state is the primary session's buffer of that name. */
+static kiln_status share_buffer(kiln_session *s, int i) {
+    const kiln_session *p = s->primary;
+    const ir_buf       *b = &s->bufs[i];
+    for (int j = 0; j < p->nbufs; j++) {
+        const ir_buf *o = &p->bufs[j];
+        if (o->kind != b->kind || strcmp(o->name, b->name) != 0) continue;
+        if (o->bytes != b->bytes || o->type != b->type)
+            return kb_error(KILN_ERR_INVALID, "kiln_session_new: %s '%s' differs between the general "
+                                              "program and a specialized one",
+                            kind_name(b->kind), b->name);
+        s->dptr[i] = p->dptr[j];
+        return NULL;
+    }
+    return kb_error(KILN_ERR_INVALID, "kiln_session_new: a specialized program has %s '%s', which the "
+                                      "general one lacks",
+                    kind_name(b->kind), b->name);
+}
+
 static kiln_status alloc_buffers(kiln_session *s, const ir_prog *ir) {
     const rt_cuda_api *cu = s->cu;
     s->nbufs = ir->nbufs;
@@ -179,6 +219,11 @@ static kiln_status alloc_buffers(kiln_session *s, const ir_prog *ir) {
             continue;
         }
         if (b->bytes == 0) continue; /* no memory; kernels touching it have nothing to do */
+        if (s->primary && (b->kind == IR_BUF_WEIGHT || b->kind == IR_BUF_STATE)) {
+            kiln_status st = share_buffer(s, i);
+            if (st) return st;
+            continue;
+        }
         r = cu->MemAlloc(&s->dptr[i], b->bytes);
         if (r != RT_CUDA_SUCCESS)
             return rt_cuda_error(r, "cuMemAlloc", "allocating %zu bytes for %s '%s'", b->bytes,
@@ -228,15 +273,16 @@ static int blas_type(kiln_type t) {
 static kiln_status run_gemm(kiln_session *s, int i, const rt_launch *l) {
     const cg_gemm *g = &l->gemm;
     const float    one = 1.0f, zero = 0.0f;
+    int            n = g->n_sym >= 0 && g->n_sym < s->ndims ? g->n_mul * s->dims_host[g->n_sym] : g->n;
     int r = s->blas->GemmStridedBatchedEx(
-        s->blas_handle, g->ta ? RT_CUBLAS_OP_T : RT_CUBLAS_OP_N, g->tb ? RT_CUBLAS_OP_T : RT_CUBLAS_OP_N, g->m, g->n,
+        s->blas_handle, g->ta ? RT_CUBLAS_OP_T : RT_CUBLAS_OP_N, g->tb ? RT_CUBLAS_OP_T : RT_CUBLAS_OP_N, g->m, n,
         g->k, &one, (const void *)(uintptr_t)l->gemm_ptr[0], blas_type(g->a.type), (int)g->a.ld, (long long)g->a.stride,
         (const void *)(uintptr_t)l->gemm_ptr[1], blas_type(g->b.type), (int)g->b.ld, (long long)g->b.stride, &zero,
         (void *)(uintptr_t)l->gemm_ptr[2], blas_type(g->c.type), (int)g->c.ld, (long long)g->c.stride, g->batch,
         RT_CUBLAS_COMPUTE_32F, RT_CUBLAS_GEMM_DEFAULT);
     if (!r) return NULL;
     char what[160];
-    snprintf(what, sizeof what, "running step %d '%s' (m %d, n %d, k %d, batch %d)", i, l->name, g->m, g->n, g->k,
+    snprintf(what, sizeof what, "running step %d '%s' (m %d, n %d, k %d, batch %d)", i, l->name, g->m, n, g->k,
              g->batch);
     return rt_cublas_error(r, "cublasGemmStridedBatchedEx", what);
 }
@@ -260,12 +306,20 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
             return kb_error(KILN_ERR_INVALID, "kiln_session_new: kernel %d '%s' has an empty block "
                                               "(%ux%ux%u)", i, l->name, k->block[0], k->block[1],
                             k->block[2]);
-        if (k->nparams < 0 || k->nparams > IR_MAX_IN + 3)
+        if (k->nparams < 0 || k->nparams > IR_MAX_IN + 4)
             return kb_error(KILN_ERR_INVALID, "kiln_session_new: kernel %d '%s' has %d parameters",
                             i, l->name, k->nparams);
         l->nparams = k->nparams;
         for (int j = 0; j < k->nparams; j++) {
             int b = k->params[j];
+            if (b == CG_PARAM_DIMS) {
+                if (!s->dims_dev)
+                    return kb_error(KILN_ERR_INVALID, "kiln_session_new: kernel %d '%s' reads symbolic "
+                                                      "dims; the program has none", i, l->name);
+                l->argv[j] = s->dims_dev;
+                l->args[j] = &l->argv[j];
+                continue;
+            }
             if (b == CG_PARAM_SCRATCH) {
                 if (!s->scratch || k->scratch > s->scratch_bytes)
                     return kb_error(KILN_ERR_INVALID, "kiln_session_new: kernel %d '%s' wants %zu bytes of "
@@ -297,6 +351,8 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
                 l->gemm_ptr[j] = l->argv[m[j]->param] + (rt_cuptr)m[j]->offset;
             }
             l->empty = !k->gemm.m || !k->gemm.n;
+            /* A captured library call keeps its sizes: a varying one means plain launches. */
+            if (k->gemm.n_sym >= 0) s->use_graphs = false;
             s->nlaunches++;
             continue;
         }
@@ -348,9 +404,59 @@ static bool graphs_enabled(const kiln_session_opts *opts) {
     return true;
 }
 
+/* The program's symbolic dims, and the memory their values live in (all at their maximum). */
+static kiln_status setup_dims(kiln_session *s, const kiln_program *p) {
+    const kiln_ctx *ctx = p->ir->g ? p->ir->g->ctx : NULL;
+    s->ndims = ctx ? ctx->ndims : 0;
+    if (!s->ndims) return NULL;
+    for (int i = 0; i < s->ndims; i++) {
+        snprintf(s->dim_name[i], sizeof s->dim_name[i], "%s", ctx->dims[i].name);
+        s->dim_max[i] = ctx->dims[i].max;
+    }
+    size_t   bytes = sizeof(int32_t) * KILN_MAX_SYMS;
+    rt_cures r = s->cu->MemAllocHost((void **)&s->dims_host, bytes);
+    if (r != RT_CUDA_SUCCESS) {
+        s->dims_host = NULL;
+        return rt_cuda_error(r, "cuMemAllocHost", "allocating pinned memory for the symbolic dims");
+    }
+    for (int i = 0; i < s->ndims; i++) s->dims_host[i] = (int32_t)s->dim_max[i];
+    r = s->cu->MemAlloc(&s->dims_dev, bytes);
+    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuMemAlloc", "allocating the symbolic dims' device copy");
+    return NULL;
+}
+
+static kiln_status session_open(const kiln_program *p, const kiln_session_opts *opts,
+                                kiln_session *primary, kiln_session **out);
+
 kiln_status kiln_session_new(const kiln_program *p, const kiln_session_opts *opts,
                              kiln_session **out) {
     if (!out) return kb_error(KILN_ERR_INVALID, "kiln_session_new: out is NULL");
+    *out = NULL;
+    kiln_session *s;
+    kiln_status   st = session_open(p, opts, NULL, &s);
+    if (st) return st;
+    if (p->nspec > 0) {
+        s->spec = calloc((size_t)p->nspec, sizeof *s->spec);
+        if (!s->spec) st = kb_oom();
+    }
+    for (int i = 0; !st && i < p->nspec; i++) {
+        st = session_open(p->spec[i], opts, s, &s->spec[i]);
+        if (!st) {
+            s->spec_dim[i] = p->spec_dim[i];
+            s->spec_val[i] = p->spec_val[i];
+            s->nspec++;
+        }
+    }
+    if (st) {
+        kiln_session_free(s);
+        return st;
+    }
+    *out = s;
+    return NULL;
+}
+
+static kiln_status session_open(const kiln_program *p, const kiln_session_opts *opts,
+                                kiln_session *primary, kiln_session **out) {
     *out = NULL;
     if (!p) return kb_error(KILN_ERR_INVALID, "kiln_session_new: program is NULL");
     if (!p->ir) return kb_error(KILN_ERR_INVALID, "kiln_session_new: program has no IR");
@@ -376,6 +482,7 @@ kiln_status kiln_session_new(const kiln_program *p, const kiln_session_opts *opt
     s->cu = rt_cuda();
     s->device = device;
     s->use_graphs = graphs_enabled(opts);
+    s->primary = primary;
     snprintf(s->arch, sizeof s->arch, "%s", p->arch);
     const rt_cuda_api *cu = s->cu;
     rt_cures r;
@@ -408,6 +515,7 @@ kiln_status kiln_session_new(const kiln_program *p, const kiln_session_opts *opt
         goto fail;
     }
 
+    if ((st = setup_dims(s, p))) goto fail;
     if ((st = alloc_buffers(s, p->ir))) goto fail;
     if ((st = alloc_scratch(s, p))) goto fail;
     if ((st = setup_blas(s, p))) goto fail;
@@ -430,6 +538,8 @@ fail:
 
 void kiln_session_free(kiln_session *s) {
     if (!s) return;
+    for (int i = 0; i < s->nspec; i++) kiln_session_free(s->spec[i]);
+    free(s->spec);
     const rt_cuda_api *cu = s->cu;
     if (cu && s->ctx) {
         cu->CtxSetCurrent(s->ctx);
@@ -445,6 +555,8 @@ void kiln_session_free(kiln_session *s) {
         if (s->blas_handle) s->blas->Destroy(s->blas_handle);
         if (s->blas_ws) cu->MemFree(s->blas_ws);
         if (s->scratch) cu->MemFree(s->scratch);
+        if (s->dims_dev) cu->MemFree(s->dims_dev);
+        if (s->dims_host) cu->MemFreeHost(s->dims_host);
         if (s->stream) cu->StreamDestroy(s->stream);
     }
     if (cu && s->ctx_retained) cu->DevicePrimaryCtxRelease(s->dev);
@@ -459,8 +571,8 @@ void kiln_session_free(kiln_session *s) {
 /* The names a caller may pass, for "not found" messages. */
 static char *valid_names(const kiln_session *s, bool for_set) {
     kb_str b = {0};
-    static const ir_buf_kind order[3] = {IR_BUF_INPUT, IR_BUF_WEIGHT, IR_BUF_OUTPUT};
-    int nkinds = for_set ? 2 : 3;
+    static const ir_buf_kind order[4] = {IR_BUF_INPUT, IR_BUF_WEIGHT, IR_BUF_STATE, IR_BUF_OUTPUT};
+    int nkinds = for_set ? 3 : 4;
     for (int k = 0; k < nkinds; k++) {
         int n = 0;
         for (int i = 0; i < s->nbufs; i++) {
@@ -481,7 +593,7 @@ static kiln_status find_buf(const kiln_session *s, const char *fn, const char *n
         if (b->kind == IR_BUF_TEMP || strcmp(b->name, name) != 0) continue;
         if (for_set && b->kind == IR_BUF_OUTPUT)
             return kb_error(KILN_ERR_INVALID, "%s: '%s' is an output of the program; only inputs "
-                                              "and weights can be set", fn, name);
+                                              "weights and states can be set", fn, name);
         *out = i;
         return NULL;
     }
@@ -493,13 +605,96 @@ static kiln_status find_buf(const kiln_session *s, const char *fn, const char *n
     return st;
 }
 
+/* Buffer b's extents at the current values of its symbolic dims. */
+static void current_ne(const kiln_session *s, const ir_buf *b, int64_t ne[4]) {
+    for (int d = 0; d < 4; d++)
+        ne[d] = b->sym[d] && b->sym[d] <= s->ndims ? s->dims_host[b->sym[d] - 1] : b->ne[d];
+}
+
+static bool buf_has_sym(const ir_buf *b) { return b->sym[0] | b->sym[1] | b->sym[2] | b->sym[3]; }
+
+static size_t current_bytes(const kiln_session *s, const ir_buf *b) {
+    int64_t ne[4];
+    current_ne(s, b, ne);
+    return kiln_type_size(b->type) * (size_t)(ne[0] * ne[1] * ne[2] * ne[3]);
+}
+
 static kiln_status check_bytes(const kiln_session *s, const char *fn, int i, size_t bytes) {
     const ir_buf *b = &s->bufs[i];
-    if (bytes == b->bytes) return NULL;
+    size_t        want = current_bytes(s, b);
+    if (bytes == want) return NULL;
     char shape[128];
     describe_buf(b, shape, sizeof shape);
+    if (buf_has_sym(b)) {
+        int64_t ne[4];
+        current_ne(s, b, ne);
+        return kb_error(KILN_ERR_INVALID,
+                        "%s: %s '%s' is %s at most; at the current dims it is [%lld, %lld, %lld, %lld], "
+                        "%zu bytes contiguous; got %zu bytes (set the dims first)",
+                        fn, kind_name(b->kind), b->name, shape, (long long)ne[0], (long long)ne[1],
+                        (long long)ne[2], (long long)ne[3], want, bytes);
+    }
     return kb_error(KILN_ERR_INVALID, "%s: %s '%s' is %s, %zu bytes contiguous; got %zu bytes", fn,
                     kind_name(b->kind), b->name, shape, b->bytes, bytes);
+}
+
+/* Between the caller's contiguous data at the current extents and the buffer's layout at the
+ * maximum: row by row into (to_dev) or out of `padded`. Returns the bytes of padded that hold
+ * data (a prefix: rows beyond are not touched). */
+static size_t repack(const kiln_session *s, const ir_buf *b, void *padded, void *dense, bool to_dev) {
+    int64_t ne[4];
+    current_ne(s, b, ne);
+    size_t es = kiln_type_size(b->type), row = (size_t)ne[0] * es, used = 0;
+    for (int64_t i3 = 0; i3 < ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < ne[2]; i2++)
+            for (int64_t i1 = 0; i1 < ne[1]; i1++) {
+                size_t off = (size_t)(((i3 * b->ne[2] + i2) * b->ne[1] + i1) * b->ne[0]) * es;
+                char  *d = (char *)dense + (size_t)((i3 * ne[2] + i2) * ne[1] + i1) * row;
+                if (to_dev) memcpy((char *)padded + off, d, row);
+                else memcpy(d, (char *)padded + off, row);
+                used = off + row;
+            }
+    return used;
+}
+
+/* The prefix of buffer b's padded layout that holds the current elements. */
+static size_t padded_used(const kiln_session *s, const ir_buf *b) {
+    int64_t ne[4];
+    current_ne(s, b, ne);
+    size_t es = kiln_type_size(b->type);
+    return (size_t)((((ne[3] - 1) * b->ne[2] + ne[2] - 1) * b->ne[1] + ne[1] - 1) * b->ne[0] + ne[0]) * es;
+}
+
+/* Copies caller data into buffer i of one session (through the padded layout if symbolic). */
+static kiln_status upload(kiln_session *s, int i, const void *data, size_t bytes) {
+    const ir_buf *b = &s->bufs[i];
+    kiln_status   st = make_current(s);
+    if (st) return st;
+    void  *staging = NULL;
+    size_t n = bytes;
+    if (buf_has_sym(b)) {
+        staging = calloc(1, b->bytes);
+        if (!staging) return kb_oom();
+        n = repack(s, b, staging, (void *)data, true);
+        data = staging;
+    }
+    rt_cures r = s->cu->MemcpyHtoD(s->dptr[i], data, n);
+    free(staging);
+    if (r != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuMemcpyHtoD", "copying %zu bytes into %s '%s'", n, kind_name(b->kind),
+                             b->name);
+    /* The copy went through the legacy stream; make sure it has landed before the session
+     * stream (which does not wait for the legacy one) reads the buffer. */
+    r = s->cu->CtxSynchronize();
+    if (r != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuCtxSynchronize", "finishing the copy into '%s'", b->name);
+    return NULL;
+}
+
+static int buf_named(const kiln_session *s, const char *name) {
+    for (int i = 0; i < s->nbufs; i++)
+        if (s->bufs[i].kind != IR_BUF_TEMP && strcmp(s->bufs[i].name, name) == 0) return i;
+    return -1;
 }
 
 kiln_status kiln_session_set(kiln_session *s, const char *name, const void *data, size_t bytes) {
@@ -511,16 +706,13 @@ kiln_status kiln_session_set(kiln_session *s, const char *name, const void *data
     if ((st = check_bytes(s, fn, i, bytes))) return st;
     if (bytes == 0) return NULL;
     if (!data) return kb_error(KILN_ERR_INVALID, "%s: data for '%s' is NULL", fn, name);
-    if ((st = make_current(s))) return st;
-    rt_cures r = s->cu->MemcpyHtoD(s->dptr[i], data, bytes);
-    if (r != RT_CUDA_SUCCESS)
-        return rt_cuda_error(r, "cuMemcpyHtoD", "copying %zu bytes into %s '%s'", bytes,
-                             kind_name(s->bufs[i].kind), name);
-    /* The copy went through the legacy stream; make sure it has landed before the session
-     * stream (which does not wait for the legacy one) reads the buffer. */
-    r = s->cu->CtxSynchronize();
-    if (r != RT_CUDA_SUCCESS)
-        return rt_cuda_error(r, "cuCtxSynchronize", "finishing the copy into '%s'", name);
+    if ((st = upload(s, i, data, bytes))) return st;
+    /* Variants have inputs of their own (their layouts may differ); weights and states are
+     * shared. */
+    for (int v = 0; v < s->nspec && s->bufs[i].kind == IR_BUF_INPUT; v++) {
+        int j = buf_named(s->spec[v], name);
+        if (j >= 0 && (st = upload(s->spec[v], j, data, bytes))) return st;
+    }
     return NULL;
 }
 
@@ -533,16 +725,64 @@ kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size
     if ((st = check_bytes(s, fn, i, bytes))) return st;
     if (bytes == 0) return NULL;
     if (!data) return kb_error(KILN_ERR_INVALID, "%s: data for '%s' is NULL", fn, name);
-    if ((st = make_current(s))) return st;
-    rt_cures r = s->cu->StreamSynchronize(s->stream);
-    if (r == RT_CUDA_SUCCESS) r = s->cu->MemcpyDtoH(data, s->dptr[i], bytes);
+    /* An output comes from the variant that ran last. */
+    kiln_session *u = s;
+    if (s->bufs[i].kind == IR_BUF_OUTPUT && s->last && s->last != s) {
+        int j = buf_named(s->last, name);
+        if (j >= 0) u = s->last, i = j;
+    }
+    if ((st = make_current(u))) return st;
+    const ir_buf *b = &u->bufs[i];
+    void         *staging = NULL;
+    size_t        n = bytes;
+    if (buf_has_sym(b)) {
+        staging = malloc(b->bytes);
+        if (!staging) return kb_oom();
+        n = padded_used(u, b);
+    }
+    rt_cures r = u->cu->StreamSynchronize(u->stream);
+    if (r == RT_CUDA_SUCCESS) r = u->cu->MemcpyDtoH(staging ? staging : data, u->dptr[i], n);
+    if (r == RT_CUDA_SUCCESS && staging) repack(u, b, staging, data, false);
+    free(staging);
     if (r != RT_CUDA_SUCCESS)
-        return rt_cuda_error(r, "cuMemcpyDtoH", "copying %zu bytes out of %s '%s'", bytes,
-                             kind_name(s->bufs[i].kind), name);
+        return rt_cuda_error(r, "cuMemcpyDtoH", "copying %zu bytes out of %s '%s'", n, kind_name(b->kind),
+                             name);
+    return NULL;
+}
+
+kiln_status kiln_session_set_dim(kiln_session *s, const char *name, int64_t value) {
+    if (!s || !name) return kb_error(KILN_ERR_INVALID, "kiln_session_set_dim: %s is NULL", s ? "name" : "session");
+    int d = -1;
+    for (int i = 0; i < s->ndims; i++)
+        if (strcmp(s->dim_name[i], name) == 0) d = i;
+    if (d < 0) {
+        kb_str b = {0};
+        for (int i = 0; i < s->ndims; i++) kb_str_addf(&b, "%s%s", i ? ", " : "", s->dim_name[i]);
+        kiln_status st = kb_error(KILN_ERR_NOT_FOUND, "kiln_session_set_dim: the program has no symbolic dim "
+                                                      "'%s' (it has: %s)", name, b.len ? b.s : "none");
+        kb_str_free(&b);
+        return st;
+    }
+    if (value < 1 || value > s->dim_max[d])
+        return kb_error(KILN_ERR_INVALID, "kiln_session_set_dim: %s = %lld is out of range: 1 .. %lld (its "
+                                          "maximum)", name, (long long)value, (long long)s->dim_max[d]);
+    s->dims_host[d] = (int32_t)value;
+    for (int v = 0; v < s->nspec; v++) {
+        kiln_session *u = s->spec[v];
+        for (int i = 0; i < u->ndims; i++)
+            if (strcmp(u->dim_name[i], name) == 0) u->dims_host[i] = (int32_t)value;
+    }
     return NULL;
 }
 
 static kiln_status launch_all(kiln_session *s, const char *doing) {
+    if (s->ndims > 0) {
+        /* Captured, this is a copy node that reads the pinned values at every replay. */
+        rt_cures r = s->cu->MemcpyHtoDAsync(s->dims_dev, s->dims_host, sizeof(int32_t) * (size_t)s->ndims,
+                                            s->stream);
+        if (r != RT_CUDA_SUCCESS)
+            return rt_cuda_error(r, "cuMemcpyHtoDAsync", "%s the copy of the symbolic dims", doing);
+    }
     for (int i = 0; i < s->nlaunches; i++) {
         rt_launch *l = &s->launches[i];
         if (l->empty) continue;
@@ -592,15 +832,44 @@ static kiln_status capture(kiln_session *s) {
     return NULL;
 }
 
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats);
+
 kiln_status kiln_session_run(kiln_session *s) {
     if (!s) return kb_error(KILN_ERR_INVALID, "kiln_session_run: session is NULL");
+    kiln_session *u = s;
+    int           variant = 0;
+    for (int v = 0; v < s->nspec; v++)
+        if (s->dims_host[s->spec_dim[v]] == s->spec_val[v]) {
+            u = s->spec[v];
+            variant = v + 1;
+            break;
+        }
+    kiln_status st = run_unit(u, &s->stats);
+    if (st) return st;
+    if (u != s) s->last_ms = u->last_ms;
+    s->last = u;
+    s->stats.variant = variant;
+    return NULL;
+}
+
+static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats) {
+    double t0 = now_us();
     if (s->broken)
         return kb_error(KILN_ERR_CUDA, "kiln_session_run: an earlier run failed on the GPU and left "
                                        "the CUDA context unusable; create a new process");
     const rt_cuda_api *cu = s->cu;
     kiln_status        st = make_current(s);
     if (st) return st;
-    if (s->use_graphs && !s->exec && (st = capture(s))) return st;
+    if (s->use_graphs && !s->exec) {
+        if ((st = capture(s))) return st;
+        stats->captures++;
+    }
 
     rt_cures r = cu->EventRecord(s->ev_start, s->stream);
     if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuEventRecord", "starting the run's timer");
@@ -618,6 +887,7 @@ kiln_status kiln_session_run(kiln_session *s) {
         cu->StreamSynchronize(s->stream);
         return rt_cuda_error(r, "cuEventRecord", "stopping the run's timer");
     }
+    stats->host_us_last = now_us() - t0;
     r = cu->StreamSynchronize(s->stream);
     if (r != RT_CUDA_SUCCESS) {
         s->broken = true;
@@ -634,9 +904,19 @@ kiln_status kiln_session_run(kiln_session *s) {
     if (r != RT_CUDA_SUCCESS)
         return rt_cuda_error(r, "cuEventElapsedTime", "timing the run");
     s->last_ms = ms;
+    stats->host_us_total += stats->host_us_last;
+    stats->runs++;
+    if (s->exec) stats->replays++;
+    else stats->plain_runs++;
     return NULL;
+}
+
+void kiln_session_get_stats(const kiln_session *s, kiln_session_stats *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (s) *out = s->stats;
 }
 
 double kiln_session_last_ms(const kiln_session *s) { return s ? s->last_ms : 0.0; }
 
-int kiln_session_captures(const kiln_session *s) { return s ? s->captures : 0; }
+int kiln_session_captures(const kiln_session *s) { return s ? (int)s->stats.captures : 0; }

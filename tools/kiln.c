@@ -26,6 +26,9 @@ static const char *usage_text =
     "  ops             list every supported op with its kind and accepted types\n"
     "  help [COMMAND]  this text, or a command's options\n"
     "\n"
+    "Symbolic dims (\"dim n_kv <= 4096\" in the graph) are compiled once for every value; give\n"
+    "values with --dim NAME=VALUE (default: the maximum).\n"
+    "\n"
     "options: --version, --help. Environment: KILN_CACHE_DIR (kernel cache, default\n"
     "$XDG_CACHE_HOME/kiln or ~/.cache/kiln), KILN_DUMP=DIR (like --dump-cu),\n"
     "KILN_TEMPLATE_DIR (load templates from a directory), KILN_CUDA_GRAPHS=0 (plain launches).\n"
@@ -33,24 +36,34 @@ static const char *usage_text =
 
 static const char *compile_help =
     "usage: kiln compile GRAPH [--arch sm_90a] [--dump-cu DIR] [-o FILE] [--no-fuse[=NAME,...]]\n"
-    "                          [--cache-dir DIR] [--no-cache]\n"
+    "                          [--cache-dir DIR] [--no-cache] [--dim NAME=VALUE]...\n"
     "  --arch ARCH     target GPU architecture (default sm_90a; e.g. sm_80)\n"
     "  --dump-cu DIR   write each kernel as DIR/NNN_name_KEY8.cu and DIR/program.txt\n"
     "  -o FILE         write the compiled program's description (IR, plan, kernels, keys)\n"
     "  --no-fuse       disable every fusion pass\n"
     "  --no-fuse=NAME[,NAME]  disable the named passes only (listed below; may repeat)\n"
     "  --cache-dir DIR kernel cache directory (default: see 'kiln help')\n"
-    "  --no-cache      neither read nor write the kernel cache\n";
+    "  --no-cache      neither read nor write the kernel cache\n"
+    "  --dim NAME=V    a value for symbolic dim NAME, checked against its maximum; the program\n"
+    "                  does not depend on it (kernels read symbolic dims at run time), so\n"
+    "                  compiles that differ only in V share every kernel. A dim declared with\n"
+    "                  'specialize V' also gets a program of its own for that value.\n";
 
 static const char *run_help =
     "usage: kiln run GRAPH [--seed N] [--input NAME=FILE]... [--output NAME=FILE]...\n"
-    "                      [--iters N] [--no-cuda-graph] [--check] [compile options]\n"
+    "                      [--iters N] [--no-cuda-graph] [--check] [--stats] [--dim NAME=V]...\n"
+    "                      [compile options]\n"
     "  --seed N             seed for random inputs and weights (default 1)\n"
     "  --input NAME=FILE    raw little-endian contents of input/weight NAME (its type, contiguous)\n"
     "  --output NAME=FILE   write output NAME's raw contents to FILE\n"
     "  --iters N            runs to time (default 20); the first captures the CUDA graph\n"
     "  --no-cuda-graph      launch kernels one by one instead of replaying a CUDA graph\n"
-    "  --check              also evaluate on the CPU reference and print each output's NMSE\n"
+    "  --check              also evaluate on the CPU reference and print each output's and\n"
+    "                       state's NMSE (the reference runs the graph with the --dim values)\n"
+    "  --stats              print the runtime counters: kernels compiled, CUDA graph captures,\n"
+    "                       replays, plain runs, and the host time per run\n"
+    "  --dim NAME=V         run with symbolic dim NAME = V (1 .. its maximum; default the maximum);\n"
+    "                       inputs and outputs have the shapes at these values\n"
     "  compile options: --arch, --dump-cu, --no-fuse, --cache-dir, --no-cache (see compile)\n";
 
 static const char *inspect_help =
@@ -69,6 +82,11 @@ typedef struct {
     int iters;
     const char *inputs[MAX_FILES], *outputs[MAX_FILES];
     int ninputs, noutputs;
+    bool stats;
+    int ndims;
+    char dim_name[KILN_MAX_SYMS][64];
+    const char *dim_names[KILN_MAX_SYMS];
+    int64_t dim_val[KILN_MAX_SYMS];
 } cli;
 
 static int fail(kiln_status st) {
@@ -135,6 +153,19 @@ static int parse_args(int argc, char **argv, cli *c) {
         } else if (!strcmp(a, "--no-cache")) { c->no_cache = true;
         } else if (!strcmp(a, "--no-cuda-graph")) { c->no_graph = true;
         } else if (!strcmp(a, "--check")) { c->check = true;
+        } else if (!strcmp(a, "--stats")) { c->stats = true;
+        } else if (!strcmp(a, "--dim")) {
+            NEEDS_VALUE();
+            const char *eq = strchr(v, '=');
+            char *end;
+            if (!eq || eq == v || (size_t)(eq - v) >= sizeof c->dim_name[0])
+                return usage_error("expected NAME=VALUE after --dim, got '%s'", v);
+            long long val = strtoll(eq + 1, &end, 10);
+            if (!eq[1] || *end) return usage_error("--dim %s: the value is not an integer", v);
+            if (c->ndims == KILN_MAX_SYMS) return usage_error("too many --dim options (at most 8): '%s'", v);
+            snprintf(c->dim_name[c->ndims], sizeof c->dim_name[0], "%.*s", (int)(eq - v), v);
+            c->dim_names[c->ndims] = c->dim_name[c->ndims];
+            c->dim_val[c->ndims++] = val;
         } else if (!strcmp(a, "--seed")) { NEEDS_VALUE(); c->seed = strtoull(v, NULL, 0);
         } else if (!strcmp(a, "--iters")) {
             NEEDS_VALUE();
@@ -169,6 +200,30 @@ static kiln_status build(const cli *c, kiln_ctx **ctx, kiln_graph **g) {
     return st;
 }
 
+/* The graph at the --dim values (every dim given is fixed; checked against its maximum): what
+ * a run computes, so the shapes of its inputs and outputs and its CPU reference. */
+static kiln_status bind_dims(const cli *c, const kiln_ctx *ctx, kiln_ctx **bctx, kiln_graph **bg) {
+    *bg = NULL;
+    kiln_status st = kiln_ctx_bind(ctx, c->ndims, c->dim_names, c->dim_val, bctx);
+    if (st) return kb_error(kiln_status_code(st), "--dim: %s", kiln_status_msg(st));
+    return kiln_graph_new(*bctx, bg);
+}
+
+/* "dims: n_kv = 37 (max 4096, symbolic), n_tokens = 512 (max 512)" */
+static void print_dims(const cli *c, const kiln_ctx *ctx) {
+    int n = kiln_ctx_dim_count(ctx);
+    if (!n) return;
+    printf("dims:");
+    for (int i = 0; i < n; i++) {
+        const char *name = kiln_ctx_dim_name(ctx, i);
+        int64_t v = kiln_ctx_dim_max(ctx, i);
+        for (int k = 0; k < c->ndims; k++)
+            if (!strcmp(c->dim_names[k], name)) v = c->dim_val[k];
+        printf("%s %s = %lld (max %lld)", i ? "," : "", name, (long long)v, (long long)kiln_ctx_dim_max(ctx, i));
+    }
+    printf("\n");
+}
+
 static kiln_compile_opts compile_opts(const cli *c, const char *arch) {
     kiln_compile_opts o = {0};
     o.arch = c->arch ? c->arch : arch;
@@ -193,6 +248,12 @@ static int cmd_compile(const cli *c) {
     kiln_program *p = NULL;
     kiln_status st = build(c, &ctx, &g);
     kiln_compile_opts o = compile_opts(c, NULL);
+    kiln_ctx *bctx = NULL;
+    kiln_graph *bg = NULL;
+    if (!st && c->ndims) st = bind_dims(c, ctx, &bctx, &bg); /* checks the values only */
+    kiln_graph_free(bg);
+    kiln_ctx_free(bctx);
+    if (!st) print_dims(c, ctx);
     if (!st) st = kiln_compile(g, &o, &p);
     if (!st && c->out) {
         char *text;
@@ -240,7 +301,8 @@ typedef struct {
 
 static bool is_leaf_named(const kiln_tensor *t, const char *name) {
     kiln_role r = kiln_tensor_role(t);
-    return (r == KILN_ROLE_INPUT || r == KILN_ROLE_WEIGHT) && !strcmp(kiln_tensor_name(t), name);
+    return (r == KILN_ROLE_INPUT || r == KILN_ROLE_WEIGHT || r == KILN_ROLE_STATE) &&
+           !strcmp(kiln_tensor_name(t), name);
 }
 
 static const char *file_for(const char *const *list, int n, const char *name) {
@@ -266,7 +328,7 @@ static kiln_status make_leaves(run_data *d) {
     for (int i = 0; i < kiln_graph_size(g); i++) {
         kiln_tensor *t = kiln_graph_node(g, i);
         kiln_role r = kiln_tensor_role(t);
-        if (r != KILN_ROLE_INPUT && r != KILN_ROLE_WEIGHT) continue;
+        if (r != KILN_ROLE_INPUT && r != KILN_ROLE_WEIGHT && r != KILN_ROLE_STATE) continue;
         size_t bytes = (size_t)kiln_tensor_nelements(t) * kiln_type_size(kiln_tensor_type(t));
         const char *file = file_for(d->c->inputs, d->c->ninputs, kiln_tensor_name(t));
         if (file) {
@@ -277,7 +339,8 @@ static kiln_status make_leaves(run_data *d) {
             if (len != bytes) {
                 free(data);
                 return kb_error(KILN_ERR_INVALID, "%s: %zu bytes, but %s '%s' needs %zu (%lld %s values)", file, len,
-                                r == KILN_ROLE_INPUT ? "input" : "weight", kiln_tensor_name(t), bytes,
+                                r == KILN_ROLE_INPUT ? "input" : r == KILN_ROLE_WEIGHT ? "weight" : "state",
+                                kiln_tensor_name(t), bytes,
                                 (long long)kiln_tensor_nelements(t), kiln_type_name(kiln_tensor_type(t)));
             }
             d->host[i] = data;
@@ -364,7 +427,7 @@ static kiln_status report_outputs(run_data *d, kiln_session *s, bool *check_fail
     kiln_status st = NULL;
     for (int i = 0; i < kiln_graph_size(d->g) && !st; i++) {
         kiln_tensor *t = kiln_graph_node(d->g, i);
-        if (kiln_tensor_role(t) != KILN_ROLE_OUTPUT) continue;
+        if (kiln_tensor_role(t) != KILN_ROLE_OUTPUT && kiln_tensor_role(t) != KILN_ROLE_STATE) continue;
         kiln_type ty = kiln_tensor_type(t);
         int64_t n = kiln_tensor_nelements(t);
         size_t bytes = (size_t)n * kiln_type_size(ty);
@@ -377,7 +440,8 @@ static kiln_status report_outputs(run_data *d, kiln_session *s, bool *check_fail
             sum += v;
             asum += fabs(v);
         }
-        if (!st) printf("output %s %s x %lld: sum %.6g, abs sum %.6g\n", kiln_tensor_name(t), kiln_type_name(ty), (long long)n, sum, asum);
+        const char *what = kiln_tensor_role(t) == KILN_ROLE_STATE ? "state" : "output";
+        if (!st) printf("%s %s %s x %lld: sum %.6g, abs sum %.6g\n", what, kiln_tensor_name(t), kiln_type_name(ty), (long long)n, sum, asum);
         const char *file = file_for(d->c->outputs, d->c->noutputs, kiln_tensor_name(t));
         if (!st && file) st = kb_write_file(file, buf, bytes);
         if (!st && d->c->check) {
@@ -398,6 +462,17 @@ static kiln_status report_outputs(run_data *d, kiln_session *s, bool *check_fail
     return st;
 }
 
+static void print_stats(const kiln_session *s, const kiln_program *p) {
+    kiln_compile_stats cs;
+    kiln_session_stats ss;
+    kiln_program_stats(p, &cs);
+    kiln_session_get_stats(s, &ss);
+    printf("stats: kernels compiled %d (cached %d), graph captures %lld, graph replays %lld, plain runs "
+           "%lld, host time per run %.1f us (mean of %lld), last %.1f us, variant %d\n",
+           cs.compiled, cs.cached, (long long)ss.captures, (long long)ss.replays, (long long)ss.plain_runs,
+           ss.runs ? ss.host_us_total / (double)ss.runs : 0.0, (long long)ss.runs, ss.host_us_last, ss.variant);
+}
+
 static int cmd_run(const cli *c) {
     kiln_status st = rt_driver_init();
     if (st) return fail(st);
@@ -409,22 +484,30 @@ static int cmd_run(const cli *c) {
     kiln_session *s = NULL;
     run_data d = {0};
     bool check_failed = false;
+    kiln_ctx *bctx = NULL;
+    kiln_graph *bg = NULL;
     st = build(c, &ctx, &g);
     kiln_compile_opts o = compile_opts(c, arch);
+    if (!st) st = bind_dims(c, ctx, &bctx, &bg);
+    if (!st) print_dims(c, ctx);
     if (!st) st = kiln_compile(g, &o, &p);
     if (!st) print_compile_line(p);
     kiln_session_opts so = {.no_cuda_graph = c->no_graph};
     if (!st) st = kiln_session_new(p, &so, &s);
-    d.g = g;
+    for (int i = 0; !st && i < c->ndims; i++) st = kiln_session_set_dim(s, c->dim_names[i], c->dim_val[i]);
+    d.g = bg; /* host data, outputs and the reference have the shapes at the --dim values */
     d.c = c;
     if (!st) st = make_leaves(&d);
     if (!st) st = upload(&d, s);
     if (!st) st = time_runs(c, s, p);
+    if (!st && c->stats) print_stats(s, p);
     if (!st) st = report_outputs(&d, s, &check_failed);
-    for (int i = 0; g && d.host && i < kiln_graph_size(g); i++) free(d.host[i]);
+    for (int i = 0; bg && d.host && i < kiln_graph_size(bg); i++) free(d.host[i]);
     free(d.host);
     kiln_session_free(s);
     kiln_program_free(p);
+    kiln_graph_free(bg);
+    kiln_ctx_free(bctx);
     kiln_graph_free(g);
     kiln_ctx_free(ctx);
     if (st) return fail(st);
