@@ -250,6 +250,16 @@ function M.step_body(k, pre, voffs)
         end
         div = div * d.ne[dd]
     end
+    -- Symbolic dims (dst.dyn): elements beyond a run-time extent are neither computed nor stored.
+    local gd = {}
+    for dd = 1, 4 do
+        local x = d.dyn and d.ne[dd] > 1 and d.dyn[dd]
+        if x then gd[#gd + 1] = string.format("(%s) >= (unsigned)(%s)", c[dd], x) end
+    end
+    if #gd > 0 then
+        L[#L + 1] = string.format("if (%s)", table.concat(gd, " || "))
+        L[#L + 1] = "    return;"
+    end
     local vals = {}
     for v, o in ipairs(voffs) do
         vals[v] = string.format("((const float *)p%d)[%si]", k.nparams, o > 0 and o .. "u + " or "")
@@ -275,7 +285,7 @@ function M.value_nodes(k, slot)
         sk.epilogue, sk.pair, sk.scratch_dst, sk.scratch_base = nil, nil, true, base
         voffs[v] = (v - 1) * region // 4
         sk.dst = { type = "f32", ne = d.ne, st = { 1, d.ne[1], d.ne[1] * d.ne[2], d.ne[1] * d.ne[2] * d.ne[3] },
-                   offs = voffs[v], param = k.nparams }
+                   offs = voffs[v], param = k.nparams, dyn = d.dyn, sym = d.sym }
         if v == 2 then
             sk.args = {}
             for key, x in pairs(k.args) do sk.args[key] = x end
@@ -284,6 +294,25 @@ function M.value_nodes(k, slot)
         subs[v] = sk
     end
     return subs, voffs, base
+end
+
+-- Symbolic dims (docs/templates.md: ref.dyn): the epilogue's own operands must follow dst's
+-- run-time extents. An operand may be symbolic only where dst is, with the same extent
+-- expression, and may span (ne > 1) a dim where dst is symbolic only when it is symbolic there
+-- too (else the bound graphs would not broadcast). fail_ reports the refusal.
+function M.check_dyn(k, fail_)
+    local d = k.dst
+    local function dy(r, i) return r.dyn and r.ne[i] > 1 and r.dyn[i] or nil end
+    for _, j in ipairs(M.operands(k)) do
+        local r = k.inputs[j + 1]
+        for i = 1, 4 do
+            local rd, dd = dy(r, i), dy(d, i)
+            if (rd or (dd and r.ne[i] > 1)) and rd ~= dd then
+                local nm = (r.sym and r.sym[i]) or (d.sym and d.sym[i]) or "?"
+                fail_("epilogue operand %d: symbolic dim '%s' in dim %d does not follow dst's (not supported)", j, nm, i - 1)
+            end
+        end
+    end
 end
 
 -- Whether two kernel sources differ only in comments: the paired value's conversion or routing

@@ -72,6 +72,9 @@ local CVT_BLOCK = 256
 
 local function fail(fmt, ...) error("matmul: " .. string.format(fmt, ...), 0) end
 
+local dyn_shape -- (symbolic dims, below)
+local function epilogue_check_dyn(k, f) return require("epilogue").check_dyn(k, f) end
+
 local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
 
 local function ceil_div(a, b) return (a + b - 1) // b end
@@ -146,6 +149,68 @@ end
 
 -- ---- the shape ----------------------------------------------------------------------------
 
+-- ---- symbolic dims (docs/templates.md: ref.dyn, k.dims) --------------------------------------
+--
+-- A ref's ne is the maximum of a symbolic dim and its strides the layout at the maximum; ref.dyn[d]
+-- is the C expression of the run-time extent. The plans are chosen from the maxima; the kernels
+-- read the run-time extents (kdims, the last kernel parameter) where a dim is symbolic:
+--   s.dK (a dim 0 = b dim 0), s.dM (a dim 1 = dst dim 0), s.dN (b dim 1 = dst dim 1), s.dB2, s.dB3
+--   (b dims 2, 3 = dst's; a's dim is then 1, or symbolic with the same extent: r = 1).
+-- Anything else symbolic is refused with a message.
+
+-- The run-time extent expression of dim d (1-based) of r, nil when static (or at most 1).
+local function dyn(r, d)
+    if r and r.dyn and r.ne[d] > 1 then return r.dyn[d] end
+    return nil
+end
+
+local function dyn_name(r, d) return (r.sym and r.sym[d]) or r.dyn[d] end
+
+-- Fills s.dK .. s.dB3 and s.dyn (any of them), checking that the operands agree.
+dyn_shape = function(k, s)
+    local a, b, d = s.a, s.b, s.d
+    local function same(r1, d1, w1, r2, d2, w2)
+        local x, y = dyn(r1, d1), dyn(r2, d2)
+        if x == y then return x end
+        local r, dd, w = r1, d1, w1
+        if not x then r, dd, w = r2, d2, w2 end
+        fail("symbolic dim '%s' in %s's dim %d without the same extent in %s's dim %d (not supported)",
+            dyn_name(r, dd), w, dd - 1, r == r1 and w2 or w1, r == r1 and d2 - 1 or d1 - 1)
+    end
+    s.dK = same(a, 1, "a", b, 1, "b")
+    s.dM = same(a, 2, "a", d, 1, "dst")
+    s.dN = same(b, 2, "b", d, 2, "dst")
+    for i = 3, 4 do
+        local x = same(b, i, "b", d, i, "dst")
+        local ax = dyn(a, i)
+        if ax and ax ~= x then fail("symbolic dim '%s' in a's batch dim %d: b's must be the same (not supported)", dyn_name(a, i), i - 1) end
+        if x and a.ne[i] > 1 and ax ~= x then
+            fail("symbolic batch dim '%s' (b's dim %d) over %d a-matrices: a must be broadcast or share it (not supported)",
+                dyn_name(b, i), i - 1, a.ne[i])
+        end
+        if i == 3 then s.dB2 = x else s.dB3 = x end
+    end
+    if s.pa then
+        for i = 1, 4 do
+            if dyn(s.pa, i) ~= dyn(a, i) then fail("the paired weight's dim %d is not symbolic as a's (not supported)", i - 1) end
+        end
+    end
+    if k.epilogue then epilogue_check_dyn(k, fail) end
+    s.dyn = (s.dK or s.dM or s.dN or s.dB2 or s.dB3) ~= nil
+    s.kdims = k.dims and #k.dims > 0
+end
+
+-- The kdims slot of the symbolic dim of ref r's dim d (for n_dyn).
+local function dyn_slot(k, r, d)
+    local name = r.sym and r.sym[d]
+    for _, x in ipairs(k.dims or {}) do
+        if name and x.name == name then return x.slot end
+    end
+    local n = r.dyn[d]:match("^kdims%[(%d+)%]$")
+    if n then return math.tointeger(n) end
+    fail("cannot find the slot of symbolic dim '%s'", dyn_name(r, d))
+end
+
 -- Everything the plans need, from k.
 local function shape_of(k, vdst)
     local a, b, d = k.args.a, k.args.b, vdst or k.dst
@@ -178,6 +243,7 @@ local function shape_of(k, vdst)
     s.C = s.N * s.r2 * s.r3   -- columns per a-matrix
     s.NG = s.A2 * s.A3        -- a-matrices
     if s.K > INT_MAX or s.M > INT_MAX or s.C > INT_MAX then fail("extents beyond 2^31") end
+    dyn_shape(k, s)
     return s
 end
 
@@ -473,6 +539,8 @@ local function param_list(k, extra)
         local writes = p == k.dst.param or (extra and p == k.nparams)
         plist[#plist + 1] = (writes and "char" or "const char") .. " *__restrict__ p" .. p
     end
+    -- Symbolic dims: every kernel step of the node takes the run-time extents last.
+    if k.dims and #k.dims > 0 then plist[#plist + 1] = "const int* __restrict__ kdims" end
     return plist
 end
 
@@ -576,6 +644,15 @@ local function gemv(k, s)
         rg = nil
     end
     if s.NG > 1 then decl_batch(b, s, "g") end
+    -- Symbolic dims: blocks past the run-time rows or a-matrices return (C == 1: b's batch is a's).
+    local gone = {}
+    if s.dM and rg then gone[#gone + 1] = string.format("%s * %du >= (unsigned)(%s)", rg, P.rpb, s.dM) end
+    if s.dB2 then gone[#gone + 1] = string.format("ja2 >= (unsigned)(%s)", s.dB2) end
+    if s.dB3 then gone[#gone + 1] = string.format("ja3 >= (unsigned)(%s)", s.dB3) end
+    if #gone > 0 then
+        b.add("if (%s)", table.concat(gone, " || "))
+        b.add("    return;")
+    end
     local tl = "threadIdx.x"
     local row0 = {}
     if rg then row0[#row0 + 1] = string.format("%s * %du", rg, P.rpb) end
@@ -597,6 +674,7 @@ local function gemv(k, s)
         local rr = r % R
         local row = rr == 0 and "row0" or string.format("(row0 + %du)", rr)
         local clamp = s.M % P.rpb == 0 and row or string.format("(%s < %du ? %s : %du)", row, s.M, row, s.M - 1)
+        if s.dM then clamp = string.format("(%s < (unsigned)(%s) ? %s : (unsigned)(%s) - 1u)", row, s.dM, row, s.dM) end
         if r < R then
             b.add("const %s *const w%d = A + %s;", wt, r, sum({ term64(clamp, s.sa[2]), abase ~= "0" and abase or nil }))
         else
@@ -696,8 +774,11 @@ local function gemv(k, s)
     -- vals: the product (and the paired product) of the row; with an epilogue, the epilogue at
     -- dst coordinates (row, 0, ja2, ja3) (C == 1: dst's batch is the a-matrix's).
     local function store(b_, vals, row)
-        local guard = s.M % P.rpb ~= 0
-        if guard then b_.add("if (%s < %du)", row, s.M) b_.push() end
+        local guard = s.M % P.rpb ~= 0 or s.dM
+        if s.dM then
+            b_.add("if (%s < (unsigned)(%s))", row, s.dM)
+            b_.push()
+        elseif guard then b_.add("if (%s < %du)", row, s.M) b_.push() end
         if k.epilogue then
             local c = { row, nil, s.A2 > 1 and "ja2" or nil, s.A3 > 1 and "ja3" or nil }
             for _, l in ipairs(ep_lines(k, pre, c, vals)) do b_.add("%s", l) end
@@ -793,10 +874,14 @@ end
 
 -- blockIdx.x -> (rb: row block, ct: column tile, g: a-matrix -> ja2, ja3), then the column
 -- bases of the block's CT columns in kiln_bcol / kiln_dcol (threads < CT), and a barrier.
-local function tile_prologue(b, s, P)
+local function tile_prologue(b, s, P, rows)
     local rest = P.CTN * s.NG
     if P.RBN > 1 then
         b.add("const unsigned rb = %s;", rest > 1 and string.format("blockIdx.x %% %du", P.RBN) or "blockIdx.x")
+        if s.dM then
+            b.add("if (rb * %du >= (unsigned)(%s)) /* rows past the run-time extent */", rows, s.dM)
+            b.add("    return;")
+        end
     end
     if rest > 1 then b.add("const unsigned t1 = %s;", P.RBN > 1 and string.format("blockIdx.x / %du", P.RBN) or "blockIdx.x") end
     if P.CTN > 1 then
@@ -809,6 +894,11 @@ local function tile_prologue(b, s, P)
 
     local CT = P.CT
     local partial = CT * P.CTN ~= s.C
+    -- Symbolic N or batch dims: a column is live when its token and batch lie within the run-time
+    -- extents; dead columns are -1 (zero in the chunks, never stored), and a block without a live
+    -- column returns.
+    local dcols = s.dN or s.dB2 or s.dB3
+    if dcols then b.add("bool kiln_live = false;") end
     b.open("if (threadIdx.x < %du) {", CT)
     b.add("const unsigned c = %s;", P.CTN > 1 and string.format("ct * %du + threadIdx.x", CT) or "threadIdx.x")
     local rr = s.r2 * s.r3
@@ -839,6 +929,23 @@ local function tile_prologue(b, s, P)
             s.A3 > 1 and term64("ja3", s.r3 * st[4]) or nil, q3 and term64(q3, st[4]) or nil,
         })
     end
+    if dcols then
+        local conds = {}
+        if partial then conds[#conds + 1] = string.format("c < %du", s.C) end
+        if s.dN then conds[#conds + 1] = string.format("%s < (unsigned)(%s)", j or "0u", s.dN) end
+        local function bx(ja, r, q) -- the batch index of b: ja * r + q
+            return sum({ ja and (r > 1 and ja .. " * " .. r .. "u" or ja) or nil, q })
+        end
+        if s.dB2 then conds[#conds + 1] = string.format("%s < (unsigned)(%s)", bx(s.A2 > 1 and "ja2" or nil, s.r2, q2), s.dB2) end
+        if s.dB3 then conds[#conds + 1] = string.format("%s < (unsigned)(%s)", bx(s.A3 > 1 and "ja3" or nil, s.r3, q3), s.dB3) end
+        b.add("kiln_live = %s;", table.concat(conds, " && "))
+        b.add("kiln_bcol[threadIdx.x] = kiln_live ? %s : -1ll;", col(s.sb))
+        b.add("kiln_dcol[threadIdx.x] = kiln_live ? %s : -1ll;", col(s.sd))
+        b.close()
+        b.add("if (!__syncthreads_or(kiln_live)) /* no live column */")
+        b.add("    return;")
+        return true
+    end
     if partial then
         b.add("kiln_bcol[threadIdx.x] = c < %du ? %s : -1ll;", s.C, col(s.sb))
         b.add("kiln_dcol[threadIdx.x] = c < %du ? %s : -1ll;", s.C, col(s.sd))
@@ -867,7 +974,12 @@ local function stage_chunk(b, H, s, P, chunk, buf, phys, phys4)
         b.add("const unsigned k = k0s + q * 4u;")
         b.add("const long long base = kiln_bcol[cc];")
         local bytes = s.K % 4 == 0 and "16u" or string.format("(%du - k < 4u ? (%du - k) * 4u : 16u)", s.K, s.K)
-        b.add("const unsigned n = base < 0 || k >= %du ? 0u : %s;", s.K, bytes)
+        if s.dK then
+            b.add("const unsigned kn = (unsigned)(%s); /* run-time K */", s.dK)
+            b.add("const unsigned n = base < 0 || k >= kn ? 0u : (kn - k < 4u ? (kn - k) * 4u : 16u);")
+        else
+            b.add("const unsigned n = base < 0 || k >= %du ? 0u : %s;", s.K, bytes)
+        end
         H.use("cp16")
         b.add("kiln_cp16(sb + cc * %du + %s, B + (n ? base + k : 0ll), n);", CS, phys4("q"))
         b.close()
@@ -878,7 +990,7 @@ local function stage_chunk(b, H, s, P, chunk, buf, phys, phys4)
         b.add("const unsigned cc = i >> %d, kk = i & %du;", log2(KC), KC - 1)
         b.add("const unsigned k = k0s + kk;")
         b.add("const long long base = kiln_bcol[cc];")
-        b.add("const bool ok = base >= 0 && k < %du;", s.K)
+        b.add("const bool ok = base >= 0 && k < %s;", s.dK and string.format("(unsigned)(%s)", s.dK) or s.K .. "u")
         local off = s.sb[1] == 1 and "k" or (s.sb[1] == 0 and "0" or string.format("(long long)k * %s", lit(s.sb[1])))
         H.use("cp4")
         b.add("kiln_cp4(sb + cc * %du + %s, B + (ok ? base + %s : 0ll), ok ? 4u : 0u);", CS, phys("kk"), off)
@@ -904,8 +1016,14 @@ local function chunk_loop(b, H, s, P, stage, compute)
     else
         stage("0u", "0")
         b.add("#pragma unroll 1")
-        b.open("for (unsigned ch = 0; ch < %du; ch++) {", P.NCH)
-        b.open("if (ch + 1u < %du) {", P.NCH)
+        local nch = P.NCH .. "u"
+        if s.dK then
+            -- Symbolic K: only the chunks below the run-time K.
+            b.add("const unsigned kiln_nch = ((unsigned)(%s) + %du) / %du;", s.dK, P.KC - 1, P.KC)
+            nch = "kiln_nch"
+        end
+        b.open("for (unsigned ch = 0; ch < %s; ch++) {", nch)
+        b.open("if (ch + 1u < %s) {", nch)
         stage("(ch + 1u)", "((ch + 1u) & 1u)")
         b.add("kiln_cp_wait<1>();")
         b.pop()
@@ -949,17 +1067,19 @@ local function tile(k, s)
     local CT, KC, vw, RW = P.CT, P.KC, P.vw, P.RW
     P.CS = KC
     smem_layout(b, P, string.format("%d buffer%s of %d columns x %d floats", P.bufs, P.bufs > 1 and "s" or "", CT, KC))
-    local partial = tile_prologue(b, s, P)
+    local partial = tile_prologue(b, s, P, P.RB)
     -- Rows of this warp.
     b.add("const unsigned lane = threadIdx.x & 31u;")
     local wrow = P.W > 1 and string.format("(threadIdx.x >> 5) * %du", RW) or nil
     local rrow = P.RBN > 1 and string.format("rb * %du", P.RB) or nil
     b.add("const unsigned row0 = %s;", (rrow and wrow) and rrow .. " + " .. wrow or rrow or wrow or "0u")
-    local guard_rows = s.M % P.RB ~= 0
+    local guard_rows = s.M % P.RB ~= 0 or s.dM
+    local mlim = s.dM and string.format("(unsigned)(%s)", s.dM) or s.M .. "u" -- rows (run time)
     local abase = a_batch_offset(s)
     for r = 0, RW - 1 do
         local row = r == 0 and "row0" or string.format("(row0 + %du)", r)
         local clamp = guard_rows and string.format("(%s < %du ? %s : %du)", row, s.M, row, s.M - 1) or row
+        if s.dM then clamp = string.format("(%s < %s ? %s : %s - 1u)", row, mlim, row, mlim) end
         b.add("const %s *const w%d = A + %s;", wt, r, sum({ term64(clamp, s.sa[2]), abase ~= "0" and abase or nil }))
     end
     for r = 0, RW - 1 do
@@ -987,7 +1107,8 @@ local function tile(k, s)
         b.open("for (unsigned u = 0; u < %du; u++) {", P.U)
         b.add("const unsigned vv = lane + u * 32u;")
         b.add("const unsigned k = k0 + vv * %du;", vw)
-        local always = s.K % KC == 0
+        local always = s.K % KC == 0 and not s.dK
+        local klim = s.dK and string.format("(unsigned)(%s)", s.dK) or s.K .. "u"
         if always then
             for r = 0, RW - 1 do load_weights(b, H, pre, s, vw, string.format("w%d + k", r), "x" .. r) end
         else
@@ -996,13 +1117,25 @@ local function tile(k, s)
                 for e = 0, vw - 1 do l[#l + 1] = string.format("x%d_%d = 0.0f", r, e) end
                 b.add("float %s;", table.concat(l, ", "))
             end
-            b.open("if (k + %du <= %du) {", vw, s.K)
+            b.open("if (k + %du <= %s) {", vw, klim)
             for r = 0, RW - 1 do
                 load_weights(b, H, pre, s, vw, string.format("w%d + k", r), "y" .. r)
                 for e = 0, vw - 1 do b.add("x%d_%d = y%d_%d;", r, e, r, e) end
             end
             b.close()
-            if s.K % vw ~= 0 then
+            if s.dK and vw > 1 then
+                -- Symbolic K: the vector holding the run-time end is read element by element.
+                b.open("else if (k < %s) {", klim)
+                for e = 0, vw - 1 do
+                    if e > 0 then b.add("if (k + %du < %s) {", e, klim) b.push() end
+                    for r = 0, RW - 1 do
+                        local p = e == 0 and string.format("w%d + k", r) or string.format("w%d + k + %du", r, e)
+                        b.add("x%d_%d = %s;", r, e, load_weight1(H, pre, s, p))
+                    end
+                    if e > 0 then b.pop() b.add("}") end
+                end
+                b.close()
+            elseif s.K % vw ~= 0 then
                 -- Only the row's last vector is partial: it has K % vw elements.
                 b.open("else if (k < %du) {", s.K)
                 for e = 0, s.K % vw - 1 do
@@ -1048,7 +1181,7 @@ local function tile(k, s)
     b.close()
     for r = 0, RW - 1 do
         local row = r == 0 and "row0" or string.format("(row0 + %du)", r)
-        if guard_rows then b.open("if (%s < %du) {", row, s.M) else b.open("{") end
+        if guard_rows then b.open("if (%s < %s) {", row, mlim) else b.open("{") end
         b.add("float *const dr = D + %s;", sum({ term64(row, s.sd[1]) }))
         for c = 0, CT - 1 do
             local cond = string.format("lane == %du", (r * CT + c) % 32)
@@ -1132,19 +1265,22 @@ local function tile_mma(k, s, P)
     H.use("mma_" .. s.ta)
     smem_layout(b, P, string.format("%d buffer%s of %d columns x %d floats (padded to %d); then the warps' partial sums",
         P.bufs, P.bufs > 1 and "s" or "", CT, P.KC, CS))
-    local partial = tile_prologue(b, s, P)
+    local partial = tile_prologue(b, s, P, P.ROWS)
     b.add("const unsigned lane = threadIdx.x & 31u;")
     if W > 1 then b.add("const unsigned warp = threadIdx.x >> 5;") end
     b.add("const unsigned gq = lane >> 2, tq = lane & 3u;")
     local rbase = P.RBN > 1 and string.format("rb * %du", P.ROWS) or nil
     b.add("const unsigned row0 = %s;", rbase and rbase .. " + gq" or "gq")
-    local guard_rows = s.M % P.ROWS ~= 0
+    local guard_rows = s.M % P.ROWS ~= 0 or s.dM
+    local mlim = s.dM and string.format("(unsigned)(%s)", s.dM) or s.M .. "u" -- rows (run time)
+    local klim = s.dK and string.format("(unsigned)(%s)", s.dK) or s.K .. "u"
     local abase = a_batch_offset(s)
     for rt = 0, RT - 1 do
         for h = 0, 1 do
             local off = rt * 16 + h * 8
             local row = off == 0 and "row0" or string.format("(row0 + %du)", off)
             local clamp = guard_rows and string.format("(%s < %du ? %s : %du)", row, s.M, row, s.M - 1) or row
+            if s.dM then clamp = string.format("(%s < %s ? %s : %s - 1u)", row, mlim, row, mlim) end
             b.add("const %s *const w%s%d = A + %s;", wt, h == 0 and "l" or "h", rt,
                 sum({ term64(clamp, s.sa[2]), abase ~= "0" and abase or nil }))
         end
@@ -1176,7 +1312,7 @@ local function tile_mma(k, s, P)
                 end
             end
         end
-        if s.K % P.KC == 0 then
+        if s.K % P.KC == 0 and not s.dK then
             local l = {}
             for _, w_ in ipairs(words) do l[#l + 1] = w_ end
             b.add("unsigned %s;", table.concat(l, ", "))
@@ -1186,11 +1322,26 @@ local function tile_mma(k, s, P)
         local l = {}
         for _, w_ in ipairs(words) do l[#l + 1] = w_ .. " = 0u" end
         b.add("unsigned %s;", table.concat(l, ", "))
-        b.open("if (k + 8u <= %du) {", s.K)
+        b.open("if (k + 8u <= %s) {", klim)
         full("")
         b.close()
         local tail = s.K % 8
-        if tail > 0 then
+        if s.dK then
+            -- Symbolic K: the vector holding the run-time end, element by element.
+            H.use("ldw2")
+            b.open("else if (k < %s) {", klim)
+            for rt = 0, RT - 1 do
+                for _, h in ipairs({ "l", "h" }) do
+                    for j = 0, 3 do
+                        local e0, e1 = 2 * j, 2 * j + 1
+                        local lo = string.format("(k + %du < %s ? (unsigned)kiln_ldw2(w%s%d + k + %du) : 0u)", e0, klim, h, rt, e0)
+                        local hi = string.format("(k + %du < %s ? (unsigned)kiln_ldw2(w%s%d + k + %du) << 16 : 0u)", e1, klim, h, rt, e1)
+                        b.add("%s%d_%d = %s | %s;", h, rt, j, lo, hi)
+                    end
+                end
+            end
+            b.close()
+        elseif tail > 0 then
             -- The row's last vector: only K % 8 elements exist.
             H.use("ldw2")
             b.open("else if (k < %du) {", s.K)
@@ -1240,7 +1391,7 @@ local function tile_mma(k, s, P)
     -- Sum the warps' partial tiles (through shared memory, reusing the b buffers) and store.
     local function store(rowx, colx, val)
         local conds = {}
-        if guard_rows then conds[#conds + 1] = string.format("%s < %du", rowx, s.M) end
+        if guard_rows then conds[#conds + 1] = string.format("%s < %s", rowx, mlim) end
         if partial then conds[#conds + 1] = string.format("kiln_dcol[%s] >= 0", colx) end
         if #conds > 0 then b.add("if (%s)", table.concat(conds, " && ")) b.push() end
         b.add("D[%s + kiln_dcol[%s]] = %s;", sum({ term64(rowx, s.sd[1]) }), colx, val)
@@ -1336,14 +1487,22 @@ local function convert(k, s, tt)
     if s.B2 > 1 then dl[#dl + 1] = { s.B2, s.sb[3], "i2" } end
     if s.B3 > 1 then dl[#dl + 1] = { s.B3, s.sb[4], "i3" } end
     local left = colx
+    local jx
     for i, d in ipairs(dl) do
         if i < #dl then
             b.add("const unsigned %s = %s %% %du, %s_r = %s / %du;", d[3], left, d[1], d[3], left, d[1])
             terms[#terms + 1] = term64(d[3], d[2])
+            if d[3] == "j" then jx = "j" end
             left = d[3] .. "_r"
         else
             terms[#terms + 1] = term64(left, d[2])
+            if d[3] == "j" then jx = left end
         end
+    end
+    if s.dN then
+        -- Symbolic N: only the run-time columns (cuBLAS reads no others).
+        b.add("if (%s >= (unsigned)(%s))", jx, s.dN)
+        b.add("    return;")
     end
     if kvx then terms[#terms + 1] = term64(vc > 1 and "(" .. kvx .. " * " .. vc .. "u)" or kvx, s.sb[1]) end
     b.add("const float *const src = B + %s;", sum(terms))
@@ -1426,6 +1585,9 @@ end
 
 local function gemm(k, s)
     if not dst_contiguous(s) then return nil end
+    -- Symbolic dims: only N, as cuBLAS's n (n_dyn), and only when each call's columns are one
+    -- b-matrix (r2 == 1: the r2 groups would be Nmax columns apart).
+    if s.dK or s.dM or s.dB2 or s.dB3 or (s.dN and s.r2 > 1) then return nil end
     local lda = s.M > 1 and s.sa[2] or s.K
     if lda < s.K or lda > INT_MAX then return nil end
     local steps, scratch = {}, 0
@@ -1444,9 +1606,10 @@ local function gemm(k, s)
     local es, bes = s.es, SIZE[bsrc.type]
     local sa, sb, sd = s.sa, bsrc.st, s.sd
     local n = s.N * s.r2
+    local n_dyn = s.dN and { slot = dyn_slot(k, s.b, 2), mul = 1 } or nil
     local function call(ao, as_, bo, bs_, co, cs_, batch)
         return { gemm = {
-            transa = true, transb = false, m = s.M, n = n, k = s.K, batch = batch,
+            transa = true, transb = false, m = s.M, n = n, k = s.K, batch = batch, n_dyn = n_dyn,
             a = { param = s.a.param, offset = (s.a.offs + ao) * es, type = s.ta, ld = lda, stride = batch > 1 and as_ or 0 },
             b = { param = bsrc.param, offset = (bsrc.offs + bo) * bes, type = bsrc.type, ld = bsrc.ld, stride = batch > 1 and bs_ or 0 },
             c = { param = s.d.param, offset = (s.d.offs + co) * 4, type = "f32", ld = s.M, stride = batch > 1 and cs_ or 0 },
@@ -1486,8 +1649,11 @@ local function gemm(k, s)
     return { scratch = scratch, steps = steps }
 end
 
+-- The gemv serves C == 1 (a symbolic K goes to the tile kernels, which guard it).
+local function use_gemv(s) return s.C == 1 and not s.dK end
+
 local function plan(k, s)
-    if s.C == 1 then return gemv(k, s) end
+    if use_gemv(s) then return gemv(k, s) end
     if s.C >= GEMM_MIN_COLS or s.K * s.M * s.NG >= GEMM_SMALL_WEIGHTS then
         local r = gemm(k, s)
         if r then return r end
@@ -1518,7 +1684,7 @@ local function via_scratch(k)
     local b = builder()
     b.push()
     for _, l in ipairs(body) do b.add("%s", l) end
-    local s = shape_of(k, { type = "f32", ne = d.ne, st = d.st, offs = d.offs, param = d.param })
+    local s = shape_of(k, { type = "f32", ne = d.ne, st = d.st, offs = d.offs, param = d.param, dyn = d.dyn, sym = d.sym })
     local name = short_name(string.format("mul_mat_epilogue_%s_%dx%d", k.pair and "pair" or "one", s.M, s.C))
     local notes = { string.format("epilogue after the product%s: one thread per dst element, values from the scratch",
         k.pair and "s" or "") }
@@ -1531,14 +1697,20 @@ end
 return function(k)
     if k.kind ~= "op" then fail("node kind %s is not op", tostring(k.kind)) end
     if k.op ~= "mul_mat" then fail("unknown op %s", tostring(k.op)) end
-    if not (k.epilogue or k.pair) then return plan(k, shape_of(k)) end
+    if not (k.epilogue or k.pair) then
+        local s = shape_of(k)
+        local r = plan(k, s)
+        if s.kdims then r.dynamic = true end
+        return r
+    end
     -- An epilogue (mul_mat_glu: the GLU over the product and the paired product). The shapes
     -- are checked against dst's space as an f32 product.
     local d = k.dst
-    local s = shape_of(k, { type = "f32", ne = d.ne, st = d.st, offs = d.offs, param = d.param })
+    local s = shape_of(k, { type = "f32", ne = d.ne, st = d.st, offs = d.offs, param = d.param, dyn = d.dyn, sym = d.sym })
     if k.pair and not (k.epilogue and k.epilogue.values == 2) then fail("a paired weight needs an epilogue over 2 values") end
     local r
-    if s.C == 1 then r = gemv(k, s) else r = via_scratch(k) end
+    if use_gemv(s) then r = gemv(k, s) else r = via_scratch(k) end
     r.epilogue, r.paired = k.epilogue ~= nil, k.pair ~= nil
+    if s.kdims then r.dynamic = true end
     return r
 end

@@ -95,6 +95,32 @@ local function ll(v) return tostring(v) .. "ll" end
 
 -- ---- the problem -------------------------------------------------------------------------------
 
+-- Symbolic dims (docs/templates.md: ref.dyn, k.dims): only the token count T (b dim 2 = ids dim 1
+-- = dst dim 2) may be symbolic; the plan is chosen from its maximum and the kernels read the
+-- run-time value (p.dT, a C expression) from kdims. Anything else symbolic is refused.
+local function dyn_tokens(k, p)
+    local function dy(r, d) return r and r.dyn and r.ne[d] > 1 and r.dyn[d] or nil end
+    local function name(r, d) return (r.sym and r.sym[d]) or r.dyn[d] end
+    local want = { [p.b] = 3, [p.ids] = 2, [p.dst] = 3 }
+    local refs = { { p.as, "as" }, { p.b, "b" }, { p.ids, "ids" }, { p.dst, "dst" } }
+    if p.pa then refs[#refs + 1] = { p.pa, "pair" } end
+    p.dT = dy(p.b, 3)
+    for _, rw in ipairs(refs) do
+        local r, w = rw[1], rw[2]
+        for d = 1, 4 do
+            local x = dy(r, d)
+            if x and d ~= want[r] then
+                fail("symbolic dim '%s' in %s's dim %d: only the tokens (b dim 2, ids dim 1, dst dim 2) may be symbolic", name(r, d), w, d - 1)
+            end
+            if d == want[r] and x ~= p.dT then
+                fail("the tokens of %s (dim %d) and b (dim 2) are not symbolic alike (not supported)", w, d - 1)
+            end
+        end
+    end
+    if k.epilogue then require("epilogue").check_dyn(k, fail) end
+    p.kdims = k.dims and #k.dims > 0
+end
+
 -- Checks k and gathers the shapes, strides and parameters every kernel needs.
 local function problem(k)
     if k.kind ~= "op" or k.op ~= "mul_mat_id" then fail("node is not mul_mat_id (%s %s)", tostring(k.kind), tostring(k.op)) end
@@ -102,7 +128,7 @@ local function problem(k)
     local as, b, ids, dst = args.as, args.b, args.ids, k.dst
     -- With an epilogue dst is the epilogue's (any type and layout, stored through ep_lines): the
     -- shapes are checked against its space as an f32 product.
-    if k.epilogue then dst = { type = "f32", ne = dst.ne, st = { 1, dst.st[2], dst.st[3], dst.st[4] }, offs = dst.offs, param = dst.param } end
+    if k.epilogue then dst = { type = "f32", ne = dst.ne, st = { 1, dst.st[2], dst.st[3], dst.st[4] }, offs = dst.offs, param = dst.param, dyn = dst.dyn, sym = dst.sym } end
     check_ref(as, "as", { f32 = true, f16 = true, bf16 = true })
     check_ref(b, "b", { f32 = true })
     check_ref(ids, "ids", { i32 = true })
@@ -133,6 +159,7 @@ local function problem(k)
     if as.st[1] ~= 1 then fail("as rows must be contiguous (st0 = %d)", as.st[1]) end
     if dst.st[1] ~= 1 then fail("dst rows must be contiguous (st0 = %d)", dst.st[1]) end
     p.N = p.U * p.T
+    dyn_tokens(k, p)
     if p.N > INT_MAX // 2 or p.M > INT_MAX // 2 or p.K > INT_MAX // 2 then fail("sizes out of range") end
     -- (an epilogue's operands and the paired weight are parameters of their own)
     for i = 0, k.nparams - 1 do
@@ -143,7 +170,8 @@ local function problem(k)
     return p
 end
 
--- Kernel parameter list: p0 (dst) writable, the others read-only, plus the scratch.
+-- Kernel parameter list: p0 (dst) writable, the others read-only, plus the scratch, plus the
+-- run-time extents of symbolic dims (last).
 local function param_list(p, scratch)
     if p.scratch_dst then scratch = true end
     local l = {}
@@ -151,6 +179,7 @@ local function param_list(p, scratch)
         l[#l + 1] = (i == p.dst.param and "char" or "const char") .. " *__restrict__ p" .. i
     end
     if scratch then l[#l + 1] = "char *__restrict__ p" .. p.nparams end
+    if p.kdims then l[#l + 1] = "const int* __restrict__ kdims" end
     return "\n    " .. table.concat(l, ",\n    ")
 end
 
@@ -343,6 +372,10 @@ local function gemv(p)
     end
     if p.U > 1 then bl.add("const unsigned u = blockIdx.y;") end
     if p.T > 1 then bl.add("const unsigned t = blockIdx.z;") end
+    if p.dT then
+        bl.add("if (t >= (unsigned)(%s)) /* tokens past the run-time count */", p.dT)
+        bl.add("    return;")
+    end
     bl.add("const int e = %s;", id_expr(p, "u", "t"))
     if not ep then bl.add("float *const o = out + %s + row0;", dcol_expr(p, "u", "t")) end
     -- The dst coordinates (row, slot, token) of row expression r, for the epilogue.
@@ -516,7 +549,14 @@ local function prep(p, s)
     local npt = ceil_div(N, PREP_THREADS)
     local keep = npt <= ROUTE_REGS
     local jfull = N % PREP_THREADS == 0
+    local nlim = tostring(N) -- pairs (run time)
+    if p.dT then
+        -- Symbolic T: only the run-time pairs j < U * T are routed (the rest of ids is not read).
+        bl.add("const int kiln_n = %s(int)(%s); /* run-time pairs */", U > 1 and U .. " * " or "", p.dT)
+        nlim = "kiln_n"
+    end
     local function jcond(q)
+        if p.dT then return string.format("tid + %d < kiln_n", q * PREP_THREADS) end
         if jfull or (q + 1) * PREP_THREADS <= N then return nil end
         return string.format("tid + %d < %d", q * PREP_THREADS, N)
     end
@@ -534,7 +574,7 @@ local function prep(p, s)
         bl.add("        atomicAdd(&s_cnt[bk[q]], 1);")
     else
         bl.add("__syncthreads();")
-        bl.add("for (int j = tid; j < %d; j += %d)", N, PREP_THREADS)
+        bl.add("for (int j = tid; j < %s; j += %d)", nlim, PREP_THREADS)
         bl.add("    atomicAdd(&s_cnt[kiln_bucket(ids, j)], 1);")
     end
     bl.add("__syncthreads();")
@@ -591,7 +631,7 @@ local function prep(p, s)
     bl.add("    }")
     bl.add("}")
     bl.add("if (tid == %d) {", PREP_THREADS - 1)
-    bl.add("    off[%d] = cb; /* == %d */", E1, N)
+    bl.add("    off[%d] = cb; /* == %s */", E1, p.dT and "the run-time pairs" or tostring(N))
     bl.add("    *(int *)%s = wb; /* work items */", S)
     bl.add("}")
     bl.add("__syncthreads();")
@@ -601,7 +641,7 @@ local function prep(p, s)
         bl.add("    if (bk[q] >= 0)")
         bl.add("        list[atomicAdd(&s_cur[bk[q]], 1)] = tid + q * %d;", PREP_THREADS)
     else
-        bl.add("for (int j = tid; j < %d; j += %d)", N, PREP_THREADS)
+        bl.add("for (int j = tid; j < %s; j += %d)", nlim, PREP_THREADS)
         bl.add("    list[atomicAdd(&s_cur[kiln_bucket(ids, j)], 1)] = j;")
     end
     bl.add("return;")
@@ -612,8 +652,10 @@ local function prep(p, s)
     local pct = prelude.ctype[s.PT]
     bl.add("/* Pack b's %d rows (row t * %d + v = b[:, v, t]) as %s, %d elements each, zero past %d. */", s.R, p.B1, s.PT, s.KP, p.K)
     bl.add("%s *const pk = (%s *)(%s + %d);", pct, pct, S, s.PACK)
+    local tlim = ll(total)
+    if p.dT then tlim = string.format("(long long)(%s) * %d", p.dT, p.B1 * kp8) end -- rows of the run-time tokens
     bl.add("for (long long idx = (long long)(blockIdx.x - 1) * %d + threadIdx.x; idx < %s; idx += (long long)%d) {",
-        PREP_THREADS, ll(total), (pb) * PREP_THREADS)
+        PREP_THREADS, tlim, (pb) * PREP_THREADS)
     bl.push()
     bl.add("const int r = (int)(idx / %d), c = (int)(idx %% %d);", kp8, kp8)
     if p.B1 == 1 then
@@ -1068,15 +1110,16 @@ end
 return function(k)
     local p = problem(k)
     if k.pair and not (k.epilogue and k.epilogue.values == 2) then fail("a paired weight needs an epilogue over 2 values") end
+    local r
     if p.T <= GEMV_MAX_T then
-        local r = gemv(p)
+        r = gemv(p)
         r.epilogue, r.paired = k.epilogue ~= nil, k.pair ~= nil
-        return r
-    end
-    if k.epilogue then
-        local r = via_scratch(k, p)
+    elseif k.epilogue then
+        r = via_scratch(k, p)
         r.epilogue, r.paired = true, k.pair ~= nil
-        return r
+    else
+        r = prefill(p)
     end
-    return prefill(p)
+    if p.kdims then r.dynamic = true end
+    return r
 end

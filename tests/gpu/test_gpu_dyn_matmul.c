@@ -1,0 +1,148 @@
+/* Symbolic dims in mul_mat / mul_mat_id on the GPU: each symbolic graph of tests/test_dyn_matmul.c
+ * run at several values (1, a middle value, the maximum) with `kiln run --dim NAME=V --check`
+ * (the CPU reference of the graph bound to V), with the CUDA graph and with plain launches; then
+ * the prefill GEMM (bf16 4096x4096, n_tokens <= 512) timed at n = 7, 128, 512 against the static
+ * graph of the same n (printed, not asserted). */
+#include "tests/gpu/gpu_support.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *kg, *dim;
+    int         vals[3];
+} gcase;
+
+static const gcase CASES[] = {
+    {"dim n_tokens <= 512\nweight a: bf16[4096, 4096]\ninput b: f32[4096, n_tokens]\noutput y = mul_mat(a, b)\n", "n_tokens",
+     {1, 77, 512}},
+    {"dim n <= 12\nweight a: bf16[256, 300]\ninput b: f32[256, n]\noutput y = mul_mat(a, b)\n", "n", {1, 5, 12}},
+    {"dim n <= 9\nweight a: f32[100, 37]\ninput b: f32[n, 100]\nbt = transpose(b)\noutput y = mul_mat(a, bt)\n", "n",
+     {1, 4, 9}},
+    {"dim n_tokens <= 64\nweight a: bf16[256, 1024]\ninput b: f32[256, n_tokens]\ninput r: f32[1024, n_tokens]\n"
+     "m = mul_mat(a, b)\noutput y = add(m, r)\n",
+     "n_tokens", {1, 33, 64}},
+    {"dim n_tokens <= 40\nweight g: bf16[256, 1024]\nweight u: bf16[256, 1024]\ninput x: f32[256, n_tokens]\n"
+     "gg = mul_mat(g, x)\nuu = mul_mat(u, x)\noutput y = swiglu(gg, uu)\n",
+     "n_tokens", {1, 17, 40}},
+    {"dim n_kv <= 256\ninput k: f16[64, n_kv, 8]\ninput q: f32[64, 16, 32]\noutput y = mul_mat(k, q)\n", "n_kv",
+     {1, 130, 256}},
+    {"dim n_tokens <= 16\ninput k: f16[64, 200, 8]\ninput q: f32[64, n_tokens, 32]\noutput y = mul_mat(k, q)\n", "n_tokens",
+     {1, 7, 16}},
+    {"dim n_kv <= 256\ninput v: f16[n_kv, 64, 8]\ninput kq: f32[n_kv, 16, 32]\noutput y = mul_mat(v, kq)\n", "n_kv",
+     {1, 77, 256}},
+    {"dim n_kv <= 256\ninput v: f32[n_kv, 64, 8]\ninput kq: f32[n_kv, 5, 32]\noutput y = mul_mat(v, kq)\n", "n_kv",
+     {1, 99, 256}},
+    {"dim n_kv <= 256\ninput k: bf16[64, n_kv, 8]\ninput q: f32[64, 1, 32]\noutput y = mul_mat(k, q)\n", "n_kv", {1, 100, 256}},
+    {"dim m <= 200\ninput a: bf16[256, m]\ninput b: f32[256]\ninput r: f32[m]\nx = mul_mat(a, b)\noutput y = add(x, r)\n", "m",
+     {1, 101, 200}},
+    {"dim n_kv <= 200\ninput a: f32[n_kv, 64]\ninput b: f32[n_kv]\noutput y = mul_mat(a, b)\n", "n_kv", {1, 61, 200}},
+    {"dim nb <= 24\nweight a: f16[64, 100]\ninput b: f32[64, 7, nb]\noutput y = mul_mat(a, b)\n", "nb", {1, 13, 24}},
+    {"dim nb <= 24\ninput a: f32[64, 100, nb]\ninput b: f32[64, 7, nb]\noutput y = mul_mat(a, b)\n", "nb", {1, 11, 24}},
+    {"dim n_tokens <= 40\nweight w: bf16[256, 128, 16]\ninput x: f32[256, 1, n_tokens]\ninput ids: i32[4, n_tokens]\n"
+     "input r: f32[128, 4, n_tokens]\nm = mul_mat_id(w, x, ids)\noutput y = add(m, r)\n",
+     "n_tokens", {1, 9, 40}},
+    {"dim n_tokens <= 40\nweight w: f32[256, 128, 16]\ninput x: f32[256, 2, n_tokens]\ninput ids: i32[4, n_tokens]\n"
+     "output y = mul_mat_id(w, x, ids)\n",
+     "n_tokens", {1, 23, 40}},
+    {"dim n_tokens <= 4\nweight w: bf16[256, 128, 16]\ninput x: f32[256, 4, n_tokens]\ninput ids: i32[4, n_tokens]\n"
+     "output y = mul_mat_id(w, x, ids)\n",
+     "n_tokens", {1, 3, 4}},
+    {"dim n_tokens <= 40\nweight g: bf16[256, 128, 16]\nweight u: bf16[256, 128, 16]\ninput x: f32[256, 1, n_tokens]\n"
+     "input ids: i32[4, n_tokens]\ngg = mul_mat_id(g, x, ids)\nuu = mul_mat_id(u, x, ids)\noutput y = swiglu(gg, uu)\n",
+     "n_tokens", {1, 20, 40}},
+};
+#define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
+
+static char *write_kg(const char *dir, const char *name, const char *kg) {
+    char *path = malloc(strlen(dir) + strlen(name) + 8);
+    ck_assert_ptr_nonnull(path);
+    sprintf(path, "%s/%s.kg", dir, name);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(kg, f);
+    fclose(f);
+    return path;
+}
+
+START_TEST(runs_match_reference) {
+    need_gpu();
+    const gcase *c = &CASES[_i];
+    char        *dir = ts_tmpdir();
+    char        *path = write_kg(dir, "g", c->kg);
+    for (int v = 0; v < 3; v++)
+        for (int plain = 0; plain < 2; plain++) {
+            char cmd[1024], *out = NULL;
+            snprintf(cmd, sizeof cmd, "%s run %s --dim %s=%d --check --iters 3 --cache-dir %s%s 2>&1", ts_kiln_bin(), path,
+                     c->dim, c->vals[v], g_cache_dir, plain ? " --no-cuda-graph" : "");
+            int rc = ts_run(cmd, &out);
+            const char *chk = out ? strstr(out, "check ") : NULL;
+            if (rc != 0 || !chk || strstr(out, "FAILED")) fprintf(stderr, "case %d: %s\n%s\n", _i, cmd, out ? out : "");
+            ck_assert_msg(rc == 0 && chk && !strstr(out, "FAILED"), "case %d %s=%d%s: failed (output on stderr)", _i, c->dim,
+                          c->vals[v], plain ? " plain" : "");
+            const char *l = strstr(chk, "reference ");
+            printf("dyn_matmul case %d %s=%d%s: %.*s\n", _i, c->dim, c->vals[v], plain ? " plain" : "",
+                   l ? (int)strcspn(l, "\n") : 0, l ? l : "");
+            free(out);
+        }
+    free(path);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* The median GPU time of `kiln run`, or -1. */
+static double median_ms(const char *cmd) {
+    char  *out = NULL;
+    double ms = -1;
+    if (ts_run(cmd, &out) == 0 && out) {
+        const char *m = strstr(out, "median ");
+        if (m) ms = atof(m + 7);
+    }
+    free(out);
+    return ms;
+}
+
+START_TEST(bench_prefill_gemm) {
+    need_gpu();
+    char *dir = ts_tmpdir();
+    char *sym = write_kg(dir, "sym", CASES[0].kg);
+    static const int ns[3] = {7, 128, 512};
+    for (int i = 0; i < 3; i++) {
+        char kg[256], cmd[1024];
+        snprintf(kg, sizeof kg, "weight a: bf16[4096, 4096]\ninput b: f32[4096, %d]\noutput y = mul_mat(a, b)\n", ns[i]);
+        char *st = write_kg(dir, "static", kg);
+        snprintf(cmd, sizeof cmd, "%s run %s --iters 200 --cache-dir %s 2>&1", ts_kiln_bin(), st, g_cache_dir);
+        double t_static = median_ms(cmd);
+        snprintf(cmd, sizeof cmd, "%s run %s --dim n_tokens=%d --iters 200 --cache-dir %s 2>&1", ts_kiln_bin(), sym, ns[i],
+                 g_cache_dir);
+        double t_dyn = median_ms(cmd);
+        snprintf(cmd, sizeof cmd, "%s run %s --dim n_tokens=%d --iters 200 --no-cuda-graph --cache-dir %s 2>&1",
+                 ts_kiln_bin(), sym, ns[i], g_cache_dir);
+        double t_plain = median_ms(cmd);
+        printf("bench prefill GEMM bf16 4096x4096 n=%d: static %.4f ms, symbolic (n_tokens <= 512) %.4f ms, "
+               "symbolic plain launches %.4f ms\n",
+               ns[i], t_static, t_dyn, t_plain);
+        ck_assert_msg(t_static > 0 && t_dyn > 0, "n=%d: a run failed", ns[i]);
+        free(st);
+    }
+    free(sym);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+int main(void) {
+    g_cache_dir = ts_tmpdir();
+    Suite *s = suite_create("gpu_dyn_matmul");
+    TCase *t = tcase_create("all");
+    tcase_set_timeout(t, 900);
+    tcase_add_loop_test(t, runs_match_reference, 0, NCASES);
+    tcase_add_test(t, bench_prefill_gemm);
+    suite_add_tcase(s, t);
+    int rc = ts_main(s);
+    ts_rmtree(g_cache_dir);
+    free(g_cache_dir);
+    return rc;
+}

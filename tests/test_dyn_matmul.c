@@ -1,0 +1,209 @@
+/* Symbolic dims in mul_mat and mul_mat_id (templates/matmul.lua, matmul_id.lua, epilogue.lua):
+ * every plan that takes a symbolic dim generates and compiles with NVRTC for sm_90a and sm_80
+ * without warnings, takes the run-time extents (kdims) as its last parameter, picks its plan from
+ * the maximum (never the gemv for a symbolic N); the sources of one graph are identical for two
+ * bound values (kiln compile --dim); what the templates do not support is refused with a message.
+ * No GPU needed (tests/gpu/test_gpu_dyn_matmul.c runs them). */
+#include "tests/support.h"
+
+#include "base/base.h"
+#include "codegen/codegen.h"
+#include "ir/ir.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *g_cache;
+
+typedef struct {
+    const char *kg;
+    const char *want;  /* a substring of some matmul source (the plan) */
+    const char *dim;   /* the dim bound to two values in values_identical */
+    int         v1, v2;
+} dcase;
+
+static const dcase CASES[] = {
+    /* 0: prefill GEMM, symbolic N: conversion (valid columns only) + cuBLAS with n_dyn */
+    {"dim n_tokens <= 512\nweight a: bf16[4096, 4096]\ninput b: f32[4096, n_tokens]\noutput y = mul_mat(a, b)\n",
+     "mul_mat_cvt_bf16", "n_tokens", 7, 300},
+    /* 1: small N max: the tensor-core tile */
+    {"dim n <= 12\nweight a: bf16[256, 300]\ninput b: f32[256, n]\noutput y = mul_mat(a, b)\n", "mul_mat_mma_n12", "n", 1, 5},
+    /* 2: f32 weights, K not a multiple of 4, strided b: the CUDA-core tile */
+    {"dim n <= 9\nweight a: f32[100, 37]\ninput b: f32[n, 100]\nbt = transpose(b)\noutput y = mul_mat(a, bt)\n",
+     "mul_mat_n9_f32", "n", 2, 8},
+    /* 3: residual epilogue on a GEMM: the fallback's epilogue step skips the dead columns */
+    {"dim n_tokens <= 64\nweight a: bf16[256, 1024]\ninput b: f32[256, n_tokens]\ninput r: f32[1024, n_tokens]\n"
+     "m = mul_mat(a, b)\noutput y = add(m, r)\n",
+     "mul_mat_epilogue_one", "n_tokens", 3, 40},
+    /* 4: mul_mat_glu (paired) at prefill */
+    {"dim n_tokens <= 40\nweight g: bf16[256, 1024]\nweight u: bf16[256, 1024]\ninput x: f32[256, n_tokens]\n"
+     "gg = mul_mat(g, x)\nuu = mul_mat(u, x)\noutput y = swiglu(gg, uu)\n",
+     "mul_mat_epilogue_pair", "n_tokens", 1, 33},
+    /* 5: kq = mul_mat(k, q): symbolic M (n_kv) and N (n_tokens), GQA broadcast (r2 = 4) */
+    {"dim n_kv <= 256\ndim n_tokens <= 16\ninput k: f16[64, n_kv, 8]\ninput q: f32[64, n_tokens, 32]\n"
+     "output y = mul_mat(k, q)\n",
+     "mul_mat_mma_n64", "n_kv", 1, 200},
+    /* 6: kqv = mul_mat(v, kq): symbolic K (n_kv) */
+    {"dim n_kv <= 256\ndim n_tokens <= 16\ninput v: f16[n_kv, 64, 8]\ninput kq: f32[n_kv, n_tokens, 32]\n"
+     "output y = mul_mat(v, kq)\n",
+     "kiln_nch", "n_kv", 5, 77},
+    /* 7: decode kq (N = 1): symbolic M in the tile */
+    {"dim n_kv <= 256\ninput k: bf16[64, n_kv, 8]\ninput q: f32[64, 1, 32]\noutput y = mul_mat(k, q)\n",
+     "mul_mat_mma_n4", "n_kv", 1, 255},
+    /* 8: gemv with symbolic M and an epilogue */
+    {"dim m <= 200\ninput a: bf16[256, m]\ninput b: f32[256]\ninput r: f32[m]\nx = mul_mat(a, b)\noutput y = add(x, r)\n",
+     "mul_mat_gemv_ep", "m", 1, 150},
+    /* 9: gemv shape with symbolic K: the tile takes it */
+    {"dim n_kv <= 200\ninput a: f32[n_kv, 64]\ninput b: f32[n_kv]\noutput y = mul_mat(a, b)\n", "mul_mat_n1_f32", "n_kv", 3,
+     100},
+    /* 10: symbolic batch dim: broadcast a */
+    {"dim nb <= 24\nweight a: f16[64, 100]\ninput b: f32[64, 7, nb]\noutput y = mul_mat(a, b)\n", "kiln_live", "nb", 1, 13},
+    /* 11: symbolic batch dim shared by a and b */
+    {"dim nb <= 24\ninput a: f32[64, 100, nb]\ninput b: f32[64, 7, nb]\noutput y = mul_mat(a, b)\n", "kiln_live", "nb", 2,
+     24},
+    /* 12: mul_mat_id prefill (tensor cores) with a residual epilogue, symbolic T */
+    {"dim n_tokens <= 40\nweight w: bf16[256, 128, 16]\ninput x: f32[256, 1, n_tokens]\ninput ids: i32[4, n_tokens]\n"
+     "input r: f32[128, 4, n_tokens]\nm = mul_mat_id(w, x, ids)\noutput y = add(m, r)\n",
+     "kiln_n", "n_tokens", 5, 39},
+    /* 13: mul_mat_id prefill (FMA) */
+    {"dim n_tokens <= 40\nweight w: f32[256, 128, 16]\ninput x: f32[256, 2, n_tokens]\ninput ids: i32[4, n_tokens]\n"
+     "output y = mul_mat_id(w, x, ids)\n",
+     "mul_mat_id_fma", "n_tokens", 1, 40},
+    /* 14: mul_mat_id decode shape (T <= 4): the gemv */
+    {"dim n_tokens <= 4\nweight w: bf16[256, 128, 16]\ninput x: f32[256, 4, n_tokens]\ninput ids: i32[4, n_tokens]\n"
+     "output y = mul_mat_id(w, x, ids)\n",
+     "mul_mat_id_gemv", "n_tokens", 1, 3},
+    /* 15: mul_mat_id paired (mul_mat_glu) at prefill */
+    {"dim n_tokens <= 40\nweight g: bf16[256, 128, 16]\nweight u: bf16[256, 128, 16]\ninput x: f32[256, 1, n_tokens]\n"
+     "input ids: i32[4, n_tokens]\ngg = mul_mat_id(g, x, ids)\nuu = mul_mat_id(u, x, ids)\noutput y = swiglu(gg, uu)\n",
+     "mul_mat_id_epilogue_pair", "n_tokens", 2, 17},
+};
+#define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
+
+static bool is_matmul(const ir_node *n) {
+    return n->kind == IR_OP && (n->op == FE_OP_MUL_MAT || n->op == FE_OP_MUL_MAT_ID);
+}
+
+START_TEST(kernels_compile) {
+    static const char *archs[2] = {"sm_90a", "sm_80"};
+    const dcase       *c = &CASES[_i];
+    for (int a = 0; a < 2; a++) {
+        kiln_ctx     *ctx;
+        kiln_graph   *g;
+        kiln_program *p = ts_compile(c->kg, archs[a], g_cache, 1, &ctx, &g);
+        bool          found = false;
+        int           nmm = 0;
+        for (int i = 0; i < p->nkernels; i++) {
+            const cg_kernel *k = &p->kernels[i];
+            if (!is_matmul(&p->ir->nodes[k->node])) continue;
+            nmm++;
+            if (strstr(k->source, c->want)) found = true;
+            if (k->kind != CG_LAUNCH) continue;
+            /* the run-time extents are the last parameter of every step of a symbolic node */
+            const char *kd = strstr(k->source, "const int* __restrict__ kdims)");
+            ck_assert_msg(kd, "case %d: kernel %s has no kdims parameter", _i, k->name);
+            ts_nvrtc_clean(k->source, k->name, archs[a]);
+        }
+        ck_assert_msg(nmm > 0, "case %d: no matmul kernel", _i);
+        ck_assert_msg(found, "case %d: no source with \"%s\"", _i, c->want);
+        kiln_program_free(p);
+        kiln_graph_free(g);
+        kiln_ctx_free(ctx);
+    }
+}
+END_TEST
+
+/* The prefill GEMM's cuBLAS step carries the symbolic n, and the conversion kernel stops at the
+ * run-time columns. */
+START_TEST(gemm_n_dyn) {
+    kiln_ctx     *ctx;
+    kiln_graph   *g;
+    kiln_program *p = ts_compile(CASES[0].kg, "sm_90a", g_cache, 1, &ctx, &g);
+    int           gemms = 0;
+    for (int i = 0; i < p->nkernels; i++) {
+        const cg_kernel *k = &p->kernels[i];
+        if (k->kind == CG_GEMM) gemms++;
+        if (k->kind == CG_LAUNCH) ck_assert_msg(strstr(k->source, "if (col >= (unsigned)(kdims["), "conversion without a column guard");
+    }
+    ck_assert_int_eq(gemms, 1);
+    kiln_program_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+/* kiln compile --dim NAME=V1 and =V2 write the same kernel sources. */
+START_TEST(values_identical) {
+    const dcase *c = &CASES[_i];
+    char        *dir = ts_tmpdir();
+    char         path[512], cmd[2048];
+    snprintf(path, sizeof path, "%s/g.kg", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(c->kg, f);
+    fclose(f);
+    char *src[2];
+    for (int v = 0; v < 2; v++) {
+        snprintf(cmd, sizeof cmd, "%s compile %s --no-cache --dim %s=%d --dump-cu %s/cu%d >/dev/null && cat %s/cu%d/*.cu",
+                 ts_kiln_bin(), path, c->dim, v ? c->v2 : c->v1, dir, v, dir, v);
+        ck_assert_msg(ts_run(cmd, &src[v]) == 0, "case %d: %s failed", _i, cmd);
+        ck_assert_msg(strlen(src[v]) > 0, "case %d: no sources", _i);
+    }
+    ck_assert_msg(strcmp(src[0], src[1]) == 0, "case %d: sources differ between %s=%d and %s=%d", _i, c->dim, c->v1,
+                  c->dim, c->v2);
+    free(src[0]);
+    free(src[1]);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* What the templates do not take symbolically is refused, naming the dim. */
+static const struct {
+    const char *kg, *msg;
+} REFUSED[] = {
+    /* a batch dim over several static a-matrices (GQA-style r2 would change with the value) */
+    {"dim nb <= 24\nweight a: f16[64, 100, 3]\ninput b: f32[64, 7, nb]\noutput y = mul_mat(a, b)\n", "'nb'"},
+    /* mul_mat_id: the slots (ids dim 0) */
+    {"dim nu <= 8\nweight w: bf16[256, 128, 16]\ninput x: f32[256, 1, 40]\ninput ids: i32[nu, 40]\n"
+     "output y = mul_mat_id(w, x, ids)\n",
+     "'nu'"},
+    /* mul_mat_id: the experts' K */
+    {"dim nk <= 256\ninput w: bf16[nk, 128, 16]\ninput x: f32[nk, 1, 40]\ninput ids: i32[4, 40]\n"
+     "output y = mul_mat_id(w, x, ids)\n",
+     "'nk'"},
+};
+
+START_TEST(refusals) {
+    kiln_ctx   *ctx = ts_parse(REFUSED[_i].kg);
+    kiln_graph *g = NULL;
+    kiln_status st = kiln_graph_new(ctx, &g);
+    ck_assert_msg(st == NULL, "case %d: graph: %s", _i, kiln_status_msg(st));
+    kiln_compile_opts o = {.arch = "sm_90a", .cache_dir = g_cache, .skip_nvrtc = 1};
+    kiln_program     *p = NULL;
+    st = kiln_compile(g, &o, &p);
+    ck_assert_msg(st != NULL, "case %d: compiled", _i);
+    const char *m = kiln_status_msg(st);
+    ck_assert_msg(strstr(m, REFUSED[_i].msg) && strstr(m, "symbolic"), "case %d: message: %s", _i, m);
+    kiln_status_free(st);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+int main(void) {
+    g_cache = ts_tmpdir();
+    Suite *s = suite_create("dyn_matmul");
+    TCase *t = tcase_create("all");
+    tcase_set_timeout(t, 600);
+    tcase_add_loop_test(t, kernels_compile, 0, NCASES);
+    tcase_add_test(t, gemm_n_dyn);
+    tcase_add_loop_test(t, values_identical, 0, NCASES);
+    tcase_add_loop_test(t, refusals, 0, (int)(sizeof REFUSED / sizeof REFUSED[0]));
+    suite_add_tcase(s, t);
+    int rc = ts_main(s);
+    ts_rmtree(g_cache);
+    free(g_cache);
+    return rc;
+}
