@@ -93,8 +93,9 @@ test-gpu-build: all $(GPU_TEST_BINS)
 ifeq ($(PREBUILT),)
 test-gpu: test-gpu-build
 endif
+# In parallel: sequentially the GPU programs take more than 10 minutes, mostly NVRTC.
 test-gpu:
-	@scripts/run-tests.sh $(BUILD) $(GPU_TEST_BINS)
+	@scripts/run-tests-parallel.sh $(BUILD) $(GPU_TEST_BINS)
 
 bench:
 	@echo "make bench: not implemented yet (issue 9)"; exit 1
