@@ -309,6 +309,30 @@ local function dyn_exit(b, P, S, L, RT, ROWS)
     end
 end
 
+-- With a run-time n_kv, a split kernel (dec, fma) whose first split holds every key at this run
+-- (nkv <= L: the other splits exited) finishes its rows itself, and the combine step returns
+-- at once: a short KV range costs one kernel's work, as with the static plan of that length.
+local function direct_one(P, p)
+    return P.dyn_kv ~= nil and p.S > 1 and p.kind ~= "pre"
+end
+
+-- `finish` and `partial` emit the two ends of a split kernel; with direct_one, both, chosen
+-- at run time.
+local function split_end(b, P, p, finish, partial)
+    if p.S == 1 then
+        finish()
+    elseif direct_one(P, p) then
+        b.open("if (nkv <= %du) { /* split 0 holds every key of this run: dst directly, the combine returns */", p.L)
+        finish()
+        b.close("} else {")
+        b.push()
+        partial()
+        b.close()
+    else
+        partial()
+    end
+end
+
 -- The run-time extents, first thing in a kernel: nkv (keys) and nr (rows per group).
 local function dyn_setup(b, P, kv, q)
     if kv and P.dyn_kv then b.add("const unsigned nkv = (unsigned)(%s); /* keys at run time, <= %d */", P.dyn_kv, P.NKV) end
@@ -425,20 +449,20 @@ end
 
 -- Typed base pointers of the operands: dst unless the kernel writes splits to scratch; the
 -- inputs unless it is the combine kernel; the scratch when there are splits.
-local function pointers(b, P, S, combine)
+local function pointers(b, P, S, combine, direct)
     local function ptr(r, name, ct, const)
         b.add("%s%s *const %s = (%s%s *)p%d + %s;", const and "const " or "", ct, name, const and "const " or "",
             ct, r.param, ll(r.offs))
     end
     local ct = P.kt == "f32" and "float" or "kiln_u16"
-    if S == 1 or combine then ptr(P.dst, "dstb", "float", false) end
+    if S == 1 or combine or direct then ptr(P.dst, "dstb", "float", false) end
     if not combine then
         ptr(P.q, "qb", "float", true)
         ptr(P.k, "kb", ct, true)
         ptr(P.v, "vb", ct, true)
         if P.mask then ptr(P.mask, "mb", "kiln_u16", true) end
     end
-    if P.sinks and (S == 1 or combine) then ptr(P.sinks, "sb", "float", true) end
+    if P.sinks and (S == 1 or combine or direct) then ptr(P.sinks, "sb", "float", true) end
     if S > 1 then
         b.add("float *const scr_o = (float *)p%d;", P.nparams)
         b.add("float *const scr_ml = scr_o + %s;", ll(P.TOTAL * S * P.DV))
@@ -563,7 +587,7 @@ local function fma_kernel(P, p, H, name)
     b.add("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s)", NTHR, name, param_list(P, S > 1 and p))
     b.open("{")
     b.add("__shared__ float kiln_sq[%d][%d];", W, P.DK)
-    pointers(b, P, S)
+    pointers(b, P, S, false, direct_one(P, p))
     dyn_setup(b, P, true, true)
     b.add("const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;")
     group_setup(b, P, "blockIdx.z")
@@ -630,7 +654,7 @@ local function fma_kernel(P, p, H, name)
     b.close()
     b.close()
     b.add("l = kiln_warp_sum(l);")
-    if S == 1 then
+    split_end(b, P, p, function()
         finish_row(b, P, "", "m", "l", "h", "iq1")
         b.add("#pragma unroll")
         b.open("for (int i = 0; i < %d; i++) {", NDV)
@@ -638,7 +662,7 @@ local function fma_kernel(P, p, H, name)
         b.add("if (d < %du)", P.DV)
         b.add("    out[d * %s] = acc[i] * inv;", ll(P.dst.st[1]))
         b.close()
-    else
+    end, function()
         b.add("const long long slot = (long long)(grp * %du + r) * %du + split;", P.R, S)
         b.add("#pragma unroll")
         b.open("for (int i = 0; i < %d; i++) {", NDV)
@@ -650,7 +674,7 @@ local function fma_kernel(P, p, H, name)
         b.add("scr_ml[2 * slot] = m;")
         b.add("scr_ml[2 * slot + 1] = l;")
         b.close()
-    end
+    end)
     b.close()
     return b.lines, { S, p.RT, P.NGROUPS }, 0
 end
@@ -730,7 +754,7 @@ local function dec_kernel(P, p, H, name)
     b.add("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s)", NTHR, name, param_list(P, S > 1 and p))
     b.open("{")
     b.add("extern __shared__ __align__(16) unsigned char kiln_smem[];")
-    pointers(b, P, S)
+    pointers(b, P, S, false, direct_one(P, p))
     dyn_setup(b, P, true, true)
     b.add("const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;")
     b.add("const unsigned g = lane >> 2, t = lane & 3u;")
@@ -975,18 +999,18 @@ local function dec_kernel(P, p, H, name)
     b.add("L += f * sl[w * %d + row];", ROWS)
     b.add("acc += f * so[(w * %d + row) * %d + d];", ROWS, P.DV)
     b.close()
-    if S == 1 then
+    split_end(b, P, p, function()
         b.add("const unsigned iq1 = r / %du, h = hk * %du + r %% %du;", P.G, P.G, P.G)
         finish_row(b, P, "f", "M", "L", "h", "iq1")
         b.add("fout[d * %s] = acc * finv;", ll(P.dst.st[1]))
-    else
+    end, function()
         b.add("const long long slot = (long long)(grp * %du + r) * %du + split;", P.R, S)
         b.add("scr_o[slot * %du + d] = acc;", P.DV)
         b.open("if (d == 0) {")
         b.add("scr_ml[2 * slot] = M;")
         b.add("scr_ml[2 * slot + 1] = L;")
         b.close()
-    end
+    end)
     b.close()
     b.close()
     local smem = (W * ROWS * P.DV + 2 * W * ROWS) * 4
@@ -1405,6 +1429,10 @@ local function combine_kernel(P, p, H, name)
     if P.dyn_kv then
         dyn_setup(b, P, true, false)
         b.add("const unsigned ns = (nkv + %du) / %du; /* splits with keys at this run's nkv */", p.L - 1, p.L)
+        if direct_one(P, p) then
+            b.add("if (ns == 1)")
+            b.add("    return; /* the main kernel wrote dst itself */")
+        end
     end
     b.add("const unsigned hk = grp %% %du, i3 = grp / %du;", P.NHKV, P.NHKV)
     b.add("const unsigned iq1 = r / %du, h = hk * %du + r %% %du;", P.G, P.G, P.G)
