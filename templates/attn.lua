@@ -246,6 +246,101 @@ end
 
 -- ---- the problem ------------------------------------------------------------------------------
 
+-- Symbolic dims (docs/ops-attn.md): n_kv (k and v dim 1, the mask's dim 0) and n_q (q dim 1,
+-- the mask's dim 1, dst dim 2) may be run-time values; nothing else. Sets P.dyn_kv and P.dyn_q
+-- (the C expressions, or nil), P.isdyn (the kernels take kdims), and the C forms of the bounds
+-- that the kernels compare with: P.NKVS / P.NKV1S (keys, last key) and P.RS / P.R1S (rows per
+-- group, last row), static literals or the run-time nkv and nr.
+local function symbolic(k, P)
+    local function dyn_of(r, d) return r and r.dyn and r.dyn[d] or nil end
+    local allowed = {
+        { P.q, "q", { [2] = "n_q" } }, { P.k, "k", { [2] = "n_kv" } }, { P.v, "v", { [2] = "n_kv" } },
+        { P.mask, "mask", { [1] = "n_kv", [2] = "n_q" } }, { P.sinks, "sinks", {} }, { P.dst, "dst", { [3] = "n_q" } },
+    }
+    local seen = {}
+    for _, a in ipairs(allowed) do
+        local r, what, ok = a[1], a[2], a[3]
+        for d = 1, 4 do
+            local e = dyn_of(r, d)
+            if e ~= nil then
+                if type(e) ~= "string" then fail("%s: bad dyn[%d]", what, d) end
+                local role = ok[d]
+                if not role then
+                    fail("symbolic dim %s on %s dim %d is not supported (only n_kv: k/v dim 1 and mask dim 0; n_q: q dim 1, mask dim 1, dst dim 2)",
+                        tostring(r.sym and r.sym[d] or e), what, d - 1)
+                end
+                if seen[role] and seen[role] ~= e then
+                    fail("%s dim %d (%s) differs from the other %s dims (%s)", what, d - 1, e, role, seen[role])
+                end
+                seen[role] = e
+            end
+        end
+    end
+    -- every operand of a role follows it (a static mask of the maximum's width is read below nkv)
+    if seen.n_kv and (dyn_of(P.k, 2) == nil or dyn_of(P.v, 2) == nil) then
+        fail("n_kv is symbolic on %s but not on both k and v", dyn_of(P.k, 2) and "k" or "v or the mask")
+    end
+    if seen.n_q and (dyn_of(P.q, 2) == nil or dyn_of(P.dst, 3) == nil) then
+        fail("n_q is symbolic on %s but not on both q and dst", dyn_of(P.q, 2) and "q" or "dst or the mask")
+    end
+    if dyn_of(P.mask, 2) and P.mask.ne[2] ~= P.NQ then
+        fail("mask dim 1 is symbolic but its maximum %d is not n_q's %d", P.mask.ne[2], P.NQ)
+    end
+    P.dyn_kv, P.dyn_q = seen.n_kv, seen.n_q
+    P.isdyn = k.dims ~= nil and #k.dims > 0
+    if (P.dyn_kv or P.dyn_q) and not P.isdyn then fail("a symbolic dim without k.dims") end
+    P.dims_arg = P.isdyn and (k.dims_arg or ", const int* __restrict__ kdims") or ""
+    P.NKVS = P.dyn_kv and "nkv" or string.format("%du", P.NKV)
+    P.NKV1S = P.dyn_kv and "nkv - 1u" or string.format("%du", P.NKV - 1)
+    P.RS = P.dyn_q and "nr" or string.format("%du", P.R)
+    P.R1S = P.dyn_q and "nr - 1u" or string.format("%du", P.R - 1)
+end
+
+-- Blocks whose split starts past the run-time keys, or whose row tile starts past the run-time
+-- rows, leave at once (before any barrier; the grid is the maximum's). `split`, `rt` are the
+-- block's names; S splits of L keys, RT row tiles of ROWS rows.
+local function dyn_exit(b, P, S, L, RT, ROWS)
+    local c = {}
+    if P.dyn_kv and S > 1 then c[#c + 1] = string.format("split * %du >= nkv", L) end
+    if P.dyn_q and RT > 1 then c[#c + 1] = string.format("rt * %du >= nr", ROWS) end
+    if #c > 0 then
+        b.add("if (%s)", table.concat(c, " || "))
+        b.add("    return; /* nothing of this block's at this run's extents */")
+    end
+end
+
+-- With a run-time n_kv, a split kernel (dec, fma) whose first split holds every key at this run
+-- (nkv <= L: the other splits exited) finishes its rows itself, and the combine step returns
+-- at once: a short KV range costs one kernel's work, as with the static plan of that length.
+local function direct_one(P, p)
+    return P.dyn_kv ~= nil and p.S > 1 and p.kind ~= "pre"
+end
+
+-- `finish` and `partial` emit the two ends of a split kernel; with direct_one, both, chosen
+-- at run time.
+local function split_end(b, P, p, finish, partial)
+    if p.S == 1 then
+        finish()
+    elseif direct_one(P, p) then
+        b.open("if (nkv <= %du) { /* split 0 holds every key of this run: dst directly, the combine returns */", p.L)
+        finish()
+        b.close("} else {")
+        b.push()
+        partial()
+        b.close()
+    else
+        partial()
+    end
+end
+
+-- The run-time extents, first thing in a kernel: nkv (keys) and nr (rows per group).
+local function dyn_setup(b, P, kv, q)
+    if kv and P.dyn_kv then b.add("const unsigned nkv = (unsigned)(%s); /* keys at run time, <= %d */", P.dyn_kv, P.NKV) end
+    if q and P.dyn_q then
+        b.add("const unsigned nr = (unsigned)(%s) * %du; /* rows per kv head at run time, <= %d */", P.dyn_q, P.G, P.R)
+    end
+end
+
 -- Everything the kernels need to know about the node, checked.
 local function problem(k)
     if k.kind ~= "op" then fail("node kind %s is not op", tostring(k.kind)) end
@@ -295,6 +390,7 @@ local function problem(k)
     for _, r in ipairs({ dst, q, kk, v, mask or dst, sinks or dst }) do
         if r.param < 0 or r.param >= k.nparams then fail("param %d out of range", r.param) end
     end
+    symbolic(k, P)
     return P
 end
 
@@ -347,25 +443,26 @@ local function param_list(P, scratch)
         l[#l + 1] = (i == P.dst.param and "char" or "const char") .. " *__restrict__ p" .. i
     end
     if scratch then l[#l + 1] = "char *__restrict__ p" .. P.nparams end
+    if P.isdyn then l[#l + 1] = (P.dims_arg:gsub("^,%s*", "")) end
     return "\n    " .. table.concat(l, ",\n    ")
 end
 
 -- Typed base pointers of the operands: dst unless the kernel writes splits to scratch; the
 -- inputs unless it is the combine kernel; the scratch when there are splits.
-local function pointers(b, P, S, combine)
+local function pointers(b, P, S, combine, direct)
     local function ptr(r, name, ct, const)
         b.add("%s%s *const %s = (%s%s *)p%d + %s;", const and "const " or "", ct, name, const and "const " or "",
             ct, r.param, ll(r.offs))
     end
     local ct = P.kt == "f32" and "float" or "kiln_u16"
-    if S == 1 or combine then ptr(P.dst, "dstb", "float", false) end
+    if S == 1 or combine or direct then ptr(P.dst, "dstb", "float", false) end
     if not combine then
         ptr(P.q, "qb", "float", true)
         ptr(P.k, "kb", ct, true)
         ptr(P.v, "vb", ct, true)
         if P.mask then ptr(P.mask, "mb", "kiln_u16", true) end
     end
-    if P.sinks and (S == 1 or combine) then ptr(P.sinks, "sb", "float", true) end
+    if P.sinks and (S == 1 or combine or direct) then ptr(P.sinks, "sb", "float", true) end
     if S > 1 then
         b.add("float *const scr_o = (float *)p%d;", P.nparams)
         b.add("float *const scr_ml = scr_o + %s;", ll(P.TOTAL * S * P.DV))
@@ -401,9 +498,9 @@ local function row_setup(b, P, pre, rexpr, need)
     local any = n.ok or n.iq1 or n.h or n.r
     if not any then return end
     b.add("const unsigned %sr = %s;", pre, rexpr)
-    if n.ok or n.iq1 or n.h then b.add("const bool %sok = %sr < %du;", pre, pre, P.R) end
+    if n.ok or n.iq1 or n.h then b.add("const bool %sok = %sr < %s;", pre, pre, P.RS) end
     if n.iq1 or n.h then
-        b.add("const unsigned %srr = %sok ? %sr : %du;", pre, pre, pre, P.R - 1)
+        b.add("const unsigned %srr = %sok ? %sr : %s;", pre, pre, pre, P.R1S)
         if n.iq1 then b.add("const unsigned %siq1 = %srr / %du;", pre, pre, P.G) end
         if n.h then b.add("const unsigned %sh = hk * %du + %srr %% %du;", pre, P.G, pre, P.G) end
     end
@@ -490,10 +587,12 @@ local function fma_kernel(P, p, H, name)
     b.add("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s)", NTHR, name, param_list(P, S > 1 and p))
     b.open("{")
     b.add("__shared__ float kiln_sq[%d][%d];", W, P.DK)
-    pointers(b, P, S)
+    pointers(b, P, S, false, direct_one(P, p))
+    dyn_setup(b, P, true, true)
     b.add("const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;")
     group_setup(b, P, "blockIdx.z")
     b.add("const unsigned split = blockIdx.x;")
+    dyn_exit(b, P, S, p.L, 1, 1)
     row_setup(b, P, "", "blockIdx.y * " .. W .. "u + warp", { ok = true, iq1 = true, h = true, scores = true })
     b.add("if (!ok)")
     b.add("    return; /* no block-wide barrier below */")
@@ -502,7 +601,7 @@ local function fma_kernel(P, p, H, name)
     b.add("    kiln_sq[warp][d] = qr[d * %s];", ll(P.q.st[1]))
     b.add("__syncwarp();")
     b.add("const unsigned jbeg = split * %du;", p.L)
-    b.add("const unsigned jend = jbeg + %du < %du ? jbeg + %du : %du;", p.L, P.NKV, p.L, P.NKV)
+    b.add("const unsigned jend = jbeg + %du < %s ? jbeg + %du : %s;", p.L, P.NKVS, p.L, P.NKVS)
     b.add("float m = %s, l = 0.0f;", NEG_INF)
     b.add("float acc[%d];", NDV)
     b.add("#pragma unroll")
@@ -555,7 +654,7 @@ local function fma_kernel(P, p, H, name)
     b.close()
     b.close()
     b.add("l = kiln_warp_sum(l);")
-    if S == 1 then
+    split_end(b, P, p, function()
         finish_row(b, P, "", "m", "l", "h", "iq1")
         b.add("#pragma unroll")
         b.open("for (int i = 0; i < %d; i++) {", NDV)
@@ -563,7 +662,7 @@ local function fma_kernel(P, p, H, name)
         b.add("if (d < %du)", P.DV)
         b.add("    out[d * %s] = acc[i] * inv;", ll(P.dst.st[1]))
         b.close()
-    else
+    end, function()
         b.add("const long long slot = (long long)(grp * %du + r) * %du + split;", P.R, S)
         b.add("#pragma unroll")
         b.open("for (int i = 0; i < %d; i++) {", NDV)
@@ -575,7 +674,7 @@ local function fma_kernel(P, p, H, name)
         b.add("scr_ml[2 * slot] = m;")
         b.add("scr_ml[2 * slot + 1] = l;")
         b.close()
-    end
+    end)
     b.close()
     return b.lines, { S, p.RT, P.NGROUPS }, 0
 end
@@ -655,10 +754,12 @@ local function dec_kernel(P, p, H, name)
     b.add("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s)", NTHR, name, param_list(P, S > 1 and p))
     b.open("{")
     b.add("extern __shared__ __align__(16) unsigned char kiln_smem[];")
-    pointers(b, P, S)
+    pointers(b, P, S, false, direct_one(P, p))
+    dyn_setup(b, P, true, true)
     b.add("const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;")
     b.add("const unsigned g = lane >> 2, t = lane & 3u;")
     b.add("const unsigned split = blockIdx.x, rt = blockIdx.y;")
+    dyn_exit(b, P, S, p.L, p.RT, ROWS)
     group_setup(b, P, "blockIdx.z")
 
     -- Q as the B fragment of S^T = K Q^T: row g of each n-tile, head dims as K's chunks.
@@ -707,10 +808,10 @@ local function dec_kernel(P, p, H, name)
     b.add("        o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.0f;")
 
     b.add("const unsigned jbeg = split * %du;", p.L)
-    b.add("const unsigned jend = jbeg + %du < %du ? jbeg + %du : %du;", p.L, P.NKV, p.L, P.NKV)
+    b.add("const unsigned jend = jbeg + %du < %s ? jbeg + %du : %s;", p.L, P.NKVS, p.L, P.NKVS)
     b.open("for (unsigned j0 = jbeg + warp * %du; j0 < jend; j0 += %du) {", 16 * U, 16 * U * W)
     -- Loads first (all sub-chunks), then compute.
-    local function clamp(e) return string.format("(%s < %du ? %s : %du)", e, P.NKV, e, P.NKV - 1) end
+    local function clamp(e) return string.format("(%s < %s ? %s : %s)", e, P.NKVS, e, P.NKV1S) end
     for u = 0, U - 1 do
         local jb = string.format("j0 + %du", 16 * u)
         b.add("const kiln_u16 *const k%d_0 = kg + %s * %s;", u, clamp(jb .. " + g"), ll(P.k.st[2]))
@@ -884,7 +985,7 @@ local function dec_kernel(P, p, H, name)
     b.open("for (unsigned idx = threadIdx.x; idx < %du; idx += %du) {", ROWS * P.DV, NTHR)
     b.add("const unsigned row = idx / %du, d = idx %% %du;", P.DV, P.DV)
     b.add("const unsigned r = rt * %du + row;", ROWS)
-    b.add("if (r >= %du)", P.R)
+    b.add("if (r >= %s)", P.RS)
     b.add("    break; /* rows grow with idx */")
     b.add("float M = sm[row];")
     b.add("#pragma unroll")
@@ -898,18 +999,18 @@ local function dec_kernel(P, p, H, name)
     b.add("L += f * sl[w * %d + row];", ROWS)
     b.add("acc += f * so[(w * %d + row) * %d + d];", ROWS, P.DV)
     b.close()
-    if S == 1 then
+    split_end(b, P, p, function()
         b.add("const unsigned iq1 = r / %du, h = hk * %du + r %% %du;", P.G, P.G, P.G)
         finish_row(b, P, "f", "M", "L", "h", "iq1")
         b.add("fout[d * %s] = acc * finv;", ll(P.dst.st[1]))
-    else
+    end, function()
         b.add("const long long slot = (long long)(grp * %du + r) * %du + split;", P.R, S)
         b.add("scr_o[slot * %du + d] = acc;", P.DV)
         b.open("if (d == 0) {")
         b.add("scr_ml[2 * slot] = M;")
         b.add("scr_ml[2 * slot + 1] = L;")
         b.close()
-    end
+    end)
     b.close()
     b.close()
     local smem = (W * ROWS * P.DV + 2 * W * ROWS) * 4
@@ -940,9 +1041,11 @@ local function pre_kernel(P, p, H, name)
     b.add("const unsigned g = lane >> 2, t = lane & 3u;")
     b.add("const unsigned rt = %du - blockIdx.x; /* the longest (causal) row tiles first */", p.RT - 1)
     b.add("const unsigned split = blockIdx.y;")
+    dyn_setup(b, P, true, true)
+    dyn_exit(b, P, S, p.L, p.RT, BM)
     group_setup(b, P, "blockIdx.z")
     b.add("const unsigned jbeg = split * %du;", p.L)
-    b.add("const unsigned jend = jbeg + %du < %du ? jbeg + %du : %du;", p.L, P.NKV, p.L, P.NKV)
+    b.add("const unsigned jend = jbeg + %du < %s ? jbeg + %du : %s;", p.L, P.NKVS, p.L, P.NKVS)
 
     -- K or V tile j (keys jb ..) into shared memory: BN rows of D, 16 bytes per cp.async.
     local function load_tile(sname, gname, D, st, sstride)
@@ -950,7 +1053,7 @@ local function pre_kernel(P, p, H, name)
         b.add("#pragma unroll")
         b.open("for (unsigned i = tid; i < %du; i += %du) {", BN * chunks, NTHR)
         b.add("const unsigned row = i / %du, c = i %% %du;", chunks, chunks)
-        b.add("const unsigned key = jb + row < %du ? jb + row : %du;", P.NKV, P.NKV - 1)
+        b.add("const unsigned key = jb + row < %s ? jb + row : %s;", P.NKVS, P.NKV1S)
         b.add("kiln_cp16(kiln_smem_u32(%s + row * %du + 8u * c), %s + key * %s + 8u * c);", sname, sstride, gname, ll(st))
         b.close()
         b.add("kiln_cp_commit();")
@@ -962,7 +1065,7 @@ local function pre_kernel(P, p, H, name)
     b.add("const unsigned row = i / %du, dp = i %% %du;", P.DK // 2, P.DK // 2)
     b.add("const unsigned r = rt * %du + row;", BM)
     b.add("float x0 = 0.0f, x1 = 0.0f;")
-    b.open("if (r < %du) {", P.R)
+    b.open("if (r < %s) {", P.RS)
     b.add("const float *const qr = qb + (r / %du) * %s + (hk * %du + r %% %du) * %s + i3 * %s + 2u * dp * %s;", P.G,
         ll(P.q.st[2]), P.G, P.G, ll(P.q.st[3]), ll(P.q.st[4]), ll(P.q.st[1]))
     b.add("x0 = qr[0];")
@@ -994,11 +1097,11 @@ local function pre_kernel(P, p, H, name)
         b.add("const unsigned nch = (jend - jbeg + 7u) / 8u;")
         if perhead then
             b.add("const unsigned r0 = rt * %du;", BM)
-            b.add("const unsigned nscan = %du - r0 < %du ? %du - r0 : %du; /* rows: the mask has a plane per head */", P.R,
-                BM, P.R, BM)
+            b.add("const unsigned nscan = %s - r0 < %du ? %s - r0 : %du; /* rows: the mask has a plane per head */", P.RS,
+                BM, P.RS, BM)
         else
             b.add("const unsigned tok0 = rt * %du / %du;", BM, P.G)
-            b.add("const unsigned rlast = rt * %du + %du < %du ? rt * %du + %du : %du;", BM, BM - 1, P.R, BM, BM - 1, P.R - 1)
+            b.add("const unsigned rlast = rt * %du + %du < %s ? rt * %du + %du : %s;", BM, BM - 1, P.RS, BM, BM - 1, P.R1S)
             b.add("const unsigned nscan = rlast / %du - tok0 + 1u; /* tokens: the heads share their mask row */", P.G)
         end
         b.open("for (unsigned i = tid; i < nscan * nch; i += %du) {", NTHR)
@@ -1304,6 +1407,8 @@ local function combine_kernel(P, p, H, name)
     local K = ceil_div(S, nsg)              -- splits per group
     local pre = cols <= CT and K <= 32      -- preload every partial into registers
     local NWC = CT // 32
+    -- the splits holding keys: all S, or at run time ns = ceil(nkv / L) (the others wrote nothing)
+    local SB = P.dyn_kv and "ns" or string.format("%du", S)
     H.use("types")
     H.use("ex2")
     H.use("warp")
@@ -1316,6 +1421,19 @@ local function combine_kernel(P, p, H, name)
     b.add("const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;")
     b.add("const unsigned row = blockIdx.x;")
     b.add("const unsigned grp = row / %du, r = row %% %du;", P.R, P.R)
+    if P.dyn_q then
+        dyn_setup(b, P, false, true)
+        b.add("if (r >= nr)")
+        b.add("    return; /* a row past this run's tokens */")
+    end
+    if P.dyn_kv then
+        dyn_setup(b, P, true, false)
+        b.add("const unsigned ns = (nkv + %du) / %du; /* splits with keys at this run's nkv */", p.L - 1, p.L)
+        if direct_one(P, p) then
+            b.add("if (ns == 1)")
+            b.add("    return; /* the main kernel wrote dst itself */")
+        end
+    end
     b.add("const unsigned hk = grp %% %du, i3 = grp / %du;", P.NHKV, P.NHKV)
     b.add("const unsigned iq1 = r / %du, h = hk * %du + r %% %du;", P.G, P.G, P.G)
     b.add("const float *const ml = scr_ml + 2ll * row * %du;", S)
@@ -1329,15 +1447,15 @@ local function combine_kernel(P, p, H, name)
         b.open("for (int i = 0; i < %d; i++) {", K)
         b.add("const unsigned s = sg + %du * i;", nsg)
         if VW == 4 then
-            b.add("x[i] = sg < %du && s < %du ? *(const float4 *)(po + s * %du + 4u * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);",
-                nsg, S, P.DV)
+            b.add("x[i] = sg < %du && s < %s ? *(const float4 *)(po + s * %du + 4u * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);",
+                nsg, SB, P.DV)
         else
-            b.add("x[i] = sg < %du && s < %du ? po[s * %du + c] : 0.0f;", nsg, S, P.DV)
+            b.add("x[i] = sg < %du && s < %s ? po[s * %du + c] : 0.0f;", nsg, SB, P.DV)
         end
         b.close()
     end
     b.add("float mx = %s;", NEG_INF)
-    b.add("for (unsigned s = tid; s < %du; s += %du)", S, CT)
+    b.add("for (unsigned s = tid; s < %s; s += %du)", SB, CT)
     b.add("    mx = fmaxf(mx, ml[2 * s]);")
     b.add("mx = kiln_warp_max(mx);")
     b.add("if (lane == 0)")
@@ -1353,7 +1471,7 @@ local function combine_kernel(P, p, H, name)
     end
     b.add("const float base = M == %s ? 0.0f : M;", NEG_INF)
     b.add("float ls = 0.0f;")
-    b.open("for (unsigned s = tid; s < %du; s += %du) {", S, CT)
+    b.open("for (unsigned s = tid; s < %s; s += %du) {", SB, CT)
     b.add("const float f = kiln_ex2(ml[2 * s] - base);")
     b.add("kiln_w[s] = f;")
     b.add("ls += f * ml[2 * s + 1];")
@@ -1375,7 +1493,7 @@ local function combine_kernel(P, p, H, name)
             b.add("#pragma unroll")
             b.open("for (int i = 0; i < %d; i++) {", K)
             b.add("const unsigned s = sg + %du * i;", nsg)
-            b.add("const float f = s < %du ? kiln_w[s] : 0.0f;", S)
+            b.add("const float f = s < %s ? kiln_w[s] : 0.0f;", SB)
             b.add("a0 = fmaf(f, x[i].x, a0);")
             b.add("a1 = fmaf(f, x[i].y, a1);")
             b.add("a2 = fmaf(f, x[i].z, a2);")
@@ -1387,7 +1505,7 @@ local function combine_kernel(P, p, H, name)
             b.add("#pragma unroll")
             b.open("for (int i = 0; i < %d; i++) {", K)
             b.add("const unsigned s = sg + %du * i;", nsg)
-            b.add("a0 = fmaf(s < %du ? kiln_w[s] : 0.0f, x[i], a0);", S)
+            b.add("a0 = fmaf(s < %s ? kiln_w[s] : 0.0f, x[i], a0);", SB)
             b.close()
             b.add("kiln_part[sg][c] = a0;")
         end
@@ -1398,7 +1516,7 @@ local function combine_kernel(P, p, H, name)
         if VW == 4 then
             b.add("float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;")
             b.add("#pragma unroll 8")
-            b.open("for (unsigned s = sg; s < %du; s += %du) {", S, nsg)
+            b.open("for (unsigned s = sg; s < %s; s += %du) {", SB, nsg)
             b.add("const float4 xv = *(const float4 *)(po + s * %du + 4u * cc);", P.DV)
             b.add("const float f = kiln_w[s];")
             b.add("a0 = fmaf(f, xv.x, a0);")
@@ -1410,7 +1528,7 @@ local function combine_kernel(P, p, H, name)
         else
             b.add("float a0 = 0.0f;")
             b.add("#pragma unroll 8")
-            b.add("for (unsigned s = sg; s < %du; s += %du)", S, nsg)
+            b.add("for (unsigned s = sg; s < %s; s += %du)", SB, nsg)
             b.add("    a0 = fmaf(kiln_w[s], po[s * %du + cc], a0);", P.DV)
             b.add("kiln_part[sg][cc] = a0;")
         end
@@ -1462,6 +1580,7 @@ return function(k)
     local p = plan(P)
     local base = string.format("fattn_%s_%s_d%d", p.kind, P.kt, P.DK)
     if P.DV ~= P.DK then base = base .. "_" .. P.DV end
+    if P.isdyn then base = base .. "_dyn" end
     local notes = {
         string.format("%d rows per kv head (%d tokens x %d heads), %d kv heads x %d sequences, %d keys; %s", P.R, P.NQ,
             P.G, P.NHKV, P.NSEQ, P.NKV, features(P)),
@@ -1478,17 +1597,28 @@ return function(k)
     end
     notes[#notes + 1] = p.S > 1 and string.format("split-KV: %d splits of %d keys, then the combine kernel", p.S, p.L)
         or "one pass over the keys"
+    if P.isdyn then
+        local l = {}
+        if P.dyn_kv then l[#l + 1] = string.format("n_kv <= %d (splits past it exit, the combine merges the rest)", P.NKV) end
+        if P.dyn_q then l[#l + 1] = string.format("n_q <= %d (row tiles past it exit)", P.NQ) end
+        notes[#notes + 1] = "symbolic: " .. (#l > 0 and table.concat(l, "; ") or "none of this node's dims")
+            .. "; the plan is the maximum's"
+    end
     PRE = prelude.new()
     local H = helpers()
     local body, grid, smem = gen(P, p, H, base)
     local main = { name = base, source = source(P, p, base, notes, H, body), grid = grid, block = { NTHR, 1, 1 },
                    smem = smem }
-    if p.S == 1 then return main end
+    if p.S == 1 then
+        if P.isdyn then main.dynamic = true end
+        return main
+    end
     PRE = prelude.new()
     local H2 = helpers()
     local cname = string.format("fattn_combine_d%d_s%d", P.DV, p.S)
+    if P.isdyn then cname = cname .. "_dyn" end
     local cbody, cgrid = combine_kernel(P, p, H2, cname)
     local comb = { name = cname, source = source(P, p, cname, { string.format("merges %d splits per row", p.S) }, H2, cbody),
                    grid = cgrid, block = { CT, 1, 1 }, smem = 0 }
-    return { scratch = P.TOTAL * p.S * (P.DV + 2) * 4, steps = { main, comb } }
+    return { scratch = P.TOTAL * p.S * (P.DV + 2) * 4, steps = { main, comb }, dynamic = P.isdyn or nil }
 end

@@ -69,6 +69,48 @@ local function check_ref(r, what, types)
     if math.type(r.param) ~= "integer" then fail("%s: bad param", what) end
 end
 
+-- ---- symbolic dims ------------------------------------------------------------------------
+
+-- The run-time extents of the node's symbolic dims (docs/ops-softmax.md): dyn[d] is the C
+-- expression of dst's (= a's) dim d - 1, nil when static, and isdyn whether the node uses any
+-- symbolic dim (its kernel then takes kdims). Supported: any of a's dims (the row length, dim 0,
+-- and the row dims 1..3), the mask following a (its ne0 = the row length; its dims 1..3 only
+-- where it spans a's), sinks following a's dim 2. Anything else is refused here.
+local function symbolic(k, a, dst, mask, sinks)
+    local dyn = {}
+    local function dyn_of(r, d) return r.dyn and r.dyn[d] or nil end
+    for d = 1, 4 do
+        local e = dyn_of(a, d)
+        if dyn_of(dst, d) ~= e then
+            fail("a's dim %d is %s but dst's is %s", d - 1, tostring(e or "static"), tostring(dyn_of(dst, d) or "static"))
+        end
+        if e ~= nil and type(e) ~= "string" then fail("a: bad dyn[%d]", d) end
+        dyn[d] = e
+    end
+    if mask then
+        for d = 1, 4 do
+            local e = dyn_of(mask, d)
+            if e ~= nil and (e ~= dyn[d] or (d > 1 and mask.ne[d] ~= a.ne[d])) then
+                fail("mask dim %d is symbolic (%s) but does not follow a's dim %d (%s, extent %d vs %d)", d - 1, tostring(e),
+                    d - 1, tostring(dyn[d] or "static"), mask.ne[d], a.ne[d])
+            end
+        end
+    end
+    if sinks and dyn_of(sinks, 1) ~= nil and dyn_of(sinks, 1) ~= dyn[3] then
+        fail("sinks' symbolic dim 0 does not follow a's dim 2")
+    end
+    if sinks then
+        for d = 2, 4 do
+            if dyn_of(sinks, d) then fail("sinks dim %d is symbolic", d - 1) end
+        end
+    end
+    local isdyn = k.dims ~= nil and #k.dims > 0
+    for d = 1, 4 do
+        if dyn[d] and not isdyn then fail("a symbolic dim without k.dims") end
+    end
+    return dyn, isdyn
+end
+
 -- ---- operands -----------------------------------------------------------------------------
 
 -- The row offset (without offs) of r at the row coordinates i1, i2, i3 of dst's shape dne:
@@ -272,6 +314,7 @@ return function(k)
         fail("mask ne %s does not fit a ne %s", dims(mask.ne), dims(dne))
     end
     if sinks and sinks.ne[1] ~= dne[3] then fail("sinks ne0 %d is not a's ne2 %d", sinks.ne[1], dne[3]) end
+    local dyn, isdyn = symbolic(k, a, dst, mask, sinks)
 
     local params = k.params or {}
     local values = k.values or {}
@@ -279,12 +322,21 @@ return function(k)
     local scaled = op == "soft_max_ext" and values.scale ~= 1
     local max_bias = op == "soft_max_ext" and params.max_bias or "0.0f"
     local alibi = op == "soft_max_ext" and (values.max_bias or 0) > 0 and mask ~= nil
+    if alibi and dyn[3] then fail("ALiBi with a symbolic head count (a's dim 2): the slopes depend on it") end
 
     local v = 4
     while v > 1 and n % v ~= 0 do v = v // 2 end
     local nv = n // v
     if nv > INT_MAX // 2 then fail("rows of %d elements are too long", n) end
     local plan = choose(n, v, nrows)
+    if dyn[1] then
+        -- a run-time row length: every vector index is guarded (the plan is the maximum's)
+        plan.full = false
+        if plan.main then plan.main.full = false end
+        if plan.fallback then plan.fallback.full = false end
+    end
+    -- The vector count of a row as C: static, or nvr (computed from the run-time length).
+    local NVS = dyn[1] and "nvr" or string.format("%du", nv)
 
     local pre = prelude.new()
     local used = {}
@@ -311,6 +363,7 @@ return function(k)
     for p = 0, nparams - 1 do
         plist[#plist + 1] = (p == 0 and "char" or "const char") .. " *__restrict__ p" .. p
     end
+    if isdyn then plist[#plist + 1] = ((k.dims_arg or ", const int* __restrict__ kdims"):gsub("^,%s*", "")) end
     local function ptr(r, var, const)
         if r.param < 0 or r.param >= nparams then fail("%s: param %d out of range", var, r.param) end
         local ct = (const and "const " or "") .. prelude.ctype[r.type]
@@ -396,6 +449,10 @@ return function(k)
                 if alibi then m = string.format("__fmul_rn(slope, %s)", m) end
                 x = string.format("__fadd_rn(%s, %s)", x, m)
             end
+            if dyn[1] and v > 1 then
+                -- the last vector may pass the run-time length: its tail is -inf (exp gives 0)
+                x = string.format("(%s)(%s) * %d + %d < (%s)dn0 ? %s : __int_as_float(0xff800000)", ix, j, v, t, ix, x)
+            end
             b.add("%s = %s;", dest(t), x)
         end
     end
@@ -427,6 +484,34 @@ return function(k)
     local b = builder()
     b.push()
     for _, p in ipairs(ptrs) do b.add(p) end
+    -- Symbolic dims: their run-time extents (dnD for dim D), the row's vector count nvr, and the
+    -- liveness of a row (every coordinate below its dim's run-time extent).
+    local function live_of(rowvar)
+        local terms, stride, last = {}, 1, 1
+        for d = 2, 4 do if dne[d] > 1 then last = d end end
+        for d = 2, 4 do
+            if dyn[d] then
+                local e = rowvar
+                if stride > 1 then e = e .. " / " .. stride .. "u" end
+                if d < last then e = "(" .. e .. ") % " .. dne[d] .. "u" end
+                terms[#terms + 1] = string.format("%s < dn%d", e, d - 1)
+            end
+            stride = stride * dne[d]
+        end
+        if #terms == 0 then return nil end
+        return table.concat(terms, " && ")
+    end
+    if isdyn then
+        local l = {}
+        for d = 1, 4 do
+            if dyn[d] then
+                l[#l + 1] = string.format("dim %d <= %d", d - 1, dne[d])
+                b.add("const unsigned dn%d = (unsigned)(%s);", d - 1, dyn[d])
+            end
+        end
+        if dyn[1] then b.add(v > 1 and string.format("const unsigned nvr = (dn0 + %du) / %du;", v - 1, v) or "const unsigned nvr = dn0;") end
+        notes[#notes + 1] = "symbolic dims (run-time extents from kdims; rows past them exit): " .. table.concat(l, ", ")
+    end
     local INF = "__int_as_float(0xff800000)"
     local grid, block, cluster = 0, 0, 1
 
@@ -439,7 +524,17 @@ return function(k)
             nb, nb == 1 and "" or "s", BLOCK_SMALL, G, G == 1 and "" or "s", R, K, K == 1 and "" or "s", v)
         local live = nrows % R ~= 0
         b.add("const unsigned lane = threadIdx.x %% %du;", G)
-        if live then
+        local dlive = live_of("row0")
+        if dlive then
+            -- Teams of rows past the run-time extents redo row 0 (their lanes must join the
+            -- full-mask shuffles) and store nothing; warps with no live row leave at once.
+            live = true
+            b.add("const unsigned row0 = blockIdx.x * %du + threadIdx.x / %du;", R, G)
+            b.add("const bool live = %s%s;", nrows % R ~= 0 and string.format("row0 < %du && ", nrows) or "", dlive)
+            b.add("if (__all_sync(0xffffffffu, !live))")
+            b.add("    return;")
+            b.add("const unsigned row = live ? row0 : 0u;")
+        elseif live then
             -- Teams past the last row redo the last row (their lanes must join the full-mask
             -- shuffles) and store nothing.
             b.add("const unsigned row0 = blockIdx.x * %du + threadIdx.x / %du;", R, G)
@@ -455,7 +550,7 @@ return function(k)
         b.add("for (unsigned k = 0; k < %du; k++) {", K)
         b.push()
         b.add("const unsigned j = lane + k * %du;", G)
-        local cond = plan.full and "" or string.format("j < %du", nv)
+        local cond = plan.full and "" or "j < " .. NVS
         if cond ~= "" then
             b.add("if (%s) {", cond)
             b.push()
@@ -479,7 +574,7 @@ return function(k)
         b.add("for (unsigned k = 0; k < %du; k++) {", K)
         b.push()
         for t = 0, v - 1 do b.add("x[k * %d + %d] = expf(x[k * %d + %d] - mx);", v, t, v, t) end
-        if cond ~= "" then b.add("if (lane + k * %du < %du)", G, nv) b.push() end
+        if cond ~= "" then b.add("if (lane + k * %du < %s)", G, NVS) b.push() end
         b.add("s += %s;", tpl.map_join((function() local l = {} for t = 0, v - 1 do l[#l + 1] = string.format("x[k * %d + %d]", v, t) end return l end)(), " + "))
         if cond ~= "" then b.pop() end
         b.pop()
@@ -537,11 +632,17 @@ return function(k)
 
         -- The body for plan p (C blocks per row, rank = this block's place among them).
         local function body(b, p)
+            local dlive = live_of("row")
+            if dlive then
+                -- a row past the run-time extents: the whole block (cluster) leaves
+                b.add("if (!(%s))", dlive)
+                b.add("    return;")
+            end
             row_setup(b)
             local CT = p.C * p.T
             local jexpr = string.format("(k * %du + rank) * %du + threadIdx.x", p.C, p.T)
             if p.C == 1 then jexpr = string.format("k * %du + threadIdx.x", p.T) end
-            local cond = p.full and "" or string.format("j < %du", nv)
+            local cond = p.full and "" or "j < " .. NVS
             local function guard_open() if cond ~= "" then b.add("if (%s) {", cond) b.push() end end
             local function guard_close() if cond ~= "" then b.pop() b.add("}") end end
             -- Exchange of one value per block through the cluster: slot, then read all in rank order.
@@ -585,7 +686,7 @@ return function(k)
                 for t = 0, v - 1 do b.add("x[k * %d + %d] = expf(x[k * %d + %d] - mx);", v, t, v, t) end
                 local l = {}
                 for t = 0, v - 1 do l[#l + 1] = string.format("x[k * %d + %d]", v, t) end
-                if cond ~= "" then b.add("if (%s < %du)", jexpr, nv) b.push() end
+                if cond ~= "" then b.add("if (%s < %s)", jexpr, NVS) b.push() end
                 b.add("s += %s;", table.concat(l, " + "))
                 if cond ~= "" then b.pop() end
                 b.pop()
@@ -694,6 +795,7 @@ return function(k)
     end
 
     local name = op .. "_" .. a.type .. "_" .. n
+    if isdyn then name = name .. "_dyn" end
     if mask then name = name .. "_m" .. mask.type end
     if alibi then name = name .. "_alibi" end
     if sinks then name = name .. "_sinks" end
@@ -705,5 +807,6 @@ return function(k)
         pre = (pre.code():gsub("\n$", "")), types = types, helpers = helpers, cluster = cluster,
         block = block, attr = cluster > 1 and "KILN_CLUSTER_DIMS " or "", params = plines, body = b.lines,
     }
-    return { name = name, source = source, grid = { grid, 1, 1 }, block = { block, 1, 1 }, smem = 0 }
+    return { name = name, source = source, grid = { grid, 1, 1 }, block = { block, 1, 1 }, smem = 0,
+             dynamic = isdyn or nil }
 end

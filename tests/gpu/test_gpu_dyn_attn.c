@@ -1,0 +1,214 @@
+/* Symbolic dims on the GPU: flash_attn_ext with a run-time n_kv (llama-layer decode) and n_q
+ * (prefill), soft_max_ext with a run-time row length and rows. One program per graph, compiled
+ * for the maxima, run at several values (1, a middle value, the maximum); each run matches the
+ * CPU reference of the graph bound to those values (kiln_ctx_bind). Inputs and outputs of the
+ * symbolic program live in the layout at the maximum (docs/templates.md, "Symbolic dims"): the
+ * bound data is placed into it and read back from it. */
+#include "tests/gpu/gpu_support.h"
+
+#include "base/base.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The runtime's setter of a symbolic dim's value (kiln.h names it; weak until it lands). */
+kiln_status kiln_session_set_dim(kiln_session *s, const char *name, int64_t value) __attribute__((weak));
+
+#define MAXT 6
+
+typedef struct {
+    const char *name;
+    kiln_type   type;
+    int64_t     ne[4]; /* at the maxima */
+    int         sym[4]; /* index into the case's dims + 1, 0 static */
+    int         mask;   /* f16 mask: some -inf */
+} tspec;
+
+typedef struct {
+    const char *label;
+    const char *kg;
+    const char *dims[2];
+    int64_t     values[3][2];
+    tspec       in[MAXT], out[2];
+    double      tol;
+} gcase;
+
+static const gcase CASES[] = {
+    {"llama-layer decode attention, n_kv",
+     "kiln-graph 1\ndim n_kv <= 4096\ninput q: f32[64, 1, 32]\ninput cache_k: f16[512, n_kv]\n"
+     "input cache_v: f16[512, n_kv]\ninput kq_mask: f16[n_kv, 1]\n"
+     "k_heads = view(cache_k, [64, 8, n_kv], [128, 1024], 0)\nv_heads = view(cache_v, [64, 8, n_kv], [128, 1024], 0)\n"
+     "k = permute(k_heads, 0, 2, 1, 3)\nv = permute(v_heads, 0, 2, 1, 3)\n"
+     "output y = flash_attn_ext(q, k, v, kq_mask, scale=0.125)\n",
+     {"n_kv"}, {{1}, {1000}, {4096}},
+     {{"q", KILN_F32, {64, 1, 32, 1}, {0}, 0}, {"cache_k", KILN_F16, {512, 4096, 1, 1}, {0, 1}, 0},
+      {"cache_v", KILN_F16, {512, 4096, 1, 1}, {0, 1}, 0}, {"kq_mask", KILN_F16, {4096, 1, 1, 1}, {1}, 1}},
+     {{"y", KILN_F32, {64, 32, 1, 1}, {0}, 0}}, 5e-4},
+    {"bf16 decode, sinks, n_kv",
+     "kiln-graph 1\ndim n_kv <= 8192\ninput q: f32[128, 1, 32]\ninput k: bf16[128, n_kv, 8]\ninput v: bf16[128, n_kv, 8]\n"
+     "input m: f16[n_kv, 1]\ninput s: f32[32]\noutput y = flash_attn_ext(q, k, v, mask=m, scale=0.088, sinks=s)\n",
+     {"n_kv"}, {{1}, {257}, {8192}},
+     {{"q", KILN_F32, {128, 1, 32, 1}, {0}, 0}, {"k", KILN_BF16, {128, 8192, 8, 1}, {0, 1}, 0},
+      {"v", KILN_BF16, {128, 8192, 8, 1}, {0, 1}, 0}, {"m", KILN_F16, {8192, 1, 1, 1}, {1}, 1},
+      {"s", KILN_F32, {32, 1, 1, 1}, {0}, 0}},
+     {{"y", KILN_F32, {128, 32, 1, 1}, {0}, 0}}, 5e-4},
+    {"prefill attention, n_kv and n_tokens",
+     "kiln-graph 1\ndim n_kv <= 1024\ndim n_tokens <= 128\ninput q: f32[64, n_tokens, 32]\ninput k: f16[64, n_kv, 8]\n"
+     "input v: f16[64, n_kv, 8]\ninput m: f16[n_kv, n_tokens]\noutput y = flash_attn_ext(q, k, v, mask=m, scale=0.125)\n",
+     {"n_kv", "n_tokens"}, {{1, 1}, {300, 77}, {1024, 128}},
+     {{"q", KILN_F32, {64, 128, 32, 1}, {0, 2}, 0}, {"k", KILN_F16, {64, 1024, 8, 1}, {0, 1}, 0},
+      {"v", KILN_F16, {64, 1024, 8, 1}, {0, 1}, 0}, {"m", KILN_F16, {1024, 128, 1, 1}, {1, 2}, 1}},
+     {{"y", KILN_F32, {64, 32, 128, 1}, {0, 0, 2}, 0}}, 5e-4},
+    {"f32 K/V (fma kernel), n_kv",
+     "kiln-graph 1\ndim n_kv <= 4096\ninput q: f32[128, 1, 32]\ninput k: f32[128, n_kv, 8]\ninput v: f32[128, n_kv, 8]\n"
+     "input m: f16[n_kv, 1]\noutput y = flash_attn_ext(q, k, v, mask=m, scale=0.088)\n",
+     {"n_kv"}, {{1}, {65}, {4096}},
+     {{"q", KILN_F32, {128, 1, 32, 1}, {0}, 0}, {"k", KILN_F32, {128, 4096, 8, 1}, {0, 1}, 0},
+      {"v", KILN_F32, {128, 4096, 8, 1}, {0, 1}, 0}, {"m", KILN_F16, {4096, 1, 1, 1}, {1}, 1}},
+     {{"y", KILN_F32, {128, 32, 1, 1}, {0}, 0}}, 5e-4},
+    {"soft_max_ext, kq [n_kv, n_tokens, 32] with mask [n_kv, n_tokens]",
+     "kiln-graph 1\ndim n_kv <= 4096\ndim n_tokens <= 64\ninput kq: f32[n_kv, n_tokens, 32]\ninput m: f16[n_kv, n_tokens]\n"
+     "output y = soft_max_ext(kq, m, scale=0.125)\n",
+     {"n_kv", "n_tokens"}, {{1, 1}, {999, 5}, {4096, 64}},
+     {{"kq", KILN_F32, {4096, 64, 32, 1}, {1, 2}, 0}, {"m", KILN_F16, {4096, 64, 1, 1}, {1, 2}, 0}},
+     {{"y", KILN_F32, {4096, 64, 32, 1}, {1, 2}, 0}}, 1e-6},
+};
+#define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
+
+static int64_t count(const int64_t ne[4]) { return ne[0] * ne[1] * ne[2] * ne[3]; }
+
+static void bound_ne(const tspec *t, const int64_t *vals, int64_t ne[4]) {
+    for (int d = 0; d < 4; d++) ne[d] = t->sym[d] ? vals[t->sym[d] - 1] : t->ne[d];
+}
+
+/* Copies between a contiguous tensor of shape bne and the layout at the maximum (t->ne). */
+static void relayout(const tspec *t, const int64_t bne[4], void *maxbuf, void *bbuf, int to_max) {
+    size_t es = kiln_type_size(t->type);
+    for (int64_t i3 = 0; i3 < bne[3]; i3++)
+        for (int64_t i2 = 0; i2 < bne[2]; i2++)
+            for (int64_t i1 = 0; i1 < bne[1]; i1++) {
+                size_t mo = (size_t)(((i3 * t->ne[2] + i2) * t->ne[1] + i1) * t->ne[0]) * es;
+                size_t bo = (size_t)(((i3 * bne[2] + i2) * bne[1] + i1) * bne[0]) * es;
+                if (to_max) memcpy((char *)maxbuf + mo, (char *)bbuf + bo, (size_t)bne[0] * es);
+                else memcpy((char *)bbuf + bo, (char *)maxbuf + mo, (size_t)bne[0] * es);
+            }
+}
+
+typedef struct {
+    const gcase *c;
+    const int64_t *vals;
+    void *in[MAXT];
+    void *ref[2];
+} refdata;
+
+static const void *get(void *user, const char *name, kiln_type type, int64_t n) {
+    refdata *r = user;
+    for (int i = 0; i < MAXT && r->c->in[i].name; i++)
+        if (strcmp(r->c->in[i].name, name) == 0) return r->in[i];
+    ck_abort_msg("no input %s", name);
+    return NULL;
+}
+
+static void put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
+    refdata *r = user;
+    for (int i = 0; i < 2 && r->c->out[i].name; i++)
+        if (strcmp(r->c->out[i].name, name) == 0) {
+            r->ref[i] = malloc((size_t)n * kiln_type_size(type));
+            memcpy(r->ref[i], data, (size_t)n * kiln_type_size(type));
+        }
+}
+
+START_TEST(dyn_runs) {
+    need_gpu();
+    if (!kiln_session_set_dim) {
+        fprintf(stderr, "test_gpu_dyn_attn: SKIPPED: the runtime has no kiln_session_set_dim yet\n");
+        return;
+    }
+    const gcase *c = &CASES[_i];
+    int          nd = c->dims[1] ? 2 : 1;
+    kiln_ctx    *ctx = ts_parse(c->kg);
+    kiln_graph  *g = NULL;
+    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_program *p = compile(g, 0);
+    kiln_session *s = NULL;
+    TS_OK(kiln_session_new(p, NULL, &s));
+    for (int v = 0; v < 3; v++) {
+        const int64_t *vals = c->values[v];
+        kiln_ctx      *bc = NULL;
+        TS_OK(kiln_ctx_bind(ctx, nd, c->dims, vals, &bc));
+        kiln_graph *bg = NULL;
+        TS_OK(kiln_graph_new(bc, &bg));
+        refdata r = {.c = c, .vals = vals};
+        for (int i = 0; i < MAXT && c->in[i].name; i++) {
+            const tspec *t = &c->in[i];
+            int64_t      bne[4];
+            bound_ne(t, vals, bne);
+            int64_t n = count(bne);
+            r.in[i] = malloc((size_t)n * kiln_type_size(t->type));
+            fill(r.in[i], t->type, n, 1000 * (uint64_t)_i + 10 * (uint64_t)v + (uint64_t)i, FILL_ANY);
+            if (t->mask)
+                for (int64_t e = 0; e < n; e++)
+                    if (e % 7 == 3) kb_store_f32(r.in[i], t->type, e, -INFINITY);
+            void *mx = calloc((size_t)count(t->ne), kiln_type_size(t->type));
+            relayout(t, bne, mx, r.in[i], 1);
+            TS_OK(kiln_session_set(s, t->name, mx, (size_t)count(t->ne) * kiln_type_size(t->type)));
+            free(mx);
+        }
+        TS_OK(kiln_reference(bg, get, put, &r));
+        for (int d = 0; d < nd; d++) TS_OK(kiln_session_set_dim(s, c->dims[d], vals[d]));
+        TS_OK(kiln_session_run(s));
+        for (int o = 0; o < 2 && c->out[o].name; o++) {
+            const tspec *t = &c->out[o];
+            int64_t      bne[4];
+            bound_ne(t, vals, bne);
+            size_t es = kiln_type_size(t->type);
+            void  *mx = malloc((size_t)count(t->ne) * es), *got = malloc((size_t)count(bne) * es);
+            TS_OK(kiln_session_get(s, t->name, mx, (size_t)count(t->ne) * es));
+            relayout(t, bne, mx, got, 0);
+            int64_t bad;
+            bool    nonfinite;
+            double  e = nmse(got, r.ref[o], t->type, count(bne), &bad, &nonfinite);
+            fprintf(stderr, "%s at %s=%lld%s%s: nmse %.3g\n", c->label, c->dims[0], (long long)vals[0],
+                    nd > 1 ? ", " : "", nd > 1 ? c->dims[1] : "", e);
+            ck_assert_msg(e <= c->tol && bad < 0, "%s at value set %d: %s nmse %g (tol %g), first NaN at %lld", c->label, v,
+                          t->name, e, c->tol, (long long)bad);
+            free(mx);
+            free(got);
+            free(r.ref[o]);
+        }
+        for (int i = 0; i < MAXT && c->in[i].name; i++) free(r.in[i]);
+        kiln_graph_free(bg);
+        kiln_ctx_free(bc);
+    }
+    kiln_session_free(s);
+    kiln_program_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("gpu_dyn_attn");
+    TCase *tc = tcase_create("symbolic");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, dyn_runs, 0, NCASES);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    /* Not ts_tmpdir: Check's asserts only work inside tests. */
+    const char *base = getenv("TMPDIR");
+    static char dir[4096];
+    snprintf(dir, sizeof dir, "%s/kiln-gpu-dyn-attn-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return EXIT_FAILURE;
+    }
+    g_cache_dir = dir;
+    int rc = ts_main(suite());
+    ts_rmtree(g_cache_dir);
+    return rc;
+}
