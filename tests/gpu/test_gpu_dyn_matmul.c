@@ -34,6 +34,9 @@ static const gcase CASES[] = {
      {1, 77, 256}},
     {"dim n_kv <= 256\ninput v: f32[n_kv, 64, 8]\ninput kq: f32[n_kv, 5, 32]\noutput y = mul_mat(v, kq)\n", "n_kv",
      {1, 99, 256}},
+    /* a long symbolic K: several chunks of b, the loop bounded by the run-time K */
+    {"dim n_kv <= 4096\ninput v: f16[n_kv, 64, 8]\ninput kq: f32[n_kv, 16, 32]\noutput y = mul_mat(v, kq)\n", "n_kv",
+     {1, 3001, 4096}},
     {"dim n_kv <= 256\ninput k: bf16[64, n_kv, 8]\ninput q: f32[64, 1, 32]\noutput y = mul_mat(k, q)\n", "n_kv", {1, 100, 256}},
     {"dim m <= 200\ninput a: bf16[256, m]\ninput b: f32[256]\ninput r: f32[m]\nx = mul_mat(a, b)\noutput y = add(x, r)\n", "m",
      {1, 101, 200}},
