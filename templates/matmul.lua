@@ -900,8 +900,11 @@ local function tile_prologue(b, s, P, rows)
     local dcols = s.dN or s.dB2 or s.dB3
     if dcols then b.add("bool kiln_live = false;") end
     b.open("if (threadIdx.x < %du) {", CT)
-    b.add("const unsigned c = %s;", P.CTN > 1 and string.format("ct * %du + threadIdx.x", CT) or "threadIdx.x")
     local rr = s.r2 * s.r3
+    -- c (the column) is unused only for a single column (C == 1: a symbolic K, never static).
+    if rr > 1 or s.N > 1 or partial then
+        b.add("const unsigned c = %s;", P.CTN > 1 and string.format("ct * %du + threadIdx.x", CT) or "threadIdx.x")
+    end
     local j, q2, q3 = "c", nil, nil
     if rr > 1 then
         if s.N > 1 then
@@ -1015,13 +1018,13 @@ local function chunk_loop(b, H, s, P, stage, compute)
         b.close()
     else
         stage("0u", "0")
-        b.add("#pragma unroll 1")
         local nch = P.NCH .. "u"
         if s.dK then
             -- Symbolic K: only the chunks below the run-time K.
             b.add("const unsigned kiln_nch = ((unsigned)(%s) + %du) / %du;", s.dK, P.KC - 1, P.KC)
             nch = "kiln_nch"
         end
+        b.add("#pragma unroll 1")
         b.open("for (unsigned ch = 0; ch < %s; ch++) {", nch)
         b.open("if (ch + 1u < %s) {", nch)
         stage("(ch + 1u)", "((ch + 1u) & 1u)")
