@@ -95,6 +95,101 @@ local function is_scalar(r, dne)
     return true
 end
 
+-- ---- symbolic dims ----------------------------------------------------------------------------
+--
+-- A ref's dyn[d] (nil when static) is a C int expression of the run-time extent of dim d-1,
+-- 1 <= value <= ne[d]; ne stays the maximum and the strides the (static) layout at the maximum.
+-- The index space of a dynamic node is the run-time one: its element count `count` is the
+-- product of the run-time extents (the launch is sized for the maximum; threads past `count`
+-- return), coordinates are decomposed with the run-time extents (dn<d> locals), and operands are
+-- addressed through their static strides. When the only dynamic dim is dst's outermost one
+-- (the usual [4096, n_tokens]) the decomposition needs no run-time division and contiguous
+-- operands keep their linear addressing.
+
+-- The dynamic extents of dst's dims (ext[d] = "dn<d-1>" or nil), their declarations, the static
+-- part of the element count, and whether only the outermost dim moves. nil when static.
+local function dyn_plan(dst, inputs, dne)
+    local exprs, any = {}, false
+    for d = 1, 4 do
+        local e = dst.dyn and dst.dyn[d]
+        if e ~= nil and dne[d] > 1 then
+            if type(e) ~= "string" then fail("dst: bad dyn[%d]", d - 1) end
+            exprs[d], any = e, true
+        end
+    end
+    for j, r in ipairs(inputs) do
+        for d = 1, 4 do
+            local e = r.dyn and r.dyn[d]
+            if e ~= nil and r.ne[d] > 1 then
+                if e ~= exprs[d] then
+                    fail("input %d: dim %d is dynamic (%s) where dst's is %s", j - 1, d - 1, tostring(e),
+                        exprs[d] or "static")
+                end
+                if r.ne[d] ~= dne[d] then fail("input %d: dynamic dim %d of extent %d under %d", j - 1, d - 1, r.ne[d], dne[d]) end
+            elseif exprs[d] and r.ne[d] > 1 and r.st[d] ~= 0 then
+                fail("input %d: static extent %d against dynamic dim %d of dst", j - 1, r.ne[d], d - 1)
+            end
+        end
+    end
+    if not any then return nil end
+    local last = 0
+    for d = 1, 4 do if dne[d] > 1 then last = d end end
+    local ext, decl, static, outer = {}, {}, 1, true
+    for d = 1, 4 do
+        if exprs[d] then
+            ext[d] = "dn" .. (d - 1)
+            decl[#decl + 1] = { name = ext[d], expr = exprs[d], dim = d }
+            if d ~= last then outer = false end
+        else
+            static = static * dne[d]
+        end
+    end
+    return { ext = ext, decl = decl, static = static, outer = outer, last = last }
+end
+
+-- The run-time element count as a C expression (factors: the static part, then dn<d>).
+local function dyn_count(dy, I)
+    local f = {}
+    if dy.static ~= 1 then f[#f + 1] = I(dy.static) end
+    for _, x in ipairs(dy.decl) do f[#f + 1] = x.name end
+    return table.concat(f, " * ")
+end
+
+-- Declarations of the dn<d> locals and of `count` (run-time element count).
+local function dyn_decls(dy, ix, I)
+    local out = {}
+    for _, x in ipairs(dy.decl) do
+        out[#out + 1] = string.format("const %s %s = (%s)%s; /* run-time extent of dim %d */", ix, x.name, ix, x.expr,
+            x.dim - 1)
+    end
+    out[#out + 1] = string.format("const %s count = %s;", ix, dyn_count(dy, I))
+    return out
+end
+
+-- Declarations of the coordinates marked in `used` from the linear index lin over the run-time
+-- index space (static extents folded into constants).
+local function coordinates_dyn(used, dne, dy, ix, I, lin)
+    local lines = {}
+    local sconst, sdyn = 1, {}
+    for d = 1, 4 do
+        if used[d] then
+            local e = lin
+            local f = {}
+            if sconst > 1 then f[#f + 1] = I(sconst) end
+            for _, x in ipairs(sdyn) do f[#f + 1] = x end
+            if #f == 1 then e = e .. " / " .. f[1]
+            elseif #f > 1 then e = e .. " / (" .. table.concat(f, " * ") .. ")" end
+            if d < dy.last then
+                if #f > 0 then e = "(" .. e .. ")" end
+                e = e .. " % " .. (dy.ext[d] or I(dne[d]))
+            end
+            lines[#lines + 1] = string.format("const %s i%d = %s;", ix, d - 1, e)
+        end
+        if dy.ext[d] then sdyn[#sdyn + 1] = dy.ext[d] else sconst = sconst * dne[d] end
+    end
+    return lines
+end
+
 -- Largest element offset r reaches, and whether an offset or stride is negative.
 local function reach(r)
     local m, neg = r.offs, r.offs < 0
@@ -229,10 +324,10 @@ ${name}(${params})
 @ end
 
 @ if loop then
-    for (${ix} i = blockIdx.x * ${I(BLOCK)} + threadIdx.x; i < ${I(n)}; i += gridDim.x * ${I(BLOCK)}) {
+    for (${ix} i = blockIdx.x * ${I(BLOCK)} + threadIdx.x; i < ${bound}; i += gridDim.x * ${I(BLOCK)}) {
 @ else
     const ${ix} i = blockIdx.x * ${I(BLOCK)} + threadIdx.x;
-    if (i >= ${I(n)})
+    if (i >= ${bound})
         return;
 @ end
 @ for _, s in ipairs(body) do
@@ -277,12 +372,12 @@ ${s}
 -- ---- the vector path ------------------------------------------------------------------------
 
 -- The vector plan of a node, or nil: { vec, flat, kinds = { "vec" | "const" | "elem" per input } }.
-local function vector_plan(dst, inputs, dne, nat)
-    local flat = is_linear(dst, dne, nat)
+local function vector_plan(dst, inputs, dne, nat, lin, dy)
+    local flat = lin(dst)
     for _, r in ipairs(inputs) do
-        if not (is_linear(r, dne, nat) or is_scalar(r, dne)) then flat = false end
+        if not (lin(r) or is_scalar(r, dne)) then flat = false end
     end
-    local rows = dne[1] > 1 and dst.st[1] == 1
+    local rows = dne[1] > 1 and dst.st[1] == 1 and not (dy and dy.ext[1])
     if not (flat or rows) then return nil end
     -- Does operand r move with the elements of one thread's group?
     local function varies(r)
@@ -342,7 +437,7 @@ local function vector_kernel(c, plan)
 
     local used = {}
     local function at(r, elem)
-        if is_linear(r, dne, c.nat) then return elem and "e + k" or "e" end
+        if c.lin(r) then return elem and "e + k" or "e" end
         return offset_expr(r, dne, I, used, elem and "(i0 + k)" or nil)
     end
     local notes = {}
@@ -371,15 +466,35 @@ local function vector_kernel(c, plan)
 
     local body = {}
     local function add(s) body[#body + 1] = s end
+    local dy = c.dy
+    if dy then
+        for _, l in ipairs(dyn_decls(dy, "unsigned", I)) do add(l) end
+        add(string.format("const unsigned groups = (count + %s) / %s;", I(vec - 1), I(vec)))
+    end
     add(string.format("const unsigned i = blockIdx.x * %s + threadIdx.x;", I(BLOCK)))
-    add(string.format("if (i >= %s)", I(groups)))
+    add(string.format("if (i >= %s)", dy and "groups" or I(groups)))
     add("    return;")
     add(string.format("const unsigned e = i * %s;", I(vec)))
-    for _, l in ipairs(coordinates(used, dne, "unsigned", I, "e")) do add(l) end
+    local coords = dy and coordinates_dyn(used, dne, dy, "unsigned", I, "e") or coordinates(used, dne, "unsigned", I, "e")
+    for _, l in ipairs(coords) do add(l) end
     for j = 1, #inputs do
         if kinds[j] == "const" then add(before[j]) end
     end
-    if flat and n % vec ~= 0 then
+    if dy and flat and dy.static % vec ~= 0 then
+        -- The run-time count may end inside this thread's group: element by element.
+        add(string.format("if (e + %s > count) {", I(vec)))
+        add("    for (unsigned t = e; t < count; t++) {")
+        for j, r in ipairs(inputs) do
+            if kinds[j] ~= "const" then
+                add(string.format("        const float r%d = %s;", j - 1, pre.load(r.type, "in" .. (j - 1) .. "[t]")))
+            end
+        end
+        for _, l in ipairs(ilines) do add("        " .. l) end
+        add(string.format("        out[t] = %s;", pre.store(dst.type, last)))
+        add("    }")
+        add("    return;")
+        add("}")
+    elseif not dy and flat and n % vec ~= 0 then
         -- The last thread's group is cut short: element by element.
         add(string.format("if (i == %s) {", I(groups - 1)))
         add(string.format("    for (unsigned t = e; t < %s; t++) {", I(n)))
@@ -554,11 +669,18 @@ local function plain_kernel(c)
     -- Operand offsets.
     local used = {}
     local function at(r)
-        if is_linear(r, dne, c.nat) then return "i" end
+        if c.lin(r) then return "i" end
         return offset_expr(r, dne, I, used)
     end
     local notes = {}
     local dst_at = at(dst)
+    if c.dy then
+        local l = {}
+        for _, x in ipairs(c.dy.decl) do
+            l[#l + 1] = string.format("dim %d = %s (at most %d)", x.dim - 1, x.expr, dne[x.dim])
+        end
+        notes[#notes + 1] = "dynamic: " .. table.concat(l, ", ") .. "; the launch covers the maximum"
+    end
     notes[#notes + 1] = layout_note(dst, "out", plain_how(dst, dne, c.nat))
     local loads = {}
     for j, r in ipairs(inputs) do
@@ -570,7 +692,7 @@ local function plain_kernel(c)
     local ilines, inotes, last = instructions(c.instrs, #inputs, dst, pre)
     for _, l in ipairs(inotes) do notes[#notes + 1] = l end
 
-    local body = coordinates(used, dne, ix, I, "i")
+    local body = c.dy and coordinates_dyn(used, dne, c.dy, ix, I, "i") or coordinates(used, dne, ix, I, "i")
     if #body > 0 then body[#body + 1] = "" end
     for _, l in ipairs(loads) do body[#body + 1] = l end
     for _, l in ipairs(ilines) do body[#body + 1] = l end
@@ -583,10 +705,12 @@ local function plain_kernel(c)
 
     local source = kernel {
         name = c.name, dst = dst, n = n, launch = launch, bits = c.wide and 64 or 32, notes = notes,
-        pre = n > 0 and (pre.code():gsub("\n$", "")) or "", BLOCK = BLOCK, params = c.params, ptrs = c.ptrs,
-        loop = loop, ix = ix, I = I, body = body, dims = dims,
+        pre = n > 0 and (pre.code():gsub("\n$", "")) or "", BLOCK = BLOCK, params = c.params,
+        ptrs = c.dy and c.dyptrs or c.ptrs, loop = loop, ix = ix, I = I, body = body, dims = dims,
+        bound = c.dy and "count" or I(n),
     }
-    return { name = c.name, source = source, grid = { grid_x, 1, 1 }, block = { BLOCK, 1, 1 }, smem = 0 }
+    return { name = c.name, source = source, grid = { grid_x, 1, 1 }, block = { BLOCK, 1, 1 }, smem = 0,
+        dynamic = c.dy and true or nil }
 end
 
 return function(k)
@@ -618,12 +742,17 @@ return function(k)
     local ix = wide and "long long" or "unsigned"
     local function I(v) return tostring(v) .. (wide and "ll" or "u") end
 
+    local dy = dyn_plan(dst, inputs, dne)
+
     -- Parameters and typed pointers.
     local nparams = k.nparams
     local plist = {}
     for p = 0, nparams - 1 do
         plist[#plist + 1] = (p == 0 and "char" or "const char") .. " *__restrict__ p" .. p
     end
+    local dims_arg = k.dims_arg or ""
+    if dy and dims_arg == "" then dims_arg = ", const int* __restrict__ kdims" end
+    if dims_arg ~= "" then plist[#plist + 1] = (dims_arg:gsub("^,%s*", "")) end
     local params = table.concat(plist, ", ")
     local name = kernel_name(instrs)
     if #params + #name > 90 then
@@ -641,28 +770,44 @@ return function(k)
     local ptrs = { ptr(dst, "out", false) }
     for j, r in ipairs(inputs) do ptrs[#ptrs + 1] = ptr(r, "in" .. (j - 1), true) end
 
+    local nat = natural(dne)
     local c = {
-        dst = dst, inputs = inputs, instrs = instrs, dne = dne, n = n, nat = natural(dne), wide = wide,
-        ix = ix, I = I, pre = prelude.new(), name = name, params = params, ptrs = ptrs,
+        dst = dst, inputs = inputs, instrs = instrs, dne = dne, n = n, nat = nat, wide = wide,
+        ix = ix, I = I, pre = prelude.new(), name = name, params = params, ptrs = ptrs, dy = dy,
+        -- Is r addressed by the linear index? With dynamic dims only when the index space is laid
+        -- out as at the maximum (only the outermost dim is dynamic).
+        lin = function(x) return is_linear(x, dne, nat) and (not dy or dy.outer) end,
     }
+    if dy then
+        c.dyptrs = {}
+        for _, p in ipairs(ptrs) do c.dyptrs[#c.dyptrs + 1] = p end
+        for _, l in ipairs(dyn_decls(dy, ix, I)) do c.dyptrs[#c.dyptrs + 1] = l end
+    end
 
     -- The shape of kernel.
     local r
     if n >= FAST_MIN then
-        local plan = tile_plan(dst, inputs, dne, n)
+        local plan = not dy and tile_plan(dst, inputs, dne, n) or nil
         if plan then
             r = tile_kernel(c, plan)
         elseif not wide then
-            plan = vector_plan(dst, inputs, dne, c.nat)
+            plan = vector_plan(dst, inputs, dne, c.nat, c.lin, dy)
             if plan then r = vector_kernel(c, plan) end
         end
     end
     if not r then return plain_kernel(c) end
+    if dy then
+        local l = {}
+        for _, x in ipairs(dy.decl) do
+            l[#l + 1] = string.format("dim %d = %s (at most %d)", x.dim - 1, x.expr, dne[x.dim])
+        end
+        table.insert(r.notes, 1, "dynamic: " .. table.concat(l, ", ") .. "; the launch covers the maximum")
+    end
     local source = fast_kernel {
         name = name, dst = dst, n = n, launch = r.launch, bits = wide and 64 or 32, notes = r.notes,
         pre = (c.pre.code():gsub("\n$", "")), types = r.types, params = params, ptrs = ptrs,
         threads = r.block[1] * r.block[2] * r.block[3],
         body = r.body, dims = dims,
     }
-    return { name = name, source = source, grid = r.grid, block = r.block, smem = r.smem }
+    return { name = name, source = source, grid = r.grid, block = r.block, smem = r.smem, dynamic = dy and true or nil }
 end
