@@ -426,15 +426,108 @@ local function aligned(r, vec, bases)
     return true
 end
 
+-- ---- symbolic dims ----------------------------------------------------------------------------
+--
+-- ref.dyn[d] (nil when static) is the C int expression of dim d-1's run-time extent (ne[d] is its
+-- maximum, the strides stay those of the layout at the maximum). Row norms take dynamic row dims
+-- (1..3): the launch covers the maximum rows; `nrows`, the run-time row count, bounds the row
+-- index (blocks past it return at once), and the row index is decomposed with the run-time
+-- extents into r1..r3 (no run-time division when only the outermost row dim is dynamic).
+-- group_norm takes a dynamic dim 3. A dynamic row length (dim 0) is refused.
+
+-- The dynamic dims of the node: { ext = { [d] = "dn<d-1>" }, decl = {...}, static = product of
+-- the static row dims }, or nil. `allowed[d]` lists the dims that may be dynamic.
+local function dyn_plan(k, allowed)
+    local dst = k.dst
+    local ne = dst.ne
+    local exprs, any = {}, false
+    for d = 1, 4 do
+        local e = dst.dyn and dst.dyn[d]
+        if e ~= nil and ne[d] > 1 then
+            if type(e) ~= "string" then fail("%s: dst: bad dyn[%d]", k.op, d - 1) end
+            if not allowed[d] then
+                fail("%s: dim %d (%s) cannot be dynamic here%s", k.op, d - 1, (dst.sym and dst.sym[d]) or e,
+                    d == 1 and " (a dynamic row length is not supported)" or "")
+            end
+            exprs[d], any = e, true
+        end
+    end
+    for j, r in ipairs(k.inputs) do
+        for d = 1, 4 do
+            local e = r.dyn and r.dyn[d]
+            if e ~= nil and r.ne[d] > 1 then
+                if e ~= exprs[d] then
+                    fail("%s: input %d: dim %d is dynamic (%s) where dst's is %s", k.op, j - 1, d - 1, tostring(e),
+                        exprs[d] or "static")
+                end
+                if r.ne[d] ~= ne[d] then fail("%s: input %d: dynamic dim %d of extent %d under %d", k.op, j - 1, d - 1, r.ne[d], ne[d]) end
+            elseif exprs[d] and r.ne[d] > 1 and r.st[d] ~= 0 then
+                fail("%s: input %d: static extent %d against dynamic dim %d", k.op, j - 1, r.ne[d], d - 1)
+            end
+        end
+    end
+    if not any then return nil end
+    local dy = { ext = {}, decl = {}, static = 1 }
+    for d = 2, 4 do
+        if exprs[d] then
+            dy.ext[d] = "dn" .. (d - 1)
+            dy.decl[#dy.decl + 1] = string.format("const unsigned %s = (unsigned)%s; /* run-time extent of dim %d */",
+                dy.ext[d], exprs[d], d - 1)
+        else
+            dy.static = dy.static * ne[d]
+        end
+    end
+    return dy
+end
+
+-- Lines declaring r1..r3 (the coordinates of row `row` over the run-time rows), and the
+-- coordinate expressions by dim (nil for dims of extent 1).
+local function row_coords_dyn(ne, dy, lines)
+    local last = 1
+    for d = 2, 4 do if ne[d] > 1 then last = d end end
+    local coords = {}
+    local sconst, sdyn = 1, {}
+    for d = 2, 4 do
+        if ne[d] > 1 then
+            local f = {}
+            if sconst > 1 then f[#f + 1] = sconst .. "u" end
+            for _, x in ipairs(sdyn) do f[#f + 1] = x end
+            local e = "row"
+            if #f == 1 then e = e .. " / " .. f[1]
+            elseif #f > 1 then e = e .. " / (" .. table.concat(f, " * ") .. ")" end
+            if d < last then
+                if #f > 0 then e = "(" .. e .. ")" end
+                e = e .. " % " .. (dy.ext[d] or (ne[d] .. "u"))
+            end
+            lines[#lines + 1] = string.format("const unsigned r%d = %s;", d - 1, e)
+            coords[d] = "r" .. (d - 1)
+        end
+        if dy.ext[d] then sdyn[#sdyn + 1] = dy.ext[d] else sconst = sconst * ne[d] end
+    end
+    return coords
+end
+
+-- Offset of r's row from the coordinates of row_coords_dyn.
+local function row_base_dyn(r, ne, coords, I)
+    local terms = {}
+    for d = 2, 4 do
+        if coords[d] and r.st[d] ~= 0 then terms[#terms + 1] = I(coords[d]) .. " * " .. I(r.st[d]) end
+    end
+    if #terms == 0 then return I(0) end
+    return "(" .. table.concat(terms, " + ") .. ")"
+end
+
 -- The epilogue's operands (c.epi): each read at the coordinate (i0, i1, i2, i3) of the element
 -- being stored, i1..i3 from the row index; the row's part of the offset (eb<j>) is computed once
 -- per segment, i0's per element. An operand contiguous along a full dim 0 whose rows line up
 -- is read as one vector per group (a weight row, a residual), others element by element.
-local function epilogue_plan(k, c, ne, rows, vec, I, plines)
+local function epilogue_plan(k, c, ne, rows, vec, I, plines, dcoords)
     if not k.epilogue then return end
     c.k, c.dne, c.epi = k, ne, {}
     local coords = {}
-    if rows > 1 then
+    if dcoords then
+        coords = dcoords
+    elseif rows > 1 then
         local stride = 1
         local last = 2
         for d = 2, 4 do if ne[d] > 1 then last = d end end
@@ -466,7 +559,7 @@ local function epilogue_plan(k, c, ne, rows, vec, I, plines)
 end
 
 -- The plan of norm, rms_norm and l2_norm: one segment per row.
-local function row_plan(k, a, dst, I, ix)
+local function row_plan(k, a, dst, I, ix, dy)
     local ne = dst.ne
     local n0 = ne[1]
     local rows = ne[2] * ne[3] * ne[4]
@@ -513,7 +606,21 @@ local function row_plan(k, a, dst, I, ix)
         else
             plines[#plines + 1] = "const unsigned row = blockIdx.x;"
         end
-        if c.live then
+        if dy then
+            -- Rows past the run-time count: whole blocks return, the lanes of a partly live
+            -- block take part in the shuffles with nothing to do.
+            c.live = rpb > 1
+            for _, l in ipairs(dy.decl) do plines[#plines + 1] = l end
+            plines[#plines + 1] = string.format("const unsigned nrows = %s;", dy.count)
+            if rpb > 1 then
+                plines[#plines + 1] = string.format("if (blockIdx.x * %du >= nrows)", rpb)
+                plines[#plines + 1] = "    return;"
+                plines[#plines + 1] = "const bool live = row < nrows;"
+            else
+                plines[#plines + 1] = "if (row >= nrows)"
+                plines[#plines + 1] = "    return;"
+            end
+        elseif c.live then
             plines[#plines + 1] = string.format("const bool live = row < %du;", rows)
         end
         c.launch = string.format("%d block%s of %d threads, %d row%s per block, %d lane%s per row", c.nblocks,
@@ -530,15 +637,28 @@ local function row_plan(k, a, dst, I, ix)
         c.shuffles = { 16, 8, 4, 2, 1 }
         plines[#plines + 1] = "const unsigned lane = threadIdx.x;"
         plines[#plines + 1] = "const unsigned row = blockIdx.x;"
+        if dy then
+            for _, l in ipairs(dy.decl) do plines[#plines + 1] = l end
+            plines[#plines + 1] = string.format("const unsigned nrows = %s;", dy.count)
+            plines[#plines + 1] = "if (row >= nrows)"
+            plines[#plines + 1] = "    return;"
+        end
         c.launch = string.format("%d block%s of %d threads, one row per block", rows, rows == 1 and "" or "s", block)
     end
     if c.nblocks > MAX_GRID then fail("%d blocks exceed the grid", c.nblocks) end
     c.launch = c.launch .. string.format(", %d elements per access%s, %s", vec,
         xv and " (vector loads)" or "", c.cached and "row kept in registers" or "row reread per pass")
-    local bi = row_base(a, ne, I, plines, "r")
-    local bo = row_base(dst, ne, I, plines, "r")
+    local bi, bo, dcoords
+    if dy then
+        c.launch = c.launch .. string.format("; dynamic rows (at most %d): blocks past them return", rows)
+        dcoords = row_coords_dyn(ne, dy, plines)
+        bi, bo = row_base_dyn(a, ne, dcoords, I), row_base_dyn(dst, ne, dcoords, I)
+    else
+        bi = row_base(a, ne, I, plines, "r")
+        bo = row_base(dst, ne, I, plines, "r")
+    end
     c.base_in, c.base_out = bi, bo
-    epilogue_plan(k, c, ne, rows, vec, I, plines)
+    epilogue_plan(k, c, ne, rows, vec, I, plines, dcoords)
     -- The row decomposition is shared: drop duplicate declarations, and `row` when nothing reads
     -- it (a single row).
     local seen, pro = {}, {}
@@ -568,7 +688,7 @@ local function group_decompose(r, ne, I)
 end
 
 -- The plan of group_norm: one segment per (group, i3), one block each.
-local function group_plan(k, a, dst, I)
+local function group_plan(k, a, dst, I, dy)
     local ne = dst.ne
     local ngroups = k.params.n_groups
     if math.type(ngroups) ~= "integer" or ngroups < 1 then fail("group_norm: bad n_groups") end
@@ -609,6 +729,11 @@ local function group_plan(k, a, dst, I)
     end
     if ne[4] > 1 then
         pro[#pro + 1] = string.format("const unsigned i3 = blockIdx.x / %du;", live_groups)
+        if dy then
+            for _, l in ipairs(dy.decl) do pro[#pro + 1] = l end
+            pro[#pro + 1] = "if (i3 >= dn3)"
+            pro[#pro + 1] = "    return;"
+        end
     end
     if uneven then
         -- The last group is shorter: its element count is known only per block.
@@ -665,6 +790,13 @@ return function(k)
     end
     local eps = k.params.eps
     if type(eps) ~= "string" then fail("%s: missing eps", op) end
+    local dy = dyn_plan(k, op == "group_norm" and { [4] = true } or { [2] = true, [3] = true, [4] = true })
+    if dy then
+        local f = {}
+        if dy.static > 1 then f[#f + 1] = dy.static .. "u" end
+        for d = 2, 4 do if dy.ext[d] then f[#f + 1] = dy.ext[d] end end
+        dy.count = table.concat(f, " * ")
+    end
 
     local ne = dst.ne
     local n = ne[1] * ne[2] * ne[3] * ne[4]
@@ -686,9 +818,10 @@ return function(k)
         c = { empty = true, in_type = a.type, out_type = dst.type, in_offs = a.offs, out_offs = dst.offs, I = I,
             threads = 32, nblocks = 1, shuffles = {}, what = op .. " of nothing", launch = "1 block of 32 threads" }
     elseif op == "group_norm" then
-        c = group_plan(k, a, dst, I)
+        c = group_plan(k, a, dst, I, dy)
+        if dy then c.launch = c.launch .. string.format("; dynamic dim 3 (at most %d): blocks past it return", ne[4]) end
     else
-        c = row_plan(k, a, dst, I, ix)
+        c = row_plan(k, a, dst, I, ix, dy)
     end
     c.eps, c.ix = eps, ix
     c.in_param, c.out_param = a.param, dst.param
@@ -714,6 +847,16 @@ return function(k)
     local shuffles = c.shuffles
     local plist = {}
     for q = 0, nparams - 1 do plist[#plist + 1] = (q == 0 and "char" or "const char") .. " *__restrict__ p" .. q end
+    local dims_arg = k.dims_arg or ""
+    if dy and dims_arg == "" then dims_arg = ", const int* __restrict__ kdims" end
+    if dims_arg ~= "" then plist[#plist + 1] = (dims_arg:gsub("^,%s*", "")) end
+    if dy then
+        local l = {}
+        for d = 2, 4 do
+            if dy.ext[d] then l[#l + 1] = string.format("dim %d = %s (at most %d)", d - 1, dst.dyn[d], ne[d]) end
+        end
+        notes[#notes + 1] = "dynamic: " .. table.concat(l, ", ")
+    end
     local params = table.concat(plist, ", ")
     if #params + #name > 90 then params = "\n    " .. table.concat(plist, ",\n    ") end
     local source = kernel {
@@ -722,5 +865,5 @@ return function(k)
         shuffles = shuffles, block = c.threads, body = body, empty = c.empty or false, params = params,
     }
     return { name = name, source = source, grid = { c.nblocks, 1, 1 }, block = { c.threads, 1, 1 }, smem = 0,
-        epilogue = k.epilogue ~= nil }
+        epilogue = k.epilogue ~= nil, dynamic = dy and true or nil }
 end
