@@ -79,12 +79,15 @@ local function vec_type(t, v)
 end
 
 -- The common frame: parameters, typed pointers, index type.
-local function frame(k, a, dst_ctype)
+local function frame(k, a, dst_ctype, dy)
     local nparams = k.nparams
     local plist = {}
     for p = 0, nparams - 1 do
         plist[#plist + 1] = (p == 0 and "char" or "const char") .. " *__restrict__ p" .. p
     end
+    local dims_arg = k.dims_arg or ""
+    if dy and dims_arg == "" then dims_arg = ", const int* __restrict__ kdims" end
+    if dims_arg ~= "" then plist[#plist + 1] = (dims_arg:gsub("^,%s*", "")) end
     local m, neg = reach(a)
     local wide = neg or m > INT_MAX or nelem(a) > INT_MAX
     local ix = wide and "long long" or "unsigned"
@@ -164,6 +167,112 @@ local function row_offset(a, I)
     return table.concat(terms, " + ")
 end
 
+-- ---- symbolic dims ----------------------------------------------------------------------------
+--
+-- ref.dyn[d] (nil when static) is the C int expression of dim d-1's run-time extent (ne[d] is the
+-- maximum; strides stay those of the layout at the maximum). Row kernels launch for the maximum
+-- rows; `nrows` (the run-time row count) bounds the row index, which is decomposed with the
+-- run-time extents (r1..r3) and addresses a and dst through their static strides. A dynamic row
+-- length (dim 0) is read element by element up to `dn0` (mean divides by it). sum walks the
+-- run-time index space.
+
+-- { ext = { [d] = "dn<d-1>" }, decl = { lines }, rows_static = product of static row dims } or nil.
+local function dyn_plan(k, a)
+    local exprs, any = {}, false
+    for d = 1, 4 do
+        local e = a.dyn and a.dyn[d]
+        if e ~= nil and a.ne[d] > 1 then
+            if type(e) ~= "string" then fail("%s: a: bad dyn[%d]", k.op, d - 1) end
+            exprs[d], any = e, true
+        end
+    end
+    local dst = k.dst
+    for d = 1, 4 do
+        local e = dst.dyn and dst.dyn[d]
+        if e ~= nil and dst.ne[d] > 1 and e ~= exprs[d] then
+            fail("%s: dst: dim %d is dynamic (%s) where a's is %s", k.op, d - 1, tostring(e), exprs[d] or "static")
+        end
+        -- A reduced dim of dst (extent 1) is static; the others follow a.
+        if exprs[d] and dst.ne[d] > 1 and e ~= exprs[d] then
+            fail("%s: dst: dim %d is static where a's is dynamic (%s)", k.op, d - 1, exprs[d])
+        end
+    end
+    if not any then return nil end
+    local dy = { ext = {}, decl = {}, rows_static = 1, exprs = exprs }
+    for d = 1, 4 do
+        if exprs[d] then
+            dy.ext[d] = "dn" .. (d - 1)
+            dy.decl[#dy.decl + 1] = string.format("const unsigned %s = (unsigned)%s; /* run-time extent of dim %d */",
+                dy.ext[d], exprs[d], d - 1)
+        elseif d > 1 then
+            dy.rows_static = dy.rows_static * a.ne[d]
+        end
+    end
+    local f = {}
+    if dy.rows_static > 1 then f[#f + 1] = dy.rows_static .. "u" end
+    for d = 2, 4 do if dy.ext[d] then f[#f + 1] = dy.ext[d] end end
+    dy.nrows = #f > 0 and table.concat(f, " * ") or "1u"
+    return dy
+end
+
+-- Lines declaring r1..r3, the coordinates of `row` over the run-time rows of a; returns the
+-- coordinate names by dim (nil for dims of extent 1).
+local function row_coords_dyn(a, dy)
+    local ne = a.ne
+    local last = 1
+    for d = 2, 4 do if ne[d] > 1 then last = d end end
+    local lines, coords = {}, {}
+    local sconst, sdyn = 1, {}
+    for d = 2, 4 do
+        if ne[d] > 1 then
+            local f = {}
+            if sconst > 1 then f[#f + 1] = sconst .. "u" end
+            for _, x in ipairs(sdyn) do f[#f + 1] = x end
+            local e = "row"
+            if #f == 1 then e = e .. " / " .. f[1]
+            elseif #f > 1 then e = e .. " / (" .. table.concat(f, " * ") .. ")" end
+            if d < last then
+                if #f > 0 then e = "(" .. e .. ")" end
+                e = e .. " % " .. (dy.ext[d] or (ne[d] .. "u"))
+            end
+            lines[#lines + 1] = string.format("const unsigned r%d = %s;", d - 1, e)
+            coords[d] = "r" .. (d - 1)
+        end
+        if dy.ext[d] then sdyn[#sdyn + 1] = dy.ext[d] else sconst = sconst * ne[d] end
+    end
+    return lines, coords
+end
+
+-- Offset of r at the row coordinates coords (dims 2..4).
+local function coords_offset(r, coords, I)
+    local t = {}
+    for d = 2, 4 do
+        if coords[d] and r.st[d] ~= 0 then
+            t[#t + 1] = r.st[d] == 1 and coords[d] or coords[d] .. " * " .. I(r.st[d])
+        end
+    end
+    if #t == 0 then return I(0) end
+    return table.concat(t, " + ")
+end
+
+-- Elements of a row of dynamic length n0 (a C expression), lane by lane, element by element.
+local function visit_row_dyn(a, g, I, ix, pre, visit, n0)
+    local at = a.st[1] == 1 and "x[j]" or string.format("x[j * %s]", I(a.st[1]))
+    local lines = { string.format("for (%s j = lane; j < %s; j += %s) {", ix, n0, I(g)) }
+    append(lines, indent(visit(pre.load(a.type, at), "j"), 4))
+    lines[#lines + 1] = "}"
+    return lines
+end
+
+-- A header note naming the dynamic dims.
+local function dyn_note(a, dy)
+    local l = {}
+    for d = 1, 4 do
+        if dy.ext[d] then l[#l + 1] = string.format("dim %d = %s (at most %d)", d - 1, dy.exprs[d], a.ne[d]) end
+    end
+    return "dynamic: " .. table.concat(l, ", ") .. "; the launch covers the maximum, rows past nrows return"
+end
+
 -- Elements per vector load of a's rows: 16 bytes when rows are contiguous and every row starts
 -- on a vector boundary, smaller when only that divides, 1 when rows are strided.
 local function row_vec(a)
@@ -190,8 +299,12 @@ end
 -- The row loop header of a group kernel: declares `row` (and `lane`). Returns opening lines,
 -- closing lines and the launch. In warp mode, rows past the end return (a warp is one row); in
 -- block mode the whole block takes the same row, so __syncthreads is safe.
-local function row_loop(nrows, g, I, ix)
+local function row_loop(nrows, g, I, ix, dy)
     local open, close = {}, {}
+    if dy then
+        append(open, dy.decl)
+        open[#open + 1] = string.format("const unsigned nrows = %s; /* run-time rows */", dy.nrows)
+    end
     local rpb = g == 32 and math.min(WARP_BLOCK // 32, nrows) or 1
     local threads = g * rpb
     local nblocks = (nrows + rpb - 1) // rpb
@@ -205,11 +318,14 @@ local function row_loop(nrows, g, I, ix)
     local first = rpb > 1 and string.format("blockIdx.x * %s + threadIdx.x / 32u", I(rpb)) or "blockIdx.x"
     if loop then
         open[#open + 1] = string.format("for (%s row = %s; row < %s; row += gridDim.x * %s) {", ix, first,
-            I(nrows), I(rpb))
+            dy and "nrows" or I(nrows), I(rpb))
         close[#close + 1] = "}"
     else
         open[#open + 1] = string.format("const %s row = %s;", ix, first)
-        if nblocks * rpb ~= nrows then
+        if dy then
+            open[#open + 1] = "if (row >= nrows) /* rows past the run-time count */"
+            open[#open + 1] = "    return;"
+        elseif nblocks * rpb ~= nrows then
             open[#open + 1] = string.format("if (row >= %s)", I(nrows))
             open[#open + 1] = "    return;"
         end
@@ -300,7 +416,8 @@ end
 local function row_reduce(k, a, dst)
     local op = k.op
     local argmax = op == "argmax"
-    local f = frame(k, a, argmax and "int" or prelude.ctype[dst.type])
+    local dy = dyn_plan(k, a)
+    local f = frame(k, a, argmax and "int" or prelude.ctype[dst.type], dy)
     local ix, I = f.ix, f.I
     local pre = prelude.new()
     local types, seen = {}, {}
@@ -314,10 +431,11 @@ local function row_reduce(k, a, dst)
     end
     local ne0 = a.ne[1]
     local nrows = a.ne[2] * a.ne[3] * a.ne[4]
-    local vec = row_vec(a)
+    local dn0 = dy and dy.ext[1]
+    local vec = dn0 and 1 or row_vec(a)
     local units = ne0 // vec + (ne0 % vec > 0 and 1 or 0)
     local g = group_size(units)
-    local open, close, loop, grid, block, launch = row_loop(nrows, g, I, ix)
+    local open, close, loop, grid, block, launch = row_loop(nrows, g, I, ix, dy)
     local nw = g // 32
 
     local body = {}
@@ -328,7 +446,15 @@ local function row_reduce(k, a, dst)
     end
     local inner = {}
     local function iadd(s) inner[#inner + 1] = s end
-    iadd(string.format("const %s *const x = in + %s;", prelude.ctype[a.type], row_offset(a, I)))
+    local out_at = "row"
+    if dy then
+        local cl, coords = row_coords_dyn(a, dy)
+        append(inner, cl)
+        iadd(string.format("const %s *const x = in + %s;", prelude.ctype[a.type], coords_offset(a, coords, I)))
+        out_at = coords_offset(dst, coords, I)
+    else
+        iadd(string.format("const %s *const x = in + %s;", prelude.ctype[a.type], row_offset(a, I)))
+    end
     local visit
     if argmax then
         iadd("float best = __int_as_float(0xff800000); /* -inf */")
@@ -346,13 +472,17 @@ local function row_reduce(k, a, dst)
         iadd("float acc = 0.0f;")
         visit = function(v) return { "acc += " .. v .. ";" } end
     end
-    append(inner, visit_row(a, vec, g, I, ix, pre, vtype, visit))
+    if dn0 then
+        append(inner, visit_row_dyn(a, g, I, ix, pre, visit, dn0))
+    else
+        append(inner, visit_row(a, vec, g, I, ix, pre, vtype, visit))
+    end
     append(inner, argmax and warp_argmax() or warp_sum("acc"))
     local result
     if argmax then
         result = "bi"
     elseif op == "mean" then
-        result = string.format("acc / %d.0f", ne0) -- (float)ne0, as ggml divides
+        result = dn0 and "acc / (float)" .. dn0 or string.format("acc / %d.0f", ne0) -- (float)ne0, as ggml divides
     else
         result = pre.store(dst.type, "acc")
     end
@@ -377,12 +507,12 @@ local function row_reduce(k, a, dst)
             append(inner, indent(warp_sum("acc"), 4))
         end
         iadd("    if (lane == 0u)")
-        iadd("        out[row] = " .. result .. ";")
+        iadd("        out[" .. out_at .. "] = " .. result .. ";")
         iadd("}")
         if loop then iadd("__syncthreads(); /* s_val is reused by the next row */") end
     else
         iadd("if (lane == 0u)")
-        iadd("    out[row] = " .. result .. ";")
+        iadd("    out[" .. out_at .. "] = " .. result .. ";")
     end
     append(body, open)
     append(body, loop and indent(inner, 4) or inner)
@@ -395,6 +525,7 @@ local function row_reduce(k, a, dst)
         op == "argmax" and "result: index of the max (last of equal maxima), i32" or
             op == "mean" and "result: f32 row sum / ne0" or "result: f32 row sum, stored as " .. dst.type,
     }
+    if dy then notes[#notes + 1] = dyn_note(a, dy) end
     local name = string.format("%s_%s_%d", op, a.type, ne0)
     return {
         name = name,
@@ -403,26 +534,28 @@ local function row_reduce(k, a, dst)
             notes = notes, pre = (pre.code():gsub("\n$", "")), types = types, threads = block[1],
             params = f.params, ptrs = f.ptrs, body = indent(body, 4), dims = dims,
         },
-        grid = grid, block = block, smem = 0,
+        grid = grid, block = block, smem = 0, dynamic = dy and true or nil,
     }
 end
 
 -- ---- cumsum ---------------------------------------------------------------------------------
 
 local function cumsum(k, a, dst)
-    local f = frame(k, a, "float")
+    local dy = dyn_plan(k, a)
+    local dn0 = dy and dy.ext[1]
+    local f = frame(k, a, "float", dy)
     local ix, I = f.ix, f.I
     local ne0 = a.ne[1]
     local nrows = a.ne[2] * a.ne[3] * a.ne[4]
     local g = group_size((ne0 + CUM_K - 1) // CUM_K)
     local chunk = g * CUM_K
     local nchunks = (ne0 + chunk - 1) // chunk
-    local open, close, loop, grid, block, launch = row_loop(nrows, g, I, ix)
+    local open, close, loop, grid, block, launch = row_loop(nrows, g, I, ix, dy)
     local nw = g // 32
     -- Vector loads when every thread's 4 elements are whole and aligned; vector stores likewise
-    -- (dst is contiguous and starts at element 0 of its buffer).
-    local vin = row_vec(a) == CUM_K and ne0 % CUM_K == 0
-    local vout = ne0 % CUM_K == 0 and dst.offs % CUM_K == 0
+    -- (dst is contiguous and starts at element 0 of its buffer). Not with a dynamic row length.
+    local vin = not dn0 and row_vec(a) == CUM_K and ne0 % CUM_K == 0
+    local vout = not dn0 and ne0 % CUM_K == 0 and dst.offs % CUM_K == 0
     local types = {}
     if vin or vout then
         local _, def = vec_type("f32", CUM_K)
@@ -435,23 +568,32 @@ local function cumsum(k, a, dst)
     if g > 32 then add(string.format("__shared__ float s_tot[%d];", nw)) end
     local inner = {}
     local function iadd(s) inner[#inner + 1] = s end
-    iadd(string.format("const float *const x = in + %s;", row_offset(a, I)))
-    iadd(string.format("float *const y = out + row * %s;", I(ne0)))
+    if dy then
+        local cl, coords = row_coords_dyn(a, dy)
+        append(inner, cl)
+        iadd(string.format("const float *const x = in + %s;", coords_offset(a, coords, I)))
+        iadd(string.format("float *const y = out + %s;", coords_offset(dst, coords, I)))
+    else
+        iadd(string.format("const float *const x = in + %s;", row_offset(a, I)))
+        iadd(string.format("float *const y = out + row * %s;", I(ne0)))
+    end
     if g > 32 then iadd("const unsigned wl = lane % 32u;") end
     local wl = g > 32 and "wl" or "lane"
     iadd("float carry = 0.0f; /* sum of the row's earlier chunks */")
-    iadd(string.format("for (%s c = 0; c < %s; c++) {", ix, I(nchunks)))
+    iadd(string.format("for (%s c = 0; c < %s; c++) {", ix,
+        dn0 and string.format("(%s + %s) / %s", dn0, I(chunk - 1), I(chunk)) or I(nchunks)))
     local L = {}
     local function ladd(s) L[#L + 1] = s end
     ladd(string.format("const %s e = c * %s + lane * %s;", ix, I(chunk), I(K)))
     local vs = {}
     for q = 0, K - 1 do vs[#vs + 1] = "v" .. q end
     ladd("float " .. table.concat(vs, ", ") .. ";")
-    local guard = ne0 % chunk ~= 0
+    local guard = dn0 or ne0 % chunk ~= 0
+    local N0 = dn0 or I(ne0) -- the row length in the guards
     if vin then
         ladd("kiln_f32x4 q = {};")
         if guard then
-            ladd(string.format("if (e < %s)", I(ne0)))
+            ladd(string.format("if (e < %s)", N0))
             ladd("    q = *(const kiln_f32x4 *)(x + e);")
         else
             ladd("q = *(const kiln_f32x4 *)(x + e);")
@@ -463,7 +605,7 @@ local function cumsum(k, a, dst)
             local ld = (a.st[1] == 1 or ne0 == 1) and string.format("x[%s]", at) or
                 string.format("x[%s * %s]", q == 0 and at or "(" .. at .. ")", I(a.st[1]))
             if guard then
-                ladd(string.format("v%d = %s < %s ? %s : 0.0f;", q, at, I(ne0), ld))
+                ladd(string.format("v%d = %s < %s ? %s : 0.0f;", q, at, N0, ld))
             else
                 ladd(string.format("v%d = %s;", q, ld))
             end
@@ -502,7 +644,7 @@ local function cumsum(k, a, dst)
         local vals = {}
         for q = 0, K - 1 do vals[#vals + 1] = "off + v" .. q end
         if guard then
-            ladd(string.format("if (e < %s) {", I(ne0)))
+            ladd(string.format("if (e < %s) {", N0))
             ladd("    const kiln_f32x4 r = {{" .. table.concat(vals, ", ") .. "}};")
             ladd("    *(kiln_f32x4 *)(y + e) = r;")
             ladd("}")
@@ -514,7 +656,7 @@ local function cumsum(k, a, dst)
         for q = 0, K - 1 do
             local at = q == 0 and "e" or string.format("e + %s", I(q))
             if guard then
-                ladd(string.format("if (%s < %s)", at, I(ne0)))
+                ladd(string.format("if (%s < %s)", at, N0))
                 ladd(string.format("    y[%s] = off + v%d;", at, q))
             else
                 ladd(string.format("y[%s] = off + v%d;", at, q))
@@ -533,6 +675,7 @@ local function cumsum(k, a, dst)
             nchunks, nchunks == 1 and "" or "s", chunk, K, vin and "vectors of 4" or "element by element",
             vout and "vectors of 4" or "element by element"),
     }
+    if dy then notes[#notes + 1] = dyn_note(a, dy) end
     local name = string.format("cumsum_f32_%d", ne0)
     return {
         name = name,
@@ -541,7 +684,7 @@ local function cumsum(k, a, dst)
             bits = f.bits, notes = notes, pre = "", types = types, threads = block[1], params = f.params,
             ptrs = f.ptrs, body = indent(body, 4), dims = dims,
         },
-        grid = grid, block = block, smem = 0,
+        grid = grid, block = block, smem = 0, dynamic = dy and true or nil,
     }
 end
 
@@ -567,7 +710,8 @@ local function memory_order(a)
 end
 
 local function sum(k, a, dst)
-    local f = frame(k, a, prelude.ctype[dst.type])
+    local dy = dyn_plan(k, a)
+    local f = frame(k, a, prelude.ctype[dst.type], dy)
     local ix, I = f.ix, f.I
     local pre = prelude.new()
     local n = nelem(a)
@@ -579,7 +723,7 @@ local function sum(k, a, dst)
     add("const unsigned lane = threadIdx.x;")
     add("float acc = 0.0f;")
     local how
-    if dense then
+    if dense and not dy then
         -- Any permutation of a contiguous tensor: the sum of the range [offs, offs + n).
         local vec = VEC_BYTES // SIZE[a.type]
         while vec > 1 and (a.offs % vec ~= 0 or n < vec) do vec = vec // 2 end
@@ -596,15 +740,39 @@ local function sum(k, a, dst)
     else
         -- Walk the index space with the smallest-stride dim fastest, so a warp's loads are close.
         local terms, stride = {}, 1
-        for q, d in ipairs(order) do
-            local c = "i"
-            if stride > 1 then c = c .. " / " .. I(stride) end
-            if q < #order then c = "(" .. c .. " % " .. I(a.ne[d]) .. ")" end
-            terms[#terms + 1] = a.st[d] == 1 and c or c .. " * " .. I(a.st[d])
-            stride = stride * a.ne[d]
+        local bound = I(n)
+        if dy then
+            -- The run-time index space, walked in the same order: the divisors are products of
+            -- run-time extents.
+            append(body, dy.decl)
+            local sdyn = {}
+            for q, d in ipairs(order) do
+                local fs = {}
+                if stride > 1 then fs[#fs + 1] = I(stride) end
+                for _, x in ipairs(sdyn) do fs[#fs + 1] = x end
+                local c = "i"
+                if #fs == 1 then c = c .. " / " .. fs[1]
+                elseif #fs > 1 then c = c .. " / (" .. table.concat(fs, " * ") .. ")" end
+                if q < #order then c = "(" .. c .. " % " .. (dy.ext[d] or I(a.ne[d])) .. ")" end
+                terms[#terms + 1] = a.st[d] == 1 and c or c .. " * " .. I(a.st[d])
+                if dy.ext[d] then sdyn[#sdyn + 1] = dy.ext[d] else stride = stride * a.ne[d] end
+            end
+            local fs = {}
+            if stride > 1 then fs[#fs + 1] = I(stride) end
+            for _, x in ipairs(sdyn) do fs[#fs + 1] = x end
+            add(string.format("const %s count = %s; /* run-time element count */", ix, table.concat(fs, " * ")))
+            bound = "count"
+        else
+            for q, d in ipairs(order) do
+                local c = "i"
+                if stride > 1 then c = c .. " / " .. I(stride) end
+                if q < #order then c = "(" .. c .. " % " .. I(a.ne[d]) .. ")" end
+                terms[#terms + 1] = a.st[d] == 1 and c or c .. " * " .. I(a.st[d])
+                stride = stride * a.ne[d]
+            end
         end
         local off = #terms > 0 and table.concat(terms, " + ") or "0"
-        add(string.format("for (%s i = lane; i < %s; i += %s)", ix, I(n), I(SUM_BLOCK)))
+        add(string.format("for (%s i = lane; i < %s; i += %s)", ix, bound, I(SUM_BLOCK)))
         add("    acc += " .. pre.load(a.type, "in[" .. off .. "]") .. ";")
         local names = {}
         for _, d in ipairs(order) do names[#names + 1] = tostring(d - 1) end
@@ -626,10 +794,10 @@ local function sum(k, a, dst)
         source = kernel {
             name = name, what = "sum of all elements", a = a, dst = dst,
             launch = string.format("1 block of %d threads (deterministic, one SM)", SUM_BLOCK), bits = f.bits,
-            notes = { how }, pre = (pre.code():gsub("\n$", "")), types = types, threads = SUM_BLOCK,
+            notes = { how, dy and dyn_note(a, dy) or nil }, pre = (pre.code():gsub("\n$", "")), types = types, threads = SUM_BLOCK,
             params = f.params, ptrs = f.ptrs, body = indent(body, 4), dims = dims,
         },
-        grid = { 1, 1, 1 }, block = { SUM_BLOCK, 1, 1 }, smem = 0,
+        grid = { 1, 1, 1 }, block = { SUM_BLOCK, 1, 1 }, smem = 0, dynamic = dy and true or nil,
     }
 end
 
