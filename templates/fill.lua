@@ -127,10 +127,10 @@ ${name}(${params})
     ${s}
 @ end
 @ if loop then
-    for (${ix} g = blockIdx.x * ${I(BLOCK)} + threadIdx.x; g < ${I(groups)}; g += gridDim.x * ${I(BLOCK)}) {
+    for (${ix} g = blockIdx.x * ${I(BLOCK)} + threadIdx.x; g < ${gbound}; g += gridDim.x * ${I(BLOCK)}) {
 @ else
     const ${ix} g = blockIdx.x * ${I(BLOCK)} + threadIdx.x;
-    if (g >= ${I(groups)})
+    if (g >= ${gbound})
         return;
     {
 @ end
@@ -141,9 +141,27 @@ ${name}(${params})
 }
 ]]
 
+local coords -- defined below
+
 -- Statements computing one group's elements of fill or arange (flat, no operand).
 local function flat_body(c, value)
     local b, vec, n, I = {}, c.vec, c.n, c.I
+    if c.dy and not c.dy.outer then
+        -- The run-time index space is not laid out as at the maximum: one element per thread at
+        -- its coordinates.
+        b[#b + 1] = string.format("const %s e = g;", c.ix)
+        local used = { true, true, true, true }
+        local off = {}
+        for _, x in ipairs(coords(c, used)) do
+            local d = tonumber(x.var:sub(2)) + 1
+            if c.dne[d] > 1 then
+                b[#b + 1] = x.decl
+                off[#off + 1] = d == 1 and x.var or (x.var .. " * " .. I(c.nat[d]))
+            end
+        end
+        b[#b + 1] = string.format("out[%s] = %s;", #off > 0 and table.concat(off, " + ") or I(0), value("e"))
+        return b
+    end
     b[#b + 1] = vec == 1 and string.format("const %s e = g;", c.ix) or string.format("const %s e = g * %s;", c.ix, I(vec))
     if vec == 1 then
         b[#b + 1] = string.format("out[e] = %s;", value("e"))
@@ -155,15 +173,16 @@ local function flat_body(c, value)
     full[#full + 1] = string.format("for (unsigned k = 0; k < %du; k++)", vec)
     full[#full + 1] = string.format("    o.v[k] = %s;", value("(e + k)"))
     full[#full + 1] = string.format("*(%s *)(out + e) = o;", c.vt)
-    if n % vec == 0 then
+    if (c.dy and c.dy.static or n) % vec == 0 then
         for _, s in ipairs(full) do b[#b + 1] = s end
         return b
     end
     -- The last group is short: element by element.
-    b[#b + 1] = string.format("if (e + %s <= %s) {", I(vec), I(n))
+    if c.dy then n = "count" else n = I(n) end
+    b[#b + 1] = string.format("if (e + %s <= %s) {", I(vec), n)
     for _, s in ipairs(full) do b[#b + 1] = "    " .. s end
     b[#b + 1] = "} else {"
-    b[#b + 1] = string.format("    for (%s t = e; t < %s; t++)", c.ix, I(n))
+    b[#b + 1] = string.format("    for (%s t = e; t < %s; t++)", c.ix, n)
     b[#b + 1] = string.format("        out[t] = %s;", value("t"))
     b[#b + 1] = "}"
     return b
@@ -186,23 +205,33 @@ end
 
 -- Coordinate declarations from e ({ var, decl }): i0 and i1 always, i2 and i3 when the operand
 -- offset uses them. masked_body keeps those the statements name (NVRTC warns of unused ones).
-local function coords(c, used)
+function coords(c, used)
     local dne, I, ix = c.dne, c.I, c.ix
     local last = 1
     for d = 1, 4 do if dne[d] > 1 then last = d end end
     local out = {}
     local stride = 1
+    local sdyn = {} -- run-time extents below d (dynamic nodes)
     for d = 1, 4 do
         if d <= 2 or used[d] then
             local e = "e"
-            if stride > 1 then e = e .. " / " .. I(stride) end
-            if d < last then e = e .. " % " .. I(dne[d]) end
+            if c.dy then
+                local f = {}
+                if stride > 1 then f[#f + 1] = I(stride) end
+                for _, x in ipairs(sdyn) do f[#f + 1] = x end
+                if #f == 1 then e = e .. " / " .. f[1]
+                elseif #f > 1 then e = e .. " / (" .. table.concat(f, " * ") .. ")" end
+                if d < last then e = (#f > 0 and "(" .. e .. ")" or e) .. " % " .. (c.dy.ext[d] or I(dne[d])) end
+            else
+                if stride > 1 then e = e .. " / " .. I(stride) end
+                if d < last then e = e .. " % " .. I(dne[d]) end
+            end
             if dne[d] == 1 then e = I(0) end
             if not (d == 2 and c.one_row) then
                 out[#out + 1] = { var = "i" .. (d - 1), decl = string.format("const %s i%d = %s;", ix, d - 1, e) }
             end
         end
-        stride = stride * dne[d]
+        if c.dy and c.dy.ext[d] then sdyn[#sdyn + 1] = c.dy.ext[d] else stride = stride * dne[d] end
     end
     return out
 end
@@ -213,7 +242,20 @@ local function masked_body(c, a)
     local dir, keep = c.dir, c.keep
     local masked = c.masked
     local used = {}
-    local linear = is_linear(a, dne)
+    local linear = is_linear(a, dne) and not (c.dy and not c.dy.outer)
+    -- dst's offset: the linear index, or with dynamic dims not laid out as at the maximum, the
+    -- coordinates' (dst is contiguous at the maximum).
+    local out_at = "e"
+    if c.dy and not c.dy.outer then
+        local t = {}
+        for d = 1, 4 do
+            if dne[d] > 1 then
+                used[d] = true
+                t[#t + 1] = d == 1 and "i0" or string.format("i%d * %s", d - 1, I(c.nat[d]))
+            end
+        end
+        out_at = #t > 0 and table.concat(t, " + ") or I(0)
+    end
     local function off(x)
         if linear then return x == "i0" and "e" or "e + k" end
         return a_offset(a, dne, I, x, used)
@@ -233,7 +275,7 @@ local function masked_body(c, a)
         return head
     end
     if vec == 1 then
-        b[#b + 1] = string.format("out[e] = %s ? in0[%s] : %s;", keep("i0"), first_off, masked)
+        b[#b + 1] = string.format("out[%s] = %s ? in0[%s] : %s;", out_at, keep("i0"), first_off, masked)
         return finish()
     end
     local any = dir == "lower" and keep("i0") or keep("(i0 + " .. I(vec - 1) .. ")")
@@ -254,7 +296,7 @@ local function masked_body(c, a)
     b[#b + 1] = string.format("    for (unsigned k = 0; k < %du; k++)", vec)
     b[#b + 1] = string.format("        o.v[k] = %s;", masked)
     b[#b + 1] = "}"
-    b[#b + 1] = string.format("*(%s *)(out + e) = o;", c.vt)
+    b[#b + 1] = string.format("*(%s *)(out + %s) = o;", c.vt, out_at)
     return finish()
 end
 
@@ -291,6 +333,39 @@ return function(k)
     end
     if k.op == "arange" and dst.type ~= "f32" then fail("arange writes f32, not %s", dst.type) end
 
+    -- Symbolic dims: dst.dyn[d] (nil when static) is the C int expression of dim d-1's run-time
+    -- extent, ne[d] its maximum. The launch covers the maximum; `count` (the run-time element
+    -- count) bounds the groups. When only the outermost dim is dynamic the run-time index space
+    -- is laid out as at the maximum and nothing else changes; otherwise coordinates are
+    -- decomposed with the run-time extents.
+    local dy
+    do
+        local exprs, any = {}, false
+        for d = 1, 4 do
+            local e = dst.dyn and dst.dyn[d]
+            if e ~= nil and dne[d] > 1 then exprs[d], any = e, true end
+            local ea = rowwise and a.dyn and a.dyn[d] or nil
+            if rowwise and dne[d] > 1 and ea ~= exprs[d] then
+                fail("%s: a's dim %d is %s where dst's is %s", k.op, d - 1, ea or "static", exprs[d] or "static")
+            end
+        end
+        if any then
+            if k.op == "arange" then fail("arange: its length cannot be dynamic") end
+            local last = 0
+            for d = 1, 4 do if dne[d] > 1 then last = d end end
+            dy = { ext = {}, decl = {}, static = 1, outer = true, exprs = exprs }
+            for d = 1, 4 do
+                if exprs[d] then
+                    dy.ext[d] = "dn" .. (d - 1)
+                    dy.decl[#dy.decl + 1] = { name = dy.ext[d], expr = exprs[d], dim = d }
+                    if d ~= last then dy.outer = false end
+                else
+                    dy.static = dy.static * dne[d]
+                end
+            end
+        end
+    end
+
     -- Index width.
     local wide = n > INT_MAX
     for _, r in ipairs(rowwise and { dst, a } or { dst }) do
@@ -308,6 +383,9 @@ return function(k)
         while vec > 1 and dne[1] % vec ~= 0 do vec = vec // 2 end
     end
     if (dst.offs * es) % (vec * es) ~= 0 then vec = 1 end
+    -- Dynamic: groups never straddle a run-time row end (rowwise ops with a dynamic dim 0) nor
+    -- a dim whose run-time extent changes the layout (fill, dims other than the outermost).
+    if dy and ((rowwise and dy.ext[1]) or (not rowwise and not dy.outer)) then vec = 1 end
     local groups = (n + vec - 1) // vec
     local nblocks = (groups + BLOCK - 1) // BLOCK
     local loop = nblocks > MAX_GRID_X
@@ -315,7 +393,12 @@ return function(k)
 
     local ct = CTYPE[dst.type]
     local vt = vec > 1 and string.format("kiln_%sx%d", dst.type == "f32" and "f32" or "u16", vec) or nil
-    local c = { n = n, vec = vec, I = I, ix = ix, dne = dne, vt = vt, one_row = dne[2] == 1 }
+    local c = { n = n, vec = vec, I = I, ix = ix, dne = dne, vt = vt, one_row = dne[2] == 1, dy = dy }
+    c.nat = {}
+    do
+        local st = 1
+        for d = 1, 4 do c.nat[d] = st; st = st * dne[d] end
+    end
     local pre = prelude.new()
     local notes, setup, body = {}, {}, nil
     notes[1] = string.format("out  p%d %-4s ne %s (contiguous)%s", dst.param, dst.type, dims(dne),
@@ -356,6 +439,32 @@ return function(k)
         ptrs[#ptrs + 1] = string.format("const %s *const in0 = (const %s *)p%d%s;", ct, ct, a.param, offs)
         body = masked_body(c, a)
     end
+    local gbound = I(groups)
+    if dy then
+        local f, decls = {}, {}
+        if dy.static > 1 then f[#f + 1] = I(dy.static) end
+        local l = {}
+        for _, x in ipairs(dy.decl) do
+            f[#f + 1] = x.name
+            decls[#decls + 1] = string.format("const %s %s = (%s)%s; /* run-time extent of dim %d */", ix, x.name, ix,
+                x.expr, x.dim - 1)
+            l[#l + 1] = string.format("dim %d = %s (at most %d)", x.dim - 1, x.expr, dne[x.dim])
+        end
+        decls[#decls + 1] = string.format("const %s count = %s; /* run-time element count */", ix, table.concat(f, " * "))
+        if vec > 1 then
+            decls[#decls + 1] = string.format("const %s ngroups = (count + %s) / %s;", ix, I(vec - 1), I(vec))
+            gbound = "ngroups"
+        else
+            gbound = "count"
+        end
+        for i = #decls, 1, -1 do table.insert(setup, 1, decls[i]) end
+        notes[#notes + 1] = "dynamic: " .. table.concat(l, ", ") .. "; the launch covers the maximum"
+        local dims_arg = k.dims_arg or ""
+        if dims_arg == "" then dims_arg = ", const int* __restrict__ kdims" end
+        plist[#plist + 1] = (dims_arg:gsub("^,%s*", ""))
+    elseif (k.dims_arg or "") ~= "" then
+        plist[#plist + 1] = (k.dims_arg:gsub("^,%s*", ""))
+    end
     local params = table.concat(plist, ", ")
     local launch = string.format("%s%d block%s of %d, %d element%s per thread",
         loop and "grid-stride loop over " or "", grid_x, grid_x == 1 and "" or "s", BLOCK, vec, vec == 1 and "" or "s")
@@ -363,7 +472,8 @@ return function(k)
         name = name, op = k.op, what = what, dst = dst, n = n, launch = launch, bits = wide and 64 or 32,
         notes = notes, pre = (pre.code():gsub("\n$", "")), vt = vt, vbytes = vec * es, ct = ct, vec = vec,
         BLOCK = BLOCK, params = params, ptrs = ptrs, setup = setup, loop = loop, ix = ix, I = I,
-        groups = groups, body = body, dims = dims,
+        groups = groups, gbound = gbound, body = body, dims = dims,
     }
-    return { name = name, source = source, grid = { grid_x, 1, 1 }, block = { BLOCK, 1, 1 }, smem = 0 }
+    return { name = name, source = source, grid = { grid_x, 1, 1 }, block = { BLOCK, 1, 1 }, smem = 0,
+        dynamic = dy and true or nil }
 end
