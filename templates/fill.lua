@@ -350,7 +350,7 @@ return function(k)
             end
         end
         if any then
-            if k.op == "arange" then fail("arange: its length cannot be dynamic") end
+            if k.op == "arange" then fail("arange: its length cannot be a symbolic dim") end
             local last = 0
             for d = 1, 4 do if dne[d] > 1 then last = d end end
             dy = { ext = {}, decl = {}, static = 1, outer = true, exprs = exprs }

@@ -446,8 +446,8 @@ local function dyn_plan(k, allowed)
         if e ~= nil and ne[d] > 1 then
             if type(e) ~= "string" then fail("%s: dst: bad dyn[%d]", k.op, d - 1) end
             if not allowed[d] then
-                fail("%s: dim %d (%s) cannot be dynamic here%s", k.op, d - 1, (dst.sym and dst.sym[d]) or e,
-                    d == 1 and " (a dynamic row length is not supported)" or "")
+                fail("%s: symbolic dim '%s' as dim %d is not supported%s", k.op, (dst.sym and dst.sym[d]) or e, d - 1,
+                    d == 1 and " (a dynamic row length)" or " (group_norm: only dim 3 may be symbolic)")
             end
             exprs[d], any = e, true
         end

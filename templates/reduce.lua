@@ -187,7 +187,8 @@ local function dyn_plan(k, a)
         end
     end
     local dst = k.dst
-    for d = 1, 4 do
+    -- argmax: a is a matrix and dst is [a's ne1] (its rows, one dim): out[row] is right.
+    for d = 1, k.op == "argmax" and 0 or 4 do
         local e = dst.dyn and dst.dyn[d]
         if e ~= nil and dst.ne[d] > 1 and e ~= exprs[d] then
             fail("%s: dst: dim %d is dynamic (%s) where a's is %s", k.op, d - 1, tostring(e), exprs[d] or "static")
@@ -451,7 +452,7 @@ local function row_reduce(k, a, dst)
         local cl, coords = row_coords_dyn(a, dy)
         append(inner, cl)
         iadd(string.format("const %s *const x = in + %s;", prelude.ctype[a.type], coords_offset(a, coords, I)))
-        out_at = coords_offset(dst, coords, I)
+        if op ~= "argmax" then out_at = coords_offset(dst, coords, I) end
     else
         iadd(string.format("const %s *const x = in + %s;", prelude.ctype[a.type], row_offset(a, I)))
     end
