@@ -59,7 +59,7 @@ static const dcase CASES[] = {
     /* 15: fill */
     {"dim n <= 512\ninput x: f16[4096, n]\noutput y = fill(x, 1.5)\n", "fill_f16", "n", 1, 10},
     /* 16: diag_mask_inf over [n_kv, n_tokens] */
-    {"dim n_kv <= 512\ninput x: f32[n_kv, 16]\noutput y = diag_mask_inf(x, 3)\n", "diag_mask_inf_f32_512", "n_kv", 1,
+    {"dim n_kv <= 512\ninput x: f32[n_kv, 16]\nm = diag_mask_inf(x, 3)\noutput y = exp(m)\n", "diag_mask_inf_f32_512", "n_kv", 1,
      400},
     /* 17: tri over a symbolic batch dim */
     {"dim n <= 8\ninput x: f32[64, 64, n]\noutput y = tri(x, lower)\n", "tri_lower_f32_64", "n", 1, 8},

@@ -1,0 +1,148 @@
+/* Symbolic dims in the elementwise, norm, reduce and fill templates on the GPU: each symbolic
+ * graph of tests/test_dyn_ew.c run at several values (1, a middle value, the maximum) with
+ * `kiln run --dim NAME=V --check` (the CPU reference of the graph bound to V), with the CUDA graph
+ * and with plain launches; then rms_norm+mul [4096, n_tokens <= 512] and an elementwise swiglu
+ * (f16 halves of [28672, n_tokens <= 512]) timed at n = 1, 64, 512 against the static graphs of
+ * the same n (printed, not asserted). */
+#include "tests/gpu/gpu_support.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *kg, *dim;
+    int         vals[3];
+} gcase;
+
+static const gcase CASES[] = {
+    {"dim n <= 512\ninput x: f32[8192, n]\noutput y = swiglu(x)\n", "n", {1, 300, 512}},
+    {"dim n <= 512\ninput g: f16[4096, n]\ninput u: f16[4096, n]\nt = silu(g)\noutput y = mul(t, u)\n", "n", {1, 77, 512}},
+    {"dim n <= 64\ninput a: bf16[4096, n]\nweight b: bf16[4096, 1]\noutput y = add(a, b)\n", "n", {1, 33, 64}},
+    {"dim n <= 300\ninput a: f32[64, n]\nt = transpose(a)\noutput y = cont(t)\n", "n", {1, 7, 300}},
+    {"dim n <= 512\ninput a: f32[4096, n]\noutput y = cast(a, f16)\n", "n", {1, 100, 512}},
+    {"dim n <= 128\ninput a: f32[64, 1]\ninput b: f32[64, n]\noutput y = repeat(a, b)\n", "n", {1, 100, 128}},
+    {"dim n <= 512\ninput x: f32[4096, n]\nweight w: f32[4096]\nh = rms_norm(x, 1e-6)\noutput y = mul(h, w)\n", "n",
+     {1, 200, 512}},
+    {"dim n <= 64\ninput x: f16[128, 8, n]\noutput y = norm(x, 1e-5)\n", "n", {1, 33, 64}},
+    {"dim n <= 64\ninput x: f32[2048, n, 3]\noutput y = l2_norm(x, 1e-6)\n", "n", {1, 50, 64}},
+    {"dim n <= 4\ninput x: f32[16, 16, 32, n]\noutput y = group_norm(x, 8, 1e-6)\n", "n", {1, 3, 4}},
+    {"dim n <= 512\ninput x: f32[4096, n]\noutput y = sum_rows(x)\n", "n", {1, 100, 512}},
+    {"dim n <= 4096\ninput x: f16[n, 8]\noutput y = mean(x)\n", "n", {1, 1000, 4096}},
+    {"dim n <= 64\ninput x: f32[1000, n]\noutput y = argmax(x)\n", "n", {1, 20, 64}},
+    {"dim n <= 3000\ninput x: f32[n, 3]\noutput y = cumsum(x)\n", "n", {1, 1025, 3000}},
+    {"dim n <= 512\ninput x: f32[4096, n]\noutput y = sum(x)\n", "n", {1, 256, 512}},
+    {"dim n <= 512\ninput x: f16[4096, n]\noutput y = fill(x, 1.5)\n", "n", {1, 10, 512}},
+    {"dim n_kv <= 512\ninput x: f32[n_kv, 16]\nm = diag_mask_inf(x, 3)\noutput y = exp(m)\n", "n_kv", {1, 400, 512}},
+    {"dim n <= 8\ninput x: f32[64, 64, n]\noutput y = tri(x, lower)\n", "n", {1, 5, 8}},
+};
+/* Case 16 takes exp of the mask: --check's NMSE of -inf outputs is NaN (fails), exp(-inf) = 0. */
+#define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
+
+static char *write_kg(const char *dir, const char *name, const char *kg) {
+    char *path = malloc(strlen(dir) + strlen(name) + 8);
+    ck_assert_ptr_nonnull(path);
+    sprintf(path, "%s/%s.kg", dir, name);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(kg, f);
+    fclose(f);
+    return path;
+}
+
+START_TEST(runs_match_reference) {
+    need_gpu();
+    const gcase *c = &CASES[_i];
+    char        *dir = ts_tmpdir();
+    char        *path = write_kg(dir, "g", c->kg);
+    for (int v = 0; v < 3; v++)
+        for (int plain = 0; plain < 2; plain++) {
+            char cmd[1024], *out = NULL;
+            snprintf(cmd, sizeof cmd, "%s run %s --dim %s=%d --check --iters 3 --cache-dir %s%s 2>&1", ts_kiln_bin(), path,
+                     c->dim, c->vals[v], g_cache_dir, plain ? " --no-cuda-graph" : "");
+            int rc = ts_run(cmd, &out);
+            const char *chk = out ? strstr(out, "check ") : NULL;
+            if (rc != 0 || !chk || strstr(out, "FAILED")) fprintf(stderr, "case %d: %s\n%s\n", _i, cmd, out ? out : "");
+            ck_assert_msg(rc == 0 && chk && !strstr(out, "FAILED"), "case %d %s=%d%s: failed (output on stderr)", _i, c->dim,
+                          c->vals[v], plain ? " plain" : "");
+            const char *l = strstr(chk, "reference ");
+            printf("dyn_ew case %d %s=%d%s: %.*s\n", _i, c->dim, c->vals[v], plain ? " plain" : "",
+                   l ? (int)strcspn(l, "\n") : 0, l ? l : "");
+            free(out);
+        }
+    free(path);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* The median GPU time of `kiln run`, or -1. */
+static double median_ms(const char *cmd) {
+    char  *out = NULL;
+    double ms = -1;
+    if (ts_run(cmd, &out) == 0 && out) {
+        const char *m = strstr(out, "median ");
+        if (m) ms = atof(m + 7);
+    }
+    free(out);
+    return ms;
+}
+
+/* %d in the static text is n; the symbolic text has n_tokens <= 512. */
+static const struct {
+    const char *what, *sym, *stat;
+} BENCH[] = {
+    {"rms_norm+mul f32 [4096, n]",
+     "dim n_tokens <= 512\ninput x: f32[4096, n_tokens]\nweight w: f32[4096]\nh = rms_norm(x, 1e-6)\noutput y = mul(h, w)\n",
+     "input x: f32[4096, %d]\nweight w: f32[4096]\nh = rms_norm(x, 1e-6)\noutput y = mul(h, w)\n"},
+    {"swiglu f16 halves of [28672, n]", "dim n_tokens <= 512\ninput x: f16[28672, n_tokens]\noutput y = swiglu(x)\n",
+     "input x: f16[28672, %d]\noutput y = swiglu(x)\n"},
+};
+
+START_TEST(bench_dyn) {
+    need_gpu();
+    char *dir = ts_tmpdir();
+    static const int ns[3] = {1, 64, 512};
+    for (int b = 0; b < 2; b++) {
+        char *sym = write_kg(dir, "sym", BENCH[b].sym);
+        for (int i = 0; i < 3; i++) {
+            char kg[512], cmd[1024];
+            snprintf(kg, sizeof kg, BENCH[b].stat, ns[i]);
+            char *st = write_kg(dir, "static", kg);
+            snprintf(cmd, sizeof cmd, "%s run %s --iters 500 --cache-dir %s 2>&1", ts_kiln_bin(), st, g_cache_dir);
+            double t_static = median_ms(cmd);
+            snprintf(cmd, sizeof cmd, "%s run %s --dim n_tokens=%d --iters 500 --cache-dir %s 2>&1", ts_kiln_bin(), sym,
+                     ns[i], g_cache_dir);
+            double t_dyn = median_ms(cmd);
+            printf("bench %s n=%d: static %.4f ms, symbolic (n_tokens <= 512) %.4f ms\n", BENCH[b].what, ns[i], t_static,
+                   t_dyn);
+            ck_assert_msg(t_static > 0 && t_dyn > 0, "%s n=%d: a run failed", BENCH[b].what, ns[i]);
+            free(st);
+        }
+        free(sym);
+    }
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+int main(void) {
+    /* mkdtemp here: Check's assertions (in ts_tmpdir) need a running test */
+    const char *base = getenv("TMPDIR");
+    static char dir[4096];
+    snprintf(dir, sizeof dir, "%s/kiln-gpu-dyn-ew-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    g_cache_dir = dir;
+    Suite *s = suite_create("gpu_dyn_ew");
+    TCase *t = tcase_create("all");
+    tcase_set_timeout(t, 900);
+    tcase_add_loop_test(t, runs_match_reference, 0, NCASES);
+    tcase_add_test(t, bench_dyn);
+    suite_add_tcase(s, t);
+    int rc = ts_main(s);
+    ts_rmtree(g_cache_dir);
+    return rc;
+}
