@@ -66,7 +66,7 @@ static const dyn_case DYN_CASES[] = {
     {"dim n <= 40\ninput a: f16[30, n, 2]\noutput y = pad(a, lp0=1, rp0=1, lp2=1, rp3=2)\n", "past a run-time extent", "n",
      {1, 22, 40}},
     /* 12: add_id, symbolic tokens */
-    {"dim n_tokens <= 32\ninput a: f32[96, 4, n_tokens]\ninput b: f32[96, 8]\ninput ids: i32[4, n_tokens]\n"
+    {"dim n_tokens <= 32\ninput a: f32[96, 4, n_tokens]\ninput b: f32[96, 16]\ninput ids: i32[4, n_tokens]\n"
      "output y = add_id(a, b, ids)\n",
      "past a run-time extent", "n_tokens", {1, 9, 32}},
     /* 13: topk_moe (softmax routing, top 8 of 128, normalized), symbolic tokens */
