@@ -60,6 +60,9 @@ local kernel = tpl.define [[
 //   ids     p${ids.param} i32 ne ${dims(ids.ne)} st ${dims(ids.st)} offs ${ids.offs}
 // ${T} token row${T == 1 and "" or "s"} of ${E} experts, keeping ${K}: one warp per row, ${NPL} value${NPL == 1 and "" or "s"} per lane in registers, ${K} warp minima
 // launch: ${grid} block${grid == 1 and "" or "s"} of ${WARPS * 32} threads
+@ if dT then
+// symbolic: token rows ${dT} at run time (warps past them return)
+@ end
 @ if pre ~= "" then
 
 ${pre}
@@ -123,11 +126,14 @@ ${name}(${params})
 @ end
     const unsigned lane = threadIdx.x & 31u;
     const unsigned t = blockIdx.x * ${WARPS}u + (threadIdx.x >> 5);
-@ if T % WARPS ~= 0 then
+@ if dT then
+    if (t >= (unsigned)(${dT}))
+        return; /* past the run-time token count */
+@ elseif T % WARPS ~= 0 then
     if (t >= ${T}u)
         return;
 @ end
-@ if T == 1 then
+@ if T == 1 and not dT then
     (void)t;
 @ end
     float p[${NPL}];
@@ -276,6 +282,18 @@ return function(k)
             fail("bias %s does not broadcast to [%d, %d]", dims(bias.ne), E, T)
         end
     end
+    -- Symbolic dims: the token rows only (logits, bias, weights and ids).
+    local function dyn(r, d) return r and r.dyn and r.dyn[d] or nil end
+    local function dyn_only(r, what, allowed)
+        for d = 1, 4 do
+            if dyn(r, d) and d ~= allowed then fail("%s: symbolic dim %d is not supported", what, d - 1) end
+        end
+    end
+    dyn_only(a, "logits", 2)
+    dyn_only(ids, "ids", 2)
+    dyn_only(dst, "weights", td)
+    if bias then dyn_only(bias, "bias", 2) end
+    local dT = dyn(a, 2) or dyn(ids, 2) or dyn(dst, td) or (bias and dyn(bias, 2))
     local gating = m.delayed and "none" or m.gating
     if gating ~= "softmax" and gating ~= "sigmoid" and gating ~= "none" then fail("gating %s", tostring(m.gating)) end
 
@@ -285,6 +303,8 @@ return function(k)
         local w = p == dst.param or p == ids.param
         plist[#plist + 1] = (w and "char" or "const char") .. " *__restrict__ p" .. p
     end
+    local params = table.concat(plist, ", ")
+    if dT then params = params .. (k.dims_arg or ", const int *__restrict__ kdims") end
     local function ptr(r, var, typ, const)
         if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
             fail("%s: param %s out of range", var, tostring(r.param))
@@ -322,7 +342,7 @@ return function(k)
     local src = kernel {
         name = name, what = table.concat(what, ", "), a = a, bias = bias, dst = dst, ids = ids, dims = dims,
         T = T, E = E, K = K, NPL = (E + 31) // 32, WARPS = WARPS, grid = grid,
-        params = table.concat(plist, ", "), ptrs = ptrs, load_x = load_x, load_b = load_b,
+        params = params, ptrs = ptrs, dT = dT, load_x = load_x, load_b = load_b,
         x_uses_e = E > 1 and a.st[1] ~= 0, gating = gating, delayed = m.delayed, norm = m.norm, clamp = m.clamp, scaled = m.scaled,
         clamp_lo = m.clamp_lo, clamp_hi = m.clamp_hi, scale = m.scale,
         need_max = gating == "softmax" or m.delayed, need_sum = gating == "softmax" or m.delayed or m.norm,
@@ -331,5 +351,5 @@ return function(k)
         store_w = store_w, pre = (pre.code():gsub("\n$", "")),
     }
     return { name = name, source = src, grid = { grid, 1, 1 }, block = { WARPS * 32, 1, 1 }, smem = 0,
-        fused = "topk_moe" }
+        fused = "topk_moe", dynamic = dT and true or nil }
 end

@@ -52,6 +52,21 @@ end
 
 local function ceil_div(a, b) return (a + b - 1) // b end
 
+-- ---- symbolic dims (docs/templates.md: ref.dyn) ----------------------------------------------
+--
+-- dyn(r, d): the C expression (int) of r's run-time extent in dim d (1-based), or nil when static.
+local function dyn(r, d) return r and r.dyn and r.dyn[d] or nil end
+
+-- Fails unless r's dynamic dims are among the allowed ones (a set of 1-based dims).
+local function dyn_only(r, what, allowed)
+    for d = 1, 4 do
+        if dyn(r, d) and not allowed[d] then fail("%s: symbolic dim %d is not supported", what, d - 1) end
+    end
+end
+
+-- The run-time extent of a dim that a and b share: one of their expressions (nil when static).
+local function dyn_of(a, b, d) return dyn(a, d) or dyn(b, d) end
+
 -- ---- float32 arithmetic at generation time ---------------------------------------------------
 --
 -- Lua numbers are doubles. f32(x) rounds one to float; a double +, -, *, / of floats rounded
@@ -221,6 +236,17 @@ local function set_rows_of(k)
         fail("rope_set_rows: ids %s must list one row per token", dims(S.ids.ne))
     end
     if dst.ne[2] > INT_MAX then fail("rope_set_rows: %d rows", dst.ne[2]) end
+    -- Symbolic dims: the token count (the rope's dim 2, b's and ids' rows) and the cache's rows.
+    dyn_only(a, "rope_set_rows: a", { [3] = true })
+    dyn_only(S.ids, "rope_set_rows: ids", { [1] = true })
+    dyn_only(dst, "rope_set_rows: dst", { [2] = true })
+    dyn_only(S.a, "rope_set_rows: set_rows a", { [2] = true })
+    if S.in_place then
+        if S.a.param ~= dst.param or S.a.offs ~= dst.offs or S.a.st[2] ~= dst.st[2] then
+            fail("rope_set_rows in place: a (p%s offs %d) is not dst (p%s offs %d)", tostring(S.a.param), S.a.offs,
+                tostring(dst.param), dst.offs)
+        end
+    end
     return S
 end
 
@@ -229,6 +255,8 @@ local function scatter_notes(S, P, dst)
         string.format("set_rows: dst %s %s st %s offs %d = ca %s st %s offs %d with row ids[j] (%s st %d offs %d)",
             dst.type, dims(dst.ne), dims(dst.st), dst.offs, S.a.type, dims(S.a.st), S.a.offs, S.ids.type, S.ids.st[1],
             S.ids.offs),
+        S.in_place and string.format("  = token j's rope (rounded to %s), in place: only the named rows are written",
+            S.type) or
         string.format("  = token j's rope (rounded to %s); blocks 0..%d rope, the rest copy unnamed rows (warp each)",
             S.type, P.tokens * P.hg - 1),
     }
@@ -243,27 +271,33 @@ local function scatter_prologue(S, P, dst, add, ix, I, U, types)
         if S.ids.st[1] == 1 then return "ids[" .. j .. "]" end
         return string.format("ids[(%s)(%s) * %s]", ix, j, I(S.ids.st[1]))
     end
-    local ca, DT = S.a, dst.type
-    local V = 16 // SIZE[DT]
-    local vec = W % V == 0 and ca.st[1] == 1 and ca.offs % V == 0 and dst.offs % V == 0 and
-        (R == 1 or (ca.st[2] % V == 0 and dst.st[2] % V == 0))
-    if not vec then V = 1 end
-    local ct = prelude.ctype[DT]
-    local vt = ct
-    if vec then
-        vt = string.format("kiln_rows_%sx%d", DT == "f32" and "f32" or "u16", V)
-        types[#types + 1] = string.format("struct alignas(16) %s {\n    %s v[%d];\n};", vt, ct, V)
+    -- Token count and cache rows: static, or read at run time (symbolic dims).
+    local ntok = P.dT and "ntok" or U(P.tokens)
+    local nrow = P.drow and "nrow" or U(R)
+    if P.dT then add(string.format("const unsigned ntok = (unsigned)(%s); /* tokens at run time */", P.dT)) end
+    if P.drow then add(string.format("const unsigned nrow = (unsigned)(%s); /* cache rows at run time */", P.drow)) end
+    local in1, in2, in3 = "        ", "            ", "                "
+    if not S.in_place then
+        local ca, DT = S.a, dst.type
+        local V = 16 // SIZE[DT]
+        local vec = W % V == 0 and ca.st[1] == 1 and ca.offs % V == 0 and dst.offs % V == 0 and
+            (R == 1 or (ca.st[2] % V == 0 and dst.st[2] % V == 0))
+        if not vec then V = 1 end
+        local ct = prelude.ctype[DT]
+        local vt = ct
+        if vec then
+            vt = string.format("kiln_rows_%sx%d", DT == "f32" and "f32" or "u16", V)
+            types[#types + 1] = string.format("struct alignas(16) %s {\n    %s v[%d];\n};", vt, ct, V)
     end
     local nv = W // V
-    local in1, in2, in3 = "        ", "            ", "                "
     add("/* copy blocks: a's rows that no id names */")
     add(string.format("if (blockIdx.x >= %s) {", U(ropeb)))
     add(string.format("const unsigned crow = (blockIdx.x - %s) * %s + (threadIdx.x >> 5);", U(ropeb), U(P.block // 32)), in1)
-    add(string.format("if (crow >= %s)", U(R)), in1)
+    add(string.format("if (crow >= %s)", nrow), in1)
     add("return;", in2)
     add("const unsigned lane = threadIdx.x & 31u;", in1)
     add("bool named = false;", in1)
-    add(string.format("for (unsigned j = lane; j < %s; j += 32u)", U(P.tokens)), in1)
+    add(string.format("for (unsigned j = lane; j < %s; j += 32u)", ntok), in1)
     add(string.format("named |= %s == (%s)crow;", id("j"), it), in2)
     add("if (__any_sync(0xffffffffu, named))", in1)
     add("return;", in2)
@@ -290,14 +324,23 @@ local function scatter_prologue(S, P, dst, add, ix, I, U, types)
     add("return;", in1)
     add("}")
     add("")
+    end
     add("/* rope blocks: token tok's heads into cache row ids[tok] */")
     add(P.hg > 1 and string.format("const unsigned tok = blockIdx.x / %s;", U(P.hg)) or "const unsigned tok = blockIdx.x;")
+    if P.dT then
+        add("if (tok >= ntok)")
+        add("return;", in1)
+    end
     add(string.format("const long long row = (long long)%s;", id("tok")))
-    add(string.format("if (row < 0 || row >= %dll)", R))
+    if P.drow then
+        add("if (row < 0 || row >= (long long)nrow)")
+    else
+        add(string.format("if (row < 0 || row >= %dll)", R))
+    end
     add("return; /* the reference rejects such an id */", in1)
     if P.tokens > 1 then
         add("int later = 0; /* a later token naming the same row wins */")
-        add(string.format("for (unsigned j = tok + 1u + threadIdx.x; j < %s; j += %s)", U(P.tokens), U(P.block)))
+        add(string.format("for (unsigned j = tok + 1u + threadIdx.x; j < %s; j += %s)", ntok, U(P.block)))
         add(string.format("later |= %s == %s;", id("j"), id("tok")), in1)
         add("if (__syncthreads_or(later))")
         add("return;", in1)
@@ -314,6 +357,9 @@ local kernel = tpl.define [[
 // positions: i32 st ${pst} offs ${poffs}${ffnote}
 @ for _, l in ipairs(scatter) do
 // ${l}
+@ end
+@ if symbolic ~= "" then
+// symbolic dims (read at run time; blocks past them return): ${symbolic}
 @ end
 // grid ${gx} x ${gy} (tokens x head groups of ${hpb}), block ${block}; units of ${g} pair(s) (${how});
 //   ${chunks}, ${bits}-bit offsets
@@ -361,6 +407,22 @@ return function(k)
 
     local P = plan_of(k, Y)
     local C = constants(k)
+    -- Symbolic dims: a's (and dst's) dims 1..3 and the positions' count; the grid is the one of
+    -- the maxima and blocks past a run-time extent return at once (block-uniform, before any
+    -- barrier). P.dH, P.dT, P.dS: run-time heads, tokens (dim 2), sequences (dim 3); P.dT and
+    -- P.drow for rope_set_rows: tokens and cache rows.
+    dyn_only(pos, "pos", { [1] = true })
+    if ff then dyn_only(ff, "freq_factors", {}) end
+    if S then
+        P.dT = dyn_of(a, S.ids, 3) or dyn(S.ids, 1)
+        P.drow = dyn_of(dst, S.a, 2)
+    else
+        dyn_only(a, "a", { [2] = true, [3] = true, [4] = true })
+        dyn_only(dst, "dst", { [2] = true, [3] = true, [4] = true })
+        P.dH, P.dT, P.dS = dyn_of(a, dst, 2), dyn_of(a, dst, 3), dyn_of(a, dst, 4)
+    end
+    local dynamic = (P.dH or P.dT or P.dS or P.drow or dyn(pos, 1)) and true or false
+    if dynamic and P.mode & 8 ~= 0 and P.ne[4] > 1 and P.dT then fail("mrope with symbolic tokens and ne3 > 1") end
     local pre = prelude.new()
     local ne, nd, np, g = P.ne, P.nd, P.np, P.g
     local T = prelude.ctype[a.type]
@@ -389,6 +451,7 @@ return function(k)
     local name = string.format("rope_%s_%s_%d_%d", P.kind, a.type, nd, ne[1])
     if S then name = string.format("rope_set_rows_%s_%s_%d_%d_%s_%s", P.kind, a.type, nd, ne[1], DT, S.ids.type) end
     if #params + #name > 90 then params = "\n    " .. table.concat(plist, ",\n    ") end
+    if dynamic then params = params .. (k.dims_arg or ", const int *__restrict__ kdims") end
     local function ptr(r, var, ct, const)
         if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
             fail("%s: param %s out of range", var, tostring(r.param))
@@ -404,7 +467,7 @@ return function(k)
     add(ptr(dst, "y", prelude.ctype[DT], false))
     add(ptr(a, "x", T, true))
     if S then
-        add(ptr(S.a, "ca", prelude.ctype[DT], true))
+        if not S.in_place then add(ptr(S.a, "ca", prelude.ctype[DT], true)) end
         add(ptr(S.ids, "ids", S.ids.type == "i64" and "long long" or "int", true))
     end
     if np > 0 then
@@ -421,13 +484,21 @@ return function(k)
     end
     -- tok = i3 * ne2 + i2; only the coordinates something reads are declared.
     local i2, i3 = "0u", "0u"
+    local gate_t, gate_s = not S and P.dT, P.dS -- coordinates checked against run-time extents
     if ne[3] > 1 then
         i2 = ne[4] > 1 and "i2" or "tok"
-        if ne[4] > 1 and (np > 0 or a.st[3] ~= 0) then add(string.format("const unsigned i2 = tok %% %s;", U(ne[3]))) end
+        if ne[4] > 1 and (np > 0 or a.st[3] ~= 0 or gate_t) then add(string.format("const unsigned i2 = tok %% %s;", U(ne[3]))) end
     end
-    if ne[4] > 1 and a.st[4] ~= 0 then
+    if ne[4] > 1 and (a.st[4] ~= 0 or gate_s) then
         i3 = "i3"
         add(string.format("const unsigned i3 = tok / %s;", U(ne[3])))
+    end
+    local gates = {}
+    if gate_t then gates[#gates + 1] = string.format("%s >= (unsigned)(%s)", ne[3] > 1 and i2 or "tok", P.dT) end
+    if gate_s then gates[#gates + 1] = string.format("%s >= (unsigned)(%s)", ne[4] > 1 and i3 or "tok", P.dS) end
+    if #gates > 0 then
+        add(string.format("if (%s)", table.concat(gates, " || ")))
+        add("return; /* past the run-time token count */", "        ")
     end
     local aterms = {}
     if ne[3] > 1 and a.st[3] ~= 0 then aterms[#aterms + 1] = string.format("(%s)%s * %s", ix, i2, I(a.st[3])) end
@@ -446,7 +517,14 @@ return function(k)
         add("const unsigned hb = 0u; /* first head of the block */")
     end
     local partial = ne[2] % P.hpb ~= 0
-    if partial then
+    if P.dH then
+        -- heads at run time: blocks past them return, the last one takes what is left
+        partial = true
+        add(string.format("const unsigned nhead = (unsigned)(%s);", P.dH))
+        add("if (hb >= nhead)")
+        add("return;", "        ")
+        add(string.format("const unsigned nh = nhead - hb < %s ? nhead - hb : %s;", U(P.hpb), U(P.hpb)))
+    elseif partial then
         add(string.format("const unsigned nh = %s - hb < %s ? %s - hb : %s;", U(ne[2]), U(P.hpb), U(ne[2]), U(P.hpb)))
     end
     local nh = partial and "nh" or U(P.hpb)
@@ -671,6 +749,10 @@ return function(k)
         local pv = {}
         local function posv(kk)
             local idx = kk == 0 and i2 or string.format("(%s + %s)", i2, U(kk * ne[3]))
+            if kk > 0 and P.dT then
+                -- the four blocks of positions are n_tokens apart at run time
+                idx = string.format("(%s + %s * (unsigned)(%s))", i2, U(kk), P.dT)
+            end
             return string.format("(float)pos[(%s)%s * %s]", ix, idx, I(pos.st[1]))
         end
         if mrope then
@@ -758,6 +840,12 @@ return function(k)
         imrope = string.format(" (i, i+%d), interleaved sections [%d, %d, %d, %d]", P.off, sec[1], sec[2], sec[3], sec[4]),
         vision = string.format(" (i, i+%d), sections [%d, %d, %d, %d] restart", P.off, sec[1], sec[2], sec[3], sec[4]),
     })[P.kind]
+    local sym = {}
+    for _, d in ipairs({ { "heads", P.dH }, { "tokens", P.dT }, { "sequences", P.dS }, { "cache rows", P.drow },
+        { "positions", dyn(pos, 1) } }) do
+        if d[2] then sym[#sym + 1] = d[1] .. " " .. d[2] end
+    end
+    local symbolic = table.concat(sym, ", ")
     local source = kernel {
         name = name, mode = P.mode, kind = P.kind, atype = a.type, ane = a.ne, ast = a.st, aoffs = a.offs,
         dims = dims, nd = nd, np = np, pairs = pairs_note,
@@ -773,13 +861,15 @@ return function(k)
             or string.format("%d chunks of %d pairs", P.nchunks, P.ch)),
         bits = wide and "64" or "32",
         pre = (pre.code():gsub("\n$", "")), types = types, params = params, body = body,
-        scatter = S and scatter_notes(S, P, dst) or {},
+        scatter = S and scatter_notes(S, P, dst) or {}, symbolic = symbolic,
     }
     if S then
-        local grid = P.tokens * P.hg + ceil_div(dst.ne[2], P.block // 32)
+        local grid = P.tokens * P.hg
+        if not S.in_place then grid = grid + ceil_div(dst.ne[2], P.block // 32) end
         if grid > 2147483647 then fail("rope_set_rows: %d blocks exceed the grid", grid) end
         return { name = name, source = source, grid = { grid, 1, 1 }, block = { P.block, 1, 1 }, smem = 0,
-            fused = "rope_set_rows" }
+            fused = "rope_set_rows", dynamic = dynamic or nil }
     end
-    return { name = name, source = source, grid = { P.tokens, P.hg, 1 }, block = { P.block, 1, 1 }, smem = 0 }
+    return { name = name, source = source, grid = { P.tokens, P.hg, 1 }, block = { P.block, 1, 1 }, smem = 0,
+        dynamic = dynamic or nil }
 end

@@ -51,6 +51,18 @@ local function check_ref(r, what)
     if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
 end
 
+-- ---- symbolic dims (docs/templates.md: ref.dyn) ----------------------------------------------
+--
+-- dyn(r, d): the C expression (int) of r's run-time extent in dim d (1-based), or nil when static.
+local function dyn(r, d) return r and r.dyn and r.dyn[d] or nil end
+
+-- Fails unless r's dynamic dims are among the allowed ones (a set of 1-based dims).
+local function dyn_only(r, what, allowed)
+    for d = 1, 4 do
+        if dyn(r, d) and not allowed[d] then fail("%s: symbolic dim %d is not supported", what, d - 1) end
+    end
+end
+
 local function next_pow2(n)
     local p = 1
     while p < n do p = p * 2 end
@@ -255,6 +267,18 @@ end
 -- Renders the kernel: body = statements of one row (inside the row loop, unindented).
 local function finish(K, name, what, body)
     local k, R = K.k, K.R
+    -- Symbolic dims: rows whose coordinate lies past a run-time extent are skipped (the grid,
+    -- the row loop and the decomposition of a row into coordinates are those of the maxima).
+    local skips = {}
+    for d = 1, 3 do
+        local e = K.rowdyn[d]
+        if e and K.coord(d) then skips[#skips + 1] = string.format("i%d >= (%s)(%s)", d, K.ix, e) end
+    end
+    if #skips > 0 then
+        local b = { string.format("if (%s)", table.concat(skips, " || ")), "    continue; /* past a run-time extent */" }
+        for _, s in ipairs(body) do b[#b + 1] = s end
+        body = b
+    end
     local nblocks = (R + K.RPB - 1) // K.RPB
     local grid = math.min(nblocks, MAX_GRID_X)
     local launch = string.format("%d block%s of %dx%d (%d thread%s per row, %d element%s per chunk, %d chunk%s per trip)%s",
@@ -264,39 +288,65 @@ local function finish(K, name, what, body)
     for _, s in ipairs(K.coord_lines()) do lines[#lines + 1] = "        " .. s end
     for _, s in ipairs(body) do lines[#lines + 1] = s == "" and "" or ("        " .. s) end
     local pre = K.pre.code():gsub("\n$", "")
+    local params = K.params
+    if K.dynamic then
+        params = params .. (k.dims_arg or ", const int *__restrict__ kdims")
+        local sym = {}
+        for d = 1, 3 do if K.rowdyn[d] then sym[#sym + 1] = string.format("dim %d %s", d, K.rowdyn[d]) end end
+        for _, n in ipairs(K.dynnotes) do sym[#sym + 1] = n end
+        K.notes[#K.notes + 1] = "symbolic (read at run time): " .. table.concat(sym, ", ")
+    end
     local source = kernel {
         name = name, what = what, dst = k.dst, dims = dims, R = R, NE0 = K.NE0, launch = launch,
-        notes = K.notes, pre = pre, types = K.types, BLOCK = BLOCK, params = K.params, ptrs = K.ptrs,
+        notes = K.notes, pre = pre, types = K.types, BLOCK = BLOCK, params = params, ptrs = K.ptrs,
         ix = K.ix, suffix = K.suffix, RPB = K.RPB, body = lines,
     }
-    return { name = name, source = source, grid = { grid, 1, 1 }, block = { K.TPR, K.RPB, 1 }, smem = 0 }
+    return { name = name, source = source, grid = { grid, 1, 1 }, block = { K.TPR, K.RPB, 1 }, smem = 0,
+        dynamic = K.dynamic or nil }
 end
 
--- Sets up rows, coordinates and the dst pointer.
-local function start(k)
+-- Marks the kernel dynamic when any of refs has a symbolic dim.
+local function note_dyn(K, refs)
+    for _, r in ipairs(refs) do
+        for d = 1, 4 do if dyn(r, d) then K.dynamic = true end end
+    end
+end
+
+-- Sets up rows, coordinates and the dst pointer. rows: the tensor whose rows the kernel walks
+-- (dst, or b for set_rows in place).
+local function start(k, rows)
     local K = new_kernel(k)
     local d = k.dst
     check_ref(d, "dst")
-    for dd = 1, 4 do
-        local nat = 1
-        for e = 1, dd - 1 do nat = nat * d.ne[e] end
-        if d.ne[dd] > 1 and d.st[dd] ~= nat then fail("dst is not contiguous") end
+    if not rows then
+        for dd = 1, 4 do
+            local nat = 1
+            for e = 1, dd - 1 do nat = nat * d.ne[e] end
+            if d.ne[dd] > 1 and d.st[dd] ~= nat then fail("dst is not contiguous") end
+        end
     end
+    rows = rows or d
+    dyn_only(d, "dst", { [2] = true, [3] = true, [4] = true })
+    -- run-time extents of the row coordinates i1..i3 (rows' dims 1..3)
+    K.rowdyn, K.dynnotes = {}, {}
+    for dd = 2, 4 do K.rowdyn[dd - 1] = dyn(rows, dd) end
+    note_dyn(K, { d })
     K.dst = d
-    K.R = d.ne[2] * d.ne[3] * d.ne[4]
+    K.R = rows.ne[2] * rows.ne[3] * rows.ne[4]
     if d.ne[1] > INT_MAX - 65536 then fail("rows of %d elements are too long", d.ne[1]) end
     local wide = K.R + BLOCK > INT_MAX
     K.ix = wide and "long long" or "unsigned"
     K.suffix = wide and "ll" or "u"
     pointer(K, d, "out", false)
-    coordinates(K, d.ne, K.ix)
+    coordinates(K, rows.ne, K.ix)
     return K
 end
 
-local function input(K, name)
+local function input(K, name, nodecl)
     local r = K.k.args[name]
     check_ref(r, name)
-    pointer(K, r, name, true)
+    if not nodecl then pointer(K, r, name, true) end
+    note_dyn(K, { r })
     return r
 end
 
@@ -315,9 +365,22 @@ function OPS.get_rows(k)
     plan(K, ne0, SIZE[k.dst.type], {})
     local i1, i2, i3 = K.coord(1), K.coord(2), K.coord(3)
     local pre = K.pre
+    -- Symbolic dims: ids' dims 0..2 are dst's rows (skipped past their run-time extents); a's
+    -- rows are checked against their run-time count; a's dims 2, 3 follow dst's.
+    dyn_only(ids, "get_rows: ids", { [1] = true, [2] = true, [3] = true })
+    dyn_only(a, "get_rows: a", { [2] = true, [3] = true, [4] = true })
+    for d = 1, 3 do K.rowdyn[d] = K.rowdyn[d] or dyn(ids, d) end
+    for d = 3, 4 do
+        if dyn(a, d) and not K.rowdyn[d - 1] then fail("get_rows: a's symbolic dim %d is static in dst", d - 1) end
+    end
+    local nrows = string.format("%du", a.ne[2])
+    if dyn(a, 2) then
+        nrows = string.format("(unsigned)(%s)", dyn(a, 2))
+        K.dynnotes[#K.dynnotes + 1] = "a rows " .. dyn(a, 2)
+    end
     local body = {
         string.format("const int r = ids[%s];", offset(ids, { i1, i2, i3 })),
-        string.format("const bool ok = (unsigned)r < %du; /* out of range: a row of zeros */", a.ne[2]),
+        string.format("const bool ok = (unsigned)r < %s; /* out of range: a row of zeros */", nrows),
         string.format("const long long abase = %s;", offset(a, { nil, "(ok ? r : 0)", i2, i3 })),
         string.format("const long long obase = %s;", mul64("row", ne0)),
     }
@@ -332,7 +395,89 @@ function OPS.get_rows(k)
     return finish(K, name, "dst[:, i1, i2, i3] = f32(a[:, ids[i1, i2, i3], i2, i3])", body)
 end
 
+-- set_rows in place (k.in_place: dst is a, same buffer and layout): one warp per row j of b
+-- writes it, converted to dst's type, into dst row ids[j, i2 % ids.ne1, i3 % ids.ne2], unless a
+-- later row j' names the same row (the last one wins, as ggml's sequential loop leaves it) or
+-- the id is out of range (the reference rejects it). Nothing else of dst is touched.
+local function set_rows_in_place(k)
+    local d, b = k.dst, k.args.b
+    check_ref(b, "b")
+    local a = k.args.a
+    check_ref(a, "a")
+    if a.param ~= d.param or a.offs ~= d.offs then
+        fail("set_rows in place: a (p%s offs %d) is not dst (p%s offs %d)", tostring(a.param), a.offs,
+            tostring(d.param), d.offs)
+    end
+    for dd = 1, 4 do
+        if a.ne[dd] ~= d.ne[dd] or (a.ne[dd] > 1 and a.st[dd] ~= d.st[dd]) then
+            fail("set_rows in place: a %s st %s is not dst's layout", dims(a.ne), dims(a.st))
+        end
+    end
+    if d.ne[1] > 1 and d.st[1] ~= 1 then fail("set_rows in place: dst rows are not contiguous") end
+    local K = start(k, b)
+    note_dyn(K, { a })
+    b = input(K, "b")
+    local ids = input(K, "ids")
+    if a.type ~= d.type or b.type ~= "f32" or (ids.type ~= "i32" and ids.type ~= "i64") then
+        fail("set_rows: types %s, %s, %s", a.type, b.type, ids.type)
+    end
+    dyn_only(d, "set_rows: dst", { [2] = true })
+    dyn_only(a, "set_rows: a", { [2] = true })
+    dyn_only(b, "set_rows: b", { [2] = true })
+    dyn_only(ids, "set_rows: ids", { [1] = true })
+    local n = b.ne[2]
+    if n > INT_MAX or d.ne[2] > INT_MAX then fail("set_rows: %d source rows, %d rows", n, d.ne[2]) end
+    local ne0 = d.ne[1]
+    -- chunks stored as aligned vectors of dst's type: V divides the offset and the row strides
+    local divides = { d.offs }
+    for dd = 2, 4 do if d.ne[dd] > 1 then divides[#divides + 1] = d.st[dd] end end
+    plan(K, ne0, SIZE[d.type], divides, 32)
+    local j, i2, i3 = K.coord(1), K.coord(2), K.coord(3)
+    j = j or "0u"
+    local pre = K.pre
+    local function bcast(c, ext, full)
+        if not c or ext == 1 then return nil end
+        if ext == full then return c end
+        return string.format("(%s %% %d%s)", c, ext, K.suffix)
+    end
+    local ibase = offset(ids, { nil, bcast(i2, ids.ne[2], b.ne[3]), bcast(i3, ids.ne[3], b.ne[4]) })
+    local function ist(v) return ids.st[1] == 1 and v or (v .. " * " .. ids.st[1] .. "ll") end
+    local it = ids.type == "i64" and "long long" or "int"
+    local nsrc = dyn(b, 2) or dyn(ids, 1)
+    local nexpr = nsrc and string.format("(unsigned)(%s)", nsrc) or string.format("%du", n)
+    K.rowdyn[1] = nsrc
+    local nrow = dyn(d, 2) or dyn(a, 2)
+    if nrow then K.dynnotes[#K.dynnotes + 1] = "dst rows " .. nrow end
+    local body = {
+        string.format("const long long ibase = %s;", ibase),
+        string.format("const %s id = ids[ibase + %s];", it, ist("(long long)" .. j)),
+        nrow and string.format("if (id < 0 || id >= (%s)(%s))", it, nrow) or
+            string.format("if (id < 0 || id >= (%s)%d)", it, d.ne[2]),
+        "    continue; /* the reference rejects such an id */",
+    }
+    if n > 1 then
+        body[#body + 1] = "/* a later source row naming the same row wins */"
+        body[#body + 1] = "bool later = false;"
+        body[#body + 1] = string.format("for (unsigned jj = (unsigned)%s + 1u + threadIdx.x; jj < %s; jj += 32u)", j, nexpr)
+        body[#body + 1] = string.format("    later |= ids[ibase + %s] == id;", ist("(long long)jj"))
+        body[#body + 1] = "if (__any_sync(0xffffffffu, later))"
+        body[#body + 1] = "    continue;"
+    end
+    body[#body + 1] = string.format("const long long obase = %s;", offset(d, { nil, "id", i2, i3 }))
+    body[#body + 1] = string.format("const long long bbase = %s;", offset(b, { nil, j ~= "0u" and j or nil, i2, i3 }))
+    for _, s in ipairs(chunk_loop(K, function(i0, o, u)
+        local lines, elem = read(K, b, "b", "bbase", i0, K.V, "b" .. u)
+        for jx = 0, K.V - 1 do
+            lines[#lines + 1] = string.format("%s.v[%d] = %s;", o, jx, pre.store(d.type, elem(jx)))
+        end
+        return lines
+    end)) do body[#body + 1] = s end
+    local name = string.format("set_rows_inplace_%s_%s_%d", d.type, ids.type, ne0)
+    return finish(K, name, "in place: dst rows ids[j, i2 % ids.ne1, i3 % ids.ne2] = b[:, j, i2, i3] (last j wins)", body)
+end
+
 function OPS.set_rows(k)
+    if k.in_place then return set_rows_in_place(k) end
     local K = start(k)
     local a, b, ids = input(K, "a"), input(K, "b"), input(K, "ids")
     local d = k.dst
@@ -341,6 +486,14 @@ function OPS.set_rows(k)
     end
     local n = b.ne[2]
     if n > INT_MAX then fail("set_rows: %d source rows", n) end
+    -- Symbolic dims: dst's (a's) rows and b's (ids') rows.
+    dyn_only(d, "set_rows: dst", { [2] = true })
+    dyn_only(a, "set_rows: a", { [2] = true })
+    dyn_only(b, "set_rows: b", { [2] = true })
+    dyn_only(ids, "set_rows: ids", { [1] = true })
+    K.rowdyn[1] = K.rowdyn[1] or dyn(a, 2)
+    local nsrc = dyn(b, 2) or dyn(ids, 1)
+    if nsrc then K.dynnotes[#K.dynnotes + 1] = "b rows " .. nsrc end
     local ne0 = d.ne[1]
     plan(K, ne0, SIZE[d.type], {}, 32)
     local i1, i2, i3 = K.coord(1), K.coord(2), K.coord(3)
@@ -358,7 +511,8 @@ function OPS.set_rows(k)
         "/* The last source row j naming this row, as ggml's sequential loop leaves it. */",
         "int best = -1;",
         string.format("const long long ibase = %s;", ibase),
-        string.format("for (unsigned j = threadIdx.x; j < %du; j += 32u)", n),
+        nsrc and string.format("for (unsigned j = threadIdx.x; j < (unsigned)(%s); j += 32u)", nsrc) or
+            string.format("for (unsigned j = threadIdx.x; j < %du; j += 32u)", n),
         string.format("    if (ids[ibase + %s] == (%s)%s)", ist, it, i1 or "0"),
         "        best = (int)j;",
         "for (int s = 16; s > 0; s >>= 1)",
@@ -394,6 +548,13 @@ function OPS.concat(k)
     local dim = k.params.dim
     if math.type(dim) ~= "integer" or dim < 0 or dim > 3 then fail("concat: dim %s", tostring(dim)) end
     if a.type ~= d.type or b.type ~= d.type then fail("concat: types %s, %s", a.type, b.type) end
+    -- Symbolic dims: any but dim 0 and the joined dim, shared by a, b and dst (rows skipped).
+    local allowed = { [2] = true, [3] = true, [4] = true }
+    allowed[dim + 1] = nil
+    dyn_only(d, "concat: dst", allowed)
+    dyn_only(a, "concat: a", allowed)
+    dyn_only(b, "concat: b", allowed)
+    for dd = 2, 4 do K.rowdyn[dd - 1] = K.rowdyn[dd - 1] or dyn(a, dd) or dyn(b, dd) end
     local ne0 = d.ne[1]
     local a_ext = a.ne[dim + 1]
     plan(K, ne0, SIZE[d.type], dim == 0 and { a_ext } or {})
@@ -449,6 +610,11 @@ function OPS.pad(k)
             fail("pad: bad padding of dim %d", dd - 1)
         end
     end
+    -- Symbolic dims 1..3: a's run-time extent bounds the box; dst's rows past theirs are skipped.
+    dyn_only(a, "pad: a", { [2] = true, [3] = true, [4] = true })
+    for dd = 2, 4 do
+        if dyn(a, dd) and not dyn(d, dd) then fail("pad: a's symbolic dim %d is static in dst", dd - 1) end
+    end
     local ne0 = d.ne[1]
     plan(K, ne0, SIZE[d.type], { lp[1], a.ne[1] })
     -- Source coordinates of the row, and the test that the row lies inside the source's box.
@@ -460,7 +626,11 @@ function OPS.pad(k)
         else
             c[dd] = x
         end
-        if a.ne[dd] < d.ne[dd] then
+        if dyn(a, dd) and x then
+            local cast = K.ix == "unsigned" and "" or "(unsigned long long)"
+            inside[#inside + 1] = string.format("%s%s < (%s)(%s)", cast, c[dd],
+                K.ix == "unsigned" and "unsigned" or "unsigned long long", dyn(a, dd))
+        elseif a.ne[dd] < d.ne[dd] then
             local cast = K.ix == "unsigned" and "" or "(unsigned long long)"
             inside[#inside + 1] = string.format("%s%s < %d%s", cast, c[dd], a.ne[dd], K.ix == "unsigned" and "u" or "ull")
         end
@@ -503,9 +673,20 @@ function OPS.add_id(k)
     local ne0 = k.dst.ne[1]
     plan(K, ne0, 4, {})
     local i1, i2, i3 = K.coord(1), K.coord(2), K.coord(3)
+    -- Symbolic dims: a's (dst's) dims 1..3 and ids' (rows skipped), b's rows (the bias table).
+    dyn_only(a, "add_id: a", { [2] = true, [3] = true, [4] = true })
+    dyn_only(ids, "add_id: ids", { [1] = true, [2] = true })
+    dyn_only(b, "add_id: b", { [2] = true })
+    for dd = 2, 4 do K.rowdyn[dd - 1] = K.rowdyn[dd - 1] or dyn(a, dd) end
+    for dd = 1, 2 do K.rowdyn[dd] = K.rowdyn[dd] or dyn(ids, dd) end
+    local nb = string.format("%du", b.ne[2])
+    if dyn(b, 2) then
+        nb = string.format("(unsigned)(%s)", dyn(b, 2))
+        K.dynnotes[#K.dynnotes + 1] = "b rows " .. dyn(b, 2)
+    end
     local body = {
         string.format("const int e = ids[%s];", offset(ids, { i1, i2 })),
-        string.format("const bool ok = (unsigned)e < %du; /* out of range: no bias */", b.ne[2]),
+        string.format("const bool ok = (unsigned)e < %s; /* out of range: no bias */", nb),
         string.format("const long long abase = %s;", offset(a, { nil, i1, i2, i3 })),
         string.format("const long long bbase = %s;", offset(b, { nil, "(ok ? e : 0)" })),
         string.format("const long long obase = %s;", mul64("row", ne0)),

@@ -78,6 +78,14 @@ static __device__ __forceinline__ unsigned long long kiln_key(const ${ct} *__res
     return (unsigned long long)v << 32 | i;
 }
 
+@ if row_ok ~= "" then
+/* Whether row r lies below the run-time extents (symbolic dims). */
+static __device__ __forceinline__ bool kiln_row_ok(unsigned r, const int *__restrict__ kdims)
+{
+    return ${row_ok};
+}
+
+@ end
 /* The row r of the input. */
 static __device__ __forceinline__ const ${ct} *kiln_row(const ${ct} *in, unsigned r)
 {
@@ -146,6 +154,10 @@ ${name}(${params})
     const unsigned r = blockIdx.x * ${WARPS}u + (threadIdx.x >> 5);
 @ if rows % WARPS ~= 0 then
     if (r >= ${rows}u)
+        return;
+@ end
+@ if dyn then
+    if (!kiln_row_ok(r, kdims))
         return;
 @ end
     const ${ct} *const row = kiln_row(in, r);
@@ -234,10 +246,16 @@ ${name}(${params})
 @ end
     __shared__ unsigned long long s[${R * n}];
     const unsigned r0 = blockIdx.x * ${R}u;
+@ if dyn and R == 1 then
+    if (!kiln_row_ok(r0, kdims))
+        return;
+@ end
     for (unsigned t = threadIdx.x; t < ${R * n}u; t += ${T}u) {
 @ if R > 1 then
         const unsigned q = t / ${n}u, i = t - q * ${n}u;
-@ if rows % R ~= 0 then
+@ if dyn then
+        s[t] = ${rows % R ~= 0 and ("r0 + q < " .. rows .. "u && ") or ""}kiln_row_ok(r0 + q, kdims) ? kiln_key(kiln_row(in, r0 + q), i) : ~0ull;
+@ elseif rows % R ~= 0 then
         s[t] = r0 + q < ${rows}u ? kiln_key(kiln_row(in, r0 + q), i) : ~0ull;
 @ else
         s[t] = kiln_key(kiln_row(in, r0 + q), i);
@@ -251,7 +269,10 @@ ${sort}
     for (unsigned t = threadIdx.x; t < ${R * kk}u; t += ${T}u) {
 @ if R > 1 then
         const unsigned q = t / ${kk}u, i = t - q * ${kk}u;
-@ if rows % R ~= 0 then
+@ if dyn then
+        if (${rows % R ~= 0 and ("r0 + q < " .. rows .. "u && ") or ""}kiln_row_ok(r0 + q, kdims))
+            out[(unsigned long long)r0 * ${kk}u + t] = (int)(unsigned)s[q * ${n}u + i];
+@ elseif rows % R ~= 0 then
         if (r0 + q < ${rows}u)
             out[(unsigned long long)r0 * ${kk}u + t] = (int)(unsigned)s[q * ${n}u + i];
 @ else
@@ -322,6 +343,10 @@ ${name}(${params})
     ${p}
 @ end
     __shared__ unsigned long long s[${C}];
+@ if dyn then
+    if (!kiln_row_ok(blockIdx.x, kdims))
+        return;
+@ end
     const ${ct} *const row = kiln_row(in, blockIdx.x);
     int *const orow = out + (unsigned long long)blockIdx.x * ${m}u;
 ${body}
@@ -338,6 +363,10 @@ ${name}(${params})
     __shared__ unsigned long long s[${skeys}];
     __shared__ unsigned hist[256];
     __shared__ unsigned sel_digit, sel_need, sel_done, sel_count;
+@ if dyn then
+    if (!kiln_row_ok(blockIdx.x, kdims))
+        return;
+@ end
     const ${ct} *const row = kiln_row(in, blockIdx.x);
     int *const orow = out + (unsigned long long)blockIdx.x * ${kk}u;
 
@@ -469,6 +498,26 @@ return function(k)
         plist[#plist + 1] = (p == 0 and "char" or "const char") .. " *__restrict__ p" .. p
     end
     local params = table.concat(plist, ", ")
+    -- Symbolic dims: a's (dst's) dims 1..3, the rows; rows past a run-time extent are skipped
+    -- (kiln_row_ok, from the row's coordinates at the maxima).
+    local function dyn(r, d) return r and r.dyn and r.dyn[d] or nil end
+    for d = 1, 4 do
+        if d == 1 and (dyn(a, 1) or dyn(dst, 1)) then fail("%s: a symbolic row length is not supported", op) end
+    end
+    local okterms, div = {}, 1
+    for d = 2, 4 do
+        local e = dyn(a, d) or dyn(dst, d)
+        if e and a.ne[d] > 1 then
+            local c = div > 1 and ("r / " .. div .. "u") or "r"
+            if d < 4 and div * a.ne[d] < rows then c = "(" .. c .. ") % " .. a.ne[d] .. "u" end
+            okterms[#okterms + 1] = string.format("%s < (unsigned)(%s)", c, e)
+        end
+        div = div * a.ne[d]
+    end
+    local dynamic = false
+    for d = 2, 4 do if dyn(a, d) or dyn(dst, d) then dynamic = true end end
+    if dynamic then params = params .. (k.dims_arg or ", const int *__restrict__ kdims") end
+    local row_ok = #okterms > 0 and table.concat(okterms, " && ") or (dynamic and "true" or "")
     local ct = prelude.ctype[a.type]
     local function ptr(r, var, typ, const)
         if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
@@ -492,7 +541,7 @@ return function(k)
 
     local tname = op .. "_" .. a.type .. "_" .. n .. (op == "argsort" and ("_" .. (desc and "desc" or "asc")) or ("_k" .. kk))
     local name = tname .. "_" .. shape
-    local c = { name = name, params = params, ptrs = ptrs, ct = ct, n = n, kk = kk, rows = rows }
+    local c = { name = name, params = params, ptrs = ptrs, ct = ct, n = n, kk = kk, rows = rows, dyn = dynamic }
     local src, grid, block, how, launch
     if shape == "warp" then
         c.WARPS, c.E = WARPS, (n + 31) // 32
@@ -542,15 +591,17 @@ return function(k)
     local h = helpers {
         ct = ct, order = desc and "descending: complemented" or "ascending",
         complement = desc and "~" or "", load = pre.load(a.type, elem), row_offset = row_offset(a),
-        need_cx = shape ~= "warp" and n > 1,
+        need_cx = shape ~= "warp" and n > 1, row_ok = row_ok,
     }
     local what
     if op == "argsort" then what = "indices of each row sorted " .. (desc and "descending" or "ascending")
     else what = "indices of the " .. kk .. " largest values of each row, in descending order of value" end
+    if dynamic then how = how .. "; rows past the run-time extents skipped (kiln_row_ok)" end
     local head = header {
         name = name, op = op, what = what, a = a, dst = dst, dims = dims, rows = rows, n = n, kk = kk,
         how = how .. "; ties keep index order, NaN above +inf", launch = launch,
         pre = (pre.code():gsub("\n$", "")), helpers = h:gsub("\n$", ""),
     }
-    return { name = name, source = head .. "\n" .. src, grid = grid, block = block, smem = 0 }
+    return { name = name, source = head .. "\n" .. src, grid = grid, block = block, smem = 0,
+        dynamic = dynamic or nil }
 end

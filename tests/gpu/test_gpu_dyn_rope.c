@@ -1,0 +1,157 @@
+/* Symbolic dims in the rope, rows, moe and sort templates on the GPU: each graph of
+ * tests/dyn_rope_cases.h run at three values (1, a middle value, the maximum) with
+ * `kiln run --dim NAME=V --check` (outputs and states against the CPU reference of the graph
+ * bound to V), with the CUDA graph and with plain launches; then rope_set_rows into an f16
+ * [1024, 4096] cache timed: in place (a state) at n_tokens = 1 and 512, static and symbolic,
+ * against the functional kernel that copies the cache (printed, not asserted). */
+#include "tests/gpu/gpu_support.h"
+#include "tests/dyn_rope_cases.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *write_kg(const char *dir, const char *name, const char *kg) {
+    char *path = malloc(strlen(dir) + strlen(name) + 8);
+    ck_assert_ptr_nonnull(path);
+    sprintf(path, "%s/%s.kg", dir, name);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "kiln-graph 1\n%s", kg);
+    fclose(f);
+    return path;
+}
+
+START_TEST(runs_match_reference) {
+    need_gpu();
+    const dyn_case *c = &DYN_CASES[_i];
+    char           *dir = ts_tmpdir();
+    char           *path = write_kg(dir, "g", c->kg);
+    for (int v = 0; v < 3; v++)
+        for (int plain = 0; plain < 2; plain++) {
+            char cmd[1024], *out = NULL;
+            snprintf(cmd, sizeof cmd, "%s run %s --dim %s=%d --check --iters 3 --cache-dir %s%s 2>&1", ts_kiln_bin(), path,
+                     c->dim, c->vals[v], g_cache_dir, plain ? " --no-cuda-graph" : "");
+            int         rc = ts_run(cmd, &out);
+            const char *chk = out ? strstr(out, "check ") : NULL;
+            if (rc != 0 || !chk || strstr(out, "FAILED")) fprintf(stderr, "case %d: %s\n%s\n", _i, cmd, out ? out : "");
+            ck_assert_msg(rc == 0 && chk && !strstr(out, "FAILED"), "case %d %s=%d%s: failed (output on stderr)", _i, c->dim,
+                          c->vals[v], plain ? " plain" : "");
+            printf("dyn_rope case %d %s=%d%s: %.*s\n", _i, c->dim, c->vals[v], plain ? " plain" : "",
+                   (int)strcspn(chk, "\n"), chk);
+            free(out);
+        }
+    free(path);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* The median GPU time of `kiln run`, or -1. */
+static double median_ms(const char *cmd) {
+    char  *out = NULL;
+    double ms = -1;
+    if (ts_run(cmd, &out) == 0 && out) {
+        const char *m = strstr(out, "median ");
+        if (m) ms = atof(m + 7);
+    }
+    if (ms < 0) fprintf(stderr, "%s\n%s\n", cmd, out ? out : "");
+    free(out);
+    return ms;
+}
+
+/* K of n tokens (8 kv heads of 128, normal rope) into an f16 [1024, 4096] cache. */
+static void rsr_graph(char *kg, size_t len, const char *n, int state) {
+    snprintf(kg, len,
+             "%s%s"
+             "input k: f32[128, 8, %s]\ninput pos: i32[%s]\ninput kv_idxs: i64[%s]\n"
+             "%s cache_k: f16[1024, 4096]\n"
+             "kr = rope_ext(k, pos, n_dims=128, mode=0, n_ctx_orig=131072, freq_base=500000)\n"
+             "k_row = reshape(kr, [1024, %s])\n%sk_cache = set_rows(cache_k, k_row, kv_idxs)\n%s",
+             strcmp(n, "n_tokens") ? "" : "dim n_tokens <= 512\n", "", n, n, n, state ? "state" : "input", n,
+             state ? "" : "output ", state ? "output o = view(k_cache, [16], [], 0)\n" : "");
+}
+
+/* n distinct cache rows (the ids of kiln run's random inputs repeat, and a row named twice is
+ * written once). */
+static char *ids_file(const char *dir, int n) {
+    char *path = malloc(strlen(dir) + 32);
+    ck_assert_ptr_nonnull(path);
+    sprintf(path, "%s/ids%d.bin", dir, n);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < n; i++) {
+        long long v = (long long)i * 7 % 4096;
+        fwrite(&v, sizeof v, 1, f);
+    }
+    fclose(f);
+    return path;
+}
+
+START_TEST(bench_rope_set_rows) {
+    need_gpu();
+    char *dir = ts_tmpdir();
+    char  kg[1024], cmd[2048];
+    /* the 16-element output read back from the state, alone */
+    char *tiny = write_kg(dir, "tiny", "state cache_k: f16[1024, 4096]\noutput o = view(cache_k, [16], [], 0)\n");
+    snprintf(cmd, sizeof cmd, "%s run %s --iters 300 --cache-dir %s 2>&1", ts_kiln_bin(), tiny, g_cache_dir);
+    double t_tiny = median_ms(cmd);
+    printf("bench: the 16-element read-back of the state alone: %.4f ms\n", t_tiny);
+    rsr_graph(kg, sizeof kg, "n_tokens", 1);
+    char *sym = write_kg(dir, "sym", kg);
+    static const int ns[2] = {1, 512};
+    for (int i = 0; i < 2; i++) {
+        char nn[16];
+        snprintf(nn, sizeof nn, "%d", ns[i]);
+        rsr_graph(kg, sizeof kg, nn, 0);
+        char *fun = write_kg(dir, "functional", kg);
+        rsr_graph(kg, sizeof kg, nn, 1);
+        char *inp = write_kg(dir, "inplace", kg);
+        char *ids = ids_file(dir, ns[i]);
+        snprintf(cmd, sizeof cmd, "%s run %s --input kv_idxs=%s --iters 300 --cache-dir %s 2>&1", ts_kiln_bin(), fun, ids,
+                 g_cache_dir);
+        double t_fun = median_ms(cmd);
+        snprintf(cmd, sizeof cmd, "%s run %s --input kv_idxs=%s --iters 300 --cache-dir %s 2>&1", ts_kiln_bin(), inp, ids,
+                 g_cache_dir);
+        double t_inp = median_ms(cmd);
+        snprintf(cmd, sizeof cmd, "%s run %s --dim n_tokens=%d --input kv_idxs=%s --iters 300 --cache-dir %s 2>&1",
+                 ts_kiln_bin(), sym, ns[i], ids, g_cache_dir);
+        double t_sym = median_ms(cmd);
+        printf("bench rope_set_rows f16 [1024, 4096] cache, n_tokens=%d: functional (copies the cache) %.4f ms; "
+               "in place %.4f ms, symbolic n_tokens <= 512 in place %.4f ms (both + the read-back, %.4f ms alone)\n",
+               ns[i], t_fun, t_inp, t_sym, t_tiny);
+        ck_assert_msg(t_fun > 0 && t_inp > 0 && t_sym > 0, "n=%d: a run failed", ns[i]);
+        free(fun);
+        free(inp);
+        free(ids);
+    }
+    free(sym);
+    free(tiny);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+int main(void) {
+    /* Not ts_tmpdir: Check's asserts only work inside tests. */
+    const char *base = getenv("TMPDIR");
+    static char dir[4096];
+    snprintf(dir, sizeof dir, "%s/kiln-gpu-dyn-rope-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return EXIT_FAILURE;
+    }
+    g_cache_dir = dir;
+    Suite *s = suite_create("gpu_dyn_rope");
+    TCase *t = tcase_create("runs");
+    tcase_set_timeout(t, 900);
+    tcase_add_loop_test(t, runs_match_reference, 0, DYN_NCASES);
+    suite_add_tcase(s, t);
+    TCase *b = tcase_create("bench");
+    tcase_set_timeout(b, 900);
+    tcase_add_test(b, bench_rope_set_rows);
+    suite_add_tcase(s, b);
+    int rc = ts_main(s);
+    ts_rmtree(g_cache_dir);
+    return rc;
+}

@@ -1,0 +1,171 @@
+/* Symbolic dims in the rope, rows, moe and sort templates (templates/rope.lua, rows.lua, moe.lua,
+ * sort.lua): every symbolic graph of tests/dyn_rope_cases.h generates and compiles with NVRTC for
+ * sm_90a and sm_80 without warnings, each symbolic kernel takes the run-time extents (kdims) as its
+ * last parameter, the sources of one graph are identical for two bound values (kiln compile
+ * --dim); set_rows and rope_set_rows into a state are written in place (no copy of the cache);
+ * static kernels in place stay without kdims; what the templates do not support is refused.
+ * No GPU needed (tests/gpu/test_gpu_dyn_rope.c runs the same graphs). */
+#include "tests/support.h"
+
+#include "base/base.h"
+#include "codegen/codegen.h"
+#include "ir/ir.h"
+#include "tests/dyn_rope_cases.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *g_cache;
+
+static bool is_mine(const ir_node *n) {
+    if (n->kind != IR_OP) return false;
+    const char *fam = fe_ops[n->op].fam;
+    return n->fused == IR_FUSED_TOPK_MOE || !strcmp(fam, "rope") || !strcmp(fam, "rows") || !strcmp(fam, "sort");
+}
+
+START_TEST(kernels_compile) {
+    static const char *archs[2] = {"sm_90a", "sm_80"};
+    const dyn_case    *c = &DYN_CASES[_i];
+    for (int a = 0; a < 2; a++) {
+        kiln_ctx     *ctx;
+        kiln_graph   *g;
+        kiln_program *p = ts_compile(c->kg, archs[a], g_cache, 1, &ctx, &g);
+        bool          found = false;
+        int           mine = 0;
+        for (int i = 0; i < p->nkernels; i++) {
+            const cg_kernel *k = &p->kernels[i];
+            if (!is_mine(&p->ir->nodes[k->node])) continue;
+            mine++;
+            if (strstr(k->source, c->want)) found = true;
+            ck_assert_msg(strstr(k->source, "const int* __restrict__ kdims)"), "case %d: kernel %s has no kdims", _i,
+                          k->name);
+            ts_nvrtc_clean(k->source, k->name, archs[a]);
+        }
+        ck_assert_msg(mine > 0, "case %d: no rope/rows/moe/sort kernel", _i);
+        ck_assert_msg(found, "case %d: no source with \"%s\"", _i, c->want);
+        kiln_program_free(p);
+        kiln_graph_free(g);
+        kiln_ctx_free(ctx);
+    }
+}
+END_TEST
+
+/* kiln compile --dim NAME=V1 and =V2 write the same kernel sources. */
+START_TEST(values_identical) {
+    const dyn_case *c = &DYN_CASES[_i];
+    char           *dir = ts_tmpdir();
+    char            path[512], cmd[2048];
+    snprintf(path, sizeof path, "%s/g.kg", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "kiln-graph 1\n%s", c->kg);
+    fclose(f);
+    char *src[2];
+    for (int v = 0; v < 2; v++) {
+        snprintf(cmd, sizeof cmd, "%s compile %s --no-cache --dim %s=%d --dump-cu %s/cu%d >/dev/null && cat %s/cu%d/*.cu",
+                 ts_kiln_bin(), path, c->dim, c->vals[v], dir, v, dir, v);
+        ck_assert_msg(ts_run(cmd, &src[v]) == 0, "case %d: %s failed", _i, cmd);
+        ck_assert_msg(strlen(src[v]) > 0, "case %d: no sources", _i);
+    }
+    ck_assert_msg(strcmp(src[0], src[1]) == 0, "case %d: sources differ between %s=%d and %s=%d", _i, c->dim, c->vals[0],
+                  c->dim, c->vals[1]);
+    free(src[0]);
+    free(src[1]);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* A state written by set_rows / rope_set_rows: the kernel writes only the named rows (no copy
+ * blocks, no loop over the cache's rows), with or without symbolic dims, and its grid does not
+ * grow with the cache. */
+static const struct {
+    const char *kg, *kernel;
+    unsigned    max_grid;
+} IN_PLACE[] = {
+    {"input k: f32[128, 8, 1]\ninput pos: i32[1]\ninput kv_idxs: i64[1]\nstate cache_k: f16[1024, 4096]\n"
+     "kr = rope_ext(k, pos, n_dims=128, mode=0, n_ctx_orig=131072, freq_base=500000)\n"
+     "k_row = reshape(kr, [1024, 1])\nk_cache = set_rows(cache_k, k_row, kv_idxs)\noutput o = view(k_cache, [16], [], 0)\n",
+     "rope_set_rows_normal_f32_128_128_f16_i64", 8},
+    {"input b: f32[512, 1]\ninput ids: i64[1]\nstate c: f16[512, 4096]\nc2 = set_rows(c, b, ids)\n"
+     "output o = view(c2, [8], [], 0)\n",
+     "set_rows_inplace_f16_i64_512", 1},
+};
+
+START_TEST(in_place) {
+    kiln_ctx     *ctx;
+    kiln_graph   *g;
+    kiln_program *p = ts_compile(IN_PLACE[_i].kg, "sm_90a", g_cache, 1, &ctx, &g);
+    bool          found = false;
+    for (int i = 0; i < p->nkernels; i++) {
+        const cg_kernel *k = &p->kernels[i];
+        if (strcmp(k->name, IN_PLACE[_i].kernel)) continue;
+        found = true;
+        ck_assert_msg(!strstr(k->source, "kdims"), "static kernel %s takes kdims", k->name);
+        ck_assert_msg(!strstr(k->source, "copy blocks") && !strstr(k->source, "ca +"), "%s copies the cache:\n%s",
+                      k->name, k->source);
+        ck_assert_msg(k->grid[0] * k->grid[1] * k->grid[2] <= IN_PLACE[_i].max_grid, "%s: grid %u", k->name, k->grid[0]);
+        ts_nvrtc_clean(k->source, k->name, "sm_90a");
+        ts_nvrtc_clean(k->source, k->name, "sm_80");
+    }
+    ck_assert_msg(found, "case %d: no kernel %s", _i, IN_PLACE[_i].kernel);
+    kiln_program_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+/* What the templates do not take symbolically is refused, naming the dim. */
+static const struct {
+    const char *kg, *msg;
+} REFUSED[] = {
+    /* rope: a symbolic row (dim 0) */
+    {"dim hd <= 128\ninput x: f32[hd, 8, 4]\ninput pos: i32[4]\noutput y = rope_ext(x, pos, n_dims=64)\n", "symbolic"},
+    /* set_rows over a symbolic count of matrices */
+    {"dim m <= 4\ninput c: f32[16, 10, m]\ninput b: f32[16, 3, m]\ninput ids: i32[3, m]\n"
+     "output c2 = set_rows(c, b, ids)\n", "symbolic"},
+    /* argsort of a symbolic row length */
+    {"dim n <= 50\ninput a: f32[n, 4]\noutput y = argsort(a)\n", "symbolic"},
+    /* get_rows of a symbolic row length */
+    {"dim n <= 50\ninput a: f32[n, 40]\ninput ids: i32[3]\noutput y = get_rows(a, ids)\n", "symbolic"},
+};
+
+START_TEST(refusals) {
+    kiln_ctx   *ctx = ts_parse(REFUSED[_i].kg);
+    kiln_graph *g = NULL;
+    kiln_status st = kiln_graph_new(ctx, &g);
+    ck_assert_msg(st == NULL, "case %d: graph: %s", _i, kiln_status_msg(st));
+    kiln_compile_opts o = {.arch = "sm_90a", .cache_dir = g_cache, .skip_nvrtc = 1};
+    kiln_program     *p = NULL;
+    st = kiln_compile(g, &o, &p);
+    ck_assert_msg(st != NULL, "case %d: compiled", _i);
+    const char *m = kiln_status_msg(st);
+    ck_assert_msg(strstr(m, REFUSED[_i].msg), "case %d: message: %s", _i, m);
+    kiln_status_free(st);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+int main(void) {
+    const char *base = getenv("TMPDIR");
+    static char dir[4096];
+    snprintf(dir, sizeof dir, "%s/kiln-dyn-rope-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return EXIT_FAILURE;
+    }
+    g_cache = dir;
+    Suite *s = suite_create("dyn_rope");
+    TCase *t = tcase_create("all");
+    tcase_set_timeout(t, 600);
+    tcase_add_loop_test(t, kernels_compile, 0, DYN_NCASES);
+    tcase_add_loop_test(t, values_identical, 0, DYN_NCASES);
+    tcase_add_loop_test(t, in_place, 0, (int)(sizeof IN_PLACE / sizeof IN_PLACE[0]));
+    tcase_add_loop_test(t, refusals, 0, (int)(sizeof REFUSED / sizeof REFUSED[0]));
+    suite_add_tcase(s, t);
+    int rc = ts_main(s);
+    ts_rmtree(g_cache);
+    return rc;
+}
