@@ -292,9 +292,24 @@ void kiln_program_stats(const kiln_program *p, kiln_compile_stats *stats) {
     if (p && stats) *stats = p->stats;
 }
 
+static void describe_one(const kiln_program *p, kb_str *o);
+
 kiln_status kiln_program_describe(const kiln_program *p, char **text) {
     if (!p || !text) return kb_error(KILN_ERR_INVALID, "kiln_program_describe: NULL argument");
     kb_str o = {0};
+    describe_one(p, &o);
+    for (int i = 0; i < p->nspec; i++) {
+        const kiln_ctx *ctx = p->ir->g->ctx;
+        kb_str_addf(&o, "\nspecialization %d: %s = %lld\n", i + 1, ctx->dims[p->spec_dim[i]].name,
+                    (long long)p->spec_val[i]);
+        describe_one(p->spec[i], &o);
+    }
+    *text = kb_str_take(&o);
+    return *text ? NULL : kb_oom();
+}
+
+static void describe_one(const kiln_program *p, kb_str *out) {
+    kb_str o = *out;
     kb_str_addf(&o, "kiln %s program for %s\n", KILN_VERSION, p->arch);
     ir_print(p->ir, &o);
     kb_str_add(&o, "launches:\n");
@@ -308,8 +323,7 @@ kiln_status kiln_program_describe(const kiln_program *p, char **text) {
             kb_str_addf(&o, "  k%d %s grid (%u, %u, %u) block (%u, %u, %u) key %s\n", i, k->name, k->grid[0],
                         k->grid[1], k->grid[2], k->block[0], k->block[1], k->block[2], k->key_hex);
     }
-    *text = kb_str_take(&o);
-    return *text ? NULL : kb_oom();
+    *out = o;
 }
 
 int kiln_program_kernel_count(const kiln_program *p) { return p ? p->nkernels : 0; }

@@ -3,7 +3,7 @@
 #include "ir_internal.h"
 
 static const char *kind_name(ir_buf_kind k) {
-    static const char *n[] = {"input", "weight", "output", "temp"};
+    static const char *n[] = {"input", "weight", "output", "temp", "state"};
     return n[k];
 }
 

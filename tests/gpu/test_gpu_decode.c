@@ -66,9 +66,9 @@ static double nmse_f(const float *a, const float *ref, int64_t n) {
 static void check_step(const kiln_ctx *ctx, refdata *r, int t, const float *gpu_out, const uint16_t *gpu_k,
                        const uint16_t *gpu_v) {
     kiln_ctx   *b;
-    const char *name = "n_kv";
-    int64_t     v = t + 1;
-    TS_OK(kiln_ctx_bind(ctx, 1, &name, &v, &b));
+    const char *names[2] = {"n_kv", "n_tokens"};
+    int64_t     v[2] = {t + 1, 1};
+    TS_OK(kiln_ctx_bind(ctx, 2, names, v, &b));
     kiln_graph *g;
     TS_OK(kiln_graph_new(b, &g));
     TS_OK(kiln_reference(g, rget, rput, r));
@@ -144,7 +144,10 @@ START_TEST(decode_200_steps) {
         kb_fill_random(inpl, KILN_F32, 2048, 77u + (uint64_t)t);
         pos = t;
         idx = t;
-        for (int i = 0; i < 2; i++) TS_OK(kiln_session_set_dim(s[i], "n_kv", t + 1));
+        for (int i = 0; i < 2; i++) {
+            TS_OK(kiln_session_set_dim(s[i], "n_tokens", 1)); /* the decode specialization */
+            TS_OK(kiln_session_set_dim(s[i], "n_kv", t + 1));
+        }
         set_both(s, "inpL", inpl, sizeof inpl);
         set_both(s, "inp_pos", &pos, sizeof pos);
         set_both(s, "kv_idxs", &idx, sizeof idx);
@@ -203,6 +206,7 @@ START_TEST(decode_200_steps) {
            (long long)st[1].plain_runs, st[1].host_us_total / (double)st[1].runs, written);
     ck_assert_int_eq(cs1.compiled, cs0.compiled);
     ck_assert_int_eq(cs1.cached, cs0.cached);
+    ck_assert_int_eq(st[0].variant, 1); /* n_tokens = 1 ran the decode program */
     ck_assert_int_eq(st[0].captures, 1);
     ck_assert_int_eq(st[0].replays, STEPS);
     ck_assert_int_eq(st[0].plain_runs, 0);
