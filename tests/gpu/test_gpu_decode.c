@@ -1,4 +1,4 @@
-/* Decode with a growing KV length (issue 6): 200 steps of examples/llama-layer.kg, whose
+/* Decode with a growing KV length (issue 6): 200 decode steps (n_tokens = 1: its specialized program) of examples/llama-layer.kg, whose
  * attention reads n_kv = step + 1 cache slots of states written in place. One compile, then
  * per step: set n_kv and the inputs, run. Checks: no compile after the first step (there is no
  * second compile, and the program's counters do not move), exactly one CUDA-graph capture and
