@@ -708,10 +708,12 @@ kiln_status kiln_session_set(kiln_session *s, const char *name, const void *data
     if (!data) return kb_error(KILN_ERR_INVALID, "%s: data for '%s' is NULL", fn, name);
     if ((st = upload(s, i, data, bytes))) return st;
     /* Variants have inputs of their own (their layouts may differ); weights and states are
-     * shared. */
+     * shared. A variant whose fixed dims do not have the current values cannot run now, and
+     * its input has another size: it is skipped. */
     for (int v = 0; v < s->nspec && s->bufs[i].kind == IR_BUF_INPUT; v++) {
         int j = buf_named(s->spec[v], name);
-        if (j >= 0 && (st = upload(s->spec[v], j, data, bytes))) return st;
+        if (j < 0 || current_bytes(s->spec[v], &s->spec[v]->bufs[j]) != bytes) continue;
+        if ((st = upload(s->spec[v], j, data, bytes))) return st;
     }
     return NULL;
 }
