@@ -53,7 +53,8 @@ static const char *run_help =
     "usage: kiln run GRAPH [--seed N] [--input NAME=FILE]... [--output NAME=FILE]...\n"
     "                      [--iters N] [--no-cuda-graph] [--check] [--stats] [--dim NAME=V]...\n"
     "                      [compile options]\n"
-    "  --seed N             seed for random inputs and weights (default 1)\n"
+    "  --seed N             seed for random inputs, weights and states (default 1; weight\n"
+    "                       matrices are scaled by 1/sqrt(ne0), as models are initialized)\n"
     "  --input NAME=FILE    raw little-endian contents of input/weight NAME (its type, contiguous)\n"
     "  --output NAME=FILE   write output NAME's raw contents to FILE\n"
     "  --iters N            runs to time (default 20); the first captures the CUDA graph\n"
@@ -312,6 +313,17 @@ static const char *file_for(const char *const *list, int n, const char *name) {
     return NULL;
 }
 
+/* A random weight matrix (ne1 > 1) is scaled by 1/sqrt(ne0), as models are initialized, so
+ * that whole layers stay in range: with weights in [-1, 1) attention logits reach thousands. */
+static void scale_matrix(const kiln_tensor *t, void *data) {
+    kiln_type ty = kiln_tensor_type(t);
+    if (kiln_tensor_role(t) != KILN_ROLE_WEIGHT || kiln_tensor_ne(t, 1) == 1 ||
+        (ty != KILN_F32 && ty != KILN_F16 && ty != KILN_BF16))
+        return;
+    float s = 1.0f / sqrtf((float)kiln_tensor_ne(t, 0));
+    for (int64_t j = 0; j < kiln_tensor_nelements(t); j++) kb_store_f32(data, ty, j, s * kb_load_f32(data, ty, j));
+}
+
 /* Host contents of every leaf: from --input files, else random from the seed. */
 static kiln_status make_leaves(run_data *d) {
     const kiln_graph *g = d->g;
@@ -348,6 +360,7 @@ static kiln_status make_leaves(run_data *d) {
             d->host[i] = malloc(bytes ? bytes : 1);
             if (!d->host[i]) return kb_oom();
             kb_fill_random(d->host[i], kiln_tensor_type(t), kiln_tensor_nelements(t), d->c->seed * 1000003u + (uint64_t)i);
+            scale_matrix(t, d->host[i]);
         }
     }
     return NULL;

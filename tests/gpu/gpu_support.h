@@ -61,6 +61,10 @@ float rng_float(rng_t *r, float lo, float hi);
 void fill(void *p, kiln_type t, int64_t n, uint64_t seed, fill_kind k);
 hdata *hset_add(hset *h, const char *name, kiln_type t, int64_t n);
 void hset_clear_out(hset *h);
+/* Scales every weight matrix (ne1 > 1) of g in h by 1/sqrt(ne0), as a model's initialization
+ * does: whole layers then keep activations and attention logits in a realistic range (with
+ * weights in [-1, 1) the logits reach thousands and the softmax amplifies rounding). */
+void scale_weights(const kiln_graph *g, hset *h);
 void hset_free(hset *h);
 const void *ref_get(void *user, const char *name, kiln_type type, int64_t n);
 void ref_put(void *user, const char *name, kiln_type type, int64_t n, const void *data);

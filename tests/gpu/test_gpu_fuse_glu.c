@@ -30,7 +30,7 @@ static void fill_leaves(const kiln_graph *g, hset *h, uint64_t seed, int n_exper
     rng_t r = {seed};
     for (int i = 0; i < g->n; i++) {
         const kiln_tensor *t = g->nodes[i];
-        if (t->role != KILN_ROLE_INPUT && t->role != KILN_ROLE_WEIGHT) continue;
+        if (t->role != KILN_ROLE_INPUT && t->role != KILN_ROLE_WEIGHT && t->role != KILN_ROLE_STATE) continue;
         int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
         hdata  *d = hset_add(h, t->name, t->type, n);
         if (t->type == KILN_I32 && !strcmp(t->name, "ids")) {
@@ -157,6 +157,7 @@ START_TEST(test_examples) {
     TS_OK(kiln_graph_new(ctx, &g));
     hset h = {0};
     fill_leaves(g, &h, 4000 + (uint64_t)_i, 128);
+    scale_weights(g, &h);
     for (int no_fuse = 0; no_fuse <= 1; no_fuse++) {
         char label[256];
         snprintf(label, sizeof label, "%s%s", files[_i], no_fuse ? " (unfused)" : " (fused)");

@@ -549,12 +549,14 @@ START_TEST(test_examples) {
         TS_OK(kiln_graph_new(ctx, &g));
         hset h = {0};
         fill_leaves(ctx, &h, 4242, false);
+        scale_weights(g, &h);
         hset_clear_out(&h);
         TS_OK(kiln_reference(g, ref_get, ref_put, &h));
         bool positive = !ref_finite(&h);
         if (positive) {
             printf("note: %s: inputs in [-1, 1) leave the ops' domain; using [0.5, 1.5)\n", path);
             fill_leaves(ctx, &h, 4242, true);
+            scale_weights(g, &h);
         }
         double tol = 0;
         for (int i = 0; i < g->n; i++)
