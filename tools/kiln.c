@@ -418,13 +418,16 @@ static kiln_status time_runs(const cli *c, kiln_session *s, const kiln_program *
         st = kiln_session_run(s);
         ms[i] = kiln_session_last_ms(s);
     }
+    kiln_session_stats ss;
+    kiln_session_get_stats(s, &ss);
+    bool plain = c->no_graph || ss.plain_runs > 0; /* a run-time library GEMM launches plainly */
     if (!st) {
-        printf("run 1: %.3f ms%s\n", ms[0], c->no_graph ? " (plain launches)" : " (includes CUDA graph capture)");
+        printf("run 1: %.3f ms%s\n", ms[0], plain ? " (plain launches)" : " (includes CUDA graph capture)");
         if (c->iters > 1) {
             qsort(ms + 1, (size_t)c->iters - 1, sizeof *ms, by_double);
             double med = ms[1 + (c->iters - 1) / 2];
             printf("runs 2..%d: median %.3f ms (GPU time, %s)\n", c->iters, med,
-                   c->no_graph ? "plain launches" : "CUDA graph replay");
+                   plain ? "plain launches" : "CUDA graph replay");
             double mb = (double)kiln_program_io_bytes(p) / 1e6;
             if (med > 0)
                 printf("bandwidth: %.1f MB of inputs, weights and outputs in %.3f ms = %.0f GB/s\n", mb, med,
