@@ -216,3 +216,24 @@ double ts_fusion_compare(const char *kg, const char *skip, int *live, char **ir_
     kiln_ctx_free(ctx);
     return worst;
 }
+
+void ts_sources_identical(const char *kg, const char *dim, int v1, int v2, const char *what) {
+    char *dir = ts_tmpdir();
+    char  path[512], cmd[2048], *src[2];
+    snprintf(path, sizeof path, "%s/g.kg", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(kg, f);
+    fclose(f);
+    for (int v = 0; v < 2; v++) {
+        snprintf(cmd, sizeof cmd, "%s compile %s --no-cache --dim %s=%d --dump-cu %s/cu%d >/dev/null && cat %s/cu%d/*.cu",
+                 ts_kiln_bin(), path, dim, v ? v2 : v1, dir, v, dir, v);
+        ck_assert_msg(ts_run(cmd, &src[v]) == 0, "%s: %s failed", what, cmd);
+        ck_assert_msg(strlen(src[v]) > 0, "%s: no sources", what);
+    }
+    ck_assert_msg(strcmp(src[0], src[1]) == 0, "%s: sources differ between %s=%d and %s=%d", what, dim, v1, dim, v2);
+    free(src[0]);
+    free(src[1]);
+    ts_rmtree(dir);
+    free(dir);
+}

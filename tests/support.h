@@ -59,6 +59,11 @@ kiln_program *ts_compile(const char *kg, const char *arch, const char *cache_dir
  * after every fusion pass but those in skip (NULL: none), and over unfused IR. Returns the
  * largest difference of any output element, relative where |ref| > 1 (0: identical; inf on a
  * NaN). *live gets the fused program's kernel count, *ir_text (caller frees) its ir_print. */
+/* Compiles graph text kg with `kiln compile --dim DIM=V` for V = v1 and v2 and asserts that the
+ * dumped kernel sources are byte-identical (a symbolic dim's value never enters a kernel);
+ * `what` labels failures. */
+void ts_sources_identical(const char *kg, const char *dim, int v1, int v2, const char *what);
+
 double ts_fusion_compare(const char *kg, const char *skip, int *live, char **ir_text);
 
 #endif

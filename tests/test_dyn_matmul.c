@@ -141,27 +141,9 @@ END_TEST
 
 /* kiln compile --dim NAME=V1 and =V2 write the same kernel sources. */
 START_TEST(values_identical) {
-    const dcase *c = &CASES[_i];
-    char        *dir = ts_tmpdir();
-    char         path[512], cmd[2048];
-    snprintf(path, sizeof path, "%s/g.kg", dir);
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(c->kg, f);
-    fclose(f);
-    char *src[2];
-    for (int v = 0; v < 2; v++) {
-        snprintf(cmd, sizeof cmd, "%s compile %s --no-cache --dim %s=%d --dump-cu %s/cu%d >/dev/null && cat %s/cu%d/*.cu",
-                 ts_kiln_bin(), path, c->dim, v ? c->v2 : c->v1, dir, v, dir, v);
-        ck_assert_msg(ts_run(cmd, &src[v]) == 0, "case %d: %s failed", _i, cmd);
-        ck_assert_msg(strlen(src[v]) > 0, "case %d: no sources", _i);
-    }
-    ck_assert_msg(strcmp(src[0], src[1]) == 0, "case %d: sources differ between %s=%d and %s=%d", _i, c->dim, c->v1,
-                  c->dim, c->v2);
-    free(src[0]);
-    free(src[1]);
-    ts_rmtree(dir);
-    free(dir);
+    char what[32];
+    snprintf(what, sizeof what, "case %d", _i);
+    ts_sources_identical(CASES[_i].kg, CASES[_i].dim, CASES[_i].v1, CASES[_i].v2, what);
 }
 END_TEST
 

@@ -54,26 +54,10 @@ END_TEST
 /* kiln compile --dim NAME=V1 and =V2 write the same kernel sources. */
 START_TEST(values_identical) {
     const dyn_case *c = &DYN_CASES[_i];
-    char           *dir = ts_tmpdir();
-    char            path[512], cmd[2048];
-    snprintf(path, sizeof path, "%s/g.kg", dir);
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fprintf(f, "kiln-graph 1\n%s", c->kg);
-    fclose(f);
-    char *src[2];
-    for (int v = 0; v < 2; v++) {
-        snprintf(cmd, sizeof cmd, "%s compile %s --no-cache --dim %s=%d --dump-cu %s/cu%d >/dev/null && cat %s/cu%d/*.cu",
-                 ts_kiln_bin(), path, c->dim, c->vals[v], dir, v, dir, v);
-        ck_assert_msg(ts_run(cmd, &src[v]) == 0, "case %d: %s failed", _i, cmd);
-        ck_assert_msg(strlen(src[v]) > 0, "case %d: no sources", _i);
-    }
-    ck_assert_msg(strcmp(src[0], src[1]) == 0, "case %d: sources differ between %s=%d and %s=%d", _i, c->dim, c->vals[0],
-                  c->dim, c->vals[1]);
-    free(src[0]);
-    free(src[1]);
-    ts_rmtree(dir);
-    free(dir);
+    char            kg[4096], what[32];
+    snprintf(kg, sizeof kg, "kiln-graph 1\n%s", c->kg);
+    snprintf(what, sizeof what, "case %d", _i);
+    ts_sources_identical(kg, c->dim, c->vals[0], c->vals[1], what);
 }
 END_TEST
 
