@@ -314,3 +314,46 @@ kiln_tensor *operand(kiln_ctx *ctx, hset *h, rng_t *r, const char *name, kiln_ty
     snprintf(desc, desc_n, "%s %s %s%s", name, s, LAYOUT_NAMES[lay], extra);
     return x;
 }
+
+char *write_kg(const char *dir, const char *name, const char *kg) {
+    char *path = malloc(strlen(dir) + strlen(name) + 8);
+    ck_assert_ptr_nonnull(path);
+    sprintf(path, "%s/%s.kg", dir, name);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%s%s", strncmp(kg, "kiln-graph", 10) ? "kiln-graph 1\n" : "", kg);
+    fclose(f);
+    return path;
+}
+
+double median_ms(const char *cmd) {
+    char  *out = NULL;
+    double ms = -1;
+    if (ts_run(cmd, &out) == 0 && out) {
+        const char *m = strstr(out, "median ");
+        if (m) ms = atof(m + 7);
+    }
+    free(out);
+    return ms;
+}
+
+void run_check_at_values(const char *kg, const char *dim, const int *vals, int nvals, const char *label) {
+    char *dir = ts_tmpdir();
+    char *path = write_kg(dir, "g", kg);
+    for (int v = 0; v < nvals; v++)
+        for (int plain = 0; plain < 2; plain++) {
+            char cmd[1024], *out = NULL;
+            snprintf(cmd, sizeof cmd, "%s run %s --dim %s=%d --check --iters 3 --cache-dir %s%s 2>&1", ts_kiln_bin(), path,
+                     dim, vals[v], g_cache_dir, plain ? " --no-cuda-graph" : "");
+            int         rc = ts_run(cmd, &out);
+            const char *chk = out ? strstr(out, "check ") : NULL;
+            if (rc != 0 || !chk || strstr(out, "FAILED")) fprintf(stderr, "%s: %s\n%s\n", label, cmd, out ? out : "");
+            ck_assert_msg(rc == 0 && chk && !strstr(out, "FAILED"), "%s %s=%d%s: failed (output on stderr)", label, dim,
+                          vals[v], plain ? " plain" : "");
+            printf("%s %s=%d%s: %.*s\n", label, dim, vals[v], plain ? " plain" : "", (int)strcspn(chk, "\n"), chk);
+            free(out);
+        }
+    free(path);
+    ts_rmtree(dir);
+    free(dir);
+}

@@ -65,6 +65,13 @@ void hset_clear_out(hset *h);
  * does: whole layers then keep activations and attention logits in a realistic range (with
  * weights in [-1, 1) the logits reach thousands and the softmax amplifies rounding). */
 void scale_weights(const kiln_graph *g, hset *h);
+/* Graph text kg as DIR/NAME.kg (a "kiln-graph 1" header is added when missing); caller frees. */
+char *write_kg(const char *dir, const char *name, const char *kg);
+/* The median GPU time `kiln run` printed for cmd, or -1. */
+double median_ms(const char *cmd);
+/* `kiln run --dim DIM=V --check` of kg at each of the nvals values, with the CUDA graph and with
+ * plain launches: asserts success and no FAILED check, prints each check line under `label`. */
+void run_check_at_values(const char *kg, const char *dim, const int *vals, int nvals, const char *label);
 void hset_free(hset *h);
 const void *ref_get(void *user, const char *name, kiln_type type, int64_t n);
 void ref_put(void *user, const char *name, kiln_type type, int64_t n, const void *data);

@@ -11,54 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *write_kg(const char *dir, const char *name, const char *kg) {
-    char *path = malloc(strlen(dir) + strlen(name) + 8);
-    ck_assert_ptr_nonnull(path);
-    sprintf(path, "%s/%s.kg", dir, name);
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fprintf(f, "kiln-graph 1\n%s", kg);
-    fclose(f);
-    return path;
-}
-
 START_TEST(runs_match_reference) {
     need_gpu();
-    const dyn_case *c = &DYN_CASES[_i];
-    char           *dir = ts_tmpdir();
-    char           *path = write_kg(dir, "g", c->kg);
-    for (int v = 0; v < 3; v++)
-        for (int plain = 0; plain < 2; plain++) {
-            char cmd[1024], *out = NULL;
-            snprintf(cmd, sizeof cmd, "%s run %s --dim %s=%d --check --iters 3 --cache-dir %s%s 2>&1", ts_kiln_bin(), path,
-                     c->dim, c->vals[v], g_cache_dir, plain ? " --no-cuda-graph" : "");
-            int         rc = ts_run(cmd, &out);
-            const char *chk = out ? strstr(out, "check ") : NULL;
-            if (rc != 0 || !chk || strstr(out, "FAILED")) fprintf(stderr, "case %d: %s\n%s\n", _i, cmd, out ? out : "");
-            ck_assert_msg(rc == 0 && chk && !strstr(out, "FAILED"), "case %d %s=%d%s: failed (output on stderr)", _i, c->dim,
-                          c->vals[v], plain ? " plain" : "");
-            printf("dyn_rope case %d %s=%d%s: %.*s\n", _i, c->dim, c->vals[v], plain ? " plain" : "",
-                   (int)strcspn(chk, "\n"), chk);
-            free(out);
-        }
-    free(path);
-    ts_rmtree(dir);
-    free(dir);
+    char label[32];
+    snprintf(label, sizeof label, "dyn_rope case %d", _i);
+    run_check_at_values(DYN_CASES[_i].kg, DYN_CASES[_i].dim, DYN_CASES[_i].vals, 3, label);
 }
 END_TEST
 
-/* The median GPU time of `kiln run`, or -1. */
-static double median_ms(const char *cmd) {
-    char  *out = NULL;
-    double ms = -1;
-    if (ts_run(cmd, &out) == 0 && out) {
-        const char *m = strstr(out, "median ");
-        if (m) ms = atof(m + 7);
-    }
-    if (ms < 0) fprintf(stderr, "%s\n%s\n", cmd, out ? out : "");
-    free(out);
-    return ms;
-}
 
 /* K of n tokens (8 kv heads of 128, normal rope) into an f16 [1024, 4096] cache. */
 static void rsr_graph(char *kg, size_t len, const char *n, int state) {
