@@ -156,8 +156,10 @@ static char *substitute(const char *kg, const char *const *names, const int64_t 
             int hit = -1;
             for (int d = 0; d < n && hit < 0; d++) {
                 size_t nl = strlen(names[d]);
-                char   before = i ? s[i - 1] : ' ', after = s[i + nl];
-                if (strncmp(s + i, names[d], nl) == 0 && !(before == '_' || (before >= 'a' && before <= 'z')) &&
+                if (i + nl > ll || strncmp(s + i, names[d], nl) != 0)
+                    continue; /* also keeps s[i + nl] below inside the string */
+                char before = i ? s[i - 1] : ' ', after = s[i + nl];
+                if (!(before == '_' || (before >= 'a' && before <= 'z')) &&
                     !(after == '_' || (after >= 'a' && after <= 'z') || (after >= '0' && after <= '9')))
                     hit = d;
             }
