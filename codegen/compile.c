@@ -80,7 +80,7 @@ static kiln_status obtain_cubin(compile_env *e, kiln_program *p, int i) {
         return NULL;
     }
     int corrupt = 0;
-    kiln_status st = kc_get(&e->cache, key, &k->cubin, &k->cubin_size, &corrupt);
+    kiln_status st = kc_get(&e->cache, KC_CUBIN, key, &k->cubin, &k->cubin_size, &corrupt);
     p->stats.corrupt += corrupt;
     if (st) return st;
     if (k->cubin) {
@@ -90,7 +90,7 @@ static kiln_status obtain_cubin(compile_env *e, kiln_program *p, int i) {
     }
     if ((st = cg_nvrtc_compile(k->source, k->name, e->arch, &k->cubin, &k->cubin_size))) return st;
     p->stats.compiled++;
-    return kc_put(&e->cache, key, k->cubin, k->cubin_size);
+    return kc_put(&e->cache, KC_CUBIN, key, NULL, k->cubin, k->cubin_size); /* meta: the lead fills it */
 }
 
 /* The comment heading a dumped kernel: what graph nodes it implements, and how it launches. */
