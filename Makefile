@@ -27,6 +27,10 @@ LIB_SRCS := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/templates.o
 TEMPLATES := $(sort $(wildcard templates/*.lua))
 
+# The kiln command: every tools/*.c but the template embedder (a build tool of its own).
+TOOL_SRCS := $(filter-out tools/embed.c,$(wildcard tools/*.c))
+TOOL_OBJS := $(TOOL_SRCS:%.c=$(BUILD)/obj/%.o)
+
 TEST_SRCS := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
@@ -59,7 +63,7 @@ $(BUILD)/libkiln.a: $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/kiln: $(BUILD)/obj/tools/kiln.o $(BUILD)/libkiln.a
+$(BUILD)/kiln: $(TOOL_OBJS) $(BUILD)/libkiln.a
 	$(CC) $(LDFLAGS) $^ $(LIBS) -o $@
 
 $(TEST_BINS): $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(BUILD)/libkiln.a

@@ -3,6 +3,7 @@
 
 #include "base/base.h"
 #include "runtime/runtime.h"
+#include "tools/cmd_cache.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -30,7 +31,8 @@ static const char *usage_text =
     "values with --dim NAME=VALUE (default: the maximum).\n"
     "\n"
     "options: --version, --help. Environment: KILN_CACHE_DIR (kernel cache, default\n"
-    "$XDG_CACHE_HOME/kiln or ~/.cache/kiln), KILN_DUMP=DIR (like --dump-cu),\n"
+    "$XDG_CACHE_HOME/kiln or ~/.cache/kiln), KILN_CACHE_MAX (its size limit, default 2G),\n"
+    "KILN_CACHE=on|off|readonly|refresh, KILN_DUMP=DIR (like --dump-cu),\n"
     "KILN_TEMPLATE_DIR (load templates from a directory), KILN_CUDA_GRAPHS=0 (plain launches).\n"
     "exit status: 0 success, 1 error, 2 bad usage, 3 no CUDA driver or GPU.\n";
 
@@ -539,7 +541,9 @@ int main(int argc, char **argv) {
         printf("kiln %s\n", KILN_VERSION);
         return EXIT_OK;
     }
+    if (!strcmp(argv[1], "cache")) return kiln_cmd_cache(argc, argv);
     if (!strcmp(argv[1], "help")) {
+        if (argc > 2 && !strcmp(argv[2], "cache")) return fputs(kiln_cache_help, stdout) < 0;
         const char *h = help_for(argc > 2 ? argv[2] : NULL);
         if (!h) return usage_error("no help for unknown command '%s'", argv[2]);
         print_help(argc > 2 ? argv[2] : NULL, h);
