@@ -26,6 +26,10 @@ typedef enum { KC_CUBIN = 1, KC_PROGRAM = 2 } kc_kind;
 kc_key kc_kernel_key(const char *source, const char *const *opts, int nopts, const char *arch,
                      int nvrtc_major, int nvrtc_minor, int codegen_version);
 void   kc_key_hex(kc_key k, char out[33]);
+/* Whole programs: XXH3-128 over (kiln version, build id, plan format, NVRTC version, arch,
+ * compile options text, canonical graph text), framed like kernel keys. */
+kc_key kc_program_key(const char *graph_text, const char *opts_text, const char *arch, int nvrtc_major,
+                      int nvrtc_minor, const char *build_id, int plan_version);
 
 typedef struct {
     char           *dir; /* root; entries under dir/kernels/ and dir/programs/ */
