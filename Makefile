@@ -59,7 +59,8 @@ $(BUILD)/libkiln.a: $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/kiln: $(BUILD)/obj/tools/kiln.o $(BUILD)/libkiln.a
+TOOL_SRCS := $(filter-out tools/embed.c,$(wildcard tools/*.c))
+$(BUILD)/kiln: $(TOOL_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/libkiln.a
 	$(CC) $(LDFLAGS) $^ $(LIBS) -o $@
 
 $(TEST_BINS): $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT) $(BUILD)/libkiln.a

@@ -3,6 +3,7 @@
 
 #include "base/base.h"
 #include "runtime/runtime.h"
+#include "tools/cmd_gen.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@ static const char *usage_text =
     "                  from files (--input), prints a checksum of each output and the timing\n"
     "  inspect GRAPH   print the IR after passes, the memory plan and the kernel list\n"
     "  ops             list every supported op with its kind and accepted types\n"
+    "  gen-graph       write a model's whole graph from a preset (--arch, --preset) as .kg\n"
     "  help [COMMAND]  this text, or a command's options\n"
     "\n"
     "Symbolic dims (\"dim n_kv <= 4096\" in the graph) are compiled once for every value; give\n"
@@ -539,6 +541,8 @@ int main(int argc, char **argv) {
         printf("kiln %s\n", KILN_VERSION);
         return EXIT_OK;
     }
+    if (!strcmp(argv[1], "gen-graph") || (argc > 2 && !strcmp(argv[1], "help") && !strcmp(argv[2], "gen-graph")))
+        return kiln_cmd_gen_graph(argc - 1, argv + 1);  /* also "help gen-graph" */
     if (!strcmp(argv[1], "help")) {
         const char *h = help_for(argc > 2 ? argv[2] : NULL);
         if (!h) return usage_error("no help for unknown command '%s'", argv[2]);
