@@ -433,6 +433,74 @@ typedef void (*kiln_ref_put_fn)(void *user, const char *name, kiln_type type, in
                                 const void *data);
 kiln_status kiln_reference(const kiln_graph *g, kiln_ref_get_fn get, kiln_ref_put_fn put, void *user);
 
+/* ---- model builders (docs/models.md) -------------------------------------------------------
+ * Whole-model graphs of one ubatch, node for node as llama.cpp builds them with flash attention
+ * and a KV cache, weights named as in GGUF ("blk.0.attn_q.weight"), so that a GGUF file's
+ * tensors bind by name. Hyperparameters come from a preset or (issue 8) a GGUF header. */
+
+typedef enum {
+    KILN_ROPE_SCALING_NONE,
+    KILN_ROPE_SCALING_LINEAR, /* positions divided by rope_factor (freq_scale = 1 / factor) */
+    KILN_ROPE_SCALING_YARN,   /* refused by kiln_build_model for now */
+    KILN_ROPE_SCALING_LLAMA3, /* per-frequency factors, the weight "rope_freqs.weight" */
+} kiln_rope_scaling;
+
+typedef struct {
+    char     arch[32];        /* "llama", "qwen2", "qwen3", "qwen3moe" */
+    int64_t  n_vocab;
+    int64_t  n_ctx_train;     /* also rope's n_ctx_orig */
+    int64_t  n_embd;
+    int64_t  n_layer;
+    int64_t  n_head;
+    int64_t  n_head_kv;       /* divides n_head (GQA) */
+    int64_t  head_dim;        /* n_embd_head_k = n_embd_head_v = n_rot */
+    int64_t  n_ff;            /* dense FFN width (unused by qwen3moe's expert layers) */
+    float    rms_norm_eps;
+    float    rope_freq_base;
+    kiln_rope_scaling rope_scaling;
+    float    rope_factor;     /* linear and llama3: the scaling factor */
+    float    rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
+    int64_t  rope_orig_ctx;   /* llama3: original_max_position_embeddings */
+    bool     tied_output;     /* no "output.weight": the logits use "token_embd.weight" */
+    bool     qk_norm;         /* qwen3, qwen3moe: RMS norm of each Q and K head */
+    bool     attn_bias;       /* qwen2 (llama optionally): Q, K and V biases */
+    int64_t  n_expert;        /* qwen3moe: experts, of which n_expert_used per token */
+    int64_t  n_expert_used;
+    int64_t  n_ff_exp;        /* one expert's FFN width */
+    bool     norm_topk_prob;  /* the selected experts' weights renormalized to sum 1 */
+    kiln_type wtype;          /* matrices and token_embd: f32, f16 or bf16; norms, biases f32 */
+} kiln_model_hparams;
+
+/* The hyperparameters of preset `name` ("tiny", "llama-3-8b", ...; sources in docs/models.md).
+ * arch may be NULL (the preset's own arch); "tiny" exists for every arch. An unknown arch or
+ * preset, or a preset of another arch, is an error listing the known ones. */
+kiln_status kiln_model_preset(const char *arch, const char *name, kiln_model_hparams *out);
+/* Preset i (NULL past the last) and its arch, for listings. */
+const char *kiln_model_preset_name(int i, const char **arch);
+/* Checks hp as kiln_build_model does; the error names the field. */
+kiln_status kiln_model_check(const kiln_model_hparams *hp);
+/* The values of "rope_freqs.weight" for KILN_ROPE_SCALING_LLAMA3 (head_dim / 2 floats, as
+ * llama.cpp's converter computes them), for a GGUF writer or random-weight runs. */
+kiln_status kiln_model_rope_freqs(const kiln_model_hparams *hp, float *out, int64_t n);
+
+typedef enum {
+    KILN_OUTPUTS_LAST, /* logits of one token: inp_out_ids i32[1] picks the row (n_tokens - 1) */
+    KILN_OUTPUTS_ALL,  /* logits of every token: inp_out_ids i32[n_tokens] (0, 1, ...) */
+} kiln_model_outputs;
+
+typedef struct {
+    int64_t n_ctx;        /* KV cache slots: the caches' rows and n_kv's maximum (0: 4096,
+                             at most n_ctx_train) */
+    int64_t n_tokens_max; /* tokens of one ubatch: n_tokens' maximum (0: 512) */
+    kiln_model_outputs outputs;
+} kiln_build_opts;
+
+/* Adds the model's graph to ctx (which should be empty): dims n_tokens (specialize 1: the decode
+ * program) and n_kv; inputs inp_tokens, inp_pos, kv_idxs, kq_mask, inp_out_ids; states
+ * cache_k_lN, cache_v_lN; GGUF-named weights; the output "logits" f32 [n_vocab, n_outputs].
+ * o may be NULL (defaults). Unknown arch or bad hyperparameters: an error naming them. */
+kiln_status kiln_build_model(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_build_opts *o);
+
 #ifdef __cplusplus
 }
 #endif

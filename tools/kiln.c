@@ -4,6 +4,7 @@
 #include "base/base.h"
 #include "runtime/runtime.h"
 #include "tools/cmd_cache.h"
+#include "tools/cmd_gen.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +30,7 @@ static const char *usage_text =
     "  inspect FILE.kiln  verify a bundle (checksum, signature, programs) and describe it\n"
     "  cache SUB       the cache: ls, stats, clear, verify, explain GRAPH ('kiln help cache')\n"
     "  ops             list every supported op with its kind and accepted types\n"
+    "  gen-graph       write a model's whole graph from a preset (--arch, --preset) as .kg\n"
     "  help [COMMAND]  this text, or a command's options\n"
     "\n"
     "Symbolic dims (\"dim n_kv <= 4096\" in the graph) are compiled once for every value; give\n"
@@ -674,6 +676,8 @@ int main(int argc, char **argv) {
         return EXIT_OK;
     }
     if (!strcmp(argv[1], "cache")) return kiln_cmd_cache(argc, argv);
+    if (!strcmp(argv[1], "gen-graph") || (argc > 2 && !strcmp(argv[1], "help") && !strcmp(argv[2], "gen-graph")))
+        return kiln_cmd_gen_graph(argc - 1, argv + 1);  /* also "help gen-graph" */
     if (!strcmp(argv[1], "help")) {
         if (argc > 2 && !strcmp(argv[2], "cache")) return fputs(kiln_cache_help, stdout) < 0;
         const char *h = help_for(argc > 2 ? argv[2] : NULL);

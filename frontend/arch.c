@@ -1,0 +1,220 @@
+/* Model hyperparameters: the architectures kiln builds, presets, and the checks every builder
+ * relies on (docs/models.md). The graphs themselves are built in frontend/arch_build.c. */
+#include "frontend/arch.h"
+
+#include "base/base.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *const arch_names[FE_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "qwen3moe"};
+
+int fe_arch_find(const char *name) {
+    for (int a = 0; name && a < FE_ARCH_COUNT; a++)
+        if (strcmp(arch_names[a], name) == 0) return a;
+    return -1;
+}
+
+const char *fe_arch_name(fe_arch a) { return (unsigned)a < FE_ARCH_COUNT ? arch_names[a] : "?"; }
+const char *fe_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe"; }
+
+/* ---- presets -------------------------------------------------------------------------------
+ * Real models: the values of their Hugging Face config.json (sources in docs/models.md). The
+ * tiny ones keep every feature of their arch (GQA, QK-norm, biases, a head size that is not
+ * n_embd / n_head, tied output, experts) at a few MB of weights, for tests and `make run`. */
+
+typedef struct {
+    const char        *name;
+    kiln_model_hparams hp;
+} preset;
+
+#define TINY_COMMON .n_vocab = 1024, .n_ctx_train = 1024, .n_embd = 128, .n_layer = 2, .n_head = 4, \
+                    .n_head_kv = 2, .n_ff = 256, .wtype = KILN_F16
+
+static const preset presets[] = {
+    {"tiny", {.arch = "llama", TINY_COMMON, .head_dim = 32, .rms_norm_eps = 1e-5f, .rope_freq_base = 500000}},
+    {"tiny", {.arch = "qwen2", TINY_COMMON, .head_dim = 32, .rms_norm_eps = 1e-6f, .rope_freq_base = 1000000,
+              .attn_bias = true, .tied_output = true}},
+    {"tiny", {.arch = "qwen3", TINY_COMMON, .head_dim = 64, .rms_norm_eps = 1e-6f, .rope_freq_base = 1000000,
+              .qk_norm = true, .tied_output = true}},
+    {"tiny", {.arch = "qwen3moe", TINY_COMMON, .head_dim = 64, .rms_norm_eps = 1e-6f, .rope_freq_base = 1000000,
+              .qk_norm = true, .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 64, .norm_topk_prob = true}},
+    /* meta-llama/Llama-3.2-1B: llama3 rope scaling, tied embeddings */
+    {"llama-3.2-1b", {.arch = "llama", .n_vocab = 128256, .n_ctx_train = 131072, .n_embd = 2048, .n_layer = 16,
+                      .n_head = 32, .n_head_kv = 8, .head_dim = 64, .n_ff = 8192, .rms_norm_eps = 1e-5f,
+                      .rope_freq_base = 500000, .rope_scaling = KILN_ROPE_SCALING_LLAMA3, .rope_factor = 32,
+                      .rope_low_freq_factor = 1, .rope_high_freq_factor = 4, .rope_orig_ctx = 8192,
+                      .tied_output = true, .wtype = KILN_BF16}},
+    /* meta-llama/Meta-Llama-3-8B: no rope scaling (that came with 3.1), separate output */
+    {"llama-3-8b", {.arch = "llama", .n_vocab = 128256, .n_ctx_train = 8192, .n_embd = 4096, .n_layer = 32,
+                    .n_head = 32, .n_head_kv = 8, .head_dim = 128, .n_ff = 14336, .rms_norm_eps = 1e-5f,
+                    .rope_freq_base = 500000, .wtype = KILN_BF16}},
+    /* Qwen/Qwen3-30B-A3B: 128 experts of 768, 8 used, QK-norm, head size 128 (q: 4096 > n_embd) */
+    {"qwen3-30b-a3b", {.arch = "qwen3moe", .n_vocab = 151936, .n_ctx_train = 40960, .n_embd = 2048, .n_layer = 48,
+                       .n_head = 32, .n_head_kv = 4, .head_dim = 128, .n_ff = 6144, .rms_norm_eps = 1e-6f,
+                       .rope_freq_base = 1000000, .qk_norm = true, .n_expert = 128, .n_expert_used = 8,
+                       .n_ff_exp = 768, .norm_topk_prob = true, .wtype = KILN_BF16}},
+};
+#define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
+
+const char *kiln_model_preset_name(int i, const char **arch) {
+    if (i < 0 || i >= N_PRESETS) return NULL;
+    if (arch) *arch = presets[i].hp.arch;
+    return presets[i].name;
+}
+
+/* "tiny (llama, qwen2, qwen3, qwen3moe), llama-3.2-1b (llama), ..." */
+static char *preset_list(void) {
+    kb_str b = {0};
+    for (int i = 0; i < N_PRESETS; i++) {
+        bool seen = false;
+        for (int j = 0; j < i; j++) seen |= strcmp(presets[j].name, presets[i].name) == 0;
+        if (seen) continue;
+        kb_str_addf(&b, "%s%s (", i ? ", " : "", presets[i].name);
+        int n = 0;
+        for (int j = i; j < N_PRESETS; j++)
+            if (strcmp(presets[j].name, presets[i].name) == 0) kb_str_addf(&b, "%s%s", n++ ? ", " : "", presets[j].hp.arch);
+        kb_str_add(&b, ")");
+    }
+    return kb_str_take(&b);
+}
+
+static kiln_status preset_error(const char *fmt, const char *a, const char *b) {
+    char *list = preset_list();
+    char  what[256];
+    snprintf(what, sizeof what, fmt, a, b);
+    kiln_status st = kb_error(KILN_ERR_INVALID, "%s; presets: %s", what, list ? list : "(out of memory)");
+    free(list);
+    return st;
+}
+
+kiln_status kiln_model_preset(const char *arch, const char *name, kiln_model_hparams *out) {
+    if (!name || !out) return kb_error(KILN_ERR_INVALID, "kiln_model_preset: NULL argument");
+    if (arch && fe_arch_find(arch) < 0)
+        return kb_error(KILN_ERR_INVALID, "unknown architecture '%s' (known: %s)", arch, fe_arch_list());
+    const preset *other = NULL;
+    for (int i = 0; i < N_PRESETS; i++) {
+        if (strcmp(presets[i].name, name) != 0) continue;
+        if (!arch || strcmp(presets[i].hp.arch, arch) == 0) {
+            *out = presets[i].hp;
+            return NULL;
+        }
+        other = &presets[i];
+    }
+    if (other) return preset_error("preset '%s' is a %s model", name, other->hp.arch);
+    return preset_error("unknown preset '%s'%s", name, "");
+}
+
+/* ---- checks --------------------------------------------------------------------------------- */
+
+#define CHECK(cond, ...) \
+    do {                                                                   \
+        if (!(cond)) return kb_error(KILN_ERR_INVALID, __VA_ARGS__);       \
+    } while (0)
+
+static kiln_status check_sizes(const kiln_model_hparams *hp) {
+    static const char *const names[] = {"n_vocab", "n_ctx_train", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim"};
+    const int64_t v[] = {hp->n_vocab, hp->n_ctx_train, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim};
+    for (int i = 0; i < (int)(sizeof v / sizeof v[0]); i++)
+        CHECK(v[i] >= 1 && v[i] <= ((int64_t)1 << 31), "model: %s = %lld is out of range (1 .. 2^31)", names[i],
+              (long long)v[i]);
+    CHECK(hp->n_head % hp->n_head_kv == 0, "model: n_head_kv = %lld does not divide n_head = %lld",
+          (long long)hp->n_head_kv, (long long)hp->n_head);
+    CHECK(hp->head_dim % 2 == 0, "model: head_dim = %lld is odd (rope rotates pairs)", (long long)hp->head_dim);
+    CHECK(hp->rms_norm_eps > 0 && isfinite(hp->rms_norm_eps), "model: rms_norm_eps = %g is not positive",
+          hp->rms_norm_eps);
+    CHECK(hp->rope_freq_base > 0 && isfinite(hp->rope_freq_base), "model: rope_freq_base = %g is not positive",
+          hp->rope_freq_base);
+    CHECK(hp->wtype == KILN_F32 || hp->wtype == KILN_F16 || hp->wtype == KILN_BF16,
+          "model: wtype %s is not supported (f32, f16 or bf16; quantized types are not supported yet)",
+          kiln_type_name(hp->wtype));
+    return NULL;
+}
+
+static kiln_status check_rope(const kiln_model_hparams *hp) {
+    switch (hp->rope_scaling) {
+    case KILN_ROPE_SCALING_NONE: return NULL;
+    case KILN_ROPE_SCALING_LINEAR:
+        CHECK(hp->rope_factor > 0 && isfinite(hp->rope_factor), "model: rope_factor = %g is not positive (linear "
+              "rope scaling)", hp->rope_factor);
+        return NULL;
+    case KILN_ROPE_SCALING_LLAMA3:
+        CHECK(hp->rope_factor > 0 && isfinite(hp->rope_factor), "model: rope_factor = %g is not positive (llama3 "
+              "rope scaling)", hp->rope_factor);
+        CHECK(hp->rope_low_freq_factor > 0 && hp->rope_high_freq_factor > hp->rope_low_freq_factor,
+              "model: rope_low_freq_factor = %g and rope_high_freq_factor = %g: need 0 < low < high (llama3 rope "
+              "scaling)", hp->rope_low_freq_factor, hp->rope_high_freq_factor);
+        CHECK(hp->rope_orig_ctx >= 1, "model: rope_orig_ctx = %lld is not positive (llama3 rope scaling)",
+              (long long)hp->rope_orig_ctx);
+        return NULL;
+    case KILN_ROPE_SCALING_YARN:
+        return kb_error(KILN_ERR_INVALID, "model: rope_scaling yarn is not supported yet (none, linear or llama3)");
+    }
+    return kb_error(KILN_ERR_INVALID, "model: rope_scaling = %d is not a kiln_rope_scaling", (int)hp->rope_scaling);
+}
+
+/* What each arch has: llama.cpp builds qwen3 and qwen3moe with QK-norm and qwen2 with Q/K/V
+ * biases always; only qwen3moe has experts here (llama with experts is Mixtral: not yet). */
+static kiln_status check_arch(const kiln_model_hparams *hp, fe_arch a) {
+    bool qwen3 = a == FE_ARCH_QWEN3 || a == FE_ARCH_QWEN3MOE;
+    CHECK(hp->qk_norm == qwen3, "model: qk_norm = %s, but %s %s QK-norm", hp->qk_norm ? "true" : "false", hp->arch,
+          qwen3 ? "always has" : "has no");
+    CHECK(!(a == FE_ARCH_QWEN2 && !hp->attn_bias), "model: attn_bias = false, but qwen2 always has Q/K/V biases");
+    CHECK(!(qwen3 && hp->attn_bias), "model: attn_bias = true, but %s has no Q/K/V biases", hp->arch);
+    if (a != FE_ARCH_QWEN3MOE) {
+        CHECK(hp->n_expert == 0, "model: n_expert = %lld, but %s has no experts here (llama with experts, "
+              "Mixtral, is not supported yet)", (long long)hp->n_expert, hp->arch);
+        CHECK(hp->n_ff >= 1 && hp->n_ff <= ((int64_t)1 << 31), "model: n_ff = %lld is out of range (1 .. 2^31)",
+              (long long)hp->n_ff);
+        return NULL;
+    }
+    CHECK(hp->n_expert >= 1 && hp->n_expert <= 4096, "model: n_expert = %lld is out of range (1 .. 4096)",
+          (long long)hp->n_expert);
+    CHECK(hp->n_expert_used >= 1 && hp->n_expert_used <= hp->n_expert,
+          "model: n_expert_used = %lld is out of range (1 .. n_expert = %lld)", (long long)hp->n_expert_used,
+          (long long)hp->n_expert);
+    CHECK(hp->n_ff_exp >= 1 && hp->n_ff_exp <= ((int64_t)1 << 31), "model: n_ff_exp = %lld is out of range "
+          "(1 .. 2^31)", (long long)hp->n_ff_exp);
+    return NULL;
+}
+
+kiln_status kiln_model_check(const kiln_model_hparams *hp) {
+    if (!hp) return kb_error(KILN_ERR_INVALID, "kiln_model_check: NULL argument");
+    if (!memchr(hp->arch, 0, sizeof hp->arch)) return kb_error(KILN_ERR_INVALID, "model: arch is not terminated");
+    int a = fe_arch_find(hp->arch);
+    if (a < 0) return kb_error(KILN_ERR_INVALID, "unknown architecture '%s' (known: %s)", hp->arch, fe_arch_list());
+    kiln_status st = check_sizes(hp);
+    if (!st) st = check_rope(hp);
+    if (!st) st = check_arch(hp, (fe_arch)a);
+    return st;
+}
+
+/* As llama.cpp's convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors): wavelengths shorter
+ * than orig_ctx / high_freq_factor keep their frequency, longer than orig_ctx / low_freq_factor
+ * are divided by factor, and the band between is interpolated smoothly. */
+kiln_status kiln_model_rope_freqs(const kiln_model_hparams *hp, float *out, int64_t n) {
+    kiln_status st = kiln_model_check(hp);
+    if (st) return st;
+    if (hp->rope_scaling != KILN_ROPE_SCALING_LLAMA3)
+        return kb_error(KILN_ERR_INVALID, "rope_freqs: the model has no llama3 rope scaling");
+    if (!out || n != hp->head_dim / 2)
+        return kb_error(KILN_ERR_INVALID, "rope_freqs: needs head_dim / 2 = %lld values, got %lld",
+                        (long long)(hp->head_dim / 2), (long long)n);
+    const double pi = 3.14159265358979323846;
+    double low_wavelen = (double)hp->rope_orig_ctx / hp->rope_low_freq_factor;
+    double high_wavelen = (double)hp->rope_orig_ctx / hp->rope_high_freq_factor;
+    for (int64_t i = 0; i < n; i++) {
+        double freq = 1.0 / pow(hp->rope_freq_base, (double)(2 * i) / (double)hp->head_dim);
+        double wavelen = 2 * pi / freq;
+        if (wavelen < high_wavelen) out[i] = 1.0f;
+        else if (wavelen > low_wavelen) out[i] = hp->rope_factor;
+        else {
+            double smooth = ((double)hp->rope_orig_ctx / wavelen - hp->rope_low_freq_factor) /
+                            (hp->rope_high_freq_factor - hp->rope_low_freq_factor);
+            out[i] = (float)(1.0 / ((1 - smooth) / hp->rope_factor + smooth));
+        }
+    }
+    return NULL;
+}

@@ -1,0 +1,322 @@
+/* kiln_build_model: the graph llama.cpp builds for one ubatch of a llama, qwen2, qwen3 or
+ * qwen3moe model with flash attention and a KV cache (src/models/llama.cpp, qwen2.cpp,
+ * qwen3.cpp, qwen3moe.cpp and llama-graph.cpp's build_inp_*, build_qkv, build_attn,
+ * build_ffn, build_moe_ffn), node for node in the order of examples/llama-layer.kg and
+ * examples/qwen3moe-layer.kg, so that kiln's fusions see the patterns they expect. Weights
+ * carry their GGUF names; intermediate tensors the example layers' names with ".LAYER". */
+#include "frontend/arch.h"
+#include "frontend/frontend.h"
+
+#include "base/base.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    kiln_ctx                 *ctx;
+    const kiln_model_hparams *hp;
+    fe_arch                   arch;
+    kiln_build_opts           o;
+    int64_t                   T, KV; /* handles of the symbolic dims n_tokens and n_kv */
+    kiln_tensor *embd, *pos, *kv_idxs, *mask, *out_ids, *rope_freqs;
+    int          il;   /* the layer being built; -1 outside the layers */
+    int64_t      rows; /* extent of the rows flowing through the layer: T, or 1 after the last
+                          layer keeps only the output rows (KILN_OUTPUTS_LAST) */
+} mb;
+
+/* One layer's weights, named and shaped as llama.cpp's load_arch_tensors creates them. */
+typedef struct {
+    kiln_tensor *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *q_norm, *k_norm, *ffn_norm;
+    kiln_tensor *ffn_gate, *ffn_up, *ffn_down;                   /* dense */
+    kiln_tensor *gate_inp, *gate_exps, *up_exps, *down_exps;     /* experts */
+    kiln_tensor *cache_k, *cache_v;
+} layer_w;
+
+/* ---- naming ---------------------------------------------------------------------------------- */
+
+/* Names t base (outside the layers) or base.LAYER, as llama.cpp's cb(t, name, il) labels it. */
+static kiln_tensor *nm(mb *b, kiln_tensor *t, const char *base) {
+    char name[FE_MAX_NAME + 16]; /* too long a name is kiln_set_name's error, not a truncation */
+    if (b->il >= 0) snprintf(name, sizeof name, "%s.%d", base, b->il);
+    else snprintf(name, sizeof name, "%s", base);
+    kiln_set_name(b->ctx, t, name);
+    return t;
+}
+
+/* A leaf named as GGUF names tensors: blk.LAYER.NAME inside the layers, NAME outside. */
+static kiln_tensor *leaf(mb *b, kiln_role role, kiln_type type, const char *name, int nd, int64_t ne0,
+                         int64_t ne1, int64_t ne2) {
+    char    full[FE_MAX_NAME];
+    int64_t ne[3] = {ne0, ne1, ne2};
+    if (b->il >= 0 && role == KILN_ROLE_WEIGHT) snprintf(full, sizeof full, "blk.%d.%s", b->il, name);
+    else snprintf(full, sizeof full, "%s", name);
+    return kiln_new_tensor(b->ctx, role, type, full, nd, ne);
+}
+
+static kiln_tensor *weight(mb *b, kiln_type type, const char *name, int nd, int64_t ne0, int64_t ne1, int64_t ne2) {
+    return leaf(b, KILN_ROLE_WEIGHT, type, name, nd, ne0, ne1, ne2);
+}
+
+/* ---- layer weights ---------------------------------------------------------------------------- */
+
+static void attn_weights(mb *b, layer_w *w) {
+    const kiln_model_hparams *hp = b->hp;
+    kiln_type t = hp->wtype;
+    int64_t   nq = hp->head_dim * hp->n_head, nkv = hp->head_dim * hp->n_head_kv;
+    w->attn_norm = weight(b, KILN_F32, "attn_norm.weight", 1, hp->n_embd, 1, 1);
+    w->wq = weight(b, t, "attn_q.weight", 2, hp->n_embd, nq, 1);
+    w->wk = weight(b, t, "attn_k.weight", 2, hp->n_embd, nkv, 1);
+    w->wv = weight(b, t, "attn_v.weight", 2, hp->n_embd, nkv, 1);
+    if (hp->attn_bias) {
+        w->bq = weight(b, KILN_F32, "attn_q.bias", 1, nq, 1, 1);
+        w->bk = weight(b, KILN_F32, "attn_k.bias", 1, nkv, 1, 1);
+        w->bv = weight(b, KILN_F32, "attn_v.bias", 1, nkv, 1, 1);
+    }
+    if (hp->qk_norm) {
+        w->q_norm = weight(b, KILN_F32, "attn_q_norm.weight", 1, hp->head_dim, 1, 1);
+        w->k_norm = weight(b, KILN_F32, "attn_k_norm.weight", 1, hp->head_dim, 1, 1);
+    }
+    w->wo = weight(b, t, "attn_output.weight", 2, nq, hp->n_embd, 1);
+    /* the KV cache of this layer: [n_embd_k_gqa, n_ctx] f16, as llama.cpp's cache_k_lN */
+    char name[FE_MAX_NAME];
+    snprintf(name, sizeof name, "cache_k_l%d", b->il);
+    w->cache_k = leaf(b, KILN_ROLE_STATE, KILN_F16, name, 2, nkv, b->o.n_ctx, 1);
+    snprintf(name, sizeof name, "cache_v_l%d", b->il);
+    w->cache_v = leaf(b, KILN_ROLE_STATE, KILN_F16, name, 2, nkv, b->o.n_ctx, 1);
+}
+
+static void ffn_weights(mb *b, layer_w *w) {
+    const kiln_model_hparams *hp = b->hp;
+    kiln_type t = hp->wtype;
+    w->ffn_norm = weight(b, KILN_F32, "ffn_norm.weight", 1, hp->n_embd, 1, 1);
+    if (b->arch != FE_ARCH_QWEN3MOE) {
+        w->ffn_gate = weight(b, t, "ffn_gate.weight", 2, hp->n_embd, hp->n_ff, 1);
+        w->ffn_up = weight(b, t, "ffn_up.weight", 2, hp->n_embd, hp->n_ff, 1);
+        w->ffn_down = weight(b, t, "ffn_down.weight", 2, hp->n_ff, hp->n_embd, 1);
+        return;
+    }
+    /* the router stays f32 in GGUF files (llama.cpp's converter keeps ffn_gate_inp in f32) */
+    w->gate_inp = weight(b, KILN_F32, "ffn_gate_inp.weight", 2, hp->n_embd, hp->n_expert, 1);
+    w->gate_exps = weight(b, t, "ffn_gate_exps.weight", 3, hp->n_embd, hp->n_ff_exp, hp->n_expert);
+    w->up_exps = weight(b, t, "ffn_up_exps.weight", 3, hp->n_embd, hp->n_ff_exp, hp->n_expert);
+    w->down_exps = weight(b, t, "ffn_down_exps.weight", 3, hp->n_ff_exp, hp->n_embd, hp->n_expert);
+}
+
+/* ---- blocks ------------------------------------------------------------------------------------ */
+
+/* build_norm(LLM_NORM_RMS): rms_norm then the weight (fused by rms_norm_mul). */
+static kiln_tensor *norm_w(mb *b, kiln_tensor *x, kiln_tensor *w, const char *n_norm, const char *n_out) {
+    kiln_tensor *n = nm(b, kiln_rms_norm(b->ctx, x, b->hp->rms_norm_eps), n_norm);
+    return nm(b, kiln_mul(b->ctx, n, w), n_out);
+}
+
+/* build_qkv's separate path: the projection, then its bias when the model has one. */
+static kiln_tensor *proj(mb *b, kiln_tensor *w, kiln_tensor *bias, kiln_tensor *x, const char *name) {
+    kiln_tensor *y = nm(b, kiln_mul_mat(b->ctx, w, x), name);
+    if (!bias) return y;
+    char nb[FE_MAX_NAME];
+    snprintf(nb, sizeof nb, "%s_b", name);
+    return nm(b, kiln_add(b->ctx, y, bias), nb);
+}
+
+static kiln_tensor *reshape(mb *b, kiln_tensor *x, int nd, int64_t ne0, int64_t ne1, int64_t ne2, const char *name) {
+    int64_t ne[3] = {ne0, ne1, ne2};
+    return nm(b, kiln_reshape(b->ctx, x, nd, ne), name);
+}
+
+static kiln_tensor *rope(mb *b, kiln_tensor *x, const char *name) {
+    const kiln_model_hparams *hp = b->hp;
+    int   mode = b->arch == FE_ARCH_LLAMA ? KILN_ROPE_NORMAL : KILN_ROPE_NEOX;
+    float freq_scale = hp->rope_scaling == KILN_ROPE_SCALING_LINEAR ? 1.0f / hp->rope_factor : 1.0f;
+    /* ext_factor 0, attn_factor 1, beta 32/1: llama.cpp's values without YaRN */
+    return nm(b, kiln_rope_ext(b->ctx, x, b->pos, b->rope_freqs, (int)hp->head_dim, mode, (int)hp->n_ctx_train,
+                               hp->rope_freq_base, freq_scale, 0.0f, 1.0f, 32.0f, 1.0f),
+              name);
+}
+
+/* The heads of cache rows 0 .. n_kv-1 (llama.cpp's get_k / get_v): [hd, n_head_kv, n_kv]. */
+static kiln_tensor *cache_heads(mb *b, kiln_tensor *cache, const char *name) {
+    int64_t hd = b->hp->head_dim, es = (int64_t)kiln_type_size(KILN_F16);
+    int64_t ne[3] = {hd, b->hp->n_head_kv, b->KV};
+    size_t  nb[2] = {(size_t)(hd * es), (size_t)(hd * b->hp->n_head_kv * es)};
+    return nm(b, kiln_view(b->ctx, cache, 3, ne, nb, 0), name);
+}
+
+/* build_attn with a KV cache and flash attention: Q/K/V, (QK-norm), rope, K and V written into
+ * the cache with set_rows, attention over n_kv cache rows, the output projection. */
+static kiln_tensor *attention(mb *b, const layer_w *w, kiln_tensor *x) {
+    const kiln_model_hparams *hp = b->hp;
+    kiln_ctx *ctx = b->ctx;
+    int64_t   hd = hp->head_dim, gqa = hd * hp->n_head_kv, T = b->T;
+    kiln_tensor *Q = proj(b, w->wq, w->bq, x, "Qcur");
+    kiln_tensor *K = proj(b, w->wk, w->bk, x, "Kcur");
+    kiln_tensor *V = proj(b, w->wv, w->bv, x, "Vcur");
+    Q = reshape(b, Q, 3, hd, hp->n_head, T, "Q3");
+    K = reshape(b, K, 3, hd, hp->n_head_kv, T, "K3");
+    kiln_tensor *V3 = reshape(b, V, 3, hd, hp->n_head_kv, T, "V3");
+    if (hp->qk_norm) {
+        Q = norm_w(b, Q, w->q_norm, "Qn", "Qnw");
+        K = norm_w(b, K, w->k_norm, "Kn", "Knw");
+    }
+    Q = rope(b, Q, "Qrope");
+    K = rope(b, K, "Krope");
+    kiln_tensor *k_row = reshape(b, K, 2, gqa, T, 1, "k_row");
+    kiln_tensor *v_row = reshape(b, V3, 2, gqa, T, 1, "v_row");
+    kiln_tensor *k_cache = nm(b, kiln_set_rows(ctx, w->cache_k, k_row, b->kv_idxs), "k_cache");
+    kiln_tensor *v_cache = nm(b, kiln_set_rows(ctx, w->cache_v, v_row, b->kv_idxs), "v_cache");
+    kiln_tensor *q = nm(b, kiln_permute(ctx, Q, 0, 2, 1, 3), "q");
+    kiln_tensor *k_heads = cache_heads(b, k_cache, "k_heads");
+    kiln_tensor *v_heads = cache_heads(b, v_cache, "v_heads");
+    kiln_tensor *k = nm(b, kiln_permute(ctx, k_heads, 0, 2, 1, 3), "k");
+    kiln_tensor *v = nm(b, kiln_permute(ctx, v_heads, 0, 2, 1, 3), "v");
+    float scale = 1.0f / sqrtf((float)hd);
+    kiln_tensor *attn = nm(b, kiln_flash_attn_ext(ctx, q, k, v, b->mask, scale, 0.0f, 0.0f, NULL), "attn");
+    kiln_tensor *flat = reshape(b, attn, 2, hd * hp->n_head, T, 1, "attn_flat");
+    return nm(b, kiln_mul_mat(ctx, w->wo, flat), "attn_out");
+}
+
+/* build_ffn(LLM_FFN_SILU, LLM_FFN_PAR): up, gate, swiglu(gate, up), down (mul_mat_glu fuses). */
+static kiln_tensor *ffn_dense(mb *b, const layer_w *w, kiln_tensor *x) {
+    kiln_tensor *up = nm(b, kiln_mul_mat(b->ctx, w->ffn_up, x), "up");
+    kiln_tensor *gate = nm(b, kiln_mul_mat(b->ctx, w->ffn_gate, x), "gate");
+    kiln_tensor *act = nm(b, kiln_swiglu(b->ctx, gate, up, false), "act");
+    return nm(b, kiln_mul_mat(b->ctx, w->ffn_down, act), "down");
+}
+
+/* build_moe_ffn's routing with softmax gating: the top n_expert_used experts and their
+ * probabilities, renormalized when norm_topk_prob (the topk_moe fusion takes all of it).
+ * Returns the weights [1, n_used, rows]; *selected gets the experts i32 [n_used, rows]. */
+static kiln_tensor *moe_route(mb *b, const layer_w *w, kiln_tensor *x, kiln_tensor **selected) {
+    const kiln_model_hparams *hp = b->hp;
+    kiln_ctx *ctx = b->ctx;
+    int64_t   E = hp->n_expert, k = hp->n_expert_used, R = b->rows;
+    kiln_tensor *logits = nm(b, kiln_mul_mat(ctx, w->gate_inp, x), "moe_logits");
+    kiln_tensor *probs = nm(b, kiln_soft_max(ctx, logits), "probs");
+    *selected = nm(b, kiln_argsort_top_k(ctx, probs, (int)k), "selected");
+    kiln_tensor *probs3 = reshape(b, probs, 3, 1, E, R, "probs3");
+    kiln_tensor *weights = nm(b, kiln_get_rows(ctx, probs3, *selected), "weights");
+    if (!hp->norm_topk_prob) return weights;
+    kiln_tensor *w2 = reshape(b, weights, 2, k, R, 1, "weights2");
+    kiln_tensor *sum = nm(b, kiln_sum_rows(ctx, w2), "weights_sum");
+    kiln_tensor *wn = nm(b, kiln_div(ctx, w2, sum), "weights_n");
+    return reshape(b, wn, 3, 1, k, R, "weights3");
+}
+
+/* build_moe_ffn's experts: up and gate through mul_mat_id, swiglu, down, weighted by the
+ * routing weights, then the n_used slots summed one add at a time (add_chain fuses). */
+static kiln_tensor *ffn_moe(mb *b, const layer_w *w, kiln_tensor *x) {
+    const kiln_model_hparams *hp = b->hp;
+    kiln_ctx *ctx = b->ctx;
+    int64_t   k = hp->n_expert_used, R = b->rows;
+    kiln_tensor *selected;
+    kiln_tensor *weights = moe_route(b, w, x, &selected);
+    kiln_tensor *x3 = reshape(b, x, 3, hp->n_embd, 1, R, "x3");
+    kiln_tensor *up = nm(b, kiln_mul_mat_id(ctx, w->up_exps, x3, selected), "up");
+    kiln_tensor *gate = nm(b, kiln_mul_mat_id(ctx, w->gate_exps, x3, selected), "gate");
+    kiln_tensor *par = nm(b, kiln_swiglu(ctx, gate, up, false), "par");
+    kiln_tensor *experts = nm(b, kiln_mul_mat_id(ctx, w->down_exps, par, selected), "experts");
+    kiln_tensor *weighted = nm(b, kiln_mul(ctx, experts, weights), "weighted");
+    if (!weighted) return NULL;
+    kiln_tensor **e = calloc((size_t)k, sizeof *e);
+    if (!e) {
+        fe_failf(ctx, KILN_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    int64_t ne[2] = {hp->n_embd, R};
+    size_t  nb[1] = {kiln_tensor_nb(weighted, 2)};
+    char    name[32];
+    /* all views before the adds, as build_moe_ffn orders them */
+    for (int64_t i = 0; i < k; i++) {
+        snprintf(name, sizeof name, "e%d", (int)i);
+        e[i] = nm(b, kiln_view(ctx, weighted, 2, ne, nb, (size_t)i * kiln_tensor_nb(weighted, 1)), name);
+    }
+    kiln_tensor *sum = e[0];
+    for (int64_t i = 1; i < k; i++) {
+        snprintf(name, sizeof name, i + 1 == k ? "moe_out" : "s%d", (int)i);
+        sum = nm(b, kiln_add(ctx, sum, e[i]), name);
+    }
+    free(e);
+    /* one expert: a view of the weighted slots, which llama.cpp makes contiguous */
+    if (k == 1) sum = nm(b, kiln_cont(ctx, sum), "moe_out");
+    return sum;
+}
+
+/* One decoder layer. The last one keeps only the output rows (inp_out_ids) after attention,
+ * as llama.cpp does, so the FFN and the logits run on n_outputs rows. */
+static kiln_tensor *layer(mb *b, kiln_tensor *inpL) {
+    const kiln_model_hparams *hp = b->hp;
+    kiln_ctx *ctx = b->ctx;
+    layer_w   w = {0};
+    attn_weights(b, &w);
+    ffn_weights(b, &w);
+    kiln_tensor *x = norm_w(b, inpL, w.attn_norm, "norm", "attn_in");
+    kiln_tensor *cur = attention(b, &w, x);
+    kiln_tensor *inpSA = inpL;
+    if (b->il == hp->n_layer - 1) {
+        cur = nm(b, kiln_get_rows(ctx, cur, b->out_ids), "attn_out_rows");
+        inpSA = nm(b, kiln_get_rows(ctx, inpL, b->out_ids), "inp_rows");
+        b->rows = b->o.outputs == KILN_OUTPUTS_LAST ? 1 : b->T;
+    }
+    kiln_tensor *ffn_inp = nm(b, kiln_add(ctx, cur, inpSA), "ffn_inp");
+    kiln_tensor *ffn_in = norm_w(b, ffn_inp, w.ffn_norm, "norm2", "ffn_in");
+    kiln_tensor *ffn_out = b->arch == FE_ARCH_QWEN3MOE ? ffn_moe(b, &w, ffn_in) : ffn_dense(b, &w, ffn_in);
+    return nm(b, kiln_add(ctx, ffn_out, ffn_inp), "l_out");
+}
+
+/* ---- inputs and the whole model ------------------------------------------------------------------ */
+
+/* build_inp_embd, build_inp_pos, build_attn_inp_kv, build_inp_out_ids. One slot list serves
+ * K and V: with flash attention V is not transposed, so llama.cpp's k_idxs and v_idxs agree. */
+static kiln_tensor *inputs(mb *b) {
+    const kiln_model_hparams *hp = b->hp;
+    int64_t T = b->T;
+    kiln_tensor *tokens = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_tokens", 1, T, 1, 1);
+    kiln_tensor *embd = b->embd = weight(b, hp->wtype, "token_embd.weight", 2, hp->n_embd, hp->n_vocab, 1);
+    b->pos = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_pos", 1, T, 1, 1);
+    b->kv_idxs = leaf(b, KILN_ROLE_INPUT, KILN_I64, "kv_idxs", 1, T, 1, 1);
+    b->mask = leaf(b, KILN_ROLE_INPUT, KILN_F16, "kq_mask", 2, b->KV, T, 1);
+    b->out_ids = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_out_ids", 1, b->o.outputs == KILN_OUTPUTS_LAST ? 1 : T, 1, 1);
+    if (hp->rope_scaling == KILN_ROPE_SCALING_LLAMA3)
+        b->rope_freqs = weight(b, KILN_F32, "rope_freqs.weight", 1, hp->head_dim / 2, 1, 1);
+    return nm(b, kiln_get_rows(b->ctx, embd, tokens), "inp_embd");
+}
+
+static kiln_status check_opts(const kiln_model_hparams *hp, const kiln_build_opts *in, kiln_build_opts *o) {
+    kiln_build_opts d = {0};
+    *o = in ? *in : d;
+    if (o->n_ctx == 0) o->n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if (o->n_tokens_max == 0) o->n_tokens_max = o->n_ctx < 512 ? o->n_ctx : 512;
+    if (o->n_ctx < 1 || o->n_ctx > ((int64_t)1 << 31))
+        return kb_error(KILN_ERR_INVALID, "build: n_ctx = %lld is out of range (1 .. 2^31)", (long long)o->n_ctx);
+    if (o->n_tokens_max < 1 || o->n_tokens_max > o->n_ctx)
+        return kb_error(KILN_ERR_INVALID, "build: n_tokens_max = %lld is out of range (1 .. n_ctx = %lld: a "
+                        "ubatch writes its tokens into distinct cache slots)", (long long)o->n_tokens_max,
+                        (long long)o->n_ctx);
+    if (o->outputs != KILN_OUTPUTS_LAST && o->outputs != KILN_OUTPUTS_ALL)
+        return kb_error(KILN_ERR_INVALID, "build: outputs = %d is not a kiln_model_outputs", (int)o->outputs);
+    return NULL;
+}
+
+kiln_status kiln_build_model(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_build_opts *o) {
+    if (!ctx || !hp) return kb_error(KILN_ERR_INVALID, "kiln_build_model: NULL argument");
+    kiln_status st = kiln_model_check(hp);
+    mb b = {.ctx = ctx, .hp = hp, .il = -1};
+    if (!st) st = check_opts(hp, o, &b.o);
+    if (st) return st;
+    b.arch = (fe_arch)fe_arch_find(hp->arch);
+    b.T = kiln_dim(ctx, "n_tokens", b.o.n_tokens_max);
+    if (b.o.n_tokens_max > 1) kiln_dim_specialize(ctx, "n_tokens", 1);
+    b.KV = kiln_dim(ctx, "n_kv", b.o.n_ctx);
+    b.rows = b.T;
+    kiln_tensor *cur = inputs(&b);
+    for (b.il = 0; b.il < hp->n_layer && !ctx->err; b.il++) cur = layer(&b, cur);
+    b.il = -1;
+    kiln_tensor *out_norm = weight(&b, KILN_F32, "output_norm.weight", 1, hp->n_embd, 1, 1);
+    kiln_tensor *out_w = hp->tied_output ? b.embd
+                                         : weight(&b, hp->wtype, "output.weight", 2, hp->n_embd, hp->n_vocab, 1);
+    cur = norm_w(&b, cur, out_norm, "norm_out", "result_norm");
+    kiln_set_output(ctx, kiln_mul_mat(ctx, out_w, cur), "logits");
+    return kiln_ctx_status(ctx);
+}

@@ -1,0 +1,117 @@
+/* kiln gen-graph --arch A --preset P [--n-ctx N] [--n-tokens N] [--outputs last|all] [-o FILE]:
+ * builds a model's graph from a preset (kiln_model_preset, kiln_build_model) and writes it as
+ * .kg text. The option parsing and the hyperparameter step are shared with what issue 8's
+ * gen-model needs: gen_args / gen_hparams. */
+#include "tools/cmd_gen.h"
+
+#include "kiln.h"
+
+#include "base/base.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { GEN_OK = 0, GEN_ERR = 1, GEN_USAGE = 2 };
+
+static const char *gen_graph_help =
+    "usage: kiln gen-graph --arch ARCH --preset NAME [--n-ctx N] [--n-tokens N] [--outputs last|all]\n"
+    "                      [-o FILE.kg]\n"
+    "  writes the whole graph of a model, as llama.cpp builds it for one batch of tokens with flash\n"
+    "  attention and a KV cache, as .kg text (stdout without -o). Weights carry their GGUF names\n"
+    "  (token_embd.weight, blk.0.attn_q.weight, ...); see docs/models.md.\n"
+    "  --arch ARCH      llama, qwen2, qwen3 or qwen3moe\n"
+    "  --preset NAME    hyperparameters of a known model (listed below)\n"
+    "  --n-ctx N        KV cache slots: the caches' rows and the maximum of dim n_kv (default:\n"
+    "                   4096, or n_ctx_train when smaller)\n"
+    "  --n-tokens N     tokens per batch: the maximum of dim n_tokens, which also gets a decode\n"
+    "                   program of its own (specialize 1) (default: 512, or n_ctx when smaller)\n"
+    "  --outputs WHICH  last: logits of one token, the row inp_out_ids[0] (default); all: logits\n"
+    "                   of every token, [n_vocab, n_tokens]\n"
+    "  -o FILE          write the graph to FILE\n";
+
+typedef struct {
+    const char        *arch, *preset, *out;
+    kiln_build_opts    opts;
+} gen_args;
+
+static int usage(const char *fmt, const char *arg) {
+    fprintf(stderr, "kiln gen-graph: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see 'kiln help gen-graph')\n");
+    return GEN_USAGE;
+}
+
+static void print_help(void) {
+    fputs(gen_graph_help, stdout);
+    printf("presets:\n");
+    const char *name, *arch;
+    for (int i = 0; (name = kiln_model_preset_name(i, &arch)); i++) printf("  %-16s %s\n", name, arch);
+}
+
+static int parse_count(const char *opt, const char *v, int64_t *out) {
+    char     *end;
+    long long n = strtoll(v, &end, 10);
+    if (!*v || *end || n < 1) {
+        fprintf(stderr, "kiln gen-graph: %s wants a positive integer, got '%s'\n(see 'kiln help gen-graph')\n", opt, v);
+        return GEN_USAGE;
+    }
+    *out = n;
+    return -1;
+}
+
+/* -1 when the arguments are complete, else the exit status (help printed, or a usage error). */
+static int parse_args(int argc, char **argv, gen_args *g) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            print_help();
+            return GEN_OK;
+        }
+        bool takes = !strcmp(a, "--arch") || !strcmp(a, "--preset") || !strcmp(a, "-o") || !strcmp(a, "--n-ctx") ||
+                     !strcmp(a, "--n-tokens") || !strcmp(a, "--outputs");
+        if (!takes) return usage("unknown argument '%s'", a);
+        if (!v) return usage("option %s needs a value", a);
+        i++;
+        int rc = -1;
+        if (!strcmp(a, "--arch")) g->arch = v;
+        else if (!strcmp(a, "--preset")) g->preset = v;
+        else if (!strcmp(a, "-o")) g->out = v;
+        else if (!strcmp(a, "--n-ctx")) rc = parse_count(a, v, &g->opts.n_ctx);
+        else if (!strcmp(a, "--n-tokens")) rc = parse_count(a, v, &g->opts.n_tokens_max);
+        else if (!strcmp(v, "last")) g->opts.outputs = KILN_OUTPUTS_LAST;
+        else if (!strcmp(v, "all")) g->opts.outputs = KILN_OUTPUTS_ALL;
+        else return usage("--outputs wants last or all, got '%s'", v);
+        if (rc >= 0) return rc;
+    }
+    if (!g->preset) return usage("%s", "no --preset given");
+    return -1;
+}
+
+static int fail(kiln_status st) {
+    fprintf(stderr, "kiln gen-graph: %s\n", kiln_status_msg(st));
+    kiln_status_free(st);
+    return GEN_ERR;
+}
+
+int kiln_cmd_gen_graph(int argc, char **argv) {
+    if (argc > 0 && !strcmp(argv[0], "help")) { /* kiln help gen-graph */
+        print_help();
+        return GEN_OK;
+    }
+    gen_args g = {0};
+    int      rc = parse_args(argc, argv, &g);
+    if (rc >= 0) return rc;
+    kiln_model_hparams hp;
+    kiln_status        st = kiln_model_preset(g.arch, g.preset, &hp);
+    if (st) return fail(st);
+    kiln_ctx *ctx = kiln_ctx_new();
+    char     *text = NULL;
+    st = ctx ? kiln_build_model(ctx, &hp, &g.opts) : kb_oom();
+    if (!st) st = kiln_print(ctx, &text);
+    if (!st && g.out) st = kb_write_file(g.out, text, strlen(text));
+    else if (!st && fputs(text, stdout) < 0) st = kb_error(KILN_ERR_IO, "writing the graph to stdout failed");
+    free(text);
+    kiln_ctx_free(ctx);
+    return st ? fail(st) : GEN_OK;
+}
