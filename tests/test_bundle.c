@@ -247,66 +247,95 @@ END_TEST
 
 /* ---- damage and foreign bundles ------------------------------------------------------------- */
 
-START_TEST(damage_detected) {
-    char *dir = ts_tmpdir(), path[4200], bad[4200];
-    snprintf(path, sizeof path, "%s/g.kiln", dir);
-    snprintf(bad, sizeof bad, "%s/bad.kiln", dir);
-    write_bundle(kg_spec, 2, two_archs, path);
+/* A bundle of kg_spec at path, its bytes in data, and bad: where altered copies go. */
+typedef struct {
+    char  *dir, path[4200], bad[4200];
+    char  *data;
     size_t n;
-    char  *data = read_all(path, &n);
-    char   what[96];
+} fixture;
+
+static fixture fixture_new(int narchs, const char *bad_name) {
+    fixture f = {.dir = ts_tmpdir()};
+    snprintf(f.path, sizeof f.path, "%s/g.kiln", f.dir);
+    snprintf(f.bad, sizeof f.bad, "%s/%s", f.dir, bad_name);
+    write_bundle(kg_spec, narchs, two_archs, f.path);
+    f.data = read_all(f.path, &f.n);
+    return f;
+}
+
+static void fixture_free(fixture *f) {
+    free(f->data);
+    ts_rmtree(f->dir);
+    free(f->dir);
+}
+
+START_TEST(damage_detected) {
+    fixture f = fixture_new(2, "bad.kiln");
+    char    what[96];
     /* Truncated at every 1/16 of the file, and by its last byte. */
     for (int k = 0; k <= 16; k++) {
-        size_t at = k < 16 ? n * (size_t)k / 16 : n - 1;
-        write_all(bad, data, at);
-        snprintf(what, sizeof what, "truncated to %zu of %zu bytes", at, n);
-        expect_refused(bad, NULL, what);
+        size_t at = k < 16 ? f.n * (size_t)k / 16 : f.n - 1;
+        write_all(f.bad, f.data, at);
+        snprintf(what, sizeof what, "truncated to %zu of %zu bytes", at, f.n);
+        expect_refused(f.bad, NULL, what);
     }
     /* One bit flipped, at 97 places spread over the file and at its first and last bytes. */
     for (int k = 0; k <= 98; k++) {
-        size_t at = k == 97 ? 0 : k == 98 ? n - 1 : (n * (size_t)k) / 97 + (size_t)k % 7;
-        data[at] ^= (char)(1 << (k % 8));
-        write_all(bad, data, n);
-        data[at] ^= (char)(1 << (k % 8));
+        size_t at = k == 97 ? 0 : k == 98 ? f.n - 1 : (f.n * (size_t)k) / 97 + (size_t)k % 7;
+        f.data[at] ^= (char)(1 << (k % 8));
+        write_all(f.bad, f.data, f.n);
+        f.data[at] ^= (char)(1 << (k % 8));
         snprintf(what, sizeof what, "bit %d of byte %zu flipped", k % 8, at);
-        expect_refused(bad, at == 0 ? "not a kiln bundle" : "damaged", what);
+        expect_refused(f.bad, at == 0 ? "not a kiln bundle" : "damaged", what);
     }
     /* Extra bytes at the end. */
-    char *longer = malloc(n + 1);
-    memcpy(longer, data, n);
-    longer[n] = 0;
-    write_all(bad, longer, n + 1);
-    expect_refused(bad, NULL, "one byte appended");
+    char *longer = malloc(f.n + 1);
+    memcpy(longer, f.data, f.n);
+    longer[f.n] = 0;
+    write_all(f.bad, longer, f.n + 1);
+    expect_refused(f.bad, NULL, "one byte appended");
     free(longer);
     /* The original still opens. */
     kiln_bundle *b = NULL;
-    TS_OK(kiln_bundle_open(path, &b));
+    TS_OK(kiln_bundle_open(f.path, &b));
     kiln_bundle_free(b);
-    free(data);
-    ts_rmtree(dir);
-    free(dir);
+    fixture_free(&f);
 }
 END_TEST
+
+/* Everything a reader does with an opened bundle; errors are fine, crashes are not. */
+static void use_bundle(const kiln_bundle *b) {
+    char       *text = NULL;
+    kiln_status st = kiln_bundle_describe(b, &text);
+    free(text);
+    kiln_status_free(st);
+    kiln_ctx   *ctx = kiln_ctx_new();
+    kiln_graph *g = NULL;
+    st = kiln_parse(ctx, kiln_bundle_graph_text(b), strlen(kiln_bundle_graph_text(b)), "bundle");
+    if (!st) st = kiln_graph_new(ctx, &g);
+    kiln_status_free(st);
+    for (int i = 0; g && i < 2; i++) {
+        kiln_program *p = NULL;
+        kiln_status_free(kiln_bundle_program(b, g, two_archs[i], &p));
+        kiln_program_free(p);
+    }
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
 
 /* Flips resealed with a valid checksum reach the parser and the plan reader: never a crash
  * (run the ASan build too); what is refused is refused as a format error. */
 START_TEST(resealed_damage_never_crashes) {
-    char *dir = ts_tmpdir(), path[4200], bad[4200];
-    snprintf(path, sizeof path, "%s/g.kiln", dir);
-    snprintf(bad, sizeof bad, "%s/bad.kiln", dir);
-    write_bundle(kg_spec, 2, two_archs, path);
-    size_t n;
-    char  *data = read_all(path, &n);
-    int    refused = 0, opened = 0;
-    for (size_t at = 0; at + 20 < n; at += at < 400 ? 1 : 97) {
-        char *copy = malloc(n);
-        memcpy(copy, data, n);
+    fixture f = fixture_new(2, "bad.kiln");
+    int     refused = 0, opened = 0;
+    char   *copy = malloc(f.n);
+    for (size_t at = 0; at + 20 < f.n; at += at < 400 ? 1 : 97) {
+        memcpy(copy, f.data, f.n);
         copy[at] ^= (char)0x41;
-        reseal(copy, n);
-        write_all(bad, copy, n);
-        free(copy);
+        reseal(copy, f.n);
+        write_all(f.bad, copy, f.n);
         kiln_bundle *b = NULL;
-        kiln_status  st = kiln_bundle_open(bad, &b);
+        kiln_status  st = kiln_bundle_open(f.bad, &b);
         if (st) {
             ck_assert_msg(kiln_status_code(st) == KILN_ERR_FORMAT, "byte %zu: %s: %s", at,
                           kiln_code_name(kiln_status_code(st)), kiln_status_msg(st));
@@ -315,54 +344,31 @@ START_TEST(resealed_damage_never_crashes) {
             continue;
         }
         opened++;
-        char *text = NULL;
-        st = kiln_bundle_describe(b, &text);
-        free(text);
-        kiln_status_free(st);
-        kiln_ctx   *ctx = kiln_ctx_new();
-        kiln_graph *g = NULL;
-        st = kiln_parse(ctx, kiln_bundle_graph_text(b), strlen(kiln_bundle_graph_text(b)), "bundle");
-        if (!st) st = kiln_graph_new(ctx, &g);
-        kiln_status_free(st);
-        for (int i = 0; g && i < 2; i++) {
-            kiln_program *p = NULL;
-            kiln_status_free(kiln_bundle_program(b, g, two_archs[i], &p));
-            kiln_program_free(p);
-        }
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        use_bundle(b);
         kiln_bundle_free(b);
     }
+    free(copy);
     ck_assert_int_gt(refused, 100); /* the header, signature and graph are checked */
     ck_assert_int_gt(opened, 0);    /* cubin bytes are not (they are the driver's business) */
-    free(data);
-    ts_rmtree(dir);
-    free(dir);
+    fixture_free(&f);
 }
 END_TEST
 
 START_TEST(foreign_version_refused) {
-    char *dir = ts_tmpdir(), path[4200], bad[4200];
-    snprintf(path, sizeof path, "%s/g.kiln", dir);
-    snprintf(bad, sizeof bad, "%s/old.kiln", dir);
-    write_bundle(kg_spec, 1, two_archs, path);
-    size_t n;
-    char  *data = read_all(path, &n);
-    char  *v = find_bytes(data, n, "kiln " KILN_VERSION "\n");
+    fixture f = fixture_new(1, "old.kiln");
+    char   *v = find_bytes(f.data, f.n, "kiln " KILN_VERSION "\n");
     ck_assert_ptr_nonnull(v);
     ck_assert_int_eq(strlen("kiln 0.0.9\n"), strlen("kiln " KILN_VERSION "\n"));
     memcpy(v, "kiln 0.0.9\n", strlen("kiln 0.0.9\n"));
-    reseal(data, n);
-    write_all(bad, data, n);
-    expect_refused(bad, "kiln 0.0.9", "another version");
+    reseal(f.data, f.n);
+    write_all(f.bad, f.data, f.n);
+    expect_refused(f.bad, "kiln 0.0.9", "another version");
     kiln_bundle *b = NULL;
-    kiln_status  st = kiln_bundle_open(bad, &b);
+    kiln_status  st = kiln_bundle_open(f.bad, &b);
     ck_assert_msg(strstr(kiln_status_msg(st), "kiln " KILN_VERSION) && strstr(kiln_status_msg(st), "rebuild"),
                   "message: %s", kiln_status_msg(st));
     kiln_status_free(st);
-    free(data);
-    ts_rmtree(dir);
-    free(dir);
+    fixture_free(&f);
 }
 END_TEST
 
@@ -377,35 +383,30 @@ static char *graph_section(char *data, size_t n, size_t *len) {
 }
 
 START_TEST(other_graph_refused) {
-    char *dir = ts_tmpdir(), path[4200], bad[4200];
-    snprintf(path, sizeof path, "%s/g.kiln", dir);
-    snprintf(bad, sizeof bad, "%s/swapped.kiln", dir);
-    const char *arch = "sm_90a";
-    write_bundle(kg_spec, 1, &arch, path);
-    size_t n, glen;
-    char  *data = read_all(path, &n);
-    char  *graph = graph_section(data, n, &glen);
+    fixture f = fixture_new(1, "swapped.kiln");
+    size_t  glen;
+    char   *graph = graph_section(f.data, f.n, &glen);
     ck_assert_uint_eq(glen, strlen(kg_spec));
     ck_assert_int_eq(memcmp(graph, kg_spec, glen), 0);
     char *op = find_bytes(graph, glen, "silu(y0)");
     ck_assert_ptr_nonnull(op);
     memcpy(op, "relu", 4);
-    reseal(data, n);
-    write_all(bad, data, n);
-    expect_refused(bad, "signature", "graph swapped");
+    reseal(f.data, f.n);
+    write_all(f.bad, f.data, f.n);
+    expect_refused(f.bad, "signature", "graph swapped");
 
     /* The signature made to match too: the programs' IR fingerprints still refuse it. */
-    char  gh[33];
+    char               gh[33];
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, XXH3_128bits(graph, glen));
     for (int i = 0; i < 16; i++) snprintf(gh + 2 * i, 3, "%02x", c.digest[i]);
-    char *field = find_bytes(data, n, "graph-xxh3 ");
+    char *field = find_bytes(f.data, f.n, "graph-xxh3 ");
     ck_assert_ptr_nonnull(field);
     memcpy(field + 11, gh, 32);
-    reseal(data, n);
-    write_all(bad, data, n);
+    reseal(f.data, f.n);
+    write_all(f.bad, f.data, f.n);
     kiln_bundle *b = NULL;
-    TS_OK(kiln_bundle_open(bad, &b));
+    TS_OK(kiln_bundle_open(f.bad, &b));
     ck_assert_ptr_nonnull(strstr(kiln_bundle_graph_text(b), "relu(y0)"));
     char       *text = NULL;
     kiln_status st = kiln_bundle_describe(b, &text);
@@ -421,9 +422,7 @@ START_TEST(other_graph_refused) {
     kiln_status_free(st);
     parsed_free(&p);
     kiln_bundle_free(b);
-    free(data);
-    ts_rmtree(dir);
-    free(dir);
+    fixture_free(&f);
 }
 END_TEST
 
