@@ -206,8 +206,8 @@ static kiln_status read_sections(kiln_bundle *b) {
         return kb_error(KILN_ERR_FORMAT, "%s: bundle format %u; this kiln %s reads format %d", b->path, format,
                         KILN_VERSION, BUNDLE_FORMAT);
     uint32_t n = kb_get_u32(&r, "section count");
+    char     tag[5] = {0}; /* outlives the loop: a failed read keeps it as r.err, reported below */
     for (uint32_t i = 0; i < n && !r.err; i++) {
-        char        tag[5] = {0};
         const void *t = r.len - r.pos >= 4 ? r.p + r.pos : NULL;
         if (!t) return bad(b, "is missing", "a section tag", r.pos);
         memcpy(tag, t, 4);

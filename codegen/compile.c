@@ -500,13 +500,14 @@ static void count_loaded(kiln_program *p) {
     free(items);
 }
 
-/* A hit gives *out; a miss, or an entry that does not load (logged), gives NULL. */
-static kiln_status load_program(compile_env *e, const kiln_graph *g, kc_key key, kiln_program **out) {
+/* A hit gives *out; a miss, or an entry that does not load (logged), gives NULL. *corrupt
+ * counts a corrupt entry (removed) or one that does not load (replaced by the rebuild): the
+ * caller adds it to the stats of whichever program results, hit or rebuilt. */
+static kiln_status load_program(compile_env *e, const kiln_graph *g, kc_key key, kiln_program **out, int *corrupt) {
     *out = NULL;
     void       *data = NULL;
     size_t      size = 0;
-    int         corrupt = 0;
-    kiln_status st = kc_get(&e->cache, KC_PROGRAM, key, &data, &size, &corrupt);
+    kiln_status st = kc_get(&e->cache, KC_PROGRAM, key, &data, &size, corrupt);
     if (st || !data) return st;
     st = cg_plan_read(data, size, g, e->o, out);
     free(data);
@@ -515,10 +516,10 @@ static kiln_status load_program(compile_env *e, const kiln_graph *g, kc_key key,
         logf_(e, "kiln: program cache entry %s does not load (%s); rebuilding", path ? path : "?", kiln_status_msg(st));
         free(path);
         kiln_status_free(st);
+        (*corrupt)++;
         return NULL;
     }
     count_loaded(*out);
-    (*out)->stats.corrupt = corrupt;
     return NULL;
 }
 
@@ -583,13 +584,15 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_opts *opts, kil
     kiln_program     *p = NULL;
     char             *graph_text = NULL, *opts_text = NULL;
     kc_key            key = {{0}};
+    int               prog_corrupt = 0; /* a program entry found corrupt (and rebuilt) */
     if (!st && e.program_cache) {
         st = kiln_print(g->ctx, &graph_text);
         if (!st && !(opts_text = options_text(&e))) st = kb_oom();
         if (!st) key = program_key(&e, graph_text, opts_text);
-        if (!st) st = load_program(&e, g, key, &p);
+        if (!st) st = load_program(&e, g, key, &p, &prog_corrupt);
     }
     if (!st && !p) st = build_program(&e, g, &p);
+    if (!st) p->stats.corrupt += prog_corrupt;
     if (!st && e.dump_dir) st = write_dumps(e.dump_dir, p);
     if (!st && e.program_cache && !p->stats.program_cached) st = store_program(&e, key, graph_text, opts_text, p);
     if (!st && e.wrote) st = enforce_limit(&e);

@@ -284,13 +284,13 @@ static kiln_status read_one(kb_reader *r, const kiln_graph *g, const kiln_compil
     kiln_program *p;
     kiln_status   st = cg_lower(g, o, arch, &p);
     if (st) return st;
-    if (cg_ir_fingerprint(p->ir) != fp) {
+    uint64_t have = cg_ir_fingerprint(p->ir);
+    if (have != fp) {
         kiln_program_free(p);
         return kb_error(KILN_ERR_FORMAT, "the program does not match this graph as this kiln lowers it (IR fingerprint "
                                          "%016llx, expected %016llx): it was built from another graph or by another "
                                          "kiln build",
-                        (unsigned long long)cg_ir_fingerprint(p->ir) /* recomputed only on this error path */,
-                        (unsigned long long)fp);
+                        (unsigned long long)have, (unsigned long long)fp);
     }
     p->scratch_bytes = scratch;
     if (!(st = read_kernels(r, p)) && !r->err) st = read_specs(r, g, o, p);
