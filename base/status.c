@@ -65,7 +65,8 @@ void kiln_status_free(kiln_status st) {
 
 const char *kiln_code_name(kiln_code code) {
     static const char *names[] = {"ok",    "invalid", "parse",  "shape",  "io",     "nomem",
-                                  "codegen", "nvrtc", "cache", "no-gpu", "cuda", "not-found"};
+                                  "codegen", "nvrtc", "cache", "no-gpu", "cuda", "not-found",
+                                  "format"};
     if ((unsigned)code < sizeof names / sizeof names[0]) return names[code];
     return "unknown";
 }

@@ -29,6 +29,8 @@ static void put_int(XXH3_state_t *st, const char tag[4], int64_t v) {
     put_field(st, tag, b, sizeof b);
 }
 
+static kc_key digest(XXH3_state_t *st);
+
 kc_key kc_kernel_key(const char *source, const char *const *opts, int nopts, const char *arch,
                      int nvrtc_major, int nvrtc_minor, int codegen_version) {
     XXH3_state_t st;
@@ -43,13 +45,34 @@ kc_key kc_kernel_key(const char *source, const char *const *opts, int nopts, con
     put_int(&st, "NOPT", nopts);
     for (int i = 0; i < nopts; i++) put_str(&st, "OPT ", opts[i]);
     put_str(&st, "SRC ", source);
-    XXH128_hash_t h = XXH3_128bits_digest(&st);
+    return digest(&st);
+}
+
+static kc_key digest(XXH3_state_t *st) {
+    XXH128_hash_t h = XXH3_128bits_digest(st);
     /* Canonical form is big-endian: high 64 bits first, so hex(bytes) reads as the number. */
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, h);
     kc_key k;
     memcpy(k.b, c.digest, 16);
     return k;
+}
+
+kc_key kc_program_key(const char *graph_text, const char *opts_text, const char *arch, int nvrtc_major,
+                      int nvrtc_minor, const char *build_id, int plan_version) {
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    XXH3_128bits_reset(&st);
+    put_str(&st, "PROG", "program"); /* never equal to a kernel key's stream */
+    put_str(&st, "KVER", KILN_VERSION);
+    put_str(&st, "BILD", build_id);
+    put_int(&st, "PLAN", plan_version);
+    put_int(&st, "NVMA", nvrtc_major);
+    put_int(&st, "NVMI", nvrtc_minor);
+    put_str(&st, "ARCH", arch);
+    put_str(&st, "OPTS", opts_text);
+    put_str(&st, "GRPH", graph_text);
+    return digest(&st);
 }
 
 void kc_key_hex(kc_key k, char out[33]) {

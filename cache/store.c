@@ -1,6 +1,6 @@
-/* The on-disk kernel cache: directory resolution, entry files, lookup and atomic store
- * (docs/cache.md). */
-#include "cache/cache.h"
+/* The on-disk cache's entries: directory resolution, the entry format (version 2), lookup and
+ * atomic store (docs/cache.md). */
+#include "cache/internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -15,11 +15,10 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#define KC_HEADER_SIZE 64
-#define KC_FORMAT_VERSION 1u
-#define KC_KIND_CUBIN 1u
-#define KC_TMP_PREFIX ".tmp."
-#define KC_STALE_TMP_SECONDS 3600 /* temp files older than this were left by a dead writer */
+/* Every format version from 2 on keeps magic, version and header size at these offsets and
+ * ends its header with an XXH3-64 of the bytes before it, so that a reader of any version can
+ * tell another build's entry (kept) from a damaged one (removed). */
+#define KC_MAX_OTHER_HEADER 65536u
 
 static const char kc_magic[8] = {'K', 'I', 'L', 'N', 'C', 'A', 'C', 'H'};
 
@@ -42,50 +41,118 @@ static uint64_t rd64(const uint8_t *p) {
     return v;
 }
 
-static void make_header(uint8_t h[KC_HEADER_SIZE], kc_key key, const void *data, size_t size) {
+/* ---- kinds ---------------------------------------------------------------------------------- */
+
+const char *kc_kind_dir(kc_kind kind) {
+    return kind == KC_CUBIN ? "kernels" : kind == KC_PROGRAM ? "programs" : NULL;
+}
+
+const char *kc_kind_ext(kc_kind kind) {
+    return kind == KC_CUBIN ? ".cubin" : kind == KC_PROGRAM ? ".prog" : NULL;
+}
+
+static const char *what_of(kc_kind kind) { return kind == KC_PROGRAM ? "program cache" : "kernel cache"; }
+
+/* ---- the entry format ----------------------------------------------------------------------- */
+
+/* Header layout (docs/cache.md, "Entry format"):
+ *   0 magic[8]  8 version u32  12 header size u32  16 kind u32  20 reserved u32  24 key[16]
+ *  40 meta length u64  48 payload length u64  56 XXH3(meta)  64 XXH3(payload)  72 XXH3(0..71) */
+static void make_header(uint8_t h[KC_HEADER_SIZE], kc_kind kind, kc_key key, const char *meta,
+                        size_t mlen, const void *data, size_t size) {
     memset(h, 0, KC_HEADER_SIZE);
     memcpy(h, kc_magic, 8);
     wr32(h + 8, KC_FORMAT_VERSION);
-    wr32(h + 12, KC_KIND_CUBIN);
-    memcpy(h + 16, key.b, 16);
-    wr64(h + 32, (uint64_t)size);
-    wr64(h + 40, XXH3_64bits(size ? data : "", size));
-    wr64(h + 48, XXH3_64bits(h, 48));
-    /* h[56..63] reserved, zero */
+    wr32(h + 12, KC_HEADER_SIZE);
+    wr32(h + 16, (uint32_t)kind);
+    memcpy(h + 24, key.b, 16);
+    wr64(h + 40, (uint64_t)mlen);
+    wr64(h + 48, (uint64_t)size);
+    wr64(h + 56, XXH3_64bits(mlen ? meta : "", mlen));
+    wr64(h + 64, XXH3_64bits(size ? data : "", size));
+    wr64(h + 72, XXH3_64bits(h, 72));
 }
 
-/* NULL when buf holds a valid entry for key (payload length in *plen); else the reason,
- * written into reason. */
-static const char *validate(const uint8_t *buf, size_t len, kc_key key, size_t *plen,
-                            char *reason, size_t rcap) {
-    if (len < KC_HEADER_SIZE) {
-        snprintf(reason, rcap, "truncated: %zu bytes, header needs %d", len, KC_HEADER_SIZE);
-        return reason;
+/* Whether a file of format version ver (not ours) has a well-formed header: version 1's layout
+ * (checksum of bytes 0..47 at 48), or for 3 and later the rule version 2 set for all its
+ * successors. A bit flip in our own version field fails this (the checksum covers it), so it
+ * is reported as corruption, not mistaken for another build's entry. */
+static bool other_version_header(const uint8_t *buf, size_t len, uint32_t ver) {
+    if (ver == 1) return len >= 64 && XXH3_64bits(buf, 48) == rd64(buf + 48);
+    if (ver < KC_FORMAT_VERSION || len < 16) return false;
+    uint32_t hs = rd32(buf + 12);
+    return hs >= 24 && hs % 8 == 0 && hs <= KC_MAX_OTHER_HEADER && hs <= len &&
+           XXH3_64bits(buf, hs - 8) == rd64(buf + hs - 8);
+}
+
+/* The header's own fields, once it is known to be ours and intact. */
+static const char *check_header(const uint8_t *buf, kc_kind kind, kc_key key, char *rbuf, size_t rcap) {
+    if (rd32(buf + 12) != KC_HEADER_SIZE) return "bad header size";
+    if (XXH3_64bits(buf, 72) != rd64(buf + 72)) return "header checksum mismatch";
+    if (rd32(buf + 20) != 0) return "reserved header bytes not zero";
+    uint32_t k = rd32(buf + 16);
+    if (!kc_kind_dir((kc_kind)k)) {
+        snprintf(rbuf, rcap, "unknown payload kind %u", (unsigned)k);
+        return rbuf;
     }
-    if (memcmp(buf, kc_magic, 8) != 0) return "bad magic";
-    uint32_t ver = rd32(buf + 8), kind = rd32(buf + 12);
-    if (ver != KC_FORMAT_VERSION) {
-        snprintf(reason, rcap, "unsupported format version %u", (unsigned)ver);
-        return reason;
+    if (k != (uint32_t)kind) {
+        snprintf(rbuf, rcap, "kind mismatch: a %s entry where a %s belongs", kc_kind_ext((kc_kind)k) + 1,
+                 kc_kind_ext(kind) + 1);
+        return rbuf;
     }
-    if (kind != KC_KIND_CUBIN) {
-        snprintf(reason, rcap, "unknown payload kind %u", (unsigned)kind);
-        return reason;
-    }
-    if (memcmp(buf + 16, key.b, 16) != 0) return "key mismatch";
-    if (XXH3_64bits(buf, 48) != rd64(buf + 48)) return "header checksum mismatch";
-    for (int i = 56; i < KC_HEADER_SIZE; i++)
-        if (buf[i]) return "reserved header bytes not zero";
-    uint64_t want = rd64(buf + 32);
-    if (want != (uint64_t)(len - KC_HEADER_SIZE)) {
-        snprintf(reason, rcap, "payload length %llu but %zu bytes follow the header",
-                 (unsigned long long)want, len - KC_HEADER_SIZE);
-        return reason;
-    }
-    if (XXH3_64bits(buf + KC_HEADER_SIZE, len - KC_HEADER_SIZE) != rd64(buf + 40))
-        return "payload checksum mismatch";
-    *plen = len - KC_HEADER_SIZE;
+    if (memcmp(buf + 24, key.b, 16) != 0) return "key mismatch";
     return NULL;
+}
+
+/* Lengths and checksums of the meta and payload behind a valid header. */
+static const char *check_body(const uint8_t *buf, size_t len, kc_parsed *p, char *rbuf, size_t rcap) {
+    uint64_t mlen = rd64(buf + 40), plen = rd64(buf + 48), have = len - KC_HEADER_SIZE;
+    if (mlen > have || plen != have - mlen) {
+        snprintf(rbuf, rcap, "payload length %llu and meta length %llu but %llu bytes follow the header",
+                 (unsigned long long)plen, (unsigned long long)mlen, (unsigned long long)have);
+        return rbuf;
+    }
+    p->meta = buf + KC_HEADER_SIZE;
+    p->meta_len = (size_t)mlen;
+    p->payload = p->meta + mlen;
+    p->payload_len = (size_t)plen;
+    if (XXH3_64bits(p->meta, p->meta_len) != rd64(buf + 56)) return "meta checksum mismatch";
+    if (memchr(p->meta, 0, p->meta_len)) return "meta contains a NUL byte";
+    if (XXH3_64bits(p->payload, p->payload_len) != rd64(buf + 64)) return "payload checksum mismatch";
+    return NULL;
+}
+
+kc_verdict kc_check(const uint8_t *buf, size_t len, kc_kind kind, kc_key key, kc_parsed *p,
+                    const char **reason, char *rbuf, size_t rcap) {
+    memset(p, 0, sizeof *p);
+    *reason = NULL;
+    if (len < 12) {
+        snprintf(rbuf, rcap, "truncated: %zu bytes, header needs %d", len, KC_HEADER_SIZE);
+        *reason = rbuf;
+        return KC_CORRUPT;
+    }
+    if (memcmp(buf, kc_magic, 8) != 0) {
+        *reason = "bad magic";
+        return KC_CORRUPT;
+    }
+    uint32_t ver = rd32(buf + 8);
+    if (ver != KC_FORMAT_VERSION) {
+        if (other_version_header(buf, len, ver)) {
+            p->version = ver;
+            return KC_OTHER_VERSION;
+        }
+        snprintf(rbuf, rcap, "unsupported format version %u (header inconsistent)", (unsigned)ver);
+        *reason = rbuf;
+        return KC_CORRUPT;
+    }
+    p->version = ver;
+    if (len < KC_HEADER_SIZE) {
+        snprintf(rbuf, rcap, "truncated: %zu bytes, header needs %d", len, KC_HEADER_SIZE);
+        *reason = rbuf;
+    } else if (!(*reason = check_header(buf, kind, key, rbuf, rcap))) {
+        *reason = check_body(buf, len, p, rbuf, rcap);
+    }
+    return *reason ? KC_CORRUPT : KC_VALID;
 }
 
 /* ---- paths ---------------------------------------------------------------------------------- */
@@ -117,17 +184,12 @@ kiln_status kc_default_dir(const char *explicit_dir, char **out) {
     return NULL;
 }
 
-char *kc_entry_path(const kc_cache *c, kc_key key) {
-    if (!c || !c->dir) return NULL;
+char *kc_entry_path(const kc_cache *c, kc_kind kind, kc_key key) {
+    if (!c || !c->dir || !kc_kind_dir(kind)) return NULL;
     char hex[33];
     kc_key_hex(key, hex);
     kb_str b = {0};
-    kb_str_add(&b, c->dir);
-    kb_str_add(&b, "/kernels/");
-    kb_str_addn(&b, hex, 2);
-    kb_str_add(&b, "/");
-    kb_str_add(&b, hex);
-    kb_str_add(&b, ".cubin");
+    kb_str_addf(&b, "%s/%s/%.2s/%s%s", c->dir, kc_kind_dir(kind), hex, hex, kc_kind_ext(kind));
     return kb_str_take(&b);
 }
 
@@ -138,7 +200,7 @@ static void log_line(const kc_cache *c, const char *line) {
     else fprintf(stderr, "%s\n", line);
 }
 
-/* ---- lookup --------------------------------------------------------------------------------- */
+/* ---- reading -------------------------------------------------------------------------------- */
 
 /* Reads all of fd into a new buffer (at least 1 byte allocated). Returns 0 or an errno. */
 static int read_all(int fd, size_t hint, uint8_t **out, size_t *len) {
@@ -172,6 +234,26 @@ static int read_all(int fd, size_t hint, uint8_t **out, size_t *len) {
     return 0;
 }
 
+kiln_status kc_load(const char *path, const char *what, uint8_t **buf, size_t *len, struct stat *st, int *fdp) {
+    *buf = NULL;
+    *len = 0;
+    if (fdp) *fdp = -1;
+    /* O_NONBLOCK: a FIFO planted at the path must not hang us; no effect on regular files. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        if (errno == ENOENT) return NULL; /* a plain miss */
+        return kb_error(KILN_ERR_IO, "%s: %s: cannot open: %s", what, path, strerror(errno));
+    }
+    kiln_status err = NULL;
+    if (fstat(fd, st) != 0) err = kb_error(KILN_ERR_IO, "%s: %s: cannot stat: %s", what, path, strerror(errno));
+    else if (!S_ISREG(st->st_mode)) err = kb_error(KILN_ERR_CACHE, "%s: %s: not a regular file", what, path);
+    int e = err ? 0 : read_all(fd, st->st_size > 0 ? (size_t)st->st_size : 0, buf, len);
+    if (e) err = e == ENOMEM ? kb_oom() : kb_error(KILN_ERR_IO, "%s: %s: read error: %s", what, path, strerror(e));
+    if (err || !fdp) close(fd);
+    else *fdp = fd;
+    return err;
+}
+
 /* Removes a corrupt entry, unless it has already been replaced by another writer (same path,
  * different file): that one is new and possibly valid. Appends what happened to msg. */
 static void remove_corrupt(const char *path, const struct stat *was, kb_str *msg) {
@@ -188,68 +270,55 @@ static void remove_corrupt(const char *path, const struct stat *was, kb_str *msg
     else kb_str_addf(msg, "could not remove it (%s), rebuilding", strerror(errno));
 }
 
-kiln_status kc_get(const kc_cache *c, kc_key key, void **data, size_t *size, int *corrupt) {
+static void report_corrupt(const kc_cache *c, const char *path, const struct stat *st, const char *reason) {
+    kb_str msg = {0};
+    kb_str_addf(&msg, "kiln: cache entry %s is corrupt (%s); ", path, reason);
+    if (c->mode == KILN_CACHE_READONLY) kb_str_add(&msg, "not removed (read-only cache), rebuilding");
+    else remove_corrupt(path, st, &msg);
+    char *line = kb_str_take(&msg);
+    log_line(c, line ? line : "kiln: a cache entry is corrupt; rebuilding");
+    free(line);
+}
+
+kiln_status kc_get(const kc_cache *c, kc_kind kind, kc_key key, void **data, size_t *size, int *corrupt) {
     if (data) *data = NULL;
     if (size) *size = 0;
     if (!c || !data || !size) return kb_error(KILN_ERR_INVALID, "kc_get: NULL argument");
+    if (!kc_kind_dir(kind)) return kb_error(KILN_ERR_INVALID, "kc_get: unknown entry kind %d", (int)kind);
     if (c->mode == KILN_CACHE_OFF || c->mode == KILN_CACHE_REFRESH) return NULL;
     if (!c->dir) return kb_error(KILN_ERR_INVALID, "kc_get: no cache directory");
-    char *path = kc_entry_path(c, key);
+    char *path = kc_entry_path(c, kind, key);
     if (!path) return kb_oom();
 
-    /* O_NONBLOCK: a FIFO planted at the path must not hang us; no effect on regular files. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        int err = errno;
-        kiln_status st = NULL;
-        if (err != ENOENT)
-            st = kb_error(KILN_ERR_IO, "kernel cache: %s: cannot open: %s", path, strerror(err));
-        free(path);
-        return st; /* ENOENT: a plain miss */
-    }
-    struct stat fst;
-    kiln_status st = NULL;
-    if (fstat(fd, &fst) != 0)
-        st = kb_error(KILN_ERR_IO, "kernel cache: %s: cannot stat: %s", path, strerror(errno));
-    else if (!S_ISREG(fst.st_mode))
-        st = kb_error(KILN_ERR_CACHE, "kernel cache: %s: not a regular file", path);
-    if (st) {
-        close(fd);
-        free(path);
-        return st;
-    }
     uint8_t *buf = NULL;
     size_t len = 0;
-    int err = read_all(fd, fst.st_size > 0 ? (size_t)fst.st_size : 0, &buf, &len);
-    close(fd);
-    if (err) {
-        st = err == ENOMEM ? kb_oom()
-                           : kb_error(KILN_ERR_IO, "kernel cache: %s: read error: %s",
-                                      path, strerror(err));
+    struct stat fst;
+    int fd = -1;
+    kiln_status st = kc_load(path, what_of(kind), &buf, &len, &fst, &fd);
+    if (st || !buf) {
         free(path);
         return st;
     }
-
-    char rbuf[128];
-    size_t plen = 0;
-    const char *reason = validate(buf, len, key, &plen, rbuf, sizeof rbuf);
-    if (reason) {
-        free(buf);
-        kb_str msg = {0};
-        kb_str_addf(&msg, "kiln: cache entry %s is corrupt (%s); ", path, reason);
-        if (c->mode == KILN_CACHE_READONLY) kb_str_add(&msg, "not removed (read-only cache), rebuilding");
-        else remove_corrupt(path, &fst, &msg);
-        char *line = kb_str_take(&msg);
-        log_line(c, line ? line : "kiln: a kernel cache entry is corrupt; rebuilding");
-        free(line);
-        free(path);
+    char rbuf[160];
+    const char *reason;
+    kc_parsed p;
+    kc_verdict v = kc_check(buf, len, kind, key, &p, &reason, rbuf, sizeof rbuf);
+    /* LRU: a hit is a use. The fd is the file we read, so a concurrent replacement is not
+     * touched by mistake; failures (read-only media, another owner) only cost LRU accuracy. */
+    if (v == KC_VALID && c->mode != KILN_CACHE_READONLY) (void)futimens(fd, NULL);
+    close(fd);
+    if (v == KC_CORRUPT) {
+        report_corrupt(c, path, &fst, reason);
         if (corrupt) (*corrupt)++;
-        return NULL;
     }
     free(path);
-    memmove(buf, buf + KC_HEADER_SIZE, plen); /* buf stays non-NULL even for an empty payload */
+    if (v != KC_VALID) { /* another format version: a plain miss, the file stays */
+        free(buf);
+        return NULL;
+    }
+    memmove(buf, p.payload, p.payload_len); /* buf stays non-NULL even for an empty payload */
     *data = buf;
-    *size = plen;
+    *size = p.payload_len;
     return NULL;
 }
 
@@ -289,73 +358,89 @@ static void sweep_stale_tmp(const char *dir) {
         struct stat st;
         if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
             continue;
-        if (now - st.st_mtime > KC_STALE_TMP_SECONDS) unlinkat(dirfd(d), e->d_name, 0);
+        if (now - st.st_mtime > KC_STALE_TMP_S) unlinkat(dirfd(d), e->d_name, 0);
     }
     closedir(d);
 }
 
-kiln_status kc_put(const kc_cache *c, kc_key key, const void *data, size_t size) {
-    if (!c) return kb_error(KILN_ERR_INVALID, "kc_put: NULL cache");
-    if (c->mode == KILN_CACHE_OFF || c->mode == KILN_CACHE_READONLY) return NULL;
-    if (!c->dir) return kb_error(KILN_ERR_INVALID, "kc_put: no cache directory");
-    if (!data && size) return kb_error(KILN_ERR_INVALID, "kc_put: NULL data");
-
-    char *path = kc_entry_path(c, key);
-    if (!path) return kb_oom();
-    size_t dlen = (size_t)(strrchr(path, '/') - path);
-    kb_str b = {0};
-    kb_str_addn(&b, path, dlen);
-    char *dir = kb_str_take(&b);
-    if (!dir) {
-        free(path);
-        return kb_oom();
-    }
-    kiln_status st = kb_mkdirs(dir);
-    if (st) {
-        st = kb_wrap(st, "kernel cache");
-        free(dir);
-        free(path);
-        return st;
-    }
-
-    char *tmp = NULL;
+/* Creates a new temporary file in dir; *tmp gets its name (caller frees). Returns the fd, or -1
+ * with errno set. */
+static int create_tmp(const char *dir, char **tmp) {
     int fd = -1;
+    *tmp = NULL;
     for (int tries = 0; tries < 64 && fd < 0; tries++) {
-        free(tmp);
-        kb_str_addf(&b, "%s/" KC_TMP_PREFIX "%ld.%016llx", dir, (long)getpid(),
-                    (unsigned long long)tmp_nonce());
-        tmp = kb_str_take(&b);
-        if (!tmp) {
-            free(dir);
-            free(path);
-            return kb_oom();
+        free(*tmp);
+        kb_str b = {0};
+        kb_str_addf(&b, "%s/" KC_TMP_PREFIX "%ld.%016llx", dir, (long)getpid(), (unsigned long long)tmp_nonce());
+        if (!(*tmp = kb_str_take(&b))) {
+            errno = ENOMEM;
+            return -1;
         }
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        fd = open(*tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd < 0 && errno != EEXIST) break;
     }
+    return fd;
+}
+
+/* One attempt: mkdir -p, write a temporary file, rename it over path. *gone is set when it
+ * failed because a file or directory vanished under it (a concurrent `kiln cache clear`), so
+ * that the caller may try again. */
+static kiln_status put_once(const char *what, const char *path, const uint8_t *hdr, const char *meta, size_t mlen,
+                            const void *data, size_t size, bool *gone) {
+    *gone = false;
+    kb_str b = {0};
+    kb_str_addn(&b, path, (size_t)(strrchr(path, '/') - path));
+    char *dir = kb_str_take(&b), *tmp = NULL;
+    if (!dir) return kb_oom();
+    kiln_status st = kb_mkdirs(dir);
+    if (st) {
+        free(dir);
+        return kb_wrap(st, "%s", what);
+    }
+    int fd = create_tmp(dir, &tmp);
     if (fd < 0) {
-        st = kb_error(KILN_ERR_IO, "kernel cache: %s: cannot create: %s", tmp, strerror(errno));
+        *gone = errno == ENOENT;
+        st = errno == ENOMEM ? kb_oom() : kb_error(KILN_ERR_IO, "%s: %s: cannot create: %s", what, tmp, strerror(errno));
         free(tmp);
         free(dir);
-        free(path);
         return st;
     }
-
-    uint8_t hdr[KC_HEADER_SIZE];
-    make_header(hdr, key, data, size);
-    int err = write_all(fd, hdr, sizeof hdr);
+    int err = write_all(fd, hdr, KC_HEADER_SIZE);
+    if (!err && mlen) err = write_all(fd, meta, mlen);
     if (!err && size) err = write_all(fd, data, size);
     if (close(fd) != 0 && !err) err = errno;
     if (err) {
-        st = kb_error(KILN_ERR_IO, "kernel cache: %s: write failed: %s", tmp, strerror(err));
+        st = kb_error(KILN_ERR_IO, "%s: %s: write failed: %s", what, tmp, strerror(err));
     } else if (rename(tmp, path) != 0) {
-        st = kb_error(KILN_ERR_IO, "kernel cache: cannot rename %s to %s: %s", tmp, path,
-                      strerror(errno));
+        *gone = errno == ENOENT;
+        st = kb_error(KILN_ERR_IO, "%s: cannot rename %s to %s: %s", what, tmp, path, strerror(errno));
     }
     if (st) unlink(tmp);
     else sweep_stale_tmp(dir);
     free(tmp);
     free(dir);
+    return st;
+}
+
+kiln_status kc_put(const kc_cache *c, kc_kind kind, kc_key key, const char *meta, const void *data, size_t size) {
+    if (!c) return kb_error(KILN_ERR_INVALID, "kc_put: NULL cache");
+    if (!kc_kind_dir(kind)) return kb_error(KILN_ERR_INVALID, "kc_put: unknown entry kind %d", (int)kind);
+    if (c->mode == KILN_CACHE_OFF || c->mode == KILN_CACHE_READONLY) return NULL;
+    if (!c->dir) return kb_error(KILN_ERR_INVALID, "kc_put: no cache directory");
+    if (!data && size) return kb_error(KILN_ERR_INVALID, "kc_put: NULL data");
+    size_t mlen = meta ? strlen(meta) : 0;
+    uint8_t hdr[KC_HEADER_SIZE];
+    make_header(hdr, kind, key, meta, mlen, data, size);
+    char *path = kc_entry_path(c, kind, key);
+    if (!path) return kb_oom();
+    kiln_status st = NULL;
+    bool gone = true;
+    /* A clear running at the same moment may remove our directory or temporary file; the entry
+     * is still worth storing, so try again a few times. */
+    for (int attempt = 0; attempt < 4 && gone; attempt++) {
+        kiln_status_free(st);
+        st = put_once(what_of(kind), path, hdr, meta, mlen, data, size, &gone);
+    }
     free(path);
     return st;
 }

@@ -3,10 +3,13 @@
 #ifndef KILN_CODEGEN_H
 #define KILN_CODEGEN_H
 
+#include "cache/cache.h"
 #include "ir/ir.h"
 
 /* Bumped whenever generated code can change for the same IR; part of every kernel key. */
 #define CG_CODEGEN_VERSION 1
+/* Format of serialized programs (codegen/plan.c); part of every program key. */
+#define CG_PLAN_VERSION 1
 
 /* One operand of a library GEMM step: a kernel parameter (a buffer, or the scratch) plus a
  * byte offset, its element type, leading dimension and batch stride (both in elements). */
@@ -93,6 +96,32 @@ kiln_status cg_nvrtc_version(int *major, int *minor);
 /* Compiles src for arch ("sm_90a") to a cubin (malloc'd). On failure the status holds the log. */
 kiln_status cg_nvrtc_compile(const char *src, const char *name, const char *arch, void **cubin,
                              size_t *size);
+
+/* A new program for g (arch recorded) with its IR lowered and the passes of o run: what both
+ * compiling and loading a serialized program start from. */
+kiln_status cg_lower(const kiln_graph *g, const kiln_compile_opts *o, const char *arch, kiln_program **out);
+/* g with dim d fixed to v: a new context and graph (the caller frees both). */
+kiln_status cg_bind_graph(const kiln_graph *g, int d, int64_t v, kiln_ctx **bctx, kiln_graph **bg);
+
+/* What the keys of a compile are made of besides the graph and the sources. */
+typedef struct {
+    int  nvrtc_major, nvrtc_minor;
+    char options[512];         /* NVRTC options, space-separated (kernel keys) */
+    char program_options[512]; /* compile options (program keys) */
+} cg_env_info;
+/* The program key kiln_compile uses for g with options o for arch, what it is made of, and the
+ * canonical graph text it hashes (*graph_text, caller frees). */
+kiln_status cg_program_key(const kiln_graph *g, const kiln_compile_opts *o, const char *arch, kc_key *key,
+                           cg_env_info *env, char **graph_text);
+
+/* Serialized programs (codegen/plan.c): the kernel table, the distinct cubins (or PTX) and the
+ * specializations; the IR is not stored but rebuilt by cg_lower, and a fingerprint of it
+ * (XXH3-64 of ir_print) must match. cg_plan_read checks every length, count and index, so a
+ * damaged or foreign plan is an error (KILN_ERR_FORMAT), never a crash. */
+uint64_t    cg_ir_fingerprint(const ir_prog *ir);
+kiln_status cg_plan_write(const kiln_program *p, kb_str *out);
+kiln_status cg_plan_read(const void *data, size_t size, const kiln_graph *g, const kiln_compile_opts *o,
+                         kiln_program **out);
 
 /* The embedded templates: generated at build time from templates/ (build/gen/templates.c). */
 typedef struct {

@@ -8,10 +8,15 @@
 
 #include <nvrtc.h>
 
-/* "sm_" + 1 to 4 digits + optional "a". */
+static bool is_ptx_arch(const char *arch) { return strncmp(arch, "compute_", 8) == 0; }
+
+/* "sm_" (cubin) or "compute_" (PTX) + 1 to 4 digits + optional "a". */
 static bool valid_arch(const char *arch) {
-    if (!arch || strncmp(arch, "sm_", 3) != 0) return false;
-    const char *s = arch + 3;
+    if (!arch) return false;
+    const char *s = arch;
+    if (strncmp(s, "sm_", 3) == 0) s += 3;
+    else if (is_ptx_arch(s)) s += 8;
+    else return false;
     int digits = 0;
     while (*s >= '0' && *s <= '9') s++, digits++;
     if (digits < 1 || digits > 4) return false;
@@ -67,7 +72,8 @@ kiln_status cg_nvrtc_compile(const char *src, const char *name, const char *arch
     const char *opts[CG_MAX_OPTS];
     int nopts = cg_nvrtc_options(arch, opts);
     if (nopts < 0)
-        return kb_error(KILN_ERR_INVALID, "bad GPU architecture '%s' (expected sm_<digits>[a], e.g. sm_90a)",
+        return kb_error(KILN_ERR_INVALID, "bad GPU architecture '%s' (expected sm_<digits>[a], e.g. sm_90a, or "
+                                          "compute_<digits>[a] for PTX)",
                         arch ? arch : "(null)");
 
     char file[80];
@@ -91,13 +97,15 @@ kiln_status cg_nvrtc_compile(const char *src, const char *name, const char *arch
                       nvrtcGetErrorString(r), log && *log ? log : "(no log)");
         free(log);
     } else {
+        /* A virtual arch gives PTX text (its size counts the NUL, which the driver needs). */
+        bool   ptx = is_ptx_arch(arch);
         size_t n = 0;
-        r = nvrtcGetCUBINSize(prog, &n);
+        r = ptx ? nvrtcGetPTXSize(prog, &n) : nvrtcGetCUBINSize(prog, &n);
         void *buf = NULL;
         if (r == NVRTC_SUCCESS && n > 0) {
             buf = malloc(n);
             if (!buf) st = kb_oom();
-            else if ((r = nvrtcGetCUBIN(prog, buf)) != NVRTC_SUCCESS) {
+            else if ((r = ptx ? nvrtcGetPTX(prog, buf) : nvrtcGetCUBIN(prog, buf)) != NVRTC_SUCCESS) {
                 free(buf);
                 buf = NULL;
             }

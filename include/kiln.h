@@ -52,6 +52,7 @@ typedef enum {
     KILN_ERR_NO_GPU,    /* no CUDA driver or no GPU */
     KILN_ERR_CUDA,      /* a CUDA driver call failed */
     KILN_ERR_NOT_FOUND, /* a name that is not in the graph or program */
+    KILN_ERR_FORMAT,    /* a serialized program or bundle is malformed, or does not fit (arch, version) */
 } kiln_code;
 
 /* NULL means success; otherwise an owned object the caller frees with kiln_status_free. */
@@ -305,8 +306,14 @@ typedef struct {
     int             no_fuse;    /* disable all fusion passes */
     const char     *no_fuse_passes; /* or only these: comma-separated pass names (kiln_fusion_pass) */
     int             skip_nvrtc; /* generate sources only (for inspect/tests); program cannot run */
-    void (*log)(void *user, const char *line); /* warnings and progress; NULL: stderr */
+    void (*log)(void *user, const char *line); /* warnings; NULL: stderr */
     void           *log_user;
+    int             jobs;       /* threads for templates and NVRTC (0: $KILN_JOBS, else all CPUs) */
+    int             no_program_cache; /* look up and store kernels only, never whole programs */
+    /* Called as work completes (from worker threads, one call at a time): `what` is "kernels
+     * generated" (templates) or "kernels compiled" (distinct kernels, from cache or NVRTC). */
+    void (*progress)(void *user, const char *what, int done, int total);
+    void           *progress_user;
 } kiln_compile_opts;
 
 /* The fusion passes, in pipeline order: name i (NULL past the last) and what it fuses. */
@@ -316,14 +323,27 @@ const char *kiln_fusion_pass(int i, const char **what);
 kiln_status kiln_check_fusion_passes(const char *list);
 
 typedef struct {
-    int    kernels;        /* kernels in the program */
-    int    compiled;       /* of those, compiled by NVRTC in this call */
-    int    cached;         /* of those, loaded from the kernel cache */
+    int    kernels;        /* kernel launches and library calls in the program (all variants) */
+    int    compiled;       /* distinct kernels compiled by NVRTC in this call */
+    int    cached;         /* distinct kernels whose code came from the cache */
     int    corrupt;        /* cache entries found corrupt, removed and rebuilt */
     double ms;             /* wall time of kiln_compile */
+    int    distinct;       /* distinct kernels (identical layers share one) */
+    int    generated;      /* kernels instantiated from templates in this call (0 on a program hit) */
+    int    program_cached; /* 1: the whole program came from the program cache (no Lua, no NVRTC) */
 } kiln_compile_stats;
 
+/* Compiles g: a whole-program cache hit loads it; otherwise every distinct kernel comes from the
+ * kernel cache or NVRTC, on `jobs` threads (docs/cache.md). */
 kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_opts *opts, kiln_program **out);
+/* For each distinct kernel of g's program (compiled with opts: arch, fusion, cache_dir), whether
+ * the cache holds it and, if not, which input of its key (kiln or codegen version, NVRTC
+ * version, arch, options, or the source, with its first differing line) differs from the
+ * nearest cached entry; the same for the whole program. Reads the cache, changes nothing, needs
+ * no GPU. Caller frees *text. */
+kiln_status kiln_cache_explain(const kiln_graph *g, const kiln_compile_opts *opts, char **text);
+/* 16 hex digits identifying the sources kiln was built from (part of every program key). */
+const char *kiln_build_id(void);
 void        kiln_program_free(kiln_program *p);
 void        kiln_program_stats(const kiln_program *p, kiln_compile_stats *stats);
 /* The IR after passes and the memory plan, as deterministic text. Caller frees. */
@@ -338,6 +358,32 @@ const char *kiln_program_kernel_name(const kiln_program *p, int i);
  * read only as mul_mat_id's experts counts only the experts a run can select: at most
  * n_used x n_tokens of them (decode reads 8 of 128, not all). */
 size_t      kiln_program_io_bytes(const kiln_program *p);
+
+/* ---- AOT bundles (docs/bundles.md) ----------------------------------------------------------- */
+
+/* One file with a graph, its programs for several GPU architectures and a signature of the
+ * kiln that built it; running one needs neither NVRTC nor the templates. */
+typedef struct kiln_bundle kiln_bundle;
+/* Compiles g for each arch ("sm_90a", "sm_80"; none: sm_90a) and writes path (atomically): a
+ * cubin program per arch plus a PTX program (compute_XY) that the driver can compile for later
+ * GPUs. Uses and fills the caches like kiln_compile. */
+kiln_status kiln_bundle_write(const kiln_graph *g, const kiln_compile_opts *opts, int narchs,
+                              const char *const *archs, const char *path);
+/* Reads path and checks its checksum and signature (this kiln version and program format, the
+ * graph, the targets). No GPU or NVRTC needed. */
+kiln_status kiln_bundle_open(const char *path, kiln_bundle **out);
+void        kiln_bundle_free(kiln_bundle *b);
+const char *kiln_bundle_graph_text(const kiln_bundle *b); /* the .kg text of its graph */
+/* The program for a GPU of arch device_arch (kiln_device_arch): the best fitting cubin, else
+ * PTX; refused, naming what the bundle holds, when nothing fits. g must be parsed from
+ * kiln_bundle_graph_text (the program is checked against it). */
+kiln_status kiln_bundle_program(const kiln_bundle *b, const kiln_graph *g, const char *device_arch,
+                                kiln_program **out);
+/* Verifies every program against the graph and describes the bundle. Caller frees. */
+kiln_status kiln_bundle_describe(const kiln_bundle *b, char **text);
+/* The arch kiln compiles for on CUDA device `device`: "sm_90a" for compute capability 9.0
+ * (arch-specific from 9.0 on), "sm_80" for 8.0. Needs the driver (KILN_ERR_NO_GPU without). */
+kiln_status kiln_device_arch(int device, char *arch, size_t cap);
 
 typedef struct {
     int no_cuda_graph; /* launch kernels one by one instead of replaying a captured CUDA graph */

@@ -196,6 +196,19 @@ kiln_status rt_device_arch(int dev, char out[16]) {
     return NULL;
 }
 
+kiln_status kiln_device_arch(int device, char *arch, size_t cap) {
+    if (!arch || cap < 8) return kb_error(KILN_ERR_INVALID, "kiln_device_arch: need an output of at least 8 bytes");
+    char        a[16];
+    kiln_status st = rt_driver_init();
+    if (!st) st = rt_device_arch(device, a);
+    if (st) return st;
+    kb_arch k;
+    bool    specific = kb_arch_parse(a, &k) && k.major >= 9; /* the "a" variants exist from sm_90 on */
+    if ((size_t)snprintf(arch, cap, "%s%s", a, specific ? "a" : "") >= cap)
+        return kb_error(KILN_ERR_INVALID, "kiln_device_arch: output too small for '%s'", a);
+    return NULL;
+}
+
 /* Devices whose primary context this process keeps retained. */
 #define RT_MAX_PINNED 64
 static pthread_mutex_t g_pin_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -121,21 +121,6 @@ static kiln_status make_current(kiln_session *s) {
     return NULL;
 }
 
-/* Parses "sm_90a", "sm_90", "sm_100f", ... into major, minor and the suffix letter (0 if none). */
-static bool parse_arch(const char *a, int *major, int *minor, char *suffix) {
-    if (strncmp(a, "sm_", 3) != 0 && strncmp(a, "compute_", 8) != 0) return false;
-    const char *d = a + (a[0] == 's' ? 3 : 8);
-    int nd = 0;
-    while (d[nd] >= '0' && d[nd] <= '9') nd++;
-    if (nd < 2 || nd > 3) return false;
-    int v = atoi(d);
-    *major = v / 10;
-    *minor = v % 10;
-    *suffix = d[nd];
-    if (*suffix && (d[nd + 1] || (*suffix != 'a' && *suffix != 'f'))) return false;
-    return true;
-}
-
 static kiln_status check_arch(kiln_session *s, const char *arch) {
     const rt_cuda_api *cu = s->cu;
     int cc_major = 0, cc_minor = 0;
@@ -147,15 +132,11 @@ static kiln_status check_arch(kiln_session *s, const char *arch) {
     if (r != RT_CUDA_SUCCESS)
         return rt_cuda_error(r, "cuDeviceGetAttribute",
                              "reading the compute capability of device %d", s->device);
-    int  major, minor;
-    char suffix;
-    if (!parse_arch(arch, &major, &minor, &suffix))
+    kb_arch code;
+    if (!kb_arch_parse(arch, &code))
         return kb_error(KILN_ERR_INVALID, "kiln_session_new: the program's arch \"%s\" is not of "
-                                          "the form sm_XY or sm_XYa", arch);
-    /* Cubins run on the same major version only; arch-specific ones ("a") only on exactly
-     * that compute capability; plain and family ("f") ones on any minor at least theirs. */
-    bool fits = major == cc_major && (suffix == 'a' ? minor == cc_minor : minor <= cc_minor);
-    if (fits) return NULL;
+                                          "the form sm_XY[a] or compute_XY[a]", arch);
+    if (kb_arch_fits(&code, cc_major, cc_minor)) return NULL;
     char want[16];
     if (cc_major >= 9) snprintf(want, sizeof want, "sm_%d%da", cc_major, cc_minor);
     else snprintf(want, sizeof want, "sm_%d%d", cc_major, cc_minor);

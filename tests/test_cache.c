@@ -58,11 +58,11 @@ static long file_size(const char *path) {
     return stat(path, &st) == 0 ? (long)st.st_size : -1;
 }
 
-static void expect_hit(const kc_cache *c, kc_key k, const void *want, size_t n) {
+static void expect_hit_kind(const kc_cache *c, kc_kind kind, kc_key k, const void *want, size_t n) {
     void *data = NULL;
     size_t size = 123;
     int corrupt = 0;
-    TS_OK(kc_get(c, k, &data, &size, &corrupt));
+    TS_OK(kc_get(c, kind, k, &data, &size, &corrupt));
     ck_assert_msg(data != NULL, "expected a cache hit");
     ck_assert_uint_eq(size, n);
     ck_assert_int_eq(corrupt, 0);
@@ -70,14 +70,41 @@ static void expect_hit(const kc_cache *c, kc_key k, const void *want, size_t n) 
     free(data);
 }
 
-static void expect_miss(const kc_cache *c, kc_key k, int want_corrupt) {
+static void expect_miss_kind(const kc_cache *c, kc_kind kind, kc_key k, int want_corrupt) {
     void *data = (void *)1;
     size_t size = 123;
     int corrupt = 0;
-    TS_OK(kc_get(c, k, &data, &size, &corrupt));
+    TS_OK(kc_get(c, kind, k, &data, &size, &corrupt));
     ck_assert_ptr_null(data);
     ck_assert_uint_eq(size, 0);
     ck_assert_int_eq(corrupt, want_corrupt);
+}
+
+static void expect_hit(const kc_cache *c, kc_key k, const void *want, size_t n) {
+    expect_hit_kind(c, KC_CUBIN, k, want, n);
+}
+static void expect_miss(const kc_cache *c, kc_key k, int want_corrupt) { expect_miss_kind(c, KC_CUBIN, k, want_corrupt); }
+
+static uint64_t rd64le(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+static uint32_t rd32le(const uint8_t *p) { return (uint32_t)(p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24); }
+static void wr64le(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static int64_t mtime_of(const char *path) {
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    return (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+/* Sets path's mtime to sec seconds after the epoch (LRU order in the tests). */
+static void set_mtime(const char *path, time_t sec) {
+    struct timespec ts[2] = {{.tv_sec = sec}, {.tv_sec = sec}};
+    ck_assert_int_eq(utimensat(AT_FDCWD, path, ts, 0), 0);
 }
 
 /* Counts files named *.cubin and .tmp.* under dir/kernels/xx/. */
@@ -220,57 +247,84 @@ END_TEST
 
 /* ---- store and lookup ----------------------------------------------------------------------- */
 
+/* The header as docs/cache.md lays it out. */
+static void check_header_layout(const uint8_t *h, kc_kind kind, kc_key k, const char *meta, const void *payload,
+                                size_t n) {
+    size_t ml = strlen(meta);
+    ck_assert(memcmp(h, "KILNCACH", 8) == 0);
+    ck_assert_uint_eq(rd32le(h + 8), 2);
+    ck_assert_uint_eq(rd32le(h + 12), 80);
+    ck_assert_uint_eq(rd32le(h + 16), (uint32_t)kind);
+    ck_assert_uint_eq(rd32le(h + 20), 0);
+    ck_assert(memcmp(h + 24, k.b, 16) == 0);
+    ck_assert_uint_eq(rd64le(h + 40), ml);
+    ck_assert_uint_eq(rd64le(h + 48), n);
+    ck_assert_uint_eq(rd64le(h + 56), XXH3_64bits(meta, ml));
+    ck_assert_uint_eq(rd64le(h + 64), XXH3_64bits(payload, n));
+    ck_assert_uint_eq(rd64le(h + 72), XXH3_64bits(h, 72));
+    ck_assert(memcmp(h + 80, meta, ml) == 0);
+    ck_assert(memcmp(h + 80 + ml, payload, n) == 0);
+}
+
 START_TEST(put_get_roundtrip) {
     char *dir = ts_tmpdir();
     kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON};
     kc_key k = key_n(42);
     uint8_t payload[5000];
     fill_payload(payload, sizeof payload, 1);
-    TS_OK(kc_put(&c, k, payload, sizeof payload));
+    const char *meta = "kernel silu_mul_f32\nsource 1234 bytes, sm_90a";
+    TS_OK(kc_put(&c, KC_CUBIN, k, meta, payload, sizeof payload));
 
     char hex[33];
     kc_key_hex(k, hex);
-    char *path = kc_entry_path(&c, k);
+    char *path = kc_entry_path(&c, KC_CUBIN, k);
     char want[4200];
     snprintf(want, sizeof want, "%s/kernels/%.2s/%s.cubin", dir, hex, hex);
     ck_assert_str_eq(path, want);
-    ck_assert_int_eq(file_size(path), 64 + (long)sizeof payload);
-
-    /* Header layout. */
+    ck_assert_int_eq(file_size(path), 80 + (long)strlen(meta) + (long)sizeof payload);
     char *raw;
     size_t len;
     TS_OK(kb_read_file(path, &raw, &len));
-    const uint8_t *h = (const uint8_t *)raw;
-    ck_assert(memcmp(h, "KILNCACH", 8) == 0);
-    ck_assert(h[8] == 1 && h[9] == 0 && h[10] == 0 && h[11] == 0);
-    ck_assert(h[12] == 1 && h[13] == 0 && h[14] == 0 && h[15] == 0);
-    ck_assert(memcmp(h + 16, k.b, 16) == 0);
-    uint64_t plen = 0, pck = 0, hck = 0;
-    for (int i = 7; i >= 0; i--) {
-        plen = plen << 8 | h[32 + i];
-        pck = pck << 8 | h[40 + i];
-        hck = hck << 8 | h[48 + i];
-    }
-    ck_assert_uint_eq(plen, sizeof payload);
-    ck_assert_uint_eq(pck, XXH3_64bits(payload, sizeof payload));
-    ck_assert_uint_eq(hck, XXH3_64bits(h, 48));
-    for (int i = 56; i < 64; i++) ck_assert_int_eq(h[i], 0);
-    ck_assert(memcmp(h + 64, payload, sizeof payload) == 0);
+    check_header_layout((const uint8_t *)raw, KC_CUBIN, k, meta, payload, sizeof payload);
     free(raw);
-
     expect_hit(&c, k, payload, sizeof payload);
     expect_miss(&c, key_n(43), 0);
 
-    /* Overwrite with another payload; empty payloads are hits too. */
-    TS_OK(kc_put(&c, k, "abc", 3));
+    /* A program with the same key is another entry, in programs/, with its own payload. */
+    char *ppath = kc_entry_path(&c, KC_PROGRAM, k);
+    snprintf(want, sizeof want, "%s/programs/%.2s/%s.prog", dir, hex, hex);
+    ck_assert_str_eq(ppath, want);
+    expect_miss_kind(&c, KC_PROGRAM, k, 0);
+    TS_OK(kc_put(&c, KC_PROGRAM, k, "program decode", "PLAN", 4));
+    TS_OK(kb_read_file(ppath, &raw, &len));
+    check_header_layout((const uint8_t *)raw, KC_PROGRAM, k, "program decode", "PLAN", 4);
+    free(raw);
+    expect_hit_kind(&c, KC_PROGRAM, k, "PLAN", 4);
+    expect_hit(&c, k, payload, sizeof payload);
+
+    /* Overwrite; empty payloads and NULL or empty meta are fine. */
+    TS_OK(kc_put(&c, KC_CUBIN, k, "", "abc", 3));
     expect_hit(&c, k, "abc", 3);
-    TS_OK(kc_put(&c, k, NULL, 0));
+    TS_OK(kc_put(&c, KC_CUBIN, k, NULL, NULL, 0));
     expect_hit(&c, k, NULL, 0);
+    ck_assert_int_eq(file_size(path), 80);
+
+    /* Unknown kinds are refused, not crashed on. */
+    ck_assert_ptr_null(kc_entry_path(&c, (kc_kind)3, k));
+    kiln_status st = kc_put(&c, (kc_kind)0, k, NULL, "a", 1);
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
+    kiln_status_free(st);
+    void *data;
+    size_t size;
+    st = kc_get(&c, (kc_kind)9, k, &data, &size, NULL);
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
+    kiln_status_free(st);
 
     int cubins, tmps;
     count_entries(dir, &cubins, &tmps);
     ck_assert_int_eq(cubins, 1);
     ck_assert_int_eq(tmps, 0);
+    free(ppath);
     free(path);
     ts_rmtree(dir);
     free(dir);
@@ -281,7 +335,7 @@ START_TEST(miss_on_absent) {
     char *dir = ts_tmpdir();
     kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON};
     expect_miss(&c, key_n(1), 0); /* kernels/ does not even exist */
-    TS_OK(kc_put(&c, key_n(2), "x", 1));
+    TS_OK(kc_put(&c, KC_CUBIN, key_n(2), NULL, "x", 1));
     expect_miss(&c, key_n(1), 0);
     /* A cache root that does not exist yet is created by put. */
     kb_str b = {0};
@@ -289,7 +343,7 @@ START_TEST(miss_on_absent) {
     char *deep = kb_str_take(&b);
     kc_cache d = {.dir = deep, .mode = KILN_CACHE_ON};
     expect_miss(&d, key_n(1), 0);
-    TS_OK(kc_put(&d, key_n(1), "y", 1));
+    TS_OK(kc_put(&d, KC_CUBIN, key_n(1), NULL, "y", 1));
     expect_hit(&d, key_n(1), "y", 1);
     free(deep);
     ts_rmtree(dir);
@@ -304,24 +358,33 @@ START_TEST(modes) {
     kc_cache off = {.dir = dir, .mode = KILN_CACHE_OFF};
     kc_cache ro = {.dir = dir, .mode = KILN_CACHE_READONLY};
     kc_cache refresh = {.dir = dir, .mode = KILN_CACHE_REFRESH};
-    char *path = kc_entry_path(&on, k);
+    char *path = kc_entry_path(&on, KC_CUBIN, k);
 
     /* off and readonly never write. */
-    TS_OK(kc_put(&off, k, "off", 3));
+    TS_OK(kc_put(&off, KC_CUBIN, k, NULL, "off", 3));
     ck_assert(!file_exists(path));
-    TS_OK(kc_put(&ro, k, "ro", 2));
+    TS_OK(kc_put(&ro, KC_CUBIN, k, NULL, "ro", 2));
     ck_assert(!file_exists(path));
 
-    TS_OK(kc_put(&on, k, "one", 3));
+    TS_OK(kc_put(&on, KC_CUBIN, k, NULL, "one", 3));
     expect_hit(&on, k, "one", 3);
     expect_hit(&ro, k, "one", 3); /* readonly reads */
     expect_miss(&off, k, 0);      /* off never reads */
     expect_miss(&refresh, k, 0);  /* refresh never reads... */
-    TS_OK(kc_put(&refresh, k, "two", 3)); /* ...but writes */
+    TS_OK(kc_put(&refresh, KC_CUBIN, k, NULL, "two", 3)); /* ...but writes */
     expect_hit(&on, k, "two", 3);
-    TS_OK(kc_put(&ro, k, "three", 5));
-    TS_OK(kc_put(&off, k, "three", 5));
+    TS_OK(kc_put(&ro, KC_CUBIN, k, NULL, "three", 5));
+    TS_OK(kc_put(&off, KC_CUBIN, k, NULL, "three", 5));
     expect_hit(&on, k, "two", 3);
+
+    /* LRU: a hit marks the entry used, except in readonly mode, which touches nothing. */
+    set_mtime(path, 1000000);
+    expect_hit(&ro, k, "two", 3);
+    ck_assert_int_eq(mtime_of(path), (int64_t)1000000 * 1000000000);
+    expect_miss(&refresh, k, 0);
+    ck_assert_int_eq(mtime_of(path), (int64_t)1000000 * 1000000000);
+    expect_hit(&on, k, "two", 3);
+    ck_assert_int_ge(mtime_of(path), ((int64_t)time(NULL) - 60) * 1000000000);
 
     free(path);
     ts_rmtree(dir);
@@ -332,29 +395,36 @@ END_TEST
 /* ---- corruption ----------------------------------------------------------------------------- */
 
 enum { PAYLOAD_N = 300 };
+#define META "kernel rms_norm_f32\nsrc 812 bytes"
+#define META_N (sizeof META - 1)
+#define ENTRY_N (80 + META_N + PAYLOAD_N)
 
-/* Puts a fresh entry for k and returns its file contents (caller frees). */
-static uint8_t *fresh_entry(const kc_cache *c, kc_key k, const uint8_t *payload, size_t *len) {
-    TS_OK(kc_put(c, k, payload, PAYLOAD_N));
-    char *path = kc_entry_path(c, k);
+/* Puts a fresh entry for (kind, k) and returns its file contents (caller frees). */
+static uint8_t *fresh_entry_kind(const kc_cache *c, kc_kind kind, kc_key k, const uint8_t *payload, size_t *len) {
+    TS_OK(kc_put(c, kind, k, META, payload, PAYLOAD_N));
+    char *path = kc_entry_path(c, kind, k);
     char *raw;
     TS_OK(kb_read_file(path, &raw, len));
     free(path);
-    ck_assert_uint_eq(*len, 64 + PAYLOAD_N);
+    ck_assert_uint_eq(*len, ENTRY_N);
     return (uint8_t *)raw;
+}
+
+static uint8_t *fresh_entry(const kc_cache *c, kc_key k, const uint8_t *payload, size_t *len) {
+    return fresh_entry_kind(c, KC_CUBIN, k, payload, len);
 }
 
 /* After the entry of k was damaged: the next get misses, logs one line naming the path and
  * reason, removes the file, counts it; then a put+get works again. */
 static void expect_corrupt_detected(kc_cache *c, log_capture *lc, kc_key k, const uint8_t *payload,
                                     const char *reason, const char *what) {
-    char *path = kc_entry_path(c, k);
+    char *path = kc_entry_path(c, KC_CUBIN, k);
     lc->lines = 0;
     lc->last[0] = 0;
     void *data = (void *)1;
     size_t size = 9;
     int corrupt = 5;
-    TS_OK(kc_get(c, k, &data, &size, &corrupt));
+    TS_OK(kc_get(c, KC_CUBIN, k, &data, &size, &corrupt));
     ck_assert_msg(data == NULL, "%s: corrupt entry returned as a hit", what);
     ck_assert_uint_eq(size, 0);
     ck_assert_msg(corrupt == 6, "%s: corrupt count %d", what, corrupt);
@@ -367,65 +437,64 @@ static void expect_corrupt_detected(kc_cache *c, log_capture *lc, kc_key k, cons
     ck_assert_msg(!file_exists(path), "%s: corrupt file not removed", what);
     /* Later lookups are plain misses; the counter stays as it was. */
     corrupt = 0;
-    TS_OK(kc_get(c, k, &data, &size, &corrupt));
+    TS_OK(kc_get(c, KC_CUBIN, k, &data, &size, &corrupt));
     ck_assert(data == NULL && corrupt == 0);
     /* Rebuild. */
-    TS_OK(kc_put(c, k, payload, PAYLOAD_N));
+    TS_OK(kc_put(c, KC_CUBIN, k, META, payload, PAYLOAD_N));
     expect_hit(c, k, payload, PAYLOAD_N);
     free(path);
 }
 
 static void write_raw(const char *path, const void *p, size_t n) { TS_OK(kb_write_file(path, p, n)); }
 
+/* Why a header whose byte i was flipped is refused: fields before the header checksum that
+ * decide how to read the rest, then the checksum, which covers everything else. */
+static const char *header_flip_reason(size_t i) {
+    return i < 8 ? "bad magic" : i < 12 ? "unsupported format version" : i < 16 ? "bad header size"
+                                                                               : "header checksum mismatch";
+}
+
+/* Every byte of header, meta and payload flipped in turn, one at a time. */
+static void flip_every_byte(kc_cache *c, log_capture *lc, kc_key k, const uint8_t *payload) {
+    char *path = kc_entry_path(c, KC_CUBIN, k);
+    char what[64];
+    for (size_t i = 0; i < ENTRY_N; i++) {
+        size_t len;
+        uint8_t *raw = fresh_entry(c, k, payload, &len);
+        raw[i] ^= i % 2 ? 0x80 : 0x01;
+        write_raw(path, raw, len);
+        free(raw);
+        snprintf(what, sizeof what, "byte %zu flipped", i);
+        const char *reason = i < 80 ? header_flip_reason(i)
+                             : i < 80 + META_N ? "meta checksum mismatch" : "payload checksum mismatch";
+        expect_corrupt_detected(c, lc, k, payload, reason, what);
+    }
+    free(path);
+}
+
+/* Rewrites the header checksum after a change, as a buggy writer with a valid checksum would. */
+static void reseal(uint8_t *h) { wr64le(h + 72, XXH3_64bits(h, 72)); }
+
 START_TEST(corruption_detected) {
     char *dir = ts_tmpdir();
     log_capture lc = {0};
     kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &lc};
     kc_key k = key_n(9);
-    char *path = kc_entry_path(&c, k);
+    char *path = kc_entry_path(&c, KC_CUBIN, k);
     uint8_t payload[PAYLOAD_N];
     fill_payload(payload, sizeof payload, 9);
     size_t len;
     char what[64];
 
-    /* Flipped payload bytes. */
-    size_t pos[] = {64, 64 + 1, 64 + PAYLOAD_N / 2, 64 + PAYLOAD_N - 1};
-    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++) {
-        uint8_t *raw = fresh_entry(&c, k, payload, &len);
-        raw[pos[i]] ^= 0x01;
-        write_raw(path, raw, len);
-        free(raw);
-        snprintf(what, sizeof what, "payload byte %zu", pos[i]);
-        expect_corrupt_detected(&c, &lc, k, payload, "payload checksum mismatch", what);
-    }
+    flip_every_byte(&c, &lc, k, payload);
 
-    /* Every single header byte flipped (magic, version, kind, key, length, checksums,
-     * reserved). */
-    for (size_t i = 0; i < 64; i++) {
+    /* Truncated at every length. */
+    for (size_t cut = 0; cut < ENTRY_N; cut++) {
         uint8_t *raw = fresh_entry(&c, k, payload, &len);
-        raw[i] ^= 0x80;
-        write_raw(path, raw, len);
+        write_raw(path, raw, cut);
         free(raw);
-        snprintf(what, sizeof what, "header byte %zu", i);
-        const char *reason = i < 8    ? "bad magic"
-                             : i < 12 ? "unsupported format version"
-                             : i < 16 ? "unknown payload kind"
-                             : i < 32 ? "key mismatch"
-                             : i < 40 ? "header checksum mismatch"
-                             : i < 48 ? "header checksum mismatch"
-                             : i < 56 ? "header checksum mismatch"
-                                      : "reserved";
-        expect_corrupt_detected(&c, &lc, k, payload, reason, what);
-    }
-
-    /* Truncated files. */
-    size_t cuts[] = {0, 1, 8, 32, 63, 64, 65, 64 + PAYLOAD_N - 1};
-    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
-        uint8_t *raw = fresh_entry(&c, k, payload, &len);
-        write_raw(path, raw, cuts[i]);
-        free(raw);
-        snprintf(what, sizeof what, "truncated to %zu", cuts[i]);
-        expect_corrupt_detected(&c, &lc, k, payload, cuts[i] < 64 ? "truncated" : "payload length", what);
+        snprintf(what, sizeof what, "truncated to %zu", cut);
+        expect_corrupt_detected(&c, &lc, k, payload, cut < 80 ? "truncated" : "follow the header", what);
     }
 
     /* Appended garbage. */
@@ -437,27 +506,52 @@ START_TEST(corruption_detected) {
         write_raw(path, big, len + 7);
         free(big);
         free(raw);
-        expect_corrupt_detected(&c, &lc, k, payload, "payload length", "appended garbage");
+        expect_corrupt_detected(&c, &lc, k, payload, "follow the header", "appended garbage");
+    }
+
+    /* Headers with a valid checksum but wrong fields. */
+    struct {
+        size_t      at;
+        uint8_t     val;
+        const char *reason;
+    } sealed[] = {{16, 7, "unknown payload kind 7"}, {20, 1, "reserved header bytes not zero"},
+                  {40, META_N + 1, "follow the header"}, {48, (uint8_t)(PAYLOAD_N - 1), "follow the header"}};
+    for (size_t i = 0; i < sizeof sealed / sizeof sealed[0]; i++) {
+        uint8_t *raw = fresh_entry(&c, k, payload, &len);
+        raw[sealed[i].at] = sealed[i].val;
+        reseal(raw);
+        write_raw(path, raw, len);
+        free(raw);
+        snprintf(what, sizeof what, "sealed header byte %zu", sealed[i].at);
+        expect_corrupt_detected(&c, &lc, k, payload, sealed[i].reason, what);
     }
 
     /* Another key's (valid) entry renamed to this key's path. */
     {
         kc_key other = key_n(10);
-        TS_OK(kc_put(&c, other, payload, PAYLOAD_N));
-        char *opath = kc_entry_path(&c, other);
+        TS_OK(kc_put(&c, KC_CUBIN, other, META, payload, PAYLOAD_N));
+        char *opath = kc_entry_path(&c, KC_CUBIN, other);
         ck_assert_int_eq(rename(opath, path), 0);
         free(opath);
         expect_corrupt_detected(&c, &lc, k, payload, "key mismatch", "wrong key");
     }
+    /* A program entry of this key renamed to its cubin path. */
+    {
+        TS_OK(kc_put(&c, KC_PROGRAM, k, META, payload, PAYLOAD_N));
+        char *ppath = kc_entry_path(&c, KC_PROGRAM, k);
+        ck_assert_int_eq(rename(ppath, path), 0);
+        free(ppath);
+        expect_corrupt_detected(&c, &lc, k, payload, "kind mismatch: a prog entry where a cubin belongs",
+                                "wrong kind");
+    }
 
-    /* Arbitrary garbage of many lengths, including garbage behind a valid-looking magic. */
+    /* Arbitrary garbage of many lengths, including garbage behind a valid-looking start. */
     for (int i = 0; i < 300; i++) {
         size_t n = (size_t)(i * 7 % 400);
         uint8_t *g = malloc(n + 1);
         fill_payload(g, n, (uint64_t)i + 1000);
-        if (i % 2 && n >= 16) {
-            memcpy(g, "KILNCACH\1\0\0\0\1\0\0\0", 16);
-        }
+        if (i % 3 == 1 && n >= 16) memcpy(g, "KILNCACH\2\0\0\0\x50\0\0\0", 16);
+        if (i % 3 == 2 && n >= 16) memcpy(g, "KILNCACH\1\0\0\0\1\0\0\0", 16);
         write_raw(path, g, n);
         free(g);
         snprintf(what, sizeof what, "garbage %d", i);
@@ -465,6 +559,92 @@ START_TEST(corruption_detected) {
     }
 
     free(path);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* A version-1 entry (the format before kinds and meta) as kiln 0.1 wrote it. */
+static size_t v1_entry(uint8_t *buf, kc_key k, const void *payload, size_t n) {
+    memset(buf, 0, 64);
+    memcpy(buf, "KILNCACH", 8);
+    buf[8] = 1;
+    buf[12] = 1;
+    memcpy(buf + 16, k.b, 16);
+    wr64le(buf + 32, n);
+    wr64le(buf + 40, XXH3_64bits(payload, n));
+    wr64le(buf + 48, XXH3_64bits(buf, 48));
+    memcpy(buf + 64, payload, n);
+    return 64 + n;
+}
+
+/* A version-3 entry as the rule version 2 sets for its successors: header size at 12, the
+ * header's checksum in its last 8 bytes. */
+static size_t v3_entry(uint8_t *buf, const void *payload, size_t n) {
+    memset(buf, 0, 96);
+    memcpy(buf, "KILNCACH", 8);
+    buf[8] = 3;
+    buf[12] = 96;
+    wr64le(buf + 88, XXH3_64bits(buf, 88));
+    memcpy(buf + 96, payload, n);
+    return 96 + n;
+}
+
+typedef struct {
+    int      n;
+    uint32_t version[8];
+    int      meta_null, corrupt_null;
+} version_walk;
+
+static int note_version(void *user, const kc_entry *e) {
+    version_walk *w = user;
+    if (w->n < 8) w->version[w->n] = e->version;
+    w->n++;
+    w->meta_null += e->meta == NULL;
+    w->corrupt_null += e->corrupt == NULL;
+    return 0;
+}
+
+/* Another kiln build may share the directory: its entries are misses, left alone, and
+ * overwritten by our own put. */
+START_TEST(other_format_version_is_a_miss) {
+    char *dir = ts_tmpdir();
+    log_capture lc = {0};
+    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &lc};
+    kc_key k1 = key_n(21), k3 = key_n(23);
+    uint8_t buf[200];
+    TS_OK(kc_put(&c, KC_CUBIN, k1, NULL, "x", 1)); /* creates the directory */
+    char *p1 = kc_entry_path(&c, KC_CUBIN, k1), *p3 = kc_entry_path(&c, KC_CUBIN, k3);
+    size_t n1 = v1_entry(buf, k1, "old cubin", 9);
+    write_raw(p1, buf, n1);
+    char *slash = strrchr(p3, '/');
+    *slash = 0;
+    TS_OK(kb_mkdirs(p3));
+    *slash = '/';
+    size_t n3 = v3_entry(buf, "future", 6);
+    write_raw(p3, buf, n3);
+
+    expect_miss(&c, k1, 0);
+    expect_miss(&c, k3, 0);
+    ck_assert_int_eq(lc.lines, 0);
+    ck_assert_int_eq(file_size(p1), (long)n1);
+    ck_assert_int_eq(file_size(p3), (long)n3);
+
+    /* kc_walk sees them as entries of other versions: neither meta nor corrupt. */
+    version_walk w = {0};
+    TS_OK(kc_walk(&c, true, note_version, &w));
+    ck_assert_int_eq(w.n, 2);
+    ck_assert_int_eq(w.meta_null, 2);
+    ck_assert_int_eq(w.corrupt_null, 2);
+    uint32_t a = w.version[0], b = w.version[1];
+    ck_assert((a == 1 && b == 3) || (a == 3 && b == 1));
+
+    /* Our put replaces them. */
+    TS_OK(kc_put(&c, KC_CUBIN, k1, "new", "new cubin", 9));
+    expect_hit(&c, k1, "new cubin", 9);
+    ck_assert_int_eq(lc.lines, 0);
+    free(p1);
+    free(p3);
     ts_rmtree(dir);
     free(dir);
 }
@@ -481,15 +661,15 @@ START_TEST(corruption_readonly_keeps_file) {
     fill_payload(payload, sizeof payload, 11);
     size_t len;
     uint8_t *raw = fresh_entry(&c, k, payload, &len);
-    raw[100] ^= 0xff;
-    char *path = kc_entry_path(&c, k);
+    raw[ENTRY_N - 10] ^= 0xff;
+    char *path = kc_entry_path(&c, KC_CUBIN, k);
     write_raw(path, raw, len);
     free(raw);
 
     int corrupt = 0;
     void *data = NULL;
     size_t size = 0;
-    TS_OK(kc_get(&ro, k, &data, &size, &corrupt));
+    TS_OK(kc_get(&ro, KC_CUBIN, k, &data, &size, &corrupt));
     ck_assert_ptr_null(data);
     ck_assert_int_eq(corrupt, 1);
     ck_assert_int_eq(lc.lines, 1);
@@ -499,7 +679,7 @@ START_TEST(corruption_readonly_keeps_file) {
     ck_assert(file_exists(path));
     ck_assert_int_eq(file_size(path), (long)len);
     /* corrupt may be NULL. */
-    TS_OK(kc_get(&ro, k, &data, &size, NULL));
+    TS_OK(kc_get(&ro, KC_CUBIN, k, &data, &size, NULL));
     ck_assert_ptr_null(data);
     ck_assert_int_eq(lc.lines, 2);
     free(path);
@@ -513,8 +693,8 @@ START_TEST(corruption_logs_to_stderr) {
     char *dir = ts_tmpdir();
     kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON};
     kc_key k = key_n(12);
-    char *path = kc_entry_path(&c, k);
-    TS_OK(kc_put(&c, k, "abcdef", 6));
+    char *path = kc_entry_path(&c, KC_CUBIN, k);
+    TS_OK(kc_put(&c, KC_CUBIN, k, NULL, "abcdef", 6));
     write_raw(path, "KILNCACH", 8);
 
     kb_str b = {0};
@@ -529,7 +709,7 @@ START_TEST(corruption_logs_to_stderr) {
     void *data = NULL;
     size_t size = 0;
     int corrupt = 0;
-    kiln_status st = kc_get(&c, k, &data, &size, &corrupt);
+    kiln_status st = kc_get(&c, KC_CUBIN, k, &data, &size, &corrupt);
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
@@ -562,13 +742,13 @@ START_TEST(io_errors_name_the_path) {
     char *file = kb_str_take(&b);
     write_raw(file, "x", 1);
     kc_cache c = {.dir = file, .mode = KILN_CACHE_ON};
-    kiln_status st = kc_put(&c, key_n(1), "abc", 3);
+    kiln_status st = kc_put(&c, KC_CUBIN, key_n(1), NULL, "abc", 3);
     ck_assert_int_eq(kiln_status_code(st), KILN_ERR_IO);
     ck_assert_msg(strstr(kiln_status_msg(st), file) != NULL, "msg: %s", kiln_status_msg(st));
     kiln_status_free(st);
     void *data = (void *)1;
     size_t size = 0;
-    st = kc_get(&c, key_n(1), &data, &size, NULL);
+    st = kc_get(&c, KC_CUBIN, key_n(1), &data, &size, NULL);
     ck_assert_int_eq(kiln_status_code(st), KILN_ERR_IO);
     ck_assert_msg(strstr(kiln_status_msg(st), file) != NULL, "msg: %s", kiln_status_msg(st));
     ck_assert_ptr_null(data);
@@ -576,13 +756,13 @@ START_TEST(io_errors_name_the_path) {
 
     /* The entry path is a directory: get reports it, put fails cleanly without temp files. */
     kc_cache d = {.dir = dir, .mode = KILN_CACHE_ON};
-    char *path = kc_entry_path(&d, key_n(2));
+    char *path = kc_entry_path(&d, KC_CUBIN, key_n(2));
     TS_OK(kb_mkdirs(path));
-    st = kc_get(&d, key_n(2), &data, &size, NULL);
+    st = kc_get(&d, KC_CUBIN, key_n(2), &data, &size, NULL);
     ck_assert(st != NULL);
     ck_assert_msg(strstr(kiln_status_msg(st), path) != NULL, "msg: %s", kiln_status_msg(st));
     kiln_status_free(st);
-    st = kc_put(&d, key_n(2), "abc", 3);
+    st = kc_put(&d, KC_CUBIN, key_n(2), NULL, "abc", 3);
     ck_assert_int_eq(kiln_status_code(st), KILN_ERR_IO);
     ck_assert_msg(strstr(kiln_status_msg(st), path) != NULL, "msg: %s", kiln_status_msg(st));
     kiln_status_free(st);
@@ -592,11 +772,11 @@ START_TEST(io_errors_name_the_path) {
 
     /* A cache without a directory, and NULL arguments, are rejected, not crashed on. */
     kc_cache none = {.dir = NULL, .mode = KILN_CACHE_ON};
-    ck_assert_ptr_null(kc_entry_path(&none, key_n(1)));
-    st = kc_put(&none, key_n(1), "a", 1);
+    ck_assert_ptr_null(kc_entry_path(&none, KC_CUBIN, key_n(1)));
+    st = kc_put(&none, KC_CUBIN, key_n(1), NULL, "a", 1);
     ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
     kiln_status_free(st);
-    st = kc_get(&d, key_n(1), NULL, &size, NULL);
+    st = kc_get(&d, KC_CUBIN, key_n(1), NULL, &size, NULL);
     ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
     kiln_status_free(st);
 
@@ -616,15 +796,15 @@ START_TEST(long_paths) {
     for (size_t i = 0; i < n; i++) *p++ = (i % 100 == 0) ? '/' : 'd';
     *p = 0;
     kc_cache c = {.dir = longdir, .mode = KILN_CACHE_ON};
-    char *path = kc_entry_path(&c, key_n(1));
+    char *path = kc_entry_path(&c, KC_CUBIN, key_n(1));
     ck_assert_uint_eq(strlen(path), strlen(longdir) + strlen("/kernels/xx/") + 32 + strlen(".cubin"));
     free(path);
-    kiln_status st = kc_put(&c, key_n(1), "abc", 3);
+    kiln_status st = kc_put(&c, KC_CUBIN, key_n(1), NULL, "abc", 3);
     ck_assert(st != NULL); /* too long for the file system; an error, not a crash */
     kiln_status_free(st);
     void *data = NULL;
     size_t size;
-    st = kc_get(&c, key_n(1), &data, &size, NULL);
+    st = kc_get(&c, KC_CUBIN, key_n(1), &data, &size, NULL);
     ck_assert(st != NULL || data == NULL);
     kiln_status_free(st);
     free(longdir);
@@ -637,8 +817,8 @@ START_TEST(stale_temp_files_swept) {
     char *dir = ts_tmpdir();
     kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON};
     kc_key k = key_n(3);
-    TS_OK(kc_put(&c, k, "a", 1));
-    char *path = kc_entry_path(&c, k);
+    TS_OK(kc_put(&c, KC_CUBIN, k, NULL, "a", 1));
+    char *path = kc_entry_path(&c, KC_CUBIN, k);
     char *slash = strrchr(path, '/');
     kb_str b = {0};
     kb_str_addn(&b, path, (size_t)(slash - path));
@@ -651,7 +831,7 @@ START_TEST(stale_temp_files_swept) {
     write_raw(young, "x", 1);
     struct timespec ts[2] = {{.tv_sec = time(NULL) - 7200}, {.tv_sec = time(NULL) - 7200}};
     ck_assert_int_eq(utimensat(AT_FDCWD, old, ts, 0), 0);
-    TS_OK(kc_put(&c, k, "b", 1));
+    TS_OK(kc_put(&c, KC_CUBIN, k, NULL, "b", 1));
     ck_assert(!file_exists(old));
     ck_assert(file_exists(young)); /* might belong to a writer still running */
     expect_hit(&c, k, "b", 1);
@@ -735,16 +915,16 @@ static int writer_main(const char *dir, int w) {
     static uint8_t buf[1000 + WRITERS * 997 + ROUNDS * 131];
     for (int r = 0; r < ROUNDS; r++) {
         size_t n = make_shared_payload(buf, w, r);
-        kiln_status st = kc_put(&c, shared, buf, n);
+        kiln_status st = kc_put(&c, KC_CUBIN, shared, NULL, buf, n);
         if (st) return 10;
         uint8_t own[64];
         fill_payload(own, sizeof own, (uint64_t)(w * 100 + r));
-        st = kc_put(&c, own_key(w, r), own, sizeof own);
+        st = kc_put(&c, KC_CUBIN, own_key(w, r), NULL, own, sizeof own);
         if (st) return 11;
         void *data = NULL;
         size_t size = 0;
         int corrupt = 0;
-        st = kc_get(&c, shared, &data, &size, &corrupt);
+        st = kc_get(&c, KC_CUBIN, shared, &data, &size, &corrupt);
         if (st) return 12;
         if (corrupt) return 13;
         if (!data) return 14; /* nobody ever removes it, so it must be there */
@@ -773,7 +953,7 @@ START_TEST(concurrent_writers) {
     void *data = NULL;
     size_t size = 0;
     int corrupt = 0;
-    TS_OK(kc_get(&c, key_n(999), &data, &size, &corrupt));
+    TS_OK(kc_get(&c, KC_CUBIN, key_n(999), &data, &size, &corrupt));
     ck_assert_ptr_nonnull(data);
     ck_assert(shared_payload_ok(data, size));
     free(data);
@@ -794,6 +974,327 @@ START_TEST(concurrent_writers) {
 }
 END_TEST
 
+/* ---- walking, eviction, clearing ------------------------------------------------------------ */
+
+typedef struct {
+    int      n, stop_after;
+    kc_kind  kind[32];
+    char     hex[32][33];
+    char     meta[32][64];
+    char     corrupt[32][96];
+    uint64_t bytes[32];
+} walk_log;
+
+static int record(void *user, const kc_entry *e) {
+    walk_log *w = user;
+    ck_assert_int_lt(w->n, 32);
+    w->kind[w->n] = e->kind;
+    snprintf(w->hex[w->n], 33, "%s", e->key_hex);
+    snprintf(w->meta[w->n], 64, "%s", e->meta ? e->meta : "(null)");
+    snprintf(w->corrupt[w->n], 96, "%s", e->corrupt ? e->corrupt : "(null)");
+    w->bytes[w->n] = e->bytes;
+    char hex[33];
+    kc_key_hex(e->key, hex);
+    ck_assert_str_eq(hex, e->key_hex);
+    ck_assert_int_eq(file_size(e->path), (long)e->bytes);
+    ck_assert_int_eq(mtime_of(e->path), e->mtime_ns);
+    w->n++;
+    return w->stop_after && w->n == w->stop_after;
+}
+
+/* Writes name in the two-digit directory of (kind, k): files that are not entries. */
+static char *beside(const kc_cache *c, kc_kind kind, kc_key k, const char *name) {
+    char *path = kc_entry_path(c, kind, k);
+    kb_str b = {0};
+    kb_str_addn(&b, path, (size_t)(strrchr(path, '/') - path + 1));
+    kb_str_add(&b, name);
+    free(path);
+    char *p = kb_str_take(&b);
+    write_raw(p, "junk", 4);
+    return p;
+}
+
+START_TEST(walk_lists_entries_in_order) {
+    char *dir = ts_tmpdir();
+    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON};
+    walk_log w = {0};
+    TS_OK(kc_walk(&c, true, record, &w)); /* no directory yet: no entries */
+    ck_assert_int_eq(w.n, 0);
+    /* Programs first in put order, then kernels: the walk sorts by kind, then key. */
+    for (int i = 0; i < 5; i++) {
+        char meta[32];
+        snprintf(meta, sizeof meta, "program %d\nmore", i);
+        TS_OK(kc_put(&c, KC_PROGRAM, key_n(100 + i), meta, "p", 1));
+    }
+    for (int i = 0; i < 6; i++) {
+        char meta[32];
+        snprintf(meta, sizeof meta, "kernel %d", i);
+        TS_OK(kc_put(&c, KC_CUBIN, key_n(200 + i), meta, "kk", 2));
+    }
+    free(beside(&c, KC_CUBIN, key_n(200), ".tmp.1.x"));
+    free(beside(&c, KC_CUBIN, key_n(200), "notes.txt"));
+    free(beside(&c, KC_PROGRAM, key_n(100), "0123.prog"));
+    /* A corrupt entry is listed with why, and walking leaves it in place. */
+    char *bad = kc_entry_path(&c, KC_CUBIN, key_n(203));
+    write_raw(bad, "KILNCACH", 8);
+
+    TS_OK(kc_walk(&c, false, record, &w));
+    ck_assert_int_eq(w.n, 11);
+    for (int i = 0; i < 11; i++) {
+        ck_assert_int_eq(w.kind[i], i < 6 ? KC_CUBIN : KC_PROGRAM);
+        ck_assert_str_eq(w.meta[i], "(null)");
+        ck_assert_str_eq(w.corrupt[i], "(null)");
+        if (i && w.kind[i] == w.kind[i - 1]) ck_assert_msg(strcmp(w.hex[i - 1], w.hex[i]) < 0, "order at %d", i);
+    }
+    walk_log m = {0};
+    TS_OK(kc_walk(&c, true, record, &m));
+    ck_assert_int_eq(m.n, 11);
+    int bad_seen = 0;
+    for (int i = 0; i < 11; i++) {
+        ck_assert_str_eq(m.hex[i], w.hex[i]);
+        char want_hex[33];
+        kc_key_hex(key_n(203), want_hex);
+        if (!strcmp(m.hex[i], want_hex) && m.kind[i] == KC_CUBIN) {
+            bad_seen++;
+            ck_assert_str_eq(m.meta[i], "(null)");
+            ck_assert_msg(strstr(m.corrupt[i], "truncated"), "%s", m.corrupt[i]);
+            ck_assert_uint_eq(m.bytes[i], 8);
+        } else {
+            ck_assert_str_eq(m.corrupt[i], "(null)");
+            ck_assert_msg(!strncmp(m.meta[i], m.kind[i] == KC_CUBIN ? "kernel " : "program ", 7), "%s", m.meta[i]);
+        }
+    }
+    ck_assert_int_eq(bad_seen, 1);
+    ck_assert(file_exists(bad));
+    /* fn returning nonzero stops the walk. */
+    walk_log s = {.stop_after = 3};
+    TS_OK(kc_walk(&c, true, record, &s));
+    ck_assert_int_eq(s.n, 3);
+    free(bad);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+enum { EV_N = 10, EV_PAYLOAD = 1000 };
+
+/* Ten entries of equal size (alternating kinds), entry i last used at t0 + 10 * (i % 5) + i / 5
+ * (so kind and key do not follow age). Returns one entry's size. */
+static uint64_t fill_for_eviction(const kc_cache *c, time_t t0, char *paths[EV_N]) {
+    uint8_t payload[EV_PAYLOAD];
+    fill_payload(payload, sizeof payload, 5);
+    for (int i = 0; i < EV_N; i++) {
+        kc_kind kind = i % 2 ? KC_PROGRAM : KC_CUBIN;
+        TS_OK(kc_put(c, kind, key_n(300 + i), "meta", payload, sizeof payload));
+        paths[i] = kc_entry_path(c, kind, key_n(300 + i));
+        set_mtime(paths[i], t0 + 10 * (i % 5) + i / 5);
+    }
+    return (uint64_t)file_size(paths[0]);
+}
+
+START_TEST(evict_removes_least_recently_used) {
+    char *dir = ts_tmpdir();
+    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON};
+    char *paths[EV_N];
+    time_t t0 = time(NULL) - 100000;
+    uint64_t one = fill_for_eviction(&c, t0, paths);
+    int removed = -1;
+    uint64_t total = 0;
+
+    /* Under the limit, or no limit: nothing goes. */
+    TS_OK(kc_evict(&c, 0, &removed, &total));
+    ck_assert_int_eq(removed, 0);
+    ck_assert_uint_eq(total, EV_N * one);
+    TS_OK(kc_evict(&c, EV_N * one, &removed, &total));
+    ck_assert_int_eq(removed, 0);
+
+    /* A hit makes entry 0 (the oldest) the newest, and young. */
+    void *data = NULL;
+    size_t size = 0;
+    TS_OK(kc_get(&c, KC_CUBIN, key_n(300), &data, &size, NULL));
+    ck_assert_ptr_nonnull(data);
+    free(data);
+    char *old_tmp = beside(&c, KC_CUBIN, key_n(300), ".tmp.42.old");
+    char *new_tmp = beside(&c, KC_CUBIN, key_n(300), ".tmp.42.new");
+    set_mtime(old_tmp, time(NULL) - 2 * 3600);
+
+    /* Room for six: the four least recently used go (5, 1, 6, 2 by age), whatever their kind
+     * or key. Stale temporary files go too. */
+    TS_OK(kc_evict(&c, 6 * one + one / 2, &removed, &total));
+    ck_assert_int_eq(removed, 4);
+    ck_assert_uint_eq(total, 6 * one);
+    int gone[] = {5, 1, 6, 2};
+    for (int i = 0; i < EV_N; i++) {
+        bool want_gone = false;
+        for (int j = 0; j < 4; j++) want_gone |= gone[j] == i;
+        ck_assert_msg(file_exists(paths[i]) == !want_gone, "entry %d", i);
+    }
+    ck_assert(!file_exists(old_tmp));
+    ck_assert(file_exists(new_tmp));
+
+    /* Room for one: every old entry goes; entry 0, used a moment ago, is spared... */
+    TS_OK(kc_evict(&c, one, &removed, &total));
+    ck_assert_int_eq(removed, 5);
+    ck_assert_uint_eq(total, one);
+    ck_assert(file_exists(paths[0]));
+    /* ...unless the limit cannot be met otherwise. */
+    TS_OK(kc_evict(&c, one - 1, &removed, &total));
+    ck_assert_int_eq(removed, 1);
+    ck_assert_uint_eq(total, 0);
+    ck_assert(!file_exists(paths[0]));
+    TS_OK(kc_evict(&c, 1, NULL, NULL)); /* outputs may be NULL */
+
+    for (int i = 0; i < EV_N; i++) free(paths[i]);
+    free(old_tmp);
+    free(new_tmp);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(clear_removes_everything) {
+    char *dir = ts_tmpdir();
+    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON};
+    int removed = -1;
+    TS_OK(kc_clear(&c, &removed)); /* nothing there yet */
+    ck_assert_int_eq(removed, 0);
+    char *paths[EV_N];
+    fill_for_eviction(&c, time(NULL), paths);
+    char *tmp = beside(&c, KC_PROGRAM, key_n(301), ".tmp.7.abc");
+    char *other = beside(&c, KC_CUBIN, key_n(300), "keep.me");
+    int ntmp = 0;
+    uint64_t tmp_bytes = 0;
+    TS_OK(kc_tmp_files(&c, 0, false, &ntmp, &tmp_bytes));
+    ck_assert_int_eq(ntmp, 1);
+    ck_assert_uint_eq(tmp_bytes, 4);
+    TS_OK(kc_tmp_files(&c, KC_STALE_TMP_S, true, &ntmp, NULL)); /* young: neither counted nor removed */
+    ck_assert_int_eq(ntmp, 0);
+    ck_assert(file_exists(tmp));
+
+    TS_OK(kc_clear(&c, &removed));
+    ck_assert_int_eq(removed, EV_N);
+    for (int i = 0; i < EV_N; i++) ck_assert(!file_exists(paths[i]));
+    ck_assert(!file_exists(tmp));
+    ck_assert(file_exists(other)); /* not the cache's */
+    walk_log w = {0};
+    TS_OK(kc_walk(&c, true, record, &w));
+    ck_assert_int_eq(w.n, 0);
+    /* Empty two-digit directories are gone; putting again recreates them. */
+    char *sub = kc_entry_path(&c, KC_PROGRAM, key_n(301));
+    *strrchr(sub, '/') = 0;
+    ck_assert(!file_exists(sub));
+    TS_OK(kc_put(&c, KC_PROGRAM, key_n(301), NULL, "again", 5));
+    expect_hit_kind(&c, KC_PROGRAM, key_n(301), "again", 5);
+
+    /* A cache root that is a file: errors name the path. */
+    kb_str b = {0};
+    kb_str_addf(&b, "%s/file", dir);
+    char *file = kb_str_take(&b);
+    write_raw(file, "x", 1);
+    kc_cache f = {.dir = file, .mode = KILN_CACHE_ON};
+    kiln_status st = kc_clear(&f, NULL);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), file), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    st = kc_walk(&f, false, record, &w);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), file), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+
+    for (int i = 0; i < EV_N; i++) free(paths[i]);
+    free(file);
+    free(sub);
+    free(tmp);
+    free(other);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* ---- settings ------------------------------------------------------------------------------- */
+
+START_TEST(sizes_and_limits) {
+    struct {
+        const char *text;
+        uint64_t    bytes;
+    } ok[] = {{"0", 0},
+              {"12345", 12345},
+              {"100k", 100 << 10},
+              {"100K", 100 << 10},
+              {"100KiB", 100 << 10},
+              {"512M", 512ull << 20},
+              {"512mb", 512ull << 20},
+              {"2G", 2ull << 30},
+              {"2GiB", 2ull << 30},
+              {"2gib", 2ull << 30},
+              {"3T", 3ull << 40},
+              {"7B", 7},
+              {"18446744073709551615", UINT64_MAX}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        uint64_t v = 1;
+        TS_OK(kc_parse_size(ok[i].text, &v));
+        ck_assert_msg(v == ok[i].bytes, "%s: %llu", ok[i].text, (unsigned long long)v);
+    }
+    const char *bad[] = {"", "G", "-1", "1.5G", "2 G", "2X", "2GiBs", "2iB", " 2", "18446744073709551616",
+                         "17179869184G"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint64_t v = 1;
+        kiln_status st = kc_parse_size(bad[i], &v);
+        ck_assert_msg(st != NULL, "'%s' accepted", bad[i]);
+        char want[64];
+        snprintf(want, sizeof want, "'%s'", bad[i]);
+        ck_assert_msg(strstr(kiln_status_msg(st), want), "%s", kiln_status_msg(st));
+        kiln_status_free(st);
+    }
+
+    uint64_t max = 0;
+    unsetenv("KILN_CACHE_MAX");
+    TS_OK(kc_max_bytes(&max));
+    ck_assert_uint_eq(max, 1ull << 31);
+    setenv("KILN_CACHE_MAX", "", 1);
+    TS_OK(kc_max_bytes(&max));
+    ck_assert_uint_eq(max, 1ull << 31);
+    setenv("KILN_CACHE_MAX", "64M", 1);
+    TS_OK(kc_max_bytes(&max));
+    ck_assert_uint_eq(max, 64ull << 20);
+    setenv("KILN_CACHE_MAX", "lots", 1);
+    kiln_status st = kc_max_bytes(&max);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), "KILN_CACHE_MAX") && strstr(kiln_status_msg(st), "'lots'"),
+                  "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    unsetenv("KILN_CACHE_MAX");
+}
+END_TEST
+
+START_TEST(modes_from_text_and_env) {
+    const char *names[] = {"on", "off", "readonly", "refresh"};
+    kiln_cache_mode want[] = {KILN_CACHE_ON, KILN_CACHE_OFF, KILN_CACHE_READONLY, KILN_CACHE_REFRESH};
+    for (int i = 0; i < 4; i++) {
+        kiln_cache_mode m = (kiln_cache_mode)99;
+        TS_OK(kc_parse_mode(names[i], &m));
+        ck_assert_int_eq(m, want[i]);
+        setenv("KILN_CACHE", names[i], 1);
+        TS_OK(kc_env_mode(KILN_CACHE_ON, &m));
+        ck_assert_int_eq(m, want[i]);
+    }
+    kiln_cache_mode m;
+    kiln_status st = kc_parse_mode("ON", &m);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), "'ON'") && strstr(kiln_status_msg(st), "readonly"), "%s",
+                  kiln_status_msg(st));
+    kiln_status_free(st);
+    setenv("KILN_CACHE", "sometimes", 1);
+    st = kc_env_mode(KILN_CACHE_ON, &m);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), "KILN_CACHE") && strstr(kiln_status_msg(st), "'sometimes'") &&
+                      strstr(kiln_status_msg(st), "on, off, readonly or refresh"),
+                  "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    setenv("KILN_CACHE", "", 1);
+    TS_OK(kc_env_mode(KILN_CACHE_READONLY, &m));
+    ck_assert_int_eq(m, KILN_CACHE_READONLY);
+    unsetenv("KILN_CACHE");
+    TS_OK(kc_env_mode(KILN_CACHE_OFF, &m));
+    ck_assert_int_eq(m, KILN_CACHE_OFF);
+}
+END_TEST
+
 static Suite *cache_suite(void) {
     Suite *s = suite_create("cache");
     TCase *t = tcase_create("key");
@@ -808,6 +1309,7 @@ static Suite *cache_suite(void) {
     tcase_add_test(t, miss_on_absent);
     tcase_add_test(t, modes);
     tcase_add_test(t, corruption_detected);
+    tcase_add_test(t, other_format_version_is_a_miss);
     tcase_add_test(t, corruption_readonly_keeps_file);
     tcase_add_test(t, corruption_logs_to_stderr);
     tcase_add_test(t, io_errors_name_the_path);
@@ -815,6 +1317,13 @@ static Suite *cache_suite(void) {
     tcase_add_test(t, stale_temp_files_swept);
     tcase_add_test(t, default_dir_resolution);
     tcase_add_test(t, concurrent_writers);
+    suite_add_tcase(s, t);
+    t = tcase_create("admin");
+    tcase_add_test(t, walk_lists_entries_in_order);
+    tcase_add_test(t, evict_removes_least_recently_used);
+    tcase_add_test(t, clear_removes_everything);
+    tcase_add_test(t, sizes_and_limits);
+    tcase_add_test(t, modes_from_text_and_env);
     suite_add_tcase(s, t);
     return s;
 }

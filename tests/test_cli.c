@@ -94,24 +94,37 @@ END_TEST
 
 START_TEST(compile_summary_line_and_cache) {
     regex_t re;
-    ck_assert_int_eq(regcomp(&re, "^compiled ([0-9]+) kernels \\(([0-9]+) new, ([0-9]+) from cache\\) in [0-9]+ ms$",
+    ck_assert_int_eq(regcomp(&re, "^compiled ([0-9]+) kernels \\(([0-9]+) distinct: ([0-9]+) new, ([0-9]+) from cache\\) in "
+                                  "[0-9]+ ms$",
                              REG_EXTENDED), 0);
     char *out;
-    regmatch_t m[4];
+    regmatch_t m[5];
     ck_assert_int_eq(kiln("compile examples/swiglu.kg", &out), 0);
     const char *line = last_line(out);
-    ck_assert_msg(regexec(&re, line, 4, m, 0) == 0, "last line: '%s'", line);
-    int n = atoi(line + m[1].rm_so), fresh = atoi(line + m[2].rm_so), cached = atoi(line + m[3].rm_so);
+    ck_assert_msg(regexec(&re, line, 5, m, 0) == 0, "last line: '%s'", line);
+    int n = atoi(line + m[1].rm_so), distinct = atoi(line + m[2].rm_so), fresh = atoi(line + m[3].rm_so),
+        cached = atoi(line + m[4].rm_so);
     ck_assert_int_gt(n, 0);
+    ck_assert_int_eq(distinct, n);
     ck_assert_int_eq(fresh, n);
     ck_assert_int_eq(cached, 0);
     free(out);
-    /* Options may come before the graph; the second compile is all cache hits. */
+    /* Options may come before the graph; the second compile loads the whole program. */
     ck_assert_int_eq(kiln("compile --arch sm_90a examples/swiglu.kg", &out), 0);
     line = last_line(out);
-    ck_assert_msg(regexec(&re, line, 4, m, 0) == 0, "last line: '%s'", line);
-    ck_assert_int_eq(atoi(line + m[2].rm_so), 0);
-    ck_assert_int_eq(atoi(line + m[3].rm_so), n);
+    char want[128];
+    snprintf(want, sizeof want, "loaded %d kernels (%d distinct) from the program cache in ", n, n);
+    ck_assert_msg(strncmp(line, want, strlen(want)) == 0, "last line: '%s'", line);
+    free(out);
+    /* Without the program cache entry, every kernel comes from the kernel cache. */
+    char rm[4200];
+    snprintf(rm, sizeof rm, "rm -rf '%s/programs'", cache_dir);
+    ck_assert_int_eq(ts_run(rm, NULL), 0);
+    ck_assert_int_eq(kiln("compile examples/swiglu.kg", &out), 0);
+    line = last_line(out);
+    ck_assert_msg(regexec(&re, line, 5, m, 0) == 0, "last line: '%s'", line);
+    ck_assert_int_eq(atoi(line + m[3].rm_so), 0);
+    ck_assert_int_eq(atoi(line + m[4].rm_so), n);
     free(out);
     regfree(&re);
 }
@@ -119,14 +132,19 @@ END_TEST
 
 START_TEST(compile_dump_and_output_file) {
     char *dir = ts_tmpdir(), args[4200], *out;
-    snprintf(args, sizeof args, "compile examples/swiglu.kg --dump-cu '%s/dump' -o '%s/prog.txt'", dir, dir);
+    snprintf(args, sizeof args, "compile examples/swiglu.kg --dump-cu '%s/dump' -o '%s/prog.kiln'", dir, dir);
     ck_assert_int_eq(kiln(args, &out), 0);
+    ck_assert_msg(strstr(out, "wrote bundle"), "%s", out);
     free(out);
-    snprintf(args, sizeof args, "ls '%s/dump' && cat '%s/prog.txt'", dir, dir);
+    snprintf(args, sizeof args, "ls '%s/dump' && cat '%s/dump/program.txt'", dir, dir);
     ck_assert_int_eq(ts_run(args, &out), 0);
-    ck_assert_ptr_nonnull(strstr(out, "program.txt"));
     ck_assert_ptr_nonnull(strstr(out, "000_ew_"));
     ck_assert_ptr_nonnull(strstr(out, "kernels:"));
+    ck_assert_ptr_nonnull(strstr(out, "launches:"));
+    free(out);
+    snprintf(args, sizeof args, "inspect '%s/prog.kiln'", dir);
+    ck_assert_int_eq(kiln(args, &out), 0);
+    ck_assert_msg(strstr(out, "checksum ok") && strstr(out, "target sm_90a: cubins"), "%s", out);
     free(out);
     ts_rmtree(dir);
     free(dir);

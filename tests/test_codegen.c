@@ -1000,7 +1000,7 @@ START_TEST(nvrtc_basics) {
     ck_assert_int_eq(cg_nvrtc_options("sm_90a", o2), 3);
     ck_assert_ptr_eq(o1[0], o2[0]); /* stable */
 
-    static const char *const bad[] = {"", "sm90", "sm_", "sm_90b", "compute_90", "SM_90", "sm_90a ",
+    static const char *const bad[] = {"", "sm90", "sm_", "sm_90b", "compute_", "compute_9x", "SM_90", "sm_90a ",
                                       "sm_90aa", "sm_12345", "sm_-1", "--gpu-architecture=sm_90"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(cg_nvrtc_options(bad[i], o1), -1);

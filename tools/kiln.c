@@ -3,12 +3,14 @@
 
 #include "base/base.h"
 #include "runtime/runtime.h"
+#include "tools/cmd_cache.h"
 #include "tools/cmd_gen.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_NO_GPU = 3 };
 
@@ -19,11 +21,14 @@ static const char *usage_text =
     "specialized CUDA kernels, caches them, and runs them as one CUDA graph.\n"
     "\n"
     "commands:\n"
-    "  compile GRAPH   generate and compile every kernel (NVRTC; no GPU needed); ends with\n"
-    "                  'compiled N kernels (C new, H from cache) in T ms'\n"
-    "  run GRAPH       compile what is missing, then run on the GPU: inputs random (--seed) or\n"
-    "                  from files (--input), prints a checksum of each output and the timing\n"
-    "  inspect GRAPH   print the IR after passes, the memory plan and the kernel list\n"
+    "  compile GRAPH   generate and compile every kernel (NVRTC; no GPU needed) into the cache;\n"
+    "                  with -o FILE.kiln, write an AOT bundle that runs without NVRTC\n"
+    "  run GRAPH       compile what is missing (JIT, cached), then run on the GPU: inputs random\n"
+    "                  (--seed) or from files (--input); prints a checksum of each output and\n"
+    "                  the timing. 'kiln run --bundle FILE.kiln' runs a bundle instead\n"
+    "  inspect GRAPH   print the IR after passes, the memory plan and the kernel list;\n"
+    "  inspect FILE.kiln  verify a bundle (checksum, signature, programs) and describe it\n"
+    "  cache SUB       the cache: ls, stats, clear, verify, explain GRAPH ('kiln help cache')\n"
     "  ops             list every supported op with its kind and accepted types\n"
     "  gen-graph       write a model's whole graph from a preset (--arch, --preset) as .kg\n"
     "  help [COMMAND]  this text, or a command's options\n"
@@ -31,17 +36,24 @@ static const char *usage_text =
     "Symbolic dims (\"dim n_kv <= 4096\" in the graph) are compiled once for every value; give\n"
     "values with --dim NAME=VALUE (default: the maximum).\n"
     "\n"
-    "options: --version, --help. Environment: KILN_CACHE_DIR (kernel cache, default\n"
-    "$XDG_CACHE_HOME/kiln or ~/.cache/kiln), KILN_DUMP=DIR (like --dump-cu),\n"
-    "KILN_TEMPLATE_DIR (load templates from a directory), KILN_CUDA_GRAPHS=0 (plain launches).\n"
+    "options: --version, --help. Environment: KILN_CACHE_DIR (the cache, default\n"
+    "$XDG_CACHE_HOME/kiln or ~/.cache/kiln), KILN_CACHE=on|off|readonly|refresh (cache policy),\n"
+    "KILN_CACHE_MAX=SIZE (default 2G; least recently used entries go first), KILN_JOBS=N\n"
+    "(compile threads, default all CPUs), KILN_DUMP=DIR (like --dump-cu), KILN_TEMPLATE_DIR\n"
+    "(load templates from a directory), KILN_CUDA_GRAPHS=0 (plain launches).\n"
     "exit status: 0 success, 1 error, 2 bad usage, 3 no CUDA driver or GPU.\n";
 
 static const char *compile_help =
-    "usage: kiln compile GRAPH [--arch sm_90a] [--dump-cu DIR] [-o FILE] [--no-fuse[=NAME,...]]\n"
-    "                          [--cache-dir DIR] [--no-cache] [--dim NAME=VALUE]...\n"
-    "  --arch ARCH     target GPU architecture (default sm_90a; e.g. sm_80)\n"
-    "  --dump-cu DIR   write each kernel as DIR/NNN_name_KEY8.cu and DIR/program.txt\n"
-    "  -o FILE         write the compiled program's description (IR, plan, kernels, keys)\n"
+    "usage: kiln compile GRAPH [--arch sm_90a[,sm_80...]] [--dump-cu DIR] [-o FILE.kiln]\n"
+    "                          [--no-fuse[=NAME,...]] [--cache-dir DIR] [--no-cache] [--jobs N]\n"
+    "                          [--dim NAME=VALUE]...\n"
+    "  --arch LIST     target GPU architectures, comma-separated (default sm_90a; e.g. sm_80)\n"
+    "  --dump-cu DIR   write each kernel as DIR/NNN_name_KEY8.cu (a header comment gives the graph\n"
+    "                  nodes, fusion, static shapes, launch and key) and DIR/program.txt (IR after\n"
+    "                  passes, memory plan, launches); the same graph gives byte-identical files\n"
+    "  -o FILE.kiln    write an AOT bundle: the graph, a program per arch (cubins) plus PTX for\n"
+    "                  later GPUs, signed with the kiln version that built it ('kiln run --bundle')\n"
+    "  --jobs N        compile threads (default $KILN_JOBS, else every CPU)\n"
     "  --no-fuse       disable every fusion pass\n"
     "  --no-fuse=NAME[,NAME]  disable the named passes only (listed below; may repeat)\n"
     "  --cache-dir DIR kernel cache directory (default: see 'kiln help')\n"
@@ -52,9 +64,11 @@ static const char *compile_help =
     "                  'specialize V' also gets a program of its own for that value.\n";
 
 static const char *run_help =
-    "usage: kiln run GRAPH [--seed N] [--input NAME=FILE]... [--output NAME=FILE]...\n"
+    "usage: kiln run GRAPH|--bundle FILE.kiln [--seed N] [--input NAME=FILE]... [--output NAME=FILE]...\n"
     "                      [--iters N] [--no-cuda-graph] [--check] [--stats] [--dim NAME=V]...\n"
     "                      [compile options]\n"
+    "  --bundle FILE.kiln   run a bundle from 'kiln compile -o' (no NVRTC, no cache): the\n"
+    "                       program for this GPU's arch, else its PTX; refused when neither fits\n"
     "  --seed N             seed for random inputs, weights and states (default 1; weight\n"
     "                       matrices are scaled by 1/sqrt(ne0), as models are initialized)\n"
     "  --input NAME=FILE    raw little-endian contents of input/weight NAME (its type, contiguous)\n"
@@ -67,18 +81,23 @@ static const char *run_help =
     "                       replays, plain runs, and the host time per run\n"
     "  --dim NAME=V         run with symbolic dim NAME = V (1 .. its maximum; default the maximum);\n"
     "                       inputs and outputs have the shapes at these values\n"
-    "  compile options: --arch, --dump-cu, --no-fuse, --cache-dir, --no-cache (see compile)\n";
+    "  compile options: --arch (default: this GPU's), --dump-cu, --no-fuse, --cache-dir,\n"
+    "                  --no-cache, --jobs (see compile)\n";
 
 static const char *inspect_help =
     "usage: kiln inspect GRAPH [--no-fuse[=NAME,...]]\n"
+    "       kiln inspect FILE.kiln\n"
     "  prints every fusion applied, one per line (\"fused NAME: node, node, ...\"), the IR after\n"
     "  passes (kernels, fused graph nodes, layouts), the memory plan and the generated kernels'\n"
-    "  names, launch configs and keys. Needs neither NVRTC nor a GPU.\n";
+    "  names, launch configs and keys. Needs neither NVRTC nor a GPU.\n"
+    "  A bundle is verified (checksum, signature, each program against the graph) and described:\n"
+    "  what built it, its targets, its graph; exit 1 when it is damaged or foreign.\n";
 
 #define MAX_FILES 64
 
 typedef struct {
-    const char *cmd, *graph, *arch, *dump, *out, *cache_dir;
+    const char *cmd, *graph, *arch, *dump, *out, *cache_dir, *bundle;
+    int jobs;
     char no_fuse_passes[256]; /* --no-fuse=NAME[,NAME]: the names, comma-separated */
     bool no_fuse, no_cache, no_graph, check;
     uint64_t seed;
@@ -141,6 +160,11 @@ static int parse_args(int argc, char **argv, cli *c) {
         } else if (!strcmp(a, "--dump-cu")) { NEEDS_VALUE(); c->dump = v;
         } else if (!strcmp(a, "-o")) { NEEDS_VALUE(); c->out = v;
         } else if (!strcmp(a, "--cache-dir")) { NEEDS_VALUE(); c->cache_dir = v;
+        } else if (!strcmp(a, "--bundle")) { NEEDS_VALUE(); c->bundle = v;
+        } else if (!strcmp(a, "--jobs")) {
+            NEEDS_VALUE();
+            c->jobs = atoi(v);
+            if (c->jobs < 1) return usage_error("--jobs must be at least 1, not '%s'", v);
         } else if (!strcmp(a, "--no-fuse")) { c->no_fuse = true;
         } else if (!strncmp(a, "--no-fuse=", 10)) {
             size_t len = strlen(c->no_fuse_passes);
@@ -190,7 +214,9 @@ static int parse_args(int argc, char **argv, cli *c) {
         }
 #undef NEEDS_VALUE
     }
-    if (!c->graph) return usage_error("%s: no graph file given", c->cmd);
+    if (c->bundle && strcmp(c->cmd, "run") != 0) return usage_error("--bundle: only 'kiln run' takes a bundle (%s)", c->bundle);
+    if (c->bundle && c->graph) return usage_error("give a graph or --bundle, not both ('%s')", c->graph);
+    if (!c->graph && !c->bundle) return usage_error("%s: no graph file given", c->cmd);
     return -1;
 }
 
@@ -227,8 +253,44 @@ static void print_dims(const cli *c, const kiln_ctx *ctx) {
     printf("\n");
 }
 
+/* Progress of long compiles on stderr: a bar redrawn in place on a terminal, else a plain line
+ * at most every 2 s. Quick compiles (under half a second) show nothing. */
+typedef struct {
+    double t0, last;
+    bool   tty, shown;
+} progress_state;
+
+static void progress_cb(void *user, const char *what, int done, int total) {
+    progress_state *ps = user;
+    double          now = kb_now_ms();
+    if (!ps->t0) ps->t0 = now;
+    bool end = done == total;
+    if (now - ps->t0 < 500 && !(end && ps->shown)) return;
+    if (ps->tty) {
+        if (!end && now - ps->last < 100) return;
+        int  width = 30, fill = total ? done * width / total : width;
+        char bar[64];
+        for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+        bar[width] = 0;
+        fprintf(stderr, "\rkiln: [%s] %d/%d %s", bar, done, total, what);
+        if (end) fputc('\n', stderr);
+    } else {
+        if (!end && now - ps->last < 2000) return;
+        fprintf(stderr, "kiln: %d/%d %s\n", done, total, what);
+    }
+    fflush(stderr);
+    ps->last = now;
+    ps->shown = !end;
+}
+
+static progress_state g_progress;
+
 static kiln_compile_opts compile_opts(const cli *c, const char *arch) {
     kiln_compile_opts o = {0};
+    g_progress.tty = isatty(2);
+    o.progress = progress_cb;
+    o.progress_user = &g_progress;
+    o.jobs = c->jobs;
     o.arch = c->arch ? c->arch : arch;
     o.dump_dir = c->dump;
     o.cache_dir = c->cache_dir;
@@ -241,8 +303,35 @@ static kiln_compile_opts compile_opts(const cli *c, const char *arch) {
 static void print_compile_line(const kiln_program *p) {
     kiln_compile_stats s;
     kiln_program_stats(p, &s);
-    printf("compiled %d kernels (%d new, %d from cache) in %.0f ms\n", s.compiled + s.cached, s.compiled,
-           s.cached, s.ms);
+    if (s.program_cached)
+        printf("loaded %d kernels (%d distinct) from the program cache in %.0f ms\n", s.kernels, s.distinct, s.ms);
+    else
+        printf("compiled %d kernels (%d distinct: %d new, %d from cache) in %.0f ms\n", s.kernels, s.distinct,
+               s.compiled, s.cached, s.ms);
+}
+
+#define MAX_ARCHS 8
+
+/* "sm_90a,sm_80" into archs (pointing into buf). */
+static kiln_status split_archs(const char *list, char buf[256], const char *archs[MAX_ARCHS], int *n) {
+    *n = 0;
+    if ((size_t)snprintf(buf, 256, "%s", list) >= 256) return kb_error(KILN_ERR_INVALID, "--arch: list too long");
+    for (char *save = NULL, *a = strtok_r(buf, ",", &save); a; a = strtok_r(NULL, ",", &save)) {
+        if (*n == MAX_ARCHS) return kb_error(KILN_ERR_INVALID, "--arch: at most %d architectures", MAX_ARCHS);
+        archs[(*n)++] = a;
+    }
+    if (!*n) return kb_error(KILN_ERR_INVALID, "--arch: no architecture given");
+    return NULL;
+}
+
+static kiln_status write_bundle(const cli *c, const kiln_graph *g, kiln_compile_opts o, int narchs, const char **archs) {
+    double      t0 = kb_now_ms();
+    kiln_status st = kiln_bundle_write(g, &o, narchs, archs, c->out);
+    if (st) return st;
+    printf("wrote bundle %s for", c->out);
+    for (int i = 0; i < narchs; i++) printf(" %s", archs[i]);
+    printf(" (cubins, plus PTX of each) in %.0f ms\n", kb_now_ms() - t0);
+    return NULL;
 }
 
 static int cmd_compile(const cli *c) {
@@ -257,24 +346,50 @@ static int cmd_compile(const cli *c) {
     kiln_graph_free(bg);
     kiln_ctx_free(bctx);
     if (!st) print_dims(c, ctx);
-    if (!st) st = kiln_compile(g, &o, &p);
-    if (!st && c->out) {
-        char *text;
-        st = kiln_program_describe(p, &text);
-        if (!st) {
-            st = kb_write_file(c->out, text, strlen(text));
-            free(text);
+    char        abuf[256];
+    const char *archs[MAX_ARCHS];
+    int         narchs = 0;
+    if (!st) st = split_archs(c->arch ? c->arch : "sm_90a", abuf, archs, &narchs);
+    for (int i = 0; !st && i < narchs; i++) {
+        o.arch = archs[i];
+        o.dump_dir = i == 0 ? c->dump : NULL; /* dumps of the first arch */
+        kiln_program_free(p);
+        p = NULL;
+        if (!(st = kiln_compile(g, &o, &p))) {
+            if (narchs > 1) printf("%s: ", archs[i]);
+            print_compile_line(p);
         }
     }
     if (!st && c->dump) printf("wrote %d kernel sources and program.txt to %s\n", kiln_program_kernel_count(p), c->dump);
-    if (!st) print_compile_line(p);
+    o.dump_dir = NULL;
+    if (!st && c->out) st = write_bundle(c, g, o, narchs, archs);
     kiln_program_free(p);
     kiln_graph_free(g);
     kiln_ctx_free(ctx);
     return st ? fail(st) : EXIT_OK;
 }
 
+static bool is_bundle_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char  m[8] = {0};
+    bool  yes = f && fread(m, 1, 8, f) == 8 && !memcmp(m, "KILNBNDL", 8);
+    if (f) fclose(f);
+    return yes;
+}
+
+static int inspect_bundle(const char *path) {
+    kiln_bundle *b = NULL;
+    char        *text = NULL;
+    kiln_status  st = kiln_bundle_open(path, &b);
+    if (!st) st = kiln_bundle_describe(b, &text);
+    if (!st) fputs(text, stdout);
+    free(text);
+    kiln_bundle_free(b);
+    return st ? fail(st) : EXIT_OK;
+}
+
 static int cmd_inspect(const cli *c) {
+    if (is_bundle_file(c->graph)) return inspect_bundle(c->graph);
     kiln_ctx *ctx;
     kiln_graph *g;
     kiln_program *p = NULL;
@@ -491,25 +606,44 @@ static void print_stats(const kiln_session *s, const kiln_program *p) {
            ss.runs ? ss.host_us_total / (double)ss.runs : 0.0, (long long)ss.runs, ss.host_us_last, ss.variant);
 }
 
+/* The bundle's graph and its program for this GPU. */
+static kiln_status load_bundle(const cli *c, const char *arch, kiln_ctx **ctx, kiln_graph **g, kiln_program **p) {
+    double       t0 = kb_now_ms();
+    kiln_bundle *b = NULL;
+    kiln_status  st = kiln_bundle_open(c->bundle, &b);
+    *ctx = kiln_ctx_new();
+    *g = NULL;
+    if (!st && !*ctx) st = kb_oom();
+    if (!st) st = kiln_parse(*ctx, kiln_bundle_graph_text(b), strlen(kiln_bundle_graph_text(b)), c->bundle);
+    if (!st) st = kiln_graph_new(*ctx, g);
+    if (!st) st = kiln_bundle_program(b, *g, arch, p);
+    if (!st)
+        printf("loaded bundle %s: %d kernels for %s in %.0f ms\n", c->bundle, kiln_program_kernel_count(*p), arch,
+               kb_now_ms() - t0);
+    kiln_bundle_free(b);
+    return st;
+}
+
 static int cmd_run(const cli *c) {
     kiln_status st = rt_driver_init();
     if (st) return fail(st);
     char arch[16] = "sm_90a";
-    if ((st = rt_device_arch(0, arch))) return fail(st);
-    kiln_ctx *ctx;
-    kiln_graph *g;
+    if ((st = kiln_device_arch(0, arch, sizeof arch))) return fail(st);
+    kiln_ctx *ctx = NULL;
+    kiln_graph *g = NULL;
     kiln_program *p = NULL;
     kiln_session *s = NULL;
     run_data d = {0};
     bool check_failed = false;
     kiln_ctx *bctx = NULL;
     kiln_graph *bg = NULL;
-    st = build(c, &ctx, &g);
     kiln_compile_opts o = compile_opts(c, arch);
+    if (c->bundle) st = load_bundle(c, arch, &ctx, &g, &p);
+    else st = build(c, &ctx, &g);
     if (!st) st = bind_dims(c, ctx, &bctx, &bg);
     if (!st) print_dims(c, ctx);
-    if (!st) st = kiln_compile(g, &o, &p);
-    if (!st) print_compile_line(p);
+    if (!st && !c->bundle) st = kiln_compile(g, &o, &p);
+    if (!st && !c->bundle) print_compile_line(p);
     kiln_session_opts so = {.no_cuda_graph = c->no_graph};
     if (!st) st = kiln_session_new(p, &so, &s);
     for (int i = 0; !st && i < c->ndims; i++) st = kiln_session_set_dim(s, c->dim_names[i], c->dim_val[i]);
@@ -541,9 +675,11 @@ int main(int argc, char **argv) {
         printf("kiln %s\n", KILN_VERSION);
         return EXIT_OK;
     }
+    if (!strcmp(argv[1], "cache")) return kiln_cmd_cache(argc, argv);
     if (!strcmp(argv[1], "gen-graph") || (argc > 2 && !strcmp(argv[1], "help") && !strcmp(argv[2], "gen-graph")))
         return kiln_cmd_gen_graph(argc - 1, argv + 1);  /* also "help gen-graph" */
     if (!strcmp(argv[1], "help")) {
+        if (argc > 2 && !strcmp(argv[2], "cache")) return fputs(kiln_cache_help, stdout) < 0;
         const char *h = help_for(argc > 2 ? argv[2] : NULL);
         if (!h) return usage_error("no help for unknown command '%s'", argv[2]);
         print_help(argc > 2 ? argv[2] : NULL, h);

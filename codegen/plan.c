@@ -1,0 +1,317 @@
+/* Serialized programs ("plans"): everything kiln_compile produced that re-lowering the graph
+ * does not rebuild — the kernel table with sources, launch configurations, GEMM calls, keys,
+ * the distinct cubins, and the specializations — so that a program-cache hit or a bundle
+ * runs neither Lua nor NVRTC (docs/cache.md, "Program entries").
+ *
+ * The IR is rebuilt by lowering the graph again (cheap, deterministic); a fingerprint of its
+ * printed form, stored in the plan, proves that the kernel table still matches it. */
+#include "codegen/codegen.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+static const char plan_magic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'A', 'N'};
+
+uint64_t cg_ir_fingerprint(const ir_prog *ir) {
+    kb_str o = {0};
+    ir_print(ir, &o);
+    uint64_t h = XXH3_64bits(o.s ? o.s : "", o.len);
+    kb_str_free(&o);
+    return h;
+}
+
+static void put_i64(kb_str *b, int64_t v) { kb_put_u64(b, (uint64_t)v); }
+static int64_t get_i64(kb_reader *r, const char *what) { return (int64_t)kb_get_u64(r, what); }
+
+static void put_mat(kb_str *b, const cg_mat *m) {
+    put_i64(b, m->param);
+    put_i64(b, m->offset);
+    kb_put_u32(b, (uint32_t)m->type);
+    put_i64(b, m->ld);
+    put_i64(b, m->stride);
+}
+
+static void put_gemm(kb_str *b, const cg_gemm *g) {
+    kb_put_u32(b, (uint32_t)g->ta | (uint32_t)g->tb << 1);
+    put_i64(b, g->m);
+    put_i64(b, g->n);
+    put_i64(b, g->k);
+    put_i64(b, g->batch);
+    put_mat(b, &g->a);
+    put_mat(b, &g->b);
+    put_mat(b, &g->c);
+    put_i64(b, g->n_sym);
+    put_i64(b, g->n_mul);
+}
+
+/* Index of the first kernel with k's cubin key, among those that carry code. */
+static int first_with_key(const kiln_program *p, int upto, const uint8_t key[16]) {
+    for (int i = 0; i < upto; i++)
+        if (p->kernels[i].cubin && memcmp(p->kernels[i].key, key, 16) == 0) return i;
+    return -1;
+}
+
+static void put_kernel(kb_str *b, const cg_kernel *k, int64_t code) {
+    kb_put_u32(b, (uint32_t)k->kind);
+    put_i64(b, k->node);
+    put_i64(b, k->step);
+    put_i64(b, k->nsteps);
+    kb_put_cstr(b, k->name);
+    kb_put_cstr(b, k->source);
+    for (int d = 0; d < 3; d++) kb_put_u32(b, k->grid[d]);
+    for (int d = 0; d < 3; d++) kb_put_u32(b, k->block[d]);
+    kb_put_u32(b, k->smem);
+    put_i64(b, k->nparams);
+    for (int a = 0; a < k->nparams; a++) put_i64(b, k->params[a]);
+    kb_put_u64(b, k->scratch);
+    put_gemm(b, &k->gemm);
+    kb_str_addn(b, (const char *)k->key, 16);
+    put_i64(b, code); /* index of the kernel whose code this one shares, or -1 */
+}
+
+kiln_status cg_plan_write(const kiln_program *p, kb_str *b) {
+    kb_str_addn(b, plan_magic, 8);
+    kb_put_u32(b, CG_PLAN_VERSION);
+    kb_put_cstr(b, p->arch);
+    kb_put_u64(b, cg_ir_fingerprint(p->ir));
+    kb_put_u64(b, p->scratch_bytes);
+    put_i64(b, p->nkernels);
+    for (int i = 0; i < p->nkernels; i++) {
+        const cg_kernel *k = &p->kernels[i];
+        put_kernel(b, k, k->cubin ? first_with_key(p, i + 1, k->key) : -1);
+    }
+    for (int i = 0; i < p->nkernels; i++) {
+        const cg_kernel *k = &p->kernels[i];
+        if (k->cubin && first_with_key(p, i, k->key) < 0) kb_put_blob(b, k->cubin, k->cubin_size);
+    }
+    put_i64(b, p->nspec);
+    for (int i = 0; i < p->nspec; i++) {
+        put_i64(b, p->spec_dim[i]);
+        put_i64(b, p->spec_val[i]);
+        kb_str sub = {0};
+        kiln_status st = cg_plan_write(p->spec[i], &sub);
+        if (!st && sub.oom) st = kb_oom();
+        if (!st) kb_put_blob(b, sub.s, sub.len);
+        kb_str_free(&sub);
+        if (st) return st;
+    }
+    return b->oom ? kb_oom() : NULL;
+}
+
+/* ---- reading ------------------------------------------------------------------------------ */
+
+static void get_mat(kb_reader *r, cg_mat *m) {
+    m->param = (int)get_i64(r, "gemm operand");
+    m->offset = get_i64(r, "gemm operand");
+    m->type = (kiln_type)kb_get_u32(r, "gemm operand");
+    m->ld = get_i64(r, "gemm operand");
+    m->stride = get_i64(r, "gemm operand");
+}
+
+static void get_gemm(kb_reader *r, cg_gemm *g) {
+    uint32_t t = kb_get_u32(r, "gemm");
+    g->ta = t & 1;
+    g->tb = (t >> 1) & 1;
+    g->m = (int)get_i64(r, "gemm");
+    g->n = (int)get_i64(r, "gemm");
+    g->k = (int)get_i64(r, "gemm");
+    g->batch = (int)get_i64(r, "gemm");
+    get_mat(r, &g->a);
+    get_mat(r, &g->b);
+    get_mat(r, &g->c);
+    g->n_sym = (int)get_i64(r, "gemm");
+    g->n_mul = (int)get_i64(r, "gemm");
+}
+
+/* One kernel; its code index goes to *code. Semantic checks against the IR follow. */
+static void get_kernel(kb_reader *r, cg_kernel *k, int64_t *code) {
+    k->kind = (cg_step_kind)kb_get_u32(r, "kernel kind");
+    k->node = (int)get_i64(r, "kernel node");
+    k->step = (int)get_i64(r, "kernel step");
+    k->nsteps = (int)get_i64(r, "kernel step");
+    kb_get_str_into(r, k->name, sizeof k->name, "kernel name");
+    k->source = kb_get_str(r, "kernel source");
+    for (int d = 0; d < 3; d++) k->grid[d] = kb_get_u32(r, "launch grid");
+    for (int d = 0; d < 3; d++) k->block[d] = kb_get_u32(r, "launch block");
+    k->smem = kb_get_u32(r, "shared memory");
+    int64_t np = get_i64(r, "parameter count");
+    if (np < 0 || np > (int64_t)(sizeof k->params / sizeof k->params[0])) {
+        if (!r->err) r->err = "parameter count", r->err_at = r->pos;
+        np = 0;
+    }
+    k->nparams = (int)np;
+    for (int a = 0; a < k->nparams; a++) k->params[a] = (int)get_i64(r, "parameter");
+    k->scratch = (size_t)kb_get_u64(r, "scratch");
+    get_gemm(r, &k->gemm);
+    size_t         n;
+    const uint8_t *key = NULL;
+    if (!r->err && r->len - r->pos >= 16) key = r->p + r->pos, r->pos += 16;
+    else if (!r->err) r->err = "kernel key", r->err_at = r->pos;
+    (void)n;
+    if (key) {
+        memcpy(k->key, key, 16);
+        for (int i = 0; i < 16; i++) snprintf(k->key_hex + 2 * i, 3, "%02x", key[i]);
+    }
+    *code = get_i64(r, "kernel code index");
+}
+
+/* What the runtime trusts about a kernel: the node, parameters and operands it names exist. */
+static kiln_status check_kernel(const kiln_program *p, int i, int64_t code) {
+    const cg_kernel *k = &p->kernels[i];
+    const char      *bad = NULL;
+    if (k->kind != CG_LAUNCH && k->kind != CG_GEMM) bad = "kind";
+    else if (k->node < 0 || k->node >= p->ir->nnodes || p->ir->nodes[k->node].dead) bad = "node";
+    else if (k->step < 0 || k->step >= k->nsteps) bad = "step";
+    else if (code >= i + 1 || code < -1 || (k->kind == CG_LAUNCH) != (code >= 0)) bad = "code index";
+    else if (k->scratch > p->scratch_bytes) bad = "scratch size";
+    for (int a = 0; !bad && a < k->nparams; a++)
+        if (k->params[a] != CG_PARAM_SCRATCH && k->params[a] != CG_PARAM_DIMS &&
+            (k->params[a] < 0 || k->params[a] >= p->ir->nbufs))
+            bad = "parameter buffer";
+    const cg_mat *m[3] = {&k->gemm.a, &k->gemm.b, &k->gemm.c};
+    for (int j = 0; !bad && k->kind == CG_GEMM && j < 3; j++)
+        if (m[j]->param < 0 || m[j]->param >= k->nparams || (unsigned)m[j]->type >= KILN_TYPE_COUNT) bad = "gemm operand";
+    if (!bad) return NULL;
+    return kb_error(KILN_ERR_FORMAT, "kernel %d ('%s') has an invalid %s", i, k->name, bad);
+}
+
+/* The cubins follow the kernel table: kernel i with code index i owns the next one. */
+static kiln_status read_cubins(kb_reader *r, kiln_program *p, const int64_t *code) {
+    for (int i = 0; i < p->nkernels && !r->err; i++) {
+        cg_kernel *k = &p->kernels[i];
+        if (code[i] < 0) continue;
+        if (code[i] < i) {
+            const cg_kernel *o = &p->kernels[code[i]];
+            if (!o->cubin || memcmp(o->key, k->key, 16) != 0)
+                return kb_error(KILN_ERR_FORMAT, "kernel %d shares the code of kernel %lld, whose key differs", i,
+                                (long long)code[i]);
+            k->cubin = malloc(o->cubin_size);
+            if (!k->cubin) return kb_oom();
+            memcpy(k->cubin, o->cubin, o->cubin_size);
+            k->cubin_size = o->cubin_size;
+        } else {
+            size_t      n;
+            const void *d = kb_get_blob(r, &n, "kernel code");
+            if (r->err) break;
+            /* one spare NUL: PTX text must be NUL-terminated for the driver */
+            k->cubin = malloc(n + 1);
+            if (!k->cubin) return kb_oom();
+            memcpy(k->cubin, d, n);
+            ((char *)k->cubin)[n] = 0;
+            k->cubin_size = n;
+        }
+        k->from_cache = true;
+    }
+    return NULL;
+}
+
+static kiln_status read_kernels(kb_reader *r, kiln_program *p) {
+    int64_t n = get_i64(r, "kernel count");
+    if (r->err) return NULL;
+    if (n < 0 || n > 1000000) return kb_error(KILN_ERR_FORMAT, "kernel count %lld is out of range", (long long)n);
+    p->kernels = calloc((size_t)n + 1, sizeof *p->kernels);
+    int64_t *code = calloc((size_t)n + 1, sizeof *code);
+    if (!p->kernels || !code) {
+        free(code);
+        return kb_oom();
+    }
+    kiln_status st = NULL;
+    for (int i = 0; i < n && !r->err && !st; i++) {
+        get_kernel(r, &p->kernels[i], &code[i]);
+        p->nkernels = i + 1;
+        if (!r->err) st = check_kernel(p, i, code[i]);
+    }
+    if (!st && !r->err) st = read_cubins(r, p, code);
+    free(code);
+    return st;
+}
+
+static kiln_status read_one(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, kiln_program **out);
+
+static kiln_status read_specs(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, kiln_program *p) {
+    int64_t n = get_i64(r, "specialization count");
+    if (r->err) return NULL;
+    if (n < 0 || n > KILN_MAX_SYMS * 4)
+        return kb_error(KILN_ERR_FORMAT, "specialization count %lld is out of range", (long long)n);
+    if (n && !(p->spec = calloc((size_t)n, sizeof *p->spec))) return kb_oom();
+    for (int i = 0; i < n; i++) {
+        int64_t d = get_i64(r, "specialized dim"), v = get_i64(r, "specialized value");
+        size_t      len;
+        const void *sub = kb_get_blob(r, &len, "specialization");
+        if (r->err) return NULL;
+        if (d < 0 || d >= g->ctx->ndims || v < 1 || v > g->ctx->dims[d].max)
+            return kb_error(KILN_ERR_FORMAT, "specialization %d names dim %lld = %lld, which the graph does not have", i,
+                            (long long)d, (long long)v);
+        kiln_ctx   *bctx = NULL;
+        kiln_graph *bg = NULL;
+        kiln_status st = cg_bind_graph(g, (int)d, v, &bctx, &bg);
+        kb_reader   sr = {.p = sub, .len = len};
+        kiln_program *sp = NULL;
+        if (!st) st = read_one(&sr, bg, o, &sp);
+        if (!st && sr.err)
+            st = kb_error(KILN_ERR_FORMAT, "specialization %d: truncated or malformed at byte %zu (%s)", i, sr.err_at, sr.err);
+        if (st) {
+            kiln_program_free(sp);
+            kiln_graph_free(bg);
+            kiln_ctx_free(bctx);
+            return kb_wrap(st, "specialization %s = %lld", g->ctx->dims[d].name, (long long)v);
+        }
+        sp->own_ctx = bctx;
+        sp->own_graph = bg;
+        p->spec[p->nspec] = sp;
+        p->spec_dim[p->nspec] = (int)d;
+        p->spec_val[p->nspec++] = v;
+    }
+    return NULL;
+}
+
+static kiln_status read_one(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, kiln_program **out) {
+    *out = NULL;
+    const uint8_t *magic = r->len - r->pos >= 8 ? r->p + r->pos : NULL;
+    if (!magic || memcmp(magic, plan_magic, 8) != 0) return kb_error(KILN_ERR_FORMAT, "not a kiln program (bad magic)");
+    r->pos += 8;
+    uint32_t version = kb_get_u32(r, "format version");
+    if (!r->err && version != CG_PLAN_VERSION)
+        return kb_error(KILN_ERR_FORMAT, "program format %u, this kiln reads format %u", version, CG_PLAN_VERSION);
+    char arch[16];
+    kb_get_str_into(r, arch, sizeof arch, "arch");
+    uint64_t fp = kb_get_u64(r, "fingerprint");
+    size_t   scratch = (size_t)kb_get_u64(r, "scratch");
+    if (r->err) return NULL;
+    kiln_program *p;
+    kiln_status   st = cg_lower(g, o, arch, &p);
+    if (st) return st;
+    if (cg_ir_fingerprint(p->ir) != fp) {
+        kiln_program_free(p);
+        return kb_error(KILN_ERR_FORMAT, "the program does not match this graph as this kiln lowers it (IR fingerprint "
+                                         "%016llx, expected %016llx): it was built from another graph or by another "
+                                         "kiln build",
+                        (unsigned long long)cg_ir_fingerprint(p->ir) /* recomputed only on this error path */,
+                        (unsigned long long)fp);
+    }
+    p->scratch_bytes = scratch;
+    if (!(st = read_kernels(r, p)) && !r->err) st = read_specs(r, g, o, p);
+    if (st || r->err) {
+        kiln_program_free(p);
+        return st;
+    }
+    p->stats.kernels = p->nkernels;
+    *out = p;
+    return NULL;
+}
+
+kiln_status cg_plan_read(const void *data, size_t size, const kiln_graph *g, const kiln_compile_opts *o,
+                         kiln_program **out) {
+    kb_reader   r = {.p = data, .len = size};
+    kiln_status st = read_one(&r, g, o, out);
+    if (!st && r.err) st = kb_error(KILN_ERR_FORMAT, "program truncated or malformed at byte %zu (%s)", r.err_at, r.err);
+    if (!st && r.pos != r.len) st = kb_error(KILN_ERR_FORMAT, "program has %zu stray bytes at its end", r.len - r.pos);
+    if (st) {
+        kiln_program_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
