@@ -9,7 +9,7 @@
 /* Bumped whenever generated code can change for the same IR; part of every kernel key. */
 #define CG_CODEGEN_VERSION 1
 /* Format of serialized programs (codegen/plan.c); part of every program key. */
-#define CG_PLAN_VERSION 1
+#define CG_PLAN_VERSION 2
 
 /* One operand of a library GEMM step: a kernel parameter (a buffer, or the scratch) plus a
  * byte offset, its element type, leading dimension and batch stride (both in elements). */
@@ -59,6 +59,10 @@ typedef struct {
     void    *cubin;          /* NULL with skip_nvrtc, and for CG_GEMM */
     size_t   cubin_size;
     bool     from_cache;
+    /* Kernels with one key have one source and one code: all but the first borrow them (a
+     * 32-layer model has ~1000 kernels and ~30 distinct ones). cg_kernel_clear frees only
+     * what is not borrowed. */
+    bool     source_borrowed, cubin_borrowed;
 } cg_kernel;
 
 /* Lua state with the templates loaded: embedded at build time, or read from $KILN_TEMPLATE_DIR

@@ -344,9 +344,8 @@ static kiln_status copy_code(kiln_program *p, code_item *items, int n) {
         cg_kernel *k = &p->kernels[i];
         if (k->kind != CG_LAUNCH || k->cubin) continue;
         const cg_kernel *src = find_key(items, n, k->key);
-        if (!(k->cubin = malloc(src->cubin_size + 1))) return kb_oom();
-        memcpy(k->cubin, src->cubin, src->cubin_size);
-        ((char *)k->cubin)[src->cubin_size] = 0;
+        k->cubin = src->cubin;
+        k->cubin_borrowed = true;
         k->cubin_size = src->cubin_size;
         k->from_cache = src->from_cache;
     }
@@ -657,6 +656,8 @@ static void describe_one(const kiln_program *p, kb_str *out) {
 }
 
 int kiln_program_kernel_count(const kiln_program *p) { return p ? p->nkernels : 0; }
+
+const char *kiln_program_arch(const kiln_program *p) { return p ? p->arch : NULL; }
 
 /* The experts of buffer b a run can read: n_expert when something other than mul_mat_id's
  * `as` operand reads it, else the most any mul_mat_id reading it can select (n_used x

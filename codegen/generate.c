@@ -702,7 +702,7 @@ kiln_status cg_generate(cg_lua *C, const ir_prog *p, int node, cg_kernel *k) {
 
 void cg_kernel_clear(cg_kernel *k) {
     if (!k) return;
-    free(k->source);
-    free(k->cubin);
+    if (!k->source_borrowed) free(k->source);
+    if (!k->cubin_borrowed) free(k->cubin);
     memset(k, 0, sizeof *k);
 }

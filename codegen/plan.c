@@ -47,20 +47,22 @@ static void put_gemm(kb_str *b, const cg_gemm *g) {
     put_i64(b, g->n_mul);
 }
 
-/* Index of the first kernel with k's cubin key, among those that carry code. */
+/* The first kernel before `upto` with this key: it owns the source and code both share. */
 static int first_with_key(const kiln_program *p, int upto, const uint8_t key[16]) {
     for (int i = 0; i < upto; i++)
-        if (p->kernels[i].cubin && memcmp(p->kernels[i].key, key, 16) == 0) return i;
+        if (memcmp(p->kernels[i].key, key, 16) == 0) return i;
     return -1;
 }
 
-static void put_kernel(kb_str *b, const cg_kernel *k, int64_t code) {
+/* A kernel: what locates and launches it, then — unless an earlier kernel has its key (twin
+ * >= 0) — its name, source and code. */
+static void put_kernel(kb_str *b, const cg_kernel *k, int64_t twin) {
     kb_put_u32(b, (uint32_t)k->kind);
     put_i64(b, k->node);
     put_i64(b, k->step);
     put_i64(b, k->nsteps);
-    kb_put_cstr(b, k->name);
-    kb_put_cstr(b, k->source);
+    kb_str_addn(b, (const char *)k->key, 16);
+    put_i64(b, twin);
     for (int d = 0; d < 3; d++) kb_put_u32(b, k->grid[d]);
     for (int d = 0; d < 3; d++) kb_put_u32(b, k->block[d]);
     kb_put_u32(b, k->smem);
@@ -68,8 +70,11 @@ static void put_kernel(kb_str *b, const cg_kernel *k, int64_t code) {
     for (int a = 0; a < k->nparams; a++) put_i64(b, k->params[a]);
     kb_put_u64(b, k->scratch);
     put_gemm(b, &k->gemm);
-    kb_str_addn(b, (const char *)k->key, 16);
-    put_i64(b, code); /* index of the kernel whose code this one shares, or -1 */
+    if (twin >= 0) return;
+    kb_put_cstr(b, k->name);
+    kb_put_cstr(b, k->source);
+    kb_put_u32(b, k->cubin != NULL);
+    if (k->cubin) kb_put_blob(b, k->cubin, k->cubin_size);
 }
 
 kiln_status cg_plan_write(const kiln_program *p, kb_str *b) {
@@ -79,14 +84,7 @@ kiln_status cg_plan_write(const kiln_program *p, kb_str *b) {
     kb_put_u64(b, cg_ir_fingerprint(p->ir));
     kb_put_u64(b, p->scratch_bytes);
     put_i64(b, p->nkernels);
-    for (int i = 0; i < p->nkernels; i++) {
-        const cg_kernel *k = &p->kernels[i];
-        put_kernel(b, k, k->cubin ? first_with_key(p, i + 1, k->key) : -1);
-    }
-    for (int i = 0; i < p->nkernels; i++) {
-        const cg_kernel *k = &p->kernels[i];
-        if (k->cubin && first_with_key(p, i, k->key) < 0) kb_put_blob(b, k->cubin, k->cubin_size);
-    }
+    for (int i = 0; i < p->nkernels; i++) put_kernel(b, &p->kernels[i], first_with_key(p, i, p->kernels[i].key));
     put_i64(b, p->nspec);
     for (int i = 0; i < p->nspec; i++) {
         put_i64(b, p->spec_dim[i]);
@@ -126,14 +124,52 @@ static void get_gemm(kb_reader *r, cg_gemm *g) {
     g->n_mul = (int)get_i64(r, "gemm");
 }
 
-/* One kernel; its code index goes to *code. Semantic checks against the IR follow. */
-static void get_kernel(kb_reader *r, cg_kernel *k, int64_t *code) {
+static void get_key(kb_reader *r, cg_kernel *k) {
+    if (r->err) return;
+    if (r->len - r->pos < 16) {
+        r->err = "kernel key", r->err_at = r->pos;
+        return;
+    }
+    memcpy(k->key, r->p + r->pos, 16);
+    r->pos += 16;
+    for (int i = 0; i < 16; i++) snprintf(k->key_hex + 2 * i, 3, "%02x", k->key[i]);
+}
+
+/* Name, source and code of a kernel that owns them. The code gets one spare NUL: PTX text must
+ * be NUL-terminated for the driver. */
+static kiln_status get_owned(kb_reader *r, cg_kernel *k) {
+    kb_get_str_into(r, k->name, sizeof k->name, "kernel name");
+    k->source = kb_get_str(r, "kernel source");
+    if (!kb_get_u32(r, "kernel code flag") || r->err) return NULL;
+    size_t      n;
+    const void *d = kb_get_blob(r, &n, "kernel code");
+    if (r->err) return NULL;
+    if (!(k->cubin = malloc(n + 1))) return kb_oom();
+    memcpy(k->cubin, d, n);
+    ((char *)k->cubin)[n] = 0;
+    k->cubin_size = n;
+    k->from_cache = true;
+    return NULL;
+}
+
+static void borrow(cg_kernel *k, const cg_kernel *twin) {
+    memcpy(k->name, twin->name, sizeof k->name);
+    k->source = twin->source;
+    k->cubin = twin->cubin;
+    k->cubin_size = twin->cubin_size;
+    k->from_cache = twin->from_cache;
+    k->source_borrowed = k->cubin_borrowed = true;
+}
+
+/* Kernel i. What the runtime trusts is checked against the IR by check_kernel. */
+static kiln_status get_kernel(kb_reader *r, kiln_program *p, int i) {
+    cg_kernel *k = &p->kernels[i];
     k->kind = (cg_step_kind)kb_get_u32(r, "kernel kind");
     k->node = (int)get_i64(r, "kernel node");
     k->step = (int)get_i64(r, "kernel step");
     k->nsteps = (int)get_i64(r, "kernel step");
-    kb_get_str_into(r, k->name, sizeof k->name, "kernel name");
-    k->source = kb_get_str(r, "kernel source");
+    get_key(r, k);
+    int64_t twin = get_i64(r, "kernel twin");
     for (int d = 0; d < 3; d++) k->grid[d] = kb_get_u32(r, "launch grid");
     for (int d = 0; d < 3; d++) k->block[d] = kb_get_u32(r, "launch block");
     k->smem = kb_get_u32(r, "shared memory");
@@ -146,26 +182,23 @@ static void get_kernel(kb_reader *r, cg_kernel *k, int64_t *code) {
     for (int a = 0; a < k->nparams; a++) k->params[a] = (int)get_i64(r, "parameter");
     k->scratch = (size_t)kb_get_u64(r, "scratch");
     get_gemm(r, &k->gemm);
-    size_t         n;
-    const uint8_t *key = NULL;
-    if (!r->err && r->len - r->pos >= 16) key = r->p + r->pos, r->pos += 16;
-    else if (!r->err) r->err = "kernel key", r->err_at = r->pos;
-    (void)n;
-    if (key) {
-        memcpy(k->key, key, 16);
-        for (int i = 0; i < 16; i++) snprintf(k->key_hex + 2 * i, 3, "%02x", key[i]);
-    }
-    *code = get_i64(r, "kernel code index");
+    if (r->err) return NULL;
+    if (twin < 0) return get_owned(r, k);
+    if (twin >= i || memcmp(p->kernels[twin].key, k->key, 16) != 0)
+        return kb_error(KILN_ERR_FORMAT, "kernel %d shares the code of kernel %lld, which is not an earlier one with its key",
+                        i, (long long)twin);
+    borrow(k, &p->kernels[twin]);
+    return NULL;
 }
 
 /* What the runtime trusts about a kernel: the node, parameters and operands it names exist. */
-static kiln_status check_kernel(const kiln_program *p, int i, int64_t code) {
+static kiln_status check_kernel(const kiln_program *p, int i) {
     const cg_kernel *k = &p->kernels[i];
     const char      *bad = NULL;
     if (k->kind != CG_LAUNCH && k->kind != CG_GEMM) bad = "kind";
     else if (k->node < 0 || k->node >= p->ir->nnodes || p->ir->nodes[k->node].dead) bad = "node";
     else if (k->step < 0 || k->step >= k->nsteps) bad = "step";
-    else if (code >= i + 1 || code < -1 || (k->kind == CG_LAUNCH) != (code >= 0)) bad = "code index";
+    else if ((k->kind == CG_LAUNCH) != (k->cubin != NULL) || !k->source) bad = "code";
     else if (k->scratch > p->scratch_bytes) bad = "scratch size";
     for (int a = 0; !bad && a < k->nparams; a++)
         if (k->params[a] != CG_PARAM_SCRATCH && k->params[a] != CG_PARAM_DIMS &&
@@ -178,54 +211,17 @@ static kiln_status check_kernel(const kiln_program *p, int i, int64_t code) {
     return kb_error(KILN_ERR_FORMAT, "kernel %d ('%s') has an invalid %s", i, k->name, bad);
 }
 
-/* The cubins follow the kernel table: kernel i with code index i owns the next one. */
-static kiln_status read_cubins(kb_reader *r, kiln_program *p, const int64_t *code) {
-    for (int i = 0; i < p->nkernels && !r->err; i++) {
-        cg_kernel *k = &p->kernels[i];
-        if (code[i] < 0) continue;
-        if (code[i] < i) {
-            const cg_kernel *o = &p->kernels[code[i]];
-            if (!o->cubin || memcmp(o->key, k->key, 16) != 0)
-                return kb_error(KILN_ERR_FORMAT, "kernel %d shares the code of kernel %lld, whose key differs", i,
-                                (long long)code[i]);
-            k->cubin = malloc(o->cubin_size);
-            if (!k->cubin) return kb_oom();
-            memcpy(k->cubin, o->cubin, o->cubin_size);
-            k->cubin_size = o->cubin_size;
-        } else {
-            size_t      n;
-            const void *d = kb_get_blob(r, &n, "kernel code");
-            if (r->err) break;
-            /* one spare NUL: PTX text must be NUL-terminated for the driver */
-            k->cubin = malloc(n + 1);
-            if (!k->cubin) return kb_oom();
-            memcpy(k->cubin, d, n);
-            ((char *)k->cubin)[n] = 0;
-            k->cubin_size = n;
-        }
-        k->from_cache = true;
-    }
-    return NULL;
-}
-
 static kiln_status read_kernels(kb_reader *r, kiln_program *p) {
     int64_t n = get_i64(r, "kernel count");
     if (r->err) return NULL;
     if (n < 0 || n > 1000000) return kb_error(KILN_ERR_FORMAT, "kernel count %lld is out of range", (long long)n);
-    p->kernels = calloc((size_t)n + 1, sizeof *p->kernels);
-    int64_t *code = calloc((size_t)n + 1, sizeof *code);
-    if (!p->kernels || !code) {
-        free(code);
-        return kb_oom();
-    }
+    if (!(p->kernels = calloc((size_t)n + 1, sizeof *p->kernels))) return kb_oom();
     kiln_status st = NULL;
     for (int i = 0; i < n && !r->err && !st; i++) {
-        get_kernel(r, &p->kernels[i], &code[i]);
         p->nkernels = i + 1;
-        if (!r->err) st = check_kernel(p, i, code[i]);
+        st = get_kernel(r, p, i);
+        if (!st && !r->err) st = check_kernel(p, i);
     }
-    if (!st && !r->err) st = read_cubins(r, p, code);
-    free(code);
     return st;
 }
 

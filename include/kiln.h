@@ -350,6 +350,8 @@ void        kiln_program_stats(const kiln_program *p, kiln_compile_stats *stats)
 kiln_status kiln_program_describe(const kiln_program *p, char **text);
 /* Kernel i's generated CUDA source and 128-bit cache key as 32 hex digits; NULL if out of range. */
 int         kiln_program_kernel_count(const kiln_program *p);
+/* The target it was compiled for: "sm_90a" (cubins) or "compute_80" (PTX). */
+const char *kiln_program_arch(const kiln_program *p);
 const char *kiln_program_kernel_source(const kiln_program *p, int i);
 const char *kiln_program_kernel_key(const kiln_program *p, int i);
 const char *kiln_program_kernel_name(const kiln_program *p, int i);

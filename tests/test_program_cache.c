@@ -477,9 +477,10 @@ static void check_dump_names(const char *dir, const kiln_program *p) {
         ck_assert_int_eq(strncmp(e->d_name + m[2].rm_so, kiln_program_kernel_name(p, i), (size_t)(m[2].rm_eo - m[2].rm_so)), 0);
         ck_assert_int_eq((int)strlen(kiln_program_kernel_name(p, i)), m[2].rm_eo - m[2].rm_so);
         ck_assert_int_eq(strncmp(e->d_name + m[3].rm_so, kiln_program_kernel_key(p, i), 8), 0);
-        char path[4400];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        char *path = NULL;
+        ck_assert_int_ge(asprintf(&path, "%s/%s", dir, e->d_name), 0);
         char *text = read_all(path, NULL);
+        free(path);
         static const char *const want[] = {"graph nodes:", "fusion:", "buffers", "key:"};
         for (int k = 0; k < 4; k++) ck_assert_msg(strstr(text, want[k]), "%s has no '%s'", e->d_name, want[k]);
         ck_assert_msg(strstr(text, kiln_program_kernel_key(p, i)), "%s does not give its full key", e->d_name);
@@ -646,9 +647,11 @@ END_TEST
 /* ---- the cli -------------------------------------------------------------------------------- */
 
 static int kiln_cli(const char *cache, const char *args, char **out) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "KILN_CACHE_DIR='%s' '%s' %s", cache, ts_kiln_bin(), args);
-    return ts_run(cmd, out);
+    char *cmd = NULL;
+    if (asprintf(&cmd, "KILN_CACHE_DIR='%s' '%s' %s", cache, ts_kiln_bin(), args) < 0) return -1;
+    int rc = ts_run(cmd, out);
+    free(cmd);
+    return rc;
 }
 
 START_TEST(cli_reports_cold_and_warm) {

@@ -618,8 +618,8 @@ static kiln_status load_bundle(const cli *c, const char *arch, kiln_ctx **ctx, k
     if (!st) st = kiln_graph_new(*ctx, g);
     if (!st) st = kiln_bundle_program(b, *g, arch, p);
     if (!st)
-        printf("loaded bundle %s: %d kernels for %s in %.0f ms\n", c->bundle, kiln_program_kernel_count(*p), arch,
-               kb_now_ms() - t0);
+        printf("loaded bundle %s: %d kernels, code for %s (this GPU: %s) in %.0f ms\n", c->bundle,
+               kiln_program_kernel_count(*p), kiln_program_arch(*p), arch, kb_now_ms() - t0);
     kiln_bundle_free(b);
     return st;
 }
