@@ -178,12 +178,9 @@ static int verify_entry(const scan_entry *s, kc_entry *e, char **text, bool *bad
         e->version = p.version;
         *bad = v == KC_CORRUPT;
         if (v == KC_CORRUPT) kb_str_add(&b, reason);
-        else kb_str_addn(&b, (const char *)p.meta, p.meta_len);
+        if (v == KC_VALID) kb_str_addn(&b, (const char *)p.meta, p.meta_len);
         free(buf);
-        if (v == KC_OTHER_VERSION) {
-            kb_str_free(&b);
-            return 0;
-        }
+        if (v == KC_OTHER_VERSION) return 0; /* neither meta nor a fault */
     }
     return (*text = kb_str_take(&b)) ? 0 : -1;
 }
