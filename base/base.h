@@ -72,6 +72,10 @@ void  kb_str_add(kb_str *b, const char *s);
 void  kb_str_addn(kb_str *b, const char *s, size_t n);
 void  kb_str_addf(kb_str *b, const char *fmt, ...) KB_PRINTF(2, 3);
 char *kb_str_take(kb_str *b); /* the string (caller frees), or NULL if oom; b is reset */
+/* In "key value" lines (cache metas, bundle signatures; a line "--- NAME" starts a body that
+ * is not searched): the value of the first line for key, cut to cap - 1 bytes. out is "" and
+ * the result false when there is none. */
+bool  kb_text_field(const char *text, const char *key, char *out, size_t cap);
 void  kb_str_free(kb_str *b);
 
 /* IEEE half and bfloat16, round to nearest even (NaN stays NaN). */

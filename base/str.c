@@ -56,3 +56,21 @@ void kb_str_free(kb_str *b) {
     b->len = b->cap = 0;
     b->oom = false;
 }
+
+bool kb_text_field(const char *text, const char *key, char *out, size_t cap) {
+    size_t kl = strlen(key);
+    out[0] = 0;
+    for (const char *l = text; l && *l && strncmp(l, "--- ", 4) != 0;) {
+        const char *e = strchr(l, '\n');
+        if (!strncmp(l, key, kl) && l[kl] == ' ') {
+            const char *v = l + kl + 1;
+            size_t      n = e ? (size_t)(e - v) : strlen(v);
+            if (n >= cap) n = cap - 1;
+            memcpy(out, v, n);
+            out[n] = 0;
+            return true;
+        }
+        l = e ? e + 1 : NULL;
+    }
+    return false;
+}

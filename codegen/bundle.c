@@ -48,10 +48,13 @@ static void put_section(kb_str *b, const char tag[4], const void *data, size_t n
     kb_put_blob(b, data, n);
 }
 
+/* The canonical (big-endian) XXH3-128 of data as 32 hex digits, like cache keys. */
 static void hex128(const void *data, size_t n, char out[33]) {
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, XXH3_128bits(n ? data : "", n));
-    for (int i = 0; i < 16; i++) snprintf(out + 2 * i, 3, "%02x", c.digest[i]);
+    kc_key k;
+    memcpy(k.b, c.digest, 16);
+    kc_key_hex(k, out);
 }
 
 static char *signature(const kiln_compile_opts *o, const char *graph, char targets[][16], int n) {
@@ -168,25 +171,6 @@ static kiln_status bad(const kiln_bundle *b, const char *fmt, const char *what, 
     return kb_error(KILN_ERR_FORMAT, "%s: not a valid kiln bundle: %s %s (byte %zu)", b->path, what, fmt, at);
 }
 
-/* The value of `key` in the signature ("key value\n"), copied into out. */
-static bool sign_field(const char *sign, const char *key, char *out, size_t cap) {
-    size_t      kl = strlen(key);
-    const char *l = sign;
-    while (l && *l) {
-        if (!strncmp(l, key, kl) && l[kl] == ' ') {
-            const char *v = l + kl + 1, *e = strchr(v, '\n');
-            size_t      n = e ? (size_t)(e - v) : strlen(v);
-            if (n >= cap) n = cap - 1;
-            memcpy(out, v, n);
-            out[n] = 0;
-            return true;
-        }
-        l = strchr(l, '\n');
-        if (l) l++;
-    }
-    return false;
-}
-
 static kiln_status check_checksum(const kiln_bundle *b) {
     if (b->size < 8 + 4 + 4 + 20 || memcmp(b->data, bundle_magic, 8) != 0)
         return kb_error(KILN_ERR_FORMAT, "%s: not a kiln bundle (%s)", b->path,
@@ -241,8 +225,8 @@ static kiln_status read_sections(kiln_bundle *b) {
 /* The signature must name this kiln version and plan format, this graph and these targets. */
 static kiln_status check_signature(kiln_bundle *b) {
     char v[256], plan[16], gh[64], want[33], targets[512];
-    if (!sign_field(b->sign, "kiln", v, sizeof v) || !sign_field(b->sign, "plan-format", plan, sizeof plan) ||
-        !sign_field(b->sign, "graph-xxh3", gh, sizeof gh) || !sign_field(b->sign, "targets", targets, sizeof targets))
+    if (!kb_text_field(b->sign, "kiln", v, sizeof v) || !kb_text_field(b->sign, "plan-format", plan, sizeof plan) ||
+        !kb_text_field(b->sign, "graph-xxh3", gh, sizeof gh) || !kb_text_field(b->sign, "targets", targets, sizeof targets))
         return kb_error(KILN_ERR_FORMAT, "%s: the bundle's signature is incomplete", b->path);
     if (strcmp(v, KILN_VERSION) != 0)
         return kb_error(KILN_ERR_FORMAT, "%s: the bundle was built by kiln %s; this is kiln %s, which does not run "

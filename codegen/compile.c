@@ -50,15 +50,8 @@ static void logf_(const compile_env *e, const char *fmt, ...) {
 
 /* sm_XY[a] for cubins, compute_XY[a] for PTX. */
 static kiln_status check_arch(const char *arch) {
-    const char *p = arch;
-    if (strncmp(p, "sm_", 3) == 0) p += 3;
-    else if (strncmp(p, "compute_", 8) == 0) p += 8;
-    else goto bad;
-    if (!(*p >= '0' && *p <= '9')) goto bad;
-    while (*p >= '0' && *p <= '9') p++;
-    if (*p == 'a') p++;
-    if (*p == 0 && strlen(arch) < 16) return NULL;
-bad:
+    kb_arch a;
+    if (kb_arch_parse(arch, &a) && strlen(arch) < 16) return NULL;
     return kb_error(KILN_ERR_INVALID, "unknown GPU architecture '%s' (expected sm_XY or sm_XYa, e.g. sm_90a, sm_80; "
                                       "compute_XY for PTX)", arch);
 }

@@ -25,21 +25,6 @@ typedef struct {
     kc_kind     kind;
 } meta_list;
 
-static bool meta_field(const char *meta, const char *key, char *out, size_t cap) {
-    size_t kl = strlen(key);
-    for (const char *l = meta; l && *l && strncmp(l, "--- ", 4) != 0; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
-        if (strncmp(l, key, kl) != 0 || l[kl] != ' ') continue;
-        const char *v = l + kl + 1, *e = strchr(v, '\n');
-        size_t      n = e ? (size_t)(e - v) : strlen(v);
-        if (n >= cap) n = cap - 1;
-        memcpy(out, v, n);
-        out[n] = 0;
-        return true;
-    }
-    out[0] = 0;
-    return false;
-}
-
 static const char *meta_body(const char *meta) {
     const char *s = strncmp(meta, "--- ", 4) == 0 ? meta : strstr(meta, "\n--- ");
     if (!s) return "";
@@ -105,7 +90,7 @@ static int compare(const field *ours, int nf, const char *body_name, const char 
     int diff = 0;
     for (int i = 0; i < nf; i++) {
         char theirs[512];
-        meta_field(m->text, ours[i].name, theirs, sizeof theirs);
+        kb_text_field(m->text, ours[i].name, theirs, sizeof theirs);
         if (!strcmp(theirs, ours[i].ours)) continue;
         if (why) kb_str_addf(why, "%s%s (cached %s, now %s)", diff ? "; " : "", ours[i].name, theirs, ours[i].ours);
         diff++;

@@ -10,18 +10,9 @@
 
 static bool is_ptx_arch(const char *arch) { return strncmp(arch, "compute_", 8) == 0; }
 
-/* "sm_" (cubin) or "compute_" (PTX) + 1 to 4 digits + optional "a". */
 static bool valid_arch(const char *arch) {
-    if (!arch) return false;
-    const char *s = arch;
-    if (strncmp(s, "sm_", 3) == 0) s += 3;
-    else if (is_ptx_arch(s)) s += 8;
-    else return false;
-    int digits = 0;
-    while (*s >= '0' && *s <= '9') s++, digits++;
-    if (digits < 1 || digits > 4) return false;
-    if (*s == 'a') s++;
-    return *s == 0;
+    kb_arch a;
+    return kb_arch_parse(arch, &a);
 }
 
 /* The option strings live for the whole process: one per distinct architecture. */

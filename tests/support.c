@@ -78,6 +78,30 @@ int ts_main(Suite *s) {
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
+int ts_main_isolated(Suite *s, const char *tag) {
+    const char *base = getenv("TMPDIR");
+    char        dir[4096];
+    snprintf(dir, sizeof dir, "%s/kiln-%s-XXXXXX", base && *base ? base : "/tmp", tag);
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return EXIT_FAILURE;
+    }
+    setenv("KILN_CACHE_DIR", dir, 1);
+    static const char *const unset[] = {"KILN_CACHE", "KILN_CACHE_MAX", "KILN_DUMP", "KILN_TEMPLATE_DIR"};
+    for (size_t i = 0; i < sizeof unset / sizeof unset[0]; i++) unsetenv(unset[i]);
+    int rc = ts_main(s);
+    ts_rmtree(dir);
+    return rc;
+}
+
+char *ts_read_file(const char *path, size_t *len) {
+    char  *data = NULL;
+    size_t n = 0;
+    TS_OK(kb_read_file(path, &data, &n));
+    if (len) *len = n;
+    return data;
+}
+
 static const void *ts_get(void *user, const char *name, kiln_type type, int64_t n) {
     ts_buf *b = user;
     for (int i = 0; b[i].name; i++)

@@ -27,6 +27,12 @@ const char *ts_kiln_bin(void);
 const char *ts_src_dir(void);
 /* Runs one suite with CK_NORMAL output; returns the process exit status. */
 int ts_main(Suite *s);
+/* ts_main with every compile going to a new temporary cache (KILN_CACHE_DIR), removed after,
+ * and the cache, dump and template variables unset: the tests never see the user's settings.
+ * tag names the directory. Uses no Check asserts (main() may call it). */
+int ts_main_isolated(Suite *s, const char *tag);
+/* The whole file, NUL-terminated (kb_read_file); *len may be NULL. Fails the test on error. */
+char *ts_read_file(const char *path, size_t *len);
 
 /* Host buffers for kiln_reference, a list ended by an entry with a NULL name. An input has
  * data (and type; n when it should be checked); an output has data NULL and receives out

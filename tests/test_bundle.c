@@ -48,21 +48,6 @@ static void write_bundle(const char *kg, int narchs, const char *const *archs, c
     parsed_free(&p);
 }
 
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    ck_assert_ptr_nonnull(b);
-    ck_assert_int_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
 static void write_all(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
     ck_assert_msg(f != NULL, "cannot write %s", path);
@@ -229,7 +214,7 @@ START_TEST(writing_is_deterministic) {
     TS_OK(kiln_bundle_write(p.g, &o, 2, two_archs, b)); /* warm: the program cache */
     parsed_free(&p);
     size_t na, nb;
-    char  *da = read_all(a, &na), *db = read_all(b, &nb);
+    char  *da = ts_read_file(a, &na), *db = ts_read_file(b, &nb);
     ck_assert_uint_eq(na, nb);
     ck_assert_msg(memcmp(da, db, na) == 0, "two writes of one graph differ");
     free(da);
@@ -259,7 +244,7 @@ static fixture fixture_new(int narchs, const char *bad_name) {
     snprintf(f.path, sizeof f.path, "%s/g.kiln", f.dir);
     snprintf(f.bad, sizeof f.bad, "%s/%s", f.dir, bad_name);
     write_bundle(kg_spec, narchs, two_archs, f.path);
-    f.data = read_all(f.path, &f.n);
+    f.data = ts_read_file(f.path, &f.n);
     return f;
 }
 
@@ -457,7 +442,7 @@ START_TEST(cli_bundles) {
     free(out);
 
     size_t n;
-    char  *data = read_all(f, &n);
+    char  *data = ts_read_file(f, &n);
     data[n / 2] ^= 4;
     write_all(bad, data, n);
     free(data);
@@ -502,24 +487,4 @@ static Suite *bundle_suite(void) {
     return s;
 }
 
-/* Every compile of this program goes to a temporary cache, never the user's. No Check asserts
- * outside tests. */
-int main(void) {
-    const char *base = getenv("TMPDIR");
-    char        dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-bundle-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    setenv("KILN_CACHE_DIR", dir, 1);
-    unsetenv("KILN_CACHE");
-    unsetenv("KILN_CACHE_MAX");
-    unsetenv("KILN_DUMP");
-    unsetenv("KILN_TEMPLATE_DIR");
-    int  rc = ts_main(bundle_suite());
-    char cmd[4200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
-    return rc;
-}
+int main(void) { return ts_main_isolated(bundle_suite(), "bundle"); }

@@ -148,21 +148,6 @@ static uint64_t tree_bytes(const char *dir, int *files) {
     return g_tree_bytes;
 }
 
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    ck_assert_ptr_nonnull(b);
-    ck_assert_int_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return b;
-}
-
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
     ck_assert_msg(f != NULL, "cannot write %s", path);
@@ -302,7 +287,7 @@ static void damage_and_recompile(const char *dir, bool truncate_it) {
     walk_count w = count_entries(dir);
     ck_assert_int_eq(w.n[KC_PROGRAM], 1);
     size_t len;
-    char  *bytes = read_all(w.prog_path, &len);
+    char  *bytes = ts_read_file(w.prog_path, &len);
     ck_assert_uint_gt(len, 200);
     if (truncate_it) {
         ck_assert_int_eq(truncate(w.prog_path, (off_t)(len * 2 / 3)), 0);
@@ -479,7 +464,7 @@ static void check_dump_names(const char *dir, const kiln_program *p) {
         ck_assert_int_eq(strncmp(e->d_name + m[3].rm_so, kiln_program_kernel_key(p, i), 8), 0);
         char *path = NULL;
         ck_assert_int_ge(asprintf(&path, "%s/%s", dir, e->d_name), 0);
-        char *text = read_all(path, NULL);
+        char *text = ts_read_file(path, NULL);
         free(path);
         static const char *const want[] = {"graph nodes:", "fusion:", "buffers", "key:"};
         for (int k = 0; k < 4; k++) ck_assert_msg(strstr(text, want[k]), "%s has no '%s'", e->d_name, want[k]);
@@ -525,7 +510,7 @@ START_TEST(dumps_identical_cold_and_warm) {
     ck_assert_msg(access(sub, F_OK) == 0, "no dump of the specialization (%s)", sub);
     /* program.txt is the program's description (first variant). */
     snprintf(sub, sizeof sub, "%s/program.txt", d[0]);
-    char *txt = read_all(sub, NULL), *desc = describe(a.p);
+    char *txt = ts_read_file(sub, NULL), *desc = describe(a.p);
     ck_assert_msg(strncmp(desc, txt, strlen(txt)) == 0, "program.txt is not the start of describe:\n%s", txt);
     ck_assert_ptr_nonnull(strstr(txt, "program for sm_90a"));
     free(txt);
@@ -718,24 +703,4 @@ static Suite *program_cache_suite(void) {
     return s;
 }
 
-/* Every compile of this program goes to a temporary cache (tests pass their own directories;
- * this catches any that does not), never the user's. No Check asserts outside tests. */
-int main(void) {
-    const char *base = getenv("TMPDIR");
-    char        dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-progcache-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    setenv("KILN_CACHE_DIR", dir, 1);
-    unsetenv("KILN_CACHE");
-    unsetenv("KILN_CACHE_MAX");
-    unsetenv("KILN_DUMP");
-    unsetenv("KILN_TEMPLATE_DIR");
-    int rc = ts_main(program_cache_suite());
-    char cmd[4200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
-    return rc;
-}
+int main(void) { return ts_main_isolated(program_cache_suite(), "progcache"); }
