@@ -22,7 +22,7 @@ LIBS := -Wl,-Bstatic -llua5.4 -Wl,-Bdynamic -L$(CUDA_HOME)/lib64 -lnvrtc -Wl,-rp
         -ldl -lm -lpthread
 TEST_LIBS := -Wl,-Bstatic -lcheck -lsubunit -Wl,-Bdynamic -lrt
 
-LIB_DIRS := base frontend ir codegen cache runtime
+LIB_DIRS := base frontend ir codegen cache runtime model
 LIB_SRCS := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/templates.o $(BUILD)/obj/gen/build_id.o
 TEMPLATES := $(sort $(wildcard templates/*.lua))

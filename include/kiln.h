@@ -503,6 +503,129 @@ typedef struct {
  * o may be NULL (defaults). Unknown arch or bad hyperparameters: an error naming them. */
 kiln_status kiln_build_model(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_build_opts *o);
 
+/* ---- GGUF files (docs/gguf.md) ---------------------------------------------------------------
+ * GGUF v2 and v3 (ggml's model format), read over mmap. kiln_gguf_open checks the whole file
+ * before it returns: every count, string length, dimension, offset and size against the file
+ * and for overflow, each tensor inside the data section, aligned, and overlapping no other. A
+ * malformed file is an error (KILN_ERR_FORMAT) naming the field and its byte offset, never a
+ * crash. Strings are not NUL-terminated in the file: getters give pointer and length. */
+
+typedef struct kiln_gguf kiln_gguf;
+
+/* Value types, numbered as in the file. */
+typedef enum {
+    KILN_GGUF_U8 = 0, KILN_GGUF_I8, KILN_GGUF_U16, KILN_GGUF_I16, KILN_GGUF_U32, KILN_GGUF_I32,
+    KILN_GGUF_F32, KILN_GGUF_BOOL, KILN_GGUF_STRING, KILN_GGUF_ARRAY, KILN_GGUF_U64,
+    KILN_GGUF_I64, KILN_GGUF_F64, KILN_GGUF_TYPE_COUNT
+} kiln_gguf_type;
+const char *kiln_gguf_type_name(kiln_gguf_type t); /* "u32", "string", ...; "?" if unknown */
+
+kiln_status kiln_gguf_open(const char *path, kiln_gguf **out);
+/* The same checks over bytes in memory (copied; label names it in errors), for tests and tools. */
+kiln_status kiln_gguf_open_memory(const void *data, size_t size, const char *label, kiln_gguf **out);
+void        kiln_gguf_close(kiln_gguf *g);
+uint32_t    kiln_gguf_version(const kiln_gguf *g);
+size_t      kiln_gguf_alignment(const kiln_gguf *g);   /* general.alignment, default 32 */
+size_t      kiln_gguf_data_offset(const kiln_gguf *g); /* where the tensor data section starts */
+
+/* Key-value metadata, in file order. */
+int64_t        kiln_gguf_kv_count(const kiln_gguf *g);
+const char    *kiln_gguf_kv_key(const kiln_gguf *g, int64_t i);  /* NUL-terminated copy */
+kiln_gguf_type kiln_gguf_kv_type(const kiln_gguf *g, int64_t i);
+int64_t        kiln_gguf_find_kv(const kiln_gguf *g, const char *key); /* index or -1 */
+/* Typed getters: KILN_ERR_NOT_FOUND when the key is absent, KILN_ERR_FORMAT (naming the key,
+ * its type and the value) when it has another type or does not fit. get_int takes any integer
+ * type (and bool); get_float takes f32 or f64. */
+kiln_status kiln_gguf_get_int(const kiln_gguf *g, const char *key, int64_t *out);
+kiln_status kiln_gguf_get_float(const kiln_gguf *g, const char *key, double *out);
+kiln_status kiln_gguf_get_bool(const kiln_gguf *g, const char *key, bool *out);
+kiln_status kiln_gguf_get_str(const kiln_gguf *g, const char *key, const char **s, size_t *len);
+/* An array: its element type and count. Numeric elements are contiguous little-endian at *data
+ * (NULL for string arrays); string element i through kiln_gguf_get_arr_str. */
+kiln_status kiln_gguf_get_arr(const kiln_gguf *g, const char *key, kiln_gguf_type *elem, uint64_t *n,
+                              const void **data);
+kiln_status kiln_gguf_get_arr_str(const kiln_gguf *g, const char *key, uint64_t i, const char **s,
+                                  size_t *len);
+
+/* Tensors, in file order. ggml_type is the file's type code; type_name ggml's name of it ("f16",
+ * "q4_K", ...); kiln_type is set when the type is one kiln computes with (f32, f16, bf16, i32,
+ * i64), else has_kiln_type is false. data points into the mapping, valid until close. */
+typedef struct {
+    const char *name;
+    uint32_t    ggml_type;
+    const char *type_name;
+    bool        has_kiln_type;
+    kiln_type   type;
+    int         n_dims;
+    int64_t     ne[KILN_MAX_DIMS]; /* 1 past n_dims */
+    uint64_t    offset;            /* relative to the data section */
+    size_t      bytes;
+    const void *data;
+} kiln_gguf_tensor;
+int64_t     kiln_gguf_tensor_count(const kiln_gguf *g);
+int64_t     kiln_gguf_find_tensor(const kiln_gguf *g, const char *name); /* index or -1 */
+kiln_status kiln_gguf_tensor_info(const kiln_gguf *g, int64_t i, kiln_gguf_tensor *out);
+
+/* The writer: metadata and tensors in the order added, written in one pass. Tensor data is given
+ * at add time or, with data NULL, produced by `fill` while writing (models larger than memory).
+ * Setting a key twice replaces its value. Errors (bad name, duplicate tensor, too many dims)
+ * are recorded and returned by kiln_gguf_write. */
+typedef struct kiln_gguf_writer kiln_gguf_writer;
+kiln_gguf_writer *kiln_gguf_writer_new(void);
+void kiln_gguf_writer_free(kiln_gguf_writer *w);
+void kiln_gguf_set_u32(kiln_gguf_writer *w, const char *key, uint32_t v);
+void kiln_gguf_set_i32(kiln_gguf_writer *w, const char *key, int32_t v);
+void kiln_gguf_set_u64(kiln_gguf_writer *w, const char *key, uint64_t v);
+void kiln_gguf_set_f32(kiln_gguf_writer *w, const char *key, float v);
+void kiln_gguf_set_bool(kiln_gguf_writer *w, const char *key, bool v);
+void kiln_gguf_set_str(kiln_gguf_writer *w, const char *key, const char *v);
+/* Numeric arrays: n elements of type elem (not string or array) copied from data. */
+void kiln_gguf_set_arr(kiln_gguf_writer *w, const char *key, kiln_gguf_type elem, uint64_t n, const void *data);
+void kiln_gguf_set_arr_str(kiln_gguf_writer *w, const char *key, uint64_t n, const char *const *v);
+/* A tensor of a kiln type; ne has n_dims (1..4) extents. data (nbytes of it) is copied, or NULL. */
+void kiln_gguf_add_tensor(kiln_gguf_writer *w, const char *name, kiln_type type, int n_dims,
+                          const int64_t *ne, const void *data);
+/* Produces tensor i's bytes (in file order of tensors) into buf; a non-NULL status aborts. */
+typedef kiln_status (*kiln_gguf_fill_fn)(void *user, int64_t i, const char *name, void *buf, size_t bytes);
+/* Writes version 3 to path atomically (a temporary file renamed at the end). progress, if not
+ * NULL, is called with bytes written so far and the total. */
+kiln_status kiln_gguf_write(kiln_gguf_writer *w, const char *path, kiln_gguf_fill_fn fill, void *user,
+                            void (*progress)(void *user, uint64_t done, uint64_t total));
+
+/* ---- tokenizer (docs/tokenizer.md) -----------------------------------------------------------
+ * Byte-level BPE as GPT-2, Llama 3 and Qwen use it ("gpt2" in tokenizer.ggml.model): text is
+ * split by the pre-tokenizer's rules, each piece's bytes mapped to printable characters, then
+ * merged by rank. Special tokens (control and user-defined types) match as whole strings. */
+typedef struct kiln_tokenizer kiln_tokenizer;
+typedef enum { KILN_TOKEN_NORMAL = 1, KILN_TOKEN_UNKNOWN, KILN_TOKEN_CONTROL, KILN_TOKEN_USER_DEFINED,
+               KILN_TOKEN_UNUSED, KILN_TOKEN_BYTE } kiln_token_type; /* GGUF's numbering */
+typedef struct {
+    int64_t            n_tokens;
+    const char *const *tokens;   /* n_tokens strings, in the byte-to-unicode form */
+    const int32_t     *types;    /* n_tokens kiln_token_type values, or NULL (all normal) */
+    int64_t            n_merges;
+    const char *const *merges;   /* "a b": rank i merges a and b */
+    const char        *pre;      /* pre-tokenizer: "llama-bpe", "qwen2", "gpt2" (NULL: gpt2) */
+    int32_t            bos, eos; /* -1: none */
+    bool               add_bos;
+} kiln_tokenizer_spec;
+kiln_status kiln_tokenizer_new(const kiln_tokenizer_spec *spec, kiln_tokenizer **out);
+/* From a GGUF's tokenizer.ggml.* keys (model, pre, tokens, token_type, merges, bos/eos ids,
+ * add_bos_token); an unsupported model (e.g. "llama" SentencePiece) is refused by name. */
+kiln_status kiln_tokenizer_from_gguf(const kiln_gguf *g, kiln_tokenizer **out);
+void        kiln_tokenizer_free(kiln_tokenizer *t);
+int64_t     kiln_tokenizer_n_vocab(const kiln_tokenizer *t);
+int32_t     kiln_tokenizer_bos(const kiln_tokenizer *t); /* -1: none */
+int32_t     kiln_tokenizer_eos(const kiln_tokenizer *t);
+/* Token ids of text (bos first when the spec says add_bos). Caller frees *ids. */
+kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *text, size_t len, int32_t **ids, int64_t *n);
+/* The text of ids (control tokens omitted), NUL-terminated. Caller frees *text. */
+kiln_status kiln_detokenize(const kiln_tokenizer *t, const int32_t *ids, int64_t n, char **text);
+/* For kiln gen-model: writes a byte-level BPE vocabulary of exactly n_vocab tokens (256 byte
+ * tokens, merges learned from a built-in English text, control tokens, then reserved
+ * placeholders) as tokenizer.ggml.* keys, with bos and eos. */
+kiln_status kiln_tokenizer_write_synthetic(kiln_gguf_writer *w, int64_t n_vocab);
+
 #ifdef __cplusplus
 }
 #endif
