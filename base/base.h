@@ -14,42 +14,6 @@
 #define KB_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #else
 #define KB_PRINTF(f, a)
-/* Little-endian binary records (base/bytes.c). Writers append to a kb_str (binary-safe). */
-void kb_put_u32(kb_str *b, uint32_t v);
-void kb_put_u64(kb_str *b, uint64_t v);
-void kb_put_blob(kb_str *b, const void *data, size_t n); /* u64 length, then the bytes */
-void kb_put_cstr(kb_str *b, const char *s);               /* a blob without the NUL */
-/* A reader never reads past len: the first read that would sets err (the `what` of that read)
- * and err_at (its offset); every later read returns 0/NULL. Check err once at the end. */
-typedef struct {
-    const uint8_t *p;
-    size_t         len, pos;
-    const char    *err;
-    size_t         err_at;
-} kb_reader;
-uint32_t    kb_get_u32(kb_reader *r, const char *what);
-uint64_t    kb_get_u64(kb_reader *r, const char *what);
-const void *kb_get_blob(kb_reader *r, size_t *n, const char *what); /* points into r->p */
-char       *kb_get_str(kb_reader *r, const char *what);  /* malloc'd; a NUL inside is an error */
-bool        kb_get_str_into(kb_reader *r, char *out, size_t cap, const char *what);
-
-/* Threads for parallel work: $KILN_JOBS when it is a number 1..1024, else the online CPUs. */
-int kb_default_jobs(void);
-/* Calls fn(user, i, worker) for i in 0..n-1 on up to `jobs` threads (the caller is worker 0;
- * workers are 0..jobs-1) and returns when all are done; returns the workers used. fn must be
- * thread-safe; the order of items is unspecified. */
-int kb_parallel_for(int n, int jobs, void (*fn)(void *user, int item, int worker), void *user);
-
-/* GPU architecture names (base/arch.c): "sm_90a" (cubin), "compute_80" (PTX). */
-typedef struct {
-    int  major, minor;
-    char suffix; /* 0, 'a' (arch-specific) or 'f' (family) */
-    bool ptx;    /* compute_XY: PTX for the driver to compile */
-} kb_arch;
-bool kb_arch_parse(const char *name, kb_arch *out);
-/* Whether code built for `code` runs on a GPU of compute capability cc_major.cc_minor. */
-bool kb_arch_fits(const kb_arch *code, int cc_major, int cc_minor);
-
 #endif
 
 /* A new status with a printf-formatted message. Never returns NULL: when the status itself
