@@ -400,6 +400,15 @@ kiln_status kiln_session_set(kiln_session *s, const char *name, const void *data
 /* Runs the program once and waits for it. The first run with CUDA graphs captures; later ones replay. */
 kiln_status kiln_session_run(kiln_session *s);
 kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size_t bytes);
+/* Uploads every weight of the program in one pass: get returns the host data of weight `name`
+ * (its contiguous bytes, e.g. in a mapped GGUF file; NULL is an error naming the weight). The
+ * data goes through two pinned staging buffers, copied on several threads while the previous
+ * block is in flight, so a weight file streams from the page cache at PCIe speed. progress
+ * (may be NULL) gets bytes done and total. */
+typedef const void *(*kiln_weight_fn)(void *user, const char *name, kiln_type type, size_t bytes);
+kiln_status kiln_session_load_weights(kiln_session *s, kiln_weight_fn get, void *user,
+                                      void (*progress)(void *user, uint64_t done, uint64_t total),
+                                      void *progress_user);
 /* Milliseconds of GPU time of the last run (events around it). */
 double      kiln_session_last_ms(const kiln_session *s);
 int         kiln_session_captures(const kiln_session *s); /* CUDA graphs captured so far */
@@ -625,6 +634,78 @@ kiln_status kiln_detokenize(const kiln_tokenizer *t, const int32_t *ids, int64_t
  * tokens, merges learned from a built-in English text, control tokens, then reserved
  * placeholders) as tokenizer.ggml.* keys, with bos and eos. */
 kiln_status kiln_tokenizer_write_synthetic(kiln_gguf_writer *w, int64_t n_vocab);
+
+/* ---- models from GGUF files, and generation (docs/models.md) ---------------------------------
+ * A model is a GGUF file whose general.architecture kiln builds (kiln_build_model): its
+ * hyperparameters from the file's "ARCH.*" keys (as llama.cpp reads them) and its weights bound
+ * by name. */
+typedef struct kiln_model kiln_model;
+
+/* The hyperparameters of g (general.architecture and its keys; the tensors decide tied output,
+ * attention biases and llama3 RoPE scaling). Unknown architectures, per-layer arrays, partial
+ * rotary dims, K/V head sizes that differ: an error naming the key. */
+kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams *hp);
+/* The keys kiln_model_hparams_from_gguf reads (and general.name, general.file_type), for a writer. */
+void        kiln_model_hparams_to_gguf(const kiln_model_hparams *hp, kiln_gguf_writer *w);
+/* Opens path (kiln_gguf_open) and reads its hyperparameters. Refuses quantized weights, naming
+ * the first such tensor and its type. */
+kiln_status kiln_model_open(const char *path, kiln_model **out);
+/* The same over an open file, which the model takes over (closed with it, also on error). */
+kiln_status kiln_model_from_gguf(kiln_gguf *g, kiln_model **out);
+void        kiln_model_close(kiln_model *m);
+const kiln_model_hparams *kiln_model_get_hparams(const kiln_model *m);
+const kiln_gguf          *kiln_model_gguf(const kiln_model *m);
+/* Checks that every weight of g (a graph from kiln_build_model with m's hyperparameters) is in
+ * the file with its type and shape; the error names the tensor and both shapes. */
+kiln_status kiln_model_check_weights(const kiln_model *m, const kiln_graph *g);
+/* The data of weight `name` when the file holds it with `type` and n elements, else NULL: a
+ * kiln_ref_get_fn / kiln_weight_fn-style lookup into the mapped file. */
+const void *kiln_model_weight(const kiln_model *m, const char *name, kiln_type type, int64_t n);
+
+/* Writes a model of hp with random weights (deterministic in seed: matrices uniform with
+ * variance 1/ne0, norms near 1, llama3 rope_freqs computed) and a synthetic tokenizer
+ * (kiln_tokenizer_write_synthetic) to path, as kiln gen-model does. */
+kiln_status kiln_model_write_random(const kiln_model_hparams *hp, uint64_t seed, const char *path,
+                                    void (*progress)(void *user, uint64_t done, uint64_t total), void *user);
+
+/* A generator: the model's graph compiled and loaded (or, with cpu, evaluated by the CPU
+ * reference), the KV cache, and the position in one sequence. */
+typedef struct kiln_gen kiln_gen;
+typedef struct {
+    int64_t n_ctx;    /* KV cache slots (0: min(4096, n_ctx_train)) */
+    int64_t n_batch;  /* tokens per prefill run, n_tokens' maximum (0: min(512, n_ctx)) */
+    bool    cpu;      /* the CPU reference instead of the GPU (slow: for tests of tiny models) */
+    const kiln_compile_opts *compile; /* NULL: defaults */
+    const kiln_session_opts *session; /* NULL: defaults */
+    /* Called during kiln_gen_new with what ("weights": bytes uploaded), done and total. */
+    void (*progress)(void *user, const char *what, uint64_t done, uint64_t total);
+    void   *progress_user;
+} kiln_gen_opts;
+kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out);
+void        kiln_gen_free(kiln_gen *g);
+/* Appends n tokens to the sequence (prefill in runs of n_batch tokens; one token: the decode
+ * program) and gives the logits of the last one: n_vocab floats owned by g, valid until the
+ * next call. A token id out of range or a full cache is an error. */
+kiln_status kiln_gen_eval(kiln_gen *g, const int32_t *tokens, int64_t n, const float **logits);
+int64_t     kiln_gen_pos(const kiln_gen *g); /* tokens in the cache */
+void        kiln_gen_reset(kiln_gen *g);     /* start a new sequence (the cache is overwritten) */
+/* Index of the largest of x[0..n) (the first on ties; NaN never wins unless all are NaN). */
+int64_t     kiln_argmax_f32(const float *x, int64_t n);
+
+typedef struct {
+    kiln_compile_stats compile;
+    double  compile_ms, load_ms;       /* kiln_gen_new: compile, weight upload */
+    uint64_t weight_bytes;
+    int64_t prefill_tokens, decode_tokens;
+    double  prefill_ms, decode_ms;     /* wall time of the evaluations (host and GPU) */
+    double  prefill_gpu_ms, decode_gpu_ms; /* GPU time of the runs (0 on the CPU) */
+} kiln_gen_stats;
+/* Greedy generation: evaluates the prompt, then picks the argmax n_new times, each pick fed
+ * back (n_new - 1 decode steps); out gets the n_new ids. Stats (may be NULL) count this call. */
+kiln_status kiln_gen_greedy(kiln_gen *g, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
+                            int32_t *out, kiln_gen_stats *stats);
+/* Compile and load figures of kiln_gen_new, and totals of every evaluation so far. */
+void        kiln_gen_get_stats(const kiln_gen *g, kiln_gen_stats *out);
 
 #ifdef __cplusplus
 }

@@ -9,88 +9,12 @@
  * A session belongs to one thread at a time; each call makes the session's context current on
  * the calling thread. The session copies what it needs from the program, which may be freed
  * once kiln_session_new has returned. */
-#include "runtime/runtime.h"
-
-#include "codegen/codegen.h"
+#include "runtime/session_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-typedef struct {
-    char     name[64];
-    int      node;
-    cg_step_kind kind;
-    cg_gemm  gemm;           /* CG_GEMM: the call; a/b/c device addresses below */
-    rt_cuptr gemm_ptr[3];
-    rt_cufn  fn;
-    unsigned grid[3], block[3], smem;
-    int      nparams;
-    bool     empty; /* a zero grid dimension: nothing to do (zero-element tensors) */
-    rt_cuptr argv[IR_MAX_IN + 4];
-    void    *args[IR_MAX_IN + 4]; /* args[i] = &argv[i], as cuLaunchKernel wants */
-} rt_launch;
-
-typedef struct {
-    char     key[33];
-    rt_cumod mod;
-} rt_module;
-
-struct kiln_session {
-    const rt_cuda_api *cu;
-    int                device;
-    rt_cudev           dev;
-    rt_cuctx           ctx;
-    bool               ctx_retained;
-    char               dev_name[128];
-    char               arch[16];
-    rt_custream        stream;
-    rt_cuevent         ev_start, ev_end;
-
-    int       nbufs;
-    ir_buf   *bufs;  /* copied from the program */
-    rt_cuptr *dptr;  /* device address of each buffer (0 for zero-size ones) */
-    bool     *owned; /* dptr[i] is its own allocation (not in the arena) */
-    rt_cuptr  arena;
-    size_t    arena_bytes;
-    rt_cuptr  scratch;     /* the program's scratch (one stream: nodes take turns) */
-    size_t    scratch_bytes;
-
-    const rt_cublas_api *blas; /* set when the program has library GEMM steps */
-    rt_cublas            blas_handle;
-    rt_cuptr             blas_ws;
-
-    rt_module *mods;
-    int        nmods;
-    rt_launch *launches; /* launch order; never reallocated after creation (args point in) */
-    int        nlaunches;
-
-    bool           use_graphs;
-    rt_cugraphexec exec;
-    int            captures;
-    double         last_ms;
-    bool           broken; /* a kernel failed: the context is unusable */
-
-    /* Symbolic dims: their names and maxima (copied from the program's graph), their values
-     * for the next run in pinned host memory, and the device copy kernels read (kdims), which
-     * every run refreshes first (in a captured graph: a copy node reading the pinned memory). */
-    int       ndims;
-    char      dim_name[KILN_MAX_SYMS][FE_MAX_NAME];
-    int64_t   dim_max[KILN_MAX_SYMS];
-    int32_t  *dims_host;
-    rt_cuptr  dims_dev;
-
-    /* Specialized variants (kiln_dim_specialize): sessions of their own that share this one's
-     * weights and states; spec_dim/spec_val say when each runs. */
-    kiln_session **spec;
-    int            nspec;
-    int            spec_dim[KILN_MAX_SYMS * 4];
-    int64_t        spec_val[KILN_MAX_SYMS * 4];
-    kiln_session  *primary; /* for a variant: the session it belongs to */
-    kiln_session  *last;    /* the session (this one or a variant) that ran last */
-    kiln_session_stats stats;
-};
 
 static const char *kind_name(ir_buf_kind k) {
     switch (k) {
@@ -104,7 +28,7 @@ static const char *kind_name(ir_buf_kind k) {
 }
 
 /* "f32 [4096, 8]" */
-static void describe_buf(const ir_buf *b, char *out, size_t n) {
+void rt_describe_buf(const ir_buf *b, char *out, size_t n) {
     int nd = 1;
     for (int i = 0; i < 4; i++)
         if (b->ne[i] != 1) nd = i + 1;
@@ -114,7 +38,7 @@ static void describe_buf(const ir_buf *b, char *out, size_t n) {
     if (len > 0 && (size_t)len < n) snprintf(out + len, n - (size_t)len, "]");
 }
 
-static kiln_status make_current(kiln_session *s) {
+kiln_status rt_make_current(kiln_session *s) {
     rt_cures r = s->cu->CtxSetCurrent(s->ctx);
     if (r != RT_CUDA_SUCCESS)
         return rt_cuda_error(r, "cuCtxSetCurrent", "making device %d's context current", s->device);
@@ -482,10 +406,13 @@ static kiln_status session_open(const kiln_program *p, const kiln_session_opts *
         goto fail;
     }
     s->ctx_retained = true;
-    if ((st = make_current(s))) goto fail;
+    if ((st = rt_make_current(s))) goto fail;
 
-    r = cu->StreamCreate(&s->stream, RT_CU_STREAM_NON_BLOCKING);
-    if (r != RT_CUDA_SUCCESS) {
+    /* Variants share the primary's stream, so that an upload into a shared weight or state is
+     * ordered before any variant's run without a synchronization. */
+    if (primary) s->stream = primary->stream, s->stream_borrowed = true;
+    else r = cu->StreamCreate(&s->stream, RT_CU_STREAM_NON_BLOCKING);
+    if (!primary && r != RT_CUDA_SUCCESS) {
         st = rt_cuda_error(r, "cuStreamCreate", "creating the session's stream");
         goto fail;
     }
@@ -538,7 +465,9 @@ void kiln_session_free(kiln_session *s) {
         if (s->scratch) cu->MemFree(s->scratch);
         if (s->dims_dev) cu->MemFree(s->dims_dev);
         if (s->dims_host) cu->MemFreeHost(s->dims_host);
-        if (s->stream) cu->StreamDestroy(s->stream);
+        for (int i = 0; s->pinned && i < s->nbufs; i++)
+            if (s->pinned[i]) cu->MemFreeHost(s->pinned[i]);
+        if (s->stream && !s->stream_borrowed) cu->StreamDestroy(s->stream);
     }
     if (cu && s->ctx_retained) cu->DevicePrimaryCtxRelease(s->dev);
     free(s->launches);
@@ -546,6 +475,7 @@ void kiln_session_free(kiln_session *s) {
     free(s->bufs);
     free(s->dptr);
     free(s->owned);
+    free(s->pinned);
     free(s);
 }
 
@@ -605,7 +535,7 @@ static kiln_status check_bytes(const kiln_session *s, const char *fn, int i, siz
     size_t        want = current_bytes(s, b);
     if (bytes == want) return NULL;
     char shape[128];
-    describe_buf(b, shape, sizeof shape);
+    rt_describe_buf(b, shape, sizeof shape);
     if (buf_has_sym(b)) {
         int64_t ne[4];
         current_ne(s, b, ne);
@@ -647,10 +577,36 @@ static size_t padded_used(const kiln_session *s, const ir_buf *b) {
 }
 
 /* Copies caller data into buffer i of one session (through the padded layout if symbolic). */
+/* Buffers up to this size are uploaded asynchronously through a pinned copy: per-step inputs
+ * (tokens, positions, the mask) cost a memcpy and an async copy instead of two synchronous
+ * driver calls. Larger ones (weights set one by one, whole caches) go synchronously rather
+ * than pin their size in host memory. */
+#define RT_ASYNC_MAX ((size_t)4 << 20)
+
+static kiln_status upload_async(kiln_session *s, int i, const void *data, size_t bytes) {
+    const ir_buf *b = &s->bufs[i];
+    rt_cures      r = RT_CUDA_SUCCESS;
+    if (!s->pinned && !(s->pinned = calloc((size_t)s->nbufs, sizeof *s->pinned))) return kb_oom();
+    if (!s->pinned[i] && (r = s->cu->MemAllocHost(&s->pinned[i], b->bytes)) != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuMemAllocHost", "allocating %zu pinned bytes for '%s'", b->bytes, b->name);
+    /* The previous copy from this pinned block may still be queued: wait for it (the stream is
+     * idle between runs unless an upload is pending, so this is cheap). */
+    if ((r = s->cu->StreamSynchronize(s->stream)) != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuStreamSynchronize", "before copying into '%s'", b->name);
+    size_t n = bytes;
+    if (buf_has_sym(b)) n = repack(s, b, s->pinned[i], (void *)data, true);
+    else memcpy(s->pinned[i], data, bytes);
+    if ((r = s->cu->MemcpyHtoDAsync(s->dptr[i], s->pinned[i], n, s->stream)) != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuMemcpyHtoDAsync", "copying %zu bytes into %s '%s'", n, kind_name(b->kind),
+                             b->name);
+    return NULL;
+}
+
 static kiln_status upload(kiln_session *s, int i, const void *data, size_t bytes) {
     const ir_buf *b = &s->bufs[i];
-    kiln_status   st = make_current(s);
+    kiln_status   st = rt_make_current(s);
     if (st) return st;
+    if (b->bytes <= RT_ASYNC_MAX && b->kind != IR_BUF_WEIGHT) return upload_async(s, i, data, bytes);
     void  *staging = NULL;
     size_t n = bytes;
     if (buf_has_sym(b)) {
@@ -714,7 +670,7 @@ kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size
         int j = buf_named(s->last, name);
         if (j >= 0) u = s->last, i = j;
     }
-    if ((st = make_current(u))) return st;
+    if ((st = rt_make_current(u))) return st;
     const ir_buf *b = &u->bufs[i];
     void         *staging = NULL;
     size_t        n = bytes;
@@ -847,7 +803,7 @@ static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats) {
         return kb_error(KILN_ERR_CUDA, "kiln_session_run: an earlier run failed on the GPU and left "
                                        "the CUDA context unusable; create a new process");
     const rt_cuda_api *cu = s->cu;
-    kiln_status        st = make_current(s);
+    kiln_status        st = rt_make_current(s);
     if (st) return st;
     if (s->use_graphs && !s->exec) {
         if ((st = capture(s))) return st;

@@ -1,7 +1,7 @@
 /* kiln gen-graph --arch A --preset P [--n-ctx N] [--n-tokens N] [--outputs last|all] [-o FILE]:
  * builds a model's graph from a preset (kiln_model_preset, kiln_build_model) and writes it as
- * .kg text. The option parsing and the hyperparameter step are shared with what issue 8's
- * gen-model needs: gen_args / gen_hparams. */
+ * .kg text. kiln gen-model --arch A --preset P -o FILE.gguf [--seed S] [--type T]: writes that
+ * model with random weights as GGUF (kiln_model_write_random). Both share the option parser. */
 #include "tools/cmd_gen.h"
 
 #include "kiln.h"
@@ -30,20 +30,38 @@ static const char *gen_graph_help =
     "                   of every token, [n_vocab, n_tokens]\n"
     "  -o FILE          write the graph to FILE\n";
 
+static const char *gen_model_help =
+    "usage: kiln gen-model --arch ARCH --preset NAME -o FILE.gguf [--seed S] [--type f32|f16|bf16]\n"
+    "  writes a GGUF model with the preset's real hyperparameters and random weights: matrices\n"
+    "  uniform with variance 1/ne0, norm weights near 1, llama3 rope factors computed, and a\n"
+    "  synthetic byte-level BPE vocabulary of n_vocab tokens. The same seed gives the same file.\n"
+    "  It loads with 'kiln run FILE.gguf'. Sizes: tiny about 1 MB, llama-3.2-1b 2.5 GB,\n"
+    "  llama-3-8b 16 GB, qwen3-30b-a3b 61 GB (bf16).\n"
+    "  --arch ARCH      llama, qwen2, qwen3 or qwen3moe (default: the preset's)\n"
+    "  --preset NAME    hyperparameters of a known model (listed below)\n"
+    "  -o FILE.gguf     the file to write (atomically: FILE.gguf.tmp.PID, renamed at the end)\n"
+    "  --seed S         random seed (default 1)\n"
+    "  --type T         weight type of matrices and embeddings (default: the preset's)\n";
+
 typedef struct {
+    const char        *cmd; /* "gen-graph" or "gen-model" */
     const char        *arch, *preset, *out;
     kiln_build_opts    opts;
+    uint64_t           seed;
+    const char        *type;
 } gen_args;
 
+static const char *g_cmd = "gen-graph";
+
 static int usage(const char *fmt, const char *arg) {
-    fprintf(stderr, "kiln gen-graph: ");
+    fprintf(stderr, "kiln %s: ", g_cmd);
     fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see 'kiln help gen-graph')\n");
+    fprintf(stderr, "\n(see 'kiln help %s')\n", g_cmd);
     return GEN_USAGE;
 }
 
 static void print_help(void) {
-    fputs(gen_graph_help, stdout);
+    fputs(strcmp(g_cmd, "gen-model") ? gen_graph_help : gen_model_help, stdout);
     printf("presets:\n");
     const char *name, *arch;
     for (int i = 0; (name = kiln_model_preset_name(i, &arch)); i++) printf("  %-16s %s\n", name, arch);
@@ -53,7 +71,7 @@ static int parse_count(const char *opt, const char *v, int64_t *out) {
     char     *end;
     long long n = strtoll(v, &end, 10);
     if (!*v || *end || n < 1) {
-        fprintf(stderr, "kiln gen-graph: %s wants a positive integer, got '%s'\n(see 'kiln help gen-graph')\n", opt, v);
+        fprintf(stderr, "kiln %s: %s wants a positive integer, got '%s'\n(see 'kiln help %s')\n", g_cmd, opt, v, g_cmd);
         return GEN_USAGE;
     }
     *out = n;
@@ -68,8 +86,10 @@ static int parse_args(int argc, char **argv, gen_args *g) {
             print_help();
             return GEN_OK;
         }
-        bool takes = !strcmp(a, "--arch") || !strcmp(a, "--preset") || !strcmp(a, "-o") || !strcmp(a, "--n-ctx") ||
-                     !strcmp(a, "--n-tokens") || !strcmp(a, "--outputs");
+        bool model = !strcmp(g->cmd, "gen-model");
+        bool takes = !strcmp(a, "--arch") || !strcmp(a, "--preset") || !strcmp(a, "-o") ||
+                     (!model && (!strcmp(a, "--n-ctx") || !strcmp(a, "--n-tokens") || !strcmp(a, "--outputs"))) ||
+                     (model && (!strcmp(a, "--seed") || !strcmp(a, "--type")));
         if (!takes) return usage("unknown argument '%s'", a);
         if (!v) return usage("option %s needs a value", a);
         i++;
@@ -77,6 +97,12 @@ static int parse_args(int argc, char **argv, gen_args *g) {
         if (!strcmp(a, "--arch")) g->arch = v;
         else if (!strcmp(a, "--preset")) g->preset = v;
         else if (!strcmp(a, "-o")) g->out = v;
+        else if (!strcmp(a, "--type")) g->type = v;
+        else if (!strcmp(a, "--seed")) {
+            char *end;
+            g->seed = strtoull(v, &end, 0);
+            if (!*v || *end) return usage("--seed wants an integer, got '%s'", v);
+        }
         else if (!strcmp(a, "--n-ctx")) rc = parse_count(a, v, &g->opts.n_ctx);
         else if (!strcmp(a, "--n-tokens")) rc = parse_count(a, v, &g->opts.n_tokens_max);
         else if (!strcmp(v, "last")) g->opts.outputs = KILN_OUTPUTS_LAST;
@@ -85,11 +111,12 @@ static int parse_args(int argc, char **argv, gen_args *g) {
         if (rc >= 0) return rc;
     }
     if (!g->preset) return usage("%s", "no --preset given");
+    if (!strcmp(g->cmd, "gen-model") && !g->out) return usage("%s", "no -o FILE.gguf given");
     return -1;
 }
 
 static int fail(kiln_status st) {
-    fprintf(stderr, "kiln gen-graph: %s\n", kiln_status_msg(st));
+    fprintf(stderr, "kiln %s: %s\n", g_cmd, kiln_status_msg(st));
     kiln_status_free(st);
     return GEN_ERR;
 }
@@ -99,7 +126,8 @@ int kiln_cmd_gen_graph(int argc, char **argv) {
         print_help();
         return GEN_OK;
     }
-    gen_args g = {0};
+    g_cmd = "gen-graph";
+    gen_args g = {.cmd = g_cmd};
     int      rc = parse_args(argc, argv, &g);
     if (rc >= 0) return rc;
     kiln_model_hparams hp;
@@ -114,4 +142,39 @@ int kiln_cmd_gen_graph(int argc, char **argv) {
     free(text);
     kiln_ctx_free(ctx);
     return st ? fail(st) : GEN_OK;
+}
+
+/* Progress of a long write on stderr: a line every 2 s (files of gigabytes take a while). */
+typedef struct {
+    double t0, last;
+} write_progress_state;
+
+static void write_progress(void *user, uint64_t done, uint64_t total) {
+    write_progress_state *ps = user;
+    double                now = kb_now_ms();
+    if (now - ps->last < 2000 || done == total) return;
+    ps->last = now;
+    fprintf(stderr, "kiln gen-model: %.1f of %.1f GB written (%.0f%%, %.0f s)\n", (double)done / 1e9,
+            (double)total / 1e9, total ? 100.0 * (double)done / (double)total : 100.0, (now - ps->t0) / 1000);
+}
+
+int kiln_cmd_gen_model(int argc, char **argv) {
+    g_cmd = "gen-model";
+    if (argc > 0 && !strcmp(argv[0], "help")) { /* kiln help gen-model */
+        print_help();
+        return GEN_OK;
+    }
+    gen_args g = {.cmd = g_cmd, .seed = 1};
+    int      rc = parse_args(argc, argv, &g);
+    if (rc >= 0) return rc;
+    kiln_model_hparams hp;
+    kiln_status        st = kiln_model_preset(g.arch, g.preset, &hp);
+    if (st) return fail(st);
+    if (g.type && kiln_type_from_name(g.type, &hp.wtype) != 0)
+        return usage("--type wants f32, f16 or bf16, got '%s'", g.type);
+    write_progress_state ps = {kb_now_ms(), kb_now_ms()};
+    if ((st = kiln_model_write_random(&hp, g.seed, g.out, write_progress, &ps))) return fail(st);
+    printf("wrote %s: %s preset %s, %s weights, seed %llu, in %.1f s\n", g.out, hp.arch, g.preset,
+           kiln_type_name(hp.wtype), (unsigned long long)g.seed, (kb_now_ms() - ps.t0) / 1000);
+    return GEN_OK;
 }

@@ -5,6 +5,8 @@
 #include "runtime/runtime.h"
 #include "tools/cmd_cache.h"
 #include "tools/cmd_gen.h"
+#include "tools/cmd_model.h"
+#include "tools/progress.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -26,11 +28,17 @@ static const char *usage_text =
     "  run GRAPH       compile what is missing (JIT, cached), then run on the GPU: inputs random\n"
     "                  (--seed) or from files (--input); prints a checksum of each output and\n"
     "                  the timing. 'kiln run --bundle FILE.kiln' runs a bundle instead\n"
+    "  run MODEL.gguf --tokens 1,2,3 -n 64   generate greedily with a GGUF model (llama, qwen2,\n"
+    "                  qwen3, qwen3moe); prints the ids and prefill/decode speed ('kiln help run')\n"
     "  inspect GRAPH   print the IR after passes, the memory plan and the kernel list;\n"
     "  inspect FILE.kiln  verify a bundle (checksum, signature, programs) and describe it\n"
     "  cache SUB       the cache: ls, stats, clear, verify, explain GRAPH ('kiln help cache')\n"
     "  ops             list every supported op with its kind and accepted types\n"
     "  gen-graph       write a model's whole graph from a preset (--arch, --preset) as .kg\n"
+    "  gen-model       write a GGUF model of a preset with random weights (-o FILE.gguf)\n"
+    "\n"
+    "GRAPH is a .kg file or, for compile and inspect, a GGUF model (its whole graph, built from\n"
+    "its hyperparameters; --n-ctx N and --n-batch N size the cache and the batch).\n"
     "  help [COMMAND]  this text, or a command's options\n"
     "\n"
     "Symbolic dims (\"dim n_kv <= 4096\" in the graph) are compiled once for every value; give\n"
@@ -102,6 +110,7 @@ typedef struct {
     bool no_fuse, no_cache, no_graph, check;
     uint64_t seed;
     int iters;
+    int64_t n_ctx, n_batch; /* a GGUF model's graph */
     const char *inputs[MAX_FILES], *outputs[MAX_FILES];
     int ninputs, noutputs;
     bool stats;
@@ -128,6 +137,7 @@ static int usage_error(const char *fmt, const char *arg) {
 /* Help text, and for the commands that compile, the fusion passes --no-fuse=NAME knows. */
 static void print_help(const char *cmd, const char *text) {
     fputs(text, stdout);
+    if (cmd && !strcmp(cmd, "run")) printf("\n%s", kiln_run_model_help);
     if (!cmd || !strcmp(cmd, "help")) return;
     printf("fusion passes (--no-fuse=NAME):\n");
     const char *what, *name;
@@ -194,6 +204,11 @@ static int parse_args(int argc, char **argv, cli *c) {
             c->dim_names[c->ndims] = c->dim_name[c->ndims];
             c->dim_val[c->ndims++] = val;
         } else if (!strcmp(a, "--seed")) { NEEDS_VALUE(); c->seed = strtoull(v, NULL, 0);
+        } else if (!strcmp(a, "--n-ctx") || !strcmp(a, "--n-batch")) {
+            NEEDS_VALUE();
+            long long n = atoll(v);
+            if (n < 1) return usage_error("%s wants a positive count", a);
+            *(!strcmp(a, "--n-ctx") ? &c->n_ctx : &c->n_batch) = n;
         } else if (!strcmp(a, "--iters")) {
             NEEDS_VALUE();
             c->iters = atoi(v);
@@ -224,7 +239,16 @@ static kiln_status build(const cli *c, kiln_ctx **ctx, kiln_graph **g) {
     *ctx = kiln_ctx_new();
     *g = NULL;
     if (!*ctx) return kb_oom();
-    kiln_status st = kiln_load(*ctx, c->graph);
+    kiln_status st = NULL;
+    if (kiln_cli_is_gguf(c->graph)) {
+        kiln_model *m = NULL;
+        st = kiln_model_open(c->graph, &m);
+        kiln_build_opts o = {.n_ctx = c->n_ctx, .n_tokens_max = c->n_batch};
+        if (!st) st = kiln_build_model(*ctx, kiln_model_get_hparams(m), &o);
+        kiln_model_close(m);
+    } else {
+        st = kiln_load(*ctx, c->graph);
+    }
     if (!st) st = kiln_graph_new(*ctx, g);
     return st;
 }
@@ -253,42 +277,12 @@ static void print_dims(const cli *c, const kiln_ctx *ctx) {
     printf("\n");
 }
 
-/* Progress of long compiles on stderr: a bar redrawn in place on a terminal, else a plain line
- * at most every 2 s. Quick compiles (under half a second) show nothing. */
-typedef struct {
-    double t0, last;
-    bool   tty, shown;
-} progress_state;
-
-static void progress_cb(void *user, const char *what, int done, int total) {
-    progress_state *ps = user;
-    double          now = kb_now_ms();
-    if (!ps->t0) ps->t0 = now;
-    bool end = done == total;
-    if (now - ps->t0 < 500 && !(end && ps->shown)) return;
-    if (ps->tty) {
-        if (!end && now - ps->last < 100) return;
-        int  width = 30, fill = total ? done * width / total : width;
-        char bar[64];
-        for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
-        bar[width] = 0;
-        fprintf(stderr, "\rkiln: [%s] %d/%d %s", bar, done, total, what);
-        if (end) fputc('\n', stderr);
-    } else {
-        if (!end && now - ps->last < 2000) return;
-        fprintf(stderr, "kiln: %d/%d %s\n", done, total, what);
-    }
-    fflush(stderr);
-    ps->last = now;
-    ps->shown = !end;
-}
-
-static progress_state g_progress;
+static kt_progress g_progress;
 
 static kiln_compile_opts compile_opts(const cli *c, const char *arch) {
     kiln_compile_opts o = {0};
     g_progress.tty = isatty(2);
-    o.progress = progress_cb;
+    o.progress = kt_progress_count;
     o.progress_user = &g_progress;
     o.jobs = c->jobs;
     o.arch = c->arch ? c->arch : arch;
@@ -666,6 +660,20 @@ static int cmd_run(const cli *c) {
     return check_failed ? EXIT_ERR : EXIT_OK;
 }
 
+/* The first argument of `kiln run` that is not an option (or an option's value) is a GGUF model. */
+static bool model_arg(int argc, char **argv) {
+    static const char *const valued[] = {"--arch", "--dump-cu", "-o", "--cache-dir", "--bundle", "--jobs", "--dim",
+                                         "--seed", "--iters", "--input", "--output", "--tokens", "--prompt", "-n",
+                                         "--n-ctx", "--n-batch"};
+    for (int i = 2; i < argc; i++) {
+        bool skip = false;
+        for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) skip |= !strcmp(argv[i], valued[k]);
+        if (skip) i++;
+        else if (argv[i][0] != '-') return kiln_cli_is_gguf(argv[i]);
+    }
+    return false;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fputs(usage_text, argc < 2 ? stderr : stdout);
@@ -678,6 +686,9 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "cache")) return kiln_cmd_cache(argc, argv);
     if (!strcmp(argv[1], "gen-graph") || (argc > 2 && !strcmp(argv[1], "help") && !strcmp(argv[2], "gen-graph")))
         return kiln_cmd_gen_graph(argc - 1, argv + 1);  /* also "help gen-graph" */
+    if (!strcmp(argv[1], "gen-model") || (argc > 2 && !strcmp(argv[1], "help") && !strcmp(argv[2], "gen-model")))
+        return kiln_cmd_gen_model(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "run") && model_arg(argc, argv)) return kiln_cmd_run_model(argc - 1, argv + 1);
     if (!strcmp(argv[1], "help")) {
         if (argc > 2 && !strcmp(argv[2], "cache")) return fputs(kiln_cache_help, stdout) < 0;
         const char *h = help_for(argc > 2 ? argv[2] : NULL);

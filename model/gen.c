@@ -1,0 +1,310 @@
+/* kiln_gen: one sequence through a model — the graph of kiln_build_model compiled and loaded
+ * with the file's weights, the KV cache held as the program's states, and the inputs of each
+ * run (token ids, positions, cache slots, the causal mask, the output row) made here.
+ *
+ * The same loop runs on the CPU reference (cpu = true): the graph bound to each run's
+ * n_tokens and n_kv and evaluated node by node, the caches kept in host memory. Tests compare
+ * the two run by run. */
+#include "base/base.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define F16_NEG_INF 0xfc00u
+
+typedef struct {
+    const char *name;
+    void       *data;
+    size_t      bytes;
+} host_state;
+
+struct kiln_gen {
+    const kiln_model         *m;
+    const kiln_model_hparams *hp;
+    int64_t                   n_ctx, n_batch, pos;
+    bool                      cpu;
+    kiln_ctx                 *ctx;
+    kiln_graph               *graph;
+    kiln_session             *sess;
+
+    /* The inputs of the current run, at its n_tokens (nt) and n_kv (nkv). */
+    int64_t   nt, nkv;
+    int32_t  *tokens, *positions, out_id;
+    int64_t  *slots;
+    uint16_t *mask;
+    float    *logits;
+
+    host_state *states; /* cpu: the caches */
+    int         nstates;
+    kiln_status ref_err; /* cpu: a put that did not fit */
+    kiln_gen_stats stats;
+};
+
+static kiln_status gen_alloc(kiln_gen *g) {
+    g->tokens = malloc(sizeof *g->tokens * (size_t)g->n_batch);
+    g->positions = malloc(sizeof *g->positions * (size_t)g->n_batch);
+    g->slots = malloc(sizeof *g->slots * (size_t)g->n_batch);
+    g->mask = malloc(sizeof *g->mask * (size_t)g->n_batch * (size_t)g->n_ctx);
+    g->logits = calloc((size_t)g->hp->n_vocab, sizeof *g->logits);
+    return g->tokens && g->positions && g->slots && g->mask && g->logits ? NULL : kb_oom();
+}
+
+static kiln_status build(kiln_gen *g) {
+    if (!(g->ctx = kiln_ctx_new())) return kb_oom();
+    kiln_build_opts o = {.n_ctx = g->n_ctx, .n_tokens_max = g->n_batch, .outputs = KILN_OUTPUTS_LAST};
+    kiln_status     st = kiln_build_model(g->ctx, g->hp, &o);
+    if (!st) st = kiln_graph_new(g->ctx, &g->graph);
+    if (!st) st = kiln_model_check_weights(g->m, g->graph);
+    return st;
+}
+
+static kiln_status cpu_states(kiln_gen *g) {
+    int n = 0;
+    for (int i = 0; i < kiln_graph_size(g->graph); i++)
+        n += kiln_tensor_role(kiln_graph_node(g->graph, i)) == KILN_ROLE_STATE;
+    if (!(g->states = calloc((size_t)n + 1, sizeof *g->states))) return kb_oom();
+    for (int i = 0; i < kiln_graph_size(g->graph); i++) {
+        const kiln_tensor *t = kiln_graph_node(g->graph, i);
+        if (kiln_tensor_role(t) != KILN_ROLE_STATE) continue;
+        host_state *s = &g->states[g->nstates++];
+        s->name = kiln_tensor_name(t);
+        s->bytes = (size_t)kiln_tensor_nelements(t) * kiln_type_size(kiln_tensor_type(t));
+        if (!(s->data = calloc(1, s->bytes))) return kb_oom();
+    }
+    return NULL;
+}
+
+static const void *weight_of(void *user, const char *name, kiln_type type, size_t bytes) {
+    const kiln_gen *g = user;
+    return kiln_model_weight(g->m, name, type, (int64_t)(bytes / kiln_type_size(type)));
+}
+
+static void load_progress(void *user, uint64_t done, uint64_t total) {
+    const kiln_gen_opts *o = user;
+    o->progress(o->progress_user, "weights", done, total);
+}
+
+static kiln_status gpu_open(kiln_gen *g, const kiln_gen_opts *o) {
+    kiln_session_opts so = {0};
+    if (o->session) so = *o->session;
+    kiln_compile_opts co = {0};
+    if (o->compile) co = *o->compile;
+    char        arch[16];
+    kiln_status st = NULL;
+    if (!co.arch) {
+        if ((st = kiln_device_arch(so.device, arch, sizeof arch))) return st;
+        co.arch = arch;
+    }
+    double        t0 = kb_now_ms();
+    kiln_program *p;
+    if ((st = kiln_compile(g->graph, &co, &p))) return st;
+    kiln_program_stats(p, &g->stats.compile);
+    g->stats.compile_ms = kb_now_ms() - t0;
+    st = kiln_session_new(p, &so, &g->sess);
+    kiln_program_free(p);
+    if (st) return st;
+    double t1 = kb_now_ms();
+    st = kiln_session_load_weights(g->sess, weight_of, g, o->progress ? load_progress : NULL, (void *)o);
+    g->stats.load_ms = kb_now_ms() - t1;
+    return st;
+}
+
+static int64_t weight_bytes(const kiln_graph *gr) {
+    int64_t n = 0;
+    for (int i = 0; i < kiln_graph_size(gr); i++) {
+        const kiln_tensor *t = kiln_graph_node(gr, i);
+        if (kiln_tensor_role(t) == KILN_ROLE_WEIGHT) n += (int64_t)kiln_tensor_nbytes(t);
+    }
+    return n;
+}
+
+kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out) {
+    if (out) *out = NULL;
+    if (!m || !out) return kb_error(KILN_ERR_INVALID, "kiln_gen_new: NULL argument");
+    kiln_gen_opts def = {0};
+    if (!o) o = &def;
+    kiln_gen *g = calloc(1, sizeof *g);
+    if (!g) return kb_oom();
+    g->m = m;
+    g->hp = kiln_model_get_hparams(m);
+    g->cpu = o->cpu;
+    g->n_ctx = o->n_ctx > 0 ? o->n_ctx : g->hp->n_ctx_train < 4096 ? g->hp->n_ctx_train : 4096;
+    g->n_batch = o->n_batch > 0 ? o->n_batch : g->n_ctx < 512 ? g->n_ctx : 512;
+    kiln_status st = NULL;
+    if (o->n_ctx < 0 || o->n_batch < 0 || g->n_batch > g->n_ctx)
+        st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: n_batch %lld must be 1 .. n_ctx (%lld)", (long long)g->n_batch,
+                      (long long)g->n_ctx);
+    if (!st) st = gen_alloc(g);
+    if (!st) st = build(g);
+    if (!st) g->stats.weight_bytes = (uint64_t)weight_bytes(g->graph);
+    if (!st) st = g->cpu ? cpu_states(g) : gpu_open(g, o);
+    if (st) {
+        kiln_gen_free(g);
+        return st;
+    }
+    *out = g;
+    return NULL;
+}
+
+void kiln_gen_free(kiln_gen *g) {
+    if (!g) return;
+    kiln_session_free(g->sess);
+    kiln_graph_free(g->graph);
+    kiln_ctx_free(g->ctx);
+    for (int i = 0; i < g->nstates; i++) free(g->states[i].data);
+    free(g->states);
+    free(g->tokens);
+    free(g->positions);
+    free(g->slots);
+    free(g->mask);
+    free(g->logits);
+    kiln_status_free(g->ref_err);
+    free(g);
+}
+
+int64_t kiln_gen_pos(const kiln_gen *g) { return g ? g->pos : 0; }
+void    kiln_gen_reset(kiln_gen *g) {
+    if (g) g->pos = 0;
+}
+
+/* The inputs of a run of nt tokens at g->pos: slots follow positions, and token t sees the
+ * slots up to its own (the cache holds this sequence only, in order). */
+static kiln_status make_inputs(kiln_gen *g, const int32_t *tokens, int64_t nt) {
+    for (int64_t t = 0; t < nt; t++)
+        if (tokens[t] < 0 || tokens[t] >= g->hp->n_vocab)
+            return kb_error(KILN_ERR_INVALID, "kiln_gen_eval: token %lld (position %lld) is %d, outside the "
+                                              "vocabulary 0 .. %lld", (long long)t, (long long)(g->pos + t), tokens[t],
+                            (long long)g->hp->n_vocab - 1);
+    g->nt = nt;
+    g->nkv = g->pos + nt;
+    memcpy(g->tokens, tokens, sizeof *tokens * (size_t)nt);
+    for (int64_t t = 0; t < nt; t++) {
+        g->positions[t] = (int32_t)(g->pos + t);
+        g->slots[t] = g->pos + t;
+        uint16_t *row = g->mask + t * g->nkv;
+        for (int64_t j = 0; j < g->nkv; j++) row[j] = j <= g->pos + t ? 0 : F16_NEG_INF;
+    }
+    g->out_id = (int32_t)(nt - 1);
+    return NULL;
+}
+
+static kiln_status gpu_run(kiln_gen *g) {
+    kiln_session *s = g->sess;
+    kiln_status   st = kiln_session_set_dim(s, "n_tokens", g->nt);
+    if (!st) st = kiln_session_set_dim(s, "n_kv", g->nkv);
+    if (!st) st = kiln_session_set(s, "inp_tokens", g->tokens, sizeof *g->tokens * (size_t)g->nt);
+    if (!st) st = kiln_session_set(s, "inp_pos", g->positions, sizeof *g->positions * (size_t)g->nt);
+    if (!st) st = kiln_session_set(s, "kv_idxs", g->slots, sizeof *g->slots * (size_t)g->nt);
+    if (!st) st = kiln_session_set(s, "kq_mask", g->mask, sizeof *g->mask * (size_t)(g->nt * g->nkv));
+    if (!st) st = kiln_session_set(s, "inp_out_ids", &g->out_id, sizeof g->out_id);
+    if (!st) st = kiln_session_run(s);
+    if (!st) st = kiln_session_get(s, "logits", g->logits, sizeof *g->logits * (size_t)g->hp->n_vocab);
+    return st;
+}
+
+static const void *ref_get(void *user, const char *name, kiln_type type, int64_t n) {
+    kiln_gen *g = user;
+    if (strcmp(name, "inp_tokens") == 0) return g->tokens;
+    if (strcmp(name, "inp_pos") == 0) return g->positions;
+    if (strcmp(name, "kv_idxs") == 0) return g->slots;
+    if (strcmp(name, "kq_mask") == 0) return g->mask;
+    if (strcmp(name, "inp_out_ids") == 0) return &g->out_id;
+    for (int i = 0; i < g->nstates; i++)
+        if (strcmp(g->states[i].name, name) == 0) return g->states[i].data;
+    return kiln_model_weight(g->m, name, type, n);
+}
+
+static void ref_put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
+    kiln_gen *g = user;
+    size_t    bytes = (size_t)n * kiln_type_size(type);
+    if (strcmp(name, "logits") == 0 && bytes == sizeof *g->logits * (size_t)g->hp->n_vocab) {
+        memcpy(g->logits, data, bytes);
+        return;
+    }
+    for (int i = 0; i < g->nstates; i++)
+        if (strcmp(g->states[i].name, name) == 0 && g->states[i].bytes == bytes) {
+            memcpy(g->states[i].data, data, bytes);
+            return;
+        }
+    if (!g->ref_err) g->ref_err = kb_error(KILN_ERR_INVALID, "kiln_gen: the reference gave '%s' (%lld values), which "
+                                                             "the generator does not expect", name, (long long)n);
+}
+
+static kiln_status cpu_run(kiln_gen *g) {
+    static const char *const names[2] = {"n_tokens", "n_kv"};
+    int64_t     values[2] = {g->nt, g->nkv};
+    kiln_ctx   *bound = NULL;
+    kiln_graph *gr = NULL;
+    kiln_status st = kiln_ctx_bind(g->ctx, 2, names, values, &bound);
+    if (!st) st = kiln_graph_new(bound, &gr);
+    if (!st) st = kiln_reference(gr, ref_get, ref_put, g);
+    if (!st && g->ref_err) st = g->ref_err, g->ref_err = NULL;
+    kiln_graph_free(gr);
+    kiln_ctx_free(bound);
+    return st;
+}
+
+kiln_status kiln_gen_eval(kiln_gen *g, const int32_t *tokens, int64_t n, const float **logits) {
+    if (!g || !tokens || !logits || n < 1)
+        return kb_error(KILN_ERR_INVALID, "kiln_gen_eval: %s", n < 1 ? "no tokens" : "NULL argument");
+    if (g->pos + n > g->n_ctx)
+        return kb_error(KILN_ERR_INVALID, "kiln_gen_eval: %lld more tokens after %lld do not fit in the cache of %lld "
+                                          "(n_ctx)", (long long)n, (long long)g->pos, (long long)g->n_ctx);
+    *logits = NULL;
+    for (int64_t done = 0; done < n;) {
+        int64_t     nt = n - done < g->n_batch ? n - done : g->n_batch;
+        kiln_status st = make_inputs(g, tokens + done, nt);
+        if (!st) st = g->cpu ? cpu_run(g) : gpu_run(g);
+        if (st) return st;
+        double gpu_ms = g->cpu ? 0.0 : kiln_session_last_ms(g->sess);
+        if (nt == 1) g->stats.decode_gpu_ms += gpu_ms;
+        else g->stats.prefill_gpu_ms += gpu_ms;
+        g->pos += nt;
+        done += nt;
+    }
+    *logits = g->logits;
+    return NULL;
+}
+
+int64_t kiln_argmax_f32(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best] || (isnan(x[best]) && !isnan(x[i]))) best = i;
+    return best;
+}
+
+kiln_status kiln_gen_greedy(kiln_gen *g, const int32_t *prompt, int64_t n_prompt, int64_t n_new, int32_t *out,
+                            kiln_gen_stats *stats) {
+    if (!g || !prompt || (n_new > 0 && !out) || n_prompt < 1 || n_new < 0)
+        return kb_error(KILN_ERR_INVALID, "kiln_gen_greedy: %s", n_prompt < 1 ? "an empty prompt" : "bad argument");
+    kiln_gen_stats before = g->stats;
+    const float   *logits;
+    double         t0 = kb_now_ms();
+    kiln_status    st = kiln_gen_eval(g, prompt, n_prompt, &logits);
+    if (st) return st;
+    g->stats.prefill_ms += kb_now_ms() - t0;
+    g->stats.prefill_tokens += n_prompt;
+    if (n_new > 0) out[0] = (int32_t)kiln_argmax_f32(logits, g->hp->n_vocab);
+    double t1 = kb_now_ms();
+    for (int64_t i = 1; i < n_new; i++) {
+        if ((st = kiln_gen_eval(g, &out[i - 1], 1, &logits))) return st;
+        out[i] = (int32_t)kiln_argmax_f32(logits, g->hp->n_vocab);
+    }
+    g->stats.decode_ms += kb_now_ms() - t1;
+    g->stats.decode_tokens += n_new > 1 ? n_new - 1 : 0;
+    if (stats) {
+        *stats = g->stats;
+        stats->prefill_tokens -= before.prefill_tokens;
+        stats->decode_tokens -= before.decode_tokens;
+        stats->prefill_ms -= before.prefill_ms;
+        stats->decode_ms -= before.decode_ms;
+        stats->prefill_gpu_ms -= before.prefill_gpu_ms;
+        stats->decode_gpu_ms -= before.decode_gpu_ms;
+    }
+    return NULL;
+}
+
+void kiln_gen_get_stats(const kiln_gen *g, kiln_gen_stats *out) {
+    if (g && out) *out = g->stats;
+}

@@ -1,0 +1,125 @@
+/* kiln_model: a GGUF file with the hyperparameters read from it, and its weights bound by name
+ * to a graph of kiln_build_model. */
+#include "base/base.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct kiln_model {
+    kiln_gguf         *gguf;
+    kiln_model_hparams hp;
+};
+
+/* Quantized tensors are refused up front, with the first one's name: loading would otherwise
+ * fail later at a weight whose type kiln cannot compute with. */
+static kiln_status refuse_quantized(const kiln_gguf *g) {
+    int64_t n = kiln_gguf_tensor_count(g);
+    for (int64_t i = 0; i < n; i++) {
+        kiln_gguf_tensor t;
+        kiln_status st = kiln_gguf_tensor_info(g, i, &t);
+        if (st) return st;
+        if (!t.has_kiln_type)
+            return kb_error(KILN_ERR_FORMAT, "model: tensor %lld '%s' is %s; kiln runs f32, f16 and bf16 weights "
+                                             "(quantized types are not supported yet)", (long long)i, t.name,
+                            t.type_name);
+    }
+    return NULL;
+}
+
+kiln_status kiln_model_from_gguf(kiln_gguf *g, kiln_model **out) {
+    if (out) *out = NULL;
+    if (!g || !out) {
+        kiln_gguf_close(g);
+        return kb_error(KILN_ERR_INVALID, "kiln_model_from_gguf: NULL argument");
+    }
+    kiln_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        kiln_gguf_close(g);
+        return kb_oom();
+    }
+    m->gguf = g;
+    kiln_status st = refuse_quantized(g);
+    if (!st) st = kiln_model_hparams_from_gguf(g, &m->hp);
+    if (st) {
+        kiln_model_close(m);
+        return st;
+    }
+    *out = m;
+    return NULL;
+}
+
+kiln_status kiln_model_open(const char *path, kiln_model **out) {
+    if (out) *out = NULL;
+    if (!path || !out) return kb_error(KILN_ERR_INVALID, "kiln_model_open: NULL argument");
+    kiln_gguf  *g;
+    kiln_status st = kiln_gguf_open(path, &g);
+    if (st) return st;
+    st = kiln_model_from_gguf(g, out);
+    return st ? kb_wrap(st, "%s", path) : NULL;
+}
+
+void kiln_model_close(kiln_model *m) {
+    if (!m) return;
+    kiln_gguf_close(m->gguf);
+    free(m);
+}
+
+const kiln_model_hparams *kiln_model_get_hparams(const kiln_model *m) { return m ? &m->hp : NULL; }
+const kiln_gguf          *kiln_model_gguf(const kiln_model *m) { return m ? m->gguf : NULL; }
+
+static void shape_text(const int64_t ne[4], int nd, char *out, size_t n) {
+    int len = snprintf(out, n, "[");
+    for (int i = 0; i < nd && len > 0 && (size_t)len < n; i++)
+        len += snprintf(out + len, n - (size_t)len, "%s%lld", i ? ", " : "", (long long)ne[i]);
+    if (len > 0 && (size_t)len < n) snprintf(out + len, n - (size_t)len, "]");
+}
+
+static int n_dims_of(const int64_t ne[4]) {
+    int nd = 1;
+    for (int i = 0; i < 4; i++)
+        if (ne[i] != 1) nd = i + 1;
+    return nd;
+}
+
+static kiln_status check_weight(const kiln_model *m, const kiln_tensor *w) {
+    const char *name = kiln_tensor_name(w);
+    int64_t     i = kiln_gguf_find_tensor(m->gguf, name);
+    int64_t     want[4];
+    for (int d = 0; d < 4; d++) want[d] = kiln_tensor_ne(w, d);
+    char ws[96], fs[96];
+    shape_text(want, n_dims_of(want), ws, sizeof ws);
+    if (i < 0)
+        return kb_error(KILN_ERR_NOT_FOUND, "model: the GGUF has no tensor '%s' (%s %s), which the %s graph needs", name,
+                        kiln_type_name(kiln_tensor_type(w)), ws, m->hp.arch);
+    kiln_gguf_tensor t;
+    kiln_status st = kiln_gguf_tensor_info(m->gguf, i, &t);
+    if (st) return st;
+    shape_text(t.ne, t.n_dims, fs, sizeof fs);
+    if (memcmp(t.ne, want, sizeof want) != 0)
+        return kb_error(KILN_ERR_SHAPE, "model: tensor '%s' is %s in the GGUF; the graph needs %s", name, fs, ws);
+    if (!t.has_kiln_type || t.type != kiln_tensor_type(w))
+        return kb_error(KILN_ERR_SHAPE, "model: tensor '%s' is %s in the GGUF; the graph needs %s (kiln takes one type "
+                                        "for all matrices, that of blk.0.attn_q.weight)", name, t.type_name,
+                        kiln_type_name(kiln_tensor_type(w)));
+    return NULL;
+}
+
+kiln_status kiln_model_check_weights(const kiln_model *m, const kiln_graph *g) {
+    if (!m || !g) return kb_error(KILN_ERR_INVALID, "kiln_model_check_weights: NULL argument");
+    for (int i = 0; i < kiln_graph_size(g); i++) {
+        const kiln_tensor *t = kiln_graph_node(g, i);
+        if (kiln_tensor_role(t) != KILN_ROLE_WEIGHT) continue;
+        kiln_status st = check_weight(m, t);
+        if (st) return st;
+    }
+    return NULL;
+}
+
+const void *kiln_model_weight(const kiln_model *m, const char *name, kiln_type type, int64_t n) {
+    if (!m || !name) return NULL;
+    int64_t i = kiln_gguf_find_tensor(m->gguf, name);
+    kiln_gguf_tensor t;
+    if (i < 0 || kiln_gguf_tensor_info(m->gguf, i, &t) || !t.has_kiln_type || t.type != type) return NULL;
+    int64_t count = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
+    return count == n ? t.data : NULL;
+}

@@ -1,0 +1,155 @@
+/* kiln_model_write_random: a GGUF model with real hyperparameters and random weights (kiln
+ * gen-model), for tests and benchmarks without downloading a model.
+ *
+ * The tensors are those of the graph kiln_build_model builds, in graph order, so the file loads
+ * by construction. Values depend only on the seed and the tensor's name, and are generated in
+ * fixed pieces, each with its own stream: any thread count gives the same bytes. Scales keep a
+ * random model numerically tame: matrices have variance 1/ne0 (activations keep their size
+ * through each projection), norm weights are near 1, biases small. */
+#include "base/base.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PIECE ((int64_t)1 << 20) /* elements per random stream */
+
+typedef enum { INIT_MATRIX, INIT_EMBD, INIT_NORM, INIT_BIAS, INIT_ROPE_FREQS } init_kind;
+
+typedef struct {
+    const char *name;
+    kiln_type   type;
+    int64_t     ne[4];
+    init_kind   kind;
+} weight_spec;
+
+typedef struct {
+    const kiln_model_hparams *hp;
+    uint64_t                  seed;
+    weight_spec              *w;
+    int64_t                   nw;
+    void (*progress)(void *user, uint64_t done, uint64_t total);
+    void *progress_user;
+} gen_ctx;
+
+static void write_progress(void *user, uint64_t done, uint64_t total) {
+    const gen_ctx *g = user;
+    if (g->progress) g->progress(g->progress_user, done, total);
+}
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t name_hash(const char *s) { /* FNV-1a */
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return h;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static init_kind kind_of(const char *name) {
+    if (strcmp(name, "rope_freqs.weight") == 0) return INIT_ROPE_FREQS;
+    if (strcmp(name, "token_embd.weight") == 0) return INIT_EMBD;
+    if (ends_with(name, "norm.weight")) return INIT_NORM;
+    if (ends_with(name, ".bias")) return INIT_BIAS;
+    return INIT_MATRIX;
+}
+
+typedef struct {
+    const gen_ctx     *g;
+    const weight_spec *w;
+    void              *buf;
+    int64_t            n;
+} fill_job;
+
+static void fill_piece(void *user, int item, int worker) {
+    (void)worker;
+    const fill_job    *j = user;
+    const weight_spec *w = j->w;
+    int64_t            lo = (int64_t)item * PIECE, hi = lo + PIECE < j->n ? lo + PIECE : j->n;
+    uint64_t           s = j->g->seed ^ name_hash(w->name) ^ ((uint64_t)item * 0xd1b54a32d192ed03ull);
+    float scale = w->kind == INIT_MATRIX ? sqrtf(3.0f / (float)w->ne[0]) : w->kind == INIT_EMBD ? 1.0f : 0.1f;
+    float base = w->kind == INIT_NORM ? 1.0f : 0.0f;
+    for (int64_t i = lo; i < hi; i++) {
+        float u = (float)(splitmix(&s) >> 40) * (1.0f / 8388608.0f) - 1.0f; /* [-1, 1) */
+        kb_store_f32(j->buf, w->type, i, base + scale * u);
+    }
+}
+
+static kiln_status fill(void *user, int64_t i, const char *name, void *buf, size_t bytes) {
+    const gen_ctx     *g = user;
+    const weight_spec *w = &g->w[i];
+    int64_t            n = w->ne[0] * w->ne[1] * w->ne[2] * w->ne[3];
+    if (i < 0 || i >= g->nw || strcmp(name, w->name) != 0 || bytes != (size_t)n * kiln_type_size(w->type))
+        return kb_error(KILN_ERR_INVALID, "gen-model: the writer asked for tensor %lld '%s' of %zu bytes, which "
+                                          "was not added so", (long long)i, name, bytes);
+    if (w->kind == INIT_ROPE_FREQS) {
+        if (w->type != KILN_F32) return kb_error(KILN_ERR_INVALID, "gen-model: rope_freqs.weight must be f32");
+        return kiln_model_rope_freqs(g->hp, buf, n);
+    }
+    fill_job j = {g, w, buf, n};
+    kb_parallel_for((int)((n + PIECE - 1) / PIECE), kb_default_jobs(), fill_piece, &j);
+    return NULL;
+}
+
+/* The weights of hp's graph, in graph order. */
+static kiln_status collect_weights(const kiln_model_hparams *hp, kiln_ctx **ctx_out, gen_ctx *g) {
+    kiln_ctx *ctx = kiln_ctx_new();
+    if (!ctx) return kb_oom();
+    /* The smallest graph: the weights do not depend on the cache or batch sizes. */
+    kiln_build_opts o = {.n_ctx = 1, .n_tokens_max = 1};
+    kiln_status     st = kiln_build_model(ctx, hp, &o);
+    kiln_graph     *gr = NULL;
+    if (!st) st = kiln_graph_new(ctx, &gr);
+    if (!st && !(g->w = calloc((size_t)kiln_graph_size(gr), sizeof *g->w))) st = kb_oom();
+    for (int i = 0; !st && i < kiln_graph_size(gr); i++) {
+        const kiln_tensor *t = kiln_graph_node(gr, i);
+        if (kiln_tensor_role(t) != KILN_ROLE_WEIGHT) continue;
+        weight_spec *w = &g->w[g->nw++];
+        w->name = kiln_tensor_name(t);
+        w->type = kiln_tensor_type(t);
+        for (int d = 0; d < 4; d++) w->ne[d] = kiln_tensor_ne(t, d);
+        w->kind = kind_of(w->name);
+    }
+    kiln_graph_free(gr);
+    *ctx_out = ctx;
+    return st;
+}
+
+static int n_dims_of(const int64_t ne[4]) {
+    int nd = 1;
+    for (int i = 0; i < 4; i++)
+        if (ne[i] != 1) nd = i + 1;
+    return nd;
+}
+
+kiln_status kiln_model_write_random(const kiln_model_hparams *hp, uint64_t seed, const char *path,
+                                    void (*progress)(void *user, uint64_t done, uint64_t total), void *user) {
+    if (!hp || !path) return kb_error(KILN_ERR_INVALID, "kiln_model_write_random: NULL argument");
+    kiln_status st = kiln_model_check(hp);
+    if (st) return st;
+    gen_ctx   g = {.hp = hp, .seed = seed, .progress = progress, .progress_user = user};
+    kiln_ctx *ctx = NULL;
+    kiln_gguf_writer *w = kiln_gguf_writer_new();
+    if (!w) return kb_oom();
+    st = collect_weights(hp, &ctx, &g);
+    if (!st) {
+        kiln_model_hparams_to_gguf(hp, w);
+        st = kiln_tokenizer_write_synthetic(w, hp->n_vocab);
+    }
+    for (int64_t i = 0; !st && i < g.nw; i++)
+        kiln_gguf_add_tensor(w, g.w[i].name, g.w[i].type, n_dims_of(g.w[i].ne), g.w[i].ne, NULL);
+    if (!st) st = kiln_gguf_write(w, path, fill, &g, write_progress);
+    kiln_gguf_writer_free(w);
+    free(g.w);
+    kiln_ctx_free(ctx);
+    return st;
+}

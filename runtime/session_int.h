@@ -1,0 +1,91 @@
+/* The kiln_session structure, shared by the files of runtime/ that implement its API
+ * (session.c: creation, runs, inputs and outputs; weights.c: bulk weight upload). */
+#ifndef KILN_RT_SESSION_H
+#define KILN_RT_SESSION_H
+
+#include "runtime/runtime.h"
+
+#include "codegen/codegen.h"
+
+typedef struct {
+    char     name[64];
+    int      node;
+    cg_step_kind kind;
+    cg_gemm  gemm;           /* CG_GEMM: the call; a/b/c device addresses below */
+    rt_cuptr gemm_ptr[3];
+    rt_cufn  fn;
+    unsigned grid[3], block[3], smem;
+    int      nparams;
+    bool     empty; /* a zero grid dimension: nothing to do (zero-element tensors) */
+    rt_cuptr argv[IR_MAX_IN + 4];
+    void    *args[IR_MAX_IN + 4]; /* args[i] = &argv[i], as cuLaunchKernel wants */
+} rt_launch;
+
+typedef struct {
+    char     key[33];
+    rt_cumod mod;
+} rt_module;
+
+struct kiln_session {
+    const rt_cuda_api *cu;
+    int                device;
+    rt_cudev           dev;
+    rt_cuctx           ctx;
+    bool               ctx_retained;
+    char               dev_name[128];
+    char               arch[16];
+    rt_custream        stream; /* a variant uses its primary's: all work of a session is ordered */
+    bool               stream_borrowed;
+    rt_cuevent         ev_start, ev_end;
+
+    int       nbufs;
+    ir_buf   *bufs;  /* copied from the program */
+    rt_cuptr *dptr;  /* device address of each buffer (0 for zero-size ones) */
+    bool     *owned; /* dptr[i] is its own allocation (not in the arena) */
+    void    **pinned; /* small inputs and states: pinned host copies that uploads go through */
+    rt_cuptr  arena;
+    size_t    arena_bytes;
+    rt_cuptr  scratch;     /* the program's scratch (one stream: nodes take turns) */
+    size_t    scratch_bytes;
+
+    const rt_cublas_api *blas; /* set when the program has library GEMM steps */
+    rt_cublas            blas_handle;
+    rt_cuptr             blas_ws;
+
+    rt_module *mods;
+    int        nmods;
+    rt_launch *launches; /* launch order; never reallocated after creation (args point in) */
+    int        nlaunches;
+
+    bool           use_graphs;
+    rt_cugraphexec exec;
+    int            captures;
+    double         last_ms;
+    bool           broken; /* a kernel failed: the context is unusable */
+
+    /* Symbolic dims: their names and maxima (copied from the program's graph), their values
+     * for the next run in pinned host memory, and the device copy kernels read (kdims), which
+     * every run refreshes first (in a captured graph: a copy node reading the pinned memory). */
+    int       ndims;
+    char      dim_name[KILN_MAX_SYMS][FE_MAX_NAME];
+    int64_t   dim_max[KILN_MAX_SYMS];
+    int32_t  *dims_host;
+    rt_cuptr  dims_dev;
+
+    /* Specialized variants (kiln_dim_specialize): sessions of their own that share this one's
+     * weights and states; spec_dim/spec_val say when each runs. */
+    kiln_session **spec;
+    int            nspec;
+    int            spec_dim[KILN_MAX_SYMS * 4];
+    int64_t        spec_val[KILN_MAX_SYMS * 4];
+    kiln_session  *primary; /* for a variant: the session it belongs to */
+    kiln_session  *last;    /* the session (this one or a variant) that ran last */
+    kiln_session_stats stats;
+};
+
+/* "f32 [4096, 8]": b's type and shape, for messages. */
+void rt_describe_buf(const ir_buf *b, char *out, size_t n);
+/* Makes s's context current on the calling thread. */
+kiln_status rt_make_current(kiln_session *s);
+
+#endif

@@ -1,0 +1,309 @@
+/* kiln run MODEL.gguf: greedy generation from token ids or a prompt (tools/cmd_model.h). */
+#include "tools/cmd_model.h"
+
+#include "kiln.h"
+
+#include "base/base.h"
+#include "tools/progress.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { RM_OK = 0, RM_ERR = 1, RM_USAGE = 2, RM_NO_GPU = 3 };
+
+const char *kiln_run_model_help =
+    "usage: kiln run MODEL.gguf (--tokens ID,ID,... | --prompt TEXT) [-n N] [--n-ctx N] [--n-batch N]\n"
+    "                           [--check] [--cpu] [--no-cuda-graph] [compile options]\n"
+    "  builds the model's graph from the GGUF's hyperparameters (llama, qwen2, qwen3, qwen3moe;\n"
+    "  f32/f16/bf16 weights), compiles it (cached), uploads the weights, evaluates the prompt\n"
+    "  (prefill) and generates N tokens greedily (decode), then prints the generated ids, the text\n"
+    "  when the GGUF has a tokenizer, and prefill and decode speed.\n"
+    "  --tokens LIST    the prompt as token ids, comma-separated\n"
+    "  --prompt TEXT    the prompt as text, tokenized with the GGUF's vocabulary (byte-level BPE)\n"
+    "  -n N             tokens to generate (default 32)\n"
+    "  --n-ctx N        KV cache slots (default: 4096, or the model's context when smaller); the\n"
+    "                   prompt plus N tokens must fit\n"
+    "  --n-batch N      tokens per prefill run (default: 512, or n_ctx when smaller)\n"
+    "  --check          also run every step on the CPU reference, fed the same tokens, and print\n"
+    "                   the worst logits NMSE and whether each greedy pick agrees (tiny models:\n"
+    "                   the CPU evaluates node by node)\n"
+    "  --cpu            run on the CPU reference only (no GPU needed)\n"
+    "  --no-cuda-graph  launch kernels one by one instead of replaying CUDA graphs\n"
+    "  compile options: --arch, --cache-dir DIR, --no-cache, --jobs N, --dump-cu DIR, --no-fuse\n"
+    "  (see 'kiln help compile')\n";
+
+typedef struct {
+    const char *path, *tokens, *prompt, *arch, *cache_dir, *dump;
+    int64_t     n_new, n_ctx, n_batch;
+    int         jobs;
+    bool        check, cpu, no_graph, no_cache, no_fuse;
+} rm_args;
+
+static int usage(const char *fmt, const char *arg) {
+    fprintf(stderr, "kiln run: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see 'kiln run --help' with a .gguf file, or 'kiln help run')\n");
+    return RM_USAGE;
+}
+
+static int fail(kiln_status st) {
+    int code = kiln_status_code(st) == KILN_ERR_NO_GPU ? RM_NO_GPU : RM_ERR;
+    fprintf(stderr, "kiln: %s\n", kiln_status_msg(st));
+    kiln_status_free(st);
+    return code;
+}
+
+static bool count_arg(const char *v, int64_t *out, int64_t min) {
+    char     *end;
+    long long n = strtoll(v, &end, 10);
+    if (!*v || *end || n < min) return false;
+    *out = n;
+    return true;
+}
+
+static int parse(int argc, char **argv, rm_args *a) {
+    a->n_new = 32;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool        val = !strcmp(o, "--tokens") || !strcmp(o, "--prompt") || !strcmp(o, "-n") ||
+                   !strcmp(o, "--n-ctx") || !strcmp(o, "--n-batch") || !strcmp(o, "--arch") ||
+                   !strcmp(o, "--cache-dir") || !strcmp(o, "--jobs") || !strcmp(o, "--dump-cu");
+        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
+            fputs(kiln_run_model_help, stdout);
+            return RM_OK;
+        }
+        if (val && !v) return usage("option %s needs a value", o);
+        if (val) i++;
+        if (!strcmp(o, "--tokens")) a->tokens = v;
+        else if (!strcmp(o, "--prompt")) a->prompt = v;
+        else if (!strcmp(o, "-n")) {
+            if (!count_arg(v, &a->n_new, 0)) return usage("-n wants a count (0 or more), got '%s'", v);
+        } else if (!strcmp(o, "--n-ctx")) {
+            if (!count_arg(v, &a->n_ctx, 1)) return usage("--n-ctx wants a positive count, got '%s'", v);
+        } else if (!strcmp(o, "--n-batch")) {
+            if (!count_arg(v, &a->n_batch, 1)) return usage("--n-batch wants a positive count, got '%s'", v);
+        } else if (!strcmp(o, "--jobs")) {
+            int64_t j;
+            if (!count_arg(v, &j, 1) || j > 1024) return usage("--jobs wants 1 .. 1024, got '%s'", v);
+            a->jobs = (int)j;
+        } else if (!strcmp(o, "--arch")) a->arch = v;
+        else if (!strcmp(o, "--cache-dir")) a->cache_dir = v;
+        else if (!strcmp(o, "--dump-cu")) a->dump = v;
+        else if (!strcmp(o, "--check")) a->check = true;
+        else if (!strcmp(o, "--cpu")) a->cpu = true;
+        else if (!strcmp(o, "--no-cuda-graph")) a->no_graph = true;
+        else if (!strcmp(o, "--no-cache")) a->no_cache = true;
+        else if (!strcmp(o, "--no-fuse")) a->no_fuse = true;
+        else if (o[0] == '-' && o[1]) return usage("unknown option '%s' for a model", o);
+        else if (a->path) return usage("more than one model given ('%s')", o);
+        else a->path = o;
+    }
+    if (!a->path) return usage("%s", "no model given");
+    if (!a->tokens == !a->prompt) return usage("%s", "give the prompt as --tokens ID,ID,... or --prompt TEXT (one)");
+    if (a->check && a->cpu) return usage("%s", "--check compares the GPU with the CPU; it does not go with --cpu");
+    return -1;
+}
+
+/* "1,2,3" into ids (malloc'd). */
+static kiln_status parse_tokens(const char *list, int32_t **ids, int64_t *n) {
+    *n = 0;
+    int64_t cap = 1;
+    for (const char *p = list; *p; p++) cap += *p == ',';
+    if (!(*ids = malloc(sizeof **ids * (size_t)cap))) return kb_oom();
+    for (const char *p = list;;) {
+        char     *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || v < 0 || v > INT32_MAX || (*end && *end != ','))
+            return kb_error(KILN_ERR_INVALID, "--tokens: '%s' is not a list of token ids (at '%.16s')", list, p);
+        (*ids)[(*n)++] = (int32_t)v;
+        if (!*end) break;
+        p = end + 1;
+    }
+    return NULL;
+}
+
+static void print_model(const rm_args *a, const kiln_model *m) {
+    const kiln_model_hparams *hp = kiln_model_get_hparams(m);
+    printf("model %s: %s, %lld layers, n_embd %lld, %lld heads (%lld kv), n_vocab %lld, %s weights", a->path,
+           hp->arch, (long long)hp->n_layer, (long long)hp->n_embd, (long long)hp->n_head, (long long)hp->n_head_kv,
+           (long long)hp->n_vocab, kiln_type_name(hp->wtype));
+    if (hp->n_expert) printf(", %lld experts (%lld used)", (long long)hp->n_expert, (long long)hp->n_expert_used);
+    printf("\n");
+}
+
+static void print_ids(const char *label, const int32_t *ids, int64_t n) {
+    printf("%s:", label);
+    for (int64_t i = 0; i < n; i++) printf(" %d", ids[i]);
+    printf("\n");
+}
+
+static void print_text(const kiln_tokenizer *tok, const char *label, const int32_t *ids, int64_t n) {
+    char *text = NULL;
+    if (!tok) return;
+    kiln_status st = kiln_detokenize(tok, ids, n, &text);
+    if (st) {
+        printf("%s: (not decodable: %s)\n", label, kiln_status_msg(st));
+        kiln_status_free(st);
+        return;
+    }
+    printf("%s: %s\n", label, text);
+    free(text);
+}
+
+static void print_speed(const kiln_gen_stats *s, bool gpu) {
+    printf("prefill: %lld tokens in %.2f ms, %.1f tok/s", (long long)s->prefill_tokens, s->prefill_ms,
+           s->prefill_ms > 0 ? 1000.0 * (double)s->prefill_tokens / s->prefill_ms : 0.0);
+    if (gpu) printf(" (GPU %.2f ms)", s->prefill_gpu_ms);
+    printf("\n");
+    if (!s->decode_tokens) return;
+    double per = s->decode_ms / (double)s->decode_tokens;
+    printf("decode: %lld tokens in %.2f ms, %.1f tok/s, %.3f ms/token", (long long)s->decode_tokens, s->decode_ms,
+           1000.0 / per, per);
+    if (gpu) printf(" (GPU %.3f ms/token)", s->decode_gpu_ms / (double)s->decode_tokens);
+    printf("\n");
+}
+
+/* --check: the CPU reference fed the GPU's tokens, step by step. */
+typedef struct {
+    double worst_nmse;
+    int    steps, picks_agree;
+} check_result;
+
+static double nmse(const float *ref, const float *got, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+static kiln_status check_step(kiln_gen *gpu, kiln_gen *cpu, const int32_t *tok, int64_t n, int64_t n_vocab,
+                              check_result *r) {
+    const float *lg, *lc;
+    kiln_status  st = kiln_gen_eval(gpu, tok, n, &lg);
+    if (!st) st = kiln_gen_eval(cpu, tok, n, &lc);
+    if (st) return st;
+    double e = nmse(lc, lg, n_vocab);
+    if (e > r->worst_nmse || isnan(e)) r->worst_nmse = e;
+    r->steps++;
+    r->picks_agree += kiln_argmax_f32(lg, n_vocab) == kiln_argmax_f32(lc, n_vocab);
+    return NULL;
+}
+
+static kiln_status run_check(const kiln_model *m, const kiln_gen_opts *go, const int32_t *prompt, int64_t np,
+                             const int32_t *out, int64_t n_new) {
+    kiln_gen_opts co = *go;
+    co.cpu = true;
+    co.progress = NULL;
+    kiln_gen   *cpu = NULL, *gpu = NULL;
+    kiln_status st = kiln_gen_new(m, &co, &cpu);
+    if (!st) st = kiln_gen_new(m, go, &gpu);
+    check_result r = {0};
+    int64_t      nv = kiln_model_get_hparams(m)->n_vocab;
+    if (!st) st = check_step(gpu, cpu, prompt, np, nv, &r);
+    for (int64_t i = 0; !st && i + 1 < n_new; i++) st = check_step(gpu, cpu, &out[i], 1, nv, &r);
+    if (!st)
+        printf("check: %d steps against the CPU reference: worst logits NMSE %.3g, greedy picks agree in %d of %d\n",
+               r.steps, r.worst_nmse, r.picks_agree, r.steps);
+    kiln_gen_free(cpu);
+    kiln_gen_free(gpu);
+    if (!st && (r.picks_agree != r.steps || !(r.worst_nmse <= 5e-4)))
+        st = kb_error(KILN_ERR_INVALID, "check failed: the GPU and the CPU reference disagree");
+    return st;
+}
+
+static kiln_status prompt_ids(const rm_args *a, const kiln_tokenizer *tok, int32_t **ids, int64_t *n) {
+    if (a->tokens) return parse_tokens(a->tokens, ids, n);
+    if (!tok) return kb_error(KILN_ERR_INVALID, "--prompt: the model has no tokenizer kiln can use; give --tokens");
+    kiln_status st = kiln_tokenize(tok, a->prompt, strlen(a->prompt), ids, n);
+    if (!st && *n == 0) st = kb_error(KILN_ERR_INVALID, "--prompt: the text gives no tokens");
+    return st;
+}
+
+static kiln_gen_opts gen_opts(const rm_args *a, kiln_compile_opts *co, kiln_session_opts *so, kt_progress *ps) {
+    co->arch = a->arch;
+    co->cache_dir = a->cache_dir;
+    co->dump_dir = a->dump;
+    co->jobs = a->jobs;
+    co->no_fuse = a->no_fuse;
+    co->cache_mode = a->no_cache ? KILN_CACHE_OFF : KILN_CACHE_ON;
+    co->progress = kt_progress_count;
+    co->progress_user = ps;
+    so->no_cuda_graph = a->no_graph;
+    return (kiln_gen_opts){.n_ctx = a->n_ctx, .n_batch = a->n_batch, .cpu = a->cpu, .compile = co, .session = so,
+                           .progress = kt_progress_bytes, .progress_user = ps + 1};
+}
+
+static void print_load(const kiln_gen *g, bool gpu) {
+    kiln_gen_stats s;
+    kiln_gen_get_stats(g, &s);
+    if (!gpu) return;
+    const kiln_compile_stats *c = &s.compile;
+    if (c->program_cached)
+        printf("loaded %d kernels (%d distinct) from the program cache in %.0f ms\n", c->kernels, c->distinct,
+               s.compile_ms);
+    else
+        printf("compiled %d kernels (%d distinct: %d new, %d from cache) in %.0f ms\n", c->kernels, c->distinct,
+               c->compiled, c->cached, s.compile_ms);
+    printf("weights: %.3f GB uploaded in %.0f ms (%.1f GB/s)\n", (double)s.weight_bytes / 1e9, s.load_ms,
+           s.load_ms > 0 ? (double)s.weight_bytes / 1e6 / s.load_ms : 0.0);
+}
+
+static kiln_status generate(const rm_args *a, const kiln_model *m, const kiln_tokenizer *tok) {
+    kiln_compile_opts co = {0};
+    kiln_session_opts so = {0};
+    kt_progress       ps[2] = {{.tty = isatty(2)}, {.tty = isatty(2)}};
+    kiln_gen_opts     go = gen_opts(a, &co, &so, ps);
+    int32_t          *prompt = NULL, *out = malloc(sizeof *out * (size_t)(a->n_new + 1));
+    int64_t           np = 0;
+    kiln_gen         *g = NULL;
+    kiln_gen_stats    s;
+    kiln_status       st = out ? prompt_ids(a, tok, &prompt, &np) : kb_oom();
+    if (!st) st = kiln_gen_new(m, &go, &g);
+    if (!st) print_load(g, !a->cpu);
+    if (!st) st = kiln_gen_greedy(g, prompt, np, a->n_new, out, &s);
+    if (!st) {
+        print_ids("prompt", prompt, np);
+        print_text(tok, "prompt text", prompt, np);
+        print_ids("generated", out, a->n_new);
+        print_text(tok, "text", out, a->n_new);
+        print_speed(&s, !a->cpu);
+    }
+    kiln_gen_free(g); /* before --check's sessions: one model's weights on the GPU at a time */
+    if (!st && a->check) st = run_check(m, &go, prompt, np, out, a->n_new);
+    free(prompt);
+    free(out);
+    return st;
+}
+
+int kiln_cmd_run_model(int argc, char **argv) {
+    rm_args a = {0};
+    int     rc = parse(argc, argv, &a);
+    if (rc >= 0) return rc;
+    kiln_model *m = NULL;
+    kiln_tokenizer *tok = NULL;
+    kiln_status st = kiln_model_open(a.path, &m);
+    if (st) return fail(st);
+    print_model(&a, m);
+    kiln_status ts = kiln_tokenizer_from_gguf(kiln_model_gguf(m), &tok);
+    if (ts && a.prompt) st = kb_wrap(ts, "--prompt");
+    else kiln_status_free(ts); /* without a usable vocabulary ids are printed alone */
+    if (!st) st = generate(&a, m, tok);
+    kiln_tokenizer_free(tok);
+    kiln_model_close(m);
+    return st ? fail(st) : RM_OK;
+}
+
+bool kiln_cli_is_gguf(const char *path) {
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    char  magic[4] = {0};
+    bool  yes = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
+    if (f) fclose(f);
+    size_t n = path ? strlen(path) : 0;
+    return yes || (n > 5 && strcmp(path + n - 5, ".gguf") == 0);
+}
