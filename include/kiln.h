@@ -517,7 +517,8 @@ kiln_status kiln_build_model(kiln_ctx *ctx, const kiln_model_hparams *hp, const 
  * before it returns: every count, string length, dimension, offset and size against the file
  * and for overflow, each tensor inside the data section, aligned, and overlapping no other. A
  * malformed file is an error (KILN_ERR_FORMAT) naming the field and its byte offset, never a
- * crash. Strings are not NUL-terminated in the file: getters give pointer and length. */
+ * crash. Strings are not NUL-terminated in the file: getters give pointer and length. An open
+ * kiln_gguf does not change: its getters may run on many threads. */
 
 typedef struct kiln_gguf kiln_gguf;
 
@@ -537,7 +538,7 @@ uint32_t    kiln_gguf_version(const kiln_gguf *g);
 size_t      kiln_gguf_alignment(const kiln_gguf *g);   /* general.alignment, default 32 */
 size_t      kiln_gguf_data_offset(const kiln_gguf *g); /* where the tensor data section starts */
 
-/* Key-value metadata, in file order. */
+/* Key-value metadata, in file order. Past the end: key NULL, type KILN_GGUF_TYPE_COUNT. */
 int64_t        kiln_gguf_kv_count(const kiln_gguf *g);
 const char    *kiln_gguf_kv_key(const kiln_gguf *g, int64_t i);  /* NUL-terminated copy */
 kiln_gguf_type kiln_gguf_kv_type(const kiln_gguf *g, int64_t i);
@@ -549,8 +550,9 @@ kiln_status kiln_gguf_get_int(const kiln_gguf *g, const char *key, int64_t *out)
 kiln_status kiln_gguf_get_float(const kiln_gguf *g, const char *key, double *out);
 kiln_status kiln_gguf_get_bool(const kiln_gguf *g, const char *key, bool *out);
 kiln_status kiln_gguf_get_str(const kiln_gguf *g, const char *key, const char **s, size_t *len);
-/* An array: its element type and count. Numeric elements are contiguous little-endian at *data
- * (NULL for string arrays); string element i through kiln_gguf_get_arr_str. */
+/* An array: its element type and count (each out may be NULL). Numeric elements are contiguous
+ * little-endian at *data (NULL for string arrays), NOT necessarily aligned: read them with
+ * memcpy. String element i through kiln_gguf_get_arr_str (O(1); i >= n: KILN_ERR_INVALID). */
 kiln_status kiln_gguf_get_arr(const kiln_gguf *g, const char *key, kiln_gguf_type *elem, uint64_t *n,
                               const void **data);
 kiln_status kiln_gguf_get_arr_str(const kiln_gguf *g, const char *key, uint64_t i, const char **s,
@@ -558,7 +560,8 @@ kiln_status kiln_gguf_get_arr_str(const kiln_gguf *g, const char *key, uint64_t 
 
 /* Tensors, in file order. ggml_type is the file's type code; type_name ggml's name of it ("f16",
  * "q4_K", ...); kiln_type is set when the type is one kiln computes with (f32, f16, bf16, i32,
- * i64), else has_kiln_type is false. data points into the mapping, valid until close. */
+ * i64), else has_kiln_type is false (and type is KILN_F32). Quantized types are read (their
+ * sizes checked) but not refused here. data points into the mapping, valid until close. */
 typedef struct {
     const char *name;
     uint32_t    ggml_type;
@@ -577,8 +580,9 @@ kiln_status kiln_gguf_tensor_info(const kiln_gguf *g, int64_t i, kiln_gguf_tenso
 
 /* The writer: metadata and tensors in the order added, written in one pass. Tensor data is given
  * at add time or, with data NULL, produced by `fill` while writing (models larger than memory).
- * Setting a key twice replaces its value. Errors (bad name, duplicate tensor, too many dims)
- * are recorded and returned by kiln_gguf_write. */
+ * Setting a key again replaces its value (and type) where it stands. Errors (bad name, duplicate
+ * tensor, too many dims, general.alignment not a u32 power of 2) are recorded and returned by
+ * kiln_gguf_write. */
 typedef struct kiln_gguf_writer kiln_gguf_writer;
 kiln_gguf_writer *kiln_gguf_writer_new(void);
 void kiln_gguf_writer_free(kiln_gguf_writer *w);
@@ -588,16 +592,24 @@ void kiln_gguf_set_u64(kiln_gguf_writer *w, const char *key, uint64_t v);
 void kiln_gguf_set_f32(kiln_gguf_writer *w, const char *key, float v);
 void kiln_gguf_set_bool(kiln_gguf_writer *w, const char *key, bool v);
 void kiln_gguf_set_str(kiln_gguf_writer *w, const char *key, const char *v);
+/* A scalar of any numeric type or bool (not string or array): *v is one value of that type
+ * (a bool is one byte, 0 or 1). */
+void kiln_gguf_set_scalar(kiln_gguf_writer *w, const char *key, kiln_gguf_type type, const void *v);
 /* Numeric arrays: n elements of type elem (not string or array) copied from data. */
 void kiln_gguf_set_arr(kiln_gguf_writer *w, const char *key, kiln_gguf_type elem, uint64_t n, const void *data);
 void kiln_gguf_set_arr_str(kiln_gguf_writer *w, const char *key, uint64_t n, const char *const *v);
 /* A tensor of a kiln type; ne has n_dims (1..4) extents. data (nbytes of it) is copied, or NULL. */
 void kiln_gguf_add_tensor(kiln_gguf_writer *w, const char *name, kiln_type type, int n_dims,
                           const int64_t *ne, const void *data);
-/* Produces tensor i's bytes (in file order of tensors) into buf; a non-NULL status aborts. */
-typedef kiln_status (*kiln_gguf_fill_fn)(void *user, int64_t i, const char *name, void *buf, size_t bytes);
-/* Writes version 3 to path atomically (a temporary file renamed at the end). progress, if not
- * NULL, is called with bytes written so far and the total. */
+/* Produces bytes [offset, offset + bytes) of tensor i (in the order tensors were added) into buf.
+ * Each tensor's chunks come in order, cover it, hold whole elements and are at most 32 MiB: the
+ * writer's buffer, so a model of any size streams through bounded memory. A non-NULL status
+ * aborts the write. */
+typedef kiln_status (*kiln_gguf_fill_fn)(void *user, int64_t i, const char *name, uint64_t offset, void *buf,
+                                         size_t bytes);
+/* Writes version 3 to path atomically (PATH.tmp.PID renamed at the end, removed on error). The
+ * same calls give the same bytes. progress, if not NULL, is called with bytes written so far
+ * and the total, last with done == total. The writer may be written again. */
 kiln_status kiln_gguf_write(kiln_gguf_writer *w, const char *path, kiln_gguf_fill_fn fill, void *user,
                             void (*progress)(void *user, uint64_t done, uint64_t total));
 

@@ -1,0 +1,61 @@
+/* model/ internals of the GGUF reader and writer (docs/gguf.md): ggml's tensor type table, the
+ * sizes of GGUF value types, and a string index shared by both. Prefix km_. */
+#ifndef KILN_MODEL_GGUF_H
+#define KILN_MODEL_GGUF_H
+
+#include "kiln.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The file stores numbers little-endian and getters hand out pointers into it. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "kiln's GGUF reader and writer assume a little-endian host"
+#endif
+
+#define KM_GGUF_MAGIC "GGUF"
+#define KM_GGUF_VERSION 3           /* what the writer writes */
+#define KM_GGUF_DEFAULT_ALIGNMENT 32
+#define KM_GGUF_ALIGNMENT_KEY "general.alignment"
+
+/* One ggml tensor type: blck elements take size bytes. */
+typedef struct {
+    const char *name; /* ggml's name: "f32", "q4_K", ... */
+    int32_t     blck;
+    int32_t     size;
+} km_ggml_type;
+
+/* The type with file code t, or NULL when ggml has none (never had one, or removed it). */
+const km_ggml_type *km_ggml_type_info(uint32_t t);
+/* Whether code t was a type ggml has since removed (4, 5, 31-33, 36-38), for messages. */
+bool km_ggml_type_removed(uint32_t t);
+/* The kiln type of ggml code t (f32, f16, bf16, i32, i64), false for any other. */
+bool km_ggml_to_kiln(uint32_t t, kiln_type *out);
+/* The ggml code of kiln type t. */
+uint32_t km_ggml_from_kiln(kiln_type t);
+
+/* Bytes of one value of a fixed-size GGUF type; 0 for string, array and unknown types. */
+size_t km_gguf_value_size(uint32_t t);
+
+/* Makes room for one more element in the array *arr of capacity *cap holding n, doubling.
+ * Returns false when out of memory (*arr unchanged). */
+bool km_grow(void **arr, int64_t *cap, int64_t n, size_t elem);
+
+/* A hash index from NUL-terminated names to int64 indices (tensor names, keys). Names are not
+ * copied: they must outlive the index and not move. */
+typedef struct {
+    const char *name;
+    int64_t     i;
+} km_slot;
+typedef struct {
+    km_slot *slot; /* cap slots, name NULL when empty */
+    size_t   cap, count;
+} km_index;
+/* Adds name -> i unless name is there already; *found gets the index it had (-1 when it was
+ * not there). Returns false when out of memory. */
+bool    km_index_put(km_index *x, const char *name, int64_t i, int64_t *found);
+int64_t km_index_get(const km_index *x, const char *name); /* -1 when absent */
+void    km_index_free(km_index *x);
+
+#endif
