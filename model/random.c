@@ -2,8 +2,8 @@
  * gen-model), for tests and benchmarks without downloading a model.
  *
  * The tensors are those of the graph kiln_build_model builds, in graph order, so the file loads
- * by construction. Values depend only on the seed and the tensor's name, and are generated in
- * fixed pieces, each with its own stream: any thread count gives the same bytes. Scales keep a
+ * by construction. Element e of a tensor is a hash of (seed, the tensor's name, e): a counter-based
+ * generator, so any chunking by the writer and any thread count give the same bytes. Scales keep a
  * random model numerically tame: matrices have variance 1/ne0 (activations keep their size
  * through each projection), norm weights are near 1, biases small. */
 #include "base/base.h"
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PIECE ((int64_t)1 << 20) /* elements per random stream */
+#define PIECE ((int64_t)1 << 16) /* elements per job of a chunk */
 
 typedef enum { INIT_MATRIX, INIT_EMBD, INIT_NORM, INIT_BIAS, INIT_ROPE_FREQS } init_kind;
 
@@ -37,8 +37,8 @@ static void write_progress(void *user, uint64_t done, uint64_t total) {
     if (g->progress) g->progress(g->progress_user, done, total);
 }
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+/* splitmix64's output function: a bijective mix of a 64-bit counter. */
+static uint64_t mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
@@ -67,7 +67,7 @@ typedef struct {
     const gen_ctx     *g;
     const weight_spec *w;
     void              *buf;
-    int64_t            n;
+    int64_t            first, n; /* elements first .. first + n - 1 of the tensor, into buf */
 } fill_job;
 
 static void fill_piece(void *user, int item, int worker) {
@@ -75,27 +75,31 @@ static void fill_piece(void *user, int item, int worker) {
     const fill_job    *j = user;
     const weight_spec *w = j->w;
     int64_t            lo = (int64_t)item * PIECE, hi = lo + PIECE < j->n ? lo + PIECE : j->n;
-    uint64_t           s = j->g->seed ^ name_hash(w->name) ^ ((uint64_t)item * 0xd1b54a32d192ed03ull);
+    uint64_t           key = mix(j->g->seed ^ name_hash(w->name));
     float scale = w->kind == INIT_MATRIX ? sqrtf(3.0f / (float)w->ne[0]) : w->kind == INIT_EMBD ? 1.0f : 0.1f;
     float base = w->kind == INIT_NORM ? 1.0f : 0.0f;
     for (int64_t i = lo; i < hi; i++) {
-        float u = (float)(splitmix(&s) >> 40) * (1.0f / 8388608.0f) - 1.0f; /* [-1, 1) */
+        uint64_t r = mix(key + (uint64_t)(j->first + i) * 0x9e3779b97f4a7c15ull);
+        float    u = (float)(r >> 40) * (1.0f / 8388608.0f) - 1.0f; /* [-1, 1) */
         kb_store_f32(j->buf, w->type, i, base + scale * u);
     }
 }
 
-static kiln_status fill(void *user, int64_t i, const char *name, void *buf, size_t bytes) {
-    const gen_ctx     *g = user;
+static kiln_status fill(void *user, int64_t i, const char *name, uint64_t offset, void *buf, size_t bytes) {
+    const gen_ctx *g = user;
+    if (i < 0 || i >= g->nw || strcmp(name, g->w[i].name) != 0)
+        return kb_error(KILN_ERR_INVALID, "gen-model: the writer asked for tensor %lld '%s', which was not added so",
+                        (long long)i, name);
     const weight_spec *w = &g->w[i];
-    int64_t            n = w->ne[0] * w->ne[1] * w->ne[2] * w->ne[3];
-    if (i < 0 || i >= g->nw || strcmp(name, w->name) != 0 || bytes != (size_t)n * kiln_type_size(w->type))
-        return kb_error(KILN_ERR_INVALID, "gen-model: the writer asked for tensor %lld '%s' of %zu bytes, which "
-                                          "was not added so", (long long)i, name, bytes);
+    size_t             es = kiln_type_size(w->type);
+    int64_t            first = (int64_t)(offset / es), n = (int64_t)(bytes / es);
     if (w->kind == INIT_ROPE_FREQS) {
-        if (w->type != KILN_F32) return kb_error(KILN_ERR_INVALID, "gen-model: rope_freqs.weight must be f32");
+        int64_t all = w->ne[0];
+        if (w->type != KILN_F32 || offset != 0 || n != all)
+            return kb_error(KILN_ERR_INVALID, "gen-model: rope_freqs.weight must be f32 and written in one piece");
         return kiln_model_rope_freqs(g->hp, buf, n);
     }
-    fill_job j = {g, w, buf, n};
+    fill_job j = {g, w, buf, first, n};
     kb_parallel_for((int)((n + PIECE - 1) / PIECE), kb_default_jobs(), fill_piece, &j);
     return NULL;
 }
