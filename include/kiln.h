@@ -619,8 +619,9 @@ int32_t     kiln_tokenizer_bos(const kiln_tokenizer *t); /* -1: none */
 int32_t     kiln_tokenizer_eos(const kiln_tokenizer *t);
 /* Token ids of text (bos first when the spec says add_bos). Caller frees *ids. */
 kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *text, size_t len, int32_t **ids, int64_t *n);
-/* The text of ids (control tokens omitted), NUL-terminated. Caller frees *text. */
-kiln_status kiln_detokenize(const kiln_tokenizer *t, const int32_t *ids, int64_t n, char **text);
+/* The text of ids (control tokens omitted), NUL-terminated, its length in *len (may be NULL;
+ * the text can hold NUL bytes). Caller frees *text. */
+kiln_status kiln_detokenize(const kiln_tokenizer *t, const int32_t *ids, int64_t n, char **text, size_t *len);
 /* For kiln gen-model: writes a byte-level BPE vocabulary of exactly n_vocab tokens (256 byte
  * tokens, merges learned from a built-in English text, control tokens, then reserved
  * placeholders) as tokenizer.ggml.* keys, with bos and eos. */
