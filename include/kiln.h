@@ -614,9 +614,12 @@ kiln_status kiln_gguf_write(kiln_gguf_writer *w, const char *path, kiln_gguf_fil
                             void (*progress)(void *user, uint64_t done, uint64_t total));
 
 /* ---- tokenizer (docs/tokenizer.md) -----------------------------------------------------------
- * Byte-level BPE as GPT-2, Llama 3 and Qwen use it ("gpt2" in tokenizer.ggml.model): text is
- * split by the pre-tokenizer's rules, each piece's bytes mapped to printable characters, then
- * merged by rank. Special tokens (control and user-defined types) match as whole strings. */
+ * Byte-level BPE as GPT-2, Llama 3 and Qwen use it ("gpt2" in tokenizer.ggml.model), giving
+ * llama.cpp's ids: text is split by the pre-tokenizer's rules, each piece's bytes mapped to
+ * printable characters, then merged by rank. Special tokens (control, user-defined and unknown
+ * types) match as whole strings, longest first. Invalid UTF-8 is read as llama.cpp reads it
+ * (a bad byte is U+FFFD), never an error. A tokenizer does not change once built: tokenize and
+ * detokenize may run on many threads. */
 typedef struct kiln_tokenizer kiln_tokenizer;
 typedef enum { KILN_TOKEN_NORMAL = 1, KILN_TOKEN_UNKNOWN, KILN_TOKEN_CONTROL, KILN_TOKEN_USER_DEFINED,
                KILN_TOKEN_UNUSED, KILN_TOKEN_BYTE } kiln_token_type; /* GGUF's numbering */
@@ -626,13 +629,14 @@ typedef struct {
     const int32_t     *types;    /* n_tokens kiln_token_type values, or NULL (all normal) */
     int64_t            n_merges;
     const char *const *merges;   /* "a b": rank i merges a and b */
-    const char        *pre;      /* pre-tokenizer: "llama-bpe", "qwen2", "gpt2" (NULL: gpt2) */
+    const char        *pre;      /* "llama-bpe" (or "llama3"), "qwen2", "gpt2" (or "gpt-2"); NULL: gpt2 */
     int32_t            bos, eos; /* -1: none */
     bool               add_bos;
 } kiln_tokenizer_spec;
 kiln_status kiln_tokenizer_new(const kiln_tokenizer_spec *spec, kiln_tokenizer **out);
 /* From a GGUF's tokenizer.ggml.* keys (model, pre, tokens, token_type, merges, bos/eos ids,
- * add_bos_token); an unsupported model (e.g. "llama" SentencePiece) is refused by name. */
+ * add_bos_token); an unsupported model (e.g. "llama" SentencePiece) or pre-tokenizer is refused
+ * by name. The GGUF may be closed after. */
 kiln_status kiln_tokenizer_from_gguf(const kiln_gguf *g, kiln_tokenizer **out);
 void        kiln_tokenizer_free(kiln_tokenizer *t);
 int64_t     kiln_tokenizer_n_vocab(const kiln_tokenizer *t);
@@ -640,8 +644,9 @@ int32_t     kiln_tokenizer_bos(const kiln_tokenizer *t); /* -1: none */
 int32_t     kiln_tokenizer_eos(const kiln_tokenizer *t);
 /* Token ids of text (bos first when the spec says add_bos). Caller frees *ids. */
 kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *text, size_t len, int32_t **ids, int64_t *n);
-/* The text of ids (control tokens omitted), NUL-terminated. Caller frees *text. */
-kiln_status kiln_detokenize(const kiln_tokenizer *t, const int32_t *ids, int64_t n, char **text);
+/* The text of ids (control and unknown tokens omitted), NUL-terminated, its length in *len (may
+ * be NULL; the text can hold NUL bytes). Caller frees *text. */
+kiln_status kiln_detokenize(const kiln_tokenizer *t, const int32_t *ids, int64_t n, char **text, size_t *len);
 /* For kiln gen-model: writes a byte-level BPE vocabulary of exactly n_vocab tokens (256 byte
  * tokens, merges learned from a built-in English text, control tokens, then reserved
  * placeholders) as tokenizer.ggml.* keys, with bos and eos. */
