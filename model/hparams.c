@@ -83,7 +83,7 @@ static kiln_status rope_scaling(reader *r, kiln_model_hparams *hp) {
         kiln_status st = kiln_gguf_get_str(r->g, key, &s, &len);
         if (st) return kb_wrap(st, "model");
     }
-    hp->rope_factor = (float)get_float(r, "rope.scaling.factor", false, 1.0);
+    hp->rope_factor = (float)get_float(r, "rope.scaling.factor", false, 0.0); /* 0: none given */
     if (has_tensor(r->g, "rope_freqs.weight")) {
         /* llama3 scaling: the file carries the per-frequency factors the graph uses. The three
          * values below only serve kiln_model_rope_freqs; the keys are kiln's own (llama.cpp's
@@ -92,7 +92,7 @@ static kiln_status rope_scaling(reader *r, kiln_model_hparams *hp) {
         hp->rope_low_freq_factor = (float)get_float(r, "rope.scaling.low_freq_factor", false, 1.0);
         hp->rope_high_freq_factor = (float)get_float(r, "rope.scaling.high_freq_factor", false, 4.0);
         hp->rope_orig_ctx = get_int(r, "rope.scaling.original_context_length", false, 8192);
-        if (hp->rope_factor == 1.0f) hp->rope_factor = (float)get_float(r, "rope.scaling.llama3_factor", false, 8.0);
+        if (hp->rope_factor == 0.0f) hp->rope_factor = (float)get_float(r, "rope.scaling.llama3_factor", false, 8.0);
         return r->st;
     }
     /* As llama.cpp: without a type a factor means linear scaling. */

@@ -108,8 +108,9 @@ static kiln_status fill(void *user, int64_t i, const char *name, uint64_t offset
 static kiln_status collect_weights(const kiln_model_hparams *hp, kiln_ctx **ctx_out, gen_ctx *g) {
     kiln_ctx *ctx = kiln_ctx_new();
     if (!ctx) return kb_oom();
-    /* The smallest graph: the weights do not depend on the cache or batch sizes. */
-    kiln_build_opts o = {.n_ctx = 1, .n_tokens_max = 1};
+    /* A small graph: the weights do not depend on the cache or batch sizes (a maximum of 1
+     * would make n_tokens a plain extent, which the builder's reshapes do not expect). */
+    kiln_build_opts o = {.n_ctx = 2, .n_tokens_max = 2};
     kiln_status     st = kiln_build_model(ctx, hp, &o);
     kiln_graph     *gr = NULL;
     if (!st) st = kiln_graph_new(ctx, &gr);

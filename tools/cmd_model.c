@@ -140,16 +140,30 @@ static void print_ids(const char *label, const int32_t *ids, int64_t n) {
     printf("\n");
 }
 
+/* Text on one line: control bytes escaped (random-weight models emit anything). */
+static void print_escaped(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n') fputs("\\n", stdout);
+        else if (c == '\\') fputs("\\\\", stdout);
+        else if (c < 0x20 || c == 0x7f) printf("\\x%02x", c);
+        else putchar(c);
+    }
+}
+
 static void print_text(const kiln_tokenizer *tok, const char *label, const int32_t *ids, int64_t n) {
-    char *text = NULL;
+    char  *text = NULL;
+    size_t len = 0;
     if (!tok) return;
-    kiln_status st = kiln_detokenize(tok, ids, n, &text);
+    kiln_status st = kiln_detokenize(tok, ids, n, &text, &len);
     if (st) {
         printf("%s: (not decodable: %s)\n", label, kiln_status_msg(st));
         kiln_status_free(st);
         return;
     }
-    printf("%s: %s\n", label, text);
+    printf("%s: \"", label);
+    print_escaped(text, len);
+    printf("\"\n");
     free(text);
 }
 
