@@ -35,7 +35,7 @@ static kiln_gen *gen(const kiln_model *m, bool cpu, int64_t n_batch) {
     return g;
 }
 
-static double nmse(const float *ref, const float *got, int64_t n) {
+static double logits_nmse(const float *ref, const float *got, int64_t n) {
     double num = 0, den = 0;
     for (int64_t i = 0; i < n; i++) {
         ck_assert_msg(isfinite(got[i]), "GPU logit %lld is %g", (long long)i, got[i]);
@@ -56,9 +56,9 @@ START_TEST(prefill_and_decode_match_cpu) {
     const float *lg, *lc;
     TS_OK(kiln_gen_eval(gpu, prompt, 7, &lg));
     TS_OK(kiln_gen_eval(cpu, prompt, 7, &lc));
-    double worst = nmse(lc, lg, nv);
+    double worst = logits_nmse(lc, lg, nv);
     for (int step = 0; step <= DECODE_STEPS; step++) {
-        double e = nmse(lc, lg, nv);
+        double e = logits_nmse(lc, lg, nv);
         worst = fmax(worst, e);
         ck_assert_msg(e <= LOGITS_NMSE, "%s: step %d (position %lld): logits NMSE %g > %g", arch, step,
                       (long long)kiln_gen_pos(gpu), e, LOGITS_NMSE);
@@ -112,7 +112,7 @@ END_TEST
 /* kiln run MODEL.gguf --check: the command's own comparison passes. */
 START_TEST(cli_run_check) {
     need_gpu();
-    char path[512], cmd[1024], *out = NULL;
+    char path[512], cmd[2200], *out = NULL;
     snprintf(path, sizeof path, "%s/cli.gguf", g_dir);
     snprintf(cmd, sizeof cmd, "%s gen-model --preset tiny --arch llama -o %s >/dev/null && %s run %s --tokens 1,2,3 "
                               "-n 16 --n-ctx 64 --check", ts_kiln_bin(), path, ts_kiln_bin(), path);
