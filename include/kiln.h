@@ -716,6 +716,11 @@ typedef struct {
     int64_t prefill_tokens, decode_tokens;
     double  prefill_ms, decode_ms;     /* wall time of the evaluations (host and GPU) */
     double  prefill_gpu_ms, decode_gpu_ms; /* GPU time of the runs (0 on the CPU) */
+    double  warmup_ms;                 /* kiln_gen_new: one run of each program (CUDA graph
+                                          capture, lazy module loading) before any timing */
+    /* Where the wall time of all evaluations went: making and uploading inputs, the runs
+     * (launch until the GPU is done), reading the logits back, and picking tokens. */
+    double  inputs_ms, run_ms, readback_ms, sample_ms;
 } kiln_gen_stats;
 /* Greedy generation: evaluates the prompt, then picks the argmax n_new times, each pick fed
  * back (n_new - 1 decode steps); out gets the n_new ids. Stats (may be NULL) count this call. */

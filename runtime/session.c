@@ -583,12 +583,24 @@ static size_t padded_used(const kiln_session *s, const ir_buf *b) {
  * than pin their size in host memory. */
 #define RT_ASYNC_MAX ((size_t)4 << 20)
 
+/* Buffer i's pinned host copy, allocated at first use; NULL when that fails (*r says why, or
+ * stays success when host memory ran out: callers fall back to pageable copies). */
+static void *pinned_of(kiln_session *s, int i, rt_cures *r) {
+    if (!s->pinned && !(s->pinned = calloc((size_t)s->nbufs, sizeof *s->pinned))) return NULL;
+    if (!s->pinned[i] && (*r = s->cu->MemAllocHost(&s->pinned[i], s->bufs[i].bytes)) != RT_CUDA_SUCCESS) {
+        s->pinned[i] = NULL;
+        return NULL;
+    }
+    return s->pinned[i];
+}
+
 static kiln_status upload_async(kiln_session *s, int i, const void *data, size_t bytes) {
     const ir_buf *b = &s->bufs[i];
     rt_cures      r = RT_CUDA_SUCCESS;
-    if (!s->pinned && !(s->pinned = calloc((size_t)s->nbufs, sizeof *s->pinned))) return kb_oom();
-    if (!s->pinned[i] && (r = s->cu->MemAllocHost(&s->pinned[i], b->bytes)) != RT_CUDA_SUCCESS)
+    if (!pinned_of(s, i, &r)) {
+        if (r == RT_CUDA_SUCCESS) return kb_oom();
         return rt_cuda_error(r, "cuMemAllocHost", "allocating %zu pinned bytes for '%s'", b->bytes, b->name);
+    }
     /* The previous copy from this pinned block may still be queued: wait for it (the stream is
      * idle between runs unless an upload is pending, so this is cheap). */
     if ((r = s->cu->StreamSynchronize(s->stream)) != RT_CUDA_SUCCESS)
@@ -680,7 +692,14 @@ kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size
         n = padded_used(u, b);
     }
     rt_cures r = u->cu->StreamSynchronize(u->stream);
-    if (r == RT_CUDA_SUCCESS) r = u->cu->MemcpyDtoH(staging ? staging : data, u->dptr[i], n);
+    /* Small outputs (logits) come through a pinned copy: a DMA straight into it instead of
+     * the driver staging pageable memory in pieces. */
+    void    *pin = NULL;
+    rt_cures ra = RT_CUDA_SUCCESS; /* a failed pinned allocation falls back to pageable */
+    if (!staging && b->bytes <= RT_ASYNC_MAX && r == RT_CUDA_SUCCESS && (pin = pinned_of(u, i, &ra)))
+        r = u->cu->MemcpyDtoH(pin, u->dptr[i], n);
+    if (pin && r == RT_CUDA_SUCCESS) memcpy(data, pin, n);
+    else if (r == RT_CUDA_SUCCESS) r = u->cu->MemcpyDtoH(staging ? staging : data, u->dptr[i], n);
     if (r == RT_CUDA_SUCCESS && staging) repack(u, b, staging, data, false);
     free(staging);
     if (r != RT_CUDA_SUCCESS)

@@ -16,7 +16,7 @@ enum { RM_OK = 0, RM_ERR = 1, RM_USAGE = 2, RM_NO_GPU = 3 };
 
 const char *kiln_run_model_help =
     "usage: kiln run MODEL.gguf (--tokens ID,ID,... | --prompt TEXT) [-n N] [--n-ctx N] [--n-batch N]\n"
-    "                           [--check] [--cpu] [--no-cuda-graph] [compile options]\n"
+    "                           [--check] [--cpu] [--stats] [--no-cuda-graph] [compile options]\n"
     "  builds the model's graph from the GGUF's hyperparameters (llama, qwen2, qwen3, qwen3moe;\n"
     "  f32/f16/bf16 weights), compiles it (cached), uploads the weights, evaluates the prompt\n"
     "  (prefill) and generates N tokens greedily (decode), then prints the generated ids, the text\n"
@@ -31,6 +31,8 @@ const char *kiln_run_model_help =
     "                   the worst logits NMSE and whether each greedy pick agrees (tiny models:\n"
     "                   the CPU evaluates node by node)\n"
     "  --cpu            run on the CPU reference only (no GPU needed)\n"
+    "  --stats          where the time went: warm-up, and per evaluation the inputs, the run,\n"
+    "                   reading the logits back and picking the token\n"
     "  --no-cuda-graph  launch kernels one by one instead of replaying CUDA graphs\n"
     "  compile options: --arch, --cache-dir DIR, --no-cache, --jobs N, --dump-cu DIR, --no-fuse\n"
     "  (see 'kiln help compile')\n";
@@ -39,7 +41,7 @@ typedef struct {
     const char *path, *tokens, *prompt, *arch, *cache_dir, *dump;
     int64_t     n_new, n_ctx, n_batch;
     int         jobs;
-    bool        check, cpu, no_graph, no_cache, no_fuse;
+    bool        check, cpu, no_graph, no_cache, no_fuse, stats;
 } rm_args;
 
 static int usage(const char *fmt, const char *arg) {
@@ -93,6 +95,7 @@ static int parse(int argc, char **argv, rm_args *a) {
         else if (!strcmp(o, "--cache-dir")) a->cache_dir = v;
         else if (!strcmp(o, "--dump-cu")) a->dump = v;
         else if (!strcmp(o, "--check")) a->check = true;
+        else if (!strcmp(o, "--stats")) a->stats = true;
         else if (!strcmp(o, "--cpu")) a->cpu = true;
         else if (!strcmp(o, "--no-cuda-graph")) a->no_graph = true;
         else if (!strcmp(o, "--no-cache")) a->no_cache = true;
@@ -165,6 +168,16 @@ static void print_text(const kiln_tokenizer *tok, const char *label, const int32
     print_escaped(text, len);
     printf("\"\n");
     free(text);
+}
+
+static void print_breakdown(const kiln_gen_stats *s) {
+    int64_t evals = s->prefill_tokens ? 1 + s->decode_tokens : s->decode_tokens;
+    if (evals < 1) return;
+    double n = (double)evals;
+    printf("stats: warm-up %.1f ms; per evaluation: inputs %.1f us, run %.1f us, logits readback %.1f us, "
+           "token pick %.1f us (%lld evaluations)\n", s->warmup_ms, 1000 * s->inputs_ms / n, 1000 * s->run_ms / n,
+           1000 * s->readback_ms / n, s->decode_tokens ? 1000 * s->sample_ms / (double)s->decode_tokens : 0.0,
+           (long long)evals);
 }
 
 static void print_speed(const kiln_gen_stats *s, bool gpu) {
@@ -287,6 +300,7 @@ static kiln_status generate(const rm_args *a, const kiln_model *m, const kiln_to
         print_ids("generated", out, a->n_new);
         print_text(tok, "text", out, a->n_new);
         print_speed(&s, !a->cpu);
+        if (a->stats) print_breakdown(&s);
     }
     kiln_gen_free(g); /* before --check's sessions: one model's weights on the GPU at a time */
     if (!st && a->check) st = run_check(m, &go, prompt, np, out, a->n_new);
