@@ -225,17 +225,22 @@ START_TEST(gen_errors) {
 }
 END_TEST
 
-/* Overwrites the first occurrence of `from` in the file with `to` (same length). */
-static void patch_file(const char *path, const char *from, const void *to, size_t n) {
+/* Overwrites n bytes at offset `skip` after the first occurrence of needle in the file. */
+static void patch_after(const char *path, const void *needle, size_t nlen, size_t skip, const void *to, size_t n) {
     size_t len;
     char  *d = ts_read_file(path, &len);
-    char  *at = memmem(d, len, from, strlen(from));
-    ck_assert_msg(at != NULL, "'%s' not in %s", from, path);
-    memcpy(at, to, n);
+    char  *at = memmem(d, len, needle, nlen);
+    ck_assert_msg(at != NULL, "pattern not in %s", path);
+    memcpy(at + skip, to, n);
     FILE *f = fopen(path, "wb");
     ck_assert(f && fwrite(d, 1, len, f) == len);
     fclose(f);
     free(d);
+}
+
+/* Overwrites the first occurrence of `from` in the file with `to` (same length). */
+static void patch_file(const char *path, const char *from, const void *to, size_t n) {
+    patch_after(path, from, strlen(from), 0, to, n);
 }
 
 static void expect_open_error(const char *path, const char *want) {
@@ -249,18 +254,8 @@ static void expect_open_error(const char *path, const char *want) {
 START_TEST(model_errors_name_the_cause) {
     /* An architecture kiln does not build. */
     char *p = write_model("llama", "tiny", 1, "arch.gguf");
-    {
-        /* general.architecture's value: the only string of length 5 that is "llama". */
-        size_t len;
-        char  *d = ts_read_file(p, &len);
-        char  *at = memmem(d, len, "\x05\0\0\0\0\0\0\0llama", 13);
-        ck_assert_ptr_nonnull(at);
-        memcpy(at + 8, "mamba", 5);
-        FILE *f = fopen(p, "wb");
-        ck_assert(f && fwrite(d, 1, len, f) == len);
-        fclose(f);
-        free(d);
-    }
+    /* general.architecture's value: the only string of length 5 that is "llama". */
+    patch_after(p, "\x05\0\0\0\0\0\0\0llama", 13, 8, "mamba", 5);
     expect_open_error(p, "architecture 'mamba' is not supported");
     free(p);
     /* A required key missing: rename llama.block_count. */
@@ -271,18 +266,8 @@ START_TEST(model_errors_name_the_cause) {
     /* A quantized tensor: blk.0.attn_q.weight's type code (after name, n_dims, ne0, ne1)
      * becomes q4_0, whose 18-byte blocks of 32 fit inside the f16 data. */
     p = write_model("llama", "tiny", 1, "quant.gguf");
-    {
-        size_t len;
-        char  *d = ts_read_file(p, &len);
-        char  *at = memmem(d, len, "blk.0.attn_q.weight", 19);
-        ck_assert_ptr_nonnull(at);
-        uint32_t q4_0 = 2;
-        memcpy(at + 19 + 4 + 2 * 8, &q4_0, 4);
-        FILE *f = fopen(p, "wb");
-        ck_assert(f && fwrite(d, 1, len, f) == len);
-        fclose(f);
-        free(d);
-    }
+    uint32_t q4_0 = 2;
+    patch_after(p, "blk.0.attn_q.weight", 19, 19 + 4 + 2 * 8, &q4_0, 4);
     expect_open_error(p, "'blk.0.attn_q.weight' is q4_0");
     free(p);
     /* A weight the graph needs, missing from the file (its name changed). */
