@@ -317,6 +317,10 @@ kiln_status kiln_build_model(kiln_ctx *ctx, const kiln_model_hparams *hp, const 
     kiln_tensor *out_w = hp->tied_output ? b.embd
                                          : weight(&b, hp->wtype, "output.weight", 2, hp->n_embd, hp->n_vocab, 1);
     cur = norm_w(&b, cur, out_norm, "norm_out", "result_norm");
-    kiln_set_output(ctx, kiln_mul_mat(ctx, out_w, cur), "logits");
+    kiln_tensor *logits = kiln_mul_mat(ctx, out_w, cur);
+    kiln_set_output(ctx, logits, "logits");
+    /* Greedy decoding needs only each row's largest logit: 4 bytes back instead of n_vocab
+     * floats, and no host scan over the vocabulary. */
+    if (b.o.argmax) kiln_set_output(ctx, kiln_argmax(ctx, logits), "argmax");
     return kiln_ctx_status(ctx);
 }

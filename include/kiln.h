@@ -504,6 +504,8 @@ typedef struct {
                              at most n_ctx_train) */
     int64_t n_tokens_max; /* tokens of one ubatch: n_tokens' maximum (0: 512) */
     kiln_model_outputs outputs;
+    bool    argmax;       /* also output "argmax", i32 [n_outputs]: the index of each logits
+                             row's largest value (ggml_argmax), what greedy decoding reads back */
 } kiln_build_opts;
 
 /* Adds the model's graph to ctx (which should be empty): dims n_tokens (specialize 1: the decode
@@ -704,6 +706,9 @@ void        kiln_gen_free(kiln_gen *g);
  * program) and gives the logits of the last one: n_vocab floats owned by g, valid until the
  * next call. A token id out of range or a full cache is an error. */
 kiln_status kiln_gen_eval(kiln_gen *g, const int32_t *tokens, int64_t n, const float **logits);
+/* The same, giving only the greedy pick after the last token (on the GPU the graph's argmax:
+ * 4 bytes read back instead of the logits). */
+kiln_status kiln_gen_eval_greedy(kiln_gen *g, const int32_t *tokens, int64_t n, int32_t *next);
 int64_t     kiln_gen_pos(const kiln_gen *g); /* tokens in the cache */
 void        kiln_gen_reset(kiln_gen *g);     /* start a new sequence (the cache is overwritten) */
 /* Index of the largest of x[0..n) (the first on ties; NaN never wins unless all are NaN). */

@@ -31,6 +31,7 @@ struct kiln_gen {
     /* The inputs of the current run, at its n_tokens (nt) and n_kv (nkv). */
     int64_t   nt, nkv;
     int32_t  *tokens, *positions, out_id;
+    int32_t   next; /* the graph's argmax after the last run that read it */
     int64_t  *slots;
     uint16_t *mask;
     float    *logits;
@@ -54,7 +55,8 @@ static kiln_status gen_alloc(kiln_gen *g) {
 
 static kiln_status build(kiln_gen *g) {
     if (!(g->ctx = kiln_ctx_new())) return kb_oom();
-    kiln_build_opts o = {.n_ctx = g->n_ctx, .n_tokens_max = g->n_batch, .outputs = KILN_OUTPUTS_LAST};
+    kiln_build_opts o = {.n_ctx = g->n_ctx, .n_tokens_max = g->n_batch, .outputs = KILN_OUTPUTS_LAST,
+                         .argmax = !g->cpu};
     kiln_status     st = kiln_build_model(g->ctx, g->hp, &o);
     if (!st) st = kiln_graph_new(g->ctx, &g->graph);
     if (!st) st = kiln_model_check_weights(g->m, g->graph);
@@ -192,7 +194,9 @@ static kiln_status make_inputs(kiln_gen *g, const int32_t *tokens, int64_t nt) {
     return NULL;
 }
 
-static kiln_status gpu_run(kiln_gen *g) {
+typedef enum { READ_NOTHING, READ_LOGITS, READ_ARGMAX } run_read;
+
+static kiln_status gpu_run(kiln_gen *g, run_read read) {
     kiln_session *s = g->sess;
     double        t0 = kb_now_ms();
     kiln_status   st = kiln_session_set_dim(s, "n_tokens", g->nt);
@@ -205,7 +209,10 @@ static kiln_status gpu_run(kiln_gen *g) {
     double t1 = kb_now_ms();
     if (!st) st = kiln_session_run(s);
     double t2 = kb_now_ms();
-    if (!st) st = kiln_session_get(s, "logits", g->logits, sizeof *g->logits * (size_t)g->hp->n_vocab);
+    if (!st && read == READ_LOGITS)
+        st = kiln_session_get(s, "logits", g->logits, sizeof *g->logits * (size_t)g->hp->n_vocab);
+    else if (!st && read == READ_ARGMAX)
+        st = kiln_session_get(s, "argmax", &g->next, sizeof g->next);
     g->stats.inputs_ms += t1 - t0;
     g->stats.run_ms += t2 - t1;
     g->stats.readback_ms += kb_now_ms() - t2;
@@ -219,10 +226,10 @@ static kiln_status gpu_run(kiln_gen *g) {
 static kiln_status warm_up(kiln_gen *g) {
     double       t0 = kb_now_ms();
     int32_t      zeros[2] = {0, 0};
-    const float *logits;
-    kiln_status  st = g->n_batch > 1 ? kiln_gen_eval(g, zeros, 2, &logits) : NULL;
+    int32_t      next;
+    kiln_status  st = g->n_batch > 1 ? kiln_gen_eval_greedy(g, zeros, 2, &next) : NULL;
     g->pos = 0;
-    if (!st) st = kiln_gen_eval(g, zeros, 1, &logits);
+    if (!st) st = kiln_gen_eval_greedy(g, zeros, 1, &next);
     g->pos = 0;
     kiln_gen_stats keep = g->stats;
     memset(&g->stats, 0, sizeof g->stats);
@@ -276,17 +283,15 @@ static kiln_status cpu_run(kiln_gen *g) {
     return st;
 }
 
-kiln_status kiln_gen_eval(kiln_gen *g, const int32_t *tokens, int64_t n, const float **logits) {
-    if (!g || !tokens || !logits || n < 1)
-        return kb_error(KILN_ERR_INVALID, "kiln_gen_eval: %s", n < 1 ? "no tokens" : "NULL argument");
+static kiln_status eval(kiln_gen *g, const int32_t *tokens, int64_t n, bool want_logits) {
     if (g->pos + n > g->n_ctx)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_eval: %lld more tokens after %lld do not fit in the cache of %lld "
                                           "(n_ctx)", (long long)n, (long long)g->pos, (long long)g->n_ctx);
-    *logits = NULL;
     for (int64_t done = 0; done < n;) {
         int64_t     nt = n - done < g->n_batch ? n - done : g->n_batch;
+        bool        last = done + nt == n;
         kiln_status st = make_inputs(g, tokens + done, nt);
-        if (!st) st = g->cpu ? cpu_run(g) : gpu_run(g);
+        if (!st) st = g->cpu ? cpu_run(g) : gpu_run(g, !last ? READ_NOTHING : want_logits ? READ_LOGITS : READ_ARGMAX);
         if (st) return st;
         double gpu_ms = g->cpu ? 0.0 : kiln_session_last_ms(g->sess);
         if (nt == 1) g->stats.decode_gpu_ms += gpu_ms;
@@ -294,7 +299,26 @@ kiln_status kiln_gen_eval(kiln_gen *g, const int32_t *tokens, int64_t n, const f
         g->pos += nt;
         done += nt;
     }
-    *logits = g->logits;
+    return NULL;
+}
+
+kiln_status kiln_gen_eval(kiln_gen *g, const int32_t *tokens, int64_t n, const float **logits) {
+    if (!g || !tokens || !logits || n < 1)
+        return kb_error(KILN_ERR_INVALID, "kiln_gen_eval: %s", n < 1 ? "no tokens" : "NULL argument");
+    *logits = NULL;
+    kiln_status st = eval(g, tokens, n, true);
+    if (!st) *logits = g->logits;
+    return st;
+}
+
+kiln_status kiln_gen_eval_greedy(kiln_gen *g, const int32_t *tokens, int64_t n, int32_t *next) {
+    if (!g || !tokens || !next || n < 1)
+        return kb_error(KILN_ERR_INVALID, "kiln_gen_eval_greedy: %s", n < 1 ? "no tokens" : "NULL argument");
+    kiln_status st = eval(g, tokens, n, g->cpu);
+    if (st) return st;
+    double t0 = kb_now_ms();
+    *next = g->cpu ? (int32_t)kiln_argmax_f32(g->logits, g->hp->n_vocab) : g->next;
+    g->stats.sample_ms += kb_now_ms() - t0;
     return NULL;
 }
 
@@ -316,20 +340,16 @@ kiln_status kiln_gen_greedy(kiln_gen *g, const int32_t *prompt, int64_t n_prompt
     if (!g || !prompt || (n_new > 0 && !out) || n_prompt < 1 || n_new < 0)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_greedy: %s", n_prompt < 1 ? "an empty prompt" : "bad argument");
     kiln_gen_stats before = g->stats;
-    const float   *logits;
-    double         t0 = kb_now_ms();
-    kiln_status    st = kiln_gen_eval(g, prompt, n_prompt, &logits);
+    double      t0 = kb_now_ms();
+    int32_t     next;
+    kiln_status st = kiln_gen_eval_greedy(g, prompt, n_prompt, &next);
     if (st) return st;
     g->stats.prefill_ms += kb_now_ms() - t0;
     g->stats.prefill_tokens += n_prompt;
-    if (n_new > 0) out[0] = (int32_t)kiln_argmax_f32(logits, g->hp->n_vocab);
+    if (n_new > 0) out[0] = next;
     double t1 = kb_now_ms();
-    for (int64_t i = 1; i < n_new; i++) {
-        if ((st = kiln_gen_eval(g, &out[i - 1], 1, &logits))) return st;
-        double ts = kb_now_ms();
-        out[i] = (int32_t)kiln_argmax_f32(logits, g->hp->n_vocab);
-        g->stats.sample_ms += kb_now_ms() - ts;
-    }
+    for (int64_t i = 1; i < n_new; i++)
+        if ((st = kiln_gen_eval_greedy(g, &out[i - 1], 1, &out[i]))) return st;
     g->stats.decode_ms += kb_now_ms() - t1;
     g->stats.decode_tokens += n_new > 1 ? n_new - 1 : 0;
     if (stats) {

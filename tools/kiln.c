@@ -243,7 +243,8 @@ static kiln_status build(const cli *c, kiln_ctx **ctx, kiln_graph **g) {
     if (kiln_cli_is_gguf(c->graph)) {
         kiln_model *m = NULL;
         st = kiln_model_open(c->graph, &m);
-        kiln_build_opts o = {.n_ctx = c->n_ctx, .n_tokens_max = c->n_batch};
+        /* As kiln run builds it (argmax output included), so that its program is cached. */
+        kiln_build_opts o = {.n_ctx = c->n_ctx, .n_tokens_max = c->n_batch, .argmax = true};
         if (!st) st = kiln_build_model(*ctx, kiln_model_get_hparams(m), &o);
         kiln_model_close(m);
     } else {
