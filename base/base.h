@@ -50,6 +50,9 @@ uint16_t kb_f32_to_bf16(float f);
 /* Element i of a typed array as float, and the reverse (integers convert by value). */
 float kb_load_f32(const void *p, kiln_type t, int64_t i);
 void  kb_store_f32(void *p, kiln_type t, int64_t i, float v);
+/* sum (got - ref)^2 / sum ref^2 over n values of type t (the plain sum when ref is all zero):
+ * how kiln compares the GPU with the CPU reference. */
+double kb_nmse(const void *ref, const void *got, kiln_type t, int64_t n);
 
 /* The shortest "%.Ng" text (N = 1..9) that reads back as exactly f: 0.1f prints "0.1", not
  * "0.100000001". Finite values only; out needs 32 bytes. */

@@ -104,3 +104,13 @@ void kb_format_float(float f, char out[32]) {
         if (strtof(out, NULL) == f) return;
     }
 }
+
+double kb_nmse(const void *ref, const void *got, kiln_type t, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double r = kb_load_f32(ref, t, i), o = kb_load_f32(got, t, i);
+        num += (o - r) * (o - r);
+        den += r * r;
+    }
+    return den > 0 ? num / den : num;
+}

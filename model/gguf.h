@@ -1,5 +1,6 @@
 /* model/ internals of the GGUF reader and writer (docs/gguf.md): ggml's tensor type table, the
- * sizes of GGUF value types, and a string index shared by both. Prefix km_. */
+ * sizes of GGUF value types, and a string index shared by both; shape helpers of model/. Prefix
+ * km_. */
 #ifndef KILN_MODEL_GGUF_H
 #define KILN_MODEL_GGUF_H
 
@@ -57,5 +58,9 @@ typedef struct {
 bool    km_index_put(km_index *x, const char *name, int64_t i, int64_t *found);
 int64_t km_index_get(const km_index *x, const char *name); /* -1 when absent */
 void    km_index_free(km_index *x);
+
+/* Dims of a shape without its trailing 1s (at least 1), and "[128, 256]" of its first nd. */
+int  km_n_dims(const int64_t ne[4]);
+void km_shape_text(const int64_t ne[4], int nd, char *out, size_t n);
 
 #endif

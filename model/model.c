@@ -1,6 +1,7 @@
 /* kiln_model: a GGUF file with the hyperparameters read from it, and its weights bound by name
  * to a graph of kiln_build_model. */
 #include "base/base.h"
+#include "model/gguf.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -67,14 +68,14 @@ void kiln_model_close(kiln_model *m) {
 const kiln_model_hparams *kiln_model_get_hparams(const kiln_model *m) { return m ? &m->hp : NULL; }
 const kiln_gguf          *kiln_model_gguf(const kiln_model *m) { return m ? m->gguf : NULL; }
 
-static void shape_text(const int64_t ne[4], int nd, char *out, size_t n) {
+void km_shape_text(const int64_t ne[4], int nd, char *out, size_t n) {
     int len = snprintf(out, n, "[");
     for (int i = 0; i < nd && len > 0 && (size_t)len < n; i++)
         len += snprintf(out + len, n - (size_t)len, "%s%lld", i ? ", " : "", (long long)ne[i]);
     if (len > 0 && (size_t)len < n) snprintf(out + len, n - (size_t)len, "]");
 }
 
-static int n_dims_of(const int64_t ne[4]) {
+int km_n_dims(const int64_t ne[4]) {
     int nd = 1;
     for (int i = 0; i < 4; i++)
         if (ne[i] != 1) nd = i + 1;
@@ -87,14 +88,14 @@ static kiln_status check_weight(const kiln_model *m, const kiln_tensor *w) {
     int64_t     want[4];
     for (int d = 0; d < 4; d++) want[d] = kiln_tensor_ne(w, d);
     char ws[96], fs[96];
-    shape_text(want, n_dims_of(want), ws, sizeof ws);
+    km_shape_text(want, km_n_dims(want), ws, sizeof ws);
     if (i < 0)
         return kb_error(KILN_ERR_NOT_FOUND, "model: the GGUF has no tensor '%s' (%s %s), which the %s graph needs", name,
                         kiln_type_name(kiln_tensor_type(w)), ws, m->hp.arch);
     kiln_gguf_tensor t;
     kiln_status st = kiln_gguf_tensor_info(m->gguf, i, &t);
     if (st) return st;
-    shape_text(t.ne, t.n_dims, fs, sizeof fs);
+    km_shape_text(t.ne, t.n_dims, fs, sizeof fs);
     if (memcmp(t.ne, want, sizeof want) != 0)
         return kb_error(KILN_ERR_SHAPE, "model: tensor '%s' is %s in the GGUF; the graph needs %s", name, fs, ws);
     if (!t.has_kiln_type || t.type != kiln_tensor_type(w))

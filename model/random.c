@@ -7,6 +7,7 @@
  * random model numerically tame: matrices have variance 1/ne0 (activations keep their size
  * through each projection), norm weights are near 1, biases small. */
 #include "base/base.h"
+#include "model/gguf.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -129,13 +130,6 @@ static kiln_status collect_weights(const kiln_model_hparams *hp, kiln_ctx **ctx_
     return st;
 }
 
-static int n_dims_of(const int64_t ne[4]) {
-    int nd = 1;
-    for (int i = 0; i < 4; i++)
-        if (ne[i] != 1) nd = i + 1;
-    return nd;
-}
-
 kiln_status kiln_model_write_random(const kiln_model_hparams *hp, uint64_t seed, const char *path,
                                     void (*progress)(void *user, uint64_t done, uint64_t total), void *user) {
     if (!hp || !path) return kb_error(KILN_ERR_INVALID, "kiln_model_write_random: NULL argument");
@@ -151,7 +145,7 @@ kiln_status kiln_model_write_random(const kiln_model_hparams *hp, uint64_t seed,
         st = kiln_tokenizer_write_synthetic(w, hp->n_vocab);
     }
     for (int64_t i = 0; !st && i < g.nw; i++)
-        kiln_gguf_add_tensor(w, g.w[i].name, g.w[i].type, n_dims_of(g.w[i].ne), g.w[i].ne, NULL);
+        kiln_gguf_add_tensor(w, g.w[i].name, g.w[i].type, km_n_dims(g.w[i].ne), g.w[i].ne, NULL);
     if (!st) st = kiln_gguf_write(w, path, fill, &g, write_progress);
     kiln_gguf_writer_free(w);
     free(g.w);

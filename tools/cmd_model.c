@@ -199,23 +199,13 @@ typedef struct {
     int    steps, picks_agree;
 } check_result;
 
-static double nmse(const float *ref, const float *got, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = (double)got[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return den > 0 ? num / den : num;
-}
-
 static kiln_status check_step(kiln_gen *gpu, kiln_gen *cpu, const int32_t *tok, int64_t n, int64_t n_vocab,
                               check_result *r) {
     const float *lg, *lc;
     kiln_status  st = kiln_gen_eval(gpu, tok, n, &lg);
     if (!st) st = kiln_gen_eval(cpu, tok, n, &lc);
     if (st) return st;
-    double e = nmse(lc, lg, n_vocab);
+    double e = kb_nmse(lc, lg, KILN_F32, n_vocab);
     if (e > r->worst_nmse || isnan(e)) r->worst_nmse = e;
     r->steps++;
     r->picks_agree += kiln_argmax_f32(lg, n_vocab) == kiln_argmax_f32(lc, n_vocab);

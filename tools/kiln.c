@@ -497,13 +497,7 @@ static const void *ref_get(void *user, const char *name, kiln_type type, int64_t
 static void ref_put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
     ref_check *rc = user;
     if (strcmp(rc->name, name) != 0) return;
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double r = kb_load_f32(data, type, i), o = kb_load_f32(rc->gpu, type, i);
-        num += (o - r) * (o - r);
-        den += r * r;
-    }
-    rc->nmse = den > 0 ? num / den : num;
+    rc->nmse = kb_nmse(data, rc->gpu, type, n);
 }
 
 static int by_double(const void *a, const void *b) {
