@@ -113,8 +113,10 @@ endif
 test-gpu:
 	@scripts/run-tests-parallel.sh $(BUILD) $(GPU_TEST_BINS)
 
-bench:
-	@echo "make bench: not implemented yet (issue 9)"; exit 1
+# On a GPU machine: ops, models and compile times beside PyTorch; QUICK=1 for --quick, BENCH_ARGS
+# for more options (kiln help bench). PREBUILT=1: the kiln already in $(BUILD).
+bench: $(if $(PREBUILT),,all)
+	@$(BUILD)/kiln bench --json $(BUILD)/bench.json $(if $(QUICK),--quick) $(BENCH_ARGS)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \

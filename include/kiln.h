@@ -386,6 +386,17 @@ kiln_status kiln_bundle_describe(const kiln_bundle *b, char **text);
 /* The arch kiln compiles for on CUDA device `device`: "sm_90a" for compute capability 9.0
  * (arch-specific from 9.0 on), "sm_80" for 8.0. Needs the driver (KILN_ERR_NO_GPU without). */
 kiln_status kiln_device_arch(int device, char *arch, size_t cap);
+typedef struct {
+    char     name[128]; /* "NVIDIA H100 80GB HBM3" */
+    char     arch[16];  /* as kiln_device_arch */
+    int      sm_count;
+    uint64_t memory_bytes;
+} kiln_device_info;
+kiln_status kiln_device_get_info(int device, kiln_device_info *out);
+/* The device's copy bandwidth, the roofline of memory-bound kernels: a device-to-device copy
+ * of `bytes` (several times the L2) repeated `iters` times; GB/s counts the bytes read plus
+ * the bytes written (1 GB = 1e9 B), of the median copy. */
+kiln_status kiln_device_copy_bandwidth(int device, size_t bytes, int iters, double *gb_per_s);
 
 typedef struct {
     int no_cuda_graph; /* launch kernels one by one instead of replaying a captured CUDA graph */
@@ -409,6 +420,20 @@ typedef const void *(*kiln_weight_fn)(void *user, const char *name, kiln_type ty
 kiln_status kiln_session_load_weights(kiln_session *s, kiln_weight_fn get, void *user,
                                       void (*progress)(void *user, uint64_t done, uint64_t total),
                                       void *progress_user);
+/* Weights made on the device instead of uploaded (random models: benchmarks, tests). For each
+ * weight init(user, name, type, ne, out) sets out: out->host non-NULL uploads those bytes as they
+ * are; otherwise element e (in contiguous order) becomes base + scale * u(e), rounded to nearest
+ * even into the weight's type (f32, f16 or bf16), with u(e) = (mix(key + e * 0x9e3779b97f4a7c15)
+ * >> 40) * 2^-23 - 1 in [-1, 1) and mix splitmix64's finalizer: the values kiln_model_write_random
+ * writes into a file, bit for bit. A kernel writes them at memory speed. */
+typedef struct {
+    const void *host;
+    uint64_t    key;
+    float       scale, base;
+} kiln_weight_init;
+typedef kiln_status (*kiln_weight_init_fn)(void *user, const char *name, kiln_type type, const int64_t ne[4],
+                                           kiln_weight_init *out);
+kiln_status kiln_session_fill_weights(kiln_session *s, kiln_weight_init_fn init, void *user);
 /* Milliseconds of GPU time of the last run (events around it). */
 double      kiln_session_last_ms(const kiln_session *s);
 int         kiln_session_captures(const kiln_session *s); /* CUDA graphs captured so far */
@@ -672,6 +697,14 @@ kiln_status kiln_model_open(const char *path, kiln_model **out);
 /* The same over an open file, which the model takes over (closed with it, also on error). */
 kiln_status kiln_model_from_gguf(kiln_gguf *g, kiln_model **out);
 void        kiln_model_close(kiln_model *m);
+/* A model of hp whose weights are those kiln_model_write_random(hp, seed) writes, without the
+ * file: kiln_model_load makes them on the device at memory speed (a 61 GB model in well under a
+ * second), kiln_model_weight in host memory on first use. kiln_model_gguf is NULL for it. */
+kiln_status kiln_model_random(const kiln_model_hparams *hp, uint64_t seed, kiln_model **out);
+/* Puts m's weights into a session of its graph's program: streamed from the file
+ * (kiln_session_load_weights; progress gets bytes), or made on the device for a random model. */
+kiln_status kiln_model_load(const kiln_model *m, kiln_session *s,
+                            void (*progress)(void *user, uint64_t done, uint64_t total), void *user);
 const kiln_model_hparams *kiln_model_get_hparams(const kiln_model *m);
 const kiln_gguf          *kiln_model_gguf(const kiln_model *m);
 /* Checks that every weight of g (a graph from kiln_build_model with m's hyperparameters) is in

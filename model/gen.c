@@ -79,11 +79,6 @@ static kiln_status cpu_states(kiln_gen *g) {
     return NULL;
 }
 
-static const void *weight_of(void *user, const char *name, kiln_type type, size_t bytes) {
-    const kiln_gen *g = user;
-    return kiln_model_weight(g->m, name, type, (int64_t)(bytes / kiln_type_size(type)));
-}
-
 static void load_progress(void *user, uint64_t done, uint64_t total) {
     const kiln_gen_opts *o = user;
     o->progress(o->progress_user, "weights", done, total);
@@ -109,7 +104,7 @@ static kiln_status gpu_open(kiln_gen *g, const kiln_gen_opts *o) {
     kiln_program_free(p);
     if (st) return st;
     double t1 = kb_now_ms();
-    st = kiln_session_load_weights(g->sess, weight_of, g, o->progress ? load_progress : NULL, (void *)o);
+    st = kiln_model_load(g->m, g->sess, o->progress ? load_progress : NULL, (void *)o);
     g->stats.load_ms = kb_now_ms() - t1;
     return st;
 }

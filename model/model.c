@@ -7,7 +7,8 @@
 #include <string.h>
 
 struct kiln_model {
-    kiln_gguf         *gguf;
+    kiln_gguf         *gguf;   /* NULL for a random model */
+    km_random         *random; /* kiln_model_random: weights made where they are needed */
     kiln_model_hparams hp;
 };
 
@@ -59,8 +60,24 @@ kiln_status kiln_model_open(const char *path, kiln_model **out) {
     return st ? kb_wrap(st, "%s", path) : NULL;
 }
 
+kiln_status kiln_model_random(const kiln_model_hparams *hp, uint64_t seed, kiln_model **out) {
+    if (out) *out = NULL;
+    if (!hp || !out) return kb_error(KILN_ERR_INVALID, "kiln_model_random: NULL argument");
+    kiln_model *m = calloc(1, sizeof *m);
+    if (!m) return kb_oom();
+    m->hp = *hp;
+    kiln_status st = km_random_new(hp, seed, &m->random);
+    if (st) {
+        free(m);
+        return st;
+    }
+    *out = m;
+    return NULL;
+}
+
 void kiln_model_close(kiln_model *m) {
     if (!m) return;
+    km_random_free(m->random);
     kiln_gguf_close(m->gguf);
     free(m);
 }
@@ -110,7 +127,10 @@ kiln_status kiln_model_check_weights(const kiln_model *m, const kiln_graph *g) {
     for (int i = 0; i < kiln_graph_size(g); i++) {
         const kiln_tensor *t = kiln_graph_node(g, i);
         if (kiln_tensor_role(t) != KILN_ROLE_WEIGHT) continue;
-        kiln_status st = check_weight(m, t);
+        int64_t ne[4];
+        for (int d = 0; d < 4; d++) ne[d] = kiln_tensor_ne(t, d);
+        kiln_status st = m->random ? km_random_check(m->random, kiln_tensor_name(t), kiln_tensor_type(t), ne)
+                                   : check_weight(m, t);
         if (st) return st;
     }
     return NULL;
@@ -118,9 +138,26 @@ kiln_status kiln_model_check_weights(const kiln_model *m, const kiln_graph *g) {
 
 const void *kiln_model_weight(const kiln_model *m, const char *name, kiln_type type, int64_t n) {
     if (!m || !name) return NULL;
+    if (m->random) return km_random_host(m->random, name, type, n); /* a cache: logically const */
     int64_t i = kiln_gguf_find_tensor(m->gguf, name);
     kiln_gguf_tensor t;
     if (i < 0 || kiln_gguf_tensor_info(m->gguf, i, &t) || !t.has_kiln_type || t.type != type) return NULL;
     int64_t count = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
     return count == n ? t.data : NULL;
+}
+
+static const void *file_weight(void *user, const char *name, kiln_type type, size_t bytes) {
+    return kiln_model_weight(user, name, type, (int64_t)(bytes / kiln_type_size(type)));
+}
+
+static kiln_status random_init(void *user, const char *name, kiln_type type, const int64_t ne[4],
+                               kiln_weight_init *out) {
+    return km_random_init(user, name, type, ne, out);
+}
+
+kiln_status kiln_model_load(const kiln_model *m, kiln_session *s,
+                            void (*progress)(void *user, uint64_t done, uint64_t total), void *user) {
+    if (!m || !s) return kb_error(KILN_ERR_INVALID, "kiln_model_load: NULL argument");
+    if (m->random) return kiln_session_fill_weights(s, random_init, m->random);
+    return kiln_session_load_weights(s, file_weight, (void *)m, progress, user);
 }

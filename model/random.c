@@ -71,14 +71,23 @@ typedef struct {
     int64_t            first, n; /* elements first .. first + n - 1 of the tensor, into buf */
 } fill_job;
 
+/* The generator's parameters of weight w: element e is base + scale * u(key, e). Matrices are
+ * uniform with variance 1/ne0 (scale sqrt(3/ne0)), embeddings in [-1, 1), norms 1 +- 0.1,
+ * biases +- 0.1. kiln_session_fill_weights documents the same generator for the device. */
+static void spec_params(uint64_t seed, const weight_spec *w, uint64_t *key, float *scale, float *base) {
+    *key = mix(seed ^ name_hash(w->name));
+    *scale = w->kind == INIT_MATRIX ? sqrtf(3.0f / (float)w->ne[0]) : w->kind == INIT_EMBD ? 1.0f : 0.1f;
+    *base = w->kind == INIT_NORM ? 1.0f : 0.0f;
+}
+
 static void fill_piece(void *user, int item, int worker) {
     (void)worker;
     const fill_job    *j = user;
     const weight_spec *w = j->w;
     int64_t            lo = (int64_t)item * PIECE, hi = lo + PIECE < j->n ? lo + PIECE : j->n;
-    uint64_t           key = mix(j->g->seed ^ name_hash(w->name));
-    float scale = w->kind == INIT_MATRIX ? sqrtf(3.0f / (float)w->ne[0]) : w->kind == INIT_EMBD ? 1.0f : 0.1f;
-    float base = w->kind == INIT_NORM ? 1.0f : 0.0f;
+    uint64_t           key;
+    float              scale, base;
+    spec_params(j->g->seed, w, &key, &scale, &base);
     for (int64_t i = lo; i < hi; i++) {
         uint64_t r = mix(key + (uint64_t)(j->first + i) * 0x9e3779b97f4a7c15ull);
         float    u = (float)(r >> 40) * (1.0f / 8388608.0f) - 1.0f; /* [-1, 1) */
@@ -151,4 +160,94 @@ kiln_status kiln_model_write_random(const kiln_model_hparams *hp, uint64_t seed,
     free(g.w);
     kiln_ctx_free(ctx);
     return st;
+}
+
+/* ---- random models without a file (kiln_model_random) ----------------------------------------
+ * The same weights, made where they are needed: on the device by kiln_session_fill_weights, or
+ * in host memory on first use (the CPU reference). */
+
+struct km_random {
+    kiln_model_hparams hp;
+    gen_ctx            g;
+    kiln_ctx          *ctx;  /* owns the weight names */
+    void             **host; /* per weight: host data made on first use */
+};
+
+kiln_status km_random_new(const kiln_model_hparams *hp, uint64_t seed, km_random **out) {
+    *out = NULL;
+    kiln_status st = kiln_model_check(hp);
+    if (st) return st;
+    km_random *r = calloc(1, sizeof *r);
+    if (!r) return kb_oom();
+    r->hp = *hp;
+    r->g.hp = &r->hp;
+    r->g.seed = seed;
+    st = collect_weights(&r->hp, &r->ctx, &r->g);
+    if (!st && !(r->host = calloc((size_t)r->g.nw + 1, sizeof *r->host))) st = kb_oom();
+    if (st) {
+        km_random_free(r);
+        return st;
+    }
+    *out = r;
+    return NULL;
+}
+
+void km_random_free(km_random *r) {
+    if (!r) return;
+    for (int64_t i = 0; r->host && i < r->g.nw; i++) free(r->host[i]);
+    free(r->host);
+    free(r->g.w);
+    kiln_ctx_free(r->ctx);
+    free(r);
+}
+
+/* The weight named so with this type and shape, else NULL. */
+static const weight_spec *find_spec(const km_random *r, const char *name, kiln_type type, const int64_t *ne,
+                                    int64_t n, int64_t *index) {
+    for (int64_t i = 0; i < r->g.nw; i++) {
+        const weight_spec *w = &r->g.w[i];
+        if (strcmp(w->name, name) != 0 || w->type != type) continue;
+        if (ne && memcmp(w->ne, ne, sizeof w->ne) != 0) return NULL;
+        if (!ne && w->ne[0] * w->ne[1] * w->ne[2] * w->ne[3] != n) return NULL;
+        *index = i;
+        return w;
+    }
+    return NULL;
+}
+
+const void *km_random_host(km_random *r, const char *name, kiln_type type, int64_t n) {
+    int64_t            i;
+    const weight_spec *w = find_spec(r, name, type, NULL, n, &i);
+    if (!w) return NULL;
+    if (r->host[i]) return r->host[i];
+    size_t bytes = (size_t)n * kiln_type_size(type);
+    if (!(r->host[i] = malloc(bytes ? bytes : 1))) return NULL;
+    kiln_status st = fill(&r->g, i, w->name, 0, r->host[i], bytes);
+    if (st) {
+        kiln_status_free(st);
+        free(r->host[i]);
+        r->host[i] = NULL;
+    }
+    return r->host[i];
+}
+
+kiln_status km_random_check(const km_random *r, const char *name, kiln_type type, const int64_t ne[4]) {
+    int64_t i;
+    if (find_spec(r, name, type, ne, 0, &i)) return NULL;
+    return kb_error(KILN_ERR_NOT_FOUND, "random model: the graph's weight '%s' (%s) is not one of the model's (%s "
+                                        "with these hyperparameters)", name, kiln_type_name(type), r->hp.arch);
+}
+
+kiln_status km_random_init(km_random *r, const char *name, kiln_type type, const int64_t ne[4],
+                           kiln_weight_init *out) {
+    int64_t            i;
+    const weight_spec *w = find_spec(r, name, type, ne, 0, &i);
+    memset(out, 0, sizeof *out);
+    if (!w) return km_random_check(r, name, type, ne);
+    if (w->kind == INIT_ROPE_FREQS) { /* computed, not random: made on the host */
+        out->host = km_random_host(r, name, type, w->ne[0]);
+        return out->host ? NULL : kb_oom();
+    }
+    spec_params(r->g.seed, w, &out->key, &out->scale, &out->base);
+    return NULL;
 }

@@ -67,6 +67,8 @@ static const struct {
     RT_SYM(MemFreeHost, cuMemFreeHost),
     RT_SYM(MemcpyDtoH, cuMemcpyDtoH_v2),
     RT_SYM(MemsetD8, cuMemsetD8_v2),
+    RT_SYM(MemcpyDtoDAsync, cuMemcpyDtoDAsync_v2),
+    RT_SYM(DeviceTotalMem, cuDeviceTotalMem_v2),
     RT_SYM(StreamCreate, cuStreamCreate),
     RT_SYM(StreamDestroy, cuStreamDestroy_v2),
     RT_SYM(StreamSynchronize, cuStreamSynchronize),

@@ -34,6 +34,7 @@ typedef struct rt_cugraphexec_s *rt_cugraphexec; /* CUgraphExec */
 /* Enum values, checked against cuda.h (CUDA 13.0). */
 #define RT_CUDA_SUCCESS 0
 #define RT_CUDA_ERROR_NO_DEVICE 100
+#define RT_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
 #define RT_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define RT_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
 #define RT_CU_STREAM_NON_BLOCKING 0x1
@@ -69,6 +70,8 @@ typedef struct {
     rt_cures (*MemFreeHost)(void *ptr);
     rt_cures (*MemcpyDtoH)(void *dst, rt_cuptr src, size_t bytes);
     rt_cures (*MemsetD8)(rt_cuptr dst, unsigned char value, size_t n);
+    rt_cures (*MemcpyDtoDAsync)(rt_cuptr dst, rt_cuptr src, size_t bytes, rt_custream stream);
+    rt_cures (*DeviceTotalMem)(size_t *bytes, rt_cudev dev);
     rt_cures (*StreamCreate)(rt_custream *stream, unsigned flags);
     rt_cures (*StreamDestroy)(rt_custream stream);
     rt_cures (*StreamSynchronize)(rt_custream stream);

@@ -197,6 +197,31 @@ START_TEST(run_without_gpu) {
 }
 END_TEST
 
+/* kiln bench: help and usage errors (before any GPU work); without a driver, status 3. */
+START_TEST(bench_usage) {
+    char *out;
+    ck_assert_int_eq(kiln("help bench", &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "--quick"));
+    ck_assert_ptr_nonnull(strstr(out, "reduce-overhead"));
+    free(out);
+    ck_assert_int_eq(kiln("bench --models llama-9z", &out), 2);
+    ck_assert_msg(strstr(out, "unknown preset 'llama-9z'") && strstr(out, "qwen3-30b-a3b"), "%s", out);
+    free(out);
+    ck_assert_int_eq(kiln("bench --ops-only --models-only", &out), 2);
+    free(out);
+    ck_assert_int_eq(kiln("bench --dir /nonexistent", &out), 2);
+    ck_assert_ptr_nonnull(strstr(out, "no bench folder '/nonexistent'"));
+    free(out);
+    ck_assert_int_eq(kiln("bench --seed x1", &out), 2);
+    free(out);
+    if (ts_run("ldconfig -p | grep -q 'libcuda.so.1'", NULL) != 0) {
+        ck_assert_int_eq(kiln("bench --quick --no-torch", &out), 3);
+        ck_assert_msg(strstr(out, "no CUDA driver") != NULL, "message: %s", out);
+        free(out);
+    }
+}
+END_TEST
+
 START_TEST(ops_lists_every_op) {
     char *out;
     ck_assert_int_eq(kiln("ops", &out), 0);
@@ -225,6 +250,7 @@ int main(void) {
     tcase_add_test(tc, inspect_prints_ir);
     tcase_add_test(tc, fusion_controls);
     tcase_add_test(tc, run_without_gpu);
+    tcase_add_test(tc, bench_usage);
     tcase_add_test(tc, ops_lists_every_op);
     suite_add_tcase(s, tc);
     return ts_main(s);

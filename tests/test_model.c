@@ -160,6 +160,58 @@ START_TEST(cpu_generation_deterministic) {
 }
 END_TEST
 
+
+/* kiln_model_random has the weights gen-model writes for the same seed, byte for byte, and
+ * generates the same logits; a graph of other hyperparameters is refused naming a weight. */
+START_TEST(random_model_equals_file) {
+    char              *p = write_model(tiny_archs[_i], "tiny", 5, "rand.gguf");
+    kiln_model        *f, *r;
+    kiln_model_hparams hp;
+    TS_OK(kiln_model_preset(tiny_archs[_i], "tiny", &hp));
+    TS_OK(kiln_model_open(p, &f));
+    TS_OK(kiln_model_random(&hp, 5, &r));
+    ck_assert_ptr_null(kiln_model_gguf(r));
+    const kiln_gguf *g = kiln_model_gguf(f);
+    for (int64_t i = 0; i < kiln_gguf_tensor_count(g); i++) {
+        kiln_gguf_tensor t;
+        TS_OK(kiln_gguf_tensor_info(g, i, &t));
+        int64_t     n = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
+        const void *a = kiln_model_weight(f, t.name, t.type, n), *b = kiln_model_weight(r, t.name, t.type, n);
+        ck_assert_msg(a && b, "%s: weight %s missing (file %p, random %p)", tiny_archs[_i], t.name, a, b);
+        ck_assert_msg(memcmp(a, b, (size_t)n * kiln_type_size(t.type)) == 0, "%s: weight %s differs from the file's",
+                      tiny_archs[_i], t.name);
+    }
+    ck_assert_ptr_null(kiln_model_weight(r, "blk.0.attn_q.weight", KILN_F32 == hp.wtype ? KILN_F16 : KILN_F32, 1));
+    kiln_gen    *ga = cpu_gen(f, 16, 8), *gb = cpu_gen(r, 16, 8);
+    const float *la, *lb;
+    TS_OK(kiln_gen_eval(ga, prompt, 7, &la));
+    TS_OK(kiln_gen_eval(gb, prompt, 7, &lb));
+    ck_assert(memcmp(la, lb, sizeof *la * (size_t)hp.n_vocab) == 0);
+    kiln_gen_free(ga);
+    kiln_gen_free(gb);
+    kiln_model_close(r);
+    hp.n_embd *= 2; /* another shape: the model's weights no longer fit the graph */
+    kiln_model_hparams other;
+    TS_OK(kiln_model_preset(tiny_archs[_i], "tiny", &other));
+    TS_OK(kiln_model_random(&other, 5, &r));
+    kiln_ctx   *ctx = kiln_ctx_new();
+    kiln_graph *gr;
+    kiln_build_opts o = {.n_ctx = 8, .n_tokens_max = 4};
+    TS_OK(kiln_build_model(ctx, &hp, &o));
+    TS_OK(kiln_graph_new(ctx, &gr));
+    kiln_status st = kiln_model_check_weights(r, gr);
+    ck_assert_ptr_nonnull(st);
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_NOT_FOUND);
+    ck_assert_msg(strstr(kiln_status_msg(st), "is not one of the model's"), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    kiln_graph_free(gr);
+    kiln_ctx_free(ctx);
+    kiln_model_close(r);
+    kiln_model_close(f);
+    free(p);
+}
+END_TEST
+
 static double max_abs_diff(const float *a, const float *b, int64_t n) {
     double d = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -348,6 +400,7 @@ int main(void) {
     tcase_add_test(tc, gen_model_deterministic);
     tcase_add_loop_test(tc, cpu_generation_deterministic, 0, 4);
     tcase_add_loop_test(tc, cpu_chunks_agree, 0, 4);
+    tcase_add_loop_test(tc, random_model_equals_file, 0, 4);
     tcase_add_test(tc, gen_errors);
     tcase_add_test(tc, model_errors_name_the_cause);
     tcase_add_test(tc, cli_gen_model_and_cpu_run);

@@ -4,6 +4,7 @@
 #include "base/base.h"
 #include "runtime/runtime.h"
 #include "tools/cmd_cache.h"
+#include "tools/cmd_bench.h"
 #include "tools/cmd_gen.h"
 #include "tools/cmd_model.h"
 #include "tools/progress.h"
@@ -36,6 +37,8 @@ static const char *usage_text =
     "  ops             list every supported op with its kind and accepted types\n"
     "  gen-graph       write a model's whole graph from a preset (--arch, --preset) as .kg\n"
     "  gen-model       write a GGUF model of a preset with random weights (-o FILE.gguf)\n"
+    "  bench           per-op roofline, model decode/prefill and compile times beside PyTorch\n"
+    "                  on this GPU ('kiln help bench'; make bench)\n"
     "\n"
     "GRAPH is a .kg file or, for compile and inspect, a GGUF model (its whole graph, built from\n"
     "its hyperparameters; --n-ctx N and --n-batch N size the cache and the batch).\n"
@@ -683,6 +686,8 @@ int main(int argc, char **argv) {
         return kiln_cmd_gen_graph(argc - 1, argv + 1);  /* also "help gen-graph" */
     if (!strcmp(argv[1], "gen-model") || (argc > 2 && !strcmp(argv[1], "help") && !strcmp(argv[2], "gen-model")))
         return kiln_cmd_gen_model(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "bench")) return kiln_cmd_bench(argc - 1, argv + 1);
+    if (argc > 2 && !strcmp(argv[1], "help") && !strcmp(argv[2], "bench")) return fputs(kiln_bench_help(), stdout) < 0;
     if (!strcmp(argv[1], "run") && model_arg(argc, argv)) return kiln_cmd_run_model(argc - 1, argv + 1);
     if (!strcmp(argv[1], "help")) {
         if (argc > 2 && !strcmp(argv[2], "cache")) return fputs(kiln_cache_help, stdout) < 0;

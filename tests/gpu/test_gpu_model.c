@@ -125,6 +125,36 @@ START_TEST(cli_run_check) {
 }
 END_TEST
 
+/* A random model's weights made on the device (kiln_session_fill_weights) are the file's: the
+ * same program gives bit-identical logits, prefill and a decode step. */
+START_TEST(device_fill_equals_file) {
+    need_gpu();
+    const char        *arch = archs[_i];
+    kiln_model        *f = tiny_model(arch, 33), *r;
+    kiln_model_hparams hp;
+    TS_OK(kiln_model_preset(arch, "tiny", &hp));
+    TS_OK(kiln_model_random(&hp, 33, &r));
+    kiln_gen    *a = gen(f, false, 8), *b = gen(r, false, 8);
+    const float *la, *lb;
+    int64_t      nv = hp.n_vocab;
+    float       *keep = malloc(sizeof *keep * (size_t)nv);
+    for (int step = 0; step < 2; step++) {
+        const int32_t *toks = step ? prompt + 3 : prompt;
+        int64_t        n = step ? 1 : 7;
+        TS_OK(kiln_gen_eval(a, toks, n, &la));
+        memcpy(keep, la, sizeof *keep * (size_t)nv);
+        TS_OK(kiln_gen_eval(b, toks, n, &lb));
+        ck_assert_msg(memcmp(keep, lb, sizeof *keep * (size_t)nv) == 0, "%s step %d: logits of the device-filled "
+                      "model differ from the file's", arch, step);
+    }
+    free(keep);
+    kiln_gen_free(a);
+    kiln_gen_free(b);
+    kiln_model_close(r);
+    kiln_model_close(f);
+}
+END_TEST
+
 static void setup(void) { g_dir = ts_tmpdir(); }
 static void teardown(void) {
     ts_rmtree(g_dir);
@@ -139,6 +169,7 @@ int main(void) {
     tcase_add_loop_test(tc, prefill_and_decode_match_cpu, 0, 4);
     tcase_add_loop_test(tc, greedy_tokens_identical, 0, 4);
     tcase_add_test(tc, cli_run_check);
+    tcase_add_loop_test(tc, device_fill_equals_file, 0, 2);
     suite_add_tcase(s, tc);
     return ts_main_isolated(s, "gpu_model");
 }

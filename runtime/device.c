@@ -1,0 +1,95 @@
+/* Device facts for reports and benchmarks: name, arch, size, and the measured copy bandwidth
+ * that memory-bound kernels are judged against (the datasheet figure is not reached by any
+ * kernel; a device-to-device copy is the practical ceiling). */
+#include "runtime/runtime.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+kiln_status kiln_device_get_info(int device, kiln_device_info *out) {
+    if (!out) return kb_error(KILN_ERR_INVALID, "kiln_device_get_info: out is NULL");
+    memset(out, 0, sizeof *out);
+    rt_cudev    d;
+    kiln_status st = rt_device_pin(device, &d);
+    if (!st) st = kiln_device_arch(device, out->arch, sizeof out->arch);
+    if (st) return st;
+    const rt_cuda_api *cu = rt_cuda();
+    size_t             mem = 0;
+    rt_cures           r = cu->DeviceGetName(out->name, (int)sizeof out->name, d);
+    if (r == RT_CUDA_SUCCESS) r = cu->DeviceGetAttribute(&out->sm_count, RT_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d);
+    if (r == RT_CUDA_SUCCESS) r = cu->DeviceTotalMem(&mem, d);
+    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuDeviceGet*", "reading the facts of device %d", device);
+    out->memory_bytes = mem;
+    return NULL;
+}
+
+typedef struct {
+    const rt_cuda_api *cu;
+    rt_cudev           dev;
+    rt_cuctx           ctx;
+    rt_cuptr           a, b;
+    rt_custream        stream;
+    rt_cuevent         e0, e1;
+} copy_bench;
+
+static void copy_bench_free(copy_bench *c) {
+    if (c->e0) c->cu->EventDestroy(c->e0);
+    if (c->e1) c->cu->EventDestroy(c->e1);
+    if (c->stream) c->cu->StreamDestroy(c->stream);
+    if (c->a) c->cu->MemFree(c->a);
+    if (c->b) c->cu->MemFree(c->b);
+    if (c->ctx) c->cu->DevicePrimaryCtxRelease(c->dev);
+}
+
+static int by_float(const void *x, const void *y) {
+    float a = *(const float *)x, b = *(const float *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Times iters copies a -> b; ms gets each. */
+static kiln_status time_copies(copy_bench *c, size_t bytes, int iters, float *ms) {
+    const rt_cuda_api *cu = c->cu;
+    rt_cures           r = RT_CUDA_SUCCESS;
+    for (int i = -2; i < iters && r == RT_CUDA_SUCCESS; i++) { /* two untimed warm-up copies */
+        r = cu->EventRecord(c->e0, c->stream);
+        if (r == RT_CUDA_SUCCESS) r = cu->MemcpyDtoDAsync(c->b, c->a, bytes, c->stream);
+        if (r == RT_CUDA_SUCCESS) r = cu->EventRecord(c->e1, c->stream);
+        if (r == RT_CUDA_SUCCESS) r = cu->EventSynchronize(c->e1);
+        if (r == RT_CUDA_SUCCESS && i >= 0) r = cu->EventElapsedTime(&ms[i], c->e0, c->e1);
+    }
+    return r == RT_CUDA_SUCCESS ? NULL : rt_cuda_error(r, "cuMemcpyDtoDAsync", "timing a %zu-byte copy", bytes);
+}
+
+kiln_status kiln_device_copy_bandwidth(int device, size_t bytes, int iters, double *gb_per_s) {
+    if (!gb_per_s || bytes == 0 || iters < 1)
+        return kb_error(KILN_ERR_INVALID, "kiln_device_copy_bandwidth: need bytes > 0, iters >= 1 and an output");
+    *gb_per_s = 0;
+    copy_bench  c = {.cu = rt_cuda()};
+    kiln_status st = rt_device_pin(device, &c.dev);
+    if (st) return st;
+    c.cu = rt_cuda();
+    rt_cures r = c.cu->DevicePrimaryCtxRetain(&c.ctx, c.dev);
+    if (r != RT_CUDA_SUCCESS) {
+        c.ctx = NULL;
+        return rt_cuda_error(r, "cuDevicePrimaryCtxRetain", "opening device %d", device);
+    }
+    if (r == RT_CUDA_SUCCESS) r = c.cu->CtxSetCurrent(c.ctx);
+    if (r == RT_CUDA_SUCCESS) r = c.cu->MemAlloc(&c.a, bytes);
+    if (r == RT_CUDA_SUCCESS) r = c.cu->MemAlloc(&c.b, bytes);
+    if (r == RT_CUDA_SUCCESS) r = c.cu->MemsetD8(c.a, 1, bytes);
+    if (r == RT_CUDA_SUCCESS) r = c.cu->StreamCreate(&c.stream, RT_CU_STREAM_NON_BLOCKING);
+    if (r == RT_CUDA_SUCCESS) r = c.cu->EventCreate(&c.e0, RT_CU_EVENT_DEFAULT);
+    if (r == RT_CUDA_SUCCESS) r = c.cu->EventCreate(&c.e1, RT_CU_EVENT_DEFAULT);
+    if (r != RT_CUDA_SUCCESS) st = rt_cuda_error(r, "cuMemAlloc", "setting up a %zu-byte copy on device %d", bytes, device);
+    float *ms = st ? NULL : calloc((size_t)iters, sizeof *ms);
+    if (!st && !ms) st = kb_oom();
+    if (!st) st = time_copies(&c, bytes, iters, ms);
+    if (!st) {
+        qsort(ms, (size_t)iters, sizeof *ms, by_float);
+        double med = ms[iters / 2];
+        *gb_per_s = med > 0 ? 2.0 * (double)bytes / (med * 1e6) : 0;
+    }
+    free(ms);
+    copy_bench_free(&c);
+    return st;
+}

@@ -1,0 +1,68 @@
+/* kiln bench: per-op roofline, whole models, compile times, beside PyTorch (tools/cmd_bench.c
+ * runs it; bench_ops.c and bench_models.c measure; bench_report.c prints and writes JSON).
+ * Prefix kt_bench. */
+#ifndef KILN_TOOLS_BENCH_H
+#define KILN_TOOLS_BENCH_H
+
+#include "kiln.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct {
+    bool        quick;
+    bool        torch;      /* run bench/torch_*.py beside kiln */
+    bool        do_ops, do_models;
+    const char *dir;        /* the bench folder: graphs and PyTorch scripts */
+    const char *python;
+    const char *json;       /* write the results here (NULL: not written) */
+    const char *models;     /* comma-separated presets (NULL: all three) */
+    uint64_t    seed;
+    kiln_device_info dev;
+    double      copy_gbs;   /* measured roofline */
+    char        torch_why[160]; /* why PyTorch is not beside us (empty when it is) */
+} kt_bench;
+
+typedef struct {
+    char   name[48], shape[48], graph[256];
+    double us, bytes, gbs, pct; /* median replay; bytes moved; GB/s; % of the roofline */
+    double torch_us;            /* 0: none (torch_note says why) */
+    char   torch_note[160];
+    char   err[256];            /* non-empty: kiln failed on this op */
+} kt_bench_op;
+
+#define KT_BENCH_KVS 2
+typedef struct {
+    char     name[32];
+    double   weight_gb, token_gb; /* all weights; read per decoded token (active experts only) */
+    double   limit_ms;            /* token_gb at the roofline */
+    double   cold_ms, warm_ms;    /* graph build + compile with an empty cache, then from it */
+    int      kernels;
+    double   fill_ms;             /* random weights made on the device */
+    int64_t  kv[KT_BENCH_KVS];
+    double   decode_ms[KT_BENCH_KVS], decode_gpu_ms[KT_BENCH_KVS];
+    int64_t  prefill_n;
+    double   prefill_ms;
+    /* PyTorch, eager [0] and torch.compile reduce-overhead [1]; 0 where not measured */
+    double   t_decode_ms[2][KT_BENCH_KVS], t_prefill_ms[2], t_compile_s;
+    char     torch_note[2][200];
+    char     err[256];
+} kt_bench_model;
+
+/* Ops: measured into *ops (n of them), each error kept in its row. */
+kiln_status kt_bench_ops(kt_bench *b, kt_bench_op **ops, int *n);
+/* Models: b->models (or all three presets), kiln then PyTorch for each. */
+kiln_status kt_bench_models(kt_bench *b, kt_bench_model **models, int *n);
+
+/* Runs a shell command, handing each line of its stdout to line(); its stderr passes through.
+ * Returns the exit status (-1 when it could not start). */
+int kt_bench_lines(const char *cmd, void (*line)(void *user, const char *text), void *user);
+/* "3.14" after "key=" in text, or 0 when absent. */
+double kt_bench_field(const char *text, const char *key);
+
+void        kt_bench_print(const kt_bench *b, const kt_bench_op *ops, int nops, const kt_bench_model *models,
+                           int nmodels);
+kiln_status kt_bench_write_json(const kt_bench *b, const kt_bench_op *ops, int nops,
+                                const kt_bench_model *models, int nmodels);
+
+#endif

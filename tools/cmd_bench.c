@@ -1,0 +1,177 @@
+/* kiln bench [--quick] [--ops-only | --models-only] [--models LIST] [--json FILE] [--no-torch]:
+ * the machine and its measured roofline, per-op kernels at decode shapes, whole models (decode
+ * at two KV positions, prefill, compile times), each beside PyTorch on the same GPU in the same
+ * run, so that the ratios hold on a noisy machine. `make bench` runs it. */
+#include "tools/cmd_bench.h"
+
+#include "tools/bench.h"
+
+#include "base/base.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+enum { B_OK = 0, B_ERR = 1, B_USAGE = 2, B_NO_GPU = 3 };
+
+static const char *bench_help =
+    "usage: kiln bench [--quick] [--ops-only | --models-only] [--models LIST] [--json FILE]\n"
+    "                  [--no-torch] [--python PY] [--dir DIR] [--seed S]\n"
+    "  measures kiln on this GPU beside PyTorch, in one run (docs/bench.md):\n"
+    "  - the GPU and its device-to-device copy bandwidth (bytes read + written), the roofline;\n"
+    "  - ops and fusions at decode shapes (DIR/ops, DIR/fusion): median CUDA-graph replay in us,\n"
+    "    GB/s of the bytes they must move, % of the roofline, and PyTorch's time (torch_ops.py);\n"
+    "  - models llama-3.2-1b, llama-3-8b, qwen3-30b-a3b in bf16 with random weights (those\n"
+    "    'kiln gen-model' writes, made on the GPU): decode ms/token at KV positions 512 and 4096,\n"
+    "    prefill tok/s at 512 tokens, cold compile and warm start; beside PyTorch eager and\n"
+    "    torch.compile(mode=\"reduce-overhead\") of the same model (torch_ref.py).\n"
+    "  Needs a GPU. PyTorch is optional: without it the PyTorch columns say why they are empty.\n"
+    "  --quick         fewer repetitions, no torch.compile (about 3 minutes on an H100; the full\n"
+    "                  run takes about 9, most of it torch.compile)\n"
+    "  --ops-only      only the machine and the ops; --models-only: only the machine and models\n"
+    "  --models LIST   comma-separated presets (default: the three above)\n"
+    "  --json FILE     also write the results as JSON (make bench: build/bench.json)\n"
+    "  --no-torch      kiln only\n"
+    "  --python PY     the Python that has PyTorch (default: python3)\n"
+    "  --dir DIR       the bench folder with the graphs and scripts (default: bench)\n"
+    "  --seed S        seed of the random weights and inputs (default 1)\n";
+
+static int usage(const char *fmt, const char *arg) {
+    fputs("kiln bench: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fputs("\n(see 'kiln help bench')\n", stderr);
+    return B_USAGE;
+}
+
+static int parse(int argc, char **argv, kt_bench *b) {
+    b->torch = true;
+    b->do_ops = b->do_models = true;
+    b->dir = "bench";
+    b->python = "python3";
+    b->seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool        valued = !strcmp(a, "--models") || !strcmp(a, "--json") || !strcmp(a, "--python") ||
+                      !strcmp(a, "--dir") || !strcmp(a, "--seed");
+        if (valued && !v) return usage("%s needs a value", a);
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(bench_help, stdout);
+            return B_OK;
+        } else if (!strcmp(a, "--quick")) b->quick = true;
+        else if (!strcmp(a, "--ops-only")) b->do_models = false;
+        else if (!strcmp(a, "--models-only")) b->do_ops = false;
+        else if (!strcmp(a, "--no-torch")) b->torch = false;
+        else if (!strcmp(a, "--models")) b->models = v;
+        else if (!strcmp(a, "--json")) b->json = v;
+        else if (!strcmp(a, "--python")) b->python = v;
+        else if (!strcmp(a, "--dir")) b->dir = v;
+        else if (!strcmp(a, "--seed")) {
+            char *end;
+            b->seed = strtoull(v, &end, 10);
+            if (!*v || *end) return usage("--seed takes a number, not '%s'", v);
+        } else return usage("unknown option '%s'", a);
+        if (valued) i++;
+    }
+    if (!b->do_ops && !b->do_models) return usage("%s", "--ops-only and --models-only exclude each other");
+    struct stat sb;
+    if (stat(b->dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return usage("no bench folder '%s' (run from the source tree, or give --dir)", b->dir);
+    for (const char *p = b->models; p && *p;) {
+        const char *e = strchr(p, ',');
+        char        name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(e ? e - p : (long)strlen(p)), p);
+        kiln_model_hparams hp;
+        kiln_status        st = kiln_model_preset(NULL, name, &hp);
+        if (st) {
+            fprintf(stderr, "kiln bench: --models: %s\n", kiln_status_msg(st));
+            kiln_status_free(st);
+            return B_USAGE;
+        }
+        p = e ? e + 1 : NULL;
+    }
+    return -1;
+}
+
+/* PyTorch beside us: its version line, or why not (b->torch_why). */
+typedef struct {
+    char line[100];
+} probe;
+
+static void probe_line(void *user, const char *text) {
+    probe *p = user;
+    if (!p->line[0]) snprintf(p->line, sizeof p->line, "%s", text);
+}
+
+static void probe_torch(kt_bench *b) {
+    if (!b->torch) {
+        snprintf(b->torch_why, sizeof b->torch_why, "--no-torch");
+        return;
+    }
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "%s -c 'import torch; print(\"torch\", torch.__version__, \"cuda\" if torch.cuda.is_available() else "
+             "\"nocuda\")' 2>/dev/null",
+             b->python);
+    probe p = {{0}};
+    int   rc = kt_bench_lines(cmd, probe_line, &p);
+    if (rc != 0 || strncmp(p.line, "torch ", 6) != 0)
+        snprintf(b->torch_why, sizeof b->torch_why, "no PyTorch in %s", b->python);
+    else if (strstr(p.line, " nocuda"))
+        snprintf(b->torch_why, sizeof b->torch_why, "PyTorch (%s) sees no GPU", p.line + 6);
+    if (b->torch_why[0]) {
+        b->torch = false;
+        fprintf(stderr, "bench: PyTorch columns skipped: %s\n", b->torch_why);
+    } else fprintf(stderr, "bench: beside %s\n", p.line);
+}
+
+static kiln_status machine(kt_bench *b) {
+    kiln_status st = kiln_device_get_info(0, &b->dev);
+    /* 2 GiB each way: 80x the H100's L2, so no copy runs from cache. */
+    if (!st) st = kiln_device_copy_bandwidth(0, (size_t)2 << 30, b->quick ? 10 : 30, &b->copy_gbs);
+    if (!st)
+        fprintf(stderr, "bench: %s (%s, %d SMs): device-to-device copy %.0f GB/s\n", b->dev.name, b->dev.arch,
+                b->dev.sm_count, b->copy_gbs);
+    return st;
+}
+
+int kiln_cmd_bench(int argc, char **argv) {
+    kt_bench b = {0};
+    int      rc = parse(argc, argv, &b);
+    if (rc >= 0) return rc;
+    double      t0 = kb_now_ms();
+    kiln_status st = machine(&b);
+    if (st) {
+        fprintf(stderr, "kiln bench: %s\n", kiln_status_msg(st));
+        rc = kiln_status_code(st) == KILN_ERR_NO_GPU ? B_NO_GPU : B_ERR;
+        kiln_status_free(st);
+        return rc;
+    }
+    probe_torch(&b);
+    kt_bench_op    *ops = NULL;
+    kt_bench_model *models = NULL;
+    int             nops = 0, nmodels = 0;
+    if (b.do_ops) st = kt_bench_ops(&b, &ops, &nops);
+    if (!st && b.do_models) st = kt_bench_models(&b, &models, &nmodels);
+    if (!st) {
+        kt_bench_print(&b, ops, nops, models, nmodels);
+        printf("\nkiln bench took %.0f s\n", (kb_now_ms() - t0) / 1e3);
+        if (b.json) st = kt_bench_write_json(&b, ops, nops, models, nmodels);
+        if (!st && b.json) printf("results: %s\n", b.json);
+    }
+    bool failed = false;
+    for (int i = 0; i < nops; i++) failed |= ops[i].err[0] != 0;
+    for (int i = 0; i < nmodels; i++) failed |= models[i].err[0] != 0;
+    free(ops);
+    free(models);
+    if (st) {
+        fprintf(stderr, "kiln bench: %s\n", kiln_status_msg(st));
+        kiln_status_free(st);
+        return B_ERR;
+    }
+    if (failed) fputs("kiln bench: some measurements failed (their rows say why)\n", stderr);
+    return failed ? B_ERR : B_OK;
+}
+
+const char *kiln_bench_help(void) { return bench_help; }
