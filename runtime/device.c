@@ -3,6 +3,7 @@
  * kernel; a device-to-device copy is the practical ceiling). */
 #include "runtime/runtime.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,4 +93,37 @@ kiln_status kiln_device_copy_bandwidth(int device, size_t bytes, int iters, doub
     free(ms);
     copy_bench_free(&c);
     return st;
+}
+
+static pthread_mutex_t g_flush_lock = PTHREAD_MUTEX_INITIALIZER;
+static rt_cuptr        g_flush_buf;
+static size_t          g_flush_bytes;
+static int             g_flush_dev = -1;
+
+kiln_status kiln_device_flush_l2(int device) {
+    rt_cudev    d;
+    kiln_status st = rt_device_pin(device, &d);
+    if (st) return st;
+    const rt_cuda_api *cu = rt_cuda();
+    rt_cuctx           ctx;
+    rt_cures           r = cu->DevicePrimaryCtxRetain(&ctx, d);
+    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuDevicePrimaryCtxRetain", "opening device %d", device);
+    pthread_mutex_lock(&g_flush_lock);
+    r = cu->CtxSetCurrent(ctx);
+    if (r == RT_CUDA_SUCCESS && g_flush_dev != device) { /* one buffer, for the last device asked */
+        if (g_flush_buf) cu->MemFree(g_flush_buf);
+        g_flush_buf = 0;
+        int l2 = 0;
+        r = cu->DeviceGetAttribute(&l2, RT_CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, d);
+        g_flush_bytes = 4 * (size_t)(l2 > 0 ? l2 : 64 << 20);
+        if (r == RT_CUDA_SUCCESS) r = cu->MemAlloc(&g_flush_buf, g_flush_bytes);
+        g_flush_dev = r == RT_CUDA_SUCCESS ? device : -1;
+    }
+    /* The memset runs on the legacy stream, which a non-blocking session stream does not wait
+     * for: synchronize the context. */
+    if (r == RT_CUDA_SUCCESS) r = cu->MemsetD8(g_flush_buf, 0x5a, g_flush_bytes);
+    if (r == RT_CUDA_SUCCESS) r = cu->CtxSynchronize();
+    pthread_mutex_unlock(&g_flush_lock);
+    cu->DevicePrimaryCtxRelease(d);
+    return r == RT_CUDA_SUCCESS ? NULL : rt_cuda_error(r, "cuMemsetD8", "flushing the L2 of device %d", device);
 }

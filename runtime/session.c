@@ -476,6 +476,7 @@ void kiln_session_free(kiln_session *s) {
     free(s->dptr);
     free(s->owned);
     free(s->pinned);
+    free(s->pin_busy);
     free(s);
 }
 
@@ -577,16 +578,19 @@ static size_t padded_used(const kiln_session *s, const ir_buf *b) {
 }
 
 /* Copies caller data into buffer i of one session (through the padded layout if symbolic). */
-/* Buffers up to this size are uploaded asynchronously through a pinned copy: per-step inputs
- * (tokens, positions, the mask) cost a memcpy and an async copy instead of two synchronous
- * driver calls. Larger ones (weights set one by one, whole caches) go synchronously rather
- * than pin their size in host memory. */
+/* Uploads up to this size go asynchronously through a pinned copy: per-step inputs (tokens,
+ * positions, the mask) cost a memcpy and an async copy instead of two synchronous driver calls.
+ * Larger ones (weights set one by one, whole caches) go synchronously rather than pin their
+ * size in host memory. The size is the caller's: a decode step's mask row is small even when
+ * the buffer holds the largest batch's mask (RT_PIN_MAX bounds that buffer). */
 #define RT_ASYNC_MAX ((size_t)4 << 20)
+#define RT_PIN_MAX ((size_t)64 << 20)
 
 /* Buffer i's pinned host copy, allocated at first use; NULL when that fails (*r says why, or
  * stays success when host memory ran out: callers fall back to pageable copies). */
 static void *pinned_of(kiln_session *s, int i, rt_cures *r) {
     if (!s->pinned && !(s->pinned = calloc((size_t)s->nbufs, sizeof *s->pinned))) return NULL;
+    if (!s->pin_busy && !(s->pin_busy = calloc((size_t)s->nbufs, sizeof *s->pin_busy))) return NULL;
     if (!s->pinned[i] && (*r = s->cu->MemAllocHost(&s->pinned[i], s->bufs[i].bytes)) != RT_CUDA_SUCCESS) {
         s->pinned[i] = NULL;
         return NULL;
@@ -601,24 +605,38 @@ static kiln_status upload_async(kiln_session *s, int i, const void *data, size_t
         if (r == RT_CUDA_SUCCESS) return kb_oom();
         return rt_cuda_error(r, "cuMemAllocHost", "allocating %zu pinned bytes for '%s'", b->bytes, b->name);
     }
-    /* The previous copy from this pinned block may still be queued: wait for it (the stream is
-     * idle between runs unless an upload is pending, so this is cheap). */
-    if ((r = s->cu->StreamSynchronize(s->stream)) != RT_CUDA_SUCCESS)
-        return rt_cuda_error(r, "cuStreamSynchronize", "before copying into '%s'", b->name);
+    /* A copy from this pinned block may still be queued (the block was set twice without a run
+     * between): wait for it. Runs end idle, so a step that sets each input once never waits. */
+    if (s->pin_busy[i]) {
+        if ((r = s->cu->StreamSynchronize(s->stream)) != RT_CUDA_SUCCESS)
+            return rt_cuda_error(r, "cuStreamSynchronize", "before copying into '%s'", b->name);
+        memset(s->pin_busy, 0, sizeof *s->pin_busy * (size_t)s->nbufs);
+    }
     size_t n = bytes;
     if (buf_has_sym(b)) n = repack(s, b, s->pinned[i], (void *)data, true);
     else memcpy(s->pinned[i], data, bytes);
     if ((r = s->cu->MemcpyHtoDAsync(s->dptr[i], s->pinned[i], n, s->stream)) != RT_CUDA_SUCCESS)
         return rt_cuda_error(r, "cuMemcpyHtoDAsync", "copying %zu bytes into %s '%s'", n, kind_name(b->kind),
                              b->name);
+    s->pin_busy[i] = true;
     return NULL;
+}
+
+/* The shared stream is idle: no pinned block of s, its primary or their variants is busy. */
+static void pins_idle(kiln_session *s) {
+    kiln_session *root = s->primary ? s->primary : s;
+    for (int v = -1; v < root->nspec; v++) {
+        kiln_session *u = v < 0 ? root : root->spec[v];
+        if (u->pin_busy) memset(u->pin_busy, 0, sizeof *u->pin_busy * (size_t)u->nbufs);
+    }
 }
 
 static kiln_status upload(kiln_session *s, int i, const void *data, size_t bytes) {
     const ir_buf *b = &s->bufs[i];
     kiln_status   st = rt_make_current(s);
     if (st) return st;
-    if (b->bytes <= RT_ASYNC_MAX && b->kind != IR_BUF_WEIGHT) return upload_async(s, i, data, bytes);
+    if (bytes <= RT_ASYNC_MAX && b->bytes <= RT_PIN_MAX && b->kind != IR_BUF_WEIGHT)
+        return upload_async(s, i, data, bytes);
     void  *staging = NULL;
     size_t n = bytes;
     if (buf_has_sym(b)) {
@@ -857,6 +875,7 @@ static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats) {
                                      : "; to find the failing kernel, run with "
                                        "CUDA_LAUNCH_BLOCKING=1");
     }
+    pins_idle(s);
     float ms = 0;
     r = cu->EventElapsedTime(&ms, s->ev_start, s->ev_end);
     if (r != RT_CUDA_SUCCESS)

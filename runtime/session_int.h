@@ -43,6 +43,7 @@ struct kiln_session {
     rt_cuptr *dptr;  /* device address of each buffer (0 for zero-size ones) */
     bool     *owned; /* dptr[i] is its own allocation (not in the arena) */
     void    **pinned; /* small inputs and states: pinned host copies that uploads go through */
+    bool     *pin_busy; /* pinned[i] is the source of a copy that may still be queued */
     rt_cuptr  arena;
     size_t    arena_bytes;
     rt_cuptr  scratch;     /* the program's scratch (one stream: nodes take turns) */

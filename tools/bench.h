@@ -41,6 +41,7 @@ typedef struct {
     double   fill_ms;             /* random weights made on the device */
     int64_t  kv[KT_BENCH_KVS];
     double   decode_ms[KT_BENCH_KVS], decode_gpu_ms[KT_BENCH_KVS];
+    double   host_us[KT_BENCH_KVS][3]; /* per token: inputs, run (launch until done), readback */
     int64_t  prefill_n;
     double   prefill_ms;
     /* PyTorch, eager [0] and torch.compile reduce-overhead [1]; 0 where not measured */

@@ -120,6 +120,9 @@ static kiln_status time_decode(model_run *r, kiln_gen *g, const int32_t *ids, in
     if (!st) {
         r->m->decode_ms[k] = (t1 - t0) / (double)r->steps;
         r->m->decode_gpu_ms[k] = (s1.decode_gpu_ms - s0.decode_gpu_ms) / (double)r->steps;
+        r->m->host_us[k][0] = 1e3 * (s1.inputs_ms - s0.inputs_ms) / (double)r->steps;
+        r->m->host_us[k][1] = 1e3 * (s1.run_ms - s0.run_ms) / (double)r->steps;
+        r->m->host_us[k][2] = 1e3 * (s1.readback_ms - s0.readback_ms) / (double)r->steps;
     }
     return st;
 }

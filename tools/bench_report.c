@@ -92,6 +92,8 @@ static void print_model(const kt_bench_model *m) {
            "weights made on the GPU in %.0f ms; torch.compile %s s\n",
            "", m->weight_gb, m->token_gb, m->cold_ms / 1e3, m->kernels, m->warm_ms, m->fill_ms,
            num(f, sizeof f, m->t_compile_s, 1));
+    printf("%-14s per token at kv %lld: inputs %.0f us, run %.0f us (GPU %.0f), argmax readback %.0f us\n", "",
+           (long long)m->kv[0], m->host_us[0][0], m->host_us[0][1], 1e3 * m->decode_gpu_ms[0], m->host_us[0][2]);
     for (int mode = 0; mode < 2; mode++)
         if (m->torch_note[mode][0])
             printf("%-14s torch %s: %s\n", "", mode ? "compile" : "eager", m->torch_note[mode]);
@@ -176,6 +178,9 @@ static void json_model(kb_str *j, const kt_bench_model *m) {
         json_num(j, "ms", m->decode_ms[k], true);
         json_num(j, "tok_s", m->decode_ms[k] > 0 ? 1e3 / m->decode_ms[k] : 0, true);
         json_num(j, "gpu_ms", m->decode_gpu_ms[k], true);
+        json_num(j, "inputs_us", m->host_us[k][0], true);
+        json_num(j, "run_us", m->host_us[k][1], true);
+        json_num(j, "readback_us", m->host_us[k][2], true);
         json_num(j, "torch_eager_ms", m->t_decode_ms[0][k], true);
         json_num(j, "torch_compile_ms", m->t_decode_ms[1][k], false);
         kb_str_add(j, "}");
