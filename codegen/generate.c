@@ -383,6 +383,37 @@ static char *copy_string(lua_State *L, const char *s, size_t len) {
     return c;
 }
 
+/* The kernel's source with the programmatic-dependent-launch prologue at the top of every
+ * __global__ function (runtime/session.c launches with it on sm_90+): wait until the previous
+ * kernel has finished and its writes are visible, then let the next kernel start launching
+ * (it will wait in turn). Nothing runs before the wait, so the semantics are those of plain
+ * stream order; what overlaps is the launch of one kernel with the tail of the previous. On
+ * older archs, or launched without the attribute, both instructions do nothing. */
+static char *with_grid_wait(lua_State *L, const char *src, size_t len) {
+    static const char pro[] = "\n#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
+                              "    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
+                              "    asm volatile(\"griddepcontrol.launch_dependents;\");\n"
+                              "#endif\n";
+    int n = 0;
+    for (const char *p = strstr(src, "__global__"); p; p = strstr(p + 1, "__global__")) n++;
+    char *out = malloc(len + (size_t)n * (sizeof pro - 1) + 1);
+    if (!out) luaL_error(L, "out of host memory");
+    char       *o = out;
+    const char *p = src;
+    for (const char *g; (g = strstr(p, "__global__"));) {
+        const char *brace = strchr(g, '{');
+        if (!brace) break;
+        memcpy(o, p, (size_t)(brace + 1 - p));
+        o += brace + 1 - p;
+        memcpy(o, pro, sizeof pro - 1);
+        o += sizeof pro - 1;
+        p = brace + 1;
+    }
+    size_t rest = strlen(p);
+    memcpy(o, p, rest + 1);
+    return out;
+}
+
 /* The step table at index t is a launch: name, source, grid, block, smem. */
 static void read_launch(lua_State *L, int t, cg_kernel *k) {
     size_t name_len, src_len;
@@ -402,7 +433,7 @@ static void read_launch(lua_State *L, int t, cg_kernel *k) {
     k->smem = (unsigned)get_int(L, t, "smem", 0, 0, CG_MAX_SMEM, "result");
     k->kind = CG_LAUNCH;
     memcpy(k->name, name, name_len + 1);
-    k->source = copy_string(L, src, src_len);
+    k->source = with_grid_wait(L, src, src_len);
     lua_pop(L, 2);
 }
 

@@ -131,6 +131,8 @@ static void do_init(void) {
         }
         memcpy((char *)&api + g_syms[i].off, &f, sizeof f);
     }
+    void *ex = dlsym(g_lib, "cuLaunchKernelEx");
+    memcpy(&api.LaunchKernelEx, &ex, sizeof ex);
     g_api = api; /* error names are available from here on */
 
     char err[256];

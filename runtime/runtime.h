@@ -43,6 +43,25 @@ typedef struct rt_cugraphexec_s *rt_cugraphexec; /* CUgraphExec */
 #define RT_CU_EVENT_DEFAULT 0x0
 #define RT_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 
+/* cuLaunchKernelEx's CUlaunchConfig and CUlaunchAttribute (same layout): for programmatic
+ * dependent launch, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION with value 1. */
+#define RT_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION 6
+typedef struct {
+    int  id;
+    char pad[4];
+    union {
+        char               bytes[64];
+        int                value;
+        unsigned long long align;
+    } v;
+} rt_launch_attr;
+typedef struct {
+    unsigned        grid[3], block[3], smem;
+    rt_custream     stream;
+    rt_launch_attr *attrs;
+    unsigned        nattrs;
+} rt_launch_config;
+
 /* Entry points, resolved by rt_driver_init (valid only after it succeeded). Fields are named
  * after the exported symbol without its "cu" prefix and version suffix. */
 typedef struct {
@@ -90,6 +109,8 @@ typedef struct {
     rt_cures (*EventDestroy)(rt_cuevent ev);
     rt_cures (*GetErrorName)(rt_cures err, const char **s);
     rt_cures (*GetErrorString)(rt_cures err, const char **s);
+    /* Optional (NULL when the driver lacks it): launches with attributes. */
+    rt_cures (*LaunchKernelEx)(const rt_launch_config *cfg, rt_cufn f, void **params, void **extra);
 } rt_cuda_api;
 
 /* The resolved entry points; NULL until rt_driver_init has succeeded. */

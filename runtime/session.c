@@ -300,6 +300,18 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
     return NULL;
 }
 
+/* Programmatic dependent launch (Hopper on): each kernel may be launched while its predecessor
+ * drains, and waits in its first instruction (griddepcontrol.wait, which codegen puts at the top
+ * of every kernel) until the predecessor has finished and its writes are visible. The kernel
+ * boundaries of a decode step (hundreds of them) then cost less than a full launch each.
+ * KILN_PDL=0 turns it off (the wait is then a no-op). */
+static bool pdl_enabled(const char *arch) {
+    const char *e = getenv("KILN_PDL");
+    if (e && (!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "no") || !strcmp(e, "false"))) return false;
+    kb_arch a;
+    return rt_cuda()->LaunchKernelEx && kb_arch_parse(arch, &a) && a.major >= 9;
+}
+
 static bool graphs_enabled(const kiln_session_opts *opts) {
     if (opts && opts->no_cuda_graph) return false;
     const char *e = getenv("KILN_CUDA_GRAPHS");
@@ -387,8 +399,10 @@ static kiln_status session_open(const kiln_program *p, const kiln_session_opts *
     s->cu = rt_cuda();
     s->device = device;
     s->use_graphs = graphs_enabled(opts);
+    if ((s->profile = rt_profile_wanted())) s->use_graphs = false;
     s->primary = primary;
     snprintf(s->arch, sizeof s->arch, "%s", p->arch);
+    s->pdl = pdl_enabled(p->arch);
     const rt_cuda_api *cu = s->cu;
     rt_cures r;
 
@@ -452,6 +466,8 @@ void kiln_session_free(kiln_session *s) {
     if (cu && s->ctx) {
         cu->CtxSetCurrent(s->ctx);
         if (s->stream) cu->StreamSynchronize(s->stream);
+        rt_profile_report(s);
+        rt_profile_free(s);
         if (s->exec) cu->GraphExecDestroy(s->exec);
         if (s->ev_start) cu->EventDestroy(s->ev_start);
         if (s->ev_end) cu->EventDestroy(s->ev_end);
@@ -759,17 +775,29 @@ static kiln_status launch_all(kiln_session *s, const char *doing) {
         if (r != RT_CUDA_SUCCESS)
             return rt_cuda_error(r, "cuMemcpyHtoDAsync", "%s the copy of the symbolic dims", doing);
     }
+    bool prof = s->profile && !s->exec && strcmp(doing, "launching") == 0;
     for (int i = 0; i < s->nlaunches; i++) {
         rt_launch *l = &s->launches[i];
+        if (prof) {
+            kiln_status st = rt_profile_mark(s, i);
+            if (st) return st;
+        }
         if (l->empty) continue;
         if (l->kind == CG_GEMM) {
             kiln_status st = run_gemm(s, i, l);
             if (st) return st;
             continue;
         }
-        rt_cures r = s->cu->LaunchKernel(l->fn, l->grid[0], l->grid[1], l->grid[2], l->block[0],
-                                         l->block[1], l->block[2], l->smem, s->stream,
-                                         l->nparams ? l->args : NULL, NULL);
+        rt_cures r;
+        if (s->pdl) {
+            rt_launch_attr   attr = {.id = RT_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, .v.value = 1};
+            rt_launch_config cfg = {{l->grid[0], l->grid[1], l->grid[2]}, {l->block[0], l->block[1], l->block[2]},
+                                    l->smem, s->stream, &attr, 1};
+            r = s->cu->LaunchKernelEx(&cfg, l->fn, l->nparams ? l->args : NULL, NULL);
+        } else {
+            r = s->cu->LaunchKernel(l->fn, l->grid[0], l->grid[1], l->grid[2], l->block[0], l->block[1], l->block[2],
+                                    l->smem, s->stream, l->nparams ? l->args : NULL, NULL);
+        }
         if (r != RT_CUDA_SUCCESS)
             return rt_cuda_error(r, "cuLaunchKernel",
                                  "%s kernel %d '%s' (grid %ux%ux%u, block %ux%ux%u, %u bytes "
@@ -777,7 +805,7 @@ static kiln_status launch_all(kiln_session *s, const char *doing) {
                                  doing, i, l->name, l->grid[0], l->grid[1], l->grid[2],
                                  l->block[0], l->block[1], l->block[2], l->smem);
     }
-    return NULL;
+    return prof ? rt_profile_mark(s, s->nlaunches) : NULL;
 }
 
 static kiln_status capture(kiln_session *s) {
@@ -876,6 +904,7 @@ static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats) {
                                        "CUDA_LAUNCH_BLOCKING=1");
     }
     pins_idle(s);
+    rt_profile_collect(s);
     float ms = 0;
     r = cu->EventElapsedTime(&ms, s->ev_start, s->ev_end);
     if (r != RT_CUDA_SUCCESS)

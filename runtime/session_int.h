@@ -59,6 +59,7 @@ struct kiln_session {
     int        nlaunches;
 
     bool           use_graphs;
+    bool           pdl; /* kernels launched with programmatic stream serialization (sm_90+) */
     rt_cugraphexec exec;
     int            captures;
     double         last_ms;
@@ -81,11 +82,23 @@ struct kiln_session {
     int64_t        spec_val[KILN_MAX_SYMS * 4];
     kiln_session  *primary; /* for a variant: the session it belongs to */
     kiln_session  *last;    /* the session (this one or a variant) that ran last */
+
+    /* KILN_PROFILE (runtime/profile.c): an event after each launch, time per launch summed. */
+    bool        profile;
+    rt_cuevent *prof_ev; /* nlaunches + 1 */
+    double     *prof_ms;
+    int64_t     prof_runs;
     kiln_session_stats stats;
 };
 
 /* "f32 [4096, 8]": b's type and shape, for messages. */
 void rt_describe_buf(const ir_buf *b, char *out, size_t n);
+/* KILN_PROFILE (runtime/profile.c). */
+bool        rt_profile_wanted(void);
+kiln_status rt_profile_mark(kiln_session *s, int i); /* event i: before launch i (i = nlaunches: the end) */
+void        rt_profile_collect(kiln_session *s);     /* after a run's sync: add up its times */
+void        rt_profile_report(kiln_session *s);      /* the table, on stderr */
+void        rt_profile_free(kiln_session *s);
 /* Makes s's context current on the calling thread. */
 kiln_status rt_make_current(kiln_session *s);
 
