@@ -49,6 +49,7 @@ open(sys.argv[3],'wb').write(a.tobytes())" $dims "$tmp/mask.bin" && extra="$extr
     tms="-" tf="-" ttf="-" sp="-"
     if [ -n "$TORCH" ]; then
         t=$(python3 bench/torch_ops.py "$g" 2>/dev/null | tail -1)
+        t=${t#"$g "}
         case "$t" in
         ms=*)
             tms=$(printf '%s\n' "$t" | sed 's/ms=\([0-9.]*\).*/\1/')
