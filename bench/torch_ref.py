@@ -7,17 +7,20 @@ Usage:
                --n-head-kv HKV --head-dim D --n-ff F [--n-expert NE --n-expert-used K
                --n-ff-exp FE] [--qk-norm] [--tied] --rms-eps EPS --rope-base B
                [--kv 512,4096] [--prefill 512] [--steps 64] [--modes eager,compile]
-               [--device cuda|cpu] [--dtype bf16] [--max-seconds S] [--moe auto|grouped|gather]
+               [--device cuda|cpu] [--dtype bf16|f16|f32] [--max-seconds S]
+               [--moe auto|grouped|gather|loop]
 
 Prints on stdout, one line each, flushed (everything else goes to stderr), exit status 0:
   eager decode kv=P ms=<wall ms per token> gpu_ms=<CUDA-event ms per token>
   eager prefill n=N ms=<wall ms for the N tokens> tok_s=<tokens/s>
   compile compile_s=<s>           then the same decode and prefill lines for torch.compile
   <mode> skip: <why>              torch missing, OOM, compile failed, time budget, ...
+stderr says the weights' size, which expert path ran, each mode's peak GPU memory, how the
+decode compiled, the number of graphs compiled and whether CUDA graphs were skipped.
 
 The model is what a PyTorch user writes (nn.Module, F.linear, no fused custom kernels): token
 embedding; per layer RMSNorm (F.rms_norm) -> q/k/v projections without bias -> (qwen3moe /
---qk-norm: RMSNorm of each q and k head) -> rotary (HF style: rotate_half, cos/sin tables
+--qk-norm, implied by qwen3moe: RMSNorm of each q and k head) -> rotary (HF style: rotate_half, cos/sin tables
 indexed by position) -> K/V written into a static bf16 cache with index_copy_ ->
 F.scaled_dot_product_attention(enable_gqa=True) -> o projection -> residual -> RMSNorm -> FFN ->
 residual; final RMSNorm of the last token, lm_head (the embedding when --tied), argmax.
@@ -26,15 +29,16 @@ renormalized weights, and the experts as one stacked weight per projection [NE, 
 torch._grouped_mm over the (token, slot) rows sorted by expert, with offsets counted on the
 device (scatter_add + cumsum, no host sync, so it can be captured in a CUDA graph), where
 _grouped_mm runs on the device (probed once: bf16 on sm90 on the GPU); otherwise gather +
-bmm of the selected experts' weights for decode and a loop over experts (host sync) for prefill.
+bmm of the selected experts' weights for decode and a loop over experts (host sync) for prefill
+(--moe forces one: grouped, gather or loop).
 Weights are random on the device (torch.randn * 1/sqrt(in_features), norms 1; no files),
 allocated once and shared by both modes.
 
 Decode at KV position P: a cache of P+1 slots per layer (static shape); a step embeds one token,
 writes slot P and attends over all P+1 slots (the same work as a real step at position P), then
 argmax and .item() on the host, the token fed back as the next input (as a generation loop
-does; kiln's number includes its 4-byte readback too). After warm-up the step runs --steps
-times: ms = wall time per step; gpu_ms = the sum over steps of CUDA-event time from the step's
+does; kiln's number includes its 4-byte readback too). After warm-up (eager: 3 steps;
+compile: the 2 first calls, then 2 more) the step runs --steps times: ms = wall time per step; gpu_ms = the sum over steps of CUDA-event time from the step's
 launch to its argmax, per step (the host's .item() and refill between steps excluded).
 Prefill: N tokens from position 0, causal (is_causal=True), a cache of N slots, logits of the
 last token only (as kiln's KILN_OUTPUTS_LAST); ms = the median wall time of 5 runs after 2
@@ -571,6 +575,22 @@ class Config:
         self.cpu_compile_mode = "reduce-overhead"
 
 
+def report_mode(cfg, mode):
+    """On stderr: the mode's peak GPU memory and, for compile, why CUDA graphs were skipped."""
+    if cfg.device == "cuda":
+        log(f"{mode}: peak GPU memory {torch.cuda.max_memory_allocated() / 1e9:.2f} GB")
+        torch.cuda.reset_peak_memory_stats()
+    if mode == "compile":
+        try:
+            from torch._dynamo.utils import counters
+            skips = dict(counters["inductor"]).get("cudagraph_skips", 0)
+            graphs = dict(counters["stats"]).get("unique_graphs", "?")
+            log(f"compile: {graphs} graph(s) compiled; CUDA graphs skipped {skips} time(s)"
+                + (" (TORCH_LOGS=perf_hints says why)" if skips else ""))
+        except Exception:  # noqa: BLE001
+            pass
+
+
 def check_cpu_compile(cfg):
     """On a CPU, reduce-overhead should run as default mode; if it raises, use default mode."""
     try:
@@ -620,6 +640,7 @@ def run(a):
             else:
                 emit(f"{m} skip: unknown mode")
             done.append(m)
+            report_mode(cfg, m)
             free(cfg)
     except TimeBudget:
         for m in a.modes:
