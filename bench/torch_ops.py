@@ -38,7 +38,9 @@ distinct random rows, get_rows ids random rows (distinct where possible).
 Flops: 2*M*N*K for matrix products, 2*2*heads*n_q*n_kv*D for attention (halved when causal),
 0 for the rest.
 Timing: the whole graph captured once in a CUDA graph and replayed: the median over N replays
-(default 50), each timed with CUDA events, after 3 eager and 5 replay warm-ups. A graph whose
+(default 50), each timed with CUDA events, after 3 eager and 5 replay warm-ups; before each
+timed replay the L2 is flushed (a write of 4x its size, outside the timed span), as kiln bench
+does for kiln's replays. A graph whose
 ops cannot be captured (host syncs) is timed the same way, eagerly. `--device cpu` (for testing
 the programs) times eager calls with time.perf_counter.
 """
@@ -444,8 +446,20 @@ def median(xs):
     return xs[len(xs) // 2]
 
 
-def time_cuda(torch, fn, iters):
-    """(median ms, captured): fn replayed from a CUDA graph, else run eagerly."""
+class L2Flush:
+    """Evicts the L2 before a timed run: a write of 4x its size (as kiln bench's flush)."""
+
+    def __init__(self, torch):
+        l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
+        self.buf = torch.empty(4 * (l2 or 64 << 20), dtype=torch.uint8, device="cuda")
+
+    def __call__(self):
+        self.buf.fill_(0x5A)
+
+
+def time_cuda(torch, fn, iters, flush):
+    """(median ms, captured): fn replayed from a CUDA graph, else run eagerly; the L2 flushed
+    (outside the timed span) before each timed run."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -468,6 +482,7 @@ def time_cuda(torch, fn, iters):
     times = []
     a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(iters):
+        flush()
         a.record()
         run()
         e.record()
@@ -491,14 +506,14 @@ def one_line(text):
     return text.replace("\n", " ")[:200]
 
 
-def bench_graph(torch, F, path, dev, iters, grouped_cache):
+def bench_graph(torch, F, path, dev, iters, grouped_cache, flush):
     """The output line for one graph."""
     g = None
     try:
         g = Graph(torch, F, dev, path, grouped_cache)
         g.build()
         if dev == "cuda":
-            ms, captured = time_cuda(torch, g.run, iters)
+            ms, captured = time_cuda(torch, g.run, iters, flush)
         else:
             ms, captured = time_cpu(g.run, iters)
         return f"{path} ms={ms:.4f} flops={g.flops}{'' if captured else ' eager'}"
@@ -534,8 +549,9 @@ def main(argv):
             print(f"{p} skip: PyTorch sees no GPU", flush=True)
         return 0
     grouped_cache = {}
+    flush = L2Flush(torch) if a.device == "cuda" else None
     for p in a.graphs:
-        print(bench_graph(torch, F, p, a.device, max(1, a.iters), grouped_cache), flush=True)
+        print(bench_graph(torch, F, p, a.device, max(1, a.iters), grouped_cache, flush), flush=True)
     return 0
 
 
