@@ -195,7 +195,7 @@ static void run_torch(model_run *r, const kiln_model_hparams *hp) {
     if (hp->tied_output) kb_str_add(&cmd, " --tied");
     kb_str_addf(&cmd, " --kv %lld,%lld --prefill %d --steps %lld --modes %s --max-seconds %d", (long long)m->kv[0],
                 (long long)m->kv[1], PREFILL_N, (long long)r->steps, b->quick ? "eager" : "eager,compile",
-                b->quick ? 60 : 150);
+                b->quick ? 90 : 300);
     char *c = kb_str_take(&cmd);
     if (!c) return;
     fprintf(stderr, "bench: %s: PyTorch (%s)\n", m->name, b->quick ? "eager" : "eager, then torch.compile");
