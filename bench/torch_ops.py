@@ -39,7 +39,7 @@ Flops: 2*M*N*K for matrix products, 2*2*heads*n_q*n_kv*D for attention (halved w
 0 for the rest.
 Timing: the whole graph captured once in a CUDA graph and replayed: the median over N replays
 (default 50), each timed with CUDA events, after 3 eager and 5 replay warm-ups; before each
-timed replay the L2 is flushed (a write of 4x its size, outside the timed span), as kiln bench
+timed replay the L2 is flushed (a read of 4x its size, outside the timed span), as kiln bench
 does for kiln's replays. A graph whose
 ops cannot be captured (host syncs) is timed the same way, eagerly. `--device cpu` (for testing
 the programs) times eager calls with time.perf_counter.
@@ -447,14 +447,17 @@ def median(xs):
 
 
 class L2Flush:
-    """Evicts the L2 before a timed run: a write of 4x its size (as kiln bench's flush)."""
+    """Evicts the L2 before a timed run, as kiln bench's flush does: a read of 4x its size (a
+    write would leave dirty lines that the timed kernel would have to write back)."""
 
     def __init__(self, torch):
         l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
-        self.buf = torch.empty(4 * (l2 or 64 << 20), dtype=torch.uint8, device="cuda")
+        self.buf = torch.full((4 * (l2 or 64 << 20) // 4,), 1, dtype=torch.int32, device="cuda")
+        self.torch = torch
 
     def __call__(self):
-        self.buf.fill_(0x5A)
+        self.buf.max()
+        self.torch.cuda.synchronize()
 
 
 def time_cuda(torch, fn, iters, flush):

@@ -397,8 +397,8 @@ kiln_status kiln_device_get_info(int device, kiln_device_info *out);
  * of `bytes` (several times the L2) repeated `iters` times; GB/s counts the bytes read plus
  * the bytes written (1 GB = 1e9 B), of the median copy. */
 kiln_status kiln_device_copy_bandwidth(int device, size_t bytes, int iters, double *gb_per_s);
-/* Evicts the device's L2 cache (writes a buffer of four times its size, kept for the process)
- * and waits, so that the next run reads its data from memory: for timing working sets smaller
+/* Evicts the device's L2 cache (reads a buffer of four times its size, kept for the process,
+ * so that no dirty line is left for the next kernel to write back) and waits, so that the next run reads its data from memory: for timing working sets smaller
  * than the L2, as a model's weights never are at decode. */
 kiln_status kiln_device_flush_l2(int device);
 
