@@ -58,6 +58,8 @@ kiln_status kt_bench_models(kt_bench *b, kt_bench_model **models, int *n);
 /* Runs a shell command, handing each line of its stdout to line(); its stderr passes through.
  * Returns the exit status (-1 when it could not start). */
 int kt_bench_lines(const char *cmd, void (*line)(void *user, const char *text), void *user);
+/* The median of x[0..n) (sorts x). */
+double kt_bench_median(double *x, int n);
 /* "3.14" after "key=" in text, or 0 when absent. */
 double kt_bench_field(const char *text, const char *key);
 

@@ -80,11 +80,6 @@ static void prompt_ids(int32_t *ids, int64_t n, int64_t n_vocab) {
     for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)((i * 7919 + 13) % n_vocab);
 }
 
-static int by_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static kiln_status time_prefill(model_run *r, kiln_gen *g, const int32_t *ids) {
     double      ms[5];
     int         reps = r->b->quick ? 3 : 5;
@@ -97,9 +92,8 @@ static kiln_status time_prefill(model_run *r, kiln_gen *g, const int32_t *ids) {
         ms[i] = kb_now_ms() - t0;
     }
     if (!st) {
-        qsort(ms, (size_t)reps, sizeof *ms, by_double);
         r->m->prefill_n = PREFILL_N;
-        r->m->prefill_ms = ms[reps / 2];
+        r->m->prefill_ms = kt_bench_median(ms, reps);
     }
     return st;
 }

@@ -106,11 +106,6 @@ static kiln_status set_inputs(kiln_session *s, const kiln_graph *g, const char *
     return st;
 }
 
-static int by_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Median GPU time of iters replays after warm-up (the first run captures the CUDA graph), each
  * from a cold L2: a 4096x4096 bf16 matrix (34 MB) would otherwise be read from the H100's 50 MB
  * L2 on every replay after the first, which no layer of a model ever sees. */
@@ -124,8 +119,7 @@ static kiln_status time_replays(kiln_session *s, int iters, double *median_ms) {
         ms[i] = kiln_session_last_ms(s);
     }
     if (!st) {
-        qsort(ms, (size_t)iters, sizeof *ms, by_double);
-        *median_ms = ms[iters / 2];
+        *median_ms = kt_bench_median(ms, iters);
     }
     free(ms);
     return st;

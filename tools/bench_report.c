@@ -23,6 +23,16 @@ int kt_bench_lines(const char *cmd, void (*line)(void *user, const char *text), 
     return rc == -1 ? -1 : WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }
 
+static int by_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double kt_bench_median(double *x, int n) {
+    qsort(x, (size_t)n, sizeof *x, by_double);
+    return x[n / 2];
+}
+
 double kt_bench_field(const char *text, const char *key) {
     size_t n = strlen(key);
     for (const char *p = strstr(text, key); p; p = strstr(p + 1, key))
