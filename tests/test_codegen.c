@@ -1087,6 +1087,41 @@ START_TEST(lowered_layers) {
 }
 END_TEST
 
+/* Every generated kernel starts with the programmatic-dependent-launch prologue (the runtime
+ * launches with it on sm_90+): the wait is the first statement of each __global__ function, so
+ * nothing reads a predecessor's output early. Whole layers of both example models. */
+START_TEST(grid_wait_prologue) {
+    static const char *const files[] = {"examples/llama-layer.kg", "examples/qwen3moe-layer.kg"};
+    static const char        pro[] = "{\n#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
+                                     "    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n";
+    for (int f = 0; f < 2; f++) {
+        char path[512], *text;
+        snprintf(path, sizeof path, "%s/%s", ts_src_dir(), files[f]);
+        text = ts_read_file(path, NULL);
+        kiln_ctx     *ctx;
+        kiln_graph   *g;
+        char         *dir = ts_tmpdir();
+        kiln_program *prog = ts_compile(text, "sm_90a", dir, 1, &ctx, &g);
+        int           globals = 0;
+        for (int i = 0; i < kiln_program_kernel_count(prog); i++) {
+            const char *src = kiln_program_kernel_source(prog, i);
+            for (const char *q = strstr(src, "__global__"); q; q = strstr(q + 1, "__global__")) {
+                ck_assert_msg(strncmp(strchr(q, '{'), pro, strlen(pro)) == 0, "%s kernel %s: no wait at the top",
+                              files[f], kiln_program_kernel_name(prog, i));
+                globals++;
+            }
+        }
+        ck_assert_int_gt(globals, 5);
+        kiln_program_free(prog);
+        kiln_graph_free(g);
+        kiln_ctx_free(ctx);
+        ts_rmtree(dir);
+        free(dir);
+        free(text);
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("codegen");
     TCase *lua = tcase_create("lua");
@@ -1097,6 +1132,7 @@ static Suite *suite(void) {
 
     TCase *gen_tc = tcase_create("generate");
     tcase_add_test(gen_tc, determinism);
+    tcase_add_test(gen_tc, grid_wait_prologue);
     tcase_add_test(gen_tc, float_literals);
     tcase_add_test(gen_tc, invalid_nodes);
     tcase_add_test(gen_tc, template_dir);
