@@ -480,34 +480,27 @@ local function vector_kernel(c, plan)
     for j = 1, #inputs do
         if kinds[j] == "const" then add(before[j]) end
     end
+    -- A tail element by element: from e to `limit`, then return.
+    local function scalar_tail(cond, limit)
+        add(string.format("if (%s) {", cond))
+        add(string.format("    for (unsigned t = e; t < %s; t++) {", limit))
+        for j, r in ipairs(inputs) do
+            if kinds[j] ~= "const" then
+                add(string.format("        const float r%d = %s;", j - 1, pre.load(r.type, "in" .. (j - 1) .. "[t]")))
+            end
+        end
+        for _, l in ipairs(ilines) do add("        " .. l) end
+        add(string.format("        out[t] = %s;", pre.store(dst.type, last)))
+        add("    }")
+        add("    return;")
+        add("}")
+    end
     if dy and flat and dy.static % vec ~= 0 then
-        -- The run-time count may end inside this thread's group: element by element.
-        add(string.format("if (e + %s > count) {", I(vec)))
-        add("    for (unsigned t = e; t < count; t++) {")
-        for j, r in ipairs(inputs) do
-            if kinds[j] ~= "const" then
-                add(string.format("        const float r%d = %s;", j - 1, pre.load(r.type, "in" .. (j - 1) .. "[t]")))
-            end
-        end
-        for _, l in ipairs(ilines) do add("        " .. l) end
-        add(string.format("        out[t] = %s;", pre.store(dst.type, last)))
-        add("    }")
-        add("    return;")
-        add("}")
+        -- The run-time count may end inside this thread's group.
+        scalar_tail(string.format("e + %s > count", I(vec)), "count")
     elseif not dy and flat and n % vec ~= 0 then
-        -- The last thread's group is cut short: element by element.
-        add(string.format("if (i == %s) {", I(groups - 1)))
-        add(string.format("    for (unsigned t = e; t < %s; t++) {", I(n)))
-        for j, r in ipairs(inputs) do
-            if kinds[j] ~= "const" then
-                add(string.format("        const float r%d = %s;", j - 1, pre.load(r.type, "in" .. (j - 1) .. "[t]")))
-            end
-        end
-        for _, l in ipairs(ilines) do add("        " .. l) end
-        add(string.format("        out[t] = %s;", pre.store(dst.type, last)))
-        add("    }")
-        add("    return;")
-        add("}")
+        -- The last thread's group is cut short.
+        scalar_tail(string.format("i == %s", I(groups - 1)), I(n))
     end
     for j = 1, #inputs do
         if kinds[j] == "vec" then add(before[j]) end

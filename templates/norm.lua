@@ -23,6 +23,7 @@
 -- float after the sums follow ggml's CPU kernels exactly (see ir/ref_norm.c).
 
 local tpl = require("tpl")
+local D = require("dyn")
 local prelude = require("prelude")
 local E = require("epilogue")
 
@@ -480,34 +481,7 @@ local function dyn_plan(k, allowed)
     return dy
 end
 
--- Lines declaring r1..r3 (the coordinates of row `row` over the run-time rows), and the
--- coordinate expressions by dim (nil for dims of extent 1).
-local function row_coords_dyn(ne, dy, lines)
-    local last = 1
-    for d = 2, 4 do if ne[d] > 1 then last = d end end
-    local coords = {}
-    local sconst, sdyn = 1, {}
-    for d = 2, 4 do
-        if ne[d] > 1 then
-            local f = {}
-            if sconst > 1 then f[#f + 1] = sconst .. "u" end
-            for _, x in ipairs(sdyn) do f[#f + 1] = x end
-            local e = "row"
-            if #f == 1 then e = e .. " / " .. f[1]
-            elseif #f > 1 then e = e .. " / (" .. table.concat(f, " * ") .. ")" end
-            if d < last then
-                if #f > 0 then e = "(" .. e .. ")" end
-                e = e .. " % " .. (dy.ext[d] or (ne[d] .. "u"))
-            end
-            lines[#lines + 1] = string.format("const unsigned r%d = %s;", d - 1, e)
-            coords[d] = "r" .. (d - 1)
-        end
-        if dy.ext[d] then sdyn[#sdyn + 1] = dy.ext[d] else sconst = sconst * ne[d] end
-    end
-    return coords
-end
-
--- Offset of r's row from the coordinates of row_coords_dyn.
+-- Offset of r's row from the coordinates of D.row_coords.
 local function row_base_dyn(r, ne, coords, I)
     local terms = {}
     for d = 2, 4 do
@@ -651,7 +625,9 @@ local function row_plan(k, a, dst, I, ix, dy)
     local bi, bo, dcoords
     if dy then
         c.launch = c.launch .. string.format("; dynamic rows (at most %d): blocks past them return", rows)
-        dcoords = row_coords_dyn(ne, dy, plines)
+        local lines
+        lines, dcoords = D.row_coords(ne, dy)
+        for _, l in ipairs(lines) do plines[#plines + 1] = l end
         bi, bo = row_base_dyn(a, ne, dcoords, I), row_base_dyn(dst, ne, dcoords, I)
     else
         bi = row_base(a, ne, I, plines, "r")

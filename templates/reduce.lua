@@ -21,6 +21,7 @@
 --   read as vectors; otherwise dims are walked in order of increasing stride.
 
 local tpl = require("tpl")
+local D = require("dyn")
 local prelude = require("prelude")
 
 local INT_MAX = 2147483647
@@ -214,34 +215,6 @@ local function dyn_plan(k, a)
     for d = 2, 4 do if dy.ext[d] then f[#f + 1] = dy.ext[d] end end
     dy.nrows = #f > 0 and table.concat(f, " * ") or "1u"
     return dy
-end
-
--- Lines declaring r1..r3, the coordinates of `row` over the run-time rows of a; returns the
--- coordinate names by dim (nil for dims of extent 1).
-local function row_coords_dyn(a, dy)
-    local ne = a.ne
-    local last = 1
-    for d = 2, 4 do if ne[d] > 1 then last = d end end
-    local lines, coords = {}, {}
-    local sconst, sdyn = 1, {}
-    for d = 2, 4 do
-        if ne[d] > 1 then
-            local f = {}
-            if sconst > 1 then f[#f + 1] = sconst .. "u" end
-            for _, x in ipairs(sdyn) do f[#f + 1] = x end
-            local e = "row"
-            if #f == 1 then e = e .. " / " .. f[1]
-            elseif #f > 1 then e = e .. " / (" .. table.concat(f, " * ") .. ")" end
-            if d < last then
-                if #f > 0 then e = "(" .. e .. ")" end
-                e = e .. " % " .. (dy.ext[d] or (ne[d] .. "u"))
-            end
-            lines[#lines + 1] = string.format("const unsigned r%d = %s;", d - 1, e)
-            coords[d] = "r" .. (d - 1)
-        end
-        if dy.ext[d] then sdyn[#sdyn + 1] = dy.ext[d] else sconst = sconst * ne[d] end
-    end
-    return lines, coords
 end
 
 -- Offset of r at the row coordinates coords (dims 2..4).
@@ -449,7 +422,7 @@ local function row_reduce(k, a, dst)
     local function iadd(s) inner[#inner + 1] = s end
     local out_at = "row"
     if dy then
-        local cl, coords = row_coords_dyn(a, dy)
+        local cl, coords = D.row_coords(a.ne, dy)
         append(inner, cl)
         iadd(string.format("const %s *const x = in + %s;", prelude.ctype[a.type], coords_offset(a, coords, I)))
         if op ~= "argmax" then out_at = coords_offset(dst, coords, I) end
@@ -570,7 +543,7 @@ local function cumsum(k, a, dst)
     local inner = {}
     local function iadd(s) inner[#inner + 1] = s end
     if dy then
-        local cl, coords = row_coords_dyn(a, dy)
+        local cl, coords = D.row_coords(a.ne, dy)
         append(inner, cl)
         iadd(string.format("const float *const x = in + %s;", coords_offset(a, coords, I)))
         iadd(string.format("float *const y = out + %s;", coords_offset(dst, coords, I)))

@@ -23,6 +23,7 @@
 -- Pairs beyond CACHE_MAX are processed in chunks of CACHE_MAX (large n_dims only).
 
 local tpl = require("tpl")
+local D = require("dyn")
 local prelude = require("prelude")
 
 local SIZE = { f32 = 4, f16 = 2, bf16 = 2 }
@@ -55,13 +56,12 @@ local function ceil_div(a, b) return (a + b - 1) // b end
 -- ---- symbolic dims (docs/templates.md: ref.dyn) ----------------------------------------------
 --
 -- dyn(r, d): the C expression (int) of r's run-time extent in dim d (1-based), or nil when static.
-local function dyn(r, d) return r and r.dyn and r.dyn[d] or nil end
+local dyn = D.ext
 
 -- Fails unless r's dynamic dims are among the allowed ones (a set of 1-based dims).
 local function dyn_only(r, what, allowed)
-    for d = 1, 4 do
-        if dyn(r, d) and not allowed[d] then fail("%s: symbolic dim %d is not supported", what, d - 1) end
-    end
+    local d = D.disallowed(r, allowed)
+    if d then fail("%s: symbolic dim %d is not supported", what, d - 1) end
 end
 
 -- The run-time extent of a dim that a and b share: one of their expressions (nil when static).

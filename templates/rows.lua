@@ -24,6 +24,7 @@
 -- inside a row 32-bit.
 
 local tpl = require("tpl")
+local D = require("dyn")
 local prelude = require("prelude")
 
 local BLOCK = 256
@@ -54,13 +55,12 @@ end
 -- ---- symbolic dims (docs/templates.md: ref.dyn) ----------------------------------------------
 --
 -- dyn(r, d): the C expression (int) of r's run-time extent in dim d (1-based), or nil when static.
-local function dyn(r, d) return r and r.dyn and r.dyn[d] or nil end
+local dyn = D.ext
 
 -- Fails unless r's dynamic dims are among the allowed ones (a set of 1-based dims).
 local function dyn_only(r, what, allowed)
-    for d = 1, 4 do
-        if dyn(r, d) and not allowed[d] then fail("%s: symbolic dim %d is not supported", what, d - 1) end
-    end
+    local d = D.disallowed(r, allowed)
+    if d then fail("%s: symbolic dim %d is not supported", what, d - 1) end
 end
 
 local function next_pow2(n)
