@@ -112,6 +112,20 @@ static const char flush_src[] =
     "    if (acc == 0x9e3779b9u) *sink = acc; /* never (the buffer holds zeros): keeps the loads */\n"
     "}\n";
 
+kiln_status rt_load_kernel(const char *src, const char *name, const char *arch, rt_cumod *mod, rt_cufn *fn) {
+    void       *cubin = NULL;
+    size_t      size = 0;
+    kiln_status st = cg_nvrtc_compile(src, name, arch, &cubin, &size);
+    if (st) return st;
+    const rt_cuda_api *cu = rt_cuda();
+    rt_cures           r = cu->ModuleLoadData(mod, cubin);
+    free(cubin);
+    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuModuleLoadData", "loading kernel %s", name);
+    if ((r = cu->ModuleGetFunction(fn, *mod, name)) != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuModuleGetFunction", "finding kernel %s", name);
+    return NULL;
+}
+
 typedef struct {
     int      dev;
     rt_cuptr buf, sink;
@@ -128,19 +142,14 @@ static kiln_status flusher_init(l2_flusher *f, int device, rt_cudev d) {
     char               arch[16];
     int                l2 = 0;
     kiln_status        st = kiln_device_arch(device, arch, sizeof arch);
-    void              *cubin = NULL;
-    size_t             size = 0;
-    if (!st) st = cg_nvrtc_compile(flush_src, "kiln_l2_read", arch, &cubin, &size);
+    if (!st) st = rt_load_kernel(flush_src, "kiln_l2_read", arch, &f->mod, &f->fn);
     if (st) return st;
-    rt_cures r = cu->ModuleLoadData(&f->mod, cubin);
-    free(cubin);
-    if (r == RT_CUDA_SUCCESS) r = cu->ModuleGetFunction(&f->fn, f->mod, "kiln_l2_read");
-    if (r == RT_CUDA_SUCCESS) r = cu->DeviceGetAttribute(&l2, RT_CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, d);
+    rt_cures r = cu->DeviceGetAttribute(&l2, RT_CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, d);
     f->bytes = 4 * (size_t)(l2 > 0 ? l2 : 64 << 20);
     if (r == RT_CUDA_SUCCESS) r = cu->MemAlloc(&f->buf, f->bytes);
     if (r == RT_CUDA_SUCCESS) r = cu->MemAlloc(&f->sink, 4);
     if (r == RT_CUDA_SUCCESS) r = cu->MemsetD8(f->buf, 0, f->bytes);
-    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuModuleLoadData/cuMemAlloc", "setting up the L2 flush");
+    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuMemAlloc", "setting up the L2 flush");
     f->dev = device;
     return NULL;
 }

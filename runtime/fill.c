@@ -40,19 +40,6 @@ typedef struct {
     rt_cufn  fn;
 } fill_kernel;
 
-static kiln_status fill_load(kiln_session *s, fill_kernel *k) {
-    void       *cubin = NULL;
-    size_t      size = 0;
-    kiln_status st = cg_nvrtc_compile(fill_src, "kiln_fill_uniform", s->arch, &cubin, &size);
-    if (st) return st;
-    rt_cures r = s->cu->ModuleLoadData(&k->mod, cubin);
-    free(cubin);
-    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuModuleLoadData", "loading the weight fill kernel");
-    if ((r = s->cu->ModuleGetFunction(&k->fn, k->mod, "kiln_fill_uniform")) != RT_CUDA_SUCCESS)
-        return rt_cuda_error(r, "cuModuleGetFunction", "finding kiln_fill_uniform");
-    return NULL;
-}
-
 static kiln_status fill_one(kiln_session *s, const fill_kernel *k, int i, const kiln_weight_init *w) {
     const ir_buf *b = &s->bufs[i];
     rt_cures      r;
@@ -82,7 +69,7 @@ kiln_status kiln_session_fill_weights(kiln_session *s, kiln_weight_init_fn init,
     if (s->primary) return kb_error(KILN_ERR_INVALID, "%s: a variant session shares its primary's weights", fn);
     kiln_status st = rt_make_current(s);
     fill_kernel k = {0};
-    if (!st) st = fill_load(s, &k);
+    if (!st) st = rt_load_kernel(fill_src, "kiln_fill_uniform", s->arch, &k.mod, &k.fn);
     for (int i = 0; !st && i < s->nbufs; i++) {
         const ir_buf *b = &s->bufs[i];
         if (b->kind != IR_BUF_WEIGHT || b->bytes == 0) continue;

@@ -113,6 +113,10 @@ typedef struct {
     rt_cures (*LaunchKernelEx)(const rt_launch_config *cfg, rt_cufn f, void **params, void **extra);
 } rt_cuda_api;
 
+/* A runtime utility kernel (fill, L2 flush): `src` compiled by NVRTC for arch and loaded into
+ * the current context; *fn is its function `name`. The caller unloads *mod. */
+kiln_status rt_load_kernel(const char *src, const char *name, const char *arch, rt_cumod *mod, rt_cufn *fn);
+
 /* The resolved entry points; NULL until rt_driver_init has succeeded. */
 const rt_cuda_api *rt_cuda(void);
 /* The driver's CUDA version as reported by cuDriverGetVersion (e.g. 12080), 0 if unknown. */

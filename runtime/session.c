@@ -305,20 +305,20 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
  * of every kernel) until the predecessor has finished and its writes are visible. The kernel
  * boundaries of a decode step (hundreds of them) then cost less than a full launch each.
  * KILN_PDL=0 turns it off (the wait is then a no-op). */
+/* An environment switch set to 0, off, no or false. */
+static bool env_off(const char *name) {
+    const char *e = getenv(name);
+    return e && (!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "no") || !strcmp(e, "false"));
+}
+
 static bool pdl_enabled(const char *arch) {
-    const char *e = getenv("KILN_PDL");
-    if (e && (!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "no") || !strcmp(e, "false"))) return false;
+    if (env_off("KILN_PDL")) return false;
     kb_arch a;
     return rt_cuda()->LaunchKernelEx && kb_arch_parse(arch, &a) && a.major >= 9;
 }
 
 static bool graphs_enabled(const kiln_session_opts *opts) {
-    if (opts && opts->no_cuda_graph) return false;
-    const char *e = getenv("KILN_CUDA_GRAPHS");
-    if (e && (strcmp(e, "0") == 0 || strcmp(e, "off") == 0 || strcmp(e, "no") == 0 ||
-              strcmp(e, "false") == 0))
-        return false;
-    return true;
+    return !(opts && opts->no_cuda_graph) && !env_off("KILN_CUDA_GRAPHS");
 }
 
 /* The program's symbolic dims, and the memory their values live in (all at their maximum). */
@@ -775,7 +775,7 @@ static kiln_status launch_all(kiln_session *s, const char *doing) {
         if (r != RT_CUDA_SUCCESS)
             return rt_cuda_error(r, "cuMemcpyHtoDAsync", "%s the copy of the symbolic dims", doing);
     }
-    bool prof = s->profile && !s->exec && strcmp(doing, "launching") == 0;
+    bool prof = s->profile; /* profiled sessions never capture (use_graphs is off) */
     for (int i = 0; i < s->nlaunches; i++) {
         rt_launch *l = &s->launches[i];
         if (prof) {
