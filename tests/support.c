@@ -78,19 +78,37 @@ int ts_main(Suite *s) {
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
-int ts_main_isolated(Suite *s, const char *tag) {
+/* $TMPDIR/kiln-TAG-XXXXXX, created; NULL (perror) when mkdtemp fails. No Check asserts. */
+static char *main_tmpdir(const char *tag) {
     const char *base = getenv("TMPDIR");
     char        dir[4096];
     snprintf(dir, sizeof dir, "%s/kiln-%s-XXXXXX", base && *base ? base : "/tmp", tag);
     if (!mkdtemp(dir)) {
         perror("mkdtemp");
-        return EXIT_FAILURE;
+        return NULL;
     }
+    return strdup(dir);
+}
+
+int ts_main_isolated(Suite *s, const char *tag) {
+    char *dir = main_tmpdir(tag);
+    if (!dir) return EXIT_FAILURE;
     setenv("KILN_CACHE_DIR", dir, 1);
     static const char *const unset[] = {"KILN_CACHE", "KILN_CACHE_MAX", "KILN_DUMP", "KILN_TEMPLATE_DIR"};
     for (size_t i = 0; i < sizeof unset / sizeof unset[0]; i++) unsetenv(unset[i]);
     int rc = ts_main(s);
     ts_rmtree(dir);
+    free(dir);
+    return rc;
+}
+
+int ts_main_cache(Suite *s, const char *tag, char **cache_dir) {
+    *cache_dir = main_tmpdir(tag);
+    if (!*cache_dir) return EXIT_FAILURE;
+    int rc = ts_main(s);
+    ts_rmtree(*cache_dir);
+    free(*cache_dir);
+    *cache_dir = NULL;
     return rc;
 }
 
@@ -260,4 +278,61 @@ void ts_sources_identical(const char *kg, const char *dim, int v1, int v2, const
     free(src[1]);
     ts_rmtree(dir);
     free(dir);
+}
+
+const char *ts_case_label(int i) {
+    static char label[32];
+    snprintf(label, sizeof label, "case %d", i);
+    return label;
+}
+
+void ts_dyn_kernels(const char *kg, const char *want, const char *cache_dir, bool (*mine)(const ir_node *), int flags,
+                    const char *family, const char *what) {
+    static const char *archs[2] = {"sm_90a", "sm_80"};
+    for (int a = 0; a < 2; a++) {
+        kiln_ctx     *ctx;
+        kiln_graph   *g;
+        kiln_program *p = ts_compile(kg, archs[a], cache_dir, 1, &ctx, &g);
+        bool          found = false;
+        int           n = 0;
+        for (int i = 0; i < p->nkernels; i++) {
+            const cg_kernel *k = &p->kernels[i];
+            if (!mine(&p->ir->nodes[k->node])) continue;
+            n++;
+            if (strstr(k->source, want)) found = true;
+            if ((flags & TS_LAUNCH_ONLY) && k->kind != CG_LAUNCH) continue;
+            /* the run-time extents are the last parameter of every step of a symbolic node */
+            if (!(flags & TS_KDIMS_IF_USED) || strstr(k->source, "kdims"))
+                ck_assert_msg(strstr(k->source, "const int* __restrict__ kdims)"),
+                              "%s: kernel %s has no kdims parameter last", what, k->name);
+            ts_nvrtc_clean(k->source, k->name, archs[a]);
+        }
+        ck_assert_msg(n > 0, "%s: no %s kernel", what, family);
+        ck_assert_msg(found, "%s: no source with \"%s\"", what, want);
+        kiln_program_free(p);
+        kiln_graph_free(g);
+        kiln_ctx_free(ctx);
+    }
+}
+
+char *ts_refused_msg(const char *kg, const char *cache_dir, int parse_may_refuse, const char *what) {
+    kiln_ctx *ctx = kiln_ctx_new();
+    ck_assert_ptr_nonnull(ctx);
+    kiln_graph *g = NULL;
+    kiln_status st = kiln_parse(ctx, kg, strlen(kg), "test.kg");
+    ck_assert_msg(st == NULL || parse_may_refuse, "%s: parse: %s", what, kiln_status_msg(st));
+    if (st == NULL) {
+        st = kiln_graph_new(ctx, &g);
+        ck_assert_msg(st == NULL, "%s: graph: %s", what, kiln_status_msg(st));
+        kiln_compile_opts o = {.arch = "sm_90a", .cache_dir = cache_dir, .skip_nvrtc = 1};
+        kiln_program     *p = NULL;
+        st = kiln_compile(g, &o, &p);
+        ck_assert_msg(st != NULL, "%s: compiled:\n%s", what, kg);
+    }
+    char *m = strdup(kiln_status_msg(st));
+    ck_assert_ptr_nonnull(m);
+    kiln_status_free(st);
+    if (g) kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+    return m;
 }

@@ -6,6 +6,10 @@
 
 #include "kiln.h"
 
+#include "ir/ir.h"
+
+#include <stdbool.h>
+
 /* Fails the test with the status message when st is an error; frees st. */
 #define TS_OK(expr)                                                                           \
     do {                                                                                      \
@@ -31,6 +35,10 @@ int ts_main(Suite *s);
  * and the cache, dump and template variables unset: the tests never see the user's settings.
  * tag names the directory. Uses no Check asserts (main() may call it). */
 int ts_main_isolated(Suite *s, const char *tag);
+/* ts_main with a new temporary directory $TMPDIR/kiln-TAG-XXXXXX in *cache_dir for the tests'
+ * explicit cache_dir (the environment is left as it is), removed after; *cache_dir is NULL
+ * again on return. Uses no Check asserts (main() may call it). */
+int ts_main_cache(Suite *s, const char *tag, char **cache_dir);
 /* The whole file, NUL-terminated (kb_read_file); *len may be NULL. Fails the test on error. */
 char *ts_read_file(const char *path, size_t *len);
 
@@ -69,6 +77,22 @@ kiln_program *ts_compile(const char *kg, const char *arch, const char *cache_dir
  * dumped kernel sources are byte-identical (a symbolic dim's value never enters a kernel);
  * `what` labels failures. */
 void ts_sources_identical(const char *kg, const char *dim, int v1, int v2, const char *what);
+
+/* "case I" in a static buffer, valid until the next call: the label of loop test I. */
+const char *ts_case_label(int i);
+/* Symbolic-dim template checks (tests/test_dyn_*.c). Compiles kg for sm_90a and sm_80 into
+ * cache_dir without NVRTC and checks the kernels whose node mine() accepts (with TS_LAUNCH_ONLY,
+ * of those only CG_LAUNCH steps take the kdims and NVRTC checks): there is at least one ("no
+ * `family` kernel"), some source contains want, each takes the run-time extents (kdims) as its
+ * last parameter (with TS_KDIMS_IF_USED, only when it mentions kdims at all), and each compiles
+ * with NVRTC without a warning. `what` labels failures. */
+enum { TS_LAUNCH_ONLY = 1, TS_KDIMS_IF_USED = 2 };
+void ts_dyn_kernels(const char *kg, const char *want, const char *cache_dir, bool (*mine)(const ir_node *), int flags,
+                    const char *family, const char *what);
+/* Asserts that kg is refused: it parses, its graph builds, and kiln_compile (sm_90a, cache_dir,
+ * no NVRTC) fails; with parse_may_refuse a kiln_parse error counts as the refusal too. Returns
+ * the error message for the caller's checks (caller frees). `what` labels failures. */
+char *ts_refused_msg(const char *kg, const char *cache_dir, int parse_may_refuse, const char *what);
 
 double ts_fusion_compare(const char *kg, const char *skip, int *live, char **ir_text);
 

@@ -235,18 +235,10 @@ END_TEST
 
 /* Symbolic dims the templates do not support are refused with the template's reason. */
 static void expect_refused(const char *kg, const char *needle) {
-    char       *text = with_header(kg);
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
-    kiln_compile_opts o = {.arch = "sm_90a", .cache_dir = g_cache, .skip_nvrtc = 1};
-    kiln_program     *p = NULL;
-    kiln_status       st = kiln_compile(g, &o, &p);
-    ck_assert_msg(st != NULL, "compiled:\n%s", kg);
-    ck_assert_msg(strstr(kiln_status_msg(st), needle), "message lacks \"%s\": %s", needle, kiln_status_msg(st));
-    kiln_status_free(st);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    char *text = with_header(kg);
+    char *m = ts_refused_msg(text, g_cache, 0, "refusal");
+    ck_assert_msg(strstr(m, needle), "message lacks \"%s\": %s", needle, m);
+    free(m);
     free(text);
 }
 
@@ -274,15 +266,5 @@ static Suite *suite(void) {
 }
 
 int main(void) {
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-dyn-attn-test-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache = dir;
-    int rc = ts_main(suite());
-    ts_rmtree(g_cache);
-    return rc;
+    return ts_main_cache(suite(), "dyn-attn-test", &g_cache);
 }

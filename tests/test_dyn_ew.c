@@ -73,39 +73,13 @@ static bool mine(const ir_node *n) {
 }
 
 START_TEST(kernels_compile) {
-    static const char *archs[2] = {"sm_90a", "sm_80"};
-    const dcase       *c = &CASES[_i];
-    for (int a = 0; a < 2; a++) {
-        kiln_ctx     *ctx;
-        kiln_graph   *g;
-        kiln_program *p = ts_compile(c->kg, archs[a], g_cache, 1, &ctx, &g);
-        bool          found = false;
-        int           n = 0;
-        for (int i = 0; i < p->nkernels; i++) {
-            const cg_kernel *k = &p->kernels[i];
-            if (!mine(&p->ir->nodes[k->node])) continue;
-            n++;
-            if (strstr(k->source, c->want)) found = true;
-            if (k->kind != CG_LAUNCH) continue;
-            if (strstr(k->source, "kdims")) {
-                ck_assert_msg(strstr(k->source, "const int* __restrict__ kdims)"), "case %d: kernel %s: kdims not last",
-                              _i, k->name);
-            }
-            ts_nvrtc_clean(k->source, k->name, archs[a]);
-        }
-        ck_assert_msg(n > 0, "case %d: no kernel of these templates", _i);
-        ck_assert_msg(found, "case %d: no source with \"%s\"", _i, c->want);
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
-    }
+    ts_dyn_kernels(CASES[_i].kg, CASES[_i].want, g_cache, mine, TS_LAUNCH_ONLY | TS_KDIMS_IF_USED,
+                   "elementwise/norm/reduce/fill", ts_case_label(_i));
 }
 END_TEST
 
 START_TEST(values_identical) {
-    char what[32];
-    snprintf(what, sizeof what, "case %d", _i);
-    ts_sources_identical(CASES[_i].kg, CASES[_i].dim, CASES[_i].v1, CASES[_i].v2, what);
+    ts_sources_identical(CASES[_i].kg, CASES[_i].dim, CASES[_i].v1, CASES[_i].v2, ts_case_label(_i));
 }
 END_TEST
 
@@ -120,31 +94,13 @@ static const struct {
 };
 
 START_TEST(refusals) {
-    kiln_ctx   *ctx = ts_parse(REFUSED[_i].kg);
-    kiln_graph *g = NULL;
-    kiln_status st = kiln_graph_new(ctx, &g);
-    ck_assert_msg(st == NULL, "case %d: graph: %s", _i, kiln_status_msg(st));
-    kiln_compile_opts o = {.arch = "sm_90a", .cache_dir = g_cache, .skip_nvrtc = 1};
-    kiln_program     *p = NULL;
-    st = kiln_compile(g, &o, &p);
-    ck_assert_msg(st != NULL, "case %d: compiled", _i);
-    const char *m = kiln_status_msg(st);
+    char *m = ts_refused_msg(REFUSED[_i].kg, g_cache, 0, ts_case_label(_i));
     ck_assert_msg(strstr(m, REFUSED[_i].msg) && strstr(m, "symbolic"), "case %d: message: %s", _i, m);
-    kiln_status_free(st);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    free(m);
 }
 END_TEST
 
 int main(void) {
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-dyn-ew-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    g_cache = dir;
     Suite *s = suite_create("dyn_ew");
     TCase *t = tcase_create("dyn_ew");
     tcase_set_timeout(t, 120);
@@ -152,7 +108,5 @@ int main(void) {
     tcase_add_loop_test(t, values_identical, 0, NCASES);
     tcase_add_loop_test(t, refusals, 0, (int)(sizeof REFUSED / sizeof REFUSED[0]));
     suite_add_tcase(s, t);
-    int rc = ts_main(s);
-    ts_rmtree(g_cache);
-    return rc;
+    return ts_main_cache(s, "dyn-ew", &g_cache);
 }

@@ -92,31 +92,7 @@ static bool is_matmul(const ir_node *n) {
 }
 
 START_TEST(kernels_compile) {
-    static const char *archs[2] = {"sm_90a", "sm_80"};
-    const dcase       *c = &CASES[_i];
-    for (int a = 0; a < 2; a++) {
-        kiln_ctx     *ctx;
-        kiln_graph   *g;
-        kiln_program *p = ts_compile(c->kg, archs[a], g_cache, 1, &ctx, &g);
-        bool          found = false;
-        int           nmm = 0;
-        for (int i = 0; i < p->nkernels; i++) {
-            const cg_kernel *k = &p->kernels[i];
-            if (!is_matmul(&p->ir->nodes[k->node])) continue;
-            nmm++;
-            if (strstr(k->source, c->want)) found = true;
-            if (k->kind != CG_LAUNCH) continue;
-            /* the run-time extents are the last parameter of every step of a symbolic node */
-            const char *kd = strstr(k->source, "const int* __restrict__ kdims)");
-            ck_assert_msg(kd, "case %d: kernel %s has no kdims parameter", _i, k->name);
-            ts_nvrtc_clean(k->source, k->name, archs[a]);
-        }
-        ck_assert_msg(nmm > 0, "case %d: no matmul kernel", _i);
-        ck_assert_msg(found, "case %d: no source with \"%s\"", _i, c->want);
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
-    }
+    ts_dyn_kernels(CASES[_i].kg, CASES[_i].want, g_cache, is_matmul, TS_LAUNCH_ONLY, "matmul", ts_case_label(_i));
 }
 END_TEST
 
@@ -141,9 +117,7 @@ END_TEST
 
 /* kiln compile --dim NAME=V1 and =V2 write the same kernel sources. */
 START_TEST(values_identical) {
-    char what[32];
-    snprintf(what, sizeof what, "case %d", _i);
-    ts_sources_identical(CASES[_i].kg, CASES[_i].dim, CASES[_i].v1, CASES[_i].v2, what);
+    ts_sources_identical(CASES[_i].kg, CASES[_i].dim, CASES[_i].v1, CASES[_i].v2, ts_case_label(_i));
 }
 END_TEST
 
@@ -165,40 +139,17 @@ static const struct {
 };
 
 START_TEST(refusals) {
-    const char *text = REFUSED[_i].kg;
-    kiln_ctx   *ctx = kiln_ctx_new();
-    ck_assert_ptr_nonnull(ctx);
-    kiln_graph *g = NULL;
-    kiln_status st = kiln_parse(ctx, text, strlen(text), "test.kg");
-    if (st == NULL) {
-        st = kiln_graph_new(ctx, &g);
-        ck_assert_msg(st == NULL, "case %d: graph: %s", _i, kiln_status_msg(st));
-        kiln_compile_opts o = {.arch = "sm_90a", .cache_dir = g_cache, .skip_nvrtc = 1};
-        kiln_program     *p = NULL;
-        st = kiln_compile(g, &o, &p);
-        ck_assert_msg(st != NULL, "case %d: compiled", _i);
-    }
-    const char *m = kiln_status_msg(st);
+    char *m = ts_refused_msg(REFUSED[_i].kg, g_cache, 1, ts_case_label(_i));
     /* the dim named as 'nb' (codegen) or "symbolic dim nb" (frontend) */
     char quoted[64], named[64];
     snprintf(quoted, sizeof quoted, "'%s'", REFUSED[_i].dim);
     snprintf(named, sizeof named, "symbolic dim %s", REFUSED[_i].dim);
     ck_assert_msg((strstr(m, quoted) && strstr(m, "symbolic")) || strstr(m, named), "case %d: message: %s", _i, m);
-    kiln_status_free(st);
-    if (g) kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    free(m);
 }
 END_TEST
 
 int main(void) {
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-dyn-matmul-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache = dir;
     Suite *s = suite_create("dyn_matmul");
     TCase *t = tcase_create("all");
     tcase_set_timeout(t, 600);
@@ -207,7 +158,5 @@ int main(void) {
     tcase_add_loop_test(t, values_identical, 0, NCASES);
     tcase_add_loop_test(t, refusals, 0, (int)(sizeof REFUSED / sizeof REFUSED[0]));
     suite_add_tcase(s, t);
-    int rc = ts_main(s);
-    ts_rmtree(g_cache);
-    return rc;
+    return ts_main_cache(s, "dyn-matmul", &g_cache);
 }

@@ -25,39 +25,17 @@ static bool is_mine(const ir_node *n) {
 }
 
 START_TEST(kernels_compile) {
-    static const char *archs[2] = {"sm_90a", "sm_80"};
-    const dyn_case    *c = &DYN_CASES[_i];
-    for (int a = 0; a < 2; a++) {
-        kiln_ctx     *ctx;
-        kiln_graph   *g;
-        kiln_program *p = ts_compile(c->kg, archs[a], g_cache, 1, &ctx, &g);
-        bool          found = false;
-        int           mine = 0;
-        for (int i = 0; i < p->nkernels; i++) {
-            const cg_kernel *k = &p->kernels[i];
-            if (!is_mine(&p->ir->nodes[k->node])) continue;
-            mine++;
-            if (strstr(k->source, c->want)) found = true;
-            ck_assert_msg(strstr(k->source, "const int* __restrict__ kdims)"), "case %d: kernel %s has no kdims", _i,
-                          k->name);
-            ts_nvrtc_clean(k->source, k->name, archs[a]);
-        }
-        ck_assert_msg(mine > 0, "case %d: no rope/rows/moe/sort kernel", _i);
-        ck_assert_msg(found, "case %d: no source with \"%s\"", _i, c->want);
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
-    }
+    ts_dyn_kernels(DYN_CASES[_i].kg, DYN_CASES[_i].want, g_cache, is_mine, 0, "rope/rows/moe/sort",
+                   ts_case_label(_i));
 }
 END_TEST
 
 /* kiln compile --dim NAME=V1 and =V2 write the same kernel sources. */
 START_TEST(values_identical) {
     const dyn_case *c = &DYN_CASES[_i];
-    char            kg[4096], what[32];
+    char            kg[4096];
     snprintf(kg, sizeof kg, "kiln-graph 1\n%s", c->kg);
-    snprintf(what, sizeof what, "case %d", _i);
-    ts_sources_identical(kg, c->dim, c->vals[0], c->vals[1], what);
+    ts_sources_identical(kg, c->dim, c->vals[0], c->vals[1], ts_case_label(_i));
 }
 END_TEST
 
@@ -116,31 +94,13 @@ static const struct {
 };
 
 START_TEST(refusals) {
-    kiln_ctx   *ctx = ts_parse(REFUSED[_i].kg);
-    kiln_graph *g = NULL;
-    kiln_status st = kiln_graph_new(ctx, &g);
-    ck_assert_msg(st == NULL, "case %d: graph: %s", _i, kiln_status_msg(st));
-    kiln_compile_opts o = {.arch = "sm_90a", .cache_dir = g_cache, .skip_nvrtc = 1};
-    kiln_program     *p = NULL;
-    st = kiln_compile(g, &o, &p);
-    ck_assert_msg(st != NULL, "case %d: compiled", _i);
-    const char *m = kiln_status_msg(st);
+    char *m = ts_refused_msg(REFUSED[_i].kg, g_cache, 0, ts_case_label(_i));
     ck_assert_msg(strstr(m, REFUSED[_i].msg), "case %d: message: %s", _i, m);
-    kiln_status_free(st);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    free(m);
 }
 END_TEST
 
 int main(void) {
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-dyn-rope-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache = dir;
     Suite *s = suite_create("dyn_rope");
     TCase *t = tcase_create("all");
     tcase_set_timeout(t, 600);
@@ -149,7 +109,5 @@ int main(void) {
     tcase_add_loop_test(t, in_place, 0, (int)(sizeof IN_PLACE / sizeof IN_PLACE[0]));
     tcase_add_loop_test(t, refusals, 0, (int)(sizeof REFUSED / sizeof REFUSED[0]));
     suite_add_tcase(s, t);
-    int rc = ts_main(s);
-    ts_rmtree(g_cache);
-    return rc;
+    return ts_main_cache(s, "dyn-rope", &g_cache);
 }

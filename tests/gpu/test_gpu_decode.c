@@ -259,21 +259,11 @@ START_TEST(set_dim_errors) {
 END_TEST
 
 int main(void) {
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-gpu-decode-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache_dir = dir;
     Suite *su = suite_create("gpu_decode");
     TCase *t = tcase_create("all");
     tcase_set_timeout(t, 600);
     tcase_add_test(t, decode_200_steps);
     tcase_add_test(t, set_dim_errors);
     suite_add_tcase(su, t);
-    int rc = ts_main(su);
-    ts_rmtree(g_cache_dir);
-    return rc;
+    return ts_main_cache(su, "gpu-decode", &g_cache_dir);
 }

@@ -87,22 +87,11 @@ START_TEST(bench_dyn) {
 END_TEST
 
 int main(void) {
-    /* mkdtemp here: Check's assertions (in ts_tmpdir) need a running test */
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-gpu-dyn-ew-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    g_cache_dir = dir;
     Suite *s = suite_create("gpu_dyn_ew");
     TCase *t = tcase_create("all");
     tcase_set_timeout(t, 900);
     tcase_add_loop_test(t, runs_match_reference, 0, NCASES);
     tcase_add_test(t, bench_dyn);
     suite_add_tcase(s, t);
-    int rc = ts_main(s);
-    ts_rmtree(g_cache_dir);
-    return rc;
+    return ts_main_cache(s, "gpu-dyn-ew", &g_cache_dir);
 }

@@ -97,15 +97,6 @@ START_TEST(bench_prefill_gemm) {
 END_TEST
 
 int main(void) {
-    /* Not ts_tmpdir: Check's asserts only work inside tests. */
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-gpu-dyn-matmul-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache_dir = dir;
     Suite *s = suite_create("gpu_dyn_matmul");
     TCase *t = tcase_create("all");
     tcase_set_timeout(t, 900);
@@ -116,7 +107,5 @@ int main(void) {
     tcase_set_timeout(b, 900);
     tcase_add_test(b, bench_prefill_gemm);
     suite_add_tcase(s, b);
-    int rc = ts_main(s);
-    ts_rmtree(g_cache_dir);
-    return rc;
+    return ts_main_cache(s, "gpu-dyn-matmul", &g_cache_dir);
 }

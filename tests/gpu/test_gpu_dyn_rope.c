@@ -93,15 +93,6 @@ START_TEST(bench_rope_set_rows) {
 END_TEST
 
 int main(void) {
-    /* Not ts_tmpdir: Check's asserts only work inside tests. */
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-gpu-dyn-rope-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache_dir = dir;
     Suite *s = suite_create("gpu_dyn_rope");
     TCase *t = tcase_create("runs");
     tcase_set_timeout(t, 900);
@@ -111,7 +102,5 @@ int main(void) {
     tcase_set_timeout(b, 900);
     tcase_add_test(b, bench_rope_set_rows);
     suite_add_tcase(s, b);
-    int rc = ts_main(s);
-    ts_rmtree(g_cache_dir);
-    return rc;
+    return ts_main_cache(s, "gpu-dyn-rope", &g_cache_dir);
 }
