@@ -679,7 +679,7 @@ size_t kiln_program_io_bytes(const kiln_program *p) {
     size_t n = 0;
     for (int b = 0; p && b < p->ir->nbufs; b++) {
         const ir_buf *buf = &p->ir->bufs[b];
-        if (buf->kind == IR_BUF_TEMP) continue;
+        if (buf->kind == IR_BUF_TEMP || buf->block) continue; /* a block's members: counted as the block */
         n += buf->kind == IR_BUF_OUTPUT ? buf->bytes : (size_t)((double)buf->bytes * expert_share(p->ir, b) + 0.5);
     }
     return n;

@@ -50,7 +50,7 @@ static bool legal(const ir_prog *p, int oi, int ci, const int *vals, int nvals) 
         if (value_register(o, &c->in[k], vals, nvals) >= 0) continue;
         ir_buf_kind kind = p->bufs[c->in[k].buf].kind;
         int         w = ir_node_writing(p, c->in[k].buf);
-        bool        pre = kind == IR_BUF_INPUT || kind == IR_BUF_WEIGHT || (kind == IR_BUF_STATE && w < 0);
+        bool        pre = ir_buf_preset(kind) || (kind == IR_BUF_STATE && w < 0);
         if (!pre && (w < 0 || w >= oi)) return false;
         if (c->in[k].buf == o->dst.buf || c->in[k].buf == c->dst.buf) return false;
     }

@@ -213,6 +213,11 @@ static void eval_ew(const ir_node *n, void **data) {
 }
 
 kiln_status ir_eval(const ir_prog *p, void **data) {
+    /* Callers fill each weight by name; a block's copy of its members is made here, as the
+     * runtime's members are the block's memory itself. */
+    for (int w = 0; w < p->nbufs; w++)
+        if (p->bufs[w].block && p->bufs[w].bytes)
+            memcpy((char *)data[p->bufs[w].block - 1] + p->bufs[w].offset, data[w], p->bufs[w].bytes);
     for (int i = 0; i < p->nnodes; i++) {
         const ir_node *n = &p->nodes[i];
         if (n->dead) continue;

@@ -50,7 +50,7 @@ static bool same_ne(const int64_t a[4], const int64_t b[4]) {
 /* A buffer a kernel at position `at` may read: an input, a weight, or written before it. */
 static bool ready_at(const ir_prog *p, int buf, int at) {
     ir_buf_kind kind = p->bufs[buf].kind;
-    if (kind == IR_BUF_INPUT || kind == IR_BUF_WEIGHT) return true;
+    if (ir_buf_preset(kind)) return true;
     int w = ir_node_writing(p, buf);
     return (w >= 0 && w < at) || (kind == IR_BUF_STATE && w < 0);
 }

@@ -14,8 +14,11 @@
 #define IR_ALIGN 256     /* byte alignment of every arena placement */
 
 /* IR_BUF_STATE: memory that persists across runs (kiln's KILN_ROLE_STATE); it holds a value
- * before the program runs, like an input, and at most one node (an in-place set_rows) writes it. */
-typedef enum { IR_BUF_INPUT, IR_BUF_WEIGHT, IR_BUF_OUTPUT, IR_BUF_TEMP, IR_BUF_STATE } ir_buf_kind;
+ * before the program runs, like an input, and at most one node (an in-place set_rows) writes it.
+ * IR_BUF_BLOCK: weights placed side by side (pass mul_mat_cat) so that one kernel reads them as
+ * one matrix. It has no data or name of its own for callers: its members are the weights whose
+ * `block` names it, each at its byte `offset`; they are loaded by their own names. */
+typedef enum { IR_BUF_INPUT, IR_BUF_WEIGHT, IR_BUF_OUTPUT, IR_BUF_TEMP, IR_BUF_STATE, IR_BUF_BLOCK } ir_buf_kind;
 
 typedef struct {
     ir_buf_kind kind;
@@ -24,7 +27,9 @@ typedef struct {
     uint8_t     sym[4]; /* symbolic dims (index + 1 into the graph's dims; 0: static) */
     size_t      bytes;
     char        name[FE_MAX_NAME]; /* graph name of the tensor that owns it */
-    size_t      offset; /* TEMP: byte offset in the arena, set by ir_memplan */
+    size_t      offset; /* TEMP: byte offset in the arena, set by ir_memplan; WEIGHT in a block:
+                           byte offset in the block */
+    int         block;  /* WEIGHT: index + 1 of the IR_BUF_BLOCK holding it (0: memory of its own) */
     int         first, last; /* TEMP: first and last node using it, set by ir_memplan */
 } ir_buf;
 
@@ -148,6 +153,7 @@ kiln_status ir_fuse_topk_moe(ir_prog *p);      /* ir/fuse_topk_moe.c */
 kiln_status ir_fuse_mul_mat_glu(ir_prog *p);   /* ir/fuse_mul_mat_glu.c */
 kiln_status ir_fuse_rms_norm_mul(ir_prog *p);  /* ir/fuse_rms_norm_mul.c */
 kiln_status ir_fuse_add_chain(ir_prog *p);     /* ir/fuse_add_chain.c */
+kiln_status ir_fuse_mul_mat_cat(ir_prog *p);   /* ir/fuse_mul_mat_cat.c */
 kiln_status ir_fuse_elementwise(ir_prog *p);   /* ir/fuse_elementwise.c */
 kiln_status ir_memplan(ir_prog *p);          /* ir/memplan.c */
 /* The fusion passes, in pipeline order, by the names users give --no-fuse=NAME. */
@@ -171,7 +177,8 @@ void ir_print(const ir_prog *p, kb_str *out);
 const char *ir_node_name(const ir_prog *p, int tensor_id);
 
 /* CPU evaluation of p's live nodes. data[i] is host memory for buffer i (bufs[i].bytes each),
- * inputs and weights filled in by the caller; temporaries and outputs are written. */
+ * inputs and weights filled in by the caller; temporaries and outputs are written, and weight
+ * blocks assembled from their members. */
 kiln_status ir_eval(const ir_prog *p, void **data);
 /* Scalar semantics of one elementwise op in f32 (also the reference of the generated code). */
 float ir_apply(const ir_instr *in, float a, float b);
@@ -190,6 +197,10 @@ kiln_status ir_ref_fill(const ir_prog *p, const ir_node *n, void **data);
 kiln_status ir_ref_matmul(const ir_prog *p, const ir_node *n, void **data); /* mul_mat, mul_mat_id */
 kiln_status ir_ref_attn(const ir_prog *p, const ir_node *n, void **data);
 kiln_status ir_ref_moe(const ir_prog *p, const ir_node *n, void **data); /* IR_FUSED_TOPK_MOE */
+/* Whether a buffer of this kind holds its value before the program runs and no node writes it. */
+static inline bool ir_buf_preset(ir_buf_kind k) {
+    return k == IR_BUF_INPUT || k == IR_BUF_WEIGHT || k == IR_BUF_BLOCK;
+}
 /* Number of op values an IR_OP epilogue sees (registers nin..nin+n-1): 2 when paired, else 1. */
 static inline int ir_op_values(const ir_node *n) { return n->paired ? 2 : 1; }
 

@@ -3,7 +3,7 @@
 #include "ir_internal.h"
 
 static const char *kind_name(ir_buf_kind k) {
-    static const char *n[] = {"input", "weight", "output", "temp", "state"};
+    static const char *n[] = {"input", "weight", "output", "temp", "state", "block"};
     return n[k];
 }
 
@@ -184,6 +184,7 @@ void ir_print(const ir_prog *p, kb_str *o) {
         kb_str_addf(o, "  b%d %-6s %s ", b, kind_name(buf->kind), buf->name);
         print_shape(o, buf->type, buf->ne);
         kb_str_addf(o, " %zu bytes", buf->bytes);
+        if (buf->block) kb_str_addf(o, " in b%d at +%zu", buf->block - 1, buf->offset);
         if (buf->kind == IR_BUF_TEMP && buf->first >= 0)
             kb_str_addf(o, " at arena+%zu live k%d..k%d", buf->offset, kernel_number(p, buf->first),
                         kernel_number(p, buf->last));

@@ -95,7 +95,7 @@ int ir_readers(const ir_prog *p, int buf) {
 bool ir_operands_ready(const ir_prog *p, const ir_node *n, int before) {
     for (int k = 0; k < n->nin; k++) {
         ir_buf_kind kind = p->bufs[n->in[k].buf].kind;
-        if (kind == IR_BUF_INPUT || kind == IR_BUF_WEIGHT) continue;
+        if (ir_buf_preset(kind)) continue;
         if (n->in[k].buf == n->dst.buf) continue; /* in place: the old value, ready from the start */
         int w = ir_node_writing(p, n->in[k].buf);
         if (kind == IR_BUF_STATE && w < 0) continue;

@@ -84,7 +84,7 @@ static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
     kiln_status st = check_ref(p, i, "dst", &n->dst);
     if (st) return st;
     ir_buf_kind dk = p->bufs[n->dst.buf].kind;
-    if (dk == IR_BUF_INPUT || dk == IR_BUF_WEIGHT)
+    if (ir_buf_preset(dk))
         return kb_error(KILN_ERR_INVALID, "IR node %d writes %s '%s'", i,
                         dk == IR_BUF_INPUT ? "input" : "weight", p->bufs[n->dst.buf].name);
     bool ew = n->kind == IR_EW;
@@ -111,7 +111,7 @@ static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
         if (b == n->dst.buf && !in_place_operand(p, n, k))
             return kb_error(KILN_ERR_INVALID, "IR node %d reads the buffer it writes ('%s')", i, p->bufs[b].name);
         ir_buf_kind bk = p->bufs[b].kind;
-        if (bk != IR_BUF_INPUT && bk != IR_BUF_WEIGHT && bk != IR_BUF_STATE && !written[b])
+        if (!ir_buf_preset(bk) && bk != IR_BUF_STATE && !written[b])
             return kb_error(KILN_ERR_INVALID, "IR node %d reads '%s' before any node writes it", i, p->bufs[b].name);
         for (int d = 0; (ew || epi_in[k]) && d < 4; d++)
             if (n->dst.ne[d] % n->in[k].ne[d] != 0)
@@ -127,7 +127,24 @@ static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
     return NULL;
 }
 
+/* A weight placed in a block lies inside it, in its type, aligned. */
+static kiln_status check_blocks(const ir_prog *p) {
+    for (int w = 0; w < p->nbufs; w++) {
+        const ir_buf *b = &p->bufs[w];
+        if (!b->block) continue;
+        int           k = b->block - 1;
+        const ir_buf *blk = k >= 0 && k < p->nbufs ? &p->bufs[k] : NULL;
+        if (b->kind != IR_BUF_WEIGHT || !blk || blk->kind != IR_BUF_BLOCK || blk->type != b->type ||
+            b->offset % IR_ALIGN != 0 || b->offset > blk->bytes || b->bytes > blk->bytes - b->offset)
+            return kb_error(KILN_ERR_INVALID, "buffer '%s' is not a weight inside the weight block it names (%d)",
+                            b->name, b->block);
+    }
+    return NULL;
+}
+
 kiln_status ir_verify(const ir_prog *p) {
+    kiln_status bs = check_blocks(p);
+    if (bs) return bs;
     bool *written = calloc((size_t)p->nbufs + 1, sizeof *written);
     if (!written) return kb_oom();
     kiln_status st = NULL;
@@ -140,7 +157,7 @@ kiln_status ir_verify(const ir_prog *p) {
         if (!st) written[p->nodes[i].dst.buf] = true;
         if (!st && p->nodes[i].has_dst2) {
             int b = p->nodes[i].dst2.buf;
-            if (written[b] || b == p->nodes[i].dst.buf || p->bufs[b].kind == IR_BUF_INPUT || p->bufs[b].kind == IR_BUF_WEIGHT)
+            if (written[b] || b == p->nodes[i].dst.buf || ir_buf_preset(p->bufs[b].kind))
                 st = kb_error(KILN_ERR_INVALID, "IR node %d: its second output '%s' is written elsewhere or read-only", i,
                               p->bufs[b].name);
             for (int k = 0; !st && k < p->nodes[i].nin; k++)

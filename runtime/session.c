@@ -23,6 +23,7 @@ static const char *kind_name(ir_buf_kind k) {
     case IR_BUF_OUTPUT: return "output";
     case IR_BUF_TEMP: return "temporary";
     case IR_BUF_STATE: return "state";
+    case IR_BUF_BLOCK: return "weight block";
     }
     return "buffer";
 }
@@ -124,7 +125,8 @@ static kiln_status alloc_buffers(kiln_session *s, const ir_prog *ir) {
             continue;
         }
         if (b->bytes == 0) continue; /* no memory; kernels touching it have nothing to do */
-        if (s->primary && (b->kind == IR_BUF_WEIGHT || b->kind == IR_BUF_STATE)) {
+        if (b->block) continue;      /* the block's memory: below */
+        if (s->primary && (b->kind == IR_BUF_WEIGHT || b->kind == IR_BUF_STATE || b->kind == IR_BUF_BLOCK)) {
             kiln_status st = share_buffer(s, i);
             if (st) return st;
             continue;
@@ -138,6 +140,8 @@ static kiln_status alloc_buffers(kiln_session *s, const ir_prog *ir) {
         if (r != RT_CUDA_SUCCESS)
             return rt_cuda_error(r, "cuMemsetD8", "clearing %s '%s'", kind_name(b->kind), b->name);
     }
+    for (int i = 0; i < s->nbufs; i++)
+        if (s->bufs[i].block) s->dptr[i] = s->dptr[s->bufs[i].block - 1] + s->bufs[i].offset;
     return NULL;
 }
 
@@ -518,7 +522,7 @@ static kiln_status find_buf(const kiln_session *s, const char *fn, const char *n
                             int *out) {
     for (int i = 0; i < s->nbufs; i++) {
         const ir_buf *b = &s->bufs[i];
-        if (b->kind == IR_BUF_TEMP || strcmp(b->name, name) != 0) continue;
+        if (b->kind == IR_BUF_TEMP || b->kind == IR_BUF_BLOCK || strcmp(b->name, name) != 0) continue;
         if (for_set && b->kind == IR_BUF_OUTPUT)
             return kb_error(KILN_ERR_INVALID, "%s: '%s' is an output of the program; only inputs "
                                               "weights and states can be set", fn, name);
@@ -676,7 +680,8 @@ static kiln_status upload(kiln_session *s, int i, const void *data, size_t bytes
 
 static int buf_named(const kiln_session *s, const char *name) {
     for (int i = 0; i < s->nbufs; i++)
-        if (s->bufs[i].kind != IR_BUF_TEMP && strcmp(s->bufs[i].name, name) == 0) return i;
+        if (s->bufs[i].kind != IR_BUF_TEMP && s->bufs[i].kind != IR_BUF_BLOCK && strcmp(s->bufs[i].name, name) == 0)
+            return i;
     return -1;
 }
 
