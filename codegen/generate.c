@@ -177,7 +177,8 @@ static void set_bool(lua_State *L, bool v, const char *field) {
 }
 
 /* What paired and fused nodes add to k (docs/templates.md, "Fused nodes"): k.pair (the second
- * weight), k.dst2 (a second output), k.fused (the fusion's name) and k.moe or k.set_rows. */
+ * weight), k.dst2 (a second output), k.bnorm (b's norm: w, eps), k.fused (the fusion's name) and
+ * k.moe or k.set_rows. */
 static void push_fused(lua_State *L, const gen_ctx *g) {
     const ir_node *n = g->n;
     if (n->paired) {
@@ -187,6 +188,13 @@ static void push_fused(lua_State *L, const gen_ctx *g) {
     if (n->has_dst2) {
         push_ref(L, g, &n->dst2, g->dst2_param);
         lua_setfield(L, -2, "dst2");
+    }
+    if (n->bnorm) {
+        lua_createtable(L, 0, 2);
+        push_ref(L, g, &n->in[n->bnorm_w], g->in_param[n->bnorm_w]);
+        lua_setfield(L, -2, "w");
+        set_float(L, n->bnorm_eps, "eps");
+        lua_setfield(L, -2, "bnorm");
     }
     if (n->fused == IR_FUSED_TOPK_MOE) {
         const ir_moe *m = &n->moe;
@@ -583,6 +591,9 @@ static int l_generate(lua_State *L) {
     if (g->n->kind == IR_OP && g->n->ninstr > 0 && (lua_getfield(L, t, "epilogue"), !lua_toboolean(L, -1)))
         return luaL_error(L, "template %s.lua does not apply the elementwise epilogue of its node "
                              "(a fusion attached one): its result must say epilogue = true", g->tpl);
+    if (g->n->bnorm && (lua_getfield(L, t, "bnorm"), !lua_toboolean(L, -1)))
+        return luaL_error(L, "template %s.lua does not normalize b as its node asks (pass rms_norm_gemv): its "
+                             "result must say bnorm = true", g->tpl);
     if (g->n->paired && (lua_getfield(L, t, "paired"), !lua_toboolean(L, -1)))
         return luaL_error(L, "template %s.lua does not compute the paired weight of its node (a fusion paired "
                              "it): its result must say paired = true", g->tpl);

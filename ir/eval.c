@@ -108,13 +108,12 @@ static ir_ref temp_ref(const ir_node *n, int buf, const int64_t ne[4]) {
 /* An op with an epilogue: the op (twice when paired, the second time with in[pair_in] as its
  * weight) into temporaries of op_type (what the unfused graph stored), then the epilogue per
  * output element, exactly as eval_ew does for the consumer it replaced. */
-static kiln_status eval_op_epilogue(const ir_prog *p, int i, void **data) {
-    const ir_node *n = &p->nodes[i];
+static kiln_status eval_op_epilogue(const ir_prog *p, int i, const ir_node *n, void **data, int ndata) {
     const int64_t *ne = n->dst.ne;
     int64_t        count = ne[0] * ne[1] * ne[2] * ne[3];
     int            nv = ir_op_values(n);
     void          *tmp[2] = {NULL, NULL};
-    void         **d2 = malloc(((size_t)p->nbufs + 2) * sizeof *d2);
+    void         **d2 = malloc(((size_t)ndata + 2) * sizeof *d2);
     ir_node       *m = malloc(sizeof *m);
     bool           ok = d2 && m;
     for (int v = 0; v < nv; v++) ok = ok && (tmp[v] = malloc((size_t)(count ? count : 1) * kiln_type_size(n->op_type)));
@@ -122,16 +121,16 @@ static kiln_status eval_op_epilogue(const ir_prog *p, int i, void **data) {
         free(tmp[0]), free(tmp[1]), free(d2), free(m);
         return kb_oom();
     }
-    memcpy(d2, data, (size_t)p->nbufs * sizeof *d2);
+    memcpy(d2, data, (size_t)ndata * sizeof *d2);
     kiln_status st = NULL;
     ir_ref      vref[2];
     for (int v = 0; v < nv && !st; v++) {
-        d2[p->nbufs + v] = tmp[v];
+        d2[ndata + v] = tmp[v];
         *m = *n;
         m->ninstr = 0;
         m->paired = false;
         if (v == 1) m->opd[0] = n->pair_in;
-        m->dst = vref[v] = temp_ref(n, p->nbufs + v, ne);
+        m->dst = vref[v] = temp_ref(n, ndata + v, ne);
         st = eval_ref(p, i, m, d2);
     }
     float reg[IR_MAX_IN + 2 + IR_MAX_INSTR];
@@ -187,6 +186,43 @@ static kiln_status eval_scatter(const ir_prog *p, int i, void **data) {
     return st;
 }
 
+/* The product of node n (its epilogue, pairing included) with data[0..ndata). */
+static kiln_status eval_product(const ir_prog *p, int i, const ir_node *n, void **data, int ndata) {
+    return n->ninstr > 0 || n->paired ? eval_op_epilogue(p, i, n, data, ndata) : eval_ref(p, i, n, data);
+}
+
+/* rms_norm_gemv: the norm and its weight into a temporary column, each value rounded to f32 as
+ * the unfused rms_norm_mul stored it, then the product reading it as b. */
+static kiln_status eval_bnorm(const ir_prog *p, int i, void **data) {
+    const ir_node *n = &p->nodes[i];
+    const ir_ref  *x = ir_operand(n, 1), *w = &n->in[n->bnorm_w];
+    int64_t        k = x->ne[0];
+    float         *col = malloc((size_t)k * sizeof *col);
+    void         **d2 = malloc(((size_t)p->nbufs + 1) * sizeof *d2);
+    ir_node       *m = malloc(sizeof *m);
+    if (!col || !d2 || !m) {
+        free(col), free(d2), free(m);
+        return kb_oom();
+    }
+    memcpy(d2, data, (size_t)p->nbufs * sizeof *d2);
+    d2[p->nbufs] = col;
+    ir_ref c = {.buf = p->nbufs, .type = KILN_F32, .ne = {k, 1, 1, 1}, .st = {1, k, k, k}};
+    ir_node norm = {.kind = IR_OP, .op = FE_OP_RMS_NORM, .nin = 1, .dst = c};
+    norm.in[0] = *x;
+    for (int s = 0; s < FE_MAX_SRC; s++) norm.opd[s] = s == 0 ? 0 : -1;
+    norm.fp[0] = n->bnorm_eps;
+    kiln_status st = eval_ref(p, i, &norm, d2);
+    for (int64_t e = 0; !st && e < k; e++) col[e] *= kb_load_f32(data[w->buf], KILN_F32, w->offs + e * w->st[0]);
+    if (!st) {
+        *m = *n;
+        m->bnorm = false;
+        m->in[m->opd[1]] = c;
+        st = eval_product(p, i, m, d2, p->nbufs + 1);
+    }
+    free(col), free(d2), free(m);
+    return st;
+}
+
 static kiln_status eval_op(const ir_prog *p, int i, void **data) {
     const ir_node *n = &p->nodes[i];
     switch (n->fused) {
@@ -194,7 +230,8 @@ static kiln_status eval_op(const ir_prog *p, int i, void **data) {
     case IR_FUSED_ROPE_SET_ROWS: return eval_scatter(p, i, data);
     case IR_FUSED_NONE: break;
     }
-    return n->ninstr > 0 || n->paired ? eval_op_epilogue(p, i, data) : eval_ref(p, i, n, data);
+    if (n->bnorm) return eval_bnorm(p, i, data);
+    return eval_product(p, i, n, data, p->nbufs);
 }
 
 static void eval_ew(const ir_node *n, void **data) {

@@ -101,11 +101,6 @@ static void group_name(char *out, const char *first, int more) {
     snprintf(out, FE_MAX_NAME, "%.*s%s", FE_MAX_NAME - 1 - t, first, tail);
 }
 
-static int cmp_int(const void *x, const void *y) {
-    int a = *(const int *)x, b = *(const int *)y;
-    return (a > b) - (a < b);
-}
-
 /* Merges the group g[0..n) (node indices, in program order) into node g[0]. */
 static kiln_status merge(ir_prog *p, const int *g, int n) {
     const ir_node *a = &p->nodes[g[0]];
@@ -146,7 +141,7 @@ static kiln_status merge(ir_prog *p, const int *g, int n) {
         for (int s = 0; s < mi->nsrc && first->nsrc < IR_MAX_INSTR; s++) first->src[first->nsrc++] = mi->src[s];
         mi->dead = true;
     }
-    qsort(first->src, (size_t)first->nsrc, sizeof first->src[0], cmp_int);
+    ir_sort_sources(first);
     return NULL;
 }
 

@@ -124,16 +124,11 @@ static bool bias_ok(const ir_prog *p, const ir_node *add, int k, const ir_ref *d
     return ready_at(p, r->buf, at) && r->buf != dst->buf;
 }
 
-static int cmp_int(const void *x, const void *y) {
-    int a = *(const int *)x, b = *(const int *)y;
-    return (a > b) - (a < b);
-}
-
 /* The graph nodes of the merged kernel: its own, B's and the adds', in graph order. */
 static void add_sources(ir_node *m, const ir_node *const *more, int n) {
     for (int i = 0; i < n; i++)
         for (int s = 0; s < more[i]->nsrc && m->nsrc < IR_MAX_INSTR; s++) m->src[m->nsrc++] = more[i]->src[s];
-    qsort(m->src, (size_t)m->nsrc, sizeof m->src[0], cmp_int);
+    ir_sort_sources(m);
 }
 
 /* The bias form: A's epilogue built here (ir_absorb_ew takes op values straight into the GLU

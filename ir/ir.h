@@ -121,6 +121,12 @@ typedef struct {
      * and the instructions' registers start at nin+2. */
     bool     paired;
     int      pair_in;
+    /* IR_OP mul_mat only, rms_norm_gemv: b is normalized on the way in, as the rms_norm_mul
+     * node this replaced computed it: b' = rms_norm(b, bnorm_eps) * in[bnorm_w] (one column;
+     * ir/fuse_rms_norm_gemv.c). in[bnorm_w] is in no slot and no epilogue register reads it. */
+    bool     bnorm;
+    int      bnorm_w;
+    float    bnorm_eps;
     /* IR_OP only: a fusion that changes what the node computes beyond an epilogue. */
     ir_fused fused;
     ir_moe   moe;              /* IR_FUSED_TOPK_MOE */
@@ -154,6 +160,7 @@ kiln_status ir_fuse_mul_mat_glu(ir_prog *p);   /* ir/fuse_mul_mat_glu.c */
 kiln_status ir_fuse_rms_norm_mul(ir_prog *p);  /* ir/fuse_rms_norm_mul.c */
 kiln_status ir_fuse_add_chain(ir_prog *p);     /* ir/fuse_add_chain.c */
 kiln_status ir_fuse_mul_mat_cat(ir_prog *p);   /* ir/fuse_mul_mat_cat.c */
+kiln_status ir_fuse_rms_norm_gemv(ir_prog *p); /* ir/fuse_rms_norm_gemv.c */
 kiln_status ir_fuse_elementwise(ir_prog *p);   /* ir/fuse_elementwise.c */
 kiln_status ir_memplan(ir_prog *p);          /* ir/memplan.c */
 /* The fusion passes, in pipeline order, by the names users give --no-fuse=NAME. */

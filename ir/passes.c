@@ -11,6 +11,7 @@ const ir_fusion ir_fusions[] = {
     {"rms_norm_mul", ir_fuse_rms_norm_mul, "rms_norm/norm -> mul(weight) (-> add) in one kernel"},
     {"add_chain", ir_fuse_add_chain, "a residual plus several adds (MoE expert slices) in one kernel"},
     {"mul_mat_cat", ir_fuse_mul_mat_cat, "mul_mats sharing an input (q, k, v) as one mul_mat over their weights side by side"},
+    {"rms_norm_gemv", ir_fuse_rms_norm_gemv, "rms_norm_mul feeding one decode GEMV: the norm computed by the GEMV from the column it streams"},
     {"ew_chain", ir_fuse_elementwise, "chains of elementwise ops (and copies, casts, GLUs) in one kernel"},
 };
 const int ir_nfusions = (int)(sizeof ir_fusions / sizeof ir_fusions[0]);

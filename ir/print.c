@@ -39,6 +39,13 @@ static void print_fused(kb_str *o, const ir_prog *p, const ir_node *n) {
         print_ref(o, p, &n->in[n->pair_in]);
         kb_str_add(o, "\n");
     }
+    if (n->bnorm) {
+        char eps[32];
+        kb_format_float(n->bnorm_eps, eps);
+        kb_str_addf(o, "    b normalized: rms_norm(b, eps=%s) * in%d ", eps, n->bnorm_w);
+        print_ref(o, p, &n->in[n->bnorm_w]);
+        kb_str_add(o, "\n");
+    }
     if (n->has_dst2) {
         kb_str_add(o, "    dst2 ");
         print_ref(o, p, &n->dst2);

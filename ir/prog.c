@@ -69,6 +69,13 @@ bool ir_ref_is_natural(const ir_prog *p, const ir_ref *r) {
     return ir_ref_equal(&n, r);
 }
 
+static int cmp_int(const void *x, const void *y) {
+    int a = *(const int *)x, b = *(const int *)y;
+    return (a > b) - (a < b);
+}
+
+void ir_sort_sources(ir_node *n) { qsort(n->src, (size_t)n->nsrc, sizeof n->src[0], cmp_int); }
+
 int ir_node_writing(const ir_prog *p, int buf) {
     for (int i = 0; i < p->nnodes; i++)
         if (!p->nodes[i].dead && (p->nodes[i].dst.buf == buf || (p->nodes[i].has_dst2 && p->nodes[i].dst2.buf == buf)))

@@ -98,9 +98,11 @@ static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
             return kb_error(KILN_ERR_INVALID, "IR node %d: operand slot %d refers to operand %d of %d", i, s,
                             n->opd[s], n->nin);
     if ((st = check_fused(p, i, n))) return st;
+    if (n->bnorm && (ew || n->op != FE_OP_MUL_MAT || !extra_operand(n, n->bnorm_w) || !ir_operand(n, 1)))
+        return kb_error(KILN_ERR_INVALID, "IR node %d: malformed rms_norm_gemv", i);
     bool epi_in[IR_MAX_IN] = {false}; /* IR_OP: operands of the epilogue (in no slot) */
     for (int k = 0; !ew && n->ninstr > 0 && k < n->nin; k++) {
-        epi_in[k] = !(n->paired && k == n->pair_in);
+        epi_in[k] = !(n->paired && k == n->pair_in) && !(n->bnorm && k == n->bnorm_w);
         for (int s = 0; s < FE_MAX_SRC; s++) epi_in[k] &= n->opd[s] != k;
     }
     if (!ew && (n->ninstr > 0 || n->paired || n->fused) && (unsigned)n->op_type >= KILN_TYPE_COUNT)

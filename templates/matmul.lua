@@ -683,6 +683,16 @@ local function gemv(k, s)
         b.add("float acc%d = 0.0f;", r)
     end
     b.add("const float *const bc = B%s;", bbase ~= "0" and " + " .. bbase or "")
+    -- k.bnorm (pass rms_norm_gemv): b arrives un-normalized. Every team streams all of b, so
+    -- it sums b² beside the dot products and multiplies b by the norm's weight; the results
+    -- are scaled by 1/sqrt(mean(b²) + eps) at the store (docs/ops-matmul.md).
+    local bn = k.bnorm
+    if bn then
+        local w = bn.w
+        if w.type ~= "f32" or w.ne[1] ~= s.K or (s.K > 1 and w.st[1] ~= 1) then fail("bnorm: the norm weight must be a contiguous f32 [K]") end
+        b.add("const float *const wn = (const float *)p%d%s; /* the norm's weight */", w.param, w.offs ~= 0 and " + " .. lit(w.offs) or "")
+        b.add("float ss = 0.0f; /* sum of b² */")
+    end
 
     -- Vector v of the row: b's vw values, each row's weights (loaded already when `loaded`),
     -- fmas. Names carry `tag` so that several vectors can be in flight in one scope.
@@ -703,7 +713,20 @@ local function gemv(k, s)
             else
                 H.use("ldb1")
                 local off = s.sb[1] == 1 and "(" .. kexpr .. ")" or string.format("(long long)(%s) * %s", kexpr, lit(s.sb[1]))
-                b.add("const float %s = kiln_ldb1(bc + %s);", n0, off)
+                b.add("%s %s = kiln_ldb1(bc + %s);", bn and "float" or "const float", n0, off)
+            end
+            if bn then -- the norm weight's values at the same k, in vectors as wide as b's
+                local ns = {}
+                for e = q, q + bw - 1 do ns[#ns + 1] = string.format("n%s_%d", tag, e) end
+                b.add("float %s;", table.concat(ns, ", "))
+                H.use(bw == 4 and "ldb4" or bw == 2 and "ldb2" or "ldb1")
+                if bw == 1 then b.add("%s = kiln_ldb1(wn + %s);", ns[1], kexpr)
+                else b.add("kiln_ldb%d(wn + %s, %s);", bw, kexpr, table.concat(ns, ", ")) end
+                for e = q, q + bw - 1 do
+                    local nm = string.format("b%s_%d", tag, e)
+                    b.add("ss = fmaf(%s, %s, ss);", nm, nm)
+                    b.add("%s *= n%s_%d;", nm, tag, e)
+                end
             end
         end
         for r = 0, NR - 1 do
@@ -756,7 +779,11 @@ local function gemv(k, s)
         end
         local off = s.sb[1] == 1 and "kt" or string.format("(long long)kt * %s", lit(s.sb[1]))
         H.use("ldb1")
-        b.add("const float bt = kiln_ldb1(bc + %s);", off)
+        b.add("%s bt = kiln_ldb1(bc + %s);", bn and "float" or "const float", off)
+        if bn then
+            b.add("ss = fmaf(bt, bt, ss);")
+            b.add("bt *= kiln_ldb1(wn + kt);")
+        end
         for r = 0, NR - 1 do
             b.add("acc%d = fmaf(%s, bt, acc%d);", r, load_weight1(H, pre, s, "w" .. r .. " + kt"), r)
         end
@@ -769,6 +796,7 @@ local function gemv(k, s)
         b.add("#pragma unroll")
         b.open("for (int o = %d; o > 0; o >>= 1) {", from)
         for r = 0, NR - 1 do b.add("acc%d += __shfl_xor_sync(0xffffffffu, acc%d, o);", r, r) end
+        if bn then b.add("ss += __shfl_xor_sync(0xffffffffu, ss, o);") end
         b.close()
     end
     -- vals: the product (and the paired product) of the row; with an epilogue, the epilogue at
@@ -787,28 +815,36 @@ local function gemv(k, s)
         end
         if guard then b_.pop() end
     end
+    local function scaled(v) return bn and "(" .. v .. " * bscale)" or v end
     local function row_vals(r)
-        return s.pa and { "acc" .. r, "acc" .. (r + R) } or { "acc" .. r }
+        return s.pa and { scaled("acc" .. r), scaled("acc" .. (r + R)) } or { scaled("acc" .. r) }
     end
+    -- ggml's rms_norm: mean = sum/K, scale = 1/sqrt(mean + eps), in f32.
+    local function norm_scale(ssx) b.add("const float bscale = 1.0f / sqrtf(%s / %s + %s);", ssx, lit(s.K) .. ".0f", bn.eps) end
     if G <= 32 then
         b.open("if (%s == 0) {", tl)
+        if bn then norm_scale("ss") end
         for r = 0, R - 1 do store(b, row_vals(r), r == 0 and "row0" or string.format("(row0 + %du)", r)) end
         b.close()
     else
         local W = G // 32
-        b.add("__shared__ float red[%d][%d];", NR, W)
+        b.add("__shared__ float red[%d][%d];", NR + (bn and 1 or 0), W)
         b.open("if ((threadIdx.x & 31u) == 0) {")
         for r = 0, NR - 1 do b.add("red[%d][threadIdx.x >> 5] = acc%d;", r, r) end
+        if bn then b.add("red[%d][threadIdx.x >> 5] = ss;", NR) end
         b.close()
         b.add("__syncthreads();")
         b.open("if (threadIdx.x < %du) {", R)
-        local tv = s.pa and { "t", "t2" } or { "t" }
+        local tv = s.pa and { scaled("t"), scaled("t2") } or { scaled("t") }
         b.add("float %s;", s.pa and "t = 0.0f, t2 = 0.0f" or "t = 0.0f")
+        if bn then b.add("float sst = 0.0f;") end
         b.add("#pragma unroll")
         b.open("for (unsigned w = 0; w < %du; w++) {", W)
         b.add("t += red[threadIdx.x][w];")
         if s.pa then b.add("t2 += red[threadIdx.x + %du][w];", R) end
+        if bn then b.add("sst += red[%d][w];", NR) end
         b.close()
+        if bn then norm_scale("sst") end
         store(b, tv, "(row0 + threadIdx.x)")
         b.close()
     end
@@ -1700,6 +1736,15 @@ end
 return function(k)
     if k.kind ~= "op" then fail("node kind %s is not op", tostring(k.kind)) end
     if k.op ~= "mul_mat" then fail("unknown op %s", tostring(k.op)) end
+    if k.bnorm then -- pass rms_norm_gemv only fuses one column with a static K: the gemv
+        local s = shape_of(k, k.epilogue and { type = "f32", ne = k.dst.ne, st = k.dst.st, offs = k.dst.offs, param = k.dst.param } or nil)
+        if not use_gemv(s) then fail("bnorm (b's rms_norm) is computed by the gemv plan only (one column, static K)") end
+        if k.pair and not (k.epilogue and k.epilogue.values == 2) then fail("a paired weight needs an epilogue over 2 values") end
+        local r = gemv(k, s)
+        r.bnorm, r.epilogue, r.paired = true, k.epilogue ~= nil, k.pair ~= nil
+        if s.kdims then r.dynamic = true end
+        return r
+    end
     if not (k.epilogue or k.pair) then
         local s = shape_of(k)
         local r = plan(k, s)

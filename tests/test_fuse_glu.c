@@ -14,7 +14,7 @@
 #include <string.h>
 
 /* Every fusion pass but this one is skipped, so that counts and texts are this pass's own. */
-static const char *const OTHERS = "rope_set_rows,topk_moe,rms_norm_mul,add_chain,mul_mat_cat,ew_chain";
+static const char *const OTHERS = "rope_set_rows,topk_moe,rms_norm_mul,add_chain,mul_mat_cat,rms_norm_gemv,ew_chain";
 
 static const char *const GLUS[] = {"swiglu", "geglu", "reglu", "geglu_erf", "geglu_quick", "swiglu_oai"};
 #define NGLU (int)(sizeof GLUS / sizeof GLUS[0])

@@ -13,7 +13,7 @@
 #include <string.h>
 
 /* Every other fusion pass is skipped, so that counts and texts are this pass's own. */
-static const char *const OTHERS = "rope_set_rows,topk_moe,mul_mat_glu,rms_norm_mul,add_chain,ew_chain";
+static const char *const OTHERS = "rope_set_rows,topk_moe,mul_mat_glu,rms_norm_mul,add_chain,rms_norm_gemv,ew_chain";
 
 /* q, k, v of one x (k of x2 when `k_x2`), read as attention reads them; wk's type and rows
  * given, so a case can break one member. `q_out` makes q a graph output; `k_flat` reads k as one

@@ -357,3 +357,39 @@ void run_check_at_values(const char *kg, const char *dim, const int *vals, int n
     ts_rmtree(dir);
     free(dir);
 }
+
+/* Inputs and weights of g at random; i32 leaves are expert ids: slot u of each token takes a
+ * distinct expert. */
+static void fill_leaves_ids(const kiln_graph *g, hset *h, uint64_t seed) {
+    rng_t r = {seed};
+    for (int i = 0; i < g->n; i++) {
+        const kiln_tensor *t = g->nodes[i];
+        if (t->role != KILN_ROLE_INPUT && t->role != KILN_ROLE_WEIGHT) continue;
+        int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+        hdata  *d = hset_add(h, t->name, t->type, n);
+        if (t->type == KILN_I32) { /* expert ids: slot u of each token takes a distinct expert */
+            for (int64_t k = 0; k < n; k++) ((int32_t *)d->data)[k] = (int32_t)((k % t->ne[0]) * 7 + rng_int(&r, 0, 6));
+        } else {
+            fill(d->data, t->type, n, seed * 7 + (uint64_t)i, FILL_ANY);
+        }
+    }
+}
+
+void check_kg_fused(const char *kg, const char *what, double tol, uint64_t seed) {
+    need_gpu();
+    kiln_ctx   *ctx = ts_parse(kg);
+    kiln_graph *g = NULL;
+    TS_OK(kiln_graph_new(ctx, &g));
+    hset h = {0};
+    fill_leaves_ids(g, &h, seed);
+    for (int no_fuse = 0; no_fuse <= 1; no_fuse++) {
+        char label[4096];
+        snprintf(label, sizeof label, "%s%s:\n%s", what, no_fuse ? " (unfused)" : " (fused)", kg);
+        cmp_opts co = {.label = label, .tol_f32 = tol, .fused_tol = true, .no_fuse = no_fuse};
+        double   e = check_graph(g, &h, &co);
+        printf("%-52s %s nmse %.3g\n", what, no_fuse ? "unfused" : "fused  ", e);
+    }
+    hset_free(&h);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}

@@ -84,6 +84,9 @@ kiln_program *compile(const kiln_graph *g, int no_fuse);
  * worst element. Returns the worst NMSE. */
 double check_graph(const kiln_graph *g, hset *h, const cmp_opts *c);
 void shape_str(const int64_t ne[4], char *out, size_t n);
+/* kg compiled fused and unfused (--no-fuse), each run on the GPU against kiln_reference with
+ * f32 tolerance tol (fused tolerances for f16/bf16), on leaves filled from seed; prints both. */
+void check_kg_fused(const char *kg, const char *what, double tol, uint64_t seed);
 /* A tensor of logical shape ne and type t read through layout lay from a new leaf `name`
  * (input or weight at random), its random data (fill kind fk) added to h; desc describes it. */
 kiln_tensor *operand(kiln_ctx *ctx, hset *h, rng_t *r, const char *name, kiln_type t, const int64_t ne[4], layout lay, fill_kind fk, uint64_t seed, char *desc, size_t desc_n);

@@ -15,41 +15,6 @@
 
 #include "tests/gpu/gpu_support.h"
 
-static void fill_leaves(const kiln_graph *g, hset *h, uint64_t seed) {
-    rng_t r = {seed};
-    for (int i = 0; i < g->n; i++) {
-        const kiln_tensor *t = g->nodes[i];
-        if (t->role != KILN_ROLE_INPUT && t->role != KILN_ROLE_WEIGHT) continue;
-        int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
-        hdata  *d = hset_add(h, t->name, t->type, n);
-        if (t->type == KILN_I32) { /* expert ids: slot u of each token takes a distinct expert */
-            for (int64_t k = 0; k < n; k++) ((int32_t *)d->data)[k] = (int32_t)((k % t->ne[0]) * 7 + rng_int(&r, 0, 6));
-        } else {
-            fill(d->data, t->type, n, seed * 7 + (uint64_t)i, FILL_ANY);
-        }
-    }
-}
-
-/* kg fused and unfused, each against the reference; the fused program has `kernels` kernels. */
-static void run_kg(const char *kg, const char *what, double tol, uint64_t seed) {
-    need_gpu();
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
-    hset h = {0};
-    fill_leaves(g, &h, seed);
-    for (int no_fuse = 0; no_fuse <= 1; no_fuse++) {
-        char label[4096];
-        snprintf(label, sizeof label, "%s%s:\n%s", what, no_fuse ? " (unfused)" : " (fused)", kg);
-        cmp_opts co = {.label = label, .tol_f32 = tol, .fused_tol = true, .no_fuse = no_fuse};
-        double   e = check_graph(g, &h, &co);
-        printf("%-52s %s nmse %.3g\n", what, no_fuse ? "unfused" : "fused  ", e);
-    }
-    hset_free(&h);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
-}
-
 static void moe_sum(int D, int S, int T, const char *rt, uint64_t seed) {
     char kg[8192], what[128];
     int  n = snprintf(kg, sizeof kg, "input experts: f32[%d, %d, %d]\ninput w: f32[1, %d, %d]\ninput res: %s[%d, %d]\n"
@@ -62,7 +27,7 @@ static void moe_sum(int D, int S, int T, const char *rt, uint64_t seed) {
     for (int s = 2; s < S; s++) n += snprintf(kg + n, sizeof kg - (size_t)n, "s%d = add(s%d, e%d)\n", s, s - 1, s);
     snprintf(kg + n, sizeof kg - (size_t)n, "output out = add(s%d, res)\n", S - 1);
     snprintf(what, sizeof what, "moe_sum D %d slots %d T %d residual %s", D, S, T, rt);
-    run_kg(kg, what, 1e-7, seed);
+    check_kg_fused(kg, what, 1e-7, seed);
 }
 
 START_TEST(test_moe_sum) {
@@ -81,7 +46,7 @@ START_TEST(test_into_matmul) {
              "m = mul_mat(w, x)\n%s",
              N, N, two ? "s = add(m, r1)\noutput y = add(s, r2)\n" : "output y = add(r1, m)\n");
     snprintf(what, sizeof what, "into mul_mat n %d, %s", N, two ? "two adds" : "residual");
-    run_kg(kg, what, 5e-4, 200 + (uint64_t)_i);
+    check_kg_fused(kg, what, 5e-4, 200 + (uint64_t)_i);
 }
 END_TEST
 
@@ -92,7 +57,7 @@ START_TEST(test_into_matmul_id) {
              "weight as: bf16[2048, 768, 16]\ninput x: f32[2048, 1, %d]\ninput ids: i32[4, %d]\ninput r: f32[768, 4, %d]\n"
              "m = mul_mat_id(as, x, ids)\noutput y = add(m, r)\n",
              T, T, T);
-    run_kg(kg, T == 1 ? "into mul_mat_id T 1" : "into mul_mat_id T 4", 5e-4, 300 + (uint64_t)_i);
+    check_kg_fused(kg, T == 1 ? "into mul_mat_id T 1" : "into mul_mat_id T 4", 5e-4, 300 + (uint64_t)_i);
 }
 END_TEST
 
