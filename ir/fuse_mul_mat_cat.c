@@ -28,10 +28,7 @@
 
 #define CAT_MAX 8
 
-static bool plain_mul_mat(const ir_node *n) {
-    return n->kind == IR_OP && !n->dead && n->op == FE_OP_MUL_MAT && n->ninstr == 0 && !n->paired &&
-           n->fused == IR_FUSED_NONE && !n->has_dst2 && !n->fusion;
-}
+static bool plain_mul_mat(const ir_node *n) { return ir_plain_op(n) && n->op == FE_OP_MUL_MAT; }
 
 /* The node's weight, when it may join a block: a whole, natural, 2-D weight of its own. */
 static const ir_ref *block_weight(const ir_prog *p, const ir_node *n) {
@@ -43,33 +40,30 @@ static const ir_ref *block_weight(const ir_prog *p, const ir_node *n) {
     return w;
 }
 
-/* Rewrites r (a read of a [m, ...] temporary) onto buffer `buf` of [mt, ...] whose rows c0..
- * c0 + m hold it; false (r untouched) when the read cannot be expressed there. */
-static bool cat_ref(ir_ref *r, int64_t m, int64_t mt, int64_t c0, int buf, bool apply) {
-    int64_t st[4], in_col = r->offs % m;
-    for (int d = 0; d < 4; d++) {
-        st[d] = r->st[d];
-        if (r->ne[d] == 1) continue;
-        if (r->st[d] % m == 0) st[d] = r->st[d] / m * mt;
-        else in_col += r->st[d] * (r->ne[d] - 1);
-    }
-    if (in_col >= m) return false;
-    if (!apply) return true;
+/* Whether read r of a [m, ...] temporary stays inside one column in every dim that does not
+ * step whole columns (strides are never negative: ir_verify). */
+static bool in_column(const ir_ref *r, int64_t m) {
+    int64_t reach = r->offs % m;
+    for (int d = 0; d < 4; d++)
+        if (r->ne[d] > 1 && r->st[d] % m != 0) reach += r->st[d] * (r->ne[d] - 1);
+    return reach < m;
+}
+
+/* Rewrites r (an in_column read of a [m, ...] temporary) onto buffer `buf` of [mt, ...] whose
+ * rows c0..c0 + m hold it. */
+static void cat_ref(ir_ref *r, int64_t m, int64_t mt, int64_t c0, int buf) {
+    for (int d = 0; d < 4; d++)
+        if (r->ne[d] > 1 && r->st[d] % m == 0) r->st[d] = r->st[d] / m * mt;
     r->offs = r->offs / m * mt + r->offs % m + c0;
-    memcpy(r->st, st, sizeof st);
     r->buf = buf;
-    return true;
 }
 
 /* Every read of buffer `buf` (rows m) re-expressible in a wider result (whatever its rows). */
 static bool reads_map(const ir_prog *p, int buf, int64_t m) {
     for (int i = 0; i < p->nnodes; i++) {
         const ir_node *c = &p->nodes[i];
-        if (c->dead) continue;
-        for (int k = 0; k < c->nin; k++) {
-            ir_ref r = c->in[k];
-            if (r.buf == buf && !cat_ref(&r, m, m + 1, 0, buf, false)) return false;
-        }
+        for (int k = 0; !c->dead && k < c->nin; k++)
+            if (c->in[k].buf == buf && !in_column(&c->in[k], m)) return false;
     }
     return true;
 }
@@ -128,7 +122,7 @@ static kiln_status merge(ir_prog *p, const int *g, int n) {
             ir_node *c = &p->nodes[j];
             if (c->dead) continue;
             for (int k = 0; k < c->nin; k++)
-                if (c->in[k].buf == src) cat_ref(&c->in[k], m[i], mt, c0, y, true);
+                if (c->in[k].buf == src) cat_ref(&c->in[k], m[i], mt, c0, y);
         }
         c0 += m[i];
     }

@@ -74,8 +74,7 @@ static int sole_producer(const ir_prog *p, const ir_ref *r, int reader) {
 }
 
 static bool plain_matmul(const ir_node *n) {
-    return n->kind == IR_OP && !n->dead && (n->op == FE_OP_MUL_MAT || n->op == FE_OP_MUL_MAT_ID) && n->ninstr == 0 &&
-           !n->paired && n->fused == IR_FUSED_NONE && !n->has_dst2 && !n->fusion;
+    return ir_plain_op(n) && (n->op == FE_OP_MUL_MAT || n->op == FE_OP_MUL_MAT_ID);
 }
 
 /* The side feeding GLU operand r of node gi: the mul_mat directly, or through a bias add. */

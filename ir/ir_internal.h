@@ -11,6 +11,9 @@ ir_ref   ir_natural_ref(const ir_prog *p, int buf);
 /* Same elements in the same places (strides of size-1 dims do not matter). */
 bool     ir_ref_equal(const ir_ref *a, const ir_ref *b);
 bool     ir_ref_is_natural(const ir_prog *p, const ir_ref *r);
+/* A live IR_OP node computing just its op: no epilogue, pairing, normalized b, fusion or second
+ * output yet (what the matmul fusions start from). */
+bool     ir_plain_op(const ir_node *n);
 /* Puts n's graph nodes (src) in graph order, after a fusion merged several nodes' lists. */
 void     ir_sort_sources(ir_node *n);
 /* Index of the live node writing buf, or -1. */

@@ -74,6 +74,11 @@ static int cmp_int(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
+bool ir_plain_op(const ir_node *n) {
+    return n->kind == IR_OP && !n->dead && n->ninstr == 0 && !n->paired && !n->bnorm && n->fused == IR_FUSED_NONE &&
+           !n->has_dst2 && !n->fusion;
+}
+
 void ir_sort_sources(ir_node *n) { qsort(n->src, (size_t)n->nsrc, sizeof n->src[0], cmp_int); }
 
 int ir_node_writing(const ir_prog *p, int buf) {

@@ -1736,29 +1736,23 @@ end
 return function(k)
     if k.kind ~= "op" then fail("node kind %s is not op", tostring(k.kind)) end
     if k.op ~= "mul_mat" then fail("unknown op %s", tostring(k.op)) end
-    if k.bnorm then -- pass rms_norm_gemv only fuses one column with a static K: the gemv
-        local s = shape_of(k, k.epilogue and { type = "f32", ne = k.dst.ne, st = k.dst.st, offs = k.dst.offs, param = k.dst.param } or nil)
-        if not use_gemv(s) then fail("bnorm (b's rms_norm) is computed by the gemv plan only (one column, static K)") end
-        if k.pair and not (k.epilogue and k.epilogue.values == 2) then fail("a paired weight needs an epilogue over 2 values") end
-        local r = gemv(k, s)
-        r.bnorm, r.epilogue, r.paired = true, k.epilogue ~= nil, k.pair ~= nil
-        if s.kdims then r.dynamic = true end
-        return r
-    end
-    if not (k.epilogue or k.pair) then
+    if not (k.epilogue or k.pair or k.bnorm) then
         local s = shape_of(k)
         local r = plan(k, s)
         if s.kdims then r.dynamic = true end
         return r
     end
-    -- An epilogue (mul_mat_glu: the GLU over the product and the paired product). The shapes
-    -- are checked against dst's space as an f32 product.
+    -- An epilogue (mul_mat_glu: the GLU over the product and the paired product; the shapes are
+    -- checked against dst's space as an f32 product) and/or b's norm (pass rms_norm_gemv, which
+    -- only fuses one column with a static K: the gemv, the one plan that computes it).
     local d = k.dst
-    local s = shape_of(k, { type = "f32", ne = d.ne, st = d.st, offs = d.offs, param = d.param, dyn = d.dyn, sym = d.sym })
+    local s = k.epilogue and shape_of(k, { type = "f32", ne = d.ne, st = d.st, offs = d.offs, param = d.param, dyn = d.dyn, sym = d.sym })
+        or shape_of(k)
     if k.pair and not (k.epilogue and k.epilogue.values == 2) then fail("a paired weight needs an epilogue over 2 values") end
+    if k.bnorm and not use_gemv(s) then fail("bnorm (b's rms_norm) is computed by the gemv plan only (one column, static K)") end
     local r
     if use_gemv(s) then r = gemv(k, s) else r = via_scratch(k) end
-    r.epilogue, r.paired = k.epilogue ~= nil, k.pair ~= nil
+    r.epilogue, r.paired, r.bnorm = k.epilogue ~= nil, k.pair ~= nil, k.bnorm ~= nil
     if s.kdims then r.dynamic = true end
     return r
 end

@@ -259,6 +259,17 @@ double ts_fusion_compare(const char *kg, const char *skip, int *live, char **ir_
     return worst;
 }
 
+void ts_expect_fusion(const char *kg, const char *skip, const char *want, const char *absent, int kernels) {
+    int    live;
+    char  *text;
+    double d = ts_fusion_compare(kg, skip, &live, &text);
+    ck_assert_msg(!want || strstr(text, want), "no '%s' in:\n%s\ngraph:\n%s", want, text, kg);
+    ck_assert_msg(!absent || !strstr(text, absent), "'%s' in:\n%s\ngraph:\n%s", absent, text, kg);
+    ck_assert_msg(kernels < 0 || live == kernels, "%d kernels, want %d:\n%s", live, kernels, text);
+    ck_assert_msg(d == 0, "fused differs from unfused by %g:\n%s", d, kg);
+    free(text);
+}
+
 void ts_sources_identical(const char *kg, const char *dim, int v1, int v2, const char *what) {
     char *dir = ts_tmpdir();
     char  path[512], cmd[2048], *src[2];

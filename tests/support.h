@@ -95,5 +95,9 @@ void ts_dyn_kernels(const char *kg, const char *want, const char *cache_dir, boo
 char *ts_refused_msg(const char *kg, const char *cache_dir, int parse_may_refuse, const char *what);
 
 double ts_fusion_compare(const char *kg, const char *skip, int *live, char **ir_text);
+/* ts_fusion_compare of kg (passes but skip), asserting: the IR text holds `want` (unless NULL)
+ * and not `absent` (unless NULL), it has `kernels` live kernels (unless -1), and the outputs
+ * are bit-identical to the unfused graph's. */
+void   ts_expect_fusion(const char *kg, const char *skip, const char *want, const char *absent, int kernels);
 
 #endif
