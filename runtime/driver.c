@@ -66,6 +66,8 @@ static const struct {
     RT_SYM(MemAllocHost, cuMemAllocHost_v2),
     RT_SYM(MemFreeHost, cuMemFreeHost),
     RT_SYM(MemcpyDtoH, cuMemcpyDtoH_v2),
+    RT_SYM(MemHostAlloc, cuMemHostAlloc),
+    RT_SYM(MemHostGetDevicePointer, cuMemHostGetDevicePointer_v2),
     RT_SYM(MemsetD8, cuMemsetD8_v2),
     RT_SYM(MemcpyDtoDAsync, cuMemcpyDtoDAsync_v2),
     RT_SYM(DeviceTotalMem, cuDeviceTotalMem_v2),

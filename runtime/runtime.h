@@ -41,6 +41,7 @@ typedef struct rt_cugraphexec_s *rt_cugraphexec; /* CUgraphExec */
 #define RT_CU_STREAM_NON_BLOCKING 0x1
 #define RT_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
 #define RT_CU_EVENT_DEFAULT 0x0
+#define RT_CU_MEMHOSTALLOC_DEVICEMAP 0x02
 #define RT_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 
 /* cuLaunchKernelEx's CUlaunchConfig and CUlaunchAttribute (same layout): for programmatic
@@ -89,6 +90,8 @@ typedef struct {
     rt_cures (*MemAllocHost)(void **ptr, size_t bytes);
     rt_cures (*MemFreeHost)(void *ptr);
     rt_cures (*MemcpyDtoH)(void *dst, rt_cuptr src, size_t bytes);
+    rt_cures (*MemHostAlloc)(void **ptr, size_t bytes, unsigned flags);
+    rt_cures (*MemHostGetDevicePointer)(rt_cuptr *dptr, void *host, unsigned flags);
     rt_cures (*MemsetD8)(rt_cuptr dst, unsigned char value, size_t n);
     rt_cures (*MemcpyDtoDAsync)(rt_cuptr dst, rt_cuptr src, size_t bytes, rt_custream stream);
     rt_cures (*DeviceTotalMem)(size_t *bytes, rt_cudev dev);

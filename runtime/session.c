@@ -1,8 +1,9 @@
 /* kiln_session: a compiled program loaded on one GPU — device buffers, modules, launches, and
  * the CUDA graph that replays them.
  *
- * Memory: every input, weight and output has its own allocation; temporaries live in one arena
- * of ir->arena_bytes at the offsets ir_memplan chose. Launches are precomputed at creation (the
+ * Memory: every weight, state and large input or output has its own allocation; temporaries
+ * live in one arena of ir->arena_bytes at the offsets ir_memplan chose; small inputs and outputs
+ * live in the I/O windows (runtime/io.c). Launches are precomputed at creation (the
  * argument array of each kernel points at its buffers' device addresses), so a run is a CUDA
  * graph replay (or, with graphs off, one cuLaunchKernel per kernel) between two events.
  *
@@ -90,6 +91,48 @@ static kiln_status share_buffer(kiln_session *s, int i) {
                     kind_name(b->kind), b->name);
 }
 
+/* The named buffers (those a caller can set or get) sorted by name, then index: lookups by
+ * name are a binary search, not a scan of a model's thousands of buffers per call. */
+typedef struct {
+    const char *name;
+    int         i;
+} name_ix;
+
+static int cmp_name_ix(const void *a, const void *b) {
+    const name_ix *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->i > y->i) - (x->i < y->i);
+}
+
+static bool named_kind(ir_buf_kind k) { return k != IR_BUF_TEMP && k != IR_BUF_BLOCK; }
+
+static kiln_status index_names(kiln_session *s) {
+    name_ix *v = malloc(sizeof *v * (size_t)(s->nbufs ? s->nbufs : 1));
+    if (!v || !(s->by_name = malloc(sizeof *s->by_name * (size_t)(s->nbufs ? s->nbufs : 1)))) {
+        free(v);
+        return kb_oom();
+    }
+    int n = 0;
+    for (int i = 0; i < s->nbufs; i++)
+        if (named_kind(s->bufs[i].kind)) v[n++] = (name_ix){s->bufs[i].name, i};
+    qsort(v, (size_t)n, sizeof *v, cmp_name_ix);
+    for (int k = 0; k < n; k++) s->by_name[k] = v[k].i;
+    s->nnamed = n;
+    free(v);
+    return NULL;
+}
+
+/* The first buffer (lowest index) named name, or -1. */
+static int buf_named(const kiln_session *s, const char *name) {
+    int lo = 0, hi = s->nnamed;
+    while (lo < hi) { /* the first entry not below name */
+        int mid = lo + (hi - lo) / 2;
+        if (strcmp(s->bufs[s->by_name[mid]].name, name) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < s->nnamed && strcmp(s->bufs[s->by_name[lo]].name, name) == 0 ? s->by_name[lo] : -1;
+}
+
 static kiln_status alloc_buffers(kiln_session *s, const ir_prog *ir) {
     const rt_cuda_api *cu = s->cu;
     s->nbufs = ir->nbufs;
@@ -100,6 +143,10 @@ static kiln_status alloc_buffers(kiln_session *s, const ir_prog *ir) {
         if (!s->bufs || !s->dptr || !s->owned) return kb_oom();
         memcpy(s->bufs, ir->bufs, sizeof *s->bufs * (size_t)ir->nbufs);
     }
+    for (int i = 0; i < s->nbufs; i++) s->bufs[i].name[sizeof s->bufs[i].name - 1] = 0;
+    kiln_status st = index_names(s);
+    if (!st) st = rt_io_setup(s, ir);
+    if (st) return st;
     s->arena_bytes = ir->arena_bytes;
     rt_cures r;
     if (s->arena_bytes > 0) {
@@ -113,7 +160,6 @@ static kiln_status alloc_buffers(kiln_session *s, const ir_prog *ir) {
     }
     for (int i = 0; i < s->nbufs; i++) {
         ir_buf *b = &s->bufs[i];
-        b->name[sizeof b->name - 1] = 0;
         if (b->kind == IR_BUF_TEMP) {
             if (b->first < 0) continue; /* dead (fused away): not placed, never passed */
             if (b->offset > s->arena_bytes || b->bytes > s->arena_bytes - b->offset)
@@ -126,6 +172,10 @@ static kiln_status alloc_buffers(kiln_session *s, const ir_prog *ir) {
         }
         if (b->bytes == 0) continue; /* no memory; kernels touching it have nothing to do */
         if (b->block) continue;      /* the block's memory: below */
+        if (rt_io_placed(s, i)) {
+            s->dptr[i] = rt_io_dptr(s, i);
+            continue;
+        }
         if (s->primary && (b->kind == IR_BUF_WEIGHT || b->kind == IR_BUF_STATE || b->kind == IR_BUF_BLOCK)) {
             kiln_status st = share_buffer(s, i);
             if (st) return st;
@@ -326,24 +376,14 @@ static bool graphs_enabled(const kiln_session_opts *opts) {
 }
 
 /* The program's symbolic dims, and the memory their values live in (all at their maximum). */
-static kiln_status setup_dims(kiln_session *s, const kiln_program *p) {
+/* The dims' names and maxima; their values live in the input window (rt_io_setup). */
+static void setup_dims(kiln_session *s, const kiln_program *p) {
     const kiln_ctx *ctx = p->ir->g ? p->ir->g->ctx : NULL;
     s->ndims = ctx ? ctx->ndims : 0;
-    if (!s->ndims) return NULL;
     for (int i = 0; i < s->ndims; i++) {
         snprintf(s->dim_name[i], sizeof s->dim_name[i], "%s", ctx->dims[i].name);
         s->dim_max[i] = ctx->dims[i].max;
     }
-    size_t   bytes = sizeof(int32_t) * KILN_MAX_SYMS;
-    rt_cures r = s->cu->MemAllocHost((void **)&s->dims_host, bytes);
-    if (r != RT_CUDA_SUCCESS) {
-        s->dims_host = NULL;
-        return rt_cuda_error(r, "cuMemAllocHost", "allocating pinned memory for the symbolic dims");
-    }
-    for (int i = 0; i < s->ndims; i++) s->dims_host[i] = (int32_t)s->dim_max[i];
-    r = s->cu->MemAlloc(&s->dims_dev, bytes);
-    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuMemAlloc", "allocating the symbolic dims' device copy");
-    return NULL;
 }
 
 static kiln_status session_open(const kiln_program *p, const kiln_session_opts *opts,
@@ -441,7 +481,7 @@ static kiln_status session_open(const kiln_program *p, const kiln_session_opts *
         goto fail;
     }
 
-    if ((st = setup_dims(s, p))) goto fail;
+    setup_dims(s, p);
     if ((st = alloc_buffers(s, p->ir))) goto fail;
     if ((st = alloc_scratch(s, p))) goto fail;
     if ((st = setup_blas(s, p))) goto fail;
@@ -483,8 +523,7 @@ void kiln_session_free(kiln_session *s) {
         if (s->blas_handle) s->blas->Destroy(s->blas_handle);
         if (s->blas_ws) cu->MemFree(s->blas_ws);
         if (s->scratch) cu->MemFree(s->scratch);
-        if (s->dims_dev) cu->MemFree(s->dims_dev);
-        if (s->dims_host) cu->MemFreeHost(s->dims_host);
+        rt_io_free(s);
         for (int i = 0; s->pinned && i < s->nbufs; i++)
             if (s->pinned[i]) cu->MemFreeHost(s->pinned[i]);
         if (s->stream && !s->stream_borrowed) cu->StreamDestroy(s->stream);
@@ -497,6 +536,8 @@ void kiln_session_free(kiln_session *s) {
     free(s->owned);
     free(s->pinned);
     free(s->pin_busy);
+    free(s->win_off);
+    free(s->by_name);
     free(s);
 }
 
@@ -520,10 +561,9 @@ static char *valid_names(const kiln_session *s, bool for_set) {
 
 static kiln_status find_buf(const kiln_session *s, const char *fn, const char *name, bool for_set,
                             int *out) {
-    for (int i = 0; i < s->nbufs; i++) {
-        const ir_buf *b = &s->bufs[i];
-        if (b->kind == IR_BUF_TEMP || b->kind == IR_BUF_BLOCK || strcmp(b->name, name) != 0) continue;
-        if (for_set && b->kind == IR_BUF_OUTPUT)
+    int i = buf_named(s, name);
+    if (i >= 0) {
+        if (for_set && s->bufs[i].kind == IR_BUF_OUTPUT)
             return kb_error(KILN_ERR_INVALID, "%s: '%s' is an output of the program; only inputs "
                                               "weights and states can be set", fn, name);
         *out = i;
@@ -543,7 +583,7 @@ static void current_ne(const kiln_session *s, const ir_buf *b, int64_t ne[4]) {
         ne[d] = b->sym[d] && b->sym[d] <= s->ndims ? s->dims_host[b->sym[d] - 1] : b->ne[d];
 }
 
-static bool buf_has_sym(const ir_buf *b) { return b->sym[0] | b->sym[1] | b->sym[2] | b->sym[3]; }
+bool rt_buf_symbolic(const ir_buf *b) { return b->sym[0] | b->sym[1] | b->sym[2] | b->sym[3]; }
 
 static size_t current_bytes(const kiln_session *s, const ir_buf *b) {
     int64_t ne[4];
@@ -557,7 +597,7 @@ static kiln_status check_bytes(const kiln_session *s, const char *fn, int i, siz
     if (bytes == want) return NULL;
     char shape[128];
     rt_describe_buf(b, shape, sizeof shape);
-    if (buf_has_sym(b)) {
+    if (rt_buf_symbolic(b)) {
         int64_t ne[4];
         current_ne(s, b, ne);
         return kb_error(KILN_ERR_INVALID,
@@ -573,7 +613,7 @@ static kiln_status check_bytes(const kiln_session *s, const char *fn, int i, siz
 /* Between the caller's contiguous data at the current extents and the buffer's layout at the
  * maximum: row by row into (to_dev) or out of `padded`. Returns the bytes of padded that hold
  * data (a prefix: rows beyond are not touched). */
-static size_t repack(const kiln_session *s, const ir_buf *b, void *padded, void *dense, bool to_dev) {
+size_t rt_repack(const kiln_session *s, const ir_buf *b, void *padded, void *dense, bool to_dev) {
     int64_t ne[4];
     current_ne(s, b, ne);
     size_t es = kiln_type_size(b->type), row = (size_t)ne[0] * es, used = 0;
@@ -633,7 +673,7 @@ static kiln_status upload_async(kiln_session *s, int i, const void *data, size_t
         memset(s->pin_busy, 0, sizeof *s->pin_busy * (size_t)s->nbufs);
     }
     size_t n = bytes;
-    if (buf_has_sym(b)) n = repack(s, b, s->pinned[i], (void *)data, true);
+    if (rt_buf_symbolic(b)) n = rt_repack(s, b, s->pinned[i], (void *)data, true);
     else memcpy(s->pinned[i], data, bytes);
     if ((r = s->cu->MemcpyHtoDAsync(s->dptr[i], s->pinned[i], n, s->stream)) != RT_CUDA_SUCCESS)
         return rt_cuda_error(r, "cuMemcpyHtoDAsync", "copying %zu bytes into %s '%s'", n, kind_name(b->kind),
@@ -653,16 +693,20 @@ static void pins_idle(kiln_session *s) {
 
 static kiln_status upload(kiln_session *s, int i, const void *data, size_t bytes) {
     const ir_buf *b = &s->bufs[i];
-    kiln_status   st = rt_make_current(s);
+    if (rt_io_placed(s, i)) { /* the next run copies it in */
+        rt_io_set(s, i, data, bytes);
+        return NULL;
+    }
+    kiln_status st = rt_make_current(s);
     if (st) return st;
     if (bytes <= RT_ASYNC_MAX && b->bytes <= RT_PIN_MAX && b->kind != IR_BUF_WEIGHT)
         return upload_async(s, i, data, bytes);
     void  *staging = NULL;
     size_t n = bytes;
-    if (buf_has_sym(b)) {
+    if (rt_buf_symbolic(b)) {
         staging = calloc(1, b->bytes);
         if (!staging) return kb_oom();
-        n = repack(s, b, staging, (void *)data, true);
+        n = rt_repack(s, b, staging, (void *)data, true);
         data = staging;
     }
     rt_cures r = s->cu->MemcpyHtoD(s->dptr[i], data, n);
@@ -678,12 +722,6 @@ static kiln_status upload(kiln_session *s, int i, const void *data, size_t bytes
     return NULL;
 }
 
-static int buf_named(const kiln_session *s, const char *name) {
-    for (int i = 0; i < s->nbufs; i++)
-        if (s->bufs[i].kind != IR_BUF_TEMP && s->bufs[i].kind != IR_BUF_BLOCK && strcmp(s->bufs[i].name, name) == 0)
-            return i;
-    return -1;
-}
 
 kiln_status kiln_session_set(kiln_session *s, const char *name, const void *data, size_t bytes) {
     static const char fn[] = "kiln_session_set";
@@ -721,11 +759,12 @@ kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size
         int j = buf_named(s->last, name);
         if (j >= 0) u = s->last, i = j;
     }
+    if (rt_io_placed(u, i) && rt_io_get(u, i, data, bytes)) return NULL;
     if ((st = rt_make_current(u))) return st;
     const ir_buf *b = &u->bufs[i];
     void         *staging = NULL;
     size_t        n = bytes;
-    if (buf_has_sym(b)) {
+    if (rt_buf_symbolic(b)) {
         staging = malloc(b->bytes);
         if (!staging) return kb_oom();
         n = padded_used(u, b);
@@ -739,7 +778,7 @@ kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size
         r = u->cu->MemcpyDtoH(pin, u->dptr[i], n);
     if (pin && r == RT_CUDA_SUCCESS) memcpy(data, pin, n);
     else if (r == RT_CUDA_SUCCESS) r = u->cu->MemcpyDtoH(staging ? staging : data, u->dptr[i], n);
-    if (r == RT_CUDA_SUCCESS && staging) repack(u, b, staging, data, false);
+    if (r == RT_CUDA_SUCCESS && staging) rt_repack(u, b, staging, data, false);
     free(staging);
     if (r != RT_CUDA_SUCCESS)
         return rt_cuda_error(r, "cuMemcpyDtoH", "copying %zu bytes out of %s '%s'", n, kind_name(b->kind),
@@ -773,13 +812,10 @@ kiln_status kiln_session_set_dim(kiln_session *s, const char *name, int64_t valu
 }
 
 static kiln_status launch_all(kiln_session *s, const char *doing) {
-    if (s->ndims > 0) {
-        /* Captured, this is a copy node that reads the pinned values at every replay. */
-        rt_cures r = s->cu->MemcpyHtoDAsync(s->dims_dev, s->dims_host, sizeof(int32_t) * (size_t)s->ndims,
-                                            s->stream);
-        if (r != RT_CUDA_SUCCESS)
-            return rt_cuda_error(r, "cuMemcpyHtoDAsync", "%s the copy of the symbolic dims", doing);
-    }
+    /* Captured, the copy of the input window is a graph node that reads the pinned twin at
+     * every replay. */
+    kiln_status st0 = rt_io_copy_in(s, doing);
+    if (st0) return st0;
     bool prof = s->profile; /* profiled sessions never capture (use_graphs is off) */
     for (int i = 0; i < s->nlaunches; i++) {
         rt_launch *l = &s->launches[i];
@@ -880,6 +916,7 @@ static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats) {
         stats->captures++;
     }
 
+    s->out_fresh = false;
     rt_cures r = cu->EventRecord(s->ev_start, s->stream);
     if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuEventRecord", "starting the run's timer");
     if (s->exec) {
@@ -909,6 +946,7 @@ static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats) {
                                        "CUDA_LAUNCH_BLOCKING=1");
     }
     pins_idle(s);
+    s->out_fresh = true;
     rt_profile_collect(s);
     float ms = 0;
     r = cu->EventElapsedTime(&ms, s->ev_start, s->ev_end);

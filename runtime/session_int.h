@@ -83,6 +83,16 @@ struct kiln_session {
     kiln_session  *primary; /* for a variant: the session it belongs to */
     kiln_session  *last;    /* the session (this one or a variant) that ran last */
 
+    /* The I/O windows (runtime/io.c): small inputs (and the dims' values) in a device block
+     * with a pinned host twin copied in once per run; small outputs in mapped host memory. */
+    rt_cuptr  win_dev[2];
+    void     *win_host[2];
+    size_t    win_bytes[2];
+    size_t   *win_off;   /* per buffer: its offset in its window + 1 (0: its own allocation) */
+    bool      out_fresh; /* the output twin holds the last run's outputs */
+    int      *by_name;   /* indices of the named buffers (not temporaries or blocks), by name */
+    int       nnamed;
+
     /* KILN_PROFILE (runtime/profile.c): an event after each launch, time per launch summed. */
     bool        profile;
     rt_cuevent *prof_ev; /* nlaunches + 1 */
@@ -99,6 +109,19 @@ kiln_status rt_profile_mark(kiln_session *s, int i); /* event i: before launch i
 void        rt_profile_collect(kiln_session *s);     /* after a run's sync: add up its times */
 void        rt_profile_report(kiln_session *s);      /* the table, on stderr */
 void        rt_profile_free(kiln_session *s);
+/* The I/O windows (runtime/io.c). */
+enum { RT_WIN_IN, RT_WIN_OUT };
+kiln_status rt_io_setup(kiln_session *s, const ir_prog *ir); /* buffers copied, dims known */
+bool        rt_io_placed(const kiln_session *s, int i);
+rt_cuptr    rt_io_dptr(const kiln_session *s, int i);
+kiln_status rt_io_copy_in(kiln_session *s, const char *doing);  /* queued first in every run */
+void        rt_io_set(kiln_session *s, int i, const void *data, size_t bytes);
+bool        rt_io_get(kiln_session *s, int i, void *data, size_t bytes); /* false: read the device */
+void        rt_io_free(kiln_session *s);
+/* Buffer b has a symbolic dim; rt_repack moves its current elements between the caller's
+ * contiguous data (dense) and the layout at the maximum (padded), returning the bytes used. */
+bool   rt_buf_symbolic(const ir_buf *b);
+size_t rt_repack(const kiln_session *s, const ir_buf *b, void *padded, void *dense, bool to_dev);
 /* Makes s's context current on the calling thread. */
 kiln_status rt_make_current(kiln_session *s);
 

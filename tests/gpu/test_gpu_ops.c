@@ -16,6 +16,7 @@
 
 #include "frontend/frontend.h"
 #include "runtime/runtime.h"
+#include "runtime/session_int.h"
 
 #include <glob.h>
 #include <math.h>
@@ -439,6 +440,73 @@ START_TEST(test_graphs_env_off) {
 }
 END_TEST
 
+/* ---- the I/O windows (runtime/io.c) ---------------------------------------------------------- */
+
+static bool in_window(const kiln_session *s, const char *name) {
+    for (int i = 0; i < s->nbufs; i++)
+        if (!strcmp(s->bufs[i].name, name) && s->bufs[i].kind != IR_BUF_TEMP) return s->win_off[i] > 0;
+    ck_abort_msg("no buffer '%s'", name);
+    return false;
+}
+
+/* x small (the input window), big over the item limit (its own allocation); y = 2x is an
+ * output that sum_rows reads (device memory), its row sums r and big's sum bs are outputs no
+ * kernel reads (the output window). Graph replays and plain launches must see every new x. */
+static void windows_case(int no_graph) {
+    kiln_ctx    *ctx = kiln_ctx_new();
+    int64_t      ne[2] = {37, 3}, nb[2] = {20000, 1};
+    kiln_tensor *x = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 2, ne);
+    kiln_tensor *big = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "big", 2, nb);
+    kiln_tensor *y = kiln_scale(ctx, x, 2.0f, 0.0f);
+    kiln_set_output(ctx, y, "y");
+    kiln_set_output(ctx, kiln_sum_rows(ctx, y), "r");
+    kiln_set_output(ctx, kiln_sum_rows(ctx, big), "bs");
+    kiln_graph *g = NULL;
+    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_program *p = compile(g, 1);
+    kiln_session *s = new_session(p, no_graph);
+    ck_assert(in_window(s, "x"));
+    ck_assert(!in_window(s, "big"));
+    ck_assert(!in_window(s, "y")); /* sum_rows reads it */
+    ck_assert(in_window(s, "r") && in_window(s, "bs"));
+    float xv[111], bv[20000], yv[111], rv[3], bsv[1], back[111];
+    for (int i = 0; i < 20000; i++) bv[i] = (float)(i % 7) - 3.0f;
+    TS_OK(kiln_session_set(s, "big", bv, sizeof bv));
+    /* Before any run, outputs come from the device (zeros), not an unwritten window. */
+    TS_OK(kiln_session_get(s, "r", rv, sizeof rv));
+    ck_assert(rv[0] == 0.0f && rv[2] == 0.0f);
+    for (int it = 0; it < 5; it++) {
+        for (int i = 0; i < 111; i++) xv[i] = (float)(i + 100 * it);
+        TS_OK(kiln_session_set(s, "x", xv, sizeof xv));
+        TS_OK(kiln_session_get(s, "x", back, sizeof back)); /* as set, before the run */
+        ck_assert_mem_eq(xv, back, sizeof xv);
+        TS_OK(kiln_session_run(s));
+        TS_OK(kiln_session_get(s, "y", yv, sizeof yv));
+        TS_OK(kiln_session_get(s, "r", rv, sizeof rv));
+        TS_OK(kiln_session_get(s, "bs", bsv, sizeof bsv));
+        for (int i = 0; i < 111; i++) ck_assert_msg(yv[i] == 2.0f * xv[i], "run %d: y[%d] %g", it, i, yv[i]);
+        for (int r = 0; r < 3; r++) {
+            double want = 0;
+            for (int i = 0; i < 37; i++) want += 2.0 * xv[r * 37 + i];
+            ck_assert_msg(fabs(rv[r] - want) <= 1e-6 * fabs(want), "run %d (%s): r[%d] %g, want %g", it,
+                          no_graph ? "plain" : "graph", r, rv[r], want);
+        }
+        ck_assert_msg(bsv[0] == -3.0f, "run %d: bs %g", it, bsv[0]); /* sum of (i % 7) - 3, exact in f32 */
+    }
+    ck_assert_int_eq(kiln_session_captures(s), no_graph ? 0 : 1);
+    kiln_session_free(s);
+    kiln_program_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+START_TEST(test_io_windows) {
+    need_gpu();
+    windows_case(0);
+    windows_case(1);
+}
+END_TEST
+
 /* ---- session API errors that need a GPU ------------------------------------------------------ */
 
 static void expect_err(kiln_status st, kiln_code code, const char *needle, const char *what) {
@@ -596,6 +664,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_graph_replay);
     tcase_add_test(tc, test_graphs_env_off);
+    tcase_add_test(tc, test_io_windows);
     tcase_add_test(tc, test_session_errors);
     suite_add_tcase(s, tc);
 
