@@ -538,6 +538,7 @@ void kiln_session_free(kiln_session *s) {
     free(s->pin_busy);
     free(s->win_off);
     free(s->by_name);
+    free(s->pend);
     free(s);
 }
 
@@ -675,6 +676,13 @@ static kiln_status upload_async(kiln_session *s, int i, const void *data, size_t
     size_t n = bytes;
     if (rt_buf_symbolic(b)) n = rt_repack(s, b, s->pinned[i], (void *)data, true);
     else memcpy(s->pinned[i], data, bytes);
+    if (b->kind == IR_BUF_INPUT) {
+        /* An input is this session's own: its copy waits for this session's next run (queued
+         * first there), so a variant's step does not pay for the primary's copy it never reads. */
+        if (!s->pend && !(s->pend = calloc((size_t)s->nbufs, sizeof *s->pend))) return kb_oom();
+        s->pend[i] = n;
+        return NULL;
+    }
     if ((r = s->cu->MemcpyHtoDAsync(s->dptr[i], s->pinned[i], n, s->stream)) != RT_CUDA_SUCCESS)
         return rt_cuda_error(r, "cuMemcpyHtoDAsync", "copying %zu bytes into %s '%s'", n, kind_name(b->kind),
                              b->name);
@@ -760,6 +768,11 @@ kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size
         if (j >= 0) u = s->last, i = j;
     }
     if (rt_io_placed(u, i) && rt_io_get(u, i, data, bytes)) return NULL;
+    if (u->pend && u->pend[i]) { /* set, not copied yet: the pinned copy holds it */
+        if (rt_buf_symbolic(&u->bufs[i])) rt_repack(u, &u->bufs[i], u->pinned[i], data, false);
+        else memcpy(data, u->pinned[i], bytes);
+        return NULL;
+    }
     if ((st = rt_make_current(u))) return st;
     const ir_buf *b = &u->bufs[i];
     void         *staging = NULL;
@@ -885,6 +898,20 @@ static double now_us(void) {
 
 static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats);
 
+/* The copies of inputs set since this session's last run (upload_async). */
+static kiln_status flush_pending(kiln_session *s) {
+    for (int i = 0; s->pend && i < s->nbufs; i++) {
+        if (!s->pend[i]) continue;
+        rt_cures r = s->cu->MemcpyHtoDAsync(s->dptr[i], s->pinned[i], s->pend[i], s->stream);
+        if (r != RT_CUDA_SUCCESS)
+            return rt_cuda_error(r, "cuMemcpyHtoDAsync", "copying %zu bytes into input '%s'", s->pend[i],
+                                 s->bufs[i].name);
+        s->pend[i] = 0;
+        s->pin_busy[i] = true;
+    }
+    return NULL;
+}
+
 kiln_status kiln_session_run(kiln_session *s) {
     if (!s) return kb_error(KILN_ERR_INVALID, "kiln_session_run: session is NULL");
     kiln_session *u = s;
@@ -917,6 +944,7 @@ static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats) {
     }
 
     s->out_fresh = false;
+    if ((st = flush_pending(s))) return st;
     rt_cures r = cu->EventRecord(s->ev_start, s->stream);
     if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuEventRecord", "starting the run's timer");
     if (s->exec) {

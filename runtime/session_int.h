@@ -44,6 +44,7 @@ struct kiln_session {
     bool     *owned; /* dptr[i] is its own allocation (not in the arena) */
     void    **pinned; /* small inputs and states: pinned host copies that uploads go through */
     bool     *pin_busy; /* pinned[i] is the source of a copy that may still be queued */
+    size_t   *pend;     /* bytes of pinned[i] (an input) to copy at this session's next run */
     rt_cuptr  arena;
     size_t    arena_bytes;
     rt_cuptr  scratch;     /* the program's scratch (one stream: nodes take turns) */

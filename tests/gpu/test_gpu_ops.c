@@ -449,9 +449,10 @@ static bool in_window(const kiln_session *s, const char *name) {
     return false;
 }
 
-/* x small (the input window), big over the item limit (its own allocation); y = 2x is an
- * output that sum_rows reads (device memory), its row sums r and big's sum bs are outputs no
- * kernel reads (the output window). Graph replays and plain launches must see every new x. */
+/* x small (the input window), big over the item limit (its own allocation, its copy deferred
+ * to the run); y = 2x is an output that sum_rows reads (device memory), its row sums r and
+ * big's sum bs are outputs no kernel reads (the output window). Graph replays and plain
+ * launches must see every new x. */
 static void windows_case(int no_graph) {
     kiln_ctx    *ctx = kiln_ctx_new();
     int64_t      ne[2] = {37, 3}, nb[2] = {20000, 1};
@@ -472,6 +473,9 @@ static void windows_case(int no_graph) {
     float xv[111], bv[20000], yv[111], rv[3], bsv[1], back[111];
     for (int i = 0; i < 20000; i++) bv[i] = (float)(i % 7) - 3.0f;
     TS_OK(kiln_session_set(s, "big", bv, sizeof bv));
+    static float bback[20000]; /* set, its copy deferred to the run: read back from the pinned copy */
+    TS_OK(kiln_session_get(s, "big", bback, sizeof bback));
+    ck_assert_mem_eq(bv, bback, sizeof bv);
     /* Before any run, outputs come from the device (zeros), not an unwritten window. */
     TS_OK(kiln_session_get(s, "r", rv, sizeof rv));
     ck_assert(rv[0] == 0.0f && rv[2] == 0.0f);
