@@ -6,13 +6,15 @@
  * whole step of a 1B model is about a millisecond. So the small buffers live in two windows:
  *
  * - Inputs of at most RT_WIN_ITEM bytes: one device block with a pinned host twin.
- *   kiln_session_set writes the input's place in the twin (a memcpy); every run starts with one
- *   copy of the whole window to the device (in a captured CUDA graph, a copy node). The
- *   symbolic dims' values sit at its start.
- * - Outputs of at most RT_WIN_ITEM bytes that no kernel reads: mapped pinned host memory that
- *   the kernels write directly (a few bytes over PCIe, posted); kiln_session_get reads them
- *   after the run. A copy node back cost about 10 us of GPU time per run on the H100, far more
- *   than the writes.
+ *   kiln_session_set writes the input's place in the twin (a memcpy); a run whose window
+ *   changed since the last one starts with one async copy of the whole window to the device.
+ *   The symbolic dims' values sit at its start. (A copy node inside the CUDA graph instead
+ *   would cost every replay the copy, inputs changed or not: about 10 us on the H100 for a
+ *   single-op program.)
+ * - Outputs of at most RT_WIN_OUT_ITEM bytes that no kernel reads (an argmax, a few scalars):
+ *   mapped pinned host memory that the kernels write directly over PCIe; kiln_session_get
+ *   reads them after the run, with no copy. Larger outputs would make their kernels wait on
+ *   PCIe writes, so they stay in device memory.
  *
  * Runs are synchronous (kiln_session_run waits for the stream), so the caller never touches a
  * window while a run uses it. */
@@ -21,7 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define RT_WIN_ITEM ((size_t)64 << 10) /* largest buffer placed in a window */
+#define RT_WIN_ITEM ((size_t)64 << 10)   /* largest input placed in the window */
+#define RT_WIN_OUT_ITEM ((size_t)1 << 10) /* largest output placed in its window */
 #define RT_WIN_MAX ((size_t)1 << 20)   /* most bytes of one window */
 #define RT_WIN_ALIGN ((size_t)256)     /* as cuMemAlloc aligns: kernels' vector loads rely on it */
 
@@ -29,9 +32,9 @@ static size_t align_up(size_t n) { return (n + RT_WIN_ALIGN - 1) / RT_WIN_ALIGN 
 
 /* The window buffer i goes in, or -1. `read`: some kernel reads buffer i. */
 static int window_of(const ir_buf *b, bool read) {
-    if (b->bytes == 0 || b->bytes > RT_WIN_ITEM) return -1;
-    if (b->kind == IR_BUF_INPUT) return RT_WIN_IN;
-    return b->kind == IR_BUF_OUTPUT && !read ? RT_WIN_OUT : -1;
+    if (b->bytes == 0) return -1;
+    if (b->kind == IR_BUF_INPUT && b->bytes <= RT_WIN_ITEM) return RT_WIN_IN;
+    return b->kind == IR_BUF_OUTPUT && !read && b->bytes <= RT_WIN_OUT_ITEM ? RT_WIN_OUT : -1;
 }
 
 static kiln_status alloc_in(kiln_session *s) {
@@ -89,6 +92,7 @@ kiln_status rt_io_setup(kiln_session *s, const ir_prog *ir) {
         s->dims_dev = s->win_dev[RT_WIN_IN];
         for (int i = 0; i < s->ndims; i++) s->dims_host[i] = (int32_t)s->dim_max[i];
     }
+    s->win_dirty = true;
     return NULL;
 }
 
@@ -100,16 +104,18 @@ rt_cuptr rt_io_dptr(const kiln_session *s, int i) { return s->win_dev[win_kind(s
 
 static void *host_of(const kiln_session *s, int i) { return (char *)s->win_host[win_kind(s, i)] + (s->win_off[i] - 1); }
 
-kiln_status rt_io_copy_in(kiln_session *s, const char *doing) {
-    if (!s->win_bytes[RT_WIN_IN]) return NULL;
+kiln_status rt_io_copy_in(kiln_session *s) {
+    if (!s->win_bytes[RT_WIN_IN] || !s->win_dirty) return NULL;
     rt_cures r = s->cu->MemcpyHtoDAsync(s->win_dev[RT_WIN_IN], s->win_host[RT_WIN_IN], s->win_bytes[RT_WIN_IN], s->stream);
     if (r != RT_CUDA_SUCCESS)
-        return rt_cuda_error(r, "cuMemcpyHtoDAsync", "%s the copy of the %zu-byte window of small inputs", doing,
+        return rt_cuda_error(r, "cuMemcpyHtoDAsync", "copying the %zu-byte window of small inputs",
                              s->win_bytes[RT_WIN_IN]);
+    s->win_dirty = false;
     return NULL;
 }
 
 void rt_io_set(kiln_session *s, int i, const void *data, size_t bytes) {
+    s->win_dirty = true;
     if (rt_buf_symbolic(&s->bufs[i])) rt_repack(s, &s->bufs[i], host_of(s, i), (void *)data, true);
     else memcpy(host_of(s, i), data, bytes);
 }

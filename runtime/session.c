@@ -816,19 +816,16 @@ kiln_status kiln_session_set_dim(kiln_session *s, const char *name, int64_t valu
         return kb_error(KILN_ERR_INVALID, "kiln_session_set_dim: %s = %lld is out of range: 1 .. %lld (its "
                                           "maximum)", name, (long long)value, (long long)s->dim_max[d]);
     s->dims_host[d] = (int32_t)value;
+    s->win_dirty = true;
     for (int v = 0; v < s->nspec; v++) {
         kiln_session *u = s->spec[v];
         for (int i = 0; i < u->ndims; i++)
-            if (strcmp(u->dim_name[i], name) == 0) u->dims_host[i] = (int32_t)value;
+            if (strcmp(u->dim_name[i], name) == 0) u->dims_host[i] = (int32_t)value, u->win_dirty = true;
     }
     return NULL;
 }
 
 static kiln_status launch_all(kiln_session *s, const char *doing) {
-    /* Captured, the copy of the input window is a graph node that reads the pinned twin at
-     * every replay. */
-    kiln_status st0 = rt_io_copy_in(s, doing);
-    if (st0) return st0;
     bool prof = s->profile; /* profiled sessions never capture (use_graphs is off) */
     for (int i = 0; i < s->nlaunches; i++) {
         rt_launch *l = &s->launches[i];
@@ -944,7 +941,7 @@ static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats) {
     }
 
     s->out_fresh = false;
-    if ((st = flush_pending(s))) return st;
+    if ((st = flush_pending(s)) || (st = rt_io_copy_in(s))) return st;
     rt_cures r = cu->EventRecord(s->ev_start, s->stream);
     if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuEventRecord", "starting the run's timer");
     if (s->exec) {

@@ -85,12 +85,14 @@ struct kiln_session {
     kiln_session  *last;    /* the session (this one or a variant) that ran last */
 
     /* The I/O windows (runtime/io.c): small inputs (and the dims' values) in a device block
-     * with a pinned host twin copied in once per run; small outputs in mapped host memory. */
+     * with a pinned host twin, copied in before a run when it changed; tiny outputs in mapped
+     * host memory. */
     rt_cuptr  win_dev[2];
     void     *win_host[2];
     size_t    win_bytes[2];
     size_t   *win_off;   /* per buffer: its offset in its window + 1 (0: its own allocation) */
     bool      out_fresh; /* the output twin holds the last run's outputs */
+    bool      win_dirty; /* the input twin changed since its last copy */
     int      *by_name;   /* indices of the named buffers (not temporaries or blocks), by name */
     int       nnamed;
 
@@ -115,7 +117,7 @@ enum { RT_WIN_IN, RT_WIN_OUT };
 kiln_status rt_io_setup(kiln_session *s, const ir_prog *ir); /* buffers copied, dims known */
 bool        rt_io_placed(const kiln_session *s, int i);
 rt_cuptr    rt_io_dptr(const kiln_session *s, int i);
-kiln_status rt_io_copy_in(kiln_session *s, const char *doing);  /* queued first in every run */
+kiln_status rt_io_copy_in(kiln_session *s); /* before a run: the input window, if it changed */
 void        rt_io_set(kiln_session *s, int i, const void *data, size_t bytes);
 bool        rt_io_get(kiln_session *s, int i, void *data, size_t bytes); /* false: read the device */
 void        rt_io_free(kiln_session *s);
