@@ -23,14 +23,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define RT_WIN_ITEM ((size_t)64 << 10)   /* largest input placed in the window */
+#define RT_WIN_ITEM ((size_t)64 << 10)    /* largest input placed in the window */
 #define RT_WIN_OUT_ITEM ((size_t)1 << 10) /* largest output placed in its window */
-#define RT_WIN_MAX ((size_t)1 << 20)   /* most bytes of one window */
-#define RT_WIN_ALIGN ((size_t)256)     /* as cuMemAlloc aligns: kernels' vector loads rely on it */
+#define RT_WIN_MAX ((size_t)1 << 20)      /* most bytes of one window */
+#define RT_WIN_ALIGN ((size_t)256)        /* as cuMemAlloc aligns: kernels' vector loads rely on it */
 
 static size_t align_up(size_t n) { return (n + RT_WIN_ALIGN - 1) / RT_WIN_ALIGN * RT_WIN_ALIGN; }
 
-/* The window buffer i goes in, or -1. `read`: some kernel reads buffer i. */
+/* The window buffer b goes in, or -1. `read`: some kernel reads b. */
 static int window_of(const ir_buf *b, bool read) {
     if (b->bytes == 0) return -1;
     if (b->kind == IR_BUF_INPUT && b->bytes <= RT_WIN_ITEM) return RT_WIN_IN;
