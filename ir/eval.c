@@ -150,6 +150,29 @@ static kiln_status eval_op_epilogue(const ir_prog *p, int i, const ir_node *n, v
     return st;
 }
 
+/* A fused node's reference evaluation with one intermediate: the buffers' data plus one more
+ * slot, index nbufs, holding a temporary of `bytes`, and a node for the step that uses it. */
+typedef struct {
+    void    *tmp;
+    void   **data;
+    ir_node *m;
+} eval_slot;
+
+static void slot_close(eval_slot *s) { free(s->tmp), free(s->data), free(s->m); }
+
+static kiln_status slot_open(const ir_prog *p, void **data, size_t bytes, eval_slot *s) {
+    s->tmp = malloc(bytes ? bytes : 1);
+    s->data = malloc(((size_t)p->nbufs + 1) * sizeof *s->data);
+    s->m = malloc(sizeof *s->m);
+    if (!s->tmp || !s->data || !s->m) {
+        slot_close(s);
+        return kb_oom();
+    }
+    memcpy(s->data, data, (size_t)p->nbufs * sizeof *s->data);
+    s->data[p->nbufs] = s->tmp;
+    return NULL;
+}
+
 /* rope_set_rows: the rope into a temporary of op_type, then set_rows from it, exactly as the
  * two unfused nodes compute. */
 static kiln_status eval_scatter(const ir_prog *p, int i, void **data) {
@@ -157,21 +180,15 @@ static kiln_status eval_scatter(const ir_prog *p, int i, void **data) {
     const ir_ref  *x = ir_operand(n, 0);
     if (!x) return kb_error(KILN_ERR_INVALID, "reference: node %d: rope_set_rows without its rope input", i);
     const int64_t *ne = x->ne;
-    int64_t        count = ne[0] * ne[1] * ne[2] * ne[3];
-    void          *tmp = malloc((size_t)(count ? count : 1) * kiln_type_size(n->op_type));
-    void         **d2 = malloc(((size_t)p->nbufs + 1) * sizeof *d2);
-    ir_node       *m = malloc(sizeof *m);
-    if (!tmp || !d2 || !m) {
-        free(tmp), free(d2), free(m);
-        return kb_oom();
-    }
-    memcpy(d2, data, (size_t)p->nbufs * sizeof *d2);
-    d2[p->nbufs] = tmp;
+    eval_slot      sl;
+    kiln_status    st = slot_open(p, data, (size_t)(ne[0] * ne[1] * ne[2] * ne[3]) * kiln_type_size(n->op_type), &sl);
+    if (st) return st;
+    ir_node *m = sl.m;
     *m = *n;
     m->fused = IR_FUSED_NONE;
     m->ninstr = 0;
     m->dst = temp_ref(n, p->nbufs, ne);
-    kiln_status st = eval_ref(p, i, m, d2);
+    st = eval_ref(p, i, m, sl.data);
     if (!st) {
         const int64_t *b = n->scatter.b_ne;
         ir_node        s = {.kind = IR_OP, .op = FE_OP_SET_ROWS, .dst = n->dst, .nin = 3};
@@ -180,9 +197,9 @@ static kiln_status eval_scatter(const ir_prog *p, int i, void **data) {
         s.in[2] = n->in[n->scatter.ids_in];
         for (int k = 0; k < FE_MAX_SRC; k++) s.opd[k] = k < 3 ? k : -1;
         *m = s;
-        st = ir_ref_rows(p, m, d2);
+        st = ir_ref_rows(p, m, sl.data);
     }
-    free(tmp), free(d2), free(m);
+    slot_close(&sl);
     return st;
 }
 
@@ -197,29 +214,24 @@ static kiln_status eval_bnorm(const ir_prog *p, int i, void **data) {
     const ir_node *n = &p->nodes[i];
     const ir_ref  *x = ir_operand(n, 1), *w = &n->in[n->bnorm_w];
     int64_t        k = x->ne[0];
-    float         *col = malloc((size_t)k * sizeof *col);
-    void         **d2 = malloc(((size_t)p->nbufs + 1) * sizeof *d2);
-    ir_node       *m = malloc(sizeof *m);
-    if (!col || !d2 || !m) {
-        free(col), free(d2), free(m);
-        return kb_oom();
-    }
-    memcpy(d2, data, (size_t)p->nbufs * sizeof *d2);
-    d2[p->nbufs] = col;
+    eval_slot      sl;
+    kiln_status    st = slot_open(p, data, (size_t)k * sizeof(float), &sl);
+    if (st) return st;
+    float *col = sl.tmp;
     ir_ref c = {.buf = p->nbufs, .type = KILN_F32, .ne = {k, 1, 1, 1}, .st = {1, k, k, k}};
     ir_node norm = {.kind = IR_OP, .op = FE_OP_RMS_NORM, .nin = 1, .dst = c};
     norm.in[0] = *x;
     for (int s = 0; s < FE_MAX_SRC; s++) norm.opd[s] = s == 0 ? 0 : -1;
     norm.fp[0] = n->bnorm_eps;
-    kiln_status st = eval_ref(p, i, &norm, d2);
+    st = eval_ref(p, i, &norm, sl.data);
     for (int64_t e = 0; !st && e < k; e++) col[e] *= kb_load_f32(data[w->buf], KILN_F32, w->offs + e * w->st[0]);
     if (!st) {
-        *m = *n;
-        m->bnorm = false;
-        m->in[m->opd[1]] = c;
-        st = eval_product(p, i, m, d2, p->nbufs + 1);
+        *sl.m = *n;
+        sl.m->bnorm = false;
+        sl.m->in[sl.m->opd[1]] = c;
+        st = eval_product(p, i, sl.m, sl.data, p->nbufs + 1);
     }
-    free(col), free(d2), free(m);
+    slot_close(&sl);
     return st;
 }
 
