@@ -375,8 +375,8 @@ static bool graphs_enabled(const kiln_session_opts *opts) {
     return !(opts && opts->no_cuda_graph) && !env_off("KILN_CUDA_GRAPHS");
 }
 
-/* The program's symbolic dims, and the memory their values live in (all at their maximum). */
-/* The dims' names and maxima; their values live in the input window (rt_io_setup). */
+/* The program's symbolic dims: names and maxima; their values live in the input window
+ * (rt_io_setup), all at their maximum to begin with. */
 static void setup_dims(kiln_session *s, const kiln_program *p) {
     const kiln_ctx *ctx = p->ir->g ? p->ir->g->ctx : NULL;
     s->ndims = ctx ? ctx->ndims : 0;
@@ -638,12 +638,12 @@ static size_t padded_used(const kiln_session *s, const ir_buf *b) {
     return (size_t)((((ne[3] - 1) * b->ne[2] + ne[2] - 1) * b->ne[1] + ne[1] - 1) * b->ne[0] + ne[0]) * es;
 }
 
-/* Copies caller data into buffer i of one session (through the padded layout if symbolic). */
-/* Uploads up to this size go asynchronously through a pinned copy: per-step inputs (tokens,
- * positions, the mask) cost a memcpy and an async copy instead of two synchronous driver calls.
- * Larger ones (weights set one by one, whole caches) go synchronously rather than pin their
- * size in host memory. The size is the caller's: a decode step's mask row is small even when
- * the buffer holds the largest batch's mask (RT_PIN_MAX bounds that buffer). */
+/* Uploads up to this size (inputs too large for the input window, and states) go through a
+ * pinned copy: a memcpy, then an async copy (for an input, at its session's next run), instead
+ * of two synchronous driver calls. Larger ones (weights set one by one, whole caches) go
+ * synchronously rather than pin their size in host memory. The size is the caller's: a decode
+ * step's mask row is small even when the buffer holds the largest batch's mask (RT_PIN_MAX
+ * bounds that buffer). */
 #define RT_ASYNC_MAX ((size_t)4 << 20)
 #define RT_PIN_MAX ((size_t)64 << 20)
 
@@ -729,7 +729,6 @@ static kiln_status upload(kiln_session *s, int i, const void *data, size_t bytes
         return rt_cuda_error(r, "cuCtxSynchronize", "finishing the copy into '%s'", b->name);
     return NULL;
 }
-
 
 kiln_status kiln_session_set(kiln_session *s, const char *name, const void *data, size_t bytes) {
     static const char fn[] = "kiln_session_set";
