@@ -191,13 +191,13 @@ static void gen_one(void *user, int i, int worker) {
 
 static int count_items(const kiln_program *p) {
     int n = 0;
-    for (int i = 0; i < p->ir->nnodes; i++) n += !p->ir->nodes[i].dead;
+    for (int i = 0; i < p->ir->nnodes; i++) n += ir_launches(p->ir, i);
     return n;
 }
 
 static void list_items(kiln_program *p, gen_item *items, int *n) {
     for (int i = 0; i < p->ir->nnodes; i++)
-        if (!p->ir->nodes[i].dead) items[(*n)++] = (gen_item){.prog = p, .node = i};
+        if (ir_launches(p->ir, i)) items[(*n)++] = (gen_item){.prog = p, .node = i};
 }
 
 static kiln_status append_steps(kiln_program *p, int *cap, cg_kernel *steps, int n) {
@@ -389,11 +389,19 @@ static void dump_header(kb_str *o, const kiln_program *p, int i) {
     kb_str_addf(o, "/* kiln %s: kernel %d of %d, %s", KILN_VERSION, i + 1, p->nkernels, k->name);
     if (k->nsteps > 1) kb_str_addf(o, " (step %d of %d of its node)", k->step + 1, k->nsteps);
     kb_str_add(o, "\n * graph nodes:");
-    for (int s = 0; s < n->nsrc; s++) {
-        const kiln_tensor *t = p->ir->g->ctx->t[n->src[s]];
-        kb_str_addf(o, "%s %s (%s)", s ? "," : "", t->name, fe_ops[t->op].name);
+    const char *sep = "";
+    bool        tails = false; /* the nodes its store computes (pass gemv_rope) follow it */
+    for (int j = k->node; j < p->ir->nnodes; j++) {
+        const ir_node *m = &p->ir->nodes[j];
+        if (j > k->node && !m->dead && m->host != k->node + 1) break;
+        tails |= j > k->node && !m->dead;
+        for (int s = 0; !m->dead && s < m->nsrc; s++, sep = ",") {
+            const kiln_tensor *t = p->ir->g->ctx->t[m->src[s]];
+            kb_str_addf(o, "%s %s (%s)", sep, t->name, fe_ops[t->op].name);
+        }
     }
-    kb_str_addf(o, "\n * fusion: %s\n", n->fusion ? n->fusion : "none");
+    kb_str_addf(o, "\n * fusion: %s%s\n", n->fusion ? n->fusion : tails ? "" : "none",
+                tails ? (n->fusion ? "+gemv_rope" : "gemv_rope") : "");
     if (k->kind == CG_GEMM) kb_str_add(o, " * launch: cuBLAS (below)\n");
     else
         kb_str_addf(o, " * launch: grid (%u, %u, %u), block (%u, %u, %u), %u bytes shared\n", k->grid[0],

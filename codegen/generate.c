@@ -66,6 +66,9 @@ struct gen_ctx {
     int            nsteps;
     bool           uses[KILN_MAX_SYMS + 1]; /* symbolic dims the node's refs have (by index + 1) */
     bool           dynamic;
+    gen_ctx       *tails; /* pass gemv_rope: the nodes this one's store computes (k.tail) */
+    int            ntails;
+    bool           overflow; /* more distinct buffers than params holds */
 };
 
 /* The graph's context, whose dims the syms index (NULL for hand-built test programs). */
@@ -312,6 +315,14 @@ static void push_op_node(lua_State *L, const gen_ctx *g) {
     }
     push_fused(L, g);
     if (n->op == FE_OP_SET_ROWS && n->opd[0] >= 0) set_bool(L, n->in[n->opd[0]].buf == n->dst.buf, "in_place");
+    if (g->ntails > 0) {
+        lua_createtable(L, g->ntails, 0);
+        for (int t = 0; t < g->ntails; t++) {
+            push_op_node(L, &g->tails[t]);
+            lua_rawseti(L, -2, t + 1);
+        }
+        lua_setfield(L, -2, "tail");
+    }
     push_dims(L, g);
     lua_pushinteger(L, g->nparams);
     lua_setfield(L, -2, "nparams");
@@ -605,6 +616,9 @@ static int l_generate(lua_State *L) {
             return luaL_error(L, "template %s.lua does not implement fusion %s: its result must say fused = \"%s\"",
                               g->tpl, want, want);
     }
+    if (g->ntails > 0 && (lua_getfield(L, t, "tail"), !lua_toboolean(L, -1)))
+        return luaL_error(L, "template %s.lua does not compute the nodes pass gemv_rope gave its store: its result "
+                             "must say tail = true", g->tpl);
     if (g->dynamic && (lua_getfield(L, t, "dynamic"), !lua_toboolean(L, -1)))
         return luaL_error(L, "template %s.lua does not support symbolic dims (%s here): its result must say "
                              "dynamic = true (docs/templates.md, \"Symbolic dims\")",
@@ -651,8 +665,37 @@ static void note_syms(gen_ctx *g, const ir_ref *r) {
 static int param_of(gen_ctx *g, int buf) {
     for (int i = 0; i < g->nparams; i++)
         if (g->params[i] == buf) return i;
+    if (g->nparams == (int)(sizeof g->params / sizeof g->params[0])) {
+        g->overflow = true;
+        return 0;
+    }
     g->params[g->nparams] = buf;
     return g->nparams++;
+}
+
+/* The tails of host node `node` (pass gemv_rope) as contexts whose params are the host's. */
+static kiln_status bind_tails(gen_ctx *g, gen_ctx *tails) {
+    const ir_prog *p = g->p;
+    for (int j = g->node + 1; j < p->nnodes && (p->nodes[j].dead || p->nodes[j].host == g->node + 1); j++) {
+        if (p->nodes[j].dead) continue;
+        if (g->ntails == IR_MAX_IN)
+            return kb_error(KILN_ERR_CODEGEN, "codegen: node %d: more than %d tails", g->node, IR_MAX_IN);
+        const ir_node *n = &p->nodes[j];
+        gen_ctx       *t = &tails[g->ntails++];
+        *t = (gen_ctx){.p = p, .n = n, .tpl = g->tpl, .node = j};
+        kiln_status st = check_ref(p, &n->dst, j, "dst");
+        if (st) return st;
+        note_syms(g, &n->dst);
+        t->dst_param = param_of(g, n->dst.buf);
+        t->dst2_param = -1;
+        for (int i = 0; i < n->nin; i++) {
+            if ((st = check_ref(p, &n->in[i], j, "input"))) return st;
+            note_syms(g, &n->in[i]);
+            t->in_param[i] = param_of(g, n->in[i].buf);
+        }
+    }
+    for (int t = 0; t < g->ntails; t++) tails[t].nparams = g->nparams;
+    return NULL;
 }
 
 kiln_status cg_generate_steps(cg_lua *C, const ir_prog *p, int node, cg_kernel **out, int *nout) {
@@ -663,6 +706,9 @@ kiln_status cg_generate_steps(cg_lua *C, const ir_prog *p, int node, cg_kernel *
         return kb_error(KILN_ERR_INVALID, "codegen: node %d out of range", node);
     const ir_node *n = &p->nodes[node];
     if (n->dead) return kb_error(KILN_ERR_INVALID, "codegen: node %d is dead", node);
+    if (n->host)
+        return kb_error(KILN_ERR_INVALID, "codegen: node %d is computed by node %d's kernel (pass gemv_rope)", node,
+                        n->host - 1);
     const char *tpl = template_of(n);
     if (!tpl) return kb_error(KILN_ERR_INVALID, "codegen: node %d has unknown kind %d", node, (int)n->kind);
     if (n->nin < 0 || n->nin > IR_MAX_IN)
@@ -693,6 +739,12 @@ kiln_status cg_generate_steps(cg_lua *C, const ir_prog *p, int node, cg_kernel *
         if ((st = check_ref(p, &n->in[i], node, what))) return st;
         g.in_param[i] = param_of(&g, n->in[i].buf);
     }
+    gen_ctx tails[IR_MAX_IN];
+    g.tails = tails;
+    if ((st = bind_tails(&g, tails))) return st;
+    if (g.overflow)
+        return kb_error(KILN_ERR_CODEGEN, "codegen: node %d reads and writes more than %d buffers", node,
+                        (int)(sizeof g.params / sizeof g.params[0]));
     for (int i = 0; i < n->ninstr; i++) {
         const ir_instr *in = &n->ins[i];
         if ((unsigned)in->op >= FE_OP_COUNT ||

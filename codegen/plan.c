@@ -196,7 +196,7 @@ static kiln_status check_kernel(const kiln_program *p, int i) {
     const cg_kernel *k = &p->kernels[i];
     const char      *bad = NULL;
     if (k->kind != CG_LAUNCH && k->kind != CG_GEMM) bad = "kind";
-    else if (k->node < 0 || k->node >= p->ir->nnodes || p->ir->nodes[k->node].dead) bad = "node";
+    else if (k->node < 0 || k->node >= p->ir->nnodes || !ir_launches(p->ir, k->node)) bad = "node";
     else if (k->step < 0 || k->step >= k->nsteps) bad = "step";
     else if ((k->kind == CG_LAUNCH) != (k->cubin != NULL) || !k->source) bad = "code";
     else if (k->scratch > p->scratch_bytes) bad = "scratch size";

@@ -133,6 +133,11 @@ typedef struct {
     ir_scatter scatter;        /* IR_FUSED_ROPE_SET_ROWS */
     bool     has_dst2;         /* a second output (topk_moe: the selected expert ids) */
     ir_ref   dst2;
+    /* Pass gemv_rope: index + 1 of the node (a one-column mul_mat, earlier, with only other
+     * tails between) whose kernel computes this node in its store; 0: a kernel of its own.
+     * Such a tail reads the host's result and inputs, weights or its own state in place; the
+     * IR, memory plan aside (the group is one step), treats it as a node like any other. */
+    int      host;
     int      nsrc;             /* graph nodes this kernel implements (tensor ids), in order */
     int      src[IR_MAX_INSTR];
     const char *fusion;        /* NULL, or the name of the pass that fused it */
@@ -162,6 +167,7 @@ kiln_status ir_fuse_add_chain(ir_prog *p);     /* ir/fuse_add_chain.c */
 kiln_status ir_fuse_mul_mat_cat(ir_prog *p);   /* ir/fuse_mul_mat_cat.c */
 kiln_status ir_fuse_rms_norm_gemv(ir_prog *p); /* ir/fuse_rms_norm_gemv.c */
 kiln_status ir_fuse_elementwise(ir_prog *p);   /* ir/fuse_elementwise.c */
+kiln_status ir_fuse_gemv_rope(ir_prog *p);     /* ir/fuse_gemv_rope.c */
 kiln_status ir_memplan(ir_prog *p);          /* ir/memplan.c */
 /* The fusion passes, in pipeline order, by the names users give --no-fuse=NAME. */
 typedef struct {
@@ -210,6 +216,9 @@ static inline bool ir_buf_preset(ir_buf_kind k) {
 }
 /* Number of op values an IR_OP epilogue sees (registers nin..nin+n-1): 2 when paired, else 1. */
 static inline int ir_op_values(const ir_node *n) { return n->paired ? 2 : 1; }
+
+/* Whether node i launches a kernel of its own: live and not computed by a host (pass gemv_rope). */
+static inline bool ir_launches(const ir_prog *p, int i) { return !p->nodes[i].dead && !p->nodes[i].host; }
 
 /* Element offset of r at coordinates c (each taken modulo r's extent: broadcasting). */
 int64_t ir_offset_at(const ir_ref *r, const int64_t c[4]);

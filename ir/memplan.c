@@ -4,6 +4,8 @@
  * visited in launch order; the destination is placed (best fit among free blocks, else at the
  * end) before the node's dying operands are released, so a kernel never writes over memory it
  * still reads. Placements are aligned to IR_ALIGN bytes. Deterministic: depends only on the IR.
+ * A host and its tails (pass gemv_rope) are one kernel, so they are one step: the tails' reads
+ * and writes count at the host's position, and nothing dies before the whole group is placed.
  * Requires: no further changes to nodes. Sets bufs[].offset/first/last and arena_bytes. */
 #include "ir_internal.h"
 
@@ -73,20 +75,31 @@ static bool release(arena *a, size_t offs, size_t size) {
     return true;
 }
 
+/* The step node i runs in: its own position, or its host's. */
+static int step_of(const ir_prog *p, int i) { return p->nodes[i].host ? p->nodes[i].host - 1 : i; }
+
+/* Whether node i is the last live node of its step. */
+static bool ends_step(const ir_prog *p, int i) {
+    for (int j = i + 1; j < p->nnodes; j++)
+        if (!p->nodes[j].dead) return step_of(p, j) != step_of(p, i);
+    return true;
+}
+
 static void compute_liveness(ir_prog *p) {
     for (int b = 0; b < p->nbufs; b++) p->bufs[b].first = p->bufs[b].last = -1;
     for (int i = 0; i < p->nnodes; i++) {
         const ir_node *n = &p->nodes[i];
         if (n->dead) continue;
+        int t = step_of(p, i);
         for (int o = 0; o < 1 + n->has_dst2; o++) {
             ir_buf *d = &p->bufs[o ? n->dst2.buf : n->dst.buf];
-            if (d->first < 0) d->first = i;
-            if (d->last < i) d->last = i;
+            if (d->first < 0) d->first = t;
+            if (d->last < t) d->last = t;
         }
         for (int k = 0; k < n->nin; k++) {
             ir_buf *b = &p->bufs[n->in[k].buf];
-            if (b->first < 0) b->first = i;
-            b->last = i;
+            if (b->first < 0) b->first = t;
+            b->last = t;
         }
     }
 }
@@ -97,13 +110,15 @@ kiln_status ir_memplan(ir_prog *p) {
     for (int i = 0; i < p->nnodes; i++) {
         const ir_node *n = &p->nodes[i];
         if (n->dead) continue;
+        int step = step_of(p, i);
         for (int o = 0; o < 1 + n->has_dst2; o++) {
             ir_buf *d = &p->bufs[o ? n->dst2.buf : n->dst.buf];
-            if (d->kind == IR_BUF_TEMP && d->first == i) d->offset = place(&a, align_up(d->bytes));
+            if (d->kind == IR_BUF_TEMP && d->first == step) d->offset = place(&a, align_up(d->bytes));
         }
+        if (!ends_step(p, i)) continue;
         for (int b = 0; b < p->nbufs; b++) {
             ir_buf *t = &p->bufs[b];
-            if (t->kind == IR_BUF_TEMP && t->last == i && t->first >= 0 &&
+            if (t->kind == IR_BUF_TEMP && t->last == step && t->first >= 0 &&
                 !release(&a, t->offset, align_up(t->bytes))) {
                 free(a.free);
                 return kb_oom();

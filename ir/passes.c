@@ -13,6 +13,7 @@ const ir_fusion ir_fusions[] = {
     {"mul_mat_cat", ir_fuse_mul_mat_cat, "mul_mats sharing an input (q, k, v) as one mul_mat over their weights side by side"},
     {"rms_norm_gemv", ir_fuse_rms_norm_gemv, "rms_norm_mul feeding one decode GEMV: the norm computed by the GEMV from the column it streams"},
     {"ew_chain", ir_fuse_elementwise, "chains of elementwise ops (and copies, casts, GLUs) in one kernel"},
+    {"gemv_rope", ir_fuse_gemv_rope, "rope of q, rope + cache row of k, cache row of v computed by the decode q/k/v GEMV's store"},
 };
 const int ir_nfusions = (int)(sizeof ir_fusions / sizeof ir_fusions[0]);
 

@@ -133,9 +133,11 @@ static void print_instrs(kb_str *o, const ir_node *n) {
 
 static void print_node(kb_str *o, const ir_prog *p, int idx, int k) {
     const ir_node *n = &p->nodes[idx];
-    if (n->kind == IR_OP) kb_str_addf(o, "k%d %s", k, fe_ops[n->op].name);
+    const char    *tail = n->host ? "+" : "";
+    if (n->kind == IR_OP) kb_str_addf(o, "k%d%s %s", k, tail, fe_ops[n->op].name);
     else kb_str_addf(o, "k%d ew", k);
     if (n->fusion) kb_str_addf(o, " fused %s", n->fusion);
+    if (n->host) kb_str_addf(o, " (computed by k%d's store: gemv_rope)", k);
     kb_str_add(o, " nodes:");
     for (int i = 0; i < n->nsrc; i++) kb_str_addf(o, "%s%s", i ? ", " : " ", ir_node_name(p, n->src[i]));
     kb_str_add(o, "\n    dst ");
@@ -161,23 +163,41 @@ static void print_node(kb_str *o, const ir_prog *p, int idx, int k) {
     print_instrs(o, n);
 }
 
-/* Kernels are numbered over live nodes only, as they launch. */
+/* Kernels are numbered over the nodes that launch one, in order; a tail (pass gemv_rope) has
+ * its host's number. */
 static int kernel_number(const ir_prog *p, int node) {
     int k = 0;
-    for (int i = 0; i < node; i++) k += !p->nodes[i].dead;
+    if (p->nodes[node].host) node = p->nodes[node].host - 1;
+    for (int i = 0; i < node; i++) k += ir_launches(p, i);
     return k;
+}
+
+/* Whether node i is the host of tails (pass gemv_rope): the next live node is one of them. */
+static bool hosts_tails(const ir_prog *p, int i) {
+    for (int j = i + 1; j < p->nnodes; j++)
+        if (!p->nodes[j].dead) return p->nodes[j].host == i + 1;
+    return false;
 }
 
 /* One line per fused kernel, "fused NAME: node, node, ...", in graph node names. */
 static void print_fusions(kb_str *o, const ir_prog *p) {
     int n = 0;
-    for (int i = 0; i < p->nnodes; i++) n += !p->nodes[i].dead && p->nodes[i].fusion;
+    for (int i = 0; i < p->nnodes; i++) n += !p->nodes[i].dead && (p->nodes[i].fusion || hosts_tails(p, i));
     kb_str_addf(o, "fusions: %d\n", n);
     for (int i = 0; i < p->nnodes; i++) {
         const ir_node *f = &p->nodes[i];
         if (f->dead || !f->fusion) continue;
         kb_str_addf(o, "  fused %s:", f->fusion);
         for (int s = 0; s < f->nsrc; s++) kb_str_addf(o, "%s%s", s ? ", " : " ", ir_node_name(p, f->src[s]));
+        kb_str_add(o, "\n");
+    }
+    for (int i = 0; i < p->nnodes; i++) {
+        if (p->nodes[i].dead || !hosts_tails(p, i)) continue;
+        kb_str_add(o, "  fused gemv_rope:");
+        const char *sep = " ";
+        for (int j = i; j < p->nnodes && (j == i || p->nodes[j].dead || p->nodes[j].host == i + 1); j++)
+            for (int s = 0; !p->nodes[j].dead && s < p->nodes[j].nsrc; s++, sep = ", ")
+                kb_str_addf(o, "%s%s", sep, ir_node_name(p, p->nodes[j].src[s]));
         kb_str_add(o, "\n");
     }
 }
@@ -199,7 +219,10 @@ void ir_print(const ir_prog *p, kb_str *o) {
     }
     kb_str_add(o, "kernels:\n");
     int k = 0;
-    for (int i = 0; i < p->nnodes; i++)
-        if (!p->nodes[i].dead) print_node(o, p, i, k++);
+    for (int i = 0; i < p->nnodes; i++) {
+        if (p->nodes[i].dead) continue;
+        print_node(o, p, i, p->nodes[i].host ? k - 1 : k);
+        k += !p->nodes[i].host;
+    }
     kb_str_addf(o, "arena: %zu bytes\n", p->arena_bytes);
 }

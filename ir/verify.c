@@ -129,6 +129,62 @@ static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
     return NULL;
 }
 
+/* Node i is a tail of its host (pass gemv_rope, ir.h): the host is an earlier one-column
+ * mul_mat with its own kernel, only tails of it lie between, and the tail is a rope or set_rows
+ * reading nothing but the host's result, presets and its own state in place. */
+static kiln_status check_tail(const ir_prog *p, int i) {
+    const ir_node *n = &p->nodes[i];
+    int            h = n->host - 1;
+    const ir_node *m = h >= 0 && h < i ? &p->nodes[h] : NULL;
+    if (!m || m->dead || m->host || m->kind != IR_OP || m->op != FE_OP_MUL_MAT || m->dst.ne[1] != 1 ||
+        m->dst.ne[2] != 1 || m->dst.ne[3] != 1)
+        return kb_error(KILN_ERR_INVALID, "IR node %d: its host %d is not an earlier one-column mul_mat", i, h);
+    for (int j = h + 1; j < i; j++)
+        if (!p->nodes[j].dead && p->nodes[j].host != n->host)
+            return kb_error(KILN_ERR_INVALID, "IR node %d: node %d runs between it and its host %d", i, j, h);
+    bool kind = n->kind == IR_OP && n->ninstr == 0 && !n->paired && !n->bnorm &&
+                ((n->op == FE_OP_ROPE_EXT && n->fused != IR_FUSED_TOPK_MOE) ||
+                 (n->op == FE_OP_SET_ROWS && n->fused == IR_FUSED_NONE));
+    if (!kind) return kb_error(KILN_ERR_INVALID, "IR node %d: only a plain rope or set_rows can be a tail", i);
+    for (int k = 0; k < n->nin; k++) {
+        int b = n->in[k].buf;
+        if (b != m->dst.buf && !ir_buf_preset(p->bufs[b].kind) && !in_place_operand(p, n, k))
+            return kb_error(KILN_ERR_INVALID, "IR node %d: a tail reads '%s', which is neither its host's result nor "
+                            "ready before the host", i, p->bufs[b].name);
+    }
+    return NULL;
+}
+
+/* The tails' rules, and: only its tails read a host's result (the host's kernel does not
+ * store it). */
+static kiln_status check_hosts(const ir_prog *p) {
+    int *hosted = NULL; /* by buffer: index + 1 of the host whose result it is */
+    for (int i = 0; i < p->nnodes; i++) {
+        if (p->nodes[i].dead || !p->nodes[i].host) continue;
+        kiln_status st = check_tail(p, i);
+        if (st) {
+            free(hosted);
+            return st;
+        }
+        if (!hosted && !(hosted = calloc((size_t)p->nbufs + 1, sizeof *hosted))) return kb_oom();
+        hosted[p->nodes[p->nodes[i].host - 1].dst.buf] = p->nodes[i].host;
+    }
+    for (int i = 0; hosted && i < p->nnodes; i++) {
+        const ir_node *n = &p->nodes[i];
+        for (int k = 0; !n->dead && k < n->nin; k++) {
+            int h = hosted[n->in[k].buf];
+            if (h && n->host != h) {
+                kiln_status st = kb_error(KILN_ERR_INVALID, "IR node %d reads '%s', the result of host %d, which only "
+                                          "its tails may read", i, p->bufs[n->in[k].buf].name, h - 1);
+                free(hosted);
+                return st;
+            }
+        }
+    }
+    free(hosted);
+    return NULL;
+}
+
 /* A weight placed in a block lies inside it, in its type, aligned. */
 static kiln_status check_blocks(const ir_prog *p) {
     for (int w = 0; w < p->nbufs; w++) {
@@ -146,6 +202,7 @@ static kiln_status check_blocks(const ir_prog *p) {
 
 kiln_status ir_verify(const ir_prog *p) {
     kiln_status bs = check_blocks(p);
+    if (!bs) bs = check_hosts(p);
     if (bs) return bs;
     bool *written = calloc((size_t)p->nbufs + 1, sizeof *written);
     if (!written) return kb_oom();

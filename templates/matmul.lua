@@ -40,6 +40,7 @@
 
 local tpl = require("tpl")
 local prelude = require("prelude")
+local gemv_rope = require("gemv_rope")
 
 local SIZE = { f32 = 4, f16 = 2, bf16 = 2 }
 local INT_MAX = 2147483647
@@ -525,8 +526,9 @@ local function pointers(b, k, s, with_b)
     b.add("const %s *const A = (const %s *)p%d%s;", wt, wt, s.a.param, off(s.a.offs))
     if s.pa then b.add("const %s *const A2 = (const %s *)p%d%s; /* the paired weight */", wt, wt, s.pa.param, off(s.pa.offs)) end
     if with_b then b.add("const float *const B = (const float *)p%d%s;", s.b.param, off(s.b.offs)) end
-    -- With an epilogue the stores go through ep_lines (dst in its own type and layout).
-    if not k.epilogue then b.add("float *const D = (float *)p%d%s;", s.d.param, off(s.d.offs)) end
+    -- With an epilogue the stores go through ep_lines (dst in its own type and layout); with
+    -- tails (pass gemv_rope) dst is not stored at all.
+    if not k.epilogue and not k.tail then b.add("float *const D = (float *)p%d%s;", s.d.param, off(s.d.offs)) end
     return wt
 end
 
@@ -536,7 +538,7 @@ local function param_list(k, extra)
     local n = k.nparams + (extra or 0)
     local plist = {}
     for p = 0, n - 1 do
-        local writes = p == k.dst.param or (extra and p == k.nparams)
+        local writes = p == k.dst.param or (extra and p == k.nparams) or gemv_rope.writes(k, p)
         plist[#plist + 1] = (writes and "char" or "const char") .. " *__restrict__ p" .. p
     end
     -- Symbolic dims: every kernel step of the node takes the run-time extents last.
@@ -633,6 +635,15 @@ local function gemv(k, s)
     b.push()
     pointers(b, k, s, true)
     local G, T, R = P.G, P.T, P.R
+    -- k.tail (pass gemv_rope): the rows' readers computed at the store, pairs of rows at a time.
+    local segs
+    if k.tail then
+        if s.pa or k.epilogue or s.NG > 1 or s.dM or R % 2 ~= 0 or P.rpb % 2 ~= 0 then
+            fail("gemv_rope: tails need a plain single-matrix gemv with an even number of rows per team")
+        end
+        segs = gemv_rope.plan(k, s)
+        gemv_rope.pointers(b, segs)
+    end
     -- block -> (row group, a-matrix); C == 1 so b's batch is the a-matrix.
     local rg = "blockIdx.x"
     if s.NG > 1 and P.rgn > 1 then
@@ -821,12 +832,9 @@ local function gemv(k, s)
     end
     -- ggml's rms_norm: mean = sum/K, scale = 1/sqrt(mean + eps), in f32.
     local function norm_scale(ssx) b.add("const float bscale = 1.0f / sqrtf(%s / %s + %s);", ssx, lit(s.K) .. ".0f", bn.eps) end
-    if G <= 32 then
-        b.open("if (%s == 0) {", tl)
-        if bn then norm_scale("ss") end
-        for r = 0, R - 1 do store(b, row_vals(r), r == 0 and "row0" or string.format("(row0 + %du)", r)) end
-        b.close()
-    else
+    local function row_of(r) return r == 0 and "row0" or string.format("(row0 + %du)", r) end
+    -- Teams of several warps: each warp's partials (and b²'s) into red[row][warp], a barrier.
+    local function spill()
         local W = G // 32
         b.add("__shared__ float red[%d][%d];", NR + (bn and 1 or 0), W)
         b.open("if ((threadIdx.x & 31u) == 0) {")
@@ -834,6 +842,36 @@ local function gemv(k, s)
         if bn then b.add("red[%d][threadIdx.x >> 5] = ss;", NR) end
         b.close()
         b.add("__syncthreads();")
+        return W
+    end
+    if G <= 32 then
+        b.open("if (%s == 0) {", tl)
+        if bn then norm_scale("ss") end
+        if segs then
+            for r = 0, R - 1, 2 do gemv_rope.store(b, pre, segs, row_of(r), scaled("acc" .. r), scaled("acc" .. (r + 1))) end
+        else
+            for r = 0, R - 1 do store(b, row_vals(r), row_of(r)) end
+        end
+        b.close()
+    elseif segs then
+        -- One thread sums every row's warp partials (in the order the per-row threads below
+        -- would), so that it holds both rows of each pair.
+        local W = spill()
+        b.open("if (threadIdx.x == 0) {")
+        local ts = {}
+        for r = 0, R - 1 do ts[#ts + 1] = string.format("t%d = 0.0f", r) end
+        b.add("float %s;", table.concat(ts, ", "))
+        if bn then b.add("float sst = 0.0f;") end
+        b.add("#pragma unroll")
+        b.open("for (unsigned w = 0; w < %du; w++) {", W)
+        for r = 0, R - 1 do b.add("t%d += red[%d][w];", r, r) end
+        if bn then b.add("sst += red[%d][w];", R) end
+        b.close()
+        if bn then norm_scale("sst") end
+        for r = 0, R - 1, 2 do gemv_rope.store(b, pre, segs, row_of(r), scaled("t" .. r), scaled("t" .. (r + 1))) end
+        b.close()
+    else
+        local W = spill()
         b.open("if (threadIdx.x < %du) {", R)
         local tv = s.pa and { scaled("t"), scaled("t2") } or { scaled("t") }
         b.add("float %s;", s.pa and "t = 0.0f, t2 = 0.0f" or "t = 0.0f")
@@ -860,7 +898,9 @@ local function gemv(k, s)
     }
     if s.pa then notes[#notes + 1] = "paired: the same rows of the second weight (A2) against the same b" end
     if k.epilogue then notes[#notes + 1] = string.format("epilogue: %d instruction(s), dst %s", #k.epilogue.instrs, k.dst.type) end
-    local name = short_name(string.format("mul_mat_gemv%s_%s_%dx%d", s.pa and "_pair" or (k.epilogue and "_ep" or ""), s.ta, s.K, s.M))
+    for _, l in ipairs(segs and gemv_rope.notes(segs) or {}) do notes[#notes + 1] = l end
+    local kind = s.pa and "_pair" or (k.epilogue and "_ep" or (segs and "_rope" or ""))
+    local name = short_name(string.format("mul_mat_gemv%s_%s_%dx%d", kind, s.ta, s.K, s.M))
     local bounds = GEMV_MINB > 0 and string.format("%d, %d", T, GEMV_MINB) or T
     local source = render(name, s, notes, pre, H, bounds, param_list(k), b.lines)
     return { name = name, source = source, grid = { P.rgn * s.NG, 1, 1 }, block = { T, 1, 1 }, smem = 0 }
@@ -1736,7 +1776,7 @@ end
 return function(k)
     if k.kind ~= "op" then fail("node kind %s is not op", tostring(k.kind)) end
     if k.op ~= "mul_mat" then fail("unknown op %s", tostring(k.op)) end
-    if not (k.epilogue or k.pair or k.bnorm) then
+    if not (k.epilogue or k.pair or k.bnorm or k.tail) then
         local s = shape_of(k)
         local r = plan(k, s)
         if s.kdims then r.dynamic = true end
@@ -1750,9 +1790,10 @@ return function(k)
         or shape_of(k)
     if k.pair and not (k.epilogue and k.epilogue.values == 2) then fail("a paired weight needs an epilogue over 2 values") end
     if k.bnorm and not use_gemv(s) then fail("bnorm (b's rms_norm) is computed by the gemv plan only (one column, static K)") end
+    if k.tail and not use_gemv(s) then fail("gemv_rope: tails are computed by the gemv plan only (one column)") end
     local r
     if use_gemv(s) then r = gemv(k, s) else r = via_scratch(k) end
-    r.epilogue, r.paired, r.bnorm = k.epilogue ~= nil, k.pair ~= nil, k.bnorm ~= nil
+    r.epilogue, r.paired, r.bnorm, r.tail = k.epilogue ~= nil, k.pair ~= nil, k.bnorm ~= nil, k.tail ~= nil
     if s.kdims then r.dynamic = true end
     return r
 end

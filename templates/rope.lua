@@ -67,55 +67,10 @@ end
 -- The run-time extent of a dim that a and b share: one of their expressions (nil when static).
 local function dyn_of(a, b, d) return dyn(a, d) or dyn(b, d) end
 
--- ---- float32 arithmetic at generation time ---------------------------------------------------
---
--- Lua numbers are doubles. f32(x) rounds one to float; a double +, -, *, / of floats rounded
--- once to float is the float operation's result (53 >= 2*24 + 2), so f32(a op b) emulates float
--- arithmetic exactly. pow and log are the C library's double functions rounded to float: the
--- reference (ir/ref_rope.c) computes these constants the same way, in the same process.
+-- ---- the angle: templates/angle.lua ---------------------------------------------------------
 
-local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
-
--- An exact CUDA float literal of the float value x.
-local function lit(x)
-    if x ~= x then return "__int_as_float(0x7fc00000)" end
-    if x == math.huge then return "__int_as_float(0x7f800000)" end
-    if x == -math.huge then return "__int_as_float(0xff800000)" end
-    local s = string.format("%.9g", x):gsub(",", ".")
-    if not s:find("[%.e]") then s = s .. ".0" end
-    return s .. "f"
-end
-
--- C's floorf/ceilf as floats (math.floor returns an integer when it can).
-local function ffloor(x) return math.floor(x) + 0.0 end
-local function fceil(x) return math.ceil(x) + 0.0 end
-
--- The constants of the angle computation, as ggml computes them (see ir/ref_rope.c).
-local function constants(k)
-    local v, p = k.values, k.params
-    local nd = p.n_dims
-    local c = {}
-    c.theta_scale = f32(v.freq_base ^ f32(-2.0 / nd))
-    -- ggml_rope_yarn_corr_dims
-    local pi = f32(math.pi)
-    local function corr_dim(n_rot)
-        local l = f32(math.log(f32(p.n_ctx_orig / f32(f32(n_rot * 2.0) * pi))))
-        return f32(f32(nd * l) / f32(2.0 * f32(math.log(v.freq_base))))
-    end
-    local start = ffloor(corr_dim(v.beta_fast))
-    local stop = fceil(corr_dim(v.beta_slow))
-    c.low = (0.0 > start) and 0.0 or start
-    c.high = ((nd - 1) < stop) and (nd - 1) + 0.0 or stop
-    local diff = f32(c.high - c.low)
-    local milli = f32(0.001)
-    c.den = (milli > diff) and milli or diff
-    c.mscale = v.attn_factor
-    if v.ext_factor ~= 0 then
-        local l = f32(math.log(f32(1.0 / v.freq_scale)))
-        c.mscale = f32(v.attn_factor * f32(1.0 + f32(f32(0.1) * l)))
-    end
-    return c
-end
+local angle = require("angle")
+local lit, constants = angle.lit, angle.constants
 
 -- Largest element offset r reaches, and whether an offset or stride is negative.
 local function reach(r)
@@ -711,35 +666,11 @@ return function(k)
         add("}", in2)
         resets("i", in2)
         pick(in2)
-        local ext = "theta"
-        if ff then
-            add(string.format("const float ext = __fdiv_rn(theta, ff[(%s)i * %s]);", ix, I(ff.st[1])), in2)
-            ext = "ext"
-        end
-        local interp = ext
-        if k.values.freq_scale ~= 1 then
-            add(string.format("const float interp = __fmul_rn(%s, %s);", k.params.freq_scale, ext), in2)
-            interp = "interp"
-        end
-        local ang = interp
-        if ef then
-            -- rope_yarn_ramp(low, high, i) * ext_factor, then the mix, in ggml's order.
-            add(string.format("const float ry = __fdiv_rn(__fsub_rn((float)i, %s), %s);", lit(C.low), lit(C.den)), in2)
-            add("const float rmax = 0.0f > ry ? 0.0f : ry;", in2)
-            add("const float rmin = 1.0f < rmax ? 1.0f : rmax;", in2)
-            add(string.format("const float mix = __fmul_rn(__fsub_rn(1.0f, rmin), %s);", k.params.ext_factor), in2)
-            add(string.format("const float ang = __fadd_rn(__fmul_rn(%s, __fsub_rn(1.0f, mix)), __fmul_rn(%s, mix));",
-                interp, ext), in2)
-            ang = "ang"
-        end
-        add("float sn, cn;", in2)
-        add(string.format("sincosf(%s, &sn, &cn);", ang), in2)
-        if C.mscale ~= 1 then
-            local ms = lit(C.mscale)
-            add(string.format("cs[q] = make_float2(__fmul_rn(cn, %s), __fmul_rn(sn, %s));", ms, ms), in2)
-        else
-            add("cs[q] = make_float2(cn, sn);", in2)
-        end
+        angle.lines(k, C, add, in2, {
+            i = "i",
+            ff = ff and string.format("ff[(%s)i * %s]", ix, I(ff.st[1])),
+            store = function(c, s) return string.format("cs[q] = make_float2(%s, %s);", c, s) end,
+        })
         add("}", ind)
     end
 

@@ -195,6 +195,23 @@ kiln_program *ts_compile(const char *kg, const char *arch, const char *cache_dir
     return p;
 }
 
+void ts_kernels_clean(const char *kg, const char *arch, const char *cache_dir, const char *const *needles, int *counts,
+                      int n) {
+    kiln_ctx     *ctx;
+    kiln_graph   *g;
+    kiln_program *p = ts_compile(kg, arch, cache_dir, 1, &ctx, &g);
+    for (int j = 0; j < n; j++) counts[j] = 0;
+    for (int i = 0; i < p->nkernels; i++) {
+        const cg_kernel *k = &p->kernels[i];
+        if (k->kind != CG_LAUNCH) continue;
+        for (int j = 0; j < n; j++) counts[j] += strstr(k->source, needles[j]) != NULL;
+        ts_nvrtc_clean(k->source, k->name, arch);
+    }
+    kiln_program_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
 /* FNV-1a: input data depends on the buffer's name, not on its index. */
 static uint64_t name_seed(const char *s) {
     uint64_t h = 1469598103934665603ull;

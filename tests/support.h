@@ -68,6 +68,10 @@ void ts_nvrtc_clean(const char *src, const char *name, const char *arch);
  * frees the program, *g and *ctx. */
 kiln_program *ts_compile(const char *kg, const char *arch, const char *cache_dir, int skip_nvrtc, kiln_ctx **ctx,
                          kiln_graph **g);
+/* Compiles kg for arch (sources), checks that every generated kernel compiles with NVRTC without
+ * a warning, and sets counts[j] to the number of kernels whose source contains needles[j]. */
+void ts_kernels_clean(const char *kg, const char *arch, const char *cache_dir, const char *const *needles, int *counts,
+                      int n);
 
 /* Evaluates kg with the CPU reference twice on the same random inputs (by input name): over IR
  * after every fusion pass but those in skip (NULL: none), and over unfused IR. Returns the

@@ -1,0 +1,133 @@
+/* Pass gemv_rope: at decode, the q/k/v GEMV stores rope'd q, and k and v straight into their
+ * cache rows; the three small kernels after it launch no more.
+ *
+ * Pattern:  z = mul_mat(a, b)                         (one column: the GEMV plan; typically the
+ *                                                     mul_mat_cat of q, k, v, normalized b)
+ *           readers of z, each reading one row segment of z:
+ *             q = rope_ext(view(z), pos[, ff])         mode 0 (normal), every element rotated
+ *             k = rope_set_rows(cache_k, view(z) ...)  the same rope, into a state in place
+ *             v = set_rows(cache_v, view(z), ids)      in place into a state
+ * Legal when
+ *   - z is written naturally by a plain (no epilogue, no pairing, no other fusion) mul_mat with
+ *     one column and static shapes, into a temporary of an even number of rows;
+ *   - every reader of z is one of those three kinds, reads z through exactly one operand as
+ *     whole rows of one token (a [ne0, heads, 1, 1] view, contiguous; set_rows: one row), at
+ *     an even offset, the readers' row segments disjoint; every reader's other operands are
+ *     inputs or weights (positions, ids, frequency factors) or its own state, in place;
+ *   - the readers are the live nodes right after the mul_mat, so nothing runs in between;
+ *   - one token: positions and ids of one element; nothing symbolic.
+ * Effect: each reader gets host = the mul_mat's index + 1 and keeps everything else: the IR
+ * still says what is computed and the CPU reference evaluates every node as before, so results
+ * are bit for bit the unfused graph's. Code generation gives the host the readers' tables
+ * (k.tail) and the readers no kernel of their own: the GEMV's store rotates each pair of rows
+ * (mode 0 pairs are adjacent rows, and a gemv team holds two consecutive rows starting at an
+ * even one) and writes q, the k cache row and the v cache row; z itself is not stored. Memory
+ * planning treats the group as one step (ir/memplan.c).
+ * Requires: after every other fusion pass (the readers and the mul_mat are in final form).
+ * Keeps: every IR invariant; verify checks the host rules (ir/verify.c). */
+#include "ir_internal.h"
+
+#define MAX_TAILS 4
+
+static bool no_sym(const ir_ref *r) { return !(r->sym[0] | r->sym[1] | r->sym[2] | r->sym[3]); }
+
+/* One element of an input, weight or state read in no special way: positions and ids. */
+static bool one_preset(const ir_prog *p, const ir_ref *r) {
+    return r && no_sym(r) && ir_buf_preset(p->bufs[r->buf].kind) && r->ne[0] * r->ne[1] * r->ne[2] * r->ne[3] == 1;
+}
+
+/* z's rows [offs, offs + ne0 * ne1) read as `heads` contiguous rows of ne0 of one token. */
+static bool segment_of(const ir_ref *v, int zbuf, int64_t *lo, int64_t *hi) {
+    if (v->buf != zbuf || v->type != KILN_F32 || !no_sym(v) || v->st[0] != 1 || v->ne[2] != 1 || v->ne[3] != 1)
+        return false;
+    if (v->ne[1] > 1 && v->st[1] != v->ne[0]) return false;
+    *lo = v->offs;
+    *hi = v->offs + v->ne[0] * v->ne[1];
+    return *lo % 2 == 0 && *hi % 2 == 0;
+}
+
+/* A mode 0 rope of every element, with static one-token positions and natural frequency
+ * factors (or none). */
+static bool normal_rope(const ir_prog *p, const ir_node *r) {
+    const ir_ref *a = ir_operand(r, 0), *pos = ir_operand(r, 1), *ff = ir_operand(r, 2);
+    if (r->op != FE_OP_ROPE_EXT || r->ip[1] != 0 || !a || r->ip[0] != a->ne[0] || a->ne[0] % 2 != 0) return false;
+    if (!one_preset(p, pos) || pos->type != KILN_I32) return false;
+    return !ff || (no_sym(ff) && ir_buf_preset(p->bufs[ff->buf].kind) && ff->type == KILN_F32);
+}
+
+/* A state written in place at one row of ids: dst is in[a_in] itself, a state. */
+static bool in_place_row(const ir_prog *p, const ir_node *n, int a_in, const ir_ref *ids) {
+    return a_in >= 0 && p->bufs[n->dst.buf].kind == IR_BUF_STATE && ir_ref_equal(&n->in[a_in], &n->dst) &&
+           no_sym(&n->dst) && one_preset(p, ids) && (ids->type == KILN_I64 || ids->type == KILN_I32);
+}
+
+/* Reader c of z as a tail: which operand reads z, and the rows it covers; false when c cannot
+ * be one. Every operand but that one must not be z. */
+static bool tail_of(const ir_prog *p, const ir_node *c, int zbuf, int64_t *lo, int64_t *hi) {
+    if (c->kind != IR_OP || c->ninstr > 0 || c->paired || c->bnorm || c->has_dst2 || c->host) return false;
+    int zin;
+    if (c->op == FE_OP_ROPE_EXT && (c->fused == IR_FUSED_NONE || c->fused == IR_FUSED_ROPE_SET_ROWS)) {
+        if (!normal_rope(p, c)) return false;
+        zin = c->opd[0];
+        if (c->fused == IR_FUSED_NONE) {
+            if (c->dst.type != KILN_F32 || !no_sym(&c->dst)) return false;
+        } else {
+            const ir_scatter *s = &c->scatter;
+            const ir_ref     *a = &c->in[zin];
+            if (!in_place_row(p, c, s->a_in, &c->in[s->ids_in]) || c->op_type != KILN_F32 ||
+                s->b_ne[0] != a->ne[0] * a->ne[1] || s->b_ne[0] != c->dst.ne[0] || c->dst.st[0] != 1)
+                return false;
+        }
+    } else if (c->op == FE_OP_SET_ROWS && c->fused == IR_FUSED_NONE) {
+        const ir_ref *b = ir_operand(c, 1);
+        if (!b || !in_place_row(p, c, c->opd[0], ir_operand(c, 2)) || b->ne[1] != 1 || b->ne[0] != c->dst.ne[0] ||
+            c->dst.st[0] != 1)
+            return false;
+        zin = c->opd[1];
+    } else {
+        return false;
+    }
+    for (int k = 0; k < c->nin; k++)
+        if (k != zin && c->in[k].buf == zbuf) return false;
+    return segment_of(&c->in[zin], zbuf, lo, hi);
+}
+
+static bool host_candidate(const ir_prog *p, const ir_node *m) {
+    const ir_ref *a = ir_operand(m, 0), *b = ir_operand(m, 1);
+    if (m->dead || m->kind != IR_OP || m->op != FE_OP_MUL_MAT || m->ninstr > 0 || m->paired || m->fused ||
+        m->has_dst2 || m->host || !a || !b)
+        return false;
+    const ir_ref *z = &m->dst;
+    return p->bufs[z->buf].kind == IR_BUF_TEMP && ir_ref_is_natural(p, z) && no_sym(z) && no_sym(a) && no_sym(b) &&
+           z->type == KILN_F32 && z->ne[1] == 1 && z->ne[2] == 1 && z->ne[3] == 1 && z->ne[0] % 2 == 0;
+}
+
+/* Makes the readers of mul_mat mi tails of it, if legal. */
+static bool try_host(ir_prog *p, int mi) {
+    const ir_node *m = &p->nodes[mi];
+    if (!host_candidate(p, m)) return false;
+    int     zbuf = m->dst.buf, tails[MAX_TAILS], nt = 0;
+    int64_t lo[MAX_TAILS], hi[MAX_TAILS];
+    /* The readers must be the next live nodes; the first node that is not one ends them. */
+    for (int i = mi + 1; i < p->nnodes && nt < MAX_TAILS; i++) {
+        const ir_node *c = &p->nodes[i];
+        if (c->dead) continue;
+        if (!tail_of(p, c, zbuf, &lo[nt], &hi[nt])) break;
+        tails[nt++] = i;
+    }
+    /* Each tail reads z once (tail_of), so this says nothing else reads it. */
+    if (nt == 0 || ir_readers(p, zbuf) != nt) return false;
+    for (int t = 0; t < nt; t++) {
+        for (int u = 0; u < t; u++)
+            if (lo[t] < hi[u] && lo[u] < hi[t]) return false;
+        for (int k = 0; k < m->nin; k++) /* the GEMV must not read what its store writes */
+            if (m->in[k].buf == p->nodes[tails[t]].dst.buf) return false;
+    }
+    for (int t = 0; t < nt; t++) p->nodes[tails[t]].host = mi + 1;
+    return true;
+}
+
+kiln_status ir_fuse_gemv_rope(ir_prog *p) {
+    for (int i = 0; i < p->nnodes; i++) try_host(p, i);
+    return NULL;
+}

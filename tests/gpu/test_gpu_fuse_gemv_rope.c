@@ -1,0 +1,84 @@
+/* GPU tests of pass gemv_rope (ir/fuse_gemv_rope.c): the decode q/k/v GEMV rotates q and k and
+ * writes the k and v cache rows from its store. Each case is a one-token attention front (q, k,
+ * v projections of one column, rope of q, rope of k into a cache, v into a cache, the caches read
+ * back as outputs), compiled with every pass; `kiln inspect` must show the fusion, and `kiln run --check` (CUDA graph, then plain
+ * launches) compares q and both caches with the CPU reference of the unfused graph. The cases
+ * cover both store paths of the gemv (teams inside a warp at K 64; warps meeting in shared
+ * memory at K 2048 and 4096), f32/f16/bf16 weights, f32/f16/bf16 caches, i32 and i64 ids,
+ * frequency factors, YaRN (ext_factor, freq_scale, attn_factor) and heads of 64 and 128. */
+#include "tests/gpu/gpu_support.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    int         K, hd, hq, hkv;
+    const char *wt, *ct, *it;
+    bool        ff;
+    const char *rope; /* extra rope parameters */
+} CASES[] = {
+    {2048, 64, 32, 8, "bf16", "f16", "i64", true, ""},
+    {64, 64, 4, 2, "f16", "bf16", "i32", false, ", freq_scale=0.5, ext_factor=1, attn_factor=1.5"},
+    {4096, 128, 32, 8, "bf16", "f16", "i64", true, ""},
+    {4096, 128, 8, 2, "f32", "f32", "i64", false, ", freq_scale=0.25"},
+};
+
+START_TEST(front) {
+    char kg[4096], ffdecl[64] = "", ffarg[8] = "", label[96];
+    int  K = CASES[_i].K, hd = CASES[_i].hd, hq = CASES[_i].hq, hkv = CASES[_i].hkv;
+    need_gpu();
+    if (CASES[_i].ff) {
+        snprintf(ffdecl, sizeof ffdecl, "weight ff: f32[%d]\n", hd / 2);
+        snprintf(ffarg, sizeof ffarg, ", ff");
+    }
+    snprintf(kg, sizeof kg,
+             "input x: f32[%d, 1]\ninput pos: i32[1]\ninput kv_idxs: %s[1]\n%s"
+             "state cache_k: %s[%d, 64]\nstate cache_v: %s[%d, 64]\n"
+             "weight wq: %s[%d, %d]\nweight wk: %s[%d, %d]\nweight wv: %s[%d, %d]\n"
+             "q = mul_mat(wq, x)\nk = mul_mat(wk, x)\nv = mul_mat(wv, x)\n"
+             "q3 = reshape(q, [%d, %d, 1])\nk3 = reshape(k, [%d, %d, 1])\n"
+             "output qr = rope_ext(q3, pos%s, n_dims=%d, mode=0, n_ctx_orig=8192, freq_base=500000%s)\n"
+             "kr = rope_ext(k3, pos%s, n_dims=%d, mode=0, n_ctx_orig=8192, freq_base=500000%s)\n"
+             "k_row = reshape(kr, [%d, 1])\n"
+             "k_cache = set_rows(cache_k, k_row, kv_idxs)\nv_cache = set_rows(cache_v, v, kv_idxs)\n"
+             "output kc = cont(k_cache)\noutput vc = cont(v_cache)\n",
+             K, CASES[_i].it, ffdecl, CASES[_i].ct, hd * hkv, CASES[_i].ct, hd * hkv, CASES[_i].wt, K, hd * hq,
+             CASES[_i].wt, K, hd * hkv, CASES[_i].wt, K, hd * hkv, hd, hq, hd, hkv, ffarg, hd, CASES[_i].rope, ffarg, hd,
+             CASES[_i].rope, hd * hkv);
+    snprintf(label, sizeof label, "gemv_rope K %d head %d %s weights, %s cache", K, hd, CASES[_i].wt, CASES[_i].ct);
+
+    char *dir = ts_tmpdir(), *path = write_kg(dir, "g", kg), cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s inspect %s 2>&1", ts_kiln_bin(), path);
+    ck_assert_int_eq(ts_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "fused gemv_rope: q, k, v, qr, kr, k_cache, v_cache"), "%s: not fused:\n%s", label, out);
+    ck_assert_msg(!strstr(out, "rope_ext nodes:"), "%s: a rope kernel is left:\n%s", label, out);
+    free(out);
+    for (int plain = 0; plain < 2; plain++) {
+        snprintf(cmd, sizeof cmd, "%s run %s --check --iters 3 --cache-dir %s%s 2>&1", ts_kiln_bin(), path, g_cache_dir,
+                 plain ? " --no-cuda-graph" : "");
+        out = NULL;
+        int         rc = ts_run(cmd, &out);
+        const char *chk = out ? strstr(out, "check ") : NULL;
+        if (rc != 0 || !chk || strstr(out, "FAILED")) fprintf(stderr, "%s: %s\n%s\n", label, cmd, out ? out : "");
+        ck_assert_msg(rc == 0 && chk && !strstr(out, "FAILED"), "%s%s: failed (output on stderr)", label,
+                      plain ? " plain" : "");
+        printf("%s%s:\n%s", label, plain ? " plain" : "", chk);
+        free(out);
+    }
+    free(path);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("gpu_fuse_gemv_rope");
+    TCase *tc = tcase_create("front");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, front, 0, (int)(sizeof CASES / sizeof CASES[0]));
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return ts_main_cache(suite(), "gpu-fuse-gemv-rope", &g_cache_dir); }

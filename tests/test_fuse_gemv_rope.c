@@ -1,0 +1,177 @@
+/* Pass gemv_rope (ir/fuse_gemv_rope.c): the readers of a one-column q/k/v GEMV (rope of q,
+ * rope of k into a cache row, v into a cache row) become tails computed by its store. It fires
+ * for every weight type, with and without the rms_norm_gemv norm and frequency factors; it
+ * leaves the graph alone for neox ropes, partial rotation, two tokens, a second reader of the
+ * product, a cache that is not a state, other nodes between the GEMV and its readers; the CPU reference gives the same bits; the memory plan
+ * counts the tails at the host's step (a temporary the GEMV reads is not reused for what its
+ * store writes); the verifier rejects broken hosts; the fused kernels compile with NVRTC for
+ * sm_90a and sm_80 without warnings (both store paths of the gemv). No GPU. */
+#include "tests/support.h"
+
+#include "codegen/codegen.h"
+#include "ir/ir_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *g_cache;
+
+/* The attention front of one token: q/k/v projections of x (K rows; normalized first when
+ * `norm`, else scaled), rope of q (an output), rope of k into cache_k, v into cache_v (states,
+ * or inputs when !state), both caches read back as outputs (else nothing would need them).
+ * `rope` is the rope's text after its operand and positions, `extra` is appended. */
+static char *front(const char *wt, int K, int tokens, const char *rope, const char *ct, bool state, bool norm,
+                   const char *extra) {
+    static char kg[4096];
+    snprintf(kg, sizeof kg,
+             "input x: f32[%d, %d]\ninput pos: i32[%d]\ninput idx: i64[%d]\nweight nw: f32[%d]\nweight ff: f32[32]\n"
+             "%s cache_k: %s[128, 16]\n%s cache_v: %s[128, 16]\n"
+             "weight wq: %s[%d, 256]\nweight wk: %s[%d, 128]\nweight wv: %s[%d, 128]\n"
+             "%s"
+             "q = mul_mat(wq, y)\nk = mul_mat(wk, y)\nv = mul_mat(wv, y)\n"
+             "q3 = reshape(q, [64, 4, %d])\nk3 = reshape(k, [64, 2, %d])\n"
+             "output qr = rope_ext(q3, pos%s)\nkr = rope_ext(k3, pos%s)\n"
+             "k_row = reshape(kr, [128, %d])\n"
+             "k_cache = set_rows(cache_k, k_row, idx)\nv_cache = set_rows(cache_v, v, idx)\n"
+             "output kc = cont(k_cache)\noutput vc = cont(v_cache)\n%s",
+             K, tokens, tokens, tokens, K, state ? "state" : "input", ct, state ? "state" : "input", ct, wt, K, wt, K,
+             wt, K, norm ? "n = rms_norm(x, 1e-05)\ny = mul(n, nw)\n" : "y = scale(x, 2)\n", tokens, tokens, rope, rope,
+             tokens, extra ? extra : "");
+    return kg;
+}
+
+static const char *const ROPE = ", n_dims=64, mode=0, n_ctx_orig=4096, freq_base=10000";
+static const char *const ROPE_FF = ", ff, n_dims=64, mode=0, n_ctx_orig=4096, freq_base=10000, ext_factor=1, freq_scale=0.5";
+
+START_TEST(fires) {
+    static const char *wts[3] = {"bf16", "f16", "f32"};
+    const char        *wt = wts[_i];
+    ts_expect_fusion(front(wt, 64, 1, ROPE, "f16", true, true, NULL), NULL,
+                     "fused gemv_rope: n, y, q, k, v, qr, kr, k_cache, v_cache\n", "rope_ext nodes:", -1);
+    ts_expect_fusion(front(wt, 2048, 1, ROPE_FF, "bf16", true, false, NULL), NULL,
+                     "fused gemv_rope: q, k, v, qr, kr, k_cache, v_cache\n", NULL, -1);
+}
+END_TEST
+
+START_TEST(not_fired) {
+    const char *neox = ", n_dims=64, mode=2, n_ctx_orig=4096, freq_base=10000";
+    const char *part = ", n_dims=32, mode=0, n_ctx_orig=4096, freq_base=10000";
+    ts_expect_fusion(front("bf16", 64, 1, neox, "f16", true, true, NULL), NULL, NULL, "gemv_rope", -1);
+    ts_expect_fusion(front("bf16", 64, 1, part, "f16", true, true, NULL), NULL, NULL, "gemv_rope", -1);
+    ts_expect_fusion(front("bf16", 64, 2, ROPE, "f16", true, true, NULL), NULL, NULL, "gemv_rope", -1);
+    ts_expect_fusion(front("bf16", 64, 1, ROPE, "f16", true, true, "output qs = sum_rows(q)\n"), NULL, NULL, "gemv_rope",
+                     -1);
+    ts_expect_fusion(front("bf16", 64, 1, ROPE, "f16", false, true, NULL), NULL, NULL,
+                     "gemv_rope", -1);
+    /* without mul_mat_cat, k's and v's GEMVs run between q's and its rope */
+    ts_expect_fusion(front("bf16", 64, 1, ROPE, "f16", true, true, NULL), "mul_mat_cat", NULL, "gemv_rope", -1);
+}
+END_TEST
+
+static ir_prog *lowered(const char *kg, kiln_ctx **ctx, kiln_graph **g) {
+    *ctx = ts_parse(kg);
+    TS_OK(kiln_graph_new(*ctx, g));
+    ir_prog *p;
+    TS_OK(ir_lower(*g, &p));
+    TS_OK(ir_run_passes(p, true, NULL));
+    return p;
+}
+
+static int node_named(const ir_prog *p, const char *name) {
+    for (int i = 0; i < p->nnodes; i++)
+        for (int s = 0; !p->nodes[i].dead && s < p->nodes[i].nsrc; s++)
+            if (!strcmp(ir_node_name(p, p->nodes[i].src[s]), name)) return i;
+    ck_abort_msg("no node %s", name);
+    return -1;
+}
+
+/* y (a temporary the GEMV reads, dying there) and a temporary rope result (written by the
+ * GEMV's store) must not share memory: the tails count at the host's step. */
+START_TEST(memplan_group) {
+    kiln_ctx   *ctx;
+    kiln_graph *g;
+    char        kg[4096];
+    snprintf(kg, sizeof kg, "%s", front("bf16", 64, 1, ROPE, "f16", true, false, NULL));
+    char *q = strstr(kg, "output qr");
+    memmove(q, q + 7, strlen(q + 7) + 1); /* qr: a temporary ... */
+    strcat(kg, "output o = scale(qr, 3)\n"); /* ... read later */
+    ir_prog *p = lowered(kg, &ctx, &g);
+    int      h = node_named(p, "q"), r = node_named(p, "qr"), y = node_named(p, "y");
+    ck_assert_int_eq(p->nodes[r].host, h + 1);
+    const ir_buf *qb = &p->bufs[p->nodes[r].dst.buf], *yb = &p->bufs[p->nodes[y].dst.buf];
+    ck_assert_int_eq(qb->kind, IR_BUF_TEMP);
+    ck_assert_int_eq(yb->kind, IR_BUF_TEMP);
+    ck_assert_int_eq(qb->first, h);
+    ck_assert_int_eq(yb->last, h);
+    ck_assert_msg(qb->offset >= yb->offset + yb->bytes || yb->offset >= qb->offset + qb->bytes,
+                  "qr [%zu, +%zu) overlaps y [%zu, +%zu)", qb->offset, qb->bytes, yb->offset, yb->bytes);
+    ir_prog_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+static void expect_invalid(ir_prog *p, const char *want) {
+    kiln_status st = ir_verify(p);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), want), "verify: want '%s', got '%s'", want,
+                  st ? kiln_status_msg(st) : "(ok)");
+    kiln_status_free(st);
+}
+
+START_TEST(verify_rejects) {
+    kiln_ctx   *ctx;
+    kiln_graph *g;
+    ir_prog    *p = lowered(front("bf16", 64, 1, ROPE, "f16", true, true, "output o = scale(qr, 3)\n"), &ctx, &g);
+    int         h = node_named(p, "q"), r = node_named(p, "qr"), kc = node_named(p, "k_cache"), o = node_named(p, "o");
+    int         v = node_named(p, "v_cache");
+    TS_OK(ir_verify(p));
+    p->nodes[r].host = o + 1; /* a host that is not an earlier mul_mat */
+    expect_invalid(p, "is not an earlier one-column mul_mat");
+    p->nodes[r].host = h + 1;
+    p->nodes[kc].host = 0; /* a node with its own kernel between a host and its tail ... */
+    expect_invalid(p, "runs between it and its host");
+    p->nodes[kc].host = h + 1;
+    ir_node saved = p->nodes[o]; /* ... and a node reading the host's result */
+    p->nodes[o].in[0] = p->nodes[v].in[p->nodes[v].opd[1]];
+    p->nodes[o].in[0].ne[0] = p->nodes[o].dst.ne[0];
+    p->nodes[o].in[0].offs = 0;
+    expect_invalid(p, "which only its tails may read");
+    p->nodes[o] = saved;
+    TS_OK(ir_verify(p));
+    ir_prog_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+/* The fused GEMVs compile cleanly: K 64 (teams within a warp) and K 2048 (warps meet in shared
+ * memory), for sm_90a and sm_80; no rope or set_rows kernel is left. */
+START_TEST(kernels_compile) {
+    static const char *archs[2] = {"sm_90a", "sm_80"};
+    static const char *const needles[3] = {"tail 3: rows [384, 512)", "// kiln rope kernel", "// kiln rows kernel"};
+    const char        *kg = _i ? front("bf16", 2048, 1, ROPE_FF, "bf16", true, true, NULL)
+                               : front("f16", 64, 1, ROPE, "f32", true, false, NULL);
+    for (int a = 0; a < 2; a++) {
+        int n[3];
+        ts_kernels_clean(kg, archs[a], g_cache, needles, n, 3);
+        ck_assert_msg(n[0] == 1 && n[1] == 0 && n[2] == 0, "%s: %d gemv_rope, %d rope, %d rows kernels", archs[a], n[0],
+                      n[1], n[2]);
+    }
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("fuse_gemv_rope");
+    TCase *tc = tcase_create("pass");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, fires, 0, 3);
+    tcase_add_test(tc, not_fired);
+    tcase_add_test(tc, memplan_group);
+    tcase_add_test(tc, verify_rejects);
+    tcase_add_loop_test(tc, kernels_compile, 0, 2);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return ts_main_cache(suite(), "fuse-gemv-rope", &g_cache); }
