@@ -116,16 +116,14 @@ kiln_status rt_io_copy_in(kiln_session *s) {
 
 void rt_io_set(kiln_session *s, int i, const void *data, size_t bytes) {
     s->win_dirty = true;
-    if (rt_buf_symbolic(&s->bufs[i])) rt_repack(s, &s->bufs[i], host_of(s, i), (void *)data, true);
-    else memcpy(host_of(s, i), data, bytes);
+    rt_host_copy(s, i, host_of(s, i), (void *)data, bytes, true);
 }
 
 /* An output's twin holds the last run's values once a run has finished (before that, the
  * device's, which the caller reads the slow way); an input's holds what was set last. */
 bool rt_io_get(kiln_session *s, int i, void *data, size_t bytes) {
     if (s->bufs[i].kind == IR_BUF_OUTPUT && !s->out_fresh) return false;
-    if (rt_buf_symbolic(&s->bufs[i])) rt_repack(s, &s->bufs[i], host_of(s, i), data, false);
-    else memcpy(data, host_of(s, i), bytes);
+    rt_host_copy(s, i, host_of(s, i), data, bytes, false);
     return true;
 }
 

@@ -630,6 +630,14 @@ size_t rt_repack(const kiln_session *s, const ir_buf *b, void *padded, void *den
     return used;
 }
 
+size_t rt_host_copy(const kiln_session *s, int i, void *copy, void *data, size_t bytes, bool into_copy) {
+    const ir_buf *b = &s->bufs[i];
+    if (rt_buf_symbolic(b)) return rt_repack(s, b, copy, data, into_copy);
+    if (into_copy) memcpy(copy, data, bytes);
+    else memcpy(data, copy, bytes);
+    return bytes;
+}
+
 /* The prefix of buffer b's padded layout that holds the current elements. */
 static size_t padded_used(const kiln_session *s, const ir_buf *b) {
     int64_t ne[4];
@@ -673,13 +681,12 @@ static kiln_status upload_async(kiln_session *s, int i, const void *data, size_t
             return rt_cuda_error(r, "cuStreamSynchronize", "before copying into '%s'", b->name);
         memset(s->pin_busy, 0, sizeof *s->pin_busy * (size_t)s->nbufs);
     }
-    size_t n = bytes;
-    if (rt_buf_symbolic(b)) n = rt_repack(s, b, s->pinned[i], (void *)data, true);
-    else memcpy(s->pinned[i], data, bytes);
+    size_t n = rt_host_copy(s, i, s->pinned[i], (void *)data, bytes, true);
     if (b->kind == IR_BUF_INPUT) {
         /* An input is this session's own: its copy waits for this session's next run (queued
          * first there), so a variant's step does not pay for the primary's copy it never reads. */
         if (!s->pend && !(s->pend = calloc((size_t)s->nbufs, sizeof *s->pend))) return kb_oom();
+        s->npend += !s->pend[i];
         s->pend[i] = n;
         return NULL;
     }
@@ -768,8 +775,7 @@ kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size
     }
     if (rt_io_placed(u, i) && rt_io_get(u, i, data, bytes)) return NULL;
     if (u->pend && u->pend[i]) { /* set, not copied yet: the pinned copy holds it */
-        if (rt_buf_symbolic(&u->bufs[i])) rt_repack(u, &u->bufs[i], u->pinned[i], data, false);
-        else memcpy(data, u->pinned[i], bytes);
+        rt_host_copy(u, i, u->pinned[i], data, bytes, false);
         return NULL;
     }
     if ((st = rt_make_current(u))) return st;
@@ -894,15 +900,17 @@ static double now_us(void) {
 
 static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats);
 
-/* The copies of inputs set since this session's last run (upload_async). */
+/* The copies of inputs set since this session's last run (upload_async); with none, no scan
+ * of the buffers. */
 static kiln_status flush_pending(kiln_session *s) {
-    for (int i = 0; s->pend && i < s->nbufs; i++) {
+    for (int i = 0; s->npend > 0 && i < s->nbufs; i++) {
         if (!s->pend[i]) continue;
         rt_cures r = s->cu->MemcpyHtoDAsync(s->dptr[i], s->pinned[i], s->pend[i], s->stream);
         if (r != RT_CUDA_SUCCESS)
             return rt_cuda_error(r, "cuMemcpyHtoDAsync", "copying %zu bytes into input '%s'", s->pend[i],
                                  s->bufs[i].name);
         s->pend[i] = 0;
+        s->npend--;
         s->pin_busy[i] = true;
     }
     return NULL;

@@ -45,6 +45,7 @@ struct kiln_session {
     void    **pinned; /* small inputs and states: pinned host copies that uploads go through */
     bool     *pin_busy; /* pinned[i] is the source of a copy that may still be queued */
     size_t   *pend;     /* bytes of pinned[i] (an input) to copy at this session's next run */
+    int       npend;    /* entries of pend that are not 0 */
     rt_cuptr  arena;
     size_t    arena_bytes;
     rt_cuptr  scratch;     /* the program's scratch (one stream: nodes take turns) */
@@ -125,6 +126,10 @@ void        rt_io_free(kiln_session *s);
  * contiguous data (dense) and the layout at the maximum (padded), returning the bytes used. */
 bool   rt_buf_symbolic(const ir_buf *b);
 size_t rt_repack(const kiln_session *s, const ir_buf *b, void *padded, void *dense, bool to_dev);
+/* Buffer i's current elements between the caller's data and a host copy in the device layout
+ * (a pinned twin): repacked when it has a symbolic dim, else one memcpy of bytes. Returns the
+ * bytes of the copy that hold data. */
+size_t rt_host_copy(const kiln_session *s, int i, void *copy, void *data, size_t bytes, bool into_copy);
 /* Makes s's context current on the calling thread. */
 kiln_status rt_make_current(kiln_session *s);
 
