@@ -402,12 +402,15 @@ static char *copy_string(lua_State *L, const char *s, size_t len) {
     return c;
 }
 
-/* The kernel's source with the programmatic-dependent-launch prologue at the top of every
- * __global__ function (runtime/session.c launches with it on sm_90+): wait until the previous
- * kernel has finished and its writes are visible, then let the next kernel start launching
- * (it will wait in turn). Nothing runs before the wait, so the semantics are those of plain
- * stream order; what overlaps is the launch of one kernel with the tail of the previous. On
- * older archs, or launched without the attribute, both instructions do nothing. */
+/* The kernel's source with the programmatic-dependent-launch prologue in every __global__
+ * function (runtime/session.c launches with it on sm_90+): wait until the previous kernel has
+ * finished and its writes are visible, then let the next kernel start launching (it will wait
+ * in turn). It goes at the top, so that the semantics are those of plain stream order and what
+ * overlaps is the launch of one kernel with the tail of the previous; or where the function
+ * says CG_GRID_WAIT_MARK, when what comes before it reads nothing an earlier kernel of the
+ * graph writes (docs/templates.md, "Result"). On older archs, or launched without the
+ * attribute, both instructions do nothing. */
+#define CG_GRID_WAIT_MARK "/* kiln: grid wait here */"
 static char *with_grid_wait(lua_State *L, const char *src, size_t len) {
     static const char pro[] = "\n#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
                               "    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
@@ -420,13 +423,21 @@ static char *with_grid_wait(lua_State *L, const char *src, size_t len) {
     char       *o = out;
     const char *p = src;
     for (const char *g; (g = strstr(p, "__global__"));) {
-        const char *brace = strchr(g, '{');
-        if (!brace) break;
-        memcpy(o, p, (size_t)(brace + 1 - p));
-        o += brace + 1 - p;
-        memcpy(o, pro, sizeof pro - 1);
-        o += sizeof pro - 1;
-        p = brace + 1;
+        const char *at = strchr(g, '{'), *next = strstr(g + 1, "__global__");
+        if (!at) break;
+        const char *mark = strstr(at, CG_GRID_WAIT_MARK);
+        size_t      skip = 0;
+        if (mark && (!next || mark < next)) {
+            at = mark;
+            skip = sizeof CG_GRID_WAIT_MARK - 1;
+        } else {
+            at++;
+        }
+        memcpy(o, p, (size_t)(at - p));
+        o += at - p;
+        memcpy(o, pro + (skip ? 1 : 0), sizeof pro - 1 - (skip ? 1 : 0));
+        o += sizeof pro - 1 - (skip ? 1 : 0);
+        p = at + skip;
     }
     size_t rest = strlen(p);
     memcpy(o, p, rest + 1);

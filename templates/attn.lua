@@ -765,6 +765,20 @@ local function dec_kernel(P, p, H, name)
     b.add("const unsigned split = blockIdx.x, rt = blockIdx.y;")
     dyn_exit(b, P, S, p.L, p.RT, ROWS)
     group_setup(b, P, "blockIdx.z")
+    -- Before the grid wait (programmatic dependent launch: the previous kernel may still run),
+    -- the split's K and V rows are prefetched into L2. Only the newest row can be the previous
+    -- kernel's (the cache row it writes), and its write updates L2 all the same.
+    local kl, vl = ceil_div(P.DK * 2, 128), ceil_div(P.DV * 2, 128) -- 128-byte lines per row
+    b.open("{")
+    b.add("const unsigned pb = split * %du, pe = pb + %du < %s ? pb + %du : %s;", p.L, p.L, P.NKVS, p.L, P.NKVS)
+    b.open("for (unsigned i = threadIdx.x; i < (pe - pb) * %du; i += %du) {", kl + vl, NTHR)
+    b.add("const unsigned key = pb + i / %du, c = i %% %du;", kl + vl, kl + vl)
+    b.add("const kiln_u16 *const a = c < %du ? kg + key * %s + c * 64u : vg + key * %s + (c - %du) * 64u;", kl,
+        ll(P.k.st[2]), ll(P.v.st[2]), kl)
+    b.add("asm volatile(\"prefetch.global.L2 [%0];\" :: \"l\"(a));")
+    b.close()
+    b.close()
+    b.add("/* kiln: grid wait here */")
 
     -- Q as the B fragment of S^T = K Q^T: row g of each n-tile, head dims as K's chunks.
     b.add("/* Q (B fragments, rounded to %s), head dims permuted as K's loads */", P.kt)
