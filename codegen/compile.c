@@ -389,15 +389,13 @@ static void dump_header(kb_str *o, const kiln_program *p, int i) {
     kb_str_addf(o, "/* kiln %s: kernel %d of %d, %s", KILN_VERSION, i + 1, p->nkernels, k->name);
     if (k->nsteps > 1) kb_str_addf(o, " (step %d of %d of its node)", k->step + 1, k->nsteps);
     kb_str_add(o, "\n * graph nodes:");
-    const char *sep = "";
-    bool        tails = false; /* the nodes its store computes (pass gemv_rope) follow it */
-    for (int j = k->node; j < p->ir->nnodes; j++) {
+    /* then the nodes its store computes (pass gemv_rope) */
+    bool tails = ir_next_tail(p->ir, k->node, k->node) >= 0;
+    for (int j = k->node, s0 = 0; j >= 0; j = ir_next_tail(p->ir, k->node, j)) {
         const ir_node *m = &p->ir->nodes[j];
-        if (j > k->node && !m->dead && m->host != k->node + 1) break;
-        tails |= j > k->node && !m->dead;
-        for (int s = 0; !m->dead && s < m->nsrc; s++, sep = ",") {
+        for (int s = 0; s < m->nsrc; s++, s0++) {
             const kiln_tensor *t = p->ir->g->ctx->t[m->src[s]];
-            kb_str_addf(o, "%s %s (%s)", sep, t->name, fe_ops[t->op].name);
+            kb_str_addf(o, "%s %s (%s)", s0 ? "," : "", t->name, fe_ops[t->op].name);
         }
     }
     kb_str_addf(o, "\n * fusion: %s%s\n", n->fusion ? n->fusion : tails ? "" : "none",

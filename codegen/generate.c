@@ -687,8 +687,7 @@ static int param_of(gen_ctx *g, int buf) {
 /* The tails of host node `node` (pass gemv_rope) as contexts whose params are the host's. */
 static kiln_status bind_tails(gen_ctx *g, gen_ctx *tails) {
     const ir_prog *p = g->p;
-    for (int j = g->node + 1; j < p->nnodes && (p->nodes[j].dead || p->nodes[j].host == g->node + 1); j++) {
-        if (p->nodes[j].dead) continue;
+    for (int j = ir_next_tail(p, g->node, g->node); j >= 0; j = ir_next_tail(p, g->node, j)) {
         if (g->ntails == IR_MAX_IN)
             return kb_error(KILN_ERR_CODEGEN, "codegen: node %d: more than %d tails", g->node, IR_MAX_IN);
         const ir_node *n = &p->nodes[j];

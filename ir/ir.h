@@ -217,6 +217,10 @@ static inline bool ir_buf_preset(ir_buf_kind k) {
 /* Number of op values an IR_OP epilogue sees (registers nin..nin+n-1): 2 when paired, else 1. */
 static inline int ir_op_values(const ir_node *n) { return n->paired ? 2 : 1; }
 
+/* The first tail of host node h after node `after` (pass gemv_rope: a host's tails follow it,
+ * only dead nodes between), or -1. All of them:
+ *   for (int j = ir_next_tail(p, h, h); j >= 0; j = ir_next_tail(p, h, j)) */
+int ir_next_tail(const ir_prog *p, int h, int after);
 /* Whether node i launches a kernel of its own: live and not computed by a host (pass gemv_rope). */
 static inline bool ir_launches(const ir_prog *p, int i) { return !p->nodes[i].dead && !p->nodes[i].host; }
 

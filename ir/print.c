@@ -172,11 +172,11 @@ static int kernel_number(const ir_prog *p, int node) {
     return k;
 }
 
-/* Whether node i is the host of tails (pass gemv_rope): the next live node is one of them. */
-static bool hosts_tails(const ir_prog *p, int i) {
-    for (int j = i + 1; j < p->nnodes; j++)
-        if (!p->nodes[j].dead) return p->nodes[j].host == i + 1;
-    return false;
+/* Whether node i is the host of tails (pass gemv_rope). */
+static bool hosts_tails(const ir_prog *p, int i) { return ir_next_tail(p, i, i) >= 0; }
+
+static void add_sources(kb_str *o, const ir_prog *p, const ir_node *n, const char **sep) {
+    for (int s = 0; s < n->nsrc; s++, *sep = ", ") kb_str_addf(o, "%s%s", *sep, ir_node_name(p, n->src[s]));
 }
 
 /* One line per fused kernel, "fused NAME: node, node, ...", in graph node names. */
@@ -195,9 +195,8 @@ static void print_fusions(kb_str *o, const ir_prog *p) {
         if (p->nodes[i].dead || !hosts_tails(p, i)) continue;
         kb_str_add(o, "  fused gemv_rope:");
         const char *sep = " ";
-        for (int j = i; j < p->nnodes && (j == i || p->nodes[j].dead || p->nodes[j].host == i + 1); j++)
-            for (int s = 0; !p->nodes[j].dead && s < p->nodes[j].nsrc; s++, sep = ", ")
-                kb_str_addf(o, "%s%s", sep, ir_node_name(p, p->nodes[j].src[s]));
+        add_sources(o, p, &p->nodes[i], &sep);
+        for (int j = ir_next_tail(p, i, i); j >= 0; j = ir_next_tail(p, i, j)) add_sources(o, p, &p->nodes[j], &sep);
         kb_str_add(o, "\n");
     }
 }

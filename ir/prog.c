@@ -88,6 +88,12 @@ int ir_node_writing(const ir_prog *p, int buf) {
     return -1;
 }
 
+int ir_next_tail(const ir_prog *p, int h, int after) {
+    for (int j = after + 1; j < p->nnodes; j++)
+        if (!p->nodes[j].dead) return p->nodes[j].host == h + 1 ? j : -1;
+    return -1;
+}
+
 const char *ir_node_name(const ir_prog *p, int tensor_id) {
     const kiln_ctx *ctx = p->g->ctx;
     if (tensor_id < 0 || tensor_id >= ctx->n) return "?";
