@@ -97,4 +97,11 @@ function M.lines(k, C, add, ind, o)
     end
 end
 
+-- The rotated pair (x0 cos - x1 sin, x0 sin + x1 cos) as two C expressions, each product and
+-- sum rounded explicitly (no contraction into FMAs), as ggml's float code computes it.
+function M.rotate(x0, x1, c, sn)
+    return string.format("__fsub_rn(__fmul_rn(%s, %s), __fmul_rn(%s, %s))", x0, c, x1, sn),
+        string.format("__fadd_rn(__fmul_rn(%s, %s), __fmul_rn(%s, %s))", x0, sn, x1, c)
+end
+
 return M

@@ -12,6 +12,7 @@
 -- not stored: the pass made sure nothing else reads it.
 
 local angle = require("angle")
+local prelude = require("prelude")
 
 local M = {}
 
@@ -86,10 +87,9 @@ end
 
 -- Pointer declarations of every tail's operands (tail n's names start with "t<n>").
 function M.pointers(b, segs)
-    local ctype = { f32 = "float", f16 = "unsigned short", bf16 = "unsigned short" }
     for _, g in ipairs(segs) do
         local t, n = g.t, g.n
-        ptr(b, t.dst, "t" .. n .. "y", ctype[t.dst.type], false)
+        ptr(b, t.dst, "t" .. n .. "y", prelude.ctype[t.dst.type], false)
         if g.pos then ptr(b, g.pos, "t" .. n .. "pos", "int", true) end
         if g.ff then ptr(b, g.ff, "t" .. n .. "ff", "float", true) end
         if g.ids then ptr(b, g.ids, "t" .. n .. "ids", g.ids.type == "i64" and "long long" or "int", true) end
@@ -131,8 +131,7 @@ function M.store(b, pre, segs, row, ya, yb)
                 ff = g.ff and string.format("%sff[(long long)i * %s]", n, lit(g.ff.st[1])),
                 store = function(c, sn) return string.format("const float c = %s, s = %s;", c, sn) end,
             })
-            local o0 = string.format("__fsub_rn(__fmul_rn(%s, c), __fmul_rn(%s, s))", ya, yb)
-            local o1 = string.format("__fadd_rn(__fmul_rn(%s, s), __fmul_rn(%s, c))", ya, yb)
+            local o0, o1 = angle.rotate(ya, yb, "c", "s")
             if g.kind == "rope" then
                 local y = t.dst
                 local at = string.format("(long long)(e %% %du) * %s + (long long)h * %s", g.ne0, lit(y.st[1]), lit(y.st[2]))

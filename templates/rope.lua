@@ -562,8 +562,7 @@ return function(k)
             add(string.format("const float x0_%d_%d = %s, x1_%d_%d = %s;", j, m, pre.load(a.type, x0), j, m,
                 pre.load(a.type, x1)), ind)
             local X0, X1 = string.format("x0_%d_%d", j, m), string.format("x1_%d_%d", j, m)
-            out0[#out0 + 1] = string.format("__fsub_rn(__fmul_rn(%s, %s.x), __fmul_rn(%s, %s.y))", X0, c, X1, c)
-            out1[#out1 + 1] = string.format("__fadd_rn(__fmul_rn(%s, %s.y), __fmul_rn(%s, %s.x))", X0, c, X1, c)
+            out0[#out0 + 1], out1[#out1 + 1] = angle.rotate(X0, X1, c .. ".x", c .. ".y")
         end
         local outs = {}
         if P.kind == "normal" then
