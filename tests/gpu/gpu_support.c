@@ -337,22 +337,29 @@ double median_ms(const char *cmd) {
     return ms;
 }
 
+void run_check(const char *path, const char *args, const char *label) {
+    for (int plain = 0; plain < 2; plain++) {
+        char cmd[1024], *out = NULL;
+        snprintf(cmd, sizeof cmd, "%s run %s %s --check --iters 3 --cache-dir %s%s 2>&1", ts_kiln_bin(), path, args,
+                 g_cache_dir, plain ? " --no-cuda-graph" : "");
+        int         rc = ts_run(cmd, &out);
+        const char *chk = out ? strstr(out, "check ") : NULL;
+        if (rc != 0 || !chk || strstr(out, "FAILED")) fprintf(stderr, "%s: %s\n%s\n", label, cmd, out ? out : "");
+        ck_assert_msg(rc == 0 && chk && !strstr(out, "FAILED"), "%s %s%s: failed (output on stderr)", label, args,
+                      plain ? " plain" : "");
+        printf("%s %s%s:\n%s", label, args, plain ? " plain" : "", chk);
+        free(out);
+    }
+}
+
 void run_check_at_values(const char *kg, const char *dim, const int *vals, int nvals, const char *label) {
     char *dir = ts_tmpdir();
     char *path = write_kg(dir, "g", kg);
-    for (int v = 0; v < nvals; v++)
-        for (int plain = 0; plain < 2; plain++) {
-            char cmd[1024], *out = NULL;
-            snprintf(cmd, sizeof cmd, "%s run %s --dim %s=%d --check --iters 3 --cache-dir %s%s 2>&1", ts_kiln_bin(), path,
-                     dim, vals[v], g_cache_dir, plain ? " --no-cuda-graph" : "");
-            int         rc = ts_run(cmd, &out);
-            const char *chk = out ? strstr(out, "check ") : NULL;
-            if (rc != 0 || !chk || strstr(out, "FAILED")) fprintf(stderr, "%s: %s\n%s\n", label, cmd, out ? out : "");
-            ck_assert_msg(rc == 0 && chk && !strstr(out, "FAILED"), "%s %s=%d%s: failed (output on stderr)", label, dim,
-                          vals[v], plain ? " plain" : "");
-            printf("%s %s=%d%s: %.*s\n", label, dim, vals[v], plain ? " plain" : "", (int)strcspn(chk, "\n"), chk);
-            free(out);
-        }
+    for (int v = 0; v < nvals; v++) {
+        char args[160];
+        snprintf(args, sizeof args, "--dim %s=%d", dim, vals[v]);
+        run_check(path, args, label);
+    }
     free(path);
     ts_rmtree(dir);
     free(dir);

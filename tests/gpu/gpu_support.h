@@ -69,8 +69,10 @@ void scale_weights(const kiln_graph *g, hset *h);
 char *write_kg(const char *dir, const char *name, const char *kg);
 /* The median GPU time `kiln run` printed for cmd, or -1. */
 double median_ms(const char *cmd);
-/* `kiln run --dim DIM=V --check` of kg at each of the nvals values, with the CUDA graph and with
- * plain launches: asserts success and no FAILED check, prints each check line under `label`. */
+/* `kiln run PATH ARGS --check` with the CUDA graph and with plain launches: asserts success and
+ * no FAILED check, prints the check lines under `label`. */
+void run_check(const char *path, const char *args, const char *label);
+/* run_check of kg with --dim DIM=V at each of the nvals values. */
 void run_check_at_values(const char *kg, const char *dim, const int *vals, int nvals, const char *label);
 void hset_free(hset *h);
 const void *ref_get(void *user, const char *name, kiln_type type, int64_t n);

@@ -54,18 +54,7 @@ START_TEST(front) {
     ck_assert_msg(strstr(out, "fused gemv_rope: q, k, v, qr, kr, k_cache, v_cache"), "%s: not fused:\n%s", label, out);
     ck_assert_msg(!strstr(out, "rope_ext nodes:"), "%s: a rope kernel is left:\n%s", label, out);
     free(out);
-    for (int plain = 0; plain < 2; plain++) {
-        snprintf(cmd, sizeof cmd, "%s run %s --check --iters 3 --cache-dir %s%s 2>&1", ts_kiln_bin(), path, g_cache_dir,
-                 plain ? " --no-cuda-graph" : "");
-        out = NULL;
-        int         rc = ts_run(cmd, &out);
-        const char *chk = out ? strstr(out, "check ") : NULL;
-        if (rc != 0 || !chk || strstr(out, "FAILED")) fprintf(stderr, "%s: %s\n%s\n", label, cmd, out ? out : "");
-        ck_assert_msg(rc == 0 && chk && !strstr(out, "FAILED"), "%s%s: failed (output on stderr)", label,
-                      plain ? " plain" : "");
-        printf("%s%s:\n%s", label, plain ? " plain" : "", chk);
-        free(out);
-    }
+    run_check(path, "", label);
     free(path);
     ts_rmtree(dir);
     free(dir);
