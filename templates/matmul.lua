@@ -47,7 +47,7 @@ local INT_MAX = 2147483647
 local UINT_MAX = 4294967295
 
 -- Tuning (measured on the H100, docs/ops-matmul.md).
-local GEMV_PT = 4          -- vectors per thread the gemv aims for (sets the team size G)
+local GEMV_PT = 2          -- vectors per thread the gemv aims for (sets the team size G)
 local GEMV_GMAX = 256      -- most threads per team (one team per block above 32)
 local GEMV_R = 2           -- rows per team
 local GEMV_BLOCK = 128     -- block size when teams are narrower than a warp

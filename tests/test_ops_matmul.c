@@ -137,7 +137,7 @@ static const gcase CASES[] = {
     {"weight a: f16[14336, 4096]\ninput b: f32[14336]\noutput y = mul_mat(a, b)\n", "kiln_f16x2"},
     {"weight a: f16[4096, 14336]\ninput b: f32[4096]\noutput y = mul_mat(a, b)\n", "4-float vector loads"},
     {"weight a: bf16[14336, 4096]\ninput b: f32[14336]\noutput y = mul_mat(a, b)\n", "teams of 256 threads"},
-    {"weight a: f32[64, 300]\ninput b: f32[64]\noutput y = mul_mat(a, b)\n", "teams of 4 threads"},
+    {"weight a: f32[64, 300]\ninput b: f32[64]\noutput y = mul_mat(a, b)\n", "teams of 8 threads"},
     {"weight a: f32[7, 5]\ninput b: f32[7]\noutput y = mul_mat(a, b)\n", "1-element vectors (7 full"},
     {"weight a: bf16[3]\ninput b: f32[3]\noutput y = mul_mat(a, b)\n", "(1 full + 1 tail"},
     {"weight w: f16[4104, 10]\na = view(w, [4099, 10], [8208], 0)\ninput b: f32[4099]\noutput y = mul_mat(a, b)\n",
