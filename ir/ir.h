@@ -159,6 +159,7 @@ void        ir_prog_free(ir_prog *p);
 kiln_status ir_verify(const ir_prog *p);
 
 /* Passes, in pipeline order (see ir_run_passes). */
+kiln_status ir_fuse_get_rows_one(ir_prog *p);  /* ir/fuse_get_rows_one.c */
 kiln_status ir_fuse_rope_set_rows(ir_prog *p); /* ir/fuse_rope_set_rows.c */
 kiln_status ir_fuse_topk_moe(ir_prog *p);      /* ir/fuse_topk_moe.c */
 kiln_status ir_fuse_mul_mat_glu(ir_prog *p);   /* ir/fuse_mul_mat_glu.c */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 const ir_fusion ir_fusions[] = {
+    {"get_rows_one", ir_fuse_get_rows_one, "get_rows of a one-row f32 source by one id (the last layer's output pick at decode): the source, read in place"},
     {"rope_set_rows", ir_fuse_rope_set_rows, "rope_ext -> view -> set_rows: rotated rows written straight into the cache"},
     {"topk_moe", ir_fuse_topk_moe, "MoE routing (gating, top-k, weights, normalization, scale) in one kernel per row"},
     {"mul_mat_glu", ir_fuse_mul_mat_glu, "gate and up mul_mat(_id) sharing an input, feeding a GLU, in one kernel"},

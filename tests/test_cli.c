@@ -87,7 +87,7 @@ START_TEST(fusion_controls) {
     ck_assert_int_eq(kiln("inspect examples/swiglu.kg --no-fuse=", &out), 2);
     free(out);
     ck_assert_int_eq(kiln("help compile", &out), 0);
-    ck_assert_msg(strstr(out, "fusion passes (--no-fuse=NAME):\n  rope_set_rows") && strstr(out, "\n  ew_chain "), "%s", out);
+    ck_assert_msg(strstr(out, "fusion passes (--no-fuse=NAME):\n  get_rows_one") && strstr(out, "\n  ew_chain "), "%s", out);
     free(out);
 }
 END_TEST
