@@ -24,16 +24,6 @@ static bool static_ref(const ir_ref *r) { return !(r->sym[0] | r->sym[1] | r->sy
 
 static bool one_row(const ir_ref *r) { return r->ne[1] == 1 && r->ne[2] == 1 && r->ne[3] == 1 && static_ref(r); }
 
-/* The live node reading buf (it has one reader), or -1. */
-static int reader_of(const ir_prog *p, int buf, int from) {
-    for (int i = from; i < p->nnodes; i++) {
-        const ir_node *c = &p->nodes[i];
-        for (int k = 0; !c->dead && k < c->nin; k++)
-            if (c->in[k].buf == buf) return i;
-    }
-    return -1;
-}
-
 static bool fold(ir_prog *p, int gi) {
     ir_node *g = &p->nodes[gi];
     if (g->dead || g->kind != IR_OP || g->op != FE_OP_GET_ROWS || g->ninstr || g->paired || g->fused || g->has_dst2)
@@ -43,19 +33,18 @@ static bool fold(ir_prog *p, int gi) {
     if (!a || !ids || a->type != KILN_F32 || r->type != KILN_F32 || !one_row(a) || !one_row(ids) || ids->ne[0] != 1 ||
         !one_row(r) || r->ne[0] != a->ne[0] || (a->ne[0] > 1 && a->st[0] != 1))
         return false;
-    if (p->bufs[r->buf].kind != IR_BUF_TEMP || !ir_ref_is_natural(p, r) || ir_readers(p, r->buf) < 1) return false;
+    if (p->bufs[r->buf].kind != IR_BUF_TEMP || !ir_ref_is_natural(p, r)) return false;
     if (p->bufs[a->buf].kind == IR_BUF_STATE) return false;
-    int ci = reader_of(p, r->buf, gi + 1);
-    if (ci < 0 || reader_of(p, r->buf, ci + 1) >= 0) return false;
+    int ci = ir_reader_after(p, r->buf, gi);
+    if (ci < 0 || ir_reader_after(p, r->buf, ci) >= 0) return false;
     int w = ir_node_writing(p, a->buf);
     if (w >= gi && w < ci) return false;
     ir_node *c = &p->nodes[ci];
     if (c->nsrc + g->nsrc > IR_MAX_INSTR) return false;
-    const ir_ref src = *a;
     for (int k = 0; k < c->nin; k++) {
         if (c->in[k].buf != r->buf) continue;
-        c->in[k].buf = src.buf;
-        c->in[k].offs += src.offs;
+        c->in[k].buf = a->buf;
+        c->in[k].offs += a->offs;
     }
     for (int s = 0; s < g->nsrc; s++) c->src[c->nsrc++] = g->src[s];
     ir_sort_sources(c);

@@ -18,16 +18,7 @@
 #include "ir_internal.h"
 
 /* The single live node reading buf, or -1 (none, or several, or one reading it twice). */
-static int only_reader(const ir_prog *p, int buf) {
-    if (ir_readers(p, buf) != 1) return -1;
-    for (int i = 0; i < p->nnodes; i++) {
-        const ir_node *c = &p->nodes[i];
-        if (c->dead) continue;
-        for (int k = 0; k < c->nin; k++)
-            if (c->in[k].buf == buf) return i;
-    }
-    return -1;
-}
+static int only_reader(const ir_prog *p, int buf) { return ir_readers(p, buf) == 1 ? ir_reader_after(p, buf, -1) : -1; }
 
 /* Whether node ci is a single `op` instruction of an elementwise node (as lowered). */
 static bool is_single(const ir_prog *p, int ci, fe_op op) {

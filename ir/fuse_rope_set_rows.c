@@ -37,13 +37,7 @@ static bool try_fuse(ir_prog *p, int ri) {
     const ir_node *r = &p->nodes[ri];
     int            buf = r->dst.buf;
     if (p->bufs[buf].kind != IR_BUF_TEMP || !ir_ref_is_natural(p, &r->dst) || ir_readers(p, buf) != 1) return false;
-    int si = -1;
-    for (int i = ri + 1; i < p->nnodes && si < 0; i++) {
-        const ir_node *c = &p->nodes[i];
-        if (c->dead) continue;
-        for (int k = 0; k < c->nin; k++)
-            if (c->in[k].buf == buf) si = i;
-    }
+    int si = ir_reader_after(p, buf, ri);
     if (si < 0 || !plain_op(&p->nodes[si], FE_OP_SET_ROWS)) return false;
     const ir_node *s = &p->nodes[si];
     const ir_ref  *a = ir_operand(s, 0), *b = ir_operand(s, 1), *ids = ir_operand(s, 2);

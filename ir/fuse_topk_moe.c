@@ -88,13 +88,8 @@ static bool plain_softmax(const ir_node *n) {
 
 /* The live node (after `after`) with an operand reading buf, other than `skip`; -1 if none. */
 static int reader_after(const ir_prog *p, int buf, int after, int skip) {
-    for (int i = after + 1; i < p->nnodes; i++) {
-        const ir_node *n = &p->nodes[i];
-        if (n->dead || i == skip) continue;
-        for (int k = 0; k < n->nin; k++)
-            if (n->in[k].buf == buf) return i;
-    }
-    return -1;
+    int i = ir_reader_after(p, buf, after);
+    return i >= 0 && i == skip ? ir_reader_after(p, buf, skip) : i;
 }
 
 /* Same elements: a and b ([E, T] both) read the same places of one buffer at each coordinate. */

@@ -24,6 +24,8 @@ kiln_status ir_check_states(const kiln_graph *g);
 
 /* Operands of live nodes that read buf (a node reading it twice counts twice). */
 int      ir_readers(const ir_prog *p, int buf);
+/* The first live node after node `after` (-1: from the start) with an operand reading buf, or -1. */
+int      ir_reader_after(const ir_prog *p, int buf, int after);
 /* Whether every buffer node i reads is an input, a weight, or written by a live node before
  * node `before` (so node i's reads could move up to position `before`). */
 bool     ir_operands_ready(const ir_prog *p, const ir_node *n, int before);

@@ -100,6 +100,15 @@ const char *ir_node_name(const ir_prog *p, int tensor_id) {
     return ctx->t[tensor_id]->name;
 }
 
+int ir_reader_after(const ir_prog *p, int buf, int after) {
+    for (int i = after + 1; i < p->nnodes; i++) {
+        const ir_node *c = &p->nodes[i];
+        for (int k = 0; !c->dead && k < c->nin; k++)
+            if (c->in[k].buf == buf) return i;
+    }
+    return -1;
+}
+
 int ir_readers(const ir_prog *p, int buf) {
     int n = 0;
     for (int i = 0; i < p->nnodes; i++) {
