@@ -29,16 +29,14 @@
 
 #define MAX_TAILS 4
 
-static bool no_sym(const ir_ref *r) { return !(r->sym[0] | r->sym[1] | r->sym[2] | r->sym[3]); }
-
 /* One element of an input, weight or state read in no special way: positions and ids. */
 static bool one_preset(const ir_prog *p, const ir_ref *r) {
-    return r && no_sym(r) && ir_buf_preset(p->bufs[r->buf].kind) && r->ne[0] * r->ne[1] * r->ne[2] * r->ne[3] == 1;
+    return r && ir_ref_static(r) && ir_buf_preset(p->bufs[r->buf].kind) && r->ne[0] * r->ne[1] * r->ne[2] * r->ne[3] == 1;
 }
 
 /* z's rows [offs, offs + ne0 * ne1) read as `heads` contiguous rows of ne0 of one token. */
 static bool segment_of(const ir_ref *v, int zbuf, int64_t *lo, int64_t *hi) {
-    if (v->buf != zbuf || v->type != KILN_F32 || !no_sym(v) || v->st[0] != 1 || v->ne[2] != 1 || v->ne[3] != 1)
+    if (v->buf != zbuf || v->type != KILN_F32 || !ir_ref_static(v) || v->st[0] != 1 || v->ne[2] != 1 || v->ne[3] != 1)
         return false;
     if (v->ne[1] > 1 && v->st[1] != v->ne[0]) return false;
     *lo = v->offs;
@@ -52,13 +50,13 @@ static bool normal_rope(const ir_prog *p, const ir_node *r) {
     const ir_ref *a = ir_operand(r, 0), *pos = ir_operand(r, 1), *ff = ir_operand(r, 2);
     if (r->op != FE_OP_ROPE_EXT || r->ip[1] != 0 || !a || r->ip[0] != a->ne[0] || a->ne[0] % 2 != 0) return false;
     if (!one_preset(p, pos) || pos->type != KILN_I32) return false;
-    return !ff || (no_sym(ff) && ir_buf_preset(p->bufs[ff->buf].kind) && ff->type == KILN_F32);
+    return !ff || (ir_ref_static(ff) && ir_buf_preset(p->bufs[ff->buf].kind) && ff->type == KILN_F32);
 }
 
 /* A state written in place at one row of ids: dst is in[a_in] itself, a state. */
 static bool in_place_row(const ir_prog *p, const ir_node *n, int a_in, const ir_ref *ids) {
     return a_in >= 0 && p->bufs[n->dst.buf].kind == IR_BUF_STATE && ir_ref_equal(&n->in[a_in], &n->dst) &&
-           no_sym(&n->dst) && one_preset(p, ids) && (ids->type == KILN_I64 || ids->type == KILN_I32);
+           ir_ref_static(&n->dst) && one_preset(p, ids) && (ids->type == KILN_I64 || ids->type == KILN_I32);
 }
 
 /* Reader c of z as a tail: which operand reads z, and the rows it covers; false when c cannot
@@ -70,7 +68,7 @@ static bool tail_of(const ir_prog *p, const ir_node *c, int zbuf, int64_t *lo, i
         if (!normal_rope(p, c)) return false;
         zin = c->opd[0];
         if (c->fused == IR_FUSED_NONE) {
-            if (c->dst.type != KILN_F32 || !no_sym(&c->dst)) return false;
+            if (c->dst.type != KILN_F32 || !ir_ref_static(&c->dst)) return false;
         } else {
             const ir_scatter *s = &c->scatter;
             const ir_ref     *a = &c->in[zin];
@@ -98,8 +96,8 @@ static bool host_candidate(const ir_prog *p, const ir_node *m) {
         m->has_dst2 || m->host || !a || !b)
         return false;
     const ir_ref *z = &m->dst;
-    return p->bufs[z->buf].kind == IR_BUF_TEMP && ir_ref_is_natural(p, z) && no_sym(z) && no_sym(a) && no_sym(b) &&
-           z->type == KILN_F32 && z->ne[1] == 1 && z->ne[2] == 1 && z->ne[3] == 1 && z->ne[0] % 2 == 0;
+    return p->bufs[z->buf].kind == IR_BUF_TEMP && ir_ref_is_natural(p, z) && ir_ref_static(z) && ir_ref_static(a) &&
+           ir_ref_static(b) && z->type == KILN_F32 && z->ne[1] == 1 && z->ne[2] == 1 && z->ne[3] == 1 && z->ne[0] % 2 == 0;
 }
 
 /* Makes the readers of mul_mat mi tails of it, if legal. */

@@ -20,9 +20,7 @@
  * Keeps: every IR invariant. */
 #include "ir_internal.h"
 
-static bool static_ref(const ir_ref *r) { return !(r->sym[0] | r->sym[1] | r->sym[2] | r->sym[3]); }
-
-static bool one_row(const ir_ref *r) { return r->ne[1] == 1 && r->ne[2] == 1 && r->ne[3] == 1 && static_ref(r); }
+static bool one_row(const ir_ref *r) { return r->ne[1] == 1 && r->ne[2] == 1 && r->ne[3] == 1 && ir_ref_static(r); }
 
 static bool fold(ir_prog *p, int gi) {
     ir_node *g = &p->nodes[gi];

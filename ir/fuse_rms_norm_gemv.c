@@ -21,7 +21,7 @@
 /* A column [K] of f32, with no symbolic dim. */
 static bool f32_column(const ir_ref *r, int64_t k) {
     return r->type == KILN_F32 && r->ne[0] == k && r->ne[1] == 1 && r->ne[2] == 1 && r->ne[3] == 1 &&
-           !(r->sym[0] | r->sym[1] | r->sym[2] | r->sym[3]);
+           ir_ref_static(r);
 }
 
 /* The operand of n's "* w" epilogue that is the weight, or -1. */

@@ -215,6 +215,9 @@ kiln_status ir_ref_moe(const ir_prog *p, const ir_node *n, void **data); /* IR_F
 static inline bool ir_buf_preset(ir_buf_kind k) {
     return k == IR_BUF_INPUT || k == IR_BUF_WEIGHT || k == IR_BUF_BLOCK;
 }
+/* Whether reference r has no symbolic dim (its extents are those it was compiled with). */
+static inline bool ir_ref_static(const ir_ref *r) { return !(r->sym[0] | r->sym[1] | r->sym[2] | r->sym[3]); }
+
 /* Number of op values an IR_OP epilogue sees (registers nin..nin+n-1): 2 when paired, else 1. */
 static inline int ir_op_values(const ir_node *n) { return n->paired ? 2 : 1; }
 
