@@ -295,9 +295,12 @@ static kiln_status sweep_file(void *user, kc_kind kind, const char *dir, const c
     return err;
 }
 
+/* An mtime bound no file reaches: every temporary file, whatever its stamp. */
+#define ANY_AGE ((time_t)INT64_MAX)
+
 kiln_status kc_clear(const kc_cache *c, int *removed) {
     if (removed) *removed = 0;
-    sweep s = {.entries = true, .tmp = true, .remove = true, .older_than = (time_t)INT64_MAX};
+    sweep s = {.entries = true, .tmp = true, .remove = true, .older_than = ANY_AGE};
     kiln_status st = each_file(c, sweep_file, &s, true);
     if (removed) *removed = s.count;
     return st;
@@ -306,7 +309,7 @@ kiln_status kc_clear(const kc_cache *c, int *removed) {
 kiln_status kc_tmp_files(const kc_cache *c, int64_t min_age_s, bool remove, int *count, uint64_t *bytes) {
     /* 0 must mean every file, not "mtime <= now": the kernel may stamp a file just written
      * with a fine-grained time that is a second ahead of the coarse clock time() reads. */
-    time_t older_than = min_age_s > 0 ? time(NULL) - (time_t)min_age_s : (time_t)INT64_MAX;
+    time_t older_than = min_age_s > 0 ? time(NULL) - (time_t)min_age_s : ANY_AGE;
     sweep s = {.tmp = true, .remove = remove, .older_than = older_than};
     kiln_status st = each_file(c, sweep_file, &s, false);
     if (count) *count = s.count;
