@@ -438,6 +438,22 @@ typedef struct {
 typedef kiln_status (*kiln_weight_init_fn)(void *user, const char *name, kiln_type type, const int64_t ne[4],
                                            kiln_weight_init *out);
 kiln_status kiln_session_fill_weights(kiln_session *s, kiln_weight_init_fn init, void *user);
+/* Chained runs: greedy decoding without a host round trip a step. Between
+ * kiln_session_chain_begin and _end, output `out` of each run is fed on the device into input
+ * `in` of the next (an argmax into the token ids: one size, small, fixed or of one dimension;
+ * the bytes are copied as they are), and the host
+ * stays one run ahead: kiln_session_chain_run queues a run with the inputs set since the last
+ * one, then waits for the run before it and gives its `out` (prev, bytes; *got says whether
+ * there was one: not at the first run). So the caller sets run k+1's inputs while the GPU runs
+ * run k. Inputs keep their values from run to run, as with kiln_session_run; `in` may be set
+ * only before the first run. kiln_session_chain_end waits for the last run and gives its `out`
+ * (last may be NULL; untouched when no run was queued), and always closes the chain, also
+ * after an error. While a chain is open, kiln_session_run and _get are errors, and the dims
+ * must keep the program variant and the sizes of out and in they had at _begin. Each run is timed
+ * (kiln_session_last_ms: the run that chain_run or chain_end just waited for). */
+kiln_status kiln_session_chain_begin(kiln_session *s, const char *out, const char *in);
+kiln_status kiln_session_chain_run(kiln_session *s, void *prev, size_t bytes, bool *got);
+kiln_status kiln_session_chain_end(kiln_session *s, void *last, size_t bytes);
 /* Milliseconds of GPU time of the last run (events around it). */
 double      kiln_session_last_ms(const kiln_session *s);
 int         kiln_session_captures(const kiln_session *s); /* CUDA graphs captured so far */
@@ -764,8 +780,14 @@ typedef struct {
      * (launch until the GPU is done), reading the logits back, and picking tokens. */
     double  inputs_ms, run_ms, readback_ms, sample_ms;
 } kiln_gen_stats;
+/* Greedy decoding from the current position: n steps, the first fed `first`, each later one
+ * the pick of the step before; out[i] gets the pick after step i. On the GPU the steps are
+ * chained (kiln_session_chain_run): the picks stay on the device and the host queues step i+1
+ * while step i runs. After an error the position is unknown: kiln_gen_reset. */
+kiln_status kiln_gen_decode_greedy(kiln_gen *g, int32_t first, int64_t n, int32_t *out);
 /* Greedy generation: evaluates the prompt, then picks the argmax n_new times, each pick fed
- * back (n_new - 1 decode steps); out gets the n_new ids. Stats (may be NULL) count this call. */
+ * back (n_new - 1 decode steps, kiln_gen_decode_greedy); out gets the n_new ids. Stats (may be
+ * NULL) count this call. */
 kiln_status kiln_gen_greedy(kiln_gen *g, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
                             int32_t *out, kiln_gen_stats *stats);
 /* Compile and load figures of kiln_gen_new, and totals of every evaluation so far. */

@@ -168,17 +168,20 @@ void    kiln_gen_reset(kiln_gen *g) {
     if (g) g->pos = 0;
 }
 
-/* The inputs of a run of nt tokens at g->pos: slots follow positions, and token t sees the
- * slots up to its own (the cache holds this sequence only, in order). */
-static kiln_status make_inputs(kiln_gen *g, const int32_t *tokens, int64_t nt) {
+static kiln_status check_tokens(const kiln_gen *g, const int32_t *tokens, int64_t nt) {
     for (int64_t t = 0; t < nt; t++)
         if (tokens[t] < 0 || tokens[t] >= g->hp->n_vocab)
             return kb_error(KILN_ERR_INVALID, "kiln_gen_eval: token %lld (position %lld) is %d, outside the "
                                               "vocabulary 0 .. %lld", (long long)t, (long long)(g->pos + t), tokens[t],
                             (long long)g->hp->n_vocab - 1);
+    return NULL;
+}
+
+/* The inputs other than the tokens of a run of nt tokens at g->pos: slots follow positions,
+ * and token t sees the slots up to its own (the cache holds this sequence only, in order). */
+static void place_inputs(kiln_gen *g, int64_t nt) {
     g->nt = nt;
     g->nkv = g->pos + nt;
-    memcpy(g->tokens, tokens, sizeof *tokens * (size_t)nt);
     for (int64_t t = 0; t < nt; t++) {
         g->positions[t] = (int32_t)(g->pos + t);
         g->slots[t] = g->pos + t;
@@ -186,22 +189,36 @@ static kiln_status make_inputs(kiln_gen *g, const int32_t *tokens, int64_t nt) {
         for (int64_t j = 0; j < g->nkv; j++) row[j] = j <= g->pos + t ? 0 : F16_NEG_INF;
     }
     g->out_id = (int32_t)(nt - 1);
+}
+
+static kiln_status make_inputs(kiln_gen *g, const int32_t *tokens, int64_t nt) {
+    kiln_status st = check_tokens(g, tokens, nt);
+    if (st) return st;
+    memcpy(g->tokens, tokens, sizeof *tokens * (size_t)nt);
+    place_inputs(g, nt);
     return NULL;
 }
 
 typedef enum { READ_NOTHING, READ_LOGITS, READ_ARGMAX } run_read;
 
-static kiln_status gpu_run(kiln_gen *g, run_read read) {
+/* The session's inputs of the run place_inputs made; the tokens too unless with_tokens is off. */
+static kiln_status set_inputs(kiln_gen *g, bool with_tokens) {
     kiln_session *s = g->sess;
-    double        t0 = kb_now_ms();
     kiln_status   st = kiln_session_set_dim(s, "n_tokens", g->nt);
     if (!st) st = kiln_session_set_dim(s, "n_kv", g->nkv);
-    if (!st) st = kiln_session_set(s, "inp_tokens", g->tokens, sizeof *g->tokens * (size_t)g->nt);
+    if (!st && with_tokens) st = kiln_session_set(s, "inp_tokens", g->tokens, sizeof *g->tokens * (size_t)g->nt);
     if (!st) st = kiln_session_set(s, "inp_pos", g->positions, sizeof *g->positions * (size_t)g->nt);
     if (!st) st = kiln_session_set(s, "kv_idxs", g->slots, sizeof *g->slots * (size_t)g->nt);
     if (!st) st = kiln_session_set(s, "kq_mask", g->mask, sizeof *g->mask * (size_t)(g->nt * g->nkv));
     if (!st) st = kiln_session_set(s, "inp_out_ids", &g->out_id, sizeof g->out_id);
-    double t1 = kb_now_ms();
+    return st;
+}
+
+static kiln_status gpu_run(kiln_gen *g, run_read read) {
+    kiln_session *s = g->sess;
+    double        t0 = kb_now_ms();
+    kiln_status   st = set_inputs(g, true);
+    double        t1 = kb_now_ms();
     if (!st) st = kiln_session_run(s);
     double t2 = kb_now_ms();
     if (!st && read == READ_LOGITS)
@@ -225,6 +242,8 @@ static kiln_status warm_up(kiln_gen *g) {
     kiln_status  st = g->n_batch > 1 ? kiln_gen_eval_greedy(g, zeros, 2, &next) : NULL;
     g->pos = 0;
     if (!st) st = kiln_gen_eval_greedy(g, zeros, 1, &next);
+    /* Chained decoding captures CUDA graphs of its own at its first chain. */
+    if (!st && g->n_ctx > 1) st = kiln_gen_decode_greedy(g, 0, 1, &next);
     g->pos = 0;
     kiln_gen_stats keep = g->stats;
     memset(&g->stats, 0, sizeof g->stats);
@@ -330,6 +349,55 @@ int64_t kiln_argmax_f32(const float *x, int64_t n) {
     return 0;
 }
 
+/* n decode steps chained on the GPU (kiln_session_chain_*): each step's argmax is the next
+ * step's token on the device, and the host makes and sets step i+1's inputs while step i runs. */
+static kiln_status gpu_decode_chain(kiln_gen *g, int32_t first, int64_t n, int32_t *out) {
+    kiln_session *s = g->sess;
+    g->tokens[0] = first;
+    place_inputs(g, 1);
+    kiln_status st = set_inputs(g, true);
+    if (!st) st = kiln_session_chain_begin(s, "argmax", "inp_tokens");
+    if (st) return st;
+    int64_t queued = 0;
+    for (int64_t i = 0; !st && i < n; i++) {
+        if (i > 0) {
+            double t1 = kb_now_ms();
+            place_inputs(g, 1);
+            st = set_inputs(g, false);
+            g->stats.inputs_ms += kb_now_ms() - t1;
+        }
+        bool   got = false;
+        double t2 = kb_now_ms();
+        if (!st) st = kiln_session_chain_run(s, &out[i > 0 ? i - 1 : 0], sizeof *out, &got);
+        g->stats.run_ms += kb_now_ms() - t2;
+        if (st) break;
+        queued++;
+        g->pos++;
+        if (got) g->stats.decode_gpu_ms += kiln_session_last_ms(s);
+    }
+    double      t3 = kb_now_ms();
+    kiln_status end = kiln_session_chain_end(s, st ? NULL : &out[n - 1], sizeof *out);
+    g->stats.run_ms += kb_now_ms() - t3;
+    if (!st && !end && queued > 0) g->stats.decode_gpu_ms += kiln_session_last_ms(s);
+    if (!st) st = end;
+    else kiln_status_free(end);
+    if (!st) g->next = out[n - 1];
+    return st;
+}
+
+kiln_status kiln_gen_decode_greedy(kiln_gen *g, int32_t first, int64_t n, int32_t *out) {
+    if (!g || !out || n < 0) return kb_error(KILN_ERR_INVALID, "kiln_gen_decode_greedy: %s", n < 0 ? "n < 0" : "NULL argument");
+    if (n == 0) return NULL;
+    kiln_status st = check_tokens(g, &first, 1);
+    if (st) return st;
+    if (g->pos + n > g->n_ctx)
+        return kb_error(KILN_ERR_INVALID, "kiln_gen_decode_greedy: %lld steps after %lld do not fit in the cache of "
+                                          "%lld (n_ctx)", (long long)n, (long long)g->pos, (long long)g->n_ctx);
+    if (!g->cpu) return gpu_decode_chain(g, first, n, out);
+    for (int64_t i = 0; !st && i < n; i++) st = kiln_gen_eval_greedy(g, i ? &out[i - 1] : &first, 1, &out[i]);
+    return st;
+}
+
 kiln_status kiln_gen_greedy(kiln_gen *g, const int32_t *prompt, int64_t n_prompt, int64_t n_new, int32_t *out,
                             kiln_gen_stats *stats) {
     if (!g || !prompt || (n_new > 0 && !out) || n_prompt < 1 || n_new < 0)
@@ -343,8 +411,7 @@ kiln_status kiln_gen_greedy(kiln_gen *g, const int32_t *prompt, int64_t n_prompt
     g->stats.prefill_tokens += n_prompt;
     if (n_new > 0) out[0] = next;
     double t1 = kb_now_ms();
-    for (int64_t i = 1; i < n_new; i++)
-        if ((st = kiln_gen_eval_greedy(g, &out[i - 1], 1, &out[i]))) return st;
+    if (n_new > 1 && (st = kiln_gen_decode_greedy(g, out[0], n_new - 1, out + 1))) return st;
     g->stats.decode_ms += kb_now_ms() - t1;
     g->stats.decode_tokens += n_new > 1 ? n_new - 1 : 0;
     if (stats) {

@@ -123,7 +123,7 @@ static kiln_status index_names(kiln_session *s) {
 }
 
 /* The first buffer (lowest index) named name, or -1. */
-static int buf_named(const kiln_session *s, const char *name) {
+int rt_buf_named(const kiln_session *s, const char *name) {
     int lo = 0, hi = s->nnamed;
     while (lo < hi) { /* the first entry not below name */
         int mid = lo + (hi - lo) / 2;
@@ -277,6 +277,7 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
                                                       "dims; the program has none", i, l->name);
                 l->argv[j] = s->dims_dev;
                 l->args[j] = &l->argv[j];
+                l->pbuf[j] = -1;
                 continue;
             }
             if (b == CG_PARAM_SCRATCH) {
@@ -286,6 +287,7 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
                                     s->scratch_bytes);
                 l->argv[j] = s->scratch;
                 l->args[j] = &l->argv[j];
+                l->pbuf[j] = -1;
                 continue;
             }
             if (b < 0 || b >= s->nbufs)
@@ -298,6 +300,7 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
                                 i, l->name, s->bufs[b].name);
             l->argv[j] = s->dptr[b];
             l->args[j] = &l->argv[j];
+            l->pbuf[j] = b;
         }
         l->kind = k->kind;
         if (k->kind == CG_GEMM) {
@@ -504,6 +507,7 @@ fail:
 
 void kiln_session_free(kiln_session *s) {
     if (!s) return;
+    if (s->chain_unit) kiln_status_free(kiln_session_chain_end(s, NULL, 0));
     for (int i = 0; i < s->nspec; i++) kiln_session_free(s->spec[i]);
     free(s->spec);
     const rt_cuda_api *cu = s->cu;
@@ -513,6 +517,7 @@ void kiln_session_free(kiln_session *s) {
         rt_profile_report(s);
         rt_profile_free(s);
         if (s->exec) cu->GraphExecDestroy(s->exec);
+        rt_chain_free(s);
         if (s->ev_start) cu->EventDestroy(s->ev_start);
         if (s->ev_end) cu->EventDestroy(s->ev_end);
         for (int i = 0; i < s->nmods; i++)
@@ -562,7 +567,7 @@ static char *valid_names(const kiln_session *s, bool for_set) {
 
 static kiln_status find_buf(const kiln_session *s, const char *fn, const char *name, bool for_set,
                             int *out) {
-    int i = buf_named(s, name);
+    int i = rt_buf_named(s, name);
     if (i >= 0) {
         if (for_set && s->bufs[i].kind == IR_BUF_OUTPUT)
             return kb_error(KILN_ERR_INVALID, "%s: '%s' is an output of the program; only inputs "
@@ -586,7 +591,7 @@ static void current_ne(const kiln_session *s, const ir_buf *b, int64_t ne[4]) {
 
 bool rt_buf_symbolic(const ir_buf *b) { return b->sym[0] | b->sym[1] | b->sym[2] | b->sym[3]; }
 
-static size_t current_bytes(const kiln_session *s, const ir_buf *b) {
+size_t rt_current_bytes(const kiln_session *s, const ir_buf *b) {
     int64_t ne[4];
     current_ne(s, b, ne);
     return kiln_type_size(b->type) * (size_t)(ne[0] * ne[1] * ne[2] * ne[3]);
@@ -594,7 +599,7 @@ static size_t current_bytes(const kiln_session *s, const ir_buf *b) {
 
 static kiln_status check_bytes(const kiln_session *s, const char *fn, int i, size_t bytes) {
     const ir_buf *b = &s->bufs[i];
-    size_t        want = current_bytes(s, b);
+    size_t        want = rt_current_bytes(s, b);
     if (bytes == want) return NULL;
     char shape[128];
     rt_describe_buf(b, shape, sizeof shape);
@@ -744,6 +749,7 @@ kiln_status kiln_session_set(kiln_session *s, const char *name, const void *data
     kiln_status st = find_buf(s, fn, name, true, &i);
     if (st) return st;
     if ((st = check_bytes(s, fn, i, bytes))) return st;
+    if ((st = rt_chain_check_set(s, name))) return st;
     if (bytes == 0) return NULL;
     if (!data) return kb_error(KILN_ERR_INVALID, "%s: data for '%s' is NULL", fn, name);
     if ((st = upload(s, i, data, bytes))) return st;
@@ -751,8 +757,8 @@ kiln_status kiln_session_set(kiln_session *s, const char *name, const void *data
      * shared. A variant whose fixed dims do not have the current values cannot run now, and
      * its input has another size: it is skipped. */
     for (int v = 0; v < s->nspec && s->bufs[i].kind == IR_BUF_INPUT; v++) {
-        int j = buf_named(s->spec[v], name);
-        if (j < 0 || current_bytes(s->spec[v], &s->spec[v]->bufs[j]) != bytes) continue;
+        int j = rt_buf_named(s->spec[v], name);
+        if (j < 0 || rt_current_bytes(s->spec[v], &s->spec[v]->bufs[j]) != bytes) continue;
         if ((st = upload(s->spec[v], j, data, bytes))) return st;
     }
     return NULL;
@@ -761,6 +767,9 @@ kiln_status kiln_session_set(kiln_session *s, const char *name, const void *data
 kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size_t bytes) {
     static const char fn[] = "kiln_session_get";
     if (!s || !name) return kb_error(KILN_ERR_INVALID, "%s: %s is NULL", fn, s ? "name" : "session");
+    if (s->chain_unit)
+        return kb_error(KILN_ERR_INVALID, "%s: '%s': a chain is open; its runs' outputs come from "
+                                          "kiln_session_chain_run and _end", fn, name);
     int i;
     kiln_status st = find_buf(s, fn, name, false, &i);
     if (st) return st;
@@ -770,7 +779,7 @@ kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size
     /* An output comes from the variant that ran last. */
     kiln_session *u = s;
     if (s->bufs[i].kind == IR_BUF_OUTPUT && s->last && s->last != s) {
-        int j = buf_named(s->last, name);
+        int j = rt_buf_named(s->last, name);
         if (j >= 0) u = s->last, i = j;
     }
     if (rt_io_placed(u, i) && rt_io_get(u, i, data, bytes)) return NULL;
@@ -830,7 +839,7 @@ kiln_status kiln_session_set_dim(kiln_session *s, const char *name, int64_t valu
     return NULL;
 }
 
-static kiln_status launch_all(kiln_session *s, const char *doing) {
+kiln_status rt_launch_all(kiln_session *s, const char *doing) {
     bool prof = s->profile; /* profiled sessions never capture (use_graphs is off) */
     for (int i = 0; i < s->nlaunches; i++) {
         rt_launch *l = &s->launches[i];
@@ -864,12 +873,12 @@ static kiln_status launch_all(kiln_session *s, const char *doing) {
     return prof ? rt_profile_mark(s, s->nlaunches) : NULL;
 }
 
-static kiln_status capture(kiln_session *s) {
+kiln_status rt_capture(kiln_session *s, rt_cugraphexec *exec) {
     const rt_cuda_api *cu = s->cu;
     rt_cures r = cu->StreamBeginCapture(s->stream, RT_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
     if (r != RT_CUDA_SUCCESS)
         return rt_cuda_error(r, "cuStreamBeginCapture", "starting to capture the CUDA graph");
-    kiln_status st = launch_all(s, "capturing");
+    kiln_status st = rt_launch_all(s, "capturing");
     rt_cugraph  g = NULL;
     r = cu->StreamEndCapture(s->stream, &g);
     if (st) {
@@ -881,10 +890,10 @@ static kiln_status capture(kiln_session *s) {
         return rt_cuda_error(r, "cuStreamEndCapture", "capturing the CUDA graph of %d kernels",
                              s->nlaunches);
     }
-    r = cu->GraphInstantiateWithFlags(&s->exec, g, 0);
+    r = cu->GraphInstantiateWithFlags(exec, g, 0);
     cu->GraphDestroy(g); /* the executable graph does not need it */
     if (r != RT_CUDA_SUCCESS) {
-        s->exec = NULL;
+        *exec = NULL;
         return rt_cuda_error(r, "cuGraphInstantiateWithFlags",
                              "instantiating the CUDA graph of %d kernels", s->nlaunches);
     }
@@ -902,7 +911,7 @@ static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats);
 
 /* The copies of inputs set since this session's last run (upload_async); with none, no scan
  * of the buffers. */
-static kiln_status flush_pending(kiln_session *s) {
+kiln_status rt_flush_pending(kiln_session *s) {
     for (int i = 0; s->npend > 0 && i < s->nbufs; i++) {
         if (!s->pend[i]) continue;
         rt_cures r = s->cu->MemcpyHtoDAsync(s->dptr[i], s->pinned[i], s->pend[i], s->stream);
@@ -916,17 +925,23 @@ static kiln_status flush_pending(kiln_session *s) {
     return NULL;
 }
 
-kiln_status kiln_session_run(kiln_session *s) {
-    if (!s) return kb_error(KILN_ERR_INVALID, "kiln_session_run: session is NULL");
-    kiln_session *u = s;
-    int           variant = 0;
+kiln_session *rt_unit(kiln_session *s, int *variant) {
+    *variant = 0;
     for (int v = 0; v < s->nspec; v++)
         if (s->dims_host[s->spec_dim[v]] == s->spec_val[v]) {
-            u = s->spec[v];
-            variant = v + 1;
-            break;
+            *variant = v + 1;
+            return s->spec[v];
         }
-    kiln_status st = run_unit(u, &s->stats);
+    return s;
+}
+
+kiln_status kiln_session_run(kiln_session *s) {
+    if (!s) return kb_error(KILN_ERR_INVALID, "kiln_session_run: session is NULL");
+    if (s->chain_unit)
+        return kb_error(KILN_ERR_INVALID, "kiln_session_run: a chain is open (kiln_session_chain_end first)");
+    int           variant;
+    kiln_session *u = rt_unit(s, &variant);
+    kiln_status   st = run_unit(u, &s->stats);
     if (st) return st;
     if (u != s) s->last_ms = u->last_ms;
     s->last = u;
@@ -943,12 +958,12 @@ static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats) {
     kiln_status        st = rt_make_current(s);
     if (st) return st;
     if (s->use_graphs && !s->exec) {
-        if ((st = capture(s))) return st;
+        if ((st = rt_capture(s, &s->exec))) return st;
         stats->captures++;
     }
 
     s->out_fresh = false;
-    if ((st = flush_pending(s)) || (st = rt_io_copy_in(s))) return st;
+    if ((st = rt_flush_pending(s)) || (st = rt_io_copy_in(s))) return st;
     rt_cures r = cu->EventRecord(s->ev_start, s->stream);
     if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuEventRecord", "starting the run's timer");
     if (s->exec) {
@@ -956,7 +971,7 @@ static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats) {
         if (r != RT_CUDA_SUCCESS)
             return rt_cuda_error(r, "cuGraphLaunch", "launching the CUDA graph of %d kernels",
                                  s->nlaunches);
-    } else if ((st = launch_all(s, "launching"))) {
+    } else if ((st = rt_launch_all(s, "launching"))) {
         cu->StreamSynchronize(s->stream);
         return st;
     }

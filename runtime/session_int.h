@@ -19,6 +19,7 @@ typedef struct {
     bool     empty; /* a zero grid dimension: nothing to do (zero-element tensors) */
     rt_cuptr argv[IR_MAX_IN + 4];
     void    *args[IR_MAX_IN + 4]; /* args[i] = &argv[i], as cuLaunchKernel wants */
+    int      pbuf[IR_MAX_IN + 4]; /* the buffer each parameter points into (-1: dims, scratch) */
 } rt_launch;
 
 typedef struct {
@@ -97,6 +98,10 @@ struct kiln_session {
     int      *by_name;   /* indices of the named buffers (not temporaries or blocks), by name */
     int       nnamed;
 
+    /* Chained runs (runtime/chain.c): on the session the caller holds, the unit (itself or a
+     * variant) whose chain is open; on a unit, its chain's twins, graphs and events. */
+    kiln_session    *chain_unit;
+    struct rt_chain *chain;
     /* KILN_PROFILE (runtime/profile.c): an event after each launch, time per launch summed. */
     bool        profile;
     rt_cuevent *prof_ev; /* nlaunches + 1 */
@@ -130,6 +135,16 @@ size_t rt_repack(const kiln_session *s, const ir_buf *b, void *padded, void *den
  * (a pinned twin): repacked when it has a symbolic dim, else one memcpy of bytes. Returns the
  * bytes of the copy that hold data. */
 size_t rt_host_copy(const kiln_session *s, int i, void *copy, void *data, size_t bytes, bool into_copy);
+/* Shared by session.c and chain.c. */
+int           rt_buf_named(const kiln_session *s, const char *name); /* -1: none */
+size_t        rt_current_bytes(const kiln_session *s, const ir_buf *b); /* at the current dims */
+kiln_session *rt_unit(kiln_session *s, int *variant); /* the unit a run at the current dims runs */
+kiln_status   rt_launch_all(kiln_session *s, const char *doing);
+kiln_status   rt_capture(kiln_session *s, rt_cugraphexec *exec); /* s's launches as they are now */
+kiln_status   rt_flush_pending(kiln_session *s); /* queues the copies of inputs set outside the window */
+/* Chained runs (runtime/chain.c). */
+kiln_status rt_chain_check_set(kiln_session *s, const char *name); /* an error for the fed input */
+void        rt_chain_free(kiln_session *s);
 /* Makes s's context current on the calling thread. */
 kiln_status rt_make_current(kiln_session *s);
 

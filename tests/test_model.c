@@ -261,11 +261,23 @@ START_TEST(gen_errors) {
     ck_assert_ptr_nonnull(st);
     ck_assert_msg(strstr(kiln_status_msg(st), "outside the vocabulary 0 .. 1023"), "%s", kiln_status_msg(st));
     kiln_status_free(st);
+    int32_t picks[2];
+    st = kiln_gen_decode_greedy(g, bad, 1, picks);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), "outside the vocabulary"), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
     TS_OK(kiln_gen_eval(g, prompt, 7, &l));
     st = kiln_gen_eval(g, prompt, 2, &l);
     ck_assert_ptr_nonnull(st);
     ck_assert_msg(strstr(kiln_status_msg(st), "do not fit in the cache of 8"), "%s", kiln_status_msg(st));
     kiln_status_free(st);
+    st = kiln_gen_decode_greedy(g, 3, 2, picks);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), "2 steps after 7 do not fit in the cache of 8"), "%s",
+                  kiln_status_msg(st));
+    kiln_status_free(st);
+    TS_OK(kiln_gen_decode_greedy(g, 3, 0, picks)); /* nothing to do */
+    ck_assert_int_eq(kiln_gen_pos(g), 7);
+    TS_OK(kiln_gen_decode_greedy(g, 3, 1, picks));
+    ck_assert_int_eq(kiln_gen_pos(g), 8);
     kiln_gen_free(g);
     kiln_gen_opts o = {.n_ctx = 4, .n_batch = 8, .cpu = true};
     st = kiln_gen_new(m, &o, &g);

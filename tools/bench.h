@@ -40,8 +40,11 @@ typedef struct {
     int      kernels;
     double   fill_ms;             /* random weights made on the device */
     int64_t  kv[KT_BENCH_KVS];
-    double   decode_ms[KT_BENCH_KVS], decode_gpu_ms[KT_BENCH_KVS];
-    double   host_us[KT_BENCH_KVS][3]; /* per token: inputs, run (launch until done), readback */
+    /* Decode: kiln_gen_decode_greedy's chained steps (wall and GPU time per token), and the
+     * same steps one kiln_gen_eval_greedy call each (a host round trip per token). */
+    double   decode_ms[KT_BENCH_KVS], decode_gpu_ms[KT_BENCH_KVS], step_ms[KT_BENCH_KVS];
+    double   host_us[KT_BENCH_KVS][3]; /* one step at a time, per token: inputs, run (launch until
+                                          done), readback */
     int64_t  prefill_n;
     double   prefill_ms;
     /* PyTorch, eager [0] and torch.compile reduce-overhead [1]; 0 where not measured */

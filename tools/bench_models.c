@@ -3,8 +3,11 @@
  * then the same model in PyTorch (bench/torch_ref.py) after kiln has freed the GPU.
  *
  * Decode at KV position P: the cache is filled by a prefill of P tokens, then `steps` greedy
- * steps run from position P, each one host call that uploads the inputs, replays the decode
- * program and reads back the argmax; ms/token is their mean wall time. Prefill: 512 tokens from
+ * steps run from position P as generation runs them (kiln_gen_decode_greedy: chained, each
+ * step's argmax fed to the next on the device, the host a step ahead); ms/token is their mean
+ * wall time. The same steps are timed again one kiln_gen_eval_greedy call each (upload the
+ * inputs, replay, read back the argmax, then the next step): the host round trip a token
+ * costs a caller that needs each token before the next step. Prefill: 512 tokens from
  * an empty cache, one run, the median of a few. Compile: graph build plus kiln_compile with an
  * empty cache (cold: every kernel through NVRTC), then again from that cache (warm start). */
 #include "tools/bench.h"
@@ -98,22 +101,38 @@ static kiln_status time_prefill(model_run *r, kiln_gen *g, const int32_t *ids) {
     return st;
 }
 
-/* Fills the cache to position kv, then times `steps` greedy decode steps from there. */
+/* Fills the cache to position kv (a prefill, then 3 single steps); *next is the pick to feed. */
+static kiln_status fill_to(kiln_gen *g, const int32_t *ids, int64_t kv, int32_t *next) {
+    kiln_gen_reset(g);
+    kiln_status st = kiln_gen_eval_greedy(g, ids, kv - 3, next);
+    for (int i = 0; !st && i < 3; i++) st = kiln_gen_eval_greedy(g, next, 1, next);
+    return st;
+}
+
+/* Times `steps` greedy decode steps from position kv: chained, then one call each. */
 static kiln_status time_decode(model_run *r, kiln_gen *g, const int32_t *ids, int k) {
     int64_t     kv = r->m->kv[k];
-    int32_t     next = 0;
-    kiln_gen_reset(g);
-    kiln_status st = kiln_gen_eval_greedy(g, ids, kv - 3, &next);
-    for (int i = 0; !st && i < 3; i++) st = kiln_gen_eval_greedy(g, &next, 1, &next); /* untimed: to kv */
+    int32_t     next = 0, *picks = malloc(sizeof *picks * (size_t)r->steps);
+    kiln_status st = picks ? fill_to(g, ids, kv, &next) : kb_oom();
     kiln_gen_stats s0, s1;
     kiln_gen_get_stats(g, &s0);
     double t0 = kb_now_ms();
-    for (int64_t i = 0; !st && i < r->steps; i++) st = kiln_gen_eval_greedy(g, &next, 1, &next);
+    if (!st) st = kiln_gen_decode_greedy(g, next, r->steps, picks);
     double t1 = kb_now_ms();
     kiln_gen_get_stats(g, &s1);
+    free(picks);
     if (!st) {
         r->m->decode_ms[k] = (t1 - t0) / (double)r->steps;
         r->m->decode_gpu_ms[k] = (s1.decode_gpu_ms - s0.decode_gpu_ms) / (double)r->steps;
+    }
+    if (!st) st = fill_to(g, ids, kv, &next);
+    kiln_gen_get_stats(g, &s0);
+    t0 = kb_now_ms();
+    for (int64_t i = 0; !st && i < r->steps; i++) st = kiln_gen_eval_greedy(g, &next, 1, &next);
+    t1 = kb_now_ms();
+    kiln_gen_get_stats(g, &s1);
+    if (!st) {
+        r->m->step_ms[k] = (t1 - t0) / (double)r->steps;
         r->m->host_us[k][0] = 1e3 * (s1.inputs_ms - s0.inputs_ms) / (double)r->steps;
         r->m->host_us[k][1] = 1e3 * (s1.run_ms - s0.run_ms) / (double)r->steps;
         r->m->host_us[k][2] = 1e3 * (s1.readback_ms - s0.readback_ms) / (double)r->steps;
