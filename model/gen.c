@@ -349,6 +349,13 @@ int64_t kiln_argmax_f32(const float *x, int64_t n) {
     return 0;
 }
 
+/* KILN_CHAIN=0: decode one step at a time (an A/B switch, and a way around a driver that
+ * mishandles kernels writing mapped host memory that a later copy reads). */
+static bool chain_wanted(void) {
+    const char *e = getenv("KILN_CHAIN");
+    return !e || !(!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "no") || !strcmp(e, "false"));
+}
+
 /* n decode steps chained on the GPU (kiln_session_chain_*): each step's argmax is the next
  * step's token on the device, and the host makes and sets step i+1's inputs while step i runs. */
 static kiln_status gpu_decode_chain(kiln_gen *g, int32_t first, int64_t n, int32_t *out) {
@@ -393,7 +400,7 @@ kiln_status kiln_gen_decode_greedy(kiln_gen *g, int32_t first, int64_t n, int32_
     if (g->pos + n > g->n_ctx)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_decode_greedy: %lld steps after %lld do not fit in the cache of "
                                           "%lld (n_ctx)", (long long)n, (long long)g->pos, (long long)g->n_ctx);
-    if (!g->cpu) return gpu_decode_chain(g, first, n, out);
+    if (!g->cpu && chain_wanted()) return gpu_decode_chain(g, first, n, out);
     for (int64_t i = 0; !st && i < n; i++) st = kiln_gen_eval_greedy(g, i ? &out[i - 1] : &first, 1, &out[i]);
     return st;
 }

@@ -51,7 +51,9 @@ static const char *usage_text =
     "$XDG_CACHE_HOME/kiln or ~/.cache/kiln), KILN_CACHE=on|off|readonly|refresh (cache policy),\n"
     "KILN_CACHE_MAX=SIZE (default 2G; least recently used entries go first), KILN_JOBS=N\n"
     "(compile threads, default all CPUs), KILN_DUMP=DIR (like --dump-cu), KILN_TEMPLATE_DIR\n"
-    "(load templates from a directory), KILN_CUDA_GRAPHS=0 (plain launches).\n"
+    "(load templates from a directory), KILN_CUDA_GRAPHS=0 (plain launches), KILN_PDL=0 (no\n"
+    "programmatic dependent launch), KILN_CHAIN=0 (decode one step at a time: each token read on\n"
+    "the host before the next step), KILN_PROFILE=1 (time per kernel, printed at exit).\n"
     "exit status: 0 success, 1 error, 2 bad usage, 3 no CUDA driver or GPU.\n";
 
 static const char *compile_help =

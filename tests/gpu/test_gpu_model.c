@@ -79,8 +79,9 @@ START_TEST(prefill_and_decode_match_cpu) {
 }
 END_TEST
 
-/* kiln_gen_greedy on the GPU gives the CPU's tokens; a prompt in chunks of 3 (the general
- * program with n_past > 0) gives the same tokens again. */
+/* kiln_gen_greedy on the GPU (its decode steps chained) gives the CPU's tokens; a prompt in
+ * chunks of 3 (the general program with n_past > 0) and decoding one step at a time
+ * (KILN_CHAIN=0) give the same tokens again. */
 START_TEST(greedy_tokens_identical) {
     need_gpu();
     const char *arch = archs[_i];
@@ -99,9 +100,15 @@ START_TEST(greedy_tokens_identical) {
     int32_t again[DECODE_STEPS];
     TS_OK(kiln_gen_greedy(gpu, prompt, 7, DECODE_STEPS, again, NULL));
     ck_assert_msg(memcmp(again, tg, sizeof tg) == 0, "%s: after reset the GPU generated other tokens", arch);
+    /* One step at a time (KILN_CHAIN=0: each pick read on the host) agrees with the chain. */
+    setenv("KILN_CHAIN", "0", 1);
+    kiln_gen_reset(gpu);
+    TS_OK(kiln_gen_greedy(gpu, prompt, 7, DECODE_STEPS, again, NULL));
+    unsetenv("KILN_CHAIN");
+    ck_assert_msg(memcmp(again, tg, sizeof tg) == 0, "%s: one step at a time gave other tokens than the chain", arch);
     kiln_gen_stats s;
     kiln_gen_get_stats(gpu, &s);
-    ck_assert_int_eq(s.decode_tokens, 2 * (DECODE_STEPS - 1));
+    ck_assert_int_eq(s.decode_tokens, 3 * (DECODE_STEPS - 1));
     kiln_gen_free(gpu);
     kiln_gen_free(cpu);
     kiln_gen_free(chunked);
