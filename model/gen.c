@@ -349,8 +349,8 @@ int64_t kiln_argmax_f32(const float *x, int64_t n) {
     return 0;
 }
 
-/* KILN_CHAIN=0: decode one step at a time (an A/B switch, and a way around a driver that
- * mishandles kernels writing mapped host memory that a later copy reads). */
+/* KILN_CHAIN=0: decode one step at a time (an A/B switch, and a way around any trouble with
+ * the chain's streams on some driver). */
 static bool chain_wanted(void) {
     const char *e = getenv("KILN_CHAIN");
     return !e || !(!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "no") || !strcmp(e, "false"));

@@ -3,35 +3,44 @@
  *
  * Why: greedy decoding feeds each step's argmax to the next step. Read on the host first, every
  * token costs a round trip with the GPU idle — the wake-up after the step, the input window's
- * copy and the graph launch of the next: 13-16 us on the H100, 1.5% of a 1B model's step.
+ * copy and the graph launch of the next: 13-16 us on the H100, 1.5% of a 1B model's step. A
+ * copy queued between two steps would still cost its latency, so nothing sits between them.
  *
- * How: the unit's input window (runtime/io.c) gets two pinned, device-mapped host twins. Run k
- * copies twin k%2 into the device window as a plain run copies its one twin. Its CUDA graph (one
- * per parity, captured once per (out, in) pair) has `out` pointed at the `in` slot of the other
- * twin: the kernel writes the value over PCIe into the twin that run k+1's window copy, queued
- * behind run k, carries to the device. The host reads that slot once run k's end event has
- * passed and before it queues run k+2, the only run that writes the slot again: no read races a
- * write. After queuing run k, the host copies its twin into the other one (all but the `in`
- * slot), so inputs keep their values from run to run as with kiln_session_run, and the caller
- * sets run k+1's inputs while run k is on the GPU. */
+ * How: run k (parity p = k % 2) reads its input window from device window win[p] (win[0] is
+ * the unit's own, win[1] the chain's; one CUDA graph per parity, captured once per (out, in)
+ * pair with the window's kernel arguments rebased). Its `out` is pointed at the `in` slot of
+ * win[1-p], in device memory: run k+1's token is there when run k ends. Three streams:
+ * - s_in copies host twin p (the inputs the caller set for run k) into win[p] but for the `in`
+ *   slot (run k-1 wrote it; the first run copies it too), once run k-2, the last reader of
+ *   win[p], has ended: the copy overlaps run k-1 instead of sitting between two runs;
+ * - the session's stream waits for that copy and runs the graph between two timing events;
+ * - s_out copies run k's `out` back to pinned host memory after it ends, for the host.
+ * The host returns from queuing run k once run k-1's value is back, having copied twin p into
+ * twin 1-p, so inputs keep their values from run to run as with kiln_session_run; the caller
+ * then sets run k+1's inputs in twin 1-p while run k is on the GPU. Run k's `out` slot in
+ * win[1-p] is written again by run k+2, which waits for s_out's read of it. */
 #include "runtime/session_int.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#define RT_CHAIN_MAX_OUT ((size_t)1024) /* at most an output-window item (runtime/io.c) */
+
 typedef struct rt_chain {
     int            out, in; /* buffers of the unit that exec[] were captured for (-1: none yet) */
     size_t         bytes;   /* of out and in at the dims the chain began with */
-    void          *twin[2];
-    rt_cuptr       twin_dev[2];
+    void          *twin[2]; /* pinned host twins of the input window */
+    rt_cuptr       win[2];  /* device input windows; win[0] is the unit's own */
+    void          *back;    /* pinned: parity p's `out` value at p * RT_CHAIN_MAX_OUT */
+    rt_custream    s_in, s_out;
     rt_cugraphexec exec[2];
-    rt_cuevent     start[2], end[2];
-    void          *own;    /* the unit's own window twin, set aside while the chain is open */
-    int64_t        k;      /* runs queued since the chain began */
-    double         t_run;  /* host time (us) when the newest run began queuing */
+    rt_cuevent     start[2], end[2], in_done[2], out_done[2];
+    void          *own; /* the unit's own window twin, set aside while the chain is open */
+    int64_t        k;   /* runs queued since the chain began */
 } rt_chain;
 
 static size_t in_off(const kiln_session *u) { return u->win_off[u->chain->in] - 1; }
+static size_t win_n(const kiln_session *u) { return u->win_bytes[RT_WIN_IN]; }
 
 static kiln_status chain_alloc(kiln_session *u) {
     rt_chain *c = calloc(1, sizeof *c);
@@ -39,19 +48,26 @@ static kiln_status chain_alloc(kiln_session *u) {
     c->out = c->in = -1;
     u->chain = c;
     const rt_cuda_api *cu = u->cu;
-    size_t             n = u->win_bytes[RT_WIN_IN];
-    for (int p = 0; p < 2; p++) {
-        rt_cures r = cu->MemHostAlloc(&c->twin[p], n, RT_CU_MEMHOSTALLOC_DEVICEMAP);
-        if (r != RT_CUDA_SUCCESS) {
-            c->twin[p] = NULL;
-            return rt_cuda_error(r, "cuMemHostAlloc", "allocating a %zu-byte input twin for chained runs", n);
-        }
-        if ((r = cu->MemHostGetDevicePointer(&c->twin_dev[p], c->twin[p], 0)) != RT_CUDA_SUCCESS)
-            return rt_cuda_error(r, "cuMemHostGetDevicePointer", "mapping an input twin for chained runs");
+    size_t             n = win_n(u);
+    rt_cures           r = RT_CUDA_SUCCESS;
+    for (int p = 0; p < 2 && r == RT_CUDA_SUCCESS; p++) r = cu->MemAllocHost(&c->twin[p], n);
+    if (r == RT_CUDA_SUCCESS) r = cu->MemAllocHost(&c->back, 2 * RT_CHAIN_MAX_OUT);
+    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuMemAllocHost", "allocating the host twins of chained runs");
+    c->win[0] = u->win_dev[RT_WIN_IN];
+    if ((r = cu->MemAlloc(&c->win[1], n)) != RT_CUDA_SUCCESS) {
+        c->win[1] = 0;
+        return rt_cuda_error(r, "cuMemAlloc", "allocating the %zu-byte second input window of chained runs", n);
+    }
+    if ((r = cu->StreamCreate(&c->s_in, RT_CU_STREAM_NON_BLOCKING)) == RT_CUDA_SUCCESS)
+        r = cu->StreamCreate(&c->s_out, RT_CU_STREAM_NON_BLOCKING);
+    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuStreamCreate", "creating the copy streams of chained runs");
+    for (int p = 0; p < 2 && r == RT_CUDA_SUCCESS; p++) {
         r = cu->EventCreate(&c->start[p], RT_CU_EVENT_DEFAULT);
         if (r == RT_CUDA_SUCCESS) r = cu->EventCreate(&c->end[p], RT_CU_EVENT_DEFAULT);
-        if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuEventCreate", "creating the events of chained runs");
+        if (r == RT_CUDA_SUCCESS) r = cu->EventCreate(&c->in_done[p], RT_CU_EVENT_DISABLE_TIMING);
+        if (r == RT_CUDA_SUCCESS) r = cu->EventCreate(&c->out_done[p], RT_CU_EVENT_DISABLE_TIMING);
     }
+    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuEventCreate", "creating the events of chained runs");
     return NULL;
 }
 
@@ -61,45 +77,64 @@ void rt_chain_free(kiln_session *u) {
     const rt_cuda_api *cu = u->cu;
     for (int p = 0; p < 2; p++) {
         if (c->exec[p]) cu->GraphExecDestroy(c->exec[p]);
-        if (c->start[p]) cu->EventDestroy(c->start[p]);
-        if (c->end[p]) cu->EventDestroy(c->end[p]);
+        rt_cuevent ev[4] = {c->start[p], c->end[p], c->in_done[p], c->out_done[p]};
+        for (int i = 0; i < 4; i++)
+            if (ev[i]) cu->EventDestroy(ev[i]);
         if (c->twin[p]) cu->MemFreeHost(c->twin[p]);
     }
+    if (c->back) cu->MemFreeHost(c->back);
+    if (c->s_in) cu->StreamSynchronize(c->s_in), cu->StreamDestroy(c->s_in);
+    if (c->s_out) cu->StreamSynchronize(c->s_out), cu->StreamDestroy(c->s_out);
+    if (c->win[1]) cu->MemFree(c->win[1]);
     free(c);
     u->chain = NULL;
 }
 
-/* Points every kernel parameter that addresses `out` at `to`. */
-static void redirect_out(kiln_session *u, int out, rt_cuptr to) {
+/* The argument (or library-call operand) a as run parity p sees it: input-window addresses
+ * rebased onto win[p], `out` at the `in` slot of win[1-p]. */
+static rt_cuptr for_parity(const kiln_session *u, int p, int buf, rt_cuptr a) {
+    const rt_chain *c = u->chain;
+    if (buf == c->out) return c->win[1 - p] + in_off(u);
+    if (a >= c->win[0] && a < c->win[0] + win_n(u)) return a - c->win[0] + c->win[p];
+    return a;
+}
+
+/* Points u's launches at parity p's windows (p < 0: back at their own). */
+static void redirect(kiln_session *u, int p) {
     for (int i = 0; i < u->nlaunches; i++) {
         rt_launch *l = &u->launches[i];
-        for (int j = 0; j < l->nparams; j++)
-            if (l->pbuf[j] == out) l->argv[j] = to;
+        for (int j = 0; j < l->nparams; j++) {
+            rt_cuptr home = l->pbuf[j] >= 0 ? u->dptr[l->pbuf[j]] : l->pbuf[j] == RT_PBUF_DIMS ? u->dims_dev : l->argv[j];
+            l->argv[j] = p < 0 ? home : for_parity(u, p, l->pbuf[j], home);
+        }
+        if (l->kind == CG_GEMM) {
+            const cg_mat *m[3] = {&l->gemm.a, &l->gemm.b, &l->gemm.c};
+            for (int j = 0; j < 3; j++) l->gemm_ptr[j] = l->argv[m[j]->param] + (rt_cuptr)m[j]->offset;
+        }
     }
 }
 
-/* The address run parity p writes `out` to: the `in` slot of the other parity's twin. */
-static rt_cuptr out_target(const kiln_session *u, int p) { return u->chain->twin_dev[1 - p] + in_off(u); }
-
 static kiln_status chain_graphs(kiln_session *u, kiln_session_stats *stats) {
     rt_chain *c = u->chain;
-    if (!u->use_graphs) return NULL; /* plain launches are redirected run by run */
     for (int p = 0; p < 2; p++) {
         if (c->exec[p]) u->cu->GraphExecDestroy(c->exec[p]);
         c->exec[p] = NULL;
     }
+    if (!u->use_graphs) return NULL; /* plain launches are redirected run by run */
     kiln_status st = NULL;
     for (int p = 0; !st && p < 2; p++) {
-        redirect_out(u, c->out, out_target(u, p));
+        redirect(u, p);
         if (!(st = rt_capture(u, &c->exec[p]))) stats->captures++;
     }
-    redirect_out(u, c->out, u->dptr[c->out]);
+    redirect(u, -1);
     if (st) c->out = c->in = -1;
     return st;
 }
 
 /* A buffer whose current elements are a prefix of its window slot: fixed, or one dimension. */
-static bool prefix_layout(const ir_buf *b) { return !rt_buf_symbolic(b) || (b->ne[1] == 1 && b->ne[2] == 1 && b->ne[3] == 1); }
+static bool prefix_layout(const ir_buf *b) {
+    return !rt_buf_symbolic(b) || (b->ne[1] == 1 && b->ne[2] == 1 && b->ne[3] == 1);
+}
 
 /* out and in must be window buffers of the unit, of one size now; no library call may write out. */
 static kiln_status check_pair(const kiln_session *u, const char *out_name, const char *in_name, int out, int in) {
@@ -116,7 +151,7 @@ static kiln_status check_pair(const kiln_session *u, const char *out_name, const
     if (!prefix_layout(bo) || !prefix_layout(bi))
         return kb_error(KILN_ERR_INVALID, "%s: '%s' and '%s' must be fixed or have one dimension", fn, out_name,
                         in_name);
-    if (!rt_io_placed(u, out) || !rt_io_placed(u, in))
+    if (!rt_io_placed(u, out) || !rt_io_placed(u, in) || bo->bytes > RT_CHAIN_MAX_OUT)
         return kb_error(KILN_ERR_INVALID, "%s: '%s' must be a small output that no kernel reads and '%s' a small "
                                           "input (the I/O windows' items), to be fed on the device",
                         fn, out_name, in_name);
@@ -150,7 +185,7 @@ kiln_status kiln_session_chain_begin(kiln_session *s, const char *out_name, cons
         if ((st = chain_graphs(u, &s->stats))) return st;
     }
     c->own = u->win_host[RT_WIN_IN];
-    for (int p = 0; p < 2; p++) memcpy(c->twin[p], c->own, u->win_bytes[RT_WIN_IN]);
+    memcpy(c->twin[0], c->own, win_n(u));
     u->win_host[RT_WIN_IN] = c->twin[0];
     if (u->ndims) u->dims_host = c->twin[0];
     c->k = 0;
@@ -166,38 +201,64 @@ kiln_status rt_chain_check_set(kiln_session *s, const char *name) {
                     name, u->bufs[u->chain->out].name);
 }
 
-static kiln_status enqueue(kiln_session *u, int p) {
+#define CU_TRY(call, what)                                                                                             \
+    do {                                                                                                               \
+        rt_cures r_ = (call);                                                                                          \
+        if (r_ != RT_CUDA_SUCCESS) return rt_cuda_error(r_, #call, "%s", what);                                        \
+    } while (0)
+
+/* s_in: twin p into win[p] once run k-2 (its last reader) has ended; all but the `in` slot,
+ * which run k-1 wrote, after the first run. */
+static kiln_status queue_inputs(kiln_session *u, int p) {
     const rt_cuda_api *cu = u->cu;
     rt_chain          *c = u->chain;
-    kiln_status        st = rt_make_current(u);
-    if (!st) st = rt_flush_pending(u);
-    if (st) return st;
-    rt_cures r = cu->MemcpyHtoDAsync(u->win_dev[RT_WIN_IN], c->twin[p], u->win_bytes[RT_WIN_IN], u->stream);
-    if (r != RT_CUDA_SUCCESS)
-        return rt_cuda_error(r, "cuMemcpyHtoDAsync", "copying the %zu-byte window of small inputs",
-                             u->win_bytes[RT_WIN_IN]);
-    u->win_dirty = false;
-    if ((r = cu->EventRecord(c->start[p], u->stream)) != RT_CUDA_SUCCESS)
-        return rt_cuda_error(r, "cuEventRecord", "starting a chained run's timer");
-    if (c->exec[p]) {
-        if ((r = cu->GraphLaunch(c->exec[p], u->stream)) != RT_CUDA_SUCCESS)
-            return rt_cuda_error(r, "cuGraphLaunch", "launching the CUDA graph of %d kernels", u->nlaunches);
+    size_t             n = win_n(u), off = in_off(u), slot = u->bufs[c->in].bytes;
+    if (c->k >= 2) CU_TRY(cu->StreamWaitEvent(c->s_in, c->end[p], 0), "ordering a window copy after its last reader");
+    if (c->k == 0) {
+        CU_TRY(cu->MemcpyHtoDAsync(c->win[p], c->twin[p], n, c->s_in), "copying the window of small inputs");
     } else {
-        redirect_out(u, c->out, out_target(u, p));
-        st = rt_launch_all(u, "launching");
-        redirect_out(u, c->out, u->dptr[c->out]);
-        if (st) return st;
+        CU_TRY(cu->MemcpyHtoDAsync(c->win[p], c->twin[p], off, c->s_in), "copying the window of small inputs");
+        if (off + slot < n)
+            CU_TRY(cu->MemcpyHtoDAsync(c->win[p] + off + slot, (char *)c->twin[p] + off + slot, n - off - slot,
+                                       c->s_in),
+                   "copying the window of small inputs");
     }
-    if ((r = cu->EventRecord(c->end[p], u->stream)) != RT_CUDA_SUCCESS)
-        return rt_cuda_error(r, "cuEventRecord", "stopping a chained run's timer");
+    CU_TRY(cu->EventRecord(c->in_done[p], c->s_in), "marking a window copy");
     return NULL;
 }
 
-/* Waits for the run of parity p and takes its GPU time. */
+/* The session's stream: the graph of parity p after its inputs, and after s_out has read the
+ * slot it writes (run k-2's value); then s_out reads this run's value back. */
+static kiln_status queue_run(kiln_session *u, int p) {
+    const rt_cuda_api *cu = u->cu;
+    rt_chain          *c = u->chain;
+    kiln_status        st = rt_flush_pending(u);
+    if (st) return st;
+    CU_TRY(cu->StreamWaitEvent(u->stream, c->in_done[p], 0), "ordering a chained run after its inputs");
+    if (c->k >= 2) CU_TRY(cu->StreamWaitEvent(u->stream, c->out_done[p], 0), "ordering a chained run after a read-back");
+    CU_TRY(cu->EventRecord(c->start[p], u->stream), "starting a chained run's timer");
+    if (c->exec[p]) {
+        CU_TRY(cu->GraphLaunch(c->exec[p], u->stream), "launching a chained run's CUDA graph");
+    } else {
+        redirect(u, p);
+        st = rt_launch_all(u, "launching");
+        redirect(u, -1);
+        if (st) return st;
+    }
+    CU_TRY(cu->EventRecord(c->end[p], u->stream), "stopping a chained run's timer");
+    CU_TRY(cu->StreamWaitEvent(c->s_out, c->end[p], 0), "ordering a read-back after its run");
+    CU_TRY(cu->MemcpyDtoHAsync((char *)c->back + (size_t)p * RT_CHAIN_MAX_OUT, c->win[1 - p] + in_off(u), c->bytes,
+                               c->s_out),
+           "reading a chained run's output back");
+    CU_TRY(cu->EventRecord(c->out_done[p], c->s_out), "marking a read-back");
+    return NULL;
+}
+
+/* Waits for the run of parity p and its read-back, and takes its GPU time. */
 static kiln_status finish(kiln_session *s, kiln_session *u, int p) {
     const rt_cuda_api *cu = u->cu;
     rt_chain          *c = u->chain;
-    rt_cures           r = cu->EventSynchronize(c->end[p]);
+    rt_cures           r = cu->EventSynchronize(c->out_done[p]);
     if (r != RT_CUDA_SUCCESS) {
         u->broken = true;
         return rt_cuda_error(r, "cuEventSynchronize", "waiting for a chained run of %d kernels on device %d (%s); "
@@ -215,7 +276,9 @@ static kiln_status finish(kiln_session *s, kiln_session *u, int p) {
     return NULL;
 }
 
-/* The unit and chain of s's open chain, or an error naming fn. */
+static const void *back_of(const rt_chain *c, int p) { return (const char *)c->back + (size_t)p * RT_CHAIN_MAX_OUT; }
+
+/* The unit of s's open chain, or an error naming fn. */
 static kiln_status open_unit(kiln_session *s, const char *fn, kiln_session **u) {
     if (!s) return kb_error(KILN_ERR_INVALID, "%s: session is NULL", fn);
     if (!(*u = s->chain_unit)) return kb_error(KILN_ERR_INVALID, "%s: no chain is open (kiln_session_chain_begin)", fn);
@@ -236,7 +299,7 @@ kiln_status kiln_session_chain_run(kiln_session *s, void *prev, size_t bytes, bo
     if (got) *got = false;
     if (st) return st;
     if (prev && (st = check_out_bytes(u, fn, bytes))) return st;
-    int variant;
+    int       variant;
     rt_chain *c = u->chain;
     if (rt_unit(s, &variant) != u || rt_current_bytes(u, &u->bufs[c->in]) != c->bytes)
         return kb_error(KILN_ERR_INVALID, "%s: the dims changed since the chain began (they select program variant "
@@ -244,9 +307,9 @@ kiln_status kiln_session_chain_run(kiln_session *s, void *prev, size_t bytes, bo
                         fn, variant, u->bufs[c->in].name, rt_current_bytes(u, &u->bufs[c->in]));
     if (u->broken)
         return kb_error(KILN_ERR_CUDA, "%s: an earlier run failed on the GPU and left the CUDA context unusable", fn);
-    int       p = (int)(c->k & 1);
-    double    t0 = kb_now_ms();
-    if ((st = enqueue(u, p))) return st;
+    int    p = (int)(c->k & 1);
+    double t0 = kb_now_ms();
+    if ((st = rt_make_current(u)) || (st = queue_inputs(u, p)) || (st = queue_run(u, p))) return st;
     s->stats.host_us_last = 1e3 * (kb_now_ms() - t0);
     s->stats.host_us_total += s->stats.host_us_last;
     s->stats.variant = variant;
@@ -257,13 +320,11 @@ kiln_status kiln_session_chain_run(kiln_session *s, void *prev, size_t bytes, bo
     }
     if (c->k > 0) {
         if (!u->profile && (st = finish(s, u, 1 - p))) return st;
-        if (prev) memcpy(prev, (char *)c->twin[p] + in_off(u), c->bytes);
+        if (prev) memcpy(prev, back_of(c, 1 - p), c->bytes);
         if (got) *got = true;
     }
-    /* Run k+1 starts from run k's inputs; the `in` slot of twin 1-p is run k's to write. */
-    size_t off = in_off(u), n = u->bufs[c->in].bytes, all = u->win_bytes[RT_WIN_IN];
-    memcpy(c->twin[1 - p], c->twin[p], off);
-    memcpy((char *)c->twin[1 - p] + off + n, (char *)c->twin[p] + off + n, all - off - n);
+    /* Run k+1 starts from run k's inputs. Twin 1-p's last copy (run k-1's) is done: run k-1 ended. */
+    memcpy(c->twin[1 - p], c->twin[p], win_n(u));
     u->win_host[RT_WIN_IN] = c->twin[1 - p];
     if (u->ndims) u->dims_host = c->twin[1 - p];
     c->k++;
@@ -280,22 +341,29 @@ kiln_status kiln_session_chain_end(kiln_session *s, void *last, size_t bytes) {
     kiln_status cst = rt_make_current(u);
     if (cst && !st) st = cst;
     else kiln_status_free(cst);
-    int p = (int)((c->k - 1) & 1); /* the newest run's parity; its output is in the current twin */
-    if (c->k > 0 && !u->broken) {
-        kiln_status fst = u->profile ? NULL : finish(s, u, p);
+    int  p = (int)((c->k - 1) & 1); /* the newest run's parity */
+    bool have = c->k > 0 && !u->broken;
+    if (have && !u->profile) {
+        kiln_status fst = finish(s, u, p);
+        if (fst) have = false;
         if (!st) st = fst;
         else kiln_status_free(fst);
     }
-    if (!u->broken) u->cu->StreamSynchronize(u->stream); /* idle, as after any run */
-    void  *cur = u->win_host[RT_WIN_IN];
-    size_t n = c->bytes;
-    if (c->k > 0 && !u->broken) {
-        /* kiln_session_get of `out` gives the last run's value, as after kiln_session_run. */
-        memcpy((char *)u->win_host[RT_WIN_OUT] + (u->win_off[c->out] - 1), (char *)cur + in_off(u), n);
-        u->out_fresh = true;
-        if (last && !st) memcpy(last, (char *)cur + in_off(u), n);
+    if (!u->broken) { /* idle, as after any run */
+        u->cu->StreamSynchronize(c->s_in);
+        u->cu->StreamSynchronize(u->stream);
+        u->cu->StreamSynchronize(c->s_out);
     }
-    memcpy(c->own, cur, u->win_bytes[RT_WIN_IN]);
+    void *cur = u->win_host[RT_WIN_IN];
+    if (have) {
+        /* A plain run after the chain reads the last value as `in`; kiln_session_get of `out`
+         * gives it, as after kiln_session_run. */
+        memcpy((char *)cur + in_off(u), back_of(c, p), c->bytes);
+        memcpy((char *)u->win_host[RT_WIN_OUT] + (u->win_off[c->out] - 1), back_of(c, p), c->bytes);
+        u->out_fresh = true;
+        if (last && !st) memcpy(last, back_of(c, p), c->bytes);
+    }
+    memcpy(c->own, cur, win_n(u));
     u->win_host[RT_WIN_IN] = c->own;
     if (u->ndims) u->dims_host = c->own;
     u->win_dirty = true;

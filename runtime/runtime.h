@@ -41,6 +41,7 @@ typedef struct rt_cugraphexec_s *rt_cugraphexec; /* CUgraphExec */
 #define RT_CU_STREAM_NON_BLOCKING 0x1
 #define RT_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
 #define RT_CU_EVENT_DEFAULT 0x0
+#define RT_CU_EVENT_DISABLE_TIMING 0x2
 #define RT_CU_MEMHOSTALLOC_DEVICEMAP 0x02
 #define RT_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 
@@ -94,10 +95,12 @@ typedef struct {
     rt_cures (*MemHostGetDevicePointer)(rt_cuptr *dptr, void *host, unsigned flags);
     rt_cures (*MemsetD8)(rt_cuptr dst, unsigned char value, size_t n);
     rt_cures (*MemcpyDtoDAsync)(rt_cuptr dst, rt_cuptr src, size_t bytes, rt_custream stream);
+    rt_cures (*MemcpyDtoHAsync)(void *dst, rt_cuptr src, size_t bytes, rt_custream stream);
     rt_cures (*DeviceTotalMem)(size_t *bytes, rt_cudev dev);
     rt_cures (*StreamCreate)(rt_custream *stream, unsigned flags);
     rt_cures (*StreamDestroy)(rt_custream stream);
     rt_cures (*StreamSynchronize)(rt_custream stream);
+    rt_cures (*StreamWaitEvent)(rt_custream stream, rt_cuevent ev, unsigned flags);
     rt_cures (*StreamBeginCapture)(rt_custream stream, int mode);
     rt_cures (*StreamEndCapture)(rt_custream stream, rt_cugraph *graph);
     rt_cures (*GraphInstantiateWithFlags)(rt_cugraphexec *exec, rt_cugraph graph,

@@ -277,7 +277,7 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
                                                       "dims; the program has none", i, l->name);
                 l->argv[j] = s->dims_dev;
                 l->args[j] = &l->argv[j];
-                l->pbuf[j] = -1;
+                l->pbuf[j] = RT_PBUF_DIMS;
                 continue;
             }
             if (b == CG_PARAM_SCRATCH) {
@@ -287,7 +287,7 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
                                     s->scratch_bytes);
                 l->argv[j] = s->scratch;
                 l->args[j] = &l->argv[j];
-                l->pbuf[j] = -1;
+                l->pbuf[j] = RT_PBUF_SCRATCH;
                 continue;
             }
             if (b < 0 || b >= s->nbufs)

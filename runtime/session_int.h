@@ -7,6 +7,8 @@
 
 #include "codegen/codegen.h"
 
+enum { RT_PBUF_SCRATCH = -1, RT_PBUF_DIMS = -2 };
+
 typedef struct {
     char     name[64];
     int      node;
@@ -19,7 +21,7 @@ typedef struct {
     bool     empty; /* a zero grid dimension: nothing to do (zero-element tensors) */
     rt_cuptr argv[IR_MAX_IN + 4];
     void    *args[IR_MAX_IN + 4]; /* args[i] = &argv[i], as cuLaunchKernel wants */
-    int      pbuf[IR_MAX_IN + 4]; /* the buffer each parameter points into (-1: dims, scratch) */
+    int      pbuf[IR_MAX_IN + 4]; /* the buffer each parameter points into, or RT_PBUF_* */
 } rt_launch;
 
 typedef struct {
