@@ -441,16 +441,17 @@ kiln_status kiln_session_fill_weights(kiln_session *s, kiln_weight_init_fn init,
 /* Chained runs: greedy decoding without a host round trip a step. Between
  * kiln_session_chain_begin and _end, output `out` of each run is fed on the device into input
  * `in` of the next (an argmax into the token ids: one size, small, fixed or of one dimension;
- * the bytes are copied as they are), and the host
- * stays one run ahead: kiln_session_chain_run queues a run with the inputs set since the last
- * one, then waits for the run before it and gives its `out` (prev, bytes; *got says whether
- * there was one: not at the first run). So the caller sets run k+1's inputs while the GPU runs
- * run k. Inputs keep their values from run to run, as with kiln_session_run; `in` may be set
- * only before the first run. kiln_session_chain_end waits for the last run and gives its `out`
- * (last may be NULL; untouched when no run was queued), and always closes the chain, also
- * after an error. While a chain is open, kiln_session_run and _get are errors, and the dims
- * must keep the program variant and the sizes of out and in they had at _begin. Each run is timed
- * (kiln_session_last_ms: the run that chain_run or chain_end just waited for). */
+ * the bytes are copied as they are), and the host stays one run ahead: kiln_session_chain_run
+ * queues a run with the inputs set since the last one, then waits for the run before it and
+ * gives its `out` (prev, bytes; *got says whether there was one: not at the first run). So the
+ * caller sets run k+1's inputs while the GPU runs run k. Inputs keep their values from run to
+ * run, as with kiln_session_run; `in` may be set only before the first run (inputs over 64 KiB
+ * may be set too, but each such set waits for the runs in flight). kiln_session_chain_end
+ * waits for the last run and gives its `out` (last may be NULL; untouched when no run was
+ * queued), and always closes the chain, also after an error (after a failed _run, only _end is
+ * accepted). While a chain is open, kiln_session_run and _get are errors, and the dims must
+ * keep the program variant and the sizes of out and in they had at _begin.
+ * kiln_session_last_ms gives the GPU time of the run whose `out` _run or _end just gave. */
 kiln_status kiln_session_chain_begin(kiln_session *s, const char *out, const char *in);
 kiln_status kiln_session_chain_run(kiln_session *s, void *prev, size_t bytes, bool *got);
 kiln_status kiln_session_chain_end(kiln_session *s, void *last, size_t bytes);

@@ -357,13 +357,21 @@ static bool chain_wanted(void) {
 }
 
 /* n decode steps chained on the GPU (kiln_session_chain_*): each step's argmax is the next
- * step's token on the device, and the host makes and sets step i+1's inputs while step i runs. */
-static kiln_status gpu_decode_chain(kiln_gen *g, int32_t first, int64_t n, int32_t *out) {
+ * step's token on the device, and the host makes and sets step i+1's inputs while step i runs.
+ * *chained is false when the program cannot chain (nothing ran: decode one step at a time). */
+static kiln_status gpu_decode_chain(kiln_gen *g, int32_t first, int64_t n, int32_t *out, bool *chained) {
     kiln_session *s = g->sess;
+    double        t0 = kb_now_ms();
     g->tokens[0] = first;
     place_inputs(g, 1);
     kiln_status st = set_inputs(g, true);
+    g->stats.inputs_ms += kb_now_ms() - t0;
     if (!st) st = kiln_session_chain_begin(s, "argmax", "inp_tokens");
+    *chained = !st;
+    if (st && (kiln_status_code(st) == KILN_ERR_INVALID || kiln_status_code(st) == KILN_ERR_NOT_FOUND)) {
+        kiln_status_free(st);
+        return NULL;
+    }
     if (st) return st;
     int64_t queued = 0;
     for (int64_t i = 0; !st && i < n; i++) {
@@ -400,7 +408,8 @@ kiln_status kiln_gen_decode_greedy(kiln_gen *g, int32_t first, int64_t n, int32_
     if (g->pos + n > g->n_ctx)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_decode_greedy: %lld steps after %lld do not fit in the cache of "
                                           "%lld (n_ctx)", (long long)n, (long long)g->pos, (long long)g->n_ctx);
-    if (!g->cpu && chain_wanted()) return gpu_decode_chain(g, first, n, out);
+    bool chained = false;
+    if (!g->cpu && chain_wanted() && ((st = gpu_decode_chain(g, first, n, out, &chained)) || chained)) return st;
     for (int64_t i = 0; !st && i < n; i++) st = kiln_gen_eval_greedy(g, i ? &out[i - 1] : &first, 1, &out[i]);
     return st;
 }

@@ -35,8 +35,10 @@ typedef struct rt_chain {
     rt_custream    s_in, s_out;
     rt_cugraphexec exec[2];
     rt_cuevent     start[2], end[2], in_done[2], out_done[2];
-    void          *own; /* the unit's own window twin, set aside while the chain is open */
-    int64_t        k;   /* runs queued since the chain began */
+    float          ms[2]; /* GPU time of the last finished run of each parity */
+    void          *own;   /* the unit's own window twin, set aside while the chain is open */
+    int64_t        k;     /* runs queued since the chain began */
+    bool           failed; /* a call failed after queuing work: only _end may follow */
 } rt_chain;
 
 static size_t in_off(const kiln_session *u) { return u->win_off[u->chain->in] - 1; }
@@ -75,6 +77,8 @@ void rt_chain_free(kiln_session *u) {
     rt_chain *c = u->chain;
     if (!c) return;
     const rt_cuda_api *cu = u->cu;
+    if (c->s_in) cu->StreamSynchronize(c->s_in);
+    if (c->s_out) cu->StreamSynchronize(c->s_out);
     for (int p = 0; p < 2; p++) {
         if (c->exec[p]) cu->GraphExecDestroy(c->exec[p]);
         rt_cuevent ev[4] = {c->start[p], c->end[p], c->in_done[p], c->out_done[p]};
@@ -83,8 +87,8 @@ void rt_chain_free(kiln_session *u) {
         if (c->twin[p]) cu->MemFreeHost(c->twin[p]);
     }
     if (c->back) cu->MemFreeHost(c->back);
-    if (c->s_in) cu->StreamSynchronize(c->s_in), cu->StreamDestroy(c->s_in);
-    if (c->s_out) cu->StreamSynchronize(c->s_out), cu->StreamDestroy(c->s_out);
+    if (c->s_in) cu->StreamDestroy(c->s_in);
+    if (c->s_out) cu->StreamDestroy(c->s_out);
     if (c->win[1]) cu->MemFree(c->win[1]);
     free(c);
     u->chain = NULL;
@@ -151,6 +155,9 @@ static kiln_status check_pair(const kiln_session *u, const char *out_name, const
     if (!prefix_layout(bo) || !prefix_layout(bi))
         return kb_error(KILN_ERR_INVALID, "%s: '%s' and '%s' must be fixed or have one dimension", fn, out_name,
                         in_name);
+    if (bo->bytes > bi->bytes)
+        return kb_error(KILN_ERR_INVALID, "%s: output '%s' may grow to %zu bytes, past input '%s' (%zu)", fn, out_name,
+                        bo->bytes, in_name, bi->bytes);
     if (!rt_io_placed(u, out) || !rt_io_placed(u, in) || bo->bytes > RT_CHAIN_MAX_OUT)
         return kb_error(KILN_ERR_INVALID, "%s: '%s' must be a small output that no kernel reads and '%s' a small "
                                           "input (the I/O windows' items), to be fed on the device",
@@ -189,6 +196,7 @@ kiln_status kiln_session_chain_begin(kiln_session *s, const char *out_name, cons
     u->win_host[RT_WIN_IN] = c->twin[0];
     if (u->ndims) u->dims_host = c->twin[0];
     c->k = 0;
+    c->failed = false;
     s->chain_unit = u;
     return NULL;
 }
@@ -217,7 +225,8 @@ static kiln_status queue_inputs(kiln_session *u, int p) {
     if (c->k == 0) {
         CU_TRY(cu->MemcpyHtoDAsync(c->win[p], c->twin[p], n, c->s_in), "copying the window of small inputs");
     } else {
-        CU_TRY(cu->MemcpyHtoDAsync(c->win[p], c->twin[p], off, c->s_in), "copying the window of small inputs");
+        if (off > 0)
+            CU_TRY(cu->MemcpyHtoDAsync(c->win[p], c->twin[p], off, c->s_in), "copying the window of small inputs");
         if (off + slot < n)
             CU_TRY(cu->MemcpyHtoDAsync(c->win[p] + off + slot, (char *)c->twin[p] + off + slot, n - off - slot,
                                        c->s_in),
@@ -266,10 +275,8 @@ static kiln_status finish(kiln_session *s, kiln_session *u, int p) {
                                                       "CUDA_LAUNCH_BLOCKING=1",
                              u->nlaunches, u->device, u->dev_name);
     }
-    float ms = 0;
-    if ((r = cu->EventElapsedTime(&ms, c->start[p], c->end[p])) != RT_CUDA_SUCCESS)
+    if ((r = cu->EventElapsedTime(&c->ms[p], c->start[p], c->end[p])) != RT_CUDA_SUCCESS)
         return rt_cuda_error(r, "cuEventElapsedTime", "timing a chained run");
-    u->last_ms = s->last_ms = ms;
     s->stats.runs++;
     if (c->exec[p]) s->stats.replays++;
     else s->stats.plain_runs++;
@@ -292,27 +299,17 @@ static kiln_status check_out_bytes(const kiln_session *u, const char *fn, size_t
                     u->bufs[u->chain->out].name, want, bytes);
 }
 
-kiln_status kiln_session_chain_run(kiln_session *s, void *prev, size_t bytes, bool *got) {
-    static const char fn[] = "kiln_session_chain_run";
-    kiln_session     *u;
-    kiln_status       st = open_unit(s, fn, &u);
-    if (got) *got = false;
-    if (st) return st;
-    if (prev && (st = check_out_bytes(u, fn, bytes))) return st;
-    int       variant;
-    rt_chain *c = u->chain;
-    if (rt_unit(s, &variant) != u || rt_current_bytes(u, &u->bufs[c->in]) != c->bytes)
-        return kb_error(KILN_ERR_INVALID, "%s: the dims changed since the chain began (they select program variant "
-                                          "%d, '%s' is %zu bytes); end the chain before changing them",
-                        fn, variant, u->bufs[c->in].name, rt_current_bytes(u, &u->bufs[c->in]));
-    if (u->broken)
-        return kb_error(KILN_ERR_CUDA, "%s: an earlier run failed on the GPU and left the CUDA context unusable", fn);
-    int    p = (int)(c->k & 1);
-    double t0 = kb_now_ms();
-    if ((st = rt_make_current(u)) || (st = queue_inputs(u, p)) || (st = queue_run(u, p))) return st;
+/* The run of parity p is the one whose value the caller gets: its time is the session's last. */
+static void publish(kiln_session *s, kiln_session *u, int p) { u->last_ms = s->last_ms = u->chain->ms[p]; }
+
+static kiln_status chain_step(kiln_session *s, kiln_session *u, void *prev, bool *got) {
+    rt_chain   *c = u->chain;
+    int         p = (int)(c->k & 1);
+    double      t0 = kb_now_ms();
+    kiln_status st = rt_make_current(u);
+    if (st || (st = queue_inputs(u, p)) || (st = queue_run(u, p))) return st;
     s->stats.host_us_last = 1e3 * (kb_now_ms() - t0);
     s->stats.host_us_total += s->stats.host_us_last;
-    s->stats.variant = variant;
     s->last = u;
     if (u->profile) { /* one set of per-launch events: one run in flight */
         if ((st = finish(s, u, p))) return st;
@@ -320,6 +317,7 @@ kiln_status kiln_session_chain_run(kiln_session *s, void *prev, size_t bytes, bo
     }
     if (c->k > 0) {
         if (!u->profile && (st = finish(s, u, 1 - p))) return st;
+        publish(s, u, 1 - p);
         if (prev) memcpy(prev, back_of(c, 1 - p), c->bytes);
         if (got) *got = true;
     }
@@ -329,6 +327,31 @@ kiln_status kiln_session_chain_run(kiln_session *s, void *prev, size_t bytes, bo
     if (u->ndims) u->dims_host = c->twin[1 - p];
     c->k++;
     return NULL;
+}
+
+kiln_status kiln_session_chain_run(kiln_session *s, void *prev, size_t bytes, bool *got) {
+    static const char fn[] = "kiln_session_chain_run";
+    kiln_session     *u;
+    kiln_status       st = open_unit(s, fn, &u);
+    if (got) *got = false;
+    if (st) return st;
+    if (prev && (st = check_out_bytes(u, fn, bytes))) return st;
+    int       variant;
+    rt_chain *c = u->chain;
+    if (c->failed)
+        return kb_error(KILN_ERR_INVALID, "%s: an earlier call of this chain failed; end it (kiln_session_chain_end)",
+                        fn);
+    size_t in_now = rt_current_bytes(u, &u->bufs[c->in]), out_now = rt_current_bytes(u, &u->bufs[c->out]);
+    if (rt_unit(s, &variant) != u || in_now != c->bytes || out_now != c->bytes)
+        return kb_error(KILN_ERR_INVALID, "%s: the dims changed since the chain began (they select program variant "
+                                          "%d; '%s' is %zu bytes, '%s' %zu, for %zu); end the chain before changing "
+                                          "them",
+                        fn, variant, u->bufs[c->in].name, in_now, u->bufs[c->out].name, out_now, c->bytes);
+    if (u->broken)
+        return kb_error(KILN_ERR_CUDA, "%s: an earlier run failed on the GPU and left the CUDA context unusable", fn);
+    s->stats.variant = variant;
+    if ((st = chain_step(s, u, prev, got))) c->failed = true;
+    return st;
 }
 
 kiln_status kiln_session_chain_end(kiln_session *s, void *last, size_t bytes) {
@@ -342,7 +365,7 @@ kiln_status kiln_session_chain_end(kiln_session *s, void *last, size_t bytes) {
     if (cst && !st) st = cst;
     else kiln_status_free(cst);
     int  p = (int)((c->k - 1) & 1); /* the newest run's parity */
-    bool have = c->k > 0 && !u->broken;
+    bool have = c->k > 0 && !u->broken && !c->failed;
     if (have && !u->profile) {
         kiln_status fst = finish(s, u, p);
         if (fst) have = false;
@@ -350,14 +373,23 @@ kiln_status kiln_session_chain_end(kiln_session *s, void *last, size_t bytes) {
         else kiln_status_free(fst);
     }
     if (!u->broken) { /* idle, as after any run */
-        u->cu->StreamSynchronize(c->s_in);
-        u->cu->StreamSynchronize(u->stream);
-        u->cu->StreamSynchronize(c->s_out);
+        rt_custream all[3] = {c->s_in, u->stream, c->s_out};
+        for (int i = 0; i < 3; i++) {
+            rt_cures r = u->cu->StreamSynchronize(all[i]);
+            if (r != RT_CUDA_SUCCESS) {
+                u->broken = true;
+                have = false;
+                if (!st) st = rt_cuda_error(r, "cuStreamSynchronize", "ending a chain of runs");
+                break;
+            }
+        }
+        if (!u->broken) rt_pins_idle(u);
     }
     void *cur = u->win_host[RT_WIN_IN];
     if (have) {
         /* A plain run after the chain reads the last value as `in`; kiln_session_get of `out`
          * gives it, as after kiln_session_run. */
+        publish(s, u, p);
         memcpy((char *)cur + in_off(u), back_of(c, p), c->bytes);
         memcpy((char *)u->win_host[RT_WIN_OUT] + (u->win_off[c->out] - 1), back_of(c, p), c->bytes);
         u->out_fresh = true;
@@ -368,6 +400,7 @@ kiln_status kiln_session_chain_end(kiln_session *s, void *last, size_t bytes) {
     if (u->ndims) u->dims_host = c->own;
     u->win_dirty = true;
     c->k = 0;
+    c->failed = false;
     s->chain_unit = NULL;
     return st;
 }

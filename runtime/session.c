@@ -703,7 +703,7 @@ static kiln_status upload_async(kiln_session *s, int i, const void *data, size_t
 }
 
 /* The shared stream is idle: no pinned block of s, its primary or their variants is busy. */
-static void pins_idle(kiln_session *s) {
+void rt_pins_idle(kiln_session *s) {
     kiln_session *root = s->primary ? s->primary : s;
     for (int v = -1; v < root->nspec; v++) {
         kiln_session *u = v < 0 ? root : root->spec[v];
@@ -721,6 +721,13 @@ static kiln_status upload(kiln_session *s, int i, const void *data, size_t bytes
     if (st) return st;
     if (bytes <= RT_ASYNC_MAX && b->bytes <= RT_PIN_MAX && b->kind != IR_BUF_WEIGHT)
         return upload_async(s, i, data, bytes);
+    /* A chain's runs may still be queued on the session's stream, which the legacy stream of
+     * the synchronous copy below does not wait for. */
+    kiln_session *root = s->primary ? s->primary : s;
+    rt_cures      r;
+    if (root->chain_unit && (r = s->cu->StreamSynchronize(s->stream)) != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuStreamSynchronize", "waiting for the chain's runs before copying into '%s'",
+                             b->name);
     void  *staging = NULL;
     size_t n = bytes;
     if (rt_buf_symbolic(b)) {
@@ -729,7 +736,7 @@ static kiln_status upload(kiln_session *s, int i, const void *data, size_t bytes
         n = rt_repack(s, b, staging, (void *)data, true);
         data = staging;
     }
-    rt_cures r = s->cu->MemcpyHtoD(s->dptr[i], data, n);
+    r = s->cu->MemcpyHtoD(s->dptr[i], data, n);
     free(staging);
     if (r != RT_CUDA_SUCCESS)
         return rt_cuda_error(r, "cuMemcpyHtoD", "copying %zu bytes into %s '%s'", n, kind_name(b->kind),
@@ -992,7 +999,7 @@ static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats) {
                                      : "; to find the failing kernel, run with "
                                        "CUDA_LAUNCH_BLOCKING=1");
     }
-    pins_idle(s);
+    rt_pins_idle(s);
     s->out_fresh = true;
     rt_profile_collect(s);
     float ms = 0;

@@ -144,6 +144,7 @@ kiln_session *rt_unit(kiln_session *s, int *variant); /* the unit a run at the c
 kiln_status   rt_launch_all(kiln_session *s, const char *doing);
 kiln_status   rt_capture(kiln_session *s, rt_cugraphexec *exec); /* s's launches as they are now */
 kiln_status   rt_flush_pending(kiln_session *s); /* queues the copies of inputs set outside the window */
+void          rt_pins_idle(kiln_session *s);     /* the stream is idle: no pinned block is busy */
 /* Chained runs (runtime/chain.c). */
 kiln_status rt_chain_check_set(kiln_session *s, const char *name); /* an error for the fed input */
 void        rt_chain_free(kiln_session *s);
