@@ -67,6 +67,7 @@ kiln_status kiln_session_fill_weights(kiln_session *s, kiln_weight_init_fn init,
     static const char fn[] = "kiln_session_fill_weights";
     if (!s || !init) return kb_error(KILN_ERR_INVALID, "%s: %s is NULL", fn, s ? "init" : "session");
     if (s->primary) return kb_error(KILN_ERR_INVALID, "%s: a variant session shares its primary's weights", fn);
+    if (s->chain_unit) return kb_error(KILN_ERR_INVALID, "%s: a chain is open (kiln_session_chain_end first)", fn);
     kiln_status st = rt_make_current(s);
     fill_kernel k = {0};
     if (!st) st = rt_load_kernel(fill_src, "kiln_fill_uniform", s->arch, &k.mod, &k.fn);

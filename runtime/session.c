@@ -725,9 +725,11 @@ static kiln_status upload(kiln_session *s, int i, const void *data, size_t bytes
      * the synchronous copy below does not wait for. */
     kiln_session *root = s->primary ? s->primary : s;
     rt_cures      r;
-    if (root->chain_unit && (r = s->cu->StreamSynchronize(s->stream)) != RT_CUDA_SUCCESS)
+    if (root->chain_unit && (r = s->cu->StreamSynchronize(s->stream)) != RT_CUDA_SUCCESS) {
+        s->broken = root->chain_unit->broken = true;
         return rt_cuda_error(r, "cuStreamSynchronize", "waiting for the chain's runs before copying into '%s'",
                              b->name);
+    }
     void  *staging = NULL;
     size_t n = bytes;
     if (rt_buf_symbolic(b)) {

@@ -87,6 +87,7 @@ kiln_status kiln_session_load_weights(kiln_session *s, kiln_weight_fn get, void 
     static const char fn[] = "kiln_session_load_weights";
     if (!s || !get) return kb_error(KILN_ERR_INVALID, "%s: %s is NULL", fn, s ? "get" : "session");
     if (s->primary) return kb_error(KILN_ERR_INVALID, "%s: a variant session shares its primary's weights", fn);
+    if (s->chain_unit) return kb_error(KILN_ERR_INVALID, "%s: a chain is open (kiln_session_chain_end first)", fn);
     kiln_status st = rt_make_current(s);
     if (st) return st;
     stage sg;
