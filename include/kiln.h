@@ -449,8 +449,9 @@ kiln_status kiln_session_fill_weights(kiln_session *s, kiln_weight_init_fn init,
  * may be set too, but each such set waits for the runs in flight). kiln_session_chain_end
  * waits for the last run and gives its `out` (last may be NULL; untouched when no run was
  * queued), and always closes the chain, also after an error (after a failed _run, only _end is
- * accepted). While a chain is open, kiln_session_run and _get are errors, and the dims must
- * keep the program variant and the sizes of out and in they had at _begin.
+ * accepted). While a chain is open, kiln_session_run, _get, _load_weights and _fill_weights
+ * are errors, and the dims must keep the program variant and the sizes of out and in they had
+ * at _begin.
  * kiln_session_last_ms gives the GPU time of the run whose `out` _run or _end just gave. */
 kiln_status kiln_session_chain_begin(kiln_session *s, const char *out, const char *in);
 kiln_status kiln_session_chain_run(kiln_session *s, void *prev, size_t bytes, bool *got);
