@@ -52,7 +52,7 @@ int64_t kiln_dim(kiln_ctx *ctx, const char *name, int64_t max) {
                      name, (long long)max, (long long)ctx->dims[i].max);
             return 0;
         }
-        return handle_of(i);
+        return max == 1 ? 1 : handle_of(i);
     }
     if (fe_find(ctx, name)) {
         fe_failf(ctx, KILN_ERR_INVALID, "dim %s: a tensor already has that name", name);
@@ -66,7 +66,11 @@ int64_t kiln_dim(kiln_ctx *ctx, const char *name, int64_t max) {
     memset(d, 0, sizeof *d);
     snprintf(d->name, sizeof d->name, "%s", name);
     d->max = max;
-    return handle_of(ctx->ndims++);
+    ctx->ndims++;
+    /* A dim whose maximum is 1 can only be 1, and shape inference, which finds a result's
+     * symbolic dims by probing another value, could not tell it from a static 1: its uses are
+     * the static extent 1. Its name stays declared, so binding and printing it still work. */
+    return max == 1 ? 1 : handle_of(ctx->ndims - 1);
 }
 
 void kiln_dim_specialize(kiln_ctx *ctx, const char *name, int64_t value) {
@@ -83,6 +87,7 @@ void kiln_dim_specialize(kiln_ctx *ctx, const char *name, int64_t value) {
                  (long long)value, (long long)d->max);
         return;
     }
+    if (d->max == 1) return; /* its one value is the general program's already */
     for (int k = 0; k < d->nspec; k++)
         if (d->spec[k] == value) return;
     if (d->nspec == 4) {

@@ -285,7 +285,8 @@ static kiln_status dim_entry(const parser *P, const token *t, int64_t *v) {
     if (i < 0)
         return errf(P, t->col, "%s is not a symbolic dim (declare it first: dim %s <= MAX)",
                     describe(t, buf), name);
-    *v = -(int64_t)i - 1;
+    /* the same value kiln_dim gives: a handle, or 1 for a dim of maximum 1 (frontend/dims.c) */
+    *v = P->ctx->dims[i].max == 1 ? 1 : -(int64_t)i - 1;
     return NULL;
 }
 

@@ -478,6 +478,13 @@ START_TEST(cli_gen_graph) {
     kiln_ctx *ctx = ts_parse(out);
     kiln_ctx_free(ctx);
     free(out);
+    /* a decode-only graph: n_tokens can only be 1, a static extent (it failed in a reshape) */
+    ck_assert_int_eq(kiln("gen-graph --arch llama --preset tiny --n-ctx 64 --n-tokens 1", &out), 0);
+    const char *head = "kiln-graph 1\ndim n_tokens <= 1\ndim n_kv <= 64\ninput inp_tokens: i32[1]\n";
+    ck_assert(!strncmp(out, head, strlen(head)));
+    ctx = ts_parse(out);
+    kiln_ctx_free(ctx);
+    free(out);
     snprintf(args, sizeof args, "gen-graph --arch llama --preset tiny --outputs all -o '%s/m.kg' && grep -c "
              "'input inp_out_ids: i32\\[n_tokens\\]' '%s/m.kg'", dir, dir);
     ck_assert_int_eq(kiln(args, &out), 0);

@@ -136,6 +136,45 @@ START_TEST(c_api) {
 }
 END_TEST
 
+/* A dim whose maximum is 1 is the static extent 1 wherever it is used (shape inference could
+ * not tell it from a static 1), but its name stays declared: it binds and prints. The Llama
+ * builder's decode-only graph (n_tokens_max = 1) used to fail in a reshape for that reason. */
+START_TEST(max_one) {
+    const char *text = "kiln-graph 1\n"
+                       "dim n <= 1\n"
+                       "input x: f32[4096, n]\n"
+                       "y = silu(x)\n"
+                       "output r = reshape(y, [128, 32, n])\n";
+    kiln_ctx *ctx;
+    TS_OK(parse_text(text, &ctx));
+    ck_assert_int_eq(kiln_ctx_dim_count(ctx), 1);
+    ck_assert_int_eq(kiln_ctx_dim_max(ctx, 0), 1);
+    ck_assert_int_eq(kiln_dim(ctx, "n", 1), 1); /* declared again: still the extent 1 */
+    TS_OK(kiln_ctx_status(ctx));
+    char *t;
+    TS_OK(kiln_print(ctx, &t));
+    ck_assert_ptr_nonnull(strstr(t, "dim n <= 1\n"));
+    ck_assert_ptr_nonnull(strstr(t, "input x: f32[4096, 1]\n"));
+    free(t);
+    const char *names[1] = {"n"};
+    int64_t     vals[1] = {1};
+    kiln_ctx   *bound;
+    TS_OK(kiln_ctx_bind(ctx, 1, names, vals, &bound));
+    kiln_ctx_free(bound);
+    kiln_ctx_free(ctx);
+
+    kiln_model_hparams hp;
+    TS_OK(kiln_model_preset("llama", "tiny", &hp));
+    ctx = kiln_ctx_new();
+    kiln_build_opts o = {.n_ctx = 64, .n_tokens_max = 1};
+    TS_OK(kiln_build_model(ctx, &hp, &o));
+    kiln_graph *g;
+    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
 /* What cannot follow a symbolic dim is refused, with a message naming it. */
 START_TEST(errors) {
     expect_error("dim n <= 8\ninput x: f32[n]\ninput y: f32[8]\no = add(y, x)\noutput q = silu(o)\n",
@@ -304,6 +343,7 @@ int main(void) {
     tcase_set_timeout(t, 120);
     tcase_add_test(t, syntax_and_propagation);
     tcase_add_test(t, c_api);
+    tcase_add_test(t, max_one);
     tcase_add_test(t, errors);
     tcase_add_test(t, bind);
     tcase_add_test(t, states);
