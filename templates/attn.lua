@@ -40,8 +40,8 @@
 --   probabilities by shuffles and each lane accumulates its head dims.
 -- * split-KV: when the groups and row tiles give fewer than FILL blocks, the KV range is split
 --   so that about FILL blocks run; each split writes (m, l, o) of its rows to scratch and a
---   second kernel ("combine", one 256-thread block per row) merges the splits and the sink and
---   writes dst.
+--   second kernel ("combine": one warp per row when a row's partials fit in a lane's registers,
+--   else one 256-thread block per row) merges the splits and the sink and writes dst.
 
 local prelude = require("prelude")
 
@@ -1416,6 +1416,32 @@ end
 -- block computes the weights 2^(m_s - M), the sink joining the denominator); then each group
 -- sums its splits and the groups meet in shared memory. A row costs about one trip to L2.
 local CT = 256
+
+-- A combine kernel's row `row` (a C name): its group and row in the group, the exits at the
+-- run-time extents (a row past the tokens; one split held every key and the main kernel wrote
+-- dst), its head and token, and its partials ml (m, l per split) and po (o per split).
+local function combine_row(b, P, p)
+    local S = p.S
+    b.add("const unsigned grp = row / %du, r = row %% %du;", P.R, P.R)
+    if P.dyn_q then
+        dyn_setup(b, P, false, true)
+        b.add("if (r >= nr)")
+        b.add("    return; /* a row past this run's tokens */")
+    end
+    if P.dyn_kv then
+        dyn_setup(b, P, true, false)
+        b.add("const unsigned ns = (nkv + %du) / %du; /* splits with keys at this run's nkv */", p.L - 1, p.L)
+        if direct_one(P, p) then
+            b.add("if (ns == 1)")
+            b.add("    return; /* the main kernel wrote dst itself */")
+        end
+    end
+    b.add("const unsigned hk = grp %% %du, i3 = grp / %du;", P.NHKV, P.NHKV)
+    b.add("const unsigned iq1 = r / %du, h = hk * %du + r %% %du;", P.G, P.G, P.G)
+    b.add("const float *const ml = scr_ml + 2ll * row * %du;", S)
+    b.add("const float *const po = scr_o + (long long)row * %du;", S * P.DV)
+end
+
 local function combine_kernel(P, p, H, name)
     local b = builder()
     local S = p.S
@@ -1438,24 +1464,7 @@ local function combine_kernel(P, p, H, name)
     pointers(b, P, S, true)
     b.add("const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;")
     b.add("const unsigned row = blockIdx.x;")
-    b.add("const unsigned grp = row / %du, r = row %% %du;", P.R, P.R)
-    if P.dyn_q then
-        dyn_setup(b, P, false, true)
-        b.add("if (r >= nr)")
-        b.add("    return; /* a row past this run's tokens */")
-    end
-    if P.dyn_kv then
-        dyn_setup(b, P, true, false)
-        b.add("const unsigned ns = (nkv + %du) / %du; /* splits with keys at this run's nkv */", p.L - 1, p.L)
-        if direct_one(P, p) then
-            b.add("if (ns == 1)")
-            b.add("    return; /* the main kernel wrote dst itself */")
-        end
-    end
-    b.add("const unsigned hk = grp %% %du, i3 = grp / %du;", P.NHKV, P.NHKV)
-    b.add("const unsigned iq1 = r / %du, h = hk * %du + r %% %du;", P.G, P.G, P.G)
-    b.add("const float *const ml = scr_ml + 2ll * row * %du;", S)
-    b.add("const float *const po = scr_o + (long long)row * %du;", S * P.DV)
+    combine_row(b, P, p)
     b.add("const unsigned sg = tid / %du, c = tid %% %du;", cols, cols)
     local vt = VW == 4 and "float4" or "float"
     if pre then
@@ -1565,6 +1574,90 @@ local function combine_kernel(P, p, H, name)
     return b.lines, { P.TOTAL, 1, 1 }, 0
 end
 
+-- One warp per row, when every partial of a row fits in a lane's registers (S <= 64 splits,
+-- DV = 32 VW with VW <= 4): each lane loads its VW dims of every split first (independent
+-- loads), reads the maxima and sums of splits lane and lane + 32, and the warp reduces them by
+-- shuffles; the weights reach the lanes by shuffles too. No shared memory, no block barrier.
+local WARP_COMBINE = true
+local CW = 4 -- warps (rows) per block
+local function warp_combine_fits(P, p)
+    return WARP_COMBINE and p.S <= 64 and P.DV % 32 == 0 and P.DV // 32 <= 4
+end
+
+local function combine_warp_kernel(P, p, H, name)
+    local b = builder()
+    local S = p.S
+    local VW = P.DV // 32
+    local vt = ({ "float", "float2", nil, "float4" })[VW]
+    if not vt then
+        VW = 1
+        vt = "float"
+    end
+    local NL = P.DV // VW // 32 -- loads per split per lane (1, or DV / 32 for VW = 3)
+    H.use("types")
+    H.use("ex2")
+    H.use("warp")
+    b.add("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s)", 32 * CW, name, param_list(P, p))
+    b.open("{")
+    pointers(b, P, S, true)
+    b.add("const unsigned lane = threadIdx.x & 31u;")
+    b.add("const unsigned row = blockIdx.x * %du + (threadIdx.x >> 5);", CW)
+    if P.TOTAL % CW ~= 0 then
+        b.add("if (row >= %du)", P.TOTAL)
+        b.add("    return; /* past the last row */")
+    end
+    combine_row(b, P, p)
+    local SB = P.dyn_kv and "ns" or string.format("%du", S) -- the splits holding keys
+    local zero = ({ "0.0f", "make_float2(0.0f, 0.0f)", nil, "make_float4(0.0f, 0.0f, 0.0f, 0.0f)" })[VW]
+    b.add("/* the lane's dims of every split, first: independent loads */")
+    b.add("%s x[%d][%d];", vt, S, NL)
+    b.add("#pragma unroll")
+    b.open("for (int s = 0; s < %d; s++) {", S)
+    b.add("#pragma unroll")
+    b.add("for (int i = 0; i < %d; i++)", NL)
+    b.add("    x[s][i] = (unsigned)s < %s ? *(const %s *)(po + s * %d + %d * (lane + 32u * i)) : %s;", SB, vt, P.DV, VW, zero)
+    b.close()
+    local halves = S > 32 and 2 or 1
+    for k = 0, halves - 1 do
+        b.add("const float m%d = lane + %du < %s ? ml[2u * (lane + %du)] : %s;", k, 32 * k, SB, 32 * k, NEG_INF)
+        b.add("const float l%d = lane + %du < %s ? ml[2u * (lane + %du) + 1u] : 0.0f;", k, 32 * k, SB, 32 * k)
+    end
+    b.add("float M = kiln_warp_max(%s);", halves == 2 and "fmaxf(m0, m1)" or "m0")
+    if P.sinks then
+        b.add("const float sk = sb[h * %s] * %s;", ll(P.sinks.st[1]), LOG2E)
+        b.add("M = fmaxf(M, sk);")
+    end
+    b.add("const float base = M == %s ? 0.0f : M;", NEG_INF)
+    for k = 0, halves - 1 do b.add("const float w%d = kiln_ex2(m%d - base);", k, k) end
+    b.add("float L = kiln_warp_sum(%s);", halves == 2 and "w0 * l0 + w1 * l1" or "w0 * l0")
+    if P.sinks then b.add("L += kiln_ex2(sk - base);") end
+    b.add("const float inv = L > 0.0f ? 1.0f / L : 0.0f;")
+    local comps = ({ { "" }, { ".x", ".y" }, nil, { ".x", ".y", ".z", ".w" } })[VW]
+    b.add("float acc[%d][%d] = {};", NL, VW)
+    b.add("#pragma unroll")
+    b.open("for (int s = 0; s < %d; s++) {", S)
+    if halves == 2 then
+        b.add("const float w = __shfl_sync(0xffffffffu, s < 32 ? w0 : w1, s & 31);")
+    else
+        b.add("const float w = __shfl_sync(0xffffffffu, w0, s);")
+    end
+    b.add("#pragma unroll")
+    b.open("for (int i = 0; i < %d; i++) {", NL)
+    for c, comp in ipairs(comps) do
+        b.add("acc[i][%d] = fmaf(w, x[s][i]%s, acc[i][%d]);", c - 1, comp, c - 1)
+    end
+    b.close()
+    b.close()
+    b.add("float *const out = dstb + h * %s + iq1 * %s + i3 * %s;", ll(P.dst.st[2]), ll(P.dst.st[3]), ll(P.dst.st[4]))
+    b.add("#pragma unroll")
+    b.add("for (int i = 0; i < %d; i++)", NL)
+    b.add("#pragma unroll")
+    b.add("    for (int c = 0; c < %d; c++)", VW)
+    b.add("        out[(%du * (lane + 32u * i) + c) * %s] = acc[i][c] * inv;", VW, ll(P.dst.st[1]))
+    b.close()
+    return b.lines, { ceil_div(P.TOTAL, CW), 1, 1 }, 0
+end
+
 -- ---- assembly -----------------------------------------------------------------------------------
 
 local function source(P, p, title, notes, H, body)
@@ -1635,8 +1728,9 @@ return function(k)
     local H2 = helpers()
     local cname = string.format("fattn_combine_d%d_s%d", P.DV, p.S)
     if P.isdyn then cname = cname .. "_dyn" end
-    local cbody, cgrid = combine_kernel(P, p, H2, cname)
+    local warp = warp_combine_fits(P, p)
+    local cbody, cgrid = (warp and combine_warp_kernel or combine_kernel)(P, p, H2, cname)
     local comb = { name = cname, source = source(P, p, cname, { string.format("merges %d splits per row", p.S) }, H2, cbody),
-                   grid = cgrid, block = { CT, 1, 1 }, smem = 0 }
+                   grid = cgrid, block = { warp and 32 * CW or CT, 1, 1 }, smem = 0 }
     return { scratch = P.TOTAL * p.S * (P.DV + 2) * 4, steps = { main, comb }, dynamic = P.isdyn or nil }
 end
