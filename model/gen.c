@@ -24,6 +24,7 @@ struct kiln_gen {
     const kiln_model_hparams *hp;
     int64_t                   n_ctx, n_batch, pos;
     bool                      cpu;
+    bool                      prompting; /* kiln_gen_greedy's prompt: its runs are prefill, whatever their size */
     kiln_ctx                 *ctx;
     kiln_graph               *graph;
     kiln_session             *sess;
@@ -301,6 +302,10 @@ static kiln_status eval(kiln_gen *g, const int32_t *tokens, int64_t n, bool want
     if (g->pos + n > g->n_ctx)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_eval: %lld more tokens after %lld do not fit in the cache of %lld "
                                           "(n_ctx)", (long long)n, (long long)g->pos, (long long)g->n_ctx);
+    /* A run's GPU time is prefill when it belongs to a prompt (a call of several tokens, or
+     * kiln_gen_greedy's prompt), decode when it is one step: not by the run's size, since with
+     * n_batch = 1 a prompt runs one token at a time. */
+    bool prefill = g->prompting || n > 1;
     for (int64_t done = 0; done < n;) {
         int64_t     nt = n - done < g->n_batch ? n - done : g->n_batch;
         bool        last = done + nt == n;
@@ -308,8 +313,8 @@ static kiln_status eval(kiln_gen *g, const int32_t *tokens, int64_t n, bool want
         if (!st) st = g->cpu ? cpu_run(g) : gpu_run(g, !last ? READ_NOTHING : want_logits ? READ_LOGITS : READ_ARGMAX);
         if (st) return st;
         double gpu_ms = g->cpu ? 0.0 : kiln_session_last_ms(g->sess);
-        if (nt == 1) g->stats.decode_gpu_ms += gpu_ms;
-        else g->stats.prefill_gpu_ms += gpu_ms;
+        if (prefill) g->stats.prefill_gpu_ms += gpu_ms;
+        else g->stats.decode_gpu_ms += gpu_ms;
         g->pos += nt;
         done += nt;
     }
@@ -421,7 +426,9 @@ kiln_status kiln_gen_greedy(kiln_gen *g, const int32_t *prompt, int64_t n_prompt
     kiln_gen_stats before = g->stats;
     double      t0 = kb_now_ms();
     int32_t     next;
+    g->prompting = true;
     kiln_status st = kiln_gen_eval_greedy(g, prompt, n_prompt, &next);
+    g->prompting = false;
     if (st) return st;
     g->stats.prefill_ms += kb_now_ms() - t0;
     g->stats.prefill_tokens += n_prompt;

@@ -109,6 +109,16 @@ START_TEST(greedy_tokens_identical) {
     kiln_gen_stats s;
     kiln_gen_get_stats(gpu, &s);
     ck_assert_int_eq(s.decode_tokens, 3 * (DECODE_STEPS - 1));
+    /* n_batch 1 (a graph whose n_tokens can only be 1; it used to fail to build): the same
+     * tokens, and the prompt's one-token runs count as prefill GPU time, not decode. */
+    kiln_gen      *one = gen(m, false, 1);
+    int32_t        t1[DECODE_STEPS];
+    kiln_gen_stats s1;
+    TS_OK(kiln_gen_greedy(one, prompt, 7, DECODE_STEPS, t1, &s1));
+    ck_assert_msg(memcmp(t1, tc, sizeof tc) == 0, "%s: n_batch 1 gave other tokens than the CPU", arch);
+    ck_assert_msg(s1.prefill_gpu_ms > 0.0 && s1.decode_gpu_ms > 0.0, "%s: n_batch 1: GPU ms prefill %g, decode %g",
+                  arch, s1.prefill_gpu_ms, s1.decode_gpu_ms);
+    kiln_gen_free(one);
     kiln_gen_free(gpu);
     kiln_gen_free(cpu);
     kiln_gen_free(chunked);
