@@ -24,7 +24,6 @@ struct kiln_gen {
     const kiln_model_hparams *hp;
     int64_t                   n_ctx, n_batch, pos;
     bool                      cpu;
-    bool                      prompting; /* kiln_gen_greedy's prompt: its runs are prefill, whatever their size */
     kiln_ctx                 *ctx;
     kiln_graph               *graph;
     kiln_session             *sess;
@@ -298,14 +297,12 @@ static kiln_status cpu_run(kiln_gen *g) {
     return st;
 }
 
-static kiln_status eval(kiln_gen *g, const int32_t *tokens, int64_t n, bool want_logits) {
+/* prefill: the runs' GPU time is the prompt's, else a decode step's. Not decided by a run's
+ * size: with n_batch = 1 a prompt runs one token at a time. */
+static kiln_status eval(kiln_gen *g, const int32_t *tokens, int64_t n, bool want_logits, bool prefill) {
     if (g->pos + n > g->n_ctx)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_eval: %lld more tokens after %lld do not fit in the cache of %lld "
                                           "(n_ctx)", (long long)n, (long long)g->pos, (long long)g->n_ctx);
-    /* A run's GPU time is prefill when it belongs to a prompt (a call of several tokens, or
-     * kiln_gen_greedy's prompt), decode when it is one step: not by the run's size, since with
-     * n_batch = 1 a prompt runs one token at a time. */
-    bool prefill = g->prompting || n > 1;
     for (int64_t done = 0; done < n;) {
         int64_t     nt = n - done < g->n_batch ? n - done : g->n_batch;
         bool        last = done + nt == n;
@@ -325,20 +322,25 @@ kiln_status kiln_gen_eval(kiln_gen *g, const int32_t *tokens, int64_t n, const f
     if (!g || !tokens || !logits || n < 1)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_eval: %s", n < 1 ? "no tokens" : "NULL argument");
     *logits = NULL;
-    kiln_status st = eval(g, tokens, n, true);
+    kiln_status st = eval(g, tokens, n, true, n > 1);
     if (!st) *logits = g->logits;
     return st;
 }
 
-kiln_status kiln_gen_eval_greedy(kiln_gen *g, const int32_t *tokens, int64_t n, int32_t *next) {
+static kiln_status eval_greedy(kiln_gen *g, const int32_t *tokens, int64_t n, int32_t *next, bool prefill) {
     if (!g || !tokens || !next || n < 1)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_eval_greedy: %s", n < 1 ? "no tokens" : "NULL argument");
-    kiln_status st = eval(g, tokens, n, g->cpu);
+    kiln_status st = eval(g, tokens, n, g->cpu, prefill);
     if (st) return st;
     double t0 = kb_now_ms();
     *next = g->cpu ? (int32_t)kiln_argmax_f32(g->logits, g->hp->n_vocab) : g->next;
     g->stats.sample_ms += kb_now_ms() - t0;
     return NULL;
+}
+
+/* A call of several tokens is a prompt; of one, a decode step. */
+kiln_status kiln_gen_eval_greedy(kiln_gen *g, const int32_t *tokens, int64_t n, int32_t *next) {
+    return eval_greedy(g, tokens, n, next, n > 1);
 }
 
 int64_t kiln_argmax_f32(const float *x, int64_t n) {
@@ -426,9 +428,7 @@ kiln_status kiln_gen_greedy(kiln_gen *g, const int32_t *prompt, int64_t n_prompt
     kiln_gen_stats before = g->stats;
     double      t0 = kb_now_ms();
     int32_t     next;
-    g->prompting = true;
-    kiln_status st = kiln_gen_eval_greedy(g, prompt, n_prompt, &next);
-    g->prompting = false;
+    kiln_status st = eval_greedy(g, prompt, n_prompt, &next, true);
     if (st) return st;
     g->stats.prefill_ms += kb_now_ms() - t0;
     g->stats.prefill_tokens += n_prompt;
