@@ -1,5 +1,5 @@
-# kiln — see README.md. Targets: all (default), run, test, test-asan, test-gpu, bench, install,
-# clean. `make test-gpu PREBUILT=1` runs already-built GPU tests without building (for machines
+# kiln — see README.md. Targets: all (default), run, test, test-asan, test-tsan, test-gpu, bench,
+# perf-check, install, clean. `make test-gpu PREBUILT=1` runs already-built GPU tests without building (for machines
 # that have a GPU but no Lua/Check headers: build here, carry build/, run there).
 
 BUILD     ?= build
@@ -7,12 +7,24 @@ CUDA_HOME ?= /usr/local/cuda
 PREFIX    ?= /usr/local
 CC        ?= cc
 SAN       ?=
+TSAN      ?=
+# Every target builds in parallel, JOBS jobs (default one per CPU; JOBS=1 for a serial build).
+# Set at the top level only: the recursive makes share its jobserver. (make 4.3 does not show a
+# command line -j in MAKEFLAGS while it parses, so JOBS, not -j, is the knob.)
+JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
+ifeq ($(MAKELEVEL),0)
+MAKEFLAGS += -j$(JOBS)
+endif
 
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Werror=implicit-function-declaration \
                -O2 -g -I. -Iinclude -I/usr/include/lua5.4 -I$(CUDA_HOME)/include
 ifneq ($(SAN),)
 CFLAGS_BASE += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS     += -fsanitize=address,undefined
+endif
+ifneq ($(TSAN),)
+CFLAGS_BASE += -fsanitize=thread -fno-omit-frame-pointer
+LDFLAGS     += -fsanitize=thread
 endif
 CFLAGS ?=
 ALL_CFLAGS := $(CFLAGS_BASE) $(CFLAGS) -MMD -MP
@@ -34,12 +46,15 @@ TOOL_SRCS := $(filter-out tools/embed.c,$(wildcard tools/*.c))
 TOOL_OBJS := $(TOOL_SRCS:%.c=$(BUILD)/obj/%.o)
 
 TEST_SRCS := $(wildcard tests/test_*.c)
-TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+# The longest programs first, so that running them in parallel ends soonest.
+TEST_FIRST := test_fuse_norm_rope test_codegen test_ops_attn test_ops_matmul_id test_dyn_matmul test_ops_ew
+TEST_BINS := $(TEST_FIRST:%=$(BUILD)/tests/%) \
+             $(filter-out $(TEST_FIRST:%=$(BUILD)/tests/%),$(TEST_SRCS:tests/%.c=$(BUILD)/tests/%))
 GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 TEST_SUPPORT := $(BUILD)/obj/tests/support.o
 
-.PHONY: all run test test-build test-asan test-gpu test-gpu-build bench install clean deps
+.PHONY: all run test test-build test-asan test-tsan test-gpu test-gpu-build bench perf-check install clean deps
 all: $(BUILD)/kiln $(BUILD)/libkiln.a
 
 deps:
@@ -104,6 +119,25 @@ test-asan: deps
 	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	 scripts/run-tests.sh build-asan $(patsubst $(BUILD)/%,build-asan/%,$(TEST_BINS))
 
+# ThreadSanitizer over the tests whose code runs threads: the compile thread pool (kernel
+# generation and NVRTC) and many writers of one cache. KILN_JOBS=4 makes the pool run several
+# threads even on a 2-core machine.
+TSAN_TESTS := test_compile test_cache test_cache_procs test_program_cache test_bundle test_runtime test_cli test_codegen test_ops_attn test_model
+test-tsan: deps
+	@$(MAKE) --no-print-directory BUILD=build-tsan TSAN=1 build-tsan/kiln $(TSAN_TESTS:%=build-tsan/tests/%)
+	@KILN_JOBS=4 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	 scripts/run-tests.sh build-tsan $(TSAN_TESTS:%=build-tsan/tests/%)
+
+# Speed budgets of CPU work (tokenizer build and use, building a large graph): measured here,
+# never in make test, where a loaded machine would fail them at random. CI does not run it.
+PERF_BINS := $(patsubst tests/perf/%.c,$(BUILD)/tests/perf/%,$(wildcard tests/perf/*.c))
+$(PERF_BINS): $(BUILD)/tests/perf/%: $(BUILD)/obj/tests/perf/%.o $(TEST_SUPPORT) $(BUILD)/libkiln.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(TEST_LIBS) $(LIBS) -o $@
+perf-check: deps
+	@$(MAKE) --no-print-directory $(PERF_BINS)
+	@$(foreach b,$(PERF_BINS),$(b) &&) true
+
 test-gpu-build: all $(GPU_TEST_BINS)
 
 ifeq ($(PREBUILT),)
@@ -128,6 +162,6 @@ install: all
 	    -e 's|@CUDA_HOME@|$(CUDA_HOME)|g' scripts/kiln.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kiln.pc
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-tsan build-fuzz
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

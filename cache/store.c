@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -339,11 +340,13 @@ static int write_all(int fd, const void *p, size_t n) {
     return 0;
 }
 
+/* Unique per put: compile threads write entries at the same time, so the counter is atomic
+ * (a plain ++ gave two threads one name in the same nanosecond; ThreadSanitizer found it). */
 static uint64_t tmp_nonce(void) {
-    static uint64_t counter;
+    static _Atomic uint64_t counter;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t in[4] = {(uint64_t)getpid(), (uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec, ++counter};
+    uint64_t in[4] = {(uint64_t)getpid(), (uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec, atomic_fetch_add(&counter, 1) + 1};
     return XXH3_64bits(in, sizeof in);
 }
 

@@ -5,6 +5,7 @@
 #include <nvrtc.h>
 
 #include "ir/ir.h"
+#include "model/tokenizer.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -369,4 +370,145 @@ char *ts_refused_msg(const char *kg, const char *cache_dir, int parse_may_refuse
     if (g) kiln_graph_free(g);
     kiln_ctx_free(ctx);
     return m;
+}
+
+/* ---- large vocabularies and random text (tests/test_tokenizer.c, tests/perf/) ---------------- */
+
+uint64_t ts_rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* Random text from many scripts and classes. */
+size_t ts_random_text(uint64_t *r, uint8_t *out, size_t max_cps) {
+    static const uint32_t ranges[][2] = {
+        {0x20, 0x7E},     {'\n', '\n'},     {' ', ' '},       {'0', '9'},         {'\t', '\r'},     {0xA0, 0xFF},
+        {0x370, 0x3FF},   {0x400, 0x4FF},   {0x300, 0x36F},   {0x660, 0x669},     {0x4E00, 0x4FFF}, {0x3000, 0x3003},
+        {0x2000, 0x200A}, {0x1F600, 0x1F64F}, {0x10400, 0x1044F}, {0xE000, 0xE0FF}, {0x2160, 0x2188}, {0x85, 0x85},
+    };
+    size_t n = ts_rng_next(r) % (max_cps + 1), k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t *rg = ranges[ts_rng_next(r) % (sizeof ranges / sizeof ranges[0])];
+        uint32_t        cp = rg[0] + (uint32_t)(ts_rng_next(r) % (rg[1] - rg[0] + 1));
+        if (ts_rng_next(r) % 8 == 0) cp = '\'';
+        k += (size_t)km_utf8_encode(cp, out + k);
+    }
+    return k;
+}
+
+/* Texts by an FNV-1a hash set (for big_vocab). */
+typedef struct {
+    char   **toks;
+    int64_t *slot;
+    uint64_t mask;
+} tokset;
+
+static uint64_t fnv(const char *s, size_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* The id of s[0..n), or -1; with add >= 0, adds it as id add when absent. */
+static int64_t tokset_find(tokset *ts, const char *s, size_t n, int64_t add) {
+    for (uint64_t h = fnv(s, n);; h++) {
+        int64_t id = ts->slot[h & ts->mask];
+        if (id < 0) {
+            if (add >= 0) ts->slot[h & ts->mask] = add;
+            return -1;
+        }
+        if (strlen(ts->toks[id]) == n && memcmp(ts->toks[id], s, n) == 0) return id;
+    }
+}
+
+/* A vocabulary like a real one, of n_tokens (byte tokens, then each a token and a byte merged)
+ * and n_merges: those that make the tokens, then more that split a random token in two tokens
+ * (as Llama 3 has 280k merges for 128k tokens). */
+static void big_vocab(int64_t n_tokens, int64_t n_merges, char **toks, char **merges) {
+    uint64_t r = 99;
+    int64_t  n = 0, nm = 0;
+    tokset   ts = {toks, NULL, 1};
+    while (ts.mask < (uint64_t)n_tokens * 2) ts.mask = ts.mask * 2 + 1;
+    ts.slot = malloc((ts.mask + 1) * sizeof *ts.slot);
+    memset(ts.slot, 0xFF, (ts.mask + 1) * sizeof *ts.slot);
+    for (int b = 0; b < 256; b++) {
+        uint8_t u[4];
+        int     l = km_utf8_encode(km_byte_to_cp((uint8_t)b), u);
+        toks[n] = calloc(1, 8);
+        memcpy(toks[n], u, (size_t)l);
+        tokset_find(&ts, toks[n], (size_t)l, n);
+        n++;
+    }
+    while (n < n_tokens) {
+        int64_t a = (int64_t)(ts_rng_next(&r) % (uint64_t)n), b = 'a' + (int64_t)(ts_rng_next(&r) % 26);
+        size_t  la = strlen(toks[a]), lb = strlen(toks[b]);
+        if (la + lb > 48) continue;
+        char *c = malloc(la + lb + 2);
+        memcpy(c, toks[a], la);
+        c[la] = ' ';
+        memcpy(c + la + 1, toks[b], lb + 1);
+        merges[nm++] = c;
+        c = malloc(la + lb + 1);
+        memcpy(c, toks[a], la);
+        memcpy(c + la, toks[b], lb + 1);
+        toks[n] = c;
+        if (tokset_find(&ts, c, la + lb, n) >= 0) free(c);
+        else n++;
+    }
+    while (nm < n_merges) {
+        const char *c = toks[256 + ts_rng_next(&r) % (uint64_t)(n - 256)];
+        size_t      len = strlen(c), cut = 1 + ts_rng_next(&r) % (len - 1);
+        while (cut < len && (c[cut] & 0xC0) == 0x80) cut++;
+        if (cut == len || tokset_find(&ts, c, cut, -1) < 0 || tokset_find(&ts, c + cut, len - cut, -1) < 0) continue;
+        char *m = malloc(len + 2);
+        snprintf(m, len + 2, "%.*s %s", (int)cut, c, c + cut);
+        merges[nm++] = m;
+    }
+    free(ts.slot);
+}
+
+void ts_big_vocab(int64_t n_tokens, int64_t n_merges, ts_vocab *v) {
+    const int64_t n_normal = n_tokens - 256;
+    v->n_tokens = n_tokens;
+    v->n_merges = n_merges;
+    v->toks = malloc(n_tokens * sizeof *v->toks);
+    v->merges = malloc(n_merges * sizeof *v->merges);
+    v->types = malloc(n_tokens * sizeof *v->types);
+    ck_assert(v->toks && v->merges && v->types);
+    big_vocab(n_normal, n_merges, v->toks, v->merges);
+    for (int64_t i = 0; i < n_tokens; i++) v->types[i] = i < n_normal ? KILN_TOKEN_NORMAL : KILN_TOKEN_CONTROL;
+    for (int64_t i = n_normal; i < n_tokens; i++) {
+        v->toks[i] = malloc(48);
+        snprintf(v->toks[i], 48, "<|reserved_special_token_%lld|>", (long long)(i - n_normal));
+    }
+    v->spec = (kiln_tokenizer_spec){.n_tokens = n_tokens, .tokens = (const char *const *)v->toks, .types = v->types,
+                                    .n_merges = n_merges, .merges = (const char *const *)v->merges,
+                                    .pre = "llama-bpe", .bos = -1, .eos = -1};
+}
+
+void ts_vocab_free(ts_vocab *v) {
+    for (int64_t i = 0; i < v->n_tokens; i++) free(v->toks[i]);
+    for (int64_t i = 0; i < v->n_merges; i++) free(v->merges[i]);
+    free(v->toks);
+    free(v->merges);
+    free(v->types);
+}
+
+uint8_t *ts_big_text(size_t cap, size_t *len) {
+    uint8_t *text = malloc(cap + 4096);
+    uint64_t r = 7;
+    ck_assert(text);
+    *len = 0;
+    while (*len < cap) {
+        if (ts_rng_next(&r) % 2) {
+            size_t l = strlen(km_synth_text());
+            memcpy(text + *len, km_synth_text(), l);
+            *len += l;
+        } else {
+            *len += ts_random_text(&r, text + *len, 400);
+        }
+    }
+    return text;
 }

@@ -104,4 +104,25 @@ double ts_fusion_compare(const char *kg, const char *skip, int *live, char **ir_
  * are bit-identical to the unfused graph's. */
 void   ts_expect_fusion(const char *kg, const char *skip, const char *want, const char *absent, int kernels);
 
+/* Deterministic random numbers (splitmix64) for test data. */
+uint64_t ts_rng_next(uint64_t *s);
+/* Up to max_cps random code points of many scripts and classes, as UTF-8 into out (4 bytes a
+ * code point at most); returns the bytes written. */
+size_t ts_random_text(uint64_t *r, uint8_t *out, size_t max_cps);
+/* A vocabulary like a real one (llama-bpe): n_tokens - 256 normal tokens (the byte tokens, then
+ * each a token and a byte merged), 256 reserved control tokens, and n_merges merges: those that
+ * make the tokens, then more that split a random token in two (as Llama 3 has 280k merges for
+ * 128k tokens). spec points into the rest. Deterministic. */
+typedef struct {
+    kiln_tokenizer_spec spec;
+    char              **toks, **merges;
+    int32_t            *types;
+    int64_t             n_tokens, n_merges;
+} ts_vocab;
+void ts_big_vocab(int64_t n_tokens, int64_t n_merges, ts_vocab *v);
+void ts_vocab_free(ts_vocab *v);
+/* About cap bytes (malloc'd, *len exact) of the synthetic English text and random text of many
+ * scripts, alternating at random. */
+uint8_t *ts_big_text(size_t cap, size_t *len);
+
 #endif

@@ -15,8 +15,8 @@
  *    unknown pre-tokenizers, ids out of range;
  *  - the synthetic vocabulary has exactly n_vocab tokens (258 .. 152k), is deterministic, and
  *    round-trips; n_vocab < 258 is an error;
- *  - speed: a vocabulary of 150k tokens and 280k merges builds in < 100 ms, 1 MB of text
- *    tokenizes in < 1 s (10x under sanitizers);
+ *  - a vocabulary of 150k tokens and 280k merges builds and 1 MB of text round-trips (how fast:
+ *    make perf-check, never asserted here);
  *  - GGUF: kiln_tokenizer_write_synthetic, written and read back, tokenizes as the vocabulary it
  *    came from; other tokenizer models and pre-tokenizers are refused by name. */
 #include "tests/support.h"
@@ -28,21 +28,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SLOW 10.0
-#else
-#define SLOW 1.0
-#endif
-
 #define SP "\xC4\xA0" /* U+0120, the byte-to-unicode form of ' ' */
 #define NL "\xC4\x8A" /* U+010A: '\n' */
 
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
 
 /* ---- the pre-tokenizers ------------------------------------------------------------------------ */
 
@@ -396,22 +384,6 @@ static size_t make_valid(const uint8_t *in, size_t n, uint8_t *out) {
     return k;
 }
 
-/* Random text from many scripts and classes. */
-static size_t random_text(uint64_t *r, uint8_t *out, size_t max_cps) {
-    static const uint32_t ranges[][2] = {
-        {0x20, 0x7E},     {'\n', '\n'},     {' ', ' '},       {'0', '9'},         {'\t', '\r'},     {0xA0, 0xFF},
-        {0x370, 0x3FF},   {0x400, 0x4FF},   {0x300, 0x36F},   {0x660, 0x669},     {0x4E00, 0x4FFF}, {0x3000, 0x3003},
-        {0x2000, 0x200A}, {0x1F600, 0x1F64F}, {0x10400, 0x1044F}, {0xE000, 0xE0FF}, {0x2160, 0x2188}, {0x85, 0x85},
-    };
-    size_t n = rng_next(r) % (max_cps + 1), k = 0;
-    for (size_t i = 0; i < n; i++) {
-        const uint32_t *rg = ranges[rng_next(r) % (sizeof ranges / sizeof ranges[0])];
-        uint32_t        cp = rg[0] + (uint32_t)(rng_next(r) % (rg[1] - rg[0] + 1));
-        if (rng_next(r) % 8 == 0) cp = '\'';
-        k += (size_t)km_utf8_encode(cp, out + k);
-    }
-    return k;
-}
 
 static void round_trip(const kiln_tokenizer *t, const uint8_t *text, size_t len) {
     int32_t *ids;
@@ -445,10 +417,10 @@ START_TEST(round_trips) {
     uint8_t         raw[256], text[1024];
     round_trip(t, (const uint8_t *)km_synth_text(), strlen(km_synth_text()));
     for (int it = 0; it < 3000; it++) {
-        size_t n = random_text(&r, text, 40);
+        size_t n = ts_random_text(&r, text, 40);
         round_trip(t, text, n);
-        size_t nb = rng_next(&r) % 64;
-        for (size_t i = 0; i < nb; i++) raw[i] = (uint8_t)rng_next(&r);
+        size_t nb = ts_rng_next(&r) % 64;
+        for (size_t i = 0; i < nb; i++) raw[i] = (uint8_t)ts_rng_next(&r);
         round_trip(t, text, make_valid(raw, nb, text));
     }
     kiln_tokenizer_free(t);
@@ -571,127 +543,23 @@ START_TEST(synthetic_vocab) {
 }
 END_TEST
 
-/* ---- speed --------------------------------------------------------------------------------------- */
+/* ---- a large vocabulary --------------------------------------------------------------------------------------- */
 
-/* Texts by an FNV-1a hash set (for big_vocab). */
-typedef struct {
-    char   **toks;
-    int64_t *slot;
-    uint64_t mask;
-} tokset;
 
-static uint64_t fnv(const char *s, size_t n) {
-    uint64_t h = 1469598103934665603ULL;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ULL;
-    return h;
-}
-
-/* The id of s[0..n), or -1; with add >= 0, adds it as id add when absent. */
-static int64_t tokset_find(tokset *ts, const char *s, size_t n, int64_t add) {
-    for (uint64_t h = fnv(s, n);; h++) {
-        int64_t id = ts->slot[h & ts->mask];
-        if (id < 0) {
-            if (add >= 0) ts->slot[h & ts->mask] = add;
-            return -1;
-        }
-        if (strlen(ts->toks[id]) == n && memcmp(ts->toks[id], s, n) == 0) return id;
-    }
-}
-
-/* A vocabulary like a real one, of n_tokens (byte tokens, then each a token and a byte merged)
- * and n_merges: those that make the tokens, then more that split a random token in two tokens
- * (as Llama 3 has 280k merges for 128k tokens). */
-static void big_vocab(int64_t n_tokens, int64_t n_merges, char **toks, char **merges) {
-    uint64_t r = 99;
-    int64_t  n = 0, nm = 0;
-    tokset   ts = {toks, NULL, 1};
-    while (ts.mask < (uint64_t)n_tokens * 2) ts.mask = ts.mask * 2 + 1;
-    ts.slot = malloc((ts.mask + 1) * sizeof *ts.slot);
-    memset(ts.slot, 0xFF, (ts.mask + 1) * sizeof *ts.slot);
-    for (int b = 0; b < 256; b++) {
-        uint8_t u[4];
-        int     l = km_utf8_encode(km_byte_to_cp((uint8_t)b), u);
-        toks[n] = calloc(1, 8);
-        memcpy(toks[n], u, (size_t)l);
-        tokset_find(&ts, toks[n], (size_t)l, n);
-        n++;
-    }
-    while (n < n_tokens) {
-        int64_t a = (int64_t)(rng_next(&r) % (uint64_t)n), b = 'a' + (int64_t)(rng_next(&r) % 26);
-        size_t  la = strlen(toks[a]), lb = strlen(toks[b]);
-        if (la + lb > 48) continue;
-        char *c = malloc(la + lb + 2);
-        memcpy(c, toks[a], la);
-        c[la] = ' ';
-        memcpy(c + la + 1, toks[b], lb + 1);
-        merges[nm++] = c;
-        c = malloc(la + lb + 1);
-        memcpy(c, toks[a], la);
-        memcpy(c + la, toks[b], lb + 1);
-        toks[n] = c;
-        if (tokset_find(&ts, c, la + lb, n) >= 0) free(c);
-        else n++;
-    }
-    while (nm < n_merges) {
-        const char *c = toks[256 + rng_next(&r) % (uint64_t)(n - 256)];
-        size_t      len = strlen(c), cut = 1 + rng_next(&r) % (len - 1);
-        while (cut < len && (c[cut] & 0xC0) == 0x80) cut++;
-        if (cut == len || tokset_find(&ts, c, cut, -1) < 0 || tokset_find(&ts, c + cut, len - cut, -1) < 0) continue;
-        char *m = malloc(len + 2);
-        snprintf(m, len + 2, "%.*s %s", (int)cut, c, c + cut);
-        merges[nm++] = m;
-    }
-    free(ts.slot);
-}
-
-START_TEST(speed) {
-    const int64_t n_tokens = 150000, n_normal = n_tokens - 256, n_merges = 280000;
-    char        **toks = malloc(n_tokens * sizeof *toks), **merges = malloc(n_merges * sizeof *merges);
-    int32_t      *types = malloc(n_tokens * sizeof *types);
-    big_vocab(n_normal, n_merges, toks, merges);
-    for (int64_t i = 0; i < n_tokens; i++) types[i] = i < n_normal ? KILN_TOKEN_NORMAL : KILN_TOKEN_CONTROL;
-    for (int64_t i = n_normal; i < n_tokens; i++) {
-        toks[i] = malloc(48);
-        snprintf(toks[i], 48, "<|reserved_special_token_%lld|>", (long long)(i - n_normal));
-    }
-    kiln_tokenizer_spec spec = {.n_tokens = n_tokens, .tokens = (const char *const *)toks, .types = types,
-                                .n_merges = n_merges, .merges = (const char *const *)merges, .pre = "llama-bpe",
-                                .bos = -1, .eos = -1};
-    /* the brief's size (150k merges), then Llama 3's (280k) */
+/* A vocabulary of Llama 3's size (150k tokens, 280k merges) builds, and 1 MB of text of many
+ * scripts round-trips through it. How fast: make perf-check (tests/perf/perf_cpu.c). */
+START_TEST(big_vocab_round_trip) {
+    ts_vocab v;
+    ts_big_vocab(150000, 280000, &v);
     kiln_tokenizer *t;
-    spec.n_merges = 150000;
-    double t0 = kb_now_ms();
-    TS_OK(kiln_tokenizer_new(&spec, &t));
-    double build150 = kb_now_ms() - t0;
-    kiln_tokenizer_free(t);
-    spec.n_merges = n_merges;
-    t0 = kb_now_ms();
-    TS_OK(kiln_tokenizer_new(&spec, &t));
-    double build = kb_now_ms() - t0;
-    /* 1 MB: the built-in text and random text of many scripts */
-    size_t   cap = 1 << 20, len = 0;
-    uint8_t *text = malloc(cap + 4096);
-    uint64_t r = 7;
-    while (len < cap) {
-        if (rng_next(&r) % 2) {
-            size_t l = strlen(km_synth_text());
-            memcpy(text + len, km_synth_text(), l);
-            len += l;
-        } else {
-            len += random_text(&r, text + len, 400);
-        }
-    }
+    TS_OK(kiln_tokenizer_new(&v.spec, &t));
+    size_t   len;
+    uint8_t *text = ts_big_text(1 << 20, &len);
     int32_t *ids;
     int64_t  n;
-    t0 = kb_now_ms();
     TS_OK(kiln_tokenize(t, (const char *)text, len, &ids, &n));
-    double tok = kb_now_ms() - t0;
-    printf("tokenizer speed: %lld tokens built in %.1f ms with 150000 merges, %.1f ms with %lld; %zu bytes "
-           "tokenized in %.1f ms (%lld tokens)\n",
-           (long long)n_tokens, build150, build, (long long)n_merges, len, tok, (long long)n);
-    ck_assert_msg(build150 < 100 * SLOW, "building with 150k merges took %.1f ms", build150);
-    ck_assert_msg(build < 200 * SLOW, "building with 280k merges took %.1f ms", build);
-    ck_assert_msg(tok < 1000 * SLOW, "tokenizing 1 MB took %.1f ms", tok);
+    ck_assert_int_gt(n, 0);
+    ck_assert_int_lt(n, (int64_t)len);
     char  *back;
     size_t blen;
     TS_OK(kiln_detokenize(t, ids, n, &back, &blen));
@@ -700,11 +568,7 @@ START_TEST(speed) {
     free(ids);
     free(text);
     kiln_tokenizer_free(t);
-    for (int64_t i = 0; i < n_tokens; i++) free(toks[i]);
-    for (int64_t i = 0; i < n_merges; i++) free(merges[i]);
-    free(toks);
-    free(merges);
-    free(types);
+    ts_vocab_free(&v);
 }
 END_TEST
 
@@ -824,7 +688,7 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, round_trips, 0, 3);
     tcase_add_test(tc, errors);
     tcase_add_test(tc, synthetic_vocab);
-    tcase_add_test(tc, speed);
+    tcase_add_test(tc, big_vocab_round_trip);
     tcase_add_test(tc, gguf_round_trip);
     tcase_add_test(tc, gguf_refused);
     suite_add_tcase(s, tc);
