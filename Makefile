@@ -130,8 +130,8 @@ test-tsan: deps
 
 # Speed budgets of CPU work (tokenizer build and use, building a large graph): measured here,
 # never in make test, where a loaded machine would fail them at random. CI does not run it.
-PERF_BINS := $(patsubst tests/perf/%.c,$(BUILD)/tests/perf/%,$(wildcard tests/perf/*.c))
-$(PERF_BINS): $(BUILD)/tests/perf/%: $(BUILD)/obj/tests/perf/%.o $(TEST_SUPPORT) $(BUILD)/libkiln.a
+PERF_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/perf_*.c))
+$(PERF_BINS): $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TEST_SUPPORT) $(BUILD)/libkiln.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(TEST_LIBS) $(LIBS) -o $@
 perf-check: deps

@@ -372,7 +372,7 @@ char *ts_refused_msg(const char *kg, const char *cache_dir, int parse_may_refuse
     return m;
 }
 
-/* ---- large vocabularies and random text (tests/test_tokenizer.c, tests/perf/) ---------------- */
+/* ---- large vocabularies and random text (tests/test_tokenizer.c, bench/perf_cpu.c) --------- */
 
 uint64_t ts_rng_next(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);

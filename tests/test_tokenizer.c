@@ -547,7 +547,7 @@ END_TEST
 
 
 /* A vocabulary of Llama 3's size (150k tokens, 280k merges) builds, and 1 MB of text of many
- * scripts round-trips through it. How fast: make perf-check (tests/perf/perf_cpu.c). */
+ * scripts round-trips through it. How fast: make perf-check (bench/perf_cpu.c). */
 START_TEST(big_vocab_round_trip) {
     ts_vocab v;
     ts_big_vocab(150000, 280000, &v);
