@@ -5,6 +5,7 @@
 #include "base/base.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -107,6 +108,56 @@ kiln_status kiln_model_preset(const char *arch, const char *name, kiln_model_hpa
     return preset_error("unknown preset '%s'%s", name, "");
 }
 
+/* ---- weights (frontend/arch.h) --------------------------------------------------------------- */
+
+const fe_weight fe_weights[FE_W_COUNT] = {
+#define FE_W_ROW(id, nm, layer, ty, wh, nd, e0, e1, e2) \
+    [FE_W_##id] = {nm, layer, FE_TY_##ty, FE_WHEN_##wh, nd, {FE_WD_##e0, FE_WD_##e1, FE_WD_##e2}},
+#define FE_TY_WTYPE true
+#define FE_TY_F32 false
+    FE_WEIGHTS(FE_W_ROW)
+#undef FE_TY_WTYPE
+#undef FE_TY_F32
+#undef FE_W_ROW
+};
+
+bool fe_weight_present(const kiln_model_hparams *hp, const fe_weight *w) {
+    bool moe = fe_arch_find(hp->arch) == FE_ARCH_QWEN3MOE;
+    switch (w->when) {
+    case FE_WHEN_ALWAYS: return true;
+    case FE_WHEN_LLAMA3: return hp->rope_scaling == KILN_ROPE_SCALING_LLAMA3;
+    case FE_WHEN_BIAS: return hp->attn_bias;
+    case FE_WHEN_QK_NORM: return hp->qk_norm;
+    case FE_WHEN_DENSE: return !moe;
+    case FE_WHEN_MOE: return moe;
+    case FE_WHEN_UNTIED: return !hp->tied_output;
+    }
+    return false;
+}
+
+int64_t fe_wdim_value(const kiln_model_hparams *hp, fe_wdim d) {
+    switch (d) {
+    case FE_WD_ONE: return 1;
+    case FE_WD_EMBD: return hp->n_embd;
+    case FE_WD_VOCAB: return hp->n_vocab;
+    case FE_WD_HEAD: return hp->head_dim;
+    case FE_WD_HALF_HEAD: return hp->head_dim / 2;
+    case FE_WD_Q: return hp->head_dim * hp->n_head;
+    case FE_WD_KV: return hp->head_dim * hp->n_head_kv;
+    case FE_WD_FF: return hp->n_ff;
+    case FE_WD_FF_EXP: return hp->n_ff_exp;
+    case FE_WD_EXPERT: return hp->n_expert;
+    case FE_WD_COUNT: break;
+    }
+    return 0;
+}
+
+kiln_type fe_weight_type(const kiln_model_hparams *hp, const fe_weight *w) { return w->wtype ? hp->wtype : KILN_F32; }
+
+void fe_weight_shape(const kiln_model_hparams *hp, const fe_weight *w, int64_t ne[4]) {
+    for (int d = 0; d < 4; d++) ne[d] = d < 3 && d < w->n_dims ? fe_wdim_value(hp, w->ne[d]) : 1;
+}
+
 /* ---- checks --------------------------------------------------------------------------------- */
 
 #define CHECK(cond, ...) \
@@ -114,12 +165,16 @@ kiln_status kiln_model_preset(const char *arch, const char *name, kiln_model_hpa
         if (!(cond)) return kb_error(KILN_ERR_INVALID, __VA_ARGS__);       \
     } while (0)
 
+/* Sizes go to int parameters of the builders (rope's n_dims and n_ctx_orig, layer numbers) and
+ * multiply in int64 (head_dim * n_head): at most INT32_MAX each. */
+#define MAX_SIZE INT32_MAX
+
 static kiln_status check_sizes(const kiln_model_hparams *hp) {
     static const char *const names[] = {"n_vocab", "n_ctx_train", "n_embd", "n_layer", "n_head", "n_head_kv", "head_dim"};
     const int64_t v[] = {hp->n_vocab, hp->n_ctx_train, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->head_dim};
     for (int i = 0; i < (int)(sizeof v / sizeof v[0]); i++)
-        CHECK(v[i] >= 1 && v[i] <= ((int64_t)1 << 31), "model: %s = %lld is out of range (1 .. 2^31)", names[i],
-              (long long)v[i]);
+        CHECK(v[i] >= 1 && v[i] <= MAX_SIZE, "model: %s = %lld is out of range (1 .. %d)", names[i], (long long)v[i],
+              MAX_SIZE);
     CHECK(hp->n_head % hp->n_head_kv == 0, "model: n_head_kv = %lld does not divide n_head = %lld",
           (long long)hp->n_head_kv, (long long)hp->n_head);
     CHECK(hp->head_dim % 2 == 0, "model: head_dim = %lld is odd (rope rotates pairs)", (long long)hp->head_dim);
@@ -143,11 +198,12 @@ static kiln_status check_rope(const kiln_model_hparams *hp) {
     case KILN_ROPE_SCALING_LLAMA3:
         CHECK(hp->rope_factor > 0 && isfinite(hp->rope_factor), "model: rope_factor = %g is not positive (llama3 "
               "rope scaling)", hp->rope_factor);
-        CHECK(hp->rope_low_freq_factor > 0 && hp->rope_high_freq_factor > hp->rope_low_freq_factor,
+        CHECK(hp->rope_low_freq_factor > 0 && hp->rope_high_freq_factor > hp->rope_low_freq_factor &&
+                  isfinite(hp->rope_high_freq_factor),
               "model: rope_low_freq_factor = %g and rope_high_freq_factor = %g: need 0 < low < high (llama3 rope "
               "scaling)", hp->rope_low_freq_factor, hp->rope_high_freq_factor);
-        CHECK(hp->rope_orig_ctx >= 1, "model: rope_orig_ctx = %lld is not positive (llama3 rope scaling)",
-              (long long)hp->rope_orig_ctx);
+        CHECK(hp->rope_orig_ctx >= 1 && hp->rope_orig_ctx <= MAX_SIZE, "model: rope_orig_ctx = %lld is out of range "
+              "(1 .. %d; llama3 rope scaling)", (long long)hp->rope_orig_ctx, MAX_SIZE);
         return NULL;
     case KILN_ROPE_SCALING_YARN:
         return kb_error(KILN_ERR_INVALID, "model: rope_scaling yarn is not supported yet (none, linear or llama3)");
@@ -166,8 +222,8 @@ static kiln_status check_arch(const kiln_model_hparams *hp, fe_arch a) {
     if (a != FE_ARCH_QWEN3MOE) {
         CHECK(hp->n_expert == 0, "model: n_expert = %lld, but %s has no experts here (llama with experts, "
               "Mixtral, is not supported yet)", (long long)hp->n_expert, hp->arch);
-        CHECK(hp->n_ff >= 1 && hp->n_ff <= ((int64_t)1 << 31), "model: n_ff = %lld is out of range (1 .. 2^31)",
-              (long long)hp->n_ff);
+        CHECK(hp->n_ff >= 1 && hp->n_ff <= MAX_SIZE, "model: n_ff = %lld is out of range (1 .. %d)",
+              (long long)hp->n_ff, MAX_SIZE);
         return NULL;
     }
     CHECK(hp->n_expert >= 1 && hp->n_expert <= 4096, "model: n_expert = %lld is out of range (1 .. 4096)",
@@ -175,8 +231,8 @@ static kiln_status check_arch(const kiln_model_hparams *hp, fe_arch a) {
     CHECK(hp->n_expert_used >= 1 && hp->n_expert_used <= hp->n_expert,
           "model: n_expert_used = %lld is out of range (1 .. n_expert = %lld)", (long long)hp->n_expert_used,
           (long long)hp->n_expert);
-    CHECK(hp->n_ff_exp >= 1 && hp->n_ff_exp <= ((int64_t)1 << 31), "model: n_ff_exp = %lld is out of range "
-          "(1 .. 2^31)", (long long)hp->n_ff_exp);
+    CHECK(hp->n_ff_exp >= 1 && hp->n_ff_exp <= MAX_SIZE, "model: n_ff_exp = %lld is out of range (1 .. %d)",
+          (long long)hp->n_ff_exp, MAX_SIZE);
     return NULL;
 }
 

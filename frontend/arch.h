@@ -12,4 +12,89 @@ const char *fe_arch_name(fe_arch a);
 /* "llama, qwen2, qwen3, qwen3moe", for messages. */
 const char *fe_arch_list(void);
 
+/* ---- the weights --------------------------------------------------------------------------
+ * Every weight a model may have, named and shaped as llama.cpp's load_arch_tensors creates
+ * them: the one list that the builder (frontend/arch_build.c) creates its weights from and that
+ * a GGUF's tensors are checked against before anything is built (model/hparams.c). In file
+ * order: the builder creates them in this order too.
+ *
+ * X(id, name, in each layer (blk.N.name), type (WTYPE: hp->wtype; F32), when, n_dims, ne0,
+ * ne1, ne2) with the extents in the FE_WD_ terms below. */
+#define FE_WEIGHTS(X)                                                                               \
+    X(TOKEN_EMBD, "token_embd.weight", 0, WTYPE, ALWAYS, 2, EMBD, VOCAB, ONE)                      \
+    X(ROPE_FREQS, "rope_freqs.weight", 0, F32, LLAMA3, 1, HALF_HEAD, ONE, ONE)                     \
+    X(ATTN_NORM, "attn_norm.weight", 1, F32, ALWAYS, 1, EMBD, ONE, ONE)                            \
+    X(ATTN_Q, "attn_q.weight", 1, WTYPE, ALWAYS, 2, EMBD, Q, ONE)                                  \
+    X(ATTN_K, "attn_k.weight", 1, WTYPE, ALWAYS, 2, EMBD, KV, ONE)                                 \
+    X(ATTN_V, "attn_v.weight", 1, WTYPE, ALWAYS, 2, EMBD, KV, ONE)                                 \
+    X(ATTN_Q_BIAS, "attn_q.bias", 1, F32, BIAS, 1, Q, ONE, ONE)                                    \
+    X(ATTN_K_BIAS, "attn_k.bias", 1, F32, BIAS, 1, KV, ONE, ONE)                                   \
+    X(ATTN_V_BIAS, "attn_v.bias", 1, F32, BIAS, 1, KV, ONE, ONE)                                   \
+    X(ATTN_Q_NORM, "attn_q_norm.weight", 1, F32, QK_NORM, 1, HEAD, ONE, ONE)                       \
+    X(ATTN_K_NORM, "attn_k_norm.weight", 1, F32, QK_NORM, 1, HEAD, ONE, ONE)                       \
+    X(ATTN_OUT, "attn_output.weight", 1, WTYPE, ALWAYS, 2, Q, EMBD, ONE)                           \
+    X(FFN_NORM, "ffn_norm.weight", 1, F32, ALWAYS, 1, EMBD, ONE, ONE)                              \
+    X(FFN_GATE, "ffn_gate.weight", 1, WTYPE, DENSE, 2, EMBD, FF, ONE)                              \
+    X(FFN_UP, "ffn_up.weight", 1, WTYPE, DENSE, 2, EMBD, FF, ONE)                                  \
+    X(FFN_DOWN, "ffn_down.weight", 1, WTYPE, DENSE, 2, FF, EMBD, ONE)                              \
+    /* the router stays f32 in GGUF files (llama.cpp's converter keeps ffn_gate_inp in f32) */     \
+    X(FFN_GATE_INP, "ffn_gate_inp.weight", 1, F32, MOE, 2, EMBD, EXPERT, ONE)                      \
+    X(FFN_GATE_EXPS, "ffn_gate_exps.weight", 1, WTYPE, MOE, 3, EMBD, FF_EXP, EXPERT)               \
+    X(FFN_UP_EXPS, "ffn_up_exps.weight", 1, WTYPE, MOE, 3, EMBD, FF_EXP, EXPERT)                   \
+    X(FFN_DOWN_EXPS, "ffn_down_exps.weight", 1, WTYPE, MOE, 3, FF_EXP, EMBD, EXPERT)               \
+    X(OUTPUT_NORM, "output_norm.weight", 0, F32, ALWAYS, 1, EMBD, ONE, ONE)                        \
+    X(OUTPUT, "output.weight", 0, WTYPE, UNTIED, 2, EMBD, VOCAB, ONE)
+
+typedef enum {
+#define FE_W_ENUM(id, ...) FE_W_##id,
+    FE_WEIGHTS(FE_W_ENUM)
+#undef FE_W_ENUM
+    FE_W_COUNT
+} fe_weight_id;
+
+/* The extents weights have, from the hyperparameters. */
+typedef enum {
+    FE_WD_ONE,
+    FE_WD_EMBD,      /* n_embd */
+    FE_WD_VOCAB,     /* n_vocab */
+    FE_WD_HEAD,      /* head_dim */
+    FE_WD_HALF_HEAD, /* head_dim / 2 */
+    FE_WD_Q,         /* head_dim * n_head */
+    FE_WD_KV,        /* head_dim * n_head_kv */
+    FE_WD_FF,        /* n_ff */
+    FE_WD_FF_EXP,    /* n_ff_exp */
+    FE_WD_EXPERT,    /* n_expert */
+    FE_WD_COUNT
+} fe_wdim;
+
+/* When a model has a weight. */
+typedef enum {
+    FE_WHEN_ALWAYS,
+    FE_WHEN_LLAMA3,  /* llama3 rope scaling */
+    FE_WHEN_BIAS,    /* attn_bias */
+    FE_WHEN_QK_NORM, /* qk_norm */
+    FE_WHEN_DENSE,   /* a dense FFN in each layer (not qwen3moe) */
+    FE_WHEN_MOE,     /* experts (qwen3moe) */
+    FE_WHEN_UNTIED,  /* not tied_output */
+} fe_when;
+
+typedef struct {
+    const char *name;     /* GGUF's name; in a layer, what follows "blk.N." */
+    bool        in_layer;
+    bool        wtype;    /* hp->wtype, else f32 */
+    fe_when     when;
+    int         n_dims;
+    fe_wdim      ne[3];
+} fe_weight;
+
+extern const fe_weight fe_weights[FE_W_COUNT];
+
+/* Whether a model of hp (checked by kiln_model_check) has weight w. */
+bool fe_weight_present(const kiln_model_hparams *hp, const fe_weight *w);
+/* The value of extent d for hp. */
+int64_t fe_wdim_value(const kiln_model_hparams *hp, fe_wdim d);
+/* w's type and extents for hp (ne: 4, trailing 1s). */
+kiln_type fe_weight_type(const kiln_model_hparams *hp, const fe_weight *w);
+void      fe_weight_shape(const kiln_model_hparams *hp, const fe_weight *w, int64_t ne[4]);
+
 #endif

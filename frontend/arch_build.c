@@ -55,30 +55,30 @@ static kiln_tensor *leaf(mb *b, kiln_role role, kiln_type type, const char *name
     return kiln_new_tensor(b->ctx, role, type, full, nd, ne);
 }
 
-static kiln_tensor *weight(mb *b, kiln_type type, const char *name, int nd, int64_t ne0, int64_t ne1, int64_t ne2) {
-    return leaf(b, KILN_ROLE_WEIGHT, type, name, nd, ne0, ne1, ne2);
+/* Weight id of the table in frontend/arch.h, in the current layer when it is a layer's; NULL
+ * when the model has none (a bias, a QK-norm, ...). */
+static kiln_tensor *weight(mb *b, fe_weight_id id) {
+    const fe_weight *w = &fe_weights[id];
+    if (!fe_weight_present(b->hp, w)) return NULL;
+    int64_t ne[4];
+    fe_weight_shape(b->hp, w, ne);
+    return leaf(b, KILN_ROLE_WEIGHT, fe_weight_type(b->hp, w), w->name, w->n_dims, ne[0], ne[1], ne[2]);
 }
 
 /* ---- layer weights ---------------------------------------------------------------------------- */
 
 static void attn_weights(mb *b, layer_w *w) {
-    const kiln_model_hparams *hp = b->hp;
-    kiln_type t = hp->wtype;
-    int64_t   nq = hp->head_dim * hp->n_head, nkv = hp->head_dim * hp->n_head_kv;
-    w->attn_norm = weight(b, KILN_F32, "attn_norm.weight", 1, hp->n_embd, 1, 1);
-    w->wq = weight(b, t, "attn_q.weight", 2, hp->n_embd, nq, 1);
-    w->wk = weight(b, t, "attn_k.weight", 2, hp->n_embd, nkv, 1);
-    w->wv = weight(b, t, "attn_v.weight", 2, hp->n_embd, nkv, 1);
-    if (hp->attn_bias) {
-        w->bq = weight(b, KILN_F32, "attn_q.bias", 1, nq, 1, 1);
-        w->bk = weight(b, KILN_F32, "attn_k.bias", 1, nkv, 1, 1);
-        w->bv = weight(b, KILN_F32, "attn_v.bias", 1, nkv, 1, 1);
-    }
-    if (hp->qk_norm) {
-        w->q_norm = weight(b, KILN_F32, "attn_q_norm.weight", 1, hp->head_dim, 1, 1);
-        w->k_norm = weight(b, KILN_F32, "attn_k_norm.weight", 1, hp->head_dim, 1, 1);
-    }
-    w->wo = weight(b, t, "attn_output.weight", 2, nq, hp->n_embd, 1);
+    int64_t nkv = b->hp->head_dim * b->hp->n_head_kv;
+    w->attn_norm = weight(b, FE_W_ATTN_NORM);
+    w->wq = weight(b, FE_W_ATTN_Q);
+    w->wk = weight(b, FE_W_ATTN_K);
+    w->wv = weight(b, FE_W_ATTN_V);
+    w->bq = weight(b, FE_W_ATTN_Q_BIAS);
+    w->bk = weight(b, FE_W_ATTN_K_BIAS);
+    w->bv = weight(b, FE_W_ATTN_V_BIAS);
+    w->q_norm = weight(b, FE_W_ATTN_Q_NORM);
+    w->k_norm = weight(b, FE_W_ATTN_K_NORM);
+    w->wo = weight(b, FE_W_ATTN_OUT);
     /* the KV cache of this layer: [n_embd_k_gqa, n_ctx] f16, as llama.cpp's cache_k_lN */
     char name[FE_MAX_NAME];
     snprintf(name, sizeof name, "cache_k_l%d", b->il);
@@ -87,21 +87,16 @@ static void attn_weights(mb *b, layer_w *w) {
     w->cache_v = leaf(b, KILN_ROLE_STATE, KILN_F16, name, 2, nkv, b->o.n_ctx, 1);
 }
 
+/* A dense FFN's three matrices, or the router and the experts' (the table says which). */
 static void ffn_weights(mb *b, layer_w *w) {
-    const kiln_model_hparams *hp = b->hp;
-    kiln_type t = hp->wtype;
-    w->ffn_norm = weight(b, KILN_F32, "ffn_norm.weight", 1, hp->n_embd, 1, 1);
-    if (b->arch != FE_ARCH_QWEN3MOE) {
-        w->ffn_gate = weight(b, t, "ffn_gate.weight", 2, hp->n_embd, hp->n_ff, 1);
-        w->ffn_up = weight(b, t, "ffn_up.weight", 2, hp->n_embd, hp->n_ff, 1);
-        w->ffn_down = weight(b, t, "ffn_down.weight", 2, hp->n_ff, hp->n_embd, 1);
-        return;
-    }
-    /* the router stays f32 in GGUF files (llama.cpp's converter keeps ffn_gate_inp in f32) */
-    w->gate_inp = weight(b, KILN_F32, "ffn_gate_inp.weight", 2, hp->n_embd, hp->n_expert, 1);
-    w->gate_exps = weight(b, t, "ffn_gate_exps.weight", 3, hp->n_embd, hp->n_ff_exp, hp->n_expert);
-    w->up_exps = weight(b, t, "ffn_up_exps.weight", 3, hp->n_embd, hp->n_ff_exp, hp->n_expert);
-    w->down_exps = weight(b, t, "ffn_down_exps.weight", 3, hp->n_ff_exp, hp->n_embd, hp->n_expert);
+    w->ffn_norm = weight(b, FE_W_FFN_NORM);
+    w->ffn_gate = weight(b, FE_W_FFN_GATE);
+    w->ffn_up = weight(b, FE_W_FFN_UP);
+    w->ffn_down = weight(b, FE_W_FFN_DOWN);
+    w->gate_inp = weight(b, FE_W_FFN_GATE_INP);
+    w->gate_exps = weight(b, FE_W_FFN_GATE_EXPS);
+    w->up_exps = weight(b, FE_W_FFN_UP_EXPS);
+    w->down_exps = weight(b, FE_W_FFN_DOWN_EXPS);
 }
 
 /* ---- blocks ------------------------------------------------------------------------------------ */
@@ -270,16 +265,14 @@ static kiln_tensor *layer(mb *b, kiln_tensor *inpL) {
 /* build_inp_embd, build_inp_pos, build_attn_inp_kv, build_inp_out_ids. One slot list serves
  * K and V: with flash attention V is not transposed, so llama.cpp's k_idxs and v_idxs agree. */
 static kiln_tensor *inputs(mb *b) {
-    const kiln_model_hparams *hp = b->hp;
     int64_t T = b->T;
     kiln_tensor *tokens = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_tokens", 1, T, 1, 1);
-    kiln_tensor *embd = b->embd = weight(b, hp->wtype, "token_embd.weight", 2, hp->n_embd, hp->n_vocab, 1);
+    kiln_tensor *embd = b->embd = weight(b, FE_W_TOKEN_EMBD);
     b->pos = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_pos", 1, T, 1, 1);
     b->kv_idxs = leaf(b, KILN_ROLE_INPUT, KILN_I64, "kv_idxs", 1, T, 1, 1);
     b->mask = leaf(b, KILN_ROLE_INPUT, KILN_F16, "kq_mask", 2, b->KV, T, 1);
     b->out_ids = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_out_ids", 1, b->o.outputs == KILN_OUTPUTS_LAST ? 1 : T, 1, 1);
-    if (hp->rope_scaling == KILN_ROPE_SCALING_LLAMA3)
-        b->rope_freqs = weight(b, KILN_F32, "rope_freqs.weight", 1, hp->head_dim / 2, 1, 1);
+    b->rope_freqs = weight(b, FE_W_ROPE_FREQS); /* llama3 rope scaling only */
     return nm(b, kiln_get_rows(b->ctx, embd, tokens), "inp_embd");
 }
 
@@ -313,9 +306,8 @@ kiln_status kiln_build_model(kiln_ctx *ctx, const kiln_model_hparams *hp, const 
     kiln_tensor *cur = inputs(&b);
     for (b.il = 0; b.il < hp->n_layer && !ctx->err; b.il++) cur = layer(&b, cur);
     b.il = -1;
-    kiln_tensor *out_norm = weight(&b, KILN_F32, "output_norm.weight", 1, hp->n_embd, 1, 1);
-    kiln_tensor *out_w = hp->tied_output ? b.embd
-                                         : weight(&b, hp->wtype, "output.weight", 2, hp->n_embd, hp->n_vocab, 1);
+    kiln_tensor *out_norm = weight(&b, FE_W_OUTPUT_NORM);
+    kiln_tensor *out_w = hp->tied_output ? b.embd : weight(&b, FE_W_OUTPUT);
     cur = norm_w(&b, cur, out_norm, "norm_out", "result_norm");
     kiln_tensor *logits = kiln_mul_mat(ctx, out_w, cur);
     kiln_set_output(ctx, logits, "logits");

@@ -708,13 +708,17 @@ kiln_status kiln_tokenizer_write_synthetic(kiln_gguf_writer *w, int64_t n_vocab)
 typedef struct kiln_model kiln_model;
 
 /* The hyperparameters of g (general.architecture and its keys; the tensors decide tied output,
- * attention biases and llama3 RoPE scaling). Unknown architectures, per-layer arrays, partial
- * rotary dims, K/V head sizes that differ: an error naming the key. */
+ * attention biases and llama3 RoPE scaling), bounded as kiln_model_check bounds them. Unknown
+ * architectures, per-layer arrays, partial rotary dims, K/V head sizes that differ, values out
+ * of range: an error naming the file and the key. The other tensors are not checked here but by
+ * kiln_model_open / kiln_model_from_gguf. */
 kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams *hp);
 /* The keys kiln_model_hparams_from_gguf reads (and general.name, general.file_type), for a writer. */
 void        kiln_model_hparams_to_gguf(const kiln_model_hparams *hp, kiln_gguf_writer *w);
 /* Opens path (kiln_gguf_open) and reads its hyperparameters. Refuses quantized weights, naming
- * the first such tensor and its type. */
+ * the first such tensor and its type, and, before anything is built, a file whose tensors do
+ * not match the hyperparameters (each weight of each layer up to block_count, type and shape;
+ * no layer past it): the error names the file, the tensor and the key at fault. */
 kiln_status kiln_model_open(const char *path, kiln_model **out);
 /* The same over an open file, which the model takes over (closed with it, also on error). */
 kiln_status kiln_model_from_gguf(kiln_gguf *g, kiln_model **out);

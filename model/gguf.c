@@ -146,7 +146,7 @@ typedef struct {
 } parser;
 
 /* s (NUL-terminated) for a message: at most 64 bytes, control bytes and quotes escaped. */
-static void quote(const char *s, char out[300]) {
+void km_quote(const char *s, char out[300]) {
     size_t o = 0, i = 0;
     for (; s[i] && i < 64; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -165,7 +165,7 @@ static bool fail(parser *p, size_t at, const char *field, const char *fmt, ...) 
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    if (p->name) quote(p->name, name);
+    if (p->name) km_quote(p->name, name);
     char item[400] = "";
     if (p->item && p->name) snprintf(item, sizeof item, "%s %" PRId64 " ('%s') ", p->item, p->index, name);
     else if (p->item) snprintf(item, sizeof item, "%s %" PRId64 " ", p->item, p->index);
@@ -367,7 +367,7 @@ static bool get_header(parser *p, uint64_t *n_tensors, uint64_t *n_kv) {
             return fail(p, 0, "magic", "'FUGG' is 'GGUF' byte-swapped: a big-endian file? kiln reads little-endian GGUF only");
         char m[5] = {0}, q[300];
         for (int i = 0; i < 4; i++) m[i] = g->base[i] ? (char)g->base[i] : '.';
-        quote(m, q);
+        km_quote(m, q);
         return fail(p, 0, "magic", "'%s' is not 'GGUF': not a GGUF file", q);
     }
     p->r.pos = 4;
@@ -446,7 +446,7 @@ static bool check_data(parser *p) {
         const tensor *a = order[k - 1], *b = order[k];
         if (a->t.offset + a->t.bytes <= b->t.offset) continue;
         char an[300];
-        quote(a->t.name, an);
+        km_quote(a->t.name, an);
         p->index = b - g->tensors;
         p->name = b->t.name;
         fail(p, b->at, "offset",
@@ -569,7 +569,8 @@ kiln_status kiln_gguf_open_memory(const void *data, size_t size, const char *lab
 
 /* ---- getters ------------------------------------------------------------------------------- */
 
-uint32_t kiln_gguf_version(const kiln_gguf *g) { return g ? g->version : 0; }
+uint32_t    kiln_gguf_version(const kiln_gguf *g) { return g ? g->version : 0; }
+const char *km_gguf_label(const kiln_gguf *g) { return g ? g->label : "<no file>"; }
 size_t   kiln_gguf_alignment(const kiln_gguf *g) { return g ? g->alignment : 0; }
 size_t   kiln_gguf_data_offset(const kiln_gguf *g) { return g ? g->data_offset : 0; }
 int64_t  kiln_gguf_kv_count(const kiln_gguf *g) { return g ? g->n_kv : 0; }
@@ -640,7 +641,7 @@ static void describe(const kiln_gguf *g, const kv *e, char out[400]) {
         size_t n = e->n < 64 ? (size_t)e->n : 64;
         memcpy(s, g->base + e->at, n);
         s[n] = 0; /* a NUL inside ends it early: fine for a message */
-        quote(s, q);
+        km_quote(s, q);
         snprintf(out, 400, "string '%s%s'", q, e->n > 64 ? "..." : "");
     } else if (e->type == KILN_GGUF_BOOL) {
         snprintf(out, 400, "bool %s", g->base[e->at] ? "true" : "false");
@@ -659,7 +660,7 @@ static kiln_status lookup(const kiln_gguf *g, const char *key, bool args_ok, con
     int64_t i = km_index_get(&g->kv_index, key);
     if (i < 0) {
         char q[300];
-        quote(key, q);
+        km_quote(key, q);
         return kb_error(KILN_ERR_NOT_FOUND, "%s: no key '%s'", g->label, q);
     }
     *e = &g->kv[i];
@@ -668,7 +669,7 @@ static kiln_status lookup(const kiln_gguf *g, const char *key, bool args_ok, con
 
 static kiln_status mismatch(const kiln_gguf *g, const kv *e, const char *want) {
     char q[300], d[400];
-    quote(e->key, q);
+    km_quote(e->key, q);
     describe(g, e, d);
     return kb_error(KILN_ERR_FORMAT, "%s: key '%s' is %s, not %s", g->label, q, d, want);
 }
@@ -732,7 +733,7 @@ kiln_status kiln_gguf_get_arr_str(const kiln_gguf *g, const char *key, uint64_t 
     if (e->type != KILN_GGUF_ARRAY || e->elem != KILN_GGUF_STRING) return mismatch(g, e, "an array of strings");
     if (i >= e->n) {
         char q[300];
-        quote(e->key, q);
+        km_quote(e->key, q);
         return kb_error(KILN_ERR_INVALID, "%s: key '%s' has %" PRIu64 " strings, no element %" PRIu64, g->label, q,
                         e->n, i);
     }

@@ -59,6 +59,21 @@ bool    km_index_put(km_index *x, const char *name, int64_t i, int64_t *found);
 int64_t km_index_get(const km_index *x, const char *name); /* -1 when absent */
 void    km_index_free(km_index *x);
 
+/* The path (or kiln_gguf_open_memory's label) g was opened with: every message of model/ about
+ * a GGUF's keys or tensors starts with it. */
+const char *km_gguf_label(const kiln_gguf *g);
+
+/* Checks that g holds every tensor a model of hp (read from g's keys and checked by
+ * kiln_model_check) needs, with the type and shape hp implies, layer by layer up to
+ * block_count, and no layer past it: an error naming the file, the tensor, both shapes and the
+ * key behind the extent that differs (model/hparams.c). Work is bounded by the tensors the file
+ * holds, whatever the keys say. */
+/* s (NUL-terminated, e.g. a name read from a file) for a message: at most 64 bytes, control
+ * bytes, quotes and backslashes written \xNN, "..." when cut. */
+void km_quote(const char *s, char out[300]);
+
+kiln_status km_check_tensors(const kiln_gguf *g, const kiln_model_hparams *hp);
+
 /* Dims of a shape without its trailing 1s (at least 1), and "[128, 256]" of its first nd. */
 int  km_n_dims(const int64_t ne[4]);
 void km_shape_text(const int64_t ne[4], int nd, char *out, size_t n);

@@ -357,7 +357,7 @@ static kiln_status write_body(const kiln_gguf_writer *w, out *o, const kb_str *h
 kiln_status kiln_gguf_write(kiln_gguf_writer *w, const char *path, kiln_gguf_fill_fn fill, void *user,
                             void (*progress)(void *user, uint64_t done, uint64_t total)) {
     if (!w || !path) return kb_error(KILN_ERR_INVALID, "kiln_gguf_write: NULL argument");
-    if (w->err) return kb_status_copy(w->err);
+    if (w->err) return kb_wrap(kb_status_copy(w->err), "writing %s", path); /* a setter's, recorded */
     uint64_t align = KM_GGUF_DEFAULT_ALIGNMENT, total;
     int64_t  ai = km_index_get(&w->kv_index, KM_GGUF_ALIGNMENT_KEY);
     if (ai >= 0) {
@@ -367,8 +367,8 @@ kiln_status kiln_gguf_write(kiln_gguf_writer *w, const char *path, kiln_gguf_fil
     }
     for (int64_t i = 0; i < w->n_t; i++)
         if (!w->t[i].data && !fill)
-            return kb_error(KILN_ERR_INVALID, "kiln_gguf_write: tensor %" PRId64 " ('%s') has no data and there is no fill callback",
-                            i, w->t[i].name);
+            return kb_error(KILN_ERR_INVALID, "writing %s: tensor %" PRId64 " ('%s') has no data and there is no fill "
+                                              "callback", path, i, w->t[i].name);
     kb_str h = {0};
     put_header(w, align, &h);
     if (h.oom) {

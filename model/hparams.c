@@ -3,15 +3,20 @@
  * (tied output, attention biases, llama3 rope scaling through rope_freqs.weight). */
 #include "base/base.h"
 #include "frontend/arch.h"
+#include "model/gguf.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 /* llama.cpp's LLAMA_FTYPE values for unquantized files (general.file_type). */
 enum { FTYPE_ALL_F32 = 0, FTYPE_MOSTLY_F16 = 1, FTYPE_MOSTLY_BF16 = 32 };
 
+/* Every message below starts with the file's path (km_gguf_label); the getters' own errors
+ * (a key of another type) already do and pass through as they are. */
 typedef struct {
     const kiln_gguf *g;
+    const char      *file;
     const char      *arch;
     kiln_status      st; /* the first error */
 } reader;
@@ -29,47 +34,49 @@ static int64_t get_int(reader *r, const char *suffix, bool required, int64_t def
     if (r->st) return def;
     int64_t i = kiln_gguf_find_kv(r->g, key);
     if (i < 0) {
-        if (required) r->st = kb_error(KILN_ERR_FORMAT, "model: the GGUF has no '%s', which %s models need", key, r->arch);
+        if (required) r->st = kb_error(KILN_ERR_FORMAT, "%s: no key '%s', which %s models need", r->file, key, r->arch);
         return def;
     }
     if (kiln_gguf_kv_type(r->g, i) == KILN_GGUF_ARRAY) {
-        r->st = kb_error(KILN_ERR_FORMAT, "model: '%s' is an array (a value per layer), which kiln does not support", key);
+        r->st = kb_error(KILN_ERR_FORMAT, "%s: '%s' is an array (a value per layer), which kiln does not support", r->file,
+                         key);
         return def;
     }
     int64_t v = def;
-    kiln_status st = kiln_gguf_get_int(r->g, key, &v);
-    if (st) r->st = kb_wrap(st, "model");
+    r->st = kiln_gguf_get_int(r->g, key, &v);
     return v;
 }
 
+/* A float key, which must be finite: every one sizes or scales something. */
 static double get_float(reader *r, const char *suffix, bool required, double def) {
     char key[128];
     akey(r, suffix, key, sizeof key);
     if (r->st) return def;
     if (kiln_gguf_find_kv(r->g, key) < 0) {
-        if (required) r->st = kb_error(KILN_ERR_FORMAT, "model: the GGUF has no '%s', which %s models need", key, r->arch);
+        if (required) r->st = kb_error(KILN_ERR_FORMAT, "%s: no key '%s', which %s models need", r->file, key, r->arch);
         return def;
     }
     double v = def;
-    kiln_status st = kiln_gguf_get_float(r->g, key, &v);
-    if (st) r->st = kb_wrap(st, "model");
+    if ((r->st = kiln_gguf_get_float(r->g, key, &v))) return def;
+    if (!isfinite(v)) r->st = kb_error(KILN_ERR_FORMAT, "%s: '%s' is %g, not a finite number", r->file, key, v);
     return v;
 }
 
 static bool has_tensor(const kiln_gguf *g, const char *name) { return kiln_gguf_find_tensor(g, name) >= 0; }
 
 /* wtype: the type of the first layer's Q projection, which every matrix shares in an
- * unquantized file (kiln_model_check_weights checks the rest). */
+ * unquantized file (km_check_tensors checks the rest). */
 static kiln_status weight_type(const kiln_gguf *g, kiln_type *out) {
-    int64_t i = kiln_gguf_find_tensor(g, "blk.0.attn_q.weight");
+    const char *file = km_gguf_label(g);
+    int64_t     i = kiln_gguf_find_tensor(g, "blk.0.attn_q.weight");
     if (i < 0) i = kiln_gguf_find_tensor(g, "token_embd.weight");
-    if (i < 0) return kb_error(KILN_ERR_FORMAT, "model: the GGUF has neither 'blk.0.attn_q.weight' nor 'token_embd.weight'");
+    if (i < 0) return kb_error(KILN_ERR_FORMAT, "%s: no tensor 'blk.0.attn_q.weight' nor 'token_embd.weight'", file);
     kiln_gguf_tensor t;
     kiln_status st = kiln_gguf_tensor_info(g, i, &t);
     if (st) return st;
     if (!t.has_kiln_type || (t.type != KILN_F32 && t.type != KILN_F16 && t.type != KILN_BF16))
-        return kb_error(KILN_ERR_FORMAT, "model: tensor '%s' is %s; kiln runs f32, f16 and bf16 weights (quantized "
-                                         "types are not supported yet)", t.name, t.type_name);
+        return kb_error(KILN_ERR_FORMAT, "%s: tensor '%s' is %s; kiln runs f32, f16 and bf16 weights (quantized "
+                                         "types are not supported yet)", file, t.name, t.type_name);
     *out = t.type;
     return NULL;
 }
@@ -81,7 +88,7 @@ static kiln_status rope_scaling(reader *r, kiln_model_hparams *hp) {
     akey(r, "rope.scaling.type", key, sizeof key);
     if (kiln_gguf_find_kv(r->g, key) >= 0) {
         kiln_status st = kiln_gguf_get_str(r->g, key, &s, &len);
-        if (st) return kb_wrap(st, "model");
+        if (st) return st;
     }
     hp->rope_factor = (float)get_float(r, "rope.scaling.factor", false, 0.0); /* 0: none given */
     if (has_tensor(r->g, "rope_freqs.weight")) {
@@ -95,30 +102,40 @@ static kiln_status rope_scaling(reader *r, kiln_model_hparams *hp) {
         if (hp->rope_factor == 0.0f) hp->rope_factor = (float)get_float(r, "rope.scaling.llama3_factor", false, 8.0);
         return r->st;
     }
+    if (r->st) return r->st;
     /* As llama.cpp: without a type a factor means linear scaling. */
     if (!s) hp->rope_scaling = hp->rope_factor != 1.0f && hp->rope_factor != 0.0f ? KILN_ROPE_SCALING_LINEAR
                                                                                    : KILN_ROPE_SCALING_NONE;
     else if (len == 4 && memcmp(s, "none", 4) == 0) hp->rope_scaling = KILN_ROPE_SCALING_NONE;
     else if (len == 6 && memcmp(s, "linear", 6) == 0) hp->rope_scaling = KILN_ROPE_SCALING_LINEAR;
     else if (len == 4 && memcmp(s, "yarn", 4) == 0) hp->rope_scaling = KILN_ROPE_SCALING_YARN;
-    else return kb_error(KILN_ERR_FORMAT, "model: '%s' is \"%.*s\"; kiln knows none, linear, yarn (and llama3 "
-                                          "through rope_freqs.weight)", key, (int)(len > 40 ? 40 : len), s);
+    else {
+        char v[41];
+        snprintf(v, sizeof v, "%.*s", (int)(len > 40 ? 40 : len), s);
+        for (char *c = v; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?'; /* the file's bytes, not control codes */
+        return kb_error(KILN_ERR_FORMAT, "%s: '%s' is \"%s\"; kiln knows none, linear, yarn (and llama3 through "
+                                         "rope_freqs.weight)", r->file, key, v);
+    }
     if (hp->rope_scaling == KILN_ROPE_SCALING_LINEAR && hp->rope_factor <= 0)
-        return kb_error(KILN_ERR_FORMAT, "model: linear rope scaling with factor %g", hp->rope_factor);
-    return r->st;
+        return kb_error(KILN_ERR_FORMAT, "%s: linear rope scaling with factor %g", r->file, hp->rope_factor);
+    return NULL;
 }
 
 static kiln_status read_arch(const kiln_gguf *g, char *arch, size_t cap) {
-    const char *s;
+    const char *s, *file = km_gguf_label(g);
     size_t      len;
     kiln_status st = kiln_gguf_get_str(g, "general.architecture", &s, &len);
-    if (st) return kb_wrap(st, "model");
-    if (len >= cap || memchr(s, 0, len)) return kb_error(KILN_ERR_FORMAT, "model: general.architecture is not a short name");
+    if (st) return st;
+    if (len >= cap || memchr(s, 0, len)) return kb_error(KILN_ERR_FORMAT, "%s: general.architecture is not a short name", file);
     memcpy(arch, s, len);
     arch[len] = 0;
-    if (fe_arch_find(arch) < 0)
-        return kb_error(KILN_ERR_FORMAT, "model: architecture '%s' is not supported (kiln builds: %s)", arch,
+    if (fe_arch_find(arch) < 0) {
+        for (char *c = arch; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+        return kb_error(KILN_ERR_FORMAT, "%s: architecture '%s' is not supported (kiln builds: %s)", file, arch,
                         fe_arch_list());
+    }
     return NULL;
 }
 
@@ -128,8 +145,23 @@ static int64_t vocab_size(reader *r) {
     int64_t i = kiln_gguf_find_tensor(r->g, "token_embd.weight");
     kiln_gguf_tensor t;
     if (i >= 0 && !kiln_gguf_tensor_info(r->g, i, &t) && t.n_dims == 2) return t.ne[1];
-    r->st = kb_error(KILN_ERR_FORMAT, "model: no '%s.vocab_size' and no 2-D token_embd.weight to take it from", r->arch);
+    r->st = kb_error(KILN_ERR_FORMAT, "%s: no '%s.vocab_size' and no 2-D token_embd.weight to take it from", r->file,
+                     r->arch);
     return 0;
+}
+
+/* The head size: ARCH.attention.key_length, else n_embd / n_head, which then must divide (as
+ * llama.cpp computes n_embd_head_k). */
+static int64_t head_size(reader *r, const kiln_model_hparams *hp) {
+    char key[128];
+    if (r->st) return 0;
+    if (kiln_gguf_find_kv(r->g, akey(r, "attention.key_length", key, sizeof key)) >= 0) return get_int(r, "attention.key_length", true, 0);
+    if (hp->n_head < 1) return 0; /* kiln_model_check names n_head */
+    if (hp->n_embd % hp->n_head)
+        r->st = kb_error(KILN_ERR_FORMAT, "%s: %s.attention.head_count %lld does not divide %s.embedding_length %lld, "
+                                          "and there is no %s to give the head size", r->file, r->arch,
+                         (long long)hp->n_head, r->arch, (long long)hp->n_embd, key);
+    return hp->n_embd / hp->n_head;
 }
 
 kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams *hp) {
@@ -137,7 +169,7 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
     memset(hp, 0, sizeof *hp);
     kiln_status st = read_arch(g, hp->arch, sizeof hp->arch);
     if (st) return st;
-    reader r = {g, hp->arch, NULL};
+    reader r = {g, km_gguf_label(g), hp->arch, NULL};
     fe_arch a = (fe_arch)fe_arch_find(hp->arch);
     hp->n_ctx_train = get_int(&r, "context_length", true, 0);
     hp->n_embd = get_int(&r, "embedding_length", true, 0);
@@ -147,18 +179,18 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
     hp->n_ff = get_int(&r, "feed_forward_length", a != FE_ARCH_QWEN3MOE, 0);
     hp->rms_norm_eps = (float)get_float(&r, "attention.layer_norm_rms_epsilon", true, 0);
     hp->rope_freq_base = (float)get_float(&r, "rope.freq_base", false, 10000.0);
-    int64_t def_head = hp->n_head > 0 ? hp->n_embd / hp->n_head : 0;
-    hp->head_dim = get_int(&r, "attention.key_length", false, def_head);
+    hp->head_dim = head_size(&r, hp);
     int64_t v_len = get_int(&r, "attention.value_length", false, hp->head_dim);
     int64_t n_rot = get_int(&r, "rope.dimension_count", false, hp->head_dim);
     hp->n_vocab = vocab_size(&r);
     if (r.st) return r.st;
     if (v_len != hp->head_dim)
-        return kb_error(KILN_ERR_FORMAT, "model: %s.attention.value_length %lld differs from key_length %lld, which "
-                                         "kiln does not support", hp->arch, (long long)v_len, (long long)hp->head_dim);
+        return kb_error(KILN_ERR_FORMAT, "%s: %s.attention.value_length %lld differs from key_length %lld, which "
+                                         "kiln does not support", r.file, hp->arch, (long long)v_len,
+                        (long long)hp->head_dim);
     if (n_rot != hp->head_dim)
-        return kb_error(KILN_ERR_FORMAT, "model: %s.rope.dimension_count %lld is not the head size %lld (partial "
-                                         "rotary embeddings are not supported)", hp->arch, (long long)n_rot,
+        return kb_error(KILN_ERR_FORMAT, "%s: %s.rope.dimension_count %lld is not the head size %lld (partial "
+                                         "rotary embeddings are not supported)", r.file, hp->arch, (long long)n_rot,
                         (long long)hp->head_dim);
     if ((st = rope_scaling(&r, hp))) return st;
     hp->tied_output = !has_tensor(g, "output.weight");
@@ -173,12 +205,143 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
         char key[128];
         if (kiln_gguf_find_kv(g, akey(&r, "expert_weights_norm", key, sizeof key)) >= 0 &&
             (st = kiln_gguf_get_bool(g, key, &norm)))
-            return kb_wrap(st, "model");
+            return st;
         hp->norm_topk_prob = norm;
         if (r.st) return r.st;
     }
     if ((st = weight_type(g, &hp->wtype))) return st;
-    return kiln_model_check(hp);
+    /* Out-of-range values are the file's fault here: a format error naming it. */
+    if (!(st = kiln_model_check(hp))) return NULL;
+    kiln_status f = kb_error(KILN_ERR_FORMAT, "%s: %s", r.file, kiln_status_msg(st));
+    kiln_status_free(st);
+    return f;
+}
+
+/* ---- the tensors against the hyperparameters ---------------------------------------------------
+ * Driven by frontend/arch.h's weight table, the list the builder creates its weights from. */
+
+/* What the file holds of the layers: the largest N of its "blk.N." tensors (-1: none) and one
+ * tensor of that layer, for messages. */
+typedef struct {
+    int64_t     max;
+    const char *name;
+} layers_held;
+
+static layers_held scan_layers(const kiln_gguf *g) {
+    layers_held h = {-1, NULL};
+    for (int64_t i = 0; i < kiln_gguf_tensor_count(g); i++) {
+        kiln_gguf_tensor t;
+        if (kiln_gguf_tensor_info(g, i, &t)) continue; /* cannot fail for i < count */
+        const char *p = t.name;
+        if (strncmp(p, "blk.", 4) != 0) continue;
+        int64_t n = 0;
+        int     digits = 0;
+        for (p += 4; *p >= '0' && *p <= '9' && digits < 12; p++, digits++) n = n * 10 + (*p - '0');
+        if (!digits || *p != '.' || n <= h.max) continue;
+        h.max = n;
+        h.name = t.name;
+    }
+    return h;
+}
+
+/* "llama.embedding_length = 128": where extent d of a weight comes from, for messages. */
+static void dim_source(const kiln_gguf *g, const kiln_model_hparams *hp, fe_wdim d, char *out, size_t n) {
+    const char *a = hp->arch;
+    char        key[128];
+    snprintf(key, sizeof key, "%s.attention.key_length", a);
+    char head[160];
+    if (kiln_gguf_find_kv(g, key) >= 0) snprintf(head, sizeof head, "the head size %lld (%s)", (long long)hp->head_dim, key);
+    else snprintf(head, sizeof head, "the head size %lld (%s.embedding_length / attention.head_count)",
+                  (long long)hp->head_dim, a);
+    snprintf(key, sizeof key, "%s.vocab_size", a);
+    bool vocab_key = kiln_gguf_find_kv(g, key) >= 0;
+    switch (d) {
+    case FE_WD_ONE: snprintf(out, n, "1"); return;
+    case FE_WD_EMBD: snprintf(out, n, "%s.embedding_length = %lld", a, (long long)hp->n_embd); return;
+    case FE_WD_VOCAB:
+        if (vocab_key) snprintf(out, n, "%s.vocab_size = %lld", a, (long long)hp->n_vocab);
+        else snprintf(out, n, "n_vocab = %lld (token_embd.weight's ne[1]; there is no %s)", (long long)hp->n_vocab, key);
+        return;
+    case FE_WD_HEAD: snprintf(out, n, "%s", head); return;
+    case FE_WD_HALF_HEAD: snprintf(out, n, "half %s", head); return;
+    case FE_WD_Q:
+        snprintf(out, n, "%s.attention.head_count %lld x %s", a, (long long)hp->n_head, head);
+        return;
+    case FE_WD_KV:
+        snprintf(out, n, "%s.attention.head_count_kv %lld x %s", a, (long long)hp->n_head_kv, head);
+        return;
+    case FE_WD_FF: snprintf(out, n, "%s.feed_forward_length = %lld", a, (long long)hp->n_ff); return;
+    case FE_WD_FF_EXP: snprintf(out, n, "%s.expert_feed_forward_length = %lld", a, (long long)hp->n_ff_exp); return;
+    case FE_WD_EXPERT: snprintf(out, n, "%s.expert_count = %lld", a, (long long)hp->n_expert); return;
+    case FE_WD_COUNT: break;
+    }
+    snprintf(out, n, "?");
+}
+
+static kiln_status missing(const kiln_gguf *g, const kiln_model_hparams *hp, const char *name, int64_t il,
+                           const layers_held *h, kiln_type type, const int64_t ne[4]) {
+    const char *file = km_gguf_label(g);
+    if (il > h->max) {
+        if (h->max < 0)
+            return kb_error(KILN_ERR_FORMAT, "%s: %s.block_count is %lld but the file holds no layers (no tensor %s)",
+                            file, hp->arch, (long long)hp->n_layer, name);
+        return kb_error(KILN_ERR_FORMAT, "%s: %s.block_count is %lld but the file holds layers 0 .. %lld (no tensor %s)",
+                        file, hp->arch, (long long)hp->n_layer, (long long)h->max, name);
+    }
+    char shape[96];
+    km_shape_text(ne, km_n_dims(ne), shape, sizeof shape);
+    return kb_error(KILN_ERR_FORMAT, "%s: no tensor '%s' (%s %s), which the %s graph needs", file, name,
+                    kiln_type_name(type), shape, hp->arch);
+}
+
+/* Tensor `name` (weight w of layer il, -1 outside the layers) as hp makes it. */
+static kiln_status check_tensor(const kiln_gguf *g, const kiln_model_hparams *hp, const fe_weight *w, int64_t il,
+                                const layers_held *h) {
+    if (!fe_weight_present(hp, w)) return NULL;
+    const char *file = km_gguf_label(g);
+    char        name[128];
+    if (il >= 0) snprintf(name, sizeof name, "blk.%lld.%s", (long long)il, w->name);
+    else snprintf(name, sizeof name, "%s", w->name);
+    int64_t   want[4];
+    kiln_type type = fe_weight_type(hp, w);
+    fe_weight_shape(hp, w, want);
+    int64_t i = kiln_gguf_find_tensor(g, name);
+    if (i < 0) return missing(g, hp, name, il, h, type, want);
+    kiln_gguf_tensor t;
+    kiln_status      st = kiln_gguf_tensor_info(g, i, &t);
+    if (st) return st;
+    for (int d = 0; d < 4; d++) {
+        if (t.ne[d] == want[d]) continue;
+        char got_s[96], want_s[96], src[256];
+        km_shape_text(t.ne, t.n_dims, got_s, sizeof got_s);
+        km_shape_text(want, km_n_dims(want), want_s, sizeof want_s);
+        dim_source(g, hp, d < 3 && d < w->n_dims ? w->ne[d] : FE_WD_ONE, src, sizeof src);
+        return kb_error(KILN_ERR_FORMAT, "%s: tensor '%s' is %s, not %s: its ne[%d] should be %s", file, name, got_s,
+                        want_s, d, src);
+    }
+    if (!t.has_kiln_type || t.type != type)
+        return kb_error(KILN_ERR_FORMAT, "%s: tensor '%s' is %s; the %s graph needs %s (matrices and token_embd take "
+                                         "the type of blk.0.attn_q.weight, norms, biases and the router f32)",
+                        file, name, t.type_name, hp->arch, kiln_type_name(type));
+    return NULL;
+}
+
+kiln_status km_check_tensors(const kiln_gguf *g, const kiln_model_hparams *hp) {
+    layers_held h = scan_layers(g);
+    kiln_status st = NULL;
+    for (int k = 0; k < FE_W_COUNT && !st; k++)
+        if (!fe_weights[k].in_layer) st = check_tensor(g, hp, &fe_weights[k], -1, &h);
+    /* Stops at the first layer the file lacks: no more layers are visited than it holds. */
+    for (int64_t il = 0; il < hp->n_layer && !st; il++)
+        for (int k = 0; k < FE_W_COUNT && !st; k++)
+            if (fe_weights[k].in_layer) st = check_tensor(g, hp, &fe_weights[k], il, &h);
+    if (!st && h.max >= hp->n_layer) {
+        char q[300];
+        km_quote(h.name, q);
+        st = kb_error(KILN_ERR_FORMAT, "%s: %s.block_count is %lld but the file holds layers 0 .. %lld (tensor %s)",
+                      km_gguf_label(g), hp->arch, (long long)hp->n_layer, (long long)h.max, q);
+    }
+    return st;
 }
 
 static void set_arch_u32(kiln_gguf_writer *w, const char *arch, const char *suffix, int64_t v) {

@@ -20,14 +20,19 @@ static kiln_status refuse_quantized(const kiln_gguf *g) {
         kiln_gguf_tensor t;
         kiln_status st = kiln_gguf_tensor_info(g, i, &t);
         if (st) return st;
-        if (!t.has_kiln_type)
-            return kb_error(KILN_ERR_FORMAT, "model: tensor %lld '%s' is %s; kiln runs f32, f16 and bf16 weights "
-                                             "(quantized types are not supported yet)", (long long)i, t.name,
-                            t.type_name);
+        if (t.has_kiln_type) continue;
+        char q[300];
+        km_quote(t.name, q);
+        return kb_error(KILN_ERR_FORMAT, "%s: tensor %lld '%s' is %s; kiln runs f32, f16 and bf16 weights (quantized "
+                                         "types are not supported yet)", km_gguf_label(g), (long long)i, q, t.type_name);
     }
     return NULL;
 }
 
+/* Every check of a GGUF model before anything is built from it: quantized tensors, then the
+ * keys (kiln_model_hparams_from_gguf, which bounds them), then the tensors against the keys, so
+ * that a header that claims more than the file holds is refused at once. Each message starts
+ * with the file's path. */
 kiln_status kiln_model_from_gguf(kiln_gguf *g, kiln_model **out) {
     if (out) *out = NULL;
     if (!g || !out) {
@@ -42,6 +47,7 @@ kiln_status kiln_model_from_gguf(kiln_gguf *g, kiln_model **out) {
     m->gguf = g;
     kiln_status st = refuse_quantized(g);
     if (!st) st = kiln_model_hparams_from_gguf(g, &m->hp);
+    if (!st) st = km_check_tensors(g, &m->hp);
     if (st) {
         kiln_model_close(m);
         return st;
@@ -55,9 +61,7 @@ kiln_status kiln_model_open(const char *path, kiln_model **out) {
     if (!path || !out) return kb_error(KILN_ERR_INVALID, "kiln_model_open: NULL argument");
     kiln_gguf  *g;
     kiln_status st = kiln_gguf_open(path, &g);
-    if (st) return st;
-    st = kiln_model_from_gguf(g, out);
-    return st ? kb_wrap(st, "%s", path) : NULL;
+    return st ? st : kiln_model_from_gguf(g, out); /* both name the file in their messages */
 }
 
 kiln_status kiln_model_random(const kiln_model_hparams *hp, uint64_t seed, kiln_model **out) {
@@ -100,24 +104,24 @@ int km_n_dims(const int64_t ne[4]) {
 }
 
 static kiln_status check_weight(const kiln_model *m, const kiln_tensor *w) {
-    const char *name = kiln_tensor_name(w);
+    const char *name = kiln_tensor_name(w), *file = km_gguf_label(m->gguf);
     int64_t     i = kiln_gguf_find_tensor(m->gguf, name);
     int64_t     want[4];
     for (int d = 0; d < 4; d++) want[d] = kiln_tensor_ne(w, d);
     char ws[96], fs[96];
     km_shape_text(want, km_n_dims(want), ws, sizeof ws);
     if (i < 0)
-        return kb_error(KILN_ERR_NOT_FOUND, "model: the GGUF has no tensor '%s' (%s %s), which the %s graph needs", name,
+        return kb_error(KILN_ERR_NOT_FOUND, "%s: no tensor '%s' (%s %s), which the %s graph needs", file, name,
                         kiln_type_name(kiln_tensor_type(w)), ws, m->hp.arch);
     kiln_gguf_tensor t;
     kiln_status st = kiln_gguf_tensor_info(m->gguf, i, &t);
     if (st) return st;
     km_shape_text(t.ne, t.n_dims, fs, sizeof fs);
     if (memcmp(t.ne, want, sizeof want) != 0)
-        return kb_error(KILN_ERR_SHAPE, "model: tensor '%s' is %s in the GGUF; the graph needs %s", name, fs, ws);
+        return kb_error(KILN_ERR_SHAPE, "%s: tensor '%s' is %s in the file; the graph needs %s", file, name, fs, ws);
     if (!t.has_kiln_type || t.type != kiln_tensor_type(w))
-        return kb_error(KILN_ERR_SHAPE, "model: tensor '%s' is %s in the GGUF; the graph needs %s (kiln takes one type "
-                                        "for all matrices, that of blk.0.attn_q.weight)", name, t.type_name,
+        return kb_error(KILN_ERR_SHAPE, "%s: tensor '%s' is %s in the file; the graph needs %s (kiln takes one type "
+                                        "for all matrices, that of blk.0.attn_q.weight)", file, name, t.type_name,
                         kiln_type_name(kiln_tensor_type(w)));
     return NULL;
 }

@@ -9,6 +9,7 @@
 #include "model/tokenizer.h"
 
 #include "base/base.h"
+#include "model/gguf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -656,8 +657,11 @@ static kiln_status gguf_string_array(const kiln_gguf *g, const char *key, bool r
         return st;
     }
     if (elem != KILN_GGUF_STRING)
-        return kb_error(KILN_ERR_FORMAT, "%s is an array of %s, not of strings", key, kiln_gguf_type_name(elem));
-    if (*n >= INT32_MAX) return kb_error(KILN_ERR_FORMAT, "%s has %llu strings, too many", key, (unsigned long long)*n);
+        return kb_error(KILN_ERR_FORMAT, "%s: %s is an array of %s, not of strings", km_gguf_label(g), key,
+                        kiln_gguf_type_name(elem));
+    if (*n >= INT32_MAX)
+        return kb_error(KILN_ERR_FORMAT, "%s: %s has %llu strings, too many", km_gguf_label(g), key,
+                        (unsigned long long)*n);
     km_strv *v = malloc((*n + 1) * sizeof *v);
     if (!v) return kb_oom();
     for (uint64_t i = 0; i < *n; i++) {
@@ -680,8 +684,8 @@ static kiln_status gguf_token_id(const kiln_gguf *g, const char *key, uint64_t n
         return NULL;
     }
     if (v < 0 || (uint64_t)v >= n_tokens)
-        return kb_error(KILN_ERR_FORMAT, "%s is %lld, not a token id (the vocabulary has %llu tokens)", key, (long long)v,
-                        (unsigned long long)n_tokens);
+        return kb_error(KILN_ERR_FORMAT, "%s: %s is %lld, not a token id (the vocabulary has %llu tokens)",
+                        km_gguf_label(g), key, (long long)v, (unsigned long long)n_tokens);
     *out = (int32_t)v;
     return NULL;
 }
@@ -689,13 +693,13 @@ static kiln_status gguf_token_id(const kiln_gguf *g, const char *key, uint64_t n
 kiln_status kiln_tokenizer_from_gguf(const kiln_gguf *g, kiln_tokenizer **out) {
     if (!g || !out) return kb_error(KILN_ERR_INVALID, "kiln_tokenizer_from_gguf: NULL argument");
     *out = NULL;
-    const char *s;
+    const char *s, *file = km_gguf_label(g); /* every message names the file; the getters' do already */
     size_t      len;
     kiln_status st = kiln_gguf_get_str(g, "tokenizer.ggml.model", &s, &len);
     if (st) {
         if (kiln_status_code(st) != KILN_ERR_NOT_FOUND) return st;
         kiln_status_free(st);
-        return kb_error(KILN_ERR_FORMAT, "the GGUF has no tokenizer (no tokenizer.ggml.model)");
+        return kb_error(KILN_ERR_FORMAT, "%s: the file has no tokenizer (no tokenizer.ggml.model)", file);
     }
     if (len != 4 || memcmp(s, "gpt2", 4) != 0) {
         static const char *const kinds[][2] = {{"llama", "SentencePiece"}, {"bert", "WordPiece"}, {"t5", "Unigram"},
@@ -704,21 +708,21 @@ kiln_status kiln_tokenizer_from_gguf(const kiln_gguf *g, kiln_tokenizer **out) {
         for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
             if (strlen(kinds[i][0]) == len && memcmp(s, kinds[i][0], len) == 0) kind = kinds[i][1];
         return kb_error(KILN_ERR_FORMAT,
-                        "tokenizer.ggml.model '%.*s%s' (%s) is not supported: kiln reads byte-level BPE ('gpt2')",
-                        SHOW(s, len), kind);
+                        "%s: tokenizer.ggml.model '%.*s%s' (%s) is not supported: kiln reads byte-level BPE ('gpt2')",
+                        file, SHOW(s, len), kind);
     }
     char pre[64];
     if ((st = kiln_gguf_get_str(g, "tokenizer.ggml.pre", &s, &len))) {
         if (kiln_status_code(st) != KILN_ERR_NOT_FOUND) return st;
         kiln_status_free(st);
-        return kb_error(KILN_ERR_FORMAT, "tokenizer.ggml.pre is missing (llama.cpp's 'default' pre-tokenizer is not "
-                                         "supported; kiln has gpt2, llama-bpe, qwen2)");
+        return kb_error(KILN_ERR_FORMAT, "%s: tokenizer.ggml.pre is missing (llama.cpp's 'default' pre-tokenizer is "
+                                         "not supported; kiln has gpt2, llama-bpe, qwen2)", file);
     }
     km_pre p;
     snprintf(pre, sizeof pre, "%.*s", (int)(len < sizeof pre - 1 ? len : sizeof pre - 1), s);
     if (len >= sizeof pre || strlen(pre) != len || !km_pre_parse(pre, &p))
-        return kb_error(KILN_ERR_FORMAT, "tokenizer.ggml.pre '%.*s%s' is not supported (kiln has gpt2, llama-bpe, qwen2)",
-                        SHOW(s, len));
+        return kb_error(KILN_ERR_FORMAT, "%s: tokenizer.ggml.pre '%.*s%s' is not supported (kiln has gpt2, llama-bpe, "
+                                         "qwen2)", file, SHOW(s, len));
     km_strv *tokens = NULL, *merges = NULL;
     uint64_t n_tokens, n_merges;
     int32_t *types = NULL;
@@ -734,7 +738,7 @@ kiln_status kiln_tokenizer_from_gguf(const kiln_gguf *g, kiln_tokenizer **out) {
         st = NULL;
     } else {
         if (elem != KILN_GGUF_I32 || nt < n_tokens) {
-            st = kb_error(KILN_ERR_FORMAT, "tokenizer.ggml.token_type is %llu values of %s, not %llu of i32",
+            st = kb_error(KILN_ERR_FORMAT, "%s: tokenizer.ggml.token_type is %llu values of %s, not %llu of i32", file,
                           (unsigned long long)nt, kiln_gguf_type_name(elem), (unsigned long long)n_tokens);
             goto done;
         }
@@ -755,7 +759,8 @@ kiln_status kiln_tokenizer_from_gguf(const kiln_gguf *g, kiln_tokenizer **out) {
         v.add_bos = add_bos;
     }
     if (v.add_bos && v.bos < 0) {
-        st = kb_error(KILN_ERR_FORMAT, "tokenizer.ggml.add_bos_token is true but there is no tokenizer.ggml.bos_token_id");
+        st = kb_error(KILN_ERR_FORMAT, "%s: tokenizer.ggml.add_bos_token is true but there is no "
+                                       "tokenizer.ggml.bos_token_id", file);
         goto done;
     }
     v.n_tokens = (int64_t)n_tokens;
@@ -763,7 +768,7 @@ kiln_status kiln_tokenizer_from_gguf(const kiln_gguf *g, kiln_tokenizer **out) {
     v.types = types;
     v.n_merges = (int64_t)n_merges;
     v.merges = merges;
-    if ((st = km_tokenizer_build(&v, out))) st = kb_wrap(st, "GGUF tokenizer");
+    if ((st = km_tokenizer_build(&v, out))) st = kb_wrap(st, "%s: tokenizer", file);
 done:
     free(tokens);
     free(merges);

@@ -7,7 +7,7 @@
  *    examples/qwen3moe-layer.kg's (qwen3moe with 8 experts used);
  *  - presets have the documented values; unknown arch, preset and bad hyperparameters are
  *    errors naming them;
- *  - the llama-3-8b graph (32 layers) builds and prints in well under a second;
+ *  - the llama-3-8b graph (32 layers) builds and prints with every layer;
  *  - kiln_compile with skip_nvrtc of the tiny graphs succeeds with the fusions applied in every
  *    layer (rms_norm_mul, rope_set_rows, mul_mat_glu, topk_moe);
  *  - kiln gen-graph writes the graph, explains itself and refuses unknown names. */
@@ -416,13 +416,11 @@ END_TEST
 
 /* ---- the large graph, compile ------------------------------------------------------------------------ */
 
-START_TEST(llama_3_8b_builds_fast) {
+/* How fast it builds is kiln bench's business, not a test's (no wall-clock assertions). */
+START_TEST(llama_3_8b_builds) {
     kiln_model_hparams hp = preset("llama", "llama-3-8b");
-    double    t0 = kb_now_ms();
     kiln_ctx *ctx = build(&hp, 0, 0, KILN_OUTPUTS_LAST);
     char     *text = print(ctx);
-    double    ms = kb_now_ms() - t0;
-    ck_assert_msg(ms < 500, "building and printing llama-3-8b took %.0f ms", ms);
     ck_assert_int_eq(count(text, " = flash_attn_ext("), 32);
     ck_assert_int_eq(count(text, "state cache_v_l31: f16[1024, 4096]\n"), 1);
     ck_assert_int_eq(count(text, "weight blk.31.ffn_down.weight: bf16[14336, 4096]\n"), 1);
@@ -525,7 +523,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, qwen3moe_layer_is_the_example);
     tcase_add_test(tc, presets_documented);
     tcase_add_test(tc, errors_name_the_field);
-    tcase_add_test(tc, llama_3_8b_builds_fast);
+    tcase_add_test(tc, llama_3_8b_builds);
     tcase_add_loop_test(tc, tiny_compiles_fused, 0, 4);
     tcase_add_test(tc, cli_gen_graph);
     suite_add_tcase(s, tc);

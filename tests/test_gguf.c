@@ -587,6 +587,11 @@ END_TEST
 static void expect_writer_err(kiln_gguf_writer *w, const char *want, const char *dir) {
     char *path = path_in(dir, "e.gguf");
     expect_err(kiln_gguf_write(w, path, NULL, NULL, NULL), KILN_ERR_INVALID, want, want);
+    /* the recorded error names the file being written (a fresh writer: the first one is freed) */
+    kiln_gguf_writer *again = kiln_gguf_writer_new();
+    kiln_gguf_set_u32(again, "", 1);
+    expect_err(kiln_gguf_write(again, path, NULL, NULL, NULL), KILN_ERR_INVALID, "e.gguf: ", "path");
+    kiln_gguf_writer_free(again);
     ck_assert(!exists(path));
     ck_assert_int_eq(count_entries(dir), 0);
     kiln_gguf_writer_free(w);
@@ -911,6 +916,7 @@ START_TEST(malformed_tensor) {
 END_TEST
 
 START_TEST(malformed_data) {
+    size_t  end;
     tpos    p;
     int64_t ne[1] = {16}; /* f32: 64 bytes */
     kb_str  b = one_tensor(1, ne, 0, 4, 128, &p);
@@ -967,10 +973,19 @@ START_TEST(malformed_data) {
     put_zeros(&b, 256);
     expect_bad(&b, "data offset 64 is not a multiple of the alignment 128", p.offset, "custom alignment");
 
+    /* An alignment that is a power of 2 but larger than the file: the data section cannot start. */
+    b = hdr(3, 1, 1);
+    put_key(&b, "general.alignment", KILN_GGUF_U32);
+    kb_put_u32(&b, (uint32_t)1 << 31);
+    put_tensor(&b, "a", 1, ne, 0, 0);
+    end = b.len;
+    put_zeros(&b, 256);
+    expect_bad(&b, "padding before the data section at offset", end, "alignment 2^31");
+
     /* The padding before the data section cut short. */
     b = hdr(3, 1, 0);
     put_tensor(&b, "t", 1, ne, 0, 0);
-    size_t end = b.len;
+    end = b.len;
     put_zeros(&b, 3);
     expect_bad(&b, "padding before the data section at offset 57: truncated", end, "padding");
 }

@@ -307,12 +307,23 @@ static void patch_file(const char *path, const char *from, const void *to, size_
     patch_after(path, from, strlen(from), 0, to, n);
 }
 
-static void expect_open_error(const char *path, const char *want) {
-    kiln_model *m = NULL;
+/* Opening path fails with code and a message that starts with the path and contains want. */
+static void expect_open_error_code(const char *path, kiln_code code, const char *want) {
+    kiln_model *m = (kiln_model *)1;
     kiln_status st = kiln_model_open(path, &m);
     ck_assert_msg(st != NULL, "opening %s succeeded; expected an error with '%s'", path, want);
-    ck_assert_msg(strstr(kiln_status_msg(st), want), "expected '%s' in: %s", want, kiln_status_msg(st));
+    ck_assert_ptr_null(m);
+    const char *msg = kiln_status_msg(st);
+    ck_assert_msg(strstr(msg, want), "expected '%s' in: %s", want, msg);
+    ck_assert_msg(!strncmp(msg, path, strlen(path)) && !strncmp(msg + strlen(path), ": ", 2),
+                  "the message does not start with the file's path %s: %s", path, msg);
+    ck_assert_msg(kiln_status_code(st) == code, "code %s, want %s: %s", kiln_code_name(kiln_status_code(st)),
+                  kiln_code_name(code), msg);
     kiln_status_free(st);
+}
+
+static void expect_open_error(const char *path, const char *want) {
+    expect_open_error_code(path, KILN_ERR_FORMAT, want);
 }
 
 START_TEST(model_errors_name_the_cause) {
@@ -325,7 +336,7 @@ START_TEST(model_errors_name_the_cause) {
     /* A required key missing: rename llama.block_count. */
     p = write_model("llama", "tiny", 1, "key.gguf");
     patch_file(p, "llama.block_count", "llama.block_xount", 17);
-    expect_open_error(p, "llama.block_count");
+    expect_open_error(p, "no key 'llama.block_count', which llama models need");
     free(p);
     /* A quantized tensor: blk.0.attn_q.weight's type code (after name, n_dims, ne0, ne1)
      * becomes q4_0, whose 18-byte blocks of 32 fit inside the f16 data. */
@@ -334,16 +345,159 @@ START_TEST(model_errors_name_the_cause) {
     patch_after(p, "blk.0.attn_q.weight", 19, 19 + 4 + 2 * 8, &q4_0, 4);
     expect_open_error(p, "'blk.0.attn_q.weight' is q4_0");
     free(p);
-    /* A weight the graph needs, missing from the file (its name changed). */
+    /* A weight the graph needs, missing from the file (its name changed): refused when the
+     * model opens, before any graph is built. */
     p = write_model("llama", "tiny", 1, "miss.gguf");
     patch_file(p, "blk.1.ffn_up.weight", "blk.1.ffn_up.weighx", 19);
+    expect_open_error(p, "no tensor 'blk.1.ffn_up.weight' (f16 [128, 256]), which the llama graph needs");
+    free(p);
+}
+END_TEST
+
+/* Sets the value of key (of type u32 or f32: 4 bytes) in the file: found by its length, name
+ * and type, so that "llama.attention.head_count" does not match head_count_kv. */
+static void set_key(const char *path, const char *key, uint32_t type, const void *v) {
+    char   needle[128];
+    size_t n = strlen(key);
+    uint64_t len = n;
+    memcpy(needle, &len, 8);
+    memcpy(needle + 8, key, n);
+    memcpy(needle + 8 + n, &type, 4);
+    patch_after(path, needle, 8 + n + 4, 8 + n + 4, v, 4);
+}
+
+static void set_u32(const char *path, const char *key, uint32_t v) { set_key(path, key, KILN_GGUF_U32, &v); }
+
+/* A tiny llama whose key `key` becomes v: opening it fails with want. */
+static void expect_u32_refused(const char *arch, const char *key, uint32_t v, const char *want) {
+    char *p = write_model(arch, "tiny", 1, "hp.gguf");
+    set_u32(p, key, v);
+    expect_open_error(p, want);
+    free(p);
+}
+
+/* The hyperparameters are checked against the tensors the file holds before anything is built:
+ * a header claiming 767 layers of a 2-layer file is refused at once, naming the file, the key
+ * and the first tensor missing; each extent that differs names the key behind it. */
+START_TEST(hparams_checked_against_tensors) {
+    expect_u32_refused("llama", "llama.block_count", 767,
+                       "hp.gguf: llama.block_count is 767 but the file holds layers 0 .. 1 (no tensor "
+                       "blk.2.attn_norm.weight)");
+    expect_u32_refused("llama", "llama.block_count", 1,
+                       "hp.gguf: llama.block_count is 1 but the file holds layers 0 .. 1 (tensor blk.1.");
+    expect_u32_refused("llama", "llama.embedding_length", 256,
+                       "tensor 'token_embd.weight' is [128, 1024], not [256, 1024]: its ne[0] should be "
+                       "llama.embedding_length = 256");
+    expect_u32_refused("llama", "llama.vocab_size", 2000,
+                       "tensor 'token_embd.weight' is [128, 1024], not [128, 2000]: its ne[1] should be "
+                       "llama.vocab_size = 2000");
+    expect_u32_refused("llama", "llama.attention.head_count", 8,
+                       "tensor 'blk.0.attn_q.weight' is [128, 128], not [128, 256]: its ne[1] should be "
+                       "llama.attention.head_count 8 x the head size 32 (llama.attention.key_length)");
+    expect_u32_refused("llama", "llama.attention.head_count_kv", 1,
+                       "tensor 'blk.0.attn_k.weight' is [128, 64], not [128, 32]: its ne[1] should be "
+                       "llama.attention.head_count_kv 1 x the head size 32");
+    expect_u32_refused("llama", "llama.feed_forward_length", 512,
+                       "tensor 'blk.0.ffn_gate.weight' is [128, 256], not [128, 512]: its ne[1] should be "
+                       "llama.feed_forward_length = 512");
+    expect_u32_refused("qwen3", "qwen3.attention.key_length", 32,
+                       "qwen3.attention.value_length 64 differs from key_length 32");
+    expect_u32_refused("qwen3moe", "qwen3moe.expert_count", 16,
+                       "tensor 'blk.0.ffn_gate_inp.weight' is [128, 8], not [128, 16]: its ne[1] should be "
+                       "qwen3moe.expert_count = 16");
+    expect_u32_refused("qwen3moe", "qwen3moe.expert_feed_forward_length", 32,
+                       "tensor 'blk.0.ffn_gate_exps.weight' is [128, 64, 8], not [128, 32, 8]: its ne[1] should be "
+                       "qwen3moe.expert_feed_forward_length = 32");
+    /* Bounds on the keys themselves, before the tensors. */
+    expect_u32_refused("llama", "llama.context_length", 0, "hp.gguf: model: n_ctx_train = 0 is out of range");
+    expect_u32_refused("llama", "llama.block_count", 0, "hp.gguf: model: n_layer = 0 is out of range");
+    expect_u32_refused("llama", "llama.embedding_length", 3000000000u, "n_embd = 3000000000 is out of range");
+    expect_u32_refused("qwen3moe", "qwen3moe.expert_used_count", 9, "n_expert_used = 9 is out of range");
+    char *p = write_model("llama", "tiny", 1, "nan.gguf");
+    float nan = NAN;
+    set_key(p, "llama.rope.freq_base", KILN_GGUF_F32, &nan);
+    expect_open_error(p, "'llama.rope.freq_base' is nan, not a finite number");
+    free(p);
+    /* Without attention.key_length the head size is n_embd / n_head, which must divide. */
+    p = write_model("llama", "tiny", 1, "div.gguf");
+    patch_file(p, "llama.attention.key_length", "llama.attention.key_lengtx", 26);
+    set_u32(p, "llama.attention.head_count", 3);
+    expect_open_error(p, "llama.attention.head_count 3 does not divide llama.embedding_length 128, and there is no "
+                         "llama.attention.key_length");
+    free(p);
+    /* Tensors: one missing outside the layers, one of another type, a layer missing one. */
+    p = write_model("llama", "tiny", 1, "norm.gguf");
+    patch_file(p, "output_norm.weight", "output_norm.weighx", 18);
+    expect_open_error(p, "norm.gguf: no tensor 'output_norm.weight' (f32 [128]), which the llama graph needs");
+    free(p);
+    p = write_model("llama", "tiny", 1, "type.gguf");
+    uint32_t f16 = 1; /* blk.1.attn_norm.weight (f32 [128]) as f16: its 256 bytes fit in the 512 */
+    patch_after(p, "blk.1.attn_norm.weight", 22, 22 + 4 + 8, &f16, 4);
+    expect_open_error(p, "type.gguf: tensor 'blk.1.attn_norm.weight' is f16; the llama graph needs f32");
+    free(p);
+    p = write_model("qwen3", "tiny", 1, "qkn.gguf");
+    patch_file(p, "blk.1.attn_k_norm.weight", "blk.1.attn_k_norm.weighx", 24);
+    expect_open_error(p, "qkn.gguf: no tensor 'blk.1.attn_k_norm.weight' (f32 [64]), which the qwen3 graph needs");
+    free(p);
+    /* The same refusal through the command line, which builds nothing. */
+    p = write_model("llama", "tiny", 1, "cli767.gguf");
+    set_u32(p, "llama.block_count", 767);
+    char cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s inspect %s", ts_kiln_bin(), p);
+    ck_assert_int_ne(ts_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "cli767.gguf: llama.block_count is 767 but the file holds layers 0 .. 1"), "%s", out);
+    free(out);
+    free(p);
+}
+END_TEST
+
+/* A tiny llama with every optional weight: llama3 rope scaling (rope_freqs.weight), Q/K/V biases,
+ * tied output. It opens with the same hyperparameters; a rope_freqs of another length or a
+ * missing bias is refused naming it. */
+static kiln_model_hparams llama_variant(void) {
+    kiln_model_hparams hp;
+    TS_OK(kiln_model_preset("llama", "tiny", &hp));
+    hp.rope_scaling = KILN_ROPE_SCALING_LLAMA3;
+    hp.rope_factor = 8;
+    hp.rope_low_freq_factor = 1;
+    hp.rope_high_freq_factor = 4;
+    hp.rope_orig_ctx = 256;
+    hp.attn_bias = true;
+    hp.tied_output = true;
+    return hp;
+}
+
+START_TEST(optional_weights_checked) {
+    kiln_model_hparams hp = llama_variant();
+    char              *p = path_in("var.gguf");
+    TS_OK(kiln_model_write_random(&hp, 1, p, NULL, NULL));
     kiln_model *m;
     TS_OK(kiln_model_open(p, &m));
-    kiln_gen_opts o = {.n_ctx = 8, .cpu = true};
-    kiln_gen     *g = NULL;
-    kiln_status   st = kiln_gen_new(m, &o, &g);
+    hparams_equal(kiln_model_get_hparams(m), &hp);
+    kiln_model_close(m);
+    int64_t half = 8; /* rope_freqs.weight's ne0, 16, becomes 8 (the data still fits) */
+    patch_after(p, "rope_freqs.weight", 17, 17 + 4, &half, 8);
+    expect_open_error(p, "var.gguf: tensor 'rope_freqs.weight' is [8], not [16]: its ne[0] should be half the head "
+                         "size 32 (llama.attention.key_length)");
+    TS_OK(kiln_model_write_random(&hp, 1, p, NULL, NULL));
+    patch_file(p, "blk.1.attn_v.bias", "blk.1.attn_v.bixs", 17);
+    expect_open_error(p, "var.gguf: no tensor 'blk.1.attn_v.bias' (f32 [64]), which the llama graph needs");
+    free(p);
+}
+END_TEST
+
+/* The tokenizer's messages name the file too. */
+START_TEST(tokenizer_errors_name_the_file) {
+    char *p = write_model("llama", "tiny", 1, "tok.gguf");
+    patch_file(p, "tokenizer.ggml.pre", "tokenizer.ggml.prx", 18);
+    kiln_model *m;
+    TS_OK(kiln_model_open(p, &m));
+    kiln_tokenizer *t = NULL;
+    kiln_status     st = kiln_tokenizer_from_gguf(kiln_model_gguf(m), &t);
     ck_assert_ptr_nonnull(st);
-    ck_assert_msg(strstr(kiln_status_msg(st), "no tensor 'blk.1.ffn_up.weight'"), "%s", kiln_status_msg(st));
+    char want[4200];
+    snprintf(want, sizeof want, "%s: tokenizer.ggml.pre is missing", p);
+    ck_assert_msg(strstr(kiln_status_msg(st), want), "%s", kiln_status_msg(st));
     kiln_status_free(st);
     kiln_model_close(m);
     free(p);
@@ -415,6 +569,9 @@ int main(void) {
     tcase_add_loop_test(tc, random_model_equals_file, 0, 4);
     tcase_add_test(tc, gen_errors);
     tcase_add_test(tc, model_errors_name_the_cause);
+    tcase_add_test(tc, hparams_checked_against_tensors);
+    tcase_add_test(tc, optional_weights_checked);
+    tcase_add_test(tc, tokenizer_errors_name_the_file);
     tcase_add_test(tc, cli_gen_model_and_cpu_run);
     suite_add_tcase(s, tc);
     return ts_main_isolated(s, "model");
