@@ -75,7 +75,9 @@ static char *signature(const kiln_compile_opts *o, const char *graph, char targe
 static kiln_status list_targets(int narchs, const char *const *archs, char out[][16], int *n) {
     *n = 0;
     for (int i = 0; i < narchs; i++) {
-        kb_arch a;
+        kb_arch     a;
+        kiln_status st = kiln_check_arch(archs[i]); /* before any compile: sm_75 fails fast */
+        if (st) return st;
         if (!kb_arch_parse(archs[i], &a) || a.ptx)
             return kb_error(KILN_ERR_INVALID, "bundle arch '%s' is not of the form sm_XY or sm_XYa (e.g. sm_90a, sm_80)",
                             archs[i]);

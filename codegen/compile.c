@@ -48,17 +48,22 @@ static void logf_(const compile_env *e, const char *fmt, ...) {
     e->cache.log(e->cache.log_user, line);
 }
 
-/* sm_XY[a] for cubins, compute_XY[a] for PTX. */
-static kiln_status check_arch(const char *arch) {
+/* sm_XY[a|f] for cubins, compute_XY[a|f] for PTX; below sm_80 the templates do not compile
+ * (ptxas would refuse bf16 mma and cp.async with errors that name neither the arch nor kiln). */
+kiln_status kiln_check_arch(const char *arch) {
     kb_arch a;
-    if (kb_arch_parse(arch, &a) && strlen(arch) < 16) return NULL;
-    return kb_error(KILN_ERR_INVALID, "unknown GPU architecture '%s' (expected sm_XY or sm_XYa, e.g. sm_90a, sm_80; "
-                                      "compute_XY for PTX)", arch);
+    if (!arch || !kb_arch_parse(arch, &a) || strlen(arch) >= 16)
+        return kb_error(KILN_ERR_INVALID, "unknown GPU architecture '%s' (expected sm_XY, sm_XYa or sm_XYf, e.g. "
+                                          "sm_90a, sm_80; compute_XY for PTX)", arch ? arch : "(null)");
+    if (a.major < 8)
+        return kb_error(KILN_ERR_INVALID, "GPU architecture '%s' is too old: kiln generates code for sm_80 (Ampere) "
+                                          "or newer, e.g. sm_80, sm_86, sm_89, sm_90a", arch);
+    return NULL;
 }
 
 static kiln_status setup(compile_env *e, const kiln_compile_opts *o) {
     e->o = o;
-    kiln_status st = check_arch(o->arch ? o->arch : "sm_90a");
+    kiln_status st = kiln_check_arch(o->arch ? o->arch : "sm_90a");
     if (st) return st;
     snprintf(e->arch, sizeof e->arch, "%s", o->arch ? o->arch : "sm_90a");
     e->dump_dir = o->dump_dir ? o->dump_dir : getenv("KILN_DUMP");

@@ -321,6 +321,11 @@ const char *kiln_fusion_pass(int i, const char **what);
 /* NULL when every comma-separated name in list names a fusion pass; else an error that names
  * the unknown one and lists the passes. */
 kiln_status kiln_check_fusion_passes(const char *list);
+/* NULL when arch is a GPU architecture kiln generates code for: sm_XY, sm_XYa or sm_XYf
+ * (cubins), compute_XY[a|f] (PTX), with XY at least 80 (Ampere: the kernels use bf16 tensor
+ * cores and cp.async). Else KILN_ERR_INVALID naming it. kiln_compile and kiln_bundle_write
+ * check their archs with it before any work. */
+kiln_status kiln_check_arch(const char *arch);
 
 typedef struct {
     int    kernels;        /* kernel launches and library calls in the program (all variants) */

@@ -440,7 +440,7 @@ START_TEST(cache_clear_evict_and_usage) {
     snprintf(want, sizeof want, "evicted 1 entry; %llu bytes", (unsigned long long)(total - (80 + 32 + 1000)));
     EXPECT(NULL, "cache evict --max 6k", 0, want, "limit 6.0 KiB");
     ck_assert(!file_exists(p1));
-    EXPECT(NULL, "cache evict --max 6x", 1, "--max", "'6x'");
+    EXPECT(NULL, "cache evict --max 6x", 2, "--max", "'6x'");
     snprintf(want, sizeof want, "removed 2 entries (%llu bytes", (unsigned long long)(total - (80 + 32 + 1000)));
     EXPECT(NULL, "cache clear", 0, want, "0 temporary files from ", cli_dir);
     EXPECT(NULL, "cache ls", 0, "0 entries, 0 bytes");

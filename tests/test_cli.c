@@ -237,6 +237,173 @@ START_TEST(ops_lists_every_op) {
 }
 END_TEST
 
+/* Runs `kiln ARGS`, asserting its exit status and that its output holds each of the strings. */
+static void expect(int rc, const char *args, const char *want1, const char *want2) {
+    char *out;
+    int   got = kiln(args, &out);
+    ck_assert_msg(got == rc, "kiln %s: exit %d, not %d:\n%s", args, got, rc, out);
+    ck_assert_msg(!want1 || strstr(out, want1), "kiln %s: no '%s' in:\n%s", args, want1, out);
+    ck_assert_msg(!want2 || strstr(out, want2), "kiln %s: no '%s' in:\n%s", args, want2, out);
+    free(out);
+}
+
+/* A tiny llama GGUF in the test's cache directory (about 1 MB, written in milliseconds). */
+static void tiny_model(char *path, size_t cap) {
+    char args[4300];
+    snprintf(path, cap, "%s/tiny.gguf", cache_dir);
+    snprintf(args, sizeof args, "gen-model --arch llama --preset tiny -o '%s'", path);
+    expect(0, args, "wrote ", NULL);
+}
+
+/* Every numeric flag goes through one parser: the whole value, 64-bit overflow, the flag's
+ * range; the message names the flag, the value and the range (exit 2). */
+START_TEST(numeric_flags_are_range_checked) {
+    expect(2, "run examples/swiglu.kg --seed -5", "kiln run: --seed -5: must be 0 .. 18446744073709551615", NULL);
+    expect(2, "run examples/swiglu.kg --seed 18446744073709551616", "--seed 18446744073709551616: not an integer",
+           NULL);
+    expect(2, "run examples/swiglu.kg --seed 12abc", "--seed 12abc: not an integer", NULL);
+    expect(2, "run examples/swiglu.kg --iters 0", "--iters 0: must be 1 .. 1000000", NULL);
+    expect(2, "run examples/swiglu.kg --iters 99999999999999999999", "--iters 99999999999999999999: not an integer",
+           NULL);
+    expect(2, "run examples/swiglu.kg --dim n=x", "--dim n=x: not an integer in 1 ..", NULL);
+    expect(2, "compile examples/swiglu.kg --jobs 0", "--jobs 0: must be 1 .. 1024", NULL);
+    expect(2, "compile examples/swiglu.kg --jobs 2000", "--jobs 2000: must be 1 .. 1024", NULL);
+    expect(2, "compile examples/swiglu.kg --jobs ' 4'", "not an integer in 1 .. 1024", NULL);
+    expect(2, "gen-model --preset tiny -o x.gguf --seed -5", "kiln gen-model: --seed -5: must be 0 ..", NULL);
+    expect(2, "gen-graph --arch llama --preset tiny --n-ctx 0", "--n-ctx 0: must be 1 .. 2147483648", NULL);
+    expect(2, "gen-graph --arch llama --preset tiny --n-ctx 64 --n-tokens 128", "--n-tokens 128", "--n-ctx 64");
+    expect(2, "bench --seed -5", "kiln bench: --seed -5: must be 0 ..", NULL);
+    expect(2, "cache evict --max 2X", "kiln cache evict: --max: invalid size '2X'", NULL);
+    expect(2, "compile examples/swiglu.kg --n-ctx 64", "--n-ctx sizes a GGUF model's graph", NULL);
+}
+END_TEST
+
+/* kiln run MODEL.gguf: -n, --n-ctx, --n-batch and --tokens are range-checked, and whether the
+ * prompt and -n fit the context is checked before anything compiles: without --cpu these exit
+ * 2 on a machine with no GPU too (before: a crash, "out of host memory", or an error after
+ * compile, upload and prefill). */
+START_TEST(model_run_flags_and_context_fit) {
+    char m[4200], args[4400];
+    tiny_model(m, sizeof m);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2,3 -n 99999999999999999999 --cpu", m);
+    expect(2, args, "kiln run: -n 99999999999999999999: not an integer in 0 .. 2147483648", NULL);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2,3 -n 9223372036854775807 --cpu", m);
+    expect(2, args, "-n 9223372036854775807: must be 0 .. 2147483648", NULL);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2,3 --n-ctx 3000000000 --cpu", m);
+    expect(2, args, "--n-ctx 3000000000: must be 1 .. 2147483648", NULL);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2,3 --n-ctx 2048", m);
+    expect(2, args, "--n-ctx 2048: the model's training context (n_ctx_train) is 1024", NULL);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2,3 -n 1000000000", m);
+    expect(2, args, "plus -n 1000000000 needs a context of 1000000002", "the context (--n-ctx's default) is 1024");
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2,3 -n 100 --n-ctx 64", m);
+    expect(2, args, "the prompt (3 tokens) plus -n 100 needs a context of 102", "but --n-ctx is 64");
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2,3 -n 7 --n-ctx 8", m);
+    expect(2, args, "needs a context of 9", NULL);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2,3 -n 6 --n-ctx 8 --n-batch 4 --cpu", m);
+    expect(0, args, "decode: 5 tokens", NULL); /* exactly full: the last token is never stored */
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2 --n-ctx 64 --n-batch 128", m);
+    expect(2, args, "--n-batch 128: a batch must fit in the context, --n-ctx 64", NULL);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2,5000", m);
+    expect(2, args, "--tokens: id 5000 is not a token of this model (n_vocab 1024", NULL);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,-2 --cpu", m);
+    expect(2, args, "--tokens 1,-2: '-2' is not an integer in 0 ..", NULL);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2 --jobs 0 --cpu", m);
+    expect(2, args, "--jobs 0: must be 1 .. 1024", NULL);
+    snprintf(args, sizeof args, "inspect '%s' --n-ctx 2048", m);
+    expect(2, args, "kiln inspect: --n-ctx 2048: the model's training context (n_ctx_train) is 1024", NULL);
+}
+END_TEST
+
+/* --no-fuse=NAME, listed by 'kiln help run', works for a model as for a graph. */
+START_TEST(model_run_takes_no_fuse_names) {
+    char m[4200], args[4400];
+    tiny_model(m, sizeof m);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2 -n 2 --cpu --no-fuse=ew_chain --no-fuse=rms_norm_mul", m);
+    expect(0, args, "generated:", NULL);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2 -n 2 --cpu --no-fuse=nope", m);
+    expect(2, args, "unknown fusion pass 'nope'", NULL);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2 -n 2 --cpu --no-fuse=", m);
+    expect(2, args, "give pass names", NULL);
+}
+END_TEST
+
+/* kiln help COMMAND (and COMMAND --help) for every command. */
+START_TEST(help_for_every_command) {
+    static const char *const cmds[] = {"compile", "run", "inspect", "cache", "ops", "gen-graph", "gen-model",
+                                       "bench", "help"};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        char args[64], want[64];
+        snprintf(want, sizeof want, "usage: kiln %s", cmds[i]);
+        snprintf(args, sizeof args, "help %s", cmds[i]);
+        expect(0, args, want, NULL);
+        snprintf(args, sizeof args, "%s --help", cmds[i]);
+        expect(0, args, want, NULL);
+    }
+    expect(0, "help ops", "lists every op", NULL);
+    expect(2, "help frobnicate", "no help for unknown command 'frobnicate'", NULL);
+    expect(2, "ops extra", "kiln ops: unexpected argument 'extra'", NULL);
+}
+END_TEST
+
+/* A GRAPH that holds no graph says what it holds: empty, a bundle (run it with --bundle), a
+ * .kiln that is no bundle, binary data; before, an empty file "had no outputs". */
+START_TEST(unusable_graph_files_are_named) {
+    char dir[4200], args[4400], mk[6 * 4200 + 256];
+    snprintf(dir, sizeof dir, "%s/files", cache_dir);
+    snprintf(mk, sizeof mk, "mkdir -p '%s' && : > '%s/e.kiln' && : > '%s/e.kg' && printf 'KILNBNDLxx' > '%s/b.kiln'"
+             " && printf 'abc\\000def' > '%s/g.kiln' && printf 'ab\\000cd' > '%s/g.bin'", dir, dir, dir, dir, dir, dir);
+    ck_assert_int_eq(ts_run(mk, NULL), 0);
+    static const char *const cmds[] = {"compile", "inspect", "run"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "%s '%s/e.kiln'", cmds[i], dir);
+        expect(1, args, "e.kiln: empty file", NULL);
+        snprintf(args, sizeof args, "%s '%s/e.kg'", cmds[i], dir);
+        expect(1, args, "e.kg: empty file", NULL);
+        snprintf(args, sizeof args, "%s '%s/g.kiln'", cmds[i], dir);
+        expect(1, args, "g.kiln: not a kiln bundle", NULL);
+        snprintf(args, sizeof args, "%s '%s/g.bin'", cmds[i], dir);
+        expect(1, args, "g.bin: not a .kg graph (binary data)", NULL);
+    }
+    snprintf(args, sizeof args, "compile '%s/b.kiln'", dir);
+    expect(1, args, "b.kiln is an AOT bundle, not a graph: run it with 'kiln run --bundle", NULL);
+    snprintf(args, sizeof args, "run '%s/b.kiln'", dir);
+    expect(1, args, "b.kiln is an AOT bundle", NULL);
+    snprintf(args, sizeof args, "inspect '%s/b.kiln'", dir); /* a bundle: verified, and damaged */
+    expect(1, args, "b.kiln: not a kiln bundle (too short)", NULL);
+    snprintf(args, sizeof args, "run --bundle '%s/e.kg'", dir);
+    expect(1, args, "e.kg: empty file", NULL);
+    snprintf(args, sizeof args, "cache explain '%s/e.kg'", dir);
+    expect(1, args, "e.kg: empty file", NULL);
+}
+END_TEST
+
+/* kiln cache explain MODEL.gguf explains the graph kiln compile builds from the model. */
+START_TEST(cache_explain_takes_a_model) {
+    char m[4200], args[4400];
+    tiny_model(m, sizeof m);
+    snprintf(args, sizeof args, "cache explain '%s'", m); /* before: parsed as .kg, "unexpected character" */
+    expect(0, args, "mul_mat", "not cached");
+    snprintf(args, sizeof args, "cache explain '%s' --n-ctx 64 --n-batch 8 --no-fuse=ew_chain", m);
+    expect(0, args, "mul_mat", "not cached");
+    snprintf(args, sizeof args, "cache explain '%s' --n-ctx 4096", m);
+    expect(2, args, "--n-ctx 4096: the model's training context (n_ctx_train) is 1024", NULL);
+}
+END_TEST
+
+/* kiln needs sm_80 or newer: each --arch name is checked before any work, naming the flag. */
+START_TEST(arch_below_sm80_is_a_usage_error) {
+    expect(2, "compile examples/swiglu.kg --arch sm_90a,sm_75", "kiln compile: --arch sm_75: GPU architecture "
+           "'sm_75' is too old", "sm_80");
+    expect(2, "compile examples/swiglu.kg --arch compute_70", "--arch compute_70", NULL);
+    expect(2, "compile examples/swiglu.kg --arch sm_9x", "--arch sm_9x: unknown GPU architecture", NULL);
+    expect(2, "inspect examples/swiglu.kg --arch sm_75", "--arch sm_75", NULL);
+    expect(2, "run examples/swiglu.kg --arch sm_75", "--arch sm_75", NULL);
+    expect(2, "run examples/swiglu.kg --arch sm_90a,sm_80", "--arch sm_90a,sm_80: one architecture", NULL);
+    expect(2, "cache explain examples/swiglu.kg --arch sm_75", "kiln cache explain: --arch sm_75", NULL);
+    expect(0, "compile examples/swiglu.kg --arch sm_80,sm_90a", NULL, NULL);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("cli");
     TCase *tc = tcase_create("cli");
@@ -252,6 +419,13 @@ int main(void) {
     tcase_add_test(tc, run_without_gpu);
     tcase_add_test(tc, bench_usage);
     tcase_add_test(tc, ops_lists_every_op);
+    tcase_add_test(tc, numeric_flags_are_range_checked);
+    tcase_add_test(tc, model_run_flags_and_context_fit);
+    tcase_add_test(tc, model_run_takes_no_fuse_names);
+    tcase_add_test(tc, help_for_every_command);
+    tcase_add_test(tc, unusable_graph_files_are_named);
+    tcase_add_test(tc, cache_explain_takes_a_model);
+    tcase_add_test(tc, arch_below_sm80_is_a_usage_error);
     suite_add_tcase(s, tc);
     return ts_main(s);
 }

@@ -5,6 +5,7 @@
 #include "base/base.h"
 
 #include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -215,6 +216,44 @@ START_TEST(bad_arch_is_refused) {
 }
 END_TEST
 
+/* kiln needs sm_80 or newer: an older arch is refused up front (KILN_ERR_INVALID naming it and
+ * sm_80), by kiln_compile (with or without NVRTC) and kiln_bundle_write, not by ptxas. */
+START_TEST(arch_below_sm80_is_refused) {
+    static const char *const old_archs[] = {"sm_75", "sm_70", "compute_75", "sm_61"};
+    static const char *const ok_archs[] = {"sm_80", "sm_86", "sm_90a", "compute_80", "sm_100f", "sm_120a"};
+    for (size_t i = 0; i < sizeof ok_archs / sizeof *ok_archs; i++) TS_OK(kiln_check_arch(ok_archs[i]));
+    kiln_ctx *ctx = ts_parse(GRAPH);
+    kiln_graph *g;
+    TS_OK(kiln_graph_new(ctx, &g));
+    for (size_t i = 0; i < sizeof old_archs / sizeof *old_archs; i++) {
+        for (int skip = 0; skip < 2; skip++) {
+            kiln_compile_opts o = {.arch = old_archs[i], .cache_mode = KILN_CACHE_OFF, .skip_nvrtc = skip};
+            kiln_program *p = NULL;
+            kiln_status st = kiln_compile(g, &o, &p);
+            ck_assert_msg(kiln_status_code(st) == KILN_ERR_INVALID, "%s: %s", old_archs[i], kiln_status_msg(st));
+            ck_assert_msg(strstr(kiln_status_msg(st), old_archs[i]) && strstr(kiln_status_msg(st), "sm_80"), "%s",
+                          kiln_status_msg(st));
+            ck_assert_ptr_null(p);
+            kiln_status_free(st);
+        }
+    }
+    char *dir = ts_tmpdir(), path[4200];
+    snprintf(path, sizeof path, "%s/b.kiln", dir);
+    const char *archs[] = {"sm_90a", "sm_75"};
+    kiln_compile_opts o = {.cache_mode = KILN_CACHE_OFF};
+    kiln_status st = kiln_bundle_write(g, &o, 2, archs, path);
+    ck_assert_msg(kiln_status_code(st) == KILN_ERR_INVALID && strstr(kiln_status_msg(st), "sm_75"), "%s",
+                  kiln_status_msg(st));
+    kiln_status_free(st);
+    FILE *f = fopen(path, "rb"); /* refused before anything was written */
+    ck_assert_ptr_null(f);
+    ts_rmtree(dir);
+    free(dir);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("compile");
     TCase *tc = tcase_create("compile");
@@ -226,6 +265,7 @@ int main(void) {
     tcase_add_test(tc, flipped_byte_is_detected_and_rebuilt);
     tcase_add_test(tc, dumps_are_byte_identical);
     tcase_add_test(tc, bad_arch_is_refused);
+    tcase_add_test(tc, arch_below_sm80_is_refused);
     suite_add_tcase(s, tc);
     return ts_main(s);
 }

@@ -534,8 +534,8 @@ START_TEST(cli_gen_model_and_cpu_run) {
     ck_assert_msg(strstr(out, "--tokens ID,ID,... or --prompt TEXT"), "%s", out);
     free(out);
     snprintf(cmd, sizeof cmd, "%s run %s --tokens 1,x --cpu", ts_kiln_bin(), p);
-    ck_assert_int_eq(ts_run(cmd, &out), 1);
-    ck_assert_msg(strstr(out, "is not a list of token ids"), "%s", out);
+    ck_assert_int_eq(ts_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "--tokens 1,x: 'x' is not an integer"), "%s", out);
     free(out);
     snprintf(cmd, sizeof cmd, "%s gen-model --preset tiny", ts_kiln_bin());
     ck_assert_int_eq(ts_run(cmd, &out), 2);

@@ -7,6 +7,7 @@
 #include "tools/bench.h"
 
 #include "base/base.h"
+#include "tools/flag.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +36,7 @@ static const char *bench_help =
     "  --no-torch      kiln only\n"
     "  --python PY     the Python that has PyTorch (default: python3)\n"
     "  --dir DIR       the bench folder with the graphs and scripts (default: bench)\n"
-    "  --seed S        seed of the random weights and inputs (default 1)\n";
+    "  --seed S        seed of the random weights and inputs, 0 .. 2^64-1 (default 1)\n";
 
 static int usage(const char *fmt, const char *arg) {
     fputs("kiln bench: ", stderr);
@@ -68,9 +69,7 @@ static int parse(int argc, char **argv, kt_bench *b) {
         else if (!strcmp(a, "--python")) b->python = v;
         else if (!strcmp(a, "--dir")) b->dir = v;
         else if (!strcmp(a, "--seed")) {
-            char *end;
-            b->seed = strtoull(v, &end, 10);
-            if (!*v || *end) return usage("--seed takes a number, not '%s'", v);
+            if (!kt_flag_uint("bench", a, v, UINT64_MAX, &b->seed)) return B_USAGE;
         } else return usage("unknown option '%s'", a);
         if (valued) i++;
     }

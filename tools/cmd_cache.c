@@ -4,6 +4,7 @@
 #include "tools/cmd_cache.h"
 
 #include "cache/cache.h"
+#include "tools/flag.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +26,9 @@ const char kiln_cache_help[] =
     "                             older than an hour, and exits 0)\n"
     "  evict [--max SIZE]         remove least recently used entries until the cache fits in SIZE\n"
     "                             (default KILN_CACHE_MAX)\n"
-    "  explain GRAPH              for each kernel of GRAPH: cached or not, and why not\n"
+    "  explain GRAPH [--arch A] [--no-fuse[=NAME,...]] [--n-ctx N] [--n-batch N]\n"
+    "                             for each kernel of GRAPH (a .kg graph, or a GGUF model's graph\n"
+    "                             as compile builds it): cached or not, and why not\n"
     "  --cache-dir DIR            the cache directory (default: $KILN_CACHE_DIR, else\n"
     "                             $XDG_CACHE_HOME/kiln, else ~/.cache/kiln)\n"
     "Environment: KILN_CACHE_MAX (size limit, e.g. 512M, 2G; default 2G; 0: none),\n"
@@ -33,6 +36,7 @@ const char kiln_cache_help[] =
 
 typedef struct {
     const char *sub, *dir_opt, *max;
+    uint64_t    max_bytes; /* --max, parsed */
     bool        kernels, programs, repair;
     char       *dir;
     kc_cache    cache;
@@ -182,8 +186,9 @@ static int cmd_clear(const cache_cli *c) {
 static int cmd_evict(const cache_cli *c) {
     uint64_t max, total = 0;
     int removed = 0;
-    kiln_status st = c->max ? kc_parse_size(c->max, &max) : kc_max_bytes(&max);
-    if (st && c->max) st = kb_wrap(st, "--max");
+    kiln_status st = NULL;
+    if (c->max) max = c->max_bytes;
+    else st = kc_max_bytes(&max);
     if (!st) st = kc_evict(&c->cache, max, &removed, &total);
     if (st) return fail(st);
     char h[32], hm[32];
@@ -267,6 +272,7 @@ static int parse(int argc, char **argv, cache_cli *c) {
         } else if (!strcmp(a, "--cache-dir") || !strcmp(a, "--max")) {
             if (i + 1 == argc) return usage("option %s needs a value", a);
             *(!strcmp(a, "--max") ? &c->max : &c->dir_opt) = argv[++i];
+            if (!strcmp(a, "--max") && !kt_flag_size("cache evict", a, c->max, &c->max_bytes)) return EXIT_USAGE;
         } else if (!strcmp(a, "--kernels")) { c->kernels = true;
         } else if (!strcmp(a, "--programs")) { c->programs = true;
         } else if (!strcmp(a, "--repair")) { c->repair = true;

@@ -1,53 +1,65 @@
 /* `kiln cache explain GRAPH`: why a compile of GRAPH would (or would not) be warm
- * (kiln_cache_explain does the work). */
+ * (kiln_cache_explain does the work). GRAPH is built as kiln compile builds it
+ * (kt_graph_load), so a GGUF model is explained as the graph its compile caches. */
 #include "tools/cmd_cache.h"
 
 #include "kiln.h"
+
+#include "tools/flag.h"
+#include "tools/graph_file.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-int kiln_cmd_cache_explain(int argc, char **argv) {
-    kiln_compile_opts o = {0};
-    const char       *graph = NULL;
+#define CMD "cache explain"
+
+typedef struct {
+    kiln_compile_opts o;
+    const char       *graph;
+    int64_t           n_ctx, n_batch;
+    char              no_fuse_passes[256];
+} explain_args;
+
+static int usage(const char *fmt, const char *arg) {
+    kt_flag_usage(CMD, fmt, arg);
+    return 2;
+}
+
+/* -1 when the arguments are complete, else the exit status. */
+static int parse(int argc, char **argv, explain_args *e) {
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if ((!strcmp(a, "--arch") || !strcmp(a, "--cache-dir")) && !v) {
-            fprintf(stderr, "kiln cache explain: option %s needs a value\n(see 'kiln help cache')\n", a);
-            return 2;
-        }
-        if (!strcmp(a, "--arch")) o.arch = argv[++i];
-        else if (!strcmp(a, "--cache-dir")) o.cache_dir = argv[++i];
-        else if (!strcmp(a, "--no-fuse")) o.no_fuse = 1;
-        else if (!strncmp(a, "--no-fuse=", 10)) {
-            kiln_status bad = kiln_check_fusion_passes(a + 10);
-            if (bad) {
-                fprintf(stderr, "kiln cache explain: %s\n", kiln_status_msg(bad));
-                kiln_status_free(bad);
-                return 2;
-            }
-            o.no_fuse_passes = a + 10;
-        } else if (a[0] == '-') {
-            fprintf(stderr, "kiln cache explain: unknown option '%s'\n(see 'kiln help cache')\n", a);
-            return 2;
-        } else if (graph) {
-            fprintf(stderr, "kiln cache explain: more than one graph given ('%s')\n", a);
-            return 2;
-        } else {
-            graph = a;
-        }
+        bool        valued = !strcmp(a, "--arch") || !strcmp(a, "--cache-dir") || !strcmp(a, "--n-ctx") ||
+                      !strcmp(a, "--n-batch");
+        bool        ok = true;
+        if (valued && !v) return usage("option %s needs a value", a);
+        if (valued) i++;
+        if (!strcmp(a, "--arch")) ok = kt_flag_arch(CMD, a, e->o.arch = v, false);
+        else if (!strcmp(a, "--cache-dir")) e->o.cache_dir = v;
+        else if (!strcmp(a, "--n-ctx")) ok = kt_flag_int(CMD, a, v, 1, KT_FLAG_MAX_CTX, &e->n_ctx);
+        else if (!strcmp(a, "--n-batch")) ok = kt_flag_int(CMD, a, v, 1, KT_FLAG_MAX_CTX, &e->n_batch);
+        else if (!strcmp(a, "--no-fuse")) e->o.no_fuse = 1;
+        else if (!strncmp(a, "--no-fuse=", 10)) ok = kt_flag_no_fuse(CMD, a, e->no_fuse_passes, sizeof e->no_fuse_passes);
+        else if (a[0] == '-') return usage("unknown option '%s'", a);
+        else if (e->graph) return usage("more than one graph given ('%s')", a);
+        else e->graph = a;
+        if (!ok) return 2;
     }
-    if (!graph) {
-        fprintf(stderr, "kiln cache explain: no graph file given\n(see 'kiln help cache')\n");
-        return 2;
-    }
-    kiln_ctx   *ctx = kiln_ctx_new();
+    if (!e->graph) return usage("%s", "no graph file given");
+    e->o.no_fuse_passes = e->no_fuse_passes[0] ? e->no_fuse_passes : NULL;
+    return -1;
+}
+
+int kiln_cmd_cache_explain(int argc, char **argv) {
+    explain_args e = {.graph = NULL};
+    int          rc = parse(argc, argv, &e);
+    if (rc >= 0) return rc;
+    kiln_ctx   *ctx = NULL;
     kiln_graph *g = NULL;
     char       *text = NULL;
-    kiln_status st = ctx ? kiln_load(ctx, graph) : NULL;
-    if (!st) st = kiln_graph_new(ctx, &g);
-    if (!st) st = kiln_cache_explain(g, &o, &text);
+    if ((rc = kt_graph_load(CMD, e.graph, e.n_ctx, e.n_batch, &ctx, &g)) >= 0) return rc;
+    kiln_status st = kiln_cache_explain(g, &e.o, &text);
     if (!st) fputs(text, stdout);
     free(text);
     kiln_graph_free(g);

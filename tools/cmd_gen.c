@@ -7,6 +7,7 @@
 #include "kiln.h"
 
 #include "base/base.h"
+#include "tools/flag.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +25,9 @@ static const char *gen_graph_help =
     "  --preset NAME    hyperparameters of a known model (listed below)\n"
     "  --n-ctx N        KV cache slots: the caches' rows and the maximum of dim n_kv (default:\n"
     "                   4096, or n_ctx_train when smaller)\n"
-    "  --n-tokens N     tokens per batch: the maximum of dim n_tokens, which also gets a decode\n"
-    "                   program of its own (specialize 1) (default: 512, or n_ctx when smaller)\n"
+    "  --n-tokens N     tokens per batch, at most n_ctx: the maximum of dim n_tokens, which also\n"
+    "                   gets a decode program of its own (specialize 1) (default: 512, or n_ctx\n"
+    "                   when smaller)\n"
     "  --outputs WHICH  last: logits of one token, the row inp_out_ids[0] (default); all: logits\n"
     "                   of every token, [n_vocab, n_tokens]\n"
     "  -o FILE          write the graph to FILE\n";
@@ -40,7 +42,7 @@ static const char *gen_model_help =
     "  --arch ARCH      llama, qwen2, qwen3 or qwen3moe (default: the preset's)\n"
     "  --preset NAME    hyperparameters of a known model (listed below)\n"
     "  -o FILE.gguf     the file to write (atomically: FILE.gguf.tmp.PID, renamed at the end)\n"
-    "  --seed S         random seed (default 1)\n"
+    "  --seed S         random seed, 0 .. 2^64-1 (default 1)\n"
     "  --type T         weight type of matrices and embeddings (default: the preset's)\n";
 
 typedef struct {
@@ -68,14 +70,7 @@ static void print_help(void) {
 }
 
 static int parse_count(const char *opt, const char *v, int64_t *out) {
-    char     *end;
-    long long n = strtoll(v, &end, 10);
-    if (!*v || *end || n < 1) {
-        fprintf(stderr, "kiln %s: %s wants a positive integer, got '%s'\n(see 'kiln help %s')\n", g_cmd, opt, v, g_cmd);
-        return GEN_USAGE;
-    }
-    *out = n;
-    return -1;
+    return kt_flag_int(g_cmd, opt, v, 1, KT_FLAG_MAX_CTX, out) ? -1 : GEN_USAGE;
 }
 
 /* -1 when the arguments are complete, else the exit status (help printed, or a usage error). */
@@ -98,11 +93,7 @@ static int parse_args(int argc, char **argv, gen_args *g) {
         else if (!strcmp(a, "--preset")) g->preset = v;
         else if (!strcmp(a, "-o")) g->out = v;
         else if (!strcmp(a, "--type")) g->type = v;
-        else if (!strcmp(a, "--seed")) {
-            char *end;
-            g->seed = strtoull(v, &end, 0);
-            if (!*v || *end) return usage("--seed wants an integer, got '%s'", v);
-        }
+        else if (!strcmp(a, "--seed")) rc = kt_flag_uint(g_cmd, a, v, UINT64_MAX, &g->seed) ? -1 : GEN_USAGE;
         else if (!strcmp(a, "--n-ctx")) rc = parse_count(a, v, &g->opts.n_ctx);
         else if (!strcmp(a, "--n-tokens")) rc = parse_count(a, v, &g->opts.n_tokens_max);
         else if (!strcmp(v, "last")) g->opts.outputs = KILN_OUTPUTS_LAST;
@@ -111,6 +102,11 @@ static int parse_args(int argc, char **argv, gen_args *g) {
         if (rc >= 0) return rc;
     }
     if (!g->preset) return usage("%s", "no --preset given");
+    if (g->opts.n_ctx && g->opts.n_tokens_max > g->opts.n_ctx) {
+        kt_flag_usage(g_cmd, "--n-tokens %lld: a batch must fit in the context, --n-ctx %lld",
+                      (long long)g->opts.n_tokens_max, (long long)g->opts.n_ctx);
+        return GEN_USAGE;
+    }
     if (!strcmp(g->cmd, "gen-model") && !g->out) return usage("%s", "no -o FILE.gguf given");
     return -1;
 }

@@ -4,6 +4,8 @@
 #include "kiln.h"
 
 #include "base/base.h"
+#include "tools/flag.h"
+#include "tools/graph_file.h"
 #include "tools/progress.h"
 
 #include <math.h>
@@ -21,12 +23,13 @@ const char *kiln_run_model_help =
     "  f32/f16/bf16 weights), compiles it (cached), uploads the weights, evaluates the prompt\n"
     "  (prefill) and generates N tokens greedily (decode), then prints the generated ids, the text\n"
     "  when the GGUF has a tokenizer, and prefill and decode speed.\n"
-    "  --tokens LIST    the prompt as token ids, comma-separated\n"
+    "  --tokens LIST    the prompt as token ids, comma-separated, each 0 .. n_vocab - 1\n"
     "  --prompt TEXT    the prompt as text, tokenized with the GGUF's vocabulary (byte-level BPE)\n"
     "  -n N             tokens to generate (default 32)\n"
-    "  --n-ctx N        KV cache slots (default: 4096, or the model's context when smaller); the\n"
-    "                   prompt plus N tokens must fit\n"
-    "  --n-batch N      tokens per prefill run (default: 512, or n_ctx when smaller)\n"
+    "  --n-ctx N        KV cache slots, at most the model's training context (default: 4096, or\n"
+    "                   that context when smaller); the prompt plus N - 1 tokens must fit (the\n"
+    "                   last token generated is not stored), checked before anything compiles\n"
+    "  --n-batch N      tokens per prefill run, at most n_ctx (default: 512, or n_ctx when smaller)\n"
     "  --check          also run every step on the CPU reference, fed the same tokens, and print\n"
     "                   the worst logits NMSE and whether each greedy pick agrees (tiny models:\n"
     "                   the CPU evaluates node by node)\n"
@@ -34,14 +37,18 @@ const char *kiln_run_model_help =
     "  --stats          where the time went: warm-up, and per evaluation the inputs, the run,\n"
     "                   reading the logits back and picking the token\n"
     "  --no-cuda-graph  launch kernels one by one instead of replaying CUDA graphs\n"
-    "  compile options: --arch, --cache-dir DIR, --no-cache, --jobs N, --dump-cu DIR, --no-fuse\n"
+    "  compile options: --arch, --cache-dir DIR, --no-cache, --jobs N, --dump-cu DIR, --no-fuse,\n"
+    "  --no-fuse=NAME[,NAME]\n"
     "  (see 'kiln help compile')\n";
 
 typedef struct {
     const char *path, *tokens, *prompt, *arch, *cache_dir, *dump;
+    int32_t    *ids; /* --tokens, parsed */
+    int64_t     nids;
     int64_t     n_new, n_ctx, n_batch;
     int         jobs;
     bool        check, cpu, no_graph, no_cache, no_fuse, stats;
+    char        no_fuse_passes[256]; /* --no-fuse=NAME[,NAME]: the names, comma-separated */
 } rm_args;
 
 static int usage(const char *fmt, const char *arg) {
@@ -58,18 +65,19 @@ static int fail(kiln_status st) {
     return code;
 }
 
-static bool count_arg(const char *v, int64_t *out, int64_t min) {
-    char     *end;
-    long long n = strtoll(v, &end, 10);
-    if (!*v || *end || n < min) return false;
-    *out = n;
-    return true;
+/* --tokens: ids in 0 .. INT32_MAX here; against the model's n_vocab once it is open. */
+static bool parse_tokens(rm_args *a, const char *v) {
+    int64_t cap = kt_flag_list_count(v);
+    free(a->ids);
+    if (!(a->ids = malloc(sizeof *a->ids * (size_t)cap))) return kt_flag_usage("run", "--tokens: out of memory");
+    return kt_flag_int_list("run", "--tokens", v, 0, INT32_MAX, a->ids, cap, &a->nids);
 }
 
 static int parse(int argc, char **argv, rm_args *a) {
     a->n_new = 32;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool        ok = true;
         bool        val = !strcmp(o, "--tokens") || !strcmp(o, "--prompt") || !strcmp(o, "-n") ||
                    !strcmp(o, "--n-ctx") || !strcmp(o, "--n-batch") || !strcmp(o, "--arch") ||
                    !strcmp(o, "--cache-dir") || !strcmp(o, "--jobs") || !strcmp(o, "--dump-cu");
@@ -79,19 +87,15 @@ static int parse(int argc, char **argv, rm_args *a) {
         }
         if (val && !v) return usage("option %s needs a value", o);
         if (val) i++;
-        if (!strcmp(o, "--tokens")) a->tokens = v;
+        if (!strcmp(o, "--tokens")) ok = parse_tokens(a, a->tokens = v);
         else if (!strcmp(o, "--prompt")) a->prompt = v;
-        else if (!strcmp(o, "-n")) {
-            if (!count_arg(v, &a->n_new, 0)) return usage("-n wants a count (0 or more), got '%s'", v);
-        } else if (!strcmp(o, "--n-ctx")) {
-            if (!count_arg(v, &a->n_ctx, 1)) return usage("--n-ctx wants a positive count, got '%s'", v);
-        } else if (!strcmp(o, "--n-batch")) {
-            if (!count_arg(v, &a->n_batch, 1)) return usage("--n-batch wants a positive count, got '%s'", v);
-        } else if (!strcmp(o, "--jobs")) {
-            int64_t j;
-            if (!count_arg(v, &j, 1) || j > 1024) return usage("--jobs wants 1 .. 1024, got '%s'", v);
-            a->jobs = (int)j;
-        } else if (!strcmp(o, "--arch")) a->arch = v;
+        else if (!strcmp(o, "-n")) ok = kt_flag_int("run", o, v, 0, KT_FLAG_MAX_CTX, &a->n_new);
+        else if (!strcmp(o, "--n-ctx")) ok = kt_flag_int("run", o, v, 1, KT_FLAG_MAX_CTX, &a->n_ctx);
+        else if (!strcmp(o, "--n-batch")) ok = kt_flag_int("run", o, v, 1, KT_FLAG_MAX_CTX, &a->n_batch);
+        else if (!strcmp(o, "--jobs")) ok = kt_flag_int32("run", o, v, 1, KT_FLAG_MAX_JOBS, &a->jobs);
+        else if (!strcmp(o, "--arch")) ok = kt_flag_arch("run", o, a->arch = v, false);
+        else if (!strncmp(o, "--no-fuse=", 10))
+            ok = kt_flag_no_fuse("run", o, a->no_fuse_passes, sizeof a->no_fuse_passes);
         else if (!strcmp(o, "--cache-dir")) a->cache_dir = v;
         else if (!strcmp(o, "--dump-cu")) a->dump = v;
         else if (!strcmp(o, "--check")) a->check = true;
@@ -103,29 +107,12 @@ static int parse(int argc, char **argv, rm_args *a) {
         else if (o[0] == '-' && o[1]) return usage("unknown option '%s' for a model", o);
         else if (a->path) return usage("more than one model given ('%s')", o);
         else a->path = o;
+        if (!ok) return RM_USAGE;
     }
     if (!a->path) return usage("%s", "no model given");
     if (!a->tokens == !a->prompt) return usage("%s", "give the prompt as --tokens ID,ID,... or --prompt TEXT (one)");
     if (a->check && a->cpu) return usage("%s", "--check compares the GPU with the CPU; it does not go with --cpu");
     return -1;
-}
-
-/* "1,2,3" into ids (malloc'd). */
-static kiln_status parse_tokens(const char *list, int32_t **ids, int64_t *n) {
-    *n = 0;
-    int64_t cap = 1;
-    for (const char *p = list; *p; p++) cap += *p == ',';
-    if (!(*ids = malloc(sizeof **ids * (size_t)cap))) return kb_oom();
-    for (const char *p = list;;) {
-        char     *end;
-        long long v = strtoll(p, &end, 10);
-        if (end == p || v < 0 || v > INT32_MAX || (*end && *end != ','))
-            return kb_error(KILN_ERR_INVALID, "--tokens: '%s' is not a list of token ids (at '%.16s')", list, p);
-        (*ids)[(*n)++] = (int32_t)v;
-        if (!*end) break;
-        p = end + 1;
-    }
-    return NULL;
 }
 
 static void print_model(const rm_args *a, const kiln_model *m) {
@@ -234,8 +221,14 @@ static kiln_status run_check(const kiln_model *m, const kiln_gen_opts *go, const
     return st;
 }
 
+/* The prompt's ids (malloc'd): --tokens as parsed, or --prompt tokenized. */
 static kiln_status prompt_ids(const rm_args *a, const kiln_tokenizer *tok, int32_t **ids, int64_t *n) {
-    if (a->tokens) return parse_tokens(a->tokens, ids, n);
+    if (a->tokens) {
+        *n = a->nids;
+        *ids = malloc(sizeof **ids * (size_t)a->nids);
+        if (*ids) memcpy(*ids, a->ids, sizeof **ids * (size_t)a->nids);
+        return *ids ? NULL : kb_oom();
+    }
     if (!tok) return kb_error(KILN_ERR_INVALID, "--prompt: the model has no tokenizer kiln can use; give --tokens");
     kiln_status st = kiln_tokenize(tok, a->prompt, strlen(a->prompt), ids, n);
     if (!st && *n == 0) st = kb_error(KILN_ERR_INVALID, "--prompt: the text gives no tokens");
@@ -248,6 +241,7 @@ static kiln_gen_opts gen_opts(const rm_args *a, kiln_compile_opts *co, kiln_sess
     co->dump_dir = a->dump;
     co->jobs = a->jobs;
     co->no_fuse = a->no_fuse;
+    co->no_fuse_passes = a->no_fuse_passes[0] ? a->no_fuse_passes : NULL;
     co->cache_mode = a->no_cache ? KILN_CACHE_OFF : KILN_CACHE_ON;
     co->progress = kt_progress_count;
     co->progress_user = ps;
@@ -271,17 +265,37 @@ static void print_load(const kiln_gen *g, bool gpu) {
            s.load_ms > 0 ? (double)s.weight_bytes / 1e6 / s.load_ms : 0.0);
 }
 
-static kiln_status generate(const rm_args *a, const kiln_model *m, const kiln_tokenizer *tok) {
+/* Whether the run fits the model, checked before anything compiles: each id is a token of
+ * the model, --n-ctx and --n-batch fit its context (kt_model_ctx, which resolves them), and the
+ * context holds the prompt and every generated token but the last (which is never fed back).
+ * False after a usage message naming the flags and the numbers. */
+static bool fits(rm_args *a, const kiln_model_hparams *hp, const int32_t *prompt, int64_t np) {
+    for (int64_t i = 0; i < np; i++)
+        if (prompt[i] >= hp->n_vocab)
+            return kt_flag_usage("run", "%s: id %d is not a token of this model (n_vocab %lld: ids 0 .. %lld)",
+                                 a->tokens ? "--tokens" : "--prompt", prompt[i], (long long)hp->n_vocab,
+                                 (long long)hp->n_vocab - 1);
+    bool    given = a->n_ctx > 0;
+    if (!kt_model_ctx("run", hp, &a->n_ctx, &a->n_batch)) return false;
+    int64_t need = np + (a->n_new > 0 ? a->n_new - 1 : 0);
+    if (need > a->n_ctx)
+        return kt_flag_usage("run", "the prompt (%lld tokens) plus -n %lld needs a context of %lld (the last token "
+                             "generated is not stored), but %s is %lld", (long long)np, (long long)a->n_new,
+                             (long long)need, given ? "--n-ctx" : "the context (--n-ctx's default)",
+                             (long long)a->n_ctx);
+    return true;
+}
+
+static kiln_status generate(const rm_args *a, const kiln_model *m, const kiln_tokenizer *tok, const int32_t *prompt,
+                            int64_t np) {
     kiln_compile_opts co = {0};
     kiln_session_opts so = {0};
     kt_progress       ps[2] = {{.tty = isatty(2)}, {.tty = isatty(2)}};
     kiln_gen_opts     go = gen_opts(a, &co, &so, ps);
-    int32_t          *prompt = NULL, *out = malloc(sizeof *out * (size_t)(a->n_new + 1));
-    int64_t           np = 0;
+    int32_t          *out = malloc(sizeof *out * (size_t)(a->n_new + 1));
     kiln_gen         *g = NULL;
     kiln_gen_stats    s;
-    kiln_status       st = out ? prompt_ids(a, tok, &prompt, &np) : kb_oom();
-    if (!st) st = kiln_gen_new(m, &go, &g);
+    kiln_status       st = out ? kiln_gen_new(m, &go, &g) : kb_oom();
     if (!st) print_load(g, !a->cpu);
     if (!st) st = kiln_gen_greedy(g, prompt, np, a->n_new, out, &s);
     if (!st) {
@@ -294,34 +308,35 @@ static kiln_status generate(const rm_args *a, const kiln_model *m, const kiln_to
     }
     kiln_gen_free(g); /* before --check's sessions: one model's weights on the GPU at a time */
     if (!st && a->check) st = run_check(m, &go, prompt, np, out, a->n_new);
-    free(prompt);
     free(out);
     return st;
+}
+
+static int run_model(rm_args *a) {
+    kiln_model     *m = NULL;
+    kiln_tokenizer *tok = NULL;
+    int32_t        *prompt = NULL;
+    int64_t         np = 0;
+    int             rc = RM_OK;
+    kiln_status     st = kiln_model_open(a->path, &m);
+    if (st) return fail(st);
+    print_model(a, m);
+    kiln_status ts = kiln_tokenizer_from_gguf(kiln_model_gguf(m), &tok);
+    if (ts && a->prompt) st = kb_wrap(ts, "--prompt");
+    else kiln_status_free(ts); /* without a usable vocabulary ids are printed alone */
+    if (!st) st = prompt_ids(a, tok, &prompt, &np);
+    if (!st && !fits(a, kiln_model_get_hparams(m), prompt, np)) rc = RM_USAGE;
+    if (!st && rc == RM_OK) st = generate(a, m, tok, prompt, np);
+    free(prompt);
+    kiln_tokenizer_free(tok);
+    kiln_model_close(m);
+    return st ? fail(st) : rc;
 }
 
 int kiln_cmd_run_model(int argc, char **argv) {
     rm_args a = {0};
     int     rc = parse(argc, argv, &a);
-    if (rc >= 0) return rc;
-    kiln_model *m = NULL;
-    kiln_tokenizer *tok = NULL;
-    kiln_status st = kiln_model_open(a.path, &m);
-    if (st) return fail(st);
-    print_model(&a, m);
-    kiln_status ts = kiln_tokenizer_from_gguf(kiln_model_gguf(m), &tok);
-    if (ts && a.prompt) st = kb_wrap(ts, "--prompt");
-    else kiln_status_free(ts); /* without a usable vocabulary ids are printed alone */
-    if (!st) st = generate(&a, m, tok);
-    kiln_tokenizer_free(tok);
-    kiln_model_close(m);
-    return st ? fail(st) : RM_OK;
-}
-
-bool kiln_cli_is_gguf(const char *path) {
-    FILE *f = path ? fopen(path, "rb") : NULL;
-    char  magic[4] = {0};
-    bool  yes = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
-    if (f) fclose(f);
-    size_t n = path ? strlen(path) : 0;
-    return yes || (n > 5 && strcmp(path + n - 5, ".gguf") == 0);
+    if (rc < 0) rc = run_model(&a);
+    free(a.ids);
+    return rc;
 }

@@ -7,7 +7,5 @@
 extern const char *kiln_run_model_help;
 /* argv[0] is "run"; returns the exit status (0 ok, 1 error, 2 bad usage, 3 no GPU). */
 int  kiln_cmd_run_model(int argc, char **argv);
-/* Whether path names a GGUF file: its first bytes are "GGUF", or its name ends in .gguf. */
-bool kiln_cli_is_gguf(const char *path);
 
 #endif

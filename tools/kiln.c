@@ -7,6 +7,8 @@
 #include "tools/cmd_bench.h"
 #include "tools/cmd_gen.h"
 #include "tools/cmd_model.h"
+#include "tools/flag.h"
+#include "tools/graph_file.h"
 #include "tools/progress.h"
 
 #include <math.h>
@@ -41,7 +43,8 @@ static const char *usage_text =
     "                  on this GPU ('kiln help bench'; make bench)\n"
     "\n"
     "GRAPH is a .kg file or, for compile and inspect, a GGUF model (its whole graph, built from\n"
-    "its hyperparameters; --n-ctx N and --n-batch N size the cache and the batch).\n"
+    "its hyperparameters; --n-ctx N, at most the model's training context, and --n-batch N, at\n"
+    "most n_ctx, size the cache and the batch).\n"
     "  help [COMMAND]  this text, or a command's options\n"
     "\n"
     "Symbolic dims (\"dim n_kv <= 4096\" in the graph) are compiled once for every value; give\n"
@@ -60,18 +63,19 @@ static const char *compile_help =
     "usage: kiln compile GRAPH [--arch sm_90a[,sm_80...]] [--dump-cu DIR] [-o FILE.kiln]\n"
     "                          [--no-fuse[=NAME,...]] [--cache-dir DIR] [--no-cache] [--jobs N]\n"
     "                          [--dim NAME=VALUE]...\n"
-    "  --arch LIST     target GPU architectures, comma-separated (default sm_90a; e.g. sm_80)\n"
+    "  --arch LIST     target GPU architectures, comma-separated (default sm_90a; e.g. sm_80):\n"
+    "                  sm_XY[a|f] or compute_XY[a|f] with XY >= 80 (kiln needs Ampere or newer)\n"
     "  --dump-cu DIR   write each kernel as DIR/NNN_name_KEY8.cu (a header comment gives the graph\n"
     "                  nodes, fusion, static shapes, launch and key) and DIR/program.txt (IR after\n"
     "                  passes, memory plan, launches); the same graph gives byte-identical files\n"
     "  -o FILE.kiln    write an AOT bundle: the graph, a program per arch (cubins) plus PTX for\n"
     "                  later GPUs, signed with the kiln version that built it ('kiln run --bundle')\n"
-    "  --jobs N        compile threads (default $KILN_JOBS, else every CPU)\n"
+    "  --jobs N        compile threads, 1 .. 1024 (default $KILN_JOBS, else every CPU)\n"
     "  --no-fuse       disable every fusion pass\n"
     "  --no-fuse=NAME[,NAME]  disable the named passes only (listed below; may repeat)\n"
     "  --cache-dir DIR kernel cache directory (default: see 'kiln help')\n"
     "  --no-cache      neither read nor write the kernel cache\n"
-    "  --dim NAME=V    a value for symbolic dim NAME, checked against its maximum; the program\n"
+    "  --dim NAME=V    a value for symbolic dim NAME, 1 .. its maximum; the program\n"
     "                  does not depend on it (kernels read symbolic dims at run time), so\n"
     "                  compiles that differ only in V share every kernel. A dim declared with\n"
     "                  'specialize V' also gets a program of its own for that value.\n";
@@ -82,11 +86,13 @@ static const char *run_help =
     "                      [compile options]\n"
     "  --bundle FILE.kiln   run a bundle from 'kiln compile -o' (no NVRTC, no cache): the\n"
     "                       program for this GPU's arch, else its PTX; refused when neither fits\n"
-    "  --seed N             seed for random inputs, weights and states (default 1; weight\n"
-    "                       matrices are scaled by 1/sqrt(ne0), as models are initialized)\n"
+    "  --seed N             seed for random inputs, weights and states, 0 .. 2^64-1 (default\n"
+    "                       1; weight matrices are scaled by 1/sqrt(ne0), as models are\n"
+    "                       initialized)\n"
     "  --input NAME=FILE    raw little-endian contents of input/weight NAME (its type, contiguous)\n"
     "  --output NAME=FILE   write output NAME's raw contents to FILE\n"
-    "  --iters N            runs to time (default 20); the first captures the CUDA graph\n"
+    "  --iters N            runs to time, 1 .. 1000000 (default 20); the first captures the\n"
+    "                       CUDA graph\n"
     "  --no-cuda-graph      launch kernels one by one instead of replaying a CUDA graph\n"
     "  --check              also evaluate on the CPU reference and print each output's and\n"
     "                       state's NMSE (the reference runs the graph with the --dim values)\n"
@@ -94,7 +100,7 @@ static const char *run_help =
     "                       replays, plain runs, and the host time per run\n"
     "  --dim NAME=V         run with symbolic dim NAME = V (1 .. its maximum; default the maximum);\n"
     "                       inputs and outputs have the shapes at these values\n"
-    "  compile options: --arch (default: this GPU's), --dump-cu, --no-fuse, --cache-dir,\n"
+    "  compile options: --arch (one; default: this GPU's), --dump-cu, --no-fuse, --cache-dir,\n"
     "                  --no-cache, --jobs (see compile)\n";
 
 static const char *inspect_help =
@@ -105,6 +111,19 @@ static const char *inspect_help =
     "  names, launch configs and keys. Needs neither NVRTC nor a GPU.\n"
     "  A bundle is verified (checksum, signature, each program against the graph) and described:\n"
     "  what built it, its targets, its graph; exit 1 when it is damaged or foreign.\n";
+
+static const char *ops_help =
+    "usage: kiln ops\n"
+    "  lists every op kiln compiles, one per line: its name in .kg, its kind (view, unary,\n"
+    "  binary, glu, copy or kernel), the tensor types it accepts and how a .kg line calls it,\n"
+    "  e.g. \"permute  view  f32 f16 bf16 i32 i64  permute(a, ax0, ax1, ax2, ax3)\". An op not\n"
+    "  listed is refused by the parser, by name. Needs neither NVRTC nor a GPU.\n";
+
+static const char *help_help =
+    "usage: kiln help [COMMAND]\n"
+    "  without COMMAND, what kiln is and its commands; with one, that command's options:\n"
+    "  compile, run, inspect, cache, ops, gen-graph, gen-model, bench, help.\n"
+    "  'kiln COMMAND --help' prints the same.\n";
 
 #define MAX_FILES 64
 
@@ -139,6 +158,9 @@ static int usage_error(const char *fmt, const char *arg) {
     return EXIT_USAGE;
 }
 
+/* --iters' bound: a timing per run is kept (8 MB at most), and a million runs is already hours. */
+#define MAX_ITERS 1000000
+
 /* Help text, and for the commands that compile, the fusion passes --no-fuse=NAME knows. */
 static void print_help(const char *cmd, const char *text) {
     fputs(text, stdout);
@@ -157,6 +179,37 @@ static const char *help_for(const char *cmd) {
     return NULL;
 }
 
+/* kiln help [COMMAND]: every command's help, wherever its text lives. */
+static int help(const char *cmd) {
+    if (cmd && !strcmp(cmd, "cache")) return fputs(kiln_cache_help, stdout) < 0;
+    if (cmd && !strcmp(cmd, "bench")) return fputs(kiln_bench_help(), stdout) < 0;
+    if (cmd && !strcmp(cmd, "ops")) return fputs(ops_help, stdout) < 0;
+    if (cmd && (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")))
+        return fputs(help_help, stdout) < 0;
+    char *argv[] = {"help", NULL};
+    if (cmd && !strcmp(cmd, "gen-graph")) return kiln_cmd_gen_graph(1, argv);
+    if (cmd && !strcmp(cmd, "gen-model")) return kiln_cmd_gen_model(1, argv);
+    const char *h = help_for(cmd);
+    if (!h) return usage_error("no help for unknown command '%s'", cmd);
+    print_help(cmd, h);
+    return EXIT_OK;
+}
+
+/* kiln ops: the op table (kiln_describe_ops). */
+static int cmd_ops(int argc, char **argv) {
+    if (argc > 2 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) return help("ops");
+    if (argc > 2) {
+        kt_flag_usage("ops", "unexpected argument '%s'", argv[2]);
+        return EXIT_USAGE;
+    }
+    char *text;
+    kiln_status st = kiln_describe_ops(&text);
+    if (st) return fail(st);
+    fputs(text, stdout);
+    free(text);
+    return EXIT_OK;
+}
+
 /* Options may stand before or after the graph argument. */
 static int parse_args(int argc, char **argv, cli *c) {
     c->cmd = argv[1];
@@ -171,27 +224,20 @@ static int parse_args(int argc, char **argv, cli *c) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             print_help(c->cmd, help_for(c->cmd));
             exit(EXIT_OK);
-        } else if (!strcmp(a, "--arch")) { NEEDS_VALUE(); c->arch = v;
+        } else if (!strcmp(a, "--arch")) {
+            NEEDS_VALUE();
+            c->arch = v;
+            if (!kt_flag_arch(c->cmd, a, v, !strcmp(c->cmd, "compile"))) return EXIT_USAGE;
         } else if (!strcmp(a, "--dump-cu")) { NEEDS_VALUE(); c->dump = v;
         } else if (!strcmp(a, "-o")) { NEEDS_VALUE(); c->out = v;
         } else if (!strcmp(a, "--cache-dir")) { NEEDS_VALUE(); c->cache_dir = v;
         } else if (!strcmp(a, "--bundle")) { NEEDS_VALUE(); c->bundle = v;
         } else if (!strcmp(a, "--jobs")) {
             NEEDS_VALUE();
-            c->jobs = atoi(v);
-            if (c->jobs < 1) return usage_error("--jobs must be at least 1, not '%s'", v);
+            if (!kt_flag_int32(c->cmd, a, v, 1, KT_FLAG_MAX_JOBS, &c->jobs)) return EXIT_USAGE;
         } else if (!strcmp(a, "--no-fuse")) { c->no_fuse = true;
         } else if (!strncmp(a, "--no-fuse=", 10)) {
-            size_t len = strlen(c->no_fuse_passes);
-            if (!a[10]) return usage_error("%s: give pass names after '=' (see 'kiln help compile')", a);
-            kiln_status bad = kiln_check_fusion_passes(a + 10);
-            if (bad) {
-                fprintf(stderr, "kiln: %s\n(see 'kiln help compile')\n", kiln_status_msg(bad));
-                kiln_status_free(bad);
-                return EXIT_USAGE;
-            }
-            if (len + strlen(a + 10) + 2 > sizeof c->no_fuse_passes) return usage_error("%s: too many pass names", a);
-            snprintf(c->no_fuse_passes + len, sizeof c->no_fuse_passes - len, "%s%s", len ? "," : "", a + 10);
+            if (!kt_flag_no_fuse(c->cmd, a, c->no_fuse_passes, sizeof c->no_fuse_passes)) return EXIT_USAGE;
         } else if (!strcmp(a, "--no-cache")) { c->no_cache = true;
         } else if (!strcmp(a, "--no-cuda-graph")) { c->no_graph = true;
         } else if (!strcmp(a, "--check")) { c->check = true;
@@ -199,25 +245,26 @@ static int parse_args(int argc, char **argv, cli *c) {
         } else if (!strcmp(a, "--dim")) {
             NEEDS_VALUE();
             const char *eq = strchr(v, '=');
-            char *end;
+            char        flag[80];
             if (!eq || eq == v || (size_t)(eq - v) >= sizeof c->dim_name[0])
                 return usage_error("expected NAME=VALUE after --dim, got '%s'", v);
-            long long val = strtoll(eq + 1, &end, 10);
-            if (!eq[1] || *end) return usage_error("--dim %s: the value is not an integer", v);
             if (c->ndims == KILN_MAX_SYMS) return usage_error("too many --dim options (at most 8): '%s'", v);
+            snprintf(flag, sizeof flag, "--dim %.*s=", (int)(eq - v), v);
+            /* the dim's own maximum is checked when the graph is bound (bind_dims) */
+            if (!kt_flag_int(c->cmd, flag, eq + 1, 1, INT64_MAX, &c->dim_val[c->ndims])) return EXIT_USAGE;
             snprintf(c->dim_name[c->ndims], sizeof c->dim_name[0], "%.*s", (int)(eq - v), v);
             c->dim_names[c->ndims] = c->dim_name[c->ndims];
-            c->dim_val[c->ndims++] = val;
-        } else if (!strcmp(a, "--seed")) { NEEDS_VALUE(); c->seed = strtoull(v, NULL, 0);
+            c->ndims++;
+        } else if (!strcmp(a, "--seed")) {
+            NEEDS_VALUE();
+            if (!kt_flag_uint(c->cmd, a, v, UINT64_MAX, &c->seed)) return EXIT_USAGE;
         } else if (!strcmp(a, "--n-ctx") || !strcmp(a, "--n-batch")) {
             NEEDS_VALUE();
-            long long n = atoll(v);
-            if (n < 1) return usage_error("%s wants a positive count", a);
-            *(!strcmp(a, "--n-ctx") ? &c->n_ctx : &c->n_batch) = n;
+            if (!kt_flag_int(c->cmd, a, v, 1, KT_FLAG_MAX_CTX, !strcmp(a, "--n-ctx") ? &c->n_ctx : &c->n_batch))
+                return EXIT_USAGE;
         } else if (!strcmp(a, "--iters")) {
             NEEDS_VALUE();
-            c->iters = atoi(v);
-            if (c->iters < 1) return usage_error("--iters must be at least 1, not '%s'", v);
+            if (!kt_flag_int32(c->cmd, a, v, 1, MAX_ITERS, &c->iters)) return EXIT_USAGE;
         } else if (!strcmp(a, "--input") || !strcmp(a, "--output")) {
             NEEDS_VALUE();
             bool in = !strcmp(a, "--input");
@@ -240,23 +287,9 @@ static int parse_args(int argc, char **argv, cli *c) {
     return -1;
 }
 
-static kiln_status build(const cli *c, kiln_ctx **ctx, kiln_graph **g) {
-    *ctx = kiln_ctx_new();
-    *g = NULL;
-    if (!*ctx) return kb_oom();
-    kiln_status st = NULL;
-    if (kiln_cli_is_gguf(c->graph)) {
-        kiln_model *m = NULL;
-        st = kiln_model_open(c->graph, &m);
-        /* As kiln run builds it (argmax output included), so that its program is cached. */
-        kiln_build_opts o = {.n_ctx = c->n_ctx, .n_tokens_max = c->n_batch, .argmax = true};
-        if (!st) st = kiln_build_model(*ctx, kiln_model_get_hparams(m), &o);
-        kiln_model_close(m);
-    } else {
-        st = kiln_load(*ctx, c->graph);
-    }
-    if (!st) st = kiln_graph_new(*ctx, g);
-    return st;
+/* The graph of c->graph (-1), else the exit status, the error printed (kt_graph_load). */
+static int build(const cli *c, kiln_ctx **ctx, kiln_graph **g) {
+    return kt_graph_load(c->cmd, c->graph, c->n_ctx, c->n_batch, ctx, g);
 }
 
 /* The graph at the --dim values (every dim given is fixed; checked against its maximum): what
@@ -338,7 +371,9 @@ static int cmd_compile(const cli *c) {
     kiln_ctx *ctx;
     kiln_graph *g;
     kiln_program *p = NULL;
-    kiln_status st = build(c, &ctx, &g);
+    int rc = build(c, &ctx, &g);
+    if (rc >= 0) return rc;
+    kiln_status st = NULL;
     kiln_compile_opts o = compile_opts(c, NULL);
     kiln_ctx *bctx = NULL;
     kiln_graph *bg = NULL;
@@ -369,14 +404,6 @@ static int cmd_compile(const cli *c) {
     return st ? fail(st) : EXIT_OK;
 }
 
-static bool is_bundle_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    char  m[8] = {0};
-    bool  yes = f && fread(m, 1, 8, f) == 8 && !memcmp(m, "KILNBNDL", 8);
-    if (f) fclose(f);
-    return yes;
-}
-
 static int inspect_bundle(const char *path) {
     kiln_bundle *b = NULL;
     char        *text = NULL;
@@ -389,11 +416,15 @@ static int inspect_bundle(const char *path) {
 }
 
 static int cmd_inspect(const cli *c) {
-    if (is_bundle_file(c->graph)) return inspect_bundle(c->graph);
+    kt_graph_kind kind;
+    kiln_status st = kt_graph_kind_of(c->graph, &kind);
+    if (st) return fail(st);
+    if (kind == KT_GRAPH_BUNDLE) return inspect_bundle(c->graph);
     kiln_ctx *ctx;
     kiln_graph *g;
     kiln_program *p = NULL;
-    kiln_status st = build(c, &ctx, &g);
+    int rc = build(c, &ctx, &g);
+    if (rc >= 0) return rc;
     kiln_compile_opts o = compile_opts(c, NULL);
     o.skip_nvrtc = 1;
     o.cache_mode = KILN_CACHE_OFF;
@@ -619,10 +650,6 @@ static kiln_status load_bundle(const cli *c, const char *arch, kiln_ctx **ctx, k
 }
 
 static int cmd_run(const cli *c) {
-    kiln_status st = rt_driver_init();
-    if (st) return fail(st);
-    char arch[16] = "sm_90a";
-    if ((st = kiln_device_arch(0, arch, sizeof arch))) return fail(st);
     kiln_ctx *ctx = NULL;
     kiln_graph *g = NULL;
     kiln_program *p = NULL;
@@ -631,9 +658,19 @@ static int cmd_run(const cli *c) {
     bool check_failed = false;
     kiln_ctx *bctx = NULL;
     kiln_graph *bg = NULL;
+    /* The graph before the GPU: a file that holds none is that error, on any machine. */
+    int rc = c->bundle ? -1 : build(c, &ctx, &g);
+    if (rc >= 0) return rc;
+    kt_graph_kind kind = KT_GRAPH_BUNDLE;
+    kiln_status st = c->bundle ? kt_graph_kind_of(c->bundle, &kind) : NULL;
+    if (!st && kind != KT_GRAPH_BUNDLE)
+        st = kb_error(KILN_ERR_FORMAT, "--bundle %s: not a kiln bundle (it does not start with KILNBNDL)", c->bundle);
+    if (st) return fail(st);
+    st = rt_driver_init();
+    char arch[16] = "sm_90a";
+    if (!st) st = kiln_device_arch(0, arch, sizeof arch);
     kiln_compile_opts o = compile_opts(c, arch);
-    if (c->bundle) st = load_bundle(c, arch, &ctx, &g, &p);
-    else st = build(c, &ctx, &g);
+    if (!st && c->bundle) st = load_bundle(c, arch, &ctx, &g, &p);
     if (!st) st = bind_dims(c, ctx, &bctx, &bg);
     if (!st) print_dims(c, ctx);
     if (!st && !c->bundle) st = kiln_compile(g, &o, &p);
@@ -669,7 +706,7 @@ static bool model_arg(int argc, char **argv) {
         bool skip = false;
         for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) skip |= !strcmp(argv[i], valued[k]);
         if (skip) i++;
-        else if (argv[i][0] != '-') return kiln_cli_is_gguf(argv[i]);
+        else if (argv[i][0] != '-') return kt_graph_is_gguf(argv[i]);
     }
     return false;
 }
@@ -683,29 +720,13 @@ int main(int argc, char **argv) {
         printf("kiln %s\n", KILN_VERSION);
         return EXIT_OK;
     }
+    if (!strcmp(argv[1], "help")) return help(argc > 2 ? argv[2] : NULL);
     if (!strcmp(argv[1], "cache")) return kiln_cmd_cache(argc, argv);
-    if (!strcmp(argv[1], "gen-graph") || (argc > 2 && !strcmp(argv[1], "help") && !strcmp(argv[2], "gen-graph")))
-        return kiln_cmd_gen_graph(argc - 1, argv + 1);  /* also "help gen-graph" */
-    if (!strcmp(argv[1], "gen-model") || (argc > 2 && !strcmp(argv[1], "help") && !strcmp(argv[2], "gen-model")))
-        return kiln_cmd_gen_model(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "gen-graph")) return kiln_cmd_gen_graph(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "gen-model")) return kiln_cmd_gen_model(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) return kiln_cmd_bench(argc - 1, argv + 1);
-    if (argc > 2 && !strcmp(argv[1], "help") && !strcmp(argv[2], "bench")) return fputs(kiln_bench_help(), stdout) < 0;
+    if (!strcmp(argv[1], "ops")) return cmd_ops(argc, argv);
     if (!strcmp(argv[1], "run") && model_arg(argc, argv)) return kiln_cmd_run_model(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "help")) {
-        if (argc > 2 && !strcmp(argv[2], "cache")) return fputs(kiln_cache_help, stdout) < 0;
-        const char *h = help_for(argc > 2 ? argv[2] : NULL);
-        if (!h) return usage_error("no help for unknown command '%s'", argv[2]);
-        print_help(argc > 2 ? argv[2] : NULL, h);
-        return EXIT_OK;
-    }
-    if (!strcmp(argv[1], "ops")) {
-        char *text;
-        kiln_status st = kiln_describe_ops(&text);
-        if (st) return fail(st);
-        fputs(text, stdout);
-        free(text);
-        return EXIT_OK;
-    }
     if (!help_for(argv[1]) || argv[1][0] == '-') return usage_error("unknown command '%s'", argv[1]);
     cli c = {0};
     int rc = parse_args(argc, argv, &c);
