@@ -34,15 +34,31 @@ kc_key kc_program_key(const char *graph_text, const char *opts_text, const char 
 typedef struct {
     char           *dir; /* root; entries under dir/kernels/ and dir/programs/ */
     kiln_cache_mode mode;
-    void (*log)(void *user, const char *line);
+    void (*log)(void *user, const char *line); /* NULL: stderr */
     void           *log_user;
+    /* 0 while writing works; else the errno of the first write that failed (kc_put, or
+     * kc_write_failed): from then on kc_put stores nothing. Set atomically, since kc_put runs
+     * on a compile's worker threads; zero-initialize it with the rest. */
+    _Atomic int     write_errno;
 } kc_cache;
+
+/* One line through c->log, else on stderr. */
+void kc_log(const kc_cache *c, const char *line);
+/* Turns writing c's directory off after a failure to write it (errno err; reason, when not
+ * NULL, says why instead of strerror(err)), so that a compile goes on without the cache, as
+ * ccache does: later kc_put calls on c store nothing and succeed. The first call on c warns,
+ * "kiln: warning: cannot write the cache DIR (REASON); continuing without it", through c->log
+ * (once per kc_cache: once per compile), else on stderr once per process for each such line
+ * (a command that compiles several programs says it once); later calls, on any thread, say
+ * nothing. */
+void kc_write_failed(kc_cache *c, int err, const char *reason);
 
 /* Resolves the directory: explicit, else $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else
  * $HOME/.cache/kiln. Caller frees *out. */
 kiln_status kc_default_dir(const char *explicit_dir, char **out);
 
-/* Looks up (kind, key). A miss (or mode off/refresh) gives *data = NULL and no error. So does
+/* Looks up (kind, key). A miss (or mode off/refresh) gives *data = NULL and no error: no file,
+ * or a path through a file (ENOTDIR, e.g. a cache root that is a file). So does
  * an entry of another format version (another kiln build may share the directory): it is left
  * alone. A corrupt entry (bad magic, header, kind, key, lengths or checksums) is reported
  * through log, removed (not in READONLY mode), counted in *corrupt, and treated as a miss. A hit
@@ -52,9 +68,12 @@ kiln_status kc_default_dir(const char *explicit_dir, char **out);
 kiln_status kc_get(const kc_cache *c, kc_kind kind, kc_key key, void **data, size_t *size, int *corrupt);
 /* Stores an entry atomically (not in modes off and readonly), replacing any entry of that
  * kind and key, of whatever format version. meta: NUL-terminated text kept with the entry
- * (what the key was made of, for `kiln cache ls` and `explain`); NULL means empty. */
-kiln_status kc_put(const kc_cache *c, kc_kind kind, kc_key key, const char *meta, const void *data,
-                   size_t size);
+ * (what the key was made of, for `kiln cache ls` and `explain`); NULL means empty. When the
+ * directory cannot be written (creating a directory, creating, writing, closing or renaming
+ * the temporary file fails: ENOSPC, EROFS, EACCES, EDQUOT, ENOTDIR, EMFILE...) the temporary
+ * file is removed, kc_write_failed turns writing off, and kc_put succeeds without storing;
+ * so does every later kc_put on c. Errors are only bad arguments and lack of memory. */
+kiln_status kc_put(kc_cache *c, kc_kind kind, kc_key key, const char *meta, const void *data, size_t size);
 /* Path of the entry (for tests and messages); NULL for an unknown kind. Caller frees. */
 char       *kc_entry_path(const kc_cache *c, kc_kind kind, kc_key key);
 
@@ -107,5 +126,12 @@ kiln_status kc_parse_mode(const char *text, kiln_cache_mode *mode);
 /* The mode from $KILN_CACHE when set (non-empty), else fallback; a bad value is an error naming
  * it and the choices. */
 kiln_status kc_env_mode(kiln_cache_mode fallback, kiln_cache_mode *mode);
+
+/* Tests only (in the manner of SQLite's and Lua's test hooks): makes every later write step
+ * `step` of kc_put fail with errno err, as a full disk or a read-only directory would; err 0
+ * turns it off. KC_STEP_WRITE fails after the header is written, so a temporary file is left
+ * half written for kc_put to remove. Process-wide; not for use beside other writers. */
+typedef enum { KC_STEP_MKDIR, KC_STEP_CREATE, KC_STEP_WRITE, KC_STEP_CLOSE, KC_STEP_RENAME, KC_NSTEPS } kc_write_step;
+void kc_test_fail_writes(kc_write_step step, int err);
 
 #endif

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,11 +195,57 @@ char *kc_entry_path(const kc_cache *c, kc_kind kind, kc_key key) {
     return kb_str_take(&b);
 }
 
-/* ---- logging -------------------------------------------------------------------------------- */
+/* ---- logging and the write-failure warning ---------------------------------------------------- */
 
-static void log_line(const kc_cache *c, const char *line) {
+void kc_log(const kc_cache *c, const char *line) {
     if (c->log) c->log(c->log_user, line);
     else fprintf(stderr, "%s\n", line);
+}
+
+/* Whether this process has printed line on stderr before (and records it if not): the table
+ * of kc_write_failed's stderr lines, so that a command compiling several programs warns once.
+ * When full, lines are printed again rather than forgotten. */
+static bool said_before(const char *line) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static uint64_t        said[32];
+    static int             nsaid;
+    uint64_t               h = XXH3_64bits(line, strlen(line));
+    bool                   seen = false;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < nsaid && !seen; i++) seen = said[i] == h;
+    if (!seen && nsaid < (int)(sizeof said / sizeof *said)) said[nsaid++] = h;
+    pthread_mutex_unlock(&lock);
+    return seen;
+}
+
+void kc_write_failed(kc_cache *c, int err, const char *reason) {
+    if (!err) err = EIO;
+    int none = 0;
+    /* The first failure wins; writers failing at the same moment on other threads lose. */
+    if (!atomic_compare_exchange_strong(&c->write_errno, &none, err)) return;
+    kb_str m = {0};
+    kb_str_addf(&m, "kiln: warning: cannot write the cache %s (%s); continuing without it", c->dir ? c->dir : "?",
+                reason ? reason : strerror(err));
+    char *line = kb_str_take(&m);
+    const char *text = line ? line : "kiln: warning: cannot write the cache; continuing without it";
+    if (c->log) c->log(c->log_user, text);
+    else if (!said_before(text)) fprintf(stderr, "%s\n", text);
+    free(line);
+}
+
+/* ---- test hook: failing writes -------------------------------------------------------------- */
+
+static _Atomic int fail_step = -1, fail_err;
+
+void kc_test_fail_writes(kc_write_step step, int err) {
+    atomic_store(&fail_step, (int)step);
+    atomic_store(&fail_err, err);
+}
+
+/* The errno a test wants write step `step` to fail with, else 0. */
+static int injected(kc_write_step step) {
+    int err = atomic_load(&fail_err);
+    return err && atomic_load(&fail_step) == (int)step ? err : 0;
 }
 
 /* ---- reading -------------------------------------------------------------------------------- */
@@ -242,7 +289,9 @@ kiln_status kc_load(const char *path, const char *what, uint8_t **buf, size_t *l
     /* O_NONBLOCK: a FIFO planted at the path must not hang us; no effect on regular files. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
-        if (errno == ENOENT) return NULL; /* a plain miss */
+        /* A plain miss: no such file, or a directory on the way is a file (a cache root that is
+         * a file holds no entries; writing it fails, and kc_put says so). */
+        if (errno == ENOENT || errno == ENOTDIR) return NULL;
         return kb_error(KILN_ERR_IO, "%s: %s: cannot open: %s", what, path, strerror(errno));
     }
     kiln_status err = NULL;
@@ -277,7 +326,7 @@ static void report_corrupt(const kc_cache *c, const char *path, const struct sta
     if (c->mode == KILN_CACHE_READONLY) kb_str_add(&msg, "not removed (read-only cache), rebuilding");
     else remove_corrupt(path, st, &msg);
     char *line = kb_str_take(&msg);
-    log_line(c, line ? line : "kiln: a cache entry is corrupt; rebuilding");
+    kc_log(c, line ? line : "kiln: a cache entry is corrupt; rebuilding");
     free(line);
 }
 
@@ -366,6 +415,27 @@ static void sweep_stale_tmp(const char *dir) {
     closedir(d);
 }
 
+/* mkdir -p dir. Returns 0 or an errno (ENOTDIR: a component, or dir itself, is a file). */
+static int make_dirs(const char *dir) {
+    int err = injected(KC_STEP_MKDIR);
+    struct stat st;
+    if (err || stat(dir, &st) == 0) return err ? err : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+    char *p = strdup(dir);
+    if (!p) return ENOMEM;
+    for (char *s = p + 1; !err; s++) {
+        if (*s && *s != '/') continue;
+        char c = *s;
+        *s = 0;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) err = errno;
+        *s = c;
+        if (!c) break;
+    }
+    free(p);
+    if (!err && stat(dir, &st) != 0) err = errno;
+    if (!err && !S_ISDIR(st.st_mode)) err = ENOTDIR;
+    return err;
+}
+
 /* Creates a new temporary file in dir; *tmp gets its name (caller frees). Returns the fd, or -1
  * with errno set. */
 static int create_tmp(const char *dir, char **tmp) {
@@ -385,65 +455,60 @@ static int create_tmp(const char *dir, char **tmp) {
     return fd;
 }
 
-/* One attempt: mkdir -p, write a temporary file, rename it over path. *gone is set when it
- * failed because a file or directory vanished under it (a concurrent `kiln cache clear`), so
- * that the caller may try again. */
-static kiln_status put_once(const char *what, const char *path, const uint8_t *hdr, const char *meta, size_t mlen,
-                            const void *data, size_t size, bool *gone) {
-    *gone = false;
-    kb_str b = {0};
-    kb_str_addn(&b, path, (size_t)(strrchr(path, '/') - path));
-    char *dir = kb_str_take(&b), *tmp = NULL;
-    if (!dir) return kb_oom();
-    kiln_status st = kb_mkdirs(dir);
-    if (st) {
-        free(dir);
-        return kb_wrap(st, "%s", what);
-    }
-    int fd = create_tmp(dir, &tmp);
-    if (fd < 0) {
-        *gone = errno == ENOENT;
-        st = errno == ENOMEM ? kb_oom() : kb_error(KILN_ERR_IO, "%s: %s: cannot create: %s", what, tmp, strerror(errno));
-        free(tmp);
-        free(dir);
-        return st;
-    }
+/* Header, meta and payload into fd; returns 0 or an errno. */
+static int write_entry(int fd, const uint8_t *hdr, const char *meta, size_t mlen, const void *data, size_t size) {
     int err = write_all(fd, hdr, KC_HEADER_SIZE);
+    if (!err) err = injected(KC_STEP_WRITE); /* after the header: a half-written file to clean up */
     if (!err && mlen) err = write_all(fd, meta, mlen);
     if (!err && size) err = write_all(fd, data, size);
-    if (close(fd) != 0 && !err) err = errno;
-    if (err) {
-        st = kb_error(KILN_ERR_IO, "%s: %s: write failed: %s", what, tmp, strerror(err));
-    } else if (rename(tmp, path) != 0) {
-        *gone = errno == ENOENT;
-        st = kb_error(KILN_ERR_IO, "%s: cannot rename %s to %s: %s", what, tmp, path, strerror(errno));
-    }
-    if (st) unlink(tmp);
-    else sweep_stale_tmp(dir);
-    free(tmp);
-    free(dir);
-    return st;
+    return err;
 }
 
-kiln_status kc_put(const kc_cache *c, kc_kind kind, kc_key key, const char *meta, const void *data, size_t size) {
+/* One attempt: mkdir -p, write a temporary file, rename it over path. Returns 0 or the errno of
+ * the step that failed (ENOMEM: out of memory); the temporary file is gone either way. *gone
+ * is set when it failed because a file or directory vanished under it (a concurrent `kiln
+ * cache clear`), so that the caller may try again. */
+static int put_once(const char *path, const uint8_t *hdr, const char *meta, size_t mlen, const void *data,
+                    size_t size, bool *gone) {
+    char *dir = strndup(path, (size_t)(strrchr(path, '/') - path)), *tmp = NULL;
+    if (!dir) return ENOMEM;
+    int err = make_dirs(dir), fd = -1;
+    if (!err) err = injected(KC_STEP_CREATE);
+    if (!err && (fd = create_tmp(dir, &tmp)) < 0) err = errno;
+    if (fd >= 0) {
+        err = write_entry(fd, hdr, meta, mlen, data, size);
+        int cerr = close(fd) != 0 ? errno : injected(KC_STEP_CLOSE);
+        if (!err) err = cerr;
+        if (!err) err = injected(KC_STEP_RENAME);
+        if (!err && rename(tmp, path) != 0) err = errno;
+        if (err) unlink(tmp);
+        else sweep_stale_tmp(dir);
+    }
+    *gone = err == ENOENT; /* only the directories, the temporary file or path can be missing */
+    free(tmp);
+    free(dir);
+    return err;
+}
+
+kiln_status kc_put(kc_cache *c, kc_kind kind, kc_key key, const char *meta, const void *data, size_t size) {
     if (!c) return kb_error(KILN_ERR_INVALID, "kc_put: NULL cache");
     if (!kc_kind_dir(kind)) return kb_error(KILN_ERR_INVALID, "kc_put: unknown entry kind %d", (int)kind);
     if (c->mode == KILN_CACHE_OFF || c->mode == KILN_CACHE_READONLY) return NULL;
     if (!c->dir) return kb_error(KILN_ERR_INVALID, "kc_put: no cache directory");
     if (!data && size) return kb_error(KILN_ERR_INVALID, "kc_put: NULL data");
+    if (atomic_load(&c->write_errno)) return NULL; /* failed before: don't try every kernel */
     size_t mlen = meta ? strlen(meta) : 0;
     uint8_t hdr[KC_HEADER_SIZE];
     make_header(hdr, kind, key, meta, mlen, data, size);
     char *path = kc_entry_path(c, kind, key);
     if (!path) return kb_oom();
-    kiln_status st = NULL;
+    int err = 0;
     bool gone = true;
     /* A clear running at the same moment may remove our directory or temporary file; the entry
      * is still worth storing, so try again a few times. */
-    for (int attempt = 0; attempt < 4 && gone; attempt++) {
-        kiln_status_free(st);
-        st = put_once(what_of(kind), path, hdr, meta, mlen, data, size, &gone);
-    }
+    for (int attempt = 0; attempt < 4 && gone; attempt++) err = put_once(path, hdr, meta, mlen, data, size, &gone);
     free(path);
-    return st;
+    if (err == ENOMEM) return kb_oom();
+    if (err) kc_write_failed(c, err, NULL);
+    return NULL;
 }

@@ -13,6 +13,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,11 +34,6 @@ typedef struct {
     pthread_mutex_t          lock;          /* progress, wrote */
 } compile_env;
 
-static void default_log(void *user, const char *line) {
-    (void)user;
-    fprintf(stderr, "%s\n", line);
-}
-
 static void logf_(const compile_env *e, const char *fmt, ...) KB_PRINTF(2, 3);
 static void logf_(const compile_env *e, const char *fmt, ...) {
     char    line[1024];
@@ -45,7 +41,7 @@ static void logf_(const compile_env *e, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    e->cache.log(e->cache.log_user, line);
+    kc_log(&e->cache, line);
 }
 
 /* sm_XY[a|f] for cubins, compute_XY[a|f] for PTX; below sm_80 the templates do not compile
@@ -70,7 +66,7 @@ static kiln_status setup(compile_env *e, const kiln_compile_opts *o) {
     if (e->dump_dir && !*e->dump_dir) e->dump_dir = NULL;
     e->cache.mode = o->cache_mode;
     if (o->cache_mode == KILN_CACHE_ON && (st = kc_env_mode(KILN_CACHE_ON, &e->cache.mode))) return st;
-    e->cache.log = o->log ? o->log : default_log;
+    e->cache.log = o->log; /* NULL: stderr, where kc_write_failed's warning is said once a process */
     e->cache.log_user = o->log_user;
     e->jobs = o->jobs > 0 ? o->jobs : kb_default_jobs();
     pthread_mutex_init(&e->lock, NULL);
@@ -553,11 +549,18 @@ static kiln_status store_program(compile_env *e, kc_key key, const char *graph_t
     return st;
 }
 
+/* Eviction is bookkeeping: when the file system refuses it, the compile has its program all
+ * the same, so that is the write-failure warning, not an error (a bad KILN_CACHE_MAX is). */
 static kiln_status enforce_limit(compile_env *e) {
     uint64_t    max = 0, total = 0;
     int         removed = 0;
     kiln_status st = kc_max_bytes(&max);
     if (!st) st = kc_evict(&e->cache, max, &removed, &total);
+    if (st && kiln_status_code(st) == KILN_ERR_IO) {
+        kc_write_failed(&e->cache, 0, kiln_status_msg(st));
+        kiln_status_free(st);
+        return NULL;
+    }
     if (!st && removed)
         logf_(e, "kiln: cache over its limit (KILN_CACHE_MAX %llu bytes): removed %d least recently used entries",
               (unsigned long long)max, removed);
@@ -598,7 +601,8 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_opts *opts, kil
     if (!st) p->stats.corrupt += prog_corrupt;
     if (!st && e.dump_dir) st = write_dumps(e.dump_dir, p);
     if (!st && e.program_cache && !p->stats.program_cached) st = store_program(&e, key, graph_text, opts_text, p);
-    if (!st && e.wrote) st = enforce_limit(&e);
+    if (!st && e.wrote && !atomic_load(&e.cache.write_errno)) st = enforce_limit(&e);
+    if (!st) p->stats.cache_write_error = atomic_load(&e.cache.write_errno);
     free(graph_text);
     free(opts_text);
     teardown(&e);

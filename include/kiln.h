@@ -336,6 +336,9 @@ typedef struct {
     int    distinct;       /* distinct kernels (identical layers share one) */
     int    generated;      /* kernels instantiated from templates in this call (0 on a program hit) */
     int    program_cached; /* 1: the whole program came from the program cache (no Lua, no NVRTC) */
+    int    cache_write_error; /* 0, or the errno (ENOSPC, EROFS, EACCES...) of a cache write that
+                                 failed: the compile went on without writing the cache and
+                                 warned once through log (docs/cache.md) */
 } kiln_compile_stats;
 
 /* Compiles g: a whole-program cache hit loads it; otherwise every distinct kernel comes from the

@@ -8,6 +8,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -400,7 +402,7 @@ enum { PAYLOAD_N = 300 };
 #define ENTRY_N (80 + META_N + PAYLOAD_N)
 
 /* Puts a fresh entry for (kind, k) and returns its file contents (caller frees). */
-static uint8_t *fresh_entry_kind(const kc_cache *c, kc_kind kind, kc_key k, const uint8_t *payload, size_t *len) {
+static uint8_t *fresh_entry_kind(kc_cache *c, kc_kind kind, kc_key k, const uint8_t *payload, size_t *len) {
     TS_OK(kc_put(c, kind, k, META, payload, PAYLOAD_N));
     char *path = kc_entry_path(c, kind, k);
     char *raw;
@@ -410,7 +412,7 @@ static uint8_t *fresh_entry_kind(const kc_cache *c, kc_kind kind, kc_key k, cons
     return (uint8_t *)raw;
 }
 
-static uint8_t *fresh_entry(const kc_cache *c, kc_key k, const uint8_t *payload, size_t *len) {
+static uint8_t *fresh_entry(kc_cache *c, kc_key k, const uint8_t *payload, size_t *len) {
     return fresh_entry_kind(c, KC_CUBIN, k, payload, len);
 }
 
@@ -736,36 +738,38 @@ END_TEST
 START_TEST(io_errors_name_the_path) {
     char *dir = ts_tmpdir();
     kb_str b = {0};
+    log_capture lc = {0};
 
-    /* The cache root is a regular file. */
+    /* The cache root is a regular file: it holds no entries (a miss), and writing it fails with a
+     * warning naming it, once, not with an error. */
     kb_str_addf(&b, "%s/notadir", dir);
     char *file = kb_str_take(&b);
     write_raw(file, "x", 1);
-    kc_cache c = {.dir = file, .mode = KILN_CACHE_ON};
-    kiln_status st = kc_put(&c, KC_CUBIN, key_n(1), NULL, "abc", 3);
-    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_IO);
-    ck_assert_msg(strstr(kiln_status_msg(st), file) != NULL, "msg: %s", kiln_status_msg(st));
-    kiln_status_free(st);
+    kc_cache c = {.dir = file, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &lc};
+    TS_OK(kc_put(&c, KC_CUBIN, key_n(1), NULL, "abc", 3));
+    ck_assert_int_eq(lc.lines, 1);
+    ck_assert_msg(strstr(lc.last, file) && strstr(lc.last, strerror(ENOTDIR)), "log: %s", lc.last);
+    ck_assert_int_eq(c.write_errno, ENOTDIR);
+    TS_OK(kc_put(&c, KC_PROGRAM, key_n(2), NULL, "abc", 3));
+    ck_assert_int_eq(lc.lines, 1);
     void *data = (void *)1;
     size_t size = 0;
-    st = kc_get(&c, KC_CUBIN, key_n(1), &data, &size, NULL);
-    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_IO);
-    ck_assert_msg(strstr(kiln_status_msg(st), file) != NULL, "msg: %s", kiln_status_msg(st));
+    TS_OK(kc_get(&c, KC_CUBIN, key_n(1), &data, &size, NULL));
     ck_assert_ptr_null(data);
-    kiln_status_free(st);
 
-    /* The entry path is a directory: get reports it, put fails cleanly without temp files. */
-    kc_cache d = {.dir = dir, .mode = KILN_CACHE_ON};
+    /* The entry path is a directory: get reports it; put warns (rename fails) and leaves no
+     * temporary file. */
+    log_capture ld = {0};
+    kc_cache d = {.dir = dir, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &ld};
     char *path = kc_entry_path(&d, KC_CUBIN, key_n(2));
     TS_OK(kb_mkdirs(path));
-    st = kc_get(&d, KC_CUBIN, key_n(2), &data, &size, NULL);
+    kiln_status st = kc_get(&d, KC_CUBIN, key_n(2), &data, &size, NULL);
     ck_assert(st != NULL);
     ck_assert_msg(strstr(kiln_status_msg(st), path) != NULL, "msg: %s", kiln_status_msg(st));
     kiln_status_free(st);
-    st = kc_put(&d, KC_CUBIN, key_n(2), NULL, "abc", 3);
-    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_IO);
-    ck_assert_msg(strstr(kiln_status_msg(st), path) != NULL, "msg: %s", kiln_status_msg(st));
-    kiln_status_free(st);
+    TS_OK(kc_put(&d, KC_CUBIN, key_n(2), NULL, "abc", 3));
+    ck_assert_int_eq(ld.lines, 1);
+    ck_assert_msg(strstr(ld.last, dir) && strstr(ld.last, strerror(d.write_errno)), "log: %s", ld.last);
     int cubins, tmps;
     count_entries(dir, &cubins, &tmps);
     ck_assert_int_eq(tmps, 0);
@@ -795,19 +799,189 @@ START_TEST(long_paths) {
     char *p = longdir + strlen(dir);
     for (size_t i = 0; i < n; i++) *p++ = (i % 100 == 0) ? '/' : 'd';
     *p = 0;
-    kc_cache c = {.dir = longdir, .mode = KILN_CACHE_ON};
+    log_capture lc = {0};
+    kc_cache c = {.dir = longdir, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &lc};
     char *path = kc_entry_path(&c, KC_CUBIN, key_n(1));
     ck_assert_uint_eq(strlen(path), strlen(longdir) + strlen("/kernels/xx/") + 32 + strlen(".cubin"));
     free(path);
-    kiln_status st = kc_put(&c, KC_CUBIN, key_n(1), NULL, "abc", 3);
-    ck_assert(st != NULL); /* too long for the file system; an error, not a crash */
-    kiln_status_free(st);
+    /* Too long for the file system: a write failure (warned), not an error, not a crash. */
+    TS_OK(kc_put(&c, KC_CUBIN, key_n(1), NULL, "abc", 3));
+    ck_assert_int_eq(lc.lines, 1);
+    ck_assert_int_ne(c.write_errno, 0);
     void *data = NULL;
     size_t size;
-    st = kc_get(&c, KC_CUBIN, key_n(1), &data, &size, NULL);
+    kiln_status st = kc_get(&c, KC_CUBIN, key_n(1), &data, &size, NULL);
     ck_assert(st != NULL || data == NULL);
     kiln_status_free(st);
     free(longdir);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* ---- writes that fail ------------------------------------------------------------------------ */
+
+static const int write_errnos[] = {ENOSPC, EROFS, EACCES, EDQUOT};
+enum { NWRITE_ERRNOS = sizeof write_errnos / sizeof *write_errnos };
+
+/* Counts the .tmp.* files under dir/kernels/xx/ and dir/programs/xx/. */
+static int count_tmp(const char *dir) {
+    int n = 0;
+    for (int k = 0; k < 2; k++) {
+        kb_str b = {0};
+        kb_str_addf(&b, "%s/%s", dir, k ? "programs" : "kernels");
+        char *top = kb_str_take(&b);
+        DIR *d = opendir(top);
+        struct dirent *e;
+        while (d && (e = readdir(d)) != NULL) {
+            if (e->d_name[0] == '.') continue;
+            kb_str_addf(&b, "%s/%s", top, e->d_name);
+            char *sub = kb_str_take(&b);
+            DIR *s = opendir(sub);
+            struct dirent *f;
+            while (s && (f = readdir(s)) != NULL) n += strncmp(f->d_name, ".tmp.", 5) == 0;
+            if (s) closedir(s);
+            free(sub);
+        }
+        if (d) closedir(d);
+        free(top);
+    }
+    return n;
+}
+
+/* Every write step failing with every errno of a full disk or a read-only directory: kc_put
+ * succeeds without storing, removes its half-written temporary file, warns once naming the
+ * directory and the reason, and stores nothing more through that cache (no retry per entry);
+ * entries already there still hit; a new kc_cache (the next compile) tries again. */
+START_TEST(write_failures_warn_once) {
+    for (int step = 0; step < KC_NSTEPS; step++)
+        for (int e = 0; e < NWRITE_ERRNOS; e++) {
+            int err = write_errnos[e];
+            char *dir = ts_tmpdir();
+            kc_cache first = {.dir = dir, .mode = KILN_CACHE_ON};
+            TS_OK(kc_put(&first, KC_CUBIN, key_n(1), NULL, "old", 3));
+            TS_OK(kc_put(&first, KC_PROGRAM, key_n(1), NULL, "plan", 4));
+
+            kc_test_fail_writes((kc_write_step)step, err);
+            log_capture lc = {0};
+            kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &lc};
+            kc_kind kind = step % 2 ? KC_PROGRAM : KC_CUBIN;
+            TS_OK(kc_put(&c, kind, key_n(2), "meta", "new entry", 9));
+            ck_assert_msg(lc.lines == 1, "step %d, %s: %d lines", step, strerror(err), lc.lines);
+            kb_str b = {0};
+            kb_str_addf(&b, "kiln: warning: cannot write the cache %s (%s); continuing without it", dir, strerror(err));
+            char *want = kb_str_take(&b);
+            ck_assert_str_eq(lc.last, want);
+            free(want);
+            ck_assert_int_eq(c.write_errno, err);
+            expect_miss_kind(&c, kind, key_n(2), 0);
+            ck_assert_int_eq(count_tmp(dir), 0);
+            expect_hit_kind(&c, KC_CUBIN, key_n(1), "old", 3); /* reads still work */
+            expect_hit_kind(&c, KC_PROGRAM, key_n(1), "plan", 4);
+
+            /* Writing is off for the rest of c's life, even once the file system would take it. */
+            kc_test_fail_writes(KC_STEP_MKDIR, 0);
+            TS_OK(kc_put(&c, KC_CUBIN, key_n(3), NULL, "later", 5));
+            expect_miss(&c, key_n(3), 0);
+            ck_assert_int_eq(lc.lines, 1);
+            kc_cache next = {.dir = dir, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &lc};
+            TS_OK(kc_put(&next, KC_CUBIN, key_n(3), NULL, "later", 5));
+            expect_hit(&next, key_n(3), "later", 5);
+            ck_assert_int_eq(lc.lines, 1);
+            ts_rmtree(dir);
+            free(dir);
+        }
+}
+END_TEST
+
+typedef struct {
+    kc_cache   *c;
+    int         first;
+    _Atomic int lines;
+} race;
+
+static void count_line(void *user, const char *line) {
+    (void)line;
+    atomic_fetch_add(&((race *)user)->lines, 1);
+}
+
+static void *put_many(void *user) {
+    race *r = user;
+    for (int i = 0; i < 20; i++) {
+        kiln_status st = kc_put(r->c, KC_CUBIN, key_n(r->first + i), NULL, "x", 1);
+        kiln_status_free(st);
+    }
+    return NULL;
+}
+
+/* Writers on several threads failing at once (a compile's thread pool): one warning. */
+START_TEST(write_failure_warns_once_across_threads) {
+    char *dir = ts_tmpdir();
+    race r[8] = {{0}};
+    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON, .log = count_line, .log_user = &r[0]};
+    kc_test_fail_writes(KC_STEP_WRITE, ENOSPC);
+    pthread_t th[8];
+    for (int i = 0; i < 8; i++) {
+        r[i].c = &c;
+        r[i].first = 1000 + 20 * i;
+        ck_assert_int_eq(pthread_create(&th[i], NULL, put_many, &r[i]), 0);
+    }
+    for (int i = 0; i < 8; i++) pthread_join(th[i], NULL);
+    kc_test_fail_writes(KC_STEP_WRITE, 0);
+    ck_assert_int_eq(atomic_load(&r[0].lines), 1);
+    ck_assert_int_eq(c.write_errno, ENOSPC);
+    ck_assert_int_eq(count_tmp(dir), 0);
+    ts_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* What fn(user) writes to stderr (fd 2 redirected to a file in dir meanwhile). */
+static char *stderr_of(void (*fn)(void *), void *user, const char *dir) {
+    kb_str b = {0};
+    kb_str_addf(&b, "%s/stderr.txt", dir);
+    char *errpath = kb_str_take(&b);
+    fflush(stderr);
+    int saved = dup(2);
+    int fd = open(errpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+    fn(user);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char *text = ts_read_file(errpath, NULL);
+    free(errpath);
+    return text;
+}
+
+static void put_twice_on_two_caches(void *user) {
+    char *root = user;
+    for (int i = 0; i < 2; i++) {
+        kc_cache c = {.dir = root, .mode = KILN_CACHE_ON}; /* no log: stderr */
+        TS_OK(kc_put(&c, KC_CUBIN, key_n(1), NULL, "a", 1));
+        TS_OK(kc_put(&c, KC_CUBIN, key_n(2), NULL, "b", 1));
+        ck_assert_int_eq(c.write_errno, EROFS);
+    }
+}
+
+/* Without a log callback the warning goes to stderr once per process for each directory and
+ * reason, however many caches (compiles) hit it: kiln bench compiles dozens of programs. */
+START_TEST(write_failure_on_stderr_once_per_process) {
+    char *dir = ts_tmpdir();
+    kb_str b = {0};
+    kb_str_addf(&b, "%s/cache", dir);
+    char *root = kb_str_take(&b);
+    kc_test_fail_writes(KC_STEP_RENAME, EROFS);
+    char *text = stderr_of(put_twice_on_two_caches, root, dir);
+    kc_test_fail_writes(KC_STEP_RENAME, 0);
+    kb_str_addf(&b, "kiln: warning: cannot write the cache %s (%s); continuing without it\n", root, strerror(EROFS));
+    char *want = kb_str_take(&b);
+    ck_assert_str_eq(text, want);
+    free(want);
+    free(text);
+    free(root);
     ts_rmtree(dir);
     free(dir);
 }
@@ -1080,7 +1254,7 @@ enum { EV_N = 10, EV_PAYLOAD = 1000 };
 
 /* Ten entries of equal size (alternating kinds), entry i last used at t0 + 10 * (i % 5) + i / 5
  * (so kind and key do not follow age). Returns one entry's size. */
-static uint64_t fill_for_eviction(const kc_cache *c, time_t t0, char *paths[EV_N]) {
+static uint64_t fill_for_eviction(kc_cache *c, time_t t0, char *paths[EV_N]) {
     uint8_t payload[EV_PAYLOAD];
     fill_payload(payload, sizeof payload, 5);
     for (int i = 0; i < EV_N; i++) {
@@ -1317,6 +1491,9 @@ static Suite *cache_suite(void) {
     tcase_add_test(t, corruption_logs_to_stderr);
     tcase_add_test(t, io_errors_name_the_path);
     tcase_add_test(t, long_paths);
+    tcase_add_test(t, write_failures_warn_once);
+    tcase_add_test(t, write_failure_warns_once_across_threads);
+    tcase_add_test(t, write_failure_on_stderr_once_per_process);
     tcase_add_test(t, stale_temp_files_swept);
     tcase_add_test(t, default_dir_resolution);
     tcase_add_test(t, concurrent_writers);

@@ -317,7 +317,7 @@ static void cli_teardown(void) {
 }
 
 /* Two kernels and one program, with meta; returns the total bytes. */
-static uint64_t populate(const kc_cache *c) {
+static uint64_t populate(kc_cache *c) {
     uint8_t payload[3000];
     fill_payload(payload, sizeof payload, 3);
     TS_OK(kc_put(c, KC_CUBIN, key_n(1), "kernel silu_f32\nsource 100 bytes", payload, 1000));
