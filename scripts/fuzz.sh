@@ -65,13 +65,15 @@ for t in "$@"; do
     "$bin" $par $dict -max_total_time="$seconds" -max_len="$(max_len "$t")" -timeout=10 -rss_limit_mb=2048 \
         -print_final_stats=1 -artifact_prefix="$art/" ${FUZZ_ARGS:-} "$corpus" >"$log" 2>&1
     rc=$?
-    # One process: libFuzzer's final stats. -fork: the last status line's totals.
+    # One process: libFuzzer's final stats. -fork: the last status line's total executions over
+    # its time (all processes together).
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
     if [ -z "$execs" ]; then
         last=$(grep -E '^#[0-9]+' "$log" | tail -1)
         execs=$(echo "$last" | sed -n 's/^#\([0-9]*\).*/\1/p')
-        rate=$(echo "$last" | sed -n 's/.*exec\/s: \([0-9]*\).*/\1/p')
+        secs=$(echo "$last" | sed -n 's/.* time: \([0-9]*\)s.*/\1/p')
+        [ -n "$execs" ] && [ "${secs:-0}" -gt 0 ] && rate=$((execs / secs))
     fi
     found=$(($(ls "$art" | wc -l) - before))
     if [ "$rc" -ne 0 ] || [ "$found" -gt 0 ]; then
