@@ -54,7 +54,7 @@ GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 TEST_SUPPORT := $(BUILD)/obj/tests/support.o
 
-.PHONY: all run test test-build test-asan test-tsan test-gpu test-gpu-build bench perf-check install clean deps
+.PHONY: all run test test-build test-asan test-tsan test-gpu test-gpu-build bench perf-check install clean deps fuzz
 all: $(BUILD)/kiln $(BUILD)/libkiln.a
 
 deps:
@@ -163,5 +163,7 @@ install: all
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz
+
+include tests/fuzz/fuzz.mk
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
