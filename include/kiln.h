@@ -568,6 +568,8 @@ typedef struct {
  * cache_k_lN, cache_v_lN; GGUF-named weights; the output "logits" f32 [n_vocab, n_outputs].
  * o may be NULL (defaults). Unknown arch or bad hyperparameters: an error naming them. */
 kiln_status kiln_build_model(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_build_opts *o);
+/* The context a build gets for n_ctx 0: 4096 slots, or n_ctx_train when smaller. */
+int64_t     kiln_default_n_ctx(const kiln_model_hparams *hp);
 
 /* ---- GGUF files (docs/gguf.md) ---------------------------------------------------------------
  * GGUF v2 and v3 (ggml's model format), read over mmap. kiln_gguf_open checks the whole file

@@ -128,7 +128,7 @@ kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen *
     g->m = m;
     g->hp = kiln_model_get_hparams(m);
     g->cpu = o->cpu;
-    g->n_ctx = o->n_ctx > 0 ? o->n_ctx : g->hp->n_ctx_train < 4096 ? g->hp->n_ctx_train : 4096;
+    g->n_ctx = o->n_ctx > 0 ? o->n_ctx : kiln_default_n_ctx(g->hp);
     g->n_batch = o->n_batch > 0 ? o->n_batch : g->n_ctx < 512 ? g->n_ctx : 512;
     kiln_status st = NULL;
     if (o->n_ctx < 0 || o->n_batch < 0 || g->n_batch > g->n_ctx)

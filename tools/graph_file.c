@@ -53,7 +53,7 @@ kiln_status kt_graph_kind_of(const char *path, kt_graph_kind *kind) {
 bool kt_model_ctx(const char *cmd, const kiln_model_hparams *hp, int64_t *n_ctx, int64_t *n_batch) {
     int64_t train = hp->n_ctx_train;
     bool    given = *n_ctx > 0;
-    if (!given) *n_ctx = train < 4096 ? train : 4096; /* kiln_build_opts' default */
+    if (!given) *n_ctx = kiln_default_n_ctx(hp);
     if (given && *n_ctx > train)
         return kt_flag_usage(cmd, "--n-ctx %lld: the model's training context (n_ctx_train) is %lld; give at most %lld",
                              (long long)*n_ctx, (long long)train, (long long)train);
