@@ -200,6 +200,7 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
         hp->n_expert = get_int(&r, "expert_count", true, 0);
         hp->n_expert_used = get_int(&r, "expert_used_count", true, 0);
         hp->n_ff_exp = get_int(&r, "expert_feed_forward_length", a == FE_ARCH_QWEN3MOE, 0);
+        if (r.st) return r.st; /* before any other error, which would lose (leak) this one */
         /* llama.cpp always renormalizes qwen3moe's top-k weights; the key is kiln's, for tests. */
         bool norm = true;
         char key[128];
@@ -207,7 +208,6 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
             (st = kiln_gguf_get_bool(g, key, &norm)))
             return st;
         hp->norm_topk_prob = norm;
-        if (r.st) return r.st;
     }
     if ((st = weight_type(g, &hp->wtype))) return st;
     /* Out-of-range values are the file's fault here: a format error naming it. */

@@ -9,6 +9,7 @@ dump="build/dump"
 model="${KILN_MODEL:-}"
 if [ -z "$model" ]; then
     model="build/tiny-llama.gguf"
+    mkdir -p build
     echo "== kiln gen-model --arch llama --preset tiny -o $model"
     "$kiln" gen-model --arch llama --preset tiny -o "$model" || exit 1
 fi

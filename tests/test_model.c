@@ -368,6 +368,24 @@ static void set_key(const char *path, const char *key, uint32_t type, const void
 
 static void set_u32(const char *path, const char *key, uint32_t v) { set_key(path, key, KILN_GGUF_U32, &v); }
 
+/* Two faults in one file's keys: the first (a missing required key) is the one reported, and
+ * the second (a key of the wrong type) neither replaces nor leaks it. fuzz_gguf found the leak
+ * (tests/fuzz/corpus/fuzz_gguf/leak-17a50029...); make test-asan checks it. */
+START_TEST(first_key_error_wins) {
+    char *p = write_model("qwen3moe", "tiny", 1, "hp.gguf");
+    patch_file(p, "qwen3moe.expert_used_count", "qwen3moe.expert_used_cXunt", 26);
+    const char name[] = "qwen3moe.expert_weights_norm";
+    char       needle[64];
+    uint64_t   len = sizeof name - 1;
+    uint32_t   u8 = KILN_GGUF_U8; /* was bool: the same one-byte value */
+    memcpy(needle, &len, 8);
+    memcpy(needle + 8, name, len);
+    patch_after(p, needle, 8 + len, 8 + len, &u8, 4);
+    expect_open_error(p, "no key 'qwen3moe.expert_used_count', which qwen3moe models need");
+    free(p);
+}
+END_TEST
+
 /* A tiny llama whose key `key` becomes v: opening it fails with want. */
 static void expect_u32_refused(const char *arch, const char *key, uint32_t v, const char *want) {
     char *p = write_model(arch, "tiny", 1, "hp.gguf");
@@ -570,6 +588,7 @@ int main(void) {
     tcase_add_test(tc, gen_errors);
     tcase_add_test(tc, model_errors_name_the_cause);
     tcase_add_test(tc, hparams_checked_against_tensors);
+    tcase_add_test(tc, first_key_error_wins);
     tcase_add_test(tc, optional_weights_checked);
     tcase_add_test(tc, tokenizer_errors_name_the_file);
     tcase_add_test(tc, cli_gen_model_and_cpu_run);
