@@ -372,6 +372,14 @@ char *ts_refused_msg(const char *kg, const char *cache_dir, int parse_may_refuse
     return m;
 }
 
+void ts_log_line(void *user, const char *line) {
+    ts_log *lc = user;
+    lc->lines++;
+    size_t n = strlen(lc->all);
+    snprintf(lc->all + n, sizeof lc->all - n, "%s\n", line);
+    snprintf(lc->last, sizeof lc->last, "%s", line);
+}
+
 /* ---- large vocabularies and random text (tests/test_tokenizer.c, bench/perf_cpu.c) --------- */
 
 uint64_t ts_rng_next(uint64_t *s) {

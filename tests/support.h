@@ -104,6 +104,14 @@ double ts_fusion_compare(const char *kg, const char *skip, int *live, char **ir_
  * are bit-identical to the unfused graph's. */
 void   ts_expect_fusion(const char *kg, const char *skip, const char *want, const char *absent, int kernels);
 
+/* A log callback (kiln_compile_opts.log, the cache's log) that counts the lines it is given and
+ * keeps them: all of them (up to 8 KB), and the last one whole. */
+typedef struct {
+    int  lines;
+    char all[8192], last[8192];
+} ts_log;
+void ts_log_line(void *user, const char *line);
+
 /* Deterministic random numbers (splitmix64) for test data. */
 uint64_t ts_rng_next(uint64_t *s);
 /* Up to max_cps random code points of many scripts and classes, as UTF-8 into out (4 bytes a

@@ -23,17 +23,6 @@
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-typedef struct {
-    int  lines;
-    char last[8192];
-} log_capture;
-
-static void capture_log(void *user, const char *line) {
-    log_capture *lc = user;
-    lc->lines++;
-    snprintf(lc->last, sizeof lc->last, "%s", line);
-}
-
 static kc_key key_n(int n) {
     char src[64];
     snprintf(src, sizeof src, "__global__ void k%d() {}", n);
@@ -418,7 +407,7 @@ static uint8_t *fresh_entry(kc_cache *c, kc_key k, const uint8_t *payload, size_
 
 /* After the entry of k was damaged: the next get misses, logs one line naming the path and
  * reason, removes the file, counts it; then a put+get works again. */
-static void expect_corrupt_detected(kc_cache *c, log_capture *lc, kc_key k, const uint8_t *payload,
+static void expect_corrupt_detected(kc_cache *c, ts_log *lc, kc_key k, const uint8_t *payload,
                                     const char *reason, const char *what) {
     char *path = kc_entry_path(c, KC_CUBIN, k);
     lc->lines = 0;
@@ -457,7 +446,7 @@ static const char *header_flip_reason(size_t i) {
 }
 
 /* Every byte of header, meta and payload flipped in turn, one at a time. */
-static void flip_every_byte(kc_cache *c, log_capture *lc, kc_key k, const uint8_t *payload) {
+static void flip_every_byte(kc_cache *c, ts_log *lc, kc_key k, const uint8_t *payload) {
     char *path = kc_entry_path(c, KC_CUBIN, k);
     char what[64];
     for (size_t i = 0; i < ENTRY_N; i++) {
@@ -479,8 +468,8 @@ static void reseal(uint8_t *h) { wr64le(h + 72, XXH3_64bits(h, 72)); }
 
 START_TEST(corruption_detected) {
     char *dir = ts_tmpdir();
-    log_capture lc = {0};
-    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &lc};
+    ts_log lc = {0};
+    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON, .log = ts_log_line, .log_user = &lc};
     kc_key k = key_n(9);
     char *path = kc_entry_path(&c, KC_CUBIN, k);
     uint8_t payload[PAYLOAD_N];
@@ -611,8 +600,8 @@ static int note_version(void *user, const kc_entry *e) {
  * overwritten by our own put. */
 START_TEST(other_format_version_is_a_miss) {
     char *dir = ts_tmpdir();
-    log_capture lc = {0};
-    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &lc};
+    ts_log lc = {0};
+    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON, .log = ts_log_line, .log_user = &lc};
     kc_key k1 = key_n(21), k3 = key_n(23);
     uint8_t buf[200];
     TS_OK(kc_put(&c, KC_CUBIN, k1, NULL, "x", 1)); /* creates the directory */
@@ -654,8 +643,8 @@ END_TEST
 
 START_TEST(corruption_readonly_keeps_file) {
     char *dir = ts_tmpdir();
-    log_capture lc = {0};
-    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &lc};
+    ts_log lc = {0};
+    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON, .log = ts_log_line, .log_user = &lc};
     kc_cache ro = c;
     ro.mode = KILN_CACHE_READONLY;
     kc_key k = key_n(11);
@@ -738,14 +727,14 @@ END_TEST
 START_TEST(io_errors_name_the_path) {
     char *dir = ts_tmpdir();
     kb_str b = {0};
-    log_capture lc = {0};
+    ts_log lc = {0};
 
     /* The cache root is a regular file: it holds no entries (a miss), and writing it fails with a
      * warning naming it, once, not with an error. */
     kb_str_addf(&b, "%s/notadir", dir);
     char *file = kb_str_take(&b);
     write_raw(file, "x", 1);
-    kc_cache c = {.dir = file, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &lc};
+    kc_cache c = {.dir = file, .mode = KILN_CACHE_ON, .log = ts_log_line, .log_user = &lc};
     TS_OK(kc_put(&c, KC_CUBIN, key_n(1), NULL, "abc", 3));
     ck_assert_int_eq(lc.lines, 1);
     ck_assert_msg(strstr(lc.last, file) && strstr(lc.last, strerror(ENOTDIR)), "log: %s", lc.last);
@@ -759,8 +748,8 @@ START_TEST(io_errors_name_the_path) {
 
     /* The entry path is a directory: get reports it; put warns (rename fails) and leaves no
      * temporary file. */
-    log_capture ld = {0};
-    kc_cache d = {.dir = dir, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &ld};
+    ts_log ld = {0};
+    kc_cache d = {.dir = dir, .mode = KILN_CACHE_ON, .log = ts_log_line, .log_user = &ld};
     char *path = kc_entry_path(&d, KC_CUBIN, key_n(2));
     TS_OK(kb_mkdirs(path));
     kiln_status st = kc_get(&d, KC_CUBIN, key_n(2), &data, &size, NULL);
@@ -799,8 +788,8 @@ START_TEST(long_paths) {
     char *p = longdir + strlen(dir);
     for (size_t i = 0; i < n; i++) *p++ = (i % 100 == 0) ? '/' : 'd';
     *p = 0;
-    log_capture lc = {0};
-    kc_cache c = {.dir = longdir, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &lc};
+    ts_log lc = {0};
+    kc_cache c = {.dir = longdir, .mode = KILN_CACHE_ON, .log = ts_log_line, .log_user = &lc};
     char *path = kc_entry_path(&c, KC_CUBIN, key_n(1));
     ck_assert_uint_eq(strlen(path), strlen(longdir) + strlen("/kernels/xx/") + 32 + strlen(".cubin"));
     free(path);
@@ -863,8 +852,8 @@ START_TEST(write_failures_warn_once) {
             TS_OK(kc_put(&first, KC_PROGRAM, key_n(1), NULL, "plan", 4));
 
             kc_test_fail_writes((kc_write_step)step, err);
-            log_capture lc = {0};
-            kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &lc};
+            ts_log lc = {0};
+            kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON, .log = ts_log_line, .log_user = &lc};
             kc_kind kind = step % 2 ? KC_PROGRAM : KC_CUBIN;
             TS_OK(kc_put(&c, kind, key_n(2), "meta", "new entry", 9));
             ck_assert_msg(lc.lines == 1, "step %d, %s: %d lines", step, strerror(err), lc.lines);
@@ -884,7 +873,7 @@ START_TEST(write_failures_warn_once) {
             TS_OK(kc_put(&c, KC_CUBIN, key_n(3), NULL, "later", 5));
             expect_miss(&c, key_n(3), 0);
             ck_assert_int_eq(lc.lines, 1);
-            kc_cache next = {.dir = dir, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &lc};
+            kc_cache next = {.dir = dir, .mode = KILN_CACHE_ON, .log = ts_log_line, .log_user = &lc};
             TS_OK(kc_put(&next, KC_CUBIN, key_n(3), NULL, "later", 5));
             expect_hit(&next, key_n(3), "later", 5);
             ck_assert_int_eq(lc.lines, 1);
@@ -1122,8 +1111,8 @@ START_TEST(concurrent_writers) {
         ck_assert(waitpid(pids[w], &status, 0) == pids[w]);
         ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "writer %d: status %d", w, status);
     }
-    log_capture lc = {0};
-    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON, .log = capture_log, .log_user = &lc};
+    ts_log lc = {0};
+    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON, .log = ts_log_line, .log_user = &lc};
     void *data = NULL;
     size_t size = 0;
     int corrupt = 0;

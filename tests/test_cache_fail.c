@@ -40,18 +40,6 @@ enum { NWRITE_ERRNOS = sizeof write_errnos / sizeof *write_errnos };
 #define WARNING "kiln: warning: cannot write the cache "
 
 typedef struct {
-    int  lines;
-    char all[8192];
-} log_capture;
-
-static void capture_log(void *user, const char *line) {
-    log_capture *lc = user;
-    lc->lines++;
-    size_t n = strlen(lc->all);
-    snprintf(lc->all + n, sizeof lc->all - n, "%s\n", line);
-}
-
-typedef struct {
     kiln_program      *p;
     kiln_compile_stats s;
     char              *plan; /* the serialized program: kernel table, cubins, specializations */
@@ -60,12 +48,12 @@ typedef struct {
 
 /* Compiles kg for sm_90a into dir (mode, program cache as asked), logging into lc. */
 static compiled compile_kg(const char *kg, const char *dir, kiln_cache_mode mode, int no_program_cache,
-                           log_capture *lc) {
+                           ts_log *lc) {
     kiln_ctx   *ctx = ts_parse(kg);
     kiln_graph *g = NULL;
     TS_OK(kiln_graph_new(ctx, &g));
     kiln_compile_opts o = {.arch = "sm_90a", .cache_dir = dir, .cache_mode = mode, .jobs = 4,
-                           .no_program_cache = no_program_cache, .log = capture_log, .log_user = lc};
+                           .no_program_cache = no_program_cache, .log = ts_log_line, .log_user = lc};
     compiled c = {0};
     TS_OK(kiln_compile(g, &o, &c.p));
     kiln_program_stats(c.p, &c.s);
@@ -85,7 +73,7 @@ static void compiled_free(compiled *c) {
 }
 
 static compiled uncached(const char *kg) {
-    log_capture lc = {0};
+    ts_log lc = {0};
     compiled    c = compile_kg(kg, NULL, KILN_CACHE_OFF, 0, &lc);
     ck_assert_int_eq(lc.lines, 0);
     return c;
@@ -96,7 +84,7 @@ static void assert_same_plan(const compiled *a, const compiled *b, const char *w
                   "%s: the program differs from an uncached compile's", what);
 }
 
-static void expect_warning(const log_capture *lc, const char *dir, const char *reason, const char *what) {
+static void expect_warning(const ts_log *lc, const char *dir, const char *reason, const char *what) {
     char want[8192];
     snprintf(want, sizeof want, WARNING "%s (%s); continuing without it\n", dir, reason);
     ck_assert_msg(lc->lines == 1 && strcmp(lc->all, want) == 0, "%s: want one warning %s, got %d lines:\n%s", what,
@@ -138,7 +126,7 @@ START_TEST(compile_goes_on_when_writes_fail) {
         snprintf(what, sizeof what, "step %d, %s", (int)step, strerror(err));
         char *dir = ts_tmpdir();
         kc_test_fail_writes(step, err);
-        log_capture lc = {0};
+        ts_log lc = {0};
         compiled    got = compile_kg(kg_two, dir, KILN_CACHE_ON, 0, &lc);
         kc_test_fail_writes(step, 0);
         expect_warning(&lc, dir, strerror(err), what);
@@ -160,7 +148,7 @@ END_TEST
  * programs), silently; only a compile that has something new to store warns. */
 START_TEST(read_only_cache_still_hits) {
     char       *dir = ts_tmpdir();
-    log_capture lc = {0};
+    ts_log lc = {0};
     compiled    first = compile_kg(kg_two, dir, KILN_CACHE_ON, 0, &lc);
     ck_assert_int_eq(lc.lines, 0);
     ck_assert_int_eq(first.s.cache_write_error, 0);
@@ -202,7 +190,7 @@ START_TEST(cache_root_below_a_file) {
     snprintf(file, sizeof file, "%s/file", dir);
     snprintf(root, sizeof root, "%s/kiln", file);
     TS_OK(kb_write_file(file, "x", 1));
-    log_capture lc = {0};
+    ts_log lc = {0};
     compiled    got = compile_kg(kg_two, root, KILN_CACHE_ON, 0, &lc);
     expect_warning(&lc, root, strerror(ENOTDIR), "root below a file");
     ck_assert_int_eq(got.s.cache_write_error, ENOTDIR);
@@ -230,7 +218,7 @@ START_TEST(eviction_failure_warns) {
     TS_OK(kb_mkdirs(sub));
     snprintf(sub, sizeof sub, "%s/kernels/%s", dir, hex);
     TS_OK(kb_write_file(sub, "x", 1));
-    log_capture lc = {0};
+    ts_log lc = {0};
     compiled    got = compile_kg(kg_two, dir, KILN_CACHE_ON, 0, &lc);
     ck_assert_msg(lc.lines == 1 && strstr(lc.all, WARNING) && strstr(lc.all, sub) && strstr(lc.all, "cannot list"),
                   "log: %s", lc.all);

@@ -55,18 +55,6 @@ typedef struct {
     kiln_compile_stats s;
 } compiled;
 
-typedef struct {
-    int  lines;
-    char all[8192];
-} log_capture;
-
-static void capture_log(void *user, const char *line) {
-    log_capture *lc = user;
-    lc->lines++;
-    size_t n = strlen(lc->all);
-    snprintf(lc->all + n, sizeof lc->all - n, "%s\n", line);
-}
-
 static kiln_compile_opts opts_in(const char *dir) {
     return (kiln_compile_opts){.cache_dir = dir, .arch = "sm_90a"};
 }
@@ -279,9 +267,9 @@ END_TEST
 /* ---- corruption ----------------------------------------------------------------------------- */
 
 static void damage_and_recompile(const char *dir, bool truncate_it) {
-    log_capture       lc = {0};
+    ts_log       lc = {0};
     kiln_compile_opts o = opts_in(dir);
-    o.log = capture_log;
+    o.log = ts_log_line;
     o.log_user = &lc;
     compiled a = compile_with(kg_spec, &o);
     walk_count w = count_entries(dir);
@@ -405,8 +393,8 @@ START_TEST(size_limit_after_compile) {
     ck_assert_int_gt(first.bytes, 0);
 
     /* Room for about one graph's entries: the next graph's compile evicts the first's. */
-    log_capture lc = {0};
-    o.log = capture_log;
+    ts_log lc = {0};
+    o.log = ts_log_line;
     o.log_user = &lc;
     char limit[32];
     snprintf(limit, sizeof limit, "%llu", (unsigned long long)(first.bytes * 3 / 2));
