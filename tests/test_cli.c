@@ -275,6 +275,12 @@ START_TEST(numeric_flags_are_range_checked) {
     expect(2, "bench --seed -5", "kiln bench: --seed -5: must be 0 ..", NULL);
     expect(2, "cache evict --max 2X", "kiln cache evict: --max: invalid size '2X'", NULL);
     expect(2, "compile examples/swiglu.kg --n-ctx 64", "--n-ctx sizes a GGUF model's graph", NULL);
+    /* the library takes every CPU for a KILN_JOBS it cannot use; the command refuses it */
+    setenv("KILN_JOBS", "abc", 1);
+    expect(2, "compile examples/swiglu.kg", "kiln compile: KILN_JOBS abc: not an integer in 1 .. 1024", NULL);
+    setenv("KILN_JOBS", "0", 1);
+    expect(2, "inspect examples/swiglu.kg", "kiln inspect: KILN_JOBS 0: must be 1 .. 1024", NULL);
+    unsetenv("KILN_JOBS");
 }
 END_TEST
 

@@ -721,6 +721,10 @@ int main(int argc, char **argv) {
         return EXIT_OK;
     }
     if (!strcmp(argv[1], "help")) return help(argc > 2 ? argv[2] : NULL);
+    /* The library ignores a KILN_JOBS it cannot use (it takes every CPU); the command says so. */
+    const char *jobs = getenv("KILN_JOBS");
+    int         njobs;
+    if (jobs && *jobs && !kt_flag_int32(argv[1], "KILN_JOBS", jobs, 1, KT_FLAG_MAX_JOBS, &njobs)) return EXIT_USAGE;
     if (!strcmp(argv[1], "cache")) return kiln_cmd_cache(argc, argv);
     if (!strcmp(argv[1], "gen-graph")) return kiln_cmd_gen_graph(argc - 1, argv + 1);
     if (!strcmp(argv[1], "gen-model")) return kiln_cmd_gen_model(argc - 1, argv + 1);
