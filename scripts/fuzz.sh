@@ -78,7 +78,10 @@ for t in "$@"; do
     found=$(($(ls "$art" | wc -l) - before))
     if [ "$rc" -ne 0 ] || [ "$found" -gt 0 ]; then
         fail=$((fail + 1))
-        what=$(grep -m1 -oE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer): [a-z-]+|runtime error|deadly signal|timeout' "$log")
+        # A sanitizer's or libFuzzer's own report first: libFuzzer's status lines say
+        # "oom/timeout/crash" whatever happened.
+        what=$(grep -m1 -oE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer): [a-z-]+|runtime error' "$log")
+        [ -n "$what" ] || what=$(grep -m1 -oE 'deadly signal|timeout after [0-9]+ seconds|out-of-memory' "$log")
         result="FAILED (rc $rc, ${what:-see log}; $found new input(s) in $art/)"
         [ "$rc" -ne 0 ] && tail -40 "$log"
     else

@@ -370,7 +370,7 @@ static void set_u32(const char *path, const char *key, uint32_t v) { set_key(pat
 
 /* Two faults in one file's keys: the first (a missing required key) is the one reported, and
  * the second (a key of the wrong type) neither replaces nor leaks it. fuzz_gguf found the leak
- * (tests/fuzz/corpus/fuzz_gguf/leak-17a50029...); make test-asan checks it. */
+ * (tests/fuzz/corpus/fuzz_gguf/regress-hparams-leak); make test-asan checks it. */
 START_TEST(first_key_error_wins) {
     char *p = write_model("qwen3moe", "tiny", 1, "hp.gguf");
     patch_file(p, "qwen3moe.expert_used_count", "qwen3moe.expert_used_cXunt", 26);
