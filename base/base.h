@@ -61,6 +61,7 @@ void kb_format_float(float f, char out[32]);
 kiln_status kb_read_file(const char *path, char **data, size_t *len); /* NUL-terminated */
 kiln_status kb_write_file(const char *path, const void *data, size_t len);
 kiln_status kb_mkdirs(const char *path); /* mkdir -p */
+int         kb_mkdirs_errno(const char *path); /* mkdir -p: 0, or the errno (ENOTDIR: path or a parent is a file) */
 double      kb_now_ms(void);             /* monotonic clock */
 
 /* Fill with deterministic pseudo-random values in [-1, 1) (splitmix64). */

@@ -39,22 +39,29 @@ kiln_status kb_write_file(const char *path, const void *data, size_t len) {
     return NULL;
 }
 
-kiln_status kb_mkdirs(const char *path) {
-    char tmp[4096];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof tmp) return kb_error(KILN_ERR_IO, "bad directory path '%s'", path);
-    memcpy(tmp, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (tmp[i] != '/' && tmp[i] != 0) continue;
-        char c = tmp[i];
-        tmp[i] = 0;
-        if (mkdir(tmp, 0777) != 0 && errno != EEXIST)
-            return kb_error(KILN_ERR_IO, "%s: cannot create directory: %s", tmp, strerror(errno));
-        tmp[i] = c;
+int kb_mkdirs_errno(const char *path) {
+    if (!*path) return ENOENT;
+    char *tmp = strdup(path);
+    if (!tmp) return ENOMEM;
+    int err = 0;
+    for (char *s = tmp + 1; !err; s++) {
+        if (*s && *s != '/') continue;
+        char c = *s;
+        *s = 0;
+        if (mkdir(tmp, 0777) != 0 && errno != EEXIST) err = errno;
+        *s = c;
+        if (!c) break;
     }
+    free(tmp);
     struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
-        return kb_error(KILN_ERR_IO, "%s: not a directory", path);
+    if (!err && stat(path, &st) != 0) err = errno;
+    if (!err && !S_ISDIR(st.st_mode)) err = ENOTDIR;
+    return err;
+}
+
+kiln_status kb_mkdirs(const char *path) {
+    int err = kb_mkdirs_errno(path);
+    if (err) return kb_error(KILN_ERR_IO, "%s: cannot create directory: %s", path, strerror(err));
     return NULL;
 }
 

@@ -415,25 +415,10 @@ static void sweep_stale_tmp(const char *dir) {
     closedir(d);
 }
 
-/* mkdir -p dir. Returns 0 or an errno (ENOTDIR: a component, or dir itself, is a file). */
+/* mkdir -p dir, or the failure a test injects. Returns 0 or an errno. */
 static int make_dirs(const char *dir) {
     int err = injected(KC_STEP_MKDIR);
-    struct stat st;
-    if (err || stat(dir, &st) == 0) return err ? err : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
-    char *p = strdup(dir);
-    if (!p) return ENOMEM;
-    for (char *s = p + 1; !err; s++) {
-        if (*s && *s != '/') continue;
-        char c = *s;
-        *s = 0;
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) err = errno;
-        *s = c;
-        if (!c) break;
-    }
-    free(p);
-    if (!err && stat(dir, &st) != 0) err = errno;
-    if (!err && !S_ISDIR(st.st_mode)) err = ENOTDIR;
-    return err;
+    return err ? err : kb_mkdirs_errno(dir);
 }
 
 /* Creates a new temporary file in dir; *tmp gets its name (caller frees). Returns the fd, or -1
