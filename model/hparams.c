@@ -2,7 +2,7 @@
  * "qwen3moe.expert_count", ...) and its conventions: what the keys do not say, the tensors do
  * (tied output, attention biases, llama3 rope scaling through rope_freqs.weight). */
 #include "base/base.h"
-#include "frontend/arch.h"
+#include "model/arch.h"
 #include "model/gguf.h"
 
 #include <math.h>

@@ -4,7 +4,7 @@
  * build_ffn, build_moe_ffn), node for node in the order of examples/llama-layer.kg and
  * examples/qwen3moe-layer.kg, so that kiln's fusions see the patterns they expect. Weights
  * carry their GGUF names; intermediate tensors the example layers' names with ".LAYER". */
-#include "frontend/arch.h"
+#include "model/arch.h"
 #include "frontend/frontend.h"
 
 #include "base/base.h"

@@ -1,6 +1,6 @@
 /* Model hyperparameters: the architectures kiln builds, presets, and the checks every builder
  * relies on (docs/models.md). The graphs themselves are built in frontend/arch_build.c. */
-#include "frontend/arch.h"
+#include "model/arch.h"
 
 #include "base/base.h"
 
