@@ -101,11 +101,18 @@ kiln_status cg_nvrtc_version(int *major, int *minor);
 kiln_status cg_nvrtc_compile(const char *src, const char *name, const char *arch, void **cubin,
                              size_t *size);
 
-/* A new program for g (arch recorded) with its IR lowered and the passes of o run: what both
+/* The program object (codegen/program.c), which compile.c and plan.c both build on.
+ * A new program for g (arch recorded) with its IR lowered and the passes of o run: what both
  * compiling and loading a serialized program start from. */
 kiln_status cg_lower(const kiln_graph *g, const kiln_compile_opts *o, const char *arch, kiln_program **out);
 /* g with dim d fixed to v: a new context and graph (the caller frees both). */
 kiln_status cg_bind_graph(const kiln_graph *g, int d, int64_t v, kiln_ctx **bctx, kiln_graph **bg);
+/* Appends sp, the program of p's graph with dim d fixed to v, to p's specializations (p->spec
+ * has room); sp takes the bound context and graph it was lowered from. */
+void        cg_program_add_spec(kiln_program *p, int d, int64_t v, kiln_program *sp, kiln_ctx *bctx, kiln_graph *bg);
+/* One variant's text (its IR and launches, without its specializations): what
+ * kiln_program_describe prints for each variant and a dump's program.txt holds. */
+void        cg_describe_one(const kiln_program *p, kb_str *out);
 
 /* What the keys of a compile are made of besides the graph and the sources. */
 typedef struct {

@@ -255,11 +255,7 @@ static kiln_status read_specs(kb_reader *r, const kiln_graph *g, const kiln_comp
             kiln_ctx_free(bctx);
             return kb_wrap(st, "specialization %s = %lld", g->ctx->dims[d].name, (long long)v);
         }
-        sp->own_ctx = bctx;
-        sp->own_graph = bg;
-        p->spec[p->nspec] = sp;
-        p->spec_dim[p->nspec] = (int)d;
-        p->spec_val[p->nspec++] = v;
+        cg_program_add_spec(p, (int)d, v, sp, bctx, bg);
     }
     return NULL;
 }

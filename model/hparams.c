@@ -2,7 +2,7 @@
  * "qwen3moe.expert_count", ...) and its conventions: what the keys do not say, the tensors do
  * (tied output, attention biases, llama3 rope scaling through rope_freqs.weight). */
 #include "base/base.h"
-#include "frontend/arch.h"
+#include "model/arch.h"
 #include "model/gguf.h"
 
 #include <math.h>
@@ -130,11 +130,11 @@ static kiln_status read_arch(const kiln_gguf *g, char *arch, size_t cap) {
     if (len >= cap || memchr(s, 0, len)) return kb_error(KILN_ERR_FORMAT, "%s: general.architecture is not a short name", file);
     memcpy(arch, s, len);
     arch[len] = 0;
-    if (fe_arch_find(arch) < 0) {
+    if (km_arch_find(arch) < 0) {
         for (char *c = arch; *c; c++)
             if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
         return kb_error(KILN_ERR_FORMAT, "%s: architecture '%s' is not supported (kiln builds: %s)", file, arch,
-                        fe_arch_list());
+                        km_arch_list());
     }
     return NULL;
 }
@@ -170,13 +170,13 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
     kiln_status st = read_arch(g, hp->arch, sizeof hp->arch);
     if (st) return st;
     reader r = {g, km_gguf_label(g), hp->arch, NULL};
-    fe_arch a = (fe_arch)fe_arch_find(hp->arch);
+    km_arch a = (km_arch)km_arch_find(hp->arch);
     hp->n_ctx_train = get_int(&r, "context_length", true, 0);
     hp->n_embd = get_int(&r, "embedding_length", true, 0);
     hp->n_layer = get_int(&r, "block_count", true, 0);
     hp->n_head = get_int(&r, "attention.head_count", true, 0);
     hp->n_head_kv = get_int(&r, "attention.head_count_kv", false, hp->n_head);
-    hp->n_ff = get_int(&r, "feed_forward_length", a != FE_ARCH_QWEN3MOE, 0);
+    hp->n_ff = get_int(&r, "feed_forward_length", a != KM_ARCH_QWEN3MOE, 0);
     hp->rms_norm_eps = (float)get_float(&r, "attention.layer_norm_rms_epsilon", true, 0);
     hp->rope_freq_base = (float)get_float(&r, "rope.freq_base", false, 10000.0);
     hp->head_dim = head_size(&r, hp);
@@ -194,12 +194,12 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
                         (long long)hp->head_dim);
     if ((st = rope_scaling(&r, hp))) return st;
     hp->tied_output = !has_tensor(g, "output.weight");
-    hp->qk_norm = a == FE_ARCH_QWEN3 || a == FE_ARCH_QWEN3MOE;
-    hp->attn_bias = a == FE_ARCH_QWEN2 || (a == FE_ARCH_LLAMA && has_tensor(g, "blk.0.attn_q.bias"));
-    if (a == FE_ARCH_QWEN3MOE || kiln_gguf_find_kv(g, "llama.expert_count") >= 0) {
+    hp->qk_norm = a == KM_ARCH_QWEN3 || a == KM_ARCH_QWEN3MOE;
+    hp->attn_bias = a == KM_ARCH_QWEN2 || (a == KM_ARCH_LLAMA && has_tensor(g, "blk.0.attn_q.bias"));
+    if (a == KM_ARCH_QWEN3MOE || kiln_gguf_find_kv(g, "llama.expert_count") >= 0) {
         hp->n_expert = get_int(&r, "expert_count", true, 0);
         hp->n_expert_used = get_int(&r, "expert_used_count", true, 0);
-        hp->n_ff_exp = get_int(&r, "expert_feed_forward_length", a == FE_ARCH_QWEN3MOE, 0);
+        hp->n_ff_exp = get_int(&r, "expert_feed_forward_length", a == KM_ARCH_QWEN3MOE, 0);
         if (r.st) return r.st; /* before any other error, which would lose (leak) this one */
         /* llama.cpp always renormalizes qwen3moe's top-k weights; the key is kiln's, for tests. */
         bool norm = true;
@@ -218,7 +218,7 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
 }
 
 /* ---- the tensors against the hyperparameters ---------------------------------------------------
- * Driven by frontend/arch.h's weight table, the list the builder creates its weights from. */
+ * Driven by model/arch.h's weight table, the list the builder creates its weights from. */
 
 /* What the file holds of the layers: the largest N of its "blk.N." tensors (-1: none) and one
  * tensor of that layer, for messages. */
@@ -245,7 +245,7 @@ static layers_held scan_layers(const kiln_gguf *g) {
 }
 
 /* "llama.embedding_length = 128": where extent d of a weight comes from, for messages. */
-static void dim_source(const kiln_gguf *g, const kiln_model_hparams *hp, fe_wdim d, char *out, size_t n) {
+static void dim_source(const kiln_gguf *g, const kiln_model_hparams *hp, km_wdim d, char *out, size_t n) {
     const char *a = hp->arch;
     char        key[128];
     snprintf(key, sizeof key, "%s.attention.key_length", a);
@@ -256,24 +256,24 @@ static void dim_source(const kiln_gguf *g, const kiln_model_hparams *hp, fe_wdim
     snprintf(key, sizeof key, "%s.vocab_size", a);
     bool vocab_key = kiln_gguf_find_kv(g, key) >= 0;
     switch (d) {
-    case FE_WD_ONE: snprintf(out, n, "1"); return;
-    case FE_WD_EMBD: snprintf(out, n, "%s.embedding_length = %lld", a, (long long)hp->n_embd); return;
-    case FE_WD_VOCAB:
+    case KM_WD_ONE: snprintf(out, n, "1"); return;
+    case KM_WD_EMBD: snprintf(out, n, "%s.embedding_length = %lld", a, (long long)hp->n_embd); return;
+    case KM_WD_VOCAB:
         if (vocab_key) snprintf(out, n, "%s.vocab_size = %lld", a, (long long)hp->n_vocab);
         else snprintf(out, n, "n_vocab = %lld (token_embd.weight's ne[1]; there is no %s)", (long long)hp->n_vocab, key);
         return;
-    case FE_WD_HEAD: snprintf(out, n, "%s", head); return;
-    case FE_WD_HALF_HEAD: snprintf(out, n, "half %s", head); return;
-    case FE_WD_Q:
+    case KM_WD_HEAD: snprintf(out, n, "%s", head); return;
+    case KM_WD_HALF_HEAD: snprintf(out, n, "half %s", head); return;
+    case KM_WD_Q:
         snprintf(out, n, "%s.attention.head_count %lld x %s", a, (long long)hp->n_head, head);
         return;
-    case FE_WD_KV:
+    case KM_WD_KV:
         snprintf(out, n, "%s.attention.head_count_kv %lld x %s", a, (long long)hp->n_head_kv, head);
         return;
-    case FE_WD_FF: snprintf(out, n, "%s.feed_forward_length = %lld", a, (long long)hp->n_ff); return;
-    case FE_WD_FF_EXP: snprintf(out, n, "%s.expert_feed_forward_length = %lld", a, (long long)hp->n_ff_exp); return;
-    case FE_WD_EXPERT: snprintf(out, n, "%s.expert_count = %lld", a, (long long)hp->n_expert); return;
-    case FE_WD_COUNT: break;
+    case KM_WD_FF: snprintf(out, n, "%s.feed_forward_length = %lld", a, (long long)hp->n_ff); return;
+    case KM_WD_FF_EXP: snprintf(out, n, "%s.expert_feed_forward_length = %lld", a, (long long)hp->n_ff_exp); return;
+    case KM_WD_EXPERT: snprintf(out, n, "%s.expert_count = %lld", a, (long long)hp->n_expert); return;
+    case KM_WD_COUNT: break;
     }
     snprintf(out, n, "?");
 }
@@ -295,16 +295,16 @@ static kiln_status missing(const kiln_gguf *g, const kiln_model_hparams *hp, con
 }
 
 /* Tensor `name` (weight w of layer il, -1 outside the layers) as hp makes it. */
-static kiln_status check_tensor(const kiln_gguf *g, const kiln_model_hparams *hp, const fe_weight *w, int64_t il,
+static kiln_status check_tensor(const kiln_gguf *g, const kiln_model_hparams *hp, const km_weight *w, int64_t il,
                                 const layers_held *h) {
-    if (!fe_weight_present(hp, w)) return NULL;
+    if (!km_weight_present(hp, w)) return NULL;
     const char *file = km_gguf_label(g);
     char        name[128];
     if (il >= 0) snprintf(name, sizeof name, "blk.%lld.%s", (long long)il, w->name);
     else snprintf(name, sizeof name, "%s", w->name);
     int64_t   want[4];
-    kiln_type type = fe_weight_type(hp, w);
-    fe_weight_shape(hp, w, want);
+    kiln_type type = km_weight_type(hp, w);
+    km_weight_shape(hp, w, want);
     int64_t i = kiln_gguf_find_tensor(g, name);
     if (i < 0) return missing(g, hp, name, il, h, type, want);
     kiln_gguf_tensor t;
@@ -315,7 +315,7 @@ static kiln_status check_tensor(const kiln_gguf *g, const kiln_model_hparams *hp
         char got_s[96], want_s[96], src[256];
         km_shape_text(t.ne, t.n_dims, got_s, sizeof got_s);
         km_shape_text(want, km_n_dims(want), want_s, sizeof want_s);
-        dim_source(g, hp, d < 3 && d < w->n_dims ? w->ne[d] : FE_WD_ONE, src, sizeof src);
+        dim_source(g, hp, d < 3 && d < w->n_dims ? w->ne[d] : KM_WD_ONE, src, sizeof src);
         return kb_error(KILN_ERR_FORMAT, "%s: tensor '%s' is %s, not %s: its ne[%d] should be %s", file, name, got_s,
                         want_s, d, src);
     }
@@ -329,12 +329,12 @@ static kiln_status check_tensor(const kiln_gguf *g, const kiln_model_hparams *hp
 kiln_status km_check_tensors(const kiln_gguf *g, const kiln_model_hparams *hp) {
     layers_held h = scan_layers(g);
     kiln_status st = NULL;
-    for (int k = 0; k < FE_W_COUNT && !st; k++)
-        if (!fe_weights[k].in_layer) st = check_tensor(g, hp, &fe_weights[k], -1, &h);
+    for (int k = 0; k < KM_W_COUNT && !st; k++)
+        if (!km_weights[k].in_layer) st = check_tensor(g, hp, &km_weights[k], -1, &h);
     /* Stops at the first layer the file lacks: no more layers are visited than it holds. */
     for (int64_t il = 0; il < hp->n_layer && !st; il++)
-        for (int k = 0; k < FE_W_COUNT && !st; k++)
-            if (fe_weights[k].in_layer) st = check_tensor(g, hp, &fe_weights[k], il, &h);
+        for (int k = 0; k < KM_W_COUNT && !st; k++)
+            if (km_weights[k].in_layer) st = check_tensor(g, hp, &km_weights[k], il, &h);
     if (!st && h.max >= hp->n_layer) {
         char q[300];
         km_quote(h.name, q);

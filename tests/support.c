@@ -167,6 +167,52 @@ void ts_buf_free(ts_buf *b) {
     for (int i = 0; b[i].name; i++) free(b[i].out);
 }
 
+ts_slot *ts_hands_find(ts_hands *h, const char *name) {
+    for (int i = 0; i < h->ns; i++)
+        if (!strcmp(h->s[i].name, name)) return &h->s[i];
+    return NULL;
+}
+
+ts_slot *ts_hands_slot(ts_hands *h, const char *name) {
+    ts_slot *s = ts_hands_find(h, name);
+    ck_assert_msg(s != NULL, "no slot %s", name);
+    return s;
+}
+
+float *ts_hands_add(ts_hands *h, const char *name) {
+    ck_assert_int_lt(h->ns, TS_HAND_SLOTS);
+    h->s[h->ns].name = name;
+    return h->s[h->ns++].v;
+}
+
+static const void *hands_get(void *user, const char *name, kiln_type type, int64_t n) {
+    ts_slot *s = ts_hands_find(user, name);
+    ck_assert_msg(s != NULL, "no data for %s", name);
+    ck_assert_int_le(n, TS_HAND_MAX);
+    if (type == KILN_I32) return s->iv;
+    if (type == KILN_F32) return s->v;
+    for (int64_t i = 0; i < n; i++) kb_store_f32(s->raw16, type, i, s->v[i]);
+    return s->raw16;
+}
+
+static void hands_put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
+    ts_slot *s = ts_hands_find(user, name);
+    ck_assert_msg(s != NULL, "unexpected output %s", name);
+    ck_assert_int_le(n, TS_HAND_MAX);
+    s->n = n;
+    s->type = type;
+    for (int64_t i = 0; i < n; i++) s->v[i] = kb_load_f32(data, type, i);
+}
+
+void ts_hands_run(const char *kg, ts_hands *h) {
+    kiln_ctx   *ctx = ts_parse(kg);
+    kiln_graph *g;
+    TS_OK(kiln_graph_new(ctx, &g));
+    TS_OK(kiln_reference(g, hands_get, hands_put, h));
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
 void ts_nvrtc_clean(const char *src, const char *name, const char *arch) {
     if (!arch) arch = "sm_90a";
     const char *opts[CG_MAX_OPTS];

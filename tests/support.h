@@ -61,6 +61,37 @@ void    ts_reference(const char *text, ts_buf *b);
 ts_buf *ts_buf_find(ts_buf *b, const char *name); /* fails the test when absent */
 void    ts_buf_free(ts_buf *b);                   /* frees the outputs */
 
+/* Host data of tests that check kiln_reference against values worked out by hand
+ * (tests/test_ops_*.c): named slots of f32 values. An input is handed to the reference in the
+ * type the graph gives it (f32 as is, f16/bf16 converted, i32 from iv); an output comes back
+ * converted to f32, with its element count and the type the reference gave. */
+#define TS_HAND_MAX   512 /* values a slot holds */
+#define TS_HAND_SLOTS 8
+typedef struct {
+    const char *name;
+    float       v[TS_HAND_MAX];     /* inputs: the values; outputs: what the reference produced */
+    int32_t     iv[TS_HAND_MAX];    /* i32 inputs (rope positions) */
+    int64_t     n;                  /* outputs */
+    kiln_type   type;               /* outputs */
+    uint16_t    raw16[TS_HAND_MAX]; /* an input's f16/bf16 copy */
+} ts_slot;
+
+typedef struct {
+    ts_slot s[TS_HAND_SLOTS];
+    int     ns;
+} ts_hands;
+
+/* The slot named name, or NULL. */
+ts_slot *ts_hands_find(ts_hands *h, const char *name);
+/* The slot named name; fails the test when there is none. */
+ts_slot *ts_hands_slot(ts_hands *h, const char *name);
+/* A new slot named name (kept, not copied: a literal): an input, whose values the returned
+ * array receives, or an output. */
+float   *ts_hands_add(ts_hands *h, const char *name);
+/* Parses kg and evaluates it with the CPU reference on h's inputs; each output lands in the
+ * slot of its name (one without a slot fails the test). */
+void     ts_hands_run(const char *kg, ts_hands *h);
+
 /* Compiles src with NVRTC and kiln's options for arch (NULL: sm_90a) and fails the test on any
  * error or warning, printing the source to stderr (Check's messages are short). */
 void ts_nvrtc_clean(const char *src, const char *name, const char *arch);

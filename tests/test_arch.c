@@ -1,4 +1,4 @@
-/* The model builders (frontend/arch.c, frontend/arch_build.c) and kiln gen-graph, no GPU:
+/* The model builders (model/arch.c, model/arch_build.c) and kiln gen-graph, no GPU:
  *  - every arch's tiny graph builds, prints, and parses back to the identical text;
  *  - the CPU reference evaluates it to finite logits at 1 and at 4 tokens, and the cache works:
  *    prefill 3 tokens, then decode the 4th with the states the prefill left, gives the logits

@@ -18,71 +18,25 @@
 
 /* ---- the reference, by hand ------------------------------------------------------------------ */
 
-#define MAXN 64
-#define MAXIN 6
-
-typedef struct {
-    const char *name;
-    float       v[MAXN];
-} input;
-
-typedef struct {
-    input     in[MAXIN];
-    int       nin;
-    uint16_t  half[MAXIN][MAXN];
-    float     out[MAXN];
-    int64_t   nout;
-    kiln_type out_type;
-} hands;
-
-static float *add_input(hands *h, const char *name) {
-    ck_assert_int_lt(h->nin, MAXIN);
-    h->in[h->nin].name = name;
-    return h->in[h->nin++].v;
+/* Evaluates the graph's one output, y, with h's inputs; returns y's slot. */
+static const ts_slot *reference(const char *kg, ts_hands *h) {
+    if (!ts_hands_find(h, "y")) ts_hands_add(h, "y");
+    ts_hands_run(kg, h);
+    return ts_hands_slot(h, "y");
 }
 
-static const void *get(void *user, const char *name, kiln_type type, int64_t n) {
-    hands *h = user;
-    ck_assert_int_le(n, MAXN);
-    for (int i = 0; i < h->nin; i++) {
-        if (strcmp(h->in[i].name, name) != 0) continue;
-        if (type == KILN_F32) return h->in[i].v;
-        for (int64_t j = 0; j < n; j++) kb_store_f32(h->half[i], type, j, h->in[i].v[j]);
-        return h->half[i];
-    }
-    ck_abort_msg("no data for %s", name);
-    return NULL;
-}
-
-static void put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
-    hands *h = user;
-    ck_assert_str_eq(name, "y");
-    ck_assert_int_le(n, MAXN);
-    h->nout = n;
-    h->out_type = type;
-    for (int64_t i = 0; i < n; i++) h->out[i] = kb_load_f32(data, type, i);
-}
-
-static void reference(const char *kg, hands *h) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
-    TS_OK(kiln_reference(g, get, put, h));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
-}
-
-static void expect(const hands *h, const double *want, int64_t n, double tol, const char *what) {
-    ck_assert_msg(h->nout == n, "%s: %lld outputs, want %lld", what, (long long)h->nout, (long long)n);
-    ck_assert_int_eq(h->out_type, KILN_F32);
+static void expect(ts_hands *h, const double *want, int64_t n, double tol, const char *what) {
+    const ts_slot *y = ts_hands_slot(h, "y");
+    ck_assert_msg(y->n == n, "%s: %lld outputs, want %lld", what, (long long)y->n, (long long)n);
+    ck_assert_int_eq(y->type, KILN_F32);
     for (int64_t i = 0; i < n; i++)
-        ck_assert_msg(fabs(h->out[i] - want[i]) <= tol, "%s: y[%lld] = %.9g, want %.9g", what, (long long)i,
-                      (double)h->out[i], want[i]);
+        ck_assert_msg(fabs(y->v[i] - want[i]) <= tol, "%s: y[%lld] = %.9g, want %.9g", what, (long long)i,
+                      (double)y->v[i], want[i]);
 }
 
 /* k0 = [1, 0], k1 = [0, 1]; v0 = [1, 2], v1 = [3, 4]; q = [1, 0]. */
-static void two_keys(hands *h) {
-    float *q = add_input(h, "q"), *k = add_input(h, "k"), *v = add_input(h, "v");
+static void two_keys(ts_hands *h) {
+    float *q = ts_hands_add(h, "q"), *k = ts_hands_add(h, "k"), *v = ts_hands_add(h, "v");
     const float vq[2] = {1, 0}, vk[4] = {1, 0, 0, 1}, vv[4] = {1, 2, 3, 4};
     memcpy(q, vq, sizeof vq);
     memcpy(k, vk, sizeof vk);
@@ -103,7 +57,7 @@ static void mix(double s0, double s1, double sink, double out[2]) {
 
 /* One query, two keys: softmax([1, 0]) mixes the two rows of V; scale multiplies the scores. */
 START_TEST(ref_basic) {
-    hands h = {0};
+    ts_hands h = {0};
     two_keys(&h);
     double want[2];
     reference(KG2("", "flash_attn_ext(q, k, v)"), &h);
@@ -119,9 +73,9 @@ END_TEST
 /* A -inf mask entry skips the key; a row masked everywhere gives 0 (not NaN), with or without a
  * sink; finite mask values add to the scores. */
 START_TEST(ref_mask) {
-    hands h = {0};
+    ts_hands h = {0};
     two_keys(&h);
-    float *m = add_input(&h, "m");
+    float *m = ts_hands_add(&h, "m");
     double want[2];
     m[0] = 0;
     m[1] = -INFINITY;
@@ -132,7 +86,7 @@ START_TEST(ref_mask) {
     reference(KG2("input m: f16[2, 1]\n", "flash_attn_ext(q, k, v, mask=m)"), &h);
     const double zero[2] = {0, 0};
     expect(&h, zero, 2, 0, "fully masked");
-    float *s = add_input(&h, "s");
+    float *s = ts_hands_add(&h, "s");
     s[0] = 0.5f;
     reference(KG2("input m: f16[2, 1]\ninput s: f32[1]\n", "flash_attn_ext(q, k, v, mask=m, sinks=s)"), &h);
     expect(&h, zero, 2, 0, "fully masked with a sink");
@@ -146,9 +100,9 @@ END_TEST
 
 /* A sink joins the denominator only: with e^sink = e + 1 the output halves. */
 START_TEST(ref_sinks) {
-    hands h = {0};
+    ts_hands h = {0};
     two_keys(&h);
-    float *s = add_input(&h, "s");
+    float *s = ts_hands_add(&h, "s");
     s[0] = (float)log(exp(1.0) + 1.0);
     reference(KG2("input s: f32[1]\n", "flash_attn_ext(q, k, v, sinks=s)"), &h);
     double want[2];
@@ -156,14 +110,14 @@ START_TEST(ref_sinks) {
     want[0] /= 2, want[1] /= 2;
     expect(&h, want, 2, 1e-6, "sink");
     s[0] = 30.0f; /* takes almost everything */
-    reference(KG2("input s: f32[1]\n", "flash_attn_ext(q, k, v, sinks=s)"), &h);
-    ck_assert(h.out[0] > 0 && h.out[0] < 1e-12);
+    const ts_slot *y = reference(KG2("input s: f32[1]\n", "flash_attn_ext(q, k, v, sinks=s)"), &h);
+    ck_assert(y->v[0] > 0 && y->v[0] < 1e-12);
 }
 END_TEST
 
 /* logit_softcap c: scores c * tanh(dot * scale / c). */
 START_TEST(ref_softcap) {
-    hands h = {0};
+    ts_hands h = {0};
     two_keys(&h);
     reference(KG2("", "flash_attn_ext(q, k, v, scale=4, logit_softcap=2)"), &h);
     double want[2];
@@ -174,8 +128,8 @@ END_TEST
 
 /* GQA: 4 query heads over 2 kv heads (h -> h / 2); the result is [Dv, n_head, n_q]. */
 START_TEST(ref_gqa_layout) {
-    hands  h = {0};
-    float *q = add_input(&h, "q"), *k = add_input(&h, "k"), *v = add_input(&h, "v");
+    ts_hands  h = {0};
+    float *q = ts_hands_add(&h, "q"), *k = ts_hands_add(&h, "k"), *v = ts_hands_add(&h, "v");
     /* q [2, 2 tokens, 4 heads]: token 0 = [1, 0], token 1 = [0, 1], every head */
     for (int hd = 0; hd < 4; hd++) {
         q[hd * 4 + 0] = 1, q[hd * 4 + 1] = 0;
@@ -205,8 +159,8 @@ END_TEST
 /* ALiBi as soft_max_ext: 4 heads, max_bias 8 -> slopes 2^-2, 2^-4, 2^-6, 2^-8; q = 0, so the
  * scores are slope * mask = slope * [0, 1]. */
 START_TEST(ref_alibi) {
-    hands  h = {0};
-    float *q = add_input(&h, "q"), *k = add_input(&h, "k"), *v = add_input(&h, "v"), *m = add_input(&h, "m");
+    ts_hands  h = {0};
+    float *q = ts_hands_add(&h, "q"), *k = ts_hands_add(&h, "k"), *v = ts_hands_add(&h, "v"), *m = ts_hands_add(&h, "m");
     memset(q, 0, 8 * sizeof *q);
     const float vk[4] = {1, 0, 0, 1}, vv[4] = {1, 2, 3, 4};
     memcpy(k, vk, sizeof vk);
@@ -226,7 +180,7 @@ END_TEST
 START_TEST(ref_types) {
     static const char *types[3] = {"f32", "f16", "bf16"};
     for (int t = 0; t < 3; t++) {
-        hands h = {0};
+        ts_hands h = {0};
         two_keys(&h);
         char kg[256];
         snprintf(kg, sizeof kg, "input q: f32[2, 1, 1]\ninput k: %s[2, 2, 1]\ninput v: %s[2, 2, 1]\n"

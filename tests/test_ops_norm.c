@@ -15,61 +15,7 @@
 
 /* ---- the reference, by hand ------------------------------------------------------------------ */
 
-#define MAXN 64
-
-/* A named tensor's data as f32 values (converted to/from its type at the boundary). */
-typedef struct {
-    const char *name;
-    float       v[MAXN];
-    int64_t     n;
-    kiln_type   type; /* of the data the reference gave back */
-    uint16_t    raw16[MAXN];
-} slot;
-
-typedef struct {
-    slot s[8];
-    int  ns;
-    uint16_t in16[8][MAXN]; /* f16/bf16 copies of inputs */
-} hands;
-
-static slot *find_slot(hands *h, const char *name) {
-    for (int i = 0; i < h->ns; i++)
-        if (!strcmp(h->s[i].name, name)) return &h->s[i];
-    return NULL;
-}
-
-static const void *get(void *user, const char *name, kiln_type type, int64_t n) {
-    hands *h = user;
-    slot  *s = find_slot(h, name);
-    ck_assert_msg(s != NULL, "no data for %s", name);
-    ck_assert_int_le(n, MAXN);
-    if (type == KILN_F32) return s->v;
-    int k = (int)(s - h->s);
-    for (int64_t i = 0; i < n; i++) kb_store_f32(h->in16[k], type, i, s->v[i]);
-    return h->in16[k];
-}
-
-static void put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
-    hands *h = user;
-    slot  *s = find_slot(h, name);
-    ck_assert_msg(s != NULL, "unexpected output %s", name);
-    ck_assert_int_le(n, MAXN);
-    s->n = n;
-    s->type = type;
-    for (int64_t i = 0; i < n; i++) s->v[i] = kb_load_f32(data, type, i);
-}
-
-/* Runs the reference of text; inputs are `in` (name, values), outputs named `outs`. */
-static void run_ref(const char *text, hands *h) {
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
-    TS_OK(kiln_reference(g, get, put, h));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
-}
-
-static void expect(const slot *s, const float *want, int64_t n, double tol) {
+static void expect(const ts_slot *s, const float *want, int64_t n, double tol) {
     ck_assert_msg(s->n == n, "%s: %lld values, expected %lld", s->name, (long long)s->n, (long long)n);
     for (int64_t i = 0; i < n; i++)
         ck_assert_msg(fabs((double)s->v[i] - want[i]) <= tol * (1 + fabs(want[i])),
@@ -78,9 +24,9 @@ static void expect(const slot *s, const float *want, int64_t n, double tol) {
 
 START_TEST(rms_norm_by_hand) {
     /* [1, 2, 3, 4]: mean of squares 30/4 = 7.5, y = x / sqrt(7.5) (eps 0). */
-    hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 2, 2, -2, 2}}, {.name = "y"}, {.name = "e"}}, .ns = 3};
-    run_ref("input x: f32[4, 2]\noutput y = rms_norm(x, 0)\n"
-            "r = reshape(x, [2, 4])\noutput e = rms_norm(r, 1)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 2, 2, -2, 2}}, {.name = "y"}, {.name = "e"}}, .ns = 3};
+    ts_hands_run("input x: f32[4, 2]\noutput y = rms_norm(x, 0)\n"
+                 "r = reshape(x, [2, 4])\noutput e = rms_norm(r, 1)\n", &h);
     const float k = 0.365148372f; /* 1/sqrt(7.5) */
     const float y[8] = {1 * k, 2 * k, 3 * k, 4 * k, 1, 1, -1, 1}; /* [2,2,-2,2]: ms 4, scale 1/2 */
     expect(&h.s[1], y, 8, 1e-6);
@@ -95,8 +41,8 @@ END_TEST
 START_TEST(norm_by_hand) {
     /* [1,2,3,4]: mean 2.5, variance 1.25 -> (x - 2.5) / sqrt(1.25). [5,5,5,5]: variance 0 ->
      * 0 / sqrt(eps) = 0. [-1, 1, -1, 1]: mean 0, variance 1 -> x / sqrt(1 + eps). */
-    hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 5, 5, 5, 5, -1, 1, -1, 1}}, {.name = "y"}}, .ns = 2};
-    run_ref("input x: f32[4, 3]\noutput y = norm(x, 1e-05)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 5, 5, 5, 5, -1, 1, -1, 1}}, {.name = "y"}}, .ns = 2};
+    ts_hands_run("input x: f32[4, 3]\noutput y = norm(x, 1e-05)\n", &h);
     const float s = 1 / sqrtf(1.25f + 1e-5f), u = 1 / sqrtf(1 + 1e-5f);
     const float y[12] = {-1.5f * s, -0.5f * s, 0.5f * s, 1.5f * s, 0, 0, 0, 0, -u, u, -u, u};
     expect(&h.s[1], y, 12, 1e-6);
@@ -105,8 +51,8 @@ END_TEST
 
 START_TEST(l2_norm_by_hand) {
     /* [3, 4] -> [0.6, 0.8]; [0, 0] -> 0 * 1/eps = 0; with eps 10 > |x| = 5: x / 10. */
-    hands h = {.s = {{.name = "x", .v = {3, 4, 0, 0}}, {.name = "y"}, {.name = "z"}}, .ns = 3};
-    run_ref("input x: f32[2, 2]\noutput y = l2_norm(x, 1e-12)\noutput z = l2_norm(x, 10)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {3, 4, 0, 0}}, {.name = "y"}, {.name = "z"}}, .ns = 3};
+    ts_hands_run("input x: f32[2, 2]\noutput y = l2_norm(x, 1e-12)\noutput z = l2_norm(x, 10)\n", &h);
     expect(&h.s[1], (const float[]){0.6f, 0.8f, 0, 0}, 4, 1e-7);
     expect(&h.s[2], (const float[]){0.3f, 0.4f, 0, 0}, 4, 1e-7);
 }
@@ -115,9 +61,9 @@ END_TEST
 /* Views: a transposed operand normalizes the columns of its source. */
 START_TEST(norm_of_views_by_hand) {
     /* x = [[3, 1], [4, 1]] as f32[2, 2] rows (3,1) and (4,1); transpose -> rows (3,4), (1,1). */
-    hands h = {.s = {{.name = "x", .v = {3, 1, 4, 1}}, {.name = "y"}, {.name = "v"}}, .ns = 3};
-    run_ref("input x: f32[2, 2]\nt = transpose(x)\noutput y = l2_norm(t, 0)\n"
-            "w = view(x, [1, 2], [8], 4)\noutput v = rms_norm(w, 0)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {3, 1, 4, 1}}, {.name = "y"}, {.name = "v"}}, .ns = 3};
+    ts_hands_run("input x: f32[2, 2]\nt = transpose(x)\noutput y = l2_norm(t, 0)\n"
+                 "w = view(x, [1, 2], [8], 4)\noutput v = rms_norm(w, 0)\n", &h);
     const float r = 1 / sqrtf(2);
     expect(&h.s[1], (const float[]){0.6f, 0.8f, r, r}, 4, 1e-7);
     /* view: element 1 of each row: [1] and [1] -> rows of one element -> 1. */
@@ -127,9 +73,9 @@ END_TEST
 
 /* f16 and bf16: computed in f32, rounded once to the type. */
 START_TEST(low_precision_by_hand) {
-    hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4}}, {.name = "y"}, {.name = "b"}, {.name = "c"}}, .ns = 4};
-    run_ref("input x: f16[4]\noutput y = rms_norm(x, 0)\n"
-            "b = cast(x, bf16)\nr = rms_norm(b, 0)\noutput c = cast(r, f32)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4}}, {.name = "y"}, {.name = "b"}, {.name = "c"}}, .ns = 4};
+    ts_hands_run("input x: f16[4]\noutput y = rms_norm(x, 0)\n"
+                 "b = cast(x, bf16)\nr = rms_norm(b, 0)\noutput c = cast(r, f32)\n", &h);
     ck_assert_int_eq(h.s[1].type, KILN_F16);
     const float k = 0.365148372f;
     for (int i = 0; i < 4; i++) {
@@ -143,18 +89,18 @@ START_TEST(group_norm_by_hand) {
     /* [1, 1, 4]: channels 1, 2, 3, 4. 2 groups: {1,2} {3,4}, each mean +-0.5, variance 0.25 ->
      * -1, 1, -1, 1 (eps 0). 3 groups: ceil(4/3) = 2 channels each, the third empty: the same.
      * 4 groups: one channel each: 0. */
-    hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4}}, {.name = "a"}, {.name = "b"}, {.name = "c"}}, .ns = 4};
-    run_ref("input x: f32[1, 1, 4]\noutput a = group_norm(x, 2, 0)\noutput b = group_norm(x, 3, 0)\n"
-            "output c = group_norm(x, 4, 1e-05)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4}}, {.name = "a"}, {.name = "b"}, {.name = "c"}}, .ns = 4};
+    ts_hands_run("input x: f32[1, 1, 4]\noutput a = group_norm(x, 2, 0)\noutput b = group_norm(x, 3, 0)\n"
+                 "output c = group_norm(x, 4, 1e-05)\n", &h);
     expect(&h.s[1], (const float[]){-1, 1, -1, 1}, 4, 1e-7);
     expect(&h.s[2], (const float[]){-1, 1, -1, 1}, 4, 1e-7);
     expect(&h.s[3], (const float[]){0, 0, 0, 0}, 4, 0);
 
     /* [2, 1, 3, 2] with 2 groups: 2 channels per group, the last group one channel. Per i3:
      * group 0 = channels 0,1 (4 values), group 1 = channel 2 (2 values). */
-    hands g = {.s = {{.name = "x", .v = {0, 2, 4, 6, 10, 20, /* i3 = 1: */ 1, 1, 1, 5, 7, 9}}, {.name = "y"}},
-               .ns = 2};
-    run_ref("input x: f32[2, 1, 3, 2]\noutput y = group_norm(x, 2, 0)\n", &g);
+    ts_hands g = {.s = {{.name = "x", .v = {0, 2, 4, 6, 10, 20, /* i3 = 1: */ 1, 1, 1, 5, 7, 9}}, {.name = "y"}},
+                  .ns = 2};
+    ts_hands_run("input x: f32[2, 1, 3, 2]\noutput y = group_norm(x, 2, 0)\n", &g);
     /* {0,2,4,6}: mean 3, var 5; {10,20}: mean 15, var 25; {1,1,1,5}: mean 2, var 3; {7,9}: mean 8, var 1. */
     const float s5 = 1 / sqrtf(5), s3 = 1 / sqrtf(3);
     const float y[12] = {-3 * s5, -1 * s5, 1 * s5, 3 * s5, -1, 1, -1 * s3, -1 * s3, -1 * s3, 3 * s3, -1, 1};
@@ -165,10 +111,10 @@ END_TEST
 /* ggml's rounding steps: rms_norm's mean is the double sum divided in double; with values whose
  * squares sum inexactly in f32 the result still matches a double computation. */
 START_TEST(reference_matches_double) {
-    hands h = {.s = {{.name = "x"}, {.name = "y"}, {.name = "z"}, {.name = "w"}}, .ns = 4};
+    ts_hands h = {.s = {{.name = "x"}, {.name = "y"}, {.name = "z"}, {.name = "w"}}, .ns = 4};
     for (int i = 0; i < 48; i++) h.s[0].v[i] = sinf((float)i * 0.7f) * (1 + (float)(i % 5));
-    run_ref("input x: f32[48]\noutput y = rms_norm(x, 1e-06)\noutput z = norm(x, 1e-05)\n"
-            "output w = l2_norm(x, 1e-12)\n", &h);
+    ts_hands_run("input x: f32[48]\noutput y = rms_norm(x, 1e-06)\noutput z = norm(x, 1e-05)\n"
+                 "output w = l2_norm(x, 1e-12)\n", &h);
     double s = 0, s2 = 0, q = 0;
     for (int i = 0; i < 48; i++) s += h.s[0].v[i], q += (double)h.s[0].v[i] * h.s[0].v[i];
     double mean = s / 48;

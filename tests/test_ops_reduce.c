@@ -17,60 +17,9 @@
 
 /* ---- the reference, by hand ------------------------------------------------------------------ */
 
-#define MAXN 64
-
-typedef struct {
-    const char *name;
-    float       v[MAXN]; /* inputs: given values; outputs: what the reference produced */
-    int64_t     n;
-    kiln_type   type;
-} slot;
-
-typedef struct {
-    slot     s[8];
-    int      ns;
-    uint16_t in16[8][MAXN]; /* f16/bf16 copies of inputs */
-} hands;
-
-static slot *find_slot(hands *h, const char *name) {
-    for (int i = 0; i < h->ns; i++)
-        if (!strcmp(h->s[i].name, name)) return &h->s[i];
-    return NULL;
-}
-
-static const void *get(void *user, const char *name, kiln_type type, int64_t n) {
-    hands *h = user;
-    slot  *s = find_slot(h, name);
-    ck_assert_msg(s != NULL, "no data for %s", name);
-    ck_assert_int_le(n, MAXN);
-    if (type == KILN_F32) return s->v;
-    int k = (int)(s - h->s);
-    for (int64_t i = 0; i < n; i++) kb_store_f32(h->in16[k], type, i, s->v[i]);
-    return h->in16[k];
-}
-
-static void put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
-    hands *h = user;
-    slot  *s = find_slot(h, name);
-    ck_assert_msg(s != NULL, "unexpected output %s", name);
-    ck_assert_int_le(n, MAXN);
-    s->n = n;
-    s->type = type;
-    for (int64_t i = 0; i < n; i++) s->v[i] = kb_load_f32(data, type, i);
-}
-
-static void run_ref(const char *text, hands *h) {
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
-    TS_OK(kiln_reference(g, get, put, h));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
-}
-
 /* Exact comparison: every value below is exactly representable and exactly computed. */
-static void expect(hands *h, const char *name, kiln_type type, const float *want, int64_t n) {
-    const slot *s = find_slot(h, name);
+static void expect(ts_hands *h, const char *name, kiln_type type, const float *want, int64_t n) {
+    const ts_slot *s = ts_hands_find(h, name);
     ck_assert_ptr_nonnull(s);
     ck_assert_msg(s->n == n, "%s: %lld values, expected %lld", name, (long long)s->n, (long long)n);
     ck_assert_msg(s->type == type, "%s: type %s, expected %s", name, kiln_type_name(s->type),
@@ -82,13 +31,13 @@ static void expect(hands *h, const char *name, kiln_type type, const float *want
 
 START_TEST(sum_by_hand) {
     /* x = [[1, 2, 3], [4, 5, 6]] (ne [3, 2]): 21 whatever the layout; h (f16): 0.5+0.25+... */
-    hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 5, 6}},
-                     {.name = "h", .v = {0.5f, 0.25f, 0.125f, 2}},
-                     {.name = "y"}, {.name = "t"}, {.name = "z"}, {.name = "w"}},
-               .ns = 6};
-    run_ref("input x: f32[3, 2]\ninput h: f16[2, 2]\noutput y = sum(x)\nt0 = transpose(x)\n"
-            "output t = sum(t0)\noutput z = sum(h)\nv = view(x, [2, 2], [12], 4)\noutput w = sum(v)\n",
-            &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 5, 6}},
+                        {.name = "h", .v = {0.5f, 0.25f, 0.125f, 2}},
+                        {.name = "y"}, {.name = "t"}, {.name = "z"}, {.name = "w"}},
+                  .ns = 6};
+    ts_hands_run("input x: f32[3, 2]\ninput h: f16[2, 2]\noutput y = sum(x)\nt0 = transpose(x)\n"
+                 "output t = sum(t0)\noutput z = sum(h)\nv = view(x, [2, 2], [12], 4)\noutput w = sum(v)\n",
+                 &h);
     expect(&h, "y", KILN_F32, (const float[]){21}, 1);
     expect(&h, "t", KILN_F32, (const float[]){21}, 1);
     expect(&h, "z", KILN_F16, (const float[]){2.875f}, 1);
@@ -98,9 +47,9 @@ END_TEST
 
 /* ggml sums f32 rows in double (ggml_float): 1e8 + 1 - 1e8 + 1 is 2, not the f32 loop's 1. */
 START_TEST(sum_accumulates_in_double) {
-    hands h = {.s = {{.name = "x", .v = {1e8f, 1, -1e8f, 1}}, {.name = "y"}, {.name = "r"}, {.name = "m"}},
-               .ns = 4};
-    run_ref("input x: f32[4]\noutput y = sum(x)\noutput r = sum_rows(x)\noutput m = mean(x)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1e8f, 1, -1e8f, 1}}, {.name = "y"}, {.name = "r"}, {.name = "m"}},
+                  .ns = 4};
+    ts_hands_run("input x: f32[4]\noutput y = sum(x)\noutput r = sum_rows(x)\noutput m = mean(x)\n", &h);
     expect(&h, "y", KILN_F32, (const float[]){2}, 1);
     expect(&h, "r", KILN_F32, (const float[]){2}, 1);
     expect(&h, "m", KILN_F32, (const float[]){0.5f}, 1);
@@ -109,14 +58,14 @@ END_TEST
 
 START_TEST(sum_rows_and_mean_by_hand) {
     /* rows (1,2,3) and (4,5,6): sums 6, 15, means 2, 5; transposed rows (1,4) (2,5) (3,6). */
-    hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 5, 6}},
-                     {.name = "b", .v = {1, 2, 3, 4, 5, 6, 7, 8}},
-                     {.name = "r"}, {.name = "m"}, {.name = "t"}, {.name = "q"}, {.name = "u"}},
-               .ns = 7};
-    run_ref("input x: f32[3, 2]\ninput b: bf16[2, 2, 2]\noutput r = sum_rows(x)\n"
-            "output m = mean(x)\nt0 = transpose(x)\noutput t = mean(t0)\noutput q = sum_rows(b)\n"
-            "p = permute(b, 2, 1, 0, 3)\noutput u = mean(p)\n",
-            &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 5, 6}},
+                        {.name = "b", .v = {1, 2, 3, 4, 5, 6, 7, 8}},
+                        {.name = "r"}, {.name = "m"}, {.name = "t"}, {.name = "q"}, {.name = "u"}},
+                  .ns = 7};
+    ts_hands_run("input x: f32[3, 2]\ninput b: bf16[2, 2, 2]\noutput r = sum_rows(x)\n"
+                 "output m = mean(x)\nt0 = transpose(x)\noutput t = mean(t0)\noutput q = sum_rows(b)\n"
+                 "p = permute(b, 2, 1, 0, 3)\noutput u = mean(p)\n",
+                 &h);
     expect(&h, "r", KILN_F32, (const float[]){6, 15}, 2);
     expect(&h, "m", KILN_F32, (const float[]){2, 5}, 2);
     expect(&h, "t", KILN_F32, (const float[]){2.5f, 3.5f, 4.5f}, 3);
@@ -130,10 +79,10 @@ END_TEST
 START_TEST(argmax_by_hand) {
     /* rows (1, 5, 3), (7, 2, 7): 1, and 2 (ggml keeps the last of equal maxima);
      * (-inf, -inf, -inf): 2 as well (every element equals the running max). */
-    hands h = {.s = {{.name = "x", .v = {1, 5, 3, 7, 2, 7, -INFINITY, -INFINITY, -INFINITY}},
-                     {.name = "i"}, {.name = "t"}},
-               .ns = 3};
-    run_ref("input x: f32[3, 3]\noutput i = argmax(x)\nt0 = transpose(x)\noutput t = argmax(t0)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 5, 3, 7, 2, 7, -INFINITY, -INFINITY, -INFINITY}},
+                        {.name = "i"}, {.name = "t"}},
+                  .ns = 3};
+    ts_hands_run("input x: f32[3, 3]\noutput i = argmax(x)\nt0 = transpose(x)\noutput t = argmax(t0)\n", &h);
     expect(&h, "i", KILN_I32, (const float[]){1, 2, 2}, 3);
     /* columns (1, 7, -inf), (5, 2, -inf), (3, 7, -inf): 1, 0, 1. */
     expect(&h, "t", KILN_I32, (const float[]){1, 0, 1}, 3);
@@ -142,9 +91,9 @@ END_TEST
 
 START_TEST(cumsum_by_hand) {
     /* Rows of f32 added one by one in float, as ggml_vec_cumsum_f32: 1e8 + 1 stays 1e8. */
-    hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 1e8f, 1, -1e8f, 1}}, {.name = "c"}, {.name = "t"}},
-               .ns = 3};
-    run_ref("input x: f32[4, 2]\noutput c = cumsum(x)\nt0 = transpose(x)\noutput t = cumsum(t0)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 1e8f, 1, -1e8f, 1}}, {.name = "c"}, {.name = "t"}},
+                  .ns = 3};
+    ts_hands_run("input x: f32[4, 2]\noutput c = cumsum(x)\nt0 = transpose(x)\noutput t = cumsum(t0)\n", &h);
     expect(&h, "c", KILN_F32, (const float[]){1, 3, 6, 10, 1e8f, 1e8f, 0, 1}, 8);
     /* transposed rows (1, 1e8), (2, 1), (3, -1e8), (4, 1), stored contiguously. */
     expect(&h, "t", KILN_F32, (const float[]){1, 1e8f + 1, 2, 3, 3, 3 - 1e8f, 4, 5}, 8);

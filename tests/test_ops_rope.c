@@ -16,59 +16,7 @@
 
 /* ---- the reference, by hand ------------------------------------------------------------------ */
 
-#define MAXN 512
-
-/* Named host data: inputs as f32 values (converted to the requested type), or i32 positions;
- * outputs as f32 values of the type the reference gave back. */
-typedef struct {
-    const char *name;
-    float       v[MAXN];
-    int32_t     iv[MAXN];
-    int64_t     n;
-    kiln_type   type;
-    uint16_t    raw16[MAXN];
-} slot;
-
-typedef struct {
-    slot s[8];
-    int  ns;
-} hands;
-
-static slot *find_slot(hands *h, const char *name) {
-    for (int i = 0; i < h->ns; i++)
-        if (!strcmp(h->s[i].name, name)) return &h->s[i];
-    return NULL;
-}
-
-static const void *get(void *user, const char *name, kiln_type type, int64_t n) {
-    slot *s = find_slot(user, name);
-    ck_assert_msg(s != NULL, "no data for %s", name);
-    ck_assert_int_le(n, MAXN);
-    if (type == KILN_I32) return s->iv;
-    if (type == KILN_F32) return s->v;
-    for (int64_t i = 0; i < n; i++) kb_store_f32(s->raw16, type, i, s->v[i]);
-    return s->raw16;
-}
-
-static void put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
-    slot *s = find_slot(user, name);
-    ck_assert_msg(s != NULL, "unexpected output %s", name);
-    ck_assert_int_le(n, MAXN);
-    s->n = n;
-    s->type = type;
-    for (int64_t i = 0; i < n; i++) s->v[i] = kb_load_f32(data, type, i);
-}
-
-static void run_ref(const char *text, hands *h) {
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
-    TS_OK(kiln_reference(g, get, put, h));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
-}
-
-static void expect(const slot *s, const double *want, int64_t n, double tol) {
+static void expect(const ts_slot *s, const double *want, int64_t n, double tol) {
     ck_assert_msg(s->n == n, "%s: %lld values, expected %lld", s->name, (long long)s->n, (long long)n);
     for (int64_t i = 0; i < n; i++)
         ck_assert_msg(fabs((double)s->v[i] - want[i]) <= tol * (1 + fabs(want[i])),
@@ -85,9 +33,9 @@ START_TEST(normal_by_hand) {
     /* head_dim 6, n_dims 4, 2 tokens at positions 0 and 1. theta_scale = 10000^(-2/4) = 0.01.
      * Position 0 leaves everything as it is; position 1 rotates (0,1) by 1 and (2,3) by 0.01;
      * elements 4 and 5 are copied. */
-    hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6}}, {.name = "p", .iv = {0, 1}}, {.name = "y"}},
-               .ns = 3};
-    run_ref("input x: f32[6, 1, 2]\ninput p: i32[2]\noutput y = rope_ext(x, p, n_dims=4)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6}}, {.name = "p", .iv = {0, 1}}, {.name = "y"}},
+                  .ns = 3};
+    ts_hands_run("input x: f32[6, 1, 2]\ninput p: i32[2]\noutput y = rope_ext(x, p, n_dims=4)\n", &h);
     double want[12] = {1, 2, 3, 4, 5, 6, 0, 0, 0, 0, 5, 6};
     rot(want + 6, h.s[0].v + 6, 0, 1, 1.0, 1);
     rot(want + 6, h.s[0].v + 6, 2, 3, 0.01, 1);
@@ -97,8 +45,8 @@ END_TEST
 
 START_TEST(neox_by_hand) {
     /* neox rotates (i, i + n_dims/2): (0,2) by 1 and (1,3) by 0.01 at position 1. */
-    hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4}}, {.name = "p", .iv = {1}}, {.name = "y"}}, .ns = 3};
-    run_ref("input x: f32[4]\ninput p: i32[1]\noutput y = rope_ext(x, p, n_dims=4, mode=2)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4}}, {.name = "p", .iv = {1}}, {.name = "y"}}, .ns = 3};
+    ts_hands_run("input x: f32[4]\ninput p: i32[1]\noutput y = rope_ext(x, p, n_dims=4, mode=2)\n", &h);
     double want[4];
     rot(want, h.s[0].v, 0, 2, 1.0, 1);
     rot(want, h.s[0].v, 1, 3, 0.01, 1);
@@ -109,10 +57,10 @@ END_TEST
 START_TEST(freq_factors_scale_attn_by_hand) {
     /* freq_factors [2, 4] divide the angles (1 -> 0.5, 0.01 -> 0.0025), freq_scale 0.5 halves
      * them again, and attn_factor 2 scales cos and sin (ext_factor 0: mscale = attn_factor). */
-    hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4}}, {.name = "p", .iv = {1}}, {.name = "f", .v = {2, 4}}, {.name = "y"}},
-               .ns = 4};
-    run_ref("input x: f32[4]\ninput p: i32[1]\ninput f: f32[2]\n"
-            "output y = rope_ext(x, p, f, 4, 2, freq_scale=0.5, attn_factor=2)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4}}, {.name = "p", .iv = {1}}, {.name = "f", .v = {2, 4}}, {.name = "y"}},
+                  .ns = 4};
+    ts_hands_run("input x: f32[4]\ninput p: i32[1]\ninput f: f32[2]\n"
+                 "output y = rope_ext(x, p, f, 4, 2, freq_scale=0.5, attn_factor=2)\n", &h);
     double want[4];
     rot(want, h.s[0].v, 0, 2, 0.25, 2);
     rot(want, h.s[0].v, 1, 3, 0.00125, 2);
@@ -127,9 +75,9 @@ START_TEST(yarn_by_hand) {
      * 1 - clamp(i / 2, 0, 1): 1 for pair 0, 0.5 for pair 1; with ext_factor 1 that is the mix of
      * the extrapolated angle (p * 0.01^i) into the interpolated one (freq_scale 0.5 times it):
      * pair 0: 1, pair 1: 0.5 * 0.005 + 0.5 * 0.01 = 0.0075. mscale = 1 + 0.1 ln(1/0.5). */
-    hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4}}, {.name = "p", .iv = {1}}, {.name = "y"}}, .ns = 3};
-    run_ref("input x: f32[4]\ninput p: i32[1]\n"
-            "output y = rope_ext(x, p, n_dims=4, n_ctx_orig=4096, freq_scale=0.5, ext_factor=1)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4}}, {.name = "p", .iv = {1}}, {.name = "y"}}, .ns = 3};
+    ts_hands_run("input x: f32[4]\ninput p: i32[1]\n"
+                 "output y = rope_ext(x, p, n_dims=4, n_ctx_orig=4096, freq_scale=0.5, ext_factor=1)\n", &h);
     const double m = 1 + 0.1 * log(2.0);
     double       want[4];
     rot(want, h.s[0].v, 0, 1, 1.0, m);
@@ -143,11 +91,11 @@ START_TEST(mrope_imrope_by_hand) {
      * pair i's angle is its section's position times 0.1^i, pairs (i, i+4).
      * mrope: sectors 0,1 -> t, 2 -> h, 3 -> w: 1, 0.1, 0.02, 0.003.
      * imrope (interleaved t h w t ...): 0 -> t, 1 -> h, 2 -> w, 3 -> t: 1, 0.2, 0.03, 0.001. */
-    hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 5, 6, 7, 8}}, {.name = "p", .iv = {1, 2, 3, 4}}, {.name = "m"}, {.name = "i"}},
-               .ns = 4};
-    run_ref("input x: f32[8]\ninput p: i32[4]\n"
-            "output m = rope_ext(x, p, n_dims=8, mode=8, sections=[2, 1, 1, 0])\n"
-            "output i = rope_ext(x, p, n_dims=8, mode=40, sections=[2, 1, 1, 0])\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 5, 6, 7, 8}}, {.name = "p", .iv = {1, 2, 3, 4}}, {.name = "m"}, {.name = "i"}},
+                  .ns = 4};
+    ts_hands_run("input x: f32[8]\ninput p: i32[4]\n"
+                 "output m = rope_ext(x, p, n_dims=8, mode=8, sections=[2, 1, 1, 0])\n"
+                 "output i = rope_ext(x, p, n_dims=8, mode=40, sections=[2, 1, 1, 0])\n", &h);
     const double tm[4] = {1, 0.1, 0.02, 0.003}, ti[4] = {1, 0.2, 0.03, 0.001};
     double       wm[8], wi[8];
     for (int i = 0; i < 4; i++) {
@@ -163,10 +111,10 @@ START_TEST(vision_by_hand) {
     /* head_dim 8, n_dims 4 (= 8/2): pairs (i, i+4) for i < 4; sections [2, 2, 0, 0]; theta_scale
      * 10000^(-2/4) = 0.01. Each section restarts its chain: pairs 0, 1 use t (1, 0.01), pairs 2,
      * 3 use h from its start (2, 0.02). */
-    hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 5, 6, 7, 8}}, {.name = "p", .iv = {1, 2, 0, 0}}, {.name = "y"}},
-               .ns = 3};
-    run_ref("input x: f32[8]\ninput p: i32[4]\n"
-            "output y = rope_ext(x, p, n_dims=4, mode=24, sections=[2, 2, 0, 0])\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4, 5, 6, 7, 8}}, {.name = "p", .iv = {1, 2, 0, 0}}, {.name = "y"}},
+                  .ns = 3};
+    ts_hands_run("input x: f32[8]\ninput p: i32[4]\n"
+                 "output y = rope_ext(x, p, n_dims=4, mode=24, sections=[2, 2, 0, 0])\n", &h);
     const double t[4] = {1, 0.01, 2, 0.02};
     double       want[8];
     for (int i = 0; i < 4; i++) rot(want, h.s[0].v, i, i + 4, t[i], 1);
@@ -177,8 +125,8 @@ END_TEST
 START_TEST(views_by_hand) {
     /* x f32[2, 4] transposed: 2 heads of head_dim 4 whose elements are 2 apart in memory. The
      * result is contiguous: head j is column j of x, rotated (neox, position 1). */
-    hands h = {.s = {{.name = "x", .v = {1, 5, 2, 6, 3, 7, 4, 8}}, {.name = "p", .iv = {1}}, {.name = "y"}}, .ns = 3};
-    run_ref("input x: f32[2, 4]\ninput p: i32[1]\nt = transpose(x)\noutput y = rope_ext(t, p, n_dims=4, mode=2)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 5, 2, 6, 3, 7, 4, 8}}, {.name = "p", .iv = {1}}, {.name = "y"}}, .ns = 3};
+    ts_hands_run("input x: f32[2, 4]\ninput p: i32[1]\nt = transpose(x)\noutput y = rope_ext(t, p, n_dims=4, mode=2)\n", &h);
     const float cols[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     double      want[8];
     for (int hd = 0; hd < 2; hd++) {
@@ -191,11 +139,11 @@ END_TEST
 
 /* f16 and bf16: computed in f32 from the widened inputs, rounded once on store. */
 START_TEST(low_precision_by_hand) {
-    hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4}}, {.name = "p", .iv = {3}}, {.name = "f"}, {.name = "h"}, {.name = "b"}},
-               .ns = 5};
-    run_ref("input x: f32[4]\ninput p: i32[1]\noutput f = rope_ext(x, p, n_dims=4, mode=2)\n"
-            "xh = cast(x, f16)\noutput h = rope_ext(xh, p, n_dims=4, mode=2)\n"
-            "xb = cast(x, bf16)\noutput b = rope_ext(xb, p, n_dims=4, mode=2)\n", &h);
+    ts_hands h = {.s = {{.name = "x", .v = {1, 2, 3, 4}}, {.name = "p", .iv = {3}}, {.name = "f"}, {.name = "h"}, {.name = "b"}},
+                  .ns = 5};
+    ts_hands_run("input x: f32[4]\ninput p: i32[1]\noutput f = rope_ext(x, p, n_dims=4, mode=2)\n"
+                 "xh = cast(x, f16)\noutput h = rope_ext(xh, p, n_dims=4, mode=2)\n"
+                 "xb = cast(x, bf16)\noutput b = rope_ext(xb, p, n_dims=4, mode=2)\n", &h);
     ck_assert_int_eq(h.s[3].type, KILN_F16);
     ck_assert_int_eq(h.s[4].type, KILN_BF16);
     for (int i = 0; i < 4; i++) {
@@ -209,9 +157,9 @@ END_TEST
  * not pos * theta_scale^i: at position 30000 the two differ by far more than the output's
  * tolerance allows, so the reference must follow the recurrence exactly. */
 START_TEST(angle_recurrence_exact) {
-    hands h = {.s = {{.name = "x"}, {.name = "p", .iv = {30000}}, {.name = "y"}}, .ns = 3};
+    ts_hands h = {.s = {{.name = "x"}, {.name = "p", .iv = {30000}}, {.name = "y"}}, .ns = 3};
     for (int i = 0; i < 128; i++) h.s[0].v[i] = (float)((i * 37) % 17) / 8.0f - 1.0f;
-    run_ref("input x: f32[128]\ninput p: i32[1]\noutput y = rope_ext(x, p, n_dims=128, mode=2)\n", &h);
+    ts_hands_run("input x: f32[128]\ninput p: i32[1]\noutput y = rope_ext(x, p, n_dims=128, mode=2)\n", &h);
     const float ts = (float)pow(10000.0, (double)(-2.0f / 128.0f));
     float       t = 30000.0f;
     int         far = 0;

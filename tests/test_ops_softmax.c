@@ -16,66 +16,19 @@
 
 /* ---- the reference, by hand ------------------------------------------------------------------ */
 
-#define MAXN 256
-#define MAXIN 4
-
-typedef struct {
-    const char *name;
-    float       v[MAXN];
-} input;
-
-typedef struct {
-    input     in[MAXIN];
-    int       nin;
-    uint16_t  half[MAXIN][MAXN]; /* f16/bf16 copies handed to the reference */
-    float     out[MAXN];
-    int64_t   nout;
-    kiln_type out_type;
-} hands;
-
-static float *add_input(hands *h, const char *name) {
-    ck_assert_int_lt(h->nin, MAXIN);
-    h->in[h->nin].name = name;
-    return h->in[h->nin++].v;
+/* Evaluates the graph's one output, y, with h's inputs; returns y's slot. */
+static const ts_slot *reference(const char *kg, ts_hands *h) {
+    if (!ts_hands_find(h, "y")) ts_hands_add(h, "y");
+    ts_hands_run(kg, h);
+    return ts_hands_slot(h, "y");
 }
 
-static const void *get(void *user, const char *name, kiln_type type, int64_t n) {
-    hands *h = user;
-    ck_assert_int_le(n, MAXN);
-    for (int i = 0; i < h->nin; i++) {
-        if (strcmp(h->in[i].name, name) != 0) continue;
-        if (type == KILN_F32) return h->in[i].v;
-        for (int64_t j = 0; j < n; j++) kb_store_f32(h->half[i], type, j, h->in[i].v[j]);
-        return h->half[i];
-    }
-    ck_abort_msg("no data for %s", name);
-    return NULL;
-}
-
-static void put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
-    hands *h = user;
-    ck_assert_str_eq(name, "y");
-    ck_assert_int_le(n, MAXN);
-    h->nout = n;
-    h->out_type = type;
-    for (int64_t i = 0; i < n; i++) h->out[i] = kb_load_f32(data, type, i);
-}
-
-/* Evaluates output y of the graph text with h's inputs. */
-static void reference(const char *kg, hands *h) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
-    TS_OK(kiln_reference(g, get, put, h));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
-}
-
-static void expect(const hands *h, const double *want, int64_t n, double tol, const char *what) {
-    ck_assert_msg(h->nout == n, "%s: %lld outputs, want %lld", what, (long long)h->nout, (long long)n);
+static void expect(ts_hands *h, const double *want, int64_t n, double tol, const char *what) {
+    const ts_slot *y = ts_hands_slot(h, "y");
+    ck_assert_msg(y->n == n, "%s: %lld outputs, want %lld", what, (long long)y->n, (long long)n);
     for (int64_t i = 0; i < n; i++)
-        ck_assert_msg(fabs(h->out[i] - want[i]) <= tol, "%s: y[%lld] = %.9g, want %.9g", what, (long long)i,
-                      (double)h->out[i], want[i]);
+        ck_assert_msg(fabs(y->v[i] - want[i]) <= tol, "%s: y[%lld] = %.9g, want %.9g", what, (long long)i,
+                      (double)y->v[i], want[i]);
 }
 
 /* A plain softmax in double of x[0..n) with an optional sink (NAN: none): the oracle's oracle. */
@@ -89,15 +42,15 @@ static void softmax_d(const double *x, int n, double sink, double *out) {
 }
 
 START_TEST(ref_soft_max_basic) {
-    hands h = {0};
-    float *a = add_input(&h, "a");
+    ts_hands h = {0};
+    float *a = ts_hands_add(&h, "a");
     const float va[8] = {1, 2, 3, 4, 0, 0, 0, 0};
     memcpy(a, va, sizeof va);
-    reference("input a: f32[4, 2]\noutput y = soft_max(a)\n", &h);
+    const ts_slot *y = reference("input a: f32[4, 2]\noutput y = soft_max(a)\n", &h);
     const double want[8] = {0.03205860328008499, 0.08714431874203257, 0.23688281808991013, 0.6439142598879724,
                             0.25, 0.25, 0.25, 0.25};
     expect(&h, want, 8, 1e-7, "soft_max([1,2,3,4])");
-    ck_assert_int_eq(h.out_type, KILN_F32);
+    ck_assert_int_eq(y->type, KILN_F32);
     /* soft_max_ext with the defaults is soft_max. */
     reference("input a: f32[4, 2]\noutput y = soft_max_ext(a)\n", &h);
     expect(&h, want, 8, 1e-7, "soft_max_ext(a) defaults");
@@ -106,8 +59,8 @@ END_TEST
 
 /* scale and an f32 mask with -inf: x = [0.5, -inf, 1.5, 3]. */
 START_TEST(ref_scale_mask_inf) {
-    hands h = {0};
-    float *a = add_input(&h, "a"), *m = add_input(&h, "m");
+    ts_hands h = {0};
+    float *a = ts_hands_add(&h, "a"), *m = ts_hands_add(&h, "m");
     const float va[4] = {1, 2, 3, 4}, vm[4] = {0, -INFINITY, 0, 1};
     memcpy(a, va, sizeof va);
     memcpy(m, vm, sizeof vm);
@@ -120,13 +73,14 @@ END_TEST
 /* An f16 mask with more rows than a (the extra row is never read), broadcast over dims 2 and 3:
  * a [3, 2, 4, 2] with a mask [3, 3, 2, 1]: mask plane i2 % 2, the same for both i3. */
 START_TEST(ref_mask_broadcast) {
-    hands h = {0};
-    float *a = add_input(&h, "a"), *m = add_input(&h, "m");
+    ts_hands h = {0};
+    float *a = ts_hands_add(&h, "a"), *m = ts_hands_add(&h, "m");
     for (int i = 0; i < 48; i++) a[i] = (float)((i * 7) % 11) * 0.25f - 1.0f;
     for (int i = 0; i < 18; i++) m[i] = (float)((i * 5) % 9) * 0.5f - 2.0f; /* exact in f16 */
     m[4] = -INFINITY;                                                       /* (1, 1, 0) */
     for (int i = 6; i < 9; i++) m[i] = 1000.0f; /* row 2 of plane 0: never read */
-    reference("input a: f32[3, 2, 4, 2]\ninput m: f16[3, 3, 2]\noutput y = soft_max_ext(a, m, 0.75)\n", &h);
+    const ts_slot *y =
+        reference("input a: f32[3, 2, 4, 2]\ninput m: f16[3, 3, 2]\noutput y = soft_max_ext(a, m, 0.75)\n", &h);
     double want[48];
     for (int i3 = 0; i3 < 2; i3++)
         for (int i2 = 0; i2 < 4; i2++)
@@ -138,16 +92,16 @@ START_TEST(ref_mask_broadcast) {
                 softmax_d(x, 3, NAN, want + r * 3);
             }
     expect(&h, want, 48, 1e-6, "mask broadcast over dims 2 and 3");
-    ck_assert(h.out[4] == 0.0f); /* the -inf element of plane 0, row 1, at i3 = 0 ... */
-    ck_assert(h.out[24 + 4] == 0.0f); /* ... and at i3 = 1 */
+    ck_assert(y->v[4] == 0.0f); /* the -inf element of plane 0, row 1, at i3 = 0 ... */
+    ck_assert(y->v[24 + 4] == 0.0f); /* ... and at i3 = 1 */
 }
 END_TEST
 
 /* ALiBi: 3 heads -> n_head_log2 = 2, max_bias 8: m0 = 2^-4, m1 = 2^-2; slopes 1/16, 1/256 and
  * m1^1 = 1/4. a = 0 and mask = [0, 1, 2, 3], so x = slope * [0, 1, 2, 3]. */
 START_TEST(ref_alibi) {
-    hands h = {0};
-    float *a = add_input(&h, "a"), *m = add_input(&h, "m");
+    ts_hands h = {0};
+    float *a = ts_hands_add(&h, "a"), *m = ts_hands_add(&h, "m");
     memset(a, 0, 12 * sizeof *a);
     for (int i = 0; i < 4; i++) m[i] = (float)i;
     reference("input a: f32[4, 1, 3]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, 1, 8)\n", &h);
@@ -169,19 +123,19 @@ START_TEST(ref_alibi) {
     expect(&h, want5, 20, 1e-6, "alibi, 5 heads, max_bias 4");
 
     /* max_bias 0 means slope 1, whatever the heads. */
-    reference("input a: f32[4, 1, 3]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, 1, 0)\n", &h);
+    const ts_slot *y = reference("input a: f32[4, 1, 3]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, 1, 0)\n", &h);
     double w1[4], x1[4] = {0, 1, 2, 3};
     softmax_d(x1, 4, NAN, w1);
     for (int hd = 0; hd < 3; hd++)
-        for (int i = 0; i < 4; i++) ck_assert(fabs(h.out[hd * 4 + i] - w1[i]) < 1e-7);
+        for (int i = 0; i < 4; i++) ck_assert(fabs(y->v[hd * 4 + i] - w1[i]) < 1e-7);
 }
 END_TEST
 
 /* Sinks: one logit per head in the max and the denominator, never in the output. a = 0 (2 per
  * row): head 0's sink ln 2 gives 0.25 each, head 1's sink 0 gives 1/3 each. */
 START_TEST(ref_sinks) {
-    hands h = {0};
-    float *a = add_input(&h, "a"), *k = add_input(&h, "k");
+    ts_hands h = {0};
+    float *a = ts_hands_add(&h, "a"), *k = ts_hands_add(&h, "k");
     memset(a, 0, 8 * sizeof *a);
     k[0] = 0.69314718f;
     k[1] = 0.0f;
@@ -190,37 +144,37 @@ START_TEST(ref_sinks) {
     expect(&h, want, 8, 1e-7, "sinks");
     /* A large sink takes almost everything. */
     k[0] = 20.0f;
-    reference("input a: f32[2, 2, 2]\ninput k: f32[2]\noutput y = soft_max_ext(a, sinks=k)\n", &h);
-    ck_assert(h.out[0] < 1e-8 && h.out[0] > 0);
+    const ts_slot *y = reference("input a: f32[2, 2, 2]\ninput k: f32[2]\noutput y = soft_max_ext(a, sinks=k)\n", &h);
+    ck_assert(y->v[0] < 1e-8 && y->v[0] > 0);
 }
 END_TEST
 
 /* A row masked entirely to -inf: max = -inf and -inf - -inf = NaN, as ggml; a sink makes the row
  * 0 instead. Other rows are unaffected. */
 START_TEST(ref_fully_masked) {
-    hands h = {0};
-    float *a = add_input(&h, "a"), *m = add_input(&h, "m"), *k = add_input(&h, "k");
+    ts_hands h = {0};
+    float *a = ts_hands_add(&h, "a"), *m = ts_hands_add(&h, "m"), *k = ts_hands_add(&h, "k");
     for (int i = 0; i < 6; i++) a[i] = (float)i;
     for (int i = 0; i < 3; i++) m[i] = -INFINITY;
     for (int i = 3; i < 6; i++) m[i] = 0.0f;
     k[0] = 0.0f;
-    reference("input a: f32[3, 2]\ninput m: f16[3, 2]\noutput y = soft_max_ext(a, m)\n", &h);
-    for (int i = 0; i < 3; i++) ck_assert_msg(isnan(h.out[i]), "y[%d] = %g, want NaN", i, (double)h.out[i]);
+    const ts_slot *y = reference("input a: f32[3, 2]\ninput m: f16[3, 2]\noutput y = soft_max_ext(a, m)\n", &h);
+    for (int i = 0; i < 3; i++) ck_assert_msg(isnan(y->v[i]), "y[%d] = %g, want NaN", i, (double)y->v[i]);
     double want[3], x[3] = {3, 4, 5};
     softmax_d(x, 3, NAN, want);
-    for (int i = 0; i < 3; i++) ck_assert(fabs(h.out[3 + i] - want[i]) < 1e-7);
+    for (int i = 0; i < 3; i++) ck_assert(fabs(y->v[3 + i] - want[i]) < 1e-7);
     reference("input a: f32[3, 2]\ninput m: f16[3, 2]\ninput k: f32[1]\noutput y = soft_max_ext(a, m, sinks=k)\n",
               &h);
-    for (int i = 0; i < 3; i++) ck_assert(h.out[i] == 0.0f);
+    for (int i = 0; i < 3; i++) ck_assert(y->v[i] == 0.0f);
     softmax_d(x, 3, 0.0, want);
-    for (int i = 0; i < 3; i++) ck_assert(fabs(h.out[3 + i] - want[i]) < 1e-7);
+    for (int i = 0; i < 3; i++) ck_assert(fabs(y->v[3 + i] - want[i]) < 1e-7);
 }
 END_TEST
 
 /* Views: a transposed leaf and an offset view give the softmax of their logical values. */
 START_TEST(ref_views) {
-    hands h = {0};
-    float *b = add_input(&h, "b");
+    ts_hands h = {0};
+    float *b = ts_hands_add(&h, "b");
     for (int i = 0; i < 8; i++) b[i] = (float)(i % 4) - (float)(i / 4) * 0.5f; /* [[0,1,2,3],[-.5,.5,1.5,2.5]] */
     reference("input b: f32[4, 2]\nt = transpose(b)\noutput y = soft_max_ext(t, scale=2)\n", &h);
     double want[8];
@@ -243,22 +197,22 @@ START_TEST(ref_half_types) {
     static const char *types[2] = {"f16", "bf16"};
     static const kiln_type kt[2] = {KILN_F16, KILN_BF16};
     for (int t = 0; t < 2; t++) {
-        hands h = {0};
-        float *a = add_input(&h, "a");
+        ts_hands h = {0};
+        float *a = ts_hands_add(&h, "a");
         const float va[4] = {1, 2, 3, 4};
         memcpy(a, va, sizeof va);
         char kg[128];
         snprintf(kg, sizeof kg, "input a: %s[4]\noutput y = soft_max(a)\n", types[t]);
-        reference(kg, &h);
-        ck_assert_int_eq(h.out_type, kt[t]);
+        const ts_slot *y = reference(kg, &h);
+        ck_assert_int_eq(y->type, kt[t]);
         const double want[4] = {0.03205860328008499, 0.08714431874203257, 0.23688281808991013, 0.6439142598879724};
         for (int i = 0; i < 4; i++) {
             /* the f32 result rounded to the type, exactly */
             uint16_t r;
             kb_store_f32(&r, kt[t], 0, (float)want[i]);
             float rv = kb_load_f32(&r, kt[t], 0);
-            ck_assert_msg(fabsf(h.out[i] - rv) <= fabsf(rv) * (t ? 8e-3f : 1e-3f), "%s y[%d] = %g want %g",
-                          types[t], i, (double)h.out[i], (double)rv);
+            ck_assert_msg(fabsf(y->v[i] - rv) <= fabsf(rv) * (t ? 8e-3f : 1e-3f), "%s y[%d] = %g want %g",
+                          types[t], i, (double)y->v[i], (double)rv);
         }
     }
 }

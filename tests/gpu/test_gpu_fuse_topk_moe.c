@@ -206,17 +206,4 @@ static Suite *suite(void) {
     return s;
 }
 
-int main(void) {
-    /* Not ts_tmpdir: Check's asserts only work inside tests. */
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-gpu-test-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache_dir = dir;
-    int rc = ts_main(suite());
-    ts_rmtree(g_cache_dir);
-    return rc;
-}
+int main(void) { return ts_main_cache(suite(), "gpu-fuse-topk-moe", &g_cache_dir); }

@@ -1,26 +1,27 @@
-/* Private to the model builders (frontend/arch*.c): the architectures kiln builds. */
-#ifndef KILN_FE_ARCH_H
-#define KILN_FE_ARCH_H
+/* model/ internals of the model builders (model/arch.c, model/arch_build.c) and the GGUF checks
+ * (model/hparams.c): the architectures kiln builds and the weights they have. Prefix km_. */
+#ifndef KILN_MODEL_ARCH_H
+#define KILN_MODEL_ARCH_H
 
 #include "kiln.h"
 
-typedef enum { FE_ARCH_LLAMA, FE_ARCH_QWEN2, FE_ARCH_QWEN3, FE_ARCH_QWEN3MOE, FE_ARCH_COUNT } fe_arch;
+typedef enum { KM_ARCH_LLAMA, KM_ARCH_QWEN2, KM_ARCH_QWEN3, KM_ARCH_QWEN3MOE, KM_ARCH_COUNT } km_arch;
 
 /* The arch named name, or -1. */
-int         fe_arch_find(const char *name);
-const char *fe_arch_name(fe_arch a);
+int         km_arch_find(const char *name);
+const char *km_arch_name(km_arch a);
 /* "llama, qwen2, qwen3, qwen3moe", for messages. */
-const char *fe_arch_list(void);
+const char *km_arch_list(void);
 
 /* ---- the weights --------------------------------------------------------------------------
  * Every weight a model may have, named and shaped as llama.cpp's load_arch_tensors creates
- * them: the one list that the builder (frontend/arch_build.c) creates its weights from and that
+ * them: the one list that the builder (model/arch_build.c) creates its weights from and that
  * a GGUF's tensors are checked against before anything is built (model/hparams.c). In file
  * order: the builder creates them in this order too.
  *
  * X(id, name, in each layer (blk.N.name), type (WTYPE: hp->wtype; F32), when, n_dims, ne0,
- * ne1, ne2) with the extents in the FE_WD_ terms below. */
-#define FE_WEIGHTS(X)                                                                               \
+ * ne1, ne2) with the extents in the KM_WD_ terms below. */
+#define KM_WEIGHTS(X)                                                                               \
     X(TOKEN_EMBD, "token_embd.weight", 0, WTYPE, ALWAYS, 2, EMBD, VOCAB, ONE)                      \
     X(ROPE_FREQS, "rope_freqs.weight", 0, F32, LLAMA3, 1, HALF_HEAD, ONE, ONE)                     \
     X(ATTN_NORM, "attn_norm.weight", 1, F32, ALWAYS, 1, EMBD, ONE, ONE)                            \
@@ -46,55 +47,55 @@ const char *fe_arch_list(void);
     X(OUTPUT, "output.weight", 0, WTYPE, UNTIED, 2, EMBD, VOCAB, ONE)
 
 typedef enum {
-#define FE_W_ENUM(id, ...) FE_W_##id,
-    FE_WEIGHTS(FE_W_ENUM)
-#undef FE_W_ENUM
-    FE_W_COUNT
-} fe_weight_id;
+#define KM_W_ENUM(id, ...) KM_W_##id,
+    KM_WEIGHTS(KM_W_ENUM)
+#undef KM_W_ENUM
+    KM_W_COUNT
+} km_weight_id;
 
 /* The extents weights have, from the hyperparameters. */
 typedef enum {
-    FE_WD_ONE,
-    FE_WD_EMBD,      /* n_embd */
-    FE_WD_VOCAB,     /* n_vocab */
-    FE_WD_HEAD,      /* head_dim */
-    FE_WD_HALF_HEAD, /* head_dim / 2 */
-    FE_WD_Q,         /* head_dim * n_head */
-    FE_WD_KV,        /* head_dim * n_head_kv */
-    FE_WD_FF,        /* n_ff */
-    FE_WD_FF_EXP,    /* n_ff_exp */
-    FE_WD_EXPERT,    /* n_expert */
-    FE_WD_COUNT
-} fe_wdim;
+    KM_WD_ONE,
+    KM_WD_EMBD,      /* n_embd */
+    KM_WD_VOCAB,     /* n_vocab */
+    KM_WD_HEAD,      /* head_dim */
+    KM_WD_HALF_HEAD, /* head_dim / 2 */
+    KM_WD_Q,         /* head_dim * n_head */
+    KM_WD_KV,        /* head_dim * n_head_kv */
+    KM_WD_FF,        /* n_ff */
+    KM_WD_FF_EXP,    /* n_ff_exp */
+    KM_WD_EXPERT,    /* n_expert */
+    KM_WD_COUNT
+} km_wdim;
 
 /* When a model has a weight. */
 typedef enum {
-    FE_WHEN_ALWAYS,
-    FE_WHEN_LLAMA3,  /* llama3 rope scaling */
-    FE_WHEN_BIAS,    /* attn_bias */
-    FE_WHEN_QK_NORM, /* qk_norm */
-    FE_WHEN_DENSE,   /* a dense FFN in each layer (not qwen3moe) */
-    FE_WHEN_MOE,     /* experts (qwen3moe) */
-    FE_WHEN_UNTIED,  /* not tied_output */
-} fe_when;
+    KM_WHEN_ALWAYS,
+    KM_WHEN_LLAMA3,  /* llama3 rope scaling */
+    KM_WHEN_BIAS,    /* attn_bias */
+    KM_WHEN_QK_NORM, /* qk_norm */
+    KM_WHEN_DENSE,   /* a dense FFN in each layer (not qwen3moe) */
+    KM_WHEN_MOE,     /* experts (qwen3moe) */
+    KM_WHEN_UNTIED,  /* not tied_output */
+} km_when;
 
 typedef struct {
     const char *name;     /* GGUF's name; in a layer, what follows "blk.N." */
     bool        in_layer;
     bool        wtype;    /* hp->wtype, else f32 */
-    fe_when     when;
+    km_when     when;
     int         n_dims;
-    fe_wdim      ne[3];
-} fe_weight;
+    km_wdim      ne[3];
+} km_weight;
 
-extern const fe_weight fe_weights[FE_W_COUNT];
+extern const km_weight km_weights[KM_W_COUNT];
 
 /* Whether a model of hp (checked by kiln_model_check) has weight w. */
-bool fe_weight_present(const kiln_model_hparams *hp, const fe_weight *w);
+bool km_weight_present(const kiln_model_hparams *hp, const km_weight *w);
 /* The value of extent d for hp. */
-int64_t fe_wdim_value(const kiln_model_hparams *hp, fe_wdim d);
+int64_t km_wdim_value(const kiln_model_hparams *hp, km_wdim d);
 /* w's type and extents for hp (ne: 4, trailing 1s). */
-kiln_type fe_weight_type(const kiln_model_hparams *hp, const fe_weight *w);
-void      fe_weight_shape(const kiln_model_hparams *hp, const fe_weight *w, int64_t ne[4]);
+kiln_type km_weight_type(const kiln_model_hparams *hp, const km_weight *w);
+void      km_weight_shape(const kiln_model_hparams *hp, const km_weight *w, int64_t ne[4]);
 
 #endif

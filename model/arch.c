@@ -1,6 +1,6 @@
 /* Model hyperparameters: the architectures kiln builds, presets, and the checks every builder
- * relies on (docs/models.md). The graphs themselves are built in frontend/arch_build.c. */
-#include "frontend/arch.h"
+ * relies on (docs/models.md). The graphs themselves are built in model/arch_build.c. */
+#include "model/arch.h"
 
 #include "base/base.h"
 
@@ -10,16 +10,16 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const arch_names[FE_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "qwen3moe"};
+static const char *const arch_names[KM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "qwen3moe"};
 
-int fe_arch_find(const char *name) {
-    for (int a = 0; name && a < FE_ARCH_COUNT; a++)
+int km_arch_find(const char *name) {
+    for (int a = 0; name && a < KM_ARCH_COUNT; a++)
         if (strcmp(arch_names[a], name) == 0) return a;
     return -1;
 }
 
-const char *fe_arch_name(fe_arch a) { return (unsigned)a < FE_ARCH_COUNT ? arch_names[a] : "?"; }
-const char *fe_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe"; }
+const char *km_arch_name(km_arch a) { return (unsigned)a < KM_ARCH_COUNT ? arch_names[a] : "?"; }
+const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe"; }
 
 /* ---- presets -------------------------------------------------------------------------------
  * Real models: the values of their Hugging Face config.json (sources in docs/models.md). The
@@ -93,8 +93,8 @@ static kiln_status preset_error(const char *fmt, const char *a, const char *b) {
 
 kiln_status kiln_model_preset(const char *arch, const char *name, kiln_model_hparams *out) {
     if (!name || !out) return kb_error(KILN_ERR_INVALID, "kiln_model_preset: NULL argument");
-    if (arch && fe_arch_find(arch) < 0)
-        return kb_error(KILN_ERR_INVALID, "unknown architecture '%s' (known: %s)", arch, fe_arch_list());
+    if (arch && km_arch_find(arch) < 0)
+        return kb_error(KILN_ERR_INVALID, "unknown architecture '%s' (known: %s)", arch, km_arch_list());
     const preset *other = NULL;
     for (int i = 0; i < N_PRESETS; i++) {
         if (strcmp(presets[i].name, name) != 0) continue;
@@ -108,54 +108,54 @@ kiln_status kiln_model_preset(const char *arch, const char *name, kiln_model_hpa
     return preset_error("unknown preset '%s'%s", name, "");
 }
 
-/* ---- weights (frontend/arch.h) --------------------------------------------------------------- */
+/* ---- weights (model/arch.h) --------------------------------------------------------------- */
 
-const fe_weight fe_weights[FE_W_COUNT] = {
-#define FE_W_ROW(id, nm, layer, ty, wh, nd, e0, e1, e2) \
-    [FE_W_##id] = {nm, layer, FE_TY_##ty, FE_WHEN_##wh, nd, {FE_WD_##e0, FE_WD_##e1, FE_WD_##e2}},
-#define FE_TY_WTYPE true
-#define FE_TY_F32 false
-    FE_WEIGHTS(FE_W_ROW)
-#undef FE_TY_WTYPE
-#undef FE_TY_F32
-#undef FE_W_ROW
+const km_weight km_weights[KM_W_COUNT] = {
+#define KM_W_ROW(id, nm, layer, ty, wh, nd, e0, e1, e2) \
+    [KM_W_##id] = {nm, layer, KM_TY_##ty, KM_WHEN_##wh, nd, {KM_WD_##e0, KM_WD_##e1, KM_WD_##e2}},
+#define KM_TY_WTYPE true
+#define KM_TY_F32 false
+    KM_WEIGHTS(KM_W_ROW)
+#undef KM_TY_WTYPE
+#undef KM_TY_F32
+#undef KM_W_ROW
 };
 
-bool fe_weight_present(const kiln_model_hparams *hp, const fe_weight *w) {
-    bool moe = fe_arch_find(hp->arch) == FE_ARCH_QWEN3MOE;
+bool km_weight_present(const kiln_model_hparams *hp, const km_weight *w) {
+    bool moe = km_arch_find(hp->arch) == KM_ARCH_QWEN3MOE;
     switch (w->when) {
-    case FE_WHEN_ALWAYS: return true;
-    case FE_WHEN_LLAMA3: return hp->rope_scaling == KILN_ROPE_SCALING_LLAMA3;
-    case FE_WHEN_BIAS: return hp->attn_bias;
-    case FE_WHEN_QK_NORM: return hp->qk_norm;
-    case FE_WHEN_DENSE: return !moe;
-    case FE_WHEN_MOE: return moe;
-    case FE_WHEN_UNTIED: return !hp->tied_output;
+    case KM_WHEN_ALWAYS: return true;
+    case KM_WHEN_LLAMA3: return hp->rope_scaling == KILN_ROPE_SCALING_LLAMA3;
+    case KM_WHEN_BIAS: return hp->attn_bias;
+    case KM_WHEN_QK_NORM: return hp->qk_norm;
+    case KM_WHEN_DENSE: return !moe;
+    case KM_WHEN_MOE: return moe;
+    case KM_WHEN_UNTIED: return !hp->tied_output;
     }
     return false;
 }
 
-int64_t fe_wdim_value(const kiln_model_hparams *hp, fe_wdim d) {
+int64_t km_wdim_value(const kiln_model_hparams *hp, km_wdim d) {
     switch (d) {
-    case FE_WD_ONE: return 1;
-    case FE_WD_EMBD: return hp->n_embd;
-    case FE_WD_VOCAB: return hp->n_vocab;
-    case FE_WD_HEAD: return hp->head_dim;
-    case FE_WD_HALF_HEAD: return hp->head_dim / 2;
-    case FE_WD_Q: return hp->head_dim * hp->n_head;
-    case FE_WD_KV: return hp->head_dim * hp->n_head_kv;
-    case FE_WD_FF: return hp->n_ff;
-    case FE_WD_FF_EXP: return hp->n_ff_exp;
-    case FE_WD_EXPERT: return hp->n_expert;
-    case FE_WD_COUNT: break;
+    case KM_WD_ONE: return 1;
+    case KM_WD_EMBD: return hp->n_embd;
+    case KM_WD_VOCAB: return hp->n_vocab;
+    case KM_WD_HEAD: return hp->head_dim;
+    case KM_WD_HALF_HEAD: return hp->head_dim / 2;
+    case KM_WD_Q: return hp->head_dim * hp->n_head;
+    case KM_WD_KV: return hp->head_dim * hp->n_head_kv;
+    case KM_WD_FF: return hp->n_ff;
+    case KM_WD_FF_EXP: return hp->n_ff_exp;
+    case KM_WD_EXPERT: return hp->n_expert;
+    case KM_WD_COUNT: break;
     }
     return 0;
 }
 
-kiln_type fe_weight_type(const kiln_model_hparams *hp, const fe_weight *w) { return w->wtype ? hp->wtype : KILN_F32; }
+kiln_type km_weight_type(const kiln_model_hparams *hp, const km_weight *w) { return w->wtype ? hp->wtype : KILN_F32; }
 
-void fe_weight_shape(const kiln_model_hparams *hp, const fe_weight *w, int64_t ne[4]) {
-    for (int d = 0; d < 4; d++) ne[d] = d < 3 && d < w->n_dims ? fe_wdim_value(hp, w->ne[d]) : 1;
+void km_weight_shape(const kiln_model_hparams *hp, const km_weight *w, int64_t ne[4]) {
+    for (int d = 0; d < 4; d++) ne[d] = d < 3 && d < w->n_dims ? km_wdim_value(hp, w->ne[d]) : 1;
 }
 
 /* ---- checks --------------------------------------------------------------------------------- */
@@ -213,13 +213,13 @@ static kiln_status check_rope(const kiln_model_hparams *hp) {
 
 /* What each arch has: llama.cpp builds qwen3 and qwen3moe with QK-norm and qwen2 with Q/K/V
  * biases always; only qwen3moe has experts here (llama with experts is Mixtral: not yet). */
-static kiln_status check_arch(const kiln_model_hparams *hp, fe_arch a) {
-    bool qwen3 = a == FE_ARCH_QWEN3 || a == FE_ARCH_QWEN3MOE;
+static kiln_status check_arch(const kiln_model_hparams *hp, km_arch a) {
+    bool qwen3 = a == KM_ARCH_QWEN3 || a == KM_ARCH_QWEN3MOE;
     CHECK(hp->qk_norm == qwen3, "model: qk_norm = %s, but %s %s QK-norm", hp->qk_norm ? "true" : "false", hp->arch,
           qwen3 ? "always has" : "has no");
-    CHECK(!(a == FE_ARCH_QWEN2 && !hp->attn_bias), "model: attn_bias = false, but qwen2 always has Q/K/V biases");
+    CHECK(!(a == KM_ARCH_QWEN2 && !hp->attn_bias), "model: attn_bias = false, but qwen2 always has Q/K/V biases");
     CHECK(!(qwen3 && hp->attn_bias), "model: attn_bias = true, but %s has no Q/K/V biases", hp->arch);
-    if (a != FE_ARCH_QWEN3MOE) {
+    if (a != KM_ARCH_QWEN3MOE) {
         CHECK(hp->n_expert == 0, "model: n_expert = %lld, but %s has no experts here (llama with experts, "
               "Mixtral, is not supported yet)", (long long)hp->n_expert, hp->arch);
         CHECK(hp->n_ff >= 1 && hp->n_ff <= MAX_SIZE, "model: n_ff = %lld is out of range (1 .. %d)",
@@ -239,11 +239,11 @@ static kiln_status check_arch(const kiln_model_hparams *hp, fe_arch a) {
 kiln_status kiln_model_check(const kiln_model_hparams *hp) {
     if (!hp) return kb_error(KILN_ERR_INVALID, "kiln_model_check: NULL argument");
     if (!memchr(hp->arch, 0, sizeof hp->arch)) return kb_error(KILN_ERR_INVALID, "model: arch is not terminated");
-    int a = fe_arch_find(hp->arch);
-    if (a < 0) return kb_error(KILN_ERR_INVALID, "unknown architecture '%s' (known: %s)", hp->arch, fe_arch_list());
+    int a = km_arch_find(hp->arch);
+    if (a < 0) return kb_error(KILN_ERR_INVALID, "unknown architecture '%s' (known: %s)", hp->arch, km_arch_list());
     kiln_status st = check_sizes(hp);
     if (!st) st = check_rope(hp);
-    if (!st) st = check_arch(hp, (fe_arch)a);
+    if (!st) st = check_arch(hp, (km_arch)a);
     return st;
 }
 

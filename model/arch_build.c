@@ -4,7 +4,7 @@
  * build_ffn, build_moe_ffn), node for node in the order of examples/llama-layer.kg and
  * examples/qwen3moe-layer.kg, so that kiln's fusions see the patterns they expect. Weights
  * carry their GGUF names; intermediate tensors the example layers' names with ".LAYER". */
-#include "frontend/arch.h"
+#include "model/arch.h"
 #include "frontend/frontend.h"
 
 #include "base/base.h"
@@ -17,7 +17,7 @@
 typedef struct {
     kiln_ctx                 *ctx;
     const kiln_model_hparams *hp;
-    fe_arch                   arch;
+    km_arch                   arch;
     kiln_build_opts           o;
     int64_t                   T, KV; /* handles of the symbolic dims n_tokens and n_kv */
     kiln_tensor *embd, *pos, *kv_idxs, *mask, *out_ids, *rope_freqs;
@@ -55,30 +55,30 @@ static kiln_tensor *leaf(mb *b, kiln_role role, kiln_type type, const char *name
     return kiln_new_tensor(b->ctx, role, type, full, nd, ne);
 }
 
-/* Weight id of the table in frontend/arch.h, in the current layer when it is a layer's; NULL
+/* Weight id of the table in model/arch.h, in the current layer when it is a layer's; NULL
  * when the model has none (a bias, a QK-norm, ...). */
-static kiln_tensor *weight(mb *b, fe_weight_id id) {
-    const fe_weight *w = &fe_weights[id];
-    if (!fe_weight_present(b->hp, w)) return NULL;
+static kiln_tensor *weight(mb *b, km_weight_id id) {
+    const km_weight *w = &km_weights[id];
+    if (!km_weight_present(b->hp, w)) return NULL;
     int64_t ne[4];
-    fe_weight_shape(b->hp, w, ne);
-    return leaf(b, KILN_ROLE_WEIGHT, fe_weight_type(b->hp, w), w->name, w->n_dims, ne[0], ne[1], ne[2]);
+    km_weight_shape(b->hp, w, ne);
+    return leaf(b, KILN_ROLE_WEIGHT, km_weight_type(b->hp, w), w->name, w->n_dims, ne[0], ne[1], ne[2]);
 }
 
 /* ---- layer weights ---------------------------------------------------------------------------- */
 
 static void attn_weights(mb *b, layer_w *w) {
     int64_t nkv = b->hp->head_dim * b->hp->n_head_kv;
-    w->attn_norm = weight(b, FE_W_ATTN_NORM);
-    w->wq = weight(b, FE_W_ATTN_Q);
-    w->wk = weight(b, FE_W_ATTN_K);
-    w->wv = weight(b, FE_W_ATTN_V);
-    w->bq = weight(b, FE_W_ATTN_Q_BIAS);
-    w->bk = weight(b, FE_W_ATTN_K_BIAS);
-    w->bv = weight(b, FE_W_ATTN_V_BIAS);
-    w->q_norm = weight(b, FE_W_ATTN_Q_NORM);
-    w->k_norm = weight(b, FE_W_ATTN_K_NORM);
-    w->wo = weight(b, FE_W_ATTN_OUT);
+    w->attn_norm = weight(b, KM_W_ATTN_NORM);
+    w->wq = weight(b, KM_W_ATTN_Q);
+    w->wk = weight(b, KM_W_ATTN_K);
+    w->wv = weight(b, KM_W_ATTN_V);
+    w->bq = weight(b, KM_W_ATTN_Q_BIAS);
+    w->bk = weight(b, KM_W_ATTN_K_BIAS);
+    w->bv = weight(b, KM_W_ATTN_V_BIAS);
+    w->q_norm = weight(b, KM_W_ATTN_Q_NORM);
+    w->k_norm = weight(b, KM_W_ATTN_K_NORM);
+    w->wo = weight(b, KM_W_ATTN_OUT);
     /* the KV cache of this layer: [n_embd_k_gqa, n_ctx] f16, as llama.cpp's cache_k_lN */
     char name[FE_MAX_NAME];
     snprintf(name, sizeof name, "cache_k_l%d", b->il);
@@ -89,14 +89,14 @@ static void attn_weights(mb *b, layer_w *w) {
 
 /* A dense FFN's three matrices, or the router and the experts' (the table says which). */
 static void ffn_weights(mb *b, layer_w *w) {
-    w->ffn_norm = weight(b, FE_W_FFN_NORM);
-    w->ffn_gate = weight(b, FE_W_FFN_GATE);
-    w->ffn_up = weight(b, FE_W_FFN_UP);
-    w->ffn_down = weight(b, FE_W_FFN_DOWN);
-    w->gate_inp = weight(b, FE_W_FFN_GATE_INP);
-    w->gate_exps = weight(b, FE_W_FFN_GATE_EXPS);
-    w->up_exps = weight(b, FE_W_FFN_UP_EXPS);
-    w->down_exps = weight(b, FE_W_FFN_DOWN_EXPS);
+    w->ffn_norm = weight(b, KM_W_FFN_NORM);
+    w->ffn_gate = weight(b, KM_W_FFN_GATE);
+    w->ffn_up = weight(b, KM_W_FFN_UP);
+    w->ffn_down = weight(b, KM_W_FFN_DOWN);
+    w->gate_inp = weight(b, KM_W_FFN_GATE_INP);
+    w->gate_exps = weight(b, KM_W_FFN_GATE_EXPS);
+    w->up_exps = weight(b, KM_W_FFN_UP_EXPS);
+    w->down_exps = weight(b, KM_W_FFN_DOWN_EXPS);
 }
 
 /* ---- blocks ------------------------------------------------------------------------------------ */
@@ -123,7 +123,7 @@ static kiln_tensor *reshape(mb *b, kiln_tensor *x, int nd, int64_t ne0, int64_t 
 
 static kiln_tensor *rope(mb *b, kiln_tensor *x, const char *name) {
     const kiln_model_hparams *hp = b->hp;
-    int   mode = b->arch == FE_ARCH_LLAMA ? KILN_ROPE_NORMAL : KILN_ROPE_NEOX;
+    int   mode = b->arch == KM_ARCH_LLAMA ? KILN_ROPE_NORMAL : KILN_ROPE_NEOX;
     float freq_scale = hp->rope_scaling == KILN_ROPE_SCALING_LINEAR ? 1.0f / hp->rope_factor : 1.0f;
     /* ext_factor 0, attn_factor 1, beta 32/1: llama.cpp's values without YaRN */
     return nm(b, kiln_rope_ext(b->ctx, x, b->pos, b->rope_freqs, (int)hp->head_dim, mode, (int)hp->n_ctx_train,
@@ -256,7 +256,7 @@ static kiln_tensor *layer(mb *b, kiln_tensor *inpL) {
     }
     kiln_tensor *ffn_inp = nm(b, kiln_add(ctx, cur, inpSA), "ffn_inp");
     kiln_tensor *ffn_in = norm_w(b, ffn_inp, w.ffn_norm, "norm2", "ffn_in");
-    kiln_tensor *ffn_out = b->arch == FE_ARCH_QWEN3MOE ? ffn_moe(b, &w, ffn_in) : ffn_dense(b, &w, ffn_in);
+    kiln_tensor *ffn_out = b->arch == KM_ARCH_QWEN3MOE ? ffn_moe(b, &w, ffn_in) : ffn_dense(b, &w, ffn_in);
     return nm(b, kiln_add(ctx, ffn_out, ffn_inp), "l_out");
 }
 
@@ -267,12 +267,12 @@ static kiln_tensor *layer(mb *b, kiln_tensor *inpL) {
 static kiln_tensor *inputs(mb *b) {
     int64_t T = b->T;
     kiln_tensor *tokens = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_tokens", 1, T, 1, 1);
-    kiln_tensor *embd = b->embd = weight(b, FE_W_TOKEN_EMBD);
+    kiln_tensor *embd = b->embd = weight(b, KM_W_TOKEN_EMBD);
     b->pos = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_pos", 1, T, 1, 1);
     b->kv_idxs = leaf(b, KILN_ROLE_INPUT, KILN_I64, "kv_idxs", 1, T, 1, 1);
     b->mask = leaf(b, KILN_ROLE_INPUT, KILN_F16, "kq_mask", 2, b->KV, T, 1);
     b->out_ids = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_out_ids", 1, b->o.outputs == KILN_OUTPUTS_LAST ? 1 : T, 1, 1);
-    b->rope_freqs = weight(b, FE_W_ROPE_FREQS); /* llama3 rope scaling only */
+    b->rope_freqs = weight(b, KM_W_ROPE_FREQS); /* llama3 rope scaling only */
     return nm(b, kiln_get_rows(b->ctx, embd, tokens), "inp_embd");
 }
 
@@ -302,7 +302,7 @@ kiln_status kiln_build_model(kiln_ctx *ctx, const kiln_model_hparams *hp, const 
     mb b = {.ctx = ctx, .hp = hp, .il = -1};
     if (!st) st = check_opts(hp, o, &b.o);
     if (st) return st;
-    b.arch = (fe_arch)fe_arch_find(hp->arch);
+    b.arch = (km_arch)km_arch_find(hp->arch);
     b.T = kiln_dim(ctx, "n_tokens", b.o.n_tokens_max);
     if (b.o.n_tokens_max > 1) kiln_dim_specialize(ctx, "n_tokens", 1);
     b.KV = kiln_dim(ctx, "n_kv", b.o.n_ctx);
@@ -310,8 +310,8 @@ kiln_status kiln_build_model(kiln_ctx *ctx, const kiln_model_hparams *hp, const 
     kiln_tensor *cur = inputs(&b);
     for (b.il = 0; b.il < hp->n_layer && !ctx->err; b.il++) cur = layer(&b, cur);
     b.il = -1;
-    kiln_tensor *out_norm = weight(&b, FE_W_OUTPUT_NORM);
-    kiln_tensor *out_w = hp->tied_output ? b.embd : weight(&b, FE_W_OUTPUT);
+    kiln_tensor *out_norm = weight(&b, KM_W_OUTPUT_NORM);
+    kiln_tensor *out_w = hp->tied_output ? b.embd : weight(&b, KM_W_OUTPUT);
     cur = norm_w(&b, cur, out_norm, "norm_out", "result_norm");
     kiln_tensor *logits = kiln_mul_mat(ctx, out_w, cur);
     kiln_set_output(ctx, logits, "logits");
