@@ -125,7 +125,7 @@ test-asan: deps
 TSAN_TESTS := test_compile test_cache test_cache_procs test_program_cache test_bundle test_runtime test_cli test_codegen test_ops_attn test_model
 test-tsan: deps
 	@$(MAKE) --no-print-directory BUILD=build-tsan TSAN=1 build-tsan/kiln $(TSAN_TESTS:%=build-tsan/tests/%)
-	@KILN_JOBS=4 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	@KILN_JOBS=4 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/scripts/tsan.supp \
 	 scripts/run-tests.sh build-tsan $(TSAN_TESTS:%=build-tsan/tests/%)
 
 # Speed budgets of CPU work (tokenizer build and use, building a large graph): measured here,
