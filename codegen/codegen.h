@@ -93,6 +93,16 @@ kiln_status cg_generate(cg_lua *L, const ir_prog *p, int node, cg_kernel *k);
 kiln_status cg_generate_steps(cg_lua *L, const ir_prog *p, int node, cg_kernel **out, int *n);
 void        cg_kernel_clear(cg_kernel *k);
 
+/* A runtime utility kernel (templates/util.lua; kernel "fill_uniform" or "l2_read"): k gets its
+ * name, source (no grid-wait prologue: launched plainly), block and grid, the most blocks its
+ * caller launches (docs/templates.md, "Utility kernels"); k->node is -1. */
+kiln_status cg_generate_util(cg_lua *L, const char *kernel, cg_kernel *k);
+/* The same, keyed and compiled for arch through the kernel cache as a program's kernels are
+ * (codegen/util.c): cache_dir NULL is the default directory (kc_default_dir; none found: no
+ * cache), and $KILN_CACHE applies. k also gets key, key_hex, cubin and from_cache. The caller
+ * frees with cg_kernel_clear. */
+kiln_status cg_util_kernel(const char *kernel, const char *arch, const char *cache_dir, cg_kernel *k);
+
 /* NVRTC, linked dynamically. The options used for arch go into the kernel key too. */
 #define CG_MAX_OPTS 8
 int         cg_nvrtc_options(const char *arch, const char *opts[CG_MAX_OPTS]); /* returns count */
@@ -100,6 +110,19 @@ kiln_status cg_nvrtc_version(int *major, int *minor);
 /* Compiles src for arch ("sm_90a") to a cubin (malloc'd). On failure the status holds the log. */
 kiln_status cg_nvrtc_compile(const char *src, const char *name, const char *arch, void **cubin,
                              size_t *size);
+
+/* What a kernel's key and code depend on besides its source: the target and NVRTC. */
+typedef struct {
+    const char        *arch;
+    const char *const *opts; /* cg_nvrtc_options(arch) */
+    int                nopts;
+    int                nvrtc_major, nvrtc_minor;
+} cg_target;
+/* Sets k->key and k->key_hex from k->source and t (kc_kernel_key). */
+void        cg_kernel_key(cg_kernel *k, const cg_target *t);
+/* k's cubin (key set): from cache c (k->from_cache), else compiled by NVRTC (*compiled) and
+ * stored in c with meta saying what the key was made of. *corrupt counts a corrupt entry met. */
+kiln_status cg_kernel_code(cg_kernel *k, const cg_target *t, kc_cache *c, bool *compiled, int *corrupt);
 
 /* The program object (codegen/program.c), which compile.c and plan.c both build on.
  * A new program for g (arch recorded) with its IR lowered and the passes of o run: what both

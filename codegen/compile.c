@@ -139,11 +139,9 @@ typedef struct {
     cg_lua     **lua; /* per worker, created on first use */
 } gen_job;
 
-static void set_key(const compile_env *e, cg_kernel *k) {
-    kc_key key = kc_kernel_key(k->source, e->nvrtc_opts, e->nopts, e->arch, e->nvrtc_major, e->nvrtc_minor,
-                               CG_CODEGEN_VERSION);
-    memcpy(k->key, key.b, 16);
-    kc_key_hex(key, k->key_hex);
+static cg_target target_of(const compile_env *e) {
+    return (cg_target){.arch = e->arch, .opts = e->nvrtc_opts, .nopts = e->nopts, .nvrtc_major = e->nvrtc_major,
+                       .nvrtc_minor = e->nvrtc_minor};
 }
 
 static void gen_one(void *user, int i, int worker) {
@@ -151,7 +149,8 @@ static void gen_one(void *user, int i, int worker) {
     gen_item *it = &j->items[i];
     if (!j->lua[worker]) it->st = cg_lua_new(&j->lua[worker]);
     if (!it->st) it->st = cg_generate_steps(j->lua[worker], it->prog->ir, it->node, &it->steps, &it->n);
-    for (int s = 0; !it->st && s < it->n; s++) set_key(j->e, &it->steps[s]);
+    cg_target t = target_of(j->e);
+    for (int s = 0; !it->st && s < it->n; s++) cg_kernel_key(&it->steps[s], &t);
     pthread_mutex_lock(&j->e->lock);
     progress(j->e, "kernels generated", ++j->done, j->nitems);
     pthread_mutex_unlock(&j->e->lock);
@@ -242,34 +241,14 @@ typedef struct {
     int          n, done;
 } code_job;
 
-/* What the key was made of, kept with the entry for `kiln cache ls` and `kiln cache explain`. */
-static char *kernel_meta(const compile_env *e, const cg_kernel *k) {
-    kb_str m = {0};
-    kb_str_addf(&m, "kernel %s\nkiln %s\ncodegen %d\nnvrtc %d.%d\narch %s\noptions", k->name, KILN_VERSION,
-                CG_CODEGEN_VERSION, e->nvrtc_major, e->nvrtc_minor, e->arch);
-    for (int i = 0; i < e->nopts; i++) kb_str_addf(&m, " %s", e->nvrtc_opts[i]);
-    kb_str_add(&m, "\n--- source\n");
-    kb_str_add(&m, k->source);
-    return kb_str_take(&m);
-}
-
 static void code_one(void *user, int i, int worker) {
     (void)worker;
     code_job  *j = user;
     code_item *it = &j->items[i];
     cg_kernel *k = it->k;
-    kc_key     key;
-    memcpy(key.b, k->key, 16);
-    it->st = kc_get(&j->e->cache, KC_CUBIN, key, &k->cubin, &k->cubin_size, &it->corrupt);
-    if (!it->st && k->cubin) it->cached = k->from_cache = true;
-    if (!it->st && !k->cubin) {
-        it->st = cg_nvrtc_compile(k->source, k->name, j->e->arch, &k->cubin, &k->cubin_size);
-        it->compiled = !it->st;
-        char *meta = it->st ? NULL : kernel_meta(j->e, k);
-        if (it->compiled && !meta) it->st = kb_oom();
-        if (!it->st) it->st = kc_put(&j->e->cache, KC_CUBIN, key, meta, k->cubin, k->cubin_size);
-        free(meta);
-    }
+    cg_target  t = target_of(j->e);
+    it->st = cg_kernel_code(k, &t, &j->e->cache, &it->compiled, &it->corrupt);
+    it->cached = k->from_cache;
     if (it->st) it->st = kb_wrap(it->st, "kernel %s (key %s)", k->name, k->key_hex);
     pthread_mutex_lock(&j->e->lock);
     if (it->compiled && j->e->cache.mode != KILN_CACHE_READONLY && j->e->cache.mode != KILN_CACHE_OFF)

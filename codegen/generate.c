@@ -444,8 +444,10 @@ static char *with_grid_wait(lua_State *L, const char *src, size_t len) {
     return out;
 }
 
-/* The step table at index t is a launch: name, source, grid, block, smem. */
-static void read_launch(lua_State *L, int t, cg_kernel *k) {
+/* The step table at index t is a launch: name, source, grid, block, smem. grid_wait: put the
+ * programmatic-dependent-launch prologue in (a program's kernels; not the runtime's utility
+ * kernels, which are launched plainly). */
+static void read_launch(lua_State *L, int t, cg_kernel *k, bool grid_wait) {
     size_t name_len, src_len;
     if (lua_getfield(L, t, "name") != LUA_TSTRING) luaL_error(L, "result.name is not a string");
     const char *name = lua_tolstring(L, -1, &name_len);
@@ -463,7 +465,7 @@ static void read_launch(lua_State *L, int t, cg_kernel *k) {
     k->smem = (unsigned)get_int(L, t, "smem", 0, 0, CG_MAX_SMEM, "result");
     k->kind = CG_LAUNCH;
     memcpy(k->name, name, name_len + 1);
-    k->source = with_grid_wait(L, src, src_len);
+    k->source = grid_wait ? with_grid_wait(L, src, src_len) : copy_string(L, src, src_len);
     lua_pop(L, 2);
 }
 
@@ -650,7 +652,7 @@ static int l_generate(lua_State *L) {
         bool gemm = !lua_isnil(L, -1);
         lua_pop(L, 1);
         if (gemm) read_gemm(L, s, g, scratch, k);
-        else read_launch(L, s, k);
+        else read_launch(L, s, k, true);
         if (!gemm && g->dynamic) k->params[k->nparams++] = CG_PARAM_DIMS;
         if (list) lua_pop(L, 1);
     }
@@ -802,7 +804,42 @@ kiln_status cg_generate(cg_lua *C, const ir_prog *p, int node, cg_kernel *k) {
     return kb_error(KILN_ERR_CODEGEN, "codegen: node %d gives %d steps; use cg_generate_steps", node, n);
 }
 
+/* Protected: calls templates/util.lua with {kind = "util", kernel = NAME} and reads its launch. */
+static int l_generate_util(lua_State *L) {
+    cg_kernel  *k = lua_touserdata(L, 1);
+    const char *kernel = lua_touserdata(L, 2);
+    lua_settop(L, 0);
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "util");
+    lua_call(L, 1, 1);
+    if (!lua_isfunction(L, -1)) return luaL_error(L, "template util.lua returns a %s, not a function", luaL_typename(L, -1));
+    lua_createtable(L, 0, 2);
+    lua_pushliteral(L, "util");
+    lua_setfield(L, -2, "kind");
+    lua_pushstring(L, kernel);
+    lua_setfield(L, -2, "kernel");
+    lua_call(L, 1, 1);
+    if (!lua_istable(L, -1)) return luaL_error(L, "template util.lua: result is a %s, not a table", luaL_typename(L, -1));
+    read_launch(L, lua_gettop(L), k, false);
+    return 0;
+}
 
+kiln_status cg_generate_util(cg_lua *C, const char *kernel, cg_kernel *k) {
+    if (!C || !kernel || !k) return kb_error(KILN_ERR_INVALID, "cg_generate_util: NULL argument");
+    memset(k, 0, sizeof *k);
+    k->node = -1;
+    lua_State *L = cg_lua_state(C);
+    int        top = lua_gettop(L);
+    lua_pushcfunction(L, l_generate_util);
+    lua_pushlightuserdata(L, k);
+    lua_pushlightuserdata(L, (void *)kernel);
+    char what[96];
+    snprintf(what, sizeof what, "codegen: utility kernel %.40s", kernel);
+    kiln_status st = cg_lua_pcall(C, 2, 0, what);
+    lua_settop(L, top);
+    if (st) cg_kernel_clear(k);
+    return st;
+}
 
 void cg_kernel_clear(cg_kernel *k) {
     if (!k) return;

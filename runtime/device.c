@@ -97,43 +97,36 @@ kiln_status kiln_device_copy_bandwidth(int device, size_t bytes, int iters, doub
     return st;
 }
 
-/* The flush reads a buffer of four times the L2 (a kernel of ours: the driver has no read-only
- * operation). Writing it instead (a memset) would leave the L2 full of dirty lines, and the
- * timed kernel would pay for writing them back: about 10% of a 117 MB GEMV on the H100. */
-static const char flush_src[] =
-    "extern \"C\" __global__ void kiln_l2_read(const uint4 *p, unsigned long long n, unsigned *sink)\n"
-    "{\n"
-    "    unsigned acc = 0;\n"
-    "    unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;\n"
-    "    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {\n"
-    "        uint4 v = p[i];\n"
-    "        acc ^= v.x ^ v.y ^ v.z ^ v.w;\n"
-    "    }\n"
-    "    if (acc == 0x9e3779b9u) *sink = acc; /* never (the buffer holds zeros): keeps the loads */\n"
-    "}\n";
-
-kiln_status rt_load_kernel(const char *src, const char *name, const char *arch, rt_cumod *mod, rt_cufn *fn) {
-    void       *cubin = NULL;
-    size_t      size = 0;
-    kiln_status st = cg_nvrtc_compile(src, name, arch, &cubin, &size);
+/* The cubin comes through the kernel cache like a program's (codegen/util.c); on a failure
+ * after the module loaded, out->mod is set for the caller to unload. */
+kiln_status rt_util_load(const char *kernel, const char *arch, rt_util_kernel *out) {
+    memset(out, 0, sizeof *out);
+    cg_kernel   k;
+    kiln_status st = cg_util_kernel(kernel, arch, NULL, &k);
     if (st) return st;
     const rt_cuda_api *cu = rt_cuda();
-    rt_cures           r = cu->ModuleLoadData(mod, cubin);
-    free(cubin);
-    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuModuleLoadData", "loading kernel %s", name);
-    if ((r = cu->ModuleGetFunction(fn, *mod, name)) != RT_CUDA_SUCCESS)
-        return rt_cuda_error(r, "cuModuleGetFunction", "finding kernel %s", name);
-    return NULL;
+    rt_cures           r = cu->ModuleLoadData(&out->mod, k.cubin);
+    if (r != RT_CUDA_SUCCESS) {
+        out->mod = NULL;
+        st = rt_cuda_error(r, "cuModuleLoadData", "loading kernel %s", k.name);
+    } else if ((r = cu->ModuleGetFunction(&out->fn, out->mod, k.name)) != RT_CUDA_SUCCESS) {
+        st = rt_cuda_error(r, "cuModuleGetFunction", "finding kernel %s", k.name);
+    }
+    out->grid = k.grid[0];
+    out->block = k.block[0];
+    cg_kernel_clear(&k);
+    return st;
 }
 
 typedef struct {
-    int      dev;
-    rt_cuptr buf, sink;
-    size_t   bytes;
-    rt_cumod mod;
-    rt_cufn  fn;
+    int            dev;
+    rt_cuptr       buf, sink;
+    size_t         bytes;
+    rt_util_kernel k;
 } l2_flusher;
 
+/* The flush reads a buffer of four times the L2 with a kernel of ours (templates/util.lua,
+ * l2_read, says why it reads rather than writes), kept for the last device asked. */
 static pthread_mutex_t g_flush_lock = PTHREAD_MUTEX_INITIALIZER;
 static l2_flusher      g_flush = {.dev = -1};
 
@@ -142,7 +135,7 @@ static kiln_status flusher_init(l2_flusher *f, int device, rt_cudev d) {
     char               arch[16];
     int                l2 = 0;
     kiln_status        st = kiln_device_arch(device, arch, sizeof arch);
-    if (!st) st = rt_load_kernel(flush_src, "kiln_l2_read", arch, &f->mod, &f->fn);
+    if (!st) st = rt_util_load("l2_read", arch, &f->k);
     if (st) return st;
     rt_cures r = cu->DeviceGetAttribute(&l2, RT_CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, d);
     f->bytes = 4 * (size_t)(l2 > 0 ? l2 : 64 << 20);
@@ -166,7 +159,7 @@ kiln_status kiln_device_flush_l2(int device) {
     r = cu->CtxSetCurrent(ctx);
     if (r != RT_CUDA_SUCCESS) st = rt_cuda_error(r, "cuCtxSetCurrent", "opening device %d", device);
     if (!st && g_flush.dev != device) { /* set up for the last device asked */
-        if (g_flush.mod) cu->ModuleUnload(g_flush.mod);
+        if (g_flush.k.mod) cu->ModuleUnload(g_flush.k.mod);
         if (g_flush.buf) cu->MemFree(g_flush.buf);
         if (g_flush.sink) cu->MemFree(g_flush.sink);
         memset(&g_flush, 0, sizeof g_flush);
@@ -176,7 +169,7 @@ kiln_status kiln_device_flush_l2(int device) {
     if (!st) {
         unsigned long long n = g_flush.bytes / 16;
         void              *args[] = {&g_flush.buf, &n, &g_flush.sink};
-        r = cu->LaunchKernel(g_flush.fn, 1024, 1, 1, 256, 1, 1, 0, NULL, args, NULL);
+        r = cu->LaunchKernel(g_flush.k.fn, g_flush.k.grid, 1, 1, g_flush.k.block, 1, 1, 0, NULL, args, NULL);
         /* The legacy stream, which a non-blocking session stream does not wait for: sync. */
         if (r == RT_CUDA_SUCCESS) r = cu->CtxSynchronize();
         if (r != RT_CUDA_SUCCESS) st = rt_cuda_error(r, "cuLaunchKernel", "flushing the L2 of device %d", device);

@@ -119,9 +119,16 @@ typedef struct {
     rt_cures (*LaunchKernelEx)(const rt_launch_config *cfg, rt_cufn f, void **params, void **extra);
 } rt_cuda_api;
 
-/* A runtime utility kernel (fill, L2 flush): `src` compiled by NVRTC for arch and loaded into
- * the current context; *fn is its function `name`. The caller unloads *mod. */
-kiln_status rt_load_kernel(const char *src, const char *name, const char *arch, rt_cumod *mod, rt_cufn *fn);
+/* A runtime utility kernel (templates/util.lua: "fill_uniform", "l2_read") for arch, from the
+ * kernel cache or NVRTC (cg_util_kernel), loaded into the current context. grid is the most
+ * blocks of block threads to launch it with (the kernels loop with a grid stride). The caller
+ * unloads mod. */
+typedef struct {
+    rt_cumod mod;
+    rt_cufn  fn;
+    unsigned grid, block;
+} rt_util_kernel;
+kiln_status rt_util_load(const char *kernel, const char *arch, rt_util_kernel *out);
 
 /* The resolved entry points; NULL until rt_driver_init has succeeded. */
 const rt_cuda_api *rt_cuda(void);
