@@ -351,6 +351,39 @@ START_TEST(help_for_every_command) {
 }
 END_TEST
 
+/* kiln help COMMAND and kiln COMMAND --help print the same, for every command 'kiln help help'
+ * names (the command table's rows, tools/cmd.c), and 'kiln help' lists each one under
+ * "commands:" and ends with the exit-code convention. */
+START_TEST(help_reads_the_command_table) {
+    char *list, *usage;
+    ck_assert_int_eq(kiln("help help", &list), 0);
+    ck_assert_int_eq(kiln("help", &usage), 0);
+    ck_assert_str_eq(last_line(usage), "exit status: 0 success, 1 error, 2 bad usage, 3 no CUDA driver or GPU.");
+    char *names = strstr(list, "options:\n  ");
+    ck_assert_ptr_nonnull(names);
+    names += strlen("options:\n  ");
+    names[strcspn(names, ".")] = 0;
+    int n = 0;
+    for (char *save = NULL, *name = strtok_r(names, ", ", &save); name; name = strtok_r(NULL, ", ", &save), n++) {
+        char args[64], want[64], *help, *dash_help;
+        snprintf(want, sizeof want, "\n  %s ", name);
+        ck_assert_msg(strstr(usage, want), "kiln help lists no '%s'", name);
+        snprintf(want, sizeof want, "usage: kiln %s", name);
+        snprintf(args, sizeof args, "help %s", name);
+        expect(0, args, want, NULL);
+        ck_assert_int_eq(kiln(args, &help), 0);
+        snprintf(args, sizeof args, "%s --help", name);
+        ck_assert_int_eq(kiln(args, &dash_help), 0);
+        ck_assert_str_eq(help, dash_help);
+        free(help);
+        free(dash_help);
+    }
+    ck_assert_int_ge(n, 9); /* compile .. help */
+    free(list);
+    free(usage);
+}
+END_TEST
+
 /* A GRAPH that holds no graph says what it holds: empty, a bundle (run it with --bundle), a
  * .kiln that is no bundle, binary data; before, an empty file "had no outputs". */
 START_TEST(unusable_graph_files_are_named) {
@@ -429,6 +462,7 @@ int main(void) {
     tcase_add_test(tc, model_run_flags_and_context_fit);
     tcase_add_test(tc, model_run_takes_no_fuse_names);
     tcase_add_test(tc, help_for_every_command);
+    tcase_add_test(tc, help_reads_the_command_table);
     tcase_add_test(tc, unusable_graph_files_are_named);
     tcase_add_test(tc, cache_explain_takes_a_model);
     tcase_add_test(tc, arch_below_sm80_is_a_usage_error);

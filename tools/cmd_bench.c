@@ -2,11 +2,10 @@
  * the machine and its measured roofline, per-op kernels at decode shapes, whole models (decode
  * at two KV positions, prefill, compile times), each beside PyTorch on the same GPU in the same
  * run, so that the ratios hold on a noisy machine. `make bench` runs it. */
-#include "tools/cmd_bench.h"
-
 #include "tools/bench.h"
 
 #include "base/base.h"
+#include "tools/cmd.h"
 #include "tools/flag.h"
 
 #include <stdio.h>
@@ -14,9 +13,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-enum { B_OK = 0, B_ERR = 1, B_USAGE = 2, B_NO_GPU = 3 };
+static const char summary[] =
+    "  bench           per-op roofline, model decode/prefill and compile times beside PyTorch\n"
+    "                  on this GPU ('kiln help bench'; make bench)\n";
 
-static const char *bench_help =
+static const char help[] =
     "usage: kiln bench [--quick] [--ops-only | --models-only] [--models LIST] [--json FILE]\n"
     "                  [--no-torch] [--python PY] [--dir DIR] [--seed S]\n"
     "  measures kiln on this GPU beside PyTorch, in one run (docs/bench.md):\n"
@@ -38,13 +39,7 @@ static const char *bench_help =
     "  --dir DIR       the bench folder with the graphs and scripts (default: bench)\n"
     "  --seed S        seed of the random weights and inputs, 0 .. 2^64-1 (default 1)\n";
 
-static int usage(const char *fmt, const char *arg) {
-    fputs("kiln bench: ", stderr);
-    fprintf(stderr, fmt, arg);
-    fputs("\n(see 'kiln help bench')\n", stderr);
-    return B_USAGE;
-}
-
+/* KT_GO_ON when b is complete, else the exit status. */
 static int parse(int argc, char **argv, kt_bench *b) {
     b->torch = true;
     b->do_ops = b->do_models = true;
@@ -56,11 +51,9 @@ static int parse(int argc, char **argv, kt_bench *b) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool        valued = !strcmp(a, "--models") || !strcmp(a, "--json") || !strcmp(a, "--python") ||
                       !strcmp(a, "--dir") || !strcmp(a, "--seed");
-        if (valued && !v) return usage("%s needs a value", a);
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(bench_help, stdout);
-            return B_OK;
-        } else if (!strcmp(a, "--quick")) b->quick = true;
+        if (valued && !v) return kt_usage("bench", "%s needs a value", a);
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return kt_print_help("bench");
+        if (!strcmp(a, "--quick")) b->quick = true;
         else if (!strcmp(a, "--ops-only")) b->do_models = false;
         else if (!strcmp(a, "--models-only")) b->do_ops = false;
         else if (!strcmp(a, "--no-torch")) b->torch = false;
@@ -69,14 +62,14 @@ static int parse(int argc, char **argv, kt_bench *b) {
         else if (!strcmp(a, "--python")) b->python = v;
         else if (!strcmp(a, "--dir")) b->dir = v;
         else if (!strcmp(a, "--seed")) {
-            if (!kt_flag_uint("bench", a, v, UINT64_MAX, &b->seed)) return B_USAGE;
-        } else return usage("unknown option '%s'", a);
+            if (!kt_flag_uint("bench", a, v, UINT64_MAX, &b->seed)) return KT_EXIT_USAGE;
+        } else return kt_usage("bench", "unknown option '%s'", a);
         if (valued) i++;
     }
-    if (!b->do_ops && !b->do_models) return usage("%s", "--ops-only and --models-only exclude each other");
+    if (!b->do_ops && !b->do_models) return kt_usage("bench", "--ops-only and --models-only exclude each other");
     struct stat sb;
     if (stat(b->dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return usage("no bench folder '%s' (run from the source tree, or give --dir)", b->dir);
+        return kt_usage("bench", "no bench folder '%s' (run from the source tree, or give --dir)", b->dir);
     for (const char *p = b->models; p && *p;) {
         const char *e = strchr(p, ',');
         char        name[64];
@@ -84,13 +77,12 @@ static int parse(int argc, char **argv, kt_bench *b) {
         kiln_model_hparams hp;
         kiln_status        st = kiln_model_preset(NULL, name, &hp);
         if (st) {
-            fprintf(stderr, "kiln bench: --models: %s\n", kiln_status_msg(st));
-            kiln_status_free(st);
-            return B_USAGE;
+            kt_fail("bench", kb_wrap(st, "--models"));
+            return KT_EXIT_USAGE;
         }
         p = e ? e + 1 : NULL;
     }
-    return -1;
+    return KT_GO_ON;
 }
 
 /* PyTorch beside us: its version line, or why not (b->torch_why). */
@@ -135,18 +127,13 @@ static kiln_status machine(kt_bench *b) {
     return st;
 }
 
-int kiln_cmd_bench(int argc, char **argv) {
+static int run(int argc, char **argv) {
     kt_bench b = {0};
     int      rc = parse(argc, argv, &b);
-    if (rc >= 0) return rc;
+    if (rc != KT_GO_ON) return rc;
     double      t0 = kb_now_ms();
     kiln_status st = machine(&b);
-    if (st) {
-        fprintf(stderr, "kiln bench: %s\n", kiln_status_msg(st));
-        rc = kiln_status_code(st) == KILN_ERR_NO_GPU ? B_NO_GPU : B_ERR;
-        kiln_status_free(st);
-        return rc;
-    }
+    if (st) return kt_fail("bench", st);
     probe_torch(&b);
     kt_bench_op    *ops = NULL;
     kt_bench_model *models = NULL;
@@ -165,12 +152,11 @@ int kiln_cmd_bench(int argc, char **argv) {
     free(ops);
     free(models);
     if (st) {
-        fprintf(stderr, "kiln bench: %s\n", kiln_status_msg(st));
-        kiln_status_free(st);
-        return B_ERR;
+        kt_fail("bench", st);
+        return KT_EXIT_ERR; /* a measurement's failure, whatever its cause: the GPU was there */
     }
     if (failed) fputs("kiln bench: some measurements failed (their rows say why)\n", stderr);
-    return failed ? B_ERR : B_OK;
+    return failed ? KT_EXIT_ERR : KT_EXIT_OK;
 }
 
-const char *kiln_bench_help(void) { return bench_help; }
+const kt_cmd kt_cmd_bench = {"bench", summary, help, NULL, run};

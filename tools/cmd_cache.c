@@ -4,6 +4,7 @@
 #include "tools/cmd_cache.h"
 
 #include "cache/cache.h"
+#include "tools/cmd.h"
 #include "tools/flag.h"
 
 #include <stdio.h>
@@ -12,9 +13,10 @@
 #include <sys/stat.h>
 #include <time.h>
 
-enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2 };
+static const char summary[] =
+    "  cache SUB       the cache: ls, stats, clear, verify, explain GRAPH ('kiln help cache')\n";
 
-const char kiln_cache_help[] =
+static const char help[] =
     "usage: kiln cache SUBCOMMAND [--cache-dir DIR]\n"
     "  ls [--kernels|--programs]  one line per entry: kind, key, bytes, last use (UTC), and the\n"
     "                             first line of what the key was made of; totals at the end\n"
@@ -41,19 +43,6 @@ typedef struct {
     char       *dir;
     kc_cache    cache;
 } cache_cli;
-
-static int fail(kiln_status st) {
-    fprintf(stderr, "kiln: %s\n", kiln_status_msg(st));
-    kiln_status_free(st);
-    return EXIT_ERR;
-}
-
-static int usage(const char *fmt, const char *arg) {
-    fprintf(stderr, "kiln cache: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see 'kiln help cache')\n");
-    return EXIT_USAGE;
-}
 
 /* "12.3 MiB" */
 static void human(uint64_t bytes, char out[32]) {
@@ -108,12 +97,12 @@ static int ls_one(void *user, const kc_entry *e) {
 static int cmd_ls(const cache_cli *c) {
     ls_state s = {.cli = c};
     kiln_status st = kc_walk(&c->cache, true, ls_one, &s);
-    if (st) return fail(st);
+    if (st) return kt_fail(NULL, st);
     if (!s.n) ls_header();
     char h[32];
     human(s.bytes, h);
     printf("%d entr%s, %llu bytes (%s)\n", s.n, s.n == 1 ? "y" : "ies", (unsigned long long)s.bytes, h);
-    return EXIT_OK;
+    return KT_EXIT_OK;
 }
 
 /* ---- stats -------------------------------------------------------------------------------- */
@@ -143,7 +132,7 @@ static int cmd_stats(const cache_cli *c) {
     if (!st) st = kc_walk(&c->cache, false, stats_one, &s);
     if (!st) st = kc_tmp_files(&c->cache, 0, false, &tmp, &tmp_bytes);
     if (!st) st = kc_tmp_files(&c->cache, KC_STALE_TMP_S, false, &stale, NULL);
-    if (st) return fail(st);
+    if (st) return kt_fail(NULL, st);
     struct stat ds;
     printf("cache directory: %s%s\n", c->dir, stat(c->dir, &ds) != 0 ? " (does not exist yet)" : "");
     static const char *labels[] = {"kernels:", "programs:", "total:"};
@@ -164,7 +153,7 @@ static int cmd_stats(const cache_cli *c) {
     printf("%-16s %s\n", "newest use:", s.n[2] ? t : "-");
     printf("%-16s %d (%llu bytes), %d older than an hour\n", "temporary files:", tmp, (unsigned long long)tmp_bytes,
            stale);
-    return EXIT_OK;
+    return KT_EXIT_OK;
 }
 
 /* ---- clear, evict ------------------------------------------------------------------------- */
@@ -175,12 +164,12 @@ static int cmd_clear(const cache_cli *c) {
     kiln_status st = kc_walk(&c->cache, false, stats_one, &s);
     if (!st) st = kc_tmp_files(&c->cache, 0, false, &tmp, NULL);
     if (!st) st = kc_clear(&c->cache, &removed);
-    if (st) return fail(st);
+    if (st) return kt_fail(NULL, st);
     char h[32];
     human(s.bytes[2], h);
     printf("removed %d entr%s (%llu bytes, %s) and %d temporary file%s from %s\n", removed, removed == 1 ? "y" : "ies",
            (unsigned long long)s.bytes[2], h, tmp, tmp == 1 ? "" : "s", c->dir);
-    return EXIT_OK;
+    return KT_EXIT_OK;
 }
 
 static int cmd_evict(const cache_cli *c) {
@@ -190,13 +179,13 @@ static int cmd_evict(const cache_cli *c) {
     if (c->max) max = c->max_bytes;
     else st = kc_max_bytes(&max);
     if (!st) st = kc_evict(&c->cache, max, &removed, &total);
-    if (st) return fail(st);
+    if (st) return kt_fail(NULL, st);
     char h[32], hm[32];
     human(total, h);
     human(max, hm);
     printf("evicted %d entr%s; %llu bytes (%s) left, limit %s\n", removed, removed == 1 ? "y" : "ies",
            (unsigned long long)total, h, max ? hm : "none");
-    return EXIT_OK;
+    return KT_EXIT_OK;
 }
 
 /* ---- verify ------------------------------------------------------------------------------- */
@@ -247,7 +236,7 @@ static int cmd_verify(const cache_cli *c) {
     if (!st) st = s.err;
     if (!st) st = kc_tmp_files(&c->cache, 0, false, &tmp, NULL);
     if (!st) st = kc_tmp_files(&c->cache, KC_STALE_TMP_S, c->repair, &stale, NULL);
-    if (st) return fail(st);
+    if (st) return kt_fail(NULL, st);
     if (tmp)
         printf("temporary files: %d (of writers still running, or that died); %d older than an hour%s\n", tmp,
                stale, c->repair && stale ? ": removed" : "");
@@ -256,7 +245,7 @@ static int cmd_verify(const cache_cli *c) {
     if (s.other) printf(", %d of other format versions (kept)", s.other);
     printf("\n");
     if (c->repair && s.bad) printf("removed %d bad entr%s\n", s.repaired, s.repaired == 1 ? "y" : "ies");
-    return s.bad && !c->repair ? EXIT_ERR : EXIT_OK;
+    return s.bad && !c->repair ? KT_EXIT_ERR : KT_EXIT_OK;
 }
 
 /* ---- dispatch ----------------------------------------------------------------------------- */
@@ -264,44 +253,44 @@ static int cmd_verify(const cache_cli *c) {
 static const char *const subs[] = {"ls", "stats", "clear", "verify", "evict"};
 
 static int parse(int argc, char **argv, cache_cli *c) {
-    for (int i = 2; i < argc; i++) {
+    for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(kiln_cache_help, stdout);
-            return EXIT_OK;
+            return kt_print_help("cache");
         } else if (!strcmp(a, "--cache-dir") || !strcmp(a, "--max")) {
-            if (i + 1 == argc) return usage("option %s needs a value", a);
+            if (i + 1 == argc) return kt_usage("cache", "option %s needs a value", a);
             *(!strcmp(a, "--max") ? &c->max : &c->dir_opt) = argv[++i];
-            if (!strcmp(a, "--max") && !kt_flag_size("cache evict", a, c->max, &c->max_bytes)) return EXIT_USAGE;
+            if (!strcmp(a, "--max") && !kt_flag_size("cache evict", a, c->max, &c->max_bytes)) return KT_EXIT_USAGE;
         } else if (!strcmp(a, "--kernels")) { c->kernels = true;
         } else if (!strcmp(a, "--programs")) { c->programs = true;
         } else if (!strcmp(a, "--repair")) { c->repair = true;
         } else if (a[0] == '-') {
-            return usage("unknown option '%s'", a);
+            return kt_usage("cache", "unknown option '%s'", a);
         } else if (c->sub) {
-            return usage("unexpected argument '%s'", a);
+            return kt_usage("cache", "unexpected argument '%s'", a);
         } else {
             c->sub = a;
         }
     }
-    if (!c->sub) return usage("%sgive a subcommand: ls, stats, clear, verify, evict or explain", "");
+    if (!c->sub) return kt_usage("cache", "give a subcommand: ls, stats, clear, verify, evict or explain");
     bool known = false;
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) known |= !strcmp(c->sub, subs[i]);
-    if (!known) return usage("unknown subcommand '%s'", c->sub);
-    if ((c->kernels || c->programs) && strcmp(c->sub, "ls")) return usage("%s: --kernels/--programs are for ls", c->sub);
-    if (c->kernels && c->programs) return usage("%sgive --kernels or --programs, not both", "");
-    if (c->repair && strcmp(c->sub, "verify")) return usage("%s: --repair is for verify", c->sub);
-    if (c->max && strcmp(c->sub, "evict")) return usage("%s: --max is for evict", c->sub);
-    return -1;
+    if (!known) return kt_usage("cache", "unknown subcommand '%s'", c->sub);
+    if ((c->kernels || c->programs) && strcmp(c->sub, "ls"))
+        return kt_usage("cache", "%s: --kernels/--programs are for ls", c->sub);
+    if (c->kernels && c->programs) return kt_usage("cache", "give --kernels or --programs, not both");
+    if (c->repair && strcmp(c->sub, "verify")) return kt_usage("cache", "%s: --repair is for verify", c->sub);
+    if (c->max && strcmp(c->sub, "evict")) return kt_usage("cache", "%s: --max is for evict", c->sub);
+    return KT_GO_ON;
 }
 
-int kiln_cmd_cache(int argc, char **argv) {
-    if (argc > 2 && !strcmp(argv[2], "explain")) return kiln_cmd_cache_explain(argc, argv);
+static int run(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "explain")) return kt_cache_explain(argc, argv);
     cache_cli c = {0};
     int rc = parse(argc, argv, &c);
-    if (rc >= 0) return rc;
+    if (rc != KT_GO_ON) return rc;
     kiln_status st = kc_default_dir(c.dir_opt, &c.dir);
-    if (st) return fail(st);
+    if (st) return kt_fail(NULL, st);
     c.cache = (kc_cache){.dir = c.dir, .mode = KILN_CACHE_ON}; /* kc_walk only reads, whatever the mode */
     if (!strcmp(c.sub, "ls")) rc = cmd_ls(&c);
     else if (!strcmp(c.sub, "stats")) rc = cmd_stats(&c);
@@ -311,3 +300,5 @@ int kiln_cmd_cache(int argc, char **argv) {
     free(c.dir);
     return rc;
 }
+
+const kt_cmd kt_cmd_cache = {"cache", summary, help, NULL, run};

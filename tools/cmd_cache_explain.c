@@ -5,6 +5,7 @@
 
 #include "kiln.h"
 
+#include "tools/cmd.h"
 #include "tools/flag.h"
 #include "tools/graph_file.h"
 
@@ -21,19 +22,14 @@ typedef struct {
     char              no_fuse_passes[256];
 } explain_args;
 
-static int usage(const char *fmt, const char *arg) {
-    kt_flag_usage(CMD, fmt, arg);
-    return 2;
-}
-
-/* -1 when the arguments are complete, else the exit status. */
+/* KT_GO_ON when the arguments are complete, else the exit status. */
 static int parse(int argc, char **argv, explain_args *e) {
-    for (int i = 3; i < argc; i++) {
+    for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool        valued = !strcmp(a, "--arch") || !strcmp(a, "--cache-dir") || !strcmp(a, "--n-ctx") ||
                       !strcmp(a, "--n-batch");
         bool        ok = true;
-        if (valued && !v) return usage("option %s needs a value", a);
+        if (valued && !v) return kt_usage(CMD, "option %s needs a value", a);
         if (valued) i++;
         if (!strcmp(a, "--arch")) ok = kt_flag_arch(CMD, a, e->o.arch = v, false);
         else if (!strcmp(a, "--cache-dir")) e->o.cache_dir = v;
@@ -41,33 +37,28 @@ static int parse(int argc, char **argv, explain_args *e) {
         else if (!strcmp(a, "--n-batch")) ok = kt_flag_int(CMD, a, v, 1, KT_FLAG_MAX_CTX, &e->n_batch);
         else if (!strcmp(a, "--no-fuse")) e->o.no_fuse = 1;
         else if (!strncmp(a, "--no-fuse=", 10)) ok = kt_flag_no_fuse(CMD, a, e->no_fuse_passes, sizeof e->no_fuse_passes);
-        else if (a[0] == '-') return usage("unknown option '%s'", a);
-        else if (e->graph) return usage("more than one graph given ('%s')", a);
+        else if (a[0] == '-') return kt_usage(CMD, "unknown option '%s'", a);
+        else if (e->graph) return kt_usage(CMD, "more than one graph given ('%s')", a);
         else e->graph = a;
-        if (!ok) return 2;
+        if (!ok) return KT_EXIT_USAGE;
     }
-    if (!e->graph) return usage("%s", "no graph file given");
+    if (!e->graph) return kt_usage(CMD, "no graph file given");
     e->o.no_fuse_passes = e->no_fuse_passes[0] ? e->no_fuse_passes : NULL;
-    return -1;
+    return KT_GO_ON;
 }
 
-int kiln_cmd_cache_explain(int argc, char **argv) {
+int kt_cache_explain(int argc, char **argv) {
     explain_args e = {.graph = NULL};
     int          rc = parse(argc, argv, &e);
-    if (rc >= 0) return rc;
+    if (rc != KT_GO_ON) return rc;
     kiln_ctx   *ctx = NULL;
     kiln_graph *g = NULL;
     char       *text = NULL;
-    if ((rc = kt_graph_load(CMD, e.graph, e.n_ctx, e.n_batch, &ctx, &g)) >= 0) return rc;
+    if ((rc = kt_graph_load(CMD, e.graph, e.n_ctx, e.n_batch, &ctx, &g)) != KT_GO_ON) return rc;
     kiln_status st = kiln_cache_explain(g, &e.o, &text);
     if (!st) fputs(text, stdout);
     free(text);
     kiln_graph_free(g);
     kiln_ctx_free(ctx);
-    if (st) {
-        fprintf(stderr, "kiln: %s\n", kiln_status_msg(st));
-        kiln_status_free(st);
-        return 1;
-    }
-    return 0;
+    return st ? kt_fail(NULL, st) : KT_EXIT_OK;
 }

@@ -4,6 +4,8 @@
 #include "kiln.h"
 
 #include "base/base.h"
+#include "tools/cmd.h"
+#include "tools/compile_args.h"
 #include "tools/flag.h"
 #include "tools/graph_file.h"
 #include "tools/progress.h"
@@ -14,9 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { RM_OK = 0, RM_ERR = 1, RM_USAGE = 2, RM_NO_GPU = 3 };
-
-const char *kiln_run_model_help =
+const char kt_run_model_help[] =
     "usage: kiln run MODEL.gguf (--tokens ID,ID,... | --prompt TEXT) [-n N] [--n-ctx N] [--n-batch N]\n"
     "                           [--check] [--cpu] [--stats] [--no-cuda-graph] [compile options]\n"
     "  builds the model's graph from the GGUF's hyperparameters (llama, qwen2, qwen3, qwen3moe;\n"
@@ -55,14 +55,7 @@ static int usage(const char *fmt, const char *arg) {
     fprintf(stderr, "kiln run: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\n(see 'kiln run --help' with a .gguf file, or 'kiln help run')\n");
-    return RM_USAGE;
-}
-
-static int fail(kiln_status st) {
-    int code = kiln_status_code(st) == KILN_ERR_NO_GPU ? RM_NO_GPU : RM_ERR;
-    fprintf(stderr, "kiln: %s\n", kiln_status_msg(st));
-    kiln_status_free(st);
-    return code;
+    return KT_EXIT_USAGE;
 }
 
 /* --tokens: ids in 0 .. INT32_MAX here; against the model's n_vocab once it is open. */
@@ -73,17 +66,22 @@ static bool parse_tokens(rm_args *a, const char *v) {
     return kt_flag_int_list("run", "--tokens", v, 0, INT32_MAX, a->ids, cap, &a->nids);
 }
 
+bool kt_run_model_takes_value(const char *o) {
+    return !strcmp(o, "--tokens") || !strcmp(o, "--prompt") || !strcmp(o, "-n") || !strcmp(o, "--n-ctx") ||
+           !strcmp(o, "--n-batch") || !strcmp(o, "--arch") || !strcmp(o, "--cache-dir") || !strcmp(o, "--jobs") ||
+           !strcmp(o, "--dump-cu");
+}
+
+/* KT_GO_ON when a is complete, else the exit status. */
 static int parse(int argc, char **argv, rm_args *a) {
     a->n_new = 32;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool        ok = true;
-        bool        val = !strcmp(o, "--tokens") || !strcmp(o, "--prompt") || !strcmp(o, "-n") ||
-                   !strcmp(o, "--n-ctx") || !strcmp(o, "--n-batch") || !strcmp(o, "--arch") ||
-                   !strcmp(o, "--cache-dir") || !strcmp(o, "--jobs") || !strcmp(o, "--dump-cu");
+        bool        val = kt_run_model_takes_value(o);
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
-            fputs(kiln_run_model_help, stdout);
-            return RM_OK;
+            fputs(kt_run_model_help, stdout);
+            return KT_EXIT_OK;
         }
         if (val && !v) return usage("option %s needs a value", o);
         if (val) i++;
@@ -107,12 +105,12 @@ static int parse(int argc, char **argv, rm_args *a) {
         else if (o[0] == '-' && o[1]) return usage("unknown option '%s' for a model", o);
         else if (a->path) return usage("more than one model given ('%s')", o);
         else a->path = o;
-        if (!ok) return RM_USAGE;
+        if (!ok) return KT_EXIT_USAGE;
     }
     if (!a->path) return usage("%s", "no model given");
     if (!a->tokens == !a->prompt) return usage("%s", "give the prompt as --tokens ID,ID,... or --prompt TEXT (one)");
     if (a->check && a->cpu) return usage("%s", "--check compares the GPU with the CPU; it does not go with --cpu");
-    return -1;
+    return KT_GO_ON;
 }
 
 static void print_model(const rm_args *a, const kiln_model *m) {
@@ -254,13 +252,7 @@ static void print_load(const kiln_gen *g, bool gpu) {
     kiln_gen_stats s;
     kiln_gen_get_stats(g, &s);
     if (!gpu) return;
-    const kiln_compile_stats *c = &s.compile;
-    if (c->program_cached)
-        printf("loaded %d kernels (%d distinct) from the program cache in %.0f ms\n", c->kernels, c->distinct,
-               s.compile_ms);
-    else
-        printf("compiled %d kernels (%d distinct: %d new, %d from cache) in %.0f ms\n", c->kernels, c->distinct,
-               c->compiled, c->cached, s.compile_ms);
+    kt_print_compile(&s.compile, s.compile_ms);
     printf("weights: %.3f GB uploaded in %.0f ms (%.1f GB/s)\n", (double)s.weight_bytes / 1e9, s.load_ms,
            s.load_ms > 0 ? (double)s.weight_bytes / 1e6 / s.load_ms : 0.0);
 }
@@ -317,26 +309,26 @@ static int run_model(rm_args *a) {
     kiln_tokenizer *tok = NULL;
     int32_t        *prompt = NULL;
     int64_t         np = 0;
-    int             rc = RM_OK;
+    int             rc = KT_EXIT_OK;
     kiln_status     st = kiln_model_open(a->path, &m);
-    if (st) return fail(st);
+    if (st) return kt_fail(NULL, st);
     print_model(a, m);
     kiln_status ts = kiln_tokenizer_from_gguf(kiln_model_gguf(m), &tok);
     if (ts && a->prompt) st = kb_wrap(ts, "--prompt");
     else kiln_status_free(ts); /* without a usable vocabulary ids are printed alone */
     if (!st) st = prompt_ids(a, tok, &prompt, &np);
-    if (!st && !fits(a, kiln_model_get_hparams(m), prompt, np)) rc = RM_USAGE;
-    if (!st && rc == RM_OK) st = generate(a, m, tok, prompt, np);
+    if (!st && !fits(a, kiln_model_get_hparams(m), prompt, np)) rc = KT_EXIT_USAGE;
+    if (!st && rc == KT_EXIT_OK) st = generate(a, m, tok, prompt, np);
     free(prompt);
     kiln_tokenizer_free(tok);
     kiln_model_close(m);
-    return st ? fail(st) : rc;
+    return st ? kt_fail(NULL, st) : rc;
 }
 
-int kiln_cmd_run_model(int argc, char **argv) {
+int kt_run_model(int argc, char **argv) {
     rm_args a = {0};
     int     rc = parse(argc, argv, &a);
-    if (rc < 0) rc = run_model(&a);
+    if (rc == KT_GO_ON) rc = run_model(&a);
     free(a.ids);
     return rc;
 }

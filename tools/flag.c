@@ -12,19 +12,28 @@
 #include <stdio.h>
 #include <string.h>
 
-/* "run" -> "kiln help run"; "cache evict" -> "kiln help cache". */
+/* "run" -> "kiln help run"; "cache evict" -> "kiln help cache"; NULL -> "kiln help". */
 static void see_help(const char *cmd) {
+    if (!cmd) {
+        fputs("\n(see 'kiln help')\n", stderr);
+        return;
+    }
     size_t n = strcspn(cmd, " ");
     fprintf(stderr, "\n(see 'kiln help %.*s')\n", (int)n, cmd);
+}
+
+void kt_flag_vusage(const char *cmd, const char *fmt, va_list ap) {
+    if (cmd) fprintf(stderr, "kiln %s: ", cmd);
+    else fputs("kiln: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    see_help(cmd);
 }
 
 bool kt_flag_usage(const char *cmd, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "kiln %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
+    kt_flag_vusage(cmd, fmt, ap);
     va_end(ap);
-    see_help(cmd);
     return false;
 }
 

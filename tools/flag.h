@@ -15,6 +15,7 @@
 
 #include "base/base.h"
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -50,7 +51,10 @@ bool kt_flag_no_fuse(const char *cmd, const char *arg, char *list, size_t cap);
 bool kt_flag_arch(const char *cmd, const char *flag, const char *value, bool list);
 
 /* Prints "kiln CMD: " + the formatted message + "(see 'kiln help CMD')" to stderr and returns
- * false: the usage error of a check that spans several flags ("--n-batch 64 exceeds --n-ctx"). */
+ * false: the usage error of a check that spans several flags ("--n-batch 64 exceeds --n-ctx").
+ * With cmd NULL, "kiln: " and "(see 'kiln help')". */
 bool kt_flag_usage(const char *cmd, const char *fmt, ...) KB_PRINTF(2, 3);
+/* kt_flag_usage with a va_list (kt_usage, tools/cmd.h, returns the exit status instead). */
+void kt_flag_vusage(const char *cmd, const char *fmt, va_list ap);
 
 #endif

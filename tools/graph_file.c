@@ -2,6 +2,7 @@
 #include "tools/graph_file.h"
 
 #include "base/base.h"
+#include "tools/cmd.h"
 #include "tools/flag.h"
 
 #include <errno.h>
@@ -86,18 +87,15 @@ int kt_graph_load(const char *cmd, const char *path, int64_t n_ctx, int64_t n_ba
         st = kb_error(KILN_ERR_INVALID, "%s is an AOT bundle, not a graph: run it with 'kiln run --bundle %s', "
                                         "describe it with 'kiln inspect %s'", path, path, path);
     if (!st && kind == KT_GRAPH_KG && (n_ctx || n_batch)) {
-        kt_flag_usage(cmd, "%s sizes a GGUF model's graph; %s is a .kg graph", n_ctx ? "--n-ctx" : "--n-batch", path);
-        return 2;
+        return kt_usage(cmd, "%s sizes a GGUF model's graph; %s is a .kg graph", n_ctx ? "--n-ctx" : "--n-batch",
+                        path);
     }
     if (!st && !(*ctx = kiln_ctx_new())) st = kb_oom();
     if (!st && kind == KT_GRAPH_GGUF) st = build_model(path, n_ctx, n_batch, *ctx, cmd, &usage);
     if (!st && kind == KT_GRAPH_KG) st = kiln_load(*ctx, path);
     if (!st && !usage) st = kiln_graph_new(*ctx, g);
-    if (!st && !usage) return -1;
+    if (!st && !usage) return KT_GO_ON;
     kiln_ctx_free(*ctx);
     *ctx = NULL;
-    if (usage) return 2;
-    fprintf(stderr, "kiln: %s\n", kiln_status_msg(st));
-    kiln_status_free(st);
-    return 1;
+    return usage ? KT_EXIT_USAGE : kt_fail(NULL, st);
 }

@@ -29,9 +29,9 @@ bool kt_model_ctx(const char *cmd, const kiln_model_hparams *hp, int64_t *n_ctx,
 /* Builds path's graph into a new context, as every command builds it: a .kg file parsed, a GGUF
  * model's graph built from its hyperparameters with n_ctx and n_batch (kt_model_ctx; argmax
  * output included, as kiln run builds it, so compile fills the cache run reads). A bundle, or
- * --n-ctx/--n-batch given for a .kg file, is refused. Returns -1 when *ctx and *g are built
- * (the caller frees them), else the exit status after printing why to stderr: 1 for an error,
- * 2 for bad usage. */
+ * --n-ctx/--n-batch given for a .kg file, is refused. Returns KT_GO_ON when *ctx and *g are
+ * built (the caller frees them), else the exit status (tools/cmd.h) after printing why to
+ * stderr. */
 int kt_graph_load(const char *cmd, const char *path, int64_t n_ctx, int64_t n_batch, kiln_ctx **ctx,
                   kiln_graph **g);
 
