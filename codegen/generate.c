@@ -18,13 +18,15 @@
 
 #define CG_MAX_SMEM (227u * 1024u)
 
-/* The template module of a node: elementwise, or the family of its op (templates/FAM.lua). */
+/* The template module of a node: the elementwise family's, a fusion's own (topk_moe: moe), or
+ * that of its op's family (templates/NAME.lua, NAME from FE_FAMS). */
 static const char *template_of(const ir_node *n) {
     switch (n->kind) {
-    case IR_EW: return "elementwise";
+    case IR_EW: return fe_fams[FE_FAM_EW].name;
     case IR_OP:
         if (n->fused == IR_FUSED_TOPK_MOE) return "moe";
-        return (unsigned)n->op < FE_OP_COUNT && fe_ops[n->op].kind == FE_KERNEL ? fe_ops[n->op].fam : NULL;
+        if ((unsigned)n->op >= FE_OP_COUNT || fe_ops[n->op].kind != FE_KERNEL) return NULL;
+        return fe_fams[fe_ops[n->op].fam].name;
     }
     return NULL;
 }
@@ -568,15 +570,10 @@ static void read_gemm(lua_State *L, int t, const gen_ctx *g, size_t scratch, cg_
     k->source = copy_string(L, src, strlen(src));
 }
 
-/* The op families whose templates apply an IR_OP node's elementwise epilogue (k.epilogue).
- * A fusion pass may attach epilogues only to these; codegen refuses the others up front, since a
- * template that does not know its node has extra operands cannot be trusted to fail cleanly. */
-static const char *const epilogue_families[] = {"norm", "matmul", "matmul_id", NULL};
-
-static bool applies_epilogues(const char *fam) {
-    for (int i = 0; epilogue_families[i]; i++)
-        if (strcmp(epilogue_families[i], fam) == 0) return true;
-    return false;
+/* Whether the template of IR_OP node n applies its elementwise epilogue (k.epilogue): the
+ * epilogue column of FE_FAMS. The fused topk_moe template (moe.lua) does not. */
+static bool applies_epilogues(const ir_node *n) {
+    return n->fused != IR_FUSED_TOPK_MOE && fe_fams[fe_ops[n->op].fam].epilogue;
 }
 
 /* "n_kv" or "n_kv, n_tokens": the symbolic dims the node uses, for messages. */
@@ -728,10 +725,10 @@ kiln_status cg_generate_steps(cg_lua *C, const ir_prog *p, int node, cg_kernel *
     if (n->kind == IR_EW && (n->ninstr < 1 || n->ninstr > IR_MAX_INSTR))
         return kb_error(KILN_ERR_INVALID, "codegen: node %d: %d instructions", node, n->ninstr);
 
-    if (n->kind == IR_OP && (n->ninstr > 0 || n->paired) && !applies_epilogues(tpl))
+    if (n->kind == IR_OP && (n->ninstr > 0 || n->paired) && !applies_epilogues(n))
         return kb_error(KILN_ERR_CODEGEN,
                         "codegen: node %d (%s): template %s.lua does not apply the elementwise epilogue a fusion "
-                        "attached (families that do: see epilogue_families in codegen/generate.c)",
+                        "attached (families that do: the epilogue column of FE_FAMS in frontend/frontend.h)",
                         node, fe_ops[n->op].name, tpl);
     gen_ctx g = {.p = p, .n = n, .tpl = tpl, .node = node};
     kiln_status st = check_ref(p, &n->dst, node, "dst");

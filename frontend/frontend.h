@@ -20,6 +20,47 @@ typedef enum {
     FE_KERNEL, /* anything else: one IR_OP node instantiated from the template of its family */
 } fe_kind;
 
+/* The op families: the ops one kernel template serves. This is the one table of families; each
+ * row of FE_OPS names its family by enum, and every layer dispatches on that enum: the frontend
+ * for the file of shape rules, ir/eval.c for the CPU reference (an array of its own indexed by
+ * fe_fam, since ir/ sits above frontend/), codegen for the template and its epilogue. Columns:
+ *  - enum id (FE_FAM_<id>);
+ *  - name: the template module (templates/NAME.lua), which is also the stem of the op's shape
+ *    rules (frontend/infer_NAME.c) and CPU reference (ir/ref_NAME.c). Two exceptions: the
+ *    elementwise ops' reference is ir_apply (ir/eval.c) and their CUDA a line of
+ *    templates/ops.lua; matmul_id's shape rule and reference share matmul's files;
+ *  - epilogue: the template applies an IR_OP node's elementwise epilogue (k.epilogue,
+ *    docs/templates.md). A fusion pass may attach epilogues only to ops of these families;
+ *    codegen refuses the others up front, since a template that does not know its node has
+ *    extra operands cannot be trusted to fail cleanly. */
+#define FE_FAMS(X)                                                                                 \
+    X(NONE, "", false) /* leaves and views: no kernel of their own */                              \
+    X(EW, "elementwise", false)                                                                    \
+    X(ROWS, "rows", false)                                                                         \
+    X(NORM, "norm", true)                                                                          \
+    X(SOFTMAX, "softmax", false)                                                                   \
+    X(ROPE, "rope", false)                                                                         \
+    X(REDUCE, "reduce", false)                                                                     \
+    X(SORT, "sort", false)                                                                         \
+    X(FILL, "fill", false)                                                                         \
+    X(MATMUL, "matmul", true)                                                                      \
+    X(MATMUL_ID, "matmul_id", true)                                                                \
+    X(ATTN, "attn", false)
+
+typedef enum {
+#define FE_X(id, name, epilogue) FE_FAM_##id,
+    FE_FAMS(FE_X)
+#undef FE_X
+    FE_FAM_COUNT
+} fe_fam;
+
+typedef struct {
+    const char *name;
+    bool        epilogue;
+} fe_fam_info;
+
+extern const fe_fam_info fe_fams[FE_FAM_COUNT];
+
 /* The one table of ops. Columns:
  *  - enum id, name in .kg and on the command line, kind;
  *  - nsrc: tensor operands (optional ones included);
@@ -29,93 +70,94 @@ typedef enum {
  *    `=value` gives a default. Builders store tensor parameters in src[], float ones in fp[]
  *    and the int-like ones (i b y e I4) in ip[], each in signature order, so the printer and
  *    the lowering can read them generically;
- *  - fam: FE_KERNEL ops: the family, naming both the template (templates/FAM.lua) and the CPU
- *    reference (ir/ref_FAM.c); "ew" for elementwise kinds, "" for leaves and views;
+ *  - fam: the family (FE_FAMS below): FE_FAM_NONE for leaves and views, FE_FAM_EW for the
+ *    elementwise kinds, a family of its own for each FE_KERNEL op (frontend/tensor.c checks
+ *    this at compile time);
  *  - types: the element types the op accepts for its first operand (kiln ops prints them);
  *  - tol: NMSE tolerance of GPU-vs-reference tests (ggml's test-backend-ops default: 1e-7). */
 #define FE_F "f32 f16 bf16"
 #define FE_ALL "f32 f16 bf16 i32 i64"
 #define FE_OPS(X)                                                                                  \
-    X(LEAF, "leaf", FE_LEAF, 0, "", "", FE_ALL, 0)                                                 \
-    X(RESHAPE, "reshape", FE_VIEW, 1, "a:t ne:L", "", FE_ALL, 0)                                   \
-    X(VIEW, "view", FE_VIEW, 1, "a:t ne:L nb:L offset:i", "", FE_ALL, 0)                           \
-    X(PERMUTE, "permute", FE_VIEW, 1, "a:t ax0:i ax1:i ax2:i ax3:i", "", FE_ALL, 0)                \
-    X(TRANSPOSE, "transpose", FE_VIEW, 1, "a:t", "", FE_ALL, 0)                                    \
-    X(CONT, "cont", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                          \
-    X(ADD, "add", FE_BINARY, 2, "a:t b:t", "ew", FE_F, 1e-7)                                       \
-    X(SUB, "sub", FE_BINARY, 2, "a:t b:t", "ew", FE_F, 1e-7)                                       \
-    X(MUL, "mul", FE_BINARY, 2, "a:t b:t", "ew", FE_F, 1e-7)                                       \
-    X(DIV, "div", FE_BINARY, 2, "a:t b:t", "ew", FE_F, 1e-7)                                       \
-    X(ADD1, "add1", FE_BINARY, 2, "a:t b:t", "ew", FE_F, 1e-7)                                     \
-    X(SCALE, "scale", FE_UNARY, 1, "a:t s:f b:f=0", "ew", FE_F, 1e-7)                              \
-    X(NEG, "neg", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
-    X(EXP, "exp", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
-    X(SQR, "sqr", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
-    X(SQRT, "sqrt", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                          \
-    X(SILU, "silu", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                          \
-    X(GELU, "gelu", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                          \
-    X(RELU, "relu", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                          \
-    X(TANH, "tanh", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                          \
-    X(SIGMOID, "sigmoid", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                    \
-    X(ABS, "abs", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
-    X(SGN, "sgn", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
-    X(STEP, "step", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                          \
-    X(ELU, "elu", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
-    X(LEAKY_RELU, "leaky_relu", FE_UNARY, 1, "a:t negative_slope:f", "ew", FE_F, 1e-7)             \
-    X(GELU_ERF, "gelu_erf", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                  \
-    X(GELU_QUICK, "gelu_quick", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                              \
-    X(HARDSWISH, "hardswish", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                \
-    X(HARDSIGMOID, "hardsigmoid", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                            \
-    X(LOG, "log", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
-    X(SIN, "sin", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
-    X(COS, "cos", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                            \
-    X(SOFTPLUS, "softplus", FE_UNARY, 1, "a:t", "ew", FE_F, 1e-7)                                  \
-    X(CLAMP, "clamp", FE_UNARY, 1, "a:t min:f max:f", "ew", FE_F, 1e-7)                            \
-    X(REGLU, "reglu", FE_GLU, 2, "a:t b:t? swapped:b=false", "ew", FE_F, 1e-7)                     \
-    X(GEGLU, "geglu", FE_GLU, 2, "a:t b:t? swapped:b=false", "ew", FE_F, 1e-7)                     \
-    X(SWIGLU, "swiglu", FE_GLU, 2, "a:t b:t? swapped:b=false", "ew", FE_F, 1e-7)                   \
+    X(LEAF, "leaf", FE_LEAF, 0, "", FE_FAM_NONE, FE_ALL, 0)                                        \
+    X(RESHAPE, "reshape", FE_VIEW, 1, "a:t ne:L", FE_FAM_NONE, FE_ALL, 0)                          \
+    X(VIEW, "view", FE_VIEW, 1, "a:t ne:L nb:L offset:i", FE_FAM_NONE, FE_ALL, 0)                  \
+    X(PERMUTE, "permute", FE_VIEW, 1, "a:t ax0:i ax1:i ax2:i ax3:i", FE_FAM_NONE, FE_ALL, 0)       \
+    X(TRANSPOSE, "transpose", FE_VIEW, 1, "a:t", FE_FAM_NONE, FE_ALL, 0)                           \
+    X(CONT, "cont", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                     \
+    X(ADD, "add", FE_BINARY, 2, "a:t b:t", FE_FAM_EW, FE_F, 1e-7)                                  \
+    X(SUB, "sub", FE_BINARY, 2, "a:t b:t", FE_FAM_EW, FE_F, 1e-7)                                  \
+    X(MUL, "mul", FE_BINARY, 2, "a:t b:t", FE_FAM_EW, FE_F, 1e-7)                                  \
+    X(DIV, "div", FE_BINARY, 2, "a:t b:t", FE_FAM_EW, FE_F, 1e-7)                                  \
+    X(ADD1, "add1", FE_BINARY, 2, "a:t b:t", FE_FAM_EW, FE_F, 1e-7)                                \
+    X(SCALE, "scale", FE_UNARY, 1, "a:t s:f b:f=0", FE_FAM_EW, FE_F, 1e-7)                         \
+    X(NEG, "neg", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                       \
+    X(EXP, "exp", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                       \
+    X(SQR, "sqr", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                       \
+    X(SQRT, "sqrt", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                     \
+    X(SILU, "silu", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                     \
+    X(GELU, "gelu", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                     \
+    X(RELU, "relu", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                     \
+    X(TANH, "tanh", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                     \
+    X(SIGMOID, "sigmoid", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                               \
+    X(ABS, "abs", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                       \
+    X(SGN, "sgn", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                       \
+    X(STEP, "step", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                     \
+    X(ELU, "elu", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                       \
+    X(LEAKY_RELU, "leaky_relu", FE_UNARY, 1, "a:t negative_slope:f", FE_FAM_EW, FE_F, 1e-7)        \
+    X(GELU_ERF, "gelu_erf", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                             \
+    X(GELU_QUICK, "gelu_quick", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                         \
+    X(HARDSWISH, "hardswish", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                           \
+    X(HARDSIGMOID, "hardsigmoid", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                       \
+    X(LOG, "log", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                       \
+    X(SIN, "sin", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                       \
+    X(COS, "cos", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                       \
+    X(SOFTPLUS, "softplus", FE_UNARY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                             \
+    X(CLAMP, "clamp", FE_UNARY, 1, "a:t min:f max:f", FE_FAM_EW, FE_F, 1e-7)                       \
+    X(REGLU, "reglu", FE_GLU, 2, "a:t b:t? swapped:b=false", FE_FAM_EW, FE_F, 1e-7)                \
+    X(GEGLU, "geglu", FE_GLU, 2, "a:t b:t? swapped:b=false", FE_FAM_EW, FE_F, 1e-7)                \
+    X(SWIGLU, "swiglu", FE_GLU, 2, "a:t b:t? swapped:b=false", FE_FAM_EW, FE_F, 1e-7)              \
     X(SWIGLU_OAI, "swiglu_oai", FE_GLU, 2, "a:t b:t? swapped:b=false alpha:f=1.702 limit:f=7",     \
-      "ew", FE_F, 1e-7)                                                                            \
-    X(GEGLU_ERF, "geglu_erf", FE_GLU, 2, "a:t b:t? swapped:b=false", "ew", FE_F, 1e-7)             \
-    X(GEGLU_QUICK, "geglu_quick", FE_GLU, 2, "a:t b:t? swapped:b=false", "ew", FE_F, 1e-7)         \
-    X(CPY, "cpy", FE_COPY, 2, "a:t b:t", "ew", FE_F, 1e-7)                                         \
-    X(DUP, "dup", FE_COPY, 1, "a:t", "ew", FE_F, 1e-7)                                             \
-    X(CAST, "cast", FE_COPY, 1, "a:t type:y", "ew", FE_F, 1e-7)                                    \
-    X(REPEAT, "repeat", FE_COPY, 2, "a:t b:t", "ew", FE_F, 1e-7)                                   \
-    X(GET_ROWS, "get_rows", FE_KERNEL, 2, "a:t ids:t", "rows", FE_F, 1e-7)                         \
-    X(SET_ROWS, "set_rows", FE_KERNEL, 3, "a:t b:t ids:t", "rows", FE_F, 1e-7)                     \
-    X(CONCAT, "concat", FE_KERNEL, 2, "a:t b:t dim:i", "rows", FE_F, 1e-7)                         \
+      FE_FAM_EW, FE_F, 1e-7)                                                                       \
+    X(GEGLU_ERF, "geglu_erf", FE_GLU, 2, "a:t b:t? swapped:b=false", FE_FAM_EW, FE_F, 1e-7)        \
+    X(GEGLU_QUICK, "geglu_quick", FE_GLU, 2, "a:t b:t? swapped:b=false", FE_FAM_EW, FE_F, 1e-7)    \
+    X(CPY, "cpy", FE_COPY, 2, "a:t b:t", FE_FAM_EW, FE_F, 1e-7)                                    \
+    X(DUP, "dup", FE_COPY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                        \
+    X(CAST, "cast", FE_COPY, 1, "a:t type:y", FE_FAM_EW, FE_F, 1e-7)                               \
+    X(REPEAT, "repeat", FE_COPY, 2, "a:t b:t", FE_FAM_EW, FE_F, 1e-7)                              \
+    X(GET_ROWS, "get_rows", FE_KERNEL, 2, "a:t ids:t", FE_FAM_ROWS, FE_F, 1e-7)                    \
+    X(SET_ROWS, "set_rows", FE_KERNEL, 3, "a:t b:t ids:t", FE_FAM_ROWS, FE_F, 1e-7)                \
+    X(CONCAT, "concat", FE_KERNEL, 2, "a:t b:t dim:i", FE_FAM_ROWS, FE_F, 1e-7)                    \
     X(PAD, "pad", FE_KERNEL, 1, "a:t lp0:i=0 rp0:i=0 lp1:i=0 rp1:i=0 lp2:i=0 rp2:i=0 lp3:i=0 rp3:i=0", \
-      "rows", FE_F, 1e-7)                                                                          \
-    X(ADD_ID, "add_id", FE_KERNEL, 3, "a:t b:t ids:t", "rows", "f32", 1e-7)                        \
-    X(NORM, "norm", FE_KERNEL, 1, "a:t eps:f", "norm", FE_F, 1e-7)                                 \
-    X(RMS_NORM, "rms_norm", FE_KERNEL, 1, "a:t eps:f", "norm", FE_F, 1e-7)                         \
-    X(L2_NORM, "l2_norm", FE_KERNEL, 1, "a:t eps:f", "norm", FE_F, 1e-7)                           \
-    X(GROUP_NORM, "group_norm", FE_KERNEL, 1, "a:t n_groups:i eps:f", "norm", FE_F, 1e-7)          \
-    X(SOFT_MAX, "soft_max", FE_KERNEL, 1, "a:t", "softmax", FE_F, 1e-6)                            \
+      FE_FAM_ROWS, FE_F, 1e-7)                                                                     \
+    X(ADD_ID, "add_id", FE_KERNEL, 3, "a:t b:t ids:t", FE_FAM_ROWS, "f32", 1e-7)                   \
+    X(NORM, "norm", FE_KERNEL, 1, "a:t eps:f", FE_FAM_NORM, FE_F, 1e-7)                        \
+    X(RMS_NORM, "rms_norm", FE_KERNEL, 1, "a:t eps:f", FE_FAM_NORM, FE_F, 1e-7)                    \
+    X(L2_NORM, "l2_norm", FE_KERNEL, 1, "a:t eps:f", FE_FAM_NORM, FE_F, 1e-7)                      \
+    X(GROUP_NORM, "group_norm", FE_KERNEL, 1, "a:t n_groups:i eps:f", FE_FAM_NORM, FE_F, 1e-7)     \
+    X(SOFT_MAX, "soft_max", FE_KERNEL, 1, "a:t", FE_FAM_SOFTMAX, FE_F, 1e-6)                       \
     X(SOFT_MAX_EXT, "soft_max_ext", FE_KERNEL, 3, "a:t mask:t? scale:f=1 max_bias:f=0 sinks:t?",   \
-      "softmax", FE_F, 1e-6)                                                                       \
-    X(ROPE_EXT, "rope_ext", FE_KERNEL, 3,                                                                  \
+      FE_FAM_SOFTMAX, FE_F, 1e-6)                                                                  \
+    X(ROPE_EXT, "rope_ext", FE_KERNEL, 3,                                                          \
       "a:t pos:t freq_factors:t? n_dims:i mode:i=0 n_ctx_orig:i=0 sections:I4=[0,0,0,0] "          \
       "freq_base:f=10000 freq_scale:f=1 ext_factor:f=0 attn_factor:f=1 beta_fast:f=32 "            \
       "beta_slow:f=1",                                                                             \
-      "rope", FE_F, 1e-7)                                                                          \
-    X(SUM, "sum", FE_KERNEL, 1, "a:t", "reduce", FE_F, 1e-7)                                       \
-    X(SUM_ROWS, "sum_rows", FE_KERNEL, 1, "a:t", "reduce", FE_F, 1e-7)                             \
-    X(MEAN, "mean", FE_KERNEL, 1, "a:t", "reduce", FE_F, 1e-7)                                     \
-    X(ARGMAX, "argmax", FE_KERNEL, 1, "a:t", "reduce", FE_F, 0)                                    \
-    X(CUMSUM, "cumsum", FE_KERNEL, 1, "a:t", "reduce", "f32", 1e-7)                                \
-    X(ARGSORT, "argsort", FE_KERNEL, 1, "a:t order:e(asc|desc)=asc", "sort", FE_F, 0)              \
-    X(ARGSORT_TOP_K, "argsort_top_k", FE_KERNEL, 1, "a:t k:i", "sort", FE_F, 0)                    \
-    X(TOP_K, "top_k", FE_KERNEL, 1, "a:t k:i", "sort", FE_F, 0)                                    \
-    X(ARANGE, "arange", FE_KERNEL, 0, "start:f stop:f step:f", "fill", "f32", 0)                   \
-    X(FILL, "fill", FE_KERNEL, 1, "a:t c:f", "fill", FE_F, 0)                                      \
-    X(DIAG_MASK_INF, "diag_mask_inf", FE_KERNEL, 1, "a:t n_past:i", "fill", FE_F, 0)               \
-    X(TRI, "tri", FE_KERNEL, 1, "a:t type:e(upper_diag|upper|lower_diag|lower)", "fill", FE_F, 0) \
-    X(MUL_MAT, "mul_mat", FE_KERNEL, 2, "a:t b:t", "matmul", FE_F, 5e-4)                           \
-    X(MUL_MAT_ID, "mul_mat_id", FE_KERNEL, 3, "as:t b:t ids:t", "matmul_id", FE_F, 5e-4)           \
+      FE_FAM_ROPE, FE_F, 1e-7)                                                                     \
+    X(SUM, "sum", FE_KERNEL, 1, "a:t", FE_FAM_REDUCE, FE_F, 1e-7)                                  \
+    X(SUM_ROWS, "sum_rows", FE_KERNEL, 1, "a:t", FE_FAM_REDUCE, FE_F, 1e-7)                        \
+    X(MEAN, "mean", FE_KERNEL, 1, "a:t", FE_FAM_REDUCE, FE_F, 1e-7)                                \
+    X(ARGMAX, "argmax", FE_KERNEL, 1, "a:t", FE_FAM_REDUCE, FE_F, 0)                               \
+    X(CUMSUM, "cumsum", FE_KERNEL, 1, "a:t", FE_FAM_REDUCE, "f32", 1e-7)                           \
+    X(ARGSORT, "argsort", FE_KERNEL, 1, "a:t order:e(asc|desc)=asc", FE_FAM_SORT, FE_F, 0)         \
+    X(ARGSORT_TOP_K, "argsort_top_k", FE_KERNEL, 1, "a:t k:i", FE_FAM_SORT, FE_F, 0)               \
+    X(TOP_K, "top_k", FE_KERNEL, 1, "a:t k:i", FE_FAM_SORT, FE_F, 0)                               \
+    X(ARANGE, "arange", FE_KERNEL, 0, "start:f stop:f step:f", FE_FAM_FILL, "f32", 0)              \
+    X(FILL, "fill", FE_KERNEL, 1, "a:t c:f", FE_FAM_FILL, FE_F, 0)                             \
+    X(DIAG_MASK_INF, "diag_mask_inf", FE_KERNEL, 1, "a:t n_past:i", FE_FAM_FILL, FE_F, 0)          \
+    X(TRI, "tri", FE_KERNEL, 1, "a:t type:e(upper_diag|upper|lower_diag|lower)", FE_FAM_FILL, FE_F, 0) \
+    X(MUL_MAT, "mul_mat", FE_KERNEL, 2, "a:t b:t", FE_FAM_MATMUL, FE_F, 5e-4)                      \
+    X(MUL_MAT_ID, "mul_mat_id", FE_KERNEL, 3, "as:t b:t ids:t", FE_FAM_MATMUL_ID, FE_F, 5e-4)      \
     X(FLASH_ATTN_EXT, "flash_attn_ext", FE_KERNEL, 5,                                              \
-      "q:t k:t v:t mask:t? scale:f=1 max_bias:f=0 logit_softcap:f=0 sinks:t?", "attn", "f32", 5e-4)
+      "q:t k:t v:t mask:t? scale:f=1 max_bias:f=0 logit_softcap:f=0 sinks:t?", FE_FAM_ATTN, "f32", 5e-4)
 
 typedef enum {
 #define FE_X(id, name, kind, nsrc, sig, fam, types, tol) FE_OP_##id,
@@ -129,7 +171,7 @@ typedef struct {
     fe_kind     kind;
     int         nsrc;
     const char *sig;
-    const char *fam;
+    fe_fam      fam;
     const char *types;
     double      nmse_tol;
 } fe_op_info;
@@ -184,11 +226,13 @@ void fe_op_usage(fe_op op, char *out, size_t n);
  * same path). Returns NULL with the error recorded in ctx. */
 kiln_tensor *fe_build(kiln_ctx *ctx, fe_op op, const fe_args *a);
 
-/* The shape and type rules of the FE_GLU, FE_COPY and FE_KERNEL ops, one per op, in the
- * frontend/ops_*.c file of its family. Each checks a (recording an error with fe_failf and
- * returning false on bad input) and sets the result's type, shape and n_dims (dims worth
- * printing). fe_build then creates the node and stores a's parameters in it. */
+/* The shape and type rules of the FE_GLU, FE_COPY and FE_KERNEL ops, one per op, named
+ * fe_infer_<ID> (frontend/infer.h) and kept in frontend/infer_<family name>.c. Each checks a
+ * (recording an error with fe_failf and returning false on bad input) and sets the result's
+ * type, shape and n_dims (dims worth printing). fe_build then creates the node and stores a's
+ * parameters in it. */
 typedef bool (*fe_infer_fn)(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims);
+/* op's rule; NULL for the kinds that have none (leaves, views, unary and binary ops). */
 fe_infer_fn fe_infer_of(fe_op op);
 
 struct kiln_tensor {

@@ -1,6 +1,6 @@
 /* The shape and type rules of the ops that fe_build infers (FE_GLU, FE_COPY, FE_KERNEL), one
- * function per op, in frontend/infer_FAMILY.c (FAMILY as in the fam column of FE_OPS, "ew" for
- * the elementwise kinds). See fe_infer_fn in frontend.h for the contract. */
+ * function per op, in frontend/infer_NAME.c (NAME the name of the op's family in FE_FAMS). See
+ * fe_infer_fn in frontend.h for the contract. */
 #ifndef KILN_FRONTEND_INFER_H
 #define KILN_FRONTEND_INFER_H
 
@@ -10,6 +10,17 @@
     bool fe_infer_##id(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims);
 FE_OPS(FE_INFER_DECL)
 #undef FE_INFER_DECL
+
+/* FE_INFER_RULE(kind, id): the rule of op id, of that kind, for a table built from FE_OPS (the
+ * kinds that have one name fe_infer_<ID>, so a missing rule is a link error, not a NULL). */
+#define FE_INFER_RULE(kind, id) FE_INFER_RULE_##kind(id)
+#define FE_INFER_RULE_FE_LEAF(id) NULL
+#define FE_INFER_RULE_FE_VIEW(id) NULL
+#define FE_INFER_RULE_FE_UNARY(id) NULL
+#define FE_INFER_RULE_FE_BINARY(id) NULL
+#define FE_INFER_RULE_FE_GLU(id) fe_infer_##id
+#define FE_INFER_RULE_FE_COPY(id) fe_infer_##id
+#define FE_INFER_RULE_FE_KERNEL(id) fe_infer_##id
 
 /* Shared by the rules: "f32[4096, 8]" for messages. */
 const char *fe_shape_str(const kiln_tensor *t, char *buf, size_t len);

@@ -6,48 +6,14 @@
 
 #include <string.h>
 
-fe_infer_fn fe_infer_of(fe_op op) {
-    switch (op) {
-    case FE_OP_REGLU: return fe_infer_REGLU;
-    case FE_OP_GEGLU: return fe_infer_GEGLU;
-    case FE_OP_SWIGLU: return fe_infer_SWIGLU;
-    case FE_OP_GEGLU_ERF: return fe_infer_GEGLU_ERF;
-    case FE_OP_GEGLU_QUICK: return fe_infer_GEGLU_QUICK;
-    case FE_OP_CPY: return fe_infer_CPY;
-    case FE_OP_DUP: return fe_infer_DUP;
-    case FE_OP_CAST: return fe_infer_CAST;
-    case FE_OP_REPEAT: return fe_infer_REPEAT;
-    case FE_OP_SWIGLU_OAI: return fe_infer_SWIGLU_OAI;
-    case FE_OP_GET_ROWS: return fe_infer_GET_ROWS;
-    case FE_OP_SET_ROWS: return fe_infer_SET_ROWS;
-    case FE_OP_CONCAT: return fe_infer_CONCAT;
-    case FE_OP_ADD_ID: return fe_infer_ADD_ID;
-    case FE_OP_PAD: return fe_infer_PAD;
-    case FE_OP_NORM: return fe_infer_NORM;
-    case FE_OP_RMS_NORM: return fe_infer_RMS_NORM;
-    case FE_OP_L2_NORM: return fe_infer_L2_NORM;
-    case FE_OP_GROUP_NORM: return fe_infer_GROUP_NORM;
-    case FE_OP_SOFT_MAX: return fe_infer_SOFT_MAX;
-    case FE_OP_SOFT_MAX_EXT: return fe_infer_SOFT_MAX_EXT;
-    case FE_OP_SUM: return fe_infer_SUM;
-    case FE_OP_SUM_ROWS: return fe_infer_SUM_ROWS;
-    case FE_OP_MEAN: return fe_infer_MEAN;
-    case FE_OP_ARGMAX: return fe_infer_ARGMAX;
-    case FE_OP_CUMSUM: return fe_infer_CUMSUM;
-    case FE_OP_ARGSORT: return fe_infer_ARGSORT;
-    case FE_OP_ARGSORT_TOP_K: return fe_infer_ARGSORT_TOP_K;
-    case FE_OP_TOP_K: return fe_infer_TOP_K;
-    case FE_OP_ARANGE: return fe_infer_ARANGE;
-    case FE_OP_FILL: return fe_infer_FILL;
-    case FE_OP_DIAG_MASK_INF: return fe_infer_DIAG_MASK_INF;
-    case FE_OP_TRI: return fe_infer_TRI;
-    case FE_OP_ROPE_EXT: return fe_infer_ROPE_EXT;
-    case FE_OP_MUL_MAT: return fe_infer_MUL_MAT;
-    case FE_OP_MUL_MAT_ID: return fe_infer_MUL_MAT_ID;
-    case FE_OP_FLASH_ATTN_EXT: return fe_infer_FLASH_ATTN_EXT;
-    default: return NULL;
-    }
-}
+/* Every op's shape rule, from its row of FE_OPS: adding an op adds its rule here by itself. */
+static const fe_infer_fn infer_fns[FE_OP_COUNT] = {
+#define FE_X(id, name, kind, nsrc, sig, fam, types, tol) [FE_OP_##id] = FE_INFER_RULE(kind, id),
+    FE_OPS(FE_X)
+#undef FE_X
+};
+
+fe_infer_fn fe_infer_of(fe_op op) { return (unsigned)op < FE_OP_COUNT ? infer_fns[op] : NULL; }
 
 static kiln_tensor *build(kiln_ctx *ctx, fe_op op, fe_args *a) {
     if (!ctx || ctx->err) return NULL;

@@ -9,11 +9,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+const fe_fam_info fe_fams[FE_FAM_COUNT] = {
+#define FE_X(id, name, epilogue) {name, epilogue},
+    FE_FAMS(FE_X)
+#undef FE_X
+};
+
 const fe_op_info fe_ops[FE_OP_COUNT] = {
 #define FE_X(id, name, kind, nsrc, sig, fam, types, tol) {name, kind, nsrc, sig, fam, types, tol},
     FE_OPS(FE_X)
 #undef FE_X
 };
+
+/* Each op's family fits its kind: lowering makes an IR_EW node of every elementwise kind and an
+ * IR_OP node, instantiated from its family's template, of every FE_KERNEL op. */
+#define FE_FAM_FITS(kind, fam)                                                                     \
+    ((kind) == FE_LEAF || (kind) == FE_VIEW ? (fam) == FE_FAM_NONE                                 \
+     : (kind) == FE_KERNEL                  ? (fam) != FE_FAM_NONE && (fam) != FE_FAM_EW           \
+                                            : (fam) == FE_FAM_EW)
+#define FE_X(id, name, kind, nsrc, sig, fam, types, tol)                                           \
+    _Static_assert(FE_FAM_FITS(kind, fam), "FE_OPS: the family of " name " does not fit its kind");
+FE_OPS(FE_X)
+#undef FE_X
+#undef FE_FAM_FITS
 
 int fe_op_from_name(const char *name, fe_op *out) {
     for (int i = 0; i < FE_OP_COUNT; i++) {

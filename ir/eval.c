@@ -73,14 +73,18 @@ const ir_ref *ir_operand(const ir_node *n, int slot) {
     return &n->in[n->opd[slot]];
 }
 
-static const struct {
-    const char *fam;
-    ir_ref_fn   fn;
-} ref_fns[] = {
-    {"rows", ir_ref_rows},     {"norm", ir_ref_norm}, {"softmax", ir_ref_softmax}, {"rope", ir_ref_rope},
-    {"reduce", ir_ref_reduce}, {"sort", ir_ref_sort}, {"fill", ir_ref_fill},
-    {"matmul", ir_ref_matmul}, {"matmul_id", ir_ref_matmul}, {"attn", ir_ref_attn},
+/* The reference of each op family (FE_FAMS, frontend.h), indexed by its enum: the table is ir's
+ * own because the functions are, and ir/ may not be reached from frontend/. Leaves and views
+ * are no nodes, and elementwise ops are IR_EW nodes (ir_apply): those families have none. */
+static const ir_ref_fn ref_fns[] = {
+    [FE_FAM_NONE] = NULL,           [FE_FAM_EW] = NULL,                 [FE_FAM_ROWS] = ir_ref_rows,
+    [FE_FAM_NORM] = ir_ref_norm,    [FE_FAM_SOFTMAX] = ir_ref_softmax,  [FE_FAM_ROPE] = ir_ref_rope,
+    [FE_FAM_REDUCE] = ir_ref_reduce, [FE_FAM_SORT] = ir_ref_sort,       [FE_FAM_FILL] = ir_ref_fill,
+    [FE_FAM_MATMUL] = ir_ref_matmul, [FE_FAM_MATMUL_ID] = ir_ref_matmul, [FE_FAM_ATTN] = ir_ref_attn,
 };
+_Static_assert(sizeof ref_fns / sizeof ref_fns[0] == FE_FAM_COUNT, "ref_fns: one entry per row of FE_FAMS");
+
+ir_ref_fn ir_ref_of(fe_fam fam) { return (unsigned)fam < FE_FAM_COUNT ? ref_fns[fam] : NULL; }
 
 /* n's instructions over reg, instruction k's result going to register first + k (IR_EW:
  * first = nin; an IR_OP epilogue: nin + 1, after the op's value). Returns the last result. */
@@ -94,8 +98,8 @@ static float run_instrs(const ir_node *n, float *reg, int first) {
 }
 
 static kiln_status eval_ref(const ir_prog *p, int i, const ir_node *n, void **data) {
-    for (size_t k = 0; k < sizeof ref_fns / sizeof ref_fns[0]; k++)
-        if (strcmp(ref_fns[k].fam, fe_ops[n->op].fam) == 0) return ref_fns[k].fn(p, n, data);
+    ir_ref_fn fn = ir_ref_of(fe_ops[n->op].fam);
+    if (fn) return fn(p, n, data);
     return kb_error(KILN_ERR_INVALID, "reference: node %d: no reference for op %s", i, fe_ops[n->op].name);
 }
 

@@ -92,7 +92,7 @@ typedef struct {
 
 /* IR_EW: an elementwise kernel (instructions over operands read at the output coordinate).
  * IR_OP: one graph op of kind FE_KERNEL, instantiated from the template of its family
- * (fe_ops[op].fam) and evaluated by the reference function of that family (ir/ref_FAM.c). */
+ * (fe_fams[fe_ops[op].fam].name) and evaluated by the reference of that family (ir_ref_of). */
 typedef enum { IR_EW, IR_OP } ir_kind;
 
 typedef struct {
@@ -197,10 +197,14 @@ kiln_status ir_eval(const ir_prog *p, void **data);
 /* Scalar semantics of one elementwise op in f32 (also the reference of the generated code). */
 float ir_apply(const ir_instr *in, float a, float b);
 
-/* The CPU reference of IR_OP nodes, one function per family (ir/ref_FAM.c), dispatched on
- * fe_ops[n->op].fam. Each reads n's operands from data[n->in[k].buf] through their layouts and
- * writes n->dst; it may assume the node passed ir_verify and the frontend's shape rules. */
+/* The CPU reference of IR_OP nodes, one function per op family (ir/ref_<family name>.c),
+ * dispatched on fe_ops[n->op].fam. Each reads n's operands from data[n->in[k].buf] through their
+ * layouts and writes n->dst; it may assume the node passed ir_verify and the frontend's shape
+ * rules. */
 typedef kiln_status (*ir_ref_fn)(const ir_prog *p, const ir_node *n, void **data);
+/* The reference of fam's IR_OP nodes (ir/eval.c); NULL for the families that make none (leaves
+ * and views; elementwise ops, which are IR_EW nodes evaluated through ir_apply). */
+ir_ref_fn   ir_ref_of(fe_fam fam);
 kiln_status ir_ref_rows(const ir_prog *p, const ir_node *n, void **data);
 kiln_status ir_ref_norm(const ir_prog *p, const ir_node *n, void **data);
 kiln_status ir_ref_softmax(const ir_prog *p, const ir_node *n, void **data);

@@ -666,6 +666,17 @@ static const cg_template_file *embedded(const char *name) {
     return NULL;
 }
 
+/* Every op family but NONE names an embedded template (FE_FAMS: the name is the module codegen
+ * requires for the family's nodes). */
+START_TEST(families_have_templates) {
+    for (int f = 0; f < FE_FAM_COUNT; f++) {
+        if (f == FE_FAM_NONE) continue;
+        ck_assert_msg(fe_fams[f].name[0], "family %d has no name", f);
+        ck_assert_ptr_nonnull(embedded(fe_fams[f].name)); /* aborts naming it when missing */
+    }
+}
+END_TEST
+
 /* Writes text as dir/name.lua. */
 static void write_tpl(const char *dir, const char *name, const char *text) {
     char path[4096];
@@ -1165,6 +1176,7 @@ static Suite *suite(void) {
     tcase_add_test(gen_tc, float_literals);
     tcase_add_test(gen_tc, invalid_nodes);
     tcase_add_test(gen_tc, template_dir);
+    tcase_add_test(gen_tc, families_have_templates);
     tcase_add_test(gen_tc, template_errors);
     tcase_add_test(gen_tc, template_steps);
     tcase_add_test(gen_tc, node_table);

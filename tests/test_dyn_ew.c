@@ -68,8 +68,8 @@ static const dcase CASES[] = {
 
 static bool mine(const ir_node *n) {
     if (n->kind == IR_EW) return true;
-    const char *f = fe_ops[n->op].fam;
-    return f && (!strcmp(f, "norm") || !strcmp(f, "reduce") || !strcmp(f, "fill"));
+    fe_fam f = fe_ops[n->op].fam;
+    return f == FE_FAM_NORM || f == FE_FAM_REDUCE || f == FE_FAM_FILL;
 }
 
 START_TEST(kernels_compile) {

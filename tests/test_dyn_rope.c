@@ -20,8 +20,8 @@ static char *g_cache;
 
 static bool is_mine(const ir_node *n) {
     if (n->kind != IR_OP) return false;
-    const char *fam = fe_ops[n->op].fam;
-    return n->fused == IR_FUSED_TOPK_MOE || !strcmp(fam, "rope") || !strcmp(fam, "rows") || !strcmp(fam, "sort");
+    fe_fam fam = fe_ops[n->op].fam;
+    return n->fused == IR_FUSED_TOPK_MOE || fam == FE_FAM_ROPE || fam == FE_FAM_ROWS || fam == FE_FAM_SORT;
 }
 
 START_TEST(kernels_compile) {

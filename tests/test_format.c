@@ -326,6 +326,28 @@ START_TEST(signatures_match_table) {
 }
 END_TEST
 
+/* FE_FAMS and the families of FE_OPS: NONE alone has no name, every other family serves some
+ * op, and the shape-rule dispatch gives a rule exactly to the kinds fe_build infers. */
+START_TEST(families_match_table) {
+    for (int f = 0; f < FE_FAM_COUNT; f++) {
+        const char *name = fe_fams[f].name;
+        ck_assert_msg((f == FE_FAM_NONE) == !name[0], "family %d: name '%s'", f, name);
+        for (const char *c = name; *c; c++)
+            ck_assert_msg((*c >= 'a' && *c <= 'z') || *c == '_', "family %s: not a module name", name);
+        int ops = 0;
+        for (int op = 0; op < FE_OP_COUNT; op++) ops += fe_ops[op].fam == (fe_fam)f;
+        ck_assert_msg(ops > 0, "family %d (%s) serves no op", f, name);
+    }
+    for (int op = 0; op < FE_OP_COUNT; op++) {
+        fe_kind k = fe_ops[op].kind;
+        bool    inferred = k == FE_GLU || k == FE_COPY || k == FE_KERNEL;
+        ck_assert_msg((fe_infer_of((fe_op)op) != NULL) == inferred, "op %s: shape rule %s", fe_ops[op].name,
+                      inferred ? "missing" : "unexpected");
+    }
+    ck_assert_ptr_null(fe_infer_of(FE_OP_COUNT));
+}
+END_TEST
+
 /* name=value arguments: any order after the positional ones, defaults filled in, and errors. */
 START_TEST(keyword_arguments) {
     const char *text = "input a: f32[4, 3]\noutput y = scale(a, b=2, s=3)\n";
@@ -611,6 +633,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, print_refuses_unspellable);
     tcase_add_test(tc, every_op_parses);
     tcase_add_test(tc, signatures_match_table);
+    tcase_add_test(tc, families_match_table);
     tcase_add_test(tc, keyword_arguments);
     tcase_add_test(tc, parse_into_nonempty_ctx);
     tcase_add_test(tc, parse_errors);

@@ -524,6 +524,18 @@ START_TEST(reference_by_hand) {
 }
 END_TEST
 
+/* The reference dispatch reads the family of each op: every FE_KERNEL op's family has a
+ * reference; the others (leaves, views, elementwise kinds) make no IR_OP node and have none. */
+START_TEST(references_match_families) {
+    for (int op = 0; op < FE_OP_COUNT; op++)
+        ck_assert_msg((ir_ref_of(fe_ops[op].fam) != NULL) == (fe_ops[op].kind == FE_KERNEL),
+                      "op %s: family %s %s a reference", fe_ops[op].name, fe_fams[fe_ops[op].fam].name,
+                      fe_ops[op].kind == FE_KERNEL ? "lacks" : "has");
+    ck_assert_ptr_eq(ir_ref_of(FE_FAM_MATMUL_ID), ir_ref_matmul);
+    ck_assert_ptr_null(ir_ref_of(FE_FAM_COUNT));
+}
+END_TEST
+
 static float apply1(fe_op op, float x, float f0, float f1) {
     ir_instr in = {.op = op, .f = {f0, f1}, .type = KILN_F32};
     return ir_apply(&in, x, 0.0f);
@@ -600,6 +612,7 @@ int main(void) {
     tcase_add_test(tc, memplan_reuses_and_never_overlaps_live_values);
     tcase_add_test(tc, reference_by_hand);
     tcase_add_test(tc, unary_semantics_by_hand);
+    tcase_add_test(tc, references_match_families);
     tcase_add_test(tc, ir_text_is_deterministic);
     suite_add_tcase(s, tc);
     return ts_main(s);
