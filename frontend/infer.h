@@ -30,5 +30,8 @@ typedef struct {
     char s[FE_MAX_NAME + 112];
 } fe_desc;
 fe_desc fe_describe(const kiln_tensor *t);
+/* The rule of ops whose result copies a's shape and type (norms, masks, tri ...): a (the first
+ * operand) must be a float tensor, else an error naming op and a. */
+bool fe_like_float_a(kiln_ctx *ctx, const char *op, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims);
 
 #endif

@@ -16,22 +16,6 @@
 
 #include <math.h>
 
-/* Results of the family that copy a's shape and type: a must be a float tensor. */
-static bool like_a(kiln_ctx *ctx, const char *op, const fe_args *a, kiln_type *type, int64_t ne[4],
-                   int *n_dims) {
-    const kiln_tensor *x = a->t[0];
-    if (!fe_is_float(x->type)) {
-        char s[96];
-        fe_failf(ctx, KILN_ERR_SHAPE, "%s: operand '%s' is %s; it must be f32, f16 or bf16", op, x->name,
-                 fe_shape_str(x, s, sizeof s));
-        return false;
-    }
-    for (int d = 0; d < 4; d++) ne[d] = x->ne[d];
-    *type = x->type;
-    *n_dims = x->n_dims;
-    return true;
-}
-
 /* The element count of arange as ggml computes it: in f32, then ceilf, then truncated. */
 static bool arange_count(float start, float stop, float step, int64_t *n) {
     const float q = ceilf((stop - start) / step);
@@ -71,7 +55,7 @@ bool fe_infer_ARANGE(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t n
 }
 
 bool fe_infer_FILL(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims) {
-    return like_a(ctx, "fill", a, type, ne, n_dims);
+    return fe_like_float_a(ctx, "fill", a, type, ne, n_dims);
 }
 
 bool fe_infer_DIAG_MASK_INF(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims) {
@@ -79,7 +63,7 @@ bool fe_infer_DIAG_MASK_INF(kiln_ctx *ctx, const fe_args *a, kiln_type *type, in
         fe_failf(ctx, KILN_ERR_INVALID, "diag_mask_inf: n_past is %d; it must be >= 0", (int)a->ip[0]);
         return false;
     }
-    return like_a(ctx, "diag_mask_inf", a, type, ne, n_dims);
+    return fe_like_float_a(ctx, "diag_mask_inf", a, type, ne, n_dims);
 }
 
 bool fe_infer_TRI(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims) {
@@ -89,7 +73,7 @@ bool fe_infer_TRI(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4
                  (int)a->ip[0]);
         return false;
     }
-    if (!like_a(ctx, "tri", a, type, ne, n_dims)) return false;
+    if (!fe_like_float_a(ctx, "tri", a, type, ne, n_dims)) return false;
     if (x->ne[0] != x->ne[1]) {
         char s[96];
         fe_failf(ctx, KILN_ERR_SHAPE, "tri: '%s' (%s) must be square in its first two dims (ne0 == ne1)",

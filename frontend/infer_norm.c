@@ -10,22 +10,6 @@
 
 #include <math.h>
 
-/* a must be a float tensor; the result is a copy of its shape and type. */
-static bool same_as_a(kiln_ctx *ctx, const char *op, const fe_args *a, kiln_type *type, int64_t ne[4],
-                      int *n_dims) {
-    const kiln_tensor *x = a->t[0];
-    if (!fe_is_float(x->type)) {
-        char s[96];
-        fe_failf(ctx, KILN_ERR_SHAPE, "%s: operand '%s' is %s; it must be f32, f16 or bf16", op, x->name,
-                 fe_shape_str(x, s, sizeof s));
-        return false;
-    }
-    for (int d = 0; d < 4; d++) ne[d] = x->ne[d];
-    *type = x->type;
-    *n_dims = x->n_dims;
-    return true;
-}
-
 /* ggml asserts eps >= 0 in the CPU kernels of these three; NaN fails that assert too. */
 static bool row_norm(kiln_ctx *ctx, const char *op, const fe_args *a, kiln_type *type, int64_t ne[4],
                      int *n_dims) {
@@ -34,7 +18,7 @@ static bool row_norm(kiln_ctx *ctx, const char *op, const fe_args *a, kiln_type 
         fe_failf(ctx, KILN_ERR_INVALID, "%s: eps is %g; it must be >= 0", op, (double)eps);
         return false;
     }
-    return same_as_a(ctx, op, a, type, ne, n_dims);
+    return fe_like_float_a(ctx, op, a, type, ne, n_dims);
 }
 
 bool fe_infer_NORM(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims) {
@@ -61,5 +45,5 @@ bool fe_infer_GROUP_NORM(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64
         fe_failf(ctx, KILN_ERR_INVALID, "group_norm: eps is NaN");
         return false;
     }
-    return same_as_a(ctx, "group_norm", a, type, ne, n_dims);
+    return fe_like_float_a(ctx, "group_norm", a, type, ne, n_dims);
 }

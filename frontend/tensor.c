@@ -615,6 +615,20 @@ kiln_status kiln_describe_ops(char **text) {
 const char *fe_shape_str(const kiln_tensor *t, char *buf, size_t len) { return shape_str(t, buf, len); }
 bool        fe_is_float(kiln_type t) { return is_float(t); }
 
+bool fe_like_float_a(kiln_ctx *ctx, const char *op, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims) {
+    const kiln_tensor *x = a->t[0];
+    if (!is_float(x->type)) {
+        char s[96];
+        fe_failf(ctx, KILN_ERR_SHAPE, "%s: operand '%s' is %s; it must be f32, f16 or bf16", op, x->name,
+                 shape_str(x, s, sizeof s));
+        return false;
+    }
+    for (int d = 0; d < 4; d++) ne[d] = x->ne[d];
+    *type = x->type;
+    *n_dims = x->n_dims;
+    return true;
+}
+
 fe_desc fe_describe(const kiln_tensor *t) {
     fe_desc d;
     char    sh[96];
