@@ -24,6 +24,7 @@
 -- results. Indices are 32-bit unsigned unless the element count or an operand offset needs more
 -- (the vector shape is 32-bit only).
 
+local kit = require("kit")
 local tpl = require("tpl")
 local ops = require("ops")
 local prelude = require("prelude")
@@ -48,20 +49,11 @@ local TILE_MIN = 8          -- both tiled extents at least this
 
 local SIZE = { f32 = 4, f16 = 2, bf16 = 2 }
 
-local function fail(fmt, ...) error("elementwise: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("elementwise")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function check_ref(r, what)
-    if type(r) ~= "table" or not prelude.ctype[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 0 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail, { types = prelude.ctype, min_ne = 0 })
 
 -- Strides of the contiguous layout of ne.
 local function natural(ne)

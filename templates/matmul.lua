@@ -38,6 +38,7 @@
 -- round b to the weight type first, as ggml's cuBLAS path does); results are stored once.
 -- Indices inside a row are 32-bit, row and batch bases 64-bit.
 
+local kit = require("kit")
 local tpl = require("tpl")
 local prelude = require("prelude")
 local gemv_rope = require("gemv_rope")
@@ -71,12 +72,12 @@ local MAX_STEPS = 64       -- gemm calls per node at most (else the tile kernel)
 local W_LOAD = "ld.global.nc.L1::no_allocate" -- weight loads: streamed, no L1 allocation
 local CVT_BLOCK = 256
 
-local function fail(fmt, ...) error("matmul: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("matmul")
 
 local dyn_shape -- (symbolic dims, below)
 local function epilogue_check_dyn(k, f) return require("epilogue").check_dyn(k, f) end
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
 local function ceil_div(a, b) return (a + b - 1) // b end
 
@@ -86,17 +87,7 @@ local function next_pow2(x)
     return p
 end
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" or r.offs < 0 then fail("%s: bad offs", what) end
-    if math.type(r.param) ~= "integer" then fail("%s: bad param", what) end
-end
+local check_ref = kit.ref_checker(fail, { offs_min = 0 })
 
 -- Strides with 0 for extents of 1 (never multiplied by a nonzero index).
 local function strides(r)

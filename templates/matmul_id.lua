@@ -32,6 +32,7 @@
 --      every output element is the same sum whatever its place in a tile, so results are
 --      identical run to run.
 
+local kit = require("kit")
 local tpl = require("tpl")
 local prelude = require("prelude")
 
@@ -57,25 +58,15 @@ local MMA_BM_SHORT, MMA_STAGES_SHORT = 64, 6  -- ... 64-row tiles, 6 stages (2 b
 local CP_HINT = ".L2::256B" -- L2 prefetch qualifier of the weight copies ("", ".L2::128B", ".L2::256B")
 local FMA_BM, FMA_BN, FMA_BK, FMA_THREADS = 64, 32, 32, 256
 
-local function fail(fmt, ...) error("matmul_id: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("matmul_id")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
 local function ceil_div(a, b) return (a + b - 1) // b end
 
 local function align(x, a) return ceil_div(x, a) * a end
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-    if math.type(r.param) ~= "integer" then fail("%s: bad param", what) end
-end
+local check_ref = kit.ref_checker(fail)
 
 -- A list of lines with an indentation level (as softmax.lua's).
 local function builder()

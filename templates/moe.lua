@@ -12,6 +12,7 @@
 -- weights' post-processing (delayed softmax, norm with clamp, scale) runs on lanes 0..k-1
 -- with warp sums in double, and lane j stores id j and weight j.
 
+local kit = require("kit")
 local tpl = require("tpl")
 local prelude = require("prelude")
 
@@ -19,20 +20,11 @@ local MAX_E = 512
 local MAX_K = 32
 local MAX_WARPS = 4 -- token rows per block
 
-local function fail(fmt, ...) error("moe: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("moe")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail)
 
 -- The C offset expression sum of var_d * st_d over the (var, ne, st) terms, broadcasting
 -- (`% ne`) where ne divides the index space; "0" when empty.

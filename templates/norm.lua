@@ -22,6 +22,7 @@
 -- conversion-bound (f32<->f64 conversions run at 16 per clock per SM). The rounding steps in
 -- float after the sums follow ggml's CPU kernels exactly (see ir/ref_norm.c).
 
+local kit = require("kit")
 local tpl = require("tpl")
 local D = require("dyn")
 local prelude = require("prelude")
@@ -36,20 +37,11 @@ local CACHE_MAX = 32    -- at most this many elements cached per thread (64 regi
 local MAX_BLOCK = 1024
 local MAX_GRID = 2147483647
 
-local function fail(fmt, ...) error("norm: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("norm")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function check_ref(r, what)
-    if type(r) ~= "table" or not SIZE[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 0 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail, { types = SIZE, min_ne = 0 })
 
 local function round_up(v, m) return (v + m - 1) // m * m end
 local function ceil_div(a, b) return (a + b - 1) // b end

@@ -20,6 +20,7 @@
 --   a's elements fill a contiguous range (any permutation of a contiguous tensor) the range is
 --   read as vectors; otherwise dims are walked in order of increasing stride.
 
+local kit = require("kit")
 local tpl = require("tpl")
 local D = require("dyn")
 local prelude = require("prelude")
@@ -35,20 +36,11 @@ local CUM_K = 4        -- consecutive elements one cumsum thread scans per chunk
 local SIZE = { f32 = 4, f16 = 2, bf16 = 2 }
 local FULL = "0xffffffffu"
 
-local function fail(fmt, ...) error("reduce: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("reduce")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail)
 
 -- dst must be its buffer's contiguous layout: kernels index it linearly.
 local function check_natural(dst)

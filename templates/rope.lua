@@ -22,6 +22,7 @@
 --
 -- Pairs beyond CACHE_MAX are processed in chunks of CACHE_MAX (large n_dims only).
 
+local kit = require("kit")
 local tpl = require("tpl")
 local D = require("dyn")
 local prelude = require("prelude")
@@ -36,20 +37,11 @@ local MIN_BLOCKS = 264  -- with fewer blocks, heads are split over more blocks (
 local MAX_GRID_Y = 65535
 local MODES = { [0] = "normal", [2] = "neox", [8] = "mrope", [24] = "vision", [40] = "imrope" }
 
-local function fail(fmt, ...) error("rope: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("rope")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail)
 
 local function ceil_div(a, b) return (a + b - 1) // b end
 

@@ -23,6 +23,7 @@
 -- Values are copied bit for bit where types agree; offsets are 64-bit (long long), positions
 -- inside a row 32-bit.
 
+local kit = require("kit")
 local tpl = require("tpl")
 local D = require("dyn")
 local prelude = require("prelude")
@@ -37,20 +38,11 @@ local SIZE = { f32 = 4, f16 = 2, bf16 = 2, i32 = 4, i64 = 8 }
 local CTYPE = { f32 = "float", f16 = "unsigned short", bf16 = "unsigned short", i32 = "int", i64 = "long long" }
 local ZERO = { f32 = "0.0f", f16 = "0", bf16 = "0" } -- +0.0 in each float type's bits
 
-local function fail(fmt, ...) error("rows: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("rows")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function check_ref(r, what)
-    if type(r) ~= "table" or not SIZE[r.type] then
-        fail("%s: missing or of unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail, { types = SIZE })
 
 -- ---- symbolic dims (docs/templates.md: ref.dyn) ----------------------------------------------
 --

@@ -29,6 +29,7 @@
 -- Reductions are xor butterflies (every lane ends with the bitwise-same value), and cluster
 -- partials are combined in rank order, so every block of a row uses the same max and sum.
 
+local kit = require("kit")
 local tpl = require("tpl")
 local prelude = require("prelude")
 
@@ -45,9 +46,9 @@ local MAX_CLUSTER = 8     -- the portable cluster size
 local FILL_BLOCKS = 264   -- below this many blocks, split rows over more of a cluster (2 per H100 SM)
 local MIN_CHUNK = 2048    -- ... as long as each block keeps at least this many elements
 
-local function fail(fmt, ...) error("softmax: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("softmax")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
 local function ceil_div(a, b) return (a + b - 1) // b end
 
@@ -57,17 +58,7 @@ local function next_pow2(x)
     return p
 end
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-    if math.type(r.param) ~= "integer" then fail("%s: bad param", what) end
-end
+local check_ref = kit.ref_checker(fail)
 
 -- ---- symbolic dims ------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@
 --   the k keys at or below it (in any order: they are sorted next), and sorts them in shared
 --   memory (k <= SMEM_KEYS) or with the global scheme over the destination row.
 
+local kit = require("kit")
 local tpl = require("tpl")
 local prelude = require("prelude")
 
@@ -39,9 +40,9 @@ local WARPS = 4        -- rows (warps) per block of the warp kernel
 local SMEM_ROW_TARGET = 2048 -- keys per block the smem kernel aims at by batching short rows
 local BIG_BLOCK = 1024 -- threads of the global and select kernels
 
-local function fail(fmt, ...) error("sort: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("sort")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
 local function pow2_ceil(n)
     local p = 1
@@ -447,16 +448,7 @@ ${body}
 }
 ]]
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail)
 
 -- Offset (elements, long long) of row r's first element relative to the operand's offset.
 local function row_offset(a)
