@@ -58,11 +58,11 @@ local LOG2E = "1.44269504088896341f"
 local NEG_INF_F16X2 = "0xfc00fc00u" -- two f16 -inf
 
 local fail = kit.failer("attn")
-local function ceil_div(a, b) return (a + b - 1) // b end
+local ceil_div = kit.ceil_div
 local dims = kit.dims
 
 -- A C literal of an element offset or stride: long long, so products never wrap.
-local function ll(n) return tostring(n) .. "ll" end
+local ll = kit.ll
 
 local check_ref = kit.ref_checker(fail)
 
@@ -217,24 +217,7 @@ local function helpers()
 end
 
 -- A list of lines with an indentation level.
-local function builder()
-    local b = { lines = {}, ind = "" }
-    function b.add(fmt, ...)
-        local s = select("#", ...) > 0 and string.format(fmt, ...) or fmt
-        b.lines[#b.lines + 1] = (s:sub(1, 1) == "#" and "" or b.ind) .. s
-    end
-    function b.push() b.ind = b.ind .. "    " end
-    function b.pop() b.ind = b.ind:sub(5) end
-    function b.open(fmt, ...)
-        b.add(fmt, ...)
-        b.push()
-    end
-    function b.close(s)
-        b.pop()
-        b.add(s or "}")
-    end
-    return b
-end
+local builder = kit.builder
 
 -- ---- the problem ------------------------------------------------------------------------------
 

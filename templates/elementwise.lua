@@ -183,15 +183,7 @@ local function coordinates_dyn(used, dne, dy, ix, I, lin)
 end
 
 -- Largest element offset r reaches, and whether an offset or stride is negative.
-local function reach(r)
-    local m, neg = r.offs, r.offs < 0
-    for d = 1, 4 do
-        if r.ne[d] > 1 then
-            if r.st[d] < 0 then neg = true else m = m + (r.ne[d] - 1) * r.st[d] end
-        end
-    end
-    return m, neg
-end
+local reach = kit.reach
 
 -- Offset expression of r at coordinates i0..i3 (without r.offs, which is baked into the
 -- pointer); marks the coordinates it uses in `used`. c0, when given, replaces i0 (an expression

@@ -49,15 +49,7 @@ local function is_linear(r, ne)
 end
 
 -- Largest element offset r reaches, and whether a stride or the offset is negative.
-local function reach(r)
-    local m, neg = r.offs, r.offs < 0
-    for d = 1, 4 do
-        if r.ne[d] > 1 then
-            if r.st[d] < 0 then neg = true else m = m + (r.ne[d] - 1) * r.st[d] end
-        end
-    end
-    return m, neg
-end
+local reach = kit.reach
 
 -- keep(x): the C condition under which element (x, i1) keeps a's value, and the direction in which
 -- it holds ("lower": for x up to a bound, "upper": from a bound on), so that a group [i0, i0+V)

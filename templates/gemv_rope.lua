@@ -11,12 +11,13 @@
 -- store). A cache row id out of range writes nothing (the CPU reference rejects it). z itself is
 -- not stored: the pass made sure nothing else reads it.
 
+local kit = require("kit")
 local angle = require("angle")
 local prelude = require("prelude")
 
 local M = {}
 
-local function fail(fmt, ...) error("matmul: gemv_rope: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("matmul: gemv_rope")
 
 local function static(r, what)
     for d = 1, 4 do

@@ -79,13 +79,9 @@ local function epilogue_check_dyn(k, f) return require("epilogue").check_dyn(k, 
 
 local dims = kit.dims
 
-local function ceil_div(a, b) return (a + b - 1) // b end
+local ceil_div = kit.ceil_div
 
-local function next_pow2(x)
-    local p = 1
-    while p < x do p = p * 2 end
-    return p
-end
+local next_pow2 = kit.next_pow2
 
 local check_ref = kit.ref_checker(fail, { offs_min = 0 })
 
@@ -120,24 +116,7 @@ local function sum(terms)
 end
 
 -- A list of lines with an indentation level.
-local function builder()
-    local b = { lines = {}, ind = "" }
-    function b.add(fmt, ...)
-        local s = select("#", ...) > 0 and string.format(fmt, ...) or fmt
-        b.lines[#b.lines + 1] = (s:sub(1, 1) == "#" and "" or b.ind) .. s
-    end
-    function b.push() b.ind = b.ind .. "    " end
-    function b.pop() b.ind = b.ind:sub(5) end
-    function b.open(fmt, ...)
-        b.add(fmt, ...)
-        b.push()
-    end
-    function b.close(s)
-        b.pop()
-        b.add(s or "}")
-    end
-    return b
-end
+local builder = kit.builder
 
 -- ---- the shape ----------------------------------------------------------------------------
 

@@ -62,27 +62,17 @@ local fail = kit.failer("matmul_id")
 
 local dims = kit.dims
 
-local function ceil_div(a, b) return (a + b - 1) // b end
+local ceil_div = kit.ceil_div
 
-local function align(x, a) return ceil_div(x, a) * a end
+local align = kit.round_up
 
 local check_ref = kit.ref_checker(fail)
 
 -- A list of lines with an indentation level (as softmax.lua's).
-local function builder()
-    local b = { lines = {}, ind = "    " }
-    function b.add(fmt, ...)
-        local s = select("#", ...) > 0 and string.format(fmt, ...) or fmt
-        b.lines[#b.lines + 1] = (s:sub(1, 1) == "#" and "" or b.ind) .. s
-    end
-    function b.push() b.ind = b.ind .. "    " end
-    function b.pop() b.ind = b.ind:sub(5) end
-    function b.text() return table.concat(b.lines, "\n") end
-    return b
-end
+local function builder() return kit.builder("    ") end
 
 -- 64-bit C literal of an element offset or stride.
-local function ll(v) return tostring(v) .. "ll" end
+local ll = kit.ll
 
 -- ---- the problem -------------------------------------------------------------------------------
 

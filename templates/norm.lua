@@ -43,19 +43,11 @@ local dims = kit.dims
 
 local check_ref = kit.ref_checker(fail, { types = SIZE, min_ne = 0 })
 
-local function round_up(v, m) return (v + m - 1) // m * m end
-local function ceil_div(a, b) return (a + b - 1) // b end
+local round_up = kit.round_up
+local ceil_div = kit.ceil_div
 
 -- Largest element offset r reaches, and whether an offset or stride is negative.
-local function reach(r)
-    local m, neg = r.offs, r.offs < 0
-    for d = 1, 4 do
-        if r.ne[d] > 1 then
-            if r.st[d] < 0 then neg = true else m = m + (r.ne[d] - 1) * r.st[d] end
-        end
-    end
-    return m, neg
-end
+local reach = kit.reach
 
 -- Largest power of two <= 16 bytes of type t that divides n (elements), at least 1.
 local function vec_of(t, n)

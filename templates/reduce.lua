@@ -52,15 +52,7 @@ local function check_natural(dst)
 end
 
 -- Largest element offset r reaches, and whether an offset or stride is negative.
-local function reach(r)
-    local m, neg = r.offs, r.offs < 0
-    for d = 1, 4 do
-        if r.ne[d] > 1 then
-            if r.st[d] < 0 then neg = true else m = m + (r.ne[d] - 1) * r.st[d] end
-        end
-    end
-    return m, neg
-end
+local reach = kit.reach
 
 local function nelem(r) return r.ne[1] * r.ne[2] * r.ne[3] * r.ne[4] end
 

@@ -43,7 +43,7 @@ local dims = kit.dims
 
 local check_ref = kit.ref_checker(fail)
 
-local function ceil_div(a, b) return (a + b - 1) // b end
+local ceil_div = kit.ceil_div
 
 -- ---- symbolic dims (docs/templates.md: ref.dyn) ----------------------------------------------
 --
@@ -65,15 +65,7 @@ local angle = require("angle")
 local lit, constants = angle.lit, angle.constants
 
 -- Largest element offset r reaches, and whether an offset or stride is negative.
-local function reach(r)
-    local m, neg = r.offs, r.offs < 0
-    for d = 1, 4 do
-        if r.ne[d] > 1 then
-            if r.st[d] < 0 then neg = true else m = m + (r.ne[d] - 1) * r.st[d] end
-        end
-    end
-    return m, neg
-end
+local reach = kit.reach
 
 -- ---- the plan -----------------------------------------------------------------------------
 

@@ -55,11 +55,7 @@ local function dyn_only(r, what, allowed)
     if d then fail("%s: symbolic dim %d is not supported", what, d - 1) end
 end
 
-local function next_pow2(n)
-    local p = 1
-    while p < n do p = p * 2 end
-    return p
-end
+local next_pow2 = kit.next_pow2
 
 -- ---- the kernel being built -------------------------------------------------------------------
 

@@ -44,11 +44,7 @@ local fail = kit.failer("sort")
 
 local dims = kit.dims
 
-local function pow2_ceil(n)
-    local p = 1
-    while p < n do p = p * 2 end
-    return p
-end
+local pow2_ceil = kit.next_pow2
 
 local function log2(p)
     local l = 0
@@ -56,7 +52,7 @@ local function log2(p)
     return l
 end
 
-local function round_up(n, m) return (n + m - 1) // m * m end
+local round_up = kit.round_up
 
 -- The CUDA helpers every sort kernel uses: the key of an element and one comparator.
 local helpers = tpl.define [[
