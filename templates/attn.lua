@@ -227,7 +227,7 @@ local builder = kit.builder
 -- that the kernels compare with: P.NKVS / P.NKV1S (keys, last key) and P.RS / P.R1S (rows per
 -- group, last row), static literals or the run-time nkv and nr.
 local function symbolic(k, P)
-    local function dyn_of(r, d) return r and r.dyn and r.dyn[d] or nil end
+    local dyn_of = kit.ext
     local allowed = {
         { P.q, "q", { [2] = "n_q" } }, { P.k, "k", { [2] = "n_kv" } }, { P.v, "v", { [2] = "n_kv" } },
         { P.mask, "mask", { [1] = "n_kv", [2] = "n_q" } }, { P.sinks, "sinks", {} }, { P.dst, "dst", { [3] = "n_q" } },

@@ -275,16 +275,11 @@ return function(k)
         end
     end
     -- Symbolic dims: the token rows only (logits, bias, weights and ids).
-    local function dyn(r, d) return r and r.dyn and r.dyn[d] or nil end
-    local function dyn_only(r, what, allowed)
-        for d = 1, 4 do
-            if dyn(r, d) and d ~= allowed then fail("%s: symbolic dim %d is not supported", what, d - 1) end
-        end
-    end
-    dyn_only(a, "logits", 2)
-    dyn_only(ids, "ids", 2)
-    dyn_only(dst, "weights", td)
-    if bias then dyn_only(bias, "bias", 2) end
+    local dyn, dyn_only = kit.ext, kit.dyn_checker(fail)
+    dyn_only(a, "logits", { [2] = true })
+    dyn_only(ids, "ids", { [2] = true })
+    dyn_only(dst, "weights", { [td] = true })
+    if bias then dyn_only(bias, "bias", { [2] = true }) end
     local dT = dyn(a, 2) or dyn(ids, 2) or dyn(dst, td) or (bias and dyn(bias, 2))
     local gating = m.delayed and "none" or m.gating
     if gating ~= "softmax" and gating ~= "sigmoid" and gating ~= "none" then fail("gating %s", tostring(m.gating)) end

@@ -24,7 +24,6 @@
 
 local kit = require("kit")
 local tpl = require("tpl")
-local D = require("dyn")
 local prelude = require("prelude")
 local E = require("epilogue")
 
@@ -465,7 +464,7 @@ local function dyn_plan(k, allowed)
     return dy
 end
 
--- Offset of r's row from the coordinates of D.row_coords.
+-- Offset of r's row from the coordinates of kit.row_coords.
 local function row_base_dyn(r, ne, coords, I)
     local terms = {}
     for d = 2, 4 do
@@ -610,7 +609,7 @@ local function row_plan(k, a, dst, I, ix, dy)
     if dy then
         c.launch = c.launch .. string.format("; dynamic rows (at most %d): blocks past them return", rows)
         local lines
-        lines, dcoords = D.row_coords(ne, dy)
+        lines, dcoords = kit.row_coords(ne, dy)
         for _, l in ipairs(lines) do plines[#plines + 1] = l end
         bi, bo = row_base_dyn(a, ne, dcoords, I), row_base_dyn(dst, ne, dcoords, I)
     else

@@ -22,7 +22,6 @@
 
 local kit = require("kit")
 local tpl = require("tpl")
-local D = require("dyn")
 local prelude = require("prelude")
 
 local INT_MAX = 2147483647
@@ -406,7 +405,7 @@ local function row_reduce(k, a, dst)
     local function iadd(s) inner[#inner + 1] = s end
     local out_at = "row"
     if dy then
-        local cl, coords = D.row_coords(a.ne, dy)
+        local cl, coords = kit.row_coords(a.ne, dy)
         append(inner, cl)
         iadd(string.format("const %s *const x = in + %s;", prelude.ctype[a.type], coords_offset(a, coords, I)))
         if op ~= "argmax" then out_at = coords_offset(dst, coords, I) end
@@ -527,7 +526,7 @@ local function cumsum(k, a, dst)
     local inner = {}
     local function iadd(s) inner[#inner + 1] = s end
     if dy then
-        local cl, coords = D.row_coords(a.ne, dy)
+        local cl, coords = kit.row_coords(a.ne, dy)
         append(inner, cl)
         iadd(string.format("const float *const x = in + %s;", coords_offset(a, coords, I)))
         iadd(string.format("float *const y = out + %s;", coords_offset(dst, coords, I)))

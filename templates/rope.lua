@@ -24,7 +24,6 @@
 
 local kit = require("kit")
 local tpl = require("tpl")
-local D = require("dyn")
 local prelude = require("prelude")
 
 local SIZE = { f32 = 4, f16 = 2, bf16 = 2 }
@@ -48,13 +47,10 @@ local ceil_div = kit.ceil_div
 -- ---- symbolic dims (docs/templates.md: ref.dyn) ----------------------------------------------
 --
 -- dyn(r, d): the C expression (int) of r's run-time extent in dim d (1-based), or nil when static.
-local dyn = D.ext
+local dyn = kit.ext
 
 -- Fails unless r's dynamic dims are among the allowed ones (a set of 1-based dims).
-local function dyn_only(r, what, allowed)
-    local d = D.disallowed(r, allowed)
-    if d then fail("%s: symbolic dim %d is not supported", what, d - 1) end
-end
+local dyn_only = kit.dyn_checker(fail)
 
 -- The run-time extent of a dim that a and b share: one of their expressions (nil when static).
 local function dyn_of(a, b, d) return dyn(a, d) or dyn(b, d) end

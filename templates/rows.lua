@@ -25,7 +25,6 @@
 
 local kit = require("kit")
 local tpl = require("tpl")
-local D = require("dyn")
 local prelude = require("prelude")
 
 local BLOCK = 256
@@ -47,13 +46,10 @@ local check_ref = kit.ref_checker(fail, { types = SIZE })
 -- ---- symbolic dims (docs/templates.md: ref.dyn) ----------------------------------------------
 --
 -- dyn(r, d): the C expression (int) of r's run-time extent in dim d (1-based), or nil when static.
-local dyn = D.ext
+local dyn = kit.ext
 
 -- Fails unless r's dynamic dims are among the allowed ones (a set of 1-based dims).
-local function dyn_only(r, what, allowed)
-    local d = D.disallowed(r, allowed)
-    if d then fail("%s: symbolic dim %d is not supported", what, d - 1) end
-end
+local dyn_only = kit.dyn_checker(fail)
 
 local next_pow2 = kit.next_pow2
 

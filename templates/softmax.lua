@@ -65,7 +65,7 @@ local check_ref = kit.ref_checker(fail)
 -- where it spans a's), sinks following a's dim 2. Anything else is refused here.
 local function symbolic(k, a, dst, mask, sinks)
     local dyn = {}
-    local function dyn_of(r, d) return r.dyn and r.dyn[d] or nil end
+    local dyn_of = kit.ext
     for d = 1, 4 do
         local e = dyn_of(a, d)
         if dyn_of(dst, d) ~= e then

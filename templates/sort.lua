@@ -488,7 +488,7 @@ return function(k)
     local params = table.concat(plist, ", ")
     -- Symbolic dims: a's (dst's) dims 1..3, the rows; rows past a run-time extent are skipped
     -- (kiln_row_ok, from the row's coordinates at the maxima).
-    local function dyn(r, d) return r and r.dyn and r.dyn[d] or nil end
+    local dyn = kit.ext
     for d = 1, 4 do
         if d == 1 and (dyn(a, 1) or dyn(dst, 1)) then fail("%s: a symbolic row length is not supported", op) end
     end
