@@ -325,33 +325,15 @@ ${s}
 ]]
 
 -- The vector and tile kernels: body holds every statement, indented.
-local fast_kernel = tpl.define [[
-// kiln elementwise kernel ${name}
-// index space ${dims(dst.ne)} = ${n} elements, ${launch}, ${bits}-bit indexing
-@ for _, l in ipairs(notes) do
-//   ${l}
-@ end
-@ if pre ~= "" then
-
-${pre}
-@ end
-@ for _, t in ipairs(types) do
-
-${t}
-@ end
-
-extern "C" __global__ void __launch_bounds__(${threads})
-${name}(${params})
-{
-@ for _, p in ipairs(ptrs) do
-    ${p}
-@ end
-
-@ for _, s in ipairs(body) do
-${s}
-@ end
-}
-]]
+local function fast_kernel(t)
+    t.head = {
+        "kiln elementwise kernel " .. t.name,
+        "index space " .. dims(t.dst.ne) .. " = " .. t.n .. " elements, " .. t.launch .. ", " .. t.bits .. "-bit indexing",
+    }
+    t.blocks = t.types
+    table.insert(t.body, 1, "")
+    return kit.kernel(t)
+end
 
 -- ---- the vector path ------------------------------------------------------------------------
 

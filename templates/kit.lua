@@ -78,6 +78,45 @@ function M.builder(ind)
     return b
 end
 
+-- ---- the kernel source ------------------------------------------------------------------------
+
+-- The source of one kernel, in the order every template writes it: the `head` comment lines
+-- (each after "// "), the `notes` (after "//   "), the prelude helpers `pre` (a string, "" for
+-- none), each of `blocks` (types, device helpers) after a blank line, then the entry
+-- `name(params)` with __launch_bounds__(threads) — on one line when `inline`, else the name on
+-- a line of its own — and its body: `ptrs` (indented by 4) and the `body` lines as they are.
+M.kernel = tpl.define [[
+@ for _, l in ipairs(head) do
+// ${l}
+@ end
+@ for _, l in ipairs(notes or {}) do
+//   ${l}
+@ end
+@ if pre ~= "" then
+
+${pre}
+@ end
+@ for _, t in ipairs(blocks or {}) do
+
+${t}
+@ end
+
+@ if inline then
+extern "C" __global__ void __launch_bounds__(${threads}) ${name}(${params})
+@ else
+extern "C" __global__ void __launch_bounds__(${threads})
+${name}(${params})
+@ end
+{
+@ for _, p in ipairs(ptrs or {}) do
+    ${p}
+@ end
+@ for _, s in ipairs(body) do
+${s}
+@ end
+}
+]]
+
 -- ---- integers ---------------------------------------------------------------------------------
 
 function M.ceil_div(a, b) return (a + b - 1) // b end

@@ -516,28 +516,16 @@ local function param_list(k, extra)
     return plist
 end
 
-local kernel = tpl.define [[
-// kiln matmul kernel ${name}
-// mul_mat: dst ${dims(s.d.ne)} f32 = b ${dims(s.b.ne)} f32 · a ${dims(s.a.ne)} ${s.ta}ᵀ
-@ for _, l in ipairs(notes) do
-//   ${l}
-@ end
-@ if pre ~= "" then
-
-${pre}
-@ end
-@ for _, h in ipairs(helpers) do
-
-${h}
-@ end
-
-extern "C" __global__ void __launch_bounds__(${block}) ${name}(${params})
-{
-@ for _, l in ipairs(body) do
-${l}
-@ end
-}
-]]
+-- The source of a matmul kernel (kit.kernel with this family's head).
+local function kernel(t)
+    local s = t.s
+    t.head = {
+        "kiln matmul kernel " .. t.name,
+        "mul_mat: dst " .. dims(s.d.ne) .. " f32 = b " .. dims(s.b.ne) .. " f32 · a " .. dims(s.a.ne) .. " " .. s.ta .. "ᵀ",
+    }
+    t.blocks, t.threads, t.inline = t.helpers, t.block, true
+    return kit.kernel(t)
+end
 
 local function render(name, s, notes, pre, H, block, plist, body)
     local plines = table.concat(plist, ", ")

@@ -250,26 +250,12 @@ local function load_b(bl, p, row, k, n, xv, xs)
     end
 end
 
-local source = tpl.define [[
-// kiln mul_mat_id kernel ${name}
-// ${what}
-@ for _, l in ipairs(notes) do
-//   ${l}
-@ end
-@ if pre ~= "" then
-
-${pre}
-@ end
-@ for _, h in ipairs(helpers) do
-
-${h}
-@ end
-
-extern "C" __global__ void __launch_bounds__(${threads}) ${name}(${params})
-{
-${body}
-}
-]]
+-- The source of a mul_mat_id kernel (kit.kernel with this family's head).
+local function source(t)
+    t.head = { "kiln mul_mat_id kernel " .. t.name, t.what }
+    t.blocks, t.inline, t.body = t.helpers, true, { t.body }
+    return kit.kernel(t)
+end
 
 -- ---- epilogues (k.epilogue and k.pair; docs/templates.md, "Epilogues"): templates/epilogue.lua
 

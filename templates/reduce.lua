@@ -89,33 +89,18 @@ local function frame(k, a, dst_ctype, dy)
     return { params = table.concat(plist, ", "), ptrs = ptrs, ix = ix, I = I, wide = wide, bits = wide and 64 or 32 }
 end
 
-local kernel = tpl.define [[
-// kiln reduce kernel ${name}: ${what}
-// a ${a.type} ne ${dims(a.ne)} st ${dims(a.st)} offs ${a.offs}; out ${dst.type} ne ${dims(dst.ne)}
-// ${launch}, ${bits}-bit indexing
-@ for _, l in ipairs(notes) do
-//   ${l}
-@ end
-@ if pre ~= "" then
-
-${pre}
-@ end
-@ for _, t in ipairs(types) do
-
-${t}
-@ end
-
-extern "C" __global__ void __launch_bounds__(${threads})
-${name}(${params})
-{
-@ for _, p in ipairs(ptrs) do
-    ${p}
-@ end
-@ for _, s in ipairs(body) do
-${s}
-@ end
-}
-]]
+-- The source of a reduce kernel (kit.kernel with this family's head).
+local function kernel(t)
+    local a, dst = t.a, t.dst
+    t.head = {
+        "kiln reduce kernel " .. t.name .. ": " .. t.what,
+        "a " .. a.type .. " ne " .. dims(a.ne) .. " st " .. dims(a.st) .. " offs " .. a.offs .. "; out "
+            .. dst.type .. " ne " .. dims(dst.ne),
+        t.launch .. ", " .. t.bits .. "-bit indexing",
+    }
+    t.blocks = t.types
+    return kit.kernel(t)
+end
 
 -- Indents every line of t by n spaces (preprocessor lines stay at column 0).
 local function indent(t, n)

@@ -284,37 +284,27 @@ end
 
 -- ---- code -------------------------------------------------------------------------------------
 
-local kernel = tpl.define [[
-// kiln rope kernel ${name}
-// rope_ext mode ${mode} (${kind}): a ${atype} ${dims(ane)} st ${dims(ast)} offs ${aoffs} -> out ${dims(ane)}
-// n_dims ${nd}: ${np} pairs per row${pairs}; ${copied}
-// theta_scale ${ts}, freq_scale ${fs}, ext_factor ${ef}, mscale ${ms}${yarn}
-// positions: i32 st ${pst} offs ${poffs}${ffnote}
-@ for _, l in ipairs(scatter) do
-// ${l}
-@ end
-@ if symbolic ~= "" then
-// symbolic dims (read at run time; blocks past them return): ${symbolic}
-@ end
-// grid ${gx} x ${gy} (tokens x head groups of ${hpb}), block ${block}; units of ${g} pair(s) (${how});
-//   ${chunks}, ${bits}-bit offsets
-@ if pre ~= "" then
-
-${pre}
-@ end
-@ for _, t in ipairs(types) do
-
-${t}
-@ end
-
-extern "C" __global__ void __launch_bounds__(${block})
-${name}(${params})
-{
-@ for _, l in ipairs(body) do
-${l}
-@ end
-}
-]]
+-- The source of a rope kernel (kit.kernel with this family's head: the rope's parameters, the
+-- scatter of rope_set_rows, the symbolic dims and the launch).
+local function kernel(t)
+    local head = {
+        "kiln rope kernel " .. t.name,
+        "rope_ext mode " .. t.mode .. " (" .. t.kind .. "): a " .. t.atype .. " " .. dims(t.ane) .. " st " .. dims(t.ast)
+            .. " offs " .. t.aoffs .. " -> out " .. dims(t.ane),
+        "n_dims " .. t.nd .. ": " .. t.np .. " pairs per row" .. t.pairs .. "; " .. t.copied,
+        "theta_scale " .. t.ts .. ", freq_scale " .. t.fs .. ", ext_factor " .. t.ef .. ", mscale " .. t.ms .. t.yarn,
+        "positions: i32 st " .. t.pst .. " offs " .. t.poffs .. t.ffnote,
+    }
+    for _, l in ipairs(t.scatter) do head[#head + 1] = l end
+    if t.symbolic ~= "" then
+        head[#head + 1] = "symbolic dims (read at run time; blocks past them return): " .. t.symbolic
+    end
+    head[#head + 1] = "grid " .. t.gx .. " x " .. t.gy .. " (tokens x head groups of " .. t.hpb .. "), block " .. t.block
+        .. "; units of " .. t.g .. " pair(s) (" .. t.how .. ");"
+    head[#head + 1] = "  " .. t.chunks .. ", " .. t.bits .. "-bit offsets"
+    t.head, t.blocks, t.threads = head, t.types, t.block
+    return kit.kernel(t)
+end
 
 return function(k)
     if k.kind ~= "op" or k.op ~= "rope_ext" then fail("unsupported node %s", tostring(k.op)) end
