@@ -202,35 +202,21 @@ local function chunk_loop(K, fill)
     return lines
 end
 
-local kernel = tpl.define [[
-// kiln rows kernel ${name}: ${what}
-// dst ${dst.type} ${dims(dst.ne)}: ${R} rows of ${NE0}, ${launch}
-@ for _, l in ipairs(notes) do
-//   ${l}
-@ end
-@ if pre ~= "" then
-
-${pre}
-@ end
-@ for _, t in ipairs(types) do
-
-${t}
-@ end
-
-extern "C" __global__ void __launch_bounds__(${BLOCK})
-${name}(${params})
-{
-@ for _, p in ipairs(ptrs) do
-    ${p}
-@ end
-
-    for (${ix} row = (${ix})blockIdx.x * ${RPB}${suffix} + threadIdx.y; row < ${R}${suffix}; row += (${ix})gridDim.x * ${RPB}${suffix}) {
-@ for _, s in ipairs(body) do
-${s}
-@ end
+-- The source of a rows kernel (kit.kernel with this family's head; the body runs in a loop over
+-- rows, thread row threadIdx.y of each block of RPB rows).
+local function kernel(t)
+    t.head = {
+        "kiln rows kernel " .. t.name .. ": " .. t.what,
+        "dst " .. t.dst.type .. " " .. dims(t.dst.ne) .. ": " .. t.R .. " rows of " .. t.NE0 .. ", " .. t.launch,
     }
-}
-]]
+    local ix, rpb, sfx = t.ix, t.RPB .. t.suffix, t.suffix
+    local body = { "", string.format("    for (%s row = (%s)blockIdx.x * %s + threadIdx.y; row < %s; row += (%s)gridDim.x * %s) {",
+        ix, ix, rpb, t.R .. sfx, ix, rpb) }
+    for _, s in ipairs(t.body) do body[#body + 1] = s end
+    body[#body + 1] = "    }"
+    t.blocks, t.threads, t.body = t.types, t.BLOCK, body
+    return kit.kernel(t)
+end
 
 -- Chooses V (elements per chunk), TPR, RPB, U for rows of ne0 elements; `divides` lists extents
 -- V must divide (chunk boundaries that must not straddle a source), min_size the narrowest type.

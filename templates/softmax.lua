@@ -235,40 +235,23 @@ static __device__ __forceinline__ float kiln_cluster_load(const float *p, unsign
 #endif]],
 }
 
-local kernel = tpl.define [[
-// kiln softmax kernel ${name}
-// ${op}: rows of ${n} elements, ${nrows} rows (dst ${dims(dst.ne)} ${dst.type})
-@ for _, l in ipairs(notes) do
-//   ${l}
-@ end
-@ if pre ~= "" then
-
-${pre}
-@ end
-@ for _, t in ipairs(types) do
-
-${t}
-@ end
-@ for _, h in ipairs(helpers) do
-
-${h}
-@ end
-@ if cluster > 1 then
-
-#if __CUDA_ARCH__ >= 900
-#define KILN_CLUSTER_DIMS __cluster_dims__(${cluster}, 1, 1)
-#else
-#define KILN_CLUSTER_DIMS
-#endif
-@ end
-
-extern "C" __global__ void __launch_bounds__(${block}) ${attr}${name}(${params})
-{
-@ for _, s in ipairs(body) do
-${s}
-@ end
-}
-]]
+-- The source of a softmax kernel (kit.kernel with this family's head; a kernel of a cluster of
+-- blocks declares its cluster on sm_90+).
+local function kernel(t)
+    t.head = {
+        "kiln softmax kernel " .. t.name,
+        t.op .. ": rows of " .. t.n .. " elements, " .. t.nrows .. " rows (dst " .. dims(t.dst.ne) .. " " .. t.dst.type .. ")",
+    }
+    local blocks = {}
+    for _, x in ipairs(t.types) do blocks[#blocks + 1] = x end
+    for _, x in ipairs(t.helpers) do blocks[#blocks + 1] = x end
+    if t.cluster > 1 then
+        blocks[#blocks + 1] = "#if __CUDA_ARCH__ >= 900\n#define KILN_CLUSTER_DIMS __cluster_dims__(" .. t.cluster
+            .. ", 1, 1)\n#else\n#define KILN_CLUSTER_DIMS\n#endif"
+    end
+    t.blocks, t.threads, t.inline, t.name = blocks, t.block, true, t.attr .. t.name
+    return kit.kernel(t)
+end
 
 return function(k)
     if k.kind ~= "op" then fail("node kind %s is not op", tostring(k.kind)) end
