@@ -718,13 +718,8 @@ return function(k)
         params = "\n    " .. table.concat(plist, ",\n    ")
     end
     local function ptr(r, var, const)
-        if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
-            fail("%s: param %s out of range", var, tostring(r.param))
-        end
-        local ct = (const and "const " or "") .. prelude.ctype[r.type]
-        local offs = ""
-        if r.offs ~= 0 then offs = " + " .. tostring(r.offs) .. (math.abs(r.offs) > INT_MAX and "ll" or "") end
-        return string.format("%s *const %s = (%s *)p%d%s;", ct, var, ct, r.param, offs)
+        kit.check_param(fail, r, var, nparams)
+        return kit.pointer(r, var, prelude.ctype[r.type], const)
     end
     local ptrs = { ptr(dst, "out", false) }
     for j, r in ipairs(inputs) do ptrs[#ptrs + 1] = ptr(r, "in" .. (j - 1), true) end

@@ -82,8 +82,7 @@ end
 local function lit(v) return math.abs(v) > 2147483647 and string.format("%dll", v) or tostring(v) end
 
 local function ptr(b, r, var, ct, const)
-    local cq = (const and "const " or "") .. ct
-    b.add("%s *const %s = (%s *)p%d%s;", cq, var, cq, r.param, r.offs ~= 0 and " + " .. lit(r.offs) or "")
+    b.add(kit.pointer(r, var, ct, const, lit))
 end
 
 -- Pointer declarations of every tail's operands (tail n's names start with "t<n>").

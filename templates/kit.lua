@@ -47,6 +47,28 @@ function M.ref_checker(fail, opts)
     end
 end
 
+-- ---- pointers -------------------------------------------------------------------------------
+
+-- An int C literal, long long when its magnitude passes 2^31 - 1.
+function M.int_lit(v) return tostring(v) .. (math.abs(v) > 2147483647 and "ll" or "") end
+
+-- Fails (through `fail`) unless r.param is a parameter of a node with nparams buffers; `var`
+-- names the pointer in the message.
+function M.check_param(fail, r, var, nparams)
+    if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
+        fail("%s: param %s out of range", var, tostring(r.param))
+    end
+end
+
+-- The declaration of `var`, a pointer to operand r's first element (elements of C type ct,
+-- const when `const`) in parameter p<r.param>: "ct *const var = (ct *)pN + offs;". `lit`
+-- writes the offset (default kit.int_lit).
+function M.pointer(r, var, ct, const, lit)
+    local cq = (const and "const " or "") .. ct
+    local offs = r.offs ~= 0 and (" + " .. (lit or M.int_lit)(r.offs)) or ""
+    return string.format("%s *const %s = (%s *)p%d%s;", cq, var, cq, r.param, offs)
+end
+
 -- ---- text -------------------------------------------------------------------------------------
 
 -- "[a, b, c, d]": a list of integers as kernels' comments print ne and st.

@@ -165,11 +165,7 @@ local function param_list(p, scratch)
 end
 
 -- "T *const var = (T *)pN + offs;"
-local function ptr(r, var, ctype, const)
-    local c = const and "const " or ""
-    local offs = r.offs ~= 0 and (" + " .. ll(r.offs)) or ""
-    return string.format("%s%s *const %s = (%s%s *)p%d%s;", c, ctype, var, c, ctype, r.param, offs)
-end
+local function ptr(r, var, ctype, const) return kit.pointer(r, var, ctype, const, ll) end
 
 local function layout_note(r, what)
     return string.format("%-4s p%d %-4s ne %s st %s offs %d", what, r.param, r.type, dims(r.ne), dims(r.st), r.offs)

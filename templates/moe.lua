@@ -293,12 +293,8 @@ return function(k)
     local params = table.concat(plist, ", ")
     if dT then params = params .. (k.dims_arg or ", const int *__restrict__ kdims") end
     local function ptr(r, var, typ, const)
-        if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
-            fail("%s: param %s out of range", var, tostring(r.param))
-        end
-        local c = (const and "const " or "") .. typ
-        local offs = r.offs ~= 0 and (" + " .. r.offs .. "ll") or ""
-        return string.format("%s *const %s = (%s *)p%d%s;", c, var, c, r.param, offs)
+        kit.check_param(fail, r, var, nparams)
+        return kit.pointer(r, var, typ, const, kit.ll)
     end
     if dst.param == ids.param then fail("weights and ids share a buffer") end
     local ptrs = { ptr(dst, "out", prelude.ctype[dst.type], false), ptr(ids, "ids", "int", false),

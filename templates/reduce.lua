@@ -77,13 +77,8 @@ local function frame(k, a, dst_ctype, dy)
     local ix = wide and "long long" or "unsigned"
     local function I(v) return tostring(v) .. (wide and "ll" or "u") end
     local function ptr(r, var, ct, const)
-        if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
-            fail("%s: param %s out of range", var, tostring(r.param))
-        end
-        ct = (const and "const " or "") .. ct
-        local offs = ""
-        if r.offs ~= 0 then offs = " + " .. tostring(r.offs) .. (math.abs(r.offs) > INT_MAX and "ll" or "") end
-        return string.format("%s *const %s = (%s *)p%d%s;", ct, var, ct, r.param, offs)
+        kit.check_param(fail, r, var, nparams)
+        return kit.pointer(r, var, ct, const)
     end
     local ptrs = { ptr(k.dst, "out", dst_ctype, false), ptr(a, "in", prelude.ctype[a.type], true) }
     return { params = table.concat(plist, ", "), ptrs = ptrs, ix = ix, I = I, wide = wide, bits = wide and 64 or 32 }

@@ -383,13 +383,8 @@ end
 
 -- The declaration of pointer var (to elements of C type ct) to operand r's first element.
 local function ptr(K, r, var, ct, const)
-    if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= K.k.nparams then
-        fail("%s: param %s out of range", var, tostring(r.param))
-    end
-    local cq = (const and "const " or "") .. ct
-    local offs = ""
-    if r.offs ~= 0 then offs = " + " .. tostring(r.offs) .. (math.abs(r.offs) > INT_MAX and "ll" or "") end
-    return string.format("%s *const %s = (%s *)p%d%s;", cq, var, cq, r.param, offs)
+    kit.check_param(fail, r, var, K.k.nparams)
+    return kit.pointer(r, var, ct, const)
 end
 
 -- The kernel's name and parameter list.

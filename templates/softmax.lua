@@ -345,11 +345,8 @@ end
 
 -- The declaration of pointer var to operand r's first element.
 local function ptr(S, r, var, const)
-    if r.param < 0 or r.param >= S.k.nparams then fail("%s: param %d out of range", var, r.param) end
-    local ct = (const and "const " or "") .. prelude.ctype[r.type]
-    local offs = ""
-    if r.offs ~= 0 then offs = " + " .. tostring(r.offs) .. (math.abs(r.offs) > INT_MAX and "ll" or "") end
-    return string.format("%s *const %s = (%s *)p%d%s;", ct, var, ct, r.param, offs)
+    kit.check_param(fail, r, var, S.k.nparams)
+    return kit.pointer(r, var, prelude.ctype[r.type], const)
 end
 
 -- The name of the vector type of S.v elements of type t, defined once in S.types.

@@ -508,12 +508,8 @@ return function(k)
     local row_ok = #okterms > 0 and table.concat(okterms, " && ") or (dynamic and "true" or "")
     local ct = prelude.ctype[a.type]
     local function ptr(r, var, typ, const)
-        if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
-            fail("%s: param %s out of range", var, tostring(r.param))
-        end
-        local c = (const and "const " or "") .. typ
-        local offs = r.offs ~= 0 and (" + " .. r.offs .. "ll") or ""
-        return string.format("%s *const %s = (%s *)p%d%s;", c, var, c, r.param, offs)
+        kit.check_param(fail, r, var, nparams)
+        return kit.pointer(r, var, typ, const, kit.ll)
     end
     local ptrs = { ptr(dst, "out", "int", false), ptr(a, "in", ct, true) }
 
