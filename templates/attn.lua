@@ -43,6 +43,7 @@
 --   second kernel ("combine": one warp per row when a row's partials fit in a lane's registers,
 --   else one 256-thread block per row) merges the splits and the sink and writes dst.
 
+local kit = require("kit")
 local prelude = require("prelude")
 
 local SM_COUNT = 132        -- H100 SXM
@@ -56,23 +57,14 @@ local NEG_INF = "(-__int_as_float(0x7f800000))"
 local LOG2E = "1.44269504088896341f"
 local NEG_INF_F16X2 = "0xfc00fc00u" -- two f16 -inf
 
-local function fail(fmt, ...) error("attn: " .. string.format(fmt, ...), 0) end
-local function ceil_div(a, b) return (a + b - 1) // b end
-local function dims(t) return "[" .. table.concat(t, ", ") .. "]" end
+local fail = kit.failer("attn")
+local ceil_div = kit.ceil_div
+local dims = kit.dims
 
 -- A C literal of an element offset or stride: long long, so products never wrap.
-local function ll(n) return tostring(n) .. "ll" end
+local ll = kit.ll
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" or math.type(r.param) ~= "integer" then fail("%s: bad offs or param", what) end
-end
+local check_ref = kit.ref_checker(fail)
 
 -- The largest of 8, 4, 2, 1 elements that divides r's offset and every stride a coordinate
 -- can reach (dims of extent 1 never move), so rows can be read in vectors of that many.
@@ -225,24 +217,7 @@ local function helpers()
 end
 
 -- A list of lines with an indentation level.
-local function builder()
-    local b = { lines = {}, ind = "" }
-    function b.add(fmt, ...)
-        local s = select("#", ...) > 0 and string.format(fmt, ...) or fmt
-        b.lines[#b.lines + 1] = (s:sub(1, 1) == "#" and "" or b.ind) .. s
-    end
-    function b.push() b.ind = b.ind .. "    " end
-    function b.pop() b.ind = b.ind:sub(5) end
-    function b.open(fmt, ...)
-        b.add(fmt, ...)
-        b.push()
-    end
-    function b.close(s)
-        b.pop()
-        b.add(s or "}")
-    end
-    return b
-end
+local builder = kit.builder
 
 -- ---- the problem ------------------------------------------------------------------------------
 
@@ -252,7 +227,7 @@ end
 -- that the kernels compare with: P.NKVS / P.NKV1S (keys, last key) and P.RS / P.R1S (rows per
 -- group, last row), static literals or the run-time nkv and nr.
 local function symbolic(k, P)
-    local function dyn_of(r, d) return r and r.dyn and r.dyn[d] or nil end
+    local dyn_of = kit.ext
     local allowed = {
         { P.q, "q", { [2] = "n_q" } }, { P.k, "k", { [2] = "n_kv" } }, { P.v, "v", { [2] = "n_kv" } },
         { P.mask, "mask", { [1] = "n_kv", [2] = "n_q" } }, { P.sinks, "sinks", {} }, { P.dst, "dst", { [3] = "n_q" } },

@@ -24,6 +24,7 @@
 -- results. Indices are 32-bit unsigned unless the element count or an operand offset needs more
 -- (the vector shape is 32-bit only).
 
+local kit = require("kit")
 local tpl = require("tpl")
 local ops = require("ops")
 local prelude = require("prelude")
@@ -48,20 +49,11 @@ local TILE_MIN = 8          -- both tiled extents at least this
 
 local SIZE = { f32 = 4, f16 = 2, bf16 = 2 }
 
-local function fail(fmt, ...) error("elementwise: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("elementwise")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function check_ref(r, what)
-    if type(r) ~= "table" or not prelude.ctype[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 0 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail, { types = prelude.ctype, min_ne = 0 })
 
 -- Strides of the contiguous layout of ne.
 local function natural(ne)
@@ -191,15 +183,7 @@ local function coordinates_dyn(used, dne, dy, ix, I, lin)
 end
 
 -- Largest element offset r reaches, and whether an offset or stride is negative.
-local function reach(r)
-    local m, neg = r.offs, r.offs < 0
-    for d = 1, 4 do
-        if r.ne[d] > 1 then
-            if r.st[d] < 0 then neg = true else m = m + (r.ne[d] - 1) * r.st[d] end
-        end
-    end
-    return m, neg
-end
+local reach = kit.reach
 
 -- Offset expression of r at coordinates i0..i3 (without r.offs, which is baked into the
 -- pointer); marks the coordinates it uses in `used`. c0, when given, replaces i0 (an expression
@@ -341,33 +325,15 @@ ${s}
 ]]
 
 -- The vector and tile kernels: body holds every statement, indented.
-local fast_kernel = tpl.define [[
-// kiln elementwise kernel ${name}
-// index space ${dims(dst.ne)} = ${n} elements, ${launch}, ${bits}-bit indexing
-@ for _, l in ipairs(notes) do
-//   ${l}
-@ end
-@ if pre ~= "" then
-
-${pre}
-@ end
-@ for _, t in ipairs(types) do
-
-${t}
-@ end
-
-extern "C" __global__ void __launch_bounds__(${threads})
-${name}(${params})
-{
-@ for _, p in ipairs(ptrs) do
-    ${p}
-@ end
-
-@ for _, s in ipairs(body) do
-${s}
-@ end
-}
-]]
+local function fast_kernel(t)
+    t.head = {
+        "kiln elementwise kernel " .. t.name,
+        "index space " .. dims(t.dst.ne) .. " = " .. t.n .. " elements, " .. t.launch .. ", " .. t.bits .. "-bit indexing",
+    }
+    t.blocks = t.types
+    table.insert(t.body, 1, "")
+    return kit.kernel(t)
+end
 
 -- ---- the vector path ------------------------------------------------------------------------
 
@@ -752,13 +718,8 @@ return function(k)
         params = "\n    " .. table.concat(plist, ",\n    ")
     end
     local function ptr(r, var, const)
-        if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
-            fail("%s: param %s out of range", var, tostring(r.param))
-        end
-        local ct = (const and "const " or "") .. prelude.ctype[r.type]
-        local offs = ""
-        if r.offs ~= 0 then offs = " + " .. tostring(r.offs) .. (math.abs(r.offs) > INT_MAX and "ll" or "") end
-        return string.format("%s *const %s = (%s *)p%d%s;", ct, var, ct, r.param, offs)
+        kit.check_param(fail, r, var, nparams)
+        return kit.pointer(r, var, prelude.ctype[r.type], const)
     end
     local ptrs = { ptr(dst, "out", false) }
     for j, r in ipairs(inputs) do ptrs[#ptrs + 1] = ptr(r, "in" .. (j - 1), true) end

@@ -26,12 +26,13 @@
 -- for plans whose products land in scratch, E.step_body(k, pre, voffs) (a kernel step of
 -- E.STEP_BLOCK threads per block applying the epilogue over dst).
 
+local kit = require("kit")
 local ops = require("ops")
 local prelude = require("prelude")
 
 local M = {}
 
-local function fail(fmt, ...) error("epilogue: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("epilogue")
 
 -- The 0-based operand indices the instructions read, ascending: the epilogue's own operands.
 function M.operands(k)

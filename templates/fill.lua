@@ -15,6 +15,7 @@
 -- Shapes, strides, offsets and parameters are compile-time constants. Indices are 32-bit unsigned
 -- unless an element count or offset needs more.
 
+local kit = require("kit")
 local tpl = require("tpl")
 local prelude = require("prelude")
 
@@ -30,20 +31,11 @@ local CTYPE = { f32 = "float", f16 = "unsigned short", bf16 = "unsigned short" }
 local NEG_INF = { f32 = "__int_as_float(0xff800000)", f16 = "(unsigned short)0xfc00u", bf16 = "(unsigned short)0xff80u" }
 local ZERO = { f32 = "0.0f", f16 = "(unsigned short)0u", bf16 = "(unsigned short)0u" }
 
-local function fail(fmt, ...) error("fill: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("fill")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function check_ref(r, what)
-    if type(r) ~= "table" or not SIZE[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail, { types = SIZE })
 
 -- True when r is laid out contiguously in shape ne (strides of size-1 dims do not matter).
 local function is_linear(r, ne)
@@ -57,15 +49,7 @@ local function is_linear(r, ne)
 end
 
 -- Largest element offset r reaches, and whether a stride or the offset is negative.
-local function reach(r)
-    local m, neg = r.offs, r.offs < 0
-    for d = 1, 4 do
-        if r.ne[d] > 1 then
-            if r.st[d] < 0 then neg = true else m = m + (r.ne[d] - 1) * r.st[d] end
-        end
-    end
-    return m, neg
-end
+local reach = kit.reach
 
 -- keep(x): the C condition under which element (x, i1) keeps a's value, and the direction in which
 -- it holds ("lower": for x up to a bound, "upper": from a bound on), so that a group [i0, i0+V)

@@ -11,12 +11,13 @@
 -- store). A cache row id out of range writes nothing (the CPU reference rejects it). z itself is
 -- not stored: the pass made sure nothing else reads it.
 
+local kit = require("kit")
 local angle = require("angle")
 local prelude = require("prelude")
 
 local M = {}
 
-local function fail(fmt, ...) error("matmul: gemv_rope: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("matmul: gemv_rope")
 
 local function static(r, what)
     for d = 1, 4 do
@@ -81,8 +82,7 @@ end
 local function lit(v) return math.abs(v) > 2147483647 and string.format("%dll", v) or tostring(v) end
 
 local function ptr(b, r, var, ct, const)
-    local cq = (const and "const " or "") .. ct
-    b.add("%s *const %s = (%s *)p%d%s;", cq, var, cq, r.param, r.offs ~= 0 and " + " .. lit(r.offs) or "")
+    b.add(kit.pointer(r, var, ct, const, lit))
 end
 
 -- Pointer declarations of every tail's operands (tail n's names start with "t<n>").

@@ -38,6 +38,7 @@
 -- round b to the weight type first, as ggml's cuBLAS path does); results are stored once.
 -- Indices inside a row are 32-bit, row and batch bases 64-bit.
 
+local kit = require("kit")
 local tpl = require("tpl")
 local prelude = require("prelude")
 local gemv_rope = require("gemv_rope")
@@ -71,32 +72,18 @@ local MAX_STEPS = 64       -- gemm calls per node at most (else the tile kernel)
 local W_LOAD = "ld.global.nc.L1::no_allocate" -- weight loads: streamed, no L1 allocation
 local CVT_BLOCK = 256
 
-local function fail(fmt, ...) error("matmul: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("matmul")
 
 local dyn_shape -- (symbolic dims, below)
 local function epilogue_check_dyn(k, f) return require("epilogue").check_dyn(k, f) end
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function ceil_div(a, b) return (a + b - 1) // b end
+local ceil_div = kit.ceil_div
 
-local function next_pow2(x)
-    local p = 1
-    while p < x do p = p * 2 end
-    return p
-end
+local next_pow2 = kit.next_pow2
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" or r.offs < 0 then fail("%s: bad offs", what) end
-    if math.type(r.param) ~= "integer" then fail("%s: bad param", what) end
-end
+local check_ref = kit.ref_checker(fail, { offs_min = 0 })
 
 -- Strides with 0 for extents of 1 (never multiplied by a nonzero index).
 local function strides(r)
@@ -129,24 +116,7 @@ local function sum(terms)
 end
 
 -- A list of lines with an indentation level.
-local function builder()
-    local b = { lines = {}, ind = "" }
-    function b.add(fmt, ...)
-        local s = select("#", ...) > 0 and string.format(fmt, ...) or fmt
-        b.lines[#b.lines + 1] = (s:sub(1, 1) == "#" and "" or b.ind) .. s
-    end
-    function b.push() b.ind = b.ind .. "    " end
-    function b.pop() b.ind = b.ind:sub(5) end
-    function b.open(fmt, ...)
-        b.add(fmt, ...)
-        b.push()
-    end
-    function b.close(s)
-        b.pop()
-        b.add(s or "}")
-    end
-    return b
-end
+local builder = kit.builder
 
 -- ---- the shape ----------------------------------------------------------------------------
 
@@ -546,28 +516,16 @@ local function param_list(k, extra)
     return plist
 end
 
-local kernel = tpl.define [[
-// kiln matmul kernel ${name}
-// mul_mat: dst ${dims(s.d.ne)} f32 = b ${dims(s.b.ne)} f32 · a ${dims(s.a.ne)} ${s.ta}ᵀ
-@ for _, l in ipairs(notes) do
-//   ${l}
-@ end
-@ if pre ~= "" then
-
-${pre}
-@ end
-@ for _, h in ipairs(helpers) do
-
-${h}
-@ end
-
-extern "C" __global__ void __launch_bounds__(${block}) ${name}(${params})
-{
-@ for _, l in ipairs(body) do
-${l}
-@ end
-}
-]]
+-- The source of a matmul kernel (kit.kernel with this family's head).
+local function kernel(t)
+    local s = t.s
+    t.head = {
+        "kiln matmul kernel " .. t.name,
+        "mul_mat: dst " .. dims(s.d.ne) .. " f32 = b " .. dims(s.b.ne) .. " f32 · a " .. dims(s.a.ne) .. " " .. s.ta .. "ᵀ",
+    }
+    t.blocks, t.threads, t.inline = t.helpers, t.block, true
+    return kit.kernel(t)
+end
 
 local function render(name, s, notes, pre, H, block, plist, body)
     local plines = table.concat(plist, ", ")

@@ -32,6 +32,7 @@
 --      every output element is the same sum whatever its place in a tile, so results are
 --      identical run to run.
 
+local kit = require("kit")
 local tpl = require("tpl")
 local prelude = require("prelude")
 
@@ -57,41 +58,21 @@ local MMA_BM_SHORT, MMA_STAGES_SHORT = 64, 6  -- ... 64-row tiles, 6 stages (2 b
 local CP_HINT = ".L2::256B" -- L2 prefetch qualifier of the weight copies ("", ".L2::128B", ".L2::256B")
 local FMA_BM, FMA_BN, FMA_BK, FMA_THREADS = 64, 32, 32, 256
 
-local function fail(fmt, ...) error("matmul_id: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("matmul_id")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function ceil_div(a, b) return (a + b - 1) // b end
+local ceil_div = kit.ceil_div
 
-local function align(x, a) return ceil_div(x, a) * a end
+local align = kit.round_up
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-    if math.type(r.param) ~= "integer" then fail("%s: bad param", what) end
-end
+local check_ref = kit.ref_checker(fail)
 
 -- A list of lines with an indentation level (as softmax.lua's).
-local function builder()
-    local b = { lines = {}, ind = "    " }
-    function b.add(fmt, ...)
-        local s = select("#", ...) > 0 and string.format(fmt, ...) or fmt
-        b.lines[#b.lines + 1] = (s:sub(1, 1) == "#" and "" or b.ind) .. s
-    end
-    function b.push() b.ind = b.ind .. "    " end
-    function b.pop() b.ind = b.ind:sub(5) end
-    function b.text() return table.concat(b.lines, "\n") end
-    return b
-end
+local function builder() return kit.builder("    ") end
 
 -- 64-bit C literal of an element offset or stride.
-local function ll(v) return tostring(v) .. "ll" end
+local ll = kit.ll
 
 -- ---- the problem -------------------------------------------------------------------------------
 
@@ -184,11 +165,7 @@ local function param_list(p, scratch)
 end
 
 -- "T *const var = (T *)pN + offs;"
-local function ptr(r, var, ctype, const)
-    local c = const and "const " or ""
-    local offs = r.offs ~= 0 and (" + " .. ll(r.offs)) or ""
-    return string.format("%s%s *const %s = (%s%s *)p%d%s;", c, ctype, var, c, ctype, r.param, offs)
-end
+local function ptr(r, var, ctype, const) return kit.pointer(r, var, ctype, const, ll) end
 
 local function layout_note(r, what)
     return string.format("%-4s p%d %-4s ne %s st %s offs %d", what, r.param, r.type, dims(r.ne), dims(r.st), r.offs)
@@ -269,26 +246,12 @@ local function load_b(bl, p, row, k, n, xv, xs)
     end
 end
 
-local source = tpl.define [[
-// kiln mul_mat_id kernel ${name}
-// ${what}
-@ for _, l in ipairs(notes) do
-//   ${l}
-@ end
-@ if pre ~= "" then
-
-${pre}
-@ end
-@ for _, h in ipairs(helpers) do
-
-${h}
-@ end
-
-extern "C" __global__ void __launch_bounds__(${threads}) ${name}(${params})
-{
-${body}
-}
-]]
+-- The source of a mul_mat_id kernel (kit.kernel with this family's head).
+local function source(t)
+    t.head = { "kiln mul_mat_id kernel " .. t.name, t.what }
+    t.blocks, t.inline, t.body = t.helpers, true, { t.body }
+    return kit.kernel(t)
+end
 
 -- ---- epilogues (k.epilogue and k.pair; docs/templates.md, "Epilogues"): templates/epilogue.lua
 

@@ -12,6 +12,7 @@
 -- weights' post-processing (delayed softmax, norm with clamp, scale) runs on lanes 0..k-1
 -- with warp sums in double, and lane j stores id j and weight j.
 
+local kit = require("kit")
 local tpl = require("tpl")
 local prelude = require("prelude")
 
@@ -19,20 +20,11 @@ local MAX_E = 512
 local MAX_K = 32
 local MAX_WARPS = 4 -- token rows per block
 
-local function fail(fmt, ...) error("moe: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("moe")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail)
 
 -- The C offset expression sum of var_d * st_d over the (var, ne, st) terms, broadcasting
 -- (`% ne`) where ne divides the index space; "0" when empty.
@@ -283,16 +275,11 @@ return function(k)
         end
     end
     -- Symbolic dims: the token rows only (logits, bias, weights and ids).
-    local function dyn(r, d) return r and r.dyn and r.dyn[d] or nil end
-    local function dyn_only(r, what, allowed)
-        for d = 1, 4 do
-            if dyn(r, d) and d ~= allowed then fail("%s: symbolic dim %d is not supported", what, d - 1) end
-        end
-    end
-    dyn_only(a, "logits", 2)
-    dyn_only(ids, "ids", 2)
-    dyn_only(dst, "weights", td)
-    if bias then dyn_only(bias, "bias", 2) end
+    local dyn, dyn_only = kit.ext, kit.dyn_checker(fail)
+    dyn_only(a, "logits", { [2] = true })
+    dyn_only(ids, "ids", { [2] = true })
+    dyn_only(dst, "weights", { [td] = true })
+    if bias then dyn_only(bias, "bias", { [2] = true }) end
     local dT = dyn(a, 2) or dyn(ids, 2) or dyn(dst, td) or (bias and dyn(bias, 2))
     local gating = m.delayed and "none" or m.gating
     if gating ~= "softmax" and gating ~= "sigmoid" and gating ~= "none" then fail("gating %s", tostring(m.gating)) end
@@ -306,12 +293,8 @@ return function(k)
     local params = table.concat(plist, ", ")
     if dT then params = params .. (k.dims_arg or ", const int *__restrict__ kdims") end
     local function ptr(r, var, typ, const)
-        if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
-            fail("%s: param %s out of range", var, tostring(r.param))
-        end
-        local c = (const and "const " or "") .. typ
-        local offs = r.offs ~= 0 and (" + " .. r.offs .. "ll") or ""
-        return string.format("%s *const %s = (%s *)p%d%s;", c, var, c, r.param, offs)
+        kit.check_param(fail, r, var, nparams)
+        return kit.pointer(r, var, typ, const, kit.ll)
     end
     if dst.param == ids.param then fail("weights and ids share a buffer") end
     local ptrs = { ptr(dst, "out", prelude.ctype[dst.type], false), ptr(ids, "ids", "int", false),

@@ -22,8 +22,8 @@
 -- conversion-bound (f32<->f64 conversions run at 16 per clock per SM). The rounding steps in
 -- float after the sums follow ggml's CPU kernels exactly (see ir/ref_norm.c).
 
+local kit = require("kit")
 local tpl = require("tpl")
-local D = require("dyn")
 local prelude = require("prelude")
 local E = require("epilogue")
 
@@ -36,34 +36,17 @@ local CACHE_MAX = 32    -- at most this many elements cached per thread (64 regi
 local MAX_BLOCK = 1024
 local MAX_GRID = 2147483647
 
-local function fail(fmt, ...) error("norm: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("norm")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function check_ref(r, what)
-    if type(r) ~= "table" or not SIZE[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 0 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail, { types = SIZE, min_ne = 0 })
 
-local function round_up(v, m) return (v + m - 1) // m * m end
-local function ceil_div(a, b) return (a + b - 1) // b end
+local round_up = kit.round_up
+local ceil_div = kit.ceil_div
 
 -- Largest element offset r reaches, and whether an offset or stride is negative.
-local function reach(r)
-    local m, neg = r.offs, r.offs < 0
-    for d = 1, 4 do
-        if r.ne[d] > 1 then
-            if r.st[d] < 0 then neg = true else m = m + (r.ne[d] - 1) * r.st[d] end
-        end
-    end
-    return m, neg
-end
+local reach = kit.reach
 
 -- Largest power of two <= 16 bytes of type t that divides n (elements), at least 1.
 local function vec_of(t, n)
@@ -481,7 +464,7 @@ local function dyn_plan(k, allowed)
     return dy
 end
 
--- Offset of r's row from the coordinates of D.row_coords.
+-- Offset of r's row from the coordinates of kit.row_coords.
 local function row_base_dyn(r, ne, coords, I)
     local terms = {}
     for d = 2, 4 do
@@ -626,7 +609,7 @@ local function row_plan(k, a, dst, I, ix, dy)
     if dy then
         c.launch = c.launch .. string.format("; dynamic rows (at most %d): blocks past them return", rows)
         local lines
-        lines, dcoords = D.row_coords(ne, dy)
+        lines, dcoords = kit.row_coords(ne, dy)
         for _, l in ipairs(lines) do plines[#plines + 1] = l end
         bi, bo = row_base_dyn(a, ne, dcoords, I), row_base_dyn(dst, ne, dcoords, I)
     else

@@ -20,8 +20,8 @@
 --   a's elements fill a contiguous range (any permutation of a contiguous tensor) the range is
 --   read as vectors; otherwise dims are walked in order of increasing stride.
 
+local kit = require("kit")
 local tpl = require("tpl")
-local D = require("dyn")
 local prelude = require("prelude")
 
 local INT_MAX = 2147483647
@@ -35,20 +35,11 @@ local CUM_K = 4        -- consecutive elements one cumsum thread scans per chunk
 local SIZE = { f32 = 4, f16 = 2, bf16 = 2 }
 local FULL = "0xffffffffu"
 
-local function fail(fmt, ...) error("reduce: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("reduce")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail)
 
 -- dst must be its buffer's contiguous layout: kernels index it linearly.
 local function check_natural(dst)
@@ -60,15 +51,7 @@ local function check_natural(dst)
 end
 
 -- Largest element offset r reaches, and whether an offset or stride is negative.
-local function reach(r)
-    local m, neg = r.offs, r.offs < 0
-    for d = 1, 4 do
-        if r.ne[d] > 1 then
-            if r.st[d] < 0 then neg = true else m = m + (r.ne[d] - 1) * r.st[d] end
-        end
-    end
-    return m, neg
-end
+local reach = kit.reach
 
 local function nelem(r) return r.ne[1] * r.ne[2] * r.ne[3] * r.ne[4] end
 
@@ -94,45 +77,25 @@ local function frame(k, a, dst_ctype, dy)
     local ix = wide and "long long" or "unsigned"
     local function I(v) return tostring(v) .. (wide and "ll" or "u") end
     local function ptr(r, var, ct, const)
-        if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
-            fail("%s: param %s out of range", var, tostring(r.param))
-        end
-        ct = (const and "const " or "") .. ct
-        local offs = ""
-        if r.offs ~= 0 then offs = " + " .. tostring(r.offs) .. (math.abs(r.offs) > INT_MAX and "ll" or "") end
-        return string.format("%s *const %s = (%s *)p%d%s;", ct, var, ct, r.param, offs)
+        kit.check_param(fail, r, var, nparams)
+        return kit.pointer(r, var, ct, const)
     end
     local ptrs = { ptr(k.dst, "out", dst_ctype, false), ptr(a, "in", prelude.ctype[a.type], true) }
     return { params = table.concat(plist, ", "), ptrs = ptrs, ix = ix, I = I, wide = wide, bits = wide and 64 or 32 }
 end
 
-local kernel = tpl.define [[
-// kiln reduce kernel ${name}: ${what}
-// a ${a.type} ne ${dims(a.ne)} st ${dims(a.st)} offs ${a.offs}; out ${dst.type} ne ${dims(dst.ne)}
-// ${launch}, ${bits}-bit indexing
-@ for _, l in ipairs(notes) do
-//   ${l}
-@ end
-@ if pre ~= "" then
-
-${pre}
-@ end
-@ for _, t in ipairs(types) do
-
-${t}
-@ end
-
-extern "C" __global__ void __launch_bounds__(${threads})
-${name}(${params})
-{
-@ for _, p in ipairs(ptrs) do
-    ${p}
-@ end
-@ for _, s in ipairs(body) do
-${s}
-@ end
-}
-]]
+-- The source of a reduce kernel (kit.kernel with this family's head).
+local function kernel(t)
+    local a, dst = t.a, t.dst
+    t.head = {
+        "kiln reduce kernel " .. t.name .. ": " .. t.what,
+        "a " .. a.type .. " ne " .. dims(a.ne) .. " st " .. dims(a.st) .. " offs " .. a.offs .. "; out "
+            .. dst.type .. " ne " .. dims(dst.ne),
+        t.launch .. ", " .. t.bits .. "-bit indexing",
+    }
+    t.blocks = t.types
+    return kit.kernel(t)
+end
 
 -- Indents every line of t by n spaces (preprocessor lines stay at column 0).
 local function indent(t, n)
@@ -422,7 +385,7 @@ local function row_reduce(k, a, dst)
     local function iadd(s) inner[#inner + 1] = s end
     local out_at = "row"
     if dy then
-        local cl, coords = D.row_coords(a.ne, dy)
+        local cl, coords = kit.row_coords(a.ne, dy)
         append(inner, cl)
         iadd(string.format("const %s *const x = in + %s;", prelude.ctype[a.type], coords_offset(a, coords, I)))
         if op ~= "argmax" then out_at = coords_offset(dst, coords, I) end
@@ -543,7 +506,7 @@ local function cumsum(k, a, dst)
     local inner = {}
     local function iadd(s) inner[#inner + 1] = s end
     if dy then
-        local cl, coords = D.row_coords(a.ne, dy)
+        local cl, coords = kit.row_coords(a.ne, dy)
         append(inner, cl)
         iadd(string.format("const float *const x = in + %s;", coords_offset(a, coords, I)))
         iadd(string.format("float *const y = out + %s;", coords_offset(dst, coords, I)))

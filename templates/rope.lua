@@ -22,8 +22,8 @@
 --
 -- Pairs beyond CACHE_MAX are processed in chunks of CACHE_MAX (large n_dims only).
 
+local kit = require("kit")
 local tpl = require("tpl")
-local D = require("dyn")
 local prelude = require("prelude")
 
 local SIZE = { f32 = 4, f16 = 2, bf16 = 2 }
@@ -36,33 +36,21 @@ local MIN_BLOCKS = 264  -- with fewer blocks, heads are split over more blocks (
 local MAX_GRID_Y = 65535
 local MODES = { [0] = "normal", [2] = "neox", [8] = "mrope", [24] = "vision", [40] = "imrope" }
 
-local function fail(fmt, ...) error("rope: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("rope")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail)
 
-local function ceil_div(a, b) return (a + b - 1) // b end
+local ceil_div = kit.ceil_div
 
 -- ---- symbolic dims (docs/templates.md: ref.dyn) ----------------------------------------------
 --
 -- dyn(r, d): the C expression (int) of r's run-time extent in dim d (1-based), or nil when static.
-local dyn = D.ext
+local dyn = kit.ext
 
 -- Fails unless r's dynamic dims are among the allowed ones (a set of 1-based dims).
-local function dyn_only(r, what, allowed)
-    local d = D.disallowed(r, allowed)
-    if d then fail("%s: symbolic dim %d is not supported", what, d - 1) end
-end
+local dyn_only = kit.dyn_checker(fail)
 
 -- The run-time extent of a dim that a and b share: one of their expressions (nil when static).
 local function dyn_of(a, b, d) return dyn(a, d) or dyn(b, d) end
@@ -73,15 +61,7 @@ local angle = require("angle")
 local lit, constants = angle.lit, angle.constants
 
 -- Largest element offset r reaches, and whether an offset or stride is negative.
-local function reach(r)
-    local m, neg = r.offs, r.offs < 0
-    for d = 1, 4 do
-        if r.ne[d] > 1 then
-            if r.st[d] < 0 then neg = true else m = m + (r.ne[d] - 1) * r.st[d] end
-        end
-    end
-    return m, neg
-end
+local reach = kit.reach
 
 -- ---- the plan -----------------------------------------------------------------------------
 
@@ -304,39 +284,40 @@ end
 
 -- ---- code -------------------------------------------------------------------------------------
 
-local kernel = tpl.define [[
-// kiln rope kernel ${name}
-// rope_ext mode ${mode} (${kind}): a ${atype} ${dims(ane)} st ${dims(ast)} offs ${aoffs} -> out ${dims(ane)}
-// n_dims ${nd}: ${np} pairs per row${pairs}; ${copied}
-// theta_scale ${ts}, freq_scale ${fs}, ext_factor ${ef}, mscale ${ms}${yarn}
-// positions: i32 st ${pst} offs ${poffs}${ffnote}
-@ for _, l in ipairs(scatter) do
-// ${l}
-@ end
-@ if symbolic ~= "" then
-// symbolic dims (read at run time; blocks past them return): ${symbolic}
-@ end
-// grid ${gx} x ${gy} (tokens x head groups of ${hpb}), block ${block}; units of ${g} pair(s) (${how});
-//   ${chunks}, ${bits}-bit offsets
-@ if pre ~= "" then
+-- The source of a rope kernel (kit.kernel with this family's head: the rope's parameters, the
+-- scatter of rope_set_rows, the symbolic dims and the launch).
+local function kernel(t)
+    local head = {
+        "kiln rope kernel " .. t.name,
+        "rope_ext mode " .. t.mode .. " (" .. t.kind .. "): a " .. t.atype .. " " .. dims(t.ane) .. " st " .. dims(t.ast)
+            .. " offs " .. t.aoffs .. " -> out " .. dims(t.ane),
+        "n_dims " .. t.nd .. ": " .. t.np .. " pairs per row" .. t.pairs .. "; " .. t.copied,
+        "theta_scale " .. t.ts .. ", freq_scale " .. t.fs .. ", ext_factor " .. t.ef .. ", mscale " .. t.ms .. t.yarn,
+        "positions: i32 st " .. t.pst .. " offs " .. t.poffs .. t.ffnote,
+    }
+    for _, l in ipairs(t.scatter) do head[#head + 1] = l end
+    if t.symbolic ~= "" then
+        head[#head + 1] = "symbolic dims (read at run time; blocks past them return): " .. t.symbolic
+    end
+    head[#head + 1] = "grid " .. t.gx .. " x " .. t.gy .. " (tokens x head groups of " .. t.hpb .. "), block " .. t.block
+        .. "; units of " .. t.g .. " pair(s) (" .. t.how .. ");"
+    head[#head + 1] = "  " .. t.chunks .. ", " .. t.bits .. "-bit offsets"
+    t.head, t.blocks, t.threads = head, t.types, t.block
+    return kit.kernel(t)
+end
 
-${pre}
-@ end
-@ for _, t in ipairs(types) do
+-- ---- the kernel being written ----------------------------------------------------------------
 
-${t}
-@ end
+-- U(v): an unsigned C literal.
+local function U(v) return tostring(v) .. "u" end
 
-extern "C" __global__ void __launch_bounds__(${block})
-${name}(${params})
-{
-@ for _, l in ipairs(body) do
-${l}
-@ end
-}
-]]
-
-return function(k)
+-- The rope node checked and planned, as the code writers below see it (K): the operands a, pos,
+-- ff (freq_factors), dst; S (k.set_rows of a rope_set_rows fusion, or nil) and Y (the rows the
+-- rope writes, in the rope's shape); OT (the type the rope's value is rounded to) and DT (Y's
+-- type, the one stored); the plan P (with its symbolic extents) and the angle's constants C;
+-- ix and I (the index type and its literals); the prelude recorder pre; the body lines and the
+-- vector types being written, and add(s [, ind]) appending a line (indent 4 by default).
+local function node_of(k)
     if k.kind ~= "op" or k.op ~= "rope_ext" then fail("unsupported node %s", tostring(k.op)) end
     local a, pos, ff, dst = k.args.a, k.args.pos, k.args.freq_factors, k.dst
     check_ref(a, "a", SIZE)
@@ -357,8 +338,6 @@ return function(k)
             if dst.ne[d] ~= a.ne[d] then fail("dst and a shapes differ") end
         end
     end
-    local OT = S and S.type or a.type -- the rope's value is rounded to OT, then stored as Y's type
-    local DT = Y.type
 
     local P = plan_of(k, Y)
     local C = constants(k)
@@ -378,9 +357,6 @@ return function(k)
     end
     local dynamic = (P.dH or P.dT or P.dS or P.drow or dyn(pos, 1)) and true or false
     if dynamic and P.mode & 8 ~= 0 and P.ne[4] > 1 and P.dT then fail("mrope with symbolic tokens and ne3 > 1") end
-    local pre = prelude.new()
-    local ne, nd, np, g = P.ne, P.nd, P.np, P.g
-    local T = prelude.ctype[a.type]
 
     -- Index width: 32-bit unless an offset needs more.
     local wide = false
@@ -392,48 +368,60 @@ return function(k)
         local m, neg = reach(ff)
         if m > INT_MAX or neg then wide = true end
     end
-    local ix = wide and "long long" or "unsigned"
-    local function I(v) return tostring(v) .. (wide and "ll" or "u") end
-    local function U(v) return tostring(v) .. "u" end
 
-    -- Parameters and pointers.
-    local nparams = k.nparams
+    local body = {}
+    local K = {
+        k = k, a = a, pos = pos, ff = ff, dst = dst, S = S, Y = Y, OT = S and S.type or a.type, DT = Y.type,
+        P = P, C = C, dynamic = dynamic, wide = wide, ix = wide and "long long" or "unsigned",
+        pre = prelude.new(), T = prelude.ctype[a.type], body = body, types = {},
+        ne = P.ne, nd = P.nd, np = P.np, g = P.g,
+    }
+    function K.I(v) return tostring(v) .. (wide and "ll" or "u") end
+    function K.add(s, ind) body[#body + 1] = (s == "" or s:sub(1, 1) == "#") and s or (ind or "    ") .. s end
+    return K
+end
+
+-- The declaration of pointer var (to elements of C type ct) to operand r's first element.
+local function ptr(K, r, var, ct, const)
+    kit.check_param(fail, r, var, K.k.nparams)
+    return kit.pointer(r, var, ct, const)
+end
+
+-- The kernel's name and parameter list.
+local function signature(K)
+    local a, nd, ne, S = K.a, K.nd, K.ne, K.S
     local plist = {}
-    for q = 0, nparams - 1 do
+    for q = 0, K.k.nparams - 1 do
         plist[#plist + 1] = (q == 0 and "char" or "const char") .. " *__restrict__ p" .. q
     end
     local params = table.concat(plist, ", ")
-    local name = string.format("rope_%s_%s_%d_%d", P.kind, a.type, nd, ne[1])
-    if S then name = string.format("rope_set_rows_%s_%s_%d_%d_%s_%s", P.kind, a.type, nd, ne[1], DT, S.ids.type) end
+    local name = string.format("rope_%s_%s_%d_%d", K.P.kind, a.type, nd, ne[1])
+    if S then name = string.format("rope_set_rows_%s_%s_%d_%d_%s_%s", K.P.kind, a.type, nd, ne[1], K.DT, S.ids.type) end
     if #params + #name > 90 then params = "\n    " .. table.concat(plist, ",\n    ") end
-    if dynamic then params = params .. (k.dims_arg or ", const int *__restrict__ kdims") end
-    local function ptr(r, var, ct, const)
-        if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
-            fail("%s: param %s out of range", var, tostring(r.param))
-        end
-        local cq = (const and "const " or "") .. ct
-        local offs = ""
-        if r.offs ~= 0 then offs = " + " .. tostring(r.offs) .. (math.abs(r.offs) > INT_MAX and "ll" or "") end
-        return string.format("%s *const %s = (%s *)p%d%s;", cq, var, cq, r.param, offs)
-    end
+    if K.dynamic then params = params .. (K.k.dims_arg or ", const int *__restrict__ kdims") end
+    return name, params
+end
 
-    local body, types = {}, {}
-    local function add(s, ind) body[#body + 1] = (s == "" or s:sub(1, 1) == "#") and s or (ind or "    ") .. s end
-    add(ptr(dst, "y", prelude.ctype[DT], false))
-    add(ptr(a, "x", T, true))
+-- The pointers, then the block's token, head group and the coordinates and bases of its rows.
+-- Sets K.i2 (the token coordinate), K.partial (whether the block's last head group is cut)
+-- and K.nh (its head count, an expression).
+local function prologue(K)
+    local add, a, dst, S, P, ne, ix, I = K.add, K.a, K.dst, K.S, K.P, K.ne, K.ix, K.I
+    add(ptr(K, dst, "y", prelude.ctype[K.DT], false))
+    add(ptr(K, a, "x", K.T, true))
     if S then
-        if not S.in_place then add(ptr(S.a, "ca", prelude.ctype[DT], true)) end
-        add(ptr(S.ids, "ids", S.ids.type == "i64" and "long long" or "int", true))
+        if not S.in_place then add(ptr(K, S.a, "ca", prelude.ctype[K.DT], true)) end
+        add(ptr(K, S.ids, "ids", S.ids.type == "i64" and "long long" or "int", true))
     end
-    if np > 0 then
-        add(ptr(pos, "pos", "int", true))
-        if ff then add(ptr(ff, "ff", "float", true)) end
+    if K.np > 0 then
+        add(ptr(K, K.pos, "pos", "int", true))
+        if K.ff then add(ptr(K, K.ff, "ff", "float", true)) end
     end
     add("")
 
     -- Token and head group.
     if S then
-        scatter_prologue(S, P, dst, add, ix, I, U, types)
+        scatter_prologue(S, P, dst, add, ix, I, U, K.types)
     else
         add("const unsigned tok = blockIdx.x;")
     end
@@ -442,7 +430,7 @@ return function(k)
     local gate_t, gate_s = not S and P.dT, P.dS -- coordinates checked against run-time extents
     if ne[3] > 1 then
         i2 = ne[4] > 1 and "i2" or "tok"
-        if ne[4] > 1 and (np > 0 or a.st[3] ~= 0 or gate_t) then add(string.format("const unsigned i2 = tok %% %s;", U(ne[3]))) end
+        if ne[4] > 1 and (K.np > 0 or a.st[3] ~= 0 or gate_t) then add(string.format("const unsigned i2 = tok %% %s;", U(ne[3]))) end
     end
     if ne[4] > 1 and (a.st[4] ~= 0 or gate_s) then
         i3 = "i3"
@@ -482,287 +470,326 @@ return function(k)
     elseif partial then
         add(string.format("const unsigned nh = %s - hb < %s ? %s - hb : %s;", U(ne[2]), U(P.hpb), U(ne[2]), U(P.hpb)))
     end
-    local nh = partial and "nh" or U(P.hpb)
+    K.i2, K.partial, K.nh = i2, partial, partial and "nh" or U(P.hpb)
+end
 
-    -- Offsets of element e (an expression) of head h (an expression) in x and y.
-    local function xoff(h, e)
-        local s = "xbase"
-        if ne[2] > 1 and a.st[2] ~= 0 then s = s .. string.format(" + (%s)(%s) * %s", ix, h, I(a.st[2])) end
-        if a.st[1] == 1 then return s .. string.format(" + (%s)", e) end
-        return s .. string.format(" + (%s)(%s) * %s", ix, e, I(a.st[1]))
-    end
-    local function yoff(h, e)
-        return string.format("ybase + (%s)(%s) * %s + (%s)", ix, h, I(ne[1]), e)
-    end
+-- Offsets of element e (an expression) of head h (an expression) in x and y.
+local function xoff(K, h, e)
+    local a, ix, I = K.a, K.ix, K.I
+    local s = "xbase"
+    if K.ne[2] > 1 and a.st[2] ~= 0 then s = s .. string.format(" + (%s)(%s) * %s", ix, h, I(a.st[2])) end
+    if a.st[1] == 1 then return s .. string.format(" + (%s)", e) end
+    return s .. string.format(" + (%s)(%s) * %s", ix, e, I(a.st[1]))
+end
+local function yoff(K, h, e)
+    return string.format("ybase + (%s)(%s) * %s + (%s)", K.ix, h, K.I(K.ne[1]), e)
+end
 
-    -- 3. the copied tail (ne0 - n_dims elements per row), element by element.
-    local function copy_tail()
-        if P.pt <= 0 then return end
-        add(string.format("for (unsigned v = threadIdx.x; v < %s * %s; v += %s) {", nh, U(P.pt), U(P.block)))
-        add(string.format("const unsigned h = hb + v / %s, e = %s + v %% %s;", U(P.pt), U(nd), U(P.pt)), "        ")
-        local v = string.format("x[%s]", xoff("h", "e"))
-        if S then v = pre.store(DT, pre.round(OT, pre.load(a.type, v))) end
-        add(string.format("y[%s] = %s;", yoff("h", "e"), v), "        ")
+-- 3. the copied tail (ne0 - n_dims elements per row), element by element.
+local function copy_tail(K)
+    local P, add, pre = K.P, K.add, K.pre
+    if P.pt <= 0 then return end
+    add(string.format("for (unsigned v = threadIdx.x; v < %s * %s; v += %s) {", K.nh, U(P.pt), U(P.block)))
+    add(string.format("const unsigned h = hb + v / %s, e = %s + v %% %s;", U(P.pt), U(K.nd), U(P.pt)), "        ")
+    local v = string.format("x[%s]", xoff(K, "h", "e"))
+    if K.S then v = pre.store(K.DT, pre.round(K.OT, pre.load(K.a.type, v))) end
+    add(string.format("y[%s] = %s;", yoff(K, "h", "e"), v), "        ")
+    add("}")
+end
+
+-- The vector types of a vectorized plan: K.vt (a's) and K.ovt (Y's: the same when as wide).
+local function vector_types(K)
+    local P, a, DT, types = K.P, K.a, K.DT, K.types
+    if not P.vec then return end
+    local vt = string.format("kiln_rope_%sx%d", a.type == "f32" and "f32" or "u16", P.ve)
+    types[#types + 1] = string.format("struct alignas(%d) %s {\n    %s v[%d];\n};", P.ve * SIZE[a.type], vt, K.T, P.ve)
+    local ovt = vt
+    if SIZE[DT] ~= SIZE[a.type] then
+        ovt = string.format("kiln_rope_%sx%d", DT == "f32" and "f32" or "u16", P.ve)
+        types[#types + 1] = string.format("struct alignas(%d) %s {\n    %s v[%d];\n};", P.ve * SIZE[DT], ovt,
+            prelude.ctype[DT], P.ve)
+    end
+    K.vt, K.ovt = vt, ovt
+end
+
+-- The rotated value v (f32) as stored: rounded to the op type, converted to Y's type.
+local function out(K, v)
+    if K.S then return K.pre.store(K.DT, K.pre.round(K.OT, v)) end
+    return K.pre.store(K.a.type, v)
+end
+
+-- ---- units: the pairs a thread rotates ---------------------------------------------------------
+
+-- The parts of a unit: one run of 2G elements (normal) or two runs of G (the others).
+-- A part is read into raw registers (a vector, or G scalars) named by its prefix.
+local function parts_of(K)
+    local g = K.g
+    if K.P.kind == "normal" then return { { e = function(i) return "2u * " .. i end, n = 2 * g, pfx = "r" } } end
+    return {
+        { e = function(i) return i end, n = g, pfx = "ra" },
+        { e = function(i) return i .. " + " .. U(K.P.off) end, n = g, pfx = "rb" },
+    }
+end
+local function raw(K, part, j, m)
+    if K.P.vec then return string.format("%s%d.v[%d]", part.pfx, j, m) end
+    return string.format("%s%d_%d", part.pfx, j, m)
+end
+
+-- Lines reading unit j's parts (head h<j>, first pair i<j>) into registers: declared here
+-- (decl), or assigned to registers declared earlier.
+local function load_unit(K, j, ind, decl)
+    local add, vt = K.add, K.vt
+    for _, part in ipairs(parts_of(K)) do
+        local e = part.e("i" .. j)
+        local h = "h" .. j
+        if K.P.vec then
+            add(string.format("%s%s%d = *(const %s *)(x + %s);", decl and "const " .. vt .. " " or "", part.pfx, j,
+                vt, xoff(K, h, e)), ind)
+        else
+            for m = 0, part.n - 1 do
+                add(string.format("%s%s = x[%s];", decl and "const " .. K.T .. " " or "", raw(K, part, j, m),
+                    xoff(K, h, e .. " + " .. U(m))), ind)
+            end
+        end
+    end
+end
+
+-- Lines rotating unit j (cache entries from chunk-relative pair q) and storing it.
+local function rotate_unit(K, j, ind)
+    local add, pre, g = K.add, K.pre, K.g
+    local parts = parts_of(K)
+    local function rot(m, x0, x1, cidx, out0, out1)
+        add(string.format("const float2 c%d_%d = cs[q%d + %s];", j, m, j, U(cidx)), ind)
+        local c = string.format("c%d_%d", j, m)
+        add(string.format("const float x0_%d_%d = %s, x1_%d_%d = %s;", j, m, pre.load(K.a.type, x0), j, m,
+            pre.load(K.a.type, x1)), ind)
+        local X0, X1 = string.format("x0_%d_%d", j, m), string.format("x1_%d_%d", j, m)
+        out0[#out0 + 1], out1[#out1 + 1] = angle.rotate(X0, X1, c .. ".x", c .. ".y")
+    end
+    local outs = {}
+    if K.P.kind == "normal" then
+        local o = {}
+        for m = 0, g - 1 do
+            local o0, o1 = {}, {}
+            rot(m, raw(K, parts[1], j, 2 * m), raw(K, parts[1], j, 2 * m + 1), m, o0, o1)
+            o[2 * m + 1], o[2 * m + 2] = o0[1], o1[1]
+        end
+        outs[1] = o
+    else
+        local o0, o1 = {}, {}
+        for m = 0, g - 1 do rot(m, raw(K, parts[1], j, m), raw(K, parts[2], j, m), m, o0, o1) end
+        outs[1], outs[2] = o0, o1
+    end
+    for pi, part in ipairs(parts) do
+        local e = part.e("i" .. j)
+        local h = "h" .. j
+        if K.P.vec then
+            add(string.format("%s o%d_%d;", K.ovt, j, pi), ind)
+            for m = 0, part.n - 1 do
+                add(string.format("o%d_%d.v[%d] = %s;", j, pi, m, out(K, outs[pi][m + 1])), ind)
+            end
+            add(string.format("*(%s *)(y + %s) = o%d_%d;", K.ovt, yoff(K, h, e), j, pi), ind)
+        else
+            for m = 0, part.n - 1 do
+                add(string.format("y[%s] = %s;", yoff(K, h, e .. " + " .. U(m)), out(K, outs[pi][m + 1])), ind)
+            end
+        end
+    end
+end
+
+-- Lines defining unit j's head h<j>, chunk-relative pair q<j> and pair i<j> from unit index u
+-- (uph: units per head, an expression).
+local function unit_index(K, j, u, c0, uph, ind)
+    if uph == "1u" then
+        K.add(string.format("const unsigned h%d = hb + %s, q%d = 0u;", j, u, j), ind)
+    else
+        K.add(string.format("const unsigned h%d = hb + %s / %s, q%d = %s %% %s * %s;", j, u, uph, j, u, uph, U(K.g)),
+            ind)
+    end
+    K.add(string.format("const unsigned i%d = %s + q%d;", j, c0, j), ind)
+end
+
+-- ---- 1. the cos/sin cache ----------------------------------------------------------------------
+
+-- The mrope sections of the node: K.mrope (whether the mode has them), K.sec, their sum K.sd and
+-- the first pairs of the third and fourth, K.sec_w and K.sec_e; K.TS, theta_scale as C.
+local function sections(K)
+    local P = K.P
+    K.mrope = P.mode == 8 or P.mode == 24 or P.mode == 40
+    local sec = K.k.params.sections
+    K.sec, K.sd = sec, sec[1] + sec[2] + sec[3] + sec[4]
+    if K.mrope and K.sd <= 0 then fail("mode %d needs sections with a positive sum", P.mode) end
+    K.sec_w, K.sec_e = sec[1] + sec[2], sec[1] + sec[2] + sec[3]
+    K.TS = lit(K.C.theta_scale)
+end
+
+-- One step of ggml's theta chain(s) to the next pair.
+local function step_chain(K, ind)
+    local add, TS = K.add, K.TS
+    if not K.mrope then
+        add(string.format("t = __fmul_rn(t, %s);", TS), ind)
+        return
+    end
+    add(string.format("tt = __fmul_rn(tt, %s); th = __fmul_rn(th, %s);", TS, TS), ind)
+    add(string.format("tw = __fmul_rn(tw, %s); te = __fmul_rn(te, %s);", TS, TS), ind)
+end
+
+-- Vision restarts each section's chain at its first pair (ggml's indep_sects), in ggml's
+-- if/else order; a repeated constant could never be reached, so it is left out.
+local function resets(K, kvar, ind)
+    if K.P.mode ~= 24 then return end
+    local add, sec = K.add, K.sec
+    local seen, first = {}, true
+    add(string.format("{ const int s = (int)(%s %% %s);", kvar, U(K.sd)), ind)
+    for _, r in ipairs({ { 0, "tt", "pt" }, { sec[1], "th", "ph" }, { K.sec_w, "tw", "pw" }, { K.sec_e, "te", "pe" } }) do
+        if not seen[r[1]] then
+            seen[r[1]] = true
+            add(string.format("  %sif (s == %d) %s = %s;", first and "" or "else ", r[1], r[2], r[3]), ind)
+            first = false
+        end
+    end
+    add("}", ind)
+end
+
+-- theta of pair i: the chain's, or with mrope the one of i's section.
+local function pick(K, ind)
+    local add, sec, sec_w = K.add, K.sec, K.sec_w
+    if not K.mrope then
+        add("const float theta = t;", ind)
+        return
+    end
+    add(string.format("const int s = (int)(i %% %s);", U(K.sd)), ind)
+    add("float theta = tt;", ind)
+    if K.P.mode == 40 then
+        add(string.format("if (s %% 3 == 1 && s < %d) theta = th;", 3 * sec[2]), ind)
+        add(string.format("else if (s %% 3 == 2 && s < %d) theta = tw;", 3 * sec[3]), ind)
+        add(string.format("else if (s %% 3 == 0 && s < %d) theta = tt;", 3 * sec[1]), ind)
+        add("else theta = te;", ind)
+    else
+        add(string.format("if (s >= %d && s < %d) theta = th;", sec[1], sec_w), ind)
+        add(string.format("else if (s >= %d && s < %d) theta = tw;", sec_w, sec_w + sec[3]), ind)
+        add(string.format("else if (s >= %d) theta = te;", sec_w + sec[3]), ind)
+    end
+end
+
+-- The cache of pairs [c0, c0 + chn): cs[q] = (cos, sin) of pair c0 + q.
+local function cache_phase(K, c0, chn, ind)
+    local add, ff = K.add, K.ff
+    local in2 = ind .. "    "
+    add(string.format("for (unsigned q = threadIdx.x; q < %s; q += %s) {", chn, U(K.P.block)), ind)
+    add(string.format("const unsigned i = %s + q;", c0), in2)
+    add("for (; k < i; k++) {", in2)
+    resets(K, "k", in2 .. "    ")
+    step_chain(K, in2 .. "    ")
+    add("}", in2)
+    resets(K, "i", in2)
+    pick(K, in2)
+    angle.lines(K.k, K.C, add, in2, {
+        i = "i",
+        ff = ff and string.format("ff[(%s)i * %s]", K.ix, K.I(ff.st[1])),
+        store = function(c, s) return string.format("cs[q] = make_float2(%s, %s);", c, s) end,
+    })
+    add("}", ind)
+end
+
+-- The cache in shared memory and the chains' start: the token's position(s).
+local function chain_start(K)
+    local add, ne, P, i2 = K.add, K.ne, K.P, K.i2
+    add(string.format("__shared__ float2 cs[%d];", P.ch))
+    local function posv(kk)
+        local idx = kk == 0 and i2 or string.format("(%s + %s)", i2, U(kk * ne[3]))
+        if kk > 0 and P.dT then
+            -- the four blocks of positions are n_tokens apart at run time
+            idx = string.format("(%s + %s * (unsigned)(%s))", i2, U(kk), P.dT)
+        end
+        return string.format("(float)pos[(%s)%s * %s]", K.ix, idx, K.I(K.pos.st[1]))
+    end
+    if K.mrope then
+        add(string.format("const float pt = %s, ph = %s;", posv(0), posv(1)))
+        add(string.format("const float pw = %s, pe = %s;", posv(2), posv(3)))
+        add("float tt = pt, th = ph, tw = pw, te = pe; /* ggml's four chains, at pair k */")
+    else
+        add(string.format("float t = %s; /* ggml's chain theta_k = pos * theta_scale^k, at pair k */", posv(0)))
+    end
+    add("unsigned k = 0u;")
+    add("")
+end
+
+-- ---- 2. the rotation ---------------------------------------------------------------------------
+
+-- 2a. the units into registers, then the tail copy, the cache, the rotation.
+local function prefetched(K)
+    local add, P, np, nh = K.add, K.P, K.np, K.nh
+    local guards = {}
+    for j = 0, P.u - 1 do
+        local u = string.format("(threadIdx.x + %s)", U(j * P.block))
+        if j == 0 then u = "threadIdx.x" end
+        local guard
+        if K.partial or (j + 1) * P.block > P.nu then
+            guard = string.format("%s < %s * %s", u, nh, U(P.uph))
+        end
+        guards[j] = guard
+        add(string.format("/* unit %d */", j))
+        unit_index(K, j, u, "0u", U(P.uph), "    ")
+        if P.vec then
+            for _, part in ipairs(parts_of(K)) do add(string.format("%s %s%d;", K.vt, part.pfx, j)) end
+        else
+            for _, part in ipairs(parts_of(K)) do
+                local names = {}
+                for m = 0, part.n - 1 do names[#names + 1] = raw(K, part, j, m) end
+                add(string.format("%s %s;", K.T, table.concat(names, ", ")))
+            end
+        end
+        if guard then add(string.format("if (%s) {", guard)) end
+        load_unit(K, j, guard and "        " or "    ", false)
+        if guard then add("}") end
+    end
+    add("")
+    copy_tail(K)
+    cache_phase(K, "0u", U(np), "    ")
+    add("__syncthreads();")
+    for j = 0, P.u - 1 do
+        if guards[j] then
+            add(string.format("if (%s) {", guards[j]))
+            rotate_unit(K, j, "        ")
+            add("}")
+        else
+            rotate_unit(K, j, "    ")
+        end
+    end
+end
+
+-- 2b. chunk by chunk: the cache, then every unit of the chunk.
+local function chunked(K)
+    local add, P, np = K.add, K.P, K.np
+    copy_tail(K)
+    local c0, chn, ind = "0u", U(np), "    "
+    if P.nchunks > 1 then
+        add(string.format("for (unsigned c0 = 0u; c0 < %s; c0 += %s) {", U(np), U(P.ch)))
+        add(string.format("const unsigned chn = %s - c0 < %s ? %s - c0 : %s;", U(np), U(P.ch), U(np), U(P.ch)),
+            "        ")
+        c0, chn, ind = "c0", "chn", "        "
+    end
+    cache_phase(K, c0, chn, ind)
+    add("__syncthreads();", ind)
+    local uph = P.nchunks > 1 and string.format("(chn / %s)", U(K.g)) or U(P.uph)
+    add(string.format("for (unsigned u = threadIdx.x; u < %s * %s; u += %s) {", K.nh, uph, U(P.block)), ind)
+    local in2 = ind .. "    "
+    unit_index(K, 0, "u", c0, uph, in2)
+    load_unit(K, 0, in2, true)
+    rotate_unit(K, 0, in2)
+    add("}", ind)
+    if P.nchunks > 1 then
+        add("__syncthreads();", ind)
         add("}")
     end
+end
 
-    local vt, ovt
-    if P.vec then
-        vt = string.format("kiln_rope_%sx%d", a.type == "f32" and "f32" or "u16", P.ve)
-        types[#types + 1] = string.format("struct alignas(%d) %s {\n    %s v[%d];\n};", P.ve * SIZE[a.type], vt, T, P.ve)
-        ovt = vt
-        if SIZE[DT] ~= SIZE[a.type] then
-            ovt = string.format("kiln_rope_%sx%d", DT == "f32" and "f32" or "u16", P.ve)
-            types[#types + 1] = string.format("struct alignas(%d) %s {\n    %s v[%d];\n};", P.ve * SIZE[DT], ovt,
-                prelude.ctype[DT], P.ve)
-        end
-    end
-    -- The rotated value v (f32) as stored: rounded to the op type, converted to Y's type.
-    local function out(v)
-        if S then return pre.store(DT, pre.round(OT, v)) end
-        return pre.store(a.type, v)
-    end
+-- ---- the template ------------------------------------------------------------------------------
 
-    -- The parts of a unit: one run of 2G elements (normal) or two runs of G (the others).
-    -- A part is read into raw registers (a vector, or G scalars) named by its prefix.
-    local function parts_of()
-        if P.kind == "normal" then return { { e = function(i) return "2u * " .. i end, n = 2 * g, pfx = "r" } } end
-        return {
-            { e = function(i) return i end, n = g, pfx = "ra" },
-            { e = function(i) return i .. " + " .. U(P.off) end, n = g, pfx = "rb" },
-        }
-    end
-    local function raw(part, j, m)
-        if P.vec then return string.format("%s%d.v[%d]", part.pfx, j, m) end
-        return string.format("%s%d_%d", part.pfx, j, m)
-    end
-    -- Lines reading unit j's parts (head h<j>, first pair i<j>) into registers: declared here
-    -- (decl), or assigned to registers declared earlier.
-    local function load_unit(j, ind, decl)
-        for _, part in ipairs(parts_of()) do
-            local e = part.e("i" .. j)
-            local h = "h" .. j
-            if P.vec then
-                add(string.format("%s%s%d = *(const %s *)(x + %s);", decl and "const " .. vt .. " " or "", part.pfx, j,
-                    vt, xoff(h, e)), ind)
-            else
-                for m = 0, part.n - 1 do
-                    add(string.format("%s%s = x[%s];", decl and "const " .. T .. " " or "", raw(part, j, m),
-                        xoff(h, e .. " + " .. U(m))), ind)
-                end
-            end
-        end
-    end
-    -- Lines rotating unit j (cache entries from chunk-relative pair q) and storing it.
-    local function rotate_unit(j, ind)
-        local parts = parts_of()
-        local function rot(m, x0, x1, cidx, out0, out1)
-            add(string.format("const float2 c%d_%d = cs[q%d + %s];", j, m, j, U(cidx)), ind)
-            local c = string.format("c%d_%d", j, m)
-            add(string.format("const float x0_%d_%d = %s, x1_%d_%d = %s;", j, m, pre.load(a.type, x0), j, m,
-                pre.load(a.type, x1)), ind)
-            local X0, X1 = string.format("x0_%d_%d", j, m), string.format("x1_%d_%d", j, m)
-            out0[#out0 + 1], out1[#out1 + 1] = angle.rotate(X0, X1, c .. ".x", c .. ".y")
-        end
-        local outs = {}
-        if P.kind == "normal" then
-            local o = {}
-            for m = 0, g - 1 do
-                local o0, o1 = {}, {}
-                rot(m, raw(parts[1], j, 2 * m), raw(parts[1], j, 2 * m + 1), m, o0, o1)
-                o[2 * m + 1], o[2 * m + 2] = o0[1], o1[1]
-            end
-            outs[1] = o
-        else
-            local o0, o1 = {}, {}
-            for m = 0, g - 1 do rot(m, raw(parts[1], j, m), raw(parts[2], j, m), m, o0, o1) end
-            outs[1], outs[2] = o0, o1
-        end
-        for pi, part in ipairs(parts) do
-            local e = part.e("i" .. j)
-            local h = "h" .. j
-            if P.vec then
-                add(string.format("%s o%d_%d;", ovt, j, pi), ind)
-                for m = 0, part.n - 1 do
-                    add(string.format("o%d_%d.v[%d] = %s;", j, pi, m, out(outs[pi][m + 1])), ind)
-                end
-                add(string.format("*(%s *)(y + %s) = o%d_%d;", ovt, yoff(h, e), j, pi), ind)
-            else
-                for m = 0, part.n - 1 do
-                    add(string.format("y[%s] = %s;", yoff(h, e .. " + " .. U(m)), out(outs[pi][m + 1])), ind)
-                end
-            end
-        end
-    end
-    -- Lines defining unit j's head h<j>, chunk-relative pair q<j> and pair i<j> from unit index u
-    -- (uph: units per head, an expression).
-    local function unit_index(j, u, c0, uph, ind)
-        if uph == "1u" then
-            add(string.format("const unsigned h%d = hb + %s, q%d = 0u;", j, u, j), ind)
-        else
-            add(string.format("const unsigned h%d = hb + %s / %s, q%d = %s %% %s * %s;", j, u, uph, j, u, uph, U(g)),
-                ind)
-        end
-        add(string.format("const unsigned i%d = %s + q%d;", j, c0, j), ind)
-    end
-
-    -- 1. the cos/sin cache of pairs [c0, c0 + chn).
-    local mrope = P.mode == 8 or P.mode == 24 or P.mode == 40
-    local sec = k.params.sections
-    local sd = sec[1] + sec[2] + sec[3] + sec[4]
-    if mrope and sd <= 0 then fail("mode %d needs sections with a positive sum", P.mode) end
-    local sec_w, sec_e = sec[1] + sec[2], sec[1] + sec[2] + sec[3]
-    local TS = lit(C.theta_scale)
-    local function step_chain(ind)
-        if not mrope then
-            add(string.format("t = __fmul_rn(t, %s);", TS), ind)
-            return
-        end
-        add(string.format("tt = __fmul_rn(tt, %s); th = __fmul_rn(th, %s);", TS, TS), ind)
-        add(string.format("tw = __fmul_rn(tw, %s); te = __fmul_rn(te, %s);", TS, TS), ind)
-    end
-    -- Vision restarts each section's chain at its first pair (ggml's indep_sects), in ggml's
-    -- if/else order; a repeated constant could never be reached, so it is left out.
-    local function resets(kvar, ind)
-        if P.mode ~= 24 then return end
-        local seen, first = {}, true
-        add(string.format("{ const int s = (int)(%s %% %s);", kvar, U(sd)), ind)
-        for _, r in ipairs({ { 0, "tt", "pt" }, { sec[1], "th", "ph" }, { sec_w, "tw", "pw" }, { sec_e, "te", "pe" } }) do
-            if not seen[r[1]] then
-                seen[r[1]] = true
-                add(string.format("  %sif (s == %d) %s = %s;", first and "" or "else ", r[1], r[2], r[3]), ind)
-                first = false
-            end
-        end
-        add("}", ind)
-    end
-    local function pick(ind)
-        if not mrope then
-            add("const float theta = t;", ind)
-            return
-        end
-        add(string.format("const int s = (int)(i %% %s);", U(sd)), ind)
-        add("float theta = tt;", ind)
-        if P.mode == 40 then
-            add(string.format("if (s %% 3 == 1 && s < %d) theta = th;", 3 * sec[2]), ind)
-            add(string.format("else if (s %% 3 == 2 && s < %d) theta = tw;", 3 * sec[3]), ind)
-            add(string.format("else if (s %% 3 == 0 && s < %d) theta = tt;", 3 * sec[1]), ind)
-            add("else theta = te;", ind)
-        else
-            add(string.format("if (s >= %d && s < %d) theta = th;", sec[1], sec_w), ind)
-            add(string.format("else if (s >= %d && s < %d) theta = tw;", sec_w, sec_w + sec[3]), ind)
-            add(string.format("else if (s >= %d) theta = te;", sec_w + sec[3]), ind)
-        end
-    end
-    local ef = k.values.ext_factor ~= 0
-    local function cache_phase(c0, chn, ind)
-        local in2 = ind .. "    "
-        add(string.format("for (unsigned q = threadIdx.x; q < %s; q += %s) {", chn, U(P.block)), ind)
-        add(string.format("const unsigned i = %s + q;", c0), in2)
-        add("for (; k < i; k++) {", in2)
-        resets("k", in2 .. "    ")
-        step_chain(in2 .. "    ")
-        add("}", in2)
-        resets("i", in2)
-        pick(in2)
-        angle.lines(k, C, add, in2, {
-            i = "i",
-            ff = ff and string.format("ff[(%s)i * %s]", ix, I(ff.st[1])),
-            store = function(c, s) return string.format("cs[q] = make_float2(%s, %s);", c, s) end,
-        })
-        add("}", ind)
-    end
-
-    -- The body.
-    if np > 0 then
-        add(string.format("__shared__ float2 cs[%d];", P.ch))
-        local pv = {}
-        local function posv(kk)
-            local idx = kk == 0 and i2 or string.format("(%s + %s)", i2, U(kk * ne[3]))
-            if kk > 0 and P.dT then
-                -- the four blocks of positions are n_tokens apart at run time
-                idx = string.format("(%s + %s * (unsigned)(%s))", i2, U(kk), P.dT)
-            end
-            return string.format("(float)pos[(%s)%s * %s]", ix, idx, I(pos.st[1]))
-        end
-        if mrope then
-            add(string.format("const float pt = %s, ph = %s;", posv(0), posv(1)))
-            add(string.format("const float pw = %s, pe = %s;", posv(2), posv(3)))
-            add("float tt = pt, th = ph, tw = pw, te = pe; /* ggml's four chains, at pair k */")
-        else
-            add(string.format("float t = %s; /* ggml's chain theta_k = pos * theta_scale^k, at pair k */", posv(0)))
-        end
-        add("unsigned k = 0u;")
-        add("")
-    end
-
-    if np > 0 and P.prefetch then
-        -- 2a. the units into registers, then the tail copy, the cache, the rotation.
-        local guards = {}
-        for j = 0, P.u - 1 do
-            local u = string.format("(threadIdx.x + %s)", U(j * P.block))
-            if j == 0 then u = "threadIdx.x" end
-            local guard
-            if partial or (j + 1) * P.block > P.nu then
-                guard = string.format("%s < %s * %s", u, nh, U(P.uph))
-            end
-            guards[j] = guard
-            add(string.format("/* unit %d */", j))
-            unit_index(j, u, "0u", U(P.uph), "    ")
-            if P.vec then
-                for _, part in ipairs(parts_of()) do add(string.format("%s %s%d;", vt, part.pfx, j)) end
-            else
-                for _, part in ipairs(parts_of()) do
-                    local names = {}
-                    for m = 0, part.n - 1 do names[#names + 1] = raw(part, j, m) end
-                    add(string.format("%s %s;", T, table.concat(names, ", ")))
-                end
-            end
-            if guard then add(string.format("if (%s) {", guard)) end
-            load_unit(j, guard and "        " or "    ", false)
-            if guard then add("}") end
-        end
-        add("")
-        copy_tail()
-        cache_phase("0u", U(np), "    ")
-        add("__syncthreads();")
-        for j = 0, P.u - 1 do
-            if guards[j] then
-                add(string.format("if (%s) {", guards[j]))
-                rotate_unit(j, "        ")
-                add("}")
-            else
-                rotate_unit(j, "    ")
-            end
-        end
-    elseif np > 0 then
-        -- 2b. chunk by chunk: the cache, then every unit of the chunk.
-        copy_tail()
-        local c0, chn, ind = "0u", U(np), "    "
-        if P.nchunks > 1 then
-            add(string.format("for (unsigned c0 = 0u; c0 < %s; c0 += %s) {", U(np), U(P.ch)))
-            add(string.format("const unsigned chn = %s - c0 < %s ? %s - c0 : %s;", U(np), U(P.ch), U(np), U(P.ch)),
-                "        ")
-            c0, chn, ind = "c0", "chn", "        "
-        end
-        cache_phase(c0, chn, ind)
-        add("__syncthreads();", ind)
-        local uph = P.nchunks > 1 and string.format("(chn / %s)", U(g)) or U(P.uph)
-        add(string.format("for (unsigned u = threadIdx.x; u < %s * %s; u += %s) {", nh, uph, U(P.block)), ind)
-        local in2 = ind .. "    "
-        unit_index(0, "u", c0, uph, in2)
-        load_unit(0, in2, true)
-        rotate_unit(0, in2)
-        add("}", ind)
-        if P.nchunks > 1 then
-            add("__syncthreads();", ind)
-            add("}")
-        end
-    else
-        copy_tail()
-    end
-
-    -- The header notes.
+-- The kernel's header: what kernel{} prints above the code.
+local function header(K, name)
+    local P, k, C, sec, ff, pos, a = K.P, K.k, K.C, K.sec, K.ff, K.pos, K.a
     local pairs_note = ({
         normal = " (2i, 2i+1)",
         neox = string.format(" (i, i+%d)", P.off),
@@ -775,31 +802,49 @@ return function(k)
         { "positions", dyn(pos, 1) } }) do
         if d[2] then sym[#sym + 1] = d[1] .. " " .. d[2] end
     end
-    local symbolic = table.concat(sym, ", ")
-    local source = kernel {
+    local nd, np, ne = K.nd, K.np, K.ne
+    return {
         name = name, mode = P.mode, kind = P.kind, atype = a.type, ane = a.ne, ast = a.st, aoffs = a.offs,
         dims = dims, nd = nd, np = np, pairs = pairs_note,
         copied = P.pt > 0 and string.format("elements %d..%d copied", nd, ne[1] - 1) or "nothing copied",
-        ts = TS, fs = k.params.freq_scale, ef = k.params.ext_factor, ms = lit(C.mscale),
-        yarn = ef and string.format(", ramp low %s den %s", lit(C.low), lit(C.den)) or "",
+        ts = K.TS, fs = k.params.freq_scale, ef = k.params.ext_factor, ms = lit(C.mscale),
+        yarn = k.values.ext_factor ~= 0 and string.format(", ramp low %s den %s", lit(C.low), lit(C.den)) or "",
         pst = tostring(pos.st[1]), poffs = tostring(pos.offs),
         ffnote = ff and string.format("; freq_factors f32 st %d offs %d", ff.st[1], ff.offs) or "",
         gx = tostring(P.tokens), gy = tostring(P.hg), hpb = tostring(P.hpb), block = tostring(P.block),
-        g = tostring(g), how = P.vec and string.format("vectors of %d", P.ve) or "element by element",
+        g = tostring(K.g), how = P.vec and string.format("vectors of %d", P.ve) or "element by element",
         chunks = np == 0 and "no pairs" or (P.nchunks == 1 and
             (P.prefetch and string.format("one chunk, %d unit(s) per thread in registers", P.u) or "one chunk")
             or string.format("%d chunks of %d pairs", P.nchunks, P.ch)),
-        bits = wide and "64" or "32",
-        pre = (pre.code():gsub("\n$", "")), types = types, params = params, body = body,
-        scatter = S and scatter_notes(S, P, dst) or {}, symbolic = symbolic,
+        bits = K.wide and "64" or "32",
+        scatter = K.S and scatter_notes(K.S, P, K.dst) or {}, symbolic = table.concat(sym, ", "),
     }
+end
+
+return function(k)
+    local K = node_of(k)
+    local name, params = signature(K)
+    prologue(K)
+    vector_types(K)
+    sections(K)
+    if K.np > 0 then
+        chain_start(K)
+        if K.P.prefetch then prefetched(K) else chunked(K) end
+    else
+        copy_tail(K)
+    end
+
+    local t = header(K, name)
+    t.pre, t.types, t.params, t.body = (K.pre.code():gsub("\n$", "")), K.types, params, K.body
+    local source = kernel(t)
+    local S, P, dst = K.S, K.P, K.dst
     if S then
         local grid = P.tokens * P.hg
         if not S.in_place then grid = grid + ceil_div(dst.ne[2], P.block // 32) end
         if grid > 2147483647 then fail("rope_set_rows: %d blocks exceed the grid", grid) end
         return { name = name, source = source, grid = { grid, 1, 1 }, block = { P.block, 1, 1 }, smem = 0,
-            fused = "rope_set_rows", dynamic = dynamic or nil }
+            fused = "rope_set_rows", dynamic = K.dynamic or nil }
     end
     return { name = name, source = source, grid = { P.tokens, P.hg, 1 }, block = { P.block, 1, 1 }, smem = 0,
-        dynamic = dynamic or nil }
+        dynamic = K.dynamic or nil }
 end

@@ -23,8 +23,8 @@
 -- Values are copied bit for bit where types agree; offsets are 64-bit (long long), positions
 -- inside a row 32-bit.
 
+local kit = require("kit")
 local tpl = require("tpl")
-local D = require("dyn")
 local prelude = require("prelude")
 
 local BLOCK = 256
@@ -37,37 +37,21 @@ local SIZE = { f32 = 4, f16 = 2, bf16 = 2, i32 = 4, i64 = 8 }
 local CTYPE = { f32 = "float", f16 = "unsigned short", bf16 = "unsigned short", i32 = "int", i64 = "long long" }
 local ZERO = { f32 = "0.0f", f16 = "0", bf16 = "0" } -- +0.0 in each float type's bits
 
-local function fail(fmt, ...) error("rows: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("rows")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function check_ref(r, what)
-    if type(r) ~= "table" or not SIZE[r.type] then
-        fail("%s: missing or of unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail, { types = SIZE })
 
 -- ---- symbolic dims (docs/templates.md: ref.dyn) ----------------------------------------------
 --
 -- dyn(r, d): the C expression (int) of r's run-time extent in dim d (1-based), or nil when static.
-local dyn = D.ext
+local dyn = kit.ext
 
 -- Fails unless r's dynamic dims are among the allowed ones (a set of 1-based dims).
-local function dyn_only(r, what, allowed)
-    local d = D.disallowed(r, allowed)
-    if d then fail("%s: symbolic dim %d is not supported", what, d - 1) end
-end
+local dyn_only = kit.dyn_checker(fail)
 
-local function next_pow2(n)
-    local p = 1
-    while p < n do p = p * 2 end
-    return p
-end
+local next_pow2 = kit.next_pow2
 
 -- ---- the kernel being built -------------------------------------------------------------------
 
@@ -218,35 +202,21 @@ local function chunk_loop(K, fill)
     return lines
 end
 
-local kernel = tpl.define [[
-// kiln rows kernel ${name}: ${what}
-// dst ${dst.type} ${dims(dst.ne)}: ${R} rows of ${NE0}, ${launch}
-@ for _, l in ipairs(notes) do
-//   ${l}
-@ end
-@ if pre ~= "" then
-
-${pre}
-@ end
-@ for _, t in ipairs(types) do
-
-${t}
-@ end
-
-extern "C" __global__ void __launch_bounds__(${BLOCK})
-${name}(${params})
-{
-@ for _, p in ipairs(ptrs) do
-    ${p}
-@ end
-
-    for (${ix} row = (${ix})blockIdx.x * ${RPB}${suffix} + threadIdx.y; row < ${R}${suffix}; row += (${ix})gridDim.x * ${RPB}${suffix}) {
-@ for _, s in ipairs(body) do
-${s}
-@ end
+-- The source of a rows kernel (kit.kernel with this family's head; the body runs in a loop over
+-- rows, thread row threadIdx.y of each block of RPB rows).
+local function kernel(t)
+    t.head = {
+        "kiln rows kernel " .. t.name .. ": " .. t.what,
+        "dst " .. t.dst.type .. " " .. dims(t.dst.ne) .. ": " .. t.R .. " rows of " .. t.NE0 .. ", " .. t.launch,
     }
-}
-]]
+    local ix, rpb, sfx = t.ix, t.RPB .. t.suffix, t.suffix
+    local body = { "", string.format("    for (%s row = (%s)blockIdx.x * %s + threadIdx.y; row < %s; row += (%s)gridDim.x * %s) {",
+        ix, ix, rpb, t.R .. sfx, ix, rpb) }
+    for _, s in ipairs(t.body) do body[#body + 1] = s end
+    body[#body + 1] = "    }"
+    t.blocks, t.threads, t.body = t.types, t.BLOCK, body
+    return kit.kernel(t)
+end
 
 -- Chooses V (elements per chunk), TPR, RPB, U for rows of ne0 elements; `divides` lists extents
 -- V must divide (chunk boundaries that must not straddle a source), min_size the narrowest type.

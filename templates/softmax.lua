@@ -29,6 +29,7 @@
 -- Reductions are xor butterflies (every lane ends with the bitwise-same value), and cluster
 -- partials are combined in rank order, so every block of a row uses the same max and sum.
 
+local kit = require("kit")
 local tpl = require("tpl")
 local prelude = require("prelude")
 
@@ -45,29 +46,15 @@ local MAX_CLUSTER = 8     -- the portable cluster size
 local FILL_BLOCKS = 264   -- below this many blocks, split rows over more of a cluster (2 per H100 SM)
 local MIN_CHUNK = 2048    -- ... as long as each block keeps at least this many elements
 
-local function fail(fmt, ...) error("softmax: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("softmax")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function ceil_div(a, b) return (a + b - 1) // b end
+local ceil_div = kit.ceil_div
 
-local function next_pow2(x)
-    local p = 1
-    while p < x do p = p * 2 end
-    return p
-end
+local next_pow2 = kit.next_pow2
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-    if math.type(r.param) ~= "integer" then fail("%s: bad param", what) end
-end
+local check_ref = kit.ref_checker(fail)
 
 -- ---- symbolic dims ------------------------------------------------------------------------
 
@@ -78,7 +65,7 @@ end
 -- where it spans a's), sinks following a's dim 2. Anything else is refused here.
 local function symbolic(k, a, dst, mask, sinks)
     local dyn = {}
-    local function dyn_of(r, d) return r.dyn and r.dyn[d] or nil end
+    local dyn_of = kit.ext
     for d = 1, 4 do
         local e = dyn_of(a, d)
         if dyn_of(dst, d) ~= e then
@@ -181,16 +168,7 @@ end
 -- ---- code ---------------------------------------------------------------------------------
 
 -- A list of lines with an indentation level.
-local function builder()
-    local b = { lines = {}, ind = "" }
-    function b.add(fmt, ...)
-        local s = select("#", ...) > 0 and string.format(fmt, ...) or fmt
-        b.lines[#b.lines + 1] = (s:sub(1, 1) == "#" and "" or b.ind) .. s
-    end
-    function b.push() b.ind = b.ind .. "    " end
-    function b.pop() b.ind = b.ind:sub(5) end
-    return b
-end
+local builder = kit.builder
 
 local HELPERS = {
     warp = [[
@@ -257,42 +235,33 @@ static __device__ __forceinline__ float kiln_cluster_load(const float *p, unsign
 #endif]],
 }
 
-local kernel = tpl.define [[
-// kiln softmax kernel ${name}
-// ${op}: rows of ${n} elements, ${nrows} rows (dst ${dims(dst.ne)} ${dst.type})
-@ for _, l in ipairs(notes) do
-//   ${l}
-@ end
-@ if pre ~= "" then
+-- The source of a softmax kernel (kit.kernel with this family's head; a kernel of a cluster of
+-- blocks declares its cluster on sm_90+).
+local function kernel(t)
+    t.head = {
+        "kiln softmax kernel " .. t.name,
+        t.op .. ": rows of " .. t.n .. " elements, " .. t.nrows .. " rows (dst " .. dims(t.dst.ne) .. " " .. t.dst.type .. ")",
+    }
+    local blocks = {}
+    for _, x in ipairs(t.types) do blocks[#blocks + 1] = x end
+    for _, x in ipairs(t.helpers) do blocks[#blocks + 1] = x end
+    if t.cluster > 1 then
+        blocks[#blocks + 1] = "#if __CUDA_ARCH__ >= 900\n#define KILN_CLUSTER_DIMS __cluster_dims__(" .. t.cluster
+            .. ", 1, 1)\n#else\n#define KILN_CLUSTER_DIMS\n#endif"
+    end
+    t.blocks, t.threads, t.inline, t.name = blocks, t.block, true, t.attr .. t.name
+    return kit.kernel(t)
+end
 
-${pre}
-@ end
-@ for _, t in ipairs(types) do
+-- ---- the node -----------------------------------------------------------------------------
 
-${t}
-@ end
-@ for _, h in ipairs(helpers) do
-
-${h}
-@ end
-@ if cluster > 1 then
-
-#if __CUDA_ARCH__ >= 900
-#define KILN_CLUSTER_DIMS __cluster_dims__(${cluster}, 1, 1)
-#else
-#define KILN_CLUSTER_DIMS
-#endif
-@ end
-
-extern "C" __global__ void __launch_bounds__(${block}) ${attr}${name}(${params})
-{
-@ for _, s in ipairs(body) do
-${s}
-@ end
-}
-]]
-
-return function(k)
+-- The softmax node as the code writers below see it (S): the operands (dst, a, mask, sinks),
+-- dst's extents dne, the row length n and row count nrows, the op's scale, max_bias and flags
+-- (scaled, alibi), the symbolic dims (dyn, isdyn), the vector width v and plan, the row's vector
+-- count as C (NVS), the row operands (ops: a, then the mask) with their terms and whether they
+-- read whole vectors, the row coordinates used, the index type ix, the kernel parameters
+-- (plist, ptrs) and the recorders of prelude helpers (pre) and vector types (types).
+local function node_of(k)
     if k.kind ~= "op" then fail("node kind %s is not op", tostring(k.kind)) end
     local op = k.op
     if op ~= "soft_max" and op ~= "soft_max_ext" then fail("unknown op %s", tostring(op)) end
@@ -335,10 +304,7 @@ return function(k)
         if plan.main then plan.main.full = false end
         if plan.fallback then plan.fallback.full = false end
     end
-    -- The vector count of a row as C: static, or nvr (computed from the run-time length).
-    local NVS = dyn[1] and "nvr" or string.format("%du", nv)
 
-    local pre = prelude.new()
     local used = {}
     local ops = { { r = a, var = "a" } }
     if mask then ops[#ops + 1] = { r = mask, var = "m" } end
@@ -348,465 +314,535 @@ return function(k)
     end
     if alibi then used[3] = true end -- the head index i2, 0 when ne2 == 1
     if sinks and dne[3] > 1 then used[3] = true end
-    local dvec = v > 1
 
     -- Index type inside a row: 32-bit unless an element offset could pass 2^31 or run backwards.
     local wide = false
     for _, o in ipairs(ops) do
         if o.r.st[1] < 0 or (n - 1) * math.abs(o.r.st[1]) + v > INT_MAX then wide = true end
     end
-    local ix = wide and "long long" or "unsigned"
 
-    -- Pointers and vector types.
-    local nparams = k.nparams
+    return {
+        k = k, op = op, dst = dst, a = a, mask = mask, sinks = sinks, dne = dne, n = n, nrows = nrows,
+        dyn = dyn, isdyn = isdyn, scale = scale, scaled = scaled, max_bias = max_bias, alibi = alibi,
+        v = v, dvec = v > 1, plan = plan, used = used, ops = ops, ix = wide and "long long" or "unsigned",
+        -- The vector count of a row as C: static, or nvr (computed from the run-time length).
+        NVS = dyn[1] and "nvr" or string.format("%du", nv),
+        pre = prelude.new(), types = {}, seen_types = {},
+    }
+end
+
+-- ---- code of the row ----------------------------------------------------------------------
+
+-- The kernel's parameters: the node's buffers, then kdims when a dim is symbolic.
+local function param_list(S)
     local plist = {}
-    for p = 0, nparams - 1 do
+    for p = 0, S.k.nparams - 1 do
         plist[#plist + 1] = (p == 0 and "char" or "const char") .. " *__restrict__ p" .. p
     end
-    if isdyn then plist[#plist + 1] = ((k.dims_arg or ", const int* __restrict__ kdims"):gsub("^,%s*", "")) end
-    local function ptr(r, var, const)
-        if r.param < 0 or r.param >= nparams then fail("%s: param %d out of range", var, r.param) end
-        local ct = (const and "const " or "") .. prelude.ctype[r.type]
-        local offs = ""
-        if r.offs ~= 0 then offs = " + " .. tostring(r.offs) .. (math.abs(r.offs) > INT_MAX and "ll" or "") end
-        return string.format("%s *const %s = (%s *)p%d%s;", ct, var, ct, r.param, offs)
-    end
-    local ptrs = { ptr(dst, "out", false), ptr(a, "in_a", true) }
-    if mask then ptrs[#ptrs + 1] = ptr(mask, "in_m", true) end
-    if sinks then ptrs[#ptrs + 1] = ptr(sinks, "in_s", true) end
-    local types, seen = {}, {}
-    local function vtype(t)
-        local nm = vec_type(t, v)
-        if not seen[nm] then
-            seen[nm] = true
-            types[#types + 1] = vec_def(t, v)
-        end
-        return nm
-    end
+    if S.isdyn then plist[#plist + 1] = ((S.k.dims_arg or ", const int* __restrict__ kdims"):gsub("^,%s*", "")) end
+    return plist
+end
 
-    -- Row setup: coordinates, row pointers, slope and sink (all threads of the row).
-    local function row_setup(b)
-        local stride, last = 1, 1
-        for d = 2, 4 do if dne[d] > 1 then last = d end end
-        for d = 2, 4 do
-            if used[d] and dne[d] > 1 then
-                local e = "row"
-                if stride > 1 then e = e .. " / " .. stride .. "u" end
-                if d < last then e = "(" .. e .. ") % " .. dne[d] .. "u" end
-                b.add("const unsigned i%d = %s;", d - 1, e)
-            elseif used[d] then
-                b.add("const unsigned i%d = 0;", d - 1)
-            end
-            stride = stride * dne[d]
-        end
-        for _, o in ipairs(ops) do
-            local ts = {}
-            for _, t in ipairs(o.terms) do ts[#ts + 1] = "(long long)" .. t.c .. " * " .. t.st .. "ll" end
-            local ct = "const " .. prelude.ctype[o.r.type]
-            b.add("%s *const %sr = in_%s%s;", ct, o.var, o.var, #ts > 0 and " + (" .. table.concat(ts, " + ") .. ")" or "")
-        end
-        b.add("%s *const orow = out + (long long)row * %dll;", prelude.ctype[dst.type], n)
-        if alibi then
-            -- ggml: n_head = ne2, n_head_log2 = 2^floor(log2(n_head)), slopes in f32 via powf.
-            local nh = dne[3]
-            local nhl2 = 1
-            while nhl2 * 2 <= nh do nhl2 = nhl2 * 2 end
-            b.add("const float m0 = powf(2.0f, -(%s) / %d.0f);", max_bias, nhl2)
-            b.add("const float m1 = powf(2.0f, -(%s / 2.0f) / %d.0f);", max_bias, nhl2)
-            b.add("const float slope = i2 < %du ? powf(m0, (float)(i2 + 1u)) : powf(m1, (float)(2u * (i2 - %du) + 1u));",
-                nhl2, nhl2)
-        end
-        if sinks then
-            local e = "0"
-            if dne[3] > 1 then e = "(" .. ix .. ")i2 * " .. sinks.st[1] end
-            b.add("const float sink = in_s[%s];", e)
-        end
-    end
+-- The declaration of pointer var to operand r's first element.
+local function ptr(S, r, var, const)
+    kit.check_param(fail, r, var, S.k.nparams)
+    return kit.pointer(r, var, prelude.ctype[r.type], const)
+end
 
-    -- Statements computing x[base + t] (t < v) from vector j of the row (j an expression).
-    local function load_group(b, j, dest)
-        for _, o in ipairs(ops) do
-            if o.vec then
-                local vt = vtype(o.r.type)
-                b.add("const %s v%s = *(const %s *)(%sr + (%s)(%s) * %d);", vt, o.var, vt, o.var, ix, j, v)
-            end
-        end
-        for t = 0, v - 1 do
-            local function elem(o)
-                local e
-                if o.vec then e = "v" .. o.var .. ".v[" .. t .. "]"
-                else
-                    local idx = v > 1 and string.format("((%s)(%s) * %d + %d)", ix, j, v, t) or string.format("(%s)(%s)", ix, j)
-                    if o.r.st[1] ~= 1 then idx = idx .. " * " .. o.r.st[1] end
-                    e = o.var .. "r[" .. idx .. "]"
-                end
-                return pre.load(o.r.type, e)
-            end
-            local x = elem(ops[1])
-            if scaled then x = string.format("__fmul_rn(%s, %s)", x, scale) end
-            if mask then
-                local m = elem(ops[2])
-                if alibi then m = string.format("__fmul_rn(slope, %s)", m) end
-                x = string.format("__fadd_rn(%s, %s)", x, m)
-            end
-            if dyn[1] and v > 1 then
-                -- the last vector may pass the run-time length: its tail is -inf (exp gives 0)
-                x = string.format("(%s)(%s) * %d + %d < (%s)dn0 ? %s : __int_as_float(0xff800000)", ix, j, v, t, ix, x)
-            end
-            b.add("%s = %s;", dest(t), x)
-        end
+-- The name of the vector type of S.v elements of type t, defined once in S.types.
+local function vtype(S, t)
+    local nm = vec_type(t, S.v)
+    if not S.seen_types[nm] then
+        S.seen_types[nm] = true
+        S.types[#S.types + 1] = vec_def(t, S.v)
     end
+    return nm
+end
 
-    -- Statements storing f32 values val(t) (t < v) as vector j of the output row.
-    local function store_group(b, j, val)
-        if dvec then
-            local vt = vtype(dst.type)
-            b.add("%s o;", vt)
-            for t = 0, v - 1 do b.add("o.v[%d] = %s;", t, pre.store(dst.type, val(t))) end
-            b.add("*(%s *)(orow + (%s)(%s) * %d) = o;", vt, ix, j, v)
-        else
-            b.add("orow[(%s)(%s)] = %s;", ix, j, pre.store(dst.type, val(0)))
+-- Row setup: coordinates, row pointers, slope and sink (all threads of the row).
+local function row_setup(S, b)
+    local dne, used, sinks = S.dne, S.used, S.sinks
+    local stride, last = 1, 1
+    for d = 2, 4 do if dne[d] > 1 then last = d end end
+    for d = 2, 4 do
+        if used[d] and dne[d] > 1 then
+            local e = "row"
+            if stride > 1 then e = e .. " / " .. stride .. "u" end
+            if d < last then e = "(" .. e .. ") % " .. dne[d] .. "u" end
+            b.add("const unsigned i%d = %s;", d - 1, e)
+        elseif used[d] then
+            b.add("const unsigned i%d = 0;", d - 1)
+        end
+        stride = stride * dne[d]
+    end
+    for _, o in ipairs(S.ops) do
+        local ts = {}
+        for _, t in ipairs(o.terms) do ts[#ts + 1] = "(long long)" .. t.c .. " * " .. t.st .. "ll" end
+        local ct = "const " .. prelude.ctype[o.r.type]
+        b.add("%s *const %sr = in_%s%s;", ct, o.var, o.var, #ts > 0 and " + (" .. table.concat(ts, " + ") .. ")" or "")
+    end
+    b.add("%s *const orow = out + (long long)row * %dll;", prelude.ctype[S.dst.type], S.n)
+    if S.alibi then
+        -- ggml: n_head = ne2, n_head_log2 = 2^floor(log2(n_head)), slopes in f32 via powf.
+        local nh = dne[3]
+        local nhl2 = 1
+        while nhl2 * 2 <= nh do nhl2 = nhl2 * 2 end
+        b.add("const float m0 = powf(2.0f, -(%s) / %d.0f);", S.max_bias, nhl2)
+        b.add("const float m1 = powf(2.0f, -(%s / 2.0f) / %d.0f);", S.max_bias, nhl2)
+        b.add("const float slope = i2 < %du ? powf(m0, (float)(i2 + 1u)) : powf(m1, (float)(2u * (i2 - %du) + 1u));",
+            nhl2, nhl2)
+    end
+    if sinks then
+        local e = "0"
+        if dne[3] > 1 then e = "(" .. S.ix .. ")i2 * " .. sinks.st[1] end
+        b.add("const float sink = in_s[%s];", e)
+    end
+end
+
+-- The f32 value of element t of vector j of row operand o (j an expression).
+local function load_elem(S, o, j, t)
+    local v, ix = S.v, S.ix
+    local e
+    if o.vec then e = "v" .. o.var .. ".v[" .. t .. "]"
+    else
+        local idx = v > 1 and string.format("((%s)(%s) * %d + %d)", ix, j, v, t) or string.format("(%s)(%s)", ix, j)
+        if o.r.st[1] ~= 1 then idx = idx .. " * " .. o.r.st[1] end
+        e = o.var .. "r[" .. idx .. "]"
+    end
+    return S.pre.load(o.r.type, e)
+end
+
+-- Statements computing x[base + t] (t < v) from vector j of the row (j an expression).
+local function load_group(S, b, j, dest)
+    local v, ix, ops = S.v, S.ix, S.ops
+    for _, o in ipairs(ops) do
+        if o.vec then
+            local vt = vtype(S, o.r.type)
+            b.add("const %s v%s = *(const %s *)(%sr + (%s)(%s) * %d);", vt, o.var, vt, o.var, ix, j, v)
         end
     end
-
-    local helpers, notes = { HELPERS.warp }, {}
-    local function layout_note(r, what, how)
-        return string.format("%-5s p%d %-4s ne %s st %s offs %d%s", what, r.param, r.type, dims(r.ne), dims(r.st), r.offs,
-            how and (" (" .. how .. ")") or "")
+    for t = 0, v - 1 do
+        local x = load_elem(S, ops[1], j, t)
+        if S.scaled then x = string.format("__fmul_rn(%s, %s)", x, S.scale) end
+        if S.mask then
+            local m = load_elem(S, ops[2], j, t)
+            if S.alibi then m = string.format("__fmul_rn(slope, %s)", m) end
+            x = string.format("__fadd_rn(%s, %s)", x, m)
+        end
+        if S.dyn[1] and v > 1 then
+            -- the last vector may pass the run-time length: its tail is -inf (exp gives 0)
+            x = string.format("(%s)(%s) * %d + %d < (%s)dn0 ? %s : __int_as_float(0xff800000)", ix, j, v, t, ix, x)
+        end
+        b.add("%s = %s;", dest(t), x)
     end
-    notes[#notes + 1] = layout_note(dst, "out", dvec and ("vectors of " .. v) or nil)
-    notes[#notes + 1] = layout_note(a, "a", ops[1].vec and ("vectors of " .. v) or "element by element")
-    if mask then notes[#notes + 1] = layout_note(mask, "mask", ops[2].vec and ("vectors of " .. v) or "element by element") end
-    if sinks then notes[#notes + 1] = layout_note(sinks, "sinks") end
-    notes[#notes + 1] = string.format("x = a%s%s; scale %s, max_bias %s%s", scaled and " * scale" or "",
-        mask and (alibi and " + slope * mask" or " + mask") or "", scale, max_bias, sinks and "; a sink per head" or "")
+end
+
+-- Statements storing f32 values val(t) (t < v) as vector j of the output row.
+local function store_group(S, b, j, val)
+    local v, ix, dst = S.v, S.ix, S.dst
+    if S.dvec then
+        local vt = vtype(S, dst.type)
+        b.add("%s o;", vt)
+        for t = 0, v - 1 do b.add("o.v[%d] = %s;", t, S.pre.store(dst.type, val(t))) end
+        b.add("*(%s *)(orow + (%s)(%s) * %d) = o;", vt, ix, j, v)
+    else
+        b.add("orow[(%s)(%s)] = %s;", ix, j, S.pre.store(dst.type, val(0)))
+    end
+end
+
+local function layout_note(r, what, how)
+    return string.format("%-5s p%d %-4s ne %s st %s offs %d%s", what, r.param, r.type, dims(r.ne), dims(r.st), r.offs,
+        how and (" (" .. how .. ")") or "")
+end
+
+-- The notes on the operands and what the kernel computes.
+local function operand_notes(S)
+    local v, ops = S.v, S.ops
+    local notes = {}
+    notes[#notes + 1] = layout_note(S.dst, "out", S.dvec and ("vectors of " .. v) or nil)
+    notes[#notes + 1] = layout_note(S.a, "a", ops[1].vec and ("vectors of " .. v) or "element by element")
+    if S.mask then notes[#notes + 1] = layout_note(S.mask, "mask", ops[2].vec and ("vectors of " .. v) or "element by element") end
+    if S.sinks then notes[#notes + 1] = layout_note(S.sinks, "sinks") end
+    notes[#notes + 1] = string.format("x = a%s%s; scale %s, max_bias %s%s", S.scaled and " * scale" or "",
+        S.mask and (S.alibi and " + slope * mask" or " + mask") or "", S.scale, S.max_bias, S.sinks and "; a sink per head" or "")
+    return notes
+end
+
+-- Symbolic dims: the liveness of a row (every coordinate below its dim's run-time extent dnD),
+-- nil when no row dim is symbolic.
+local function live_of(S, rowvar)
+    local dne = S.dne
+    local terms, stride, last = {}, 1, 1
+    for d = 2, 4 do if dne[d] > 1 then last = d end end
+    for d = 2, 4 do
+        if S.dyn[d] then
+            local e = rowvar
+            if stride > 1 then e = e .. " / " .. stride .. "u" end
+            if d < last then e = "(" .. e .. ") % " .. dne[d] .. "u" end
+            terms[#terms + 1] = string.format("%s < dn%d", e, d - 1)
+        end
+        stride = stride * dne[d]
+    end
+    if #terms == 0 then return nil end
+    return table.concat(terms, " && ")
+end
+
+-- Symbolic dims: their run-time extents (dnD for dim D) and the row's vector count nvr.
+local function dyn_setup(S, b, notes)
+    if not S.isdyn then return end
+    local l = {}
+    for d = 1, 4 do
+        if S.dyn[d] then
+            l[#l + 1] = string.format("dim %d <= %d", d - 1, S.dne[d])
+            b.add("const unsigned dn%d = (unsigned)(%s);", d - 1, S.dyn[d])
+        end
+    end
+    local v = S.v
+    if S.dyn[1] then b.add(v > 1 and string.format("const unsigned nvr = (dn0 + %du) / %du;", v - 1, v) or "const unsigned nvr = dn0;") end
+    notes[#notes + 1] = "symbolic dims (run-time extents from kdims; rows past them exit): " .. table.concat(l, ", ")
+end
+
+local INF = "__int_as_float(0xff800000)"
+
+-- An `if (cond) {` around the statements that follow, when cond is not "" (a full last vector).
+local function guard_open(b, cond) if cond ~= "" then b.add("if (%s) {", cond) b.push() end end
+local function guard_close(b, cond) if cond ~= "" then b.pop() b.add("}") end end
+
+-- ---- the team kernel: a team of lanes of a warp per row -----------------------------------
+
+-- Writes the team kernel's body into b; returns its grid and block.
+local function team_kernel(S, b, notes)
+    local plan, v, nrows, NVS = S.plan, S.v, S.nrows, S.NVS
+    local G, K, R = plan.G, plan.K, plan.R
+    local nb = ceil_div(nrows, R)
+    if nb > INT_MAX then fail("too many rows (%d)", nrows) end
+    notes[#notes + 1] = string.format("%d block%s of %d: a team of %d lane%s per row, %d rows per block, %d group%s of %d per lane in registers",
+        nb, nb == 1 and "" or "s", BLOCK_SMALL, G, G == 1 and "" or "s", R, K, K == 1 and "" or "s", v)
+    local live = nrows % R ~= 0
+    b.add("const unsigned lane = threadIdx.x %% %du;", G)
+    local dlive = live_of(S, "row0")
+    if dlive then
+        -- Teams of rows past the run-time extents redo row 0 (their lanes must join the
+        -- full-mask shuffles) and store nothing; warps with no live row leave at once.
+        live = true
+        b.add("const unsigned row0 = blockIdx.x * %du + threadIdx.x / %du;", R, G)
+        b.add("const bool live = %s%s;", nrows % R ~= 0 and string.format("row0 < %du && ", nrows) or "", dlive)
+        b.add("if (__all_sync(0xffffffffu, !live))")
+        b.add("    return;")
+        b.add("const unsigned row = live ? row0 : 0u;")
+    elseif live then
+        -- Teams past the last row redo the last row (their lanes must join the full-mask
+        -- shuffles) and store nothing.
+        b.add("const unsigned row0 = blockIdx.x * %du + threadIdx.x / %du;", R, G)
+        b.add("const bool live = row0 < %du;", nrows)
+        b.add("const unsigned row = live ? row0 : %du;", nrows - 1)
+    else
+        b.add("const unsigned row = blockIdx.x * %du + threadIdx.x / %du;", R, G)
+    end
+    row_setup(S, b)
+    b.add("float x[%d];", K * v)
+    b.add("float mx = %s;", INF)
+    b.add("#pragma unroll")
+    b.add("for (unsigned k = 0; k < %du; k++) {", K)
+    b.push()
+    b.add("const unsigned j = lane + k * %du;", G)
+    local cond = plan.full and "" or "j < " .. NVS
+    if cond ~= "" then
+        b.add("if (%s) {", cond)
+        b.push()
+    end
+    load_group(S, b, "j", function(t) return string.format("x[k * %d + %d]", v, t) end)
+    for t = 0, v - 1 do b.add("mx = fmaxf(mx, x[k * %d + %d]);", v, t) end
+    if cond ~= "" then
+        b.pop()
+        b.add("} else {")
+        b.push()
+        for t = 0, v - 1 do b.add("x[k * %d + %d] = %s;", v, t, INF) end
+        b.pop()
+        b.add("}")
+    end
+    b.pop()
+    b.add("}")
+    b.add("mx = kiln_warp_max(mx, %d);", G // 2)
+    if S.sinks then b.add("mx = fmaxf(mx, sink);") end
+    b.add("float s = 0.0f;")
+    b.add("#pragma unroll")
+    b.add("for (unsigned k = 0; k < %du; k++) {", K)
+    b.push()
+    for t = 0, v - 1 do b.add("x[k * %d + %d] = expf(x[k * %d + %d] - mx);", v, t, v, t) end
+    if cond ~= "" then b.add("if (lane + k * %du < %s)", G, NVS) b.push() end
+    b.add("s += %s;", tpl.map_join((function() local l = {} for t = 0, v - 1 do l[#l + 1] = string.format("x[k * %d + %d]", v, t) end return l end)(), " + "))
+    if cond ~= "" then b.pop() end
+    b.pop()
+    b.add("}")
+    b.add("s = kiln_warp_sum(s, %d);", G // 2)
+    if S.sinks then b.add("s += expf(sink - mx);") end
+    b.add("const float inv = 1.0f / s;")
+    if live then b.add("if (!live)") b.add("    return;") end
+    b.add("#pragma unroll")
+    b.add("for (unsigned k = 0; k < %du; k++) {", K)
+    b.push()
+    b.add("const unsigned j = lane + k * %du;", G)
+    if cond ~= "" then b.add("if (%s) {", cond) b.push() end
+    store_group(S, b, "j", function(t) return string.format("x[k * %d + %d] * inv", v, t) end)
+    if cond ~= "" then b.pop() b.add("}") end
+    b.pop()
+    b.add("}")
+    return nb, BLOCK_SMALL
+end
+
+-- ---- the block kernel: a block (or a cluster of C blocks) per row ---------------------------
+
+-- Block-wide reductions through red (NW floats); every thread gets the result.
+local function block_reduce(b, NW, what, var, red)
+    local fn = what == "max" and "kiln_warp_max" or "kiln_warp_sum"
+    b.add("%s = %s(%s, 16);", var, fn, var)
+    if NW > 1 then
+        b.add("if ((threadIdx.x & 31u) == 0)")
+        b.add("    %s[threadIdx.x >> 5] = %s;", red, var)
+        b.add("__syncthreads();")
+        b.add("%s = %s(%s[threadIdx.x & %du], %d);", var, fn, red, NW - 1, NW // 2)
+    end
+end
+
+-- Exchange of one value per block through a cluster of C: slot, then read all in rank order.
+local function cluster_exchange(b, C, var, slot, op_)
+    b.add("if (threadIdx.x == 0)")
+    b.add("    kiln_slot[%d] = %s;", slot, var)
+    b.add("kiln_cluster_arrive();")
+    b.add("kiln_cluster_wait();")
+    b.add("%s = kiln_cluster_load(&kiln_slot[%d], 0);", var, slot)
+    b.add("#pragma unroll")
+    b.add("for (unsigned r = 1; r < %du; r++)", C)
+    if op_ == "max" then b.add("    %s = fmaxf(%s, kiln_cluster_load(&kiln_slot[%d], r));", var, var, slot)
+    else b.add("    %s += kiln_cluster_load(&kiln_slot[%d], r);", var, slot) end
+end
+
+-- The row of plan p cached in registers: one read, exact max then sum. jexpr is the vector index
+-- of group k of this thread, cond the guard of a partial last vector ("" when full).
+local function cached_row(S, b, p, NW, jexpr, cond)
+    local v, NVS = S.v, S.NVS
+    b.add("float x[%d];", p.K * v)
+    b.add("float mx = %s;", INF)
+    b.add("#pragma unroll")
+    b.add("for (unsigned k = 0; k < %du; k++) {", p.K)
+    b.push()
+    b.add("const unsigned j = %s;", jexpr)
+    guard_open(b, cond)
+    load_group(S, b, "j", function(t) return string.format("x[k * %d + %d]", v, t) end)
+    for t = 0, v - 1 do b.add("mx = fmaxf(mx, x[k * %d + %d]);", v, t) end
+    if cond ~= "" then
+        b.pop()
+        b.add("} else {")
+        b.push()
+        for t = 0, v - 1 do b.add("x[k * %d + %d] = %s;", v, t, INF) end
+    end
+    guard_close(b, cond)
+    b.pop()
+    b.add("}")
+    block_reduce(b, NW, "max", "mx", "kiln_red_max")
+    if p.C > 1 then cluster_exchange(b, p.C, "mx", 0, "max") end
+    if S.sinks then b.add("mx = fmaxf(mx, sink);") end
+    b.add("float s = 0.0f;")
+    b.add("#pragma unroll")
+    b.add("for (unsigned k = 0; k < %du; k++) {", p.K)
+    b.push()
+    for t = 0, v - 1 do b.add("x[k * %d + %d] = expf(x[k * %d + %d] - mx);", v, t, v, t) end
+    local l = {}
+    for t = 0, v - 1 do l[#l + 1] = string.format("x[k * %d + %d]", v, t) end
+    if cond ~= "" then b.add("if (%s < %s)", jexpr, NVS) b.push() end
+    b.add("s += %s;", table.concat(l, " + "))
+    if cond ~= "" then b.pop() end
+    b.pop()
+    b.add("}")
+    block_reduce(b, NW, "sum", "s", "kiln_red_sum")
+    if p.C > 1 then
+        cluster_exchange(b, p.C, "s", 1, "sum")
+        -- No block may leave while others read its slots: wait at the very end.
+        b.add("kiln_cluster_arrive();")
+    end
+    if S.sinks then b.add("s += expf(sink - mx);") end
+    b.add("const float inv = 1.0f / s;")
+    b.add("#pragma unroll")
+    b.add("for (unsigned k = 0; k < %du; k++) {", p.K)
+    b.push()
+    b.add("const unsigned j = %s;", jexpr)
+    guard_open(b, cond)
+    store_group(S, b, "j", function(t) return string.format("x[k * %d + %d] * inv", v, t) end)
+    guard_close(b, cond)
+    b.pop()
+    b.add("}")
+    if p.C > 1 then b.add("kiln_cluster_wait();") end
+end
+
+-- The row of plan p streamed: an online max/sum over one read, then a second read to store.
+-- jexpr and cond as for cached_row.
+local function streamed_row(S, b, p, NW, jexpr, cond)
+    local v = S.v
+    b.add("float mx = %s, s = 0.0f;", INF)
+    b.add("#pragma unroll 2")
+    b.add("for (unsigned k = 0; k < %du; k++) {", p.K)
+    b.push()
+    b.add("const unsigned j = %s;", jexpr)
+    guard_open(b, cond)
+    b.add("float x[%d];", v)
+    load_group(S, b, "j", function(t) return string.format("x[%d]", t) end)
+    local mx = "x[0]"
+    for t = 1, v - 1 do mx = string.format("fmaxf(%s, x[%d])", mx, t) end
+    b.add("const float mn = fmaxf(mx, %s);", mx)
+    b.add("const float base = mn == %s ? 0.0f : mn;", INF)
+    local l = {}
+    for t = 0, v - 1 do l[#l + 1] = string.format("expf(x[%d] - base)", t) end
+    b.add("s = s * expf(mx - base) + %s;", table.concat(l, " + "))
+    b.add("mx = mn;")
+    guard_close(b, cond)
+    b.pop()
+    b.add("}")
+    b.add("kiln_warp_online(mx, s, 16);")
+    if NW > 1 then
+        b.add("if ((threadIdx.x & 31u) == 0) {")
+        b.add("    kiln_red_max[threadIdx.x >> 5] = mx;")
+        b.add("    kiln_red_sum[threadIdx.x >> 5] = s;")
+        b.add("}")
+        b.add("__syncthreads();")
+        b.add("mx = kiln_red_max[threadIdx.x & %du];", NW - 1)
+        b.add("s = kiln_red_sum[threadIdx.x & %du];", NW - 1)
+        b.add("kiln_warp_online(mx, s, %d);", NW // 2)
+    end
+    if p.C > 1 then
+        b.add("if (threadIdx.x == 0) {")
+        b.add("    kiln_slot[0] = mx;")
+        b.add("    kiln_slot[1] = s;")
+        b.add("}")
+        b.add("kiln_cluster_arrive();")
+        b.add("kiln_cluster_wait();")
+        b.add("mx = kiln_cluster_load(&kiln_slot[0], 0);")
+        b.add("s = kiln_cluster_load(&kiln_slot[1], 0);")
+        b.add("#pragma unroll")
+        b.add("for (unsigned r = 1; r < %du; r++)", p.C)
+        b.add("    kiln_online(mx, s, kiln_cluster_load(&kiln_slot[0], r), kiln_cluster_load(&kiln_slot[1], r));")
+        b.add("kiln_cluster_arrive();")
+    end
+    if S.sinks then b.add("kiln_online(mx, s, sink, 1.0f);") end
+    b.add("const float inv = 1.0f / s;")
+    b.add("#pragma unroll 2")
+    b.add("for (unsigned k = 0; k < %du; k++) {", p.K)
+    b.push()
+    b.add("const unsigned j = %s;", jexpr)
+    guard_open(b, cond)
+    b.add("float x[%d];", v)
+    load_group(S, b, "j", function(t) return string.format("x[%d]", t) end)
+    store_group(S, b, "j", function(t) return string.format("expf(x[%d] - mx) * inv", t) end)
+    guard_close(b, cond)
+    b.pop()
+    b.add("}")
+    if p.C > 1 then b.add("kiln_cluster_wait();") end
+end
+
+-- The body for plan p (p.C blocks per row, rank = this block's place among them).
+local function block_row(S, b, p, NW)
+    local dlive = live_of(S, "row")
+    if dlive then
+        -- a row past the run-time extents: the whole block (cluster) leaves
+        b.add("if (!(%s))", dlive)
+        b.add("    return;")
+    end
+    row_setup(S, b)
+    local jexpr = string.format("(k * %du + rank) * %du + threadIdx.x", p.C, p.T)
+    if p.C == 1 then jexpr = string.format("k * %du + threadIdx.x", p.T) end
+    local cond = p.full and "" or "j < " .. S.NVS
+    if p.cached then cached_row(S, b, p, NW, jexpr, cond) else streamed_row(S, b, p, NW, jexpr, cond) end
+end
+
+-- Writes the block kernel's body into b; returns its grid, block, cluster size and helpers.
+local function block_kernel(S, b, notes)
+    local plan, v, nrows = S.plan, S.v, S.nrows
+    local T, C = plan.T, plan.C
+    local NW = T // 32
+    if nrows * C > INT_MAX then fail("too many rows (%d)", nrows) end
+    local grid = nrows * C
+    local function describe(p, where)
+        return string.format("%s%d block%s of %d%s: %d group%s of %d per thread %s", where, grid, grid == 1 and "" or "s", T,
+            p.C > 1 and string.format(", a cluster of %d per row", p.C) or (C > 1 and string.format(", 1 of each %d per row", C) or ", one per row"),
+            p.K, p.K == 1 and "" or "s", v, p.cached and "in registers (one read)" or "streamed (online max/sum, then a second read)")
+    end
+    notes[#notes + 1] = describe(plan.main, C > 1 and "sm_90: " or "")
+    if plan.fallback then notes[#notes + 1] = describe(plan.fallback, "before sm_90: ") end
+    -- Cached bodies use the warp max/sum, streamed ones the online pair; a helper only one
+    -- side of the #if uses goes under the same #if (NVRTC warns about unused functions).
+    local p90, p80 = plan.main, plan.fallback or plan.main
+    local function guarded(code, on90, on80)
+        if on90 and on80 then return code end
+        if on90 then return "#if __CUDA_ARCH__ >= 900\n" .. code .. "\n#endif" end
+        if on80 then return "#if __CUDA_ARCH__ < 900\n" .. code .. "\n#endif" end
+        return nil
+    end
+    local helpers = {}
+    helpers[#helpers + 1] = guarded(HELPERS.warp, p90.cached, p80.cached)
+    helpers[#helpers + 1] = guarded(HELPERS.online, not p90.cached, not p80.cached)
+    if C > 1 then helpers[#helpers + 1] = HELPERS.cluster end
+
+    if NW > 1 then
+        b.add("__shared__ float kiln_red_max[%d];", NW)
+        b.add("__shared__ float kiln_red_sum[%d];", NW)
+    end
+    if C > 1 then
+        b.add("#if __CUDA_ARCH__ >= 900")
+        b.add("__shared__ float kiln_slot[2];")
+        b.add("const unsigned rank = kiln_cluster_rank();")
+        b.add("const unsigned row = blockIdx.x / %du;", C)
+        block_row(S, b, plan.main, NW)
+        b.add("#else")
+        b.add("/* No clusters: the first block of each row's %d does the whole row. */", C)
+        b.add("if (blockIdx.x %% %du != 0)", C)
+        b.add("    return;")
+        b.add("const unsigned row = blockIdx.x / %du;", C)
+        block_row(S, b, plan.fallback, NW)
+        b.add("#endif")
+    else
+        b.add("const unsigned row = blockIdx.x;")
+        block_row(S, b, plan.main, NW)
+    end
+    return grid, T, C, helpers
+end
+
+-- ---- the template -------------------------------------------------------------------------
+
+return function(k)
+    local S = node_of(k)
+    local op, dst, a, mask, sinks, n = S.op, S.dst, S.a, S.mask, S.sinks, S.n
+
+    local ptrs = { ptr(S, dst, "out", false), ptr(S, a, "in_a", true) }
+    if mask then ptrs[#ptrs + 1] = ptr(S, mask, "in_m", true) end
+    if sinks then ptrs[#ptrs + 1] = ptr(S, sinks, "in_s", true) end
+    local notes = operand_notes(S)
 
     local b = builder()
     b.push()
     for _, p in ipairs(ptrs) do b.add(p) end
-    -- Symbolic dims: their run-time extents (dnD for dim D), the row's vector count nvr, and the
-    -- liveness of a row (every coordinate below its dim's run-time extent).
-    local function live_of(rowvar)
-        local terms, stride, last = {}, 1, 1
-        for d = 2, 4 do if dne[d] > 1 then last = d end end
-        for d = 2, 4 do
-            if dyn[d] then
-                local e = rowvar
-                if stride > 1 then e = e .. " / " .. stride .. "u" end
-                if d < last then e = "(" .. e .. ") % " .. dne[d] .. "u" end
-                terms[#terms + 1] = string.format("%s < dn%d", e, d - 1)
-            end
-            stride = stride * dne[d]
-        end
-        if #terms == 0 then return nil end
-        return table.concat(terms, " && ")
-    end
-    if isdyn then
-        local l = {}
-        for d = 1, 4 do
-            if dyn[d] then
-                l[#l + 1] = string.format("dim %d <= %d", d - 1, dne[d])
-                b.add("const unsigned dn%d = (unsigned)(%s);", d - 1, dyn[d])
-            end
-        end
-        if dyn[1] then b.add(v > 1 and string.format("const unsigned nvr = (dn0 + %du) / %du;", v - 1, v) or "const unsigned nvr = dn0;") end
-        notes[#notes + 1] = "symbolic dims (run-time extents from kdims; rows past them exit): " .. table.concat(l, ", ")
-    end
-    local INF = "__int_as_float(0xff800000)"
-    local grid, block, cluster = 0, 0, 1
-
-    if plan.kind == "team" then
-        local G, K, R = plan.G, plan.K, plan.R
-        local nb = ceil_div(nrows, R)
-        if nb > INT_MAX then fail("too many rows (%d)", nrows) end
-        grid, block = nb, BLOCK_SMALL
-        notes[#notes + 1] = string.format("%d block%s of %d: a team of %d lane%s per row, %d rows per block, %d group%s of %d per lane in registers",
-            nb, nb == 1 and "" or "s", BLOCK_SMALL, G, G == 1 and "" or "s", R, K, K == 1 and "" or "s", v)
-        local live = nrows % R ~= 0
-        b.add("const unsigned lane = threadIdx.x %% %du;", G)
-        local dlive = live_of("row0")
-        if dlive then
-            -- Teams of rows past the run-time extents redo row 0 (their lanes must join the
-            -- full-mask shuffles) and store nothing; warps with no live row leave at once.
-            live = true
-            b.add("const unsigned row0 = blockIdx.x * %du + threadIdx.x / %du;", R, G)
-            b.add("const bool live = %s%s;", nrows % R ~= 0 and string.format("row0 < %du && ", nrows) or "", dlive)
-            b.add("if (__all_sync(0xffffffffu, !live))")
-            b.add("    return;")
-            b.add("const unsigned row = live ? row0 : 0u;")
-        elseif live then
-            -- Teams past the last row redo the last row (their lanes must join the full-mask
-            -- shuffles) and store nothing.
-            b.add("const unsigned row0 = blockIdx.x * %du + threadIdx.x / %du;", R, G)
-            b.add("const bool live = row0 < %du;", nrows)
-            b.add("const unsigned row = live ? row0 : %du;", nrows - 1)
-        else
-            b.add("const unsigned row = blockIdx.x * %du + threadIdx.x / %du;", R, G)
-        end
-        row_setup(b)
-        b.add("float x[%d];", K * v)
-        b.add("float mx = %s;", INF)
-        b.add("#pragma unroll")
-        b.add("for (unsigned k = 0; k < %du; k++) {", K)
-        b.push()
-        b.add("const unsigned j = lane + k * %du;", G)
-        local cond = plan.full and "" or "j < " .. NVS
-        if cond ~= "" then
-            b.add("if (%s) {", cond)
-            b.push()
-        end
-        load_group(b, "j", function(t) return string.format("x[k * %d + %d]", v, t) end)
-        for t = 0, v - 1 do b.add("mx = fmaxf(mx, x[k * %d + %d]);", v, t) end
-        if cond ~= "" then
-            b.pop()
-            b.add("} else {")
-            b.push()
-            for t = 0, v - 1 do b.add("x[k * %d + %d] = %s;", v, t, INF) end
-            b.pop()
-            b.add("}")
-        end
-        b.pop()
-        b.add("}")
-        b.add("mx = kiln_warp_max(mx, %d);", G // 2)
-        if sinks then b.add("mx = fmaxf(mx, sink);") end
-        b.add("float s = 0.0f;")
-        b.add("#pragma unroll")
-        b.add("for (unsigned k = 0; k < %du; k++) {", K)
-        b.push()
-        for t = 0, v - 1 do b.add("x[k * %d + %d] = expf(x[k * %d + %d] - mx);", v, t, v, t) end
-        if cond ~= "" then b.add("if (lane + k * %du < %s)", G, NVS) b.push() end
-        b.add("s += %s;", tpl.map_join((function() local l = {} for t = 0, v - 1 do l[#l + 1] = string.format("x[k * %d + %d]", v, t) end return l end)(), " + "))
-        if cond ~= "" then b.pop() end
-        b.pop()
-        b.add("}")
-        b.add("s = kiln_warp_sum(s, %d);", G // 2)
-        if sinks then b.add("s += expf(sink - mx);") end
-        b.add("const float inv = 1.0f / s;")
-        if live then b.add("if (!live)") b.add("    return;") end
-        b.add("#pragma unroll")
-        b.add("for (unsigned k = 0; k < %du; k++) {", K)
-        b.push()
-        b.add("const unsigned j = lane + k * %du;", G)
-        if cond ~= "" then b.add("if (%s) {", cond) b.push() end
-        store_group(b, "j", function(t) return string.format("x[k * %d + %d] * inv", v, t) end)
-        if cond ~= "" then b.pop() b.add("}") end
-        b.pop()
-        b.add("}")
+    dyn_setup(S, b, notes)
+    local grid, block, cluster, helpers
+    if S.plan.kind == "team" then
+        grid, block = team_kernel(S, b, notes)
+        cluster, helpers = 1, { HELPERS.warp }
     else
-        local T, C = plan.T, plan.C
-        local NW = T // 32
-        if nrows * C > INT_MAX then fail("too many rows (%d)", nrows) end
-        grid, block, cluster = nrows * C, T, C
-        local function describe(p, where)
-            return string.format("%s%d block%s of %d%s: %d group%s of %d per thread %s", where, grid, grid == 1 and "" or "s", T,
-                p.C > 1 and string.format(", a cluster of %d per row", p.C) or (C > 1 and string.format(", 1 of each %d per row", C) or ", one per row"),
-                p.K, p.K == 1 and "" or "s", v, p.cached and "in registers (one read)" or "streamed (online max/sum, then a second read)")
-        end
-        notes[#notes + 1] = describe(plan.main, C > 1 and "sm_90: " or "")
-        if plan.fallback then notes[#notes + 1] = describe(plan.fallback, "before sm_90: ") end
-        -- Cached bodies use the warp max/sum, streamed ones the online pair; a helper only one
-        -- side of the #if uses goes under the same #if (NVRTC warns about unused functions).
-        local p90, p80 = plan.main, plan.fallback or plan.main
-        local function guarded(code, on90, on80)
-            if on90 and on80 then return code end
-            if on90 then return "#if __CUDA_ARCH__ >= 900\n" .. code .. "\n#endif" end
-            if on80 then return "#if __CUDA_ARCH__ < 900\n" .. code .. "\n#endif" end
-            return nil
-        end
-        helpers = {}
-        helpers[#helpers + 1] = guarded(HELPERS.warp, p90.cached, p80.cached)
-        helpers[#helpers + 1] = guarded(HELPERS.online, not p90.cached, not p80.cached)
-        if C > 1 then helpers[#helpers + 1] = HELPERS.cluster end
-
-        -- Block-wide reductions through red (NW floats); every thread gets the result.
-        local function block_reduce(b, what, var, red)
-            local fn = what == "max" and "kiln_warp_max" or "kiln_warp_sum"
-            b.add("%s = %s(%s, 16);", var, fn, var)
-            if NW > 1 then
-                b.add("if ((threadIdx.x & 31u) == 0)")
-                b.add("    %s[threadIdx.x >> 5] = %s;", red, var)
-                b.add("__syncthreads();")
-                b.add("%s = %s(%s[threadIdx.x & %du], %d);", var, fn, red, NW - 1, NW // 2)
-            end
-        end
-
-        -- The body for plan p (C blocks per row, rank = this block's place among them).
-        local function body(b, p)
-            local dlive = live_of("row")
-            if dlive then
-                -- a row past the run-time extents: the whole block (cluster) leaves
-                b.add("if (!(%s))", dlive)
-                b.add("    return;")
-            end
-            row_setup(b)
-            local CT = p.C * p.T
-            local jexpr = string.format("(k * %du + rank) * %du + threadIdx.x", p.C, p.T)
-            if p.C == 1 then jexpr = string.format("k * %du + threadIdx.x", p.T) end
-            local cond = p.full and "" or "j < " .. NVS
-            local function guard_open() if cond ~= "" then b.add("if (%s) {", cond) b.push() end end
-            local function guard_close() if cond ~= "" then b.pop() b.add("}") end end
-            -- Exchange of one value per block through the cluster: slot, then read all in rank order.
-            local function cluster_exchange(var, slot, op_)
-                b.add("if (threadIdx.x == 0)")
-                b.add("    kiln_slot[%d] = %s;", slot, var)
-                b.add("kiln_cluster_arrive();")
-                b.add("kiln_cluster_wait();")
-                b.add("%s = kiln_cluster_load(&kiln_slot[%d], 0);", var, slot)
-                b.add("#pragma unroll")
-                b.add("for (unsigned r = 1; r < %du; r++)", p.C)
-                if op_ == "max" then b.add("    %s = fmaxf(%s, kiln_cluster_load(&kiln_slot[%d], r));", var, var, slot)
-                else b.add("    %s += kiln_cluster_load(&kiln_slot[%d], r);", var, slot) end
-            end
-            if p.cached then
-                b.add("float x[%d];", p.K * v)
-                b.add("float mx = %s;", INF)
-                b.add("#pragma unroll")
-                b.add("for (unsigned k = 0; k < %du; k++) {", p.K)
-                b.push()
-                b.add("const unsigned j = %s;", jexpr)
-                guard_open()
-                load_group(b, "j", function(t) return string.format("x[k * %d + %d]", v, t) end)
-                for t = 0, v - 1 do b.add("mx = fmaxf(mx, x[k * %d + %d]);", v, t) end
-                if cond ~= "" then
-                    b.pop()
-                    b.add("} else {")
-                    b.push()
-                    for t = 0, v - 1 do b.add("x[k * %d + %d] = %s;", v, t, INF) end
-                end
-                guard_close()
-                b.pop()
-                b.add("}")
-                block_reduce(b, "max", "mx", "kiln_red_max")
-                if p.C > 1 then cluster_exchange("mx", 0, "max") end
-                if sinks then b.add("mx = fmaxf(mx, sink);") end
-                b.add("float s = 0.0f;")
-                b.add("#pragma unroll")
-                b.add("for (unsigned k = 0; k < %du; k++) {", p.K)
-                b.push()
-                for t = 0, v - 1 do b.add("x[k * %d + %d] = expf(x[k * %d + %d] - mx);", v, t, v, t) end
-                local l = {}
-                for t = 0, v - 1 do l[#l + 1] = string.format("x[k * %d + %d]", v, t) end
-                if cond ~= "" then b.add("if (%s < %s)", jexpr, NVS) b.push() end
-                b.add("s += %s;", table.concat(l, " + "))
-                if cond ~= "" then b.pop() end
-                b.pop()
-                b.add("}")
-                block_reduce(b, "sum", "s", "kiln_red_sum")
-                if p.C > 1 then
-                    cluster_exchange("s", 1, "sum")
-                    -- No block may leave while others read its slots: wait at the very end.
-                    b.add("kiln_cluster_arrive();")
-                end
-                if sinks then b.add("s += expf(sink - mx);") end
-                b.add("const float inv = 1.0f / s;")
-                b.add("#pragma unroll")
-                b.add("for (unsigned k = 0; k < %du; k++) {", p.K)
-                b.push()
-                b.add("const unsigned j = %s;", jexpr)
-                guard_open()
-                store_group(b, "j", function(t) return string.format("x[k * %d + %d] * inv", v, t) end)
-                guard_close()
-                b.pop()
-                b.add("}")
-                if p.C > 1 then b.add("kiln_cluster_wait();") end
-            else
-                b.add("float mx = %s, s = 0.0f;", INF)
-                b.add("#pragma unroll 2")
-                b.add("for (unsigned k = 0; k < %du; k++) {", p.K)
-                b.push()
-                b.add("const unsigned j = %s;", jexpr)
-                guard_open()
-                b.add("float x[%d];", v)
-                load_group(b, "j", function(t) return string.format("x[%d]", t) end)
-                local mx = "x[0]"
-                for t = 1, v - 1 do mx = string.format("fmaxf(%s, x[%d])", mx, t) end
-                b.add("const float mn = fmaxf(mx, %s);", mx)
-                b.add("const float base = mn == %s ? 0.0f : mn;", INF)
-                local l = {}
-                for t = 0, v - 1 do l[#l + 1] = string.format("expf(x[%d] - base)", t) end
-                b.add("s = s * expf(mx - base) + %s;", table.concat(l, " + "))
-                b.add("mx = mn;")
-                guard_close()
-                b.pop()
-                b.add("}")
-                b.add("kiln_warp_online(mx, s, 16);")
-                if NW > 1 then
-                    b.add("if ((threadIdx.x & 31u) == 0) {")
-                    b.add("    kiln_red_max[threadIdx.x >> 5] = mx;")
-                    b.add("    kiln_red_sum[threadIdx.x >> 5] = s;")
-                    b.add("}")
-                    b.add("__syncthreads();")
-                    b.add("mx = kiln_red_max[threadIdx.x & %du];", NW - 1)
-                    b.add("s = kiln_red_sum[threadIdx.x & %du];", NW - 1)
-                    b.add("kiln_warp_online(mx, s, %d);", NW // 2)
-                end
-                if p.C > 1 then
-                    b.add("if (threadIdx.x == 0) {")
-                    b.add("    kiln_slot[0] = mx;")
-                    b.add("    kiln_slot[1] = s;")
-                    b.add("}")
-                    b.add("kiln_cluster_arrive();")
-                    b.add("kiln_cluster_wait();")
-                    b.add("mx = kiln_cluster_load(&kiln_slot[0], 0);")
-                    b.add("s = kiln_cluster_load(&kiln_slot[1], 0);")
-                    b.add("#pragma unroll")
-                    b.add("for (unsigned r = 1; r < %du; r++)", p.C)
-                    b.add("    kiln_online(mx, s, kiln_cluster_load(&kiln_slot[0], r), kiln_cluster_load(&kiln_slot[1], r));")
-                    b.add("kiln_cluster_arrive();")
-                end
-                if sinks then b.add("kiln_online(mx, s, sink, 1.0f);") end
-                b.add("const float inv = 1.0f / s;")
-                b.add("#pragma unroll 2")
-                b.add("for (unsigned k = 0; k < %du; k++) {", p.K)
-                b.push()
-                b.add("const unsigned j = %s;", jexpr)
-                guard_open()
-                b.add("float x[%d];", v)
-                load_group(b, "j", function(t) return string.format("x[%d]", t) end)
-                store_group(b, "j", function(t) return string.format("expf(x[%d] - mx) * inv", t) end)
-                guard_close()
-                b.pop()
-                b.add("}")
-                if p.C > 1 then b.add("kiln_cluster_wait();") end
-            end
-        end
-
-        if NW > 1 then
-            b.add("__shared__ float kiln_red_max[%d];", NW)
-            b.add("__shared__ float kiln_red_sum[%d];", NW)
-        end
-        if C > 1 then
-            b.add("#if __CUDA_ARCH__ >= 900")
-            b.add("__shared__ float kiln_slot[2];")
-            b.add("const unsigned rank = kiln_cluster_rank();")
-            b.add("const unsigned row = blockIdx.x / %du;", C)
-            body(b, plan.main)
-            b.add("#else")
-            b.add("/* No clusters: the first block of each row's %d does the whole row. */", C)
-            b.add("if (blockIdx.x %% %du != 0)", C)
-            b.add("    return;")
-            b.add("const unsigned row = blockIdx.x / %du;", C)
-            body(b, plan.fallback)
-            b.add("#endif")
-        else
-            b.add("const unsigned row = blockIdx.x;")
-            body(b, plan.main)
-        end
+        grid, block, cluster, helpers = block_kernel(S, b, notes)
     end
 
     local name = op .. "_" .. a.type .. "_" .. n
-    if isdyn then name = name .. "_dyn" end
+    if S.isdyn then name = name .. "_dyn" end
     if mask then name = name .. "_m" .. mask.type end
-    if alibi then name = name .. "_alibi" end
+    if S.alibi then name = name .. "_alibi" end
     if sinks then name = name .. "_sinks" end
     if #name > 63 then name = name:sub(1, 63) end
+    local plist = param_list(S)
     local plines = table.concat(plist, ", ")
     if #plines + #name > 80 then plines = "\n    " .. table.concat(plist, ",\n    ") end
     local source = kernel {
-        name = name, op = op, n = n, nrows = nrows, dst = dst, dims = dims, notes = notes,
-        pre = (pre.code():gsub("\n$", "")), types = types, helpers = helpers, cluster = cluster,
+        name = name, op = op, n = n, nrows = S.nrows, dst = dst, dims = dims, notes = notes,
+        pre = (S.pre.code():gsub("\n$", "")), types = S.types, helpers = helpers, cluster = cluster,
         block = block, attr = cluster > 1 and "KILN_CLUSTER_DIMS " or "", params = plines, body = b.lines,
     }
     return { name = name, source = source, grid = { grid, 1, 1 }, block = { block, 1, 1 }, smem = 0,
-             dynamic = isdyn or nil }
+             dynamic = S.isdyn or nil }
 end

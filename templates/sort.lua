@@ -28,6 +28,7 @@
 --   the k keys at or below it (in any order: they are sorted next), and sorts them in shared
 --   memory (k <= SMEM_KEYS) or with the global scheme over the destination row.
 
+local kit = require("kit")
 local tpl = require("tpl")
 local prelude = require("prelude")
 
@@ -39,15 +40,11 @@ local WARPS = 4        -- rows (warps) per block of the warp kernel
 local SMEM_ROW_TARGET = 2048 -- keys per block the smem kernel aims at by batching short rows
 local BIG_BLOCK = 1024 -- threads of the global and select kernels
 
-local function fail(fmt, ...) error("sort: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("sort")
 
-local function dims(t) return "[" .. tpl.map_join(t, ", ") .. "]" end
+local dims = kit.dims
 
-local function pow2_ceil(n)
-    local p = 1
-    while p < n do p = p * 2 end
-    return p
-end
+local pow2_ceil = kit.next_pow2
 
 local function log2(p)
     local l = 0
@@ -55,7 +52,7 @@ local function log2(p)
     return l
 end
 
-local function round_up(n, m) return (n + m - 1) // m * m end
+local round_up = kit.round_up
 
 -- The CUDA helpers every sort kernel uses: the key of an element and one comparator.
 local helpers = tpl.define [[
@@ -447,16 +444,7 @@ ${body}
 }
 ]]
 
-local function check_ref(r, what, types)
-    if type(r) ~= "table" or not types[r.type] then
-        fail("%s: unsupported type %s", what, type(r) == "table" and tostring(r.type) or "?")
-    end
-    for d = 1, 4 do
-        if math.type(r.ne[d]) ~= "integer" or r.ne[d] < 1 then fail("%s: bad ne[%d]", what, d - 1) end
-        if math.type(r.st[d]) ~= "integer" then fail("%s: bad st[%d]", what, d - 1) end
-    end
-    if math.type(r.offs) ~= "integer" then fail("%s: bad offs", what) end
-end
+local check_ref = kit.ref_checker(fail)
 
 -- Offset (elements, long long) of row r's first element relative to the operand's offset.
 local function row_offset(a)
@@ -500,7 +488,7 @@ return function(k)
     local params = table.concat(plist, ", ")
     -- Symbolic dims: a's (dst's) dims 1..3, the rows; rows past a run-time extent are skipped
     -- (kiln_row_ok, from the row's coordinates at the maxima).
-    local function dyn(r, d) return r and r.dyn and r.dyn[d] or nil end
+    local dyn = kit.ext
     for d = 1, 4 do
         if d == 1 and (dyn(a, 1) or dyn(dst, 1)) then fail("%s: a symbolic row length is not supported", op) end
     end
@@ -520,12 +508,8 @@ return function(k)
     local row_ok = #okterms > 0 and table.concat(okterms, " && ") or (dynamic and "true" or "")
     local ct = prelude.ctype[a.type]
     local function ptr(r, var, typ, const)
-        if math.type(r.param) ~= "integer" or r.param < 0 or r.param >= nparams then
-            fail("%s: param %s out of range", var, tostring(r.param))
-        end
-        local c = (const and "const " or "") .. typ
-        local offs = r.offs ~= 0 and (" + " .. r.offs .. "ll") or ""
-        return string.format("%s *const %s = (%s *)p%d%s;", c, var, c, r.param, offs)
+        kit.check_param(fail, r, var, nparams)
+        return kit.pointer(r, var, typ, const, kit.ll)
     end
     local ptrs = { ptr(dst, "out", "int", false), ptr(a, "in", ct, true) }
 

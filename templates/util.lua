@@ -16,7 +16,8 @@
 -- run-time parameters, so each kernel has one source, hence one cache entry per arch. Their
 -- callers launch them plainly, outside any CUDA graph: codegen adds no grid-wait prologue.
 
-local tpl = require("tpl")
+local kit = require("kit")
+local tpl = kit.tpl
 
 local BLOCK = 256
 -- Grid-stride caps: the launches these kernels had when they were C strings in runtime/ (fill:
@@ -24,7 +25,7 @@ local BLOCK = 256
 local FILL_GRID = 8192
 local FLUSH_GRID = 1024
 
-local function fail(fmt, ...) error("util: " .. string.format(fmt, ...), 0) end
+local fail = kit.failer("util")
 
 local fill_uniform = tpl.define [[
 // kiln utility kernel ${name}: n elements of base + scale * u(key, e), u uniform in [-1, 1), as
