@@ -259,6 +259,127 @@ void ts_kernels_clean(const char *kg, const char *arch, const char *cache_dir, c
     kiln_ctx_free(ctx);
 }
 
+/* Compiles case i's kg for arch into cache: one kernel whose source contains want and equals
+ * *source when that is set (else *source gets a copy). */
+static void one_kernel_arch(int i, const char *kg, const char *want, const char *arch, const char *cache,
+                            char **source) {
+    kiln_ctx   *ctx = ts_parse(kg);
+    kiln_graph *g;
+    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_compile_opts o = {.arch = arch, .cache_dir = cache};
+    kiln_program     *p = NULL;
+    kiln_status       st = kiln_compile(g, &o, &p);
+    ck_assert_msg(st == NULL, "case %d (%s) for %s: %s", i, kg, arch, kiln_status_msg(st));
+    ck_assert_int_eq(kiln_program_kernel_count(p), 1);
+    const char *src = kiln_program_kernel_source(p, 0);
+    if (!strstr(src, want)) fprintf(stderr, "case %d source:\n%s\n", i, src);
+    ck_assert_msg(strstr(src, want), "case %d (%s): source lacks '%s'", i, kg, want);
+    if (*source) ck_assert_str_eq(*source, src); /* the same source for every arch and every run */
+    else *source = strdup(src);
+    kiln_program_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+void ts_one_kernel_case(int i, const char *kg, const char *want, const char *name) {
+    char *cache = ts_tmpdir();
+    char *src = NULL;
+    one_kernel_arch(i, kg, want, "sm_90a", cache, &src);
+    one_kernel_arch(i, kg, want, "sm_80", cache, &src);
+    ts_nvrtc_clean(src, name, NULL);
+    free(src);
+    ts_rmtree(cache);
+    free(cache);
+}
+
+ir_prog *ts_prog_new(int nnodes) {
+    ir_prog *p = calloc(1, sizeof *p);
+    ck_assert_ptr_nonnull(p);
+    p->capbufs = 4 * IR_MAX_IN;
+    p->bufs = calloc((size_t)p->capbufs, sizeof *p->bufs);
+    p->capnodes = nnodes;
+    p->nnodes = nnodes;
+    p->nodes = calloc((size_t)nnodes, sizeof *p->nodes);
+    ck_assert(p->bufs && p->nodes);
+    return p;
+}
+
+void ts_prog_free(ir_prog *p) {
+    free(p->bufs);
+    free(p->nodes);
+    free(p);
+}
+
+void ts_use_buf(ir_prog *p, const ir_ref *r, const char *name) {
+    ck_assert_int_lt(r->buf, p->capbufs);
+    if (r->buf >= p->nbufs) p->nbufs = r->buf + 1;
+    ir_buf *b = &p->bufs[r->buf];
+    b->type = r->type;
+    b->kind = IR_BUF_TEMP;
+    snprintf(b->name, sizeof b->name, "%s", name);
+    for (int d = 0; d < 4; d++) b->ne[d] = r->ne[d];
+    b->bytes = kiln_type_size(r->type) * (size_t)(r->ne[0] * r->ne[1] * r->ne[2] * r->ne[3]);
+}
+
+ir_ref ts_ref4(int buf, kiln_type t, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
+    ir_ref r = {.buf = buf, .type = t, .ne = {ne0, ne1, ne2, ne3}};
+    int64_t s = 1;
+    for (int d = 0; d < 4; d++) {
+        r.st[d] = s;
+        s *= r.ne[d];
+    }
+    return r;
+}
+
+ir_ref ts_strided(int buf, kiln_type t, const int64_t ne[4], const int64_t st[4], int64_t offs) {
+    ir_ref r = {.buf = buf, .type = t, .offs = offs};
+    memcpy(r.ne, ne, sizeof r.ne);
+    memcpy(r.st, st, sizeof r.st);
+    return r;
+}
+
+void ts_ew_node(ir_prog *p, int i, ir_ref dst, int nin, const ir_ref *in, int ninstr, const ir_instr *ins) {
+    ir_node *n = &p->nodes[i];
+    memset(n, 0, sizeof *n);
+    n->kind = IR_EW;
+    n->dst = dst;
+    n->nin = nin;
+    for (int j = 0; j < nin; j++) n->in[j] = in[j];
+    n->ninstr = ninstr;
+    for (int j = 0; j < ninstr; j++) n->ins[j] = ins[j];
+    n->nsrc = 1;
+    n->src[0] = i;
+    char name[64];
+    snprintf(name, sizeof name, "SECRETNAME_out_%d", dst.buf);
+    ts_use_buf(p, &dst, name);
+    for (int j = 0; j < nin; j++) {
+        snprintf(name, sizeof name, "SECRETNAME_in_%d", in[j].buf);
+        ts_use_buf(p, &in[j], name);
+    }
+}
+
+void ts_gen(ir_prog *p, cg_kernel *k) {
+    cg_lua *L;
+    TS_OK(cg_lua_new(&L));
+    TS_OK(cg_generate(L, p, 0, k));
+    cg_lua_free(L);
+}
+
+void ts_kernel_compiles(const cg_kernel *k) {
+    ck_assert_msg(strstr(k->source, "SECRETNAME") == NULL, "graph name in source:\n%s", k->source);
+    ts_nvrtc_clean(k->source, k->name, NULL);
+    static const char *const archs[] = {"sm_90a", "sm_80"};
+    for (int a = 0; a < 2; a++) {
+        void       *cubin;
+        size_t      size;
+        kiln_status st = cg_nvrtc_compile(k->source, k->name, archs[a], &cubin, &size);
+        ck_assert_msg(st == NULL, "%s for %s: %s\nsource:\n%s", k->name, archs[a], kiln_status_msg(st), k->source);
+        ck_assert_ptr_nonnull(cubin);
+        ck_assert_uint_gt(size, 0);
+        free(cubin);
+    }
+}
+
 /* FNV-1a: input data depends on the buffer's name, not on its index. */
 static uint64_t name_seed(const char *s) {
     uint64_t h = 1469598103934665603ull;

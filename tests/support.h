@@ -6,6 +6,7 @@
 
 #include "kiln.h"
 
+#include "codegen/codegen.h"
 #include "ir/ir.h"
 
 #include <stdbool.h>
@@ -103,6 +104,29 @@ kiln_program *ts_compile(const char *kg, const char *arch, const char *cache_dir
  * a warning, and sets counts[j] to the number of kernels whose source contains needles[j]. */
 void ts_kernels_clean(const char *kg, const char *arch, const char *cache_dir, const char *const *needles, int *counts,
                       int n);
+
+/* Loop case i of a table of one-kernel graphs (tests/test_ops_*.c): kg compiles for sm_90a and
+ * sm_80 (in a new cache) to one kernel whose source contains want, the same source for both,
+ * and that source compiles with NVRTC (as `name`) without a warning. */
+void ts_one_kernel_case(int i, const char *kg, const char *want, const char *name);
+
+/* Hand-built IR for codegen tests (tests/test_codegen.c, tests/test_ew_vector.c). A program of
+ * nnodes zeroed nodes and room for 4 * IR_MAX_IN buffers; ts_prog_free frees it. */
+ir_prog *ts_prog_new(int nnodes);
+void     ts_prog_free(ir_prog *p);
+/* Registers r's buffer (named name) as a temporary large enough for r. */
+void     ts_use_buf(ir_prog *p, const ir_ref *r, const char *name);
+/* A contiguous ref of buffer buf; a ref of the given extents, strides and offset. */
+ir_ref   ts_ref4(int buf, kiln_type t, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
+ir_ref   ts_strided(int buf, kiln_type t, const int64_t ne[4], const int64_t st[4], int64_t offs);
+/* Sets node i of p to an elementwise node of those operands and instructions, its buffers
+ * named SECRETNAME_* (a name that must never reach a kernel). */
+void     ts_ew_node(ir_prog *p, int i, ir_ref dst, int nin, const ir_ref *in, int ninstr, const ir_instr *ins);
+/* Generates node 0 of p with a fresh Lua state. */
+void     ts_gen(ir_prog *p, cg_kernel *k);
+/* k's source names no graph buffer, compiles with NVRTC without a warning, and compiles to a
+ * cubin for sm_90a and sm_80. */
+void     ts_kernel_compiles(const cg_kernel *k);
 
 /* Evaluates kg with the CPU reference twice on the same random inputs (by input name): over IR
  * after every fusion pass but those in skip (NULL: none), and over unfused IR. Returns the

@@ -321,35 +321,7 @@ static const struct {
     {"input x: f32[128, 32, 600000]\ninput p: i32[600000]\noutput y = rope_ext(x, p, n_dims=128, mode=2)\n", "64-bit"},
 };
 
-static void compile_case(int i, const char *arch, const char *cache, char **source) {
-    kiln_ctx   *ctx = ts_parse(CASES[i].kg);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
-    kiln_compile_opts o = {.arch = arch, .cache_dir = cache};
-    kiln_program     *p = NULL;
-    kiln_status       st = kiln_compile(g, &o, &p);
-    ck_assert_msg(st == NULL, "case %d (%s) for %s: %s", i, CASES[i].kg, arch, kiln_status_msg(st));
-    ck_assert_int_eq(kiln_program_kernel_count(p), 1);
-    const char *src = kiln_program_kernel_source(p, 0);
-    if (!strstr(src, CASES[i].want)) fprintf(stderr, "case %d source:\n%s\n", i, src);
-    ck_assert_msg(strstr(src, CASES[i].want), "case %d (%s): source lacks '%s'", i, CASES[i].kg, CASES[i].want);
-    if (*source) ck_assert_str_eq(*source, src); /* the same source for every arch and every run */
-    else *source = strdup(src);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
-}
-
-START_TEST(kernels_compile) {
-    char *cache = ts_tmpdir();
-    char *src = NULL;
-    compile_case(_i, "sm_90a", cache, &src);
-    compile_case(_i, "sm_80", cache, &src);
-    ts_nvrtc_clean(src, "rope_case", NULL);
-    free(src);
-    ts_rmtree(cache);
-    free(cache);
-}
+START_TEST(kernels_compile) { ts_one_kernel_case(_i, CASES[_i].kg, CASES[_i].want, "rope_case"); }
 END_TEST
 
 static Suite *suite(void) {
