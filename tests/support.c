@@ -380,6 +380,19 @@ void ts_kernel_compiles(const cg_kernel *k) {
     }
 }
 
+void ts_parse_error(const char *kg, kiln_code code, const char *const *needles) {
+    kiln_ctx   *ctx = kiln_ctx_new();
+    kiln_status st = kiln_parse(ctx, kg, strlen(kg), "bad.kg");
+    ck_assert_msg(st != NULL, "no error for:\n%s", kg);
+    const char *msg = kiln_status_msg(st);
+    ck_assert_msg(kiln_status_code(st) == code, "%s: got %s, want %s: %s", kg, kiln_code_name(kiln_status_code(st)),
+                  kiln_code_name(code), msg);
+    for (int i = 0; needles[i]; i++)
+        ck_assert_msg(strstr(msg, needles[i]), "%s: message \"%s\" lacks \"%s\"", kg, msg, needles[i]);
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+}
+
 /* FNV-1a: input data depends on the buffer's name, not on its index. */
 static uint64_t name_seed(const char *s) {
     uint64_t h = 1469598103934665603ull;

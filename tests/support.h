@@ -128,6 +128,11 @@ void     ts_gen(ir_prog *p, cg_kernel *k);
  * cubin for sm_90a and sm_80. */
 void     ts_kernel_compiles(const cg_kernel *k);
 
+/* Asserts that parsing kg (as bad.kg) fails with code and a message holding every one of
+ * needles (a list ended by NULL). */
+void ts_parse_error(const char *kg, kiln_code code, const char *const *needles);
+#define TS_NEEDLES(...) ((const char *const[]){__VA_ARGS__, NULL})
+
 /* Evaluates kg with the CPU reference twice on the same random inputs (by input name): over IR
  * after every fusion pass but those in skip (NULL: none), and over unfused IR. Returns the
  * largest difference of any output element, relative where |ref| > 1 (0: identical; inf on a

@@ -283,16 +283,4 @@ static Suite *suite(void) {
     return s;
 }
 
-int main(void) {
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-fuse-glu-test-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache = dir;
-    int rc = ts_main(suite());
-    ts_rmtree(g_cache);
-    return rc;
-}
+int main(void) { return ts_main_cache(suite(), "fuse-glu-test", &g_cache); }

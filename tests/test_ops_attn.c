@@ -196,14 +196,7 @@ END_TEST
 /* ---- frontend errors ------------------------------------------------------------------------ */
 
 static void expect_error(const char *kg, kiln_code code, const char *needle) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, kg, strlen(kg), "t.kg");
-    ck_assert_msg(st != NULL, "expected an error for:\n%s", kg);
-    ck_assert_msg(kiln_status_code(st) == code, "%s: got %s: %s", kg, kiln_code_name(kiln_status_code(st)),
-                  kiln_status_msg(st));
-    ck_assert_msg(strstr(kiln_status_msg(st), needle), "message lacks \"%s\": %s", needle, kiln_status_msg(st));
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_parse_error(kg, code, TS_NEEDLES(needle));
 }
 
 #define QKV "input q: f32[64, 3, 8]\ninput k: f16[64, 10, 2]\ninput v: f16[64, 10, 2]\n"
@@ -422,16 +415,4 @@ static Suite *suite(void) {
     return s;
 }
 
-int main(void) {
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-attn-test-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache = dir;
-    int rc = ts_main(suite());
-    ts_rmtree(g_cache);
-    return rc;
-}
+int main(void) { return ts_main_cache(suite(), "attn-test", &g_cache); }

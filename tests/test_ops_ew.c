@@ -259,15 +259,8 @@ START_TEST(shapes) {
 }
 END_TEST
 
-static void expect_error(const char *text, kiln_code code, const char *needle) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, text, strlen(text), "t.kg");
-    ck_assert_msg(st != NULL, "no error for:\n%s", text);
-    ck_assert_msg(kiln_status_code(st) == code, "%s: got %s, want %s: %s", text,
-                  kiln_code_name(kiln_status_code(st)), kiln_code_name(code), kiln_status_msg(st));
-    ck_assert_msg(strstr(kiln_status_msg(st), needle), "\"%s\" lacks \"%s\"", kiln_status_msg(st), needle);
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+static void expect_error(const char *kg, kiln_code code, const char *needle) {
+    ts_parse_error(kg, code, TS_NEEDLES(needle));
 }
 
 START_TEST(errors) {

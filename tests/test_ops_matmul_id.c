@@ -113,16 +113,7 @@ END_TEST
 
 /* ---- frontend errors ------------------------------------------------------------------------ */
 
-static void expect_error(const char *kg, const char *needle) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, kg, strlen(kg), "t.kg");
-    ck_assert_msg(st != NULL, "expected an error for:\n%s", kg);
-    ck_assert_msg(kiln_status_code(st) == KILN_ERR_SHAPE, "%s: got %s: %s", kg, kiln_code_name(kiln_status_code(st)),
-                  kiln_status_msg(st));
-    ck_assert_msg(strstr(kiln_status_msg(st), needle), "message lacks \"%s\": %s", needle, kiln_status_msg(st));
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
-}
+static void expect_error(const char *kg, const char *needle) { ts_parse_error(kg, KILN_ERR_SHAPE, TS_NEEDLES(needle)); }
 
 START_TEST(errors) {
     expect_error("input a: i32[8, 4, 3]\ninput x: f32[8, 1, 2]\ninput i: i32[2, 2]\ny = mul_mat_id(a, x, i)\n",
@@ -330,16 +321,4 @@ static Suite *suite(void) {
     return s;
 }
 
-int main(void) {
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-matmul-id-test-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache = dir;
-    int rc = ts_main(suite());
-    ts_rmtree(g_cache);
-    return rc;
-}
+int main(void) { return ts_main_cache(suite(), "matmul-id-test", &g_cache); }

@@ -131,16 +131,7 @@ END_TEST
 /* ---- errors ------------------------------------------------------------------------------------- */
 
 static void expect_error(const char *text, kiln_code code, const char *const *needles) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, text, strlen(text), "bad.kg");
-    ck_assert_msg(st != NULL, "parsed: %s", text);
-    ck_assert_msg(kiln_status_code(st) == code, "%s: code %s, expected %s (%s)", text,
-                  kiln_code_name(kiln_status_code(st)), kiln_code_name(code), kiln_status_msg(st));
-    for (int i = 0; needles[i]; i++)
-        ck_assert_msg(strstr(kiln_status_msg(st), needles[i]), "'%s' lacks '%s'", kiln_status_msg(st),
-                      needles[i]);
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_parse_error(text, code, needles);
 }
 
 START_TEST(errors) {

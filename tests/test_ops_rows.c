@@ -288,16 +288,7 @@ static const char DECLS[] = "input a: f32[4, 3]\ninput a3: f32[4, 3, 2]\ninput h
 static void expect_error(const char *stmt, kiln_code code, const char *const *want) {
     char text[2048];
     snprintf(text, sizeof text, "%soutput y = %s\n", DECLS, stmt);
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, text, strlen(text), "t.kg");
-    ck_assert_msg(st != NULL, "%s: parsed without error", stmt);
-    ck_assert_msg(kiln_status_code(st) == code, "%s: code %s, expected %s (%s)", stmt,
-                  kiln_code_name(kiln_status_code(st)), kiln_code_name(code), kiln_status_msg(st));
-    for (int k = 0; want[k]; k++)
-        ck_assert_msg(strstr(kiln_status_msg(st), want[k]), "%s: message '%s' lacks '%s'", stmt,
-                      kiln_status_msg(st), want[k]);
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_parse_error(text, code, want);
 }
 
 #define WANT(...) ((const char *const[]){__VA_ARGS__, NULL})

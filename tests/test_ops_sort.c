@@ -69,15 +69,7 @@ END_TEST
 
 /* text must fail to parse with code and a message containing each of the needles. */
 static void expect_error(const char *text, kiln_code code, const char *n1, const char *n2) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, text, strlen(text), "t.kg");
-    ck_assert_msg(st != NULL, "no error for:\n%s", text);
-    const char *msg = kiln_status_msg(st);
-    ck_assert_msg(kiln_status_code(st) == code, "code %d, want %d: %s", (int)kiln_status_code(st), (int)code, msg);
-    ck_assert_msg(strstr(msg, n1), "'%s' not in: %s", n1, msg);
-    ck_assert_msg(!n2 || strstr(msg, n2), "'%s' not in: %s", n2, msg);
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_parse_error(text, code, (const char *const[]){n1, n2, NULL});
 }
 
 START_TEST(errors) {
