@@ -393,6 +393,33 @@ void ts_parse_error(const char *kg, kiln_code code, const char *const *needles) 
     kiln_ctx_free(ctx);
 }
 
+void ts_builds(const char *kg) {
+    kiln_ctx   *ctx = ts_parse(kg);
+    kiln_graph *g = NULL;
+    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+void ts_compiled_free(kiln_program *p, kiln_graph *g, kiln_ctx *ctx) {
+    kiln_program_free(p);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
+kiln_program *ts_compile_twice(const char *kg, const char *cache_dir, kiln_ctx **ctx, kiln_graph **g) {
+    kiln_ctx     *ctx1;
+    kiln_graph   *g1;
+    kiln_program *p1 = ts_compile(kg, "sm_90a", cache_dir, 1, &ctx1, &g1);
+    kiln_program *p = ts_compile(kg, "sm_90a", cache_dir, 1, ctx, g);
+    ck_assert_int_eq(kiln_program_kernel_count(p), kiln_program_kernel_count(p1));
+    for (int k = 0; k < kiln_program_kernel_count(p); k++)
+        ck_assert_msg(strcmp(kiln_program_kernel_source(p1, k), kiln_program_kernel_source(p, k)) == 0,
+                      "%s: kernel %d: sources differ", kg, k);
+    ts_compiled_free(p1, g1, ctx1);
+    return p;
+}
+
 /* FNV-1a: input data depends on the buffer's name, not on its index. */
 static uint64_t name_seed(const char *s) {
     uint64_t h = 1469598103934665603ull;

@@ -454,9 +454,7 @@ START_TEST(tiny_compiles_fused) {
     ck_assert_int_eq(count(d, "  fused topk_moe:"), moe ? 2 * L : 0);
     ck_assert_int_gt(kiln_program_kernel_count(p), 0);
     free(d);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 END_TEST
 

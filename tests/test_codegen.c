@@ -1063,9 +1063,7 @@ START_TEST(grid_wait_prologue) {
         }
         ck_assert_int_ge(globals, min_globals[f]);
         ck_assert_int_eq(dec, decs[f]);
-        kiln_program_free(prog);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(prog, g, ctx);
         ts_rmtree(dir);
         free(dir);
         free(text);

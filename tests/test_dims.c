@@ -331,9 +331,7 @@ START_TEST(specialization) {
     /* the specialized program is static: its kernel has no kdims parameter */
     ck_assert_ptr_null(strstr(p->spec[0]->kernels[0].source, "kdims"));
     ck_assert_ptr_nonnull(strstr(p->kernels[0].source, "kdims"));
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 END_TEST
 

@@ -110,9 +110,7 @@ START_TEST(dyn_compile) {
         ck_assert_msg(strstr(s, "const int* __restrict__ kdims)"), "case %d step %d: no kdims parameter last", _i, i);
         for (int a = 0; a < 2; a++) ts_nvrtc_clean(s, kiln_program_kernel_name(p, i), archs[a]);
     }
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
     free(kg);
 }
 END_TEST

@@ -109,9 +109,7 @@ START_TEST(gemm_n_dyn) {
         if (k->kind == CG_LAUNCH) ck_assert_msg(strstr(k->source, "if (col >= (unsigned)(kdims["), "conversion without a column guard");
     }
     ck_assert_int_eq(gemms, 1);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 END_TEST
 

@@ -72,9 +72,7 @@ START_TEST(in_place) {
         ts_nvrtc_clean(k->source, k->name, "sm_80");
     }
     ck_assert_msg(found, "case %d: no kernel %s", _i, IN_PLACE[_i].kernel);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 END_TEST
 

@@ -246,9 +246,7 @@ START_TEST(kernels_compile) {
             const cg_kernel *k = &p->kernels[i];
             if (k->kind == CG_LAUNCH) ts_nvrtc_clean(k->source, k->name, archs[a]);
         }
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(p, g, ctx);
     }
 }
 END_TEST

@@ -216,9 +216,7 @@ static void compile_kernels(int i, const char *arch, const char *cache) {
         ts_nvrtc_clean(src, kiln_program_kernel_name(p, k), arch);
     }
     ck_assert_msg(found, "case %d (%s): no fused kernel containing '%s'", i, KERNELS[i].kg, KERNELS[i].want);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 
 START_TEST(kernels_compile) {

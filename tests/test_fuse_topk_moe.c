@@ -364,9 +364,7 @@ START_TEST(kernels_compile) {
             ts_nvrtc_clean(src, name, "sm_90a");
             ts_nvrtc_clean(src, name, "sm_80");
         }
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(p, g, ctx);
         free(kg);
     }
     ck_assert_int_eq(found, (int)(sizeof cases / sizeof cases[0]));

@@ -355,9 +355,7 @@ START_TEST(kernels_compile) {
         if (!seen) ts_nvrtc_clean(src, kiln_program_kernel_name(p90, i), NULL);
     }
     kiln_program_free(p80);
-    kiln_program_free(p90);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p90, g, ctx);
     free(text);
     ts_rmtree(cache);
     free(cache);
@@ -387,9 +385,7 @@ START_TEST(glu_fuses) {
     }
     ck_assert_msg(swiglu_mul && scale_geglu && n == 3, "%d kernels:\n%s", n, desc);
     free(desc);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 END_TEST
 

@@ -289,9 +289,7 @@ START_TEST(kernels_compile) {
         ts_nvrtc_clean(src, name, NULL);
     }
     kiln_program_free(p80);
-    kiln_program_free(p90);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p90, g, ctx);
     free(text);
     ts_rmtree(cache);
     free(cache);
@@ -325,9 +323,7 @@ START_TEST(kernel_shapes) {
     s = kiln_program_kernel_source(p1, 4);
     ck_assert_msg(strstr(s, "kiln_f32_to_f16(1.0f)"), "%s", s);
     kiln_program_free(p1);
-    kiln_program_free(p2);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p2, g, ctx);
 }
 END_TEST
 

@@ -139,14 +139,10 @@ START_TEST(errors) {
 END_TEST
 
 START_TEST(shapes) {
-    kiln_ctx   *ctx = ts_parse("input a: bf16[64, 48, 8]\ninput x: f32[64, 1, 5]\ninput i: i32[4, 5]\n"
-                               "output y = mul_mat_id(a, x, i)\n");
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_builds("input a: bf16[64, 48, 8]\ninput x: f32[64, 1, 5]\ninput i: i32[4, 5]\n"
+              "output y = mul_mat_id(a, x, i)\n");
     /* the C builder: the result is f32 [M, n_used, T] */
-    ctx = kiln_ctx_new();
+    kiln_ctx    *ctx = kiln_ctx_new();
     int64_t      na[3] = {16, 24, 4}, nx[3] = {16, 2, 3}, ni[2] = {2, 3};
     kiln_tensor *a = kiln_new_tensor(ctx, KILN_ROLE_WEIGHT, KILN_F16, "a", 3, na);
     kiln_tensor *x = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 3, nx);
@@ -243,9 +239,7 @@ START_TEST(kernels_compile) {
             ck_assert_msg(strstr(d, "scratch: "), "no scratch in:\n%s", d);
             free(d);
         }
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(p, g, ctx);
     }
 }
 END_TEST
@@ -253,24 +247,13 @@ END_TEST
 /* The same graph gives the same sources. */
 START_TEST(kernels_deterministic) {
     for (int i = 0; i < NCASES; i++) {
-        char *first[2] = {NULL, NULL};
-        for (int rep = 0; rep < 2; rep++) {
-            kiln_ctx     *ctx;
-            kiln_graph   *g;
-            kiln_program *p = ts_compile(CASES[i].kg, "sm_90a", g_cache, 1, &ctx, &g);
-            int           n, k = mmid_steps(p, &n);
-            for (int s = 0; s < n; s++) {
-                const char *src = kiln_program_kernel_source(p, k + s);
-                if (!rep) first[s] = strdup(src);
-                else ck_assert_msg(strcmp(first[s], src) == 0, "case %d step %d: sources differ", i, s);
-                ck_assert_msg(strstr(src, "kiln mul_mat_id kernel"), "header comment");
-            }
-            kiln_program_free(p);
-            kiln_graph_free(g);
-            kiln_ctx_free(ctx);
-        }
-        free(first[0]);
-        free(first[1]);
+        kiln_ctx     *ctx;
+        kiln_graph   *g;
+        kiln_program *p = ts_compile_twice(CASES[i].kg, g_cache, &ctx, &g);
+        int n, k = mmid_steps(p, &n);
+        for (int s = 0; s < n; s++)
+            ck_assert_msg(strstr(kiln_program_kernel_source(p, k + s), "kiln mul_mat_id kernel"), "header comment");
+        ts_compiled_free(p, g, ctx);
     }
 }
 END_TEST

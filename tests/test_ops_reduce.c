@@ -223,9 +223,7 @@ START_TEST(generation_is_deterministic) {
         n = kiln_program_kernel_count(p);
         ck_assert_int_eq(n, 5);
         for (int i = 0; i < n; i++) src[run][i] = strdup(kiln_program_kernel_source(p, i));
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(p, g, ctx);
     }
     for (int i = 0; i < n; i++) {
         ck_assert_str_eq(src[0][i], src[1][i]);
@@ -254,9 +252,7 @@ START_TEST(kernel_shapes) {
     ck_assert_msg(strstr(s1, "a warp per row") && strstr(s1, "element by element"), "%s", s1);
     ck_assert_msg(strstr(s2, "kiln_u16x8") && strstr(s2, "e >= best"), "%s", s2);
     ck_assert_msg(strstr(s3, "1 block of 1024 threads") && strstr(s3, "contiguous range"), "%s", s3);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 END_TEST
 

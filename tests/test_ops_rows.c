@@ -450,9 +450,7 @@ START_TEST(kernels_deterministic) {
             ck_assert_ptr_nonnull(body);
             src[run][k] = strdup(body);
         }
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(p, g, ctx);
     }
     ck_assert_str_eq(src[0][0], src[1][0]);
     ck_assert_str_eq(src[0][0], src[0][1]);

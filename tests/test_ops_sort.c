@@ -221,9 +221,7 @@ START_TEST(kernel_shapes) {
         const char *name = kiln_program_kernel_name(p, 0);
         ck_assert_msg(strstr(name, cases[i].suffix), "%s: kernel %s, want *%s*", cases[i].stmt, name,
                       cases[i].suffix);
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(p, g, ctx);
     }
 }
 END_TEST

@@ -33,9 +33,7 @@ static kiln_program *compile_small(kiln_ctx **ctx, kiln_graph **g, char **cache,
 }
 
 static void free_small(kiln_ctx *ctx, kiln_graph *g, kiln_program *p, char *cache) {
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
     ts_rmtree(cache);
     free(cache);
 }
