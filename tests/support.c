@@ -71,6 +71,10 @@ const char *ts_src_dir(void) {
     return s && *s ? s : ".";
 }
 
+void ts_add_tests(TCase *tc, const TTest *const *tests) {
+    for (; *tests; tests++) tcase_add_test(tc, *tests);
+}
+
 int ts_main(Suite *s) {
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

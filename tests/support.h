@@ -30,6 +30,9 @@ int ts_run(const char *cmd, char **out);
 /* The kiln binary ($KILN_BIN, else build/kiln) and the source tree ($KILN_SRC, else "."). */
 const char *ts_kiln_bin(void);
 const char *ts_src_dir(void);
+/* Adds the tests of a NULL-ended list to tc, in order: TS_ADD_TESTS(tc, a, b, c). */
+void ts_add_tests(TCase *tc, const TTest *const *tests);
+#define TS_ADD_TESTS(tc, ...) ts_add_tests((tc), (const TTest *const[]){__VA_ARGS__, NULL})
 /* Runs one suite with CK_NORMAL output; returns the process exit status. */
 int ts_main(Suite *s);
 /* ts_main with every compile going to a new temporary cache (KILN_CACHE_DIR), removed after,

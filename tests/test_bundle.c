@@ -475,14 +475,8 @@ static Suite *bundle_suite(void) {
     Suite *s = suite_create("bundle");
     TCase *t = tcase_create("bundle");
     tcase_set_timeout(t, 120);
-    tcase_add_test(t, round_trip);
-    tcase_add_test(t, other_arch_refused);
-    tcase_add_test(t, writing_is_deterministic);
-    tcase_add_test(t, damage_detected);
-    tcase_add_test(t, resealed_damage_never_crashes);
-    tcase_add_test(t, foreign_version_refused);
-    tcase_add_test(t, other_graph_refused);
-    tcase_add_test(t, cli_bundles);
+    TS_ADD_TESTS(t, round_trip, other_arch_refused, writing_is_deterministic, damage_detected,
+                    resealed_damage_never_crashes, foreign_version_refused, other_graph_refused, cli_bundles);
     suite_add_tcase(s, t);
     return s;
 }

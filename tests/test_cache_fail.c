@@ -298,15 +298,12 @@ int main(void) {
     Suite *s = suite_create("cache_fail");
     TCase *t = tcase_create("compile");
     tcase_set_timeout(t, 300);
-    tcase_add_test(t, compile_goes_on_when_writes_fail);
-    tcase_add_test(t, read_only_cache_still_hits);
-    tcase_add_test(t, cache_root_below_a_file);
-    tcase_add_test(t, eviction_failure_warns);
+    TS_ADD_TESTS(t, compile_goes_on_when_writes_fail, read_only_cache_still_hits, cache_root_below_a_file,
+                    eviction_failure_warns);
     suite_add_tcase(s, t);
     t = tcase_create("cli");
     tcase_set_timeout(t, 300);
-    tcase_add_test(t, cli_compile_warns_once);
-    tcase_add_test(t, cli_bad_cache_setting_still_fails);
+    TS_ADD_TESTS(t, cli_compile_warns_once, cli_bad_cache_setting_still_fails);
     suite_add_tcase(s, t);
     return ts_main_isolated(s, "cachefail");
 }

@@ -1074,31 +1074,18 @@ END_TEST
 static Suite *suite(void) {
     Suite *s = suite_create("codegen");
     TCase *lua = tcase_create("lua");
-    tcase_add_test(lua, sandbox);
-    tcase_add_test(lua, tpl_engine);
+    TS_ADD_TESTS(lua, sandbox, tpl_engine);
     tcase_set_timeout(lua, 60);
     suite_add_tcase(s, lua);
 
     TCase *gen_tc = tcase_create("generate");
-    tcase_add_test(gen_tc, determinism);
-    tcase_add_test(gen_tc, grid_wait_prologue);
-    tcase_add_test(gen_tc, float_literals);
-    tcase_add_test(gen_tc, invalid_nodes);
-    tcase_add_test(gen_tc, template_dir);
-    tcase_add_test(gen_tc, families_have_templates);
-    tcase_add_test(gen_tc, template_errors);
-    tcase_add_test(gen_tc, template_steps);
-    tcase_add_test(gen_tc, node_table);
+    TS_ADD_TESTS(gen_tc, determinism, grid_wait_prologue, float_literals, invalid_nodes, template_dir,
+                         families_have_templates, template_errors, template_steps, node_table);
     tcase_set_timeout(gen_tc, 60);
     suite_add_tcase(s, gen_tc);
 
     TCase *nv = tcase_create("nvrtc");
-    tcase_add_test(nv, nvrtc_basics);
-    tcase_add_test(nv, params);
-    tcase_add_test(nv, each_op);
-    tcase_add_test(nv, spread_compiles);
-    tcase_add_test(nv, wide_indices);
-    tcase_add_test(nv, lowered_layers);
+    TS_ADD_TESTS(nv, nvrtc_basics, params, each_op, spread_compiles, wide_indices, lowered_layers);
     tcase_set_timeout(nv, 600);
     suite_add_tcase(s, nv);
     return s;

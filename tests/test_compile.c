@@ -258,14 +258,10 @@ int main(void) {
     Suite *s = suite_create("compile");
     TCase *tc = tcase_create("compile");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, deterministic_sources_and_keys);
-    tcase_add_test(tc, nvrtc_compiles_for_sm90a_and_sm80);
-    tcase_add_test(tc, second_compile_is_all_cache_hits);
-    tcase_add_test(tc, identical_kernels_compile_once);
-    tcase_add_test(tc, flipped_byte_is_detected_and_rebuilt);
-    tcase_add_test(tc, dumps_are_byte_identical);
-    tcase_add_test(tc, bad_arch_is_refused);
-    tcase_add_test(tc, arch_below_sm80_is_refused);
+    TS_ADD_TESTS(tc, deterministic_sources_and_keys, nvrtc_compiles_for_sm90a_and_sm80,
+                     second_compile_is_all_cache_hits, identical_kernels_compile_once,
+                     flipped_byte_is_detected_and_rebuilt, dumps_are_byte_identical, bad_arch_is_refused,
+                     arch_below_sm80_is_refused);
     suite_add_tcase(s, tc);
     return ts_main(s);
 }

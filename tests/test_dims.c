@@ -339,14 +339,7 @@ int main(void) {
     Suite *s = suite_create("dims");
     TCase *t = tcase_create("all");
     tcase_set_timeout(t, 120);
-    tcase_add_test(t, syntax_and_propagation);
-    tcase_add_test(t, c_api);
-    tcase_add_test(t, max_one);
-    tcase_add_test(t, errors);
-    tcase_add_test(t, bind);
-    tcase_add_test(t, states);
-    tcase_add_test(t, cli_dim);
-    tcase_add_test(t, specialization);
+    TS_ADD_TESTS(t, syntax_and_propagation, c_api, max_one, errors, bind, states, cli_dim, specialization);
     suite_add_tcase(s, t);
     return ts_main(s);
 }

@@ -386,10 +386,7 @@ END_TEST
 static Suite *suite(void) {
     Suite *s = suite_create("ew_vector");
     TCase *tc = tcase_create("shapes");
-    tcase_add_test(tc, flat);
-    tcase_add_test(tc, rows);
-    tcase_add_test(tc, tiles);
-    tcase_add_test(tc, plain);
+    TS_ADD_TESTS(tc, flat, rows, tiles, plain);
     tcase_set_timeout(tc, 600);
     suite_add_tcase(s, tc);
     return s;

@@ -166,9 +166,7 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("pass");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, fires, 0, 3);
-    tcase_add_test(tc, not_fired);
-    tcase_add_test(tc, memplan_group);
-    tcase_add_test(tc, verify_rejects);
+    TS_ADD_TESTS(tc, not_fired, memplan_group, verify_rejects);
     tcase_add_loop_test(tc, kernels_compile, 0, 2);
     suite_add_tcase(s, tc);
     return s;

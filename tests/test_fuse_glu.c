@@ -269,8 +269,7 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, fires_dense, 0, NGLU);
     tcase_add_test(tc, fires_with_bias);
     tcase_add_loop_test(tc, fires_moe, 0, 3);
-    tcase_add_test(tc, not_fired);
-    tcase_add_test(tc, verify_and_skip);
+    TS_ADD_TESTS(tc, not_fired, verify_and_skip);
     suite_add_tcase(s, tc);
     tc = tcase_create("codegen");
     tcase_set_timeout(tc, 600);

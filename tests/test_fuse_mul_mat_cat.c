@@ -123,10 +123,7 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("pass");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, fires_qkv, 0, 6);
-    tcase_add_test(tc, leaves_one_out);
-    tcase_add_test(tc, not_fired);
-    tcase_add_test(tc, block_layout);
-    tcase_add_test(tc, example_inspect);
+    TS_ADD_TESTS(tc, leaves_one_out, not_fired, block_layout, example_inspect);
     suite_add_tcase(s, tc);
     return s;
 }

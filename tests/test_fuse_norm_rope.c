@@ -289,8 +289,7 @@ static Suite *suite(void) {
 
     tc = tcase_create("examples");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, llama_layer);
-    tcase_add_test(tc, qwen3moe_layer);
+    TS_ADD_TESTS(tc, llama_layer, qwen3moe_layer);
     suite_add_tcase(s, tc);
     return s;
 }

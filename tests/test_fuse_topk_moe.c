@@ -377,14 +377,8 @@ static Suite *suite(void) {
     Suite *s = suite_create("fuse_topk_moe");
     TCase *tc = tcase_create("topk_moe");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, fires_on_softmax_norm);
-    tcase_add_test(tc, fires_on_every_variant);
-    tcase_add_test(tc, fires_on_every_size);
-    tcase_add_test(tc, no_fusion_when_illegal);
-    tcase_add_test(tc, tail_stops_at_an_illegal_step);
-    tcase_add_test(tc, ties_by_index);
-    tcase_add_test(tc, qwen3moe_example_fuses_its_routing);
-    tcase_add_test(tc, kernels_compile);
+    TS_ADD_TESTS(tc, fires_on_softmax_norm, fires_on_every_variant, fires_on_every_size, no_fusion_when_illegal,
+                     tail_stops_at_an_illegal_step, ties_by_index, qwen3moe_example_fuses_its_routing, kernels_compile);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -595,25 +595,12 @@ END_TEST
 int main(void) {
     Suite *s = suite_create("ir");
     TCase *tc = tcase_create("ir");
-    tcase_add_test(tc, shape_errors);
-    tcase_add_test(tc, builder_errors_are_sticky);
-    tcase_add_test(tc, api_argument_errors);
-    tcase_add_test(tc, broadcast_shapes);
-    tcase_add_test(tc, view_strides);
-    tcase_add_test(tc, views_fold_into_layouts);
-    tcase_add_test(tc, fusion_fires_on_chain);
-    tcase_add_test(tc, skip_named_passes);
-    tcase_add_test(tc, op_epilogue_equals_unfused);
-    tcase_add_test(tc, no_fusion_across_second_use);
-    tcase_add_test(tc, diamond_fuses_into_one_kernel);
-    tcase_add_test(tc, no_fusion_of_outputs_or_permuted_reads);
-    tcase_add_test(tc, fusion_with_broadcast_producer);
-    tcase_add_test(tc, fused_equals_unfused);
-    tcase_add_test(tc, memplan_reuses_and_never_overlaps_live_values);
-    tcase_add_test(tc, reference_by_hand);
-    tcase_add_test(tc, unary_semantics_by_hand);
-    tcase_add_test(tc, references_match_families);
-    tcase_add_test(tc, ir_text_is_deterministic);
+    TS_ADD_TESTS(tc, shape_errors, builder_errors_are_sticky, api_argument_errors, broadcast_shapes, view_strides,
+                     views_fold_into_layouts, fusion_fires_on_chain, skip_named_passes, op_epilogue_equals_unfused,
+                     no_fusion_across_second_use, diamond_fuses_into_one_kernel, no_fusion_of_outputs_or_permuted_reads,
+                     fusion_with_broadcast_producer, fused_equals_unfused,
+                     memplan_reuses_and_never_overlaps_live_values, reference_by_hand, unary_semantics_by_hand,
+                     references_match_families, ir_text_is_deterministic);
     suite_add_tcase(s, tc);
     return ts_main(s);
 }

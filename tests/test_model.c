@@ -585,13 +585,8 @@ int main(void) {
     tcase_add_loop_test(tc, cpu_generation_deterministic, 0, 4);
     tcase_add_loop_test(tc, cpu_chunks_agree, 0, 4);
     tcase_add_loop_test(tc, random_model_equals_file, 0, 4);
-    tcase_add_test(tc, gen_errors);
-    tcase_add_test(tc, model_errors_name_the_cause);
-    tcase_add_test(tc, hparams_checked_against_tensors);
-    tcase_add_test(tc, first_key_error_wins);
-    tcase_add_test(tc, optional_weights_checked);
-    tcase_add_test(tc, tokenizer_errors_name_the_file);
-    tcase_add_test(tc, cli_gen_model_and_cpu_run);
+    TS_ADD_TESTS(tc, gen_errors, model_errors_name_the_cause, hparams_checked_against_tensors, first_key_error_wins,
+                     optional_weights_checked, tokenizer_errors_name_the_file, cli_gen_model_and_cpu_run);
     suite_add_tcase(s, tc);
     return ts_main_isolated(s, "model");
 }

@@ -376,18 +376,11 @@ END_TEST
 static Suite *suite(void) {
     Suite *s = suite_create("ops_attn");
     TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, ref_basic);
-    tcase_add_test(tc, ref_mask);
-    tcase_add_test(tc, ref_sinks);
-    tcase_add_test(tc, ref_softcap);
-    tcase_add_test(tc, ref_gqa_layout);
-    tcase_add_test(tc, ref_alibi);
-    tcase_add_test(tc, ref_types);
+    TS_ADD_TESTS(tc, ref_basic, ref_mask, ref_sinks, ref_softcap, ref_gqa_layout, ref_alibi, ref_types);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("frontend");
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, accepted);
+    TS_ADD_TESTS(tc, errors, accepted);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("kernels");

@@ -393,15 +393,8 @@ static Suite *suite(void) {
     Suite *s = suite_create("ops_ew");
     TCase *tc = tcase_create("ew");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, glu_by_hand);
-    tcase_add_test(tc, swiglu_oai_by_hand);
-    tcase_add_test(tc, glu_low_precision);
-    tcase_add_test(tc, add1_by_hand);
-    tcase_add_test(tc, copies_by_hand);
-    tcase_add_test(tc, shapes);
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, kernels_compile);
-    tcase_add_test(tc, glu_fuses);
+    TS_ADD_TESTS(tc, glu_by_hand, swiglu_oai_by_hand, glu_low_precision, add1_by_hand, copies_by_hand, shapes, errors,
+                     kernels_compile, glu_fuses);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -331,13 +331,8 @@ static Suite *suite(void) {
     Suite *s = suite_create("ops_fill");
     TCase *tc = tcase_create("fill");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, shapes);
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, reference_arange_fill);
-    tcase_add_test(tc, reference_masks);
-    tcase_add_test(tc, reference_masks_low_precision);
-    tcase_add_test(tc, kernels_compile);
-    tcase_add_test(tc, kernel_shapes);
+    TS_ADD_TESTS(tc, shapes, errors, reference_arange_fill, reference_masks, reference_masks_low_precision,
+                     kernels_compile, kernel_shapes);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -359,10 +359,7 @@ END_TEST
 static Suite *suite(void) {
     Suite *s = suite_create("ops_matmul");
     TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, ref_basic);
-    tcase_add_test(tc, ref_half_weights);
-    tcase_add_test(tc, ref_broadcast);
-    tcase_add_test(tc, ref_transposed_b);
+    TS_ADD_TESTS(tc, ref_basic, ref_half_weights, ref_broadcast, ref_transposed_b);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("frontend");

@@ -284,22 +284,17 @@ END_TEST
 static Suite *suite(void) {
     Suite *s = suite_create("ops_matmul_id");
     TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, ref_select);
-    tcase_add_test(tc, ref_invalid_ids);
-    tcase_add_test(tc, ref_per_slot_b_and_duplicates);
-    tcase_add_test(tc, ref_views);
+    TS_ADD_TESTS(tc, ref_select, ref_invalid_ids, ref_per_slot_b_and_duplicates, ref_views);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("frontend");
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, shapes);
+    TS_ADD_TESTS(tc, errors, shapes);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("kernels");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
-    tcase_add_test(tc, kernels_deterministic);
-    tcase_add_test(tc, io_bytes_count_selected_experts);
+    TS_ADD_TESTS(tc, kernels_deterministic, io_bytes_count_selected_experts);
     suite_add_tcase(s, tc);
     return s;
 }

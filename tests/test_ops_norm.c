@@ -230,18 +230,12 @@ END_TEST
 static Suite *suite(void) {
     Suite *s = suite_create("ops_norm");
     TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, rms_norm_by_hand);
-    tcase_add_test(tc, norm_by_hand);
-    tcase_add_test(tc, l2_norm_by_hand);
-    tcase_add_test(tc, norm_of_views_by_hand);
-    tcase_add_test(tc, low_precision_by_hand);
-    tcase_add_test(tc, group_norm_by_hand);
-    tcase_add_test(tc, reference_matches_double);
+    TS_ADD_TESTS(tc, rms_norm_by_hand, norm_by_hand, l2_norm_by_hand, norm_of_views_by_hand, low_precision_by_hand,
+                     group_norm_by_hand, reference_matches_double);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("frontend");
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, result_shape_and_type);
+    TS_ADD_TESTS(tc, errors, result_shape_and_type);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("kernels");

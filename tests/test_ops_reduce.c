@@ -259,25 +259,17 @@ END_TEST
 static Suite *suite(void) {
     Suite *s = suite_create("ops_reduce");
     TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, sum_by_hand);
-    tcase_add_test(tc, sum_accumulates_in_double);
-    tcase_add_test(tc, sum_rows_and_mean_by_hand);
-    tcase_add_test(tc, argmax_by_hand);
-    tcase_add_test(tc, cumsum_by_hand);
+    TS_ADD_TESTS(tc, sum_by_hand, sum_accumulates_in_double, sum_rows_and_mean_by_hand, argmax_by_hand, cumsum_by_hand);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("frontend");
-    tcase_add_test(tc, result_shapes);
-    tcase_add_test(tc, errors);
+    TS_ADD_TESTS(tc, result_shapes, errors);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("kernels");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, kernels_compile_rows);
-    tcase_add_test(tc, kernels_compile_cumsum_and_sum);
-    tcase_add_test(tc, kernels_compile_wide);
-    tcase_add_test(tc, generation_is_deterministic);
-    tcase_add_test(tc, kernel_shapes);
+    TS_ADD_TESTS(tc, kernels_compile_rows, kernels_compile_cumsum_and_sum, kernels_compile_wide,
+                     generation_is_deterministic, kernel_shapes);
     suite_add_tcase(s, tc);
     return s;
 }

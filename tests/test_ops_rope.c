@@ -318,20 +318,12 @@ END_TEST
 static Suite *suite(void) {
     Suite *s = suite_create("ops_rope");
     TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, normal_by_hand);
-    tcase_add_test(tc, neox_by_hand);
-    tcase_add_test(tc, freq_factors_scale_attn_by_hand);
-    tcase_add_test(tc, yarn_by_hand);
-    tcase_add_test(tc, mrope_imrope_by_hand);
-    tcase_add_test(tc, vision_by_hand);
-    tcase_add_test(tc, views_by_hand);
-    tcase_add_test(tc, low_precision_by_hand);
-    tcase_add_test(tc, angle_recurrence_exact);
+    TS_ADD_TESTS(tc, normal_by_hand, neox_by_hand, freq_factors_scale_attn_by_hand, yarn_by_hand, mrope_imrope_by_hand,
+                     vision_by_hand, views_by_hand, low_precision_by_hand, angle_recurrence_exact);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("frontend");
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, result_shape_and_params);
+    TS_ADD_TESTS(tc, errors, result_shape_and_params);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("kernels");

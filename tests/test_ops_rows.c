@@ -462,19 +462,12 @@ END_TEST
 static Suite *suite(void) {
     Suite *s = suite_create("ops_rows");
     TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, get_rows_by_hand);
-    tcase_add_test(tc, set_rows_by_hand);
-    tcase_add_test(tc, concat_by_hand);
-    tcase_add_test(tc, pad_by_hand);
-    tcase_add_test(tc, add_id_by_hand);
-    tcase_add_test(tc, reference_index_errors);
-    tcase_add_test(tc, shape_errors);
-    tcase_add_test(tc, builders);
+    TS_ADD_TESTS(tc, get_rows_by_hand, set_rows_by_hand, concat_by_hand, pad_by_hand, add_id_by_hand,
+                     reference_index_errors, shape_errors, builders);
     suite_add_tcase(s, tc);
     tc = tcase_create("kernels");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, kernels_compile);
-    tcase_add_test(tc, kernels_deterministic);
+    TS_ADD_TESTS(tc, kernels_compile, kernels_deterministic);
     suite_add_tcase(s, tc);
     return s;
 }

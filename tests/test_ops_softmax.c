@@ -356,19 +356,12 @@ END_TEST
 static Suite *suite(void) {
     Suite *s = suite_create("ops_softmax");
     TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, ref_soft_max_basic);
-    tcase_add_test(tc, ref_scale_mask_inf);
-    tcase_add_test(tc, ref_mask_broadcast);
-    tcase_add_test(tc, ref_alibi);
-    tcase_add_test(tc, ref_sinks);
-    tcase_add_test(tc, ref_fully_masked);
-    tcase_add_test(tc, ref_views);
-    tcase_add_test(tc, ref_half_types);
+    TS_ADD_TESTS(tc, ref_soft_max_basic, ref_scale_mask_inf, ref_mask_broadcast, ref_alibi, ref_sinks, ref_fully_masked,
+                     ref_views, ref_half_types);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("frontend");
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, accepted);
+    TS_ADD_TESTS(tc, errors, accepted);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("kernels");

@@ -307,15 +307,8 @@ static Suite *suite(void) {
     Suite *s = suite_create("ops_sort");
     TCase *tc = tcase_create("sort");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, shapes);
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, reference_ties);
-    tcase_add_test(tc, reference_special_values);
-    tcase_add_test(tc, reference_strided_and_half);
-    tcase_add_test(tc, reference_long_row);
-    tcase_add_test(tc, kernel_shapes);
-    tcase_add_test(tc, kernels_compile);
-    tcase_add_test(tc, deterministic_sources);
+    TS_ADD_TESTS(tc, shapes, errors, reference_ties, reference_special_values, reference_strided_and_half,
+                     reference_long_row, kernel_shapes, kernels_compile, deterministic_sources);
     suite_add_tcase(s, tc);
     return s;
 }

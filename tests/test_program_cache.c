@@ -678,15 +678,9 @@ static Suite *program_cache_suite(void) {
     Suite *s = suite_create("program_cache");
     TCase *t = tcase_create("program_cache");
     tcase_set_timeout(t, 120);
-    tcase_add_test(t, second_compile_is_a_program_hit);
-    tcase_add_test(t, keys_change_with_key_inputs_only);
-    tcase_add_test(t, corrupt_program_entry_is_rebuilt);
-    tcase_add_test(t, cache_modes);
-    tcase_add_test(t, size_limit_after_compile);
-    tcase_add_test(t, dumps_identical_cold_and_warm);
-    tcase_add_test(t, jobs_change_nothing);
-    tcase_add_test(t, explain_says_why);
-    tcase_add_test(t, cli_reports_cold_and_warm);
+    TS_ADD_TESTS(t, second_compile_is_a_program_hit, keys_change_with_key_inputs_only, corrupt_program_entry_is_rebuilt,
+                    cache_modes, size_limit_after_compile, dumps_identical_cold_and_warm, jobs_change_nothing,
+                    explain_says_why, cli_reports_cold_and_warm);
     suite_add_tcase(s, t);
     return s;
 }

@@ -186,11 +186,8 @@ static Suite *suite(void) {
     Suite *s = suite_create("runtime");
     TCase *tc = tcase_create("cpu");
     tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_null_args);
-    tcase_add_test(tc, test_null_out_with_program);
-    tcase_add_test(tc, test_no_gpu);
-    tcase_add_test(tc, test_forced_missing_driver);
-    tcase_add_test(tc, test_init_threads);
+    TS_ADD_TESTS(tc, test_null_args, test_null_out_with_program, test_no_gpu, test_forced_missing_driver,
+                     test_init_threads);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -245,8 +245,7 @@ int main(void) {
     tcase_add_loop_test(tc, nvrtc_clean, 0, NKERNELS);
     tcase_add_test(tc, keys_are_stable);
     tcase_add_loop_test(tc, second_call_hits_the_cache, 0, NKERNELS);
-    tcase_add_test(tc, default_dir_and_cache_off);
-    tcase_add_test(tc, bad_requests_are_errors);
+    TS_ADD_TESTS(tc, default_dir_and_cache_off, bad_requests_are_errors);
     suite_add_tcase(s, tc);
     return ts_main_isolated(s, "util_kernels");
 }

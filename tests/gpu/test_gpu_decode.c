@@ -262,8 +262,7 @@ int main(void) {
     Suite *su = suite_create("gpu_decode");
     TCase *t = tcase_create("all");
     tcase_set_timeout(t, 600);
-    tcase_add_test(t, decode_200_steps);
-    tcase_add_test(t, set_dim_errors);
+    TS_ADD_TESTS(t, decode_200_steps, set_dim_errors);
     suite_add_tcase(su, t);
     return ts_main_cache(su, "gpu-decode", &g_cache_dir);
 }

@@ -200,8 +200,7 @@ static Suite *suite(void) {
     Suite *s = suite_create("gpu_fuse_topk_moe");
     TCase *tc = tcase_create("topk_moe");
     tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, test_fixed_cases);
-    tcase_add_test(tc, test_random_cases);
+    TS_ADD_TESTS(tc, test_fixed_cases, test_random_cases);
     suite_add_tcase(s, tc);
     return s;
 }

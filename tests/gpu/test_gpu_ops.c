@@ -666,10 +666,7 @@ static Suite *suite(void) {
 
     tc = tcase_create("session");
     tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_graph_replay);
-    tcase_add_test(tc, test_graphs_env_off);
-    tcase_add_test(tc, test_io_windows);
-    tcase_add_test(tc, test_session_errors);
+    TS_ADD_TESTS(tc, test_graph_replay, test_graphs_env_off, test_io_windows, test_session_errors);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("examples");

@@ -176,10 +176,7 @@ static Suite *suite(void) {
     Suite *s = suite_create("gpu_sort");
     TCase *tc = tcase_create("sort");
     tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, test_argsort);
-    tcase_add_test(tc, test_top_k);
-    tcase_add_test(tc, test_argsort_top_k);
-    tcase_add_test(tc, test_router_replay);
+    TS_ADD_TESTS(tc, test_argsort, test_top_k, test_argsort_top_k, test_router_replay);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -129,8 +129,7 @@ int main(void) {
     Suite *s = suite_create("gpu_util");
     TCase *tc = tcase_create("gpu_util");
     tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, fill_weights_exact_and_cached);
-    tcase_add_test(tc, flush_l2_runs_and_is_cached);
+    TS_ADD_TESTS(tc, fill_weights_exact_and_cached, flush_l2_runs_and_is_cached);
     suite_add_tcase(s, tc);
     return ts_main_isolated(s, "gpu_util");
 }
