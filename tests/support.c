@@ -75,6 +75,13 @@ void ts_add_tests(TCase *tc, const TTest *const *tests) {
     for (; *tests; tests++) tcase_add_test(tc, *tests);
 }
 
+TCase *ts_tcase(Suite *s, const char *name, double timeout) {
+    TCase *tc = tcase_create(name);
+    if (timeout > 0) tcase_set_timeout(tc, timeout);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
 int ts_main(Suite *s) {
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

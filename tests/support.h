@@ -30,6 +30,9 @@ int ts_run(const char *cmd, char **out);
 /* The kiln binary ($KILN_BIN, else build/kiln) and the source tree ($KILN_SRC, else "."). */
 const char *ts_kiln_bin(void);
 const char *ts_src_dir(void);
+/* A new test case named name, added to s, with a timeout of that many seconds unless 0 (Check's
+ * default). Tests may be added to it after. */
+TCase *ts_tcase(Suite *s, const char *name, double timeout);
 /* Adds the tests of a NULL-ended list to tc, in order: TS_ADD_TESTS(tc, a, b, c). */
 void ts_add_tests(TCase *tc, const TTest *const *tests);
 #define TS_ADD_TESTS(tc, ...) ts_add_tests((tc), (const TTest *const[]){__VA_ARGS__, NULL})

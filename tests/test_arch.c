@@ -511,15 +511,13 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("arch");
-    TCase *tc = tcase_create("arch");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "arch", 120);
     tcase_add_loop_test(tc, tiny_prints_and_parses_back, 0, 4);
     tcase_add_loop_test(tc, tiny_evaluates, 0, 4);
     TS_ADD_TESTS(tc, rope_scaling_evaluates, rope_freqs_llama3, llama_layer_is_the_example,
                      qwen3moe_layer_is_the_example, presets_documented, errors_name_the_field, llama_3_8b_builds);
     tcase_add_loop_test(tc, tiny_compiles_fused, 0, 4);
     tcase_add_test(tc, cli_gen_graph);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -473,11 +473,9 @@ END_TEST
 
 static Suite *bundle_suite(void) {
     Suite *s = suite_create("bundle");
-    TCase *t = tcase_create("bundle");
-    tcase_set_timeout(t, 120);
+    TCase *t = ts_tcase(s, "bundle", 120);
     TS_ADD_TESTS(t, round_trip, other_arch_refused, writing_is_deterministic, damage_detected,
                     resealed_damage_never_crashes, foreign_version_refused, other_graph_refused, cli_bundles);
-    suite_add_tcase(s, t);
     return s;
 }
 

@@ -1463,21 +1463,17 @@ END_TEST
 
 static Suite *cache_suite(void) {
     Suite *s = suite_create("cache");
-    TCase *t = tcase_create("key");
+    TCase *t = ts_tcase(s, "key", 0);
     TS_ADD_TESTS(t, key_deterministic, key_matches_documented_format, key_sensitivity, key_hex_format);
-    suite_add_tcase(s, t);
-    t = tcase_create("store");
-    tcase_set_timeout(t, 60);
+    t = ts_tcase(s, "store", 60);
     TS_ADD_TESTS(t, put_get_roundtrip, miss_on_absent, modes, corruption_detected, other_format_version_is_a_miss,
                     corruption_readonly_keeps_file, corruption_logs_to_stderr, io_errors_name_the_path, long_paths,
                     write_failures_warn_once, write_failure_warns_once_across_threads,
                     write_failure_on_stderr_once_per_process, stale_temp_files_swept, default_dir_resolution,
                     concurrent_writers);
-    suite_add_tcase(s, t);
-    t = tcase_create("admin");
+    t = ts_tcase(s, "admin", 0);
     TS_ADD_TESTS(t, walk_lists_entries_in_order, evict_removes_least_recently_used, clear_removes_everything,
                     sizes_and_limits, modes_from_text_and_env);
-    suite_add_tcase(s, t);
     return s;
 }
 

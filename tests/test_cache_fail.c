@@ -296,14 +296,10 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("cache_fail");
-    TCase *t = tcase_create("compile");
-    tcase_set_timeout(t, 300);
+    TCase *t = ts_tcase(s, "compile", 300);
     TS_ADD_TESTS(t, compile_goes_on_when_writes_fail, read_only_cache_still_hits, cache_root_below_a_file,
                     eviction_failure_warns);
-    suite_add_tcase(s, t);
-    t = tcase_create("cli");
-    tcase_set_timeout(t, 300);
+    t = ts_tcase(s, "cli", 300);
     TS_ADD_TESTS(t, cli_compile_warns_once, cli_bad_cache_setting_still_fails);
-    suite_add_tcase(s, t);
     return ts_main_isolated(s, "cachefail");
 }

@@ -1073,21 +1073,18 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("codegen");
-    TCase *lua = tcase_create("lua");
+    TCase *lua = ts_tcase(s, "lua", 0);
     TS_ADD_TESTS(lua, sandbox, tpl_engine);
     tcase_set_timeout(lua, 60);
-    suite_add_tcase(s, lua);
 
-    TCase *gen_tc = tcase_create("generate");
+    TCase *gen_tc = ts_tcase(s, "generate", 0);
     TS_ADD_TESTS(gen_tc, determinism, grid_wait_prologue, float_literals, invalid_nodes, template_dir,
                          families_have_templates, template_errors, template_steps, node_table);
     tcase_set_timeout(gen_tc, 60);
-    suite_add_tcase(s, gen_tc);
 
-    TCase *nv = tcase_create("nvrtc");
+    TCase *nv = ts_tcase(s, "nvrtc", 0);
     TS_ADD_TESTS(nv, nvrtc_basics, params, each_op, spread_compiles, wide_indices, lowered_layers);
     tcase_set_timeout(nv, 600);
-    suite_add_tcase(s, nv);
     return s;
 }
 

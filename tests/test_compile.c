@@ -256,12 +256,10 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("compile");
-    TCase *tc = tcase_create("compile");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "compile", 120);
     TS_ADD_TESTS(tc, deterministic_sources_and_keys, nvrtc_compiles_for_sm90a_and_sm80,
                      second_compile_is_all_cache_hits, identical_kernels_compile_once,
                      flipped_byte_is_detected_and_rebuilt, dumps_are_byte_identical, bad_arch_is_refused,
                      arch_below_sm80_is_refused);
-    suite_add_tcase(s, tc);
     return ts_main(s);
 }

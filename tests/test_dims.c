@@ -337,9 +337,7 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("dims");
-    TCase *t = tcase_create("all");
-    tcase_set_timeout(t, 120);
+    TCase *t = ts_tcase(s, "all", 120);
     TS_ADD_TESTS(t, syntax_and_propagation, c_api, max_one, errors, bind, states, cli_dim, specialization);
-    suite_add_tcase(s, t);
     return ts_main(s);
 }

@@ -254,12 +254,10 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("dyn_attn");
-    TCase *tc = tcase_create("symbolic");
-    tcase_set_timeout(tc, 240);
+    TCase *tc = ts_tcase(s, "symbolic", 240);
     tcase_add_loop_test(tc, dyn_compile, 0, NCASES);
     tcase_add_loop_test(tc, dyn_values, 0, NCASES);
     tcase_add_test(tc, dyn_refused);
-    suite_add_tcase(s, tc);
     return s;
 }
 

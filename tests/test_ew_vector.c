@@ -385,10 +385,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ew_vector");
-    TCase *tc = tcase_create("shapes");
+    TCase *tc = ts_tcase(s, "shapes", 0);
     TS_ADD_TESTS(tc, flat, rows, tiles, plain);
     tcase_set_timeout(tc, 600);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -624,13 +624,11 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("format");
-    TCase *tc = tcase_create("format");
-    tcase_set_timeout(tc, 60);
+    TCase *tc = ts_tcase(s, "format", 60);
     TS_ADD_TESTS(tc, examples_roundtrip, inline_roundtrip, canonical_text, print_c_api_graph, print_refuses_unspellable,
                      every_op_parses, signatures_match_table, families_match_table, keyword_arguments,
                      parse_into_nonempty_ctx, parse_errors, builder_errors_located, load_file, hostile_input,
                      fuzz_mutations);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -101,8 +101,7 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("fuse_add_chain");
-    TCase *t = tcase_create("add_chain");
+    TCase *t = ts_tcase(s, "add_chain", 0);
     TS_ADD_TESTS(t, moe_sum_is_one_kernel, add_chain_alone, does_not_fire, partial_broadcast, into_matmul);
-    suite_add_tcase(s, t);
     return ts_main(s);
 }

@@ -163,12 +163,10 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("fuse_gemv_rope");
-    TCase *tc = tcase_create("pass");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "pass", 120);
     tcase_add_loop_test(tc, fires, 0, 3);
     TS_ADD_TESTS(tc, not_fired, memplan_group, verify_rejects);
     tcase_add_loop_test(tc, kernels_compile, 0, 2);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -264,19 +264,15 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("fuse_glu");
-    TCase *tc = tcase_create("pass");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "pass", 120);
     tcase_add_loop_test(tc, fires_dense, 0, NGLU);
     tcase_add_test(tc, fires_with_bias);
     tcase_add_loop_test(tc, fires_moe, 0, 3);
     TS_ADD_TESTS(tc, not_fired, verify_and_skip);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("codegen");
-    tcase_set_timeout(tc, 600);
+    tc = ts_tcase(s, "codegen", 600);
     make_gcases();
     tcase_add_loop_test(tc, kernels_compile, 0, NGCASES);
     tcase_add_loop_test(tc, examples_fuse, 0, 2);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -120,11 +120,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("fuse_mul_mat_cat");
-    TCase *tc = tcase_create("pass");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "pass", 120);
     tcase_add_loop_test(tc, fires_qkv, 0, 6);
     TS_ADD_TESTS(tc, leaves_one_out, not_fired, block_layout, example_inspect);
-    suite_add_tcase(s, tc);
     return s;
 }
 

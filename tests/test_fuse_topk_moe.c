@@ -375,11 +375,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("fuse_topk_moe");
-    TCase *tc = tcase_create("topk_moe");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "topk_moe", 120);
     TS_ADD_TESTS(tc, fires_on_softmax_norm, fires_on_every_variant, fires_on_every_size, no_fusion_when_illegal,
                      tail_stops_at_an_illegal_step, ties_by_index, qwen3moe_example_fuses_its_routing, kernels_compile);
-    suite_add_tcase(s, tc);
     return s;
 }
 

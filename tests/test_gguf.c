@@ -1209,12 +1209,10 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gguf");
-    TCase *tc = tcase_create("gguf");
-    tcase_set_timeout(tc, 60);
+    TCase *tc = ts_tcase(s, "gguf", 60);
     TS_ADD_TESTS(tc, roundtrip_values, roundtrip_tensors, writer_bytes_exact, deterministic, fill_chunks, writer_errors,
                      malformed_header, malformed_kv, malformed_tensor, malformed_data, truncated_everywhere,
                      flipped_bytes, open_files, large_vocab);
-    suite_add_tcase(s, tc);
     return s;
 }
 

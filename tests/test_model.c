@@ -576,8 +576,7 @@ static void teardown(void) {
 
 int main(void) {
     Suite *s = suite_create("model");
-    TCase *tc = tcase_create("model");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "model", 120);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_loop_test(tc, tiny_round_trip, 0, 4);
     tcase_add_loop_test(tc, large_presets_keys_round_trip, 0, 3);
@@ -587,6 +586,5 @@ int main(void) {
     tcase_add_loop_test(tc, random_model_equals_file, 0, 4);
     TS_ADD_TESTS(tc, gen_errors, model_errors_name_the_cause, hparams_checked_against_tensors, first_key_error_wins,
                      optional_weights_checked, tokenizer_errors_name_the_file, cli_gen_model_and_cpu_run);
-    suite_add_tcase(s, tc);
     return ts_main_isolated(s, "model");
 }

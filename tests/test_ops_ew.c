@@ -391,11 +391,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_ew");
-    TCase *tc = tcase_create("ew");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "ew", 120);
     TS_ADD_TESTS(tc, glu_by_hand, swiglu_oai_by_hand, glu_low_precision, add1_by_hand, copies_by_hand, shapes, errors,
                      kernels_compile, glu_fuses);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -329,11 +329,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_fill");
-    TCase *tc = tcase_create("fill");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "fill", 120);
     TS_ADD_TESTS(tc, shapes, errors, reference_arange_fill, reference_masks, reference_masks_low_precision,
                      kernels_compile, kernel_shapes);
-    suite_add_tcase(s, tc);
     return s;
 }
 

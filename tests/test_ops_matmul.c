@@ -358,24 +358,18 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_matmul");
-    TCase *tc = tcase_create("reference");
+    TCase *tc = ts_tcase(s, "reference", 0);
     TS_ADD_TESTS(tc, ref_basic, ref_half_weights, ref_broadcast, ref_transposed_b);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("frontend");
+    tc = ts_tcase(s, "frontend", 0);
     tcase_add_test(tc, errors);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
+    tc = ts_tcase(s, "kernels", 120);
     tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
     tcase_add_test(tc, kernels_deterministic);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("gemm_plans");
-    tcase_set_timeout(tc, 60);
+    tc = ts_tcase(s, "gemm_plans", 60);
     tcase_add_loop_test(tc, gemm_plans, 0, NPLANS);
-    suite_add_tcase(s, tc);
     return s;
 }
 

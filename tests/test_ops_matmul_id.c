@@ -283,19 +283,15 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_matmul_id");
-    TCase *tc = tcase_create("reference");
+    TCase *tc = ts_tcase(s, "reference", 0);
     TS_ADD_TESTS(tc, ref_select, ref_invalid_ids, ref_per_slot_b_and_duplicates, ref_views);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("frontend");
+    tc = ts_tcase(s, "frontend", 0);
     TS_ADD_TESTS(tc, errors, shapes);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
+    tc = ts_tcase(s, "kernels", 120);
     tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
     TS_ADD_TESTS(tc, kernels_deterministic, io_bytes_count_selected_experts);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -229,19 +229,15 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_norm");
-    TCase *tc = tcase_create("reference");
+    TCase *tc = ts_tcase(s, "reference", 0);
     TS_ADD_TESTS(tc, rms_norm_by_hand, norm_by_hand, l2_norm_by_hand, norm_of_views_by_hand, low_precision_by_hand,
                      group_norm_by_hand, reference_matches_double);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("frontend");
+    tc = ts_tcase(s, "frontend", 0);
     TS_ADD_TESTS(tc, errors, result_shape_and_type);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
+    tc = ts_tcase(s, "kernels", 120);
     tcase_add_loop_test(tc, kernels_compile, 0, (int)(sizeof CASES / sizeof CASES[0]));
-    suite_add_tcase(s, tc);
     return s;
 }
 

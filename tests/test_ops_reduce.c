@@ -258,19 +258,15 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_reduce");
-    TCase *tc = tcase_create("reference");
+    TCase *tc = ts_tcase(s, "reference", 0);
     TS_ADD_TESTS(tc, sum_by_hand, sum_accumulates_in_double, sum_rows_and_mean_by_hand, argmax_by_hand, cumsum_by_hand);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("frontend");
+    tc = ts_tcase(s, "frontend", 0);
     TS_ADD_TESTS(tc, result_shapes, errors);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
+    tc = ts_tcase(s, "kernels", 120);
     TS_ADD_TESTS(tc, kernels_compile_rows, kernels_compile_cumsum_and_sum, kernels_compile_wide,
                      generation_is_deterministic, kernel_shapes);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -317,19 +317,15 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_rope");
-    TCase *tc = tcase_create("reference");
+    TCase *tc = ts_tcase(s, "reference", 0);
     TS_ADD_TESTS(tc, normal_by_hand, neox_by_hand, freq_factors_scale_attn_by_hand, yarn_by_hand, mrope_imrope_by_hand,
                      vision_by_hand, views_by_hand, low_precision_by_hand, angle_recurrence_exact);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("frontend");
+    tc = ts_tcase(s, "frontend", 0);
     TS_ADD_TESTS(tc, errors, result_shape_and_params);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
+    tc = ts_tcase(s, "kernels", 120);
     tcase_add_loop_test(tc, kernels_compile, 0, (int)(sizeof CASES / sizeof CASES[0]));
-    suite_add_tcase(s, tc);
     return s;
 }
 

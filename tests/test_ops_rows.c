@@ -461,14 +461,11 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_rows");
-    TCase *tc = tcase_create("reference");
+    TCase *tc = ts_tcase(s, "reference", 0);
     TS_ADD_TESTS(tc, get_rows_by_hand, set_rows_by_hand, concat_by_hand, pad_by_hand, add_id_by_hand,
                      reference_index_errors, shape_errors, builders);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
+    tc = ts_tcase(s, "kernels", 120);
     TS_ADD_TESTS(tc, kernels_compile, kernels_deterministic);
-    suite_add_tcase(s, tc);
     return s;
 }
 

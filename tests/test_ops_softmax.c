@@ -355,20 +355,16 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_softmax");
-    TCase *tc = tcase_create("reference");
+    TCase *tc = ts_tcase(s, "reference", 0);
     TS_ADD_TESTS(tc, ref_soft_max_basic, ref_scale_mask_inf, ref_mask_broadcast, ref_alibi, ref_sinks, ref_fully_masked,
                      ref_views, ref_half_types);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("frontend");
+    tc = ts_tcase(s, "frontend", 0);
     TS_ADD_TESTS(tc, errors, accepted);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
+    tc = ts_tcase(s, "kernels", 120);
     tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
     tcase_add_test(tc, kernels_deterministic);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -305,11 +305,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_sort");
-    TCase *tc = tcase_create("sort");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "sort", 120);
     TS_ADD_TESTS(tc, shapes, errors, reference_ties, reference_special_values, reference_strided_and_half,
                      reference_long_row, kernel_shapes, kernels_compile, deterministic_sources);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -676,12 +676,10 @@ END_TEST
 
 static Suite *program_cache_suite(void) {
     Suite *s = suite_create("program_cache");
-    TCase *t = tcase_create("program_cache");
-    tcase_set_timeout(t, 120);
+    TCase *t = ts_tcase(s, "program_cache", 120);
     TS_ADD_TESTS(t, second_compile_is_a_program_hit, keys_change_with_key_inputs_only, corrupt_program_entry_is_rebuilt,
                     cache_modes, size_limit_after_compile, dumps_identical_cold_and_warm, jobs_change_nothing,
                     explain_says_why, cli_reports_cold_and_warm);
-    suite_add_tcase(s, t);
     return s;
 }
 

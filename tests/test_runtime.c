@@ -184,11 +184,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("runtime");
-    TCase *tc = tcase_create("cpu");
-    tcase_set_timeout(tc, 60);
+    TCase *tc = ts_tcase(s, "cpu", 60);
     TS_ADD_TESTS(tc, test_null_args, test_null_out_with_program, test_no_gpu, test_forced_missing_driver,
                      test_init_threads);
-    suite_add_tcase(s, tc);
     return s;
 }
 

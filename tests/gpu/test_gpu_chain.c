@@ -178,9 +178,7 @@ END_TEST
 
 int main(void) {
     Suite *su = suite_create("gpu_chain");
-    TCase *t = tcase_create("all");
-    tcase_set_timeout(t, 300);
+    TCase *t = ts_tcase(su, "all", 300);
     TS_ADD_TESTS(t, chain_matches_host_graph, chain_matches_host_plain, chain_misuse);
-    suite_add_tcase(su, t);
     return ts_main_cache(su, "gpu-chain", &g_cache_dir);
 }

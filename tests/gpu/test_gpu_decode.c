@@ -260,9 +260,7 @@ END_TEST
 
 int main(void) {
     Suite *su = suite_create("gpu_decode");
-    TCase *t = tcase_create("all");
-    tcase_set_timeout(t, 600);
+    TCase *t = ts_tcase(su, "all", 600);
     TS_ADD_TESTS(t, decode_200_steps, set_dim_errors);
-    suite_add_tcase(su, t);
     return ts_main_cache(su, "gpu-decode", &g_cache_dir);
 }

@@ -168,10 +168,8 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_dyn_attn");
-    TCase *tc = tcase_create("symbolic");
-    tcase_set_timeout(tc, 300);
+    TCase *tc = ts_tcase(s, "symbolic", 300);
     tcase_add_loop_test(tc, dyn_runs, 0, NCASES);
-    suite_add_tcase(s, tc);
     return s;
 }
 

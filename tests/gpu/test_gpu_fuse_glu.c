@@ -175,22 +175,14 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_fuse_glu");
-    TCase *tc = tcase_create("dense");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "dense", 900);
     tcase_add_loop_test(tc, test_dense, 0, 15);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("moe");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "moe", 900);
     tcase_add_loop_test(tc, test_moe, 0, 9);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("one_tensor");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "one_tensor", 900);
     tcase_add_loop_test(tc, test_one_tensor, 0, 4);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("examples");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "examples", 900);
     tcase_add_loop_test(tc, test_examples, 0, 2);
-    suite_add_tcase(s, tc);
     return s;
 }
 

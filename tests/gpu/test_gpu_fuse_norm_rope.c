@@ -236,13 +236,11 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_fuse_norm_rope");
-    TCase *tc = tcase_create("fuse");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "fuse", 900);
     tcase_add_loop_test(tc, rms_norm_mul, 0, 6);
     tcase_add_test(tc, rms_norm_mul_blocked);
     tcase_add_loop_test(tc, rope_set_rows, 0, 6);
     tcase_add_test(tc, rope_set_rows_blocked);
-    suite_add_tcase(s, tc);
     return s;
 }
 

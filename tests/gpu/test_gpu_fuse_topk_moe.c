@@ -198,10 +198,8 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_fuse_topk_moe");
-    TCase *tc = tcase_create("topk_moe");
-    tcase_set_timeout(tc, 600);
+    TCase *tc = ts_tcase(s, "topk_moe", 600);
     TS_ADD_TESTS(tc, test_fixed_cases, test_random_cases);
-    suite_add_tcase(s, tc);
     return s;
 }
 

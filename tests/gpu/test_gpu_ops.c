@@ -654,25 +654,17 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_ops");
-    TCase *tc = tcase_create("elementwise");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "elementwise", 900);
     tcase_add_loop_test(tc, test_elementwise_ops, 0, FE_OP_COUNT * 3);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("fused");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "fused", 900);
     tcase_add_loop_test(tc, test_fused_chains, 0, N_CHAINS * 3);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("session");
-    tcase_set_timeout(tc, 300);
+    tc = ts_tcase(s, "session", 300);
     TS_ADD_TESTS(tc, test_graph_replay, test_graphs_env_off, test_io_windows, test_session_errors);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("examples");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "examples", 900);
     tcase_add_test(tc, test_examples);
-    suite_add_tcase(s, tc);
     return s;
 }
 

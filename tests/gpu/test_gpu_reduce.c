@@ -180,10 +180,8 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_reduce");
-    TCase *tc = tcase_create("reduce");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "reduce", 900);
     tcase_add_loop_test(tc, test_reduce_ops, 0, N_OPS * 3);
-    suite_add_tcase(s, tc);
     return s;
 }
 

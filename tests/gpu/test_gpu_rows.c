@@ -293,9 +293,7 @@ START_TEST(test_ids_out_of_range) {
 END_TEST
 
 static TCase *op_case(Suite *s, const char *name) {
-    TCase *tc = tcase_create(name);
-    tcase_set_timeout(tc, 600);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, name, 600);
     return tc;
 }
 

@@ -174,10 +174,8 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_sort");
-    TCase *tc = tcase_create("sort");
-    tcase_set_timeout(tc, 600);
+    TCase *tc = ts_tcase(s, "sort", 600);
     TS_ADD_TESTS(tc, test_argsort, test_top_k, test_argsort_top_k, test_router_replay);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -127,9 +127,7 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("gpu_util");
-    TCase *tc = tcase_create("gpu_util");
-    tcase_set_timeout(tc, 300);
+    TCase *tc = ts_tcase(s, "gpu_util", 300);
     TS_ADD_TESTS(tc, fill_weights_exact_and_cached, flush_l2_runs_and_is_cached);
-    suite_add_tcase(s, tc);
     return ts_main_isolated(s, "gpu_util");
 }
