@@ -204,12 +204,7 @@ END_TEST
 
 /* The same graph gives the same sources. */
 START_TEST(kernels_deterministic) {
-    for (int i = 0; i < NCASES; i++) {
-        kiln_ctx     *ctx;
-        kiln_graph   *g;
-        kiln_program *p = ts_compile_twice(CASES[i].kg, g_cache, &ctx, &g);
-        ts_compiled_free(p, g, ctx);
-    }
+    for (int i = 0; i < NCASES; i++) ts_compile_twice(CASES[i].kg, g_cache, NULL);
 }
 END_TEST
 
