@@ -29,6 +29,11 @@ void ts_rmtree(const char *dir) {
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
 }
 
+void ts_graph_free(kiln_graph *g, kiln_ctx *ctx) {
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
 kiln_ctx *ts_parse(const char *text) {
     kiln_ctx *ctx = kiln_ctx_new();
     ck_assert_ptr_nonnull(ctx);
@@ -163,8 +168,7 @@ void ts_reference(const char *text, ts_buf *b) {
     kiln_graph *g;
     TS_OK(kiln_graph_new(ctx, &g));
     TS_OK(kiln_reference(g, ts_get, ts_put, b));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 ts_buf *ts_buf_find(ts_buf *b, const char *name) {
@@ -220,8 +224,7 @@ void ts_hands_run(const char *kg, ts_hands *h) {
     kiln_graph *g;
     TS_OK(kiln_graph_new(ctx, &g));
     TS_OK(kiln_reference(g, hands_get, hands_put, h));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 void ts_nvrtc_clean(const char *src, const char *name, const char *arch) {
@@ -266,8 +269,7 @@ void ts_kernels_clean(const char *kg, const char *arch, const char *cache_dir, c
         ts_nvrtc_clean(k->source, k->name, arch);
     }
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 /* Compiles case i's kg for arch into cache: one kernel whose source contains want and equals
@@ -288,8 +290,7 @@ static void one_kernel_arch(int i, const char *kg, const char *want, const char 
     if (*source) ck_assert_str_eq(*source, src); /* the same source for every arch and every run */
     else *source = strdup(src);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 void ts_one_kernel_case(int i, const char *kg, const char *want, const char *name) {
@@ -408,14 +409,12 @@ void ts_builds(const char *kg) {
     kiln_ctx   *ctx = ts_parse(kg);
     kiln_graph *g = NULL;
     TS_OK(kiln_graph_new(ctx, &g));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 void ts_compiled_free(kiln_program *p, kiln_graph *g, kiln_ctx *ctx) {
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 void ts_compile_twice(const char *kg, const char *cache_dir, void (*check)(const kiln_program *p)) {
@@ -490,8 +489,7 @@ double ts_fusion_compare(const char *kg, const char *skip, int *live, char **ir_
     }
     free_eval(pf, df);
     free_eval(pu, du);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     return worst;
 }
 
@@ -563,8 +561,7 @@ void ts_dyn_kernels(const char *kg, const char *want, const char *cache_dir, boo
         ck_assert_msg(n > 0, "%s: no %s kernel", what, family);
         ck_assert_msg(found, "%s: no source with \"%s\"", what, want);
         kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_graph_free(g, ctx);
     }
 }
 
@@ -585,8 +582,7 @@ char *ts_refused_msg(const char *kg, const char *cache_dir, int parse_may_refuse
     char *m = strdup(kiln_status_msg(st));
     ck_assert_ptr_nonnull(m);
     kiln_status_free(st);
-    if (g) kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    if (g) ts_graph_free(g, ctx);
     return m;
 }
 

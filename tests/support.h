@@ -22,6 +22,8 @@
 char *ts_tmpdir(void);
 /* rm -rf */
 void  ts_rmtree(const char *dir);
+/* Frees a graph and then its context. */
+void ts_graph_free(kiln_graph *g, kiln_ctx *ctx);
 /* Parses .kg text into a new context; fails the test on error. */
 kiln_ctx *ts_parse(const char *text);
 /* Runs a shell command, capturing stdout and stderr together into *out (caller frees; may be

@@ -172,8 +172,7 @@ static float *evaluate(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_model_o
     TS_OK(kiln_graph_new(bound, &g));
     run r = {.hp = hp, .outs = outs, .n_past = n_past, .T = T, .states = states};
     TS_OK(kiln_reference(g, get, put, &r));
-    kiln_graph_free(g);
-    kiln_ctx_free(bound);
+    ts_graph_free(g, bound);
     store_free(&r.tmp);
     ck_assert_ptr_nonnull(r.logits);
     ck_assert_int_eq(r.n_logits, hp->n_vocab * (outs == KILN_OUTPUTS_LAST ? 1 : T));

@@ -304,8 +304,7 @@ static void use_bundle(const kiln_bundle *b) {
         kiln_status_free(kiln_bundle_program(b, g, two_archs[i], &p));
         kiln_program_free(p);
     }
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 /* Flips resealed with a valid checksum reach the parser and the plan reader: never a crash

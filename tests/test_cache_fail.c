@@ -61,8 +61,7 @@ static compiled compile_kg(const char *kg, const char *dir, kiln_cache_mode mode
     TS_OK(cg_plan_write(c.p, &plan));
     c.plan_len = plan.len;
     c.plan = kb_str_take(&plan);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     return c;
 }
 

@@ -1004,8 +1004,7 @@ START_TEST(lowered_layers) {
     for (int i = 0; i < nk; i++) cg_kernel_clear(&ks[i]);
     cg_lua_free(L);
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 

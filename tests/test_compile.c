@@ -211,8 +211,7 @@ START_TEST(bad_arch_is_refused) {
     ck_assert_ptr_nonnull(strstr(kiln_status_msg(st), "ampere"));
     ck_assert_ptr_null(p);
     kiln_status_free(st);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -249,8 +248,7 @@ START_TEST(arch_below_sm80_is_refused) {
     ck_assert_ptr_null(f);
     ts_rmtree(dir);
     free(dir);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 

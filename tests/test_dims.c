@@ -101,8 +101,7 @@ START_TEST(syntax_and_propagation) {
     free(t1);
     free(t2);
     kiln_ctx_free(c2);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -170,8 +169,7 @@ START_TEST(max_one) {
     TS_OK(kiln_build_model(ctx, &hp, &o));
     kiln_graph *g;
     TS_OK(kiln_graph_new(ctx, &g));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -264,8 +262,7 @@ START_TEST(states) {
         ck_assert_float_eq(s[r], sums[r]);
     }
     ts_buf_free(b);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 
     expect_error("state c: f32[4, 6]\ninput r: f32[4, 1]\ninput i: i64[1]\nw = set_rows(c, r, i)\n"
                  "output o = add(c, w)\n",

@@ -212,11 +212,9 @@ START_TEST(dyn_values) {
         for (int i = 0; i < nl; i++)
             ck_assert_msg(strcmp(l[i], bound[v][i]) == 0, "case %d: bound and literal graphs differ (step %d):\n%s", _i, i, lit);
         free_keys(l, nl);
-        kiln_graph_free(lg);
-        kiln_ctx_free(lc);
+        ts_graph_free(lg, lc);
         free(lit);
-        kiln_graph_free(bg);
-        kiln_ctx_free(bc);
+        ts_graph_free(bg, bc);
     }
     int same = nb[0] == nb[1];
     for (int i = 0; same && i < nb[0]; i++) same = strcmp(bound[0][i], bound[1][i]) == 0;
@@ -225,8 +223,7 @@ START_TEST(dyn_values) {
     free_keys(bound[1], nb[1]);
     free_keys(a, n1);
     free_keys(b, n2);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     free(kg);
 }
 END_TEST

@@ -107,8 +107,7 @@ START_TEST(memplan_group) {
     ck_assert_msg(qb->offset >= yb->offset + yb->bytes || yb->offset >= qb->offset + qb->bytes,
                   "qr [%zu, +%zu) overlaps y [%zu, +%zu)", qb->offset, qb->bytes, yb->offset, yb->bytes);
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -140,8 +139,7 @@ START_TEST(verify_rejects) {
     p->nodes[o] = saved;
     TS_OK(ir_verify(p));
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 

@@ -183,8 +183,7 @@ START_TEST(verify_and_skip) {
     ck_assert_msg(!strstr(o.s, "mul_mat_glu"), "%s", o.s);
     kb_str_free(&o);
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 

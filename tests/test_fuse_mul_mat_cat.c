@@ -101,8 +101,7 @@ START_TEST(block_layout) {
                   st ? kiln_status_msg(st) : "accepted");
     kiln_status_free(st);
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 

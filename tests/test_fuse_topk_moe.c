@@ -280,8 +280,7 @@ static void eval_by_hand(const char *kg, bool fuse, const float *logits, int32_t
     for (int b = 0; b < p->nbufs; b++) free(data[b]);
     free(data);
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 START_TEST(ties_by_index) {
@@ -328,8 +327,7 @@ START_TEST(qwen3moe_example_fuses_its_routing) {
     ck_assert_msg(strstr(o.s, "topk_moe k=8 gating=softmax, normalized : f32"), "%s", o.s);
     kb_str_free(&o);
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     free(text);
     free(path);
 }

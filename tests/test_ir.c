@@ -33,8 +33,7 @@ static const ir_node *live_node(const ir_prog *p, int k) {
 
 static void free_all(ir_prog *p, kiln_graph *g, kiln_ctx *ctx) {
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 /* Host buffers for p; temporaries placed in one arena by the memory plan when use_arena. */
@@ -219,8 +218,7 @@ START_TEST(skip_named_passes) {
     ck_assert_str_eq(kiln_fusion_pass(0, NULL), "get_rows_one");
     ck_assert_str_eq(kiln_fusion_pass(ir_nfusions - 1, NULL), "gemv_rope");
     ck_assert_ptr_null(kiln_fusion_pass(ir_nfusions, NULL));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -519,8 +517,7 @@ START_TEST(reference_by_hand) {
     ck_assert_int_eq(h[9].n, 2);
     ck_assert_float_eq(h[9].out[0], 0.5f); /* bytes 12.. : elements 3, 4 */
     ck_assert_float_eq(h[9].out[1], 1.0f);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 

@@ -204,8 +204,7 @@ START_TEST(random_model_equals_file) {
     ck_assert_int_eq(kiln_status_code(st), KILN_ERR_NOT_FOUND);
     ck_assert_msg(strstr(kiln_status_msg(st), "is not one of the model's"), "%s", kiln_status_msg(st));
     kiln_status_free(st);
-    kiln_graph_free(gr);
-    kiln_ctx_free(ctx);
+    ts_graph_free(gr, ctx);
     kiln_model_close(r);
     kiln_model_close(f);
     free(p);

@@ -186,8 +186,7 @@ START_TEST(result_shape_and_type) {
             ck_assert_int_eq(kiln_tensor_ne(t, 1), 6);
         }
     }
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 

@@ -163,8 +163,7 @@ static void compile_all(const char *text, int want_kernels) {
     }
     ts_rmtree(dir);
     free(dir);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 START_TEST(kernels_compile_rows) {

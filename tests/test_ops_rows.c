@@ -67,8 +67,7 @@ static kiln_status reference(const char *kg, io *x) {
     TS_OK(kiln_graph_new(ctx, &g));
     x->nout = 0;
     kiln_status st = kiln_reference(g, io_get, io_put, x);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     return st;
 }
 
@@ -420,8 +419,7 @@ START_TEST(kernels_compile) {
             kiln_program_free(p);
             ok++;
         }
-        kiln_graph_free(graph);
-        kiln_ctx_free(ctx);
+        ts_graph_free(graph, ctx);
     }
     ck_assert_int_eq(ok, (int)(2 * sizeof GRAPHS / sizeof GRAPHS[0]));
     ts_rmtree(cache);

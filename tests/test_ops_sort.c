@@ -275,8 +275,7 @@ START_TEST(kernels_compile) {
         }
         kiln_program_free(p);
     }
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     ts_rmtree(cache);
     free(cache);
     free(text);
@@ -296,8 +295,7 @@ START_TEST(deterministic_sources) {
     kiln_program_free(p1);
     kiln_program_free(p2);
     kiln_graph_free(g1);
-    kiln_graph_free(g2);
-    kiln_ctx_free(c1);
+    ts_graph_free(g2, c1);
     kiln_ctx_free(c2);
     free(text);
 }

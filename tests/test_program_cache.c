@@ -367,8 +367,7 @@ START_TEST(cache_modes) {
                   "the error does not name the value: %s", kiln_status_msg(st));
     ck_assert_ptr_null(p);
     kiln_status_free(st);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 
     setenv("KILN_CACHE", "on", 1);
     r = compile_with(kg_spec, &o);
@@ -573,8 +572,7 @@ static char *explain(const char *kg, const kiln_compile_opts *o) {
     TS_OK(kiln_graph_new(ctx, &g));
     char *text = NULL;
     TS_OK(kiln_cache_explain(g, o, &text));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     return text;
 }
 

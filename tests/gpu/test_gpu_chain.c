@@ -111,8 +111,7 @@ static void chains(bool no_graph) {
            label, (long long)st.runs, (long long)st.captures);
     kiln_session_free(s);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 START_TEST(chain_matches_host_graph) { chains(false); }
@@ -171,8 +170,7 @@ START_TEST(chain_misuse) {
     TS_OK(kiln_session_chain_run(s, NULL, 0, NULL));
     kiln_session_free(s);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 

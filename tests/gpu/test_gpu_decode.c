@@ -88,8 +88,7 @@ static void check_step(const kiln_ctx *ctx, refdata *r, int t, const float *gpu_
     free(r->k_after);
     free(r->v_after);
     r->out = r->k_after = r->v_after = NULL;
-    kiln_graph_free(g);
-    kiln_ctx_free(b);
+    ts_graph_free(g, b);
 }
 
 static void set_both(kiln_session *s[2], const char *name, const void *data, size_t bytes) {
@@ -219,8 +218,7 @@ START_TEST(decode_200_steps) {
     }
     for (int i = 0; i < nw; i++) free(r.in[i].data);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -253,8 +251,7 @@ START_TEST(set_dim_errors) {
     for (int i = 0; i < 12; i++) ck_assert_float_eq(y[i], 2.0f * (float)i);
     kiln_session_free(s);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 

@@ -156,13 +156,11 @@ START_TEST(dyn_runs) {
             free(r.ref[o]);
         }
         for (int i = 0; i < MAXT && c->in[i].name; i++) free(r.in[i]);
-        kiln_graph_free(bg);
-        kiln_ctx_free(bc);
+        ts_graph_free(bg, bc);
     }
     kiln_session_free(s);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 

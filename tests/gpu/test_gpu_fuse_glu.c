@@ -71,8 +71,7 @@ static void run_kg(const char *kg, const char *what, int n_expert, uint64_t seed
         printf("%-60s %s nmse %.3g\n", what, no_fuse ? "unfused" : "fused  ", e);
     }
     hset_free(&h);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 static void glu_call(char *out, size_t n, const char *glu, const char *x, const char *g) {
@@ -167,8 +166,7 @@ START_TEST(test_examples) {
         printf("%-60s nmse %.3g\n", label, e);
     }
     hset_free(&h);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     free(kg);
 }
 END_TEST

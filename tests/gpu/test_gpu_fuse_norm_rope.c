@@ -97,8 +97,7 @@ static void check_case(const char *kg, hset *h, const char *line, bool want, con
     }
     free(f);
     free(u);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 /* ---- rms_norm_mul ------------------------------------------------------------------------------ */

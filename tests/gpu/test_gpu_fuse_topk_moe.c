@@ -150,8 +150,7 @@ static void run_case(const moe_case *c, uint64_t seed) {
     expect_close(fw, uw, nw, "fused vs unfused", label);
     free(fid), free(fw), free(uid), free(uw);
     hset_free(&h);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     free(kg);
 }
 

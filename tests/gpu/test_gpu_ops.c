@@ -134,8 +134,7 @@ static bool op_accepts(fe_op op, kiln_type t, char *why, size_t why_n) {
     bool        ok = st == NULL;
     snprintf(why, why_n, "%s", kiln_status_msg(st));
     kiln_status_free(st);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     return ok;
 }
 
@@ -500,8 +499,7 @@ static void windows_case(int no_graph) {
     ck_assert_int_eq(kiln_session_captures(s), no_graph ? 0 : 1);
     kiln_session_free(s);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 START_TEST(test_io_windows) {
@@ -573,8 +571,7 @@ START_TEST(test_session_errors) {
     expect_err(kiln_session_new(p, &so, &s), KILN_ERR_NO_GPU, "1000", "device 1000");
     kiln_program_free(p);
 
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 

@@ -58,8 +58,7 @@ static bool accepts(fe_op op, kiln_type t) {
     kiln_status st = kiln_graph_new(ctx, &g);
     bool        ok = st == NULL;
     kiln_status_free(st);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     return ok;
 }
 

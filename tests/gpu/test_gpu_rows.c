@@ -253,8 +253,7 @@ static void run_gpu_only(const char *kg, const char *const *names, const void *c
     TS_OK(kiln_session_get(s, "y", y, ybytes));
     kiln_session_free(s);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 START_TEST(test_ids_out_of_range) {

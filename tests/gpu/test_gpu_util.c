@@ -105,8 +105,7 @@ START_TEST(fill_weights_exact_and_cached) {
     fill_and_check(p);
     ck_assert_int_eq(cached("kiln_fill_uniform"), 1);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
