@@ -430,6 +430,21 @@ void ts_compile_twice(const char *kg, const char *cache_dir, void (*check)(const
     for (int r = 0; r < 2; r++) ts_compiled_free(p[r], g[r], ctx[r]);
 }
 
+int ts_named_step(const kiln_program *p, const char *kernel, int steps, const char *want, int i) {
+    int k = -1;
+    for (int j = 0; j < kiln_program_kernel_count(p) && k < 0; j++)
+        if (strcmp(kiln_program_kernel_name(p, j), kernel) == 0) k = j;
+    if (k < 0)
+        for (int j = 0; j < kiln_program_kernel_count(p); j++)
+            fprintf(stderr, "case %d: kernel %s\n", i, kiln_program_kernel_name(p, j));
+    ck_assert_msg(k >= 0, "case %d: no kernel %s (names on stderr)", i, kernel);
+    ck_assert_int_eq(kiln_program_kernel_count(p), steps);
+    const char *src = kiln_program_kernel_source(p, k);
+    if (!strstr(src, want)) fprintf(stderr, "case %d source:\n%s\n", i, src);
+    ck_assert_msg(strstr(src, want), "case %d: missing \"%s\" (source on stderr)", i, want);
+    return k;
+}
+
 /* FNV-1a: input data depends on the buffer's name, not on its index. */
 static uint64_t name_seed(const char *s) {
     uint64_t h = 1469598103934665603ull;

@@ -116,6 +116,9 @@ void ts_builds(const char *kg);
  * have the same kernels, source for source (codegen is deterministic); then check (unless NULL)
  * looks at the program. */
 void ts_compile_twice(const char *kg, const char *cache_dir, void (*check)(const kiln_program *p));
+/* The step of p named kernel (loop case i; the names go to stderr when there is none), after
+ * asserting that p has `steps` steps and that step's source contains want. */
+int ts_named_step(const kiln_program *p, const char *kernel, int steps, const char *want, int i);
 /* Compiles kg for arch (sources), checks that every generated kernel compiles with NVRTC without
  * a warning, and sets counts[j] to the number of kernels whose source contains needles[j]. */
 void ts_kernels_clean(const char *kg, const char *arch, const char *cache_dir, const char *const *needles, int *counts,

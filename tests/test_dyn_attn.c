@@ -74,12 +74,6 @@ static const dcase CASES[] = {
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
-static int find_kernel(const kiln_program *p, const char *name) {
-    for (int i = 0; i < kiln_program_kernel_count(p); i++)
-        if (strcmp(kiln_program_kernel_name(p, i), name) == 0) return i;
-    return -1;
-}
-
 static char *with_header(const char *kg) {
     size_t n = strlen(kg) + 32;
     char  *s = malloc(n);
@@ -96,15 +90,7 @@ START_TEST(dyn_compile) {
     kiln_ctx          *ctx;
     kiln_graph        *g;
     kiln_program      *p = ts_compile(kg, "sm_90a", g_cache, 1, &ctx, &g);
-    int                k = find_kernel(p, c->kernel);
-    if (k < 0)
-        for (int i = 0; i < kiln_program_kernel_count(p); i++)
-            fprintf(stderr, "case %d: kernel %s\n", _i, kiln_program_kernel_name(p, i));
-    ck_assert_msg(k >= 0, "case %d: no kernel %s (names on stderr)", _i, c->kernel);
-    ck_assert_int_eq(kiln_program_kernel_count(p), c->steps);
-    const char *src = kiln_program_kernel_source(p, k);
-    if (!strstr(src, c->want)) fprintf(stderr, "case %d source:\n%s\n", _i, src);
-    ck_assert_msg(strstr(src, c->want), "case %d: missing \"%s\" (source on stderr)", _i, c->want);
+    ts_named_step(p, c->kernel, c->steps, c->want, _i);
     for (int i = 0; i < kiln_program_kernel_count(p); i++) {
         const char *s = kiln_program_kernel_source(p, i);
         ck_assert_msg(strstr(s, "const int* __restrict__ kdims)"), "case %d step %d: no kdims parameter last", _i, i);

@@ -322,28 +322,13 @@ static const gcase CASES[] = {
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
-/* The index of the step named `name`, -1 if none. */
-static int find_kernel(const kiln_program *p, const char *name) {
-    for (int i = 0; i < kiln_program_kernel_count(p); i++)
-        if (strcmp(kiln_program_kernel_name(p, i), name) == 0) return i;
-    return -1;
-}
-
 START_TEST(kernels_compile) {
     static const char *archs[2] = {"sm_90a", "sm_80"};
     const gcase       *c = &CASES[_i];
     kiln_ctx          *ctx;
     kiln_graph        *g;
     kiln_program      *p = ts_compile(c->kg, "sm_90a", g_cache, 1, &ctx, &g);
-    int                k = find_kernel(p, c->kernel);
-    if (k < 0)
-        for (int i = 0; i < kiln_program_kernel_count(p); i++)
-            fprintf(stderr, "case %d: kernel %s\n", _i, kiln_program_kernel_name(p, i));
-    ck_assert_msg(k >= 0, "case %d: no kernel %s (names on stderr)", _i, c->kernel);
-    ck_assert_int_eq(kiln_program_kernel_count(p), c->steps);
-    const char *src = kiln_program_kernel_source(p, k);
-    if (!strstr(src, c->want)) fprintf(stderr, "case %d source:\n%s\n", _i, src);
-    ck_assert_msg(strstr(src, c->want), "case %d: missing \"%s\" (source on stderr)", _i, c->want);
+    int                k = ts_named_step(p, c->kernel, c->steps, c->want, _i);
     for (int i = 0; i < kiln_program_kernel_count(p); i++) {
         const char *s = kiln_program_kernel_source(p, i);
         ck_assert_msg(!strstr(s, "#include"), "#include in source");
