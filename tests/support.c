@@ -29,6 +29,13 @@ void ts_rmtree(const char *dir) {
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
 }
 
+kiln_graph *ts_build(const char *kg, kiln_ctx **ctx) {
+    *ctx = ts_parse(kg);
+    kiln_graph *g = NULL;
+    TS_OK(kiln_graph_new(*ctx, &g));
+    return g;
+}
+
 void ts_graph_free(kiln_graph *g, kiln_ctx *ctx) {
     kiln_graph_free(g);
     kiln_ctx_free(ctx);

@@ -22,6 +22,8 @@
 char *ts_tmpdir(void);
 /* rm -rf */
 void  ts_rmtree(const char *dir);
+/* Parses kg into a new context (*ctx) and builds its graph; fails the test on error. */
+kiln_graph *ts_build(const char *kg, kiln_ctx **ctx);
 /* Frees a graph and then its context. */
 void ts_graph_free(kiln_graph *g, kiln_ctx *ctx);
 /* Parses .kg text into a new context; fails the test on error. */

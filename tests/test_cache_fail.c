@@ -49,9 +49,8 @@ typedef struct {
 /* Compiles kg for sm_90a into dir (mode, program cache as asked), logging into lc. */
 static compiled compile_kg(const char *kg, const char *dir, kiln_cache_mode mode, int no_program_cache,
                            ts_log *lc) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     kiln_compile_opts o = {.arch = "sm_90a", .cache_dir = dir, .cache_mode = mode, .jobs = 4,
                            .no_program_cache = no_program_cache, .log = ts_log_line, .log_user = lc};
     compiled c = {0};

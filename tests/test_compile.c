@@ -201,9 +201,8 @@ START_TEST(dumps_are_byte_identical) {
 END_TEST
 
 START_TEST(bad_arch_is_refused) {
-    kiln_ctx *ctx = ts_parse(GRAPH);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build(GRAPH, &ctx);
     kiln_compile_opts o = {.arch = "ampere", .cache_mode = KILN_CACHE_OFF};
     kiln_program *p = NULL;
     kiln_status st = kiln_compile(g, &o, &p);
@@ -221,9 +220,8 @@ START_TEST(arch_below_sm80_is_refused) {
     static const char *const old_archs[] = {"sm_75", "sm_70", "compute_75", "sm_61"};
     static const char *const ok_archs[] = {"sm_80", "sm_86", "sm_90a", "compute_80", "sm_100f", "sm_120a"};
     for (size_t i = 0; i < sizeof ok_archs / sizeof *ok_archs; i++) TS_OK(kiln_check_arch(ok_archs[i]));
-    kiln_ctx *ctx = ts_parse(GRAPH);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build(GRAPH, &ctx);
     for (size_t i = 0; i < sizeof old_archs / sizeof *old_archs; i++) {
         for (int skip = 0; skip < 2; skip++) {
             kiln_compile_opts o = {.arch = old_archs[i], .cache_mode = KILN_CACHE_OFF, .skip_nvrtc = skip};

@@ -164,9 +164,8 @@ START_TEST(dyn_values) {
     const dcase *c = &CASES[_i];
     char        *kg = with_header(c->kg);
     int          nd = c->dim[1] ? 2 : 1;
-    kiln_ctx    *ctx = ts_parse(kg);
-    kiln_graph  *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx    *ctx;
+    kiln_graph  *g = ts_build(kg, &ctx);
     int    n1, n2;
     char **a = keys_of(g, &n1), **b = keys_of(g, &n2);
     ck_assert_int_eq(n1, n2);
@@ -189,9 +188,8 @@ START_TEST(dyn_values) {
             ck_assert_msg(!strstr(bound[v][i], "kdims"), "case %d: bound graph step %d reads kdims", _i, i);
         /* the same graph written with the values: the same (static) sources */
         char       *lit = substitute(c->kg, c->dim, values, nd);
-        kiln_ctx   *lc = ts_parse(lit);
-        kiln_graph *lg = NULL;
-        TS_OK(kiln_graph_new(lc, &lg));
+        kiln_ctx   *lc;
+        kiln_graph *lg = ts_build(lit, &lc);
         int    nl;
         char **l = keys_of(lg, &nl);
         ck_assert_int_eq(nl, nb[v]);

@@ -161,9 +161,8 @@ END_TEST
 /* The fused node passes ir_verify, prints its pairing, and with --no-fuse=mul_mat_glu stays apart. */
 START_TEST(verify_and_skip) {
     const char *kg = dense_kg("bf16", 64, 48, 1, "swiglu", true, true, 3);
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     ir_prog *p;
     TS_OK(ir_lower(g, &p));
     TS_OK(ir_fuse_mul_mat_glu(p));

@@ -74,9 +74,8 @@ END_TEST
 /* The weights keep their names and sizes; the block holds them in order; a member placed past
  * its block's end is refused by the verifier. */
 START_TEST(block_layout) {
-    kiln_ctx   *ctx = ts_parse(qkv_kg("bf16", "bf16", 32, 2, false, false, false));
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(qkv_kg("bf16", "bf16", 32, 2, false, false, false), &ctx);
     ir_prog *p;
     TS_OK(ir_lower(g, &p));
     TS_OK(ir_run_passes(p, true, OTHERS));

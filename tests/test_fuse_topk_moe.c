@@ -257,9 +257,8 @@ END_TEST
 
 /* Evaluates kg (fused or not) on the given f32 logits; returns ids and weights (caller frees). */
 static void eval_by_hand(const char *kg, bool fuse, const float *logits, int32_t **ids, float **w) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     ir_prog *p;
     TS_OK(ir_lower(g, &p));
     TS_OK(ir_run_passes(p, fuse, NULL));
@@ -315,9 +314,8 @@ START_TEST(qwen3moe_example_fuses_its_routing) {
     kb_str_addf(&ps, "%s/examples/qwen3moe-layer.kg", ts_src_dir());
     path = kb_str_take(&ps);
     TS_OK(kb_read_file(path, &text, &len));
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(text, &ctx);
     ir_prog *p;
     TS_OK(ir_lower(g, &p));
     TS_OK(ir_run_passes(p, true, NULL));

@@ -200,10 +200,9 @@ END_TEST
 
 /* Passes named in the skip list do not run; an unknown name is an error naming the valid ones. */
 START_TEST(skip_named_passes) {
-    kiln_ctx *ctx = ts_parse("input x: f32[64, 8]\nweight w: f16[64]\n"
-                             "a = mul(x, w)\ns = silu(a)\noutput y = scale(s, 0.5, 1)\n");
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build("input x: f32[64, 8]\nweight w: f16[64]\n"
+                             "a = mul(x, w)\ns = silu(a)\noutput y = scale(s, 0.5, 1)\n", &ctx);
     ir_prog *p;
     TS_OK(ir_lower(g, &p));
     TS_OK(ir_run_passes(p, true, "ew_chain"));
@@ -490,12 +489,11 @@ static void hand_put(void *user, const char *name, kiln_type type, int64_t n, co
 START_TEST(reference_by_hand) {
     static const float x[6] = {-2, -0.5f, 0, 0.5f, 1, 3};  /* [3, 2] */
     static const float w[3] = {10, 20, 30};                /* [3] broadcast over rows */
-    kiln_ctx *ctx = ts_parse("input x: f32[3, 2]\nweight w: f32[3]\n"
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build("input x: f32[3, 2]\nweight w: f32[3]\n"
                              "output a = add(x, w)\noutput s = scale(x, 2, 1)\noutput r = relu(x)\n"
                              "output q = silu(x)\noutput e = gelu(x)\noutput d = div(w, w)\n"
-                             "output t = transpose(x)\noutput v = view(x, [2], [], 12)\n");
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+                             "output t = transpose(x)\noutput v = view(x, [2], [], 12)\n", &ctx);
     hand h[11] = {{.name = "x", .data = x}, {.name = "w", .data = w}, {.name = "a"}, {.name = "s"},
                   {.name = "r"},           {.name = "q"},           {.name = "e"}, {.name = "d"},
                   {.name = "t"},           {.name = "v"},           {.name = NULL}};

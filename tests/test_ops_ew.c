@@ -333,9 +333,8 @@ static char *spread_graph(void) {
 START_TEST(kernels_compile) {
     char       *text = spread_graph();
     char       *cache = ts_tmpdir();
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(text, &ctx);
     /* sm_80 through kiln_compile (NVRTC and the cache), sm_90a (kiln's default) through NVRTC
      * directly, which must not print a single warning; the source does not depend on the target. */
     kiln_compile_opts o = {.arch = "sm_80", .cache_dir = cache, .no_fuse = 1};
@@ -364,11 +363,10 @@ END_TEST
 
 /* A GLU fused with its neighbours: the fused kernel computes what the unfused reference does. */
 START_TEST(glu_fuses) {
-    kiln_ctx *ctx = ts_parse("input a: f16[64, 8]\ninput w: f16[32]\n"
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build("input a: f16[64, 8]\ninput w: f16[32]\n"
                              "m = mul(a, a)\ng = swiglu(m)\noutput y = mul(g, w)\n"
-                             "x = scale(a, 0.5, 0)\noutput z = geglu(x, a)\n");
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+                             "x = scale(a, 0.5, 0)\noutput z = geglu(x, a)\n", &ctx);
     kiln_compile_opts o = {.skip_nvrtc = 1};
     kiln_program     *p;
     TS_OK(kiln_compile(g, &o, &p));

@@ -264,9 +264,8 @@ static char *spread_graph(void) {
 START_TEST(kernels_compile) {
     char       *text = spread_graph();
     char       *cache = ts_tmpdir();
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(text, &ctx);
     /* sm_80 through kiln_compile (NVRTC and the cache), sm_90a (kiln's default) through NVRTC
      * directly, which must not print a single warning; the source does not depend on the target. */
     kiln_compile_opts o = {.arch = "sm_80", .cache_dir = cache};
@@ -298,12 +297,11 @@ END_TEST
 
 /* Sources are deterministic and pick the vector path where the layout allows it. */
 START_TEST(kernel_shapes) {
-    kiln_ctx *ctx = ts_parse("input a: f32[64, 64]\ninput h: f16[7, 7]\ninput q: f32[64, 64]\n"
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build("input a: f32[64, 64]\ninput h: f16[7, 7]\ninput q: f32[64, 64]\n"
                              "output y1 = tri(a, lower)\noutput y2 = diag_mask_inf(h, 2)\n"
                              "t = transpose(q)\noutput y3 = tri(t, upper)\noutput y4 = arange(0, 10, 0.3)\n"
-                             "output y5 = fill(h, 1)\n");
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+                             "output y5 = fill(h, 1)\n", &ctx);
     kiln_compile_opts o = {.skip_nvrtc = 1};
     kiln_program     *p1, *p2;
     TS_OK(kiln_compile(g, &o, &p1));

@@ -144,9 +144,8 @@ END_TEST
 /* Compiles every kernel of text for sm_90a and sm_80 (fresh cache) and checks for warnings;
  * each kernel's name must start with its op (want_kernels of them). */
 static void compile_all(const char *text, int want_kernels) {
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(text, &ctx);
     char *dir = ts_tmpdir();
     static const char *const archs[] = {"sm_90a", "sm_80"};
     for (int a = 0; a < 2; a++) {
@@ -213,9 +212,8 @@ START_TEST(generation_is_deterministic) {
     char *src[2][8] = {{0}};
     int   n = 0;
     for (int run = 0; run < 2; run++) {
-        kiln_ctx   *ctx = ts_parse(text);
-        kiln_graph *g;
-        TS_OK(kiln_graph_new(ctx, &g));
+        kiln_ctx   *ctx;
+        kiln_graph *g = ts_build(text, &ctx);
         kiln_compile_opts o = {.skip_nvrtc = 1, .cache_mode = KILN_CACHE_OFF};
         kiln_program     *p = NULL;
         TS_OK(kiln_compile(g, &o, &p));
@@ -237,9 +235,8 @@ START_TEST(kernel_shapes) {
     const char *text = "input a: f32[4096, 8192]\ninput w: f32[7, 9]\ninput v: f16[4096, 16]\n"
                        "output s = sum_rows(a)\noutput t = sum_rows(w)\noutput u = argmax(v)\n"
                        "output z = sum(a)\n";
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(text, &ctx);
     kiln_compile_opts o = {.skip_nvrtc = 1, .cache_mode = KILN_CACHE_OFF};
     kiln_program     *p = NULL;
     TS_OK(kiln_compile(g, &o, &p));

@@ -62,9 +62,8 @@ static void add_in(io *x, const char *name, kiln_type t, int64_t n, const void *
 
 /* Runs the reference of kg; returns its status (the graph must build). */
 static kiln_status reference(const char *kg, io *x) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     x->nout = 0;
     kiln_status st = kiln_reference(g, io_get, io_put, x);
     ts_graph_free(g, ctx);
@@ -396,9 +395,8 @@ START_TEST(kernels_compile) {
     char *cache = ts_tmpdir();
     int   ok = 0;
     for (size_t g = 0; g < sizeof GRAPHS / sizeof GRAPHS[0]; g++) {
-        kiln_ctx   *ctx = ts_parse(GRAPHS[g]);
-        kiln_graph *graph = NULL;
-        TS_OK(kiln_graph_new(ctx, &graph));
+        kiln_ctx   *ctx;
+        kiln_graph *graph = ts_build(GRAPHS[g], &ctx);
         static const char *const archs[] = {"sm_90a", "sm_80"};
         for (int a = 0; a < 2; a++) {
             kiln_compile_opts o = {0};
@@ -433,9 +431,8 @@ START_TEST(kernels_deterministic) {
                      "output y = get_rows(a, i)\noutput z = get_rows(b, i)\n";
     char       *src[2][2];
     for (int run = 0; run < 2; run++) {
-        kiln_ctx   *ctx = ts_parse(kg);
-        kiln_graph *g = NULL;
-        TS_OK(kiln_graph_new(ctx, &g));
+        kiln_ctx   *ctx;
+        kiln_graph *g = ts_build(kg, &ctx);
         kiln_compile_opts o = {0};
         o.skip_nvrtc = 1;
         kiln_program *p = NULL;

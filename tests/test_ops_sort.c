@@ -185,9 +185,8 @@ END_TEST
 
 /* Generates the program of text without compiling. */
 static kiln_program *generate(const char *text, kiln_ctx **ctx_out, kiln_graph **g_out) {
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(text, &ctx);
     kiln_compile_opts o = {.skip_nvrtc = 1, .cache_mode = KILN_CACHE_OFF};
     kiln_program     *p;
     TS_OK(kiln_compile(g, &o, &p));
@@ -258,9 +257,8 @@ static char *spread_graph(void) {
 START_TEST(kernels_compile) {
     char       *text = spread_graph();
     char       *cache = ts_tmpdir();
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(text, &ctx);
     static const char *archs[] = {"sm_90a", "sm_80"};
     for (int a = 0; a < 2; a++) {
         kiln_compile_opts o = {.arch = archs[a], .cache_dir = cache};

@@ -357,9 +357,8 @@ START_TEST(cache_modes) {
     ck_assert_int_eq(after.n[KC_CUBIN], before.n[KC_CUBIN]);
 
     setenv("KILN_CACHE", "sometimes", 1);
-    kiln_ctx   *ctx = ts_parse(kg_spec);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg_spec, &ctx);
     kiln_program *p = NULL;
     kiln_status   st = kiln_compile(g, &o, &p);
     ck_assert_msg(st != NULL, "KILN_CACHE=sometimes accepted");
@@ -567,9 +566,8 @@ END_TEST
 /* ---- kiln_cache_explain --------------------------------------------------------------------- */
 
 static char *explain(const char *kg, const kiln_compile_opts *o) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     char *text = NULL;
     TS_OK(kiln_cache_explain(g, o, &text));
     ts_graph_free(g, ctx);

@@ -225,9 +225,8 @@ END_TEST
 /* A value over the maximum is refused at run time too, with the dim's range. */
 START_TEST(set_dim_errors) {
     need_gpu();
-    kiln_ctx *ctx = ts_parse("dim n <= 8\ninput x: f32[4, n]\noutput y = scale(x, 2, 0)\n");
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build("dim n <= 8\ninput x: f32[4, n]\noutput y = scale(x, 2, 0)\n", &ctx);
     kiln_program *p = compile(g, 0);
     kiln_session *s;
     TS_OK(kiln_session_new(p, NULL, &s));

@@ -109,9 +109,8 @@ START_TEST(dyn_runs) {
     need_gpu();
     const gcase *c = &CASES[_i];
     int          nd = c->dims[1] ? 2 : 1;
-    kiln_ctx    *ctx = ts_parse(c->kg);
-    kiln_graph  *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx    *ctx;
+    kiln_graph  *g = ts_build(c->kg, &ctx);
     kiln_program *p = compile(g, 0);
     kiln_session *s = NULL;
     TS_OK(kiln_session_new(p, NULL, &s));

@@ -58,9 +58,8 @@ static void fill_leaves(const kiln_graph *g, hset *h, uint64_t seed, int n_exper
 /* kg fused and unfused, each against the reference. */
 static void run_kg(const char *kg, const char *what, int n_expert, uint64_t seed) {
     need_gpu();
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     hset h = {0};
     fill_leaves(g, &h, seed, n_expert);
     for (int no_fuse = 0; no_fuse <= 1; no_fuse++) {
@@ -151,9 +150,8 @@ START_TEST(test_examples) {
     need_gpu();
     snprintf(path, sizeof path, "%s/%s", ts_src_dir(), files[_i]);
     char *kg = read_file(path);
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     hset h = {0};
     fill_leaves(g, &h, 4000 + (uint64_t)_i, 128);
     scale_weights(g, &h);

@@ -80,9 +80,8 @@ static void compare(const char *label, const char *what, const hdata *r, const v
 
 /* kg over the inputs in h: fused vs reference and fused vs unfused. */
 static void check_case(const char *kg, hset *h, const char *line, bool want, const char *label) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     hset_clear_out(h);
     for (int i = 0; i < h->nin; i++) h->in[i].requested = false;
     TS_OK(kiln_reference(g, ref_get, ref_put, h));

@@ -123,9 +123,8 @@ static void run_case(const moe_case *c, uint64_t seed) {
              c->bias ? " bias" : "", c->norm ? " norm" : "", c->clamp ? " clamp" : "", c->scale ? " scale" : "",
              c->ties ? " ties" : "", (unsigned long long)seed);
     char       *kg = moe_kg(c);
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     hset h = {0};
     fill_case(c, &h, seed);
     TS_OK(kiln_reference(g, ref_get, ref_put, &h));

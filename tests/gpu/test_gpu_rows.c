@@ -242,9 +242,8 @@ END_TEST
 /* Runs kg on the GPU (no reference: it rejects these ids) and returns output "y" as f32. */
 static void run_gpu_only(const char *kg, const char *const *names, const void *const *data, const size_t *bytes,
                          int nin, float *y, size_t ybytes) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     kiln_program *p = compile(g, 0);
     kiln_session *s = NULL;
     TS_OK(kiln_session_new(p, NULL, &s));

@@ -91,9 +91,8 @@ START_TEST(fill_weights_exact_and_cached) {
              "kiln-graph 1\nweight w32: f32[%d]\nweight w16: f16[%d]\nweight wb: bf16[%d]\n"
              "output y0 = cont(w32)\noutput y1 = cont(w16)\noutput y2 = cont(wb)\n",
              N, N, N);
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     kiln_program *p = compile(g, 0);
     ck_assert_int_eq(cached("kiln_fill_uniform"), 0);
     fill_and_check(p);
