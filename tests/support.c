@@ -29,6 +29,15 @@ void ts_rmtree(const char *dir) {
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
 }
 
+void ts_ctx_error(kiln_ctx *ctx, kiln_code code, const char *needle) {
+    kiln_status st = kiln_ctx_status(ctx);
+    ck_assert_msg(st != NULL, "the context holds no error");
+    if (code) ck_assert_int_eq(kiln_status_code(st), code);
+    if (needle) ck_assert_msg(strstr(kiln_status_msg(st), needle), "\"%s\" lacks \"%s\"", kiln_status_msg(st), needle);
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+}
+
 kiln_graph *ts_build(const char *kg, kiln_ctx **ctx) {
     *ctx = ts_parse(kg);
     kiln_graph *g = NULL;

@@ -22,6 +22,9 @@
 char *ts_tmpdir(void);
 /* rm -rf */
 void  ts_rmtree(const char *dir);
+/* Asserts that a builder call failed on ctx: its status has code (unless 0) and a message holding
+ * needle (unless NULL). Frees the status and ctx. */
+void ts_ctx_error(kiln_ctx *ctx, kiln_code code, const char *needle);
 /* Parses kg into a new context (*ctx) and builds its graph; fails the test on error. */
 kiln_graph *ts_build(const char *kg, kiln_ctx **ctx);
 /* Frees a graph and then its context. */

@@ -245,10 +245,7 @@ START_TEST(errors) {
     kiln_tensor *k = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F16, "k", 3, nk);
     kiln_tensor *v = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F16, "v", 3, nk);
     ck_assert_ptr_null(kiln_flash_attn_ext(ctx, q, k, v, NULL, 1.0f, 1.0f, 0.0f, NULL));
-    kiln_status st = kiln_ctx_status(ctx);
-    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_ctx_error(ctx, KILN_ERR_INVALID, NULL);
 }
 END_TEST
 
