@@ -461,6 +461,29 @@ int ts_named_step(const kiln_program *p, const char *kernel, int steps, const ch
     return k;
 }
 
+void ts_spread_compile(const char *kg, int no_fuse, int min_kernels, void (*each)(const kiln_program *p, int i)) {
+    char       *cache = ts_tmpdir();
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
+    kiln_compile_opts o = {.arch = "sm_80", .cache_dir = cache, .no_fuse = no_fuse};
+    kiln_program     *p80, *p90;
+    TS_OK(kiln_compile(g, &o, &p80));
+    o.arch = "sm_90a";
+    o.skip_nvrtc = 1;
+    TS_OK(kiln_compile(g, &o, &p90));
+    int nk = kiln_program_kernel_count(p80);
+    ck_assert_int_gt(nk, min_kernels);
+    ck_assert_int_eq(kiln_program_kernel_count(p90), nk);
+    for (int i = 0; i < nk; i++) {
+        ck_assert_str_eq(kiln_program_kernel_source(p90, i), kiln_program_kernel_source(p80, i));
+        each(p90, i);
+    }
+    kiln_program_free(p80);
+    ts_compiled_free(p90, g, ctx);
+    ts_rmtree(cache);
+    free(cache);
+}
+
 /* FNV-1a: input data depends on the buffer's name, not on its index. */
 static uint64_t name_seed(const char *s) {
     uint64_t h = 1469598103934665603ull;

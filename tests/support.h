@@ -124,6 +124,11 @@ void ts_compile_twice(const char *kg, const char *cache_dir, void (*check)(const
 /* The step of p named kernel (loop case i; the names go to stderr when there is none), after
  * asserting that p has `steps` steps and that step's source contains want. */
 int ts_named_step(const kiln_program *p, const char *kernel, int steps, const char *want, int i);
+/* A graph of every variant of an op family: compiles kg (unfused with no_fuse) for sm_80 through
+ * kiln_compile (NVRTC and a new cache) and for sm_90a (sources only), asserts they have the same
+ * number of kernels, more than min_kernels, with the same sources, and calls each(p, i) on every
+ * kernel i of the sm_90a program (kiln's default target). */
+void ts_spread_compile(const char *kg, int no_fuse, int min_kernels, void (*each)(const kiln_program *p, int i));
 /* Compiles kg for arch (sources), checks that every generated kernel compiles with NVRTC without
  * a warning, and sets counts[j] to the number of kernels whose source contains needles[j]. */
 void ts_kernels_clean(const char *kg, const char *arch, const char *cache_dir, const char *const *needles, int *counts,

@@ -330,34 +330,19 @@ static char *spread_graph(void) {
     return kb_str_take(&g);
 }
 
+/* Every kernel compiles with NVRTC for sm_90a without a warning (identical kernels, e.g. cast to
+ * the same type and dup, once). */
+static void ew_kernel_clean(const kiln_program *p, int i) {
+    const char *src = kiln_program_kernel_source(p, i);
+    bool        seen = false;
+    for (int j = 0; j < i && !seen; j++) seen = strcmp(src, kiln_program_kernel_source(p, j)) == 0;
+    if (!seen) ts_nvrtc_clean(src, kiln_program_kernel_name(p, i), NULL);
+}
+
 START_TEST(kernels_compile) {
-    char       *text = spread_graph();
-    char       *cache = ts_tmpdir();
-    kiln_ctx   *ctx;
-    kiln_graph *g = ts_build(text, &ctx);
-    /* sm_80 through kiln_compile (NVRTC and the cache), sm_90a (kiln's default) through NVRTC
-     * directly, which must not print a single warning; the source does not depend on the target. */
-    kiln_compile_opts o = {.arch = "sm_80", .cache_dir = cache, .no_fuse = 1};
-    kiln_program     *p80, *p90;
-    TS_OK(kiln_compile(g, &o, &p80));
-    o.arch = "sm_90a";
-    o.skip_nvrtc = 1;
-    TS_OK(kiln_compile(g, &o, &p90));
-    int nk = kiln_program_kernel_count(p80);
-    ck_assert_int_gt(nk, 100);
-    ck_assert_int_eq(kiln_program_kernel_count(p90), nk);
-    for (int i = 0; i < nk; i++) {
-        const char *src = kiln_program_kernel_source(p90, i);
-        ck_assert_str_eq(src, kiln_program_kernel_source(p80, i));
-        bool seen = false; /* identical kernels (e.g. cast to the same type and dup) once */
-        for (int j = 0; j < i && !seen; j++) seen = strcmp(src, kiln_program_kernel_source(p90, j)) == 0;
-        if (!seen) ts_nvrtc_clean(src, kiln_program_kernel_name(p90, i), NULL);
-    }
-    kiln_program_free(p80);
-    ts_compiled_free(p90, g, ctx);
+    char *text = spread_graph();
+    ts_spread_compile(text, 1, 100, ew_kernel_clean);
     free(text);
-    ts_rmtree(cache);
-    free(cache);
 }
 END_TEST
 

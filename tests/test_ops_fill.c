@@ -257,37 +257,20 @@ static char *spread_graph(void) {
     return kb_str_take(&g);
 }
 
+/* Only the family's own kernels (the graph has no elementwise node), each clean with NVRTC. */
+static void fill_kernel_clean(const kiln_program *p, int i) {
+    const char *src = kiln_program_kernel_source(p, i), *name = kiln_program_kernel_name(p, i);
+    ck_assert_msg(strstr(src, "#include") == NULL, "%s includes", name);
+    ck_assert_msg(!strncmp(name, "tri_", 4) || !strncmp(name, "diag_mask_inf_", 14) || !strncmp(name, "fill_", 5) ||
+                      !strncmp(name, "arange_", 7),
+                  "unexpected kernel %s", name);
+    ts_nvrtc_clean(src, name, NULL);
+}
+
 START_TEST(kernels_compile) {
-    char       *text = spread_graph();
-    char       *cache = ts_tmpdir();
-    kiln_ctx   *ctx;
-    kiln_graph *g = ts_build(text, &ctx);
-    /* sm_80 through kiln_compile (NVRTC and the cache), sm_90a (kiln's default) through NVRTC
-     * directly, which must not print a single warning; the source does not depend on the target. */
-    kiln_compile_opts o = {.arch = "sm_80", .cache_dir = cache};
-    kiln_program     *p80, *p90;
-    TS_OK(kiln_compile(g, &o, &p80));
-    o.arch = "sm_90a";
-    o.skip_nvrtc = 1;
-    TS_OK(kiln_compile(g, &o, &p90));
-    int nk = kiln_program_kernel_count(p80);
-    ck_assert_int_gt(nk, 60);
-    ck_assert_int_eq(kiln_program_kernel_count(p90), nk);
-    for (int i = 0; i < nk; i++) {
-        const char *src = kiln_program_kernel_source(p90, i), *name = kiln_program_kernel_name(p90, i);
-        ck_assert_str_eq(src, kiln_program_kernel_source(p80, i));
-        ck_assert_msg(strstr(src, "#include") == NULL, "%s includes", name);
-        /* only the family's own kernels: the graph has no elementwise node */
-        ck_assert_msg(!strncmp(name, "tri_", 4) || !strncmp(name, "diag_mask_inf_", 14) || !strncmp(name, "fill_", 5) ||
-                          !strncmp(name, "arange_", 7),
-                      "unexpected kernel %s", name);
-        ts_nvrtc_clean(src, name, NULL);
-    }
-    kiln_program_free(p80);
-    ts_compiled_free(p90, g, ctx);
+    char *text = spread_graph();
+    ts_spread_compile(text, 0, 60, fill_kernel_clean);
     free(text);
-    ts_rmtree(cache);
-    free(cache);
 }
 END_TEST
 
