@@ -29,6 +29,27 @@ void ts_rmtree(const char *dir) {
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
 }
 
+void ts_ctx_error(kiln_ctx *ctx, kiln_code code, const char *needle) {
+    kiln_status st = kiln_ctx_status(ctx);
+    ck_assert_msg(st != NULL, "the context holds no error");
+    if (code) ck_assert_int_eq(kiln_status_code(st), code);
+    if (needle) ck_assert_msg(strstr(kiln_status_msg(st), needle), "\"%s\" lacks \"%s\"", kiln_status_msg(st), needle);
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+}
+
+kiln_graph *ts_build(const char *kg, kiln_ctx **ctx) {
+    *ctx = ts_parse(kg);
+    kiln_graph *g = NULL;
+    TS_OK(kiln_graph_new(*ctx, &g));
+    return g;
+}
+
+void ts_graph_free(kiln_graph *g, kiln_ctx *ctx) {
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+}
+
 kiln_ctx *ts_parse(const char *text) {
     kiln_ctx *ctx = kiln_ctx_new();
     ck_assert_ptr_nonnull(ctx);
@@ -69,6 +90,17 @@ const char *ts_kiln_bin(void) {
 const char *ts_src_dir(void) {
     const char *s = getenv("KILN_SRC");
     return s && *s ? s : ".";
+}
+
+void ts_add_tests(TCase *tc, const TTest *const *tests) {
+    for (; *tests; tests++) tcase_add_test(tc, *tests);
+}
+
+TCase *ts_tcase(Suite *s, const char *name, double timeout) {
+    TCase *tc = tcase_create(name);
+    if (timeout > 0) tcase_set_timeout(tc, timeout);
+    suite_add_tcase(s, tc);
+    return tc;
 }
 
 int ts_main(Suite *s) {
@@ -152,8 +184,7 @@ void ts_reference(const char *text, ts_buf *b) {
     kiln_graph *g;
     TS_OK(kiln_graph_new(ctx, &g));
     TS_OK(kiln_reference(g, ts_get, ts_put, b));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 ts_buf *ts_buf_find(ts_buf *b, const char *name) {
@@ -209,8 +240,7 @@ void ts_hands_run(const char *kg, ts_hands *h) {
     kiln_graph *g;
     TS_OK(kiln_graph_new(ctx, &g));
     TS_OK(kiln_reference(g, hands_get, hands_put, h));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 void ts_nvrtc_clean(const char *src, const char *name, const char *arch) {
@@ -255,8 +285,203 @@ void ts_kernels_clean(const char *kg, const char *arch, const char *cache_dir, c
         ts_nvrtc_clean(k->source, k->name, arch);
     }
     kiln_program_free(p);
-    kiln_graph_free(g);
+    ts_graph_free(g, ctx);
+}
+
+/* Compiles case i's kg for arch into cache: one kernel whose source contains want and equals
+ * *source when that is set (else *source gets a copy). */
+static void one_kernel_arch(int i, const char *kg, const char *want, const char *arch, const char *cache,
+                            char **source) {
+    kiln_ctx   *ctx = ts_parse(kg);
+    kiln_graph *g;
+    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_compile_opts o = {.arch = arch, .cache_dir = cache};
+    kiln_program     *p = NULL;
+    kiln_status       st = kiln_compile(g, &o, &p);
+    ck_assert_msg(st == NULL, "case %d (%s) for %s: %s", i, kg, arch, kiln_status_msg(st));
+    ck_assert_int_eq(kiln_program_kernel_count(p), 1);
+    const char *src = kiln_program_kernel_source(p, 0);
+    if (!strstr(src, want)) fprintf(stderr, "case %d source:\n%s\n", i, src);
+    ck_assert_msg(strstr(src, want), "case %d (%s): source lacks '%s'", i, kg, want);
+    if (*source) ck_assert_str_eq(*source, src); /* the same source for every arch and every run */
+    else *source = strdup(src);
+    kiln_program_free(p);
+    ts_graph_free(g, ctx);
+}
+
+void ts_one_kernel_case(int i, const char *kg, const char *want, const char *name) {
+    char *cache = ts_tmpdir();
+    char *src = NULL;
+    one_kernel_arch(i, kg, want, "sm_90a", cache, &src);
+    one_kernel_arch(i, kg, want, "sm_80", cache, &src);
+    ts_nvrtc_clean(src, name, NULL);
+    free(src);
+    ts_rmtree(cache);
+    free(cache);
+}
+
+ir_prog *ts_prog_new(int nnodes) {
+    ir_prog *p = calloc(1, sizeof *p);
+    ck_assert_ptr_nonnull(p);
+    p->capbufs = 4 * IR_MAX_IN;
+    p->bufs = calloc((size_t)p->capbufs, sizeof *p->bufs);
+    p->capnodes = nnodes;
+    p->nnodes = nnodes;
+    p->nodes = calloc((size_t)nnodes, sizeof *p->nodes);
+    ck_assert(p->bufs && p->nodes);
+    return p;
+}
+
+void ts_prog_free(ir_prog *p) {
+    free(p->bufs);
+    free(p->nodes);
+    free(p);
+}
+
+void ts_use_buf(ir_prog *p, const ir_ref *r, const char *name) {
+    ck_assert_int_lt(r->buf, p->capbufs);
+    if (r->buf >= p->nbufs) p->nbufs = r->buf + 1;
+    ir_buf *b = &p->bufs[r->buf];
+    b->type = r->type;
+    b->kind = IR_BUF_TEMP;
+    snprintf(b->name, sizeof b->name, "%s", name);
+    for (int d = 0; d < 4; d++) b->ne[d] = r->ne[d];
+    b->bytes = kiln_type_size(r->type) * (size_t)(r->ne[0] * r->ne[1] * r->ne[2] * r->ne[3]);
+}
+
+ir_ref ts_ref4(int buf, kiln_type t, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
+    ir_ref r = {.buf = buf, .type = t, .ne = {ne0, ne1, ne2, ne3}};
+    int64_t s = 1;
+    for (int d = 0; d < 4; d++) {
+        r.st[d] = s;
+        s *= r.ne[d];
+    }
+    return r;
+}
+
+ir_ref ts_strided(int buf, kiln_type t, const int64_t ne[4], const int64_t st[4], int64_t offs) {
+    ir_ref r = {.buf = buf, .type = t, .offs = offs};
+    memcpy(r.ne, ne, sizeof r.ne);
+    memcpy(r.st, st, sizeof r.st);
+    return r;
+}
+
+void ts_ew_node(ir_prog *p, int i, ir_ref dst, int nin, const ir_ref *in, int ninstr, const ir_instr *ins) {
+    ir_node *n = &p->nodes[i];
+    memset(n, 0, sizeof *n);
+    n->kind = IR_EW;
+    n->dst = dst;
+    n->nin = nin;
+    for (int j = 0; j < nin; j++) n->in[j] = in[j];
+    n->ninstr = ninstr;
+    for (int j = 0; j < ninstr; j++) n->ins[j] = ins[j];
+    n->nsrc = 1;
+    n->src[0] = i;
+    char name[64];
+    snprintf(name, sizeof name, "SECRETNAME_out_%d", dst.buf);
+    ts_use_buf(p, &dst, name);
+    for (int j = 0; j < nin; j++) {
+        snprintf(name, sizeof name, "SECRETNAME_in_%d", in[j].buf);
+        ts_use_buf(p, &in[j], name);
+    }
+}
+
+void ts_gen(ir_prog *p, cg_kernel *k) {
+    cg_lua *L;
+    TS_OK(cg_lua_new(&L));
+    TS_OK(cg_generate(L, p, 0, k));
+    cg_lua_free(L);
+}
+
+void ts_kernel_compiles(const cg_kernel *k) {
+    ck_assert_msg(strstr(k->source, "SECRETNAME") == NULL, "graph name in source:\n%s", k->source);
+    ts_nvrtc_clean(k->source, k->name, NULL);
+    static const char *const archs[] = {"sm_90a", "sm_80"};
+    for (int a = 0; a < 2; a++) {
+        void       *cubin;
+        size_t      size;
+        kiln_status st = cg_nvrtc_compile(k->source, k->name, archs[a], &cubin, &size);
+        ck_assert_msg(st == NULL, "%s for %s: %s\nsource:\n%s", k->name, archs[a], kiln_status_msg(st), k->source);
+        ck_assert_ptr_nonnull(cubin);
+        ck_assert_uint_gt(size, 0);
+        free(cubin);
+    }
+}
+
+void ts_parse_error(const char *kg, kiln_code code, const char *const *needles) {
+    kiln_ctx   *ctx = kiln_ctx_new();
+    kiln_status st = kiln_parse(ctx, kg, strlen(kg), "bad.kg");
+    ck_assert_msg(st != NULL, "no error for:\n%s", kg);
+    const char *msg = kiln_status_msg(st);
+    ck_assert_msg(kiln_status_code(st) == code, "%s: got %s, want %s: %s", kg, kiln_code_name(kiln_status_code(st)),
+                  kiln_code_name(code), msg);
+    for (int i = 0; needles[i]; i++)
+        ck_assert_msg(strstr(msg, needles[i]), "%s: message \"%s\" lacks \"%s\"", kg, msg, needles[i]);
+    kiln_status_free(st);
     kiln_ctx_free(ctx);
+}
+
+void ts_builds(const char *kg) {
+    kiln_ctx   *ctx = ts_parse(kg);
+    kiln_graph *g = NULL;
+    TS_OK(kiln_graph_new(ctx, &g));
+    ts_graph_free(g, ctx);
+}
+
+void ts_compiled_free(kiln_program *p, kiln_graph *g, kiln_ctx *ctx) {
+    kiln_program_free(p);
+    ts_graph_free(g, ctx);
+}
+
+void ts_compile_twice(const char *kg, const char *cache_dir, void (*check)(const kiln_program *p)) {
+    kiln_ctx     *ctx[2];
+    kiln_graph   *g[2];
+    kiln_program *p[2];
+    for (int r = 0; r < 2; r++) p[r] = ts_compile(kg, "sm_90a", cache_dir, 1, &ctx[r], &g[r]);
+    ck_assert_int_eq(kiln_program_kernel_count(p[1]), kiln_program_kernel_count(p[0]));
+    for (int k = 0; k < kiln_program_kernel_count(p[0]); k++)
+        ck_assert_msg(strcmp(kiln_program_kernel_source(p[0], k), kiln_program_kernel_source(p[1], k)) == 0,
+                      "%s: kernel %d: sources differ", kg, k);
+    if (check) check(p[1]);
+    for (int r = 0; r < 2; r++) ts_compiled_free(p[r], g[r], ctx[r]);
+}
+
+int ts_named_step(const kiln_program *p, const char *kernel, int steps, const char *want, int i) {
+    int k = -1;
+    for (int j = 0; j < kiln_program_kernel_count(p) && k < 0; j++)
+        if (strcmp(kiln_program_kernel_name(p, j), kernel) == 0) k = j;
+    if (k < 0)
+        for (int j = 0; j < kiln_program_kernel_count(p); j++)
+            fprintf(stderr, "case %d: kernel %s\n", i, kiln_program_kernel_name(p, j));
+    ck_assert_msg(k >= 0, "case %d: no kernel %s (names on stderr)", i, kernel);
+    ck_assert_int_eq(kiln_program_kernel_count(p), steps);
+    const char *src = kiln_program_kernel_source(p, k);
+    if (!strstr(src, want)) fprintf(stderr, "case %d source:\n%s\n", i, src);
+    ck_assert_msg(strstr(src, want), "case %d: missing \"%s\" (source on stderr)", i, want);
+    return k;
+}
+
+void ts_spread_compile(const char *kg, int no_fuse, int min_kernels, void (*each)(const kiln_program *p, int i)) {
+    char       *cache = ts_tmpdir();
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
+    kiln_compile_opts o = {.arch = "sm_80", .cache_dir = cache, .no_fuse = no_fuse};
+    kiln_program     *p80, *p90;
+    TS_OK(kiln_compile(g, &o, &p80));
+    o.arch = "sm_90a";
+    o.skip_nvrtc = 1;
+    TS_OK(kiln_compile(g, &o, &p90));
+    int nk = kiln_program_kernel_count(p80);
+    ck_assert_int_gt(nk, min_kernels);
+    ck_assert_int_eq(kiln_program_kernel_count(p90), nk);
+    for (int i = 0; i < nk; i++) {
+        ck_assert_str_eq(kiln_program_kernel_source(p90, i), kiln_program_kernel_source(p80, i));
+        each(p90, i);
+    }
+    kiln_program_free(p80);
+    ts_compiled_free(p90, g, ctx);
+    ts_rmtree(cache);
+    free(cache);
 }
 
 /* FNV-1a: input data depends on the buffer's name, not on its index. */
@@ -318,8 +543,7 @@ double ts_fusion_compare(const char *kg, const char *skip, int *live, char **ir_
     }
     free_eval(pf, df);
     free_eval(pu, du);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     return worst;
 }
 
@@ -391,8 +615,7 @@ void ts_dyn_kernels(const char *kg, const char *want, const char *cache_dir, boo
         ck_assert_msg(n > 0, "%s: no %s kernel", what, family);
         ck_assert_msg(found, "%s: no source with \"%s\"", what, want);
         kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_graph_free(g, ctx);
     }
 }
 
@@ -413,8 +636,7 @@ char *ts_refused_msg(const char *kg, const char *cache_dir, int parse_may_refuse
     char *m = strdup(kiln_status_msg(st));
     ck_assert_ptr_nonnull(m);
     kiln_status_free(st);
-    if (g) kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    if (g) ts_graph_free(g, ctx);
     return m;
 }
 

@@ -6,6 +6,7 @@
 
 #include "kiln.h"
 
+#include "codegen/codegen.h"
 #include "ir/ir.h"
 
 #include <stdbool.h>
@@ -21,6 +22,13 @@
 char *ts_tmpdir(void);
 /* rm -rf */
 void  ts_rmtree(const char *dir);
+/* Asserts that a builder call failed on ctx: its status has code (unless 0) and a message holding
+ * needle (unless NULL). Frees the status and ctx. */
+void ts_ctx_error(kiln_ctx *ctx, kiln_code code, const char *needle);
+/* Parses kg into a new context (*ctx) and builds its graph; fails the test on error. */
+kiln_graph *ts_build(const char *kg, kiln_ctx **ctx);
+/* Frees a graph and then its context. */
+void ts_graph_free(kiln_graph *g, kiln_ctx *ctx);
 /* Parses .kg text into a new context; fails the test on error. */
 kiln_ctx *ts_parse(const char *text);
 /* Runs a shell command, capturing stdout and stderr together into *out (caller frees; may be
@@ -29,6 +37,12 @@ int ts_run(const char *cmd, char **out);
 /* The kiln binary ($KILN_BIN, else build/kiln) and the source tree ($KILN_SRC, else "."). */
 const char *ts_kiln_bin(void);
 const char *ts_src_dir(void);
+/* A new test case named name, added to s, with a timeout of that many seconds unless 0 (Check's
+ * default). Tests may be added to it after. */
+TCase *ts_tcase(Suite *s, const char *name, double timeout);
+/* Adds the tests of a NULL-ended list to tc, in order: TS_ADD_TESTS(tc, a, b, c). */
+void ts_add_tests(TCase *tc, const TTest *const *tests);
+#define TS_ADD_TESTS(tc, ...) ts_add_tests((tc), (const TTest *const[]){__VA_ARGS__, NULL})
 /* Runs one suite with CK_NORMAL output; returns the process exit status. */
 int ts_main(Suite *s);
 /* ts_main with every compile going to a new temporary cache (KILN_CACHE_DIR), removed after,
@@ -99,10 +113,54 @@ void ts_nvrtc_clean(const char *src, const char *name, const char *arch);
  * frees the program, *g and *ctx. */
 kiln_program *ts_compile(const char *kg, const char *arch, const char *cache_dir, int skip_nvrtc, kiln_ctx **ctx,
                          kiln_graph **g);
+/* Frees what ts_compile returned. */
+void ts_compiled_free(kiln_program *p, kiln_graph *g, kiln_ctx *ctx);
+/* Asserts that kg parses and its graph builds. */
+void ts_builds(const char *kg);
+/* Compiles kg twice for sm_90a into cache_dir (sources only) and asserts that the two programs
+ * have the same kernels, source for source (codegen is deterministic); then check (unless NULL)
+ * looks at the program. */
+void ts_compile_twice(const char *kg, const char *cache_dir, void (*check)(const kiln_program *p));
+/* The step of p named kernel (loop case i; the names go to stderr when there is none), after
+ * asserting that p has `steps` steps and that step's source contains want. */
+int ts_named_step(const kiln_program *p, const char *kernel, int steps, const char *want, int i);
+/* A graph of every variant of an op family: compiles kg (unfused with no_fuse) for sm_80 through
+ * kiln_compile (NVRTC and a new cache) and for sm_90a (sources only), asserts they have the same
+ * number of kernels, more than min_kernels, with the same sources, and calls each(p, i) on every
+ * kernel i of the sm_90a program (kiln's default target). */
+void ts_spread_compile(const char *kg, int no_fuse, int min_kernels, void (*each)(const kiln_program *p, int i));
 /* Compiles kg for arch (sources), checks that every generated kernel compiles with NVRTC without
  * a warning, and sets counts[j] to the number of kernels whose source contains needles[j]. */
 void ts_kernels_clean(const char *kg, const char *arch, const char *cache_dir, const char *const *needles, int *counts,
                       int n);
+
+/* Loop case i of a table of one-kernel graphs (tests/test_ops_*.c): kg compiles for sm_90a and
+ * sm_80 (in a new cache) to one kernel whose source contains want, the same source for both,
+ * and that source compiles with NVRTC (as `name`) without a warning. */
+void ts_one_kernel_case(int i, const char *kg, const char *want, const char *name);
+
+/* Hand-built IR for codegen tests (tests/test_codegen.c, tests/test_ew_vector.c). A program of
+ * nnodes zeroed nodes and room for 4 * IR_MAX_IN buffers; ts_prog_free frees it. */
+ir_prog *ts_prog_new(int nnodes);
+void     ts_prog_free(ir_prog *p);
+/* Registers r's buffer (named name) as a temporary large enough for r. */
+void     ts_use_buf(ir_prog *p, const ir_ref *r, const char *name);
+/* A contiguous ref of buffer buf; a ref of the given extents, strides and offset. */
+ir_ref   ts_ref4(int buf, kiln_type t, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
+ir_ref   ts_strided(int buf, kiln_type t, const int64_t ne[4], const int64_t st[4], int64_t offs);
+/* Sets node i of p to an elementwise node of those operands and instructions, its buffers
+ * named SECRETNAME_* (a name that must never reach a kernel). */
+void     ts_ew_node(ir_prog *p, int i, ir_ref dst, int nin, const ir_ref *in, int ninstr, const ir_instr *ins);
+/* Generates node 0 of p with a fresh Lua state. */
+void     ts_gen(ir_prog *p, cg_kernel *k);
+/* k's source names no graph buffer, compiles with NVRTC without a warning, and compiles to a
+ * cubin for sm_90a and sm_80. */
+void     ts_kernel_compiles(const cg_kernel *k);
+
+/* Asserts that parsing kg (as bad.kg) fails with code and a message holding every one of
+ * needles (a list ended by NULL). */
+void ts_parse_error(const char *kg, kiln_code code, const char *const *needles);
+#define TS_NEEDLES(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 /* Evaluates kg with the CPU reference twice on the same random inputs (by input name): over IR
  * after every fusion pass but those in skip (NULL: none), and over unfused IR. Returns the

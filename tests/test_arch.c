@@ -172,8 +172,7 @@ static float *evaluate(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_model_o
     TS_OK(kiln_graph_new(bound, &g));
     run r = {.hp = hp, .outs = outs, .n_past = n_past, .T = T, .states = states};
     TS_OK(kiln_reference(g, get, put, &r));
-    kiln_graph_free(g);
-    kiln_ctx_free(bound);
+    ts_graph_free(g, bound);
     store_free(&r.tmp);
     ck_assert_ptr_nonnull(r.logits);
     ck_assert_int_eq(r.n_logits, hp->n_vocab * (outs == KILN_OUTPUTS_LAST ? 1 : T));
@@ -454,9 +453,7 @@ START_TEST(tiny_compiles_fused) {
     ck_assert_int_eq(count(d, "  fused topk_moe:"), moe ? 2 * L : 0);
     ck_assert_int_gt(kiln_program_kernel_count(p), 0);
     free(d);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 END_TEST
 
@@ -513,20 +510,13 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("arch");
-    TCase *tc = tcase_create("arch");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "arch", 120);
     tcase_add_loop_test(tc, tiny_prints_and_parses_back, 0, 4);
     tcase_add_loop_test(tc, tiny_evaluates, 0, 4);
-    tcase_add_test(tc, rope_scaling_evaluates);
-    tcase_add_test(tc, rope_freqs_llama3);
-    tcase_add_test(tc, llama_layer_is_the_example);
-    tcase_add_test(tc, qwen3moe_layer_is_the_example);
-    tcase_add_test(tc, presets_documented);
-    tcase_add_test(tc, errors_name_the_field);
-    tcase_add_test(tc, llama_3_8b_builds);
+    TS_ADD_TESTS(tc, rope_scaling_evaluates, rope_freqs_llama3, llama_layer_is_the_example,
+                     qwen3moe_layer_is_the_example, presets_documented, errors_name_the_field, llama_3_8b_builds);
     tcase_add_loop_test(tc, tiny_compiles_fused, 0, 4);
     tcase_add_test(tc, cli_gen_graph);
-    suite_add_tcase(s, tc);
     return s;
 }
 

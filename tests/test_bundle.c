@@ -304,8 +304,7 @@ static void use_bundle(const kiln_bundle *b) {
         kiln_status_free(kiln_bundle_program(b, g, two_archs[i], &p));
         kiln_program_free(p);
     }
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 /* Flips resealed with a valid checksum reach the parser and the plan reader: never a crash
@@ -473,17 +472,9 @@ END_TEST
 
 static Suite *bundle_suite(void) {
     Suite *s = suite_create("bundle");
-    TCase *t = tcase_create("bundle");
-    tcase_set_timeout(t, 120);
-    tcase_add_test(t, round_trip);
-    tcase_add_test(t, other_arch_refused);
-    tcase_add_test(t, writing_is_deterministic);
-    tcase_add_test(t, damage_detected);
-    tcase_add_test(t, resealed_damage_never_crashes);
-    tcase_add_test(t, foreign_version_refused);
-    tcase_add_test(t, other_graph_refused);
-    tcase_add_test(t, cli_bundles);
-    suite_add_tcase(s, t);
+    TCase *t = ts_tcase(s, "bundle", 120);
+    TS_ADD_TESTS(t, round_trip, other_arch_refused, writing_is_deterministic, damage_detected,
+                    resealed_damage_never_crashes, foreign_version_refused, other_graph_refused, cli_bundles);
     return s;
 }
 

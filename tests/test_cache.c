@@ -1463,37 +1463,17 @@ END_TEST
 
 static Suite *cache_suite(void) {
     Suite *s = suite_create("cache");
-    TCase *t = tcase_create("key");
-    tcase_add_test(t, key_deterministic);
-    tcase_add_test(t, key_matches_documented_format);
-    tcase_add_test(t, key_sensitivity);
-    tcase_add_test(t, key_hex_format);
-    suite_add_tcase(s, t);
-    t = tcase_create("store");
-    tcase_set_timeout(t, 60);
-    tcase_add_test(t, put_get_roundtrip);
-    tcase_add_test(t, miss_on_absent);
-    tcase_add_test(t, modes);
-    tcase_add_test(t, corruption_detected);
-    tcase_add_test(t, other_format_version_is_a_miss);
-    tcase_add_test(t, corruption_readonly_keeps_file);
-    tcase_add_test(t, corruption_logs_to_stderr);
-    tcase_add_test(t, io_errors_name_the_path);
-    tcase_add_test(t, long_paths);
-    tcase_add_test(t, write_failures_warn_once);
-    tcase_add_test(t, write_failure_warns_once_across_threads);
-    tcase_add_test(t, write_failure_on_stderr_once_per_process);
-    tcase_add_test(t, stale_temp_files_swept);
-    tcase_add_test(t, default_dir_resolution);
-    tcase_add_test(t, concurrent_writers);
-    suite_add_tcase(s, t);
-    t = tcase_create("admin");
-    tcase_add_test(t, walk_lists_entries_in_order);
-    tcase_add_test(t, evict_removes_least_recently_used);
-    tcase_add_test(t, clear_removes_everything);
-    tcase_add_test(t, sizes_and_limits);
-    tcase_add_test(t, modes_from_text_and_env);
-    suite_add_tcase(s, t);
+    TCase *t = ts_tcase(s, "key", 0);
+    TS_ADD_TESTS(t, key_deterministic, key_matches_documented_format, key_sensitivity, key_hex_format);
+    t = ts_tcase(s, "store", 60);
+    TS_ADD_TESTS(t, put_get_roundtrip, miss_on_absent, modes, corruption_detected, other_format_version_is_a_miss,
+                    corruption_readonly_keeps_file, corruption_logs_to_stderr, io_errors_name_the_path, long_paths,
+                    write_failures_warn_once, write_failure_warns_once_across_threads,
+                    write_failure_on_stderr_once_per_process, stale_temp_files_swept, default_dir_resolution,
+                    concurrent_writers);
+    t = ts_tcase(s, "admin", 0);
+    TS_ADD_TESTS(t, walk_lists_entries_in_order, evict_removes_least_recently_used, clear_removes_everything,
+                    sizes_and_limits, modes_from_text_and_env);
     return s;
 }
 

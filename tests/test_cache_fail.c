@@ -49,9 +49,8 @@ typedef struct {
 /* Compiles kg for sm_90a into dir (mode, program cache as asked), logging into lc. */
 static compiled compile_kg(const char *kg, const char *dir, kiln_cache_mode mode, int no_program_cache,
                            ts_log *lc) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     kiln_compile_opts o = {.arch = "sm_90a", .cache_dir = dir, .cache_mode = mode, .jobs = 4,
                            .no_program_cache = no_program_cache, .log = ts_log_line, .log_user = lc};
     compiled c = {0};
@@ -61,8 +60,7 @@ static compiled compile_kg(const char *kg, const char *dir, kiln_cache_mode mode
     TS_OK(cg_plan_write(c.p, &plan));
     c.plan_len = plan.len;
     c.plan = kb_str_take(&plan);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     return c;
 }
 
@@ -296,17 +294,10 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("cache_fail");
-    TCase *t = tcase_create("compile");
-    tcase_set_timeout(t, 300);
-    tcase_add_test(t, compile_goes_on_when_writes_fail);
-    tcase_add_test(t, read_only_cache_still_hits);
-    tcase_add_test(t, cache_root_below_a_file);
-    tcase_add_test(t, eviction_failure_warns);
-    suite_add_tcase(s, t);
-    t = tcase_create("cli");
-    tcase_set_timeout(t, 300);
-    tcase_add_test(t, cli_compile_warns_once);
-    tcase_add_test(t, cli_bad_cache_setting_still_fails);
-    suite_add_tcase(s, t);
+    TCase *t = ts_tcase(s, "compile", 300);
+    TS_ADD_TESTS(t, compile_goes_on_when_writes_fail, read_only_cache_still_hits, cache_root_below_a_file,
+                    eviction_failure_warns);
+    t = ts_tcase(s, "cli", 300);
+    TS_ADD_TESTS(t, cli_compile_warns_once, cli_bad_cache_setting_still_fails);
     return ts_main_isolated(s, "cachefail");
 }

@@ -465,18 +465,11 @@ END_TEST
 
 static Suite *procs_suite(void) {
     Suite *s = suite_create("cache_procs");
-    TCase *t = tcase_create("processes");
-    tcase_set_timeout(t, 120);
-    tcase_add_test(t, eight_compiles_share_one_empty_cache);
-    tcase_add_test(t, one_key_many_writers_and_readers);
-    suite_add_tcase(s, t);
-    t = tcase_create("cli");
-    tcase_set_timeout(t, 60);
+    TCase *t = ts_tcase(s, "processes", 120);
+    TS_ADD_TESTS(t, eight_compiles_share_one_empty_cache, one_key_many_writers_and_readers);
+    t = ts_tcase(s, "cli", 60);
     tcase_add_checked_fixture(t, cli_setup, cli_teardown);
-    tcase_add_test(t, cache_ls_and_stats);
-    tcase_add_test(t, cache_verify_and_repair);
-    tcase_add_test(t, cache_clear_evict_and_usage);
-    suite_add_tcase(s, t);
+    TS_ADD_TESTS(t, cache_ls_and_stats, cache_verify_and_repair, cache_clear_evict_and_usage);
     return s;
 }
 

@@ -445,27 +445,12 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("cli");
-    TCase *tc = tcase_create("cli");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "cli", 120);
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, version_and_help);
-    tcase_add_test(tc, usage_errors);
-    tcase_add_test(tc, compile_summary_line_and_cache);
-    tcase_add_test(tc, compile_dump_and_output_file);
-    tcase_add_test(tc, parse_errors_name_the_position);
-    tcase_add_test(tc, inspect_prints_ir);
-    tcase_add_test(tc, fusion_controls);
-    tcase_add_test(tc, run_without_gpu);
-    tcase_add_test(tc, bench_usage);
-    tcase_add_test(tc, ops_lists_every_op);
-    tcase_add_test(tc, numeric_flags_are_range_checked);
-    tcase_add_test(tc, model_run_flags_and_context_fit);
-    tcase_add_test(tc, model_run_takes_no_fuse_names);
-    tcase_add_test(tc, help_for_every_command);
-    tcase_add_test(tc, help_reads_the_command_table);
-    tcase_add_test(tc, unusable_graph_files_are_named);
-    tcase_add_test(tc, cache_explain_takes_a_model);
-    tcase_add_test(tc, arch_below_sm80_is_a_usage_error);
-    suite_add_tcase(s, tc);
+    TS_ADD_TESTS(tc, version_and_help, usage_errors, compile_summary_line_and_cache, compile_dump_and_output_file,
+                     parse_errors_name_the_position, inspect_prints_ir, fusion_controls, run_without_gpu, bench_usage,
+                     ops_lists_every_op, numeric_flags_are_range_checked, model_run_flags_and_context_fit,
+                     model_run_takes_no_fuse_names, help_for_every_command, help_reads_the_command_table,
+                     unusable_graph_files_are_named, cache_explain_takes_a_model, arch_below_sm80_is_a_usage_error);
     return ts_main(s);
 }

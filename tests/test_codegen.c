@@ -12,82 +12,13 @@
 
 /* ---- hand-built IR ------------------------------------------------------------------------- */
 
-static ir_prog *prog_new(int nnodes) {
-    ir_prog *p = calloc(1, sizeof *p);
-    ck_assert_ptr_nonnull(p);
-    p->capbufs = 4 * IR_MAX_IN;
-    p->bufs = calloc((size_t)p->capbufs, sizeof *p->bufs);
-    p->capnodes = nnodes;
-    p->nnodes = nnodes;
-    p->nodes = calloc((size_t)nnodes, sizeof *p->nodes);
-    ck_assert(p->bufs && p->nodes);
-    return p;
-}
-
-static void prog_free(ir_prog *p) {
-    free(p->bufs);
-    free(p->nodes);
-    free(p);
-}
-
-/* Registers buffer b (named name) large enough for r. */
-static void use_buf(ir_prog *p, const ir_ref *r, const char *name) {
-    ck_assert_int_lt(r->buf, p->capbufs);
-    if (r->buf >= p->nbufs) p->nbufs = r->buf + 1;
-    ir_buf *b = &p->bufs[r->buf];
-    b->type = r->type;
-    b->kind = IR_BUF_TEMP;
-    snprintf(b->name, sizeof b->name, "%s", name);
-    for (int d = 0; d < 4; d++) b->ne[d] = r->ne[d];
-    b->bytes = kiln_type_size(r->type) * (size_t)(r->ne[0] * r->ne[1] * r->ne[2] * r->ne[3]);
-}
-
-static ir_ref ref4(int buf, kiln_type t, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
-    ir_ref r = {.buf = buf, .type = t, .ne = {ne0, ne1, ne2, ne3}};
-    int64_t s = 1;
-    for (int d = 0; d < 4; d++) {
-        r.st[d] = s;
-        s *= r.ne[d];
-    }
-    return r;
-}
-
-static ir_ref strided(int buf, kiln_type t, const int64_t ne[4], const int64_t st[4], int64_t offs) {
-    ir_ref r = {.buf = buf, .type = t, .offs = offs};
-    memcpy(r.ne, ne, sizeof r.ne);
-    memcpy(r.st, st, sizeof r.st);
-    return r;
-}
-
 static ir_instr I1(fe_op op, int a) { return (ir_instr){.op = op, .a = a, .type = KILN_F32}; }
 static ir_instr I2(fe_op op, int a, int b) { return (ir_instr){.op = op, .a = a, .b = b, .type = KILN_F32}; }
 
-/* Sets node i of p. */
-static void set_node(ir_prog *p, int i, ir_ref dst, int nin, const ir_ref *in, int ninstr,
-                     const ir_instr *ins) {
-    ir_node *n = &p->nodes[i];
-    memset(n, 0, sizeof *n);
-    n->kind = IR_EW;
-    n->dst = dst;
-    n->nin = nin;
-    for (int j = 0; j < nin; j++) n->in[j] = in[j];
-    n->ninstr = ninstr;
-    for (int j = 0; j < ninstr; j++) n->ins[j] = ins[j];
-    n->nsrc = 1;
-    n->src[0] = i;
-    char name[64];
-    snprintf(name, sizeof name, "SECRETNAME_out_%d", dst.buf);
-    use_buf(p, &dst, name);
-    for (int j = 0; j < nin; j++) {
-        snprintf(name, sizeof name, "SECRETNAME_in_%d", in[j].buf);
-        use_buf(p, &in[j], name);
-    }
-}
-
 /* A program of one node. */
 static ir_prog *one(ir_ref dst, int nin, const ir_ref *in, int ninstr, const ir_instr *ins) {
-    ir_prog *p = prog_new(1);
-    set_node(p, 0, dst, nin, in, ninstr, ins);
+    ir_prog *p = ts_prog_new(1);
+    ts_ew_node(p, 0, dst, nin, in, ninstr, ins);
     return p;
 }
 
@@ -97,34 +28,14 @@ static cg_lua *lua_new(void) {
     return L;
 }
 
-/* Generates node 0 of p with a fresh state. */
-static void gen(ir_prog *p, cg_kernel *k) {
-    cg_lua *L = lua_new();
-    TS_OK(cg_generate(L, p, 0, k));
-    cg_lua_free(L);
-}
-
-static const char *const ARCHS[] = {"sm_90a", "sm_80"};
-
 /* Compiles src with kiln's options for sm_90a straight through NVRTC, to see its log: generated
  * code must compile without warnings (unused helpers, pointless comparisons, ...). */
-/* Generates node 0 and compiles it for every arch in ARCHS; checks common properties. */
+/* Generates node 0 and compiles it for sm_90a and sm_80; checks common properties. */
 static void gen_compile(ir_prog *p, cg_kernel *k) {
-    gen(p, k);
-    ck_assert_msg(strstr(k->source, "SECRETNAME") == NULL, "graph name in source:\n%s", k->source);
+    ts_gen(p, k);
     ck_assert_msg(strstr(k->source, "#include") == NULL, "#include in source");
     ck_assert_ptr_nonnull(strstr(k->source, k->name));
-    ts_nvrtc_clean(k->source, k->name, NULL);
-    for (size_t a = 0; a < sizeof ARCHS / sizeof ARCHS[0]; a++) {
-        void *cubin;
-        size_t size;
-        kiln_status st = cg_nvrtc_compile(k->source, k->name, ARCHS[a], &cubin, &size);
-        ck_assert_msg(st == NULL, "%s for %s: %s\nsource:\n%s", k->name, ARCHS[a], kiln_status_msg(st),
-                      k->source);
-        ck_assert_ptr_nonnull(cubin);
-        ck_assert_uint_gt(size, 0);
-        free(cubin);
-    }
+    ts_kernel_compiles(k);
 }
 
 static bool has(const char *s, const char *sub) { return strstr(s, sub) != NULL; }
@@ -221,13 +132,13 @@ END_TEST
 
 /* x * w (w broadcast over rows), silu: the usual fused node. */
 static void mul_silu_node(ir_prog *p, int i, int out, int x, int w) {
-    ir_ref in[2] = {ref4(x, KILN_F32, 4096, 8, 1, 1), ref4(w, KILN_F16, 4096, 1, 1, 1)};
+    ir_ref in[2] = {ts_ref4(x, KILN_F32, 4096, 8, 1, 1), ts_ref4(w, KILN_F16, 4096, 1, 1, 1)};
     ir_instr ins[2] = {I2(FE_OP_MUL, 0, 1), I1(FE_OP_SILU, 2)};
-    set_node(p, i, ref4(out, KILN_F32, 4096, 8, 1, 1), 2, in, 2, ins);
+    ts_ew_node(p, i, ts_ref4(out, KILN_F32, 4096, 8, 1, 1), 2, in, 2, ins);
 }
 
 START_TEST(determinism) {
-    ir_prog *p = prog_new(2);
+    ir_prog *p = ts_prog_new(2);
     mul_silu_node(p, 0, 0, 1, 2);
     mul_silu_node(p, 1, 3, 4, 5);
     snprintf(p->bufs[4].name, sizeof p->bufs[4].name, "SECRETNAME_other_layer");
@@ -271,16 +182,16 @@ START_TEST(determinism) {
     ck_assert_ptr_null(a->source);
     cg_lua_free(L1);
     cg_lua_free(L2);
-    prog_free(p);
+    ts_prog_free(p);
 }
 END_TEST
 
 START_TEST(params) {
     /* the same buffer read twice (x*x through two layouts) is one parameter */
     int64_t ne[4] = {64, 64, 1, 1}, st[4] = {64, 1, 4096, 4096};
-    ir_ref in[2] = {ref4(7, KILN_F32, 64, 64, 1, 1), strided(7, KILN_F32, ne, st, 0)};
+    ir_ref in[2] = {ts_ref4(7, KILN_F32, 64, 64, 1, 1), ts_strided(7, KILN_F32, ne, st, 0)};
     ir_instr ins[1] = {I2(FE_OP_ADD, 0, 1)};
-    ir_prog *p = one(ref4(3, KILN_F32, 64, 64, 1, 1), 2, in, 1, ins);
+    ir_prog *p = one(ts_ref4(3, KILN_F32, 64, 64, 1, 1), 2, in, 1, ins);
     cg_kernel k;
     gen_compile(p, &k);
     ck_assert_int_eq(k.nparams, 2);
@@ -290,12 +201,12 @@ START_TEST(params) {
     HASNT(&k, "p2");
     HAS(&k, "in1[i0 * 64u + i1]"); /* transposed */
     cg_kernel_clear(&k);
-    prog_free(p);
+    ts_prog_free(p);
 
     /* in place: dst's buffer is also an input */
-    ir_ref in2[1] = {ref4(2, KILN_BF16, 100, 1, 1, 1)};
+    ir_ref in2[1] = {ts_ref4(2, KILN_BF16, 100, 1, 1, 1)};
     ir_instr ins2[1] = {I1(FE_OP_NEG, 0)};
-    p = one(ref4(2, KILN_BF16, 100, 1, 1, 1), 1, in2, 1, ins2);
+    p = one(ts_ref4(2, KILN_BF16, 100, 1, 1, 1), 1, in2, 1, ins2);
     gen_compile(p, &k);
     ck_assert_int_eq(k.nparams, 1);
     ck_assert_int_eq(k.params[0], 2);
@@ -303,7 +214,7 @@ START_TEST(params) {
     HAS(&k, "(const unsigned short *)p0");
     ck_assert_uint_eq(k.grid[0], 1);
     cg_kernel_clear(&k);
-    prog_free(p);
+    ts_prog_free(p);
 }
 END_TEST
 
@@ -354,11 +265,11 @@ START_TEST(each_op) {
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         fe_op op = cases[c].op;
         bool bin = fe_ops[op].nsrc == 2;
-        ir_ref in[2] = {ref4(1, KILN_F32, 33, 5, 1, 1), ref4(2, KILN_F32, 33, 5, 1, 1)};
+        ir_ref in[2] = {ts_ref4(1, KILN_F32, 33, 5, 1, 1), ts_ref4(2, KILN_F32, 33, 5, 1, 1)};
         ir_instr ins = bin ? I2(op, 0, 1) : I1(op, 0);
         ins.f[0] = 0.5f;
         ins.f[1] = -2.0f;
-        ir_prog *p = one(ref4(0, KILN_F32, 33, 5, 1, 1), bin ? 2 : 1, in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F32, 33, 5, 1, 1), bin ? 2 : 1, in, 1, &ins);
         cg_kernel k;
         gen_compile(p, &k);
         char want_name[32];
@@ -367,7 +278,7 @@ START_TEST(each_op) {
         HAS(&k, cases[c].expr);
         HASNT(&k, "i0"); /* all linear */
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
         seen++;
     }
     /* every elementwise op of FE_OPS is covered */
@@ -392,16 +303,16 @@ START_TEST(float_literals) {
         {1.17549435e-38f, 1.40129846e-45f, "r0 * 1.1754944e-38f + 1e-45f"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        ir_ref in = ref4(1, KILN_F32, 8, 1, 1, 1);
+        ir_ref in = ts_ref4(1, KILN_F32, 8, 1, 1, 1);
         ir_instr ins = I1(FE_OP_SCALE, 0);
         ins.f[0] = cases[c].s;
         ins.f[1] = cases[c].b;
-        ir_prog *p = one(ref4(0, KILN_F32, 8, 1, 1, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F32, 8, 1, 1, 1), 1, &in, 1, &ins);
         cg_kernel k;
-        gen(p, &k);
+        ts_gen(p, &k);
         HAS(&k, cases[c].want);
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
 }
 END_TEST
@@ -412,9 +323,9 @@ START_TEST(spread_compiles) {
     /* every dst/input type pair through cont (conversion kernels) */
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < 3; b++) {
-            ir_ref in = ref4(1, T[b], 17, 3, 2, 1);
+            ir_ref in = ts_ref4(1, T[b], 17, 3, 2, 1);
             ir_instr ins = I1(FE_OP_CONT, 0);
-            ir_prog *p = one(ref4(0, T[a], 17, 3, 2, 1), 1, &in, 1, &ins);
+            ir_prog *p = one(ts_ref4(0, T[a], 17, 3, 2, 1), 1, &in, 1, &ins);
             cg_kernel k;
             gen_compile(p, &k);
             if (T[a] == KILN_F16) HAS(&k, "kiln_f32_to_f16(r1)");
@@ -424,20 +335,20 @@ START_TEST(spread_compiles) {
             if (T[a] != KILN_BF16 && T[b] != KILN_BF16) HASNT(&k, "bf16");
             if (T[a] != KILN_F16 && T[b] != KILN_F16) HASNT(&k, "_f16");
             cg_kernel_clear(&k);
-            prog_free(p);
+            ts_prog_free(p);
         }
 
     /* broadcasting in every dim: ne 1 and proper divisors, mixed types, scalar */
     {
         ir_ref in[5] = {
-            ref4(1, KILN_F32, 6, 10, 4, 3),
-            ref4(2, KILN_F16, 6, 1, 1, 1),
-            ref4(3, KILN_BF16, 1, 10, 1, 3),
-            ref4(4, KILN_F32, 3, 5, 2, 1),
-            ref4(5, KILN_F16, 1, 1, 1, 1),
+            ts_ref4(1, KILN_F32, 6, 10, 4, 3),
+            ts_ref4(2, KILN_F16, 6, 1, 1, 1),
+            ts_ref4(3, KILN_BF16, 1, 10, 1, 3),
+            ts_ref4(4, KILN_F32, 3, 5, 2, 1),
+            ts_ref4(5, KILN_F16, 1, 1, 1, 1),
         };
         ir_instr ins[4] = {I2(FE_OP_ADD, 0, 1), I2(FE_OP_MUL, 5, 2), I2(FE_OP_SUB, 6, 3), I2(FE_OP_DIV, 7, 4)};
-        ir_prog *p = one(ref4(0, KILN_F16, 6, 10, 4, 3), 5, in, 4, ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F16, 6, 10, 4, 3), 5, in, 4, ins);
         cg_kernel k;
         gen_compile(p, &k);
         ck_assert_str_eq(k.name, "ew_add_mul_sub_div");
@@ -448,7 +359,7 @@ START_TEST(spread_compiles) {
         HAS(&k, "in4[0]");
         HAS(&k, "const unsigned i3 = i / 240u;");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
 
     /* strided, permuted, offset operands, strided dst, zero strides */
@@ -457,10 +368,10 @@ START_TEST(spread_compiles) {
         int64_t perm_st[4] = {64, 1, 16, 512}; /* dims 0 and 1 swapped */
         int64_t gap_st[4] = {1, 10, 200, 1000}; /* padded rows */
         int64_t zero_st[4] = {1, 0, 8, 32};     /* a zero stride: broadcast by layout */
-        ir_ref in[3] = {strided(1, KILN_F32, ne, perm_st, 5), strided(2, KILN_BF16, ne, gap_st, 100),
-                        strided(3, KILN_F16, ne, zero_st, 0)};
+        ir_ref in[3] = {ts_strided(1, KILN_F32, ne, perm_st, 5), ts_strided(2, KILN_BF16, ne, gap_st, 100),
+                        ts_strided(3, KILN_F16, ne, zero_st, 0)};
         ir_instr ins[3] = {I2(FE_OP_MUL, 0, 1), I2(FE_OP_ADD, 3, 2), I1(FE_OP_RELU, 4)};
-        ir_ref dst = strided(0, KILN_F32, ne, gap_st, 7);
+        ir_ref dst = ts_strided(0, KILN_F32, ne, gap_st, 7);
         ir_prog *p = one(dst, 3, in, 3, ins);
         cg_kernel k;
         gen_compile(p, &k);
@@ -471,12 +382,12 @@ START_TEST(spread_compiles) {
         HAS(&k, "in2[i0 + i2 * 8u + i3 * 32u]");
         HAS(&k, "out[i0 + i1 * 10u + i2 * 200u + i3 * 1000u]");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
 
     /* a long fused chain over every op, with intermediate roundings */
     {
-        ir_ref in[2] = {ref4(1, KILN_BF16, 300, 7, 1, 1), ref4(2, KILN_F32, 300, 1, 1, 1)};
+        ir_ref in[2] = {ts_ref4(1, KILN_BF16, 300, 7, 1, 1), ts_ref4(2, KILN_F32, 300, 1, 1, 1)};
         ir_instr ins[IR_MAX_INSTR];
         int n = 0, r = 2;
         for (int rep = 0; rep < 4; rep++)
@@ -489,7 +400,7 @@ START_TEST(spread_compiles) {
                 ins[n].type = T[n % 3];
                 n++, r++;
             }
-        ir_prog *p = one(ref4(0, KILN_BF16, 300, 7, 1, 1), 2, in, n, ins);
+        ir_prog *p = one(ts_ref4(0, KILN_BF16, 300, 7, 1, 1), 2, in, n, ins);
         cg_kernel k;
         gen_compile(p, &k);
         ck_assert_int_lt(strlen(k.name), 64);
@@ -500,16 +411,16 @@ START_TEST(spread_compiles) {
         HAS(&k, "kiln_round_f16(");
         HAS(&k, "kiln_round_bf16(");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
 
     /* last result's type == dst's type: no extra rounding; different: rounded then converted */
     {
-        ir_ref in = ref4(1, KILN_F32, 10, 1, 1, 1);
+        ir_ref in = ts_ref4(1, KILN_F32, 10, 1, 1, 1);
         ir_instr ins[2] = {I1(FE_OP_EXP, 0), I1(FE_OP_SQRT, 1)};
         ins[0].type = KILN_F16;
         ins[1].type = KILN_F16;
-        ir_prog *p = one(ref4(0, KILN_F16, 10, 1, 1, 1), 1, &in, 2, ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F16, 10, 1, 1, 1), 1, &in, 2, ins);
         cg_kernel k;
         gen_compile(p, &k);
         HAS(&k, "const float r1 = kiln_round_f16(expf(r0));");
@@ -520,7 +431,7 @@ START_TEST(spread_compiles) {
         gen_compile(p, &k);
         HAS(&k, "const float r2 = kiln_round_bf16(sqrtf(r1));");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
 }
 END_TEST
@@ -528,9 +439,9 @@ END_TEST
 START_TEST(wide_indices) {
     /* > 2^31 elements: 64-bit indexing (generated and compiled only) */
     {
-        ir_ref in[2] = {ref4(1, KILN_F16, 65536, 32768, 1, 1), ref4(2, KILN_F32, 65536, 1, 1, 1)};
+        ir_ref in[2] = {ts_ref4(1, KILN_F16, 65536, 32768, 1, 1), ts_ref4(2, KILN_F32, 65536, 1, 1, 1)};
         ir_instr ins[1] = {I2(FE_OP_MUL, 0, 1)};
-        ir_prog *p = one(ref4(0, KILN_F16, 65536, 32768, 1, 1), 2, in, 1, ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F16, 65536, 32768, 1, 1), 2, in, 1, ins);
         cg_kernel k;
         gen_compile(p, &k);
         HAS(&k, "const long long i = blockIdx.x * 256ll + threadIdx.x;");
@@ -538,69 +449,69 @@ START_TEST(wide_indices) {
         HAS(&k, "in1[i0]");
         ck_assert_uint_eq(k.grid[0], 2147483648u / 256);
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* few elements but a large offset */
     {
-        ir_ref in = ref4(1, KILN_F32, 1000, 1, 1, 1);
+        ir_ref in = ts_ref4(1, KILN_F32, 1000, 1, 1, 1);
         in.offs = 3000000000ll;
         ir_instr ins = I1(FE_OP_SQR, 0);
-        ir_prog *p = one(ref4(0, KILN_F32, 1000, 1, 1, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F32, 1000, 1, 1, 1), 1, &in, 1, &ins);
         cg_kernel k;
         gen_compile(p, &k);
         HAS(&k, "long long");
         HAS(&k, "(const float *)p1 + 3000000000ll;");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* a large stride */
     {
         int64_t ne[4] = {2, 3, 1, 1}, st[4] = {1, 1500000000, 1, 1};
-        ir_ref in = strided(1, KILN_F32, ne, st, 0);
+        ir_ref in = ts_strided(1, KILN_F32, ne, st, 0);
         ir_instr ins = I1(FE_OP_SQR, 0);
-        ir_prog *p = one(ref4(0, KILN_F32, 2, 3, 1, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F32, 2, 3, 1, 1), 1, &in, 1, &ins);
         cg_kernel k;
         gen_compile(p, &k);
         HAS(&k, "in0[i0 + i1 * 1500000000ll]");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* more blocks than a grid holds: a grid-stride loop */
     {
-        ir_ref in = ref4(1, KILN_F32, 1 << 20, 1 << 20, 1, 1);
+        ir_ref in = ts_ref4(1, KILN_F32, 1 << 20, 1 << 20, 1, 1);
         ir_instr ins = I1(FE_OP_TANH, 0);
-        ir_prog *p = one(ref4(0, KILN_F32, 1 << 20, 1 << 20, 1, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F32, 1 << 20, 1 << 20, 1, 1), 1, &in, 1, &ins);
         cg_kernel k;
         gen_compile(p, &k);
         HAS(&k, "for (long long i = blockIdx.x * 256ll + threadIdx.x; i < 1099511627776ll; i += gridDim.x * 256ll) {");
         ck_assert_uint_eq(k.grid[0], 1048576);
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* 2^31-1 elements still fit 32 bits */
     {
-        ir_ref in = ref4(1, KILN_F32, 2147483647, 1, 1, 1);
+        ir_ref in = ts_ref4(1, KILN_F32, 2147483647, 1, 1, 1);
         ir_instr ins = I1(FE_OP_NEG, 0);
-        ir_prog *p = one(ref4(0, KILN_F32, 2147483647, 1, 1, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F32, 2147483647, 1, 1, 1), 1, &in, 1, &ins);
         cg_kernel k;
-        gen(p, &k);
+        ts_gen(p, &k);
         HASNT(&k, "long long");
         HAS(&k, "const unsigned i = blockIdx.x * 256u + threadIdx.x;");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* an empty index space */
     {
-        ir_ref in = ref4(1, KILN_F16, 0, 4, 1, 1);
+        ir_ref in = ts_ref4(1, KILN_F16, 0, 4, 1, 1);
         ir_instr ins = I1(FE_OP_NEG, 0);
-        ir_prog *p = one(ref4(0, KILN_BF16, 0, 4, 1, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_BF16, 0, 4, 1, 1), 1, &in, 1, &ins);
         cg_kernel k;
         gen_compile(p, &k);
         ck_assert_uint_eq(k.grid[0], 1);
         HAS(&k, "empty index space");
         HASNT(&k, "kiln_");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
 }
 END_TEST
@@ -609,9 +520,9 @@ END_TEST
 START_TEST(invalid_nodes) {
     cg_lua *L = lua_new();
     cg_kernel k;
-    ir_ref in = ref4(1, KILN_F32, 8, 1, 1, 1);
+    ir_ref in = ts_ref4(1, KILN_F32, 8, 1, 1, 1);
     ir_instr ins = I1(FE_OP_NEG, 0);
-    ir_prog *p = one(ref4(0, KILN_F32, 8, 1, 1, 1), 1, &in, 1, &ins);
+    ir_prog *p = one(ts_ref4(0, KILN_F32, 8, 1, 1, 1), 1, &in, 1, &ins);
     ir_node *n = &p->nodes[0];
     kiln_status st;
 
@@ -652,7 +563,7 @@ START_TEST(invalid_nodes) {
     TS_OK(cg_generate(L, p, 0, &k));
     cg_kernel_clear(&k);
 #undef EXPECT
-    prog_free(p);
+    ts_prog_free(p);
     cg_lua_free(L);
 }
 END_TEST
@@ -706,10 +617,10 @@ static kiln_status gen_with_dir(const char *dir, cg_kernel *k) {
     kiln_status st = cg_lua_new(&L);
     unsetenv("KILN_TEMPLATE_DIR");
     if (st) return st;
-    ir_prog *p = prog_new(1);
+    ir_prog *p = ts_prog_new(1);
     mul_silu_node(p, 0, 0, 1, 2);
     st = cg_generate(L, p, 0, k);
-    prog_free(p);
+    ts_prog_free(p);
     cg_lua_free(L);
     return st;
 }
@@ -731,10 +642,10 @@ START_TEST(template_dir) {
 
     /* unchanged copies: the same kernel */
     cg_kernel base, k;
-    ir_prog *p = prog_new(1);
+    ir_prog *p = ts_prog_new(1);
     mul_silu_node(p, 0, 0, 1, 2);
-    gen(p, &base);
-    prog_free(p);
+    ts_gen(p, &base);
+    ts_prog_free(p);
     TS_OK(gen_with_dir(dir, &k));
     ck_assert_str_eq(k.source, base.source);
     cg_kernel_clear(&k);
@@ -745,12 +656,12 @@ START_TEST(template_dir) {
     TS_OK(gen_with_dir(dir, &k));
     HAS(&k, "// KILN_TEST_MARKER\nextern \"C\"");
     cg_kernel_clear(&k);
-    p = prog_new(1);
+    p = ts_prog_new(1);
     mul_silu_node(p, 0, 0, 1, 2);
-    gen(p, &k);
+    ts_gen(p, &k);
     ck_assert_str_eq(k.source, base.source);
     cg_kernel_clear(&k);
-    prog_free(p);
+    ts_prog_free(p);
 
     /* modules missing from the directory come from the embedded set */
     char *only = ts_tmpdir();
@@ -865,10 +776,10 @@ static kiln_status steps_with_dir(const char *dir, cg_kernel **ks, int *n) {
     kiln_status st = cg_lua_new(&L);
     unsetenv("KILN_TEMPLATE_DIR");
     if (st) return st;
-    ir_prog *p = prog_new(1);
+    ir_prog *p = ts_prog_new(1);
     mul_silu_node(p, 0, 0, 1, 2);
     st = cg_generate_steps(L, p, 0, ks, n);
-    prog_free(p);
+    ts_prog_free(p);
     cg_lua_free(L);
     return st;
 }
@@ -968,12 +879,12 @@ START_TEST(node_table) {
     cg_lua *L = lua_new();
     unsetenv("KILN_TEMPLATE_DIR");
     int64_t ne[4] = {4, 6, 1, 1}, st[4] = {6, 1, 24, 24};
-    ir_ref in[3] = {ref4(9, KILN_F16, 4, 6, 1, 1), strided(4, KILN_BF16, ne, st, 12), ref4(9, KILN_F32, 4, 1, 1, 1)};
+    ir_ref in[3] = {ts_ref4(9, KILN_F16, 4, 6, 1, 1), ts_strided(4, KILN_BF16, ne, st, 12), ts_ref4(9, KILN_F32, 4, 1, 1, 1)};
     ir_instr ins[2] = {I2(FE_OP_ADD, 0, 1), I1(FE_OP_SCALE, 3)};
     ins[1].f[0] = 2.0f;
     ins[1].f[1] = -0.5f;
     ins[1].type = KILN_F16;
-    ir_prog *p = one(ref4(4, KILN_F32, 4, 6, 1, 1), 3, in, 2, ins);
+    ir_prog *p = one(ts_ref4(4, KILN_F32, 4, 6, 1, 1), 3, in, 2, ins);
     cg_kernel k;
     TS_OK(cg_generate(L, p, 0, &k));
     ck_assert_str_eq(k.source, "ew\n"
@@ -985,7 +896,7 @@ START_TEST(node_table) {
                                "scale a=3 b=nil f=2.0f,-0.5f type=f16\n"
                                "nparams=2");
     cg_kernel_clear(&k);
-    prog_free(p);
+    ts_prog_free(p);
     cg_lua_free(L);
     ts_rmtree(dir);
     free(dir);
@@ -1093,8 +1004,7 @@ START_TEST(lowered_layers) {
     for (int i = 0; i < nk; i++) cg_kernel_clear(&ks[i]);
     cg_lua_free(L);
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -1152,9 +1062,7 @@ START_TEST(grid_wait_prologue) {
         }
         ck_assert_int_ge(globals, min_globals[f]);
         ck_assert_int_eq(dec, decs[f]);
-        kiln_program_free(prog);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(prog, g, ctx);
         ts_rmtree(dir);
         free(dir);
         free(text);
@@ -1164,34 +1072,18 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("codegen");
-    TCase *lua = tcase_create("lua");
-    tcase_add_test(lua, sandbox);
-    tcase_add_test(lua, tpl_engine);
+    TCase *lua = ts_tcase(s, "lua", 0);
+    TS_ADD_TESTS(lua, sandbox, tpl_engine);
     tcase_set_timeout(lua, 60);
-    suite_add_tcase(s, lua);
 
-    TCase *gen_tc = tcase_create("generate");
-    tcase_add_test(gen_tc, determinism);
-    tcase_add_test(gen_tc, grid_wait_prologue);
-    tcase_add_test(gen_tc, float_literals);
-    tcase_add_test(gen_tc, invalid_nodes);
-    tcase_add_test(gen_tc, template_dir);
-    tcase_add_test(gen_tc, families_have_templates);
-    tcase_add_test(gen_tc, template_errors);
-    tcase_add_test(gen_tc, template_steps);
-    tcase_add_test(gen_tc, node_table);
+    TCase *gen_tc = ts_tcase(s, "generate", 0);
+    TS_ADD_TESTS(gen_tc, determinism, grid_wait_prologue, float_literals, invalid_nodes, template_dir,
+                         families_have_templates, template_errors, template_steps, node_table);
     tcase_set_timeout(gen_tc, 60);
-    suite_add_tcase(s, gen_tc);
 
-    TCase *nv = tcase_create("nvrtc");
-    tcase_add_test(nv, nvrtc_basics);
-    tcase_add_test(nv, params);
-    tcase_add_test(nv, each_op);
-    tcase_add_test(nv, spread_compiles);
-    tcase_add_test(nv, wide_indices);
-    tcase_add_test(nv, lowered_layers);
+    TCase *nv = ts_tcase(s, "nvrtc", 0);
+    TS_ADD_TESTS(nv, nvrtc_basics, params, each_op, spread_compiles, wide_indices, lowered_layers);
     tcase_set_timeout(nv, 600);
-    suite_add_tcase(s, nv);
     return s;
 }
 

@@ -201,9 +201,8 @@ START_TEST(dumps_are_byte_identical) {
 END_TEST
 
 START_TEST(bad_arch_is_refused) {
-    kiln_ctx *ctx = ts_parse(GRAPH);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build(GRAPH, &ctx);
     kiln_compile_opts o = {.arch = "ampere", .cache_mode = KILN_CACHE_OFF};
     kiln_program *p = NULL;
     kiln_status st = kiln_compile(g, &o, &p);
@@ -211,8 +210,7 @@ START_TEST(bad_arch_is_refused) {
     ck_assert_ptr_nonnull(strstr(kiln_status_msg(st), "ampere"));
     ck_assert_ptr_null(p);
     kiln_status_free(st);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -222,9 +220,8 @@ START_TEST(arch_below_sm80_is_refused) {
     static const char *const old_archs[] = {"sm_75", "sm_70", "compute_75", "sm_61"};
     static const char *const ok_archs[] = {"sm_80", "sm_86", "sm_90a", "compute_80", "sm_100f", "sm_120a"};
     for (size_t i = 0; i < sizeof ok_archs / sizeof *ok_archs; i++) TS_OK(kiln_check_arch(ok_archs[i]));
-    kiln_ctx *ctx = ts_parse(GRAPH);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build(GRAPH, &ctx);
     for (size_t i = 0; i < sizeof old_archs / sizeof *old_archs; i++) {
         for (int skip = 0; skip < 2; skip++) {
             kiln_compile_opts o = {.arch = old_archs[i], .cache_mode = KILN_CACHE_OFF, .skip_nvrtc = skip};
@@ -249,23 +246,16 @@ START_TEST(arch_below_sm80_is_refused) {
     ck_assert_ptr_null(f);
     ts_rmtree(dir);
     free(dir);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
 int main(void) {
     Suite *s = suite_create("compile");
-    TCase *tc = tcase_create("compile");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, deterministic_sources_and_keys);
-    tcase_add_test(tc, nvrtc_compiles_for_sm90a_and_sm80);
-    tcase_add_test(tc, second_compile_is_all_cache_hits);
-    tcase_add_test(tc, identical_kernels_compile_once);
-    tcase_add_test(tc, flipped_byte_is_detected_and_rebuilt);
-    tcase_add_test(tc, dumps_are_byte_identical);
-    tcase_add_test(tc, bad_arch_is_refused);
-    tcase_add_test(tc, arch_below_sm80_is_refused);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "compile", 120);
+    TS_ADD_TESTS(tc, deterministic_sources_and_keys, nvrtc_compiles_for_sm90a_and_sm80,
+                     second_compile_is_all_cache_hits, identical_kernels_compile_once,
+                     flipped_byte_is_detected_and_rebuilt, dumps_are_byte_identical, bad_arch_is_refused,
+                     arch_below_sm80_is_refused);
     return ts_main(s);
 }

@@ -101,8 +101,7 @@ START_TEST(syntax_and_propagation) {
     free(t1);
     free(t2);
     kiln_ctx_free(c2);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -121,18 +120,12 @@ START_TEST(c_api) {
     ck_assert_int_eq(kiln_tensor_ne(y, 1), 64);
     /* A different maximum for the same name, and a weight with a symbolic dim, are errors. */
     ck_assert_int_eq(kiln_dim(ctx, "n_tokens", 32), 0);
-    kiln_status st = kiln_ctx_status(ctx);
-    ck_assert_ptr_nonnull(strstr(kiln_status_msg(st), "declared again"));
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_ctx_error(ctx, 0, "declared again");
 
     ctx = kiln_ctx_new();
     int64_t w[1] = {kiln_dim(ctx, "n", 8)};
     ck_assert_ptr_null(kiln_new_tensor(ctx, KILN_ROLE_WEIGHT, KILN_F32, "w", 1, w));
-    st = kiln_ctx_status(ctx);
-    ck_assert_ptr_nonnull(strstr(kiln_status_msg(st), "cannot have a symbolic dim"));
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_ctx_error(ctx, 0, "cannot have a symbolic dim");
 }
 END_TEST
 
@@ -170,8 +163,7 @@ START_TEST(max_one) {
     TS_OK(kiln_build_model(ctx, &hp, &o));
     kiln_graph *g;
     TS_OK(kiln_graph_new(ctx, &g));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -264,8 +256,7 @@ START_TEST(states) {
         ck_assert_float_eq(s[r], sums[r]);
     }
     ts_buf_free(b);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 
     expect_error("state c: f32[4, 6]\ninput r: f32[4, 1]\ninput i: i64[1]\nw = set_rows(c, r, i)\n"
                  "output o = add(c, w)\n",
@@ -331,24 +322,13 @@ START_TEST(specialization) {
     /* the specialized program is static: its kernel has no kdims parameter */
     ck_assert_ptr_null(strstr(p->spec[0]->kernels[0].source, "kdims"));
     ck_assert_ptr_nonnull(strstr(p->kernels[0].source, "kdims"));
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 END_TEST
 
 int main(void) {
     Suite *s = suite_create("dims");
-    TCase *t = tcase_create("all");
-    tcase_set_timeout(t, 120);
-    tcase_add_test(t, syntax_and_propagation);
-    tcase_add_test(t, c_api);
-    tcase_add_test(t, max_one);
-    tcase_add_test(t, errors);
-    tcase_add_test(t, bind);
-    tcase_add_test(t, states);
-    tcase_add_test(t, cli_dim);
-    tcase_add_test(t, specialization);
-    suite_add_tcase(s, t);
+    TCase *t = ts_tcase(s, "all", 120);
+    TS_ADD_TESTS(t, syntax_and_propagation, c_api, max_one, errors, bind, states, cli_dim, specialization);
     return ts_main(s);
 }

@@ -74,12 +74,6 @@ static const dcase CASES[] = {
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
-static int find_kernel(const kiln_program *p, const char *name) {
-    for (int i = 0; i < kiln_program_kernel_count(p); i++)
-        if (strcmp(kiln_program_kernel_name(p, i), name) == 0) return i;
-    return -1;
-}
-
 static char *with_header(const char *kg) {
     size_t n = strlen(kg) + 32;
     char  *s = malloc(n);
@@ -96,23 +90,13 @@ START_TEST(dyn_compile) {
     kiln_ctx          *ctx;
     kiln_graph        *g;
     kiln_program      *p = ts_compile(kg, "sm_90a", g_cache, 1, &ctx, &g);
-    int                k = find_kernel(p, c->kernel);
-    if (k < 0)
-        for (int i = 0; i < kiln_program_kernel_count(p); i++)
-            fprintf(stderr, "case %d: kernel %s\n", _i, kiln_program_kernel_name(p, i));
-    ck_assert_msg(k >= 0, "case %d: no kernel %s (names on stderr)", _i, c->kernel);
-    ck_assert_int_eq(kiln_program_kernel_count(p), c->steps);
-    const char *src = kiln_program_kernel_source(p, k);
-    if (!strstr(src, c->want)) fprintf(stderr, "case %d source:\n%s\n", _i, src);
-    ck_assert_msg(strstr(src, c->want), "case %d: missing \"%s\" (source on stderr)", _i, c->want);
+    ts_named_step(p, c->kernel, c->steps, c->want, _i);
     for (int i = 0; i < kiln_program_kernel_count(p); i++) {
         const char *s = kiln_program_kernel_source(p, i);
         ck_assert_msg(strstr(s, "const int* __restrict__ kdims)"), "case %d step %d: no kdims parameter last", _i, i);
         for (int a = 0; a < 2; a++) ts_nvrtc_clean(s, kiln_program_kernel_name(p, i), archs[a]);
     }
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
     free(kg);
 }
 END_TEST
@@ -180,9 +164,8 @@ START_TEST(dyn_values) {
     const dcase *c = &CASES[_i];
     char        *kg = with_header(c->kg);
     int          nd = c->dim[1] ? 2 : 1;
-    kiln_ctx    *ctx = ts_parse(kg);
-    kiln_graph  *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx    *ctx;
+    kiln_graph  *g = ts_build(kg, &ctx);
     int    n1, n2;
     char **a = keys_of(g, &n1), **b = keys_of(g, &n2);
     ck_assert_int_eq(n1, n2);
@@ -205,20 +188,17 @@ START_TEST(dyn_values) {
             ck_assert_msg(!strstr(bound[v][i], "kdims"), "case %d: bound graph step %d reads kdims", _i, i);
         /* the same graph written with the values: the same (static) sources */
         char       *lit = substitute(c->kg, c->dim, values, nd);
-        kiln_ctx   *lc = ts_parse(lit);
-        kiln_graph *lg = NULL;
-        TS_OK(kiln_graph_new(lc, &lg));
+        kiln_ctx   *lc;
+        kiln_graph *lg = ts_build(lit, &lc);
         int    nl;
         char **l = keys_of(lg, &nl);
         ck_assert_int_eq(nl, nb[v]);
         for (int i = 0; i < nl; i++)
             ck_assert_msg(strcmp(l[i], bound[v][i]) == 0, "case %d: bound and literal graphs differ (step %d):\n%s", _i, i, lit);
         free_keys(l, nl);
-        kiln_graph_free(lg);
-        kiln_ctx_free(lc);
+        ts_graph_free(lg, lc);
         free(lit);
-        kiln_graph_free(bg);
-        kiln_ctx_free(bc);
+        ts_graph_free(bg, bc);
     }
     int same = nb[0] == nb[1];
     for (int i = 0; same && i < nb[0]; i++) same = strcmp(bound[0][i], bound[1][i]) == 0;
@@ -227,8 +207,7 @@ START_TEST(dyn_values) {
     free_keys(bound[1], nb[1]);
     free_keys(a, n1);
     free_keys(b, n2);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     free(kg);
 }
 END_TEST
@@ -256,12 +235,10 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("dyn_attn");
-    TCase *tc = tcase_create("symbolic");
-    tcase_set_timeout(tc, 240);
+    TCase *tc = ts_tcase(s, "symbolic", 240);
     tcase_add_loop_test(tc, dyn_compile, 0, NCASES);
     tcase_add_loop_test(tc, dyn_values, 0, NCASES);
     tcase_add_test(tc, dyn_refused);
-    suite_add_tcase(s, tc);
     return s;
 }
 

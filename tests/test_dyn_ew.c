@@ -102,11 +102,9 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("dyn_ew");
-    TCase *t = tcase_create("dyn_ew");
-    tcase_set_timeout(t, 120);
+    TCase *t = ts_tcase(s, "dyn_ew", 120);
     tcase_add_loop_test(t, kernels_compile, 0, NCASES);
     tcase_add_loop_test(t, values_identical, 0, NCASES);
     tcase_add_loop_test(t, refusals, 0, (int)(sizeof REFUSED / sizeof REFUSED[0]));
-    suite_add_tcase(s, t);
     return ts_main_cache(s, "dyn-ew", &g_cache);
 }

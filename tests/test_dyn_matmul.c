@@ -109,9 +109,7 @@ START_TEST(gemm_n_dyn) {
         if (k->kind == CG_LAUNCH) ck_assert_msg(strstr(k->source, "if (col >= (unsigned)(kdims["), "conversion without a column guard");
     }
     ck_assert_int_eq(gemms, 1);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 END_TEST
 
@@ -151,12 +149,10 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("dyn_matmul");
-    TCase *t = tcase_create("all");
-    tcase_set_timeout(t, 600);
+    TCase *t = ts_tcase(s, "all", 600);
     tcase_add_loop_test(t, kernels_compile, 0, NCASES);
     tcase_add_test(t, gemm_n_dyn);
     tcase_add_loop_test(t, values_identical, 0, NCASES);
     tcase_add_loop_test(t, refusals, 0, (int)(sizeof REFUSED / sizeof REFUSED[0]));
-    suite_add_tcase(s, t);
     return ts_main_cache(s, "dyn-matmul", &g_cache);
 }

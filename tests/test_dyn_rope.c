@@ -72,9 +72,7 @@ START_TEST(in_place) {
         ts_nvrtc_clean(k->source, k->name, "sm_80");
     }
     ck_assert_msg(found, "case %d: no kernel %s", _i, IN_PLACE[_i].kernel);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 END_TEST
 
@@ -102,12 +100,10 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("dyn_rope");
-    TCase *t = tcase_create("all");
-    tcase_set_timeout(t, 600);
+    TCase *t = ts_tcase(s, "all", 600);
     tcase_add_loop_test(t, kernels_compile, 0, DYN_NCASES);
     tcase_add_loop_test(t, values_identical, 0, DYN_NCASES);
     tcase_add_loop_test(t, in_place, 0, (int)(sizeof IN_PLACE / sizeof IN_PLACE[0]));
     tcase_add_loop_test(t, refusals, 0, (int)(sizeof REFUSED / sizeof REFUSED[0]));
-    suite_add_tcase(s, t);
     return ts_main_cache(s, "dyn-rope", &g_cache);
 }

@@ -11,108 +11,36 @@
 
 #include <nvrtc.h>
 
-/* ---- hand-built IR (as in test_codegen.c) ------------------------------------------------- */
-
-static ir_prog *prog_new(int nnodes) {
-    ir_prog *p = calloc(1, sizeof *p);
-    ck_assert_ptr_nonnull(p);
-    p->capbufs = 4 * IR_MAX_IN;
-    p->bufs = calloc((size_t)p->capbufs, sizeof *p->bufs);
-    p->capnodes = nnodes;
-    p->nnodes = nnodes;
-    p->nodes = calloc((size_t)nnodes, sizeof *p->nodes);
-    ck_assert(p->bufs && p->nodes);
-    return p;
-}
-
-static void prog_free(ir_prog *p) {
-    free(p->bufs);
-    free(p->nodes);
-    free(p);
-}
-
-static void use_buf(ir_prog *p, const ir_ref *r) {
-    ck_assert_int_lt(r->buf, p->capbufs);
-    if (r->buf >= p->nbufs) p->nbufs = r->buf + 1;
-    ir_buf *b = &p->bufs[r->buf];
-    b->type = r->type;
-    b->kind = IR_BUF_TEMP;
-    snprintf(b->name, sizeof b->name, "SECRETNAME_%d", r->buf);
-    for (int d = 0; d < 4; d++) b->ne[d] = r->ne[d];
-}
-
-static ir_ref ref4(int buf, kiln_type t, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
-    ir_ref r = {.buf = buf, .type = t, .ne = {ne0, ne1, ne2, ne3}};
-    int64_t s = 1;
-    for (int d = 0; d < 4; d++) {
-        r.st[d] = s;
-        s *= r.ne[d];
-    }
-    return r;
-}
-
-static ir_ref strided(int buf, kiln_type t, const int64_t ne[4], const int64_t st[4], int64_t offs) {
-    ir_ref r = {.buf = buf, .type = t, .offs = offs};
-    memcpy(r.ne, ne, sizeof r.ne);
-    memcpy(r.st, st, sizeof r.st);
-    return r;
-}
+/* ---- hand-built IR (tests/support.h) ------------------------------------------------------- */
 
 /* The transpose of a contiguous [ne1, ne0] tensor, seen as [ne0, ne1]. */
 static ir_ref transposed(int buf, kiln_type t, int64_t ne0, int64_t ne1) {
     int64_t ne[4] = {ne0, ne1, 1, 1}, st[4] = {ne1, 1, ne0 * ne1, ne0 * ne1};
-    return strided(buf, t, ne, st, 0);
+    return ts_strided(buf, t, ne, st, 0);
 }
 
 static ir_instr I1(fe_op op, int a) { return (ir_instr){.op = op, .a = a, .type = KILN_F32}; }
 static ir_instr I2(fe_op op, int a, int b) { return (ir_instr){.op = op, .a = a, .b = b, .type = KILN_F32}; }
 
 static ir_prog *one(ir_ref dst, int nin, const ir_ref *in, int ninstr, const ir_instr *ins) {
-    ir_prog *p = prog_new(1);
-    ir_node *n = &p->nodes[0];
-    n->kind = IR_EW;
-    n->dst = dst;
-    n->nin = nin;
-    for (int j = 0; j < nin; j++) n->in[j] = in[j];
-    n->ninstr = ninstr;
-    for (int j = 0; j < ninstr; j++) {
-        n->ins[j] = ins[j];
-        /* results stored as dst's type, like the lowering does for a single op */
-        n->ins[j].type = dst.type;
-    }
-    n->nsrc = 1;
-    use_buf(p, &dst);
-    for (int j = 0; j < nin; j++) use_buf(p, &in[j]);
+    ir_prog *p = ts_prog_new(1);
+    ts_ew_node(p, 0, dst, nin, in, ninstr, ins);
+    /* results stored as dst's type, like the lowering does for a single op */
+    for (int j = 0; j < ninstr; j++) p->nodes[0].ins[j].type = dst.type;
     return p;
-}
-
-static void gen(ir_prog *p, cg_kernel *k) {
-    cg_lua *L;
-    TS_OK(cg_lua_new(&L));
-    TS_OK(cg_generate(L, p, 0, k));
-    cg_lua_free(L);
 }
 
 /* Generates node 0 of p (twice, in two Lua states: the sources must be equal) and compiles it
  * for sm_90a and sm_80. */
 static void gen_compile(ir_prog *p, cg_kernel *k) {
     cg_kernel again;
-    gen(p, k);
-    gen(p, &again);
+    ts_gen(p, k);
+    ts_gen(p, &again);
     ck_assert_str_eq(k->source, again.source);
     ck_assert_mem_eq(k->grid, again.grid, sizeof k->grid);
     ck_assert_mem_eq(k->block, again.block, sizeof k->block);
     cg_kernel_clear(&again);
-    ck_assert_msg(strstr(k->source, "SECRETNAME") == NULL, "graph name in source:\n%s", k->source);
-    ts_nvrtc_clean(k->source, k->name, NULL);
-    static const char *const archs[] = {"sm_90a", "sm_80"};
-    for (int a = 0; a < 2; a++) {
-        void *cubin;
-        size_t size;
-        kiln_status st = cg_nvrtc_compile(k->source, k->name, archs[a], &cubin, &size);
-        ck_assert_msg(st == NULL, "%s for %s: %s\nsource:\n%s", k->name, archs[a], kiln_status_msg(st), k->source);
-        free(cubin);
-    }
+    ts_kernel_compiles(k);
 }
 
 static bool has(const char *s, const char *sub) { return strstr(s, sub) != NULL; }
@@ -127,9 +55,9 @@ START_TEST(flat) {
     cg_kernel k;
     /* bf16 silu, an element count not a multiple of 8: 16-byte vectors and a scalar tail */
     {
-        ir_ref in = ref4(1, KILN_BF16, 4097, 33, 1, 1);
+        ir_ref in = ts_ref4(1, KILN_BF16, 4097, 33, 1, 1);
         ir_instr ins = I1(FE_OP_SILU, 0);
-        ir_prog *p = one(ref4(0, KILN_BF16, 4097, 33, 1, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_BF16, 4097, 33, 1, 1), 1, &in, 1, &ins);
         gen_compile(p, &k);
         int64_t groups = (4097 * 33 + 7) / 8;
         ck_assert_uint_eq(k.grid[0], (groups + 255) / 256);
@@ -144,27 +72,27 @@ START_TEST(flat) {
         HAS(&k, "out[t] = kiln_f32_to_bf16(r1);");
         HASNT(&k, "i0"); /* no coordinates */
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* f32: 4 per thread, no tail */
     {
-        ir_ref in[2] = {ref4(1, KILN_F32, 1024, 256, 1, 1), ref4(2, KILN_F32, 1024, 256, 1, 1)};
+        ir_ref in[2] = {ts_ref4(1, KILN_F32, 1024, 256, 1, 1), ts_ref4(2, KILN_F32, 1024, 256, 1, 1)};
         ir_instr ins = I2(FE_OP_ADD, 0, 1);
-        ir_prog *p = one(ref4(0, KILN_F32, 1024, 256, 1, 1), 2, in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F32, 1024, 256, 1, 1), 2, in, 1, &ins);
         gen_compile(p, &k);
         ck_assert_uint_eq(k.grid[0], 1024 * 256 / 4 / 256);
         HAS(&k, "kiln_f32x4");
         HAS(&k, "if (i >= 65536u)");
         HASNT(&k, "for (unsigned t");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* mixed types: f16 out, f32 and bf16 in, a broadcast scalar: 8 per thread (32 bytes of f32) */
     {
-        ir_ref in[3] = {ref4(1, KILN_F32, 512, 512, 1, 1), ref4(2, KILN_BF16, 512, 512, 1, 1),
-                        ref4(3, KILN_F16, 1, 1, 1, 1)};
+        ir_ref in[3] = {ts_ref4(1, KILN_F32, 512, 512, 1, 1), ts_ref4(2, KILN_BF16, 512, 512, 1, 1),
+                        ts_ref4(3, KILN_F16, 1, 1, 1, 1)};
         ir_instr ins[2] = {I2(FE_OP_MUL, 0, 1), I2(FE_OP_ADD, 3, 2)};
-        ir_prog *p = one(ref4(0, KILN_F16, 512, 512, 1, 1), 3, in, 2, ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F16, 512, 512, 1, 1), 3, in, 2, ins);
         gen_compile(p, &k);
         HAS(&k, "struct alignas(16) kiln_f32x8 {");
         HAS(&k, "const kiln_f32x8 v0 = *(const kiln_f32x8 *)(in0 + e);");
@@ -173,25 +101,25 @@ START_TEST(flat) {
         HAS(&k, "const float r3 = kiln_round_f16(r0 * r1);");
         HAS(&k, "*(kiln_u16x8 *)(out + e) = o;");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* a misaligned input (offset 3 elements) is read element by element, dst still vectors */
     {
-        ir_ref in = ref4(1, KILN_BF16, 1024, 128, 1, 1);
+        ir_ref in = ts_ref4(1, KILN_BF16, 1024, 128, 1, 1);
         in.offs = 3;
         ir_instr ins = I1(FE_OP_NEG, 0);
-        ir_prog *p = one(ref4(0, KILN_BF16, 1024, 128, 1, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_BF16, 1024, 128, 1, 1), 1, &in, 1, &ins);
         gen_compile(p, &k);
         HAS(&k, "const float r0 = kiln_bf16_to_f32(in0[e + k]);");
         HAS(&k, "*(kiln_u16x8 *)(out + e) = o;");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* dst at 4 elements (8 bytes) of bf16: 4 per thread; at an odd element: the plain kernel */
     {
-        ir_ref in = ref4(1, KILN_BF16, 1024, 128, 1, 1);
+        ir_ref in = ts_ref4(1, KILN_BF16, 1024, 128, 1, 1);
         ir_instr ins = I1(FE_OP_NEG, 0);
-        ir_ref dst = ref4(0, KILN_BF16, 1024, 128, 1, 1);
+        ir_ref dst = ts_ref4(0, KILN_BF16, 1024, 128, 1, 1);
         dst.offs = 4;
         ir_prog *p = one(dst, 1, &in, 1, &ins);
         gen_compile(p, &k);
@@ -203,7 +131,7 @@ START_TEST(flat) {
         HAS(&k, PLAIN "131072u)");
         HASNT(&k, "kiln_u16x");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
 }
 END_TEST
@@ -215,11 +143,11 @@ START_TEST(rows) {
     /* row, column and scalar broadcasts, a tiled row, in 4 dims */
     {
         ir_ref in[5] = {
-            ref4(1, KILN_BF16, 64, 16, 32, 8), ref4(2, KILN_F32, 64, 1, 32, 1), ref4(3, KILN_F16, 1, 16, 1, 8),
-            ref4(4, KILN_F32, 1, 1, 1, 1), ref4(5, KILN_BF16, 32, 1, 1, 1),
+            ts_ref4(1, KILN_BF16, 64, 16, 32, 8), ts_ref4(2, KILN_F32, 64, 1, 32, 1), ts_ref4(3, KILN_F16, 1, 16, 1, 8),
+            ts_ref4(4, KILN_F32, 1, 1, 1, 1), ts_ref4(5, KILN_BF16, 32, 1, 1, 1),
         };
         ir_instr ins[4] = {I2(FE_OP_ADD, 0, 1), I2(FE_OP_MUL, 5, 2), I2(FE_OP_SUB, 6, 3), I2(FE_OP_DIV, 7, 4)};
-        ir_prog *p = one(ref4(0, KILN_BF16, 64, 16, 32, 8), 5, in, 4, ins);
+        ir_prog *p = one(ts_ref4(0, KILN_BF16, 64, 16, 32, 8), 5, in, 4, ins);
         gen_compile(p, &k);
         ck_assert_uint_eq(k.grid[0], 64 * 16 * 32 * 8 / 8 / 256);
         HAS(&k, "(rows)");
@@ -232,26 +160,26 @@ START_TEST(rows) {
         HAS(&k, "const kiln_u16x8 v4 = *(const kiln_u16x8 *)(in4 + i0 % 32u);");
         HAS(&k, "*(kiln_u16x8 *)(out + e) = o;");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* ne0 = 4098: 2 per thread */
     {
-        ir_ref in[2] = {ref4(1, KILN_BF16, 4098, 64, 1, 1), ref4(2, KILN_BF16, 4098, 1, 1, 1)};
+        ir_ref in[2] = {ts_ref4(1, KILN_BF16, 4098, 64, 1, 1), ts_ref4(2, KILN_BF16, 4098, 1, 1, 1)};
         ir_instr ins = I2(FE_OP_ADD, 0, 1);
-        ir_prog *p = one(ref4(0, KILN_BF16, 4098, 64, 1, 1), 2, in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_BF16, 4098, 64, 1, 1), 2, in, 1, &ins);
         gen_compile(p, &k);
         HAS(&k, "struct alignas(4) kiln_u16x2 {");
         HAS(&k, "*(const kiln_u16x2 *)(in1 + i0);");
         ck_assert_uint_eq(k.grid[0], (4098 * 64 / 2 + 255) / 256);
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* padded rows (a view): vectors when the row stride keeps 16-byte alignment, else elements */
     {
         int64_t ne[4] = {4096, 64, 1, 1}, st[4] = {1, 4104, 4104 * 64, 4104 * 64};
-        ir_ref in = strided(1, KILN_BF16, ne, st, 8);
+        ir_ref in = ts_strided(1, KILN_BF16, ne, st, 8);
         ir_instr ins = I1(FE_OP_SILU, 0);
-        ir_prog *p = one(ref4(0, KILN_BF16, 4096, 64, 1, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_BF16, 4096, 64, 1, 1), 1, &in, 1, &ins);
         gen_compile(p, &k);
         HAS(&k, "const kiln_u16x8 v0 = *(const kiln_u16x8 *)(in0 + i0 + i1 * 4104u);");
         cg_kernel_clear(&k);
@@ -264,31 +192,31 @@ START_TEST(rows) {
         gen_compile(p, &k);
         HAS(&k, "kiln_bf16_to_f32(in0[(i0 + k) + i1 * 4100u])");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* zero strides: a row repeated by its layout is a vector at i0; a column by layout once */
     {
         int64_t ne[4] = {1024, 64, 1, 1}, zr[4] = {1, 0, 0, 0}, zc[4] = {0, 1, 0, 0};
-        ir_ref in[2] = {strided(1, KILN_F32, ne, zr, 0), strided(2, KILN_F16, ne, zc, 0)};
+        ir_ref in[2] = {ts_strided(1, KILN_F32, ne, zr, 0), ts_strided(2, KILN_F16, ne, zc, 0)};
         ir_instr ins = I2(FE_OP_MUL, 0, 1);
-        ir_prog *p = one(ref4(0, KILN_F32, 1024, 64, 1, 1), 2, in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F32, 1024, 64, 1, 1), 2, in, 1, &ins);
         gen_compile(p, &k);
         HAS(&k, "const kiln_f32x4 v0 = *(const kiln_f32x4 *)(in0 + i0);");
         HAS(&k, "const float r1 = kiln_f16_to_f32(in1[i1]);");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* permuted dims above 0 (attention's head split): dim 0 stays contiguous, so vectors */
     {
         int64_t ne[4] = {128, 512, 32, 1}, st[4] = {1, 4096, 128, 128 * 32 * 512};
-        ir_ref in = strided(1, KILN_F16, ne, st, 0);
+        ir_ref in = ts_strided(1, KILN_F16, ne, st, 0);
         ir_instr ins = I1(FE_OP_CONT, 0);
-        ir_prog *p = one(ref4(0, KILN_F16, 128, 512, 32, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F16, 128, 512, 32, 1), 1, &in, 1, &ins);
         gen_compile(p, &k);
         HAS(&k, "const kiln_u16x8 v0 = *(const kiln_u16x8 *)(in0 + i0 + i1 * 4096u + i2 * 128u);");
         ck_assert_uint_eq(k.block[0], 256);
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
 }
 END_TEST
@@ -301,7 +229,7 @@ START_TEST(tiles) {
     {
         ir_ref in = transposed(1, KILN_F32, 1024, 512);
         ir_instr ins = I1(FE_OP_CONT, 0);
-        ir_prog *p = one(ref4(0, KILN_F32, 1024, 512, 1, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F32, 1024, 512, 1, 1), 1, &in, 1, &ins);
         gen_compile(p, &k);
         ck_assert_uint_eq(k.grid[0], (1024 / 64) * (512 / 64));
         ck_assert_uint_eq(k.block[0], 64);
@@ -318,14 +246,14 @@ START_TEST(tiles) {
         HAS(&k, "out[i0 + i1 * 1024u] = r1;");
         HASNT(&k, "if (i0 <"); /* extents are multiples of 64: no guards */
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* three tiled inputs, or an extent below 64: 32 x 32 tiles */
     {
         ir_ref in[3] = {transposed(1, KILN_F32, 1024, 512), transposed(2, KILN_BF16, 1024, 512),
                         transposed(3, KILN_F16, 1024, 512)};
         ir_instr ins[2] = {I2(FE_OP_ADD, 0, 1), I2(FE_OP_MUL, 3, 2)};
-        ir_prog *p = one(ref4(0, KILN_F32, 1024, 512, 1, 1), 3, in, 2, ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F32, 1024, 512, 1, 1), 3, in, 2, ins);
         gen_compile(p, &k);
         ck_assert_uint_eq(k.grid[0], (1024 / 32) * (512 / 32));
         ck_assert_uint_eq(k.block[0], 32);
@@ -333,22 +261,22 @@ START_TEST(tiles) {
         HAS(&k, "__shared__ float s2[32][33];");
         HAS(&k, "const unsigned t1 = blockIdx.x / 32u * 32u;");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
         in[0] = transposed(1, KILN_F32, 8192, 48);
-        p = one(ref4(0, KILN_F32, 8192, 48, 1, 1), 1, in, 1, ins);
+        p = one(ts_ref4(0, KILN_F32, 8192, 48, 1, 1), 1, in, 1, ins);
         p->nodes[0].ins[0] = I1(FE_OP_CONT, 0);
         gen_compile(p, &k);
         HAS(&k, "__shared__ float s0[32][33];");
         HAS(&k, "if (i1 < 48u) {");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* ragged extents, bf16 in and f16 out, with a contiguous and a broadcast operand */
     {
-        ir_ref in[3] = {transposed(1, KILN_BF16, 1000, 300), ref4(2, KILN_F32, 1000, 300, 1, 1),
-                        ref4(3, KILN_F16, 1000, 1, 1, 1)};
+        ir_ref in[3] = {transposed(1, KILN_BF16, 1000, 300), ts_ref4(2, KILN_F32, 1000, 300, 1, 1),
+                        ts_ref4(3, KILN_F16, 1000, 1, 1, 1)};
         ir_instr ins[2] = {I2(FE_OP_ADD, 0, 1), I2(FE_OP_MUL, 3, 2)};
-        ir_prog *p = one(ref4(0, KILN_F16, 1000, 300, 1, 1), 3, in, 2, ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F16, 1000, 300, 1, 1), 3, in, 2, ins);
         gen_compile(p, &k);
         ck_assert_uint_eq(k.grid[0], 16 * 5);
         HAS(&k, "if (i0 < 1000u && i1 < 300u) {");
@@ -357,14 +285,14 @@ START_TEST(tiles) {
         HAS(&k, "const float r2 = kiln_f16_to_f32(in2[i0]);");
         HASNT(&k, "s1[");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* a 4-dim permute whose contiguous input dim lands on dst's dim 2; two tiled inputs */
     {
         int64_t ne[4] = {40, 50, 48, 3}, st[4] = {48, 1920, 1, 96000};
-        ir_ref in[2] = {strided(1, KILN_F32, ne, st, 0), strided(2, KILN_F16, ne, st, 0)};
+        ir_ref in[2] = {ts_strided(1, KILN_F32, ne, st, 0), ts_strided(2, KILN_F16, ne, st, 0)};
         ir_instr ins = I2(FE_OP_SUB, 0, 1);
-        ir_prog *p = one(ref4(0, KILN_F32, 40, 50, 48, 3), 2, in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F32, 40, 50, 48, 3), 2, in, 1, &ins);
         gen_compile(p, &k);
         ck_assert_uint_eq(k.grid[0], 2 * 2 * 50 * 3);
         HAS(&k, "dims 0 and 2");
@@ -374,30 +302,30 @@ START_TEST(tiles) {
         HAS(&k, "__shared__ float s1[32][33];");
         HAS(&k, "if (i0 < 40u && i2 < 48u) {");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* 64-bit offsets: the tile shape with long long coordinates */
     {
         ir_ref in = transposed(1, KILN_F32, 512, 512);
         in.offs = 3000000000ll;
         ir_instr ins = I1(FE_OP_CONT, 0);
-        ir_prog *p = one(ref4(0, KILN_F32, 512, 512, 1, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F32, 512, 512, 1, 1), 1, &in, 1, &ins);
         gen_compile(p, &k);
         HAS(&k, "const long long t0 = blockIdx.x % 8ll * 64ll;");
         HAS(&k, "__syncthreads();");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* a short fast dim (4) does not tile */
     {
         ir_ref in = transposed(1, KILN_F32, 65536, 4);
         ir_instr ins = I1(FE_OP_CONT, 0);
-        ir_prog *p = one(ref4(0, KILN_F32, 65536, 4, 1, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F32, 65536, 4, 1, 1), 1, &in, 1, &ins);
         gen_compile(p, &k);
         HASNT(&k, "__shared__");
         HAS(&k, "in0[(i0 + k) * 4u + i1]");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
 }
 END_TEST
@@ -408,62 +336,58 @@ START_TEST(plain) {
     cg_kernel k;
     /* below the size threshold */
     {
-        ir_ref in = ref4(1, KILN_BF16, 256, 255, 1, 1);
+        ir_ref in = ts_ref4(1, KILN_BF16, 256, 255, 1, 1);
         ir_instr ins = I1(FE_OP_SILU, 0);
-        ir_prog *p = one(ref4(0, KILN_BF16, 256, 255, 1, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_BF16, 256, 255, 1, 1), 1, &in, 1, &ins);
         gen_compile(p, &k);
         HAS(&k, PLAIN "65280u)");
         HASNT(&k, "kiln_u16x");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* 64-bit index spaces keep one element per thread */
     {
-        ir_ref in = ref4(1, KILN_BF16, 65536, 32769, 1, 1);
+        ir_ref in = ts_ref4(1, KILN_BF16, 65536, 32769, 1, 1);
         ir_instr ins = I1(FE_OP_NEG, 0);
-        ir_prog *p = one(ref4(0, KILN_BF16, 65536, 32769, 1, 1), 1, &in, 1, &ins);
-        gen(p, &k);
+        ir_prog *p = one(ts_ref4(0, KILN_BF16, 65536, 32769, 1, 1), 1, &in, 1, &ins);
+        ts_gen(p, &k);
         HAS(&k, "const long long i = blockIdx.x * 256ll + threadIdx.x;");
         HASNT(&k, "kiln_u16x");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* a negative stride (reversed rows): signed 64-bit, plain */
     {
         int64_t ne[4] = {1024, 128, 1, 1}, st[4] = {1, -1024, 131072, 131072};
-        ir_ref in = strided(1, KILN_F32, ne, st, 127 * 1024);
+        ir_ref in = ts_strided(1, KILN_F32, ne, st, 127 * 1024);
         ir_instr ins = I1(FE_OP_SQR, 0);
-        ir_prog *p = one(ref4(0, KILN_F32, 1024, 128, 1, 1), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_ref4(0, KILN_F32, 1024, 128, 1, 1), 1, &in, 1, &ins);
         gen_compile(p, &k);
         HAS(&k, "in0[i0 + i1 * -1024ll]");
         HASNT(&k, "kiln_f32x");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
     /* a strided dst along dim 0: plain */
     {
         int64_t ne[4] = {1024, 128, 1, 1}, st[4] = {128, 1, 131072, 131072};
-        ir_ref in = ref4(1, KILN_F32, 1024, 128, 1, 1);
+        ir_ref in = ts_ref4(1, KILN_F32, 1024, 128, 1, 1);
         ir_instr ins = I1(FE_OP_SQR, 0);
-        ir_prog *p = one(strided(0, KILN_F32, ne, st, 0), 1, &in, 1, &ins);
+        ir_prog *p = one(ts_strided(0, KILN_F32, ne, st, 0), 1, &in, 1, &ins);
         gen_compile(p, &k);
         HAS(&k, PLAIN "131072u)");
         HASNT(&k, "__shared__");
         cg_kernel_clear(&k);
-        prog_free(p);
+        ts_prog_free(p);
     }
 }
 END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ew_vector");
-    TCase *tc = tcase_create("shapes");
-    tcase_add_test(tc, flat);
-    tcase_add_test(tc, rows);
-    tcase_add_test(tc, tiles);
-    tcase_add_test(tc, plain);
+    TCase *tc = ts_tcase(s, "shapes", 0);
+    TS_ADD_TESTS(tc, flat, rows, tiles, plain);
     tcase_set_timeout(tc, 600);
-    suite_add_tcase(s, tc);
     return s;
 }
 

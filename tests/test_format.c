@@ -624,24 +624,11 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("format");
-    TCase *tc = tcase_create("format");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, examples_roundtrip);
-    tcase_add_test(tc, inline_roundtrip);
-    tcase_add_test(tc, canonical_text);
-    tcase_add_test(tc, print_c_api_graph);
-    tcase_add_test(tc, print_refuses_unspellable);
-    tcase_add_test(tc, every_op_parses);
-    tcase_add_test(tc, signatures_match_table);
-    tcase_add_test(tc, families_match_table);
-    tcase_add_test(tc, keyword_arguments);
-    tcase_add_test(tc, parse_into_nonempty_ctx);
-    tcase_add_test(tc, parse_errors);
-    tcase_add_test(tc, builder_errors_located);
-    tcase_add_test(tc, load_file);
-    tcase_add_test(tc, hostile_input);
-    tcase_add_test(tc, fuzz_mutations);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "format", 60);
+    TS_ADD_TESTS(tc, examples_roundtrip, inline_roundtrip, canonical_text, print_c_api_graph, print_refuses_unspellable,
+                     every_op_parses, signatures_match_table, families_match_table, keyword_arguments,
+                     parse_into_nonempty_ctx, parse_errors, builder_errors_located, load_file, hostile_input,
+                     fuzz_mutations);
     return s;
 }
 

@@ -101,12 +101,7 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("fuse_add_chain");
-    TCase *t = tcase_create("add_chain");
-    tcase_add_test(t, moe_sum_is_one_kernel);
-    tcase_add_test(t, add_chain_alone);
-    tcase_add_test(t, does_not_fire);
-    tcase_add_test(t, partial_broadcast);
-    tcase_add_test(t, into_matmul);
-    suite_add_tcase(s, t);
+    TCase *t = ts_tcase(s, "add_chain", 0);
+    TS_ADD_TESTS(t, moe_sum_is_one_kernel, add_chain_alone, does_not_fire, partial_broadcast, into_matmul);
     return ts_main(s);
 }

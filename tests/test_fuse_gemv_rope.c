@@ -107,8 +107,7 @@ START_TEST(memplan_group) {
     ck_assert_msg(qb->offset >= yb->offset + yb->bytes || yb->offset >= qb->offset + qb->bytes,
                   "qr [%zu, +%zu) overlaps y [%zu, +%zu)", qb->offset, qb->bytes, yb->offset, yb->bytes);
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -140,8 +139,7 @@ START_TEST(verify_rejects) {
     p->nodes[o] = saved;
     TS_OK(ir_verify(p));
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -163,14 +161,10 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("fuse_gemv_rope");
-    TCase *tc = tcase_create("pass");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "pass", 120);
     tcase_add_loop_test(tc, fires, 0, 3);
-    tcase_add_test(tc, not_fired);
-    tcase_add_test(tc, memplan_group);
-    tcase_add_test(tc, verify_rejects);
+    TS_ADD_TESTS(tc, not_fired, memplan_group, verify_rejects);
     tcase_add_loop_test(tc, kernels_compile, 0, 2);
-    suite_add_tcase(s, tc);
     return s;
 }
 

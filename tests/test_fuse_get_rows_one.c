@@ -64,12 +64,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("fuse_get_rows_one");
-    TCase *tc = tcase_create("pass");
-    tcase_add_test(tc, fires);
-    tcase_add_test(tc, skipped);
-    tcase_add_test(tc, not_fired);
+    TCase *tc = ts_tcase(s, "pass", 0);
+    TS_ADD_TESTS(tc, fires, skipped, not_fired);
     tcase_set_timeout(tc, 60);
-    suite_add_tcase(s, tc);
     return s;
 }
 

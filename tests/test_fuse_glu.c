@@ -161,9 +161,8 @@ END_TEST
 /* The fused node passes ir_verify, prints its pairing, and with --no-fuse=mul_mat_glu stays apart. */
 START_TEST(verify_and_skip) {
     const char *kg = dense_kg("bf16", 64, 48, 1, "swiglu", true, true, 3);
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     ir_prog *p;
     TS_OK(ir_lower(g, &p));
     TS_OK(ir_fuse_mul_mat_glu(p));
@@ -183,8 +182,7 @@ START_TEST(verify_and_skip) {
     ck_assert_msg(!strstr(o.s, "mul_mat_glu"), "%s", o.s);
     kb_str_free(&o);
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -246,9 +244,7 @@ START_TEST(kernels_compile) {
             const cg_kernel *k = &p->kernels[i];
             if (k->kind == CG_LAUNCH) ts_nvrtc_clean(k->source, k->name, archs[a]);
         }
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(p, g, ctx);
     }
 }
 END_TEST
@@ -266,33 +262,16 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("fuse_glu");
-    TCase *tc = tcase_create("pass");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "pass", 120);
     tcase_add_loop_test(tc, fires_dense, 0, NGLU);
     tcase_add_test(tc, fires_with_bias);
     tcase_add_loop_test(tc, fires_moe, 0, 3);
-    tcase_add_test(tc, not_fired);
-    tcase_add_test(tc, verify_and_skip);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("codegen");
-    tcase_set_timeout(tc, 600);
+    TS_ADD_TESTS(tc, not_fired, verify_and_skip);
+    tc = ts_tcase(s, "codegen", 600);
     make_gcases();
     tcase_add_loop_test(tc, kernels_compile, 0, NGCASES);
     tcase_add_loop_test(tc, examples_fuse, 0, 2);
-    suite_add_tcase(s, tc);
     return s;
 }
 
-int main(void) {
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-fuse-glu-test-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache = dir;
-    int rc = ts_main(suite());
-    ts_rmtree(g_cache);
-    return rc;
-}
+int main(void) { return ts_main_cache(suite(), "fuse-glu-test", &g_cache); }

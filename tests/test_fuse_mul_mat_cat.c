@@ -74,9 +74,8 @@ END_TEST
 /* The weights keep their names and sizes; the block holds them in order; a member placed past
  * its block's end is refused by the verifier. */
 START_TEST(block_layout) {
-    kiln_ctx   *ctx = ts_parse(qkv_kg("bf16", "bf16", 32, 2, false, false, false));
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(qkv_kg("bf16", "bf16", 32, 2, false, false, false), &ctx);
     ir_prog *p;
     TS_OK(ir_lower(g, &p));
     TS_OK(ir_run_passes(p, true, OTHERS));
@@ -101,8 +100,7 @@ START_TEST(block_layout) {
                   st ? kiln_status_msg(st) : "accepted");
     kiln_status_free(st);
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -120,14 +118,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("fuse_mul_mat_cat");
-    TCase *tc = tcase_create("pass");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "pass", 120);
     tcase_add_loop_test(tc, fires_qkv, 0, 6);
-    tcase_add_test(tc, leaves_one_out);
-    tcase_add_test(tc, not_fired);
-    tcase_add_test(tc, block_layout);
-    tcase_add_test(tc, example_inspect);
-    suite_add_tcase(s, tc);
+    TS_ADD_TESTS(tc, leaves_one_out, not_fired, block_layout, example_inspect);
     return s;
 }
 

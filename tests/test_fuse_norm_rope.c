@@ -216,9 +216,7 @@ static void compile_kernels(int i, const char *arch, const char *cache) {
         ts_nvrtc_clean(src, kiln_program_kernel_name(p, k), arch);
     }
     ck_assert_msg(found, "case %d (%s): no fused kernel containing '%s'", i, KERNELS[i].kg, KERNELS[i].want);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 
 START_TEST(kernels_compile) {
@@ -273,27 +271,20 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("fuse_norm_rope");
-    TCase *tc = tcase_create("rms_norm_mul");
+    TCase *tc = ts_tcase(s, "rms_norm_mul", 0);
     tcase_add_loop_test(tc, norm_fires, 0, (int)(sizeof NORM_FIRES / sizeof NORM_FIRES[0]));
     tcase_add_loop_test(tc, norm_broken, 0, (int)(sizeof NORM_BROKEN / sizeof NORM_BROKEN[0]));
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("rope_set_rows");
+    tc = ts_tcase(s, "rope_set_rows", 0);
     tcase_add_loop_test(tc, rope_fires, 0, (int)(sizeof ROPE_FIRES / sizeof ROPE_FIRES[0]));
     tcase_add_test(tc, rope_fires_freq_factors);
     tcase_add_loop_test(tc, rope_broken, 0, (int)(sizeof ROPE_BROKEN / sizeof ROPE_BROKEN[0]));
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
+    tc = ts_tcase(s, "kernels", 120);
     tcase_add_loop_test(tc, kernels_compile, 0, (int)(sizeof KERNELS / sizeof KERNELS[0]));
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("examples");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, llama_layer);
-    tcase_add_test(tc, qwen3moe_layer);
-    suite_add_tcase(s, tc);
+    tc = ts_tcase(s, "examples", 120);
+    TS_ADD_TESTS(tc, llama_layer, qwen3moe_layer);
     return s;
 }
 

@@ -77,12 +77,10 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("fuse_rms_norm_gemv");
-    TCase *tc = tcase_create("pass");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "pass", 120);
     tcase_add_loop_test(tc, fires, 0, 3);
     tcase_add_test(tc, not_fired);
     tcase_add_loop_test(tc, kernels_compile, 0, 2);
-    suite_add_tcase(s, tc);
     return s;
 }
 

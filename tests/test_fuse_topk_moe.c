@@ -257,9 +257,8 @@ END_TEST
 
 /* Evaluates kg (fused or not) on the given f32 logits; returns ids and weights (caller frees). */
 static void eval_by_hand(const char *kg, bool fuse, const float *logits, int32_t **ids, float **w) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     ir_prog *p;
     TS_OK(ir_lower(g, &p));
     TS_OK(ir_run_passes(p, fuse, NULL));
@@ -280,8 +279,7 @@ static void eval_by_hand(const char *kg, bool fuse, const float *logits, int32_t
     for (int b = 0; b < p->nbufs; b++) free(data[b]);
     free(data);
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 START_TEST(ties_by_index) {
@@ -316,9 +314,8 @@ START_TEST(qwen3moe_example_fuses_its_routing) {
     kb_str_addf(&ps, "%s/examples/qwen3moe-layer.kg", ts_src_dir());
     path = kb_str_take(&ps);
     TS_OK(kb_read_file(path, &text, &len));
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(text, &ctx);
     ir_prog *p;
     TS_OK(ir_lower(g, &p));
     TS_OK(ir_run_passes(p, true, NULL));
@@ -328,8 +325,7 @@ START_TEST(qwen3moe_example_fuses_its_routing) {
     ck_assert_msg(strstr(o.s, "topk_moe k=8 gating=softmax, normalized : f32"), "%s", o.s);
     kb_str_free(&o);
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     free(text);
     free(path);
 }
@@ -364,9 +360,7 @@ START_TEST(kernels_compile) {
             ts_nvrtc_clean(src, name, "sm_90a");
             ts_nvrtc_clean(src, name, "sm_80");
         }
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(p, g, ctx);
         free(kg);
     }
     ck_assert_int_eq(found, (int)(sizeof cases / sizeof cases[0]));
@@ -377,17 +371,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("fuse_topk_moe");
-    TCase *tc = tcase_create("topk_moe");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, fires_on_softmax_norm);
-    tcase_add_test(tc, fires_on_every_variant);
-    tcase_add_test(tc, fires_on_every_size);
-    tcase_add_test(tc, no_fusion_when_illegal);
-    tcase_add_test(tc, tail_stops_at_an_illegal_step);
-    tcase_add_test(tc, ties_by_index);
-    tcase_add_test(tc, qwen3moe_example_fuses_its_routing);
-    tcase_add_test(tc, kernels_compile);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "topk_moe", 120);
+    TS_ADD_TESTS(tc, fires_on_softmax_norm, fires_on_every_variant, fires_on_every_size, no_fusion_when_illegal,
+                     tail_stops_at_an_illegal_step, ties_by_index, qwen3moe_example_fuses_its_routing, kernels_compile);
     return s;
 }
 

@@ -1209,23 +1209,10 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gguf");
-    TCase *tc = tcase_create("gguf");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, roundtrip_values);
-    tcase_add_test(tc, roundtrip_tensors);
-    tcase_add_test(tc, writer_bytes_exact);
-    tcase_add_test(tc, deterministic);
-    tcase_add_test(tc, fill_chunks);
-    tcase_add_test(tc, writer_errors);
-    tcase_add_test(tc, malformed_header);
-    tcase_add_test(tc, malformed_kv);
-    tcase_add_test(tc, malformed_tensor);
-    tcase_add_test(tc, malformed_data);
-    tcase_add_test(tc, truncated_everywhere);
-    tcase_add_test(tc, flipped_bytes);
-    tcase_add_test(tc, open_files);
-    tcase_add_test(tc, large_vocab);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "gguf", 60);
+    TS_ADD_TESTS(tc, roundtrip_values, roundtrip_tensors, writer_bytes_exact, deterministic, fill_chunks, writer_errors,
+                     malformed_header, malformed_kv, malformed_tensor, malformed_data, truncated_everywhere,
+                     flipped_bytes, open_files, large_vocab);
     return s;
 }
 

@@ -33,8 +33,7 @@ static const ir_node *live_node(const ir_prog *p, int k) {
 
 static void free_all(ir_prog *p, kiln_graph *g, kiln_ctx *ctx) {
     ir_prog_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 /* Host buffers for p; temporaries placed in one arena by the memory plan when use_arena. */
@@ -110,10 +109,7 @@ START_TEST(api_argument_errors) {
     kiln_ctx *ctx = kiln_ctx_new();
     int64_t ne[5] = {1, 2, 3, 4, 5};
     ck_assert_ptr_null(kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 5, ne));
-    kiln_status st = kiln_ctx_status(ctx);
-    ck_assert_ptr_nonnull(strstr(kiln_status_msg(st), "1 to 4"));
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_ctx_error(ctx, 0, "1 to 4");
 
     ctx = kiln_ctx_new();
     ck_assert_ptr_null(kiln_new_tensor(ctx, KILN_ROLE_OUTPUT, KILN_F32, "x", 1, ne));
@@ -123,7 +119,7 @@ START_TEST(api_argument_errors) {
     kiln_tensor *x = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 1, ne);
     ck_assert_ptr_nonnull(x);
     kiln_graph *g;
-    st = kiln_graph_new(ctx, &g); /* no output */
+    kiln_status st = kiln_graph_new(ctx, &g); /* no output */
     ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
     ck_assert_ptr_nonnull(strstr(kiln_status_msg(st), "no outputs"));
     kiln_status_free(st);
@@ -201,10 +197,9 @@ END_TEST
 
 /* Passes named in the skip list do not run; an unknown name is an error naming the valid ones. */
 START_TEST(skip_named_passes) {
-    kiln_ctx *ctx = ts_parse("input x: f32[64, 8]\nweight w: f16[64]\n"
-                             "a = mul(x, w)\ns = silu(a)\noutput y = scale(s, 0.5, 1)\n");
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build("input x: f32[64, 8]\nweight w: f16[64]\n"
+                             "a = mul(x, w)\ns = silu(a)\noutput y = scale(s, 0.5, 1)\n", &ctx);
     ir_prog *p;
     TS_OK(ir_lower(g, &p));
     TS_OK(ir_run_passes(p, true, "ew_chain"));
@@ -219,8 +214,7 @@ START_TEST(skip_named_passes) {
     ck_assert_str_eq(kiln_fusion_pass(0, NULL), "get_rows_one");
     ck_assert_str_eq(kiln_fusion_pass(ir_nfusions - 1, NULL), "gemv_rope");
     ck_assert_ptr_null(kiln_fusion_pass(ir_nfusions, NULL));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -492,12 +486,11 @@ static void hand_put(void *user, const char *name, kiln_type type, int64_t n, co
 START_TEST(reference_by_hand) {
     static const float x[6] = {-2, -0.5f, 0, 0.5f, 1, 3};  /* [3, 2] */
     static const float w[3] = {10, 20, 30};                /* [3] broadcast over rows */
-    kiln_ctx *ctx = ts_parse("input x: f32[3, 2]\nweight w: f32[3]\n"
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build("input x: f32[3, 2]\nweight w: f32[3]\n"
                              "output a = add(x, w)\noutput s = scale(x, 2, 1)\noutput r = relu(x)\n"
                              "output q = silu(x)\noutput e = gelu(x)\noutput d = div(w, w)\n"
-                             "output t = transpose(x)\noutput v = view(x, [2], [], 12)\n");
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+                             "output t = transpose(x)\noutput v = view(x, [2], [], 12)\n", &ctx);
     hand h[11] = {{.name = "x", .data = x}, {.name = "w", .data = w}, {.name = "a"}, {.name = "s"},
                   {.name = "r"},           {.name = "q"},           {.name = "e"}, {.name = "d"},
                   {.name = "t"},           {.name = "v"},           {.name = NULL}};
@@ -519,8 +512,7 @@ START_TEST(reference_by_hand) {
     ck_assert_int_eq(h[9].n, 2);
     ck_assert_float_eq(h[9].out[0], 0.5f); /* bytes 12.. : elements 3, 4 */
     ck_assert_float_eq(h[9].out[1], 1.0f);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -594,26 +586,12 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("ir");
-    TCase *tc = tcase_create("ir");
-    tcase_add_test(tc, shape_errors);
-    tcase_add_test(tc, builder_errors_are_sticky);
-    tcase_add_test(tc, api_argument_errors);
-    tcase_add_test(tc, broadcast_shapes);
-    tcase_add_test(tc, view_strides);
-    tcase_add_test(tc, views_fold_into_layouts);
-    tcase_add_test(tc, fusion_fires_on_chain);
-    tcase_add_test(tc, skip_named_passes);
-    tcase_add_test(tc, op_epilogue_equals_unfused);
-    tcase_add_test(tc, no_fusion_across_second_use);
-    tcase_add_test(tc, diamond_fuses_into_one_kernel);
-    tcase_add_test(tc, no_fusion_of_outputs_or_permuted_reads);
-    tcase_add_test(tc, fusion_with_broadcast_producer);
-    tcase_add_test(tc, fused_equals_unfused);
-    tcase_add_test(tc, memplan_reuses_and_never_overlaps_live_values);
-    tcase_add_test(tc, reference_by_hand);
-    tcase_add_test(tc, unary_semantics_by_hand);
-    tcase_add_test(tc, references_match_families);
-    tcase_add_test(tc, ir_text_is_deterministic);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "ir", 0);
+    TS_ADD_TESTS(tc, shape_errors, builder_errors_are_sticky, api_argument_errors, broadcast_shapes, view_strides,
+                     views_fold_into_layouts, fusion_fires_on_chain, skip_named_passes, op_epilogue_equals_unfused,
+                     no_fusion_across_second_use, diamond_fuses_into_one_kernel, no_fusion_of_outputs_or_permuted_reads,
+                     fusion_with_broadcast_producer, fused_equals_unfused,
+                     memplan_reuses_and_never_overlaps_live_values, reference_by_hand, unary_semantics_by_hand,
+                     references_match_families, ir_text_is_deterministic);
     return ts_main(s);
 }

@@ -204,8 +204,7 @@ START_TEST(random_model_equals_file) {
     ck_assert_int_eq(kiln_status_code(st), KILN_ERR_NOT_FOUND);
     ck_assert_msg(strstr(kiln_status_msg(st), "is not one of the model's"), "%s", kiln_status_msg(st));
     kiln_status_free(st);
-    kiln_graph_free(gr);
-    kiln_ctx_free(ctx);
+    ts_graph_free(gr, ctx);
     kiln_model_close(r);
     kiln_model_close(f);
     free(p);
@@ -576,8 +575,7 @@ static void teardown(void) {
 
 int main(void) {
     Suite *s = suite_create("model");
-    TCase *tc = tcase_create("model");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "model", 120);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_loop_test(tc, tiny_round_trip, 0, 4);
     tcase_add_loop_test(tc, large_presets_keys_round_trip, 0, 3);
@@ -585,13 +583,7 @@ int main(void) {
     tcase_add_loop_test(tc, cpu_generation_deterministic, 0, 4);
     tcase_add_loop_test(tc, cpu_chunks_agree, 0, 4);
     tcase_add_loop_test(tc, random_model_equals_file, 0, 4);
-    tcase_add_test(tc, gen_errors);
-    tcase_add_test(tc, model_errors_name_the_cause);
-    tcase_add_test(tc, hparams_checked_against_tensors);
-    tcase_add_test(tc, first_key_error_wins);
-    tcase_add_test(tc, optional_weights_checked);
-    tcase_add_test(tc, tokenizer_errors_name_the_file);
-    tcase_add_test(tc, cli_gen_model_and_cpu_run);
-    suite_add_tcase(s, tc);
+    TS_ADD_TESTS(tc, gen_errors, model_errors_name_the_cause, hparams_checked_against_tensors, first_key_error_wins,
+                     optional_weights_checked, tokenizer_errors_name_the_file, cli_gen_model_and_cpu_run);
     return ts_main_isolated(s, "model");
 }

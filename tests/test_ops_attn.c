@@ -196,14 +196,7 @@ END_TEST
 /* ---- frontend errors ------------------------------------------------------------------------ */
 
 static void expect_error(const char *kg, kiln_code code, const char *needle) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, kg, strlen(kg), "t.kg");
-    ck_assert_msg(st != NULL, "expected an error for:\n%s", kg);
-    ck_assert_msg(kiln_status_code(st) == code, "%s: got %s: %s", kg, kiln_code_name(kiln_status_code(st)),
-                  kiln_status_msg(st));
-    ck_assert_msg(strstr(kiln_status_msg(st), needle), "message lacks \"%s\": %s", needle, kiln_status_msg(st));
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_parse_error(kg, code, TS_NEEDLES(needle));
 }
 
 #define QKV "input q: f32[64, 3, 8]\ninput k: f16[64, 10, 2]\ninput v: f16[64, 10, 2]\n"
@@ -252,29 +245,17 @@ START_TEST(errors) {
     kiln_tensor *k = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F16, "k", 3, nk);
     kiln_tensor *v = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F16, "v", 3, nk);
     ck_assert_ptr_null(kiln_flash_attn_ext(ctx, q, k, v, NULL, 1.0f, 1.0f, 0.0f, NULL));
-    kiln_status st = kiln_ctx_status(ctx);
-    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_ctx_error(ctx, KILN_ERR_INVALID, NULL);
 }
 END_TEST
 
 /* Accepted: strided K/V views (rows contiguous), mask with extra rows and planes, Dk != Dv. */
 START_TEST(accepted) {
-    const char *ok[] = {
-        QKV "input m: f16[10, 8, 4]\ninput s: f32[8]\noutput y = flash_attn_ext(q, k, v, m, 0.1, 2, 30, s)\n",
-        "input q: f32[576, 1, 16]\ninput k: bf16[576, 10, 1]\ninput v: bf16[512, 10, 1]\n"
-        "output y = flash_attn_ext(q, k, v)\n",
-        "input q: f32[64, 3, 8]\ninput c: f16[64, 2, 20]\nk = view(c, [64, 10, 2], [256, 128], 512)\n"
-        "output y = flash_attn_ext(q, k, k)\n",
-    };
-    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
-        kiln_ctx   *ctx = ts_parse(ok[i]);
-        kiln_graph *g = NULL;
-        TS_OK(kiln_graph_new(ctx, &g));
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
-    }
+    ts_builds(QKV "input m: f16[10, 8, 4]\ninput s: f32[8]\noutput y = flash_attn_ext(q, k, v, m, 0.1, 2, 30, s)\n");
+    ts_builds("input q: f32[576, 1, 16]\ninput k: bf16[576, 10, 1]\ninput v: bf16[512, 10, 1]\n"
+              "output y = flash_attn_ext(q, k, v)\n");
+    ts_builds("input q: f32[64, 3, 8]\ninput c: f16[64, 2, 20]\nk = view(c, [64, 10, 2], [256, 128], 512)\n"
+              "output y = flash_attn_ext(q, k, k)\n");
 }
 END_TEST
 
@@ -338,28 +319,13 @@ static const gcase CASES[] = {
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
-/* The index of the step named `name`, -1 if none. */
-static int find_kernel(const kiln_program *p, const char *name) {
-    for (int i = 0; i < kiln_program_kernel_count(p); i++)
-        if (strcmp(kiln_program_kernel_name(p, i), name) == 0) return i;
-    return -1;
-}
-
 START_TEST(kernels_compile) {
     static const char *archs[2] = {"sm_90a", "sm_80"};
     const gcase       *c = &CASES[_i];
     kiln_ctx          *ctx;
     kiln_graph        *g;
     kiln_program      *p = ts_compile(c->kg, "sm_90a", g_cache, 1, &ctx, &g);
-    int                k = find_kernel(p, c->kernel);
-    if (k < 0)
-        for (int i = 0; i < kiln_program_kernel_count(p); i++)
-            fprintf(stderr, "case %d: kernel %s\n", _i, kiln_program_kernel_name(p, i));
-    ck_assert_msg(k >= 0, "case %d: no kernel %s (names on stderr)", _i, c->kernel);
-    ck_assert_int_eq(kiln_program_kernel_count(p), c->steps);
-    const char *src = kiln_program_kernel_source(p, k);
-    if (!strstr(src, c->want)) fprintf(stderr, "case %d source:\n%s\n", _i, src);
-    ck_assert_msg(strstr(src, c->want), "case %d: missing \"%s\" (source on stderr)", _i, c->want);
+    int                k = ts_named_step(p, c->kernel, c->steps, c->want, _i);
     for (int i = 0; i < kiln_program_kernel_count(p); i++) {
         const char *s = kiln_program_kernel_source(p, i);
         ck_assert_msg(!strstr(s, "#include"), "#include in source");
@@ -367,71 +333,33 @@ START_TEST(kernels_compile) {
                                          "case %d: step %d is %s", _i, i, kiln_program_kernel_name(p, i));
         for (int a = 0; a < 2; a++) ts_nvrtc_clean(s, kiln_program_kernel_name(p, i), archs[a]);
     }
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 END_TEST
 
+static void attn_header(const kiln_program *p) {
+    for (int k = 0; k < kiln_program_kernel_count(p) && k < 2; k++)
+        ck_assert_msg(strstr(kiln_program_kernel_source(p, k), "kiln attention kernel"), "header comment");
+}
+
 /* The same graph gives the same sources. */
 START_TEST(kernels_deterministic) {
-    for (int i = 0; i < NCASES; i++) {
-        char *first[2] = {NULL, NULL};
-        for (int rep = 0; rep < 2; rep++) {
-            kiln_ctx     *ctx;
-            kiln_graph   *g;
-            kiln_program *p = ts_compile(CASES[i].kg, "sm_90a", g_cache, 1, &ctx, &g);
-            for (int k = 0; k < kiln_program_kernel_count(p) && k < 2; k++) {
-                const char *src = kiln_program_kernel_source(p, k);
-                if (!rep) first[k] = strdup(src);
-                else ck_assert_msg(strcmp(first[k], src) == 0, "case %d kernel %d: sources differ", i, k);
-                ck_assert_msg(strstr(src, "kiln attention kernel"), "header comment");
-            }
-            kiln_program_free(p);
-            kiln_graph_free(g);
-            kiln_ctx_free(ctx);
-        }
-        free(first[0]);
-        free(first[1]);
-    }
+    for (int i = 0; i < NCASES; i++) ts_compile_twice(CASES[i].kg, g_cache, attn_header);
 }
 END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_attn");
-    TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, ref_basic);
-    tcase_add_test(tc, ref_mask);
-    tcase_add_test(tc, ref_sinks);
-    tcase_add_test(tc, ref_softcap);
-    tcase_add_test(tc, ref_gqa_layout);
-    tcase_add_test(tc, ref_alibi);
-    tcase_add_test(tc, ref_types);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "reference", 0);
+    TS_ADD_TESTS(tc, ref_basic, ref_mask, ref_sinks, ref_softcap, ref_gqa_layout, ref_alibi, ref_types);
 
-    tc = tcase_create("frontend");
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, accepted);
-    suite_add_tcase(s, tc);
+    tc = ts_tcase(s, "frontend", 0);
+    TS_ADD_TESTS(tc, errors, accepted);
 
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
+    tc = ts_tcase(s, "kernels", 120);
     tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
     tcase_add_test(tc, kernels_deterministic);
-    suite_add_tcase(s, tc);
     return s;
 }
 
-int main(void) {
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-attn-test-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache = dir;
-    int rc = ts_main(suite());
-    ts_rmtree(g_cache);
-    return rc;
-}
+int main(void) { return ts_main_cache(suite(), "attn-test", &g_cache); }

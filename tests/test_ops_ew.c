@@ -259,15 +259,8 @@ START_TEST(shapes) {
 }
 END_TEST
 
-static void expect_error(const char *text, kiln_code code, const char *needle) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, text, strlen(text), "t.kg");
-    ck_assert_msg(st != NULL, "no error for:\n%s", text);
-    ck_assert_msg(kiln_status_code(st) == code, "%s: got %s, want %s: %s", text,
-                  kiln_code_name(kiln_status_code(st)), kiln_code_name(code), kiln_status_msg(st));
-    ck_assert_msg(strstr(kiln_status_msg(st), needle), "\"%s\" lacks \"%s\"", kiln_status_msg(st), needle);
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+static void expect_error(const char *kg, kiln_code code, const char *needle) {
+    ts_parse_error(kg, code, TS_NEEDLES(needle));
 }
 
 START_TEST(errors) {
@@ -337,47 +330,28 @@ static char *spread_graph(void) {
     return kb_str_take(&g);
 }
 
+/* Every kernel compiles with NVRTC for sm_90a without a warning (identical kernels, e.g. cast to
+ * the same type and dup, once). */
+static void ew_kernel_clean(const kiln_program *p, int i) {
+    const char *src = kiln_program_kernel_source(p, i);
+    bool        seen = false;
+    for (int j = 0; j < i && !seen; j++) seen = strcmp(src, kiln_program_kernel_source(p, j)) == 0;
+    if (!seen) ts_nvrtc_clean(src, kiln_program_kernel_name(p, i), NULL);
+}
+
 START_TEST(kernels_compile) {
-    char       *text = spread_graph();
-    char       *cache = ts_tmpdir();
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
-    /* sm_80 through kiln_compile (NVRTC and the cache), sm_90a (kiln's default) through NVRTC
-     * directly, which must not print a single warning; the source does not depend on the target. */
-    kiln_compile_opts o = {.arch = "sm_80", .cache_dir = cache, .no_fuse = 1};
-    kiln_program     *p80, *p90;
-    TS_OK(kiln_compile(g, &o, &p80));
-    o.arch = "sm_90a";
-    o.skip_nvrtc = 1;
-    TS_OK(kiln_compile(g, &o, &p90));
-    int nk = kiln_program_kernel_count(p80);
-    ck_assert_int_gt(nk, 100);
-    ck_assert_int_eq(kiln_program_kernel_count(p90), nk);
-    for (int i = 0; i < nk; i++) {
-        const char *src = kiln_program_kernel_source(p90, i);
-        ck_assert_str_eq(src, kiln_program_kernel_source(p80, i));
-        bool seen = false; /* identical kernels (e.g. cast to the same type and dup) once */
-        for (int j = 0; j < i && !seen; j++) seen = strcmp(src, kiln_program_kernel_source(p90, j)) == 0;
-        if (!seen) ts_nvrtc_clean(src, kiln_program_kernel_name(p90, i), NULL);
-    }
-    kiln_program_free(p80);
-    kiln_program_free(p90);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    char *text = spread_graph();
+    ts_spread_compile(text, 1, 100, ew_kernel_clean);
     free(text);
-    ts_rmtree(cache);
-    free(cache);
 }
 END_TEST
 
 /* A GLU fused with its neighbours: the fused kernel computes what the unfused reference does. */
 START_TEST(glu_fuses) {
-    kiln_ctx *ctx = ts_parse("input a: f16[64, 8]\ninput w: f16[32]\n"
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build("input a: f16[64, 8]\ninput w: f16[32]\n"
                              "m = mul(a, a)\ng = swiglu(m)\noutput y = mul(g, w)\n"
-                             "x = scale(a, 0.5, 0)\noutput z = geglu(x, a)\n");
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+                             "x = scale(a, 0.5, 0)\noutput z = geglu(x, a)\n", &ctx);
     kiln_compile_opts o = {.skip_nvrtc = 1};
     kiln_program     *p;
     TS_OK(kiln_compile(g, &o, &p));
@@ -394,26 +368,15 @@ START_TEST(glu_fuses) {
     }
     ck_assert_msg(swiglu_mul && scale_geglu && n == 3, "%d kernels:\n%s", n, desc);
     free(desc);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_ew");
-    TCase *tc = tcase_create("ew");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, glu_by_hand);
-    tcase_add_test(tc, swiglu_oai_by_hand);
-    tcase_add_test(tc, glu_low_precision);
-    tcase_add_test(tc, add1_by_hand);
-    tcase_add_test(tc, copies_by_hand);
-    tcase_add_test(tc, shapes);
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, kernels_compile);
-    tcase_add_test(tc, glu_fuses);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "ew", 120);
+    TS_ADD_TESTS(tc, glu_by_hand, swiglu_oai_by_hand, glu_low_precision, add1_by_hand, copies_by_hand, shapes, errors,
+                     kernels_compile, glu_fuses);
     return s;
 }
 

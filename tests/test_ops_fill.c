@@ -88,15 +88,8 @@ START_TEST(shapes) {
 END_TEST
 
 /* The first error of parsing text: its code and a fragment of its message. */
-static void expect_error(const char *text, kiln_code code, const char *needle) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, text, strlen(text), "t.kg");
-    ck_assert_msg(st != NULL, "no error for:\n%s", text);
-    ck_assert_msg(kiln_status_code(st) == code, "%s: got %s, want %s: %s", text,
-                  kiln_code_name(kiln_status_code(st)), kiln_code_name(code), kiln_status_msg(st));
-    ck_assert_msg(strstr(kiln_status_msg(st), needle), "\"%s\" lacks \"%s\"", kiln_status_msg(st), needle);
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+static void expect_error(const char *kg, kiln_code code, const char *needle) {
+    ts_parse_error(kg, code, TS_NEEDLES(needle));
 }
 
 START_TEST(errors) {
@@ -118,11 +111,7 @@ START_TEST(errors) {
     int64_t      ne[2] = {3, 3};
     kiln_tensor *x = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 2, ne);
     ck_assert_ptr_null(kiln_tri(ctx, x, (kiln_tri_type)7));
-    kiln_status st = kiln_ctx_status(ctx);
-    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
-    ck_assert_msg(strstr(kiln_status_msg(st), "tri: type 7"), "%s", kiln_status_msg(st));
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_ctx_error(ctx, KILN_ERR_INVALID, "tri: type 7");
 }
 END_TEST
 
@@ -268,51 +257,30 @@ static char *spread_graph(void) {
     return kb_str_take(&g);
 }
 
+/* Only the family's own kernels (the graph has no elementwise node), each clean with NVRTC. */
+static void fill_kernel_clean(const kiln_program *p, int i) {
+    const char *src = kiln_program_kernel_source(p, i), *name = kiln_program_kernel_name(p, i);
+    ck_assert_msg(strstr(src, "#include") == NULL, "%s includes", name);
+    ck_assert_msg(!strncmp(name, "tri_", 4) || !strncmp(name, "diag_mask_inf_", 14) || !strncmp(name, "fill_", 5) ||
+                      !strncmp(name, "arange_", 7),
+                  "unexpected kernel %s", name);
+    ts_nvrtc_clean(src, name, NULL);
+}
+
 START_TEST(kernels_compile) {
-    char       *text = spread_graph();
-    char       *cache = ts_tmpdir();
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
-    /* sm_80 through kiln_compile (NVRTC and the cache), sm_90a (kiln's default) through NVRTC
-     * directly, which must not print a single warning; the source does not depend on the target. */
-    kiln_compile_opts o = {.arch = "sm_80", .cache_dir = cache};
-    kiln_program     *p80, *p90;
-    TS_OK(kiln_compile(g, &o, &p80));
-    o.arch = "sm_90a";
-    o.skip_nvrtc = 1;
-    TS_OK(kiln_compile(g, &o, &p90));
-    int nk = kiln_program_kernel_count(p80);
-    ck_assert_int_gt(nk, 60);
-    ck_assert_int_eq(kiln_program_kernel_count(p90), nk);
-    for (int i = 0; i < nk; i++) {
-        const char *src = kiln_program_kernel_source(p90, i), *name = kiln_program_kernel_name(p90, i);
-        ck_assert_str_eq(src, kiln_program_kernel_source(p80, i));
-        ck_assert_msg(strstr(src, "#include") == NULL, "%s includes", name);
-        /* only the family's own kernels: the graph has no elementwise node */
-        ck_assert_msg(!strncmp(name, "tri_", 4) || !strncmp(name, "diag_mask_inf_", 14) || !strncmp(name, "fill_", 5) ||
-                          !strncmp(name, "arange_", 7),
-                      "unexpected kernel %s", name);
-        ts_nvrtc_clean(src, name, NULL);
-    }
-    kiln_program_free(p80);
-    kiln_program_free(p90);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    char *text = spread_graph();
+    ts_spread_compile(text, 0, 60, fill_kernel_clean);
     free(text);
-    ts_rmtree(cache);
-    free(cache);
 }
 END_TEST
 
 /* Sources are deterministic and pick the vector path where the layout allows it. */
 START_TEST(kernel_shapes) {
-    kiln_ctx *ctx = ts_parse("input a: f32[64, 64]\ninput h: f16[7, 7]\ninput q: f32[64, 64]\n"
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build("input a: f32[64, 64]\ninput h: f16[7, 7]\ninput q: f32[64, 64]\n"
                              "output y1 = tri(a, lower)\noutput y2 = diag_mask_inf(h, 2)\n"
                              "t = transpose(q)\noutput y3 = tri(t, upper)\noutput y4 = arange(0, 10, 0.3)\n"
-                             "output y5 = fill(h, 1)\n");
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+                             "output y5 = fill(h, 1)\n", &ctx);
     kiln_compile_opts o = {.skip_nvrtc = 1};
     kiln_program     *p1, *p2;
     TS_OK(kiln_compile(g, &o, &p1));
@@ -332,24 +300,15 @@ START_TEST(kernel_shapes) {
     s = kiln_program_kernel_source(p1, 4);
     ck_assert_msg(strstr(s, "kiln_f32_to_f16(1.0f)"), "%s", s);
     kiln_program_free(p1);
-    kiln_program_free(p2);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p2, g, ctx);
 }
 END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_fill");
-    TCase *tc = tcase_create("fill");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, shapes);
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, reference_arange_fill);
-    tcase_add_test(tc, reference_masks);
-    tcase_add_test(tc, reference_masks_low_precision);
-    tcase_add_test(tc, kernels_compile);
-    tcase_add_test(tc, kernel_shapes);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "fill", 120);
+    TS_ADD_TESTS(tc, shapes, errors, reference_arange_fill, reference_masks, reference_masks_low_precision,
+                     kernels_compile, kernel_shapes);
     return s;
 }
 

@@ -96,14 +96,7 @@ END_TEST
 /* ---- frontend errors ------------------------------------------------------------------------ */
 
 static void expect_error(const char *kg, kiln_code code, const char *needle) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, kg, strlen(kg), "t.kg");
-    ck_assert_msg(st != NULL, "expected an error for:\n%s", kg);
-    ck_assert_msg(kiln_status_code(st) == code, "%s: got %s: %s", kg, kiln_code_name(kiln_status_code(st)),
-                  kiln_status_msg(st));
-    ck_assert_msg(strstr(kiln_status_msg(st), needle), "message lacks \"%s\": %s", needle, kiln_status_msg(st));
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_parse_error(kg, code, TS_NEEDLES(needle));
 }
 
 START_TEST(errors) {
@@ -204,33 +197,14 @@ START_TEST(kernels_compile) {
             const cg_kernel *k = &p->kernels[i];
             if (k->kind == CG_LAUNCH) ts_nvrtc_clean(k->source, k->name, archs[a]);
         }
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(p, g, ctx);
     }
 }
 END_TEST
 
 /* The same graph gives the same sources. */
 START_TEST(kernels_deterministic) {
-    for (int i = 0; i < NCASES; i++) {
-        char *first = NULL;
-        for (int rep = 0; rep < 2; rep++) {
-            kiln_ctx     *ctx;
-            kiln_graph   *g;
-            kiln_program *p = ts_compile(CASES[i].kg, "sm_90a", g_cache, 1, &ctx, &g);
-            char         *all = matmul_sources(p);
-            if (!rep) first = all;
-            else {
-                ck_assert_msg(strcmp(first, all) == 0, "case %d: sources differ", i);
-                free(all);
-            }
-            kiln_program_free(p);
-            kiln_graph_free(g);
-            kiln_ctx_free(ctx);
-        }
-        free(first);
-    }
+    for (int i = 0; i < NCASES; i++) ts_compile_twice(CASES[i].kg, g_cache, NULL);
 }
 END_TEST
 
@@ -373,48 +347,25 @@ START_TEST(gemm_plans) {
     free(want);
     for (int i = 0; i < ir->nbufs; i++) free(data[i]);
     free(data);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_matmul");
-    TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, ref_basic);
-    tcase_add_test(tc, ref_half_weights);
-    tcase_add_test(tc, ref_broadcast);
-    tcase_add_test(tc, ref_transposed_b);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "reference", 0);
+    TS_ADD_TESTS(tc, ref_basic, ref_half_weights, ref_broadcast, ref_transposed_b);
 
-    tc = tcase_create("frontend");
+    tc = ts_tcase(s, "frontend", 0);
     tcase_add_test(tc, errors);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
+    tc = ts_tcase(s, "kernels", 120);
     tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
     tcase_add_test(tc, kernels_deterministic);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("gemm_plans");
-    tcase_set_timeout(tc, 60);
+    tc = ts_tcase(s, "gemm_plans", 60);
     tcase_add_loop_test(tc, gemm_plans, 0, NPLANS);
-    suite_add_tcase(s, tc);
     return s;
 }
 
-int main(void) {
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-matmul-test-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache = dir;
-    int rc = ts_main(suite());
-    ts_rmtree(g_cache);
-    return rc;
-}
+int main(void) { return ts_main_cache(suite(), "matmul-test", &g_cache); }

@@ -113,16 +113,7 @@ END_TEST
 
 /* ---- frontend errors ------------------------------------------------------------------------ */
 
-static void expect_error(const char *kg, const char *needle) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, kg, strlen(kg), "t.kg");
-    ck_assert_msg(st != NULL, "expected an error for:\n%s", kg);
-    ck_assert_msg(kiln_status_code(st) == KILN_ERR_SHAPE, "%s: got %s: %s", kg, kiln_code_name(kiln_status_code(st)),
-                  kiln_status_msg(st));
-    ck_assert_msg(strstr(kiln_status_msg(st), needle), "message lacks \"%s\": %s", needle, kiln_status_msg(st));
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
-}
+static void expect_error(const char *kg, const char *needle) { ts_parse_error(kg, KILN_ERR_SHAPE, TS_NEEDLES(needle)); }
 
 START_TEST(errors) {
     expect_error("input a: i32[8, 4, 3]\ninput x: f32[8, 1, 2]\ninput i: i32[2, 2]\ny = mul_mat_id(a, x, i)\n",
@@ -148,14 +139,10 @@ START_TEST(errors) {
 END_TEST
 
 START_TEST(shapes) {
-    kiln_ctx   *ctx = ts_parse("input a: bf16[64, 48, 8]\ninput x: f32[64, 1, 5]\ninput i: i32[4, 5]\n"
-                               "output y = mul_mat_id(a, x, i)\n");
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_builds("input a: bf16[64, 48, 8]\ninput x: f32[64, 1, 5]\ninput i: i32[4, 5]\n"
+              "output y = mul_mat_id(a, x, i)\n");
     /* the C builder: the result is f32 [M, n_used, T] */
-    ctx = kiln_ctx_new();
+    kiln_ctx    *ctx = kiln_ctx_new();
     int64_t      na[3] = {16, 24, 4}, nx[3] = {16, 2, 3}, ni[2] = {2, 3};
     kiln_tensor *a = kiln_new_tensor(ctx, KILN_ROLE_WEIGHT, KILN_F16, "a", 3, na);
     kiln_tensor *x = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 3, nx);
@@ -252,35 +239,20 @@ START_TEST(kernels_compile) {
             ck_assert_msg(strstr(d, "scratch: "), "no scratch in:\n%s", d);
             free(d);
         }
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(p, g, ctx);
     }
 }
 END_TEST
 
+static void mmid_header(const kiln_program *p) {
+    int n, k = mmid_steps(p, &n);
+    for (int s = 0; s < n; s++)
+        ck_assert_msg(strstr(kiln_program_kernel_source(p, k + s), "kiln mul_mat_id kernel"), "header comment");
+}
+
 /* The same graph gives the same sources. */
 START_TEST(kernels_deterministic) {
-    for (int i = 0; i < NCASES; i++) {
-        char *first[2] = {NULL, NULL};
-        for (int rep = 0; rep < 2; rep++) {
-            kiln_ctx     *ctx;
-            kiln_graph   *g;
-            kiln_program *p = ts_compile(CASES[i].kg, "sm_90a", g_cache, 1, &ctx, &g);
-            int           n, k = mmid_steps(p, &n);
-            for (int s = 0; s < n; s++) {
-                const char *src = kiln_program_kernel_source(p, k + s);
-                if (!rep) first[s] = strdup(src);
-                else ck_assert_msg(strcmp(first[s], src) == 0, "case %d step %d: sources differ", i, s);
-                ck_assert_msg(strstr(src, "kiln mul_mat_id kernel"), "header comment");
-            }
-            kiln_program_free(p);
-            kiln_graph_free(g);
-            kiln_ctx_free(ctx);
-        }
-        free(first[0]);
-        free(first[1]);
-    }
+    for (int i = 0; i < NCASES; i++) ts_compile_twice(CASES[i].kg, g_cache, mmid_header);
 }
 END_TEST
 
@@ -309,37 +281,16 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_matmul_id");
-    TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, ref_select);
-    tcase_add_test(tc, ref_invalid_ids);
-    tcase_add_test(tc, ref_per_slot_b_and_duplicates);
-    tcase_add_test(tc, ref_views);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "reference", 0);
+    TS_ADD_TESTS(tc, ref_select, ref_invalid_ids, ref_per_slot_b_and_duplicates, ref_views);
 
-    tc = tcase_create("frontend");
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, shapes);
-    suite_add_tcase(s, tc);
+    tc = ts_tcase(s, "frontend", 0);
+    TS_ADD_TESTS(tc, errors, shapes);
 
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
+    tc = ts_tcase(s, "kernels", 120);
     tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
-    tcase_add_test(tc, kernels_deterministic);
-    tcase_add_test(tc, io_bytes_count_selected_experts);
-    suite_add_tcase(s, tc);
+    TS_ADD_TESTS(tc, kernels_deterministic, io_bytes_count_selected_experts);
     return s;
 }
 
-int main(void) {
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-matmul-id-test-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache = dir;
-    int rc = ts_main(suite());
-    ts_rmtree(g_cache);
-    return rc;
-}
+int main(void) { return ts_main_cache(suite(), "matmul-id-test", &g_cache); }

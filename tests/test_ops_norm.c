@@ -131,16 +131,7 @@ END_TEST
 /* ---- errors ------------------------------------------------------------------------------------- */
 
 static void expect_error(const char *text, kiln_code code, const char *const *needles) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, text, strlen(text), "bad.kg");
-    ck_assert_msg(st != NULL, "parsed: %s", text);
-    ck_assert_msg(kiln_status_code(st) == code, "%s: code %s, expected %s (%s)", text,
-                  kiln_code_name(kiln_status_code(st)), kiln_code_name(code), kiln_status_msg(st));
-    for (int i = 0; needles[i]; i++)
-        ck_assert_msg(strstr(kiln_status_msg(st), needles[i]), "'%s' lacks '%s'", kiln_status_msg(st),
-                      needles[i]);
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_parse_error(text, code, needles);
 }
 
 START_TEST(errors) {
@@ -166,21 +157,16 @@ START_TEST(errors) {
     int64_t   ne[1] = {4};
     kiln_tensor *a = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_I32, "a", 1, ne);
     ck_assert_ptr_null(kiln_rms_norm(ctx, a, 1e-6f));
-    kiln_status st = kiln_ctx_status(ctx);
-    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_SHAPE);
-    ck_assert_ptr_nonnull(strstr(kiln_status_msg(st), "rms_norm"));
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_ctx_error(ctx, KILN_ERR_SHAPE, "rms_norm");
 }
 END_TEST
 
 /* Results keep a's shape and type. */
 START_TEST(result_shape_and_type) {
-    kiln_ctx *ctx = ts_parse("input a: bf16[8, 3, 5]\ninput b: f16[6, 2]\n"
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build("input a: bf16[8, 3, 5]\ninput b: f16[6, 2]\n"
                              "output y = norm(a, 1e-05)\noutput z = group_norm(a, 2, 1e-06)\n"
-                             "t = transpose(b)\noutput w = rms_norm(t, 1e-06)\n");
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+                             "t = transpose(b)\noutput w = rms_norm(t, 1e-06)\n", &ctx);
     for (int i = 0; i < kiln_graph_size(g); i++) {
         kiln_tensor *t = kiln_graph_node(g, i);
         const char  *n = kiln_tensor_name(t);
@@ -195,8 +181,7 @@ START_TEST(result_shape_and_type) {
             ck_assert_int_eq(kiln_tensor_ne(t, 1), 6);
         }
     }
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -233,58 +218,20 @@ static const struct {
     {"input x: bf16[16, 16, 64, 2]\noutput y = group_norm(x, 8, 1e-05)\n", "kiln_u16x8"},
 };
 
-static void compile_case(int i, const char *arch, const char *cache, char **source) {
-    kiln_ctx   *ctx = ts_parse(CASES[i].kg);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
-    kiln_compile_opts o = {.arch = arch, .cache_dir = cache};
-    kiln_program     *p = NULL;
-    kiln_status       st = kiln_compile(g, &o, &p);
-    ck_assert_msg(st == NULL, "case %d (%s) for %s: %s", i, CASES[i].kg, arch, kiln_status_msg(st));
-    ck_assert_int_eq(kiln_program_kernel_count(p), 1);
-    const char *src = kiln_program_kernel_source(p, 0);
-    if (!strstr(src, CASES[i].want)) fprintf(stderr, "case %d source:\n%s\n", i, src);
-    ck_assert_msg(strstr(src, CASES[i].want), "case %d (%s): source lacks '%s'", i, CASES[i].kg, CASES[i].want);
-    if (*source) ck_assert_str_eq(*source, src); /* the same source for every arch and every run */
-    else *source = strdup(src);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
-}
-
-START_TEST(kernels_compile) {
-    char *cache = ts_tmpdir();
-    char *src = NULL;
-    compile_case(_i, "sm_90a", cache, &src);
-    compile_case(_i, "sm_80", cache, &src);
-    ts_nvrtc_clean(src, "norm_case", NULL);
-    free(src);
-    ts_rmtree(cache);
-    free(cache);
-}
+START_TEST(kernels_compile) { ts_one_kernel_case(_i, CASES[_i].kg, CASES[_i].want, "norm_case"); }
 END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_norm");
-    TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, rms_norm_by_hand);
-    tcase_add_test(tc, norm_by_hand);
-    tcase_add_test(tc, l2_norm_by_hand);
-    tcase_add_test(tc, norm_of_views_by_hand);
-    tcase_add_test(tc, low_precision_by_hand);
-    tcase_add_test(tc, group_norm_by_hand);
-    tcase_add_test(tc, reference_matches_double);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "reference", 0);
+    TS_ADD_TESTS(tc, rms_norm_by_hand, norm_by_hand, l2_norm_by_hand, norm_of_views_by_hand, low_precision_by_hand,
+                     group_norm_by_hand, reference_matches_double);
 
-    tc = tcase_create("frontend");
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, result_shape_and_type);
-    suite_add_tcase(s, tc);
+    tc = ts_tcase(s, "frontend", 0);
+    TS_ADD_TESTS(tc, errors, result_shape_and_type);
 
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
+    tc = ts_tcase(s, "kernels", 120);
     tcase_add_loop_test(tc, kernels_compile, 0, (int)(sizeof CASES / sizeof CASES[0]));
-    suite_add_tcase(s, tc);
     return s;
 }
 

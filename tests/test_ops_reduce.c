@@ -125,16 +125,7 @@ START_TEST(result_shapes) {
 }
 END_TEST
 
-static void expect_error(const char *text, const char *want) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, text, strlen(text), "t.kg");
-    ck_assert_msg(st != NULL, "no error for:\n%s", text);
-    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_SHAPE);
-    ck_assert_msg(strstr(kiln_status_msg(st), want) != NULL, "message \"%s\" lacks \"%s\"", kiln_status_msg(st),
-                  want);
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
-}
+static void expect_error(const char *text, const char *want) { ts_parse_error(text, KILN_ERR_SHAPE, TS_NEEDLES(want)); }
 
 START_TEST(errors) {
     expect_error("input a: f32[4, 3, 2]\ny = argmax(a)\n", "argmax: operand 'a' (f32[4, 3, 2]) is not a matrix");
@@ -153,9 +144,8 @@ END_TEST
 /* Compiles every kernel of text for sm_90a and sm_80 (fresh cache) and checks for warnings;
  * each kernel's name must start with its op (want_kernels of them). */
 static void compile_all(const char *text, int want_kernels) {
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(text, &ctx);
     char *dir = ts_tmpdir();
     static const char *const archs[] = {"sm_90a", "sm_80"};
     for (int a = 0; a < 2; a++) {
@@ -172,8 +162,7 @@ static void compile_all(const char *text, int want_kernels) {
     }
     ts_rmtree(dir);
     free(dir);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 START_TEST(kernels_compile_rows) {
@@ -223,18 +212,15 @@ START_TEST(generation_is_deterministic) {
     char *src[2][8] = {{0}};
     int   n = 0;
     for (int run = 0; run < 2; run++) {
-        kiln_ctx   *ctx = ts_parse(text);
-        kiln_graph *g;
-        TS_OK(kiln_graph_new(ctx, &g));
+        kiln_ctx   *ctx;
+        kiln_graph *g = ts_build(text, &ctx);
         kiln_compile_opts o = {.skip_nvrtc = 1, .cache_mode = KILN_CACHE_OFF};
         kiln_program     *p = NULL;
         TS_OK(kiln_compile(g, &o, &p));
         n = kiln_program_kernel_count(p);
         ck_assert_int_eq(n, 5);
         for (int i = 0; i < n; i++) src[run][i] = strdup(kiln_program_kernel_source(p, i));
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(p, g, ctx);
     }
     for (int i = 0; i < n; i++) {
         ck_assert_str_eq(src[0][i], src[1][i]);
@@ -249,9 +235,8 @@ START_TEST(kernel_shapes) {
     const char *text = "input a: f32[4096, 8192]\ninput w: f32[7, 9]\ninput v: f16[4096, 16]\n"
                        "output s = sum_rows(a)\noutput t = sum_rows(w)\noutput u = argmax(v)\n"
                        "output z = sum(a)\n";
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(text, &ctx);
     kiln_compile_opts o = {.skip_nvrtc = 1, .cache_mode = KILN_CACHE_OFF};
     kiln_program     *p = NULL;
     TS_OK(kiln_compile(g, &o, &p));
@@ -263,35 +248,21 @@ START_TEST(kernel_shapes) {
     ck_assert_msg(strstr(s1, "a warp per row") && strstr(s1, "element by element"), "%s", s1);
     ck_assert_msg(strstr(s2, "kiln_u16x8") && strstr(s2, "e >= best"), "%s", s2);
     ck_assert_msg(strstr(s3, "1 block of 1024 threads") && strstr(s3, "contiguous range"), "%s", s3);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
 }
 END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_reduce");
-    TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, sum_by_hand);
-    tcase_add_test(tc, sum_accumulates_in_double);
-    tcase_add_test(tc, sum_rows_and_mean_by_hand);
-    tcase_add_test(tc, argmax_by_hand);
-    tcase_add_test(tc, cumsum_by_hand);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "reference", 0);
+    TS_ADD_TESTS(tc, sum_by_hand, sum_accumulates_in_double, sum_rows_and_mean_by_hand, argmax_by_hand, cumsum_by_hand);
 
-    tc = tcase_create("frontend");
-    tcase_add_test(tc, result_shapes);
-    tcase_add_test(tc, errors);
-    suite_add_tcase(s, tc);
+    tc = ts_tcase(s, "frontend", 0);
+    TS_ADD_TESTS(tc, result_shapes, errors);
 
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, kernels_compile_rows);
-    tcase_add_test(tc, kernels_compile_cumsum_and_sum);
-    tcase_add_test(tc, kernels_compile_wide);
-    tcase_add_test(tc, generation_is_deterministic);
-    tcase_add_test(tc, kernel_shapes);
-    suite_add_tcase(s, tc);
+    tc = ts_tcase(s, "kernels", 120);
+    TS_ADD_TESTS(tc, kernels_compile_rows, kernels_compile_cumsum_and_sum, kernels_compile_wide,
+                     generation_is_deterministic, kernel_shapes);
     return s;
 }
 

@@ -179,16 +179,7 @@ END_TEST
 /* ---- errors ------------------------------------------------------------------------------------- */
 
 static void expect_error(const char *text, kiln_code code, const char *const *needles) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, text, strlen(text), "bad.kg");
-    ck_assert_msg(st != NULL, "parsed: %s", text);
-    ck_assert_msg(kiln_status_code(st) == code, "%s: code %s, expected %s (%s)", text,
-                  kiln_code_name(kiln_status_code(st)), kiln_code_name(code), kiln_status_msg(st));
-    for (int i = 0; needles[i]; i++)
-        ck_assert_msg(strstr(kiln_status_msg(st), needles[i]), "'%s' lacks '%s'", kiln_status_msg(st),
-                      needles[i]);
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_parse_error(text, code, needles);
 }
 
 #define DECL "input x: f32[8, 2, 3]\ninput p: i32[3]\ninput q: i32[12]\ninput pf: f32[3]\n"
@@ -234,11 +225,7 @@ START_TEST(errors) {
     kiln_tensor *x = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 3, ne);
     kiln_tensor *p = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_I32, "p", 1, np);
     ck_assert_ptr_null(kiln_rope_ext(ctx, x, p, NULL, 5, 0, 0, 10000, 1, 0, 1, 32, 1));
-    kiln_status st = kiln_ctx_status(ctx);
-    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_SHAPE);
-    ck_assert_ptr_nonnull(strstr(kiln_status_msg(st), "rope_ext"));
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_ctx_error(ctx, KILN_ERR_SHAPE, "rope_ext");
 }
 END_TEST
 
@@ -321,60 +308,20 @@ static const struct {
     {"input x: f32[128, 32, 600000]\ninput p: i32[600000]\noutput y = rope_ext(x, p, n_dims=128, mode=2)\n", "64-bit"},
 };
 
-static void compile_case(int i, const char *arch, const char *cache, char **source) {
-    kiln_ctx   *ctx = ts_parse(CASES[i].kg);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
-    kiln_compile_opts o = {.arch = arch, .cache_dir = cache};
-    kiln_program     *p = NULL;
-    kiln_status       st = kiln_compile(g, &o, &p);
-    ck_assert_msg(st == NULL, "case %d (%s) for %s: %s", i, CASES[i].kg, arch, kiln_status_msg(st));
-    ck_assert_int_eq(kiln_program_kernel_count(p), 1);
-    const char *src = kiln_program_kernel_source(p, 0);
-    if (!strstr(src, CASES[i].want)) fprintf(stderr, "case %d source:\n%s\n", i, src);
-    ck_assert_msg(strstr(src, CASES[i].want), "case %d (%s): source lacks '%s'", i, CASES[i].kg, CASES[i].want);
-    if (*source) ck_assert_str_eq(*source, src); /* the same source for every arch and every run */
-    else *source = strdup(src);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
-}
-
-START_TEST(kernels_compile) {
-    char *cache = ts_tmpdir();
-    char *src = NULL;
-    compile_case(_i, "sm_90a", cache, &src);
-    compile_case(_i, "sm_80", cache, &src);
-    ts_nvrtc_clean(src, "rope_case", NULL);
-    free(src);
-    ts_rmtree(cache);
-    free(cache);
-}
+START_TEST(kernels_compile) { ts_one_kernel_case(_i, CASES[_i].kg, CASES[_i].want, "rope_case"); }
 END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_rope");
-    TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, normal_by_hand);
-    tcase_add_test(tc, neox_by_hand);
-    tcase_add_test(tc, freq_factors_scale_attn_by_hand);
-    tcase_add_test(tc, yarn_by_hand);
-    tcase_add_test(tc, mrope_imrope_by_hand);
-    tcase_add_test(tc, vision_by_hand);
-    tcase_add_test(tc, views_by_hand);
-    tcase_add_test(tc, low_precision_by_hand);
-    tcase_add_test(tc, angle_recurrence_exact);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "reference", 0);
+    TS_ADD_TESTS(tc, normal_by_hand, neox_by_hand, freq_factors_scale_attn_by_hand, yarn_by_hand, mrope_imrope_by_hand,
+                     vision_by_hand, views_by_hand, low_precision_by_hand, angle_recurrence_exact);
 
-    tc = tcase_create("frontend");
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, result_shape_and_params);
-    suite_add_tcase(s, tc);
+    tc = ts_tcase(s, "frontend", 0);
+    TS_ADD_TESTS(tc, errors, result_shape_and_params);
 
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
+    tc = ts_tcase(s, "kernels", 120);
     tcase_add_loop_test(tc, kernels_compile, 0, (int)(sizeof CASES / sizeof CASES[0]));
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -62,13 +62,11 @@ static void add_in(io *x, const char *name, kiln_type t, int64_t n, const void *
 
 /* Runs the reference of kg; returns its status (the graph must build). */
 static kiln_status reference(const char *kg, io *x) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     x->nout = 0;
     kiln_status st = kiln_reference(g, io_get, io_put, x);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     return st;
 }
 
@@ -288,16 +286,7 @@ static const char DECLS[] = "input a: f32[4, 3]\ninput a3: f32[4, 3, 2]\ninput h
 static void expect_error(const char *stmt, kiln_code code, const char *const *want) {
     char text[2048];
     snprintf(text, sizeof text, "%soutput y = %s\n", DECLS, stmt);
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, text, strlen(text), "t.kg");
-    ck_assert_msg(st != NULL, "%s: parsed without error", stmt);
-    ck_assert_msg(kiln_status_code(st) == code, "%s: code %s, expected %s (%s)", stmt,
-                  kiln_code_name(kiln_status_code(st)), kiln_code_name(code), kiln_status_msg(st));
-    for (int k = 0; want[k]; k++)
-        ck_assert_msg(strstr(kiln_status_msg(st), want[k]), "%s: message '%s' lacks '%s'", stmt,
-                      kiln_status_msg(st), want[k]);
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_parse_error(text, code, want);
 }
 
 #define WANT(...) ((const char *const[]){__VA_ARGS__, NULL})
@@ -406,9 +395,8 @@ START_TEST(kernels_compile) {
     char *cache = ts_tmpdir();
     int   ok = 0;
     for (size_t g = 0; g < sizeof GRAPHS / sizeof GRAPHS[0]; g++) {
-        kiln_ctx   *ctx = ts_parse(GRAPHS[g]);
-        kiln_graph *graph = NULL;
-        TS_OK(kiln_graph_new(ctx, &graph));
+        kiln_ctx   *ctx;
+        kiln_graph *graph = ts_build(GRAPHS[g], &ctx);
         static const char *const archs[] = {"sm_90a", "sm_80"};
         for (int a = 0; a < 2; a++) {
             kiln_compile_opts o = {0};
@@ -429,8 +417,7 @@ START_TEST(kernels_compile) {
             kiln_program_free(p);
             ok++;
         }
-        kiln_graph_free(graph);
-        kiln_ctx_free(ctx);
+        ts_graph_free(graph, ctx);
     }
     ck_assert_int_eq(ok, (int)(2 * sizeof GRAPHS / sizeof GRAPHS[0]));
     ts_rmtree(cache);
@@ -444,9 +431,8 @@ START_TEST(kernels_deterministic) {
                      "output y = get_rows(a, i)\noutput z = get_rows(b, i)\n";
     char       *src[2][2];
     for (int run = 0; run < 2; run++) {
-        kiln_ctx   *ctx = ts_parse(kg);
-        kiln_graph *g = NULL;
-        TS_OK(kiln_graph_new(ctx, &g));
+        kiln_ctx   *ctx;
+        kiln_graph *g = ts_build(kg, &ctx);
         kiln_compile_opts o = {0};
         o.skip_nvrtc = 1;
         kiln_program *p = NULL;
@@ -459,9 +445,7 @@ START_TEST(kernels_deterministic) {
             ck_assert_ptr_nonnull(body);
             src[run][k] = strdup(body);
         }
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(p, g, ctx);
     }
     ck_assert_str_eq(src[0][0], src[1][0]);
     ck_assert_str_eq(src[0][0], src[0][1]);
@@ -472,21 +456,11 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_rows");
-    TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, get_rows_by_hand);
-    tcase_add_test(tc, set_rows_by_hand);
-    tcase_add_test(tc, concat_by_hand);
-    tcase_add_test(tc, pad_by_hand);
-    tcase_add_test(tc, add_id_by_hand);
-    tcase_add_test(tc, reference_index_errors);
-    tcase_add_test(tc, shape_errors);
-    tcase_add_test(tc, builders);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, kernels_compile);
-    tcase_add_test(tc, kernels_deterministic);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "reference", 0);
+    TS_ADD_TESTS(tc, get_rows_by_hand, set_rows_by_hand, concat_by_hand, pad_by_hand, add_id_by_hand,
+                     reference_index_errors, shape_errors, builders);
+    tc = ts_tcase(s, "kernels", 120);
+    TS_ADD_TESTS(tc, kernels_compile, kernels_deterministic);
     return s;
 }
 

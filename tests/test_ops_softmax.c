@@ -221,14 +221,7 @@ END_TEST
 /* ---- frontend errors ------------------------------------------------------------------------ */
 
 static void expect_error(const char *kg, kiln_code code, const char *needle) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, kg, strlen(kg), "t.kg");
-    ck_assert_msg(st != NULL, "expected an error for:\n%s", kg);
-    ck_assert_msg(kiln_status_code(st) == code, "%s: got %s: %s", kg, kiln_code_name(kiln_status_code(st)),
-                  kiln_status_msg(st));
-    ck_assert_msg(strstr(kiln_status_msg(st), needle), "message lacks \"%s\": %s", needle, kiln_status_msg(st));
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_parse_error(kg, code, TS_NEEDLES(needle));
 }
 
 START_TEST(errors) {
@@ -257,28 +250,17 @@ START_TEST(errors) {
     int64_t      ne[2] = {4, 2};
     kiln_tensor *a = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "a", 2, ne);
     ck_assert_ptr_null(kiln_soft_max_ext(ctx, a, NULL, 1.0f, 1.0f, NULL));
-    kiln_status st = kiln_ctx_status(ctx);
-    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_ctx_error(ctx, KILN_ERR_INVALID, NULL);
 }
 END_TEST
 
 /* The rows that ggml accepts build (negative max_bias is slope 1; mask rows beyond ne1). */
 START_TEST(accepted) {
-    const char *ok[] = {
-        "input a: f32[4, 2]\ninput m: f16[4, 9]\ny = soft_max_ext(a, m, 1, -3)\noutput z = cont(y)\n",
-        "input a: bf16[4, 2, 6, 2]\ninput m: f32[4, 2, 3]\ninput k: f32[6]\n"
-        "output y = soft_max_ext(a, m, 0.5, 8, k)\n",
-        "input a: f32[4, 3]\ninput s: f32[1]\noutput y = soft_max_ext(a, mask=a, scale=0.5, max_bias=0, sinks=s)\n",
-    };
-    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
-        kiln_ctx   *ctx = ts_parse(ok[i]);
-        kiln_graph *g = NULL;
-        TS_OK(kiln_graph_new(ctx, &g));
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
-    }
+    ts_builds("input a: f32[4, 2]\ninput m: f16[4, 9]\ny = soft_max_ext(a, m, 1, -3)\noutput z = cont(y)\n");
+    ts_builds("input a: bf16[4, 2, 6, 2]\ninput m: f32[4, 2, 3]\ninput k: f32[6]\n"
+              "output y = soft_max_ext(a, m, 0.5, 8, k)\n");
+    ts_builds("input a: f32[4, 3]\ninput s: f32[1]\n"
+              "output y = soft_max_ext(a, mask=a, scale=0.5, max_bias=0, sinks=s)\n");
 }
 END_TEST
 
@@ -346,71 +328,34 @@ START_TEST(kernels_compile) {
         ck_assert_msg(!strstr(src, "#include"), "#include in source");
         /* The cluster fallback is only compiled for sm_80: check both archs' warnings. */
         ts_nvrtc_clean(src, kiln_program_kernel_name(p, k), archs[a]);
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(p, g, ctx);
     }
 }
 END_TEST
 
+static void softmax_header(const kiln_program *p) {
+    ck_assert_msg(strstr(kiln_program_kernel_source(p, softmax_kernel(p)), "kiln softmax kernel"), "header comment");
+}
+
 /* The same graph gives the same source; names and layouts show in the kernel's comments. */
 START_TEST(kernels_deterministic) {
-    for (int i = 0; i < NCASES; i++) {
-        char *first = NULL;
-        for (int rep = 0; rep < 2; rep++) {
-            kiln_ctx     *ctx;
-            kiln_graph   *g;
-            kiln_program *p = ts_compile(CASES[i].kg, "sm_90a", g_cache, 1, &ctx, &g);
-            const char   *src = kiln_program_kernel_source(p, softmax_kernel(p));
-            if (!rep) first = strdup(src);
-            else ck_assert_msg(strcmp(first, src) == 0, "case %d: sources differ", i);
-            ck_assert_msg(strstr(src, "kiln softmax kernel"), "header comment");
-            kiln_program_free(p);
-            kiln_graph_free(g);
-            kiln_ctx_free(ctx);
-        }
-        free(first);
-    }
+    for (int i = 0; i < NCASES; i++) ts_compile_twice(CASES[i].kg, g_cache, softmax_header);
 }
 END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_softmax");
-    TCase *tc = tcase_create("reference");
-    tcase_add_test(tc, ref_soft_max_basic);
-    tcase_add_test(tc, ref_scale_mask_inf);
-    tcase_add_test(tc, ref_mask_broadcast);
-    tcase_add_test(tc, ref_alibi);
-    tcase_add_test(tc, ref_sinks);
-    tcase_add_test(tc, ref_fully_masked);
-    tcase_add_test(tc, ref_views);
-    tcase_add_test(tc, ref_half_types);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "reference", 0);
+    TS_ADD_TESTS(tc, ref_soft_max_basic, ref_scale_mask_inf, ref_mask_broadcast, ref_alibi, ref_sinks, ref_fully_masked,
+                     ref_views, ref_half_types);
 
-    tc = tcase_create("frontend");
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, accepted);
-    suite_add_tcase(s, tc);
+    tc = ts_tcase(s, "frontend", 0);
+    TS_ADD_TESTS(tc, errors, accepted);
 
-    tc = tcase_create("kernels");
-    tcase_set_timeout(tc, 120);
+    tc = ts_tcase(s, "kernels", 120);
     tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
     tcase_add_test(tc, kernels_deterministic);
-    suite_add_tcase(s, tc);
     return s;
 }
 
-int main(void) {
-    g_cache = NULL;
-    const char *base = getenv("TMPDIR");
-    static char dir[4096];
-    snprintf(dir, sizeof dir, "%s/kiln-softmax-test-XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return EXIT_FAILURE;
-    }
-    g_cache = dir;
-    int rc = ts_main(suite());
-    ts_rmtree(g_cache);
-    return rc;
-}
+int main(void) { return ts_main_cache(suite(), "softmax-test", &g_cache); }

@@ -69,15 +69,7 @@ END_TEST
 
 /* text must fail to parse with code and a message containing each of the needles. */
 static void expect_error(const char *text, kiln_code code, const char *n1, const char *n2) {
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_status st = kiln_parse(ctx, text, strlen(text), "t.kg");
-    ck_assert_msg(st != NULL, "no error for:\n%s", text);
-    const char *msg = kiln_status_msg(st);
-    ck_assert_msg(kiln_status_code(st) == code, "code %d, want %d: %s", (int)kiln_status_code(st), (int)code, msg);
-    ck_assert_msg(strstr(msg, n1), "'%s' not in: %s", n1, msg);
-    ck_assert_msg(!n2 || strstr(msg, n2), "'%s' not in: %s", n2, msg);
-    kiln_status_free(st);
-    kiln_ctx_free(ctx);
+    ts_parse_error(text, code, (const char *const[]){n1, n2, NULL});
 }
 
 START_TEST(errors) {
@@ -193,9 +185,8 @@ END_TEST
 
 /* Generates the program of text without compiling. */
 static kiln_program *generate(const char *text, kiln_ctx **ctx_out, kiln_graph **g_out) {
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(text, &ctx);
     kiln_compile_opts o = {.skip_nvrtc = 1, .cache_mode = KILN_CACHE_OFF};
     kiln_program     *p;
     TS_OK(kiln_compile(g, &o, &p));
@@ -229,9 +220,7 @@ START_TEST(kernel_shapes) {
         const char *name = kiln_program_kernel_name(p, 0);
         ck_assert_msg(strstr(name, cases[i].suffix), "%s: kernel %s, want *%s*", cases[i].stmt, name,
                       cases[i].suffix);
-        kiln_program_free(p);
-        kiln_graph_free(g);
-        kiln_ctx_free(ctx);
+        ts_compiled_free(p, g, ctx);
     }
 }
 END_TEST
@@ -268,9 +257,8 @@ static char *spread_graph(void) {
 START_TEST(kernels_compile) {
     char       *text = spread_graph();
     char       *cache = ts_tmpdir();
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(text, &ctx);
     static const char *archs[] = {"sm_90a", "sm_80"};
     for (int a = 0; a < 2; a++) {
         kiln_compile_opts o = {.arch = archs[a], .cache_dir = cache};
@@ -285,8 +273,7 @@ START_TEST(kernels_compile) {
         }
         kiln_program_free(p);
     }
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     ts_rmtree(cache);
     free(cache);
     free(text);
@@ -306,8 +293,7 @@ START_TEST(deterministic_sources) {
     kiln_program_free(p1);
     kiln_program_free(p2);
     kiln_graph_free(g1);
-    kiln_graph_free(g2);
-    kiln_ctx_free(c1);
+    ts_graph_free(g2, c1);
     kiln_ctx_free(c2);
     free(text);
 }
@@ -315,18 +301,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("ops_sort");
-    TCase *tc = tcase_create("sort");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, shapes);
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, reference_ties);
-    tcase_add_test(tc, reference_special_values);
-    tcase_add_test(tc, reference_strided_and_half);
-    tcase_add_test(tc, reference_long_row);
-    tcase_add_test(tc, kernel_shapes);
-    tcase_add_test(tc, kernels_compile);
-    tcase_add_test(tc, deterministic_sources);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "sort", 120);
+    TS_ADD_TESTS(tc, shapes, errors, reference_ties, reference_special_values, reference_strided_and_half,
+                     reference_long_row, kernel_shapes, kernels_compile, deterministic_sources);
     return s;
 }
 

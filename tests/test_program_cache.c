@@ -357,9 +357,8 @@ START_TEST(cache_modes) {
     ck_assert_int_eq(after.n[KC_CUBIN], before.n[KC_CUBIN]);
 
     setenv("KILN_CACHE", "sometimes", 1);
-    kiln_ctx   *ctx = ts_parse(kg_spec);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg_spec, &ctx);
     kiln_program *p = NULL;
     kiln_status   st = kiln_compile(g, &o, &p);
     ck_assert_msg(st != NULL, "KILN_CACHE=sometimes accepted");
@@ -367,8 +366,7 @@ START_TEST(cache_modes) {
                   "the error does not name the value: %s", kiln_status_msg(st));
     ck_assert_ptr_null(p);
     kiln_status_free(st);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 
     setenv("KILN_CACHE", "on", 1);
     r = compile_with(kg_spec, &o);
@@ -568,13 +566,11 @@ END_TEST
 /* ---- kiln_cache_explain --------------------------------------------------------------------- */
 
 static char *explain(const char *kg, const kiln_compile_opts *o) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     char *text = NULL;
     TS_OK(kiln_cache_explain(g, o, &text));
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     return text;
 }
 
@@ -676,18 +672,10 @@ END_TEST
 
 static Suite *program_cache_suite(void) {
     Suite *s = suite_create("program_cache");
-    TCase *t = tcase_create("program_cache");
-    tcase_set_timeout(t, 120);
-    tcase_add_test(t, second_compile_is_a_program_hit);
-    tcase_add_test(t, keys_change_with_key_inputs_only);
-    tcase_add_test(t, corrupt_program_entry_is_rebuilt);
-    tcase_add_test(t, cache_modes);
-    tcase_add_test(t, size_limit_after_compile);
-    tcase_add_test(t, dumps_identical_cold_and_warm);
-    tcase_add_test(t, jobs_change_nothing);
-    tcase_add_test(t, explain_says_why);
-    tcase_add_test(t, cli_reports_cold_and_warm);
-    suite_add_tcase(s, t);
+    TCase *t = ts_tcase(s, "program_cache", 120);
+    TS_ADD_TESTS(t, second_compile_is_a_program_hit, keys_change_with_key_inputs_only, corrupt_program_entry_is_rebuilt,
+                    cache_modes, size_limit_after_compile, dumps_identical_cold_and_warm, jobs_change_nothing,
+                    explain_says_why, cli_reports_cold_and_warm);
     return s;
 }
 

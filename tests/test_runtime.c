@@ -33,9 +33,7 @@ static kiln_program *compile_small(kiln_ctx **ctx, kiln_graph **g, char **cache,
 }
 
 static void free_small(kiln_ctx *ctx, kiln_graph *g, kiln_program *p, char *cache) {
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_compiled_free(p, g, ctx);
     ts_rmtree(cache);
     free(cache);
 }
@@ -186,14 +184,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("runtime");
-    TCase *tc = tcase_create("cpu");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_null_args);
-    tcase_add_test(tc, test_null_out_with_program);
-    tcase_add_test(tc, test_no_gpu);
-    tcase_add_test(tc, test_forced_missing_driver);
-    tcase_add_test(tc, test_init_threads);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "cpu", 60);
+    TS_ADD_TESTS(tc, test_null_args, test_null_out_with_program, test_no_gpu, test_forced_missing_driver,
+                     test_init_threads);
     return s;
 }
 

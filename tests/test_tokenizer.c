@@ -675,23 +675,11 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("tokenizer");
-    TCase *tc = tcase_create("tokenizer");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, gpt2_split);
-    tcase_add_test(tc, llama3_split);
-    tcase_add_test(tc, qwen2_split);
-    tcase_add_test(tc, classes_and_utf8);
-    tcase_add_test(tc, known_tokenizations);
-    tcase_add_test(tc, merges_stay_in_words);
-    tcase_add_test(tc, special_tokens);
-    tcase_add_test(tc, invalid_utf8);
+    TCase *tc = ts_tcase(s, "tokenizer", 60);
+    TS_ADD_TESTS(tc, gpt2_split, llama3_split, qwen2_split, classes_and_utf8, known_tokenizations, merges_stay_in_words,
+                     special_tokens, invalid_utf8);
     tcase_add_loop_test(tc, round_trips, 0, 3);
-    tcase_add_test(tc, errors);
-    tcase_add_test(tc, synthetic_vocab);
-    tcase_add_test(tc, big_vocab_round_trip);
-    tcase_add_test(tc, gguf_round_trip);
-    tcase_add_test(tc, gguf_refused);
-    suite_add_tcase(s, tc);
+    TS_ADD_TESTS(tc, errors, synthetic_vocab, big_vocab_round_trip, gguf_round_trip, gguf_refused);
     return s;
 }
 

@@ -238,15 +238,12 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("util_kernels");
-    TCase *tc = tcase_create("util_kernels");
-    tcase_set_timeout(tc, 120);
+    TCase *tc = ts_tcase(s, "util_kernels", 120);
     tcase_add_loop_test(tc, sources_are_the_former_kernels, 0, NKERNELS);
     tcase_add_loop_test(tc, cubins_are_the_former_kernels, 0, NKERNELS);
     tcase_add_loop_test(tc, nvrtc_clean, 0, NKERNELS);
     tcase_add_test(tc, keys_are_stable);
     tcase_add_loop_test(tc, second_call_hits_the_cache, 0, NKERNELS);
-    tcase_add_test(tc, default_dir_and_cache_off);
-    tcase_add_test(tc, bad_requests_are_errors);
-    suite_add_tcase(s, tc);
+    TS_ADD_TESTS(tc, default_dir_and_cache_off, bad_requests_are_errors);
     return ts_main_isolated(s, "util_kernels");
 }

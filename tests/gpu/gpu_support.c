@@ -397,6 +397,5 @@ void check_kg_fused(const char *kg, const char *what, double tol, uint64_t seed)
         printf("%-52s %s nmse %.3g\n", what, no_fuse ? "unfused" : "fused  ", e);
     }
     hset_free(&h);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }

@@ -313,23 +313,17 @@ static Suite *suite(void) {
     int         ng = (NFIXED + 3) / 4;
     for (int i = 0; i < ng && i < 16; i++) {
         snprintf(names[i], sizeof names[i], "fixed_%d", i);
-        TCase *tc = tcase_create(names[i]);
-        tcase_set_timeout(tc, 900);
+        TCase *tc = ts_tcase(s, names[i], 900);
         int hi = 4 * i + 4 < NFIXED ? 4 * i + 4 : NFIXED;
         tcase_add_loop_test(tc, test_fixed, 4 * i, hi);
-        suite_add_tcase(s, tc);
     }
     static const char *rn[3] = {"random_f32", "random_f16", "random_bf16"};
     for (int i = 0; i < 3; i++) {
-        TCase *tc = tcase_create(rn[i]);
-        tcase_set_timeout(tc, 900);
+        TCase *tc = ts_tcase(s, rn[i], 900);
         tcase_add_loop_test(tc, test_random, i, i + 1);
-        suite_add_tcase(s, tc);
     }
-    TCase *tc = tcase_create("all_masked");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "all_masked", 900);
     tcase_add_loop_test(tc, test_all_masked, 0, 5);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -111,8 +111,7 @@ static void chains(bool no_graph) {
            label, (long long)st.runs, (long long)st.captures);
     kiln_session_free(s);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 START_TEST(chain_matches_host_graph) { chains(false); }
@@ -171,18 +170,13 @@ START_TEST(chain_misuse) {
     TS_OK(kiln_session_chain_run(s, NULL, 0, NULL));
     kiln_session_free(s);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
 int main(void) {
     Suite *su = suite_create("gpu_chain");
-    TCase *t = tcase_create("all");
-    tcase_set_timeout(t, 300);
-    tcase_add_test(t, chain_matches_host_graph);
-    tcase_add_test(t, chain_matches_host_plain);
-    tcase_add_test(t, chain_misuse);
-    suite_add_tcase(su, t);
+    TCase *t = ts_tcase(su, "all", 300);
+    TS_ADD_TESTS(t, chain_matches_host_graph, chain_matches_host_plain, chain_misuse);
     return ts_main_cache(su, "gpu-chain", &g_cache_dir);
 }

@@ -88,8 +88,7 @@ static void check_step(const kiln_ctx *ctx, refdata *r, int t, const float *gpu_
     free(r->k_after);
     free(r->v_after);
     r->out = r->k_after = r->v_after = NULL;
-    kiln_graph_free(g);
-    kiln_ctx_free(b);
+    ts_graph_free(g, b);
 }
 
 static void set_both(kiln_session *s[2], const char *name, const void *data, size_t bytes) {
@@ -219,17 +218,15 @@ START_TEST(decode_200_steps) {
     }
     for (int i = 0; i < nw; i++) free(r.in[i].data);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
 /* A value over the maximum is refused at run time too, with the dim's range. */
 START_TEST(set_dim_errors) {
     need_gpu();
-    kiln_ctx *ctx = ts_parse("dim n <= 8\ninput x: f32[4, n]\noutput y = scale(x, 2, 0)\n");
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx *ctx;
+    kiln_graph *g = ts_build("dim n <= 8\ninput x: f32[4, n]\noutput y = scale(x, 2, 0)\n", &ctx);
     kiln_program *p = compile(g, 0);
     kiln_session *s;
     TS_OK(kiln_session_new(p, NULL, &s));
@@ -253,17 +250,13 @@ START_TEST(set_dim_errors) {
     for (int i = 0; i < 12; i++) ck_assert_float_eq(y[i], 2.0f * (float)i);
     kiln_session_free(s);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
 int main(void) {
     Suite *su = suite_create("gpu_decode");
-    TCase *t = tcase_create("all");
-    tcase_set_timeout(t, 600);
-    tcase_add_test(t, decode_200_steps);
-    tcase_add_test(t, set_dim_errors);
-    suite_add_tcase(su, t);
+    TCase *t = ts_tcase(su, "all", 600);
+    TS_ADD_TESTS(t, decode_200_steps, set_dim_errors);
     return ts_main_cache(su, "gpu-decode", &g_cache_dir);
 }

@@ -109,9 +109,8 @@ START_TEST(dyn_runs) {
     need_gpu();
     const gcase *c = &CASES[_i];
     int          nd = c->dims[1] ? 2 : 1;
-    kiln_ctx    *ctx = ts_parse(c->kg);
-    kiln_graph  *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx    *ctx;
+    kiln_graph  *g = ts_build(c->kg, &ctx);
     kiln_program *p = compile(g, 0);
     kiln_session *s = NULL;
     TS_OK(kiln_session_new(p, NULL, &s));
@@ -156,22 +155,18 @@ START_TEST(dyn_runs) {
             free(r.ref[o]);
         }
         for (int i = 0; i < MAXT && c->in[i].name; i++) free(r.in[i]);
-        kiln_graph_free(bg);
-        kiln_ctx_free(bc);
+        ts_graph_free(bg, bc);
     }
     kiln_session_free(s);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_dyn_attn");
-    TCase *tc = tcase_create("symbolic");
-    tcase_set_timeout(tc, 300);
+    TCase *tc = ts_tcase(s, "symbolic", 300);
     tcase_add_loop_test(tc, dyn_runs, 0, NCASES);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -88,10 +88,8 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("gpu_dyn_ew");
-    TCase *t = tcase_create("all");
-    tcase_set_timeout(t, 900);
+    TCase *t = ts_tcase(s, "all", 900);
     tcase_add_loop_test(t, runs_match_reference, 0, NCASES);
     tcase_add_test(t, bench_dyn);
-    suite_add_tcase(s, t);
     return ts_main_cache(s, "gpu-dyn-ew", &g_cache_dir);
 }

@@ -98,14 +98,10 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("gpu_dyn_matmul");
-    TCase *t = tcase_create("all");
-    tcase_set_timeout(t, 900);
+    TCase *t = ts_tcase(s, "all", 900);
     tcase_add_loop_test(t, runs_match_reference, 0, NCASES);
-    suite_add_tcase(s, t);
     /* a case of its own: CK_RUN_CASE=bench runs only the timing */
-    TCase *b = tcase_create("bench");
-    tcase_set_timeout(b, 900);
+    TCase *b = ts_tcase(s, "bench", 900);
     tcase_add_test(b, bench_prefill_gemm);
-    suite_add_tcase(s, b);
     return ts_main_cache(s, "gpu-dyn-matmul", &g_cache_dir);
 }

@@ -94,13 +94,9 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("gpu_dyn_rope");
-    TCase *t = tcase_create("runs");
-    tcase_set_timeout(t, 900);
+    TCase *t = ts_tcase(s, "runs", 900);
     tcase_add_loop_test(t, runs_match_reference, 0, DYN_NCASES);
-    suite_add_tcase(s, t);
-    TCase *b = tcase_create("bench");
-    tcase_set_timeout(b, 900);
+    TCase *b = ts_tcase(s, "bench", 900);
     tcase_add_test(b, bench_rope_set_rows);
-    suite_add_tcase(s, b);
     return ts_main_cache(s, "gpu-dyn-rope", &g_cache_dir);
 }

@@ -232,14 +232,10 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_ew_extra");
-    TCase *tc = tcase_create("ops");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "ops", 900);
     tcase_add_loop_test(tc, test_ops, 0, N_OPS * 3);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("chains");
-    tcase_set_timeout(tc, 300);
+    tc = ts_tcase(s, "chains", 300);
     tcase_add_loop_test(tc, test_chains, 0, (int)(sizeof CHAINS / sizeof CHAINS[0]) * 3);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -187,11 +187,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_fill");
-    TCase *tc = tcase_create("fill");
-    tcase_set_timeout(tc, 600);
+    TCase *tc = ts_tcase(s, "fill", 600);
     tcase_add_loop_test(tc, test_fill_ops, 0, N_OPS * 3);
     tcase_add_test(tc, test_fill_in_graph);
-    suite_add_tcase(s, tc);
     return s;
 }
 

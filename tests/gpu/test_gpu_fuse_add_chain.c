@@ -63,15 +63,11 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_fuse_add_chain");
-    TCase *tc = tcase_create("moe_sum");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "moe_sum", 900);
     tcase_add_loop_test(tc, test_moe_sum, 0, 6);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("into_matmul");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "into_matmul", 900);
     tcase_add_loop_test(tc, test_into_matmul, 0, 6);
     tcase_add_loop_test(tc, test_into_matmul_id, 0, 2);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -62,14 +62,10 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_fuse_decode");
-    TCase *tc = tcase_create("mul_mat_cat");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "mul_mat_cat", 900);
     tcase_add_loop_test(tc, qkv_attention_front, 0, 3);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("rms_norm_gemv");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "rms_norm_gemv", 900);
     tcase_add_loop_test(tc, norm_into_gemv, 0, 3);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -63,10 +63,8 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_fuse_gemv_rope");
-    TCase *tc = tcase_create("front");
-    tcase_set_timeout(tc, 600);
+    TCase *tc = ts_tcase(s, "front", 600);
     tcase_add_loop_test(tc, front, 0, (int)(sizeof CASES / sizeof CASES[0]));
-    suite_add_tcase(s, tc);
     return s;
 }
 

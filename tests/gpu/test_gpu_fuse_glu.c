@@ -58,9 +58,8 @@ static void fill_leaves(const kiln_graph *g, hset *h, uint64_t seed, int n_exper
 /* kg fused and unfused, each against the reference. */
 static void run_kg(const char *kg, const char *what, int n_expert, uint64_t seed) {
     need_gpu();
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     hset h = {0};
     fill_leaves(g, &h, seed, n_expert);
     for (int no_fuse = 0; no_fuse <= 1; no_fuse++) {
@@ -71,8 +70,7 @@ static void run_kg(const char *kg, const char *what, int n_expert, uint64_t seed
         printf("%-60s %s nmse %.3g\n", what, no_fuse ? "unfused" : "fused  ", e);
     }
     hset_free(&h);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 static void glu_call(char *out, size_t n, const char *glu, const char *x, const char *g) {
@@ -152,9 +150,8 @@ START_TEST(test_examples) {
     need_gpu();
     snprintf(path, sizeof path, "%s/%s", ts_src_dir(), files[_i]);
     char *kg = read_file(path);
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     hset h = {0};
     fill_leaves(g, &h, 4000 + (uint64_t)_i, 128);
     scale_weights(g, &h);
@@ -167,30 +164,21 @@ START_TEST(test_examples) {
         printf("%-60s nmse %.3g\n", label, e);
     }
     hset_free(&h);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     free(kg);
 }
 END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_fuse_glu");
-    TCase *tc = tcase_create("dense");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "dense", 900);
     tcase_add_loop_test(tc, test_dense, 0, 15);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("moe");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "moe", 900);
     tcase_add_loop_test(tc, test_moe, 0, 9);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("one_tensor");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "one_tensor", 900);
     tcase_add_loop_test(tc, test_one_tensor, 0, 4);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("examples");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "examples", 900);
     tcase_add_loop_test(tc, test_examples, 0, 2);
-    suite_add_tcase(s, tc);
     return s;
 }
 

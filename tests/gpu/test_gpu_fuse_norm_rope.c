@@ -80,9 +80,8 @@ static void compare(const char *label, const char *what, const hdata *r, const v
 
 /* kg over the inputs in h: fused vs reference and fused vs unfused. */
 static void check_case(const char *kg, hset *h, const char *line, bool want, const char *label) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     hset_clear_out(h);
     for (int i = 0; i < h->nin; i++) h->in[i].requested = false;
     TS_OK(kiln_reference(g, ref_get, ref_put, h));
@@ -97,8 +96,7 @@ static void check_case(const char *kg, hset *h, const char *line, bool want, con
     }
     free(f);
     free(u);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 /* ---- rms_norm_mul ------------------------------------------------------------------------------ */
@@ -236,13 +234,11 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_fuse_norm_rope");
-    TCase *tc = tcase_create("fuse");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "fuse", 900);
     tcase_add_loop_test(tc, rms_norm_mul, 0, 6);
     tcase_add_test(tc, rms_norm_mul_blocked);
     tcase_add_loop_test(tc, rope_set_rows, 0, 6);
     tcase_add_test(tc, rope_set_rows_blocked);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -123,9 +123,8 @@ static void run_case(const moe_case *c, uint64_t seed) {
              c->bias ? " bias" : "", c->norm ? " norm" : "", c->clamp ? " clamp" : "", c->scale ? " scale" : "",
              c->ties ? " ties" : "", (unsigned long long)seed);
     char       *kg = moe_kg(c);
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     hset h = {0};
     fill_case(c, &h, seed);
     TS_OK(kiln_reference(g, ref_get, ref_put, &h));
@@ -150,8 +149,7 @@ static void run_case(const moe_case *c, uint64_t seed) {
     expect_close(fw, uw, nw, "fused vs unfused", label);
     free(fid), free(fw), free(uid), free(uw);
     hset_free(&h);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     free(kg);
 }
 
@@ -198,11 +196,8 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_fuse_topk_moe");
-    TCase *tc = tcase_create("topk_moe");
-    tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, test_fixed_cases);
-    tcase_add_test(tc, test_random_cases);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "topk_moe", 600);
+    TS_ADD_TESTS(tc, test_fixed_cases, test_random_cases);
     return s;
 }
 

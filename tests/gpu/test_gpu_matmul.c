@@ -208,25 +208,17 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_matmul");
-    TCase *tc = tcase_create("fixed");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "fixed", 900);
     tcase_add_loop_test(tc, test_fixed, 0, 3 * NFIXED);
-    suite_add_tcase(s, tc);
     static const char *names[3] = {"random_f32", "random_f16", "random_bf16"};
     for (int i = 0; i < 3; i++) {
-        tc = tcase_create(names[i]);
-        tcase_set_timeout(tc, 900);
+        tc = ts_tcase(s, names[i], 900);
         tcase_add_loop_test(tc, test_random, i, i + 1);
-        suite_add_tcase(s, tc);
     }
-    tc = tcase_create("mma_edges");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "mma_edges", 900);
     tcase_add_loop_test(tc, test_mma_edges, 0, 12);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("bench_shapes");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "bench_shapes", 900);
     tcase_add_loop_test(tc, test_bench_shapes, 0, 2 * (int)(sizeof BENCH / sizeof BENCH[0]));
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -275,21 +275,15 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_matmul_id");
-    TCase *tc = tcase_create("fixed");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "fixed", 900);
     tcase_add_loop_test(tc, test_fixed, 0, NFIXED);
-    suite_add_tcase(s, tc);
     static const char *names[3] = {"random_f32", "random_f16", "random_bf16"};
     for (int i = 0; i < 3; i++) {
-        tc = tcase_create(names[i]);
-        tcase_set_timeout(tc, 900);
+        tc = ts_tcase(s, names[i], 900);
         tcase_add_loop_test(tc, test_random, i, i + 1);
-        suite_add_tcase(s, tc);
     }
-    tc = tcase_create("zero_rows");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "zero_rows", 900);
     tcase_add_loop_test(tc, test_zero_rows, 0, 3);
-    suite_add_tcase(s, tc);
     return s;
 }
 

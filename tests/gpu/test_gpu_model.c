@@ -180,13 +180,11 @@ static void teardown(void) {
 
 int main(void) {
     Suite *s = suite_create("gpu_model");
-    TCase *tc = tcase_create("gpu_model");
-    tcase_set_timeout(tc, 300);
+    TCase *tc = ts_tcase(s, "gpu_model", 300);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_loop_test(tc, prefill_and_decode_match_cpu, 0, 4);
     tcase_add_loop_test(tc, greedy_tokens_identical, 0, 4);
     tcase_add_test(tc, cli_run_check);
     tcase_add_loop_test(tc, device_fill_equals_file, 0, 2);
-    suite_add_tcase(s, tc);
     return ts_main_isolated(s, "gpu_model");
 }

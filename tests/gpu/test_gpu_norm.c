@@ -108,10 +108,8 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_norm");
-    TCase *tc = tcase_create("norm");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "norm", 900);
     tcase_add_loop_test(tc, norm_ops, 0, NOPS * 3);
-    suite_add_tcase(s, tc);
     return s;
 }
 

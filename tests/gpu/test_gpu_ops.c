@@ -134,8 +134,7 @@ static bool op_accepts(fe_op op, kiln_type t, char *why, size_t why_n) {
     bool        ok = st == NULL;
     snprintf(why, why_n, "%s", kiln_status_msg(st));
     kiln_status_free(st);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     return ok;
 }
 
@@ -500,8 +499,7 @@ static void windows_case(int no_graph) {
     ck_assert_int_eq(kiln_session_captures(s), no_graph ? 0 : 1);
     kiln_session_free(s);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 START_TEST(test_io_windows) {
@@ -573,8 +571,7 @@ START_TEST(test_session_errors) {
     expect_err(kiln_session_new(p, &so, &s), KILN_ERR_NO_GPU, "1000", "device 1000");
     kiln_program_free(p);
 
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -654,28 +651,17 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_ops");
-    TCase *tc = tcase_create("elementwise");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "elementwise", 900);
     tcase_add_loop_test(tc, test_elementwise_ops, 0, FE_OP_COUNT * 3);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("fused");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "fused", 900);
     tcase_add_loop_test(tc, test_fused_chains, 0, N_CHAINS * 3);
-    suite_add_tcase(s, tc);
 
-    tc = tcase_create("session");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_graph_replay);
-    tcase_add_test(tc, test_graphs_env_off);
-    tcase_add_test(tc, test_io_windows);
-    tcase_add_test(tc, test_session_errors);
-    suite_add_tcase(s, tc);
+    tc = ts_tcase(s, "session", 300);
+    TS_ADD_TESTS(tc, test_graph_replay, test_graphs_env_off, test_io_windows, test_session_errors);
 
-    tc = tcase_create("examples");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "examples", 900);
     tcase_add_test(tc, test_examples);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -58,8 +58,7 @@ static bool accepts(fe_op op, kiln_type t) {
     kiln_status st = kiln_graph_new(ctx, &g);
     bool        ok = st == NULL;
     kiln_status_free(st);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
     return ok;
 }
 
@@ -180,10 +179,8 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_reduce");
-    TCase *tc = tcase_create("reduce");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "reduce", 900);
     tcase_add_loop_test(tc, test_reduce_ops, 0, N_OPS * 3);
-    suite_add_tcase(s, tc);
     return s;
 }
 

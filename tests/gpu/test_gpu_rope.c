@@ -279,14 +279,10 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_rope");
-    TCase *tc = tcase_create("random");
-    tcase_set_timeout(tc, 600);
+    TCase *tc = ts_tcase(s, "random", 600);
     tcase_add_loop_test(tc, test_rope_random, 0, 15);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("targeted");
-    tcase_set_timeout(tc, 600);
+    tc = ts_tcase(s, "targeted", 600);
     tcase_add_loop_test(tc, test_rope_targeted, 0, 3 * N_TARGETED);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -242,9 +242,8 @@ END_TEST
 /* Runs kg on the GPU (no reference: it rejects these ids) and returns output "y" as f32. */
 static void run_gpu_only(const char *kg, const char *const *names, const void *const *data, const size_t *bytes,
                          int nin, float *y, size_t ybytes) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     kiln_program *p = compile(g, 0);
     kiln_session *s = NULL;
     TS_OK(kiln_session_new(p, NULL, &s));
@@ -253,8 +252,7 @@ static void run_gpu_only(const char *kg, const char *const *names, const void *c
     TS_OK(kiln_session_get(s, "y", y, ybytes));
     kiln_session_free(s);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 
 START_TEST(test_ids_out_of_range) {
@@ -293,9 +291,7 @@ START_TEST(test_ids_out_of_range) {
 END_TEST
 
 static TCase *op_case(Suite *s, const char *name) {
-    TCase *tc = tcase_create(name);
-    tcase_set_timeout(tc, 600);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, name, 600);
     return tc;
 }
 

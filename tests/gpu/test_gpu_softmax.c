@@ -288,23 +288,15 @@ static Suite *suite(void) {
     static const char *names[6] = {"soft_max_f32", "soft_max_f16", "soft_max_bf16",
                                    "soft_max_ext_f32", "soft_max_ext_f16", "soft_max_ext_bf16"};
     for (int i = 0; i < 6; i++) {
-        TCase *tc = tcase_create(names[i]);
-        tcase_set_timeout(tc, 900);
+        TCase *tc = ts_tcase(s, names[i], 900);
         tcase_add_loop_test(tc, test_random, i, i + 1);
-        suite_add_tcase(s, tc);
     }
-    TCase *tc = tcase_create("features");
-    tcase_set_timeout(tc, 900);
+    TCase *tc = ts_tcase(s, "features", 900);
     tcase_add_loop_test(tc, test_features, 0, 14);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("long_rows");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "long_rows", 900);
     tcase_add_loop_test(tc, test_long_rows, 0, 8);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("fully_masked");
-    tcase_set_timeout(tc, 900);
+    tc = ts_tcase(s, "fully_masked", 900);
     tcase_add_loop_test(tc, test_fully_masked, 0, 10);
-    suite_add_tcase(s, tc);
     return s;
 }
 

@@ -174,13 +174,8 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_sort");
-    TCase *tc = tcase_create("sort");
-    tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, test_argsort);
-    tcase_add_test(tc, test_top_k);
-    tcase_add_test(tc, test_argsort_top_k);
-    tcase_add_test(tc, test_router_replay);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "sort", 600);
+    TS_ADD_TESTS(tc, test_argsort, test_top_k, test_argsort_top_k, test_router_replay);
     return s;
 }
 

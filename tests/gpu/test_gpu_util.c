@@ -91,9 +91,8 @@ START_TEST(fill_weights_exact_and_cached) {
              "kiln-graph 1\nweight w32: f32[%d]\nweight w16: f16[%d]\nweight wb: bf16[%d]\n"
              "output y0 = cont(w32)\noutput y1 = cont(w16)\noutput y2 = cont(wb)\n",
              N, N, N);
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g = NULL;
-    TS_OK(kiln_graph_new(ctx, &g));
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
     kiln_program *p = compile(g, 0);
     ck_assert_int_eq(cached("kiln_fill_uniform"), 0);
     fill_and_check(p);
@@ -105,8 +104,7 @@ START_TEST(fill_weights_exact_and_cached) {
     fill_and_check(p);
     ck_assert_int_eq(cached("kiln_fill_uniform"), 1);
     kiln_program_free(p);
-    kiln_graph_free(g);
-    kiln_ctx_free(ctx);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -127,10 +125,7 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("gpu_util");
-    TCase *tc = tcase_create("gpu_util");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, fill_weights_exact_and_cached);
-    tcase_add_test(tc, flush_l2_runs_and_is_cached);
-    suite_add_tcase(s, tc);
+    TCase *tc = ts_tcase(s, "gpu_util", 300);
+    TS_ADD_TESTS(tc, fill_weights_exact_and_cached, flush_l2_runs_and_is_cached);
     return ts_main_isolated(s, "gpu_util");
 }
