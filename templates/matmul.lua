@@ -359,48 +359,34 @@ static __device__ __forceinline__ void kiln_st8(void *p, unsigned x, unsigned y)
     asm volatile("st.global.v2.u32 [%0], {%1, %2};" :: "l"(p), "r"(x), "r"(y) : "memory");
 }]],
 }
-HELPERS.mma_bf16 = [[
+-- The tensor-core helpers of a 16-bit type t ("bf16" or "f16"): mma.sync and the f32 pair
+-- packing; the two types' texts differ only in the type's name.
+local function mma_helpers(t)
+    local open = "static __device__ __forceinline__ void kiln_mma_" .. t .. "("
+    return string.format([[
 #if __CUDA_ARCH__ < 800
-#error "kiln: this mul_mat kernel uses mma.sync on bf16 (sm_80 or newer)"
+#error "kiln: this mul_mat kernel uses mma.sync on %s (sm_80 or newer)"
 #endif
 
-/* c += a (16x16, row) * b (16x8, col), bf16 in, f32 accumulate: one warp-wide tensor-core op. */
-static __device__ __forceinline__ void kiln_mma_bf16(float &c0, float &c1, float &c2, float &c3, unsigned a0,
-                                                     unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1)
+/* c += a (16x16, row) * b (16x8, col), %s in, f32 accumulate: one warp-wide tensor-core op. */
+%sfloat &c0, float &c1, float &c2, float &c3, unsigned a0,
+%sunsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1)
 {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%%0, %%1, %%2, %%3}, {%%4, %%5, %%6, %%7}, {%%8, %%9}, "
+        "{%%0, %%1, %%2, %%3};"
         : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* lo and hi rounded to bf16 (nearest even), lo in bits 0..15. */
-static __device__ __forceinline__ unsigned kiln_pack_bf16(float lo, float hi)
+/* lo and hi rounded to %s (nearest even), lo in bits 0..15. */
+static __device__ __forceinline__ unsigned kiln_pack_%s(float lo, float hi)
 {
     unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    asm("cvt.rn.%sx2.f32 %%0, %%1, %%2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
-}]]
-HELPERS.mma_f16 = [[
-#if __CUDA_ARCH__ < 800
-#error "kiln: this mul_mat kernel uses mma.sync on f16 (sm_80 or newer)"
-#endif
-
-/* c += a (16x16, row) * b (16x8, col), f16 in, f32 accumulate: one warp-wide tensor-core op. */
-static __device__ __forceinline__ void kiln_mma_f16(float &c0, float &c1, float &c2, float &c3, unsigned a0,
-                                                    unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-/* lo and hi rounded to f16 (nearest even), lo in bits 0..15. */
-static __device__ __forceinline__ unsigned kiln_pack_f16(float lo, float hi)
-{
-    unsigned r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}]]
+}]], t, t, open, string.rep(" ", #open), t, t, t, t, t)
+end
+HELPERS.mma_bf16 = mma_helpers("bf16")
+HELPERS.mma_f16 = mma_helpers("f16")
 local HELPER_ORDER = { "ldw16", "ldw8", "ldw4", "ldw2", "ldb4", "ldb2", "ldb1", "f16x2", "smem_addr", "cp16", "cp4",
     "cp_sync", "st16", "st8", "mma_bf16", "mma_f16" }
 local HELPER_DEPS = { cp16 = "smem_addr", cp4 = "smem_addr" }
