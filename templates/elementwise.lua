@@ -307,12 +307,8 @@ ${name}(${params})
     ${p}
 @ end
 
-@ if loop then
-    for (${ix} i = blockIdx.x * ${I(BLOCK)} + threadIdx.x; i < ${bound}; i += gridDim.x * ${I(BLOCK)}) {
-@ else
-    const ${ix} i = blockIdx.x * ${I(BLOCK)} + threadIdx.x;
-    if (i >= ${bound})
-        return;
+@ for _, s in ipairs(head) do
+${s}
 @ end
 @ for _, s in ipairs(body) do
 ${s}
@@ -665,8 +661,8 @@ local function plain_kernel(c)
     local source = kernel {
         name = c.name, dst = dst, n = n, launch = launch, bits = c.wide and 64 or 32, notes = notes,
         pre = n > 0 and (pre.code():gsub("\n$", "")) or "", BLOCK = BLOCK, params = c.params,
-        ptrs = c.dy and c.dyptrs or c.ptrs, loop = loop, ix = ix, I = I, body = body, dims = dims,
-        bound = c.dy and "count" or I(n),
+        ptrs = c.dy and c.dyptrs or c.ptrs, loop = loop, body = body, dims = dims,
+        head = kit.flat_index(ix, "i", c.dy and "count" or I(n), I(BLOCK), loop),
     }
     return { name = c.name, source = source, grid = { grid_x, 1, 1 }, block = { BLOCK, 1, 1 }, smem = 0,
         dynamic = c.dy and true or nil }

@@ -110,12 +110,10 @@ ${name}(${params})
 @ for _, s in ipairs(setup) do
     ${s}
 @ end
-@ if loop then
-    for (${ix} g = blockIdx.x * ${I(BLOCK)} + threadIdx.x; g < ${gbound}; g += gridDim.x * ${I(BLOCK)}) {
-@ else
-    const ${ix} g = blockIdx.x * ${I(BLOCK)} + threadIdx.x;
-    if (g >= ${gbound})
-        return;
+@ for _, s in ipairs(head) do
+${s}
+@ end
+@ if not loop then
     {
 @ end
 @ for _, s in ipairs(body) do
@@ -455,8 +453,8 @@ return function(k)
     local source = kernel {
         name = name, op = k.op, what = what, dst = dst, n = n, launch = launch, bits = wide and 64 or 32,
         notes = notes, pre = (pre.code():gsub("\n$", "")), vt = vt, vbytes = vec * es, ct = ct, vec = vec,
-        BLOCK = BLOCK, params = params, ptrs = ptrs, setup = setup, loop = loop, ix = ix, I = I,
-        groups = groups, gbound = gbound, body = body, dims = dims,
+        BLOCK = BLOCK, params = params, ptrs = ptrs, setup = setup, loop = loop,
+        head = kit.flat_index(ix, "g", gbound, I(BLOCK), loop), groups = groups, body = body, dims = dims,
     }
     return { name = name, source = source, grid = { grid_x, 1, 1 }, block = { BLOCK, 1, 1 }, smem = 0,
         dynamic = dy and true or nil }

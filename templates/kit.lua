@@ -215,4 +215,17 @@ function M.row_coords(ne, dy)
     return lines, coords
 end
 
+
+-- The head of a flat kernel's loop over its index space: variable v (C type ix) takes
+-- blockIdx.x * step + threadIdx.x; with loop, a grid-stride for loop (its "{" opened) to bound,
+-- else one index and a return when it is >= bound. Lines indented for a kernel's body.
+function M.flat_index(ix, v, bound, step, loop)
+    if loop then
+        return { string.format("    for (%s %s = blockIdx.x * %s + threadIdx.x; %s < %s; %s += gridDim.x * %s) {",
+            ix, v, step, v, bound, v, step) }
+    end
+    return { string.format("    const %s %s = blockIdx.x * %s + threadIdx.x;", ix, v, step),
+        string.format("    if (%s >= %s)", v, bound), "        return;" }
+end
+
 return M
