@@ -171,11 +171,17 @@ static bool match_selection(const ir_prog *p, moe_match *m, const ir_ref *probs)
     return true;
 }
 
+/* The first reader (after m->last) of w, the f32 temporary m->last writes, when w has exactly
+ * `readers` readers (the tail ops each take w whole); -1 otherwise. */
+static int next_reader(const ir_prog *p, const moe_match *m, int readers) {
+    int w = p->nodes[m->last].dst.buf;
+    if (!temp_f32(p, w) || ir_readers(p, w) != readers) return -1;
+    return reader_after(p, w, m->last, -1);
+}
+
 /* The delayed softmax over w ([k, T]): the only reader of w. */
 static bool match_delayed_softmax(const ir_prog *p, moe_match *m) {
-    int w = p->nodes[m->last].dst.buf;
-    if (!temp_f32(p, w) || ir_readers(p, w) != 1) return false;
-    int si = reader_after(p, w, m->last, -1);
+    int si = next_reader(p, m, 1);
     if (si < 0 || !plain_softmax(&p->nodes[si])) return false;
     const ir_node *s = &p->nodes[si];
     if (!whole_as(p, ir_operand(s, 0), m->k, m->T, 1) || !shape_is(s->dst.ne, m->k, m->T, 1)) return false;
@@ -186,9 +192,7 @@ static bool match_delayed_softmax(const ir_prog *p, moe_match *m) {
 
 /* Normalization: s = sum_rows(w), optionally clamped, w / s; w read by the sum and the div only. */
 static bool match_norm(const ir_prog *p, moe_match *m) {
-    int w = p->nodes[m->last].dst.buf;
-    if (!temp_f32(p, w) || ir_readers(p, w) != 2) return false;
-    int si = reader_after(p, w, m->last, -1);
+    int w = p->nodes[m->last].dst.buf, si = next_reader(p, m, 2);
     if (si < 0 || !plain_op(&p->nodes[si], FE_OP_SUM_ROWS)) return false;
     const ir_node *s = &p->nodes[si];
     if (!whole_as(p, ir_operand(s, 0), m->k, m->T, 1) || s->dst.type != KILN_F32 || !temp_f32(p, s->dst.buf) ||
@@ -228,9 +232,7 @@ static bool match_norm(const ir_prog *p, moe_match *m) {
 
 /* w = scale(w, s) (no bias term), the only reader of w. */
 static bool match_scale(const ir_prog *p, moe_match *m) {
-    int w = p->nodes[m->last].dst.buf;
-    if (!temp_f32(p, w) || ir_readers(p, w) != 1) return false;
-    int si = reader_after(p, w, m->last, -1);
+    int si = next_reader(p, m, 1);
     if (si < 0 || !ew1(&p->nodes[si], FE_OP_SCALE)) return false;
     const ir_node *s = &p->nodes[si];
     const ir_ref  *in = &s->in[0];

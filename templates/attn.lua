@@ -83,6 +83,28 @@ end
 -- ---- CUDA helpers -------------------------------------------------------------------------------
 -- Each is emitted only when used (NVRTC warns about unused static functions).
 
+-- The f32 pair packing and the mma.sync of a 16-bit input type: f16 and bf16 differ only in the
+-- type's name (@T@).
+local PACK = [[
+/* Two f32 rounded to @T@, lo in the low half. */
+static __device__ __forceinline__ unsigned kiln_pack(float lo, float hi)
+{
+    unsigned r;
+    asm("cvt.rn.@T@x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}]]
+local MMA = [[
+/* c += a b, m16n8k16, @T@ inputs, f32 accumulators. */
+static __device__ __forceinline__ void kiln_mma(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                                unsigned b0, unsigned b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.@T@.@T@.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}]]
+local function typed_helper(text, t) return (text:gsub("@T@", t)) end
+
 local HELPERS = {
     { name = "types", code = [[
 typedef unsigned short kiln_u16;
@@ -119,42 +141,10 @@ static __device__ __forceinline__ float kiln_warp_sum(float v)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }]] },
-    { name = "pack_f16", code = [[
-/* Two f32 rounded to f16, lo in the low half. */
-static __device__ __forceinline__ unsigned kiln_pack(float lo, float hi)
-{
-    unsigned r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}]] },
-    { name = "pack_bf16", code = [[
-/* Two f32 rounded to bf16, lo in the low half. */
-static __device__ __forceinline__ unsigned kiln_pack(float lo, float hi)
-{
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}]] },
-    { name = "mma_f16", code = [[
-/* c += a b, m16n8k16, f16 inputs, f32 accumulators. */
-static __device__ __forceinline__ void kiln_mma(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                                unsigned b0, unsigned b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}]] },
-    { name = "mma_bf16", code = [[
-/* c += a b, m16n8k16, bf16 inputs, f32 accumulators. */
-static __device__ __forceinline__ void kiln_mma(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                                unsigned b0, unsigned b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}]] },
+    { name = "pack_f16", code = typed_helper(PACK, "f16") },
+    { name = "pack_bf16", code = typed_helper(PACK, "bf16") },
+    { name = "mma_f16", code = typed_helper(MMA, "f16") },
+    { name = "mma_bf16", code = typed_helper(MMA, "bf16") },
     { name = "trans", code = [[
 /* The fragment of the transposed 8x8 matrix of 16-bit elements (warp-wide). */
 static __device__ __forceinline__ unsigned kiln_trans(unsigned x)

@@ -307,13 +307,6 @@ ${name}(${params})
     ${p}
 @ end
 
-@ if loop then
-    for (${ix} i = blockIdx.x * ${I(BLOCK)} + threadIdx.x; i < ${bound}; i += gridDim.x * ${I(BLOCK)}) {
-@ else
-    const ${ix} i = blockIdx.x * ${I(BLOCK)} + threadIdx.x;
-    if (i >= ${bound})
-        return;
-@ end
 @ for _, s in ipairs(body) do
 ${s}
 @ end
@@ -657,16 +650,15 @@ local function plain_kernel(c)
     for _, l in ipairs(ilines) do body[#body + 1] = l end
     body[#body + 1] = string.format("out[%s] = %s;", dst_at, pre.store(dst.type, last))
 
+    -- The index head, then the body indented under it.
+    local lines = kit.flat_index(ix, "i", c.dy and "count" or I(n), I(BLOCK), loop)
     local ind = loop and "        " or "    "
-    for j, s in ipairs(body) do
-        if s ~= "" then body[j] = ind .. s end
-    end
+    for _, s in ipairs(body) do lines[#lines + 1] = s ~= "" and ind .. s or s end
 
     local source = kernel {
         name = c.name, dst = dst, n = n, launch = launch, bits = c.wide and 64 or 32, notes = notes,
         pre = n > 0 and (pre.code():gsub("\n$", "")) or "", BLOCK = BLOCK, params = c.params,
-        ptrs = c.dy and c.dyptrs or c.ptrs, loop = loop, ix = ix, I = I, body = body, dims = dims,
-        bound = c.dy and "count" or I(n),
+        ptrs = c.dy and c.dyptrs or c.ptrs, loop = loop, body = lines, dims = dims,
     }
     return { name = c.name, source = source, grid = { grid_x, 1, 1 }, block = { BLOCK, 1, 1 }, smem = 0,
         dynamic = c.dy and true or nil }

@@ -107,19 +107,8 @@ ${name}(${params})
 @ for _, p in ipairs(ptrs) do
     ${p}
 @ end
-@ for _, s in ipairs(setup) do
-    ${s}
-@ end
-@ if loop then
-    for (${ix} g = blockIdx.x * ${I(BLOCK)} + threadIdx.x; g < ${gbound}; g += gridDim.x * ${I(BLOCK)}) {
-@ else
-    const ${ix} g = blockIdx.x * ${I(BLOCK)} + threadIdx.x;
-    if (g >= ${gbound})
-        return;
-    {
-@ end
-@ for _, s in ipairs(body) do
-        ${s}
+@ for _, s in ipairs(lines) do
+${s}
 @ end
     }
 }
@@ -452,11 +441,16 @@ return function(k)
     local params = table.concat(plist, ", ")
     local launch = string.format("%s%d block%s of %d, %d element%s per thread",
         loop and "grid-stride loop over " or "", grid_x, grid_x == 1 and "" or "s", BLOCK, vec, vec == 1 and "" or "s")
+    -- The statements: setup, the index head (without a loop, a block of its own), the body.
+    local lines = {}
+    for _, s in ipairs(setup) do lines[#lines + 1] = "    " .. s end
+    for _, s in ipairs(kit.flat_index(ix, "g", gbound, I(BLOCK), loop)) do lines[#lines + 1] = s end
+    if not loop then lines[#lines + 1] = "    {" end
+    for _, s in ipairs(body) do lines[#lines + 1] = "        " .. s end
     local source = kernel {
         name = name, op = k.op, what = what, dst = dst, n = n, launch = launch, bits = wide and 64 or 32,
         notes = notes, pre = (pre.code():gsub("\n$", "")), vt = vt, vbytes = vec * es, ct = ct, vec = vec,
-        BLOCK = BLOCK, params = params, ptrs = ptrs, setup = setup, loop = loop, ix = ix, I = I,
-        groups = groups, gbound = gbound, body = body, dims = dims,
+        BLOCK = BLOCK, params = params, ptrs = ptrs, lines = lines, groups = groups, dims = dims,
     }
     return { name = name, source = source, grid = { grid_x, 1, 1 }, block = { BLOCK, 1, 1 }, smem = 0,
         dynamic = dy and true or nil }

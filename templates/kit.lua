@@ -215,4 +215,54 @@ function M.row_coords(ne, dy)
     return lines, coords
 end
 
+
+-- The head of a flat kernel's loop over its index space: variable v (C type ix) takes
+-- blockIdx.x * step + threadIdx.x; with loop, a grid-stride for loop (its "{" opened) to bound,
+-- else one index and a return when it is >= bound. Lines indented for a kernel's body.
+function M.flat_index(ix, v, bound, step, loop)
+    if loop then
+        return { string.format("    for (%s %s = blockIdx.x * %s + threadIdx.x; %s < %s; %s += gridDim.x * %s) {",
+            ix, v, step, v, bound, v, step) }
+    end
+    return { string.format("    const %s %s = blockIdx.x * %s + threadIdx.x;", ix, v, step),
+        string.format("    if (%s >= %s)", v, bound), "        return;" }
+end
+
+
+-- kiln_sort_key under the comment lines `comment`: the order-preserving pattern of a float
+-- (unsigned comparison orders values as numbers, -0 == +0, NaN above +inf), as the sort and
+-- moe kernels declare it.
+function M.sort_key_helper(comment)
+    return comment .. [[
+
+static __device__ __forceinline__ unsigned kiln_sort_key(float v)
+{
+    unsigned u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return 0xffffffffu;
+    if (u == 0x80000000u)
+        u = 0u;
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}]]
+end
+
+-- kiln_warp_min, the minimum of a 64-bit key over the warp (sort's warp kernel, moe).
+M.WARP_MIN_HELPER = [[
+/* Minimum of x over the warp (keys are distinct, so one lane holds it). */
+static __device__ __forceinline__ unsigned long long kiln_warp_min(unsigned long long x)
+{
+#if __CUDA_ARCH__ >= 800
+    const unsigned hi = __reduce_min_sync(0xffffffffu, (unsigned)(x >> 32));
+    const unsigned lo = __reduce_min_sync(0xffffffffu, (unsigned)(x >> 32) == hi ? (unsigned)x : 0xffffffffu);
+    return (unsigned long long)hi << 32 | lo;
+#else
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long y = __shfl_xor_sync(0xffffffffu, x, o);
+        x = y < x ? y : x;
+    }
+    return x;
+#endif
+}]]
+
 return M

@@ -252,48 +252,41 @@ end
 
 -- ---- device helpers -----------------------------------------------------------------------
 
+-- A global load helper kiln_<name> of n (1, 2 or 4) registers of PTX type ty (C type ct, asm
+-- constraint c) from p, with the load instruction op: one register is returned, several are
+-- written through references. The weight (ldw*) and b (ldb*) loads differ only in these.
+local function load_helper(name, ptr, op, ty, ct, c, n)
+    local head = "static __device__ __forceinline__ "
+    if n == 1 then
+        return string.format([[
+%s%s kiln_%s(const %s *p)
+{
+    %s x;
+    asm("%s.%s %%0, [%%1];" : "=%s"(x) : "l"(p));
+    return x;
+}]], head, ct, name, ptr, ct, op, ty, c)
+    end
+    local refs, regs, outs = {}, {}, {}
+    for i = 1, n do
+        local v = ("xyzw"):sub(i, i)
+        refs[i], regs[i], outs[i] = ct .. " &" .. v, "%" .. (i - 1), '"=' .. c .. '"(' .. v .. ")"
+    end
+    return string.format([[
+%svoid kiln_%s(const %s *p, %s)
+{
+    asm("%s.v%d.%s {%s}, [%%%d];" : %s : "l"(p));
+}]], head, name, ptr, table.concat(refs, ", "), op, n, ty, table.concat(regs, ", "), n,
+        table.concat(outs, ", "))
+end
+
 local HELPERS = {
-    ldw16 = [[
-static __device__ __forceinline__ void kiln_ldw16(const void *p, unsigned &x, unsigned &y, unsigned &z, unsigned &w)
-{
-    asm("${W_LOAD}.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(x), "=r"(y), "=r"(z), "=r"(w) : "l"(p));
-}]],
-    ldw8 = [[
-static __device__ __forceinline__ void kiln_ldw8(const void *p, unsigned &x, unsigned &y)
-{
-    asm("${W_LOAD}.v2.u32 {%0, %1}, [%2];" : "=r"(x), "=r"(y) : "l"(p));
-}]],
-    ldw4 = [[
-static __device__ __forceinline__ unsigned kiln_ldw4(const void *p)
-{
-    unsigned x;
-    asm("${W_LOAD}.u32 %0, [%1];" : "=r"(x) : "l"(p));
-    return x;
-}]],
-    ldw2 = [[
-static __device__ __forceinline__ unsigned short kiln_ldw2(const void *p)
-{
-    unsigned short x;
-    asm("${W_LOAD}.u16 %0, [%1];" : "=h"(x) : "l"(p));
-    return x;
-}]],
-    ldb4 = [[
-static __device__ __forceinline__ void kiln_ldb4(const float *p, float &x, float &y, float &z, float &w)
-{
-    asm("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(x), "=f"(y), "=f"(z), "=f"(w) : "l"(p));
-}]],
-    ldb2 = [[
-static __device__ __forceinline__ void kiln_ldb2(const float *p, float &x, float &y)
-{
-    asm("ld.global.nc.v2.f32 {%0, %1}, [%2];" : "=f"(x), "=f"(y) : "l"(p));
-}]],
-    ldb1 = [[
-static __device__ __forceinline__ float kiln_ldb1(const float *p)
-{
-    float x;
-    asm("ld.global.nc.f32 %0, [%1];" : "=f"(x) : "l"(p));
-    return x;
-}]],
+    ldw16 = load_helper("ldw16", "void", W_LOAD, "u32", "unsigned", "r", 4),
+    ldw8 = load_helper("ldw8", "void", W_LOAD, "u32", "unsigned", "r", 2),
+    ldw4 = load_helper("ldw4", "void", W_LOAD, "u32", "unsigned", "r", 1),
+    ldw2 = load_helper("ldw2", "void", W_LOAD, "u16", "unsigned short", "h", 1),
+    ldb4 = load_helper("ldb4", "float", "ld.global.nc", "f32", "float", "f", 4),
+    ldb2 = load_helper("ldb2", "float", "ld.global.nc", "f32", "float", "f", 2),
+    ldb1 = load_helper("ldb1", "float", "ld.global.nc", "f32", "float", "f", 1),
     f16x2 = [[
 /* The two f16 halves of u as floats: lo = bits 0..15, hi = bits 16..31. */
 static __device__ __forceinline__ void kiln_f16x2(unsigned u, float &lo, float &hi)
@@ -402,7 +395,7 @@ local function helpers()
     function H.code()
         local out = {}
         for _, n in ipairs(HELPER_ORDER) do
-            if used[n] then out[#out + 1] = (HELPERS[n]:gsub("%${W_LOAD}", W_LOAD)) end
+            if used[n] then out[#out + 1] = HELPERS[n] end
         end
         return out
     end

@@ -41,6 +41,8 @@ local function offset(terms)
     return table.concat(parts, " + ")
 end
 
+local SORT_KEY = kit.sort_key_helper("/* Order-preserving pattern of v (templates/sort.lua): -0 == +0, NaN above +inf. */")
+
 local kernel = tpl.define [[
 // kiln moe kernel ${name}
 // topk_moe: ${what}
@@ -60,33 +62,9 @@ local kernel = tpl.define [[
 ${pre}
 @ end
 
-/* Order-preserving pattern of v (templates/sort.lua): -0 == +0, NaN above +inf. */
-static __device__ __forceinline__ unsigned kiln_sort_key(float v)
-{
-    unsigned u = __float_as_uint(v);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return 0xffffffffu;
-    if (u == 0x80000000u)
-        u = 0u;
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
+${sort_key}
 
-/* Minimum of x over the warp (keys are distinct, so one lane holds it). */
-static __device__ __forceinline__ unsigned long long kiln_warp_min(unsigned long long x)
-{
-#if __CUDA_ARCH__ >= 800
-    const unsigned hi = __reduce_min_sync(0xffffffffu, (unsigned)(x >> 32));
-    const unsigned lo = __reduce_min_sync(0xffffffffu, (unsigned)(x >> 32) == hi ? (unsigned)x : 0xffffffffu);
-    return (unsigned long long)hi << 32 | lo;
-#else
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned long long y = __shfl_xor_sync(0xffffffffu, x, o);
-        x = y < x ? y : x;
-    }
-    return x;
-#endif
-}
+${warp_min}
 @ if need_max then
 
 static __device__ __forceinline__ float kiln_warp_max(float x)
@@ -332,6 +310,7 @@ return function(k)
         ids_off = offset({ { "lane", K, K, ids.st[1] }, { "t", T, T, ids.st[2] } }),
         out_off = offset({ { "lane", K, K, dst.st[kd] }, { "t", T, T, dst.st[td] } }),
         store_w = store_w, pre = (pre.code():gsub("\n$", "")),
+        sort_key = SORT_KEY, warp_min = kit.WARP_MIN_HELPER,
     }
     return { name = name, source = src, grid = { grid, 1, 1 }, block = { WARPS * 32, 1, 1 }, smem = 0,
         fused = "topk_moe", dynamic = dT and true or nil }

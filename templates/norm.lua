@@ -338,6 +338,22 @@ local function emit(c)
         loaded = true
     end
 
+    -- Stores every element as the format fmt (one %s: the element's value), from the cached
+    -- copy or loaded again.
+    local function store_all(fmt)
+        if c.cached then
+            for_groups(function(base)
+                store_group("g", function(k) return fmt:format(xv .. "[" .. idx(base, k) .. "]") end, "")
+            end, true)
+        else
+            for_groups(function()
+                add(string.format("float v[%d];", VEC))
+                load_group("g", "v", "0", "")
+                store_group("g", function(k) return fmt:format("v[" .. k .. "]") end, "")
+            end, true)
+        end
+    end
+
     local n_f, n_d = c.n_float, c.n_double -- the element count as float / double C expressions
     if op == "rms_norm" or op == "l2_norm" then
         add("double s = 0.0;")
@@ -351,17 +367,7 @@ local function emit(c)
         else
             add(string.format("const float scale = 1.0f / fmaxf(sqrtf((float)s), %s);", c.eps))
         end
-        if c.cached then
-            for_groups(function(base)
-                store_group("g", function(k) return string.format("%s[%s] * scale", xv, idx(base, k)) end, "")
-            end, true)
-        else
-            for_groups(function()
-                add(string.format("float v[%d];", VEC))
-                load_group("g", "v", "0", "")
-                store_group("g", function(k) return string.format("v[%d] * scale", k) end, "")
-            end, true)
-        end
+        store_all("%s * scale")
     else
         -- norm: the f32 sum divided in f32; group_norm: the double mean rounded (ggml differs).
         add("double s = 0.0;")
@@ -384,17 +390,7 @@ local function emit(c)
         reduce("s2", 1)
         add(string.format("const float var = (float)(s2 / %s);", n_d))
         add(string.format("const float scale = 1.0f / sqrtf(var + %s);", c.eps))
-        if c.cached then
-            for_groups(function(base)
-                store_group("g", function(k) return string.format("(%s[%s] - mean) * scale", xv, idx(base, k)) end, "")
-            end, true)
-        else
-            for_groups(function()
-                add(string.format("float v[%d];", VEC))
-                load_group("g", "v", "0", "")
-                store_group("g", function(k) return string.format("(v[%d] - mean) * scale", k) end, "")
-            end, true)
-        end
+        store_all("(%s - mean) * scale")
     end
     return body, types, pre
 end

@@ -54,19 +54,13 @@ end
 
 local round_up = kit.round_up
 
+local SORT_KEY = kit.sort_key_helper([[
+/* Order-preserving pattern of v: unsigned comparison orders values as numbers, -0 == +0, NaN
+ * above +inf. */]])
+
 -- The CUDA helpers every sort kernel uses: the key of an element and one comparator.
 local helpers = tpl.define [[
-/* Order-preserving pattern of v: unsigned comparison orders values as numbers, -0 == +0, NaN
- * above +inf. */
-static __device__ __forceinline__ unsigned kiln_sort_key(float v)
-{
-    unsigned u = __float_as_uint(v);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return 0xffffffffu;
-    if (u == 0x80000000u)
-        u = 0u;
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
+${sort_key}
 
 /* The key of element i of a row: value pattern (${order}) above, index below. */
 static __device__ __forceinline__ unsigned long long kiln_key(const ${ct} *__restrict__ row, unsigned i)
@@ -124,22 +118,7 @@ ${helpers}
 
 -- The warp kernel: top-k by repeated warp minimum.
 local warp_kernel = tpl.define [[
-/* Minimum of x over the warp (keys are distinct, so one lane holds it). */
-static __device__ __forceinline__ unsigned long long kiln_warp_min(unsigned long long x)
-{
-#if __CUDA_ARCH__ >= 800
-    const unsigned hi = __reduce_min_sync(0xffffffffu, (unsigned)(x >> 32));
-    const unsigned lo = __reduce_min_sync(0xffffffffu, (unsigned)(x >> 32) == hi ? (unsigned)x : 0xffffffffu);
-    return (unsigned long long)hi << 32 | lo;
-#else
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned long long y = __shfl_xor_sync(0xffffffffu, x, o);
-        x = y < x ? y : x;
-    }
-    return x;
-#endif
-}
+${warp_min}
 
 extern "C" __global__ void __launch_bounds__(${WARPS * 32})
 ${name}(${params})
@@ -528,7 +507,7 @@ return function(k)
     local c = { name = name, params = params, ptrs = ptrs, ct = ct, n = n, kk = kk, rows = rows, dyn = dynamic }
     local src, grid, block, how, launch
     if shape == "warp" then
-        c.WARPS, c.E = WARPS, (n + 31) // 32
+        c.WARPS, c.E, c.warp_min = WARPS, (n + 31) // 32, kit.WARP_MIN_HELPER
         src = warp_kernel(c)
         grid, block = { (rows + WARPS - 1) // WARPS, 1, 1 }, { WARPS * 32, 1, 1 }
         how = string.format("one warp per row, %d key%s per lane in registers, %d warp minima", c.E,
@@ -575,7 +554,7 @@ return function(k)
     local h = helpers {
         ct = ct, order = desc and "descending: complemented" or "ascending",
         complement = desc and "~" or "", load = pre.load(a.type, elem), row_offset = row_offset(a),
-        need_cx = shape ~= "warp" and n > 1, row_ok = row_ok,
+        need_cx = shape ~= "warp" and n > 1, row_ok = row_ok, sort_key = SORT_KEY,
     }
     local what
     if op == "argsort" then what = "indices of each row sorted " .. (desc and "descending" or "ascending")
