@@ -49,7 +49,7 @@ static void write_model(const char *dir, const char *arch, kiln_type wtype) {
         if (hp.n_expert) hp.n_expert = 4, hp.n_expert_used = 2, hp.n_ff_exp = 4;
         hp.wtype = wtype;
         char name[64];
-        snprintf(name, sizeof name, "tiny-%s-%s.gguf", arch, kiln_type_name(wtype));
+        snprintf(name, sizeof name, "tiny-%s-%s", arch, kiln_type_name(wtype)); /* no .gguf: a seed, not a model to ship */
         char *path = path_of(dir, "fuzz_gguf", name);
         st = path ? kiln_model_write_random(&hp, 1, path, NULL, NULL) : kb_oom();
         free(path);
