@@ -640,6 +640,12 @@ char *ts_refused_msg(const char *kg, const char *cache_dir, int parse_may_refuse
     return m;
 }
 
+const ts_slot *ts_hands_output(const char *kg, ts_hands *h, const char *name) {
+    if (!ts_hands_find(h, name)) ts_hands_add(h, name);
+    ts_hands_run(kg, h);
+    return ts_hands_slot(h, name);
+}
+
 void ts_log_line(void *user, const char *line) {
     ts_log *lc = user;
     lc->lines++;

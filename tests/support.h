@@ -105,6 +105,8 @@ float   *ts_hands_add(ts_hands *h, const char *name);
 /* Parses kg and evaluates it with the CPU reference on h's inputs; each output lands in the
  * slot of its name (one without a slot fails the test). */
 void     ts_hands_run(const char *kg, ts_hands *h);
+/* ts_hands_run with output `name` declared in h (when it is not yet): returns its slot. */
+const ts_slot *ts_hands_output(const char *kg, ts_hands *h, const char *name);
 
 /* Compiles src with NVRTC and kiln's options for arch (NULL: sm_90a) and fails the test on any
  * error or warning, printing the source to stderr (Check's messages are short). */

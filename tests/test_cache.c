@@ -679,15 +679,8 @@ START_TEST(corruption_readonly_keeps_file) {
 }
 END_TEST
 
-/* With no log callback the line goes to stderr. */
-START_TEST(corruption_logs_to_stderr) {
-    char *dir = ts_tmpdir();
-    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON};
-    kc_key k = key_n(12);
-    char *path = kc_entry_path(&c, KC_CUBIN, k);
-    TS_OK(kc_put(&c, KC_CUBIN, k, NULL, "abcdef", 6));
-    write_raw(path, "KILNCACH", 8);
-
+/* What fn(user) writes to stderr (fd 2 redirected to a file in dir meanwhile). */
+static char *stderr_of(void (*fn)(void *), void *user, const char *dir) {
     kb_str b = {0};
     kb_str_addf(&b, "%s/stderr.txt", dir);
     char *errpath = kb_str_take(&b);
@@ -697,25 +690,50 @@ START_TEST(corruption_logs_to_stderr) {
     ck_assert(saved >= 0 && fd >= 0);
     dup2(fd, 2);
     close(fd);
-    void *data = NULL;
-    size_t size = 0;
-    int corrupt = 0;
-    kiln_status st = kc_get(&c, KC_CUBIN, k, &data, &size, &corrupt);
+    fn(user);
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
-    TS_OK(st);
-    ck_assert_ptr_null(data);
-    ck_assert_int_eq(corrupt, 1);
-    char *text;
-    size_t len;
-    TS_OK(kb_read_file(errpath, &text, &len));
+    char *text = ts_read_file(errpath, NULL);
+    free(errpath);
+    return text;
+}
+
+/* kc_get's call and results, for stderr_of. */
+typedef struct {
+    kc_cache   *c;
+    kc_key      k;
+    void       *data;
+    size_t      size;
+    int         corrupt;
+    kiln_status st;
+} get_call;
+
+static void get_once(void *user) {
+    get_call *g = user;
+    g->st = kc_get(g->c, KC_CUBIN, g->k, &g->data, &g->size, &g->corrupt);
+}
+
+/* With no log callback the line goes to stderr. */
+START_TEST(corruption_logs_to_stderr) {
+    char *dir = ts_tmpdir();
+    kc_cache c = {.dir = dir, .mode = KILN_CACHE_ON};
+    kc_key k = key_n(12);
+    char *path = kc_entry_path(&c, KC_CUBIN, k);
+    TS_OK(kc_put(&c, KC_CUBIN, k, NULL, "abcdef", 6));
+    write_raw(path, "KILNCACH", 8);
+
+    get_call g = {.c = &c, .k = k};
+    char    *text = stderr_of(get_once, &g, dir);
+    size_t   len = strlen(text);
+    TS_OK(g.st);
+    ck_assert_ptr_null(g.data);
+    ck_assert_int_eq(g.corrupt, 1);
     ck_assert_msg(strstr(text, "kiln: cache entry ") && strstr(text, path) && strstr(text, "truncated"),
                   "stderr: %s", text);
     ck_assert_msg(len > 0 && text[len - 1] == '\n' && strchr(text, '\n') == text + len - 1, "one line: %s", text);
     ck_assert(!file_exists(path));
     free(text);
-    free(errpath);
     free(path);
     ts_rmtree(dir);
     free(dir);
@@ -924,26 +942,6 @@ START_TEST(write_failure_warns_once_across_threads) {
     free(dir);
 }
 END_TEST
-
-/* What fn(user) writes to stderr (fd 2 redirected to a file in dir meanwhile). */
-static char *stderr_of(void (*fn)(void *), void *user, const char *dir) {
-    kb_str b = {0};
-    kb_str_addf(&b, "%s/stderr.txt", dir);
-    char *errpath = kb_str_take(&b);
-    fflush(stderr);
-    int saved = dup(2);
-    int fd = open(errpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ck_assert(saved >= 0 && fd >= 0);
-    dup2(fd, 2);
-    close(fd);
-    fn(user);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    char *text = ts_read_file(errpath, NULL);
-    free(errpath);
-    return text;
-}
 
 static void put_twice_on_two_caches(void *user) {
     char *root = user;

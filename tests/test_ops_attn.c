@@ -18,12 +18,6 @@
 
 /* ---- the reference, by hand ------------------------------------------------------------------ */
 
-/* Evaluates the graph's one output, y, with h's inputs; returns y's slot. */
-static const ts_slot *reference(const char *kg, ts_hands *h) {
-    if (!ts_hands_find(h, "y")) ts_hands_add(h, "y");
-    ts_hands_run(kg, h);
-    return ts_hands_slot(h, "y");
-}
 
 static void expect(ts_hands *h, const double *want, int64_t n, double tol, const char *what) {
     const ts_slot *y = ts_hands_slot(h, "y");
@@ -60,11 +54,11 @@ START_TEST(ref_basic) {
     ts_hands h = {0};
     two_keys(&h);
     double want[2];
-    reference(KG2("", "flash_attn_ext(q, k, v)"), &h);
+    ts_hands_output(KG2("", "flash_attn_ext(q, k, v)"), &h, "y");
     mix(1, 0, NAN, want);
     expect(&h, want, 2, 1e-6, "basic");
     ck_assert(fabs(want[0] - 1.5378828427399902) < 1e-9); /* 1 + 2 / (e + 1) */
-    reference(KG2("", "flash_attn_ext(q, k, v, scale=0.5)"), &h);
+    ts_hands_output(KG2("", "flash_attn_ext(q, k, v, scale=0.5)"), &h, "y");
     mix(0.5, 0, NAN, want);
     expect(&h, want, 2, 1e-6, "scale 0.5");
 }
@@ -79,20 +73,20 @@ START_TEST(ref_mask) {
     double want[2];
     m[0] = 0;
     m[1] = -INFINITY;
-    reference(KG2("input m: f16[2, 1]\n", "flash_attn_ext(q, k, v, mask=m)"), &h);
+    ts_hands_output(KG2("input m: f16[2, 1]\n", "flash_attn_ext(q, k, v, mask=m)"), &h, "y");
     const double v0[2] = {1, 2};
     expect(&h, v0, 2, 1e-7, "key 1 masked");
     m[0] = -INFINITY;
-    reference(KG2("input m: f16[2, 1]\n", "flash_attn_ext(q, k, v, mask=m)"), &h);
+    ts_hands_output(KG2("input m: f16[2, 1]\n", "flash_attn_ext(q, k, v, mask=m)"), &h, "y");
     const double zero[2] = {0, 0};
     expect(&h, zero, 2, 0, "fully masked");
     float *s = ts_hands_add(&h, "s");
     s[0] = 0.5f;
-    reference(KG2("input m: f16[2, 1]\ninput s: f32[1]\n", "flash_attn_ext(q, k, v, mask=m, sinks=s)"), &h);
+    ts_hands_output(KG2("input m: f16[2, 1]\ninput s: f32[1]\n", "flash_attn_ext(q, k, v, mask=m, sinks=s)"), &h, "y");
     expect(&h, zero, 2, 0, "fully masked with a sink");
     m[0] = 0.5f;
     m[1] = 2.0f;
-    reference(KG2("input m: f16[2, 1]\n", "flash_attn_ext(q, k, v, mask=m, scale=2)"), &h);
+    ts_hands_output(KG2("input m: f16[2, 1]\n", "flash_attn_ext(q, k, v, mask=m, scale=2)"), &h, "y");
     mix(2 + 0.5, 0 + 2, NAN, want);
     expect(&h, want, 2, 1e-6, "mask values");
 }
@@ -104,13 +98,13 @@ START_TEST(ref_sinks) {
     two_keys(&h);
     float *s = ts_hands_add(&h, "s");
     s[0] = (float)log(exp(1.0) + 1.0);
-    reference(KG2("input s: f32[1]\n", "flash_attn_ext(q, k, v, sinks=s)"), &h);
+    ts_hands_output(KG2("input s: f32[1]\n", "flash_attn_ext(q, k, v, sinks=s)"), &h, "y");
     double want[2];
     mix(1, 0, NAN, want);
     want[0] /= 2, want[1] /= 2;
     expect(&h, want, 2, 1e-6, "sink");
     s[0] = 30.0f; /* takes almost everything */
-    const ts_slot *y = reference(KG2("input s: f32[1]\n", "flash_attn_ext(q, k, v, sinks=s)"), &h);
+    const ts_slot *y = ts_hands_output(KG2("input s: f32[1]\n", "flash_attn_ext(q, k, v, sinks=s)"), &h, "y");
     ck_assert(y->v[0] > 0 && y->v[0] < 1e-12);
 }
 END_TEST
@@ -119,7 +113,7 @@ END_TEST
 START_TEST(ref_softcap) {
     ts_hands h = {0};
     two_keys(&h);
-    reference(KG2("", "flash_attn_ext(q, k, v, scale=4, logit_softcap=2)"), &h);
+    ts_hands_output(KG2("", "flash_attn_ext(q, k, v, scale=4, logit_softcap=2)"), &h, "y");
     double want[2];
     mix(2 * tanh(1 * 4.0 / 2), 0, NAN, want);
     expect(&h, want, 2, 1e-6, "softcap 2, scale 4");
@@ -139,9 +133,9 @@ START_TEST(ref_gqa_layout) {
     const float vk[8] = {1, 0, 0, 1, 0, 1, 1, 0}, vv[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     memcpy(k, vk, sizeof vk);
     memcpy(v, vv, sizeof vv);
-    reference("input q: f32[2, 2, 4]\ninput k: f16[2, 2, 2]\ninput v: f16[2, 2, 2]\n"
-              "output y = flash_attn_ext(q, k, v)\n",
-              &h);
+    ts_hands_output("input q: f32[2, 2, 4]\ninput k: f16[2, 2, 2]\ninput v: f16[2, 2, 2]\n"
+                    "output y = flash_attn_ext(q, k, v)\n",
+                    &h, "y");
     double want[16], a[2], b[2];
     mix(1, 0, NAN, a); /* token 0, kv head 0: scores [1, 0] */
     mix(0, 1, NAN, b); /* token 1, kv head 0 */
@@ -166,9 +160,9 @@ START_TEST(ref_alibi) {
     memcpy(k, vk, sizeof vk);
     memcpy(v, vv, sizeof vv);
     m[0] = 0, m[1] = 1;
-    reference("input q: f32[2, 1, 4]\ninput k: f16[2, 2, 1]\ninput v: f16[2, 2, 1]\ninput m: f16[2, 1]\n"
-              "output y = flash_attn_ext(q, k, v, mask=m, max_bias=8)\n",
-              &h);
+    ts_hands_output("input q: f32[2, 1, 4]\ninput k: f16[2, 2, 1]\ninput v: f16[2, 2, 1]\ninput m: f16[2, 1]\n"
+                    "output y = flash_attn_ext(q, k, v, mask=m, max_bias=8)\n",
+                    &h, "y");
     double want[8];
     for (int hd = 0; hd < 4; hd++) mix(0, pow(2.0, -2.0 * (hd + 1)), NAN, want + 2 * hd);
     expect(&h, want, 8, 1e-6, "alibi 4 heads, max_bias 8");
@@ -185,7 +179,7 @@ START_TEST(ref_types) {
         char kg[256];
         snprintf(kg, sizeof kg, "input q: f32[2, 1, 1]\ninput k: %s[2, 2, 1]\ninput v: %s[2, 2, 1]\n"
                  "output y = flash_attn_ext(q, k, v)\n", types[t], types[t]);
-        reference(kg, &h);
+        ts_hands_output(kg, &h, "y");
         double want[2];
         mix(1, 0, NAN, want);
         expect(&h, want, 2, 1e-6, types[t]);

@@ -16,12 +16,6 @@
 
 /* ---- the reference, by hand ------------------------------------------------------------------ */
 
-/* Evaluates the graph's one output, y, with h's inputs; returns y's slot. */
-static const ts_slot *reference(const char *kg, ts_hands *h) {
-    if (!ts_hands_find(h, "y")) ts_hands_add(h, "y");
-    ts_hands_run(kg, h);
-    return ts_hands_slot(h, "y");
-}
 
 static void expect(ts_hands *h, const double *want, int64_t n, double tol, const char *what) {
     const ts_slot *y = ts_hands_slot(h, "y");
@@ -46,13 +40,13 @@ START_TEST(ref_soft_max_basic) {
     float *a = ts_hands_add(&h, "a");
     const float va[8] = {1, 2, 3, 4, 0, 0, 0, 0};
     memcpy(a, va, sizeof va);
-    const ts_slot *y = reference("input a: f32[4, 2]\noutput y = soft_max(a)\n", &h);
+    const ts_slot *y = ts_hands_output("input a: f32[4, 2]\noutput y = soft_max(a)\n", &h, "y");
     const double want[8] = {0.03205860328008499, 0.08714431874203257, 0.23688281808991013, 0.6439142598879724,
                             0.25, 0.25, 0.25, 0.25};
     expect(&h, want, 8, 1e-7, "soft_max([1,2,3,4])");
     ck_assert_int_eq(y->type, KILN_F32);
     /* soft_max_ext with the defaults is soft_max. */
-    reference("input a: f32[4, 2]\noutput y = soft_max_ext(a)\n", &h);
+    ts_hands_output("input a: f32[4, 2]\noutput y = soft_max_ext(a)\n", &h, "y");
     expect(&h, want, 8, 1e-7, "soft_max_ext(a) defaults");
 }
 END_TEST
@@ -64,7 +58,7 @@ START_TEST(ref_scale_mask_inf) {
     const float va[4] = {1, 2, 3, 4}, vm[4] = {0, -INFINITY, 0, 1};
     memcpy(a, va, sizeof va);
     memcpy(m, vm, sizeof vm);
-    reference("input a: f32[4]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, 0.5)\n", &h);
+    ts_hands_output("input a: f32[4]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, 0.5)\n", &h, "y");
     const double want[4] = {0.0628900132458675, 0.0, 0.17095278019779026, 0.7661572065563422};
     expect(&h, want, 4, 1e-7, "soft_max_ext(scale 0.5, -inf mask)");
 }
@@ -80,7 +74,7 @@ START_TEST(ref_mask_broadcast) {
     m[4] = -INFINITY;                                                       /* (1, 1, 0) */
     for (int i = 6; i < 9; i++) m[i] = 1000.0f; /* row 2 of plane 0: never read */
     const ts_slot *y =
-        reference("input a: f32[3, 2, 4, 2]\ninput m: f16[3, 3, 2]\noutput y = soft_max_ext(a, m, 0.75)\n", &h);
+        ts_hands_output("input a: f32[3, 2, 4, 2]\ninput m: f16[3, 3, 2]\noutput y = soft_max_ext(a, m, 0.75)\n", &h, "y");
     double want[48];
     for (int i3 = 0; i3 < 2; i3++)
         for (int i2 = 0; i2 < 4; i2++)
@@ -104,7 +98,7 @@ START_TEST(ref_alibi) {
     float *a = ts_hands_add(&h, "a"), *m = ts_hands_add(&h, "m");
     memset(a, 0, 12 * sizeof *a);
     for (int i = 0; i < 4; i++) m[i] = (float)i;
-    reference("input a: f32[4, 1, 3]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, 1, 8)\n", &h);
+    ts_hands_output("input a: f32[4, 1, 3]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, 1, 8)\n", &h, "y");
     const double want[12] = {0.22707284323348026, 0.2417177833927635,  0.2573072410435041,  0.2739021323302522,
                              0.24853706917441049, 0.24950981575963635, 0.2504863695673511,  0.2514667454986021,
                              0.16529617667112,    0.21224449212702542, 0.27252732244308187, 0.3499320087587727};
@@ -112,7 +106,7 @@ START_TEST(ref_alibi) {
 
     /* 5 heads: n_head_log2 = 4, max_bias 4: m0 = 2^-1, m1 = 2^-0.5; head 4 uses m1^1. */
     memset(a, 0, 20 * sizeof *a);
-    reference("input a: f32[4, 1, 5]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, max_bias=4)\n", &h);
+    ts_hands_output("input a: f32[4, 1, 5]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, max_bias=4)\n", &h, "y");
     double want5[20];
     const double slopes[5] = {0.5, 0.25, 0.125, 0.0625, 0.7071067811865476};
     for (int hd = 0; hd < 5; hd++) {
@@ -123,7 +117,7 @@ START_TEST(ref_alibi) {
     expect(&h, want5, 20, 1e-6, "alibi, 5 heads, max_bias 4");
 
     /* max_bias 0 means slope 1, whatever the heads. */
-    const ts_slot *y = reference("input a: f32[4, 1, 3]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, 1, 0)\n", &h);
+    const ts_slot *y = ts_hands_output("input a: f32[4, 1, 3]\ninput m: f32[4]\noutput y = soft_max_ext(a, m, 1, 0)\n", &h, "y");
     double w1[4], x1[4] = {0, 1, 2, 3};
     softmax_d(x1, 4, NAN, w1);
     for (int hd = 0; hd < 3; hd++)
@@ -139,12 +133,12 @@ START_TEST(ref_sinks) {
     memset(a, 0, 8 * sizeof *a);
     k[0] = 0.69314718f;
     k[1] = 0.0f;
-    reference("input a: f32[2, 2, 2]\ninput k: f32[2]\noutput y = soft_max_ext(a, sinks=k)\n", &h);
+    ts_hands_output("input a: f32[2, 2, 2]\ninput k: f32[2]\noutput y = soft_max_ext(a, sinks=k)\n", &h, "y");
     const double t = 1.0 / 3.0, want[8] = {0.25, 0.25, 0.25, 0.25, t, t, t, t};
     expect(&h, want, 8, 1e-7, "sinks");
     /* A large sink takes almost everything. */
     k[0] = 20.0f;
-    const ts_slot *y = reference("input a: f32[2, 2, 2]\ninput k: f32[2]\noutput y = soft_max_ext(a, sinks=k)\n", &h);
+    const ts_slot *y = ts_hands_output("input a: f32[2, 2, 2]\ninput k: f32[2]\noutput y = soft_max_ext(a, sinks=k)\n", &h, "y");
     ck_assert(y->v[0] < 1e-8 && y->v[0] > 0);
 }
 END_TEST
@@ -158,13 +152,13 @@ START_TEST(ref_fully_masked) {
     for (int i = 0; i < 3; i++) m[i] = -INFINITY;
     for (int i = 3; i < 6; i++) m[i] = 0.0f;
     k[0] = 0.0f;
-    const ts_slot *y = reference("input a: f32[3, 2]\ninput m: f16[3, 2]\noutput y = soft_max_ext(a, m)\n", &h);
+    const ts_slot *y = ts_hands_output("input a: f32[3, 2]\ninput m: f16[3, 2]\noutput y = soft_max_ext(a, m)\n", &h, "y");
     for (int i = 0; i < 3; i++) ck_assert_msg(isnan(y->v[i]), "y[%d] = %g, want NaN", i, (double)y->v[i]);
     double want[3], x[3] = {3, 4, 5};
     softmax_d(x, 3, NAN, want);
     for (int i = 0; i < 3; i++) ck_assert(fabs(y->v[3 + i] - want[i]) < 1e-7);
-    reference("input a: f32[3, 2]\ninput m: f16[3, 2]\ninput k: f32[1]\noutput y = soft_max_ext(a, m, sinks=k)\n",
-              &h);
+    ts_hands_output("input a: f32[3, 2]\ninput m: f16[3, 2]\ninput k: f32[1]\noutput y = soft_max_ext(a, m, sinks=k)\n",
+                    &h, "y");
     for (int i = 0; i < 3; i++) ck_assert(y->v[i] == 0.0f);
     softmax_d(x, 3, 0.0, want);
     for (int i = 0; i < 3; i++) ck_assert(fabs(y->v[3 + i] - want[i]) < 1e-7);
@@ -176,14 +170,14 @@ START_TEST(ref_views) {
     ts_hands h = {0};
     float *b = ts_hands_add(&h, "b");
     for (int i = 0; i < 8; i++) b[i] = (float)(i % 4) - (float)(i / 4) * 0.5f; /* [[0,1,2,3],[-.5,.5,1.5,2.5]] */
-    reference("input b: f32[4, 2]\nt = transpose(b)\noutput y = soft_max_ext(t, scale=2)\n", &h);
+    ts_hands_output("input b: f32[4, 2]\nt = transpose(b)\noutput y = soft_max_ext(t, scale=2)\n", &h, "y");
     double want[8];
     for (int r = 0; r < 4; r++) {
         double x[2] = {2.0 * b[r], 2.0 * b[4 + r]};
         softmax_d(x, 2, NAN, want + 2 * r);
     }
     expect(&h, want, 8, 1e-7, "transposed");
-    reference("input b: f32[4, 2]\nv = view(b, [3, 2], [16], 4)\noutput y = soft_max(v)\n", &h);
+    ts_hands_output("input b: f32[4, 2]\nv = view(b, [3, 2], [16], 4)\noutput y = soft_max(v)\n", &h, "y");
     for (int r = 0; r < 2; r++) {
         double x[3] = {b[4 * r + 1], b[4 * r + 2], b[4 * r + 3]};
         softmax_d(x, 3, NAN, want + 3 * r);
@@ -203,7 +197,7 @@ START_TEST(ref_half_types) {
         memcpy(a, va, sizeof va);
         char kg[128];
         snprintf(kg, sizeof kg, "input a: %s[4]\noutput y = soft_max(a)\n", types[t]);
-        const ts_slot *y = reference(kg, &h);
+        const ts_slot *y = ts_hands_output(kg, &h, "y");
         ck_assert_int_eq(y->type, kt[t]);
         const double want[4] = {0.03205860328008499, 0.08714431874203257, 0.23688281808991013, 0.6439142598879724};
         for (int i = 0; i < 4; i++) {
