@@ -179,13 +179,15 @@ static void ts_put(void *user, const char *name, kiln_type type, int64_t n, cons
         }
 }
 
-void ts_reference(const char *text, ts_buf *b) {
-    kiln_ctx   *ctx = ts_parse(text);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
-    TS_OK(kiln_reference(g, ts_get, ts_put, b));
+/* Parses kg and evaluates it with the CPU reference through get and put. */
+static void reference_with(const char *kg, kiln_ref_get_fn get, kiln_ref_put_fn put, void *user) {
+    kiln_ctx   *ctx;
+    kiln_graph *g = ts_build(kg, &ctx);
+    TS_OK(kiln_reference(g, get, put, user));
     ts_graph_free(g, ctx);
 }
+
+void ts_reference(const char *text, ts_buf *b) { reference_with(text, ts_get, ts_put, b); }
 
 ts_buf *ts_buf_find(ts_buf *b, const char *name) {
     for (int i = 0; b[i].name; i++)
@@ -235,13 +237,7 @@ static void hands_put(void *user, const char *name, kiln_type type, int64_t n, c
     for (int64_t i = 0; i < n; i++) s->v[i] = kb_load_f32(data, type, i);
 }
 
-void ts_hands_run(const char *kg, ts_hands *h) {
-    kiln_ctx   *ctx = ts_parse(kg);
-    kiln_graph *g;
-    TS_OK(kiln_graph_new(ctx, &g));
-    TS_OK(kiln_reference(g, hands_get, hands_put, h));
-    ts_graph_free(g, ctx);
-}
+void ts_hands_run(const char *kg, ts_hands *h) { reference_with(kg, hands_get, hands_put, h); }
 
 void ts_nvrtc_clean(const char *src, const char *name, const char *arch) {
     if (!arch) arch = "sm_90a";
