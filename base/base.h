@@ -50,6 +50,13 @@ uint16_t kb_f32_to_bf16(float f);
 /* Element i of a typed array as float, and the reverse (integers convert by value). */
 float kb_load_f32(const void *p, kiln_type t, int64_t i);
 void  kb_store_f32(void *p, kiln_type t, int64_t i, float v);
+/* Quantized types (base/quant.c): element i (counted from p, which is block-aligned) as ggml's
+ * dequantize_row_* gives it; n elements from p (n a multiple of the block) into y; and x's n
+ * elements quantized into p with kiln's own quantizer (false for a type that is not quantized
+ * or n not a multiple of the block). kb_load_f32 reads quantized types through the first. */
+float kb_dequant_elem(const void *p, kiln_type t, int64_t i);
+void  kb_dequant_row(const void *p, kiln_type t, float *y, int64_t n);
+bool  kb_quant_row(const float *x, kiln_type t, void *p, int64_t n);
 /* sum (got - ref)^2 / sum ref^2 over n values of type t (the plain sum when ref is all zero):
  * how kiln compares the GPU with the CPU reference. */
 double kb_nmse(const void *ref, const void *got, kiln_type t, int64_t n);
@@ -64,7 +71,8 @@ kiln_status kb_mkdirs(const char *path); /* mkdir -p */
 int         kb_mkdirs_errno(const char *path); /* mkdir -p: 0, or the errno (ENOTDIR: path or a parent is a file) */
 double      kb_now_ms(void);             /* monotonic clock */
 
-/* Fill with deterministic pseudo-random values in [-1, 1) (splitmix64). */
+/* Fill with deterministic pseudo-random values in [-1, 1) (splitmix64); quantized types get
+ * such values quantized, block by block (n a multiple of the block). */
 void kb_fill_random(void *p, kiln_type t, int64_t n, uint64_t seed);
 
 /* Little-endian binary records (base/bytes.c). Writers append to a kb_str (binary-safe). */

@@ -63,7 +63,7 @@ float kb_load_f32(const void *p, kiln_type t, int64_t i) {
     case KILN_BF16: return kb_bf16_to_f32(((const uint16_t *)p)[i]);
     case KILN_I32: return (float)((const int32_t *)p)[i];
     case KILN_I64: return (float)((const int64_t *)p)[i];
-    default: return NAN;
+    default: return kb_dequant_elem(p, t, i);
     }
 }
 
@@ -85,7 +85,20 @@ static uint64_t splitmix64(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
+static void fill_quantized(void *p, kiln_type t, int64_t n, uint64_t seed) {
+    int64_t b = kiln_type_block(t);
+    float   x[256];
+    for (int64_t i = 0; i + b <= n; i += b) {
+        kb_fill_random(x, KILN_F32, b, seed + (uint64_t)i);
+        kb_quant_row(x, t, (uint8_t *)p + kiln_row_size(t, i), b);
+    }
+}
+
 void kb_fill_random(void *p, kiln_type t, int64_t n, uint64_t seed) {
+    if (kiln_type_is_quantized(t)) {
+        fill_quantized(p, t, n, seed);
+        return;
+    }
     uint64_t s = seed;
     for (int64_t i = 0; i < n; i++) {
         uint64_t r = splitmix64(&s);

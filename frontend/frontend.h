@@ -76,7 +76,8 @@ extern const fe_fam_info fe_fams[FE_FAM_COUNT];
  *  - types: the element types the op accepts for its first operand (kiln ops prints them);
  *  - tol: NMSE tolerance of GPU-vs-reference tests (ggml's test-backend-ops default: 1e-7). */
 #define FE_F "f32 f16 bf16"
-#define FE_ALL "f32 f16 bf16 i32 i64"
+#define FE_Q "q8_0 q4_0 q4_K q5_K q6_K"
+#define FE_ALL "f32 f16 bf16 i32 i64 " FE_Q
 #define FE_OPS(X)                                                                                  \
     X(LEAF, "leaf", FE_LEAF, 0, "", FE_FAM_NONE, FE_ALL, 0)                                        \
     X(RESHAPE, "reshape", FE_VIEW, 1, "a:t ne:L", FE_FAM_NONE, FE_ALL, 0)                          \
@@ -124,7 +125,7 @@ extern const fe_fam_info fe_fams[FE_FAM_COUNT];
     X(DUP, "dup", FE_COPY, 1, "a:t", FE_FAM_EW, FE_F, 1e-7)                                        \
     X(CAST, "cast", FE_COPY, 1, "a:t type:y", FE_FAM_EW, FE_F, 1e-7)                               \
     X(REPEAT, "repeat", FE_COPY, 2, "a:t b:t", FE_FAM_EW, FE_F, 1e-7)                              \
-    X(GET_ROWS, "get_rows", FE_KERNEL, 2, "a:t ids:t", FE_FAM_ROWS, FE_F, 1e-7)                    \
+    X(GET_ROWS, "get_rows", FE_KERNEL, 2, "a:t ids:t", FE_FAM_ROWS, FE_F " " FE_Q, 1e-7)                    \
     X(SET_ROWS, "set_rows", FE_KERNEL, 3, "a:t b:t ids:t", FE_FAM_ROWS, FE_F, 1e-7)                \
     X(CONCAT, "concat", FE_KERNEL, 2, "a:t b:t dim:i", FE_FAM_ROWS, FE_F, 1e-7)                    \
     X(PAD, "pad", FE_KERNEL, 1, "a:t lp0:i=0 rp0:i=0 lp1:i=0 rp1:i=0 lp2:i=0 rp2:i=0 lp3:i=0 rp3:i=0", \
@@ -154,8 +155,8 @@ extern const fe_fam_info fe_fams[FE_FAM_COUNT];
     X(FILL, "fill", FE_KERNEL, 1, "a:t c:f", FE_FAM_FILL, FE_F, 0)                             \
     X(DIAG_MASK_INF, "diag_mask_inf", FE_KERNEL, 1, "a:t n_past:i", FE_FAM_FILL, FE_F, 0)          \
     X(TRI, "tri", FE_KERNEL, 1, "a:t type:e(upper_diag|upper|lower_diag|lower)", FE_FAM_FILL, FE_F, 0) \
-    X(MUL_MAT, "mul_mat", FE_KERNEL, 2, "a:t b:t", FE_FAM_MATMUL, FE_F, 5e-4)                      \
-    X(MUL_MAT_ID, "mul_mat_id", FE_KERNEL, 3, "as:t b:t ids:t", FE_FAM_MATMUL_ID, FE_F, 5e-4)      \
+    X(MUL_MAT, "mul_mat", FE_KERNEL, 2, "a:t b:t", FE_FAM_MATMUL, FE_F " " FE_Q, 5e-4)                      \
+    X(MUL_MAT_ID, "mul_mat_id", FE_KERNEL, 3, "as:t b:t ids:t", FE_FAM_MATMUL_ID, FE_F " " FE_Q, 5e-4)      \
     X(FLASH_ATTN_EXT, "flash_attn_ext", FE_KERNEL, 5,                                              \
       "q:t k:t v:t mask:t? scale:f=1 max_bias:f=0 logit_softcap:f=0 sinks:t?", FE_FAM_ATTN, "f32", 5e-4)
 

@@ -9,14 +9,15 @@
  *    slot u of token t multiplies b[:, u % B1, t]); the result is f32 [M, n_used, T].
  *
  * kiln's limits, both errors here rather than wrong results later: b is f32 (the activations;
- * weights a/as may be f32, f16 or bf16), and a's rows must be contiguous (nb0 = element size),
+ * weights a/as may be f32, f16, bf16 or quantized: q8_0, q4_0, q4_K, q5_K, q6_K), and a's rows must be contiguous (nb0 = element size),
  * which every weight and every K/V view llama.cpp builds satisfies. b may be any strided view
  * (permuted, transposed). */
 #include "infer.h"
 
 static bool weight_ok(kiln_ctx *ctx, const char *op, const char *what, const kiln_tensor *a) {
-    if (!fe_is_float(a->type)) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "%s: %s %s must be f32, f16 or bf16", op, what, fe_describe(a).s);
+    if (!fe_is_float(a->type) && !kiln_type_is_quantized(a->type)) {
+        fe_failf(ctx, KILN_ERR_SHAPE, "%s: %s %s must be f32, f16, bf16 or a quantized type (%s)", op, what,
+                 fe_describe(a).s, FE_Q);
         return false;
     }
     if (a->nb[0] != kiln_type_size(a->type) || a->nb[1] < a->nb[0]) {

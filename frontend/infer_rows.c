@@ -34,7 +34,9 @@ static void copy_shape(const kiln_tensor *t, int64_t ne[4], int *n_dims) {
 /* ggml_get_rows: rows ids[i, j, k] of a's matrix (j, k) -> f32 [a.ne0, ids.ne0, ids.ne1, ids.ne2]. */
 bool fe_infer_GET_ROWS(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims) {
     const kiln_tensor *x = a->t[0], *ids = a->t[1];
-    if (!need_float(ctx, "get_rows", "source", x) || !need_type(ctx, "get_rows", "ids", ids, KILN_I32))
+    /* Quantized sources are dequantized row by row (ggml_get_rows on a quantized embedding). */
+    if ((!kiln_type_is_quantized(x->type) && !need_float(ctx, "get_rows", "source", x)) ||
+        !need_type(ctx, "get_rows", "ids", ids, KILN_I32))
         return false;
     if (!need_dim_eq(ctx, "get_rows", x, 2, ids, 1) || !need_dim_eq(ctx, "get_rows", x, 3, ids, 2))
         return false;

@@ -43,25 +43,6 @@ int fe_op_from_name(const char *name, fe_op *out) {
     return -1;
 }
 
-static const char *type_names[KILN_TYPE_COUNT] = {"f32", "f16", "bf16", "i32", "i64"};
-static const size_t type_sizes[KILN_TYPE_COUNT] = {4, 2, 2, 4, 8};
-
-const char *kiln_type_name(kiln_type t) {
-    return (unsigned)t < KILN_TYPE_COUNT ? type_names[t] : "?";
-}
-
-size_t kiln_type_size(kiln_type t) { return (unsigned)t < KILN_TYPE_COUNT ? type_sizes[t] : 0; }
-
-int kiln_type_from_name(const char *name, kiln_type *out) {
-    for (int i = 0; i < KILN_TYPE_COUNT; i++) {
-        if (strcmp(type_names[i], name) == 0) {
-            *out = (kiln_type)i;
-            return 0;
-        }
-    }
-    return -1;
-}
-
 /* ---- context ------------------------------------------------------------------------------ */
 
 kiln_ctx *kiln_ctx_new(void) { return calloc(1, sizeof(kiln_ctx)); }
@@ -105,11 +86,13 @@ kiln_tensor *fe_find(const kiln_ctx *ctx, const char *name) {
 
 int64_t fe_nelements(const kiln_tensor *t) { return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; }
 
+/* A quantized type's dim 0 counts elements but steps by blocks (nb0 is the block's bytes, as
+ * in ggml), so a contiguous row takes kiln_row_size bytes. */
 bool fe_is_contiguous(const kiln_tensor *t) {
     size_t expect = kiln_type_size(t->type);
     for (int i = 0; i < 4; i++) {
         if (t->ne[i] != 1 && t->nb[i] != expect) return false;
-        expect *= (size_t)t->ne[i];
+        expect = i == 0 ? kiln_row_size(t->type, t->ne[0]) : expect * (size_t)t->ne[i];
     }
     return true;
 }
@@ -129,13 +112,17 @@ int fe_print_dims(const kiln_tensor *t) {
 
 static void set_contiguous_strides(kiln_tensor *t) {
     t->nb[0] = kiln_type_size(t->type);
-    for (int i = 1; i < 4; i++) t->nb[i] = t->nb[i - 1] * (size_t)t->ne[i - 1];
+    t->nb[1] = kiln_row_size(t->type, t->ne[0]);
+    for (int i = 2; i < 4; i++) t->nb[i] = t->nb[i - 1] * (size_t)t->ne[i - 1];
 }
 
-/* Bytes from the tensor's first element to one past its last, as ggml_nbytes. */
+/* Bytes from the tensor's first element to one past its last, as ggml_nbytes (dim 0 of a
+ * quantized type spans ne0 / block blocks). */
 static size_t span_bytes(const kiln_tensor *t) {
-    size_t n = kiln_type_size(t->type);
-    for (int i = 0; i < 4; i++) n += (size_t)(t->ne[i] - 1) * t->nb[i];
+    int64_t blk = kiln_type_block(t->type);
+    size_t  n = (size_t)(t->ne[0] / blk) * t->nb[0];
+    if (blk == 1) n = kiln_type_size(t->type) + (size_t)(t->ne[0] - 1) * t->nb[0];
+    for (int i = 1; i < 4; i++) n += (size_t)(t->ne[i] - 1) * t->nb[i];
     return n;
 }
 
@@ -149,6 +136,25 @@ static const char *shape_str(const kiln_tensor *t, char *buf, size_t len) {
     }
     if (n > 0 && (size_t)n < len) snprintf(buf + n, len - (size_t)n, "]");
     return buf;
+}
+
+/* A quantized tensor, or a view of one, is addressed by whole blocks: its rows must be whole
+ * blocks (ne0 a multiple of the block), dim 0 must stay dim 0 with consecutive blocks, and every
+ * stride and offset must be a whole number of blocks. */
+static bool quant_layout_ok(kiln_ctx *ctx, const char *what, const char *name, const kiln_tensor *t) {
+    if (!kiln_type_is_quantized(t->type)) return true;
+    int64_t blk = kiln_type_block(t->type);
+    size_t  sz = kiln_type_size(t->type);
+    bool    ok = t->ne[0] % blk == 0 && t->nb[0] == sz && t->view_offs % sz == 0;
+    for (int i = 1; i < 4; i++) ok = ok && t->nb[i] % sz == 0;
+    if (ok) return true;
+    char sa[96];
+    fe_failf(ctx, KILN_ERR_SHAPE,
+             "%s '%s' (%s): a %s tensor holds rows of whole %lld-element blocks (%zu bytes): ne0 must be a "
+             "multiple of %lld, dim 0 must stay dim 0, and strides and offsets must be whole blocks",
+             what, name, shape_str(t, sa, sizeof sa), kiln_type_name(t->type), (long long)blk, sz,
+             (long long)blk);
+    return false;
 }
 
 bool fe_valid_name(const char *s) {
@@ -266,7 +272,7 @@ kiln_tensor *kiln_new_tensor(kiln_ctx *ctx, kiln_role role, kiln_type type, cons
     t->n_dims = n_dims;
     snprintf(t->name, sizeof t->name, "%s", name);
     t->named = true;
-    return t;
+    return quant_layout_ok(ctx, "new tensor", name, t) ? t : NULL;
 }
 
 void kiln_set_name(kiln_ctx *ctx, kiln_tensor *t, const char *name) {
@@ -334,7 +340,7 @@ kiln_tensor *kiln_reshape(kiln_ctx *ctx, kiln_tensor *a, int n_dims, const int64
     if (!t) return NULL;
     t->n_dims = n_dims;
     memcpy(t->sym, sym, sizeof sym); /* strides: contiguous at the maximum, like a's */
-    return t;
+    return quant_layout_ok(ctx, "reshape of", a->name, t) ? t : NULL;
 }
 
 kiln_tensor *kiln_view(kiln_ctx *ctx, kiln_tensor *a, int n_dims, const int64_t *ne, const size_t *nb,
@@ -354,7 +360,7 @@ kiln_tensor *kiln_view(kiln_ctx *ctx, kiln_tensor *a, int n_dims, const int64_t 
             }
             strides[i] = nb[i - 1];
         } else {
-            strides[i] = strides[i - 1] * (size_t)d[i - 1];
+            strides[i] = i == 1 ? kiln_row_size(a->type, d[0]) : strides[i - 1] * (size_t)d[i - 1];
         }
         if (strides[i] % es != 0) {
             fe_failf(ctx, KILN_ERR_SHAPE, "view: stride nb[%d] = %zu is not a multiple of the %s size %zu",
@@ -379,7 +385,7 @@ kiln_tensor *kiln_view(kiln_ctx *ctx, kiln_tensor *a, int n_dims, const int64_t 
                  t->view_src->name, have);
         return NULL;
     }
-    return t;
+    return quant_layout_ok(ctx, "view of", a->name, t) ? t : NULL;
 }
 
 kiln_tensor *kiln_permute(kiln_ctx *ctx, kiln_tensor *a, int ax0, int ax1, int ax2, int ax3) {
@@ -408,7 +414,7 @@ kiln_tensor *kiln_permute(kiln_ctx *ctx, kiln_tensor *a, int ax0, int ax1, int a
     memcpy(t->sym, sym, sizeof sym);
     memcpy(t->ip, ax, sizeof ax);
     t->n_dims = a->n_dims;
-    return t;
+    return quant_layout_ok(ctx, "permute of", a->name, t) ? t : NULL;
 }
 
 kiln_tensor *kiln_transpose(kiln_ctx *ctx, kiln_tensor *a) {

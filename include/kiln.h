@@ -65,7 +65,23 @@ const char *kiln_code_name(kiln_code code);
 
 /* ---- types and tensors -------------------------------------------------------------------- */
 
-typedef enum { KILN_F32, KILN_F16, KILN_BF16, KILN_I32, KILN_I64, KILN_TYPE_COUNT } kiln_type;
+/* Element types. The quantized ones are ggml's block formats (ggml-common.h): a row of ne0
+ * elements is ne0 / block blocks of kiln_type_size bytes each, so ne0 must be a multiple of the
+ * block (32 for q8_0 and q4_0, 256 for the K-quants). They hold weights only: mul_mat's a,
+ * mul_mat_id's as and get_rows' a accept them (and views that keep whole rows), nothing else. */
+typedef enum {
+    KILN_F32,
+    KILN_F16,
+    KILN_BF16,
+    KILN_I32,
+    KILN_I64,
+    KILN_Q8_0, /* 32 elements in 34 bytes: f16 scale, 32 int8 */
+    KILN_Q4_0, /* 32 elements in 18 bytes: f16 scale, 32 4-bit values offset by 8 */
+    KILN_Q4_K, /* 256 elements in 144 bytes: f16 scale and min, 8 × 6-bit sub-scales and mins, 4-bit */
+    KILN_Q5_K, /* 256 elements in 176 bytes: as q4_K, plus one high bit per element */
+    KILN_Q6_K, /* 256 elements in 210 bytes: 16 int8 sub-scales, f16 scale, 6-bit values offset by 32 */
+    KILN_TYPE_COUNT
+} kiln_type;
 
 typedef enum {
     KILN_ROLE_NONE,   /* an intermediate value */
@@ -76,9 +92,15 @@ typedef enum {
                          and read by name like an input; set_rows into it writes in place */
 } kiln_role;
 
-const char *kiln_type_name(kiln_type t);     /* "f32", ... */
-size_t      kiln_type_size(kiln_type t);
-int         kiln_type_from_name(const char *name, kiln_type *out); /* 0 on success */
+const char *kiln_type_name(kiln_type t);     /* "f32", ..., "q4_K" (ggml's names) */
+size_t      kiln_type_size(kiln_type t);     /* bytes of one element, or of one block */
+int64_t     kiln_type_block(kiln_type t);    /* elements per block: 1 unless quantized */
+bool        kiln_type_is_quantized(kiln_type t);
+/* Bytes of n elements of type t (ggml_row_size): n / block blocks; n must be a multiple of the
+ * block (0 is returned otherwise, and for an unknown type). */
+size_t      kiln_row_size(kiln_type t, int64_t n);
+/* 0 on success. Names match without regard to case: "q4_k" is q4_K. */
+int         kiln_type_from_name(const char *name, kiln_type *out);
 
 typedef struct kiln_ctx kiln_ctx;
 typedef struct kiln_tensor kiln_tensor;

@@ -11,11 +11,15 @@
 /* The layout through which tensor t is read: its owner's buffer with t's strides. */
 static ir_ref ref_of(const kiln_tensor *t, const int *buf_of) {
     const kiln_tensor *owner = t->view_src ? t->view_src : t;
-    size_t es = kiln_type_size(t->type);
-    ir_ref r = {.buf = buf_of[owner->id], .type = t->type, .offs = (int64_t)(t->view_offs / es)};
+    /* Element units. A quantized type's bytes come in blocks of blk elements (the frontend keeps
+     * its layouts to whole blocks with dim 0 in place): byte offset b is element b / es · blk,
+     * and element e sits in block e / blk, whatever the dim. */
+    size_t  es = kiln_type_size(t->type);
+    int64_t blk = kiln_type_block(t->type);
+    ir_ref  r = {.buf = buf_of[owner->id], .type = t->type, .offs = (int64_t)(t->view_offs / es) * blk};
     for (int d = 0; d < 4; d++) {
         r.ne[d] = t->ne[d];
-        r.st[d] = (int64_t)(t->nb[d] / es);
+        r.st[d] = d == 0 && blk > 1 ? 1 : (int64_t)(t->nb[d] / es) * blk;
         r.sym[d] = t->sym[d];
     }
     return r;

@@ -24,7 +24,7 @@ int ir_add_buf(ir_prog *p, ir_buf_kind kind, kiln_type type, const int64_t ne[4]
     b->kind = kind;
     b->type = type;
     memcpy(b->ne, ne, sizeof b->ne);
-    b->bytes = kiln_type_size(type) * (size_t)(ne[0] * ne[1] * ne[2] * ne[3]);
+    b->bytes = kiln_row_size(type, ne[0]) * (size_t)(ne[1] * ne[2] * ne[3]);
     snprintf(b->name, sizeof b->name, "%s", name);
     b->first = b->last = -1;
     return p->nbufs++;

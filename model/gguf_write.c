@@ -228,7 +228,14 @@ void kiln_gguf_add_tensor(kiln_gguf_writer *w, const char *name, kiln_type type,
         nel *= (uint64_t)ne[j];
         t.ne[j] = ne[j];
     }
-    t.bytes = (size_t)nel * kiln_type_size(type);
+    if (ne[0] % kiln_type_block(type) != 0) {
+        record(w, kb_error(KILN_ERR_INVALID,
+                           "%s: tensor '%s' has rows of %" PRId64 " elements; %s holds rows of whole "
+                           "%" PRId64 "-element blocks",
+                           fn, name, ne[0], kiln_type_name(type), kiln_type_block(type)));
+        return;
+    }
+    t.bytes = kiln_row_size(type, ne[0]) * (size_t)(nel / (uint64_t)ne[0]);
     if (km_index_get(&w->t_index, name) >= 0) {
         record(w, kb_error(KILN_ERR_INVALID, "%s: duplicate tensor '%s'", fn, name));
         return;

@@ -151,7 +151,7 @@ const void *kiln_model_weight(const kiln_model *m, const char *name, kiln_type t
 }
 
 static const void *file_weight(void *user, const char *name, kiln_type type, size_t bytes) {
-    return kiln_model_weight(user, name, type, (int64_t)(bytes / kiln_type_size(type)));
+    return kiln_model_weight(user, name, type, (int64_t)(bytes / kiln_type_size(type)) * kiln_type_block(type));
 }
 
 static kiln_status random_init(void *user, const char *name, kiln_type type, const int64_t ne[4],

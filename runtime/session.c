@@ -594,7 +594,7 @@ bool rt_buf_symbolic(const ir_buf *b) { return b->sym[0] | b->sym[1] | b->sym[2]
 size_t rt_current_bytes(const kiln_session *s, const ir_buf *b) {
     int64_t ne[4];
     current_ne(s, b, ne);
-    return kiln_type_size(b->type) * (size_t)(ne[0] * ne[1] * ne[2] * ne[3]);
+    return kiln_row_size(b->type, ne[0]) * (size_t)(ne[1] * ne[2] * ne[3]);
 }
 
 static kiln_status check_bytes(const kiln_session *s, const char *fn, int i, size_t bytes) {

@@ -867,16 +867,25 @@ START_TEST(malformed_tensor) {
     put_zeros(&b, 64);
     expect_bad(&b, "tensor 1 ('blk.0.attn_q.weight') name at offset 75: duplicate of tensor 0", p.name, "dup name");
 
-    /* Quantized types open (their sizes checked): refusing them is the loader's job. */
+    /* Quantized types open (their sizes checked): q4_0 is one kiln computes with, q4_1 is not
+     * (refusing it is the loader's job). */
     int64_t q[2] = {64, 2};
     b = one_tensor(2, q, 2, 0, 4 * 18, &p);
     kiln_gguf       *g = open_ok(&b);
     kiln_gguf_tensor t;
     TS_OK(kiln_gguf_tensor_info(g, 0, &t));
-    ck_assert(!t.has_kiln_type);
+    ck_assert(t.has_kiln_type);
+    ck_assert_int_eq(t.type, KILN_Q4_0);
     ck_assert_str_eq(t.type_name, "q4_0");
     ck_assert_uint_eq(t.ggml_type, 2);
     ck_assert_uint_eq(t.bytes, 4 * 18);
+    kiln_gguf_close(g);
+    b = one_tensor(2, q, 3, 0, 4 * 20, &p);
+    g = open_ok(&b);
+    TS_OK(kiln_gguf_tensor_info(g, 0, &t));
+    ck_assert(!t.has_kiln_type);
+    ck_assert_str_eq(t.type_name, "q4_1");
+    ck_assert_uint_eq(t.bytes, 4 * 20);
     kiln_gguf_close(g);
     b = one_tensor(2, q, 2, 0, 4 * 18 - 1, &p);
     expect_bad(&b, "its 72 bytes at data offset 0 run past the end of the file", p.offset, "q4_0 short");

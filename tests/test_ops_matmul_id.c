@@ -117,7 +117,7 @@ static void expect_error(const char *kg, const char *needle) { ts_parse_error(kg
 
 START_TEST(errors) {
     expect_error("input a: i32[8, 4, 3]\ninput x: f32[8, 1, 2]\ninput i: i32[2, 2]\ny = mul_mat_id(a, x, i)\n",
-                 "mul_mat_id: as 'a' (i32[8, 4, 3]) must be f32, f16 or bf16");
+                 "mul_mat_id: as 'a' (i32[8, 4, 3]) must be f32, f16, bf16 or a quantized type");
     expect_error("input a: f16[8, 4, 3]\ninput x: f16[8, 1, 2]\ninput i: i32[2, 2]\ny = mul_mat_id(a, x, i)\n",
                  "b 'x' (f16[8, 1, 2]) must be f32");
     expect_error("input a: f16[8, 4, 3]\ninput x: f32[8, 1, 2]\ninput i: f32[2, 2]\ny = mul_mat_id(a, x, i)\n",

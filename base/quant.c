@@ -1,0 +1,275 @@
+/* The element types (one table) and the codec of the quantized ones: ggml's block layouts
+ * (ggml/src/ggml-common.h), dequantization that gives the same floats as ggml's
+ * dequantize_row_* (ggml/src/ggml-quants.c: the same formulas in the same order of operations,
+ * so a C compiler that does not contract a*b-c into an fma gives bit-identical results; kiln
+ * builds as ISO C11, where GCC does not contract), and kiln's own quantizers.
+ *
+ * Block layouts (byte offsets; f16 values little-endian):
+ *   q8_0  34 B / 32:  d f16 @0, qs int8[32] @2                    x = qs[j] * d
+ *   q4_0  18 B / 32:  d f16 @0, qs u8[16] @2                      x[j] = (lo(qs[j]) - 8) * d,
+ *                                                                 x[j + 16] = (hi(qs[j]) - 8) * d
+ *   q4_K 144 B / 256: d @0, dmin @2, scales[12] @4, qs[128] @16   8 sub-blocks of 32 with a 6-bit
+ *                     scale and min each: x = d*sc * q - dmin*m
+ *   q5_K 176 B / 256: d @0, dmin @2, scales[12] @4, qh[32] @16, qs[128] @48: q4_K plus a fifth
+ *                     bit per element in qh
+ *   q6_K 210 B / 256: ql[128] @0, qh[64] @128, scales int8[16] @192, d @208: 16 sub-blocks of 16,
+ *                     x = d * sc * (q - 32), q 6-bit (4 low bits in ql, 2 high in qh) */
+#include "base.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <string.h>
+#include <strings.h>
+
+typedef struct {
+    const char *name;
+    int64_t     block;
+    size_t      size;
+} type_info;
+
+static const type_info types[KILN_TYPE_COUNT] = {
+    [KILN_F32] = {"f32", 1, 4},       [KILN_F16] = {"f16", 1, 2},       [KILN_BF16] = {"bf16", 1, 2},
+    [KILN_I32] = {"i32", 1, 4},       [KILN_I64] = {"i64", 1, 8},       [KILN_Q8_0] = {"q8_0", 32, 34},
+    [KILN_Q4_0] = {"q4_0", 32, 18},   [KILN_Q4_K] = {"q4_K", 256, 144}, [KILN_Q5_K] = {"q5_K", 256, 176},
+    [KILN_Q6_K] = {"q6_K", 256, 210},
+};
+
+const char *kiln_type_name(kiln_type t) { return (unsigned)t < KILN_TYPE_COUNT ? types[t].name : "?"; }
+size_t      kiln_type_size(kiln_type t) { return (unsigned)t < KILN_TYPE_COUNT ? types[t].size : 0; }
+int64_t     kiln_type_block(kiln_type t) { return (unsigned)t < KILN_TYPE_COUNT ? types[t].block : 1; }
+bool        kiln_type_is_quantized(kiln_type t) { return kiln_type_block(t) > 1; }
+
+size_t kiln_row_size(kiln_type t, int64_t n) {
+    int64_t b = kiln_type_block(t);
+    if ((unsigned)t >= KILN_TYPE_COUNT || n < 0 || n % b != 0) return 0;
+    return (size_t)(n / b) * types[t].size;
+}
+
+int kiln_type_from_name(const char *name, kiln_type *out) {
+    for (int i = 0; i < KILN_TYPE_COUNT; i++) {
+        if (strcasecmp(types[i].name, name) == 0) {
+            *out = (kiln_type)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* ---- dequantization ----------------------------------------------------------------------- */
+
+static float half_at(const uint8_t *p) { return kb_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+static void put_half(uint8_t *p, float v) {
+    uint16_t h = kb_f32_to_f16(v);
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
+/* ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7) of a q4_K/q5_K block
+ * from its 12 packed bytes (j < 4: low 6 bits of bytes j and j+4; j >= 4: a nibble of byte j+4
+ * and the top 2 bits of bytes j-4 and j). */
+static void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+static float elem_q8_0(const uint8_t *b, int j) { return (float)(int8_t)b[2 + j] * half_at(b); }
+
+static float elem_q4_0(const uint8_t *b, int j) {
+    uint8_t q = b[2 + j % 16];
+    int     v = (j < 16 ? q & 0xF : q >> 4) - 8;
+    return (float)v * half_at(b);
+}
+
+/* q4_K and q5_K share the sub-block layout: element j is in 64-element chunk j / 64, sub-block
+ * 2·chunk + (high nibble), byte l = j % 32 of the chunk's 32 bytes of qs. */
+static float elem_qk(const uint8_t *b, int j, const uint8_t *qs, const uint8_t *qh) {
+    int     chunk = j / 64, hi = (j % 64) >= 32, l = j % 32;
+    uint8_t sc, m;
+    scale_min_k4(2 * chunk + hi, b + 4, &sc, &m);
+    float   d1 = half_at(b) * sc, m1 = half_at(b + 2) * m;
+    uint8_t byte = qs[32 * chunk + l];
+    int     q = hi ? byte >> 4 : byte & 0xF;
+    if (qh && (qh[l] & (1u << (2 * chunk + hi)))) q += 16;
+    return d1 * (float)q - m1;
+}
+
+static float elem_q4_K(const uint8_t *b, int j) { return elem_qk(b, j, b + 16, NULL); }
+static float elem_q5_K(const uint8_t *b, int j) { return elem_qk(b, j, b + 48, b + 16); }
+
+/* q6_K: each 128-element half has 64 bytes of ql, 32 of qh and 8 scales; its four 32-element
+ * quarters take the low nibbles of ql[0..31], of ql[32..63], then the high nibbles, and bit
+ * pairs 0, 2, 4, 6 of qh. */
+static float elem_q6_K(const uint8_t *b, int j) {
+    int            half = j / 128, r = j % 128, quarter = r / 32, l = r % 32;
+    const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+    const int8_t  *sc = (const int8_t *)(b + 192) + 8 * half;
+    uint8_t        lo = ql[l + (quarter & 1) * 32];
+    int            q = ((quarter < 2 ? lo & 0xF : lo >> 4) | (((qh[l] >> (2 * quarter)) & 3) << 4)) - 32;
+    float          d = half_at(b + 208);
+    return d * (float)sc[l / 16 + 2 * quarter] * (float)q;
+}
+
+typedef float (*elem_fn)(const uint8_t *block, int j);
+
+static elem_fn elem_of(kiln_type t) {
+    switch (t) {
+    case KILN_Q8_0: return elem_q8_0;
+    case KILN_Q4_0: return elem_q4_0;
+    case KILN_Q4_K: return elem_q4_K;
+    case KILN_Q5_K: return elem_q5_K;
+    case KILN_Q6_K: return elem_q6_K;
+    default: return NULL;
+    }
+}
+
+float kb_dequant_elem(const void *p, kiln_type t, int64_t i) {
+    elem_fn f = elem_of(t);
+    if (!f) return NAN;
+    int64_t b = types[t].block;
+    return f((const uint8_t *)p + (size_t)(i / b) * types[t].size, (int)(i % b));
+}
+
+void kb_dequant_row(const void *p, kiln_type t, float *y, int64_t n) {
+    elem_fn f = elem_of(t);
+    int64_t b = kiln_type_block(t);
+    for (int64_t i = 0; i < n; i++) y[i] = f ? f((const uint8_t *)p + (size_t)(i / b) * types[t].size, (int)(i % b)) : NAN;
+}
+
+/* ---- quantization (kiln's own) ------------------------------------------------------------ */
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+static void quant_q8_0(const float *x, uint8_t *b) {
+    float amax = 0;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    float d = amax / 127, id = d > 0 ? 1 / d : 0;
+    put_half(b, d);
+    for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)clampi((int)lrintf(x[j] * id), -127, 127);
+}
+
+/* The value of largest magnitude maps to -8 (the scale takes its sign), so the 16 levels
+ * -8..7 cover [-|max|, |max|·7/8] on the side where it matters. */
+static void quant_q4_0(const float *x, uint8_t *b) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; j++)
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    float d = max / -8, id = d != 0 ? 1 / d : 0;
+    put_half(b, d);
+    for (int j = 0; j < 16; j++) {
+        int lo = clampi((int)lrintf(x[j] * id) + 8, 0, 15), hi = clampi((int)lrintf(x[j + 16] * id) + 8, 0, 15);
+        b[2 + j] = (uint8_t)(lo | hi << 4);
+    }
+}
+
+/* Packs the 6-bit scales and mins of 8 sub-blocks as scale_min_k4 unpacks them. */
+static void pack_scale_min_k4(const uint8_t sc[8], const uint8_t m[8], uint8_t q[12]) {
+    memset(q, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            q[j] |= sc[j];
+            q[j + 4] |= m[j];
+        } else {
+            q[j + 4] = (uint8_t)((sc[j] & 0xF) | ((m[j] & 0xF) << 4));
+            q[j - 4] |= (uint8_t)((sc[j] >> 4) << 6);
+            q[j] |= (uint8_t)((m[j] >> 4) << 6);
+        }
+    }
+}
+
+/* q4_K (nmax 15) and q5_K (nmax 31): each 32-element sub-block gets the affine map of its
+ * [min(0, lo), hi] range onto 0..nmax; the 8 scales and 8 mins are then quantized to 6 bits
+ * against the block's largest, and the elements are rounded against the quantized pair, so the
+ * error stays within half a step of what the file can express. */
+static void quant_qk(const float *x, uint8_t *b, int nmax, uint8_t *qs, uint8_t *qh) {
+    float scale[8], mn[8], max_scale = 0, max_min = 0;
+    for (int s = 0; s < 8; s++) {
+        float lo = 0, hi = x[32 * s];
+        for (int j = 0; j < 32; j++) {
+            lo = fminf(lo, x[32 * s + j]);
+            hi = fmaxf(hi, x[32 * s + j]);
+        }
+        scale[s] = hi > lo ? (hi - lo) / (float)nmax : 0;
+        mn[s] = -lo;
+        max_scale = fmaxf(max_scale, scale[s]);
+        max_min = fmaxf(max_min, mn[s]);
+    }
+    float   d = max_scale / 63, dmin = max_min / 63;
+    uint8_t sc[8], m[8];
+    for (int s = 0; s < 8; s++) {
+        sc[s] = (uint8_t)(d > 0 ? clampi((int)lrintf(scale[s] / d), 0, 63) : 0);
+        m[s] = (uint8_t)(dmin > 0 ? clampi((int)lrintf(mn[s] / dmin), 0, 63) : 0);
+    }
+    put_half(b, d);
+    put_half(b + 2, dmin);
+    pack_scale_min_k4(sc, m, b + 4);
+    float dq = half_at(b), mq = half_at(b + 2);
+    if (qh) memset(qh, 0, 32);
+    memset(qs, 0, 128);
+    for (int j = 0; j < 256; j++) {
+        int   s = j / 32, chunk = j / 64, hi = s & 1, l = j % 32;
+        float step = dq * sc[s], off = mq * m[s];
+        int   q = step > 0 ? clampi((int)lrintf((x[j] + off) / step), 0, nmax) : 0;
+        qs[32 * chunk + l] |= (uint8_t)((q & 0xF) << (hi ? 4 : 0));
+        if (qh && q > 15) qh[l] |= (uint8_t)(1u << (2 * chunk + hi));
+    }
+}
+
+static void quant_q4_K(const float *x, uint8_t *b) { quant_qk(x, b, 15, b + 16, NULL); }
+static void quant_q5_K(const float *x, uint8_t *b) { quant_qk(x, b, 31, b + 48, b + 16); }
+
+/* q6_K: each 16-element sub-block's largest magnitude maps to ±31 (levels -32..31), its scale
+ * is quantized to int8 against the block's largest scale (d = max / 127), and the elements are
+ * rounded against the quantized scale. */
+static void quant_q6_K(const float *x, uint8_t *b) {
+    float scale[16], max_scale = 0;
+    for (int s = 0; s < 16; s++) {
+        float amax = 0;
+        for (int j = 0; j < 16; j++) amax = fmaxf(amax, fabsf(x[16 * s + j]));
+        scale[s] = amax / 31;
+        max_scale = fmaxf(max_scale, scale[s]);
+    }
+    float d = max_scale / 127;
+    put_half(b + 208, d);
+    float   dq = half_at(b + 208);
+    int8_t *sc = (int8_t *)(b + 192);
+    for (int s = 0; s < 16; s++) sc[s] = (int8_t)(d > 0 ? clampi((int)lrintf(scale[s] / d), 0, 127) : 0);
+    memset(b, 0, 192);
+    for (int j = 0; j < 256; j++) {
+        int   half = j / 128, r = j % 128, quarter = r / 32, l = r % 32;
+        float step = dq * (float)sc[l / 16 + 2 * quarter + 8 * half];
+        int   q = (step > 0 ? clampi((int)lrintf(x[j] / step), -32, 31) : 0) + 32;
+        uint8_t *ql = b + 64 * half + (quarter & 1) * 32, *qh = b + 128 + 32 * half;
+        ql[l] |= (uint8_t)((q & 0xF) << (quarter < 2 ? 0 : 4));
+        qh[l] |= (uint8_t)((q >> 4) << (2 * quarter));
+    }
+}
+
+typedef void (*quant_fn)(const float *x, uint8_t *block);
+
+static quant_fn quant_of(kiln_type t) {
+    switch (t) {
+    case KILN_Q8_0: return quant_q8_0;
+    case KILN_Q4_0: return quant_q4_0;
+    case KILN_Q4_K: return quant_q4_K;
+    case KILN_Q5_K: return quant_q5_K;
+    case KILN_Q6_K: return quant_q6_K;
+    default: return NULL;
+    }
+}
+
+bool kb_quant_row(const float *x, kiln_type t, void *p, int64_t n) {
+    quant_fn f = quant_of(t);
+    int64_t  b = kiln_type_block(t);
+    if (!f || n % b != 0) return false;
+    for (int64_t i = 0; i < n / b; i++) f(x + i * b, (uint8_t *)p + (size_t)i * types[t].size);
+    return true;
+}
