@@ -533,6 +533,27 @@ typedef enum {
     KILN_ROPE_SCALING_LLAMA3, /* per-frequency factors, the weight "rope_freqs.weight" */
 } kiln_rope_scaling;
 
+/* File types: llama.cpp's llama_ftype numbers, the value of GGUF's general.file_type. Each gives
+ * every weight a type by llama-quantize's rules (kiln_model_weight_type; docs/models.md): the
+ * float ones one type for all matrices, the quantized ones a mix (Q4_K_M: q4_K, with q6_K for
+ * the output and for attn_v and ffn_down in some layers). Norms, biases and the router stay f32. */
+typedef enum {
+    KILN_FTYPE_ALL_F32 = 0,
+    KILN_FTYPE_MOSTLY_F16 = 1,
+    KILN_FTYPE_MOSTLY_Q4_0 = 2,
+    KILN_FTYPE_MOSTLY_Q8_0 = 7,
+    KILN_FTYPE_MOSTLY_Q4_K_M = 15,
+    KILN_FTYPE_MOSTLY_Q5_K_M = 17,
+    KILN_FTYPE_MOSTLY_Q6_K = 18,
+    KILN_FTYPE_MOSTLY_BF16 = 32,
+} kiln_ftype;
+/* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k" ("?" for another value), and
+ * back (case-insensitive; 0, or -1 for an unknown name). */
+const char *kiln_ftype_name(kiln_ftype f);
+int         kiln_ftype_from_name(const char *name, kiln_ftype *out);
+/* "f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k", for messages. */
+const char *kiln_ftype_list(void);
+
 typedef struct {
     char     arch[32];        /* "llama", "qwen2", "qwen3", "qwen3moe" */
     int64_t  n_vocab;
@@ -556,7 +577,8 @@ typedef struct {
     int64_t  n_expert_used;
     int64_t  n_ff_exp;        /* one expert's FFN width */
     bool     norm_topk_prob;  /* the selected experts' weights renormalized to sum 1 */
-    kiln_type wtype;          /* matrices and token_embd: f32, f16 or bf16; norms, biases f32 */
+    kiln_ftype ftype;         /* the weights' types (kiln_model_weight_type); from a GGUF file:
+                                 its general.file_type, and each weight's type is the file's */
 } kiln_model_hparams;
 
 /* The hyperparameters of preset `name` ("tiny", "llama-3-8b", ...; sources in docs/models.md).
@@ -567,6 +589,10 @@ kiln_status kiln_model_preset(const char *arch, const char *name, kiln_model_hpa
 const char *kiln_model_preset_name(int i, const char **arch);
 /* Checks hp as kiln_build_model does; the error names the field. */
 kiln_status kiln_model_check(const kiln_model_hparams *hp);
+/* The type hp->ftype gives weight `name` ("blk.3.attn_v.weight", "output.weight", ...) of a
+ * model of hp, as llama-quantize picks it (docs/models.md: the mix, and where kiln deviates);
+ * KILN_TYPE_COUNT for a name that is not one of the model's weights. */
+kiln_type   kiln_model_weight_type(const kiln_model_hparams *hp, const char *name);
 /* The values of "rope_freqs.weight" for KILN_ROPE_SCALING_LLAMA3 (head_dim / 2 floats, as
  * llama.cpp's converter computes them), for a GGUF writer or random-weight runs. */
 kiln_status kiln_model_rope_freqs(const kiln_model_hparams *hp, float *out, int64_t n);
@@ -683,7 +709,8 @@ void kiln_gguf_set_arr_str(kiln_gguf_writer *w, const char *key, uint64_t n, con
 void kiln_gguf_add_tensor(kiln_gguf_writer *w, const char *name, kiln_type type, int n_dims,
                           const int64_t *ne, const void *data);
 /* Produces bytes [offset, offset + bytes) of tensor i (in the order tensors were added) into buf.
- * Each tensor's chunks come in order, cover it, hold whole elements and are at most 32 MiB: the
+ * Each tensor's chunks come in order, cover it, hold whole elements (whole blocks of a quantized
+ * type) and are at most 32 MiB: the
  * writer's buffer, so a model of any size streams through bounded memory. A non-NULL status
  * aborts the write. */
 typedef kiln_status (*kiln_gguf_fill_fn)(void *user, int64_t i, const char *name, uint64_t offset, void *buf,
@@ -747,10 +774,12 @@ typedef struct kiln_model kiln_model;
 kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams *hp);
 /* The keys kiln_model_hparams_from_gguf reads (and general.name, general.file_type), for a writer. */
 void        kiln_model_hparams_to_gguf(const kiln_model_hparams *hp, kiln_gguf_writer *w);
-/* Opens path (kiln_gguf_open) and reads its hyperparameters. Refuses quantized weights, naming
- * the first such tensor and its type, and, before anything is built, a file whose tensors do
- * not match the hyperparameters (each weight of each layer up to block_count, type and shape;
- * no layer past it): the error names the file, the tensor and the key at fault. */
+/* Opens path (kiln_gguf_open) and reads its hyperparameters. Refuses a tensor of a type kiln
+ * lacks (q3_K, iq4_xs, ...), naming the first such tensor and its type, and, before anything is
+ * built, a file whose tensors do not match the hyperparameters (each weight of each layer up to
+ * block_count, shape, and type: matrices and embeddings of any type kiln runs, each its own,
+ * norms, biases and the router f32; no layer past it): the error names the file, the tensor and
+ * the key at fault. */
 kiln_status kiln_model_open(const char *path, kiln_model **out);
 /* The same over an open file, which the model takes over (closed with it, also on error). */
 kiln_status kiln_model_from_gguf(kiln_gguf *g, kiln_model **out);
@@ -765,7 +794,11 @@ kiln_status kiln_model_load(const kiln_model *m, kiln_session *s,
                             void (*progress)(void *user, uint64_t done, uint64_t total), void *user);
 const kiln_model_hparams *kiln_model_get_hparams(const kiln_model *m);
 const kiln_gguf          *kiln_model_gguf(const kiln_model *m);
-/* Checks that every weight of g (a graph from kiln_build_model with m's hyperparameters) is in
+/* kiln_build_model for m: each weight takes the type it has in m's file (a random model's: the
+ * mix of its ftype), so that files whose types differ from kiln's mix (llama-quantize's of
+ * another version, an imatrix, --pure) build as they are. */
+kiln_status kiln_model_build(kiln_ctx *ctx, const kiln_model *m, const kiln_build_opts *o);
+/* Checks that every weight of g (a graph from kiln_model_build of m) is in
  * the file with its type and shape; the error names the tensor and both shapes. */
 kiln_status kiln_model_check_weights(const kiln_model *m, const kiln_graph *g);
 /* The data of weight `name` when the file holds it with `type` and n elements, else NULL: a

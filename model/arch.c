@@ -32,7 +32,7 @@ typedef struct {
 } preset;
 
 #define TINY_COMMON .n_vocab = 1024, .n_ctx_train = 1024, .n_embd = 128, .n_layer = 2, .n_head = 4, \
-                    .n_head_kv = 2, .n_ff = 256, .wtype = KILN_F16
+                    .n_head_kv = 2, .n_ff = 256, .ftype = KILN_FTYPE_MOSTLY_F16
 
 static const preset presets[] = {
     {"tiny", {.arch = "llama", TINY_COMMON, .head_dim = 32, .rms_norm_eps = 1e-5f, .rope_freq_base = 500000}},
@@ -47,16 +47,16 @@ static const preset presets[] = {
                       .n_head = 32, .n_head_kv = 8, .head_dim = 64, .n_ff = 8192, .rms_norm_eps = 1e-5f,
                       .rope_freq_base = 500000, .rope_scaling = KILN_ROPE_SCALING_LLAMA3, .rope_factor = 32,
                       .rope_low_freq_factor = 1, .rope_high_freq_factor = 4, .rope_orig_ctx = 8192,
-                      .tied_output = true, .wtype = KILN_BF16}},
+                      .tied_output = true, .ftype = KILN_FTYPE_MOSTLY_BF16}},
     /* meta-llama/Meta-Llama-3-8B: no rope scaling (that came with 3.1), separate output */
     {"llama-3-8b", {.arch = "llama", .n_vocab = 128256, .n_ctx_train = 8192, .n_embd = 4096, .n_layer = 32,
                     .n_head = 32, .n_head_kv = 8, .head_dim = 128, .n_ff = 14336, .rms_norm_eps = 1e-5f,
-                    .rope_freq_base = 500000, .wtype = KILN_BF16}},
+                    .rope_freq_base = 500000, .ftype = KILN_FTYPE_MOSTLY_BF16}},
     /* Qwen/Qwen3-30B-A3B: 128 experts of 768, 8 used, QK-norm, head size 128 (q: 4096 > n_embd) */
     {"qwen3-30b-a3b", {.arch = "qwen3moe", .n_vocab = 151936, .n_ctx_train = 40960, .n_embd = 2048, .n_layer = 48,
                        .n_head = 32, .n_head_kv = 4, .head_dim = 128, .n_ff = 6144, .rms_norm_eps = 1e-6f,
                        .rope_freq_base = 1000000, .qk_norm = true, .n_expert = 128, .n_expert_used = 8,
-                       .n_ff_exp = 768, .norm_topk_prob = true, .wtype = KILN_BF16}},
+                       .n_ff_exp = 768, .norm_topk_prob = true, .ftype = KILN_FTYPE_MOSTLY_BF16}},
 };
 #define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
 
@@ -111,13 +111,9 @@ kiln_status kiln_model_preset(const char *arch, const char *name, kiln_model_hpa
 /* ---- weights (model/arch.h) --------------------------------------------------------------- */
 
 const km_weight km_weights[KM_W_COUNT] = {
-#define KM_W_ROW(id, nm, layer, ty, wh, nd, e0, e1, e2) \
-    [KM_W_##id] = {nm, layer, KM_TY_##ty, KM_WHEN_##wh, nd, {KM_WD_##e0, KM_WD_##e1, KM_WD_##e2}},
-#define KM_TY_WTYPE true
-#define KM_TY_F32 false
+#define KM_W_ROW(id, nm, layer, mx, wh, nd, e0, e1, e2) \
+    [KM_W_##id] = {nm, layer, KM_MIX_##mx, KM_WHEN_##wh, nd, {KM_WD_##e0, KM_WD_##e1, KM_WD_##e2}},
     KM_WEIGHTS(KM_W_ROW)
-#undef KM_TY_WTYPE
-#undef KM_TY_F32
 #undef KM_W_ROW
 };
 
@@ -152,8 +148,6 @@ int64_t km_wdim_value(const kiln_model_hparams *hp, km_wdim d) {
     return 0;
 }
 
-kiln_type km_weight_type(const kiln_model_hparams *hp, const km_weight *w) { return w->wtype ? hp->wtype : KILN_F32; }
-
 void km_weight_shape(const kiln_model_hparams *hp, const km_weight *w, int64_t ne[4]) {
     for (int d = 0; d < 4; d++) ne[d] = d < 3 && d < w->n_dims ? km_wdim_value(hp, w->ne[d]) : 1;
 }
@@ -182,9 +176,8 @@ static kiln_status check_sizes(const kiln_model_hparams *hp) {
           hp->rms_norm_eps);
     CHECK(hp->rope_freq_base > 0 && isfinite(hp->rope_freq_base), "model: rope_freq_base = %g is not positive",
           hp->rope_freq_base);
-    CHECK(hp->wtype == KILN_F32 || hp->wtype == KILN_F16 || hp->wtype == KILN_BF16,
-          "model: wtype %s is not supported (f32, f16 or bf16; quantized types are not supported yet)",
-          kiln_type_name(hp->wtype));
+    CHECK(km_ftype_known(hp->ftype), "model: ftype %d is not a file type kiln knows (%s)", (int)hp->ftype,
+          kiln_ftype_list());
     return NULL;
 }
 
@@ -236,7 +229,9 @@ static kiln_status check_arch(const kiln_model_hparams *hp, km_arch a) {
     return NULL;
 }
 
-kiln_status kiln_model_check(const kiln_model_hparams *hp) {
+kiln_status kiln_model_check(const kiln_model_hparams *hp) { return km_check(hp, true); }
+
+kiln_status km_check(const kiln_model_hparams *hp, bool mix) {
     if (!hp) return kb_error(KILN_ERR_INVALID, "kiln_model_check: NULL argument");
     if (!memchr(hp->arch, 0, sizeof hp->arch)) return kb_error(KILN_ERR_INVALID, "model: arch is not terminated");
     int a = km_arch_find(hp->arch);
@@ -244,6 +239,7 @@ kiln_status kiln_model_check(const kiln_model_hparams *hp) {
     kiln_status st = check_sizes(hp);
     if (!st) st = check_rope(hp);
     if (!st) st = check_arch(hp, (km_arch)a);
+    if (!st && mix) st = km_check_mix(hp);
     return st;
 }
 

@@ -19,32 +19,33 @@ const char *km_arch_list(void);
  * a GGUF's tensors are checked against before anything is built (model/hparams.c). In file
  * order: the builder creates them in this order too.
  *
- * X(id, name, in each layer (blk.N.name), type (WTYPE: hp->wtype; F32), when, n_dims, ne0,
- * ne1, ne2) with the extents in the KM_WD_ terms below. */
+ * X(id, name, in each layer (blk.N.name), mix (the weight's part in the file type's mix of
+ * types, km_mix below; F32: never quantized), when, n_dims, ne0, ne1, ne2) with the extents in
+ * the KM_WD_ terms below. */
 #define KM_WEIGHTS(X)                                                                               \
-    X(TOKEN_EMBD, "token_embd.weight", 0, WTYPE, ALWAYS, 2, EMBD, VOCAB, ONE)                      \
+    X(TOKEN_EMBD, "token_embd.weight", 0, EMBD, ALWAYS, 2, EMBD, VOCAB, ONE)                      \
     X(ROPE_FREQS, "rope_freqs.weight", 0, F32, LLAMA3, 1, HALF_HEAD, ONE, ONE)                     \
     X(ATTN_NORM, "attn_norm.weight", 1, F32, ALWAYS, 1, EMBD, ONE, ONE)                            \
-    X(ATTN_Q, "attn_q.weight", 1, WTYPE, ALWAYS, 2, EMBD, Q, ONE)                                  \
-    X(ATTN_K, "attn_k.weight", 1, WTYPE, ALWAYS, 2, EMBD, KV, ONE)                                 \
-    X(ATTN_V, "attn_v.weight", 1, WTYPE, ALWAYS, 2, EMBD, KV, ONE)                                 \
+    X(ATTN_Q, "attn_q.weight", 1, MATRIX, ALWAYS, 2, EMBD, Q, ONE)                                  \
+    X(ATTN_K, "attn_k.weight", 1, ATTN_K, ALWAYS, 2, EMBD, KV, ONE)                                 \
+    X(ATTN_V, "attn_v.weight", 1, ATTN_V, ALWAYS, 2, EMBD, KV, ONE)                                 \
     X(ATTN_Q_BIAS, "attn_q.bias", 1, F32, BIAS, 1, Q, ONE, ONE)                                    \
     X(ATTN_K_BIAS, "attn_k.bias", 1, F32, BIAS, 1, KV, ONE, ONE)                                   \
     X(ATTN_V_BIAS, "attn_v.bias", 1, F32, BIAS, 1, KV, ONE, ONE)                                   \
     X(ATTN_Q_NORM, "attn_q_norm.weight", 1, F32, QK_NORM, 1, HEAD, ONE, ONE)                       \
     X(ATTN_K_NORM, "attn_k_norm.weight", 1, F32, QK_NORM, 1, HEAD, ONE, ONE)                       \
-    X(ATTN_OUT, "attn_output.weight", 1, WTYPE, ALWAYS, 2, Q, EMBD, ONE)                           \
+    X(ATTN_OUT, "attn_output.weight", 1, ATTN_OUT, ALWAYS, 2, Q, EMBD, ONE)                           \
     X(FFN_NORM, "ffn_norm.weight", 1, F32, ALWAYS, 1, EMBD, ONE, ONE)                              \
-    X(FFN_GATE, "ffn_gate.weight", 1, WTYPE, DENSE, 2, EMBD, FF, ONE)                              \
-    X(FFN_UP, "ffn_up.weight", 1, WTYPE, DENSE, 2, EMBD, FF, ONE)                                  \
-    X(FFN_DOWN, "ffn_down.weight", 1, WTYPE, DENSE, 2, FF, EMBD, ONE)                              \
+    X(FFN_GATE, "ffn_gate.weight", 1, MATRIX, DENSE, 2, EMBD, FF, ONE)                              \
+    X(FFN_UP, "ffn_up.weight", 1, MATRIX, DENSE, 2, EMBD, FF, ONE)                                  \
+    X(FFN_DOWN, "ffn_down.weight", 1, FFN_DOWN, DENSE, 2, FF, EMBD, ONE)                              \
     /* the router stays f32 in GGUF files (llama.cpp's converter keeps ffn_gate_inp in f32) */     \
     X(FFN_GATE_INP, "ffn_gate_inp.weight", 1, F32, MOE, 2, EMBD, EXPERT, ONE)                      \
-    X(FFN_GATE_EXPS, "ffn_gate_exps.weight", 1, WTYPE, MOE, 3, EMBD, FF_EXP, EXPERT)               \
-    X(FFN_UP_EXPS, "ffn_up_exps.weight", 1, WTYPE, MOE, 3, EMBD, FF_EXP, EXPERT)                   \
-    X(FFN_DOWN_EXPS, "ffn_down_exps.weight", 1, WTYPE, MOE, 3, FF_EXP, EMBD, EXPERT)               \
+    X(FFN_GATE_EXPS, "ffn_gate_exps.weight", 1, MATRIX, MOE, 3, EMBD, FF_EXP, EXPERT)               \
+    X(FFN_UP_EXPS, "ffn_up_exps.weight", 1, MATRIX, MOE, 3, EMBD, FF_EXP, EXPERT)                   \
+    X(FFN_DOWN_EXPS, "ffn_down_exps.weight", 1, FFN_DOWN, MOE, 3, FF_EXP, EMBD, EXPERT)               \
     X(OUTPUT_NORM, "output_norm.weight", 0, F32, ALWAYS, 1, EMBD, ONE, ONE)                        \
-    X(OUTPUT, "output.weight", 0, WTYPE, UNTIED, 2, EMBD, VOCAB, ONE)
+    X(OUTPUT, "output.weight", 0, OUTPUT, UNTIED, 2, EMBD, VOCAB, ONE)
 
 typedef enum {
 #define KM_W_ENUM(id, ...) KM_W_##id,
@@ -79,10 +80,23 @@ typedef enum {
     KM_WHEN_UNTIED,  /* not tied_output */
 } km_when;
 
+/* A weight's part in the mix of types of a file type (model/ftype.c): the rules of
+ * llama-quantize's llama_tensor_get_type name these tensors. */
+typedef enum {
+    KM_MIX_F32,      /* norms, biases, the router, rope_freqs: never quantized, always f32 */
+    KM_MIX_MATRIX,   /* attn_q, ffn_gate, ffn_up (and the experts'): the file type's base type */
+    KM_MIX_EMBD,     /* token_embd: the base type, or the output's when the output is tied */
+    KM_MIX_OUTPUT,   /* output.weight */
+    KM_MIX_ATTN_K,
+    KM_MIX_ATTN_V,
+    KM_MIX_ATTN_OUT,
+    KM_MIX_FFN_DOWN, /* ffn_down and ffn_down_exps */
+} km_mix;
+
 typedef struct {
     const char *name;     /* GGUF's name; in a layer, what follows "blk.N." */
     bool        in_layer;
-    bool        wtype;    /* hp->wtype, else f32 */
+    km_mix      mix;
     km_when     when;
     int         n_dims;
     km_wdim      ne[3];
@@ -94,8 +108,32 @@ extern const km_weight km_weights[KM_W_COUNT];
 bool km_weight_present(const kiln_model_hparams *hp, const km_weight *w);
 /* The value of extent d for hp. */
 int64_t km_wdim_value(const kiln_model_hparams *hp, km_wdim d);
-/* w's type and extents for hp (ne: 4, trailing 1s). */
-kiln_type km_weight_type(const kiln_model_hparams *hp, const km_weight *w);
-void      km_weight_shape(const kiln_model_hparams *hp, const km_weight *w, int64_t ne[4]);
+/* w's extents for hp (ne: 4, trailing 1s). */
+void km_weight_shape(const kiln_model_hparams *hp, const km_weight *w, int64_t ne[4]);
+
+/* ---- file types and the mix (model/ftype.c) ------------------------------------------------ */
+
+/* Whether f is a kiln_ftype kiln knows. */
+bool km_ftype_known(kiln_ftype f);
+/* The file type whose base type is t (f16 for f16, q4_K_M for q4_K, ...), for files that do not
+ * say (no general.file_type, or one kiln lacks); false for a type no file type has. */
+bool km_ftype_of_type(kiln_type t, kiln_ftype *out);
+/* The type hp->ftype gives weight w of layer il (-1 outside the layers), after llama-quantize's
+ * fallback for rows its block does not divide. */
+kiln_type km_weight_type(const kiln_model_hparams *hp, const km_weight *w, int64_t il);
+/* Every weight of hp can hold its type (rows a multiple of the block), else an error naming the
+ * tensor, its shape and the type. */
+kiln_status km_check_mix(const kiln_model_hparams *hp);
+/* The types kiln computes weights with (f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K), and
+ * "f32, f16, bf16, q8_0, q4_0, q4_K, q5_K and q6_K" for messages. */
+bool        km_weight_type_ok(kiln_type t);
+const char *km_weight_type_list(void);
+
+/* kiln_model_check, less the mix (km_check_mix) when mix is false: a file's weights have the
+ * types the file gives them, whatever its general.file_type says. */
+kiln_status km_check(const kiln_model_hparams *hp, bool mix);
+/* kiln_build_model; with file non-NULL each weight takes its type from the file's tensor of
+ * that name (km_check_tensors has checked them), else from the mix. */
+kiln_status km_build(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_build_opts *o, const kiln_gguf *file);
 
 #endif

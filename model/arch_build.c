@@ -19,6 +19,7 @@ typedef struct {
     const kiln_model_hparams *hp;
     km_arch                   arch;
     kiln_build_opts           o;
+    const kiln_gguf          *file; /* the weights' types, else the mix of hp->ftype */
     int64_t                   T, KV; /* handles of the symbolic dims n_tokens and n_kv */
     kiln_tensor *embd, *pos, *kv_idxs, *mask, *out_ids, *rope_freqs;
     int          il;   /* the layer being built; -1 outside the layers */
@@ -55,6 +56,20 @@ static kiln_tensor *leaf(mb *b, kiln_role role, kiln_type type, const char *name
     return kiln_new_tensor(b->ctx, role, type, full, nd, ne);
 }
 
+/* The type of weight w (of the current layer): its tensor's in the file, else the mix's. */
+static kiln_type weight_type(const mb *b, const km_weight *w) {
+    kiln_type t = km_weight_type(b->hp, w, b->il);
+    if (!b->file) return t;
+    char name[FE_MAX_NAME];
+    if (b->il >= 0) snprintf(name, sizeof name, "blk.%d.%s", b->il, w->name);
+    else snprintf(name, sizeof name, "%s", w->name);
+    kiln_gguf_tensor info;
+    int64_t          i = kiln_gguf_find_tensor(b->file, name);
+    kiln_status      st = i >= 0 ? kiln_gguf_tensor_info(b->file, i, &info) : NULL;
+    if (st) kiln_status_free(st); /* cannot fail for an index find gave */
+    return i >= 0 && !st && info.has_kiln_type ? info.type : t;
+}
+
 /* Weight id of the table in model/arch.h, in the current layer when it is a layer's; NULL
  * when the model has none (a bias, a QK-norm, ...). */
 static kiln_tensor *weight(mb *b, km_weight_id id) {
@@ -62,7 +77,7 @@ static kiln_tensor *weight(mb *b, km_weight_id id) {
     if (!km_weight_present(b->hp, w)) return NULL;
     int64_t ne[4];
     km_weight_shape(b->hp, w, ne);
-    return leaf(b, KILN_ROLE_WEIGHT, km_weight_type(b->hp, w), w->name, w->n_dims, ne[0], ne[1], ne[2]);
+    return leaf(b, KILN_ROLE_WEIGHT, weight_type(b, w), w->name, w->n_dims, ne[0], ne[1], ne[2]);
 }
 
 /* ---- layer weights ---------------------------------------------------------------------------- */
@@ -297,9 +312,13 @@ static kiln_status check_opts(const kiln_model_hparams *hp, const kiln_build_opt
 }
 
 kiln_status kiln_build_model(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_build_opts *o) {
+    return km_build(ctx, hp, o, NULL);
+}
+
+kiln_status km_build(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_build_opts *o, const kiln_gguf *file) {
     if (!ctx || !hp) return kb_error(KILN_ERR_INVALID, "kiln_build_model: NULL argument");
-    kiln_status st = kiln_model_check(hp);
-    mb b = {.ctx = ctx, .hp = hp, .il = -1};
+    kiln_status st = km_check(hp, !file);
+    mb b = {.ctx = ctx, .hp = hp, .il = -1, .file = file};
     if (!st) st = check_opts(hp, o, &b.o);
     if (st) return st;
     b.arch = (km_arch)km_arch_find(hp->arch);

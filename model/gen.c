@@ -57,7 +57,7 @@ static kiln_status build(kiln_gen *g) {
     if (!(g->ctx = kiln_ctx_new())) return kb_oom();
     kiln_build_opts o = {.n_ctx = g->n_ctx, .n_tokens_max = g->n_batch, .outputs = KILN_OUTPUTS_LAST,
                          .argmax = !g->cpu};
-    kiln_status     st = kiln_build_model(g->ctx, g->hp, &o);
+    kiln_status     st = kiln_model_build(g->ctx, g->m, &o);
     if (!st) st = kiln_graph_new(g->ctx, &g->graph);
     if (!st) st = kiln_model_check_weights(g->m, g->graph);
     return st;

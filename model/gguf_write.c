@@ -302,16 +302,17 @@ static kiln_status emit(out *o, const void *p, size_t n) {
 
 static uint64_t pad_to(uint64_t n, uint64_t align) { return (align - n % align) % align; }
 
-/* Tensor i's bytes through fill, in chunks that start at multiples of the buffer size (or
- * take the whole rest): whole elements, since cap is a multiple of 8. */
+/* Tensor i's bytes through fill, in chunks of at most the buffer's size cut to whole elements
+ * (whole blocks of a quantized type, 18 to 210 bytes: a quantizer fills whole blocks), each
+ * into an emptied buffer unless the rest fits where the buffer stands. */
 static kiln_status fill_tensor(out *o, const wtensor *t, int64_t i, kiln_gguf_fill_fn fill, void *user) {
+    size_t unit = kiln_type_size(t->type), most = o->cap / unit * unit;
     for (size_t off = 0; off < t->bytes;) {
-        size_t rest = t->bytes - off;
-        if (o->cap - o->len < (rest < o->cap ? rest : o->cap)) {
+        size_t rest = t->bytes - off, n = rest < most ? rest : most;
+        if (o->cap - o->len < n) {
             kiln_status st = flush(o);
             if (st) return st;
         }
-        size_t n = rest < o->cap - o->len ? rest : o->cap - o->len;
         memset(o->buf + o->len, 0, n); /* what fill leaves unwritten is zero, not stale */
         kiln_status st = fill(user, i, t->name, off, o->buf + o->len, n);
         if (st) return kb_wrap(st, "tensor %" PRId64 " ('%s')", i, t->name);

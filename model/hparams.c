@@ -9,9 +9,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* llama.cpp's LLAMA_FTYPE values for unquantized files (general.file_type). */
-enum { FTYPE_ALL_F32 = 0, FTYPE_MOSTLY_F16 = 1, FTYPE_MOSTLY_BF16 = 32 };
-
 /* Every message below starts with the file's path (km_gguf_label); the getters' own errors
  * (a key of another type) already do and pass through as they are. */
 typedef struct {
@@ -64,9 +61,19 @@ static double get_float(reader *r, const char *suffix, bool required, double def
 
 static bool has_tensor(const kiln_gguf *g, const char *name) { return kiln_gguf_find_tensor(g, name) >= 0; }
 
-/* wtype: the type of the first layer's Q projection, which every matrix shares in an
- * unquantized file (km_check_tensors checks the rest). */
-static kiln_status weight_type(const kiln_gguf *g, kiln_type *out) {
+/* The file type: general.file_type where it is one kiln knows, else (no key, or a file type
+ * such as Q4_K_S or Q3_K_M) the one whose base type the first layer's Q projection has. It only
+ * names the file: the graph takes each weight's type from the file (kiln_model_build). */
+static kiln_status file_type(const kiln_gguf *g, kiln_ftype *out) {
+    int64_t v;
+    if (kiln_gguf_find_kv(g, "general.file_type") >= 0) {
+        kiln_status st = kiln_gguf_get_int(g, "general.file_type", &v);
+        if (st) return st;
+        if (v >= 0 && v <= INT32_MAX && km_ftype_known((kiln_ftype)v)) {
+            *out = (kiln_ftype)v;
+            return NULL;
+        }
+    }
     const char *file = km_gguf_label(g);
     int64_t     i = kiln_gguf_find_tensor(g, "blk.0.attn_q.weight");
     if (i < 0) i = kiln_gguf_find_tensor(g, "token_embd.weight");
@@ -74,10 +81,9 @@ static kiln_status weight_type(const kiln_gguf *g, kiln_type *out) {
     kiln_gguf_tensor t;
     kiln_status st = kiln_gguf_tensor_info(g, i, &t);
     if (st) return st;
-    if (!t.has_kiln_type || (t.type != KILN_F32 && t.type != KILN_F16 && t.type != KILN_BF16))
-        return kb_error(KILN_ERR_FORMAT, "%s: tensor '%s' is %s; kiln runs f32, f16 and bf16 weights (quantized "
-                                         "types are not supported yet)", file, t.name, t.type_name);
-    *out = t.type;
+    if (!t.has_kiln_type || !km_ftype_of_type(t.type, out))
+        return kb_error(KILN_ERR_FORMAT, "%s: tensor '%s' is %s; kiln runs %s", file, t.name, t.type_name,
+                        km_weight_type_list());
     return NULL;
 }
 
@@ -209,9 +215,10 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
             return st;
         hp->norm_topk_prob = norm;
     }
-    if ((st = weight_type(g, &hp->wtype))) return st;
-    /* Out-of-range values are the file's fault here: a format error naming it. */
-    if (!(st = kiln_model_check(hp))) return NULL;
+    if ((st = file_type(g, &hp->ftype))) return st;
+    /* Out-of-range values are the file's fault here: a format error naming it. The mix of the
+     * file type is not checked: the file's own types are (km_check_tensors). */
+    if (!(st = km_check(hp, false))) return NULL;
     kiln_status f = kb_error(KILN_ERR_FORMAT, "%s: %s", r.file, kiln_status_msg(st));
     kiln_status_free(st);
     return f;
@@ -294,6 +301,28 @@ static kiln_status missing(const kiln_gguf *g, const kiln_model_hparams *hp, con
                     kiln_type_name(type), shape, hp->arch);
 }
 
+/* A matrix or embedding may have any type kiln computes with, each its own (real files mix
+ * them); norms, biases, the router and rope_freqs are f32. */
+static kiln_status check_type(const char *file, const char *name, const km_weight *w, const kiln_gguf_tensor *t,
+                              const char *arch) {
+    if (w->mix == KM_MIX_F32) {
+        if (t->has_kiln_type && t->type == KILN_F32) return NULL;
+        return kb_error(KILN_ERR_FORMAT, "%s: tensor '%s' is %s; the %s graph needs f32 (norms, biases, the router "
+                                         "and rope_freqs are f32)", file, name, t->type_name, arch);
+    }
+    if (!t->has_kiln_type || !km_weight_type_ok(t->type))
+        return kb_error(KILN_ERR_FORMAT, "%s: tensor '%s' is %s; kiln runs %s", file, name, t->type_name,
+                        km_weight_type_list());
+    if (t->ne[0] % kiln_type_block(t->type) != 0) { /* the reader refuses it; kept as the graph's guard */
+        char shape[96];
+        km_shape_text(t->ne, t->n_dims, shape, sizeof shape);
+        return kb_error(KILN_ERR_FORMAT, "%s: tensor '%s' is %s %s: its rows of %lld are not a multiple of %s's "
+                                         "%lld-element blocks", file, name, t->type_name, shape, (long long)t->ne[0],
+                        t->type_name, (long long)kiln_type_block(t->type));
+    }
+    return NULL;
+}
+
 /* Tensor `name` (weight w of layer il, -1 outside the layers) as hp makes it. */
 static kiln_status check_tensor(const kiln_gguf *g, const kiln_model_hparams *hp, const km_weight *w, int64_t il,
                                 const layers_held *h) {
@@ -303,7 +332,7 @@ static kiln_status check_tensor(const kiln_gguf *g, const kiln_model_hparams *hp
     if (il >= 0) snprintf(name, sizeof name, "blk.%lld.%s", (long long)il, w->name);
     else snprintf(name, sizeof name, "%s", w->name);
     int64_t   want[4];
-    kiln_type type = km_weight_type(hp, w);
+    kiln_type type = km_weight_type(hp, w, il);
     km_weight_shape(hp, w, want);
     int64_t i = kiln_gguf_find_tensor(g, name);
     if (i < 0) return missing(g, hp, name, il, h, type, want);
@@ -319,11 +348,7 @@ static kiln_status check_tensor(const kiln_gguf *g, const kiln_model_hparams *hp
         return kb_error(KILN_ERR_FORMAT, "%s: tensor '%s' is %s, not %s: its ne[%d] should be %s", file, name, got_s,
                         want_s, d, src);
     }
-    if (!t.has_kiln_type || t.type != type)
-        return kb_error(KILN_ERR_FORMAT, "%s: tensor '%s' is %s; the %s graph needs %s (matrices and token_embd take "
-                                         "the type of blk.0.attn_q.weight, norms, biases and the router f32)",
-                        file, name, t.type_name, hp->arch, kiln_type_name(type));
-    return NULL;
+    return check_type(file, name, w, &t, hp->arch);
 }
 
 kiln_status km_check_tensors(const kiln_gguf *g, const kiln_model_hparams *hp) {
@@ -381,9 +406,11 @@ void kiln_model_hparams_to_gguf(const kiln_model_hparams *hp, kiln_gguf_writer *
     const char *a = hp->arch;
     kiln_gguf_set_str(w, "general.architecture", a);
     kiln_gguf_set_str(w, "general.name", "kiln random weights");
-    kiln_gguf_set_u32(w, "general.file_type", hp->wtype == KILN_F32   ? FTYPE_ALL_F32
-                                              : hp->wtype == KILN_F16 ? FTYPE_MOSTLY_F16
-                                                                      : FTYPE_MOSTLY_BF16);
+    kiln_gguf_set_u32(w, "general.file_type", (uint32_t)hp->ftype);
+    /* llama-quantize's mark of the quantized formats' version (ggml's GGML_QNT_VERSION 2: the
+     * block layouts of base/quant.c), which it writes into every quantized file. */
+    if (hp->ftype != KILN_FTYPE_ALL_F32 && hp->ftype != KILN_FTYPE_MOSTLY_F16 && hp->ftype != KILN_FTYPE_MOSTLY_BF16)
+        kiln_gguf_set_u32(w, "general.quantization_version", 2);
     set_arch_u32(w, a, "vocab_size", hp->n_vocab);
     set_arch_u32(w, a, "context_length", hp->n_ctx_train);
     set_arch_u32(w, a, "embedding_length", hp->n_embd);

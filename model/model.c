@@ -1,6 +1,7 @@
 /* kiln_model: a GGUF file with the hyperparameters read from it, and its weights bound by name
  * to a graph of kiln_build_model. */
 #include "base/base.h"
+#include "model/arch.h"
 #include "model/gguf.h"
 
 #include <stdlib.h>
@@ -12,9 +13,9 @@ struct kiln_model {
     kiln_model_hparams hp;
 };
 
-/* Quantized tensors are refused up front, with the first one's name: loading would otherwise
- * fail later at a weight whose type kiln cannot compute with. */
-static kiln_status refuse_quantized(const kiln_gguf *g) {
+/* Tensors of a type kiln lacks (q3_K, iq4_xs, ...) are refused up front, with the first one's
+ * name: loading would otherwise fail later at a weight kiln cannot compute with. */
+static kiln_status refuse_unknown_types(const kiln_gguf *g) {
     int64_t n = kiln_gguf_tensor_count(g);
     for (int64_t i = 0; i < n; i++) {
         kiln_gguf_tensor t;
@@ -23,13 +24,13 @@ static kiln_status refuse_quantized(const kiln_gguf *g) {
         if (t.has_kiln_type) continue;
         char q[300];
         km_quote(t.name, q);
-        return kb_error(KILN_ERR_FORMAT, "%s: tensor %lld '%s' is %s; kiln runs f32, f16 and bf16 weights (quantized "
-                                         "types are not supported yet)", km_gguf_label(g), (long long)i, q, t.type_name);
+        return kb_error(KILN_ERR_FORMAT, "%s: tensor '%s' is %s; kiln runs %s", km_gguf_label(g), q, t.type_name,
+                        km_weight_type_list());
     }
     return NULL;
 }
 
-/* Every check of a GGUF model before anything is built from it: quantized tensors, then the
+/* Every check of a GGUF model before anything is built from it: types kiln lacks, then the
  * keys (kiln_model_hparams_from_gguf, which bounds them), then the tensors against the keys, so
  * that a header that claims more than the file holds is refused at once. Each message starts
  * with the file's path. */
@@ -45,7 +46,7 @@ kiln_status kiln_model_from_gguf(kiln_gguf *g, kiln_model **out) {
         return kb_oom();
     }
     m->gguf = g;
-    kiln_status st = refuse_quantized(g);
+    kiln_status st = refuse_unknown_types(g);
     if (!st) st = kiln_model_hparams_from_gguf(g, &m->hp);
     if (!st) st = km_check_tensors(g, &m->hp);
     if (st) {
@@ -120,10 +121,15 @@ static kiln_status check_weight(const kiln_model *m, const kiln_tensor *w) {
     if (memcmp(t.ne, want, sizeof want) != 0)
         return kb_error(KILN_ERR_SHAPE, "%s: tensor '%s' is %s in the file; the graph needs %s", file, name, fs, ws);
     if (!t.has_kiln_type || t.type != kiln_tensor_type(w))
-        return kb_error(KILN_ERR_SHAPE, "%s: tensor '%s' is %s in the file; the graph needs %s (kiln takes one type "
-                                        "for all matrices, that of blk.0.attn_q.weight)", file, name, t.type_name,
+        return kb_error(KILN_ERR_SHAPE, "%s: tensor '%s' is %s in the file; the graph needs %s (kiln_model_build "
+                                        "makes a graph with the file's types)", file, name, t.type_name,
                         kiln_type_name(kiln_tensor_type(w)));
     return NULL;
+}
+
+kiln_status kiln_model_build(kiln_ctx *ctx, const kiln_model *m, const kiln_build_opts *o) {
+    if (!ctx || !m) return kb_error(KILN_ERR_INVALID, "kiln_model_build: NULL argument");
+    return km_build(ctx, &m->hp, o, m->gguf);
 }
 
 kiln_status kiln_model_check_weights(const kiln_model *m, const kiln_graph *g) {

@@ -5,7 +5,10 @@
  * by construction. Element e of a tensor is a hash of (seed, the tensor's name, e): a counter-based
  * generator, so any chunking by the writer and any thread count give the same bytes. Scales keep a
  * random model numerically tame: matrices have variance 1/ne0 (activations keep their size
- * through each projection), norm weights are near 1, biases small. */
+ * through each projection), norm weights are near 1, biases small. A quantized weight's values
+ * are made the same way, as f32, and then quantized by kb_quant_row, whole blocks at a time (a
+ * row is whole blocks, so this is row by row): the types are those of the file type's mix
+ * (model/ftype.c), since the graph's weights have them. */
 #include "base/base.h"
 #include "model/gguf.h"
 
@@ -69,6 +72,7 @@ typedef struct {
     const weight_spec *w;
     void              *buf;
     int64_t            first, n; /* elements first .. first + n - 1 of the tensor, into buf */
+    float             *scratch;  /* a quantized type: PIECE floats per worker, quantized into buf */
 } fill_job;
 
 /* The generator's parameters of weight w: element e is base + scale * u(key, e). Matrices are
@@ -81,18 +85,22 @@ static void spec_params(uint64_t seed, const weight_spec *w, uint64_t *key, floa
 }
 
 static void fill_piece(void *user, int item, int worker) {
-    (void)worker;
     const fill_job    *j = user;
     const weight_spec *w = j->w;
     int64_t            lo = (int64_t)item * PIECE, hi = lo + PIECE < j->n ? lo + PIECE : j->n;
     uint64_t           key;
     float              scale, base;
     spec_params(j->g->seed, w, &key, &scale, &base);
+    float             *x = j->scratch ? j->scratch + (size_t)worker * PIECE : NULL;
     for (int64_t i = lo; i < hi; i++) {
         uint64_t r = mix(key + (uint64_t)(j->first + i) * 0x9e3779b97f4a7c15ull);
         float    u = (float)(r >> 40) * (1.0f / 8388608.0f) - 1.0f; /* [-1, 1) */
-        kb_store_f32(j->buf, w->type, i, base + scale * u);
+        if (x) x[i - lo] = base + scale * u;
+        else kb_store_f32(j->buf, w->type, i, base + scale * u);
     }
+    /* PIECE and the chunk's start are whole blocks (the writer cuts chunks so). */
+    if (x) kb_quant_row(x, w->type, (uint8_t *)j->buf + (size_t)(lo / kiln_type_block(w->type)) * kiln_type_size(w->type),
+                        hi - lo);
 }
 
 static kiln_status fill(void *user, int64_t i, const char *name, uint64_t offset, void *buf, size_t bytes) {
@@ -101,16 +109,23 @@ static kiln_status fill(void *user, int64_t i, const char *name, uint64_t offset
         return kb_error(KILN_ERR_INVALID, "gen-model: the writer asked for tensor %lld '%s', which was not added so",
                         (long long)i, name);
     const weight_spec *w = &g->w[i];
-    size_t             es = kiln_type_size(w->type);
-    int64_t            first = (int64_t)(offset / es), n = (int64_t)(bytes / es);
+    size_t             es = kiln_type_size(w->type); /* of an element, or of a block */
+    int64_t            blk = kiln_type_block(w->type);
+    int64_t            first = (int64_t)(offset / es) * blk, n = (int64_t)(bytes / es) * blk;
+    if (offset % es || bytes % es)
+        return kb_error(KILN_ERR_INVALID, "gen-model: tensor '%s' asked for in a chunk of part of a %s %s", name,
+                        kiln_type_name(w->type), blk > 1 ? "block" : "element");
     if (w->kind == INIT_ROPE_FREQS) {
         int64_t all = w->ne[0];
         if (w->type != KILN_F32 || offset != 0 || n != all)
             return kb_error(KILN_ERR_INVALID, "gen-model: rope_freqs.weight must be f32 and written in one piece");
         return kiln_model_rope_freqs(g->hp, buf, n);
     }
-    fill_job j = {g, w, buf, first, n};
-    kb_parallel_for((int)((n + PIECE - 1) / PIECE), kb_default_jobs(), fill_piece, &j);
+    int      jobs = kb_default_jobs();
+    fill_job j = {g, w, buf, first, n, NULL};
+    if (blk > 1 && !(j.scratch = malloc(sizeof *j.scratch * PIECE * (size_t)jobs))) return kb_oom();
+    kb_parallel_for((int)((n + PIECE - 1) / PIECE), jobs, fill_piece, &j);
+    free(j.scratch);
     return NULL;
 }
 
@@ -220,7 +235,7 @@ const void *km_random_host(km_random *r, const char *name, kiln_type type, int64
     const weight_spec *w = find_spec(r, name, type, NULL, n, &i);
     if (!w) return NULL;
     if (r->host[i]) return r->host[i];
-    size_t bytes = (size_t)n * kiln_type_size(type);
+    size_t bytes = kiln_row_size(type, n);
     if (!(r->host[i] = malloc(bytes ? bytes : 1))) return NULL;
     kiln_status st = fill(&r->g, i, w->name, 0, r->host[i], bytes);
     if (st) {
@@ -244,8 +259,10 @@ kiln_status km_random_init(km_random *r, const char *name, kiln_type type, const
     const weight_spec *w = find_spec(r, name, type, ne, 0, &i);
     memset(out, 0, sizeof *out);
     if (!w) return km_random_check(r, name, type, ne);
-    if (w->kind == INIT_ROPE_FREQS) { /* computed, not random: made on the host */
-        out->host = km_random_host(r, name, type, w->ne[0]);
+    /* rope_freqs is computed, not random; a quantized weight is quantized on the host (the
+     * device fill writes float types only): both made on the host and uploaded. */
+    if (w->kind == INIT_ROPE_FREQS || kiln_type_is_quantized(type)) {
+        out->host = km_random_host(r, name, type, w->ne[0] * w->ne[1] * w->ne[2] * w->ne[3]);
         return out->host ? NULL : kb_oom();
     }
     spec_params(r->g.seed, w, &out->key, &out->scale, &out->base);

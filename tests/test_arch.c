@@ -347,7 +347,7 @@ START_TEST(presets_documented) {
     ck_assert(h.n_vocab == 128256 && h.n_embd == 4096 && h.n_layer == 32 && h.n_head == 32 && h.n_head_kv == 8 &&
               h.head_dim == 128 && h.n_ff == 14336 && h.n_ctx_train == 8192 && h.rope_freq_base == 500000 &&
               h.rms_norm_eps == 1e-5f && h.rope_scaling == KILN_ROPE_SCALING_NONE && !h.tied_output &&
-              h.wtype == KILN_BF16);
+              h.ftype == KILN_FTYPE_MOSTLY_BF16);
     h = preset("llama", "llama-3.2-1b");
     ck_assert(h.n_vocab == 128256 && h.n_embd == 2048 && h.n_layer == 16 && h.n_head == 32 && h.n_head_kv == 8 &&
               h.head_dim == 64 && h.n_ff == 8192 && h.n_ctx_train == 131072 && h.rope_freq_base == 500000 &&
@@ -396,8 +396,8 @@ START_TEST(errors_name_the_field) {
     expect_error(build_bad(b), "n_head_kv = 3", "n_head");
     b = t, b.rope_scaling = KILN_ROPE_SCALING_YARN;
     expect_error(build_bad(b), "yarn", NULL);
-    b = t, b.wtype = KILN_I32;
-    expect_error(build_bad(b), "wtype i32", NULL);
+    b = t, b.ftype = (kiln_ftype)14; /* Q4_K_S: a file type kiln does not write */
+    expect_error(build_bad(b), "ftype 14 is not a file type kiln knows", "q4_k_m");
     b = t, b.n_expert = 8;
     expect_error(build_bad(b), "n_expert = 8", "Mixtral");
     b = t, b.qk_norm = true;

@@ -36,7 +36,7 @@ static void hparams_equal(const kiln_model_hparams *a, const kiln_model_hparams 
     SAME(n_vocab); SAME(n_ctx_train); SAME(n_embd); SAME(n_layer); SAME(n_head); SAME(n_head_kv);
     SAME(head_dim); SAME(n_ff); SAME(rms_norm_eps); SAME(rope_freq_base); SAME(rope_scaling);
     SAME(rope_factor); SAME(tied_output); SAME(qk_norm); SAME(attn_bias); SAME(n_expert);
-    SAME(n_expert_used); SAME(n_ff_exp); SAME(norm_topk_prob); SAME(wtype);
+    SAME(n_expert_used); SAME(n_ff_exp); SAME(norm_topk_prob); SAME(ftype);
     if (a->rope_scaling == KILN_ROPE_SCALING_LLAMA3) {
         SAME(rope_low_freq_factor); SAME(rope_high_freq_factor); SAME(rope_orig_ctx);
     }
@@ -58,7 +58,7 @@ START_TEST(tiny_round_trip) {
 END_TEST
 
 /* The large presets' keys, without their weights: the keys plus small stand-ins for the three
- * tensors whose type or presence decides wtype, tied output and llama3 scaling. */
+ * tensors whose presence decides tied output and llama3 scaling (general.file_type gives ftype). */
 START_TEST(large_presets_keys_round_trip) {
     static const char *const presets[] = {"llama-3.2-1b", "llama-3-8b", "qwen3-30b-a3b"};
     kiln_model_hparams hp, got;
@@ -68,8 +68,8 @@ START_TEST(large_presets_keys_round_trip) {
     static const float zeros[256];
     int64_t f[1] = {hp.head_dim / 2}, o[2] = {8, 8};
     /* Small stand-ins: only the type and presence of these tensors are read. */
-    kiln_gguf_add_tensor(w, "blk.0.attn_q.weight", hp.wtype, 2, o, zeros);
-    if (!hp.tied_output) kiln_gguf_add_tensor(w, "output.weight", hp.wtype, 2, o, zeros);
+    kiln_gguf_add_tensor(w, "blk.0.attn_q.weight", KILN_BF16, 2, o, zeros);
+    if (!hp.tied_output) kiln_gguf_add_tensor(w, "output.weight", KILN_BF16, 2, o, zeros);
     if (hp.rope_scaling == KILN_ROPE_SCALING_LLAMA3) kiln_gguf_add_tensor(w, "rope_freqs.weight", KILN_F32, 1, f, zeros);
     char *p = path_in("keys.gguf");
     TS_OK(kiln_gguf_write(w, p, NULL, NULL, NULL));
@@ -99,11 +99,12 @@ START_TEST(gen_model_deterministic) {
     TS_OK(kiln_model_open(a, &m));
     const kiln_model_hparams *hp = kiln_model_get_hparams(m);
     int64_t     n = hp->n_embd * hp->head_dim * hp->n_head;
-    const void *q = kiln_model_weight(m, "blk.0.attn_q.weight", hp->wtype, n);
+    kiln_type   qt = kiln_model_weight_type(hp, "blk.0.attn_q.weight");
+    const void *q = kiln_model_weight(m, "blk.0.attn_q.weight", qt, n);
     ck_assert_ptr_nonnull(q);
     double s2 = 0;
     for (int64_t i = 0; i < n; i++) {
-        double x = kb_load_f32(q, hp->wtype, i);
+        double x = kb_load_f32(q, qt, i);
         s2 += x * x;
     }
     double var = s2 / (double)n, want = 1.0 / (double)hp->n_embd;
@@ -181,7 +182,7 @@ START_TEST(random_model_equals_file) {
         ck_assert_msg(memcmp(a, b, (size_t)n * kiln_type_size(t.type)) == 0, "%s: weight %s differs from the file's",
                       tiny_archs[_i], t.name);
     }
-    ck_assert_ptr_null(kiln_model_weight(r, "blk.0.attn_q.weight", KILN_F32 == hp.wtype ? KILN_F16 : KILN_F32, 1));
+    ck_assert_ptr_null(kiln_model_weight(r, "blk.0.attn_q.weight", KILN_FTYPE_ALL_F32 == hp.ftype ? KILN_F16 : KILN_F32, 1));
     kiln_gen    *ga = cpu_gen(f, 16, 8), *gb = cpu_gen(r, 16, 8);
     const float *la, *lb;
     TS_OK(kiln_gen_eval(ga, prompt, 7, &la));
@@ -337,12 +338,13 @@ START_TEST(model_errors_name_the_cause) {
     patch_file(p, "llama.block_count", "llama.block_xount", 17);
     expect_open_error(p, "no key 'llama.block_count', which llama models need");
     free(p);
-    /* A quantized tensor: blk.0.attn_q.weight's type code (after name, n_dims, ne0, ne1)
-     * becomes q4_0, whose 18-byte blocks of 32 fit inside the f16 data. */
+    /* A type kiln lacks: blk.0.attn_q.weight's type code (after name, n_dims, ne0, ne1)
+     * becomes q5_0, whose 22-byte blocks of 32 fit inside the f16 data. */
     p = write_model("llama", "tiny", 1, "quant.gguf");
-    uint32_t q4_0 = 2;
-    patch_after(p, "blk.0.attn_q.weight", 19, 19 + 4 + 2 * 8, &q4_0, 4);
-    expect_open_error(p, "'blk.0.attn_q.weight' is q4_0");
+    uint32_t q5_0 = 6;
+    patch_after(p, "blk.0.attn_q.weight", 19, 19 + 4 + 2 * 8, &q5_0, 4);
+    expect_open_error(p, "quant.gguf: tensor 'blk.0.attn_q.weight' is q5_0; kiln runs f32, f16, bf16, q8_0, q4_0, "
+                         "q4_K, q5_K and q6_K");
     free(p);
     /* A weight the graph needs, missing from the file (its name changed): refused when the
      * model opens, before any graph is built. */
@@ -567,6 +569,391 @@ START_TEST(cli_gen_model_and_cpu_run) {
 }
 END_TEST
 
+/* ---- quantized file types ------------------------------------------------------------------------ */
+
+static const kiln_ftype quant_ftypes[] = {KILN_FTYPE_MOSTLY_Q8_0, KILN_FTYPE_MOSTLY_Q4_0, KILN_FTYPE_MOSTLY_Q4_K_M,
+                                          KILN_FTYPE_MOSTLY_Q5_K_M, KILN_FTYPE_MOSTLY_Q6_K};
+
+static kiln_model_hparams preset_as(const char *arch, const char *name, kiln_ftype ftype) {
+    kiln_model_hparams hp;
+    TS_OK(kiln_model_preset(arch, name, &hp));
+    hp.ftype = ftype;
+    return hp;
+}
+
+/* A tiny llama whose rows are all multiples of 256, so that K-quants hold every matrix (the
+ * tiny presets' n_embd of 128 makes most of their matrices fall back to q8_0). */
+static kiln_model_hparams wide_llama(kiln_ftype ftype) {
+    kiln_model_hparams hp = preset_as("llama", "tiny", ftype);
+    hp.n_embd = 256, hp.n_ff = 512, hp.head_dim = 64;
+    return hp;
+}
+
+static char *write_hp(const kiln_model_hparams *hp, uint64_t seed, const char *file) {
+    char *p = path_in(file);
+    TS_OK(kiln_model_write_random(hp, seed, p, NULL, NULL));
+    return p;
+}
+
+#define TYPE_IS(hp, name, want)                                                                            \
+    do {                                                                                                   \
+        kiln_type got_ = kiln_model_weight_type((hp), (name));                                             \
+        ck_assert_msg(got_ == (want), "%s %s: %s is %s, want %s", (hp)->arch, kiln_ftype_name((hp)->ftype), \
+                      (name), kiln_type_name(got_), kiln_type_name(want));                                  \
+    } while (0)
+
+/* llama-quantize's use_more_bits layers of a 32-layer model: the first and last 4, and every
+ * third from 6. */
+static bool more_bits_32(int il) { return il < 4 || il >= 28 || (il - 4) % 3 == 2; }
+
+/* The mix of each file type on Llama-3-8B (untied output, n_embd 4096: no fallback). */
+START_TEST(mix_llama_3_8b) {
+    static const struct {
+        kiln_ftype ftype;
+        kiln_type  base, output, more; /* more: attn_v and ffn_down in the use_more_bits layers */
+    } rows[] = {
+        {KILN_FTYPE_MOSTLY_Q8_0, KILN_Q8_0, KILN_Q8_0, KILN_Q8_0},
+        {KILN_FTYPE_MOSTLY_Q4_0, KILN_Q4_0, KILN_Q6_K, KILN_Q4_0},
+        {KILN_FTYPE_MOSTLY_Q4_K_M, KILN_Q4_K, KILN_Q6_K, KILN_Q6_K},
+        {KILN_FTYPE_MOSTLY_Q5_K_M, KILN_Q5_K, KILN_Q6_K, KILN_Q6_K},
+        {KILN_FTYPE_MOSTLY_Q6_K, KILN_Q6_K, KILN_Q6_K, KILN_Q6_K},
+        {KILN_FTYPE_MOSTLY_F16, KILN_F16, KILN_F16, KILN_F16},
+        {KILN_FTYPE_MOSTLY_BF16, KILN_BF16, KILN_BF16, KILN_BF16},
+        {KILN_FTYPE_ALL_F32, KILN_F32, KILN_F32, KILN_F32},
+    };
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        kiln_model_hparams hp = preset_as(NULL, "llama-3-8b", rows[r].ftype);
+        TS_OK(kiln_model_check(&hp));
+        TYPE_IS(&hp, "token_embd.weight", rows[r].base);
+        TYPE_IS(&hp, "output.weight", rows[r].output);
+        TYPE_IS(&hp, "output_norm.weight", KILN_F32);
+        int n_more = 0;
+        for (int il = 0; il < 32; il++) {
+            char name[64];
+            kiln_type v = more_bits_32(il) ? rows[r].more : rows[r].base;
+            n_more += more_bits_32(il);
+#define LAYER_IS(w, want)                                  \
+    do {                                                   \
+        snprintf(name, sizeof name, "blk.%d." w, il);      \
+        TYPE_IS(&hp, name, want);                          \
+    } while (0)
+            LAYER_IS("attn_q.weight", rows[r].base);
+            LAYER_IS("attn_k.weight", rows[r].base);
+            LAYER_IS("attn_v.weight", v);
+            LAYER_IS("attn_output.weight", rows[r].base);
+            LAYER_IS("ffn_gate.weight", rows[r].base);
+            LAYER_IS("ffn_up.weight", rows[r].base);
+            LAYER_IS("ffn_down.weight", v);
+            LAYER_IS("attn_norm.weight", KILN_F32);
+            LAYER_IS("ffn_norm.weight", KILN_F32);
+#undef LAYER_IS
+        }
+        ck_assert_int_eq(n_more, 16); /* layers 0-3, 6, 9, ..., 27 and 28-31 */
+    }
+    kiln_model_hparams hp = preset_as(NULL, "llama-3-8b", KILN_FTYPE_MOSTLY_Q4_K_M);
+    TYPE_IS(&hp, "blk.5.attn_v.weight", KILN_Q4_K);
+    TYPE_IS(&hp, "blk.6.attn_v.weight", KILN_Q6_K);
+    /* Not weights of this model. */
+    TYPE_IS(&hp, "blk.32.attn_q.weight", KILN_TYPE_COUNT);
+    TYPE_IS(&hp, "blk.0.attn_q.bias", KILN_TYPE_COUNT);
+    TYPE_IS(&hp, "blk.x.attn_q.weight", KILN_TYPE_COUNT);
+    TYPE_IS(&hp, "attn_q.weight", KILN_TYPE_COUNT);
+    TYPE_IS(&hp, "rope_freqs.weight", KILN_TYPE_COUNT);
+}
+END_TEST
+
+/* Tied output, experts, the 70B rule, and the fallback where a block does not divide the rows. */
+START_TEST(mix_rules) {
+    /* Llama-3.2-1B ties its output to token_embd, which takes the output's type. */
+    kiln_model_hparams hp = preset_as(NULL, "llama-3.2-1b", KILN_FTYPE_MOSTLY_Q4_K_M);
+    TYPE_IS(&hp, "token_embd.weight", KILN_Q6_K);
+    TYPE_IS(&hp, "output.weight", KILN_TYPE_COUNT);
+    TYPE_IS(&hp, "rope_freqs.weight", KILN_F32);
+    hp.ftype = KILN_FTYPE_MOSTLY_Q4_0;
+    TYPE_IS(&hp, "token_embd.weight", KILN_Q6_K);
+    hp.ftype = KILN_FTYPE_MOSTLY_Q8_0;
+    TYPE_IS(&hp, "token_embd.weight", KILN_Q8_0);
+    /* Qwen3-30B-A3B: 128 experts, 48 layers (more bits: < 6, >= 42, (il - 6) % 3 == 2). */
+    hp = preset_as(NULL, "qwen3-30b-a3b", KILN_FTYPE_MOSTLY_Q4_K_M);
+    TYPE_IS(&hp, "blk.0.ffn_down_exps.weight", KILN_Q6_K);
+    TYPE_IS(&hp, "blk.6.ffn_down_exps.weight", KILN_Q4_K);
+    TYPE_IS(&hp, "blk.8.ffn_down_exps.weight", KILN_Q6_K);
+    TYPE_IS(&hp, "blk.8.attn_v.weight", KILN_Q6_K);
+    TYPE_IS(&hp, "blk.7.attn_v.weight", KILN_Q4_K);
+    TYPE_IS(&hp, "blk.7.attn_k.weight", KILN_Q4_K);
+    TYPE_IS(&hp, "blk.7.ffn_gate_exps.weight", KILN_Q4_K);
+    TYPE_IS(&hp, "blk.7.ffn_up_exps.weight", KILN_Q4_K);
+    TYPE_IS(&hp, "blk.7.ffn_gate_inp.weight", KILN_F32); /* the router is never quantized */
+    TYPE_IS(&hp, "blk.7.attn_q_norm.weight", KILN_F32);
+    TYPE_IS(&hp, "blk.47.ffn_down_exps.weight", KILN_Q6_K);
+    /* Exactly 8 experts (the tiny qwen3moe): attn_k and attn_v q8_0, and in Q4_K_M attn_output
+     * q5_K (its rows, head_dim 64 x 4 heads, are 256). */
+    hp = preset_as("qwen3moe", "tiny", KILN_FTYPE_MOSTLY_Q4_K_M);
+    TYPE_IS(&hp, "blk.0.attn_k.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "blk.1.attn_v.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "blk.0.attn_output.weight", KILN_Q5_K);
+    hp.ftype = KILN_FTYPE_MOSTLY_Q4_0;
+    TYPE_IS(&hp, "blk.0.attn_k.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "blk.0.attn_output.weight", KILN_Q4_0);
+    TYPE_IS(&hp, "blk.0.attn_q.weight", KILN_Q4_0);
+    /* A 70B llama (80 layers, GQA): attn_v q5_K where Q4_K_M would give q4_K; not without GQA. */
+    hp = preset_as(NULL, "llama-3-8b", KILN_FTYPE_MOSTLY_Q4_K_M);
+    hp.n_layer = 80, hp.n_head = 64, hp.n_embd = 8192;
+    TYPE_IS(&hp, "blk.10.attn_v.weight", KILN_Q5_K);
+    TYPE_IS(&hp, "blk.12.attn_v.weight", KILN_Q6_K);
+    TYPE_IS(&hp, "blk.10.ffn_down.weight", KILN_Q4_K);
+    hp.n_head_kv = hp.n_head;
+    TYPE_IS(&hp, "blk.10.attn_v.weight", KILN_Q4_K);
+    /* Rows of 128 (the tiny presets' n_embd) cannot hold a K-quant: q8_0 instead (llama.cpp's
+     * q5_0/q5_1, which kiln lacks); the output takes q8_0 by its own rule. Rows of 256 keep it. */
+    hp = preset_as("llama", "tiny", KILN_FTYPE_MOSTLY_Q4_K_M);
+    TYPE_IS(&hp, "token_embd.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "output.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "blk.0.attn_q.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "blk.1.attn_v.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "blk.0.ffn_down.weight", KILN_Q4_K); /* 2 layers: layer 1 is the last eighth */
+    TYPE_IS(&hp, "blk.1.ffn_down.weight", KILN_Q6_K);
+    hp.n_embd = 64; /* the example: falls back, never refused */
+    TS_OK(kiln_model_check(&hp));
+    TYPE_IS(&hp, "blk.0.ffn_up.weight", KILN_Q8_0);
+    /* Rows 32 does not divide either: f16, as llama.cpp. */
+    hp = preset_as("llama", "tiny", KILN_FTYPE_MOSTLY_Q5_K_M);
+    hp.n_ff = 272;
+    TS_OK(kiln_model_check(&hp));
+    TYPE_IS(&hp, "blk.0.ffn_down.weight", KILN_F16);
+    TYPE_IS(&hp, "blk.0.ffn_up.weight", KILN_Q8_0);
+    /* A block-32 type has no fallback: refused naming the tensor, its shape and the type. */
+    hp = preset_as("llama", "tiny", KILN_FTYPE_MOSTLY_Q4_0);
+    hp.n_embd = 48;
+    kiln_status st = kiln_model_check(&hp);
+    ck_assert_ptr_nonnull(st);
+    ck_assert_msg(strstr(kiln_status_msg(st), "file type q4_0 gives tensor 'token_embd.weight' q4_0 [48, 1024], "
+                                              "whose rows of 48 are not a multiple of q4_0's 32-element blocks"),
+                  "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    kiln_ctx *ctx = kiln_ctx_new();
+    st = kiln_build_model(ctx, &hp, NULL);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), "'token_embd.weight' q4_0 [48, 1024]"), "%s",
+                  st ? kiln_status_msg(st) : "built");
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+    st = kiln_model_write_random(&hp, 1, "/nonexistent/x.gguf", NULL, NULL);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), "not a multiple of q4_0's"), "%s", st ? kiln_status_msg(st) : "");
+    kiln_status_free(st);
+    /* File types by name. */
+    kiln_ftype f;
+    ck_assert_int_eq(kiln_ftype_from_name("Q4_K_M", &f), 0);
+    ck_assert_int_eq(f, 15);
+    ck_assert_int_eq(kiln_ftype_from_name("q4_k_s", &f), -1);
+    ck_assert_str_eq(kiln_ftype_name(KILN_FTYPE_MOSTLY_Q5_K_M), "q5_k_m");
+    ck_assert_str_eq(kiln_ftype_name((kiln_ftype)14), "?");
+}
+END_TEST
+
+static int64_t gguf_int(const kiln_gguf *g, const char *key) {
+    int64_t v = -1;
+    TS_OK(kiln_gguf_get_int(g, key, &v));
+    return v;
+}
+
+/* Every tensor of g has the mix's type for hp, ggml's byte size for it, an aligned offset, and
+ * (quantized) the bytes kb_quant_row makes of the same tensor of f32 file f (the same random
+ * values). Returns how many tensors are quantized. */
+static int check_file_types(const kiln_gguf *g, const kiln_model_hparams *hp, const kiln_gguf *f) {
+    ck_assert_int_eq(gguf_int(g, "general.file_type"), (int64_t)hp->ftype);
+    ck_assert_int_eq(gguf_int(g, "general.quantization_version"), 2);
+    ck_assert_uint_eq(kiln_gguf_data_offset(g) % 32, 0);
+    int n_quant = 0;
+    for (int64_t i = 0; i < kiln_gguf_tensor_count(g); i++) {
+        kiln_gguf_tensor t, u;
+        TS_OK(kiln_gguf_tensor_info(g, i, &t));
+        kiln_type want = kiln_model_weight_type(hp, t.name);
+        ck_assert_msg(t.has_kiln_type && t.type == want, "%s: %s is %s, the mix says %s", kiln_ftype_name(hp->ftype),
+                      t.name, t.type_name, kiln_type_name(want));
+        int64_t rows = t.ne[1] * t.ne[2] * t.ne[3];
+        ck_assert_uint_eq(t.bytes, kiln_row_size(t.type, t.ne[0]) * (size_t)rows);
+        ck_assert_uint_eq(t.offset % 32, 0);
+        if (!kiln_type_is_quantized(t.type)) continue;
+        n_quant++;
+        TS_OK(kiln_gguf_tensor_info(f, kiln_gguf_find_tensor(f, t.name), &u));
+        ck_assert(u.type == KILN_F32 && u.ne[0] == t.ne[0]);
+        size_t   rb = kiln_row_size(t.type, t.ne[0]);
+        uint8_t *q = malloc(rb);
+        for (int64_t r = 0; r < rows; r++) { /* row by row, as the brief of gen-model says */
+            ck_assert(kb_quant_row((const float *)u.data + r * u.ne[0], t.type, q, t.ne[0]));
+            ck_assert_msg(memcmp(q, (const uint8_t *)t.data + (size_t)r * rb, rb) == 0,
+                          "%s: row %lld of %s is not the f32 file's row quantized", kiln_ftype_name(hp->ftype),
+                          (long long)r, t.name);
+        }
+        free(q);
+    }
+    return n_quant;
+}
+
+/* kiln gen-model --type X writes the mix with general.file_type X; the quantized tensors are
+ * the f32 file's values quantized. The same through the library for a qwen3moe (3-D experts,
+ * 8 of them) and a llama whose rows all hold K-quants. */
+START_TEST(gen_model_quantized) {
+    kiln_ftype ft = quant_ftypes[_i];
+    char      *q = path_in("q.gguf"), cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s gen-model --preset tiny --arch llama --seed 4 --type %s -o %s", ts_kiln_bin(),
+             kiln_ftype_name(ft), q);
+    ck_assert_msg(ts_run(cmd, &out) == 0, "%s", out);
+    char want[128];
+    snprintf(want, sizeof want, "llama preset tiny, %s weights, seed 4", kiln_ftype_name(ft));
+    ck_assert_msg(strstr(out, want), "%s", out);
+    free(out);
+    kiln_model_hparams hps[3] = {preset_as("llama", "tiny", ft), preset_as("qwen3moe", "tiny", ft), wide_llama(ft)};
+    for (int k = 0; k < 3; k++) {
+        kiln_model_hparams f32 = hps[k];
+        f32.ftype = KILN_FTYPE_ALL_F32;
+        char *pf = write_hp(&f32, 4, "f32.gguf"), *pq = k == 0 ? NULL : write_hp(&hps[k], 4, "q2.gguf");
+        kiln_gguf *g, *f;
+        TS_OK(kiln_gguf_open(pq ? pq : q, &g));
+        TS_OK(kiln_gguf_open(pf, &f));
+        int n = check_file_types(g, &hps[k], f);
+        ck_assert_msg(n > 0, "no quantized tensor");
+        kiln_gguf_close(g);
+        kiln_gguf_close(f);
+        /* It opens as a model of that file type, with the hyperparameters written. */
+        kiln_model *m;
+        TS_OK(kiln_model_open(pq ? pq : q, &m));
+        hparams_equal(kiln_model_get_hparams(m), &hps[k]);
+        kiln_model_close(m);
+        free(pf);
+        free(pq);
+    }
+    free(q);
+}
+END_TEST
+
+/* A tiny model of each arch in each quantized file type runs on the CPU reference: twice the
+ * same greedy tokens, and the logits of kiln_model_random (no file) equal the file's. */
+START_TEST(cpu_run_quantized) {
+    kiln_ftype         ft = quant_ftypes[_i / 5];
+    int                a = _i % 5;
+    kiln_model_hparams hp = a < 4 ? preset_as(tiny_archs[a], "tiny", ft) : wide_llama(ft);
+    char              *p = write_hp(&hp, 6, "run.gguf");
+    kiln_model        *m, *r;
+    TS_OK(kiln_model_open(p, &m));
+    TS_OK(kiln_model_random(&hp, 6, &r));
+    int32_t out[2][6];
+    for (int k = 0; k < 2; k++) {
+        kiln_gen *g = cpu_gen(m, 32, 8);
+        TS_OK(kiln_gen_greedy(g, prompt, 7, 6, out[k], NULL));
+        kiln_gen_free(g);
+    }
+    ck_assert_msg(memcmp(out[0], out[1], sizeof out[0]) == 0, "%s %s: two runs differ", hp.arch, kiln_ftype_name(ft));
+    for (int i = 0; i < 6; i++) ck_assert(out[0][i] >= 0 && out[0][i] < hp.n_vocab);
+    kiln_gen    *ga = cpu_gen(m, 16, 8), *gb = cpu_gen(r, 16, 8);
+    const float *la, *lb;
+    TS_OK(kiln_gen_eval(ga, prompt, 7, &la));
+    TS_OK(kiln_gen_eval(gb, prompt, 7, &lb));
+    ck_assert_msg(max_abs_diff(la, lb, hp.n_vocab) == 0, "%s %s: the random model's logits differ from the file's",
+                  hp.arch, kiln_ftype_name(ft));
+    kiln_gen_free(ga);
+    kiln_gen_free(gb);
+    kiln_model_close(r);
+    kiln_model_close(m);
+    free(p);
+}
+END_TEST
+
+/* The graph of a file takes each weight's type from the file, also where the file's types are
+ * not kiln's mix: an f16 file whose blk.0.attn_q.weight says q4_0 (its 18-byte blocks fit in the
+ * f16 data) builds with a q4_0 attn_q and runs. */
+START_TEST(file_types_rule_the_graph) {
+    char    *p = write_model("llama", "tiny", 1, "mixed.gguf");
+    uint32_t q4_0 = 2;
+    patch_after(p, "blk.0.attn_q.weight", 19, 19 + 4 + 2 * 8, &q4_0, 4);
+    kiln_model *m;
+    TS_OK(kiln_model_open(p, &m));
+    ck_assert_int_eq(kiln_model_get_hparams(m)->ftype, KILN_FTYPE_MOSTLY_F16);
+    kiln_ctx   *ctx = kiln_ctx_new();
+    kiln_graph *gr;
+    kiln_build_opts o = {.n_ctx = 8, .n_tokens_max = 4};
+    TS_OK(kiln_model_build(ctx, m, &o));
+    TS_OK(kiln_graph_new(ctx, &gr));
+    TS_OK(kiln_model_check_weights(m, gr));
+    int seen = 0;
+    for (int i = 0; i < kiln_graph_size(gr); i++) {
+        const kiln_tensor *t = kiln_graph_node(gr, i);
+        if (kiln_tensor_role(t) != KILN_ROLE_WEIGHT) continue;
+        const char *n = kiln_tensor_name(t);
+        kiln_type   want = !strcmp(n, "blk.0.attn_q.weight") ? KILN_Q4_0 : kiln_model_weight_type(kiln_model_get_hparams(m), n);
+        ck_assert_msg(kiln_tensor_type(t) == want, "%s is %s", n, kiln_type_name(kiln_tensor_type(t)));
+        seen++;
+    }
+    ck_assert_int_gt(seen, 10);
+    ts_graph_free(gr, ctx);
+    /* kiln_build_model from the hyperparameters alone gives the mix (f16 attn_q): refused by
+     * the file naming both types. */
+    ctx = kiln_ctx_new();
+    TS_OK(kiln_build_model(ctx, kiln_model_get_hparams(m), &o));
+    TS_OK(kiln_graph_new(ctx, &gr));
+    kiln_status st = kiln_model_check_weights(m, gr);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), "'blk.0.attn_q.weight' is q4_0 in the file; the graph needs f16"),
+                  "%s", st ? kiln_status_msg(st) : "accepted");
+    kiln_status_free(st);
+    ts_graph_free(gr, ctx);
+    kiln_gen *g = cpu_gen(m, 16, 8);
+    int32_t   ids[3];
+    TS_OK(kiln_gen_greedy(g, prompt, 7, 3, ids, NULL));
+    kiln_gen_free(g);
+    kiln_model_close(m);
+    free(p);
+}
+END_TEST
+
+/* Types kiln lacks and shapes a type cannot hold are refused, naming the file, the tensor, the
+ * type (and the shape). */
+START_TEST(quant_refusals) {
+    /* q3_K (11) in blk.0.ffn_down.weight [256, 128]: 110-byte blocks fit in the f16 data. */
+    char    *p = write_model("llama", "tiny", 1, "M.gguf");
+    uint32_t q3_K = 11;
+    patch_after(p, "blk.0.ffn_down.weight", 21, 21 + 4 + 2 * 8, &q3_K, 4);
+    expect_open_error(p, "M.gguf: tensor 'blk.0.ffn_down.weight' is q3_K; kiln runs f32, f16, bf16, q8_0, q4_0, "
+                         "q4_K, q5_K and q6_K");
+    free(p);
+    /* q4_K in blk.0.ffn_up.weight [128, 256]: rows of 128 are no whole 256-element block. */
+    p = write_model("llama", "tiny", 1, "rows.gguf");
+    uint32_t q4_K = 12;
+    patch_after(p, "blk.0.ffn_up.weight", 19, 19 + 4 + 2 * 8, &q4_K, 4);
+    expect_open_error(p, "'blk.0.ffn_up.weight'");
+    expect_open_error(p, "128 is not a multiple of q4_K's block size 256");
+    free(p);
+    /* A norm must stay f32. */
+    p = write_model("llama", "tiny", 1, "norm.gguf");
+    uint32_t q8_0 = 8;
+    patch_after(p, "blk.1.ffn_norm.weight", 21, 21 + 4 + 8, &q8_0, 4);
+    expect_open_error(p, "tensor 'blk.1.ffn_norm.weight' is q8_0; the llama graph needs f32");
+    free(p);
+    /* gen-model: a file type kiln does not write, and one whose blocks the rows refuse. */
+    char *out = NULL, cmd[1024], *q = path_in("x.gguf");
+    snprintf(cmd, sizeof cmd, "%s gen-model --preset tiny --type q4_k_s -o %s", ts_kiln_bin(), q);
+    ck_assert_int_eq(ts_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "--type wants f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k, got 'q4_k_s'"), "%s", out);
+    free(out);
+    free(q);
+}
+END_TEST
+
+/* kiln run --cpu and the model line take a quantized file: the file type and each type's count. */
+START_TEST(cli_quantized_run) {
+    char *p = path_in("cliq.gguf"), cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s gen-model --preset tiny --arch llama --type q4_k_m -o %s", ts_kiln_bin(), p);
+    ck_assert_msg(ts_run(cmd, &out) == 0, "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s run %s --tokens 1,2,3 -n 4 --cpu", ts_kiln_bin(), p);
+    ck_assert_msg(ts_run(cmd, &out) == 0, "%s", out);
+    /* 5 norms f32; q8_0: token_embd, output and 12 layer matrices; ffn_down q4_K and q6_K. */
+    ck_assert_msg(strstr(out, "q4_k_m weights (f32 5, q8_0 14, q4_K 1, q6_K 1)"), "%s", out);
+    ck_assert_msg(strstr(out, "generated:"), "%s", out);
+    free(out);
+    free(p);
+}
+END_TEST
+
 static void setup(void) { g_dir = ts_tmpdir(); }
 static void teardown(void) {
     ts_rmtree(g_dir);
@@ -585,5 +972,10 @@ int main(void) {
     tcase_add_loop_test(tc, random_model_equals_file, 0, 4);
     TS_ADD_TESTS(tc, gen_errors, model_errors_name_the_cause, hparams_checked_against_tensors, first_key_error_wins,
                      optional_weights_checked, tokenizer_errors_name_the_file, cli_gen_model_and_cpu_run);
+    TCase *tq = ts_tcase(s, "quant", 120);
+    tcase_add_checked_fixture(tq, setup, teardown);
+    tcase_add_loop_test(tq, gen_model_quantized, 0, 5);
+    tcase_add_loop_test(tq, cpu_run_quantized, 0, 25);
+    TS_ADD_TESTS(tq, mix_llama_3_8b, mix_rules, file_types_rule_the_graph, quant_refusals, cli_quantized_run);
     return ts_main_isolated(s, "model");
 }

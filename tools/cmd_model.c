@@ -113,11 +113,29 @@ static int parse(int argc, char **argv, rm_args *a) {
     return KT_GO_ON;
 }
 
+/* " (f32 65, q4_K 145, q6_K 36)": how many of the file's tensors have each type (a quantized
+ * file mixes them). */
+static void print_type_counts(const kiln_model *m) {
+    const kiln_gguf *g = kiln_model_gguf(m);
+    int64_t          count[KILN_TYPE_COUNT] = {0};
+    for (int64_t i = 0; g && i < kiln_gguf_tensor_count(g); i++) {
+        kiln_gguf_tensor t;
+        kiln_status      st = kiln_gguf_tensor_info(g, i, &t);
+        if (!st && t.has_kiln_type) count[t.type]++;
+        kiln_status_free(st);
+    }
+    const char *sep = " (";
+    for (int t = 0; t < KILN_TYPE_COUNT; t++)
+        if (count[t]) printf("%s%s %lld", sep, kiln_type_name((kiln_type)t), (long long)count[t]), sep = ", ";
+    if (*sep == ',') printf(")");
+}
+
 static void print_model(const rm_args *a, const kiln_model *m) {
     const kiln_model_hparams *hp = kiln_model_get_hparams(m);
     printf("model %s: %s, %lld layers, n_embd %lld, %lld heads (%lld kv), n_vocab %lld, %s weights", a->path,
            hp->arch, (long long)hp->n_layer, (long long)hp->n_embd, (long long)hp->n_head, (long long)hp->n_head_kv,
-           (long long)hp->n_vocab, kiln_type_name(hp->wtype));
+           (long long)hp->n_vocab, kiln_ftype_name(hp->ftype));
+    print_type_counts(m);
     if (hp->n_expert) printf(", %lld experts (%lld used)", (long long)hp->n_expert, (long long)hp->n_expert_used);
     printf("\n");
 }

@@ -71,7 +71,7 @@ static kiln_status build_model(const char *path, int64_t n_ctx, int64_t n_batch,
     kiln_status st = kiln_model_open(path, &m);
     if (!st && !kt_model_ctx(cmd, kiln_model_get_hparams(m), &n_ctx, &n_batch)) *usage = 1;
     kiln_build_opts o = {.n_ctx = n_ctx, .n_tokens_max = n_batch, .argmax = true};
-    if (!st && !*usage) st = kiln_build_model(ctx, kiln_model_get_hparams(m), &o);
+    if (!st && !*usage) st = kiln_model_build(ctx, m, &o);
     kiln_model_close(m);
     return st;
 }

@@ -34,7 +34,7 @@ static char *path_of(const char *dir, const char *target, const char *name) {
 }
 
 /* A model of arch small enough for a corpus (a few kilobytes of weights). */
-static void write_model(const char *dir, const char *arch, kiln_type wtype) {
+static void write_model(const char *dir, const char *arch, kiln_ftype ftype) {
     kiln_model_hparams hp;
     kiln_status st = kiln_model_preset(arch, "tiny", &hp);
     if (!st) {
@@ -47,9 +47,9 @@ static void write_model(const char *dir, const char *arch, kiln_type wtype) {
         hp.head_dim = 4;
         hp.n_ff = 16;
         if (hp.n_expert) hp.n_expert = 4, hp.n_expert_used = 2, hp.n_ff_exp = 4;
-        hp.wtype = wtype;
+        hp.ftype = ftype;
         char name[64];
-        snprintf(name, sizeof name, "tiny-%s-%s", arch, kiln_type_name(wtype)); /* no .gguf: a seed, not a model to ship */
+        snprintf(name, sizeof name, "tiny-%s-%s", arch, kiln_ftype_name(ftype)); /* no .gguf: a seed, not a model to ship */
         char *path = path_of(dir, "fuzz_gguf", name);
         st = path ? kiln_model_write_random(&hp, 1, path, NULL, NULL) : kb_oom();
         free(path);
@@ -170,10 +170,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     mkdir(argv[1], 0777);
-    write_model(argv[1], "llama", KILN_BF16);
-    write_model(argv[1], "qwen2", KILN_F16);
-    write_model(argv[1], "qwen3", KILN_F32);
-    write_model(argv[1], "qwen3moe", KILN_BF16);
+    write_model(argv[1], "llama", KILN_FTYPE_MOSTLY_BF16);
+    write_model(argv[1], "qwen2", KILN_FTYPE_MOSTLY_F16);
+    write_model(argv[1], "qwen3", KILN_FTYPE_ALL_F32);
+    write_model(argv[1], "qwen3moe", KILN_FTYPE_MOSTLY_BF16);
     write_plans(argv[1]);
     write_bundle(argv[1]);
     return failed;
