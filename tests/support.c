@@ -29,6 +29,11 @@ void ts_rmtree(const char *dir) {
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
 }
 
+void ts_tmpdir_free(char *dir) {
+    ts_rmtree(dir);
+    free(dir);
+}
+
 void ts_ctx_error(kiln_ctx *ctx, kiln_code code, const char *needle) {
     kiln_status st = kiln_ctx_status(ctx);
     ck_assert_msg(st != NULL, "the context holds no error");

@@ -5,6 +5,7 @@
 #include "runtime/runtime.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,14 @@ void hset_free(hset *h) {
     for (int i = 0; i < h->nin; i++) free(h->in[i].data);
     h->nin = 0;
     hset_clear_out(h);
+}
+
+void gpu_free(kiln_session *s, kiln_program *p, kiln_graph *g, hset *h, kiln_ctx *ctx) {
+    kiln_session_free(s);
+    kiln_program_free(p);
+    kiln_graph_free(g);
+    hset_free(h);
+    kiln_ctx_free(ctx);
 }
 
 static bool program_has_dynamic_gemm(const kiln_program *p) {
@@ -241,6 +250,12 @@ double check_graph(const kiln_graph *g, hset *h, const cmp_opts *c) {
     return worst;
 }
 
+double check_and_free(kiln_graph *g, hset *h, kiln_ctx *ctx, const cmp_opts *c) {
+    double e = check_graph(g, h, c);
+    gpu_free(NULL, NULL, g, h, ctx);
+    return e;
+}
+
 void shape_str(const int64_t ne[4], char *out, size_t n) {
     snprintf(out, n, "[%lld, %lld, %lld, %lld]", (long long)ne[0], (long long)ne[1],
              (long long)ne[2], (long long)ne[3]);
@@ -352,6 +367,23 @@ void run_check(const char *path, const char *args, const char *label) {
     }
 }
 
+double run_median_ms(const char *path, const char *args_fmt, ...) {
+    char    args[1024], cmd[2048];
+    va_list ap;
+    va_start(ap, args_fmt);
+    vsnprintf(args, sizeof args, args_fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s run %s %s --cache-dir %s 2>&1", ts_kiln_bin(), path, args, g_cache_dir);
+    return median_ms(cmd);
+}
+
+void run_case_at_values(const char *what, int i, const char *kg, const char *dim, const int vals[3]) {
+    need_gpu();
+    char label[64];
+    snprintf(label, sizeof label, "%s case %d", what, i);
+    run_check_at_values(kg, dim, vals, 3, label);
+}
+
 void run_check_at_values(const char *kg, const char *dim, const int *vals, int nvals, const char *label) {
     char *dir = ts_tmpdir();
     char *path = write_kg(dir, "g", kg);
@@ -361,8 +393,7 @@ void run_check_at_values(const char *kg, const char *dim, const int *vals, int n
         run_check(path, args, label);
     }
     free(path);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 
 /* Inputs and weights of g at random; i32 leaves are expert ids: slot u of each token takes a
