@@ -273,3 +273,47 @@ bool kb_quant_row(const float *x, kiln_type t, void *p, int64_t n) {
     for (int64_t i = 0; i < n / b; i++) f(x + i * b, (uint8_t *)p + (size_t)i * types[t].size);
     return true;
 }
+
+/* ---- the device layout (templates/quant.lua) ---------------------------------------------- */
+
+/* Bytes of a block before (q8_0, q4_0: after) its f16 scale that stay together on the device;
+ * 0 for the types whose device layout is the file's. */
+static size_t split_rest(kiln_type t) {
+    switch (t) {
+    case KILN_Q8_0: return 32;
+    case KILN_Q4_0: return 16;
+    case KILN_Q6_K: return 208;
+    default: return 0;
+    }
+}
+
+bool kb_quant_split(kiln_type t) { return split_rest(t) > 0; }
+
+/* The scale sits first in q8_0/q4_0 blocks and last in q6_K's. */
+static size_t scale_at(kiln_type t) { return t == KILN_Q6_K ? 208 : 0; }
+
+bool kb_quant_to_device(kiln_type t, const void *src, void *dst, size_t bytes) {
+    size_t rest = split_rest(t), size = kiln_type_size(t);
+    if (!rest || bytes % size != 0) return false;
+    size_t         nb = bytes / size, sa = scale_at(t), ra = sa ? 0 : 2;
+    const uint8_t *s = src;
+    uint8_t       *d = dst, *scales = d + nb * rest;
+    for (size_t i = 0; i < nb; i++) {
+        memcpy(d + i * rest, s + i * size + ra, rest);
+        memcpy(scales + 2 * i, s + i * size + sa, 2);
+    }
+    return true;
+}
+
+bool kb_quant_from_device(kiln_type t, const void *src, void *dst, size_t bytes) {
+    size_t rest = split_rest(t), size = kiln_type_size(t);
+    if (!rest || bytes % size != 0) return false;
+    size_t         nb = bytes / size, sa = scale_at(t), ra = sa ? 0 : 2;
+    const uint8_t *s = src, *scales = s + nb * rest;
+    uint8_t       *d = dst;
+    for (size_t i = 0; i < nb; i++) {
+        memcpy(d + i * size + ra, s + i * rest, rest);
+        memcpy(d + i * size + sa, scales + 2 * i, 2);
+    }
+    return true;
+}

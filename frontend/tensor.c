@@ -259,6 +259,13 @@ kiln_tensor *kiln_new_tensor(kiln_ctx *ctx, kiln_role role, kiln_type type, cons
         return NULL;
     }
     if (!name_free(ctx, name, NULL)) return NULL;
+    if (kiln_type_is_quantized(type) && role != KILN_ROLE_WEIGHT) {
+        /* Quantized data is made once (a file's weights) and converted to the device layout on
+         * upload (templates/quant.lua); per-run inputs and states are f32, f16 or bf16. */
+        fe_failf(ctx, KILN_ERR_INVALID, "new tensor '%s': a %s tensor must be a weight (inputs and states are "
+                                        "f32, f16, bf16, i32 or i64)", name, kiln_type_name(type));
+        return NULL;
+    }
     int64_t d[4];
     uint8_t sym[4];
     char what[FE_MAX_NAME + 16];

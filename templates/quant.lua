@@ -325,4 +325,127 @@ function M.check_blocks(r, fail, what)
     if r.ne[1] % bl ~= 0 then fail("%s: ne0 = %d is not a multiple of the %s block (%d)", what, r.ne[1], r.type, bl) end
 end
 
+local DQ_BLOCK = 256
+
+-- "(long long)expr * s" (nil when s is 0), and the sum of the non-nil terms of a list.
+local function term64(expr, s)
+    if s == 0 then return nil end
+    if s == 1 then return "(long long)" .. expr end
+    return "(long long)" .. expr .. " * " .. kit.int_lit(s)
+end
+
+local function sum(terms)
+    local t, n = {}, 0
+    for i in pairs(terms) do if i > n then n = i end end
+    for i = 1, n do if terms[i] then t[#t + 1] = terms[i] end end
+    return #t > 0 and table.concat(t, " + ") or "0"
+end
+
+-- A step that dequantizes quantized ref a ([K, M, A2, A3]) into the scratch at byte `base` as
+-- contiguous f16 (8 elements a thread, one 16-byte store), and the bytes it writes.
+function M.dequant_step(nparams, params, a, base, what, fail, prefix)
+    M.check_blocks(a, fail, what)
+    local ti = TYPES[a.type]
+    local K, R, A2, A3 = a.ne[1], a.ne[2], a.ne[3], a.ne[4]
+    local total = K * R * A2 * A3 // 8
+    if total > 4294967295 then fail("%s: %d elements are too many to dequantize", what, K * R * A2 * A3) end
+    local BL = ti.block
+    local b = kit.builder()
+    b.push()
+    for _, l in ipairs(M.pointers(a, fail)) do b.add("%s", l) end
+    b.add("unsigned char *const S = (unsigned char *)p%d%s;", nparams, base > 0 and " + " .. kit.int_lit(base) or "")
+    b.add("const unsigned idx = blockIdx.x * %du + threadIdx.x;", DQ_BLOCK)
+    if total % DQ_BLOCK ~= 0 then
+        b.add("if (idx >= %du)", total)
+        b.add("    return;")
+    end
+    b.add("const unsigned kk = idx %% %du * 8u, r = idx / %du;", K // 8, K // 8)
+    b.add("const unsigned row = r %% %du, g = r / %du;", R, R)
+    b.add("const long long blk = %s + (long long)(kk / %du);", sum({ kit.int_lit(a.offs // BL), term64("row", (a.st[2] // BL)),
+        A2 > 1 and term64("(g % " .. A2 .. "u)", a.st[3] // BL) or nil,
+        A3 > 1 and term64("(g / " .. A2 .. "u)", a.st[4] // BL) or nil }), BL)
+    b.add("float v[8];")
+    b.add("kiln_dq8_%s(W, D, blk, (int)(kk %% %du), v);", a.type, BL)
+    b.add("unsigned h[4];")
+    b.add("#pragma unroll")
+    b.add("for (int i = 0; i < 4; i++)")
+    b.add("    asm(\"cvt.rn.f16x2.f32 %0, %1, %2;\" : \"=r\"(h[i]) : \"f\"(v[2 * i + 1]), \"f\"(v[2 * i]));")
+    b.add("*(uint4 *)(S + (unsigned long long)idx * 16ull) = make_uint4(h[0], h[1], h[2], h[3]);")
+    local name = string.format("%s%s_%dx%dx%d", prefix, a.type, K, R, A2 * A3):sub(1, 63)
+    local source = kit.kernel {
+        head = { "kiln kernel " .. name, string.format("dequantize %s %s %s into the scratch as f16", what, kit.dims(a.ne), a.type) },
+        notes = { "as ggml's cuBLAS path: quantized weights become f16 for the f16 plan that follows" },
+        pre = "", blocks = { M.helpers(a.type, false, true) }, inline = true, name = name,
+        threads = DQ_BLOCK, params = params, body = b.lines,
+    }
+    return { name = name, source = source, grid = { kit.ceil_div(total, DQ_BLOCK), 1, 1 }, block = { DQ_BLOCK, 1, 1 }, smem = 0 },
+        K * R * A2 * A3 * 2
+end
+
+
+-- get_rows of a quantized a (an embedding table): dst[:, i1, i2, i3] = a[:, ids[i1, i2, i3],
+-- i2, i3] dequantized to f32, one thread per 8 elements; an id out of range gives a row of
+-- zeros (as rows.lua). ids' dim 1 may be symbolic (the tokens of a ubatch).
+function M.get_rows(k, fail)
+    local a, ids, d = k.args.a, k.args.ids, k.dst
+    if ids.type ~= "i32" or d.type ~= "f32" then fail("get_rows: ids %s, dst %s (want i32, f32)", ids.type, d.type) end
+    M.check_blocks(a, fail, "get_rows: a")
+    if d.st[1] ~= 1 then fail("get_rows: dst rows must be contiguous") end
+    for i = 1, 4 do
+        if (a.dyn and a.dyn[i]) or (d.dyn and d.dyn[i] and i ~= 2) or (ids.dyn and ids.dyn[i] and i ~= 1) then
+            fail("get_rows of %s: only ids' dim 0 may be symbolic", a.type)
+        end
+    end
+    local ti = TYPES[a.type]
+    local BL, ne0 = ti.block, d.ne[1]
+    local n1, n2, n3 = d.ne[2], d.ne[3], d.ne[4]
+    local per = ne0 // 8
+    local total = per * n1 * n2 * n3
+    if total > 4294967295 then fail("get_rows: %d elements are too many", ne0 * n1 * n2 * n3) end
+    local b = kit.builder()
+    b.push()
+    for _, l in ipairs(M.pointers(a, fail)) do b.add("%s", l) end
+    b.add("const int *const I = (const int *)p%d%s;", ids.param, ids.offs ~= 0 and " + " .. kit.int_lit(ids.offs) or "")
+    b.add("float *const Y = (float *)p%d%s;", d.param, d.offs ~= 0 and " + " .. kit.int_lit(d.offs) or "")
+    b.add("const unsigned idx = blockIdx.x * %du + threadIdx.x;", DQ_BLOCK)
+    if total % DQ_BLOCK ~= 0 then
+        b.add("if (idx >= %du)", total)
+        b.add("    return;")
+    end
+    b.add("const unsigned c8 = idx %% %du, row = idx / %du;", per, per)
+    b.add("const unsigned i1 = row %% %du, i2 = row / %du %% %du, i3 = row / %du;", n1, n1, n2, n1 * n2)
+    if ids.dyn and ids.dyn[1] then
+        b.add("if (i1 >= (unsigned)(%s))", ids.dyn[1])
+        b.add("    return;")
+    end
+    b.add("const int r = I[%s];", sum({ term64("i1", ids.st[1]), term64("i2", n2 > 1 and ids.st[2] or 0),
+        term64("i3", n3 > 1 and ids.st[3] or 0) }))
+    b.add("const bool ok = (unsigned)r < %du;", a.ne[2])
+    b.add("const long long blk = %s + (long long)(c8 * 8u / %du);", sum({ kit.int_lit(a.offs // BL),
+        term64("(ok ? r : 0)", a.st[2] // BL), term64("i2", a.ne[3] > 1 and a.st[3] // BL or 0),
+        term64("i3", a.ne[4] > 1 and a.st[4] // BL or 0) }), BL)
+    b.add("float v[8];")
+    b.add("kiln_dq8_%s(W, D, blk, (int)(c8 * 8u %% %du), v);", a.type, BL)
+    b.add("float *const y = Y + %s + c8 * 8u;", sum({ term64("i1", d.st[2]), term64("i2", n2 > 1 and d.st[3] or 0),
+        term64("i3", n3 > 1 and d.st[4] or 0) }))
+    b.add("#pragma unroll")
+    b.add("for (int j = 0; j < 8; j++)")
+    b.add("    y[j] = ok ? v[j] : 0.0f;")
+    local plist = {}
+    for p = 0, k.nparams - 1 do
+        plist[#plist + 1] = (p == d.param and "char" or "const char") .. " *__restrict__ p" .. p
+    end
+    local dynamic = k.dims and #k.dims > 0
+    if dynamic then plist[#plist + 1] = "const int* __restrict__ kdims" end
+    local name = string.format("get_rows_%s_%d", a.type, ne0)
+    local source = kit.kernel {
+        head = { "kiln rows kernel " .. name, "dst[:, i1, i2, i3] = f32(a[:, ids[i1, i2, i3], i2, i3]), a " .. a.type },
+        notes = { string.format("%d rows of %d, 8 elements a thread", n1 * n2 * n3, ne0) },
+        pre = "", blocks = { M.helpers(a.type, false, true) }, inline = true, name = name,
+        threads = DQ_BLOCK, params = table.concat(plist, ", "), body = b.lines,
+    }
+    return { name = name, source = source, grid = { kit.ceil_div(total, DQ_BLOCK), 1, 1 }, block = { DQ_BLOCK, 1, 1 },
+        smem = 0, dynamic = dynamic or nil }
+end
+
 return M

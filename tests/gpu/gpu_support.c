@@ -65,7 +65,7 @@ hdata *hset_add(hset *h, const char *name, kiln_type t, int64_t n) {
     snprintf(d->name, sizeof d->name, "%s", name);
     d->type = t;
     d->n = n;
-    d->data = malloc((size_t)(n ? n : 1) * kiln_type_size(t));
+    d->data = malloc(n ? kiln_row_size(t, n) : 1);
     ck_assert_ptr_nonnull(d->data);
     return d;
 }
@@ -132,7 +132,7 @@ void ref_put(void *user, const char *name, kiln_type type, int64_t n, const void
     snprintf(d->name, sizeof d->name, "%s", name);
     d->type = type;
     d->n = n;
-    size_t bytes = (size_t)n * kiln_type_size(type);
+    size_t bytes = kiln_row_size(type, n);
     d->data = malloc(bytes ? bytes : 1);
     ck_assert_ptr_nonnull(d->data);
     memcpy(d->data, data, bytes);
@@ -200,7 +200,7 @@ double check_graph(const kiln_graph *g, hset *h, const cmp_opts *c) {
     for (int i = 0; i < h->nin; i++) {
         if (!h->in[i].requested) continue;
         TS_OK(kiln_session_set(s, h->in[i].name, h->in[i].data,
-                               (size_t)h->in[i].n * kiln_type_size(h->in[i].type)));
+                               kiln_row_size(h->in[i].type, h->in[i].n)));
     }
     TS_OK(kiln_session_run(s));
     /* One capture with graphs on, except for a program whose library GEMM takes its size at
@@ -215,7 +215,7 @@ double check_graph(const kiln_graph *g, hset *h, const cmp_opts *c) {
     double    worst = 0;
     for (int i = 0; i < h->nout; i++) {
         hdata *r = &h->out[i];
-        size_t bytes = (size_t)r->n * kiln_type_size(r->type);
+        size_t bytes = kiln_row_size(r->type, r->n);
         void  *out = malloc(bytes ? bytes : 1);
         ck_assert_ptr_nonnull(out);
         TS_OK(kiln_session_get(s, r->name, out, bytes));
