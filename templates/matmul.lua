@@ -1713,7 +1713,8 @@ end
 
 -- ---- quantized weights (templates/quant.lua) --------------------------------------------------
 
-local QGEMV_WARPS = 4 -- rows (one warp each) per block of the quantized gemv
+local QGEMV_WARPS = 4 -- warps per block of the quantized gemv
+local QGEMV_R = 4     -- rows per warp: each load of b serves them all
 
 -- The fused gemv of a quantized a (one column): nil when b's layout does not allow its
 -- 16-byte loads (contiguous, 4-float aligned columns) or a dim is symbolic.
@@ -1732,38 +1733,59 @@ local function qgemv(k, s)
     for _, l in ipairs(quant.pointers(s.a, fail)) do b.add("%s", l) end
     b.add("const float *const B = (const float *)p%d%s;", s.b.param, s.b.offs ~= 0 and " + " .. lit(s.b.offs) or "")
     b.add("float *const Y = (float *)p%d%s;", s.d.param, s.d.offs ~= 0 and " + " .. lit(s.d.offs) or "")
-    b.add("const unsigned lane = threadIdx.x & 31u, row = blockIdx.x * %du + (threadIdx.x >> 5);", QGEMV_WARPS)
-    if s.M % QGEMV_WARPS ~= 0 then
-        b.add("if (row >= %du)", s.M)
-        b.add("    return;")
-    end
+    local R = QGEMV_R
+    b.add("const unsigned lane = threadIdx.x & 31u, row0 = (blockIdx.x * %du + (threadIdx.x >> 5)) * %du;", QGEMV_WARPS, R)
     decl_batch(b, s, "blockIdx.y")
     local sa = s.sa
-    b.add("const long long blk0 = %s;", sum({ lit(s.a.offs // BL), term64("row", sa[2] // BL),
+    -- Rows past M (the last warp's) read row M - 1 again and store nothing.
+    b.add("long long blk0[%d];", R)
+    b.add("#pragma unroll")
+    b.add("for (int r = 0; r < %d; r++)", R)
+    b.add("    blk0[r] = %s;", sum({ lit(s.a.offs // BL), term64(s.M % (R * QGEMV_WARPS) ~= 0 and
+        string.format("min(row0 + r, %du)", s.M - 1) or "(row0 + r)", sa[2] // BL),
         s.A2 > 1 and term64("ja2", sa[3] // BL) or nil, s.A3 > 1 and term64("ja3", sa[4] // BL) or nil }))
     b.add("const float *const bk = B + %s;", sum({ s.A2 > 1 and term64("ja2", s.sb[3]) or nil,
         s.A3 > 1 and term64("ja3", s.sb[4]) or nil }))
-    b.add("float acc = 0.0f;")
+    b.add("float acc[%d] = {%s};", R, string.rep("0.0f", R, ", "))
     b.add("#pragma unroll")
     b.add("for (int i = 0; i < %d; i++) {", NI)
     b.push()
     b.add("const int u = (int)lane + 32 * i;")
-    if NU % 32 ~= 0 then b.add("if (u < %d)", NU) end
-    local unit = UB > 1 and string.format("u / %d, u %% %d, bk + (u / %d) * %d", UB, UB, UB, BL)
-        or string.format("u, 0, bk + u * %d", BL)
-    b.add("%sacc += kiln_qdot_%s(W, D, blk0 + %s);", NU % 32 ~= 0 and "    " or "", s.ta, unit)
+    if NU % 32 ~= 0 then
+        b.add("if (u >= %d)", NU)
+        b.add("    break;")
+    end
+    local ub = UB > 1 and string.format("u / %d", UB) or "u"
+    local part = UB > 1 and string.format("u %% %d", UB) or "0"
+    b.add("float x[32];")
+    b.add("kiln_qx_%s(bk + (long long)(%s) * %d, %s, x);", s.ta, ub, BL, part)
+    b.add("float t0 = 0.0f, t1 = 0.0f; /* the sums of x's halves (the K-quants' mins) */")
+    if s.ta == "q4_K" or s.ta == "q5_K" then
+        b.add("#pragma unroll")
+        b.add("for (int j = 0; j < 16; j++)")
+        b.add("    t0 += x[j], t1 += x[16 + j];")
+    end
+    b.add("#pragma unroll")
+    b.add("for (int r = 0; r < %d; r++)", R)
+    b.add("    acc[r] += kiln_qdot_%s(W, D, blk0[r] + %s, %s, x, t0, t1);", s.ta, ub, part)
     b.pop()
     b.add("}")
     b.add("#pragma unroll")
-    b.add("for (int o = 16; o > 0; o >>= 1)")
-    b.add("    acc += __shfl_xor_sync(0xffffffffu, acc, o);")
-    b.add("if (lane == 0)")
-    b.add("    Y[%s] = acc;", sum({ term64("row", s.sd[1]), s.A2 > 1 and term64("ja2", s.sd[3]) or nil,
+    b.add("for (int r = 0; r < %d; r++) {", R)
+    b.add("#pragma unroll")
+    b.add("    for (int o = 16; o > 0; o >>= 1)")
+    b.add("        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);")
+    b.add("}")
+    local guard = s.M % (R * QGEMV_WARPS) ~= 0 and string.format(" && row0 + r < %du", s.M) or ""
+    b.add("#pragma unroll")
+    b.add("for (int r = 0; r < %d; r++)", R)
+    b.add("    if (lane == r%s)", guard)
+    b.add("        Y[%s] = acc[r];", sum({ term64("(row0 + r)", s.sd[1]), s.A2 > 1 and term64("ja2", s.sd[3]) or nil,
         s.A3 > 1 and term64("ja3", s.sd[4]) or nil }))
     local name = short_name(string.format("mul_mat_qgemv_%s_%dx%d%s", s.ta, s.K, s.M, s.NG > 1 and "x" .. s.NG or ""))
     local notes = {
-        string.format("quantized gemv: %d rows of %d %s elements (%d blocks), one warp a row, %d units of 32 per lane",
-            s.M, s.K, s.ta, s.K // BL, NI),
+        string.format("quantized gemv: %d rows of %d %s elements (%d blocks), %d rows a warp (one load of b serves them), %d units of 32 per lane",
+            s.M, s.K, s.ta, s.K // BL, QGEMV_R, NI),
     }
     local source = kit.kernel {
         head = { "kiln matmul kernel " .. name,
@@ -1771,7 +1793,7 @@ local function qgemv(k, s)
         notes = notes, pre = "", blocks = { quant.helpers(s.ta, true, false) }, inline = true, name = name,
         threads = 32 * QGEMV_WARPS, params = table.concat(param_list(k), ", "), body = b.lines,
     }
-    return { name = name, source = source, grid = { ceil_div(s.M, QGEMV_WARPS), s.NG, 1 },
+    return { name = name, source = source, grid = { ceil_div(s.M, QGEMV_WARPS * QGEMV_R), s.NG, 1 },
         block = { 32 * QGEMV_WARPS, 1, 1 }, smem = 0 }
 end
 

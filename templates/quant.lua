@@ -88,36 +88,53 @@ static __device__ __forceinline__ float kiln_qsum4(float4 b) { return (b.x + b.y
  * in words y (bytes 0-3), z (4-7), w (8-11): ggml's get_scale_min_k4. */
 static __device__ __forceinline__ void kiln_qscale_k4(int j, unsigned y, unsigned z, unsigned w, float *sc, float *m)
 {
-    unsigned s, mm;
-    if (j < 4) {
-        s = (y >> (8 * j)) & 63u;
-        mm = (z >> (8 * j)) & 63u;
-    } else {
-        int i = j - 4;
-        s = ((w >> (8 * i)) & 0xFu) | (((y >> (8 * i + 6)) & 3u) << 4);
-        mm = ((w >> (8 * i + 4)) & 0xFu) | (((z >> (8 * i + 6)) & 3u) << 4);
-    }
-    *sc = (float)s;
-    *m = (float)mm;
+    /* branch-free (lanes of a warp take different sub-blocks) */
+    const int i = j & 3;
+    const unsigned s_lo = (y >> (8 * i)) & 63u, m_lo = (z >> (8 * i)) & 63u;
+    const unsigned s_hi = ((w >> (8 * i)) & 0xFu) | (((y >> (8 * i + 6)) & 3u) << 4);
+    const unsigned m_hi = ((w >> (8 * i + 4)) & 0xFu) | (((z >> (8 * i + 6)) & 3u) << 4);
+    *sc = (float)(j < 4 ? s_lo : s_hi);
+    *m = (float)(j < 4 ? m_lo : m_hi);
 }
 ]]
 
--- Per type: kiln_qdot_T(W, D, blk, part, bk) = sum over unit `part` of block blk of w * b (bk:
--- b at the block's first element), and kiln_dq8_T(W, D, blk, j, out): elements j..j+7 of block
--- blk (j a multiple of 8). W is the buffer's start, D its scales (split layout).
+-- Per type: kiln_qx_T(bk, part, x) loads the 32 values of b (bk: b at the block's first element)
+-- that unit `part` of a block multiplies, into x; kiln_qdot_T(W, D, blk, part, x, t0, t1) = sum
+-- over unit `part` of block blk of w * b (t0, t1: the sums of x[0..15] and x[16..31], which the
+-- K-quants' mins multiply); kiln_dq8_T(W, D, blk, j, out): elements j..j+7 of block blk (j a
+-- multiple of 8). W is the buffer's start, D its scales (split layout). Separating b's loads
+-- from the weights' lets one load of b serve several rows.
 local DOT = {}
 local DQ8 = {}
 
-DOT.q8_0 = [[
+-- x[0..31] = bk[o0 + 0..15], bk[o1 + 0..15] (q8_0, q4_0: o0 = 0, o1 = 16; q4_K, q5_K: the low
+-- and high nibbles' elements).
+local function qx_halves(t, o0, o1)
+    return string.format([[
+static __device__ __forceinline__ void kiln_qx_%s(const float *bk, int part, float *x)
+{
+%s
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float4 a = kiln_qb4(bk + o0 + 4 * i), b = kiln_qb4(bk + o1 + 4 * i);
+        x[4 * i] = a.x, x[4 * i + 1] = a.y, x[4 * i + 2] = a.z, x[4 * i + 3] = a.w;
+        x[16 + 4 * i] = b.x, x[17 + 4 * i] = b.y, x[18 + 4 * i] = b.z, x[19 + 4 * i] = b.w;
+    }
+}
+]], t, string.format("    const int o0 = %s, o1 = %s;", o0, o1))
+end
+
+DOT.q8_0 = qx_halves("q8_0", "0", "16") .. [[
 static __device__ __forceinline__ float kiln_qdot_q8_0(const unsigned char *W, const unsigned char *D, long long blk,
-                                                       int part, const float *bk)
+                                                       int part, const float *x, float t0, float t1)
 {
     const uint4 q0 = kiln_q16(W + blk * 32), q1 = kiln_q16(W + blk * 32 + 16);
     const float d = kiln_qh2f(kiln_q2(D + blk * 2));
     const unsigned w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
     float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; i++) s = kiln_qdot4(w[i] ^ 0x80808080u, kiln_qb4(bk + 4 * i), 128.0f, s);
+    for (int i = 0; i < 8; i++)
+        s = kiln_qdot4(w[i] ^ 0x80808080u, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), 128.0f, s);
     return d * s;
 }
 ]]
@@ -133,9 +150,9 @@ static __device__ __forceinline__ void kiln_dq8_q8_0(const unsigned char *W, con
 }
 ]]
 
-DOT.q4_0 = [[
+DOT.q4_0 = qx_halves("q4_0", "0", "16") .. [[
 static __device__ __forceinline__ float kiln_qdot_q4_0(const unsigned char *W, const unsigned char *D, long long blk,
-                                                       int part, const float *bk)
+                                                       int part, const float *x, float t0, float t1)
 {
     const uint4 q = kiln_q16(W + blk * 16);
     const float d = kiln_qh2f(kiln_q2(D + blk * 2));
@@ -143,8 +160,9 @@ static __device__ __forceinline__ float kiln_qdot_q4_0(const unsigned char *W, c
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        s = kiln_qdot4(w[i] & 0x0F0F0F0Fu, kiln_qb4(bk + 4 * i), 8.0f, s);
-        s = kiln_qdot4((w[i] >> 4) & 0x0F0F0F0Fu, kiln_qb4(bk + 16 + 4 * i), 8.0f, s);
+        s = kiln_qdot4(w[i] & 0x0F0F0F0Fu, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), 8.0f, s);
+        s = kiln_qdot4((w[i] >> 4) & 0x0F0F0F0Fu,
+                       make_float4(x[16 + 4 * i], x[17 + 4 * i], x[18 + 4 * i], x[19 + 4 * i]), 8.0f, s);
     }
     return d * s;
 }
@@ -170,8 +188,9 @@ local function qk_dot(t, five)
     local size = five and 176 or 144
     local qs = five and 48 or 16
     local lines = {
+        qx_halves(t, "64 * (part >> 1) + 16 * (part & 1)", "o0 + 32"),
         string.format("static __device__ __forceinline__ float kiln_qdot_%s(const unsigned char *W, const unsigned char *D, long long blk,", t),
-        "                                                       int part, const float *bk)",
+        "                                                       int part, const float *x, float t0, float t1)",
         "{",
         string.format("    const unsigned char *B = W + blk * %d;", size),
         "    const int c = part >> 1, h = part & 1;",
@@ -188,19 +207,15 @@ local function qk_dot(t, five)
     for _, l in ipairs(rest) do lines[#lines + 1] = l end
     if five then lines[#lines + 1] = "    const unsigned hb[4] = {qh.x, qh.y, qh.z, qh.w};" end
     local tail = {
-        "    const float *b0 = bk + 64 * c + 16 * h, *b1 = b0 + 32;",
-        "    float s0 = 0.0f, s1 = 0.0f, t0 = 0.0f, t1 = 0.0f;",
+        "    float s0 = 0.0f, s1 = 0.0f;",
         "#pragma unroll",
         "    for (int i = 0; i < 4; i++) {",
-        "        const float4 x0 = kiln_qb4(b0 + 4 * i), x1 = kiln_qb4(b1 + 4 * i);",
         five and "        const unsigned lo = (w[i] & 0x0F0F0F0Fu) | (((hb[i] >> (2 * c)) & 0x01010101u) << 4);"
             or "        const unsigned lo = w[i] & 0x0F0F0F0Fu;",
         five and "        const unsigned hi = ((w[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> (2 * c + 1)) & 0x01010101u) << 4);"
             or "        const unsigned hi = (w[i] >> 4) & 0x0F0F0F0Fu;",
-        "        s0 = kiln_qdot4(lo, x0, 0.0f, s0);",
-        "        s1 = kiln_qdot4(hi, x1, 0.0f, s1);",
-        "        t0 += kiln_qsum4(x0);",
-        "        t1 += kiln_qsum4(x1);",
+        "        s0 = kiln_qdot4(lo, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), 0.0f, s0);",
+        "        s1 = kiln_qdot4(hi, make_float4(x[16 + 4 * i], x[17 + 4 * i], x[18 + 4 * i], x[19 + 4 * i]), 0.0f, s1);",
         "    }",
         "    const float d = kiln_qh2f(hd.x & 0xFFFFu), dmin = kiln_qh2f(hd.x >> 16);",
         "    return d * (sc0 * s0 + sc1 * s1) - dmin * (m0 * t0 + m1 * t1);",
@@ -247,8 +262,18 @@ DQ8.q5_K = qk_dq8("q5_K", true)
 -- 128hf + 32q + l0 + i (i < 8), whose low 4 bits are nibble q / 2 of ql[64hf + 32 (q % 2) + l0
 -- + i], high 2 bits bits 2q of qh[32hf + l0 + i], scale scales[8hf + l0 / 16 + 2q].
 DOT.q6_K = [[
+static __device__ __forceinline__ void kiln_qx_q6_K(const float *bk, int part, float *x)
+{
+    const float *p = bk + 128 * (part >> 2) + 8 * (part & 3);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const float4 a = kiln_qb4(p + 32 * q), b = kiln_qb4(p + 32 * q + 4);
+        x[8 * q] = a.x, x[8 * q + 1] = a.y, x[8 * q + 2] = a.z, x[8 * q + 3] = a.w;
+        x[8 * q + 4] = b.x, x[8 * q + 5] = b.y, x[8 * q + 6] = b.z, x[8 * q + 7] = b.w;
+    }
+}
 static __device__ __forceinline__ float kiln_qdot_q6_K(const unsigned char *W, const unsigned char *D, long long blk,
-                                                       int part, const float *bk)
+                                                       int part, const float *x, float t0, float t1)
 {
     const unsigned char *B = W + blk * 208;
     const int hf = part >> 2, l0 = 8 * (part & 3);
@@ -258,11 +283,15 @@ static __device__ __forceinline__ float kiln_qdot_q6_K(const unsigned char *W, c
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        const float *x = bk + 128 * hf + l0 + 4 * i;
-        s[0] = kiln_qdot4((a[i] & 0x0F0F0F0Fu) | ((hb[i] & 0x03030303u) << 4), kiln_qb4(x), 32.0f, s[0]);
-        s[1] = kiln_qdot4((b[i] & 0x0F0F0F0Fu) | (((hb[i] >> 2) & 0x03030303u) << 4), kiln_qb4(x + 32), 32.0f, s[1]);
-        s[2] = kiln_qdot4(((a[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> 4) & 0x03030303u) << 4), kiln_qb4(x + 64), 32.0f, s[2]);
-        s[3] = kiln_qdot4(((b[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> 6) & 0x03030303u) << 4), kiln_qb4(x + 96), 32.0f, s[3]);
+        const int o = 4 * i;
+        s[0] = kiln_qdot4((a[i] & 0x0F0F0F0Fu) | ((hb[i] & 0x03030303u) << 4),
+                          make_float4(x[o], x[o + 1], x[o + 2], x[o + 3]), 32.0f, s[0]);
+        s[1] = kiln_qdot4((b[i] & 0x0F0F0F0Fu) | (((hb[i] >> 2) & 0x03030303u) << 4),
+                          make_float4(x[8 + o], x[9 + o], x[10 + o], x[11 + o]), 32.0f, s[1]);
+        s[2] = kiln_qdot4(((a[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> 4) & 0x03030303u) << 4),
+                          make_float4(x[16 + o], x[17 + o], x[18 + o], x[19 + o]), 32.0f, s[2]);
+        s[3] = kiln_qdot4(((b[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> 6) & 0x03030303u) << 4),
+                          make_float4(x[24 + o], x[25 + o], x[26 + o], x[27 + o]), 32.0f, s[3]);
     }
     const int is = l0 >> 4; /* scale bytes is, is + 2, is + 4, is + 6 of the half's 8 */
     const unsigned lo = sw.x, hi = sw.y;

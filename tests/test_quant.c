@@ -349,7 +349,10 @@ START_TEST(frontend_refusals) {
     /* rows of partial blocks: the tensor, its shape and the type are named */
     ts_parse_error("weight a: q4_K[255, 4]\n", KILN_ERR_SHAPE, TS_NEEDLES("'a'", "q4_K[255, 4]", "multiple of 256"));
     ts_parse_error("weight a: q4_0[48, 4]\n", KILN_ERR_SHAPE, TS_NEEDLES("'a'", "q4_0[48, 4]", "multiple of 32"));
-    ts_parse_error("input a: q8_0[16]\n", KILN_ERR_SHAPE, TS_NEEDLES("'a'", "q8_0[16]", "34 bytes"));
+    ts_parse_error("weight a: q8_0[16]\n", KILN_ERR_SHAPE, TS_NEEDLES("'a'", "q8_0[16]", "34 bytes"));
+    /* Quantized data is a weight's: converted to the device layout on upload. */
+    ts_parse_error("input a: q8_0[32]\n", KILN_ERR_INVALID, TS_NEEDLES("'a'", "q8_0 tensor must be a weight"));
+    ts_parse_error("state a: q4_K[256]\n", KILN_ERR_INVALID, TS_NEEDLES("q4_K tensor must be a weight"));
     ts_parse_error("weight a: q6_K[128, 2]\n", KILN_ERR_SHAPE, TS_NEEDLES("q6_K[128, 2]", "multiple of 256"));
     ts_parse_error("weight a: q5_K[640, 2]\n", KILN_ERR_SHAPE, TS_NEEDLES("q5_K[640, 2]", "multiple of 256"));
     /* views, permutes, transposes and reshapes that break whole blocks */
@@ -384,13 +387,13 @@ START_TEST(frontend_refusals) {
         {"weight a: q8_0[64, 4]\noutput y = sum_rows(a)\n", "q8_0[64, 4]"},
         {"weight a: q8_0[64, 4]\ninput b: f32[64, 2]\ninput i: i32[2]\noutput y = set_rows(a, b, i)\n",
          "destination 'a' (q8_0[64, 4])"},
-        {"weight a: f32[64, 4]\ninput b: q8_0[64, 2]\ninput i: i32[2]\noutput y = set_rows(a, b, i)\n",
+        {"weight a: f32[64, 4]\nweight b: q8_0[64, 2]\ninput i: i32[2]\noutput y = set_rows(a, b, i)\n",
          "source 'b' (q8_0[64, 2])"},
         {"input q: f32[64, 4, 2]\nweight k: q8_0[64, 8, 2]\nweight v: q8_0[64, 8, 2]\noutput y = flash_attn_ext(q, k, v)\n",
          "q8_0[64, 8, 2]"},
-        {"weight a: f32[64, 4]\ninput b: q8_0[64, 2]\noutput y = mul_mat(a, b)\n", "b 'b' (q8_0[64, 2]) must be f32"},
-        {"weight a: q8_0[64, 4]\ninput b: q8_0[64, 2]\noutput y = concat(a, b, 1)\n", "q8_0[64, 4]"},
-        {"weight a: q4_0[64, 4]\ninput i: q4_0[32]\noutput y = get_rows(a, i)\n", "ids 'i' (q4_0[32]) must be i32"},
+        {"weight a: f32[64, 4]\nweight b: q8_0[64, 2]\noutput y = mul_mat(a, b)\n", "b 'b' (q8_0[64, 2]) must be f32"},
+        {"weight a: q8_0[64, 4]\nweight b: q8_0[64, 2]\noutput y = concat(a, b, 1)\n", "q8_0[64, 4]"},
+        {"weight a: q4_0[64, 4]\nweight i: q4_0[32]\noutput y = get_rows(a, i)\n", "ids 'i' (q4_0[32]) must be i32"},
         {"weight a: q4_0[64, 4]\noutput y = silu(a)\n", "q4_0[64, 4]"},
         {"weight a: q4_0[64, 4]\noutput y = scale(a, 2)\n", "q4_0[64, 4]"},
     };
