@@ -185,10 +185,24 @@ static void pack_scale_min_k4(const uint8_t sc[8], const uint8_t m[8], uint8_t q
     }
 }
 
+/* Squared error of the 32 elements x rounded against a sub-block's step and offset
+ * (x ≈ step·q − off, q in 0..nmax), as the quantizer rounds them. */
+static float qk_sub_err(const float *x, float step, float off, int nmax) {
+    float e = 0;
+    for (int j = 0; j < 32; j++) {
+        int   q = step > 0 ? clampi((int)lrintf((x[j] + off) / step), 0, nmax) : 0;
+        float d = step * (float)q - off - x[j];
+        e += d * d;
+    }
+    return e;
+}
+
 /* q4_K (nmax 15) and q5_K (nmax 31): each 32-element sub-block gets the affine map of its
  * [min(0, lo), hi] range onto 0..nmax; the 8 scales and 8 mins are then quantized to 6 bits
- * against the block's largest, and the elements are rounded against the quantized pair, so the
- * error stays within half a step of what the file can express. */
+ * against the block's largest. Rounding each 6-bit scale and min to nearest leaves a step up to
+ * half a unit of d off, which on a sub-block with a small scale is a large part of it, so each
+ * sub-block keeps the pair among the 3 × 3 nearest codes that gives its elements the least
+ * squared error; the elements are then rounded against the quantized pair. */
 static void quant_qk(const float *x, uint8_t *b, int nmax, uint8_t *qs, uint8_t *qh) {
     float scale[8], mn[8], max_scale = 0, max_min = 0;
     for (int s = 0; s < 8; s++) {
@@ -202,16 +216,28 @@ static void quant_qk(const float *x, uint8_t *b, int nmax, uint8_t *qs, uint8_t 
         max_scale = fmaxf(max_scale, scale[s]);
         max_min = fmaxf(max_min, mn[s]);
     }
-    float   d = max_scale / 63, dmin = max_min / 63;
-    uint8_t sc[8], m[8];
-    for (int s = 0; s < 8; s++) {
-        sc[s] = (uint8_t)(d > 0 ? clampi((int)lrintf(scale[s] / d), 0, 63) : 0);
-        m[s] = (uint8_t)(dmin > 0 ? clampi((int)lrintf(mn[s] / dmin), 0, 63) : 0);
-    }
+    float d = max_scale / 63, dmin = max_min / 63;
     put_half(b, d);
     put_half(b + 2, dmin);
+    float   dq = half_at(b), mq = half_at(b + 2);
+    uint8_t sc[8], m[8];
+    for (int s = 0; s < 8; s++) {
+        int   sc0 = d > 0 ? clampi((int)lrintf(scale[s] / d), 0, 63) : 0;
+        int   m0 = dmin > 0 ? clampi((int)lrintf(mn[s] / dmin), 0, 63) : 0;
+        float best = INFINITY; /* (a NaN error keeps the nearest codes) */
+        sc[s] = (uint8_t)sc0;
+        m[s] = (uint8_t)m0;
+        for (int a = clampi(sc0 - 1, 0, 63); a <= clampi(sc0 + 1, 0, 63); a++)
+            for (int c = clampi(m0 - 1, 0, 63); c <= clampi(m0 + 1, 0, 63); c++) {
+                float e = qk_sub_err(x + 32 * s, dq * (float)a, mq * (float)c, nmax);
+                if (e < best) {
+                    best = e;
+                    sc[s] = (uint8_t)a;
+                    m[s] = (uint8_t)c;
+                }
+            }
+    }
     pack_scale_min_k4(sc, m, b + 4);
-    float dq = half_at(b), mq = half_at(b + 2);
     if (qh) memset(qh, 0, 32);
     memset(qs, 0, 128);
     for (int j = 0; j < 256; j++) {
@@ -226,27 +252,55 @@ static void quant_qk(const float *x, uint8_t *b, int nmax, uint8_t *qs, uint8_t 
 static void quant_q4_K(const float *x, uint8_t *b) { quant_qk(x, b, 15, b + 16, NULL); }
 static void quant_q5_K(const float *x, uint8_t *b) { quant_qk(x, b, 31, b + 48, b + 16); }
 
-/* q6_K: each 16-element sub-block's largest magnitude maps to ±31 (levels -32..31), its scale
- * is quantized to int8 against the block's largest scale (d = max / 127), and the elements are
+/* Squared error of the 16 elements x rounded against a q6_K sub-block step (q in -32..31). */
+static float q6_sub_err(const float *x, float step) {
+    float e = 0;
+    for (int j = 0; j < 16; j++) {
+        int   q = step != 0 ? clampi((int)lrintf(x[j] / step), -32, 31) : 0;
+        float d = step * (float)q - x[j];
+        e += d * d;
+    }
+    return e;
+}
+
+/* q6_K: each 16-element sub-block's value of largest magnitude maps to -32 (its scale takes the
+ * sign, so the 64 levels -32..31 reach it on the side where it is; the other side ends at 31).
+ * The scales are int8 against the block's largest (d = max / 127); each sub-block keeps the code
+ * among the 3 nearest that gives its elements the least squared error, and the elements are
  * rounded against the quantized scale. */
 static void quant_q6_K(const float *x, uint8_t *b) {
     float scale[16], max_scale = 0;
     for (int s = 0; s < 16; s++) {
-        float amax = 0;
-        for (int j = 0; j < 16; j++) amax = fmaxf(amax, fabsf(x[16 * s + j]));
-        scale[s] = amax / 31;
-        max_scale = fmaxf(max_scale, scale[s]);
+        float amax = 0, max = 0;
+        for (int j = 0; j < 16; j++)
+            if (fabsf(x[16 * s + j]) > amax) {
+                amax = fabsf(x[16 * s + j]);
+                max = x[16 * s + j];
+            }
+        scale[s] = max / -32;
+        max_scale = fmaxf(max_scale, amax / 32);
     }
     float d = max_scale / 127;
     put_half(b + 208, d);
     float   dq = half_at(b + 208);
     int8_t *sc = (int8_t *)(b + 192);
-    for (int s = 0; s < 16; s++) sc[s] = (int8_t)(d > 0 ? clampi((int)lrintf(scale[s] / d), 0, 127) : 0);
+    for (int s = 0; s < 16; s++) {
+        int   c0 = d > 0 ? clampi((int)lrintf(scale[s] / d), -128, 127) : 0;
+        float best = INFINITY; /* (a NaN error keeps the nearest code) */
+        sc[s] = (int8_t)c0;
+        for (int c = clampi(c0 - 1, -128, 127); c <= clampi(c0 + 1, -128, 127); c++) {
+            float e = q6_sub_err(x + 16 * s, dq * (float)c);
+            if (e < best) {
+                best = e;
+                sc[s] = (int8_t)c;
+            }
+        }
+    }
     memset(b, 0, 192);
     for (int j = 0; j < 256; j++) {
-        int   half = j / 128, r = j % 128, quarter = r / 32, l = r % 32;
-        float step = dq * (float)sc[l / 16 + 2 * quarter + 8 * half];
-        int   q = (step > 0 ? clampi((int)lrintf(x[j] / step), -32, 31) : 0) + 32;
+        int      half = j / 128, r = j % 128, quarter = r / 32, l = r % 32;
+        float    step = dq * (float)sc[l / 16 + 2 * quarter + 8 * half];
+        int      q = (step != 0 ? clampi((int)lrintf(x[j] / step), -32, 31) : 0) + 32;
         uint8_t *ql = b + 64 * half + (quarter & 1) * 32, *qh = b + 128 + 32 * half;
         ql[l] |= (uint8_t)((q & 0xF) << (quarter < 2 ? 0 : 4));
         qh[l] |= (uint8_t)((q >> 4) << (2 * quarter));
@@ -271,5 +325,49 @@ bool kb_quant_row(const float *x, kiln_type t, void *p, int64_t n) {
     int64_t  b = kiln_type_block(t);
     if (!f || n % b != 0) return false;
     for (int64_t i = 0; i < n / b; i++) f(x + i * b, (uint8_t *)p + (size_t)i * types[t].size);
+    return true;
+}
+
+/* ---- the device layout (templates/quant.lua) ---------------------------------------------- */
+
+/* Bytes of a block before (q8_0, q4_0: after) its f16 scale that stay together on the device;
+ * 0 for the types whose device layout is the file's. */
+static size_t split_rest(kiln_type t) {
+    switch (t) {
+    case KILN_Q8_0: return 32;
+    case KILN_Q4_0: return 16;
+    case KILN_Q6_K: return 208;
+    default: return 0;
+    }
+}
+
+bool kb_quant_split(kiln_type t) { return split_rest(t) > 0; }
+
+/* The scale sits first in q8_0/q4_0 blocks and last in q6_K's. */
+static size_t scale_at(kiln_type t) { return t == KILN_Q6_K ? 208 : 0; }
+
+bool kb_quant_to_device(kiln_type t, const void *src, void *dst, size_t bytes) {
+    size_t rest = split_rest(t), size = kiln_type_size(t);
+    if (!rest || bytes % size != 0) return false;
+    size_t         nb = bytes / size, sa = scale_at(t), ra = sa ? 0 : 2;
+    const uint8_t *s = src;
+    uint8_t       *d = dst, *scales = d + nb * rest;
+    for (size_t i = 0; i < nb; i++) {
+        memcpy(d + i * rest, s + i * size + ra, rest);
+        memcpy(scales + 2 * i, s + i * size + sa, 2);
+    }
+    return true;
+}
+
+bool kb_quant_from_device(kiln_type t, const void *src, void *dst, size_t bytes) {
+    size_t rest = split_rest(t), size = kiln_type_size(t);
+    if (!rest || bytes % size != 0) return false;
+    size_t         nb = bytes / size, sa = scale_at(t), ra = sa ? 0 : 2;
+    const uint8_t *s = src, *scales = s + nb * rest;
+    uint8_t       *d = dst;
+    for (size_t i = 0; i < nb; i++) {
+        memcpy(d + i * size + ra, s + i * rest, rest);
+        memcpy(d + i * size + sa, scales + 2 * i, 2);
+    }
     return true;
 }

@@ -135,6 +135,8 @@ def integer_roles(ops):
 def make_leaf(g, name, kind, dims, role):
     torch = g.torch
     shape = shape4(dims)
+    if kind not in DT:
+        raise Unsupported(f"PyTorch has no {kind} (ggml's quantized block format) for '{name}'")
     if kind not in ("i32", "i64"):
         x = torch.rand(shape, generator=g.gen, device=g.dev) * 2 - 1
         return x.to(getattr(torch, DT[kind]))

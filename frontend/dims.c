@@ -117,11 +117,9 @@ bool fe_resolve_extent(kiln_ctx *ctx, const char *what, int64_t v, int64_t *ne, 
     *ne = v;
     if (v >= 0) return true;
     int64_t i = -v - 1;
-    if (i >= ctx->ndims) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "%s: extent %lld is neither >= 1 nor a kiln_dim handle", what,
-                 (long long)v);
-        return false;
-    }
+    if (i >= ctx->ndims)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "%s: extent %lld is neither >= 1 nor a kiln_dim handle", what,
+                         (long long)v);
     *ne = ctx->dims[i].max;
     *sym = (uint8_t)(i + 1);
     return true;
@@ -143,21 +141,15 @@ bool fe_sym_binary(kiln_ctx *ctx, const char *op, const kiln_tensor *a, const ki
                    uint8_t sym[4]) {
     for (int d = 0; d < 4; d++) {
         sym[d] = a->sym[d];
-        if (b->sym[d] && b->sym[d] != a->sym[d]) {
-            fe_failf(ctx, KILN_ERR_SHAPE,
-                     "%s: '%s' has symbolic dim %s in dim %d, where '%s' has %s: a symbolic dim "
-                     "broadcasts only onto the same dim",
-                     op, b->name, dim_name(ctx, b->sym[d]), d, a->name,
-                     a->sym[d] ? dim_name(ctx, a->sym[d]) : "a static extent");
-            return false;
-        }
-        if (a->sym[d] && !b->sym[d] && b->ne[d] != 1) {
-            fe_failf(ctx, KILN_ERR_SHAPE,
-                     "%s: dim %d of '%s' is symbolic (%s), so '%s' must have 1 or %s there, not %lld",
-                     op, d, a->name, dim_name(ctx, a->sym[d]), b->name, dim_name(ctx, a->sym[d]),
-                     (long long)b->ne[d]);
-            return false;
-        }
+        if (b->sym[d] && b->sym[d] != a->sym[d])
+            return fe_reject(ctx, KILN_ERR_SHAPE,
+                             "%s: '%s' has symbolic dim %s in dim %d, where '%s' has %s: a symbolic dim "
+                             "broadcasts only onto the same dim", op, b->name, dim_name(ctx, b->sym[d]), d, a->name,
+                             a->sym[d] ? dim_name(ctx, a->sym[d]) : "a static extent");
+        if (a->sym[d] && !b->sym[d] && b->ne[d] != 1)
+            return fe_reject(ctx, KILN_ERR_SHAPE,
+                             "%s: dim %d of '%s' is symbolic (%s), so '%s' must have 1 or %s there, not %lld", op, d,
+                             a->name, dim_name(ctx, a->sym[d]), b->name, dim_name(ctx, a->sym[d]), (long long)b->ne[d]);
     }
     return true;
 }
@@ -215,13 +207,10 @@ bool fe_sym_infer(kiln_ctx *ctx, fe_op op, const fe_args *a, fe_infer_fn infer, 
         }
         const fe_dim *dim = &ctx->dims[s - 1];
         int64_t       pv = probe_value(dim->max);
-        if (!ok) {
-            fe_failf(ctx, KILN_ERR_SHAPE,
-                     "%s: the shapes fit only at the maximum of symbolic dim %s (%lld), not at other "
-                     "values (at %lld%s)",
-                     fe_ops[op].name, dim->name, (long long)dim->max, (long long)pv, why);
-            return false;
-        }
+        if (!ok)
+            return fe_reject(ctx, KILN_ERR_SHAPE,
+                             "%s: the shapes fit only at the maximum of symbolic dim %s (%lld), not at other "
+                             "values (at %lld%s)", fe_ops[op].name, dim->name, (long long)dim->max, (long long)pv, why);
         for (int d = 0; d < 4; d++) {
             if (pne[d] == ne[d]) continue;
             if (ne[d] == dim->max && pne[d] == pv && !sym[d]) {

@@ -293,6 +293,9 @@ struct kiln_graph {
 void fe_fail(kiln_ctx *ctx, kiln_status err);
 /* Like kb_error, prefixed with "file:line:col: " when ctx is parsing, and naming the op. */
 void fe_failf(kiln_ctx *ctx, kiln_code code, const char *fmt, ...) KB_PRINTF(3, 4);
+/* fe_failf, then false, for the checks that return bool (shape rules, operand checks):
+ * `if (bad) return fe_reject(ctx, code, "...", ...);`. */
+bool fe_reject(kiln_ctx *ctx, kiln_code code, const char *fmt, ...) KB_PRINTF(3, 4);
 
 bool    fe_is_contiguous(const kiln_tensor *t);
 int64_t fe_nelements(const kiln_tensor *t);

@@ -20,60 +20,42 @@ static bool rows_contiguous(kiln_ctx *ctx, const char *what, const kiln_tensor *
 }
 
 static bool check_mask(kiln_ctx *ctx, const kiln_tensor *q, const kiln_tensor *k, const kiln_tensor *m) {
-    if (m->type != KILN_F16) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "flash_attn_ext: mask %s must be f16", fe_describe(m).s);
-        return false;
-    }
-    if (m->ne[0] != k->ne[1] || m->ne[1] < q->ne[1]) {
-        fe_failf(ctx, KILN_ERR_SHAPE,
-                 "flash_attn_ext: mask %s must have ne0 == n_kv (%lld) and at least n_q (%lld) rows",
-                 fe_describe(m).s, (long long)k->ne[1], (long long)q->ne[1]);
-        return false;
-    }
-    if (q->ne[2] % m->ne[2] != 0 || q->ne[3] % m->ne[3] != 0) {
-        fe_failf(ctx, KILN_ERR_SHAPE,
-                 "flash_attn_ext: mask %s must broadcast over q %s: its ne2 and ne3 must divide q's",
-                 fe_describe(m).s, fe_describe(q).s);
-        return false;
-    }
+    if (m->type != KILN_F16)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "flash_attn_ext: mask %s must be f16", fe_describe(m).s);
+    if (m->ne[0] != k->ne[1] || m->ne[1] < q->ne[1])
+        return fe_reject(ctx, KILN_ERR_SHAPE,
+                         "flash_attn_ext: mask %s must have ne0 == n_kv (%lld) and at least n_q (%lld) rows",
+                         fe_describe(m).s, (long long)k->ne[1], (long long)q->ne[1]);
+    if (q->ne[2] % m->ne[2] != 0 || q->ne[3] % m->ne[3] != 0)
+        return fe_reject(ctx, KILN_ERR_SHAPE,
+                         "flash_attn_ext: mask %s must broadcast over q %s: its ne2 and ne3 must divide q's",
+                         fe_describe(m).s, fe_describe(q).s);
     return rows_contiguous(ctx, "mask", m);
 }
 
 bool fe_infer_FLASH_ATTN_EXT(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims) {
     const kiln_tensor *q = a->t[0], *k = a->t[1], *v = a->t[2], *mask = a->t[3], *sinks = a->t[4];
-    if (q->type != KILN_F32) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "flash_attn_ext: q %s must be f32", fe_describe(q).s);
-        return false;
-    }
-    if (!fe_is_float(k->type) || v->type != k->type) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "flash_attn_ext: k %s and v %s must have the same type, f32, f16 or bf16",
-                 fe_describe(k).s, fe_describe(v).s);
-        return false;
-    }
-    if (k->ne[0] != q->ne[0] || k->ne[1] != v->ne[1] || k->ne[2] != v->ne[2]) {
-        fe_failf(ctx, KILN_ERR_SHAPE,
-                 "flash_attn_ext: q %s, k %s and v %s disagree: need k.ne0 == q.ne0, and k and v with the "
-                 "same n_kv (ne1) and kv heads (ne2)",
-                 fe_describe(q).s, fe_describe(k).s, fe_describe(v).s);
-        return false;
-    }
-    if (q->ne[2] % k->ne[2] != 0 || q->ne[3] != k->ne[3] || q->ne[3] != v->ne[3]) {
-        fe_failf(ctx, KILN_ERR_SHAPE,
-                 "flash_attn_ext: the kv heads of k %s must divide the heads of q %s, and ne3 must match",
-                 fe_describe(k).s, fe_describe(q).s);
-        return false;
-    }
+    if (q->type != KILN_F32)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "flash_attn_ext: q %s must be f32", fe_describe(q).s);
+    if (!fe_is_float(k->type) || v->type != k->type)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "flash_attn_ext: k %s and v %s must have the same type, f32, f16 or bf16",
+                         fe_describe(k).s, fe_describe(v).s);
+    if (k->ne[0] != q->ne[0] || k->ne[1] != v->ne[1] || k->ne[2] != v->ne[2])
+        return fe_reject(ctx, KILN_ERR_SHAPE,
+                         "flash_attn_ext: q %s, k %s and v %s disagree: need k.ne0 == q.ne0, and k and v with the "
+                         "same n_kv (ne1) and kv heads (ne2)", fe_describe(q).s, fe_describe(k).s, fe_describe(v).s);
+    if (q->ne[2] % k->ne[2] != 0 || q->ne[3] != k->ne[3] || q->ne[3] != v->ne[3])
+        return fe_reject(ctx, KILN_ERR_SHAPE,
+                         "flash_attn_ext: the kv heads of k %s must divide the heads of q %s, and ne3 must match",
+                         fe_describe(k).s, fe_describe(q).s);
     if (!rows_contiguous(ctx, "k", k) || !rows_contiguous(ctx, "v", v)) return false;
     if (mask && !check_mask(ctx, q, k, mask)) return false;
-    if (sinks && (sinks->type != KILN_F32 || sinks->ne[0] != q->ne[2] || fe_nelements(sinks) != sinks->ne[0])) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "flash_attn_ext: sinks %s must be f32 [n_head = %lld]", fe_describe(sinks).s,
-                 (long long)q->ne[2]);
-        return false;
-    }
-    if (a->fp[1] > 0.0f && !mask) {
-        fe_failf(ctx, KILN_ERR_INVALID, "flash_attn_ext: max_bias %g > 0 (ALiBi) needs a mask", (double)a->fp[1]);
-        return false;
-    }
+    if (sinks && (sinks->type != KILN_F32 || sinks->ne[0] != q->ne[2] || fe_nelements(sinks) != sinks->ne[0]))
+        return fe_reject(ctx, KILN_ERR_SHAPE, "flash_attn_ext: sinks %s must be f32 [n_head = %lld]",
+                         fe_describe(sinks).s, (long long)q->ne[2]);
+    if (a->fp[1] > 0.0f && !mask)
+        return fe_reject(ctx, KILN_ERR_INVALID, "flash_attn_ext: max_bias %g > 0 (ALiBi) needs a mask",
+                         (double)a->fp[1]);
     ne[0] = v->ne[0];
     ne[1] = q->ne[2];
     ne[2] = q->ne[1];

@@ -27,29 +27,21 @@ static bool glu(kiln_ctx *ctx, fe_op op, const fe_args *a, kiln_type *type, int6
     *n_dims = x->n_dims;
     if (g) {
         if (!need_float(ctx, name, "gate", g)) return false;
-        if (!same_shape(x, g)) {
-            fe_failf(ctx, KILN_ERR_SHAPE, "%s: '%s' (%s) and '%s' (%s) must have the same shape", name,
-                     x->name, fe_shape_str(x, sx, sizeof sx), g->name, fe_shape_str(g, sg, sizeof sg));
-            return false;
-        }
-        if (g->type != x->type) {
-            fe_failf(ctx, KILN_ERR_SHAPE, "%s: '%s' (%s) and '%s' (%s) must have the same type (as in ggml)",
-                     name, x->name, fe_shape_str(x, sx, sizeof sx), g->name, fe_shape_str(g, sg, sizeof sg));
-            return false;
-        }
-        if (a->ip[0]) {
-            fe_failf(ctx, KILN_ERR_INVALID, "%s: swapped applies to the one-tensor form only (b is given)",
-                     name);
-            return false;
-        }
+        if (!same_shape(x, g))
+            return fe_reject(ctx, KILN_ERR_SHAPE, "%s: '%s' (%s) and '%s' (%s) must have the same shape", name, x->name,
+                             fe_shape_str(x, sx, sizeof sx), g->name, fe_shape_str(g, sg, sizeof sg));
+        if (g->type != x->type)
+            return fe_reject(ctx, KILN_ERR_SHAPE, "%s: '%s' (%s) and '%s' (%s) must have the same type (as in ggml)",
+                             name, x->name, fe_shape_str(x, sx, sizeof sx), g->name, fe_shape_str(g, sg, sizeof sg));
+        if (a->ip[0])
+            return fe_reject(ctx, KILN_ERR_INVALID, "%s: swapped applies to the one-tensor form only (b is given)",
+                             name);
         if (g->n_dims > *n_dims) *n_dims = g->n_dims;
         return true;
     }
-    if (x->ne[0] % 2 != 0) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "%s: '%s' (%s) has an odd ne0; the one-tensor form splits ne0 in halves",
-                 name, x->name, fe_shape_str(x, sx, sizeof sx));
-        return false;
-    }
+    if (x->ne[0] % 2 != 0)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "%s: '%s' (%s) has an odd ne0; the one-tensor form splits ne0 in halves",
+                         name, x->name, fe_shape_str(x, sx, sizeof sx));
     ne[0] = x->ne[0] / 2;
     return true;
 }
@@ -66,11 +58,9 @@ bool fe_infer_CPY(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4
     kiln_tensor *x = a->t[0], *b = a->t[1];
     char         sx[96], sb[96];
     if (!need_float(ctx, "cpy", "source", x) || !need_float(ctx, "cpy", "destination", b)) return false;
-    if (fe_nelements(x) != fe_nelements(b)) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "cpy: '%s' (%s) and '%s' (%s) have different element counts",
-                 x->name, fe_shape_str(x, sx, sizeof sx), b->name, fe_shape_str(b, sb, sizeof sb));
-        return false;
-    }
+    if (fe_nelements(x) != fe_nelements(b))
+        return fe_reject(ctx, KILN_ERR_SHAPE, "cpy: '%s' (%s) and '%s' (%s) have different element counts", x->name,
+                         fe_shape_str(x, sx, sizeof sx), b->name, fe_shape_str(b, sb, sizeof sb));
     for (int d = 0; d < 4; d++) ne[d] = b->ne[d];
     *type = b->type;
     *n_dims = b->n_dims;
@@ -90,10 +80,8 @@ bool fe_infer_CAST(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[
     kiln_tensor *x = a->t[0];
     if (!need_float(ctx, "cast", "operand", x)) return false;
     kiln_type to = (kiln_type)a->ip[0];
-    if (!fe_is_float(to)) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "cast: target type %s is not f32, f16 or bf16", kiln_type_name(to));
-        return false;
-    }
+    if (!fe_is_float(to))
+        return fe_reject(ctx, KILN_ERR_SHAPE, "cast: target type %s is not f32, f16 or bf16", kiln_type_name(to));
     for (int d = 0; d < 4; d++) ne[d] = x->ne[d];
     *type = to;
     *n_dims = x->n_dims;
@@ -105,13 +93,11 @@ bool fe_infer_REPEAT(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t n
     kiln_tensor *x = a->t[0], *b = a->t[1];
     char         sx[96], sb[96];
     if (!need_float(ctx, "repeat", "operand", x)) return false;
-    if (!fe_can_repeat(x, b)) {
-        fe_failf(ctx, KILN_ERR_SHAPE,
-                 "repeat: cannot tile '%s' (%s) to the shape of '%s' (%s): each dim of the first must "
-                 "divide the second's",
-                 x->name, fe_shape_str(x, sx, sizeof sx), b->name, fe_shape_str(b, sb, sizeof sb));
-        return false;
-    }
+    if (!fe_can_repeat(x, b))
+        return fe_reject(ctx, KILN_ERR_SHAPE,
+                         "repeat: cannot tile '%s' (%s) to the shape of '%s' (%s): each dim of the first must "
+                         "divide the second's", x->name, fe_shape_str(x, sx, sizeof sx), b->name,
+                         fe_shape_str(b, sb, sizeof sb));
     for (int d = 0; d < 4; d++) ne[d] = b->ne[d];
     *type = x->type;
     *n_dims = b->n_dims;

@@ -26,27 +26,19 @@ static bool arange_count(float start, float stop, float step, int64_t *n) {
 
 bool fe_infer_ARANGE(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims) {
     const float start = a->fp[0], stop = a->fp[1], step = a->fp[2];
-    if (!isfinite(start) || !isfinite(stop) || !isfinite(step)) {
-        fe_failf(ctx, KILN_ERR_INVALID, "arange: start %g, stop %g and step %g must be finite", (double)start,
-                 (double)stop, (double)step);
-        return false;
-    }
-    if (!(stop > start)) {
-        fe_failf(ctx, KILN_ERR_INVALID, "arange: stop (%g) must be greater than start (%g)", (double)stop,
-                 (double)start);
-        return false;
-    }
-    if (!(step > 0.0f)) {
-        fe_failf(ctx, KILN_ERR_INVALID, "arange: step is %g; it must be > 0", (double)step);
-        return false;
-    }
+    if (!isfinite(start) || !isfinite(stop) || !isfinite(step))
+        return fe_reject(ctx, KILN_ERR_INVALID, "arange: start %g, stop %g and step %g must be finite", (double)start,
+                         (double)stop, (double)step);
+    if (!(stop > start))
+        return fe_reject(ctx, KILN_ERR_INVALID, "arange: stop (%g) must be greater than start (%g)", (double)stop,
+                         (double)start);
+    if (!(step > 0.0f)) return fe_reject(ctx, KILN_ERR_INVALID, "arange: step is %g; it must be > 0", (double)step);
     int64_t n;
-    if (!arange_count(start, stop, step, &n)) {
-        fe_failf(ctx, KILN_ERR_INVALID, "arange: start %g, stop %g, step %g give ceil((stop - start) / step) = %g "
-                 "elements; it must be between 1 and 2^48", (double)start, (double)stop, (double)step,
-                 (double)ceilf((stop - start) / step));
-        return false;
-    }
+    if (!arange_count(start, stop, step, &n))
+        return fe_reject(ctx, KILN_ERR_INVALID,
+                         "arange: start %g, stop %g, step %g give ceil((stop - start) / step) = %g "
+                         "elements; it must be between 1 and 2^48", (double)start, (double)stop, (double)step,
+                         (double)ceilf((stop - start) / step));
     *type = KILN_F32;
     ne[0] = n;
     ne[1] = ne[2] = ne[3] = 1;
@@ -59,20 +51,16 @@ bool fe_infer_FILL(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[
 }
 
 bool fe_infer_DIAG_MASK_INF(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims) {
-    if (a->ip[0] < 0) {
-        fe_failf(ctx, KILN_ERR_INVALID, "diag_mask_inf: n_past is %d; it must be >= 0", (int)a->ip[0]);
-        return false;
-    }
+    if (a->ip[0] < 0)
+        return fe_reject(ctx, KILN_ERR_INVALID, "diag_mask_inf: n_past is %d; it must be >= 0", (int)a->ip[0]);
     return fe_like_float_a(ctx, "diag_mask_inf", a, type, ne, n_dims);
 }
 
 bool fe_infer_TRI(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims) {
     const kiln_tensor *x = a->t[0];
-    if (a->ip[0] < KILN_TRI_UPPER_DIAG || a->ip[0] > KILN_TRI_LOWER) {
-        fe_failf(ctx, KILN_ERR_INVALID, "tri: type %d is not one of upper_diag (0), upper, lower_diag, lower (3)",
-                 (int)a->ip[0]);
-        return false;
-    }
+    if (a->ip[0] < KILN_TRI_UPPER_DIAG || a->ip[0] > KILN_TRI_LOWER)
+        return fe_reject(ctx, KILN_ERR_INVALID,
+                         "tri: type %d is not one of upper_diag (0), upper, lower_diag, lower (3)", (int)a->ip[0]);
     if (!fe_like_float_a(ctx, "tri", a, type, ne, n_dims)) return false;
     if (x->ne[0] != x->ne[1]) {
         char s[96];

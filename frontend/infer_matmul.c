@@ -15,44 +15,33 @@
 #include "infer.h"
 
 static bool weight_ok(kiln_ctx *ctx, const char *op, const char *what, const kiln_tensor *a) {
-    if (!fe_is_float(a->type) && !kiln_type_is_quantized(a->type)) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "%s: %s %s must be f32, f16, bf16 or a quantized type (%s)", op, what,
-                 fe_describe(a).s, FE_Q);
-        return false;
-    }
-    if (a->nb[0] != kiln_type_size(a->type) || a->nb[1] < a->nb[0]) {
-        fe_failf(ctx, KILN_ERR_SHAPE,
-                 "%s: %s %s must have contiguous rows (nb0 = element size, not transposed); "
-                 "use cont() first",
-                 op, what, fe_describe(a).s);
-        return false;
-    }
+    if (!fe_is_float(a->type) && !kiln_type_is_quantized(a->type))
+        return fe_reject(ctx, KILN_ERR_SHAPE, "%s: %s %s must be f32, f16, bf16 or a quantized type (%s)", op,
+                         what, fe_describe(a).s, FE_Q);
+    if (a->nb[0] != kiln_type_size(a->type) || a->nb[1] < a->nb[0])
+        return fe_reject(ctx, KILN_ERR_SHAPE,
+                         "%s: %s %s must have contiguous rows (nb0 = element size, not transposed); "
+                         "use cont() first",
+                         op, what, fe_describe(a).s);
     return true;
 }
 
 static bool act_ok(kiln_ctx *ctx, const char *op, const kiln_tensor *b) {
-    if (b->type != KILN_F32) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "%s: b %s must be f32 (the activations; cast it first)", op,
-                 fe_describe(b).s);
-        return false;
-    }
+    if (b->type != KILN_F32)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "%s: b %s must be f32 (the activations; cast it first)", op,
+                         fe_describe(b).s);
     return true;
 }
 
 bool fe_infer_MUL_MAT(kiln_ctx *ctx, const fe_args *x, kiln_type *type, int64_t ne[4], int *n_dims) {
     const kiln_tensor *a = x->t[0], *b = x->t[1];
     if (!weight_ok(ctx, "mul_mat", "a", a) || !act_ok(ctx, "mul_mat", b)) return false;
-    if (a->ne[0] != b->ne[0]) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "mul_mat: a %s and b %s must have the same ne0 (the inner dimension)",
-                 fe_describe(a).s, fe_describe(b).s);
-        return false;
-    }
-    if (b->ne[2] % a->ne[2] != 0 || b->ne[3] % a->ne[3] != 0) {
-        fe_failf(ctx, KILN_ERR_SHAPE,
-                 "mul_mat: a %s must broadcast over b %s: a's ne2 and ne3 must divide b's", fe_describe(a).s,
-                 fe_describe(b).s);
-        return false;
-    }
+    if (a->ne[0] != b->ne[0])
+        return fe_reject(ctx, KILN_ERR_SHAPE, "mul_mat: a %s and b %s must have the same ne0 (the inner dimension)",
+                         fe_describe(a).s, fe_describe(b).s);
+    if (b->ne[2] % a->ne[2] != 0 || b->ne[3] % a->ne[3] != 0)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "mul_mat: a %s must broadcast over b %s: a's ne2 and ne3 must divide b's",
+                         fe_describe(a).s, fe_describe(b).s);
     ne[0] = a->ne[1];
     ne[1] = b->ne[1];
     ne[2] = b->ne[2];
@@ -65,32 +54,23 @@ bool fe_infer_MUL_MAT(kiln_ctx *ctx, const fe_args *x, kiln_type *type, int64_t 
 bool fe_infer_MUL_MAT_ID(kiln_ctx *ctx, const fe_args *x, kiln_type *type, int64_t ne[4], int *n_dims) {
     const kiln_tensor *as = x->t[0], *b = x->t[1], *ids = x->t[2];
     if (!weight_ok(ctx, "mul_mat_id", "as", as) || !act_ok(ctx, "mul_mat_id", b)) return false;
-    if (ids->type != KILN_I32) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "mul_mat_id: ids %s must be i32", fe_describe(ids).s);
-        return false;
-    }
-    if (as->ne[3] != 1 || b->ne[3] != 1 || ids->ne[2] != 1 || ids->ne[3] != 1) {
-        fe_failf(ctx, KILN_ERR_SHAPE,
-                 "mul_mat_id: as %s and b %s must be 3-D and ids %s 2-D (as ggml_mul_mat_id)",
-                 fe_describe(as).s, fe_describe(b).s, fe_describe(ids).s);
-        return false;
-    }
-    if (as->ne[0] != b->ne[0]) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "mul_mat_id: as %s and b %s must have the same ne0", fe_describe(as).s,
-                 fe_describe(b).s);
-        return false;
-    }
-    if (ids->ne[1] != b->ne[2]) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "mul_mat_id: ids %s must have one row per token of b %s (ids.ne1 == b.ne2)",
-                 fe_describe(ids).s, fe_describe(b).s);
-        return false;
-    }
-    if (ids->ne[0] % b->ne[1] != 0) {
-        fe_failf(ctx, KILN_ERR_SHAPE,
-                 "mul_mat_id: b %s must broadcast over the %lld experts used per token: b.ne1 must divide ids.ne0",
-                 fe_describe(b).s, (long long)ids->ne[0]);
-        return false;
-    }
+    if (ids->type != KILN_I32)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "mul_mat_id: ids %s must be i32", fe_describe(ids).s);
+    if (as->ne[3] != 1 || b->ne[3] != 1 || ids->ne[2] != 1 || ids->ne[3] != 1)
+        return fe_reject(ctx, KILN_ERR_SHAPE,
+                         "mul_mat_id: as %s and b %s must be 3-D and ids %s 2-D (as ggml_mul_mat_id)",
+                         fe_describe(as).s, fe_describe(b).s, fe_describe(ids).s);
+    if (as->ne[0] != b->ne[0])
+        return fe_reject(ctx, KILN_ERR_SHAPE, "mul_mat_id: as %s and b %s must have the same ne0", fe_describe(as).s,
+                         fe_describe(b).s);
+    if (ids->ne[1] != b->ne[2])
+        return fe_reject(ctx, KILN_ERR_SHAPE,
+                         "mul_mat_id: ids %s must have one row per token of b %s (ids.ne1 == b.ne2)",
+                         fe_describe(ids).s, fe_describe(b).s);
+    if (ids->ne[0] % b->ne[1] != 0)
+        return fe_reject(ctx, KILN_ERR_SHAPE,
+                         "mul_mat_id: b %s must broadcast over the %lld experts used per token: b.ne1 must divide ids.ne0",
+                         fe_describe(b).s, (long long)ids->ne[0]);
     ne[0] = as->ne[1];
     ne[1] = ids->ne[0];
     ne[2] = b->ne[2];

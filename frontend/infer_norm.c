@@ -14,10 +14,7 @@
 static bool row_norm(kiln_ctx *ctx, const char *op, const fe_args *a, kiln_type *type, int64_t ne[4],
                      int *n_dims) {
     float eps = a->fp[0];
-    if (!(eps >= 0.0f)) {
-        fe_failf(ctx, KILN_ERR_INVALID, "%s: eps is %g; it must be >= 0", op, (double)eps);
-        return false;
-    }
+    if (!(eps >= 0.0f)) return fe_reject(ctx, KILN_ERR_INVALID, "%s: eps is %g; it must be >= 0", op, (double)eps);
     return fe_like_float_a(ctx, op, a, type, ne, n_dims);
 }
 
@@ -37,13 +34,8 @@ bool fe_infer_L2_NORM(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t 
  * ggml, so any n_groups >= 1 is valid. */
 bool fe_infer_GROUP_NORM(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims) {
     int32_t n_groups = a->ip[0];
-    if (n_groups < 1) {
-        fe_failf(ctx, KILN_ERR_INVALID, "group_norm: n_groups is %d; it must be at least 1", (int)n_groups);
-        return false;
-    }
-    if (isnan(a->fp[0])) {
-        fe_failf(ctx, KILN_ERR_INVALID, "group_norm: eps is NaN");
-        return false;
-    }
+    if (n_groups < 1)
+        return fe_reject(ctx, KILN_ERR_INVALID, "group_norm: n_groups is %d; it must be at least 1", (int)n_groups);
+    if (isnan(a->fp[0])) return fe_reject(ctx, KILN_ERR_INVALID, "group_norm: eps is NaN");
     return fe_like_float_a(ctx, "group_norm", a, type, ne, n_dims);
 }

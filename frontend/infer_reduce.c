@@ -52,11 +52,9 @@ bool fe_infer_ARGMAX(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t n
     const kiln_tensor *x = a->t[0];
     char               s[96];
     if (!need_float(ctx, "argmax", x)) return false;
-    if (x->ne[2] != 1 || x->ne[3] != 1) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "argmax: operand '%s' (%s) is not a matrix: ne2 and ne3 must be 1",
-                 x->name, fe_shape_str(x, s, sizeof s));
-        return false;
-    }
+    if (x->ne[2] != 1 || x->ne[3] != 1)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "argmax: operand '%s' (%s) is not a matrix: ne2 and ne3 must be 1",
+                         x->name, fe_shape_str(x, s, sizeof s));
     if (x->ne[0] > INT32_MAX) { /* the result is an i32 index */
         fe_failf(ctx, KILN_ERR_SHAPE, "argmax: operand '%s' (%s) has rows longer than INT32_MAX", x->name,
                  fe_shape_str(x, s, sizeof s));

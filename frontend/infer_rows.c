@@ -40,10 +40,8 @@ bool fe_infer_GET_ROWS(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t
         return false;
     if (!need_dim_eq(ctx, "get_rows", x, 2, ids, 1) || !need_dim_eq(ctx, "get_rows", x, 3, ids, 2))
         return false;
-    if (ids->ne[3] != 1) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "get_rows: ids %s must have at most 3 dims", fe_describe(ids).s);
-        return false;
-    }
+    if (ids->ne[3] != 1)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "get_rows: ids %s must have at most 3 dims", fe_describe(ids).s);
     /* ggml: the result is f32 whatever a's float type (rows are converted on the way). */
     *type = KILN_F32;
     ne[0] = x->ne[0];
@@ -61,20 +59,15 @@ bool fe_infer_SET_ROWS(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t
     const kiln_tensor *x = a->t[0], *b = a->t[1], *ids = a->t[2];
     const char        *op = "set_rows";
     if (!need_float(ctx, op, "destination", x) || !need_type(ctx, op, "source", b, KILN_F32)) return false;
-    if (ids->type != KILN_I32 && ids->type != KILN_I64) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "set_rows: ids %s must be i32 or i64", fe_describe(ids).s);
-        return false;
-    }
+    if (ids->type != KILN_I32 && ids->type != KILN_I64)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "set_rows: ids %s must be i32 or i64", fe_describe(ids).s);
     if (!need_dim_eq(ctx, op, x, 0, b, 0) || !need_dim_eq(ctx, op, x, 2, b, 2) ||
         !need_dim_eq(ctx, op, x, 3, b, 3) || !need_dim_eq(ctx, op, b, 1, ids, 0))
         return false;
-    if (b->ne[2] % ids->ne[1] != 0 || b->ne[3] % ids->ne[2] != 0 || ids->ne[3] != 1) {
-        fe_failf(ctx, KILN_ERR_SHAPE,
-                 "set_rows: ids %s must broadcast over %s: ids.ne1 must divide ne2, ids.ne2 divide "
-                 "ne3, and ids have at most 3 dims",
-                 fe_describe(ids).s, fe_describe(b).s);
-        return false;
-    }
+    if (b->ne[2] % ids->ne[1] != 0 || b->ne[3] % ids->ne[2] != 0 || ids->ne[3] != 1)
+        return fe_reject(ctx, KILN_ERR_SHAPE,
+                         "set_rows: ids %s must broadcast over %s: ids.ne1 must divide ne2, ids.ne2 divide "
+                         "ne3, and ids have at most 3 dims", fe_describe(ids).s, fe_describe(b).s);
     *type = x->type;
     copy_shape(x, ne, n_dims);
     return true;
@@ -84,22 +77,15 @@ bool fe_infer_SET_ROWS(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t
 bool fe_infer_CONCAT(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims) {
     const kiln_tensor *x = a->t[0], *y = a->t[1];
     int                dim = a->ip[0];
-    if (dim < 0 || dim > 3) {
-        fe_failf(ctx, KILN_ERR_INVALID, "concat: dim is %d; it must be 0, 1, 2 or 3", dim);
-        return false;
-    }
+    if (dim < 0 || dim > 3) return fe_reject(ctx, KILN_ERR_INVALID, "concat: dim is %d; it must be 0, 1, 2 or 3", dim);
     if (!need_float(ctx, "concat", "operand", x)) return false;
-    if (x->type != y->type) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "concat: %s and %s must have the same type", fe_describe(x).s,
-                 fe_describe(y).s);
-        return false;
-    }
+    if (x->type != y->type)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "concat: %s and %s must have the same type", fe_describe(x).s,
+                         fe_describe(y).s);
     for (int d = 0; d < 4; d++) {
-        if (d != dim && x->ne[d] != y->ne[d]) {
-            fe_failf(ctx, KILN_ERR_SHAPE, "concat: %s and %s differ in dim %d (only dim %d may differ)",
-                     fe_describe(x).s, fe_describe(y).s, d, dim);
-            return false;
-        }
+        if (d != dim && x->ne[d] != y->ne[d])
+            return fe_reject(ctx, KILN_ERR_SHAPE, "concat: %s and %s differ in dim %d (only dim %d may differ)",
+                             fe_describe(x).s, fe_describe(y).s, d, dim);
         ne[d] = d == dim ? x->ne[d] + y->ne[d] : x->ne[d];
     }
     *type = x->type;
@@ -117,11 +103,9 @@ bool fe_infer_PAD(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4
     for (int d = 0; d < 4; d++) {
         int32_t lp = a->ip[2 * d], rp = a->ip[2 * d + 1];
         /* ggml's CUDA and CPU kernels only define non-negative padding (no cropping). */
-        if (lp < 0 || rp < 0) {
-            fe_failf(ctx, KILN_ERR_INVALID, "pad: %s is %d; padding must be >= 0", names[lp < 0 ? 2 * d : 2 * d + 1],
-                     lp < 0 ? lp : rp);
-            return false;
-        }
+        if (lp < 0 || rp < 0)
+            return fe_reject(ctx, KILN_ERR_INVALID, "pad: %s is %d; padding must be >= 0",
+                             names[lp < 0 ? 2 * d : 2 * d + 1], lp < 0 ? lp : rp);
         ne[d] = x->ne[d] + lp + rp;
         if ((lp || rp) && *n_dims < d + 1) *n_dims = d + 1;
     }

@@ -15,10 +15,8 @@
 /* a: any float type; the result copies its shape and type. */
 static bool operand_a(kiln_ctx *ctx, const char *op, const kiln_tensor *x, kiln_type *type, int64_t ne[4],
                       int *n_dims) {
-    if (!fe_is_float(x->type)) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "%s: operand %s must be f32, f16 or bf16", op, fe_describe(x).s);
-        return false;
-    }
+    if (!fe_is_float(x->type))
+        return fe_reject(ctx, KILN_ERR_SHAPE, "%s: operand %s must be f32, f16 or bf16", op, fe_describe(x).s);
     for (int d = 0; d < 4; d++) ne[d] = x->ne[d];
     *type = x->type;
     *n_dims = x->n_dims;
@@ -27,36 +25,25 @@ static bool operand_a(kiln_ctx *ctx, const char *op, const kiln_tensor *x, kiln_
 
 /* The mask rules of ggml_soft_max_impl. */
 static bool check_mask(kiln_ctx *ctx, const kiln_tensor *x, const kiln_tensor *m) {
-    if (m->type != KILN_F16 && m->type != KILN_F32) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "soft_max_ext: mask %s must be f16 or f32", fe_describe(m).s);
-        return false;
-    }
-    if (m->ne[0] != x->ne[0] || m->ne[1] < x->ne[1]) {
-        fe_failf(ctx, KILN_ERR_SHAPE,
-                 "soft_max_ext: mask %s must have the ne0 of %s and at least its ne1 rows", fe_describe(m).s,
-                 fe_describe(x).s);
-        return false;
-    }
-    if (x->ne[2] % m->ne[2] != 0 || x->ne[3] % m->ne[3] != 0) {
-        fe_failf(ctx, KILN_ERR_SHAPE,
-                 "soft_max_ext: mask %s must broadcast over %s: its ne2 and ne3 must divide a's",
-                 fe_describe(m).s, fe_describe(x).s);
-        return false;
-    }
+    if (m->type != KILN_F16 && m->type != KILN_F32)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "soft_max_ext: mask %s must be f16 or f32", fe_describe(m).s);
+    if (m->ne[0] != x->ne[0] || m->ne[1] < x->ne[1])
+        return fe_reject(ctx, KILN_ERR_SHAPE, "soft_max_ext: mask %s must have the ne0 of %s and at least its ne1 rows",
+                         fe_describe(m).s, fe_describe(x).s);
+    if (x->ne[2] % m->ne[2] != 0 || x->ne[3] % m->ne[3] != 0)
+        return fe_reject(ctx, KILN_ERR_SHAPE,
+                         "soft_max_ext: mask %s must broadcast over %s: its ne2 and ne3 must divide a's",
+                         fe_describe(m).s, fe_describe(x).s);
     return true;
 }
 
 /* The sinks rules of ggml_soft_max_add_sinks: one f32 logit per head (dim 2 of a). */
 static bool check_sinks(kiln_ctx *ctx, const kiln_tensor *x, const kiln_tensor *s) {
-    if (s->type != KILN_F32) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "soft_max_ext: sinks %s must be f32", fe_describe(s).s);
-        return false;
-    }
-    if (s->ne[0] != x->ne[2]) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "soft_max_ext: sinks %s must have one value per head: ne0 == ne2 of %s",
-                 fe_describe(s).s, fe_describe(x).s);
-        return false;
-    }
+    if (s->type != KILN_F32)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "soft_max_ext: sinks %s must be f32", fe_describe(s).s);
+    if (s->ne[0] != x->ne[2])
+        return fe_reject(ctx, KILN_ERR_SHAPE, "soft_max_ext: sinks %s must have one value per head: ne0 == ne2 of %s",
+                         fe_describe(s).s, fe_describe(x).s);
     return true;
 }
 
@@ -70,9 +57,7 @@ bool fe_infer_SOFT_MAX_EXT(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int
     if (!operand_a(ctx, "soft_max_ext", x, type, ne, n_dims)) return false;
     if (mask && !check_mask(ctx, x, mask)) return false;
     if (sinks && !check_sinks(ctx, x, sinks)) return false;
-    if (a->fp[1] > 0.0f && !mask) {
-        fe_failf(ctx, KILN_ERR_INVALID, "soft_max_ext: max_bias %g > 0 (ALiBi) needs a mask", (double)a->fp[1]);
-        return false;
-    }
+    if (a->fp[1] > 0.0f && !mask)
+        return fe_reject(ctx, KILN_ERR_INVALID, "soft_max_ext: max_bias %g > 0 (ALiBi) needs a mask", (double)a->fp[1]);
     return true;
 }

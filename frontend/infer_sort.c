@@ -13,26 +13,21 @@
 /* a is a float tensor whose rows are indexable by i32. */
 static bool check_operand(kiln_ctx *ctx, const char *op, const kiln_tensor *x) {
     char s[96];
-    if (!fe_is_float(x->type)) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "%s: operand '%s' is %s; it must be f32, f16 or bf16", op, x->name,
-                 fe_shape_str(x, s, sizeof s));
-        return false;
-    }
-    if (x->ne[0] > INT32_MAX) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "%s: operand '%s' (%s) has rows longer than INT32_MAX: i32 indices cannot "
-                 "address them", op, x->name, fe_shape_str(x, s, sizeof s));
-        return false;
-    }
+    if (!fe_is_float(x->type))
+        return fe_reject(ctx, KILN_ERR_SHAPE, "%s: operand '%s' is %s; it must be f32, f16 or bf16", op, x->name,
+                         fe_shape_str(x, s, sizeof s));
+    if (x->ne[0] > INT32_MAX)
+        return fe_reject(ctx, KILN_ERR_SHAPE,
+                         "%s: operand '%s' (%s) has rows longer than INT32_MAX: i32 indices cannot "
+                         "address them", op, x->name, fe_shape_str(x, s, sizeof s));
     return true;
 }
 
 bool fe_infer_ARGSORT(kiln_ctx *ctx, const fe_args *a, kiln_type *type, int64_t ne[4], int *n_dims) {
     const kiln_tensor *x = a->t[0];
     if (!check_operand(ctx, "argsort", x)) return false;
-    if (a->ip[0] != 0 && a->ip[0] != 1) {
-        fe_failf(ctx, KILN_ERR_INVALID, "argsort: order %d is neither asc (0) nor desc (1)", (int)a->ip[0]);
-        return false;
-    }
+    if (a->ip[0] != 0 && a->ip[0] != 1)
+        return fe_reject(ctx, KILN_ERR_INVALID, "argsort: order %d is neither asc (0) nor desc (1)", (int)a->ip[0]);
     for (int d = 0; d < 4; d++) ne[d] = x->ne[d];
     *type = KILN_I32;
     *n_dims = x->n_dims;
@@ -45,15 +40,10 @@ static bool top_k(kiln_ctx *ctx, const char *op, const fe_args *a, kiln_type *ty
     char               s[96];
     if (!check_operand(ctx, op, x)) return false;
     int64_t k = a->ip[0];
-    if (k < 1) {
-        fe_failf(ctx, KILN_ERR_INVALID, "%s: k is %lld; it must be at least 1", op, (long long)k);
-        return false;
-    }
-    if (k > x->ne[0]) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "%s: k = %lld exceeds the row length of '%s' (%s)", op, (long long)k,
-                 x->name, fe_shape_str(x, s, sizeof s));
-        return false;
-    }
+    if (k < 1) return fe_reject(ctx, KILN_ERR_INVALID, "%s: k is %lld; it must be at least 1", op, (long long)k);
+    if (k > x->ne[0])
+        return fe_reject(ctx, KILN_ERR_SHAPE, "%s: k = %lld exceeds the row length of '%s' (%s)", op, (long long)k,
+                         x->name, fe_shape_str(x, s, sizeof s));
     ne[0] = k;
     for (int d = 1; d < 4; d++) ne[d] = x->ne[d];
     *type = KILN_I32;

@@ -65,15 +65,27 @@ void fe_fail(kiln_ctx *ctx, kiln_status err) {
     else ctx->err = err;
 }
 
-void fe_failf(kiln_ctx *ctx, kiln_code code, const char *fmt, ...) {
+static void vfailf(kiln_ctx *ctx, kiln_code code, const char *fmt, va_list ap) {
     if (ctx->err) return;
     char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     if (ctx->file) ctx->err = kb_error(code, "%s:%d:%d: error: %s", ctx->file, ctx->line, ctx->col, msg);
     else ctx->err = kb_error(code, "%s", msg);
+}
+
+void fe_failf(kiln_ctx *ctx, kiln_code code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfailf(ctx, code, fmt, ap);
+    va_end(ap);
+}
+
+bool fe_reject(kiln_ctx *ctx, kiln_code code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfailf(ctx, code, fmt, ap);
+    va_end(ap);
+    return false;
 }
 
 kiln_tensor *fe_find(const kiln_ctx *ctx, const char *name) {
@@ -202,24 +214,17 @@ static kiln_tensor *new_node(kiln_ctx *ctx, fe_op op, kiln_type type, const int6
 /* The extents a builder was given: kiln_dim handles become their maximum, marked in sym. */
 static bool read_dims(kiln_ctx *ctx, const char *what, int n_dims, const int64_t *ne, int64_t out[4],
                       uint8_t sym[4]) {
-    if (n_dims < 1 || n_dims > KILN_MAX_DIMS || !ne) {
-        fe_failf(ctx, KILN_ERR_SHAPE, "%s: %d dims given; kiln tensors have 1 to 4", what, n_dims);
-        return false;
-    }
+    if (n_dims < 1 || n_dims > KILN_MAX_DIMS || !ne)
+        return fe_reject(ctx, KILN_ERR_SHAPE, "%s: %d dims given; kiln tensors have 1 to 4", what, n_dims);
     int64_t total = 1;
     for (int i = 0; i < 4; i++) {
         sym[i] = 0;
         if (i < n_dims && !fe_resolve_extent(ctx, what, ne[i], &out[i], &sym[i])) return false;
         if (i >= n_dims) out[i] = 1;
-        if (out[i] < 1) {
-            fe_failf(ctx, KILN_ERR_SHAPE, "%s: dim %d is %lld; dims must be >= 1", what, i,
-                     (long long)out[i]);
-            return false;
-        }
-        if (out[i] > ((int64_t)1 << 48) / total) {
-            fe_failf(ctx, KILN_ERR_SHAPE, "%s: shape too large (more than 2^48 elements)", what);
-            return false;
-        }
+        if (out[i] < 1)
+            return fe_reject(ctx, KILN_ERR_SHAPE, "%s: dim %d is %lld; dims must be >= 1", what, i, (long long)out[i]);
+        if (out[i] > ((int64_t)1 << 48) / total)
+            return fe_reject(ctx, KILN_ERR_SHAPE, "%s: shape too large (more than 2^48 elements)", what);
         total *= out[i];
     }
     return true;
@@ -254,6 +259,13 @@ kiln_tensor *kiln_new_tensor(kiln_ctx *ctx, kiln_role role, kiln_type type, cons
         return NULL;
     }
     if (!name_free(ctx, name, NULL)) return NULL;
+    if (kiln_type_is_quantized(type) && role != KILN_ROLE_WEIGHT) {
+        /* Quantized data is made once (a file's weights) and converted to the device layout on
+         * upload (templates/quant.lua); per-run inputs and states are f32, f16 or bf16. */
+        fe_failf(ctx, KILN_ERR_INVALID, "new tensor '%s': a %s tensor must be a weight (inputs and states are "
+                                        "f32, f16, bf16, i32 or i64)", name, kiln_type_name(type));
+        return NULL;
+    }
     int64_t d[4];
     uint8_t sym[4];
     char what[FE_MAX_NAME + 16];

@@ -28,7 +28,7 @@
 
 #define CAT_MAX 8
 
-static bool plain_mul_mat(const ir_node *n) { return ir_plain_op(n) && n->op == FE_OP_MUL_MAT; }
+static bool plain_mul_mat(const ir_node *n) { return ir_plain_op(n) && n->op == FE_OP_MUL_MAT && !ir_quant_weight(n); }
 
 /* The node's weight, when it may join a block: a whole, natural, 2-D weight of its own. */
 static const ir_ref *block_weight(const ir_prog *p, const ir_node *n) {

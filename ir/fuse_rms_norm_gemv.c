@@ -65,7 +65,8 @@ static bool fuse_one(ir_prog *p, int ri) {
         const ir_ref *b = m->dead || m->kind != IR_OP ? NULL : ir_operand(m, 1);
         if (!b || b->buf != r->dst.buf) continue;
         const ir_ref *a = ir_operand(m, 0);
-        if (m->op != FE_OP_MUL_MAT || m->bnorm || !ir_ref_is_natural(p, b) || !a || a->ne[0] != k || a->sym[0] ||
+        if (m->op != FE_OP_MUL_MAT || m->bnorm || !ir_ref_is_natural(p, b) || !a || kiln_type_is_quantized(a->type) ||
+            a->ne[0] != k || a->sym[0] ||
             m->nin + 1 > IR_MAX_IN || m->nsrc + r->nsrc > IR_MAX_INSTR || !unchanged(p, x->buf, ri, mi))
             return false;
         m->in[m->opd[1]] = *x;

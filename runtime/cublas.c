@@ -8,18 +8,14 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <string.h>
 
 static rt_cublas_api  g_api;
 static kiln_status    g_err;
 static bool           g_ok;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
-#define RT_BLAS_SYM(field, sym) {offsetof(rt_cublas_api, field), #sym}
-static const struct {
-    size_t      off;
-    const char *sym;
-} g_syms[] = {
+#define RT_BLAS_SYM(field, sym) RT_DL_SYM(rt_cublas_api, field, sym)
+static const rt_dl_sym g_syms[] = {
     RT_BLAS_SYM(Create, cublasCreate_v2),
     RT_BLAS_SYM(Destroy, cublasDestroy_v2),
     RT_BLAS_SYM(SetStream, cublasSetStream_v2),
@@ -47,13 +43,10 @@ static void do_init(void) {
                          why ? why : "not found");
         return;
     }
-    for (size_t i = 0; i < sizeof g_syms / sizeof g_syms[0]; i++) {
-        void *f = dlsym(lib, g_syms[i].sym);
-        if (!f) {
-            g_err = kb_error(KILN_ERR_NO_GPU, "cuBLAS has no entry point %s (too old?)", g_syms[i].sym);
-            return;
-        }
-        memcpy((char *)&g_api + g_syms[i].off, &f, sizeof f);
+    const char *missing = rt_dl_bind(lib, &g_api, g_syms, sizeof g_syms / sizeof g_syms[0]);
+    if (missing) {
+        g_err = kb_error(KILN_ERR_NO_GPU, "cuBLAS has no entry point %s (too old?)", missing);
+        return;
     }
     g_ok = true;
 }

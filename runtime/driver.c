@@ -39,11 +39,8 @@ kiln_status rt_cuda_error(rt_cures r, const char *call, const char *what_fmt, ..
 }
 
 /* Every entry point: field offset in g_api and the exported symbol. */
-#define RT_SYM(field, sym) {offsetof(rt_cuda_api, field), #sym}
-static const struct {
-    size_t      off;
-    const char *sym;
-} g_syms[] = {
+#define RT_SYM(field, sym) RT_DL_SYM(rt_cuda_api, field, sym)
+static const rt_dl_sym g_syms[] = {
     RT_SYM(Init, cuInit),
     RT_SYM(DriverGetVersion, cuDriverGetVersion),
     RT_SYM(DeviceGetCount, cuDeviceGetCount),
@@ -91,6 +88,17 @@ static const struct {
     RT_SYM(GetErrorString, cuGetErrorString),
 };
 
+const char *rt_dl_bind(void *lib, void *api, const rt_dl_sym *syms, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        dlerror();
+        void *f = dlsym(lib, syms[i].sym);
+        if (!f) return syms[i].sym;
+        /* memcpy, not a cast: ISO C has no conversion from void * to a function pointer */
+        memcpy((char *)api + syms[i].off, &f, sizeof f);
+    }
+    return NULL;
+}
+
 static void do_init(void) {
     const char *env = getenv("KILN_LIBCUDA"); /* test hook: a specific library, or a bad path */
     char first_err[512] = "";
@@ -122,18 +130,14 @@ static void do_init(void) {
 
     rt_cuda_api api;
     memset(&api, 0, sizeof api);
-    for (size_t i = 0; i < sizeof g_syms / sizeof g_syms[0]; i++) {
-        dlerror();
-        void *f = dlsym(g_lib, g_syms[i].sym);
-        if (!f) {
-            g_init_err = kb_error(KILN_ERR_NO_GPU,
-                                  "the CUDA driver library lacks %s (the installed NVIDIA driver "
-                                  "is too old, or the library is not libcuda); update the NVIDIA "
-                                  "driver",
-                                  g_syms[i].sym);
-            return;
-        }
-        memcpy((char *)&api + g_syms[i].off, &f, sizeof f);
+    const char *missing = rt_dl_bind(g_lib, &api, g_syms, sizeof g_syms / sizeof g_syms[0]);
+    if (missing) {
+        g_init_err = kb_error(KILN_ERR_NO_GPU,
+                              "the CUDA driver library lacks %s (the installed NVIDIA driver "
+                              "is too old, or the library is not libcuda); update the NVIDIA "
+                              "driver",
+                              missing);
+        return;
     }
     void *ex = dlsym(g_lib, "cuLaunchKernelEx");
     memcpy(&api.LaunchKernelEx, &ex, sizeof ex);

@@ -11,14 +11,52 @@
 
 #include <stdlib.h>
 
-static kiln_status fill_one(kiln_session *s, const rt_util_kernel *k, int i, const kiln_weight_init *w) {
+/* Random blocks of a quantized weight (templates/util.lua's fill_quant): the f16 scale (and
+ * min) per type so that values span about ±scale — a benchmark's weights, not a file's. */
+static kiln_status fill_quant(kiln_session *s, const rt_util_kernel *k, int i, const kiln_weight_init *w) {
+    const ir_buf *b = &s->bufs[i];
+    float         sc = w->scale != 0 ? w->scale : 1, d, dmin = 0;
+    switch (b->type) {
+    case KILN_Q8_0: d = sc / 128; break;
+    case KILN_Q4_0: d = sc / 8; break;
+    case KILN_Q4_K: d = sc / (63 * 15), dmin = sc / 126; break;
+    case KILN_Q5_K: d = sc / (63 * 31), dmin = sc / 126; break;
+    default: d = sc / (128 * 32); break; /* q6_K */
+    }
+    bool               split = kb_quant_split(b->type);
+    rt_cuptr           dst = s->dptr[i];
+    unsigned long long nblocks = b->bytes / kiln_type_size(b->type), key = w->key;
+    int                words = (int)((split ? kiln_type_size(b->type) - 2 : kiln_type_size(b->type)) / 4);
+    int                sp = split;
+    unsigned           dh = kb_f32_to_f16(d), mh = kb_f32_to_f16(dmin);
+    void              *args[] = {&dst, &nblocks, &words, &sp, &key, &dh, &mh};
+    unsigned long long blocks = (nblocks + k->block - 1) / k->block;
+    unsigned           grid = blocks < k->grid ? (unsigned)blocks : k->grid;
+    rt_cures           r = s->cu->LaunchKernel(k->fn, grid, 1, 1, k->block, 1, 1, 0, s->stream, args, NULL);
+    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuLaunchKernel", "filling weight '%s'", b->name);
+    return NULL;
+}
+
+static kiln_status upload_host(kiln_session *s, int i, const void *host) {
+    const ir_buf *b = &s->bufs[i];
+    void         *conv = NULL;
+    if (kb_quant_split(b->type)) { /* the device layout (templates/quant.lua) */
+        if (!(conv = malloc(b->bytes))) return kb_oom();
+        kb_quant_to_device(b->type, host, conv, b->bytes);
+        host = conv;
+    }
+    rt_cures r = s->cu->MemcpyHtoD(s->dptr[i], host, b->bytes);
+    free(conv);
+    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuMemcpyHtoD", "uploading weight '%s'", b->name);
+    return NULL;
+}
+
+static kiln_status fill_one(kiln_session *s, const rt_util_kernel *k, const rt_util_kernel *kq, int i,
+                            const kiln_weight_init *w) {
     const ir_buf *b = &s->bufs[i];
     rt_cures      r;
-    if (w->host) {
-        if ((r = s->cu->MemcpyHtoD(s->dptr[i], w->host, b->bytes)) != RT_CUDA_SUCCESS)
-            return rt_cuda_error(r, "cuMemcpyHtoD", "uploading weight '%s'", b->name);
-        return NULL;
-    }
+    if (w->host) return upload_host(s, i, w->host);
+    if (kiln_type_is_quantized(b->type)) return fill_quant(s, kq, i, w);
     if (b->type != KILN_F32 && b->type != KILN_F16 && b->type != KILN_BF16)
         return kb_error(KILN_ERR_INVALID, "kiln_session_fill_weights: weight '%s' is %s; random fills are f32, "
                                               "f16 or bf16", b->name, kiln_type_name(b->type));
@@ -40,16 +78,18 @@ kiln_status kiln_session_fill_weights(kiln_session *s, kiln_weight_init_fn init,
     if (s->primary) return kb_error(KILN_ERR_INVALID, "%s: a variant session shares its primary's weights", fn);
     if (s->chain_unit) return kb_error(KILN_ERR_INVALID, "%s: a chain is open (kiln_session_chain_end first)", fn);
     kiln_status st = rt_make_current(s);
-    rt_util_kernel k = {0};
+    rt_util_kernel k = {0}, kq = {0};
     if (!st) st = rt_util_load("fill_uniform", s->arch, &k);
     for (int i = 0; !st && i < s->nbufs; i++) {
         const ir_buf *b = &s->bufs[i];
         if (b->kind != IR_BUF_WEIGHT || b->bytes == 0) continue;
+        if (kiln_type_is_quantized(b->type) && !kq.mod) st = rt_util_load("fill_quant", s->arch, &kq);
         kiln_weight_init w = {0};
-        if (!(st = init(user, b->name, b->type, b->ne, &w))) st = fill_one(s, &k, i, &w);
+        if (!st && !(st = init(user, b->name, b->type, b->ne, &w))) st = fill_one(s, &k, &kq, i, &w);
     }
     rt_cures r = s->cu->StreamSynchronize(s->stream);
     if (!st && r != RT_CUDA_SUCCESS) st = rt_cuda_error(r, "cuStreamSynchronize", "filling the weights");
     if (k.mod) s->cu->ModuleUnload(k.mod);
+    if (kq.mod) s->cu->ModuleUnload(kq.mod);
     return st;
 }

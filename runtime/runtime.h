@@ -130,6 +130,18 @@ typedef struct {
 } rt_util_kernel;
 kiln_status rt_util_load(const char *kernel, const char *arch, rt_util_kernel *out);
 
+/* One entry point of a dlopen'ed library: where it goes in an API struct of function pointers
+ * and the symbol it is exported as. RT_DL_SYM(rt_cuda_api, Init, cuInit) makes one. */
+typedef struct {
+    size_t      off;
+    const char *sym;
+} rt_dl_sym;
+#define RT_DL_SYM(api, field, sym) {offsetof(api, field), #sym}
+/* Resolves the n symbols of syms from lib into the struct at api. Returns NULL, or the name of
+ * the first symbol lib lacks (api then holds only those before it); the caller words the error,
+ * since what a missing symbol means differs per library (old driver, old cuBLAS). */
+const char *rt_dl_bind(void *lib, void *api, const rt_dl_sym *syms, size_t n);
+
 /* The resolved entry points; NULL until rt_driver_init has succeeded. */
 const rt_cuda_api *rt_cuda(void);
 /* The driver's CUDA version as reported by cuDriverGetVersion (e.g. 12080), 0 if unknown. */

@@ -732,7 +732,11 @@ static kiln_status upload(kiln_session *s, int i, const void *data, size_t bytes
     }
     void  *staging = NULL;
     size_t n = bytes;
-    if (rt_buf_symbolic(b)) {
+    if (kb_quant_split(b->type)) { /* the device layout of q8_0, q4_0, q6_K (templates/quant.lua) */
+        if (!(staging = malloc(bytes))) return kb_oom();
+        kb_quant_to_device(b->type, data, staging, bytes);
+        data = staging;
+    } else if (rt_buf_symbolic(b)) {
         staging = calloc(1, b->bytes);
         if (!staging) return kb_oom();
         n = rt_repack(s, b, staging, (void *)data, true);
@@ -800,10 +804,10 @@ kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size
     const ir_buf *b = &u->bufs[i];
     void         *staging = NULL;
     size_t        n = bytes;
-    if (rt_buf_symbolic(b)) {
+    if (rt_buf_symbolic(b) || kb_quant_split(b->type)) {
         staging = malloc(b->bytes);
         if (!staging) return kb_oom();
-        n = padded_used(u, b);
+        n = rt_buf_symbolic(b) ? padded_used(u, b) : bytes;
     }
     rt_cures r = u->cu->StreamSynchronize(u->stream);
     /* Small outputs (logits) come through a pinned copy: a DMA straight into it instead of
@@ -814,7 +818,8 @@ kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size
         r = u->cu->MemcpyDtoH(pin, u->dptr[i], n);
     if (pin && r == RT_CUDA_SUCCESS) memcpy(data, pin, n);
     else if (r == RT_CUDA_SUCCESS) r = u->cu->MemcpyDtoH(staging ? staging : data, u->dptr[i], n);
-    if (r == RT_CUDA_SUCCESS && staging) rt_repack(u, b, staging, data, false);
+    if (r == RT_CUDA_SUCCESS && staging && kb_quant_split(b->type)) kb_quant_from_device(b->type, staging, data, n);
+    else if (r == RT_CUDA_SUCCESS && staging) rt_repack(u, b, staging, data, false);
     free(staging);
     if (r != RT_CUDA_SUCCESS)
         return rt_cuda_error(r, "cuMemcpyDtoH", "copying %zu bytes out of %s '%s'", n, kind_name(b->kind),

@@ -107,12 +107,24 @@ kiln_status kiln_session_load_weights(kiln_session *s, kiln_weight_fn get, void 
                           b->bytes);
             break;
         }
+        /* q8_0, q4_0 and q6_K go to the device in its layout (templates/quant.lua): converted
+         * here in one piece, since a block's scale moves to the end of the buffer. */
+        uint8_t *conv = NULL;
+        if (kb_quant_split(b->type)) {
+            if (!(conv = malloc(b->bytes))) {
+                st = kb_oom();
+                break;
+            }
+            kb_quant_to_device(b->type, src, conv, b->bytes);
+            src = conv;
+        }
         for (size_t at = 0; !st && at < b->bytes; at += STAGE_BYTES, k ^= 1) {
             size_t n = b->bytes - at < STAGE_BYTES ? b->bytes - at : STAGE_BYTES;
             st = send_block(s, &sg, k, s->dptr[i] + at, src + at, n, jobs, b->name);
             done += n;
             if (!st && progress) progress(progress_user, done, total);
         }
+        free(conv); /* send_block copied it into pinned staging before returning */
     }
     rt_cures r = s->cu->StreamSynchronize(s->stream);
     if (!st && r != RT_CUDA_SUCCESS) st = rt_cuda_error(r, "cuStreamSynchronize", "finishing the weight upload");

@@ -42,6 +42,7 @@ local kit = require("kit")
 local tpl = require("tpl")
 local prelude = require("prelude")
 local gemv_rope = require("gemv_rope")
+local quant = require("quant")
 
 local SIZE = { f32 = 4, f16 = 2, bf16 = 2 }
 local INT_MAX = 2147483647
@@ -186,7 +187,7 @@ end
 local function shape_of(k, vdst)
     local a, b, d = k.args.a, k.args.b, vdst or k.dst
     check_ref(d, "dst", { f32 = true })
-    check_ref(a, "a", { f32 = true, f16 = true, bf16 = true })
+    check_ref(a, "a", { f32 = true, f16 = true, bf16 = true, q8_0 = true, q4_0 = true, q4_K = true, q5_K = true, q6_K = true })
     check_ref(b, "b", { f32 = true })
     local s = {
         a = a, b = b, d = d, ta = a.type, es = SIZE[a.type],
@@ -1710,9 +1711,128 @@ local function via_scratch(k)
     return { scratch = scratch, steps = steps, epilogue = k.epilogue ~= nil, paired = k.pair ~= nil }
 end
 
+-- ---- quantized weights (templates/quant.lua) --------------------------------------------------
+
+local QGEMV_WARPS = 4 -- warps per block of the quantized gemv
+local QGEMV_R = 4     -- rows per warp: each load of b serves them all
+
+-- The fused gemv of a quantized a (one column): nil when b's layout does not allow its
+-- 16-byte loads (contiguous, 4-float aligned columns) or a dim is symbolic.
+local function qgemv(k, s)
+    local ti = quant.TYPES[s.ta]
+    if s.C ~= 1 or s.dyn then return nil end
+    if s.K > 1 and s.sb[1] ~= 1 then return nil end
+    if s.b.offs % 4 ~= 0 then return nil end
+    for d = 3, 4 do if s.sb[d] % 4 ~= 0 then return nil end end
+    quant.check_blocks(s.a, fail, "a")
+    local BL, UB = ti.block, ti.ub
+    local NU = s.K // BL * UB
+    local NI = ceil_div(NU, 32)
+    local b = builder()
+    b.push()
+    for _, l in ipairs(quant.pointers(s.a, fail)) do b.add("%s", l) end
+    b.add("const float *const B = (const float *)p%d%s;", s.b.param, s.b.offs ~= 0 and " + " .. lit(s.b.offs) or "")
+    b.add("float *const Y = (float *)p%d%s;", s.d.param, s.d.offs ~= 0 and " + " .. lit(s.d.offs) or "")
+    local R = QGEMV_R
+    b.add("const unsigned lane = threadIdx.x & 31u, row0 = (blockIdx.x * %du + (threadIdx.x >> 5)) * %du;", QGEMV_WARPS, R)
+    decl_batch(b, s, "blockIdx.y")
+    local sa = s.sa
+    -- Rows past M (the last warp's) read row M - 1 again and store nothing.
+    b.add("long long blk0[%d];", R)
+    b.add("#pragma unroll")
+    b.add("for (int r = 0; r < %d; r++)", R)
+    b.add("    blk0[r] = %s;", sum({ lit(s.a.offs // BL), term64(s.M % (R * QGEMV_WARPS) ~= 0 and
+        string.format("min(row0 + r, %du)", s.M - 1) or "(row0 + r)", sa[2] // BL),
+        s.A2 > 1 and term64("ja2", sa[3] // BL) or nil, s.A3 > 1 and term64("ja3", sa[4] // BL) or nil }))
+    b.add("const float *const bk = B + %s;", sum({ s.A2 > 1 and term64("ja2", s.sb[3]) or nil,
+        s.A3 > 1 and term64("ja3", s.sb[4]) or nil }))
+    b.add("float acc[%d] = {%s};", R, string.rep("0.0f", R, ", "))
+    b.add("#pragma unroll")
+    b.add("for (int i = 0; i < %d; i++) {", NI)
+    b.push()
+    b.add("const int u = (int)lane + 32 * i;")
+    if NU % 32 ~= 0 then
+        b.add("if (u >= %d)", NU)
+        b.add("    break;")
+    end
+    local ub = UB > 1 and string.format("u / %d", UB) or "u"
+    local part = UB > 1 and string.format("u %% %d", UB) or "0"
+    b.add("float x[32];")
+    b.add("kiln_qx_%s(bk + (long long)(%s) * %d, %s, x);", s.ta, ub, BL, part)
+    b.add("float t0 = 0.0f, t1 = 0.0f; /* the sums of x's halves (the K-quants' mins) */")
+    if s.ta == "q4_K" or s.ta == "q5_K" then
+        b.add("#pragma unroll")
+        b.add("for (int j = 0; j < 16; j++)")
+        b.add("    t0 += x[j], t1 += x[16 + j];")
+    end
+    b.add("#pragma unroll")
+    b.add("for (int r = 0; r < %d; r++)", R)
+    b.add("    acc[r] += kiln_qdot_%s(W, D, blk0[r] + %s, %s, x, t0, t1);", s.ta, ub, part)
+    b.pop()
+    b.add("}")
+    b.add("#pragma unroll")
+    b.add("for (int r = 0; r < %d; r++) {", R)
+    b.add("#pragma unroll")
+    b.add("    for (int o = 16; o > 0; o >>= 1)")
+    b.add("        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);")
+    b.add("}")
+    local guard = s.M % (R * QGEMV_WARPS) ~= 0 and string.format(" && row0 + r < %du", s.M) or ""
+    b.add("#pragma unroll")
+    b.add("for (int r = 0; r < %d; r++)", R)
+    b.add("    if (lane == r%s)", guard)
+    b.add("        Y[%s] = acc[r];", sum({ term64("(row0 + r)", s.sd[1]), s.A2 > 1 and term64("ja2", s.sd[3]) or nil,
+        s.A3 > 1 and term64("ja3", s.sd[4]) or nil }))
+    local name = short_name(string.format("mul_mat_qgemv_%s_%dx%d%s", s.ta, s.K, s.M, s.NG > 1 and "x" .. s.NG or ""))
+    local notes = {
+        string.format("quantized gemv: %d rows of %d %s elements (%d blocks), %d rows a warp (one load of b serves them), %d units of 32 per lane",
+            s.M, s.K, s.ta, s.K // BL, QGEMV_R, NI),
+    }
+    local source = kit.kernel {
+        head = { "kiln matmul kernel " .. name,
+            "mul_mat: dst " .. dims(s.d.ne) .. " f32 = b " .. dims(s.b.ne) .. " f32 · a " .. dims(s.a.ne) .. " " .. s.ta .. "ᵀ" },
+        notes = notes, pre = "", blocks = { quant.helpers(s.ta, true, false) }, inline = true, name = name,
+        threads = 32 * QGEMV_WARPS, params = table.concat(param_list(k), ", "), body = b.lines,
+    }
+    return { name = name, source = source, grid = { ceil_div(s.M, QGEMV_WARPS * QGEMV_R), s.NG, 1 },
+        block = { 32 * QGEMV_WARPS, 1, 1 }, smem = 0 }
+end
+
+-- mul_mat with a quantized a: the fused gemv, else a dequantized to f16 in the scratch and the
+-- f16 plan on it (the gemm plan's own scratch after it).
+local function quant_matmul(k)
+    if k.epilogue or k.pair or k.bnorm or k.tail then
+        fail("quantized weights take no fused epilogue, paired weight, norm or tail (the passes leave them unfused)")
+    end
+    local s = shape_of(k)
+    local r = qgemv(k, s)
+    if not r then
+        local sk0 = {}
+        for key, x in pairs(k) do sk0[key] = x end
+        sk0.scratch_dst = true
+        local step, bytes = quant.dequant_step(k.nparams, table.concat(param_list(sk0), ", "), s.a, 0, "a", fail,
+            "mul_mat_dq_")
+        local sk = {}
+        for key, x in pairs(k) do sk[key] = x end
+        sk.args = {}
+        for key, x in pairs(k.args) do sk.args[key] = x end
+        local a = s.a
+        sk.args.a = { type = "f16", ne = a.ne, st = { 1, a.ne[1], a.ne[1] * a.ne[2], a.ne[1] * a.ne[2] * a.ne[3] }, offs = 0,
+            param = k.nparams, dyn = a.dyn, sym = a.sym }
+        sk.scratch_dst = true
+        sk.scratch_base = (bytes + 255) // 256 * 256
+        local sub = plan(sk, shape_of(sk))
+        local steps = { step }
+        for _, st in ipairs(sub.steps or { sub }) do steps[#steps + 1] = st end
+        r = { scratch = math.max(sk.scratch_base, sub.scratch or 0), steps = steps }
+    end
+    if s.kdims then r.dynamic = true end
+    return r
+end
+
 return function(k)
     if k.kind ~= "op" then fail("node kind %s is not op", tostring(k.kind)) end
     if k.op ~= "mul_mat" then fail("unknown op %s", tostring(k.op)) end
+    if k.args and k.args.a and quant.is(k.args.a.type) then return quant_matmul(k) end
     if not (k.epilogue or k.pair or k.bnorm or k.tail) then
         local s = shape_of(k)
         local r = plan(k, s)

@@ -32,6 +32,7 @@
 --      every output element is the same sum whatever its place in a tile, so results are
 --      identical run to run.
 
+local quant = require("quant")
 local kit = require("kit")
 local tpl = require("tpl")
 local prelude = require("prelude")
@@ -1070,7 +1071,32 @@ prefill = function(p)
     return { scratch = p.base + s.bytes, steps = { prep(p, s), main(p, s) } }
 end
 
-return function(k)
+-- Quantized experts: all of as dequantized into the scratch as f16 (templates/quant.lua), then
+-- the f16 plans on it, their own scratch after it. (Correct at every size; a fused quantized
+-- expert GEMV is future work: this reads and writes every expert at decode.)
+local function quant_id(k, run)
+    if k.epilogue or k.pair then fail("quantized experts take no fused epilogue or paired weight") end
+    local as = k.args.as
+    local plist = {}
+    for i = 0, k.nparams - 1 do plist[#plist + 1] = (i == k.dst.param and "char" or "const char") .. " *__restrict__ p" .. i end
+    plist[#plist + 1] = "char *__restrict__ p" .. k.nparams
+    if k.dims and #k.dims > 0 then plist[#plist + 1] = "const int* __restrict__ kdims" end
+    local step, bytes = quant.dequant_step(k.nparams, table.concat(plist, ", "), as, 0, "as", fail, "mul_mat_id_dq_")
+    local sk = {}
+    for key, x in pairs(k) do sk[key] = x end
+    sk.args = {}
+    for key, x in pairs(k.args) do sk.args[key] = x end
+    sk.args.as = { type = "f16", ne = as.ne, st = { 1, as.ne[1], as.ne[1] * as.ne[2], as.ne[1] * as.ne[2] * as.ne[3] },
+        offs = 0, param = k.nparams, dyn = as.dyn, sym = as.sym }
+    sk.scratch_dst = true
+    sk.scratch_base = (bytes + 255) // 256 * 256
+    local sub = run(sk)
+    local steps = { step }
+    for _, st in ipairs(sub.steps or { sub }) do steps[#steps + 1] = st end
+    return { scratch = math.max(sk.scratch_base, sub.scratch or 0), steps = steps, dynamic = sub.dynamic }
+end
+
+local function plain(k)
     local p = problem(k)
     if k.pair and not (k.epilogue and k.epilogue.values == 2) then fail("a paired weight needs an epilogue over 2 values") end
     local r
@@ -1085,4 +1111,9 @@ return function(k)
     end
     if p.kdims then r.dynamic = true end
     return r
+end
+
+return function(k)
+    if k.args and k.args.as and quant.is(k.args.as.type) then return quant_id(k, plain) end
+    return plain(k)
 end

@@ -23,6 +23,7 @@
 -- Values are copied bit for bit where types agree; offsets are 64-bit (long long), positions
 -- inside a row 32-bit.
 
+local quant = require("quant")
 local kit = require("kit")
 local tpl = require("tpl")
 local prelude = require("prelude")
@@ -325,6 +326,7 @@ end
 local OPS = {}
 
 function OPS.get_rows(k)
+    if k.args and k.args.a and quant.is(k.args.a.type) then return quant.get_rows(k, fail) end
     local K = start(k)
     local a, ids = input(K, "a"), input(K, "ids")
     if not prelude.ctype[a.type] or ids.type ~= "i32" then fail("get_rows: types %s, %s", a.type, ids.type) end

@@ -8,6 +8,8 @@
 --     kiln_model_write_random (model/random.c) writes into a file. The products and sums are the
 --     _rn intrinsics so that NVRTC does not contract them into an FMA, whose single rounding the
 --     host's code (two roundings) would not match.
+--   * fill_quant: the same for quantized weights: random blocks with a fixed scale (they are not
+--     the values a file of kiln gen-model holds; benchmarks only read their bytes).
 --   * l2_read: kiln_device_flush_l2 (runtime/device.c) reads a buffer of four times the L2 (the
 --     driver has no read-only operation; a memset would leave the L2 full of dirty lines, whose
 --     write-back the timed kernel would pay for: about 10% of a 117 MB GEMV on the H100).
@@ -69,16 +71,44 @@ extern "C" __global__ void ${name}(const uint4 *p, unsigned long long n, unsigne
 }
 ]]
 
+local fill_quant = tpl.define [[
+// kiln utility kernel ${name}: random blocks of a quantized weight in its device layout
+// (templates/quant.lua), one thread a block in a grid-stride loop, launched by
+// kiln_session_fill_weights with at most ${FILL_GRID} blocks of ${BLOCK} threads. Each block's
+// bytes are random words; the f16 scale (and q4_K/q5_K's min) is set to d (dmin), so values
+// span about the weight's scale. split: the block's `words` words, then the scales after all
+// blocks; else `words` words a block whose first holds d and dmin.
+extern "C" __global__ void ${name}(unsigned *dst, unsigned long long nblocks, int words, int split,
+                                             unsigned long long key, unsigned d, unsigned dmin)
+{
+    unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long b = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; b < nblocks; b += step) {
+        unsigned *p = dst + b * (unsigned long long)words;
+        for (int w = 0; w < words; w++) {
+            unsigned long long z = key + (b * (unsigned long long)words + (unsigned long long)w) * 0x9e3779b97f4a7c15ull;
+            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+            z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+            p[w] = (unsigned)((z ^ (z >> 31)) >> 16);
+        }
+        if (split)
+            ((unsigned short *)(dst + nblocks * (unsigned long long)words))[b] = (unsigned short)d;
+        else
+            p[0] = d | (dmin << 16);
+    }
+}
+]]
+
 -- Each kernel: its entry point, its template and its grid cap.
 local KERNELS = {
     fill_uniform = { name = "kiln_fill_uniform", text = fill_uniform, grid = FILL_GRID },
     l2_read = { name = "kiln_l2_read", text = l2_read, grid = FLUSH_GRID },
+    fill_quant = { name = "kiln_fill_quant", text = fill_quant, grid = FILL_GRID },
 }
 
 return function(k)
     if type(k) ~= "table" or k.kind ~= "util" then fail("expected a table of kind \"util\"") end
     local u = KERNELS[k.kernel]
-    if not u then fail("unknown utility kernel %s (fill_uniform, l2_read)", tostring(k.kernel)) end
+    if not u then fail("unknown utility kernel %s (fill_uniform, l2_read, fill_quant)", tostring(k.kernel)) end
     local env = { name = u.name, BLOCK = BLOCK, FILL_GRID = FILL_GRID, FLUSH_GRID = FLUSH_GRID }
     return { name = u.name, source = u.text(env), grid = { u.grid, 1, 1 }, block = { BLOCK, 1, 1 } }
 end

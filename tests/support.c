@@ -29,6 +29,11 @@ void ts_rmtree(const char *dir) {
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
 }
 
+void ts_tmpdir_free(char *dir) {
+    ts_rmtree(dir);
+    free(dir);
+}
+
 void ts_ctx_error(kiln_ctx *ctx, kiln_code code, const char *needle) {
     kiln_status st = kiln_ctx_status(ctx);
     ck_assert_msg(st != NULL, "the context holds no error");
@@ -169,7 +174,7 @@ static void ts_put(void *user, const char *name, kiln_type type, int64_t n, cons
     ts_buf *b = user;
     for (int i = 0; b[i].name; i++)
         if (!strcmp(b[i].name, name) && !b[i].data) {
-            size_t bytes = (size_t)n * kiln_type_size(type);
+            size_t bytes = kiln_row_size(type, n);
             b[i].out = malloc(bytes ? bytes : 1);
             ck_assert_ptr_nonnull(b[i].out);
             memcpy(b[i].out, data, bytes);
@@ -342,7 +347,7 @@ void ts_use_buf(ir_prog *p, const ir_ref *r, const char *name) {
     b->kind = IR_BUF_TEMP;
     snprintf(b->name, sizeof b->name, "%s", name);
     for (int d = 0; d < 4; d++) b->ne[d] = r->ne[d];
-    b->bytes = kiln_type_size(r->type) * (size_t)(r->ne[0] * r->ne[1] * r->ne[2] * r->ne[3]);
+    b->bytes = kiln_row_size(r->type, r->ne[0]) * (size_t)(r->ne[1] * r->ne[2] * r->ne[3]);
 }
 
 ir_ref ts_ref4(int buf, kiln_type t, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
@@ -498,7 +503,7 @@ static ir_prog *eval_ir(const kiln_graph *g, bool fuse, const char *skip, uint64
         const ir_buf *buf = &p->bufs[b];
         (*data)[b] = calloc(1, buf->bytes + 1);
         if (buf->kind == IR_BUF_INPUT || buf->kind == IR_BUF_WEIGHT)
-            kb_fill_random((*data)[b], buf->type, (int64_t)(buf->bytes / kiln_type_size(buf->type)),
+            kb_fill_random((*data)[b], buf->type, (int64_t)(buf->bytes / kiln_type_size(buf->type)) * kiln_type_block(buf->type),
                            seed + name_seed(buf->name));
     }
     TS_OK(ir_eval(p, *data));
@@ -521,7 +526,7 @@ double ts_fusion_compare(const char *kg, const char *skip, int *live, char **ir_
     for (int b = 0; b < pu->nbufs; b++) {
         const ir_buf *buf = &pu->bufs[b];
         if (buf->kind != IR_BUF_OUTPUT) continue;
-        int64_t n = (int64_t)(buf->bytes / kiln_type_size(buf->type));
+        int64_t n = (int64_t)(buf->bytes / kiln_type_size(buf->type)) * kiln_type_block(buf->type);
         for (int64_t i = 0; i < n; i++) {
             double a = kb_load_f32(df[b], buf->type, i), r = kb_load_f32(du[b], buf->type, i);
             double d = a == r ? 0 : fabs(a - r) / (fabs(r) > 1 ? fabs(r) : 1);

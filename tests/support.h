@@ -22,6 +22,8 @@
 char *ts_tmpdir(void);
 /* rm -rf */
 void  ts_rmtree(const char *dir);
+/* The end of a ts_tmpdir: removes the tree and frees the string. */
+void  ts_tmpdir_free(char *dir);
 /* Asserts that a builder call failed on ctx: its status has code (unless 0) and a message holding
  * needle (unless NULL). Frees the status and ctx. */
 void ts_ctx_error(kiln_ctx *ctx, kiln_code code, const char *needle);

@@ -503,8 +503,7 @@ START_TEST(cli_gen_graph) {
     free(out);
     ck_assert_int_eq(kiln("gen-graph --preset tiny --n-ctx zero", &out), 2);
     free(out);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 

@@ -167,8 +167,7 @@ START_TEST(round_trip) {
     kiln_status_free(st);
     parsed_free(&p);
     kiln_bundle_free(b);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -198,8 +197,7 @@ START_TEST(other_arch_refused) {
     kiln_status_free(st);
     parsed_free(&p);
     kiln_bundle_free(b);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -225,8 +223,7 @@ START_TEST(writing_is_deterministic) {
     ts_run(cmd, &out);
     ck_assert_msg(atoi(out) == 0, "temporary files left: %s", out);
     free(out);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -465,8 +462,7 @@ START_TEST(cli_bundles) {
     rc = ts_run(cmd, &out);
     ck_assert_msg(rc == 2, "%s: exit %d\n%s", cmd, rc, out);
     free(out);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 

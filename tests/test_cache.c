@@ -317,8 +317,7 @@ START_TEST(put_get_roundtrip) {
     ck_assert_int_eq(tmps, 0);
     free(ppath);
     free(path);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -337,8 +336,7 @@ START_TEST(miss_on_absent) {
     TS_OK(kc_put(&d, KC_CUBIN, key_n(1), NULL, "y", 1));
     expect_hit(&d, key_n(1), "y", 1);
     free(deep);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -378,8 +376,7 @@ START_TEST(modes) {
     ck_assert_int_ge(mtime_of(path), ((int64_t)time(NULL) - 60) * 1000000000);
 
     free(path);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -550,8 +547,7 @@ START_TEST(corruption_detected) {
     }
 
     free(path);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -636,8 +632,7 @@ START_TEST(other_format_version_is_a_miss) {
     ck_assert_int_eq(lc.lines, 0);
     free(p1);
     free(p3);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -674,8 +669,7 @@ START_TEST(corruption_readonly_keeps_file) {
     ck_assert_ptr_null(data);
     ck_assert_int_eq(lc.lines, 2);
     free(path);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -735,8 +729,7 @@ START_TEST(corruption_logs_to_stderr) {
     ck_assert(!file_exists(path));
     free(text);
     free(path);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -793,8 +786,7 @@ START_TEST(io_errors_name_the_path) {
 
     free(path);
     free(file);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -821,8 +813,7 @@ START_TEST(long_paths) {
     ck_assert(st != NULL || data == NULL);
     kiln_status_free(st);
     free(longdir);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -895,8 +886,7 @@ START_TEST(write_failures_warn_once) {
             TS_OK(kc_put(&next, KC_CUBIN, key_n(3), NULL, "later", 5));
             expect_hit(&next, key_n(3), "later", 5);
             ck_assert_int_eq(lc.lines, 1);
-            ts_rmtree(dir);
-            free(dir);
+            ts_tmpdir_free(dir);
         }
 }
 END_TEST
@@ -938,8 +928,7 @@ START_TEST(write_failure_warns_once_across_threads) {
     ck_assert_int_eq(atomic_load(&r[0].lines), 1);
     ck_assert_int_eq(c.write_errno, ENOSPC);
     ck_assert_int_eq(count_tmp(dir), 0);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -969,8 +958,7 @@ START_TEST(write_failure_on_stderr_once_per_process) {
     free(want);
     free(text);
     free(root);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -999,8 +987,7 @@ START_TEST(stale_temp_files_swept) {
     free(old);
     free(young);
     free(path);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -1130,8 +1117,7 @@ START_TEST(concurrent_writers) {
     count_entries(dir, &cubins, &tmps);
     ck_assert_int_eq(cubins, 1 + WRITERS * ROUNDS);
     ck_assert_int_eq(tmps, 0);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -1232,8 +1218,7 @@ START_TEST(walk_lists_entries_in_order) {
     TS_OK(kc_walk(&c, true, record, &s));
     ck_assert_int_eq(s.n, 3);
     free(bad);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -1308,8 +1293,7 @@ START_TEST(evict_removes_least_recently_used) {
     for (int i = 0; i < EV_N; i++) free(paths[i]);
     free(old_tmp);
     free(new_tmp);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -1368,8 +1352,7 @@ START_TEST(clear_removes_everything) {
     free(sub);
     free(tmp);
     free(other);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 

@@ -135,8 +135,7 @@ START_TEST(compile_goes_on_when_writes_fail) {
         ck_assert_int_eq(count_entries(dir), 0);
         ck_assert_int_eq(count_tmp(dir), 0);
         compiled_free(&got);
-        ts_rmtree(dir);
-        free(dir);
+        ts_tmpdir_free(dir);
     }
     compiled_free(&want);
 }
@@ -175,8 +174,7 @@ START_TEST(read_only_cache_still_hits) {
     compiled_free(&whole);
     compiled_free(&kernels);
     compiled_free(&first);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -196,8 +194,7 @@ START_TEST(cache_root_below_a_file) {
     assert_same_plan(&got, &want, "root below a file");
     compiled_free(&want);
     compiled_free(&got);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -226,8 +223,7 @@ START_TEST(eviction_failure_warns) {
     ck_assert_int_eq(count_entries(dir), 3); /* two kernels and the program */
     compiled_free(&got);
     compiled_free(&want);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -274,8 +270,7 @@ START_TEST(cli_compile_warns_once) {
     int   rc = kiln(NULL, args, &out);
     ck_assert_msg(rc == 0 && count_of(out, WARNING) == 1 && strstr(out, "wrote bundle"), "status %d: %s", rc, out);
     free(out);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -287,8 +282,7 @@ START_TEST(cli_bad_cache_setting_still_fails) {
     ck_assert_msg(rc != 0 && strstr(out, "KILN_CACHE") && strstr(out, "'sometimes'") && !strstr(out, WARNING),
                   "status %d: %s", rc, out);
     free(out);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 

@@ -195,16 +195,14 @@ START_TEST(eight_compiles_share_one_empty_cache) {
     /* A ninth compile is all hits: the whole program; without it, every kernel. */
     compile_again(work, graph, cache, 0, PROGRAM_HIT);
     char *programs = path_join(cache, "programs");
-    ts_rmtree(programs);
-    free(programs);
+    ts_tmpdir_free(programs);
     compile_again(work, graph, cache, 0, GRAPH_KERNELS);
 
     for (int i = 0; i < PROCS; i++) free(logs[i]);
     free(args);
     free(graph);
     free(cache);
-    ts_rmtree(work);
-    free(work);
+    ts_tmpdir_free(work);
 }
 END_TEST
 
@@ -301,8 +299,7 @@ START_TEST(one_key_many_writers_and_readers) {
     ck_assert_int_eq(tmps, 0);
     free(dir);
     free(done);
-    ts_rmtree(work);
-    free(work);
+    ts_tmpdir_free(work);
 }
 END_TEST
 
@@ -312,8 +309,7 @@ static char *cli_dir;
 
 static void cli_setup(void) { cli_dir = ts_tmpdir(); }
 static void cli_teardown(void) {
-    ts_rmtree(cli_dir);
-    free(cli_dir);
+    ts_tmpdir_free(cli_dir);
 }
 
 /* Two kernels and one program, with meta; returns the total bytes. */

@@ -16,10 +16,7 @@ static int kiln(const char *args, char **out) {
 }
 
 static void setup(void) { cache_dir = ts_tmpdir(); }
-static void teardown(void) {
-    ts_rmtree(cache_dir);
-    free(cache_dir);
-}
+static void teardown(void) { ts_tmpdir_free(cache_dir); }
 
 static const char *last_line(char *text) {
     size_t n = strlen(text);
@@ -146,8 +143,7 @@ START_TEST(compile_dump_and_output_file) {
     ck_assert_int_eq(kiln(args, &out), 0);
     ck_assert_msg(strstr(out, "checksum ok") && strstr(out, "target sm_90a: cubins"), "%s", out);
     free(out);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -165,8 +161,7 @@ START_TEST(parse_errors_name_the_position) {
     ck_assert_int_eq(kiln("compile /nonexistent/graph.kg", &out), 1);
     ck_assert_ptr_nonnull(strstr(out, "/nonexistent/graph.kg"));
     free(out);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 

@@ -669,8 +669,7 @@ START_TEST(template_dir) {
     TS_OK(gen_with_dir(only, &k));
     HAS(&k, "KILN_TEST_MARKER");
     cg_kernel_clear(&k);
-    ts_rmtree(only);
-    free(only);
+    ts_tmpdir_free(only);
     free(marked);
 
     /* a directory that does not exist is an error */
@@ -682,8 +681,7 @@ START_TEST(template_dir) {
     kiln_status_free(st);
 
     cg_kernel_clear(&base);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -764,8 +762,7 @@ START_TEST(template_errors) {
     ck_assert_uint_eq(k.block[1], 4);
     ck_assert_uint_eq(k.smem, 128);
     cg_kernel_clear(&k);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -853,8 +850,7 @@ START_TEST(template_steps) {
                       kiln_status_msg(st), bad[i].msg);
         kiln_status_free(st);
     }
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -898,8 +894,7 @@ START_TEST(node_table) {
     cg_kernel_clear(&k);
     ts_prog_free(p);
     cg_lua_free(L);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -1063,8 +1058,7 @@ START_TEST(grid_wait_prologue) {
         ck_assert_int_ge(globals, min_globals[f]);
         ck_assert_int_eq(dec, decs[f]);
         ts_compiled_free(prog, g, ctx);
-        ts_rmtree(dir);
-        free(dir);
+        ts_tmpdir_free(dir);
         free(text);
     }
 }

@@ -71,8 +71,7 @@ START_TEST(deterministic_sources_and_keys) {
     free(d2);
     drop(b1);
     drop(b2);
-    ts_rmtree(cache);
-    free(cache);
+    ts_tmpdir_free(cache);
 }
 END_TEST
 
@@ -89,8 +88,7 @@ START_TEST(nvrtc_compiles_for_sm90a_and_sm80) {
         ck_assert_str_ne(kiln_program_kernel_key(ba.p, i), kiln_program_kernel_key(bb.p, i));
     drop(ba);
     drop(bb);
-    ts_rmtree(cache);
-    free(cache);
+    ts_tmpdir_free(cache);
 }
 END_TEST
 
@@ -107,8 +105,7 @@ START_TEST(second_compile_is_all_cache_hits) {
     ck_assert_int_eq(s2.cached, 2);
     drop(b1);
     drop(b2);
-    ts_rmtree(cache);
-    free(cache);
+    ts_tmpdir_free(cache);
 }
 END_TEST
 
@@ -123,8 +120,7 @@ START_TEST(identical_kernels_compile_once) {
     ck_assert_int_eq(s.compiled, 1);
     ck_assert_str_eq(kiln_program_kernel_key(b.p, 0), kiln_program_kernel_key(b.p, 1));
     drop(b);
-    ts_rmtree(cache);
-    free(cache);
+    ts_tmpdir_free(cache);
 }
 END_TEST
 
@@ -167,8 +163,7 @@ START_TEST(flipped_byte_is_detected_and_rebuilt) {
     drop(b);
     g_no_program_cache = 0;
     free(entry);
-    ts_rmtree(cache);
-    free(cache);
+    ts_tmpdir_free(cache);
 }
 END_TEST
 
@@ -244,8 +239,7 @@ START_TEST(arch_below_sm80_is_refused) {
     kiln_status_free(st);
     FILE *f = fopen(path, "rb"); /* refused before anything was written */
     ck_assert_ptr_null(f);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
     ts_graph_free(g, ctx);
 }
 END_TEST

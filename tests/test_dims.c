@@ -301,8 +301,7 @@ START_TEST(cli_dim) {
     snprintf(cmd, sizeof cmd, "%s compile %s --dim n_kv --cache-dir %s/c 2>&1", ts_kiln_bin(), path, dir);
     ck_assert_int_eq(ts_run(cmd, &out), 2);
     free(out);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 

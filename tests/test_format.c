@@ -518,8 +518,7 @@ START_TEST(load_file) {
     ck_assert_int_eq(kiln_status_code(st), KILN_ERR_IO);
     kiln_status_free(st);
     kiln_ctx_free(ctx);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 

@@ -223,8 +223,7 @@ START_TEST(kernels_compile) {
     char *cache = ts_tmpdir();
     compile_kernels(_i, "sm_90a", cache);
     compile_kernels(_i, "sm_80", cache);
-    ts_rmtree(cache);
-    free(cache);
+    ts_tmpdir_free(cache);
 }
 END_TEST
 

@@ -364,8 +364,7 @@ START_TEST(kernels_compile) {
         free(kg);
     }
     ck_assert_int_eq(found, (int)(sizeof cases / sizeof cases[0]));
-    ts_rmtree(cache);
-    free(cache);
+    ts_tmpdir_free(cache);
 }
 END_TEST
 

@@ -955,10 +955,7 @@ START_TEST(cli_quantized_run) {
 END_TEST
 
 static void setup(void) { g_dir = ts_tmpdir(); }
-static void teardown(void) {
-    ts_rmtree(g_dir);
-    free(g_dir);
-}
+static void teardown(void) { ts_tmpdir_free(g_dir); }
 
 int main(void) {
     Suite *s = suite_create("model");

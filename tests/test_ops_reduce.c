@@ -160,8 +160,7 @@ static void compile_all(const char *text, int want_kernels) {
         }
         kiln_program_free(p);
     }
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
     ts_graph_free(g, ctx);
 }
 

@@ -420,8 +420,7 @@ START_TEST(kernels_compile) {
         ts_graph_free(graph, ctx);
     }
     ck_assert_int_eq(ok, (int)(2 * sizeof GRAPHS / sizeof GRAPHS[0]));
-    ts_rmtree(cache);
-    free(cache);
+    ts_tmpdir_free(cache);
 }
 END_TEST
 

@@ -274,8 +274,7 @@ START_TEST(kernels_compile) {
         kiln_program_free(p);
     }
     ts_graph_free(g, ctx);
-    ts_rmtree(cache);
-    free(cache);
+    ts_tmpdir_free(cache);
     free(text);
 }
 END_TEST

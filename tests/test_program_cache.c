@@ -190,8 +190,7 @@ START_TEST(second_compile_is_a_program_hit) {
     ck_assert_int_eq(count_entries(dir).n[KC_PROGRAM], 1);
     compiled_free(&a);
     compiled_free(&b);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -259,8 +258,7 @@ START_TEST(keys_change_with_key_inputs_only) {
     on.arch = "sm_80";
     expect_key(dir, kg_base, &on, false, &entries, "arch sm_80");
     expect_key(dir, kg_base, &o, true, &entries, "back to the base graph");
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -307,8 +305,7 @@ START_TEST(corrupt_program_entry_is_rebuilt) {
     char *dir = ts_tmpdir();
     damage_and_recompile(dir, false);
     damage_and_recompile(dir, true);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -419,8 +416,7 @@ START_TEST(size_limit_after_compile) {
     ck_assert_uint_le(tree_bytes(dir, NULL), 1024);
     free(kg2);
     restore_env(&env);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -504,8 +500,7 @@ START_TEST(dumps_identical_cold_and_warm) {
     compiled_free(&a);
     compiled_free(&b);
     compiled_free(&c);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -558,8 +553,7 @@ START_TEST(jobs_change_nothing) {
     assert_same_program(c[0].p, c[1].p, "jobs 1 vs 4");
     assert_same_program(c[0].p, c[2].p, "jobs 1 vs 2");
     for (int i = 0; i < 3; i++) compiled_free(&c[i]);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -608,8 +602,7 @@ START_TEST(explain_says_why) {
     walk_count after = count_entries(dir);
     ck_assert_int_eq(after.n[KC_PROGRAM], before.n[KC_PROGRAM]);
     ck_assert_int_eq(after.n[KC_CUBIN], before.n[KC_CUBIN]);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -665,8 +658,7 @@ START_TEST(cli_reports_cold_and_warm) {
     ck_assert_msg(strstr(out, "arch (cached sm_90a, now sm_80)"), "explain sm_80: %s", out);
     free(out);
     ck_assert_int_eq(count_entries(cache).n[KC_PROGRAM], 1);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 

@@ -34,8 +34,7 @@ static kiln_program *compile_small(kiln_ctx **ctx, kiln_graph **g, char **cache,
 
 static void free_small(kiln_ctx *ctx, kiln_graph *g, kiln_program *p, char *cache) {
     ts_compiled_free(p, g, ctx);
-    ts_rmtree(cache);
-    free(cache);
+    ts_tmpdir_free(cache);
 }
 
 static bool have_gpu(void) {

@@ -618,8 +618,7 @@ START_TEST(gguf_round_trip) {
     w = kiln_gguf_writer_new();
     expect_error(kiln_tokenizer_write_synthetic(w, 100), KILN_ERR_INVALID, "100");
     kiln_gguf_writer_free(w);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -668,8 +667,7 @@ START_TEST(gguf_refused) {
         expect_error(kiln_tokenizer_from_gguf(g, &t), KILN_ERR_FORMAT, what);
         kiln_gguf_close(g);
     }
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 

@@ -145,8 +145,7 @@ START_TEST(keys_are_stable) {
     ck_assert_str_ne(key[0][0], key[0][1]);
     ck_assert_str_ne(key[0][0], key[1][0]);
     ck_assert_str_ne(key[1][0], key[1][1]);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -184,8 +183,7 @@ START_TEST(second_call_hits_the_cache) {
     free(path);
     cg_kernel_clear(&k);
     cg_kernel_clear(&again);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -211,8 +209,7 @@ START_TEST(default_dir_and_cache_off) {
     TS_OK(cg_util_kernel("l2_read", "sm_80", NULL, &k));
     ck_assert(k.from_cache);
     cg_kernel_clear(&k);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 
@@ -231,8 +228,7 @@ START_TEST(bad_requests_are_errors) {
     expect_error(cg_util_kernel("fill_uniform", "sm_9x", dir, &k), KILN_ERR_INVALID, "sm_9x");
     expect_error(cg_util_kernel(NULL, "sm_90a", dir, &k), KILN_ERR_INVALID, "NULL");
     expect_error(cg_generate_util(NULL, "l2_read", &k), KILN_ERR_INVALID, "NULL");
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 

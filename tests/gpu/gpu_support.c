@@ -5,6 +5,7 @@
 #include "runtime/runtime.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +65,7 @@ hdata *hset_add(hset *h, const char *name, kiln_type t, int64_t n) {
     snprintf(d->name, sizeof d->name, "%s", name);
     d->type = t;
     d->n = n;
-    d->data = malloc((size_t)(n ? n : 1) * kiln_type_size(t));
+    d->data = malloc(n ? kiln_row_size(t, n) : 1);
     ck_assert_ptr_nonnull(d->data);
     return d;
 }
@@ -78,6 +79,14 @@ void hset_free(hset *h) {
     for (int i = 0; i < h->nin; i++) free(h->in[i].data);
     h->nin = 0;
     hset_clear_out(h);
+}
+
+void gpu_free(kiln_session *s, kiln_program *p, kiln_graph *g, hset *h, kiln_ctx *ctx) {
+    kiln_session_free(s);
+    kiln_program_free(p);
+    kiln_graph_free(g);
+    hset_free(h);
+    kiln_ctx_free(ctx);
 }
 
 static bool program_has_dynamic_gemm(const kiln_program *p) {
@@ -123,7 +132,7 @@ void ref_put(void *user, const char *name, kiln_type type, int64_t n, const void
     snprintf(d->name, sizeof d->name, "%s", name);
     d->type = type;
     d->n = n;
-    size_t bytes = (size_t)n * kiln_type_size(type);
+    size_t bytes = kiln_row_size(type, n);
     d->data = malloc(bytes ? bytes : 1);
     ck_assert_ptr_nonnull(d->data);
     memcpy(d->data, data, bytes);
@@ -191,7 +200,7 @@ double check_graph(const kiln_graph *g, hset *h, const cmp_opts *c) {
     for (int i = 0; i < h->nin; i++) {
         if (!h->in[i].requested) continue;
         TS_OK(kiln_session_set(s, h->in[i].name, h->in[i].data,
-                               (size_t)h->in[i].n * kiln_type_size(h->in[i].type)));
+                               kiln_row_size(h->in[i].type, h->in[i].n)));
     }
     TS_OK(kiln_session_run(s));
     /* One capture with graphs on, except for a program whose library GEMM takes its size at
@@ -206,7 +215,7 @@ double check_graph(const kiln_graph *g, hset *h, const cmp_opts *c) {
     double    worst = 0;
     for (int i = 0; i < h->nout; i++) {
         hdata *r = &h->out[i];
-        size_t bytes = (size_t)r->n * kiln_type_size(r->type);
+        size_t bytes = kiln_row_size(r->type, r->n);
         void  *out = malloc(bytes ? bytes : 1);
         ck_assert_ptr_nonnull(out);
         TS_OK(kiln_session_get(s, r->name, out, bytes));
@@ -239,6 +248,12 @@ double check_graph(const kiln_graph *g, hset *h, const cmp_opts *c) {
     kiln_session_free(s);
     kiln_program_free(p);
     return worst;
+}
+
+double check_and_free(kiln_graph *g, hset *h, kiln_ctx *ctx, const cmp_opts *c) {
+    double e = check_graph(g, h, c);
+    gpu_free(NULL, NULL, g, h, ctx);
+    return e;
 }
 
 void shape_str(const int64_t ne[4], char *out, size_t n) {
@@ -352,6 +367,23 @@ void run_check(const char *path, const char *args, const char *label) {
     }
 }
 
+double run_median_ms(const char *path, const char *args_fmt, ...) {
+    char    args[1024], cmd[2048];
+    va_list ap;
+    va_start(ap, args_fmt);
+    vsnprintf(args, sizeof args, args_fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s run %s %s --cache-dir %s 2>&1", ts_kiln_bin(), path, args, g_cache_dir);
+    return median_ms(cmd);
+}
+
+void run_case_at_values(const char *what, int i, const char *kg, const char *dim, const int vals[3]) {
+    need_gpu();
+    char label[64];
+    snprintf(label, sizeof label, "%s case %d", what, i);
+    run_check_at_values(kg, dim, vals, 3, label);
+}
+
 void run_check_at_values(const char *kg, const char *dim, const int *vals, int nvals, const char *label) {
     char *dir = ts_tmpdir();
     char *path = write_kg(dir, "g", kg);
@@ -361,8 +393,7 @@ void run_check_at_values(const char *kg, const char *dim, const int *vals, int n
         run_check(path, args, label);
     }
     free(path);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 
 /* Inputs and weights of g at random; i32 leaves are expert ids: slot u of each token takes a

@@ -69,12 +69,20 @@ void scale_weights(const kiln_graph *g, hset *h);
 char *write_kg(const char *dir, const char *name, const char *kg);
 /* The median GPU time `kiln run` printed for cmd, or -1. */
 double median_ms(const char *cmd);
+/* median_ms of `kiln run PATH ARGS --cache-dir <g_cache_dir>`, ARGS formatted from args_fmt. */
+double run_median_ms(const char *path, const char *args_fmt, ...) KB_PRINTF(2, 3);
 /* `kiln run PATH ARGS --check` with the CUDA graph and with plain launches: asserts success and
  * no FAILED check, prints the check lines under `label`. */
 void run_check(const char *path, const char *args, const char *label);
 /* run_check of kg with --dim DIM=V at each of the nvals values. */
 void run_check_at_values(const char *kg, const char *dim, const int *vals, int nvals, const char *label);
+/* The body of a loop test over symbolic cases: needs a GPU, then run_check_at_values of kg at the
+ * three vals under the label "WHAT case I". */
+void run_case_at_values(const char *what, int i, const char *kg, const char *dim, const int vals[3]);
 void hset_free(hset *h);
+/* Frees what a GPU test made, in the order each depends on the next: session, program, graph,
+ * h's data, context. Any of s, p, g, ctx may be NULL. */
+void gpu_free(kiln_session *s, kiln_program *p, kiln_graph *g, hset *h, kiln_ctx *ctx);
 const void *ref_get(void *user, const char *name, kiln_type type, int64_t n);
 void ref_put(void *user, const char *name, kiln_type type, int64_t n, const void *data);
 double nmse(const void *out, const void *ref, kiln_type t, int64_t n, int64_t *bad_at, bool *ref_nonfinite);
@@ -85,6 +93,8 @@ kiln_program *compile(const kiln_graph *g, int no_fuse);
  * every output by NMSE against c's tolerance; a failure names c->label, the output, and the
  * worst element. Returns the worst NMSE. */
 double check_graph(const kiln_graph *g, hset *h, const cmp_opts *c);
+/* check_graph, then gpu_free of g, h and ctx: the end of most op tests. Returns the worst NMSE. */
+double check_and_free(kiln_graph *g, hset *h, kiln_ctx *ctx, const cmp_opts *c);
 void shape_str(const int64_t ne[4], char *out, size_t n);
 /* kg compiled fused and unfused (--no-fuse), each run on the GPU against kiln_reference with
  * f32 tolerance tol (fused tolerances for f16/bf16), on leaves filled from seed; prints both. */

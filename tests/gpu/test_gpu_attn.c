@@ -156,9 +156,7 @@ static void run_case(const acase *c, uint64_t seed) {
     cmp_opts co = {.label = label, .tol_f32 = fe_ops[FE_OP_FLASH_ATTN_EXT].nmse_tol};
     double   e = check_graph(g, &h, &co);
     fprintf(stderr, "ok  nmse %.2e  %s\n", e, label);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    gpu_free(NULL, NULL, g, &h, ctx);
 }
 
 /* ---- fixed cases -------------------------------------------------------------------------------- */
@@ -298,11 +296,7 @@ START_TEST(test_all_masked) {
         ck_assert_msg(ref[i] == 0.0f && out[i] == 0.0f, "%s: y[%lld] gpu %g ref %g, want 0", label, (long long)i,
                       (double)out[i], (double)ref[i]);
     free(out);
-    kiln_session_free(s);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    gpu_free(s, p, g, &h, ctx);
 }
 END_TEST
 

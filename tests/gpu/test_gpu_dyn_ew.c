@@ -40,10 +40,7 @@ static const gcase CASES[] = {
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
 START_TEST(runs_match_reference) {
-    need_gpu();
-    char label[32];
-    snprintf(label, sizeof label, "dyn_ew case %d", _i);
-    run_check_at_values(CASES[_i].kg, CASES[_i].dim, CASES[_i].vals, 3, label);
+    run_case_at_values("dyn_ew", _i, CASES[_i].kg, CASES[_i].dim, CASES[_i].vals);
 }
 END_TEST
 
@@ -66,14 +63,11 @@ START_TEST(bench_dyn) {
     for (int b = 0; b < 2; b++) {
         char *sym = write_kg(dir, "sym", BENCH[b].sym);
         for (int i = 0; i < 3; i++) {
-            char kg[512], cmd[1024];
+            char kg[512];
             snprintf(kg, sizeof kg, BENCH[b].stat, ns[i]);
-            char *st = write_kg(dir, "static", kg);
-            snprintf(cmd, sizeof cmd, "%s run %s --iters 500 --cache-dir %s 2>&1", ts_kiln_bin(), st, g_cache_dir);
-            double t_static = median_ms(cmd);
-            snprintf(cmd, sizeof cmd, "%s run %s --dim n_tokens=%d --iters 500 --cache-dir %s 2>&1", ts_kiln_bin(), sym,
-                     ns[i], g_cache_dir);
-            double t_dyn = median_ms(cmd);
+            char  *st = write_kg(dir, "static", kg);
+            double t_static = run_median_ms(st, "--iters 500");
+            double t_dyn = run_median_ms(sym, "--dim n_tokens=%d --iters 500", ns[i]);
             printf("bench %s n=%d: static %.4f ms, symbolic (n_tokens <= 512) %.4f ms\n", BENCH[b].what, ns[i], t_static,
                    t_dyn);
             ck_assert_msg(t_static > 0 && t_dyn > 0, "%s n=%d: a run failed", BENCH[b].what, ns[i]);
@@ -81,8 +75,7 @@ START_TEST(bench_dyn) {
         }
         free(sym);
     }
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 

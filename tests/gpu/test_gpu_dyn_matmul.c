@@ -59,10 +59,7 @@ static const gcase CASES[] = {
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
 START_TEST(runs_match_reference) {
-    need_gpu();
-    char label[32];
-    snprintf(label, sizeof label, "dyn_matmul case %d", _i);
-    run_check_at_values(CASES[_i].kg, CASES[_i].dim, CASES[_i].vals, 3, label);
+    run_case_at_values("dyn_matmul", _i, CASES[_i].kg, CASES[_i].dim, CASES[_i].vals);
 }
 END_TEST
 
@@ -73,17 +70,12 @@ START_TEST(bench_prefill_gemm) {
     char *sym = write_kg(dir, "sym", CASES[0].kg);
     static const int ns[3] = {7, 128, 512};
     for (int i = 0; i < 3; i++) {
-        char kg[256], cmd[1024];
+        char kg[256];
         snprintf(kg, sizeof kg, "weight a: bf16[4096, 4096]\ninput b: f32[4096, %d]\noutput y = mul_mat(a, b)\n", ns[i]);
-        char *st = write_kg(dir, "static", kg);
-        snprintf(cmd, sizeof cmd, "%s run %s --iters 200 --cache-dir %s 2>&1", ts_kiln_bin(), st, g_cache_dir);
-        double t_static = median_ms(cmd);
-        snprintf(cmd, sizeof cmd, "%s run %s --dim n_tokens=%d --iters 200 --cache-dir %s 2>&1", ts_kiln_bin(), sym, ns[i],
-                 g_cache_dir);
-        double t_dyn = median_ms(cmd);
-        snprintf(cmd, sizeof cmd, "%s run %s --dim n_tokens=%d --iters 200 --no-cuda-graph --cache-dir %s 2>&1",
-                 ts_kiln_bin(), sym, ns[i], g_cache_dir);
-        double t_plain = median_ms(cmd);
+        char  *st = write_kg(dir, "static", kg);
+        double t_static = run_median_ms(st, "--iters 200");
+        double t_dyn = run_median_ms(sym, "--dim n_tokens=%d --iters 200", ns[i]);
+        double t_plain = run_median_ms(sym, "--dim n_tokens=%d --iters 200 --no-cuda-graph", ns[i]);
         printf("bench prefill GEMM bf16 4096x4096 n=%d: static %.4f ms, symbolic (n_tokens <= 512) %.4f ms, "
                "symbolic plain launches %.4f ms\n",
                ns[i], t_static, t_dyn, t_plain);
@@ -91,8 +83,7 @@ START_TEST(bench_prefill_gemm) {
         free(st);
     }
     free(sym);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 

@@ -12,10 +12,7 @@
 #include <string.h>
 
 START_TEST(runs_match_reference) {
-    need_gpu();
-    char label[32];
-    snprintf(label, sizeof label, "dyn_rope case %d", _i);
-    run_check_at_values(DYN_CASES[_i].kg, DYN_CASES[_i].dim, DYN_CASES[_i].vals, 3, label);
+    run_case_at_values("dyn_rope", _i, DYN_CASES[_i].kg, DYN_CASES[_i].dim, DYN_CASES[_i].vals);
 }
 END_TEST
 
@@ -51,11 +48,10 @@ static char *ids_file(const char *dir, int n) {
 START_TEST(bench_rope_set_rows) {
     need_gpu();
     char *dir = ts_tmpdir();
-    char  kg[1024], cmd[2048];
+    char  kg[1024];
     /* the 16-element output read back from the state, alone */
-    char *tiny = write_kg(dir, "tiny", "state cache_k: f16[1024, 4096]\noutput o = view(cache_k, [16], [], 0)\n");
-    snprintf(cmd, sizeof cmd, "%s run %s --iters 300 --cache-dir %s 2>&1", ts_kiln_bin(), tiny, g_cache_dir);
-    double t_tiny = median_ms(cmd);
+    char  *tiny = write_kg(dir, "tiny", "state cache_k: f16[1024, 4096]\noutput o = view(cache_k, [16], [], 0)\n");
+    double t_tiny = run_median_ms(tiny, "--iters 300");
     printf("bench: the 16-element read-back of the state alone: %.4f ms\n", t_tiny);
     rsr_graph(kg, sizeof kg, "n_tokens", 1);
     char *sym = write_kg(dir, "sym", kg);
@@ -68,15 +64,9 @@ START_TEST(bench_rope_set_rows) {
         rsr_graph(kg, sizeof kg, nn, 1);
         char *inp = write_kg(dir, "inplace", kg);
         char *ids = ids_file(dir, ns[i]);
-        snprintf(cmd, sizeof cmd, "%s run %s --input kv_idxs=%s --iters 300 --cache-dir %s 2>&1", ts_kiln_bin(), fun, ids,
-                 g_cache_dir);
-        double t_fun = median_ms(cmd);
-        snprintf(cmd, sizeof cmd, "%s run %s --input kv_idxs=%s --iters 300 --cache-dir %s 2>&1", ts_kiln_bin(), inp, ids,
-                 g_cache_dir);
-        double t_inp = median_ms(cmd);
-        snprintf(cmd, sizeof cmd, "%s run %s --dim n_tokens=%d --input kv_idxs=%s --iters 300 --cache-dir %s 2>&1",
-                 ts_kiln_bin(), sym, ns[i], ids, g_cache_dir);
-        double t_sym = median_ms(cmd);
+        double t_fun = run_median_ms(fun, "--input kv_idxs=%s --iters 300", ids);
+        double t_inp = run_median_ms(inp, "--input kv_idxs=%s --iters 300", ids);
+        double t_sym = run_median_ms(sym, "--dim n_tokens=%d --input kv_idxs=%s --iters 300", ns[i], ids);
         printf("bench rope_set_rows f16 [1024, 4096] cache, n_tokens=%d: functional (copies the cache) %.4f ms; "
                "in place %.4f ms, symbolic n_tokens <= 512 in place %.4f ms (both + the read-back, %.4f ms alone)\n",
                ns[i], t_fun, t_inp, t_sym, t_tiny);
@@ -87,8 +77,7 @@ START_TEST(bench_rope_set_rows) {
     }
     free(sym);
     free(tiny);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 

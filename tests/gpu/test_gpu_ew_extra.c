@@ -177,9 +177,7 @@ START_TEST(test_ops) {
         double   e = check_graph(g, &h, &co);
         if (is_copy(op)) ck_assert_msg(e == 0, "%s: a copy must be exact, NMSE is %.3g", label, e);
         if (e > worst) worst = e;
-        kiln_graph_free(g);
-        hset_free(&h);
-        kiln_ctx_free(ctx);
+        gpu_free(NULL, NULL, g, &h, ctx);
     }
     printf("%-12s %-4s %d cases, worst NMSE %.3g\n", fe_ops[op].name, kiln_type_name(t), n, worst);
 }
@@ -222,10 +220,7 @@ START_TEST(test_chains) {
         char label[1200];
         snprintf(label, sizeof label, "chain %d %s%s:\n%s", chain, ty, no_fuse ? " (no_fuse)" : "", text);
         cmp_opts co = {.label = label, .tol_f32 = 1e-7, .fused_tol = !no_fuse, .no_fuse = no_fuse};
-        check_graph(g, &h, &co);
-        kiln_graph_free(g);
-        hset_free(&h);
-        kiln_ctx_free(ctx);
+        check_and_free(g, &h, ctx, &co);
     }
 }
 END_TEST

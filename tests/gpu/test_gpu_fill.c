@@ -146,9 +146,7 @@ static void run_case(fe_op op, kiln_type t, int c, uint64_t seed) {
     kiln_status st = kiln_graph_new(ctx, &g);
     ck_assert_msg(st == NULL, "%s: kiln_graph_new failed: %s", label, kiln_status_msg(st));
     check_exact(g, &h, label);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    gpu_free(NULL, NULL, g, &h, ctx);
 }
 
 static const fe_op OPS[] = {FE_OP_ARANGE, FE_OP_FILL, FE_OP_DIAG_MASK_INF, FE_OP_TRI};
@@ -179,9 +177,7 @@ START_TEST(test_fill_in_graph) {
     kiln_graph *g;
     TS_OK(kiln_graph_new(ctx, &g));
     check_exact(g, &h, "fill family in a graph");
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    gpu_free(NULL, NULL, g, &h, ctx);
 }
 END_TEST
 

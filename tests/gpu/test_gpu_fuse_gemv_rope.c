@@ -56,8 +56,7 @@ START_TEST(front) {
     free(out);
     run_check(path, "", label);
     free(path);
-    ts_rmtree(dir);
-    free(dir);
+    ts_tmpdir_free(dir);
 }
 END_TEST
 

@@ -52,10 +52,7 @@ static void run_case(const mcase *c, kiln_type t, uint64_t seed, const char *wha
              (unsigned long long)seed, da, db);
     ck_assert_msg(st == NULL, "%s: kiln_graph_new failed: %s", label, kiln_status_msg(st));
     cmp_opts co = {.label = label, .tol_f32 = fe_ops[FE_OP_MUL_MAT].nmse_tol};
-    check_graph(g, &h, &co);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    check_and_free(g, &h, ctx, &co);
 }
 
 #define P LAY_PLAIN
@@ -181,10 +178,7 @@ START_TEST(test_mma_edges) {
     snprintf(label, sizeof label, "mma edges %s: K %lld (rows of %lld) M %lld N %lld", kiln_type_name(t), (long long)K,
              (long long)Kp, (long long)M, (long long)N);
     cmp_opts co = {.label = label, .tol_f32 = fe_ops[FE_OP_MUL_MAT].nmse_tol};
-    check_graph(g, &h, &co);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    check_and_free(g, &h, ctx, &co);
 }
 END_TEST
 

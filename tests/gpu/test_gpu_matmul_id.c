@@ -122,10 +122,7 @@ static void run_case(const mcase *c, uint64_t seed, const char *what) {
     kiln_status st = kiln_graph_new(ctx, &g);
     ck_assert_msg(st == NULL, "%s: kiln_graph_new failed: %s", label, kiln_status_msg(st));
     cmp_opts co = {.label = label, .tol_f32 = fe_ops[FE_OP_MUL_MAT_ID].nmse_tol};
-    check_graph(g, &h, &co);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    check_and_free(g, &h, ctx, &co);
 }
 
 #define BF KILN_BF16
@@ -265,11 +262,7 @@ START_TEST(test_zero_rows) {
                           (long long)i, (double)v);
         }
     free(out);
-    kiln_session_free(s);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    gpu_free(s, p, g, &h, ctx);
 }
 END_TEST
 

@@ -90,10 +90,7 @@ static void run_case(fe_op op, kiln_type t, int c) {
     kiln_status st = kiln_graph_new(ctx, &g);
     ck_assert_msg(st == NULL, "%s: kiln_graph_new failed: %s", label, kiln_status_msg(st));
     cmp_opts co = {.label = label, .tol_f32 = fe_ops[op].nmse_tol};
-    check_graph(g, &h, &co);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    check_and_free(g, &h, ctx, &co);
 }
 
 /* _i = op * 3 + type. */

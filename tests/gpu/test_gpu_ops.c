@@ -188,10 +188,7 @@ static void run_op_case(fe_op op, kiln_type t, int c, uint64_t seed, int *reject
         ck_assert_msg(st == NULL, "%s: kiln_graph_new failed: %s", label, kiln_status_msg(st));
         cmp_opts co = {.label = label, .tol_f32 = fe_ops[op].nmse_tol};
         if (attempt == 1) co.fused_tol = false; /* cont is exact: no extra rounding */
-        check_graph(g, &h, &co);
-        kiln_graph_free(g);
-        hset_free(&h);
-        kiln_ctx_free(ctx);
+        check_and_free(g, &h, ctx, &co);
         return;
     }
 }
@@ -328,10 +325,7 @@ START_TEST(test_fused_chains) {
                      kiln_type_name(t), s, no_fuse ? " (no_fuse)" : "");
             cmp_opts co = {.label = label, .tol_f32 = max_tol(), .fused_tol = !no_fuse,
                            .no_fuse = no_fuse};
-            check_graph(g, &h, &co);
-            kiln_graph_free(g);
-            hset_free(&h);
-            kiln_ctx_free(ctx);
+            check_and_free(g, &h, ctx, &co);
         }
     }
 }
@@ -395,11 +389,7 @@ static void replay_vs_launches(int no_fuse) {
     ck_assert_int_eq(kiln_session_captures(sg), 1);
     ck_assert_int_eq(kiln_session_captures(sl), 0);
     kiln_session_free(sg);
-    kiln_session_free(sl);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    gpu_free(sl, p, g, &h, ctx);
 }
 
 START_TEST(test_graph_replay) {
@@ -431,11 +421,7 @@ START_TEST(test_graphs_env_off) {
     s = new_session(p, 0);
     for (int i = 0; i < 4; i++) TS_OK(kiln_session_run(s));
     ck_assert_int_eq(kiln_session_captures(s), 1);
-    kiln_session_free(s);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    gpu_free(s, p, g, &h, ctx);
 }
 END_TEST
 
@@ -639,9 +625,7 @@ START_TEST(test_examples) {
             double worst = check_graph(g, &h, &co);
             if (graphs) printf("example %s: worst NMSE %.3g\n", path, worst);
         }
-        kiln_graph_free(g);
-        hset_free(&h);
-        kiln_ctx_free(ctx);
+        gpu_free(NULL, NULL, g, &h, ctx);
     }
     globfree(&gl);
 }

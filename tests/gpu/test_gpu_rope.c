@@ -115,10 +115,7 @@ static void run_case(const rcase *c, uint64_t seed, const char *what) {
              (double)c->freq_base, (double)c->freq_scale, (double)c->ext_factor, (double)c->attn_factor,
              c->n_ctx_orig, (double)c->beta_fast, (double)c->beta_slow);
     cmp_opts co = {.label = label, .tol_f32 = fe_ops[FE_OP_ROPE_EXT].nmse_tol, .fused_tol = false};
-    check_graph(g, &h, &co);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    check_and_free(g, &h, ctx, &co);
 }
 
 static void defaults(rcase *c, kiln_type t, int mode) {

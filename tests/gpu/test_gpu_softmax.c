@@ -136,10 +136,7 @@ static void run_case(fe_op op, kiln_type t, int c, uint64_t seed) {
              (unsigned long long)seed, da, dx);
     ck_assert_msg(st == NULL, "%s: kiln_graph_new failed: %s", label, kiln_status_msg(st));
     cmp_opts co = {.label = label, .tol_f32 = fe_ops[op].nmse_tol};
-    check_graph(g, &h, &co);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    check_and_free(g, &h, ctx, &co);
 }
 
 /* _i: op (0 soft_max, 1 soft_max_ext) * 3 + type. */
@@ -177,10 +174,7 @@ START_TEST(test_features) {
     char label[900];
     snprintf(label, sizeof label, "features: %s%s", da, dx);
     cmp_opts co = {.label = label, .tol_f32 = fe_ops[FE_OP_SOFT_MAX_EXT].nmse_tol};
-    check_graph(g, &h, &co);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    check_and_free(g, &h, ctx, &co);
 }
 END_TEST
 
@@ -213,10 +207,7 @@ START_TEST(test_long_rows) {
     char label[900];
     snprintf(label, sizeof label, "long rows %s: %s%s", kiln_type_name(cs[_i].t), da, dx);
     cmp_opts co = {.label = label, .tol_f32 = fe_ops[FE_OP_SOFT_MAX_EXT].nmse_tol};
-    check_graph(g, &h, &co);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    check_and_free(g, &h, ctx, &co);
 }
 END_TEST
 
@@ -275,11 +266,7 @@ START_TEST(test_fully_masked) {
         }
     }
     free(out);
-    kiln_session_free(s);
-    kiln_program_free(p);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    gpu_free(s, p, g, &h, ctx);
 }
 END_TEST
 

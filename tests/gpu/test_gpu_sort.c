@@ -126,10 +126,7 @@ static void run_case(fe_op op, int c, uint64_t seed) {
     ck_assert_msg(st == NULL, "%s: kiln_graph_new failed: %s", label, kiln_status_msg(st));
     cmp_opts co = {.label = label, .tol_f32 = fe_ops[op].nmse_tol};
     ck_assert_msg(fe_ops[op].nmse_tol == 0, "%s: indices must compare exactly", label);
-    check_graph(g, &h, &co);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    check_and_free(g, &h, ctx, &co);
 }
 
 static void run_op(fe_op op) {
@@ -165,10 +162,7 @@ START_TEST(test_router_replay) {
     check_graph(g, &h, &co);
     co.no_graph = true;
     co.label = "router top_k 8 of 256, 512 tokens, plain launches";
-    check_graph(g, &h, &co);
-    kiln_graph_free(g);
-    hset_free(&h);
-    kiln_ctx_free(ctx);
+    check_and_free(g, &h, ctx, &co);
 }
 END_TEST
 

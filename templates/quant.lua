@@ -1,0 +1,480 @@
+-- quant: ggml's quantized weight types on the GPU (docs/quantization.md): their device layout,
+-- CUDA functions that dequantize them, and the kernels of the quantized plans of mul_mat,
+-- mul_mat_id and get_rows.
+--
+-- Device layout. q4_K and q5_K keep the file's blocks: every field sits at a 16-byte multiple
+-- of a 144- or 176-byte block, so a lane loads its 16 bytes of quants with one vector load. The
+-- blocks of q8_0 (34 bytes), q4_0 (18) and q6_K (210) are only 2-byte aligned because of their
+-- f16 scale; on the device a buffer of these holds every block's other bytes first (32, 16 or
+-- 208 per block, 16-byte multiples) and then the f16 scales, one per block, in block order (the
+-- "split" layout). runtime/ converts on upload (kb_quant_to_device, base/quant.c), so the CPU
+-- reference and files keep ggml's layout. Element e of a buffer is element e % block of block
+-- e / block, in either layout.
+--
+-- The fused GEMV (one column) reads each weight once: a warp owns a row and its lanes take
+-- 32-element units of it (lane l units l, l+32, ...; a unit is a q8_0/q4_0 block, or an eighth of
+-- a K-quant block), decode the quants to floats exactly (a byte placed in the mantissa of
+-- 2^23, minus 2^23 and the type's offset: no int-to-float conversion instruction), multiply by
+-- b's values read through L1, and apply the unit's scales once per sub-block sum. The other
+-- plans dequantize the weight into the scratch as f16 (as ggml's cuBLAS path does) and run the
+-- f16 plan of matmul.lua / matmul_id.lua on it.
+
+local kit = require("kit")
+
+local M = {}
+
+-- block: elements per block; size: bytes per block in files; rest: bytes per block before the
+-- scales in the split layout (nil: the file's layout); ub: 32-element units per block.
+local TYPES = {
+    q8_0 = { block = 32, size = 34, rest = 32, ub = 1 },
+    q4_0 = { block = 32, size = 18, rest = 16, ub = 1 },
+    q4_K = { block = 256, size = 144, ub = 8 },
+    q5_K = { block = 256, size = 176, ub = 8 },
+    q6_K = { block = 256, size = 210, rest = 208, ub = 8 },
+}
+M.TYPES = TYPES
+
+function M.is(t) return TYPES[t] ~= nil end
+
+-- Shared helpers: streamed weight loads, b's values through L1, f16 to f32, and the exact
+-- byte-to-float conversion (byte i of w, minus `off`).
+local COMMON = [[
+static __device__ __forceinline__ uint4 kiln_q16(const unsigned char *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+static __device__ __forceinline__ uint2 kiln_q8(const unsigned char *p)
+{
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+static __device__ __forceinline__ unsigned kiln_q2(const unsigned char *p)
+{
+    unsigned short v;
+    asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+static __device__ __forceinline__ float4 kiln_qb4(const float *p)
+{
+    float4 v;
+    asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+static __device__ __forceinline__ float kiln_qh2f(unsigned h)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+    return f;
+}
+/* Byte i of w as a float, minus off: 0x4B0000xx is 2^23 + xx exactly. */
+static __device__ __forceinline__ float kiln_qbyte(unsigned w, int i, float off)
+{
+    return __int_as_float(__byte_perm(w, 0x4B000000u, 0x7540u + i)) - (8388608.0f + off);
+}
+/* sum_i (byte i of w - off) * b[i] for the 4 bytes of w and 4 consecutive b values. */
+static __device__ __forceinline__ float kiln_qdot4(unsigned w, float4 b, float off, float s)
+{
+    s = fmaf(kiln_qbyte(w, 0, off), b.x, s);
+    s = fmaf(kiln_qbyte(w, 1, off), b.y, s);
+    s = fmaf(kiln_qbyte(w, 2, off), b.z, s);
+    return fmaf(kiln_qbyte(w, 3, off), b.w, s);
+}
+static __device__ __forceinline__ float kiln_qsum4(float4 b) { return (b.x + b.y) + (b.z + b.w); }
+/* The 6-bit scale and min of sub-block j (0..7) of a q4_K/q5_K block from its 12 scale bytes
+ * in words y (bytes 0-3), z (4-7), w (8-11): ggml's get_scale_min_k4. */
+static __device__ __forceinline__ void kiln_qscale_k4(int j, unsigned y, unsigned z, unsigned w, float *sc, float *m)
+{
+    /* branch-free (lanes of a warp take different sub-blocks) */
+    const int i = j & 3;
+    const unsigned s_lo = (y >> (8 * i)) & 63u, m_lo = (z >> (8 * i)) & 63u;
+    const unsigned s_hi = ((w >> (8 * i)) & 0xFu) | (((y >> (8 * i + 6)) & 3u) << 4);
+    const unsigned m_hi = ((w >> (8 * i + 4)) & 0xFu) | (((z >> (8 * i + 6)) & 3u) << 4);
+    *sc = (float)(j < 4 ? s_lo : s_hi);
+    *m = (float)(j < 4 ? m_lo : m_hi);
+}
+]]
+
+-- Per type: kiln_qx_T(bk, part, x) loads the 32 values of b (bk: b at the block's first element)
+-- that unit `part` of a block multiplies, into x; kiln_qdot_T(W, D, blk, part, x, t0, t1) = sum
+-- over unit `part` of block blk of w * b (t0, t1: the sums of x[0..15] and x[16..31], which the
+-- K-quants' mins multiply); kiln_dq8_T(W, D, blk, j, out): elements j..j+7 of block blk (j a
+-- multiple of 8). W is the buffer's start, D its scales (split layout). Separating b's loads
+-- from the weights' lets one load of b serve several rows.
+local DOT = {}
+local DQ8 = {}
+
+-- x[0..31] = bk[o0 + 0..15], bk[o1 + 0..15] (q8_0, q4_0: o0 = 0, o1 = 16; q4_K, q5_K: the low
+-- and high nibbles' elements).
+local function qx_halves(t, o0, o1)
+    return string.format([[
+static __device__ __forceinline__ void kiln_qx_%s(const float *bk, int part, float *x)
+{
+%s
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float4 a = kiln_qb4(bk + o0 + 4 * i), b = kiln_qb4(bk + o1 + 4 * i);
+        x[4 * i] = a.x, x[4 * i + 1] = a.y, x[4 * i + 2] = a.z, x[4 * i + 3] = a.w;
+        x[16 + 4 * i] = b.x, x[17 + 4 * i] = b.y, x[18 + 4 * i] = b.z, x[19 + 4 * i] = b.w;
+    }
+}
+]], t, string.format("    const int o0 = %s, o1 = %s;", o0, o1))
+end
+
+DOT.q8_0 = qx_halves("q8_0", "0", "16") .. [[
+static __device__ __forceinline__ float kiln_qdot_q8_0(const unsigned char *W, const unsigned char *D, long long blk,
+                                                       int part, const float *x, float t0, float t1)
+{
+    const uint4 q0 = kiln_q16(W + blk * 32), q1 = kiln_q16(W + blk * 32 + 16);
+    const float d = kiln_qh2f(kiln_q2(D + blk * 2));
+    const unsigned w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        s = kiln_qdot4(w[i] ^ 0x80808080u, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), 128.0f, s);
+    return d * s;
+}
+]]
+DQ8.q8_0 = [[
+static __device__ __forceinline__ void kiln_dq8_q8_0(const unsigned char *W, const unsigned char *D, long long blk, int j,
+                                                     float *out)
+{
+    const float d = kiln_qh2f(kiln_q2(D + blk * 2));
+    const uint2 q = kiln_q8(W + blk * 32 + j);
+    const unsigned w[2] = {q.x ^ 0x80808080u, q.y ^ 0x80808080u};
+#pragma unroll
+    for (int i = 0; i < 8; i++) out[i] = kiln_qbyte(w[i / 4], i % 4, 128.0f) * d;
+}
+]]
+
+DOT.q4_0 = qx_halves("q4_0", "0", "16") .. [[
+static __device__ __forceinline__ float kiln_qdot_q4_0(const unsigned char *W, const unsigned char *D, long long blk,
+                                                       int part, const float *x, float t0, float t1)
+{
+    const uint4 q = kiln_q16(W + blk * 16);
+    const float d = kiln_qh2f(kiln_q2(D + blk * 2));
+    const unsigned w[4] = {q.x, q.y, q.z, q.w};
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s = kiln_qdot4(w[i] & 0x0F0F0F0Fu, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), 8.0f, s);
+        s = kiln_qdot4((w[i] >> 4) & 0x0F0F0F0Fu,
+                       make_float4(x[16 + 4 * i], x[17 + 4 * i], x[18 + 4 * i], x[19 + 4 * i]), 8.0f, s);
+    }
+    return d * s;
+}
+]]
+DQ8.q4_0 = [[
+static __device__ __forceinline__ void kiln_dq8_q4_0(const unsigned char *W, const unsigned char *D, long long blk, int j,
+                                                     float *out)
+{
+    const float d = kiln_qh2f(kiln_q2(D + blk * 2));
+    const uint2 q = kiln_q8(W + blk * 16 + (j & 15)); /* elements j..j+7: bytes (j % 16).., nibble j / 16 */
+    const int sh = j < 16 ? 0 : 4;
+    const unsigned w[2] = {(q.x >> sh) & 0x0F0F0F0Fu, (q.y >> sh) & 0x0F0F0F0Fu};
+#pragma unroll
+    for (int i = 0; i < 8; i++) out[i] = kiln_qbyte(w[i / 4], i % 4, 8.0f) * d;
+}
+]]
+
+-- q4_K and q5_K: unit p of a block is chunk c = p / 2 (64 elements: sub-blocks 2c and 2c + 1)
+-- and half h = p % 2: quant bytes 16h..16h+15 of the chunk, whose low nibbles are elements
+-- 64c + 16h + i of sub-block 2c and whose high nibbles are elements 64c + 32 + 16h + i of
+-- sub-block 2c + 1. q5_K's fifth bits are bits 2c and 2c + 1 of the qh bytes 16h + i.
+local function qk_dot(t, five)
+    local size = five and 176 or 144
+    local qs = five and 48 or 16
+    local lines = {
+        qx_halves(t, "64 * (part >> 1) + 16 * (part & 1)", "o0 + 32"),
+        string.format("static __device__ __forceinline__ float kiln_qdot_%s(const unsigned char *W, const unsigned char *D, long long blk,", t),
+        "                                                       int part, const float *x, float t0, float t1)",
+        "{",
+        string.format("    const unsigned char *B = W + blk * %d;", size),
+        "    const int c = part >> 1, h = part & 1;",
+        "    const uint4 hd = kiln_q16(B);",
+        string.format("    const uint4 q = kiln_q16(B + %d + 32 * c + 16 * h);", qs),
+    }
+    if five then lines[#lines + 1] = "    const uint4 qh = kiln_q16(B + 16 + 16 * h);" end
+    local rest = {
+        "    float sc0, m0, sc1, m1;",
+        "    kiln_qscale_k4(2 * c, hd.y, hd.z, hd.w, &sc0, &m0);",
+        "    kiln_qscale_k4(2 * c + 1, hd.y, hd.z, hd.w, &sc1, &m1);",
+        "    const unsigned w[4] = {q.x, q.y, q.z, q.w};",
+    }
+    for _, l in ipairs(rest) do lines[#lines + 1] = l end
+    if five then lines[#lines + 1] = "    const unsigned hb[4] = {qh.x, qh.y, qh.z, qh.w};" end
+    local tail = {
+        "    float s0 = 0.0f, s1 = 0.0f;",
+        "#pragma unroll",
+        "    for (int i = 0; i < 4; i++) {",
+        five and "        const unsigned lo = (w[i] & 0x0F0F0F0Fu) | (((hb[i] >> (2 * c)) & 0x01010101u) << 4);"
+            or "        const unsigned lo = w[i] & 0x0F0F0F0Fu;",
+        five and "        const unsigned hi = ((w[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> (2 * c + 1)) & 0x01010101u) << 4);"
+            or "        const unsigned hi = (w[i] >> 4) & 0x0F0F0F0Fu;",
+        "        s0 = kiln_qdot4(lo, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), 0.0f, s0);",
+        "        s1 = kiln_qdot4(hi, make_float4(x[16 + 4 * i], x[17 + 4 * i], x[18 + 4 * i], x[19 + 4 * i]), 0.0f, s1);",
+        "    }",
+        "    const float d = kiln_qh2f(hd.x & 0xFFFFu), dmin = kiln_qh2f(hd.x >> 16);",
+        "    return d * (sc0 * s0 + sc1 * s1) - dmin * (m0 * t0 + m1 * t1);",
+        "}",
+        "",
+    }
+    for _, l in ipairs(tail) do lines[#lines + 1] = l end
+    return table.concat(lines, "\n")
+end
+DOT.q4_K = qk_dot("q4_K", false)
+DOT.q5_K = qk_dot("q5_K", true)
+
+-- Elements j..j+7 of a q4_K/q5_K block: sub-block s = j / 32, chunk c = j / 64, quant bytes
+-- 32c + j % 32.., nibble (j / 32) % 2; the fifth bit is bit s of the qh bytes j % 32...
+local function qk_dq8(t, five)
+    local size = five and 176 or 144
+    local qs = five and 48 or 16
+    return table.concat({
+        string.format("static __device__ __forceinline__ void kiln_dq8_%s(const unsigned char *W, const unsigned char *D, long long blk,", t),
+        "                                                     int j, float *out)",
+        "{",
+        string.format("    const unsigned char *B = W + blk * %d;", size),
+        "    const int s = j >> 5, c = j >> 6, l = j & 31;",
+        "    const uint4 hd = kiln_q16(B);",
+        "    float sc, m;",
+        "    kiln_qscale_k4(s, hd.y, hd.z, hd.w, &sc, &m);",
+        "    const float d = kiln_qh2f(hd.x & 0xFFFFu) * sc, dm = kiln_qh2f(hd.x >> 16) * m;",
+        string.format("    const uint2 q = kiln_q8(B + %d + 32 * c + l);", qs),
+        "    unsigned w[2] = {(q.x >> (4 * (s & 1))) & 0x0F0F0F0Fu, (q.y >> (4 * (s & 1))) & 0x0F0F0F0Fu};",
+        five and "    const uint2 qh = kiln_q8(B + 16 + l);" or "",
+        five and "    w[0] |= ((qh.x >> s) & 0x01010101u) << 4;" or "",
+        five and "    w[1] |= ((qh.y >> s) & 0x01010101u) << 4;" or "",
+        "#pragma unroll",
+        "    for (int i = 0; i < 8; i++) out[i] = d * kiln_qbyte(w[i / 4], i % 4, 0.0f) - dm;",
+        "}",
+        "",
+    }, "\n")
+end
+DQ8.q4_K = qk_dq8("q4_K", false)
+DQ8.q5_K = qk_dq8("q5_K", true)
+
+-- q6_K (split layout: ql[128] qh[64] scales[16] per block, then the f16 scales): unit p is half
+-- hf = p / 4 (128 elements) and l0 = 8 (p % 4): for each quarter q the elements
+-- 128hf + 32q + l0 + i (i < 8), whose low 4 bits are nibble q / 2 of ql[64hf + 32 (q % 2) + l0
+-- + i], high 2 bits bits 2q of qh[32hf + l0 + i], scale scales[8hf + l0 / 16 + 2q].
+DOT.q6_K = [[
+static __device__ __forceinline__ void kiln_qx_q6_K(const float *bk, int part, float *x)
+{
+    const float *p = bk + 128 * (part >> 2) + 8 * (part & 3);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const float4 a = kiln_qb4(p + 32 * q), b = kiln_qb4(p + 32 * q + 4);
+        x[8 * q] = a.x, x[8 * q + 1] = a.y, x[8 * q + 2] = a.z, x[8 * q + 3] = a.w;
+        x[8 * q + 4] = b.x, x[8 * q + 5] = b.y, x[8 * q + 6] = b.z, x[8 * q + 7] = b.w;
+    }
+}
+static __device__ __forceinline__ float kiln_qdot_q6_K(const unsigned char *W, const unsigned char *D, long long blk,
+                                                       int part, const float *x, float t0, float t1)
+{
+    const unsigned char *B = W + blk * 208;
+    const int hf = part >> 2, l0 = 8 * (part & 3);
+    const uint2 qa = kiln_q8(B + 64 * hf + l0), qb = kiln_q8(B + 64 * hf + 32 + l0), qh = kiln_q8(B + 128 + 32 * hf + l0);
+    const uint2 sw = kiln_q8(B + 192 + 8 * hf);
+    const unsigned a[2] = {qa.x, qa.y}, b[2] = {qb.x, qb.y}, hb[2] = {qh.x, qh.y};
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int o = 4 * i;
+        s[0] = kiln_qdot4((a[i] & 0x0F0F0F0Fu) | ((hb[i] & 0x03030303u) << 4),
+                          make_float4(x[o], x[o + 1], x[o + 2], x[o + 3]), 32.0f, s[0]);
+        s[1] = kiln_qdot4((b[i] & 0x0F0F0F0Fu) | (((hb[i] >> 2) & 0x03030303u) << 4),
+                          make_float4(x[8 + o], x[9 + o], x[10 + o], x[11 + o]), 32.0f, s[1]);
+        s[2] = kiln_qdot4(((a[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> 4) & 0x03030303u) << 4),
+                          make_float4(x[16 + o], x[17 + o], x[18 + o], x[19 + o]), 32.0f, s[2]);
+        s[3] = kiln_qdot4(((b[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> 6) & 0x03030303u) << 4),
+                          make_float4(x[24 + o], x[25 + o], x[26 + o], x[27 + o]), 32.0f, s[3]);
+    }
+    const int is = l0 >> 4; /* scale bytes is, is + 2, is + 4, is + 6 of the half's 8 */
+    const unsigned lo = sw.x, hi = sw.y;
+    const float c0 = (float)(signed char)(lo >> (8 * is)), c1 = (float)(signed char)(lo >> (8 * is + 16));
+    const float c2 = (float)(signed char)(hi >> (8 * is)), c3 = (float)(signed char)(hi >> (8 * is + 16));
+    const float d = kiln_qh2f(kiln_q2(D + blk * 2));
+    return d * ((c0 * s[0] + c1 * s[1]) + (c2 * s[2] + c3 * s[3]));
+}
+]]
+DQ8.q6_K = [[
+static __device__ __forceinline__ void kiln_dq8_q6_K(const unsigned char *W, const unsigned char *D, long long blk, int j,
+                                                     float *out)
+{
+    const unsigned char *B = W + blk * 208;
+    const int hf = j >> 7, r = j & 127, q = r >> 5, l = r & 31;
+    const uint2 ql = kiln_q8(B + 64 * hf + 32 * (q & 1) + l), qh = kiln_q8(B + 128 + 32 * hf + l);
+    const float d = kiln_qh2f(kiln_q2(D + blk * 2));
+    const float sc = (float)(signed char)B[192 + 8 * hf + (l >> 4) + 2 * q];
+    const int sh = q < 2 ? 0 : 4;
+    const unsigned w[2] = {((ql.x >> sh) & 0x0F0F0F0Fu) | (((qh.x >> (2 * q)) & 0x03030303u) << 4),
+                           ((ql.y >> sh) & 0x0F0F0F0Fu) | (((qh.y >> (2 * q)) & 0x03030303u) << 4)};
+#pragma unroll
+    for (int i = 0; i < 8; i++) out[i] = d * sc * kiln_qbyte(w[i / 4], i % 4, 32.0f);
+}
+]]
+
+-- The CUDA text of type t's helpers (`dot`: the fused-GEMV unit product; `dq8`: eight
+-- dequantized elements).
+function M.helpers(t, dot, dq8)
+    local parts = { COMMON }
+    if dot then parts[#parts + 1] = DOT[t] end
+    if dq8 then parts[#parts + 1] = DQ8[t] end
+    return table.concat(parts, "\n")
+end
+
+-- "W" and "D" (the scales of a split layout) of a quantized ref r in parameter p<r.param>,
+-- whose buffer has `bytes` bytes.
+function M.pointers(r, fail)
+    local ti = TYPES[r.type]
+    if not r.bytes or r.bytes % ti.size ~= 0 then fail("%s buffer of %s bytes", r.type, tostring(r.bytes)) end
+    local lines = { string.format("const unsigned char *const W = (const unsigned char *)p%d;", r.param) }
+    if ti.rest then
+        lines[2] = string.format("const unsigned char *const D = W + %dll; /* the f16 scales of the split layout */",
+            r.bytes // ti.size * ti.rest)
+    else
+        lines[2] = "const unsigned char *const D = W; /* (unused: scales inside the blocks) */"
+    end
+    return lines
+end
+
+-- Refusal of what the quantized kernels cannot address: an operand whose element offset or
+-- strides are not whole blocks (the frontend guarantees whole blocks for every view).
+function M.check_blocks(r, fail, what)
+    local bl = TYPES[r.type].block
+    if r.offs % bl ~= 0 then fail("%s: offset %d is not a whole number of %s blocks", what, r.offs, r.type) end
+    for d = 2, 4 do
+        if r.ne[d] > 1 and r.st[d] % bl ~= 0 then fail("%s: stride st[%d] = %d is not whole %s blocks", what, d - 1, r.st[d], r.type) end
+    end
+    if r.st[1] ~= 1 and r.ne[1] > 1 then fail("%s: rows must be contiguous", what) end
+    if r.ne[1] % bl ~= 0 then fail("%s: ne0 = %d is not a multiple of the %s block (%d)", what, r.ne[1], r.type, bl) end
+end
+
+local DQ_BLOCK = 256
+
+-- "(long long)expr * s" (nil when s is 0), and the sum of the non-nil terms of a list.
+local function term64(expr, s)
+    if s == 0 then return nil end
+    if s == 1 then return "(long long)" .. expr end
+    return "(long long)" .. expr .. " * " .. kit.int_lit(s)
+end
+
+local function sum(terms)
+    local t, n = {}, 0
+    for i in pairs(terms) do if i > n then n = i end end
+    for i = 1, n do if terms[i] then t[#t + 1] = terms[i] end end
+    return #t > 0 and table.concat(t, " + ") or "0"
+end
+
+-- A step that dequantizes quantized ref a ([K, M, A2, A3]) into the scratch at byte `base` as
+-- contiguous f16 (8 elements a thread, one 16-byte store), and the bytes it writes.
+function M.dequant_step(nparams, params, a, base, what, fail, prefix)
+    M.check_blocks(a, fail, what)
+    local ti = TYPES[a.type]
+    local K, R, A2, A3 = a.ne[1], a.ne[2], a.ne[3], a.ne[4]
+    local total = K * R * A2 * A3 // 8
+    if total > 4294967295 then fail("%s: %d elements are too many to dequantize", what, K * R * A2 * A3) end
+    local BL = ti.block
+    local b = kit.builder()
+    b.push()
+    for _, l in ipairs(M.pointers(a, fail)) do b.add("%s", l) end
+    b.add("unsigned char *const S = (unsigned char *)p%d%s;", nparams, base > 0 and " + " .. kit.int_lit(base) or "")
+    b.add("const unsigned idx = blockIdx.x * %du + threadIdx.x;", DQ_BLOCK)
+    if total % DQ_BLOCK ~= 0 then
+        b.add("if (idx >= %du)", total)
+        b.add("    return;")
+    end
+    b.add("const unsigned kk = idx %% %du * 8u, r = idx / %du;", K // 8, K // 8)
+    b.add("const unsigned row = r %% %du, g = r / %du;", R, R)
+    b.add("const long long blk = %s + (long long)(kk / %du);", sum({ kit.int_lit(a.offs // BL), term64("row", (a.st[2] // BL)),
+        A2 > 1 and term64("(g % " .. A2 .. "u)", a.st[3] // BL) or nil,
+        A3 > 1 and term64("(g / " .. A2 .. "u)", a.st[4] // BL) or nil }), BL)
+    b.add("float v[8];")
+    b.add("kiln_dq8_%s(W, D, blk, (int)(kk %% %du), v);", a.type, BL)
+    b.add("unsigned h[4];")
+    b.add("#pragma unroll")
+    b.add("for (int i = 0; i < 4; i++)")
+    b.add("    asm(\"cvt.rn.f16x2.f32 %0, %1, %2;\" : \"=r\"(h[i]) : \"f\"(v[2 * i + 1]), \"f\"(v[2 * i]));")
+    b.add("*(uint4 *)(S + (unsigned long long)idx * 16ull) = make_uint4(h[0], h[1], h[2], h[3]);")
+    local name = string.format("%s%s_%dx%dx%d", prefix, a.type, K, R, A2 * A3):sub(1, 63)
+    local source = kit.kernel {
+        head = { "kiln kernel " .. name, string.format("dequantize %s %s %s into the scratch as f16", what, kit.dims(a.ne), a.type) },
+        notes = { "as ggml's cuBLAS path: quantized weights become f16 for the f16 plan that follows" },
+        pre = "", blocks = { M.helpers(a.type, false, true) }, inline = true, name = name,
+        threads = DQ_BLOCK, params = params, body = b.lines,
+    }
+    return { name = name, source = source, grid = { kit.ceil_div(total, DQ_BLOCK), 1, 1 }, block = { DQ_BLOCK, 1, 1 }, smem = 0 },
+        K * R * A2 * A3 * 2
+end
+
+
+-- get_rows of a quantized a (an embedding table): dst[:, i1, i2, i3] = a[:, ids[i1, i2, i3],
+-- i2, i3] dequantized to f32, one thread per 8 elements; an id out of range gives a row of
+-- zeros (as rows.lua). ids' dim 1 may be symbolic (the tokens of a ubatch).
+function M.get_rows(k, fail)
+    local a, ids, d = k.args.a, k.args.ids, k.dst
+    if ids.type ~= "i32" or d.type ~= "f32" then fail("get_rows: ids %s, dst %s (want i32, f32)", ids.type, d.type) end
+    M.check_blocks(a, fail, "get_rows: a")
+    if d.st[1] ~= 1 then fail("get_rows: dst rows must be contiguous") end
+    for i = 1, 4 do
+        if (a.dyn and a.dyn[i]) or (d.dyn and d.dyn[i] and i ~= 2) or (ids.dyn and ids.dyn[i] and i ~= 1) then
+            fail("get_rows of %s: only ids' dim 0 may be symbolic", a.type)
+        end
+    end
+    local ti = TYPES[a.type]
+    local BL, ne0 = ti.block, d.ne[1]
+    local n1, n2, n3 = d.ne[2], d.ne[3], d.ne[4]
+    local per = ne0 // 8
+    local total = per * n1 * n2 * n3
+    if total > 4294967295 then fail("get_rows: %d elements are too many", ne0 * n1 * n2 * n3) end
+    local b = kit.builder()
+    b.push()
+    for _, l in ipairs(M.pointers(a, fail)) do b.add("%s", l) end
+    b.add("const int *const I = (const int *)p%d%s;", ids.param, ids.offs ~= 0 and " + " .. kit.int_lit(ids.offs) or "")
+    b.add("float *const Y = (float *)p%d%s;", d.param, d.offs ~= 0 and " + " .. kit.int_lit(d.offs) or "")
+    b.add("const unsigned idx = blockIdx.x * %du + threadIdx.x;", DQ_BLOCK)
+    if total % DQ_BLOCK ~= 0 then
+        b.add("if (idx >= %du)", total)
+        b.add("    return;")
+    end
+    b.add("const unsigned c8 = idx %% %du, row = idx / %du;", per, per)
+    b.add("const unsigned i1 = row %% %du, i2 = row / %du %% %du, i3 = row / %du;", n1, n1, n2, n1 * n2)
+    if ids.dyn and ids.dyn[1] then
+        b.add("if (i1 >= (unsigned)(%s))", ids.dyn[1])
+        b.add("    return;")
+    end
+    b.add("const int r = I[%s];", sum({ term64("i1", ids.st[1]), term64("i2", n2 > 1 and ids.st[2] or 0),
+        term64("i3", n3 > 1 and ids.st[3] or 0) }))
+    b.add("const bool ok = (unsigned)r < %du;", a.ne[2])
+    b.add("const long long blk = %s + (long long)(c8 * 8u / %du);", sum({ kit.int_lit(a.offs // BL),
+        term64("(ok ? r : 0)", a.st[2] // BL), term64("i2", a.ne[3] > 1 and a.st[3] // BL or 0),
+        term64("i3", a.ne[4] > 1 and a.st[4] // BL or 0) }), BL)
+    b.add("float v[8];")
+    b.add("kiln_dq8_%s(W, D, blk, (int)(c8 * 8u %% %du), v);", a.type, BL)
+    b.add("float *const y = Y + %s + c8 * 8u;", sum({ term64("i1", d.st[2]), term64("i2", n2 > 1 and d.st[3] or 0),
+        term64("i3", n3 > 1 and d.st[4] or 0) }))
+    b.add("#pragma unroll")
+    b.add("for (int j = 0; j < 8; j++)")
+    b.add("    y[j] = ok ? v[j] : 0.0f;")
+    local plist = {}
+    for p = 0, k.nparams - 1 do
+        plist[#plist + 1] = (p == d.param and "char" or "const char") .. " *__restrict__ p" .. p
+    end
+    local dynamic = k.dims and #k.dims > 0
+    if dynamic then plist[#plist + 1] = "const int* __restrict__ kdims" end
+    local name = string.format("get_rows_%s_%d", a.type, ne0)
+    local source = kit.kernel {
+        head = { "kiln rows kernel " .. name, "dst[:, i1, i2, i3] = f32(a[:, ids[i1, i2, i3], i2, i3]), a " .. a.type },
+        notes = { string.format("%d rows of %d, 8 elements a thread", n1 * n2 * n3, ne0) },
+        pre = "", blocks = { M.helpers(a.type, false, true) }, inline = true, name = name,
+        threads = DQ_BLOCK, params = table.concat(plist, ", "), body = b.lines,
+    }
+    return { name = name, source = source, grid = { kit.ceil_div(total, DQ_BLOCK), 1, 1 }, block = { DQ_BLOCK, 1, 1 },
+        smem = 0, dynamic = dynamic or nil }
+end
+
+return M

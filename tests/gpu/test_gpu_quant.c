@@ -1,0 +1,161 @@
+/* GPU tests of the quantized weight types (templates/quant.lua): mul_mat through every plan a
+ * quantized weight takes (the fused gemv, and the f16 dequantization followed by the tile, gemm
+ * and strided-b gemv plans), mul_mat_id with quantized experts (decode and prefill) and
+ * get_rows of a quantized table, for q8_0, q4_0, q4_K, q5_K and q6_K, each against the CPU
+ * reference (ggml's dequantization, sums in double) by NMSE <= 5e-4, ggml's threshold for
+ * mul_mat. K runs over 256·n for n = 1 .. 56 (a sample), with odd row counts. */
+#include "tests/support.h"
+
+#include "frontend/frontend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/gpu/gpu_support.h"
+
+static const kiln_type QTYPES[] = {KILN_Q8_0, KILN_Q4_0, KILN_Q4_K, KILN_Q5_K, KILN_Q6_K};
+#define NQ ((int)(sizeof QTYPES / sizeof QTYPES[0]))
+
+/* A weight leaf named `name` filled with random values quantized. */
+static kiln_tensor *qweight(kiln_ctx *ctx, hset *h, const char *name, kiln_type t, const int64_t ne[4], uint64_t seed) {
+    kiln_tensor *w = kiln_new_tensor(ctx, KILN_ROLE_WEIGHT, t, name, 4, ne);
+    hdata       *d = hset_add(h, name, t, ne[0] * ne[1] * ne[2] * ne[3]);
+    fill(d->data, t, d->n, seed, FILL_ANY);
+    return w;
+}
+
+static kiln_tensor *f32_input(kiln_ctx *ctx, hset *h, const char *name, const int64_t ne[4], uint64_t seed) {
+    kiln_tensor *x = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, name, 4, ne);
+    hdata       *d = hset_add(h, name, KILN_F32, ne[0] * ne[1] * ne[2] * ne[3]);
+    fill(d->data, KILN_F32, d->n, seed, FILL_ANY);
+    return x;
+}
+
+static void finish(kiln_ctx *ctx, hset *h, kiln_tensor *y, const char *label) {
+    kiln_set_output(ctx, y, "out");
+    kiln_graph *g = NULL;
+    kiln_status st = kiln_graph_new(ctx, &g);
+    ck_assert_msg(st == NULL, "%s: kiln_graph_new failed: %s", label, kiln_status_msg(st));
+    cmp_opts co = {.label = label, .tol_f32 = fe_ops[FE_OP_MUL_MAT].nmse_tol};
+    check_and_free(g, h, ctx, &co);
+}
+
+typedef struct {
+    int64_t K, M, N, A2, B2;
+    int     view_rows; /* a is rows 1 .. M of a weight with M + view_rows + 1 rows */
+    bool    bt;        /* b transposed (strided columns: the dequant + f16 gemv fallback) */
+} qcase;
+
+static void mul_mat_case(kiln_type t, const qcase *c, uint64_t seed) {
+    kiln_ctx *ctx = kiln_ctx_new();
+    hset      h = {0};
+    int64_t   nea[4] = {c->K, c->M + (c->view_rows ? c->view_rows + 1 : 0), c->A2, 1};
+    kiln_tensor *a = qweight(ctx, &h, "a", t, nea, seed);
+    if (c->view_rows) {
+        int64_t ne[4] = {c->K, c->M, c->A2, 1};
+        size_t  nb[3] = {kiln_tensor_nb(a, 1), kiln_tensor_nb(a, 2), kiln_tensor_nb(a, 3)};
+        a = kiln_view(ctx, a, 4, ne, nb, nb[0] * (size_t)c->view_rows);
+    }
+    kiln_tensor *b;
+    if (c->bt) {
+        int64_t ne[4] = {c->N, c->K, c->B2, 1};
+        b = kiln_transpose(ctx, f32_input(ctx, &h, "b", ne, seed + 1));
+    } else {
+        int64_t ne[4] = {c->K, c->N, c->B2, 1};
+        b = f32_input(ctx, &h, "b", ne, seed + 1);
+    }
+    char label[256];
+    snprintf(label, sizeof label, "mul_mat %s K %lld M %lld N %lld A2 %lld B2 %lld%s%s", kiln_type_name(t),
+             (long long)c->K, (long long)c->M, (long long)c->N, (long long)c->A2, (long long)c->B2,
+             c->view_rows ? " (row view)" : "", c->bt ? " (b transposed)" : "");
+    finish(ctx, &h, kiln_mul_mat(ctx, a, b), label);
+}
+
+static const qcase GEMV[] = {
+    {4096, 64, 1, 1, 1, 0, false},  {256, 37, 1, 1, 1, 0, false},   {512, 5, 1, 1, 1, 0, false},
+    {768, 33, 1, 1, 1, 0, false},   {1280, 19, 1, 1, 1, 0, false},  {1792, 7, 1, 1, 1, 0, false},
+    {4096, 13, 1, 1, 1, 2, false},  {14336, 9, 1, 1, 1, 0, false},  {2048, 24, 1, 3, 3, 0, false},
+    {1024, 16, 1, 1, 1, 0, true},
+};
+static const qcase BATCH[] = {
+    {1024, 40, 2, 1, 1, 0, false}, {512, 33, 4, 1, 1, 0, false}, {2048, 64, 16, 1, 1, 0, false},
+    {256, 20, 40, 1, 1, 0, false}, {1024, 48, 3, 2, 4, 0, false}, {768, 24, 8, 1, 1, 1, false},
+};
+
+START_TEST(gemv) {
+    need_gpu();
+    for (int q = 0; q < NQ; q++)
+        for (int i = 0; i < (int)(sizeof GEMV / sizeof GEMV[0]); i++) mul_mat_case(QTYPES[q], &GEMV[i], 100 + 7 * q + i);
+}
+END_TEST
+
+START_TEST(k_sweep) {
+    need_gpu();
+    /* K = 256·n for n = 1 .. 56 (every n, each type), odd M. */
+    for (int q = 0; q < NQ; q++)
+        for (int n = 1; n <= 56; n++) {
+            qcase c = {256 * n, 3 + 2 * (n % 5), 1, 1, 1, 0, false};
+            mul_mat_case(QTYPES[q], &c, 1000 + 61 * q + n);
+        }
+}
+END_TEST
+
+START_TEST(batches) {
+    need_gpu();
+    for (int q = 0; q < NQ; q++)
+        for (int i = 0; i < (int)(sizeof BATCH / sizeof BATCH[0]); i++) mul_mat_case(QTYPES[q], &BATCH[i], 300 + 11 * q + i);
+}
+END_TEST
+
+static void mul_mat_id_case(kiln_type t, int64_t K, int64_t M, int64_t E, int64_t U, int64_t T, uint64_t seed) {
+    kiln_ctx *ctx = kiln_ctx_new();
+    hset      h = {0};
+    int64_t   nea[4] = {K, M, E, 1}, neb[4] = {K, 1, T, 1}, nei[2] = {U, T};
+    kiln_tensor *as = qweight(ctx, &h, "as", t, nea, seed);
+    kiln_tensor *b = f32_input(ctx, &h, "b", neb, seed + 1);
+    kiln_tensor *ids = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_I32, "ids", 2, nei);
+    hdata       *d = hset_add(&h, "ids", KILN_I32, U * T);
+    rng_t        r = {seed};
+    for (int64_t i = 0; i < U * T; i++) ((int32_t *)d->data)[i] = rng_int(&r, 0, (int)E - 1);
+    char label[200];
+    snprintf(label, sizeof label, "mul_mat_id %s K %lld M %lld E %lld U %lld T %lld", kiln_type_name(t), (long long)K,
+             (long long)M, (long long)E, (long long)U, (long long)T);
+    finish(ctx, &h, kiln_mul_mat_id(ctx, as, b, ids), label);
+}
+
+START_TEST(mul_mat_id_quant) {
+    need_gpu();
+    for (int q = 0; q < NQ; q++) {
+        mul_mat_id_case(QTYPES[q], 512, 24, 8, 2, 1, 500 + q);
+        mul_mat_id_case(QTYPES[q], 1024, 40, 16, 4, 33, 600 + q);
+    }
+}
+END_TEST
+
+START_TEST(get_rows_quant) {
+    need_gpu();
+    for (int q = 0; q < NQ; q++) {
+        kiln_ctx *ctx = kiln_ctx_new();
+        hset      h = {0};
+        int64_t   nea[4] = {512, 50, 1, 1}, nei[1] = {9};
+        kiln_tensor *a = qweight(ctx, &h, "a", QTYPES[q], nea, 700 + q);
+        kiln_tensor *ids = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_I32, "ids", 1, nei);
+        hdata       *d = hset_add(&h, "ids", KILN_I32, 9);
+        for (int i = 0; i < 9; i++) ((int32_t *)d->data)[i] = (i * 17 + 3) % 50;
+        char label[96];
+        snprintf(label, sizeof label, "get_rows %s", kiln_type_name(QTYPES[q]));
+        finish(ctx, &h, kiln_get_rows(ctx, a, ids), label);
+    }
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("gpu_quant");
+    TS_ADD_TESTS(ts_tcase(s, "mul_mat", 600), gemv, k_sweep, batches);
+    TS_ADD_TESTS(ts_tcase(s, "mul_mat_id", 600), mul_mat_id_quant);
+    TS_ADD_TESTS(ts_tcase(s, "get_rows", 600), get_rows_quant);
+    return s;
+}
+
+int main(void) { return ts_main_cache(suite(), "gpu-quant", &g_cache_dir); }
