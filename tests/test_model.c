@@ -938,7 +938,8 @@ START_TEST(quant_refusals) {
 }
 END_TEST
 
-/* kiln run --cpu and the model line take a quantized file: the file type and each type's count. */
+/* kiln run --cpu and inspect take a quantized file; the model line shows the file type and each
+ * type's count. */
 START_TEST(cli_quantized_run) {
     char *p = path_in("cliq.gguf"), cmd[1024], *out = NULL;
     snprintf(cmd, sizeof cmd, "%s gen-model --preset tiny --arch llama --type q4_k_m -o %s", ts_kiln_bin(), p);
@@ -949,6 +950,14 @@ START_TEST(cli_quantized_run) {
     /* 5 norms f32; q8_0: token_embd, output and 12 layer matrices; ffn_down q4_K and q6_K. */
     ck_assert_msg(strstr(out, "q4_k_m weights (f32 5, q8_0 14, q4_K 1, q6_K 1)"), "%s", out);
     ck_assert_msg(strstr(out, "generated:"), "%s", out);
+    free(out);
+    /* kiln inspect takes it (no NVRTC), each weight with its own type. */
+    snprintf(cmd, sizeof cmd, "%s inspect %s --n-ctx 64 --n-batch 16", ts_kiln_bin(), p);
+    ck_assert_msg(ts_run(cmd, &out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "weight blk.0.ffn_down.weight q4_K[256, 128] 18432 bytes") &&
+                      strstr(out, "weight blk.1.ffn_down.weight q6_K[256, 128]") &&
+                      strstr(out, "weight blk.0.attn_q.weight q8_0[128, 128]"),
+                  "%s", out);
     free(out);
     free(p);
 }

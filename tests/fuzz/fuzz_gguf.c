@@ -113,6 +113,17 @@ static void model(kiln_gguf *g) {
         else kiln_gguf_close(g);
         if (!st) st = kiln_model_check_weights(m, graph);
         fz_drop(st);
+        /* The graph with the file's own types (a quantized file's mix may not be kiln's). */
+        kiln_ctx   *fctx = m ? kiln_ctx_new() : NULL;
+        kiln_graph *fgraph = NULL;
+        if (fctx) {
+            st = kiln_model_build(fctx, m, &o);
+            if (!st) st = kiln_graph_new(fctx, &fgraph);
+            if (!st) st = kiln_model_check_weights(m, fgraph);
+            fz_drop(st);
+        }
+        kiln_graph_free(fgraph);
+        kiln_ctx_free(fctx);
     }
     kiln_model_close(m);
     kiln_graph_free(graph);
