@@ -1713,7 +1713,7 @@ end
 
 -- ---- quantized weights (templates/quant.lua) --------------------------------------------------
 
-local QGEMV_WARPS = 4 -- warps per block of the quantized gemv
+local QGEMV_WARPS = 4 -- warps per block of the quantized gemv (they split K)
 local QGEMV_R = 4     -- rows per warp: each load of b serves them all
 
 -- The fused gemv of a quantized a (one column): nil when b's layout does not allow its
@@ -1727,21 +1727,24 @@ local function qgemv(k, s)
     quant.check_blocks(s.a, fail, "a")
     local BL, UB = ti.block, ti.ub
     local NU = s.K // BL * UB
-    local NI = ceil_div(NU, 32)
+    -- The block's warps split each row group's units (warp w: units lane + 32 w + 32 W i), so a
+    -- small M still fills the GPU, and meet in shared memory.
+    local WP = QGEMV_WARPS
+    local NI = ceil_div(NU, 32 * WP)
     local b = builder()
     b.push()
     for _, l in ipairs(quant.pointers(s.a, fail)) do b.add("%s", l) end
     b.add("const float *const B = (const float *)p%d%s;", s.b.param, s.b.offs ~= 0 and " + " .. lit(s.b.offs) or "")
     b.add("float *const Y = (float *)p%d%s;", s.d.param, s.d.offs ~= 0 and " + " .. lit(s.d.offs) or "")
     local R = QGEMV_R
-    b.add("const unsigned lane = threadIdx.x & 31u, row0 = (blockIdx.x * %du + (threadIdx.x >> 5)) * %du;", QGEMV_WARPS, R)
+    b.add("const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, row0 = blockIdx.x * %du;", R)
     decl_batch(b, s, "blockIdx.y")
     local sa = s.sa
     -- Rows past M (the last warp's) read row M - 1 again and store nothing.
     b.add("long long blk0[%d];", R)
     b.add("#pragma unroll")
     b.add("for (int r = 0; r < %d; r++)", R)
-    b.add("    blk0[r] = %s;", sum({ lit(s.a.offs // BL), term64(s.M % (R * QGEMV_WARPS) ~= 0 and
+    b.add("    blk0[r] = %s;", sum({ lit(s.a.offs // BL), term64(s.M % R ~= 0 and
         string.format("min(row0 + r, %du)", s.M - 1) or "(row0 + r)", sa[2] // BL),
         s.A2 > 1 and term64("ja2", sa[3] // BL) or nil, s.A3 > 1 and term64("ja3", sa[4] // BL) or nil }))
     b.add("const float *const bk = B + %s;", sum({ s.A2 > 1 and term64("ja2", s.sb[3]) or nil,
@@ -1750,8 +1753,8 @@ local function qgemv(k, s)
     b.add("#pragma unroll")
     b.add("for (int i = 0; i < %d; i++) {", NI)
     b.push()
-    b.add("const int u = (int)lane + 32 * i;")
-    if NU % 32 ~= 0 then
+    b.add("const int u = (int)(lane + 32u * warp) + %d * i;", 32 * WP)
+    if NU % (32 * WP) ~= 0 then
         b.add("if (u >= %d)", NU)
         b.add("    break;")
     end
@@ -1770,22 +1773,29 @@ local function qgemv(k, s)
     b.add("    acc[r] += kiln_qdot_%s(W, D, blk0[r] + %s, %s, x, t0, t1);", s.ta, ub, part)
     b.pop()
     b.add("}")
+    b.add("__shared__ float part[%d][%d];", WP, R)
     b.add("#pragma unroll")
     b.add("for (int r = 0; r < %d; r++) {", R)
     b.add("#pragma unroll")
     b.add("    for (int o = 16; o > 0; o >>= 1)")
     b.add("        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);")
+    b.add("    if (lane == 0)")
+    b.add("        part[warp][r] = acc[r];")
     b.add("}")
-    local guard = s.M % (R * QGEMV_WARPS) ~= 0 and string.format(" && row0 + r < %du", s.M) or ""
+    b.add("__syncthreads();")
+    local guard = s.M % R ~= 0 and string.format(" && row0 + threadIdx.x < %du", s.M) or ""
+    b.add("if (threadIdx.x < %du%s) {", R, guard)
+    b.add("    float v = 0.0f;")
     b.add("#pragma unroll")
-    b.add("for (int r = 0; r < %d; r++)", R)
-    b.add("    if (lane == r%s)", guard)
-    b.add("        Y[%s] = acc[r];", sum({ term64("(row0 + r)", s.sd[1]), s.A2 > 1 and term64("ja2", s.sd[3]) or nil,
+    b.add("    for (int w = 0; w < %d; w++)", WP)
+    b.add("        v += part[w][threadIdx.x];")
+    b.add("    Y[%s] = v;", sum({ term64("(row0 + threadIdx.x)", s.sd[1]), s.A2 > 1 and term64("ja2", s.sd[3]) or nil,
         s.A3 > 1 and term64("ja3", s.sd[4]) or nil }))
+    b.add("}")
     local name = short_name(string.format("mul_mat_qgemv_%s_%dx%d%s", s.ta, s.K, s.M, s.NG > 1 and "x" .. s.NG or ""))
     local notes = {
-        string.format("quantized gemv: %d rows of %d %s elements (%d blocks), %d rows a warp (one load of b serves them), %d units of 32 per lane",
-            s.M, s.K, s.ta, s.K // BL, QGEMV_R, NI),
+        string.format("quantized gemv: %d rows of %d %s elements (%d blocks), %d rows a block (one load of b serves them), its %d warps split K, %d units of 32 per lane",
+            s.M, s.K, s.ta, s.K // BL, QGEMV_R, QGEMV_WARPS, NI),
     }
     local source = kit.kernel {
         head = { "kiln matmul kernel " .. name,
@@ -1793,7 +1803,7 @@ local function qgemv(k, s)
         notes = notes, pre = "", blocks = { quant.helpers(s.ta, true, false) }, inline = true, name = name,
         threads = 32 * QGEMV_WARPS, params = table.concat(param_list(k), ", "), body = b.lines,
     }
-    return { name = name, source = source, grid = { ceil_div(s.M, QGEMV_WARPS * QGEMV_R), s.NG, 1 },
+    return { name = name, source = source, grid = { ceil_div(s.M, QGEMV_R), s.NG, 1 },
         block = { 32 * QGEMV_WARPS, 1, 1 }, smem = 0 }
 end
 
