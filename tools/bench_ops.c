@@ -104,7 +104,7 @@ static kiln_status set_inputs(kiln_session *s, const kiln_graph *g, const char *
         kiln_role          r = kiln_tensor_role(t);
         if (r != KILN_ROLE_INPUT && r != KILN_ROLE_STATE) continue;
         int64_t n = kiln_tensor_nelements(t);
-        size_t  bytes = (size_t)n * kiln_type_size(kiln_tensor_type(t));
+        size_t  bytes = kiln_row_size(kiln_tensor_type(t), n);
         void   *data = malloc(bytes ? bytes : 1);
         if (!data) return kb_oom();
         kb_fill_random(data, kiln_tensor_type(t), n, seed + (uint64_t)i);

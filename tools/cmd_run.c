@@ -98,7 +98,7 @@ static kiln_status make_leaves(run_data *d) {
         kiln_tensor *t = kiln_graph_node(g, i);
         kiln_role r = kiln_tensor_role(t);
         if (r != KILN_ROLE_INPUT && r != KILN_ROLE_WEIGHT && r != KILN_ROLE_STATE) continue;
-        size_t bytes = (size_t)kiln_tensor_nelements(t) * kiln_type_size(kiln_tensor_type(t));
+        size_t bytes = kiln_row_size(kiln_tensor_type(t), kiln_tensor_nelements(t));
         const char *file = file_for(d->c->inputs, d->c->ninputs, kiln_tensor_name(t));
         if (file) {
             char *data;
@@ -154,7 +154,7 @@ static kiln_status upload(run_data *d, kiln_session *s) {
     for (int i = 0; i < kiln_graph_size(d->g); i++) {
         if (!d->host[i]) continue;
         kiln_tensor *t = kiln_graph_node(d->g, i);
-        size_t bytes = (size_t)kiln_tensor_nelements(t) * kiln_type_size(kiln_tensor_type(t));
+        size_t bytes = kiln_row_size(kiln_tensor_type(t), kiln_tensor_nelements(t));
         kiln_status st = kiln_session_set(s, kiln_tensor_name(t), d->host[i], bytes);
         if (st) return st;
     }
