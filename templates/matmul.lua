@@ -1714,7 +1714,37 @@ end
 -- ---- quantized weights (templates/quant.lua) --------------------------------------------------
 
 local QGEMV_WARPS = 4 -- warps per block of the quantized gemv (they split K)
-local QGEMV_R = 4     -- rows per warp: each load of b serves them all
+local QGEMV_RMAX = 4  -- most rows per block: each load of b serves them all
+local QGEMV_MINB = 8  -- __launch_bounds__ minimum blocks per SM (at most 64 registers: 8 blocks of 128)
+local QGEMV_SLOTS = 132 * QGEMV_MINB -- blocks resident at once on an H100
+
+-- Rows per block of the quantized gemv: the most (b's loads shared by more rows) whose grid
+-- fills its last wave of resident blocks at least 90% (measured: 1024 blocks for 924 slots ran
+-- a second wave for 10% of the work); else the one that fills it best.
+-- The quantized gemv's layout: WK of the block's warps split each row's units (so that every
+-- lane has QGEMV_UNITS units or more to keep loads in flight, and a small M still fills the GPU),
+-- the block's QGEMV_WARPS / WK groups of warps own R rows each, and R (at most QGEMV_RMAX: each
+-- load of b serves R rows) is the largest whose grid fills its last wave of resident blocks at
+-- least 90% (measured: 1024 blocks for 924 slots ran a second wave for 10% of the work), else the
+-- one that fills it best.
+local QGEMV_UNITS = 4
+local function qgemv_layout(M, NG, NU)
+    local WK = QGEMV_WARPS
+    while WK > 1 and NU < 32 * WK * QGEMV_UNITS do WK = WK // 2 end
+    local G = QGEMV_WARPS // WK
+    local best, beff = 1, 0
+    local R = QGEMV_RMAX
+    while R >= 1 do
+        local blocks = ceil_div(M, R * G) * NG
+        local waves = blocks / QGEMV_SLOTS
+        -- (one partial wave with a few blocks on every SM has no tail)
+        local eff = (waves <= 1 and blocks >= 264) and 1 or waves / math.ceil(waves)
+        if eff >= 0.9 then return WK, G, R end
+        if eff > beff then best, beff = R, eff end
+        R = R // 2
+    end
+    return WK, G, best
+end
 
 -- The fused gemv of a quantized a (one column): nil when b's layout does not allow its
 -- 16-byte loads (contiguous, 4-float aligned columns) or a dim is symbolic.
@@ -1727,24 +1757,24 @@ local function qgemv(k, s)
     quant.check_blocks(s.a, fail, "a")
     local BL, UB = ti.block, ti.ub
     local NU = s.K // BL * UB
-    -- The block's warps split each row group's units (warp w: units lane + 32 w + 32 W i), so a
-    -- small M still fills the GPU, and meet in shared memory.
     local WP = QGEMV_WARPS
-    local NI = ceil_div(NU, 32 * WP)
+    local WK, G, R = qgemv_layout(s.M, s.NG, NU)
+    local RB = G * R -- rows per block
+    local NI = ceil_div(NU, 32 * WK)
     local b = builder()
     b.push()
     for _, l in ipairs(quant.pointers(s.a, fail)) do b.add("%s", l) end
     b.add("const float *const B = (const float *)p%d%s;", s.b.param, s.b.offs ~= 0 and " + " .. lit(s.b.offs) or "")
     b.add("float *const Y = (float *)p%d%s;", s.d.param, s.d.offs ~= 0 and " + " .. lit(s.d.offs) or "")
-    local R = QGEMV_R
-    b.add("const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, row0 = blockIdx.x * %du;", R)
+    b.add("const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;")
+    b.add("const unsigned kw = warp %% %du, row0 = blockIdx.x * %du + warp / %du * %du;", WK, RB, WK, R)
     decl_batch(b, s, "blockIdx.y")
     local sa = s.sa
-    -- Rows past M (the last warp's) read row M - 1 again and store nothing.
+    -- Rows past M (the last block's) read row M - 1 again and store nothing.
     b.add("long long blk0[%d];", R)
     b.add("#pragma unroll")
     b.add("for (int r = 0; r < %d; r++)", R)
-    b.add("    blk0[r] = %s;", sum({ lit(s.a.offs // BL), term64(s.M % R ~= 0 and
+    b.add("    blk0[r] = %s;", sum({ lit(s.a.offs // BL), term64(s.M % RB ~= 0 and
         string.format("min(row0 + r, %du)", s.M - 1) or "(row0 + r)", sa[2] // BL),
         s.A2 > 1 and term64("ja2", sa[3] // BL) or nil, s.A3 > 1 and term64("ja3", sa[4] // BL) or nil }))
     b.add("const float *const bk = B + %s;", sum({ s.A2 > 1 and term64("ja2", s.sb[3]) or nil,
@@ -1753,8 +1783,8 @@ local function qgemv(k, s)
     b.add("#pragma unroll")
     b.add("for (int i = 0; i < %d; i++) {", NI)
     b.push()
-    b.add("const int u = (int)(lane + 32u * warp) + %d * i;", 32 * WP)
-    if NU % (32 * WP) ~= 0 then
+    b.add("const int u = (int)(lane + 32u * kw) + %d * i;", 32 * WK)
+    if NU % (32 * WK) ~= 0 then
         b.add("if (u >= %d)", NU)
         b.add("    break;")
     end
@@ -1762,8 +1792,8 @@ local function qgemv(k, s)
     local part = UB > 1 and string.format("u %% %d", UB) or "0"
     b.add("float x[32];")
     b.add("kiln_qx_%s(bk + (long long)(%s) * %d, %s, x);", s.ta, ub, BL, part)
-    b.add("float t0 = 0.0f, t1 = 0.0f; /* the sums of x's halves (the K-quants' mins) */")
-    if s.ta == "q4_K" or s.ta == "q5_K" then
+    b.add("float t0 = 0.0f, t1 = 0.0f; /* the sums of x's halves, once for the rows */")
+    if s.ta ~= "q6_K" then
         b.add("#pragma unroll")
         b.add("for (int j = 0; j < 16; j++)")
         b.add("    t0 += x[j], t1 += x[16 + j];")
@@ -1773,37 +1803,53 @@ local function qgemv(k, s)
     b.add("    acc[r] += kiln_qdot_%s(W, D, blk0[r] + %s, %s, x, t0, t1);", s.ta, ub, part)
     b.pop()
     b.add("}")
-    b.add("__shared__ float part[%d][%d];", WP, R)
     b.add("#pragma unroll")
     b.add("for (int r = 0; r < %d; r++) {", R)
     b.add("#pragma unroll")
     b.add("    for (int o = 16; o > 0; o >>= 1)")
     b.add("        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);")
-    b.add("    if (lane == 0)")
-    b.add("        part[warp][r] = acc[r];")
     b.add("}")
-    b.add("__syncthreads();")
-    local guard = s.M % R ~= 0 and string.format(" && row0 + threadIdx.x < %du", s.M) or ""
-    b.add("if (threadIdx.x < %du%s) {", R, guard)
-    b.add("    float v = 0.0f;")
-    b.add("#pragma unroll")
-    b.add("    for (int w = 0; w < %d; w++)", WP)
-    b.add("        v += part[w][threadIdx.x];")
-    b.add("    Y[%s] = v;", sum({ term64("(row0 + threadIdx.x)", s.sd[1]), s.A2 > 1 and term64("ja2", s.sd[3]) or nil,
-        s.A3 > 1 and term64("ja3", s.sd[4]) or nil }))
-    b.add("}")
+    local function store(row, v)
+        return string.format("Y[%s] = %s;", sum({ term64(row, s.sd[1]), s.A2 > 1 and term64("ja2", s.sd[3]) or nil,
+            s.A3 > 1 and term64("ja3", s.sd[4]) or nil }), v)
+    end
+    if WK == 1 then
+        -- Each warp owns its rows whole: its lane r stores row r.
+        local guard = s.M % RB ~= 0 and string.format(" && row0 + r < %du", s.M) or ""
+        b.add("#pragma unroll")
+        b.add("for (int r = 0; r < %d; r++)", R)
+        b.add("    if (lane == r%s)", guard)
+        b.add("        %s", store("(row0 + r)", "acc[r]"))
+    else
+        b.add("__shared__ float part[%d][%d];", WP, R)
+        b.add("if (lane == 0) {")
+        b.add("#pragma unroll")
+        b.add("    for (int r = 0; r < %d; r++)", R)
+        b.add("        part[warp][r] = acc[r];")
+        b.add("}")
+        b.add("__syncthreads();")
+        local guard = s.M % RB ~= 0 and string.format(" && blockIdx.x * %du + threadIdx.x < %du", RB, s.M) or ""
+        b.add("if (threadIdx.x < %du%s) {", RB, guard)
+        b.add("    const unsigned g = threadIdx.x / %du, r = threadIdx.x %% %du;", R, R)
+        b.add("    float v = 0.0f;")
+        b.add("#pragma unroll")
+        b.add("    for (int w = 0; w < %d; w++)", WK)
+        b.add("        v += part[g * %du + w][r];", WK)
+        b.add("    %s", store(string.format("(blockIdx.x * %du + threadIdx.x)", RB), "v"))
+        b.add("}")
+    end
     local name = short_name(string.format("mul_mat_qgemv_%s_%dx%d%s", s.ta, s.K, s.M, s.NG > 1 and "x" .. s.NG or ""))
     local notes = {
-        string.format("quantized gemv: %d rows of %d %s elements (%d blocks), %d rows a block (one load of b serves them), its %d warps split K, %d units of 32 per lane",
-            s.M, s.K, s.ta, s.K // BL, QGEMV_R, QGEMV_WARPS, NI),
+        string.format("quantized gemv: %d rows of %d %s elements (%d blocks); a block: %d groups of %d warps, %d rows a group " ..
+            "(one load of b serves them), the group's warps split K: %d units of 32 per lane", s.M, s.K, s.ta, s.K // BL, G, WK, R, NI),
     }
     local source = kit.kernel {
         head = { "kiln matmul kernel " .. name,
             "mul_mat: dst " .. dims(s.d.ne) .. " f32 = b " .. dims(s.b.ne) .. " f32 · a " .. dims(s.a.ne) .. " " .. s.ta .. "ᵀ" },
         notes = notes, pre = "", blocks = { quant.helpers(s.ta, true, false) }, inline = true, name = name,
-        threads = 32 * QGEMV_WARPS, params = table.concat(param_list(k), ", "), body = b.lines,
+        threads = string.format("%d, %d", 32 * QGEMV_WARPS, QGEMV_MINB), params = table.concat(param_list(k), ", "), body = b.lines,
     }
-    return { name = name, source = source, grid = { ceil_div(s.M, QGEMV_R), s.NG, 1 },
+    return { name = name, source = source, grid = { ceil_div(s.M, RB), s.NG, 1 },
         block = { 32 * QGEMV_WARPS, 1, 1 }, smem = 0 }
 end
 

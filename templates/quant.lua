@@ -84,6 +84,27 @@ static __device__ __forceinline__ float kiln_qdot4(unsigned w, float4 b, float o
     return fmaf(kiln_qbyte(w, 3, off), b.w, s);
 }
 static __device__ __forceinline__ float kiln_qsum4(float4 b) { return (b.x + b.y) + (b.z + b.w); }
+/* One PRMT per value, no subtraction: a byte v < 128 placed in bits 16..22 of 0.5 is the float
+ * 0.5 + v/256 exactly (kiln_q7); any byte in bits 8..15 is 0.5 + v/65536 (kiln_q8f). A unit sums
+ * S = sum f * b and recovers sum v * b = 256 S - 128 T (65536 S - 32768 T), T = sum b, which is
+ * computed once per unit for all rows; S - T/2 cancels only the leading bits (about 4 of 24
+ * for 7-bit values, 8 for bytes). */
+static __device__ __forceinline__ float kiln_q7(unsigned w, int i) { return __int_as_float(__byte_perm(w, 0x3F000000u, 0x7044u | (i << 8))); }
+static __device__ __forceinline__ float kiln_q8f(unsigned w, int i) { return __int_as_float(__byte_perm(w, 0x3F000000u, 0x7404u | (i << 4))); }
+static __device__ __forceinline__ float kiln_qs7(unsigned w, float4 b, float s)
+{
+    s = fmaf(kiln_q7(w, 0), b.x, s);
+    s = fmaf(kiln_q7(w, 1), b.y, s);
+    s = fmaf(kiln_q7(w, 2), b.z, s);
+    return fmaf(kiln_q7(w, 3), b.w, s);
+}
+static __device__ __forceinline__ float kiln_qs8(unsigned w, float4 b, float s)
+{
+    s = fmaf(kiln_q8f(w, 0), b.x, s);
+    s = fmaf(kiln_q8f(w, 1), b.y, s);
+    s = fmaf(kiln_q8f(w, 2), b.z, s);
+    return fmaf(kiln_q8f(w, 3), b.w, s);
+}
 /* The 6-bit scale and min of sub-block j (0..7) of a q4_K/q5_K block from its 12 scale bytes
  * in words y (bytes 0-3), z (4-7), w (8-11): ggml's get_scale_min_k4. */
 static __device__ __forceinline__ void kiln_qscale_k4(int j, unsigned y, unsigned z, unsigned w, float *sc, float *m)
@@ -100,8 +121,8 @@ static __device__ __forceinline__ void kiln_qscale_k4(int j, unsigned y, unsigne
 
 -- Per type: kiln_qx_T(bk, part, x) loads the 32 values of b (bk: b at the block's first element)
 -- that unit `part` of a block multiplies, into x; kiln_qdot_T(W, D, blk, part, x, t0, t1) = sum
--- over unit `part` of block blk of w * b (t0, t1: the sums of x[0..15] and x[16..31], which the
--- K-quants' mins multiply); kiln_dq8_T(W, D, blk, j, out): elements j..j+7 of block blk (j a
+-- over unit `part` of block blk of w * b (t0, t1: the sums of x[0..15] and x[16..31], which every
+-- type but q6_K needs: the K-quants' mins, and kiln_q7/kiln_q8f's offsets); kiln_dq8_T(W, D, blk, j, out): elements j..j+7 of block blk (j a
 -- multiple of 8). W is the buffer's start, D its scales (split layout). Separating b's loads
 -- from the weights' lets one load of b serve several rows.
 local DOT = {}
@@ -134,8 +155,8 @@ static __device__ __forceinline__ float kiln_qdot_q8_0(const unsigned char *W, c
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; i++)
-        s = kiln_qdot4(w[i] ^ 0x80808080u, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), 128.0f, s);
-    return d * s;
+        s = kiln_qs8(w[i] ^ 0x80808080u, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), s);
+    return d * (65536.0f * s - 32896.0f * (t0 + t1)); /* u = q + 128: 65536 S - (32768 + 128) T */
 }
 ]]
 DQ8.q8_0 = [[
@@ -160,11 +181,10 @@ static __device__ __forceinline__ float kiln_qdot_q4_0(const unsigned char *W, c
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        s = kiln_qdot4(w[i] & 0x0F0F0F0Fu, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), 8.0f, s);
-        s = kiln_qdot4((w[i] >> 4) & 0x0F0F0F0Fu,
-                       make_float4(x[16 + 4 * i], x[17 + 4 * i], x[18 + 4 * i], x[19 + 4 * i]), 8.0f, s);
+        s = kiln_qs7(w[i] & 0x0F0F0F0Fu, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), s);
+        s = kiln_qs7((w[i] >> 4) & 0x0F0F0F0Fu, make_float4(x[16 + 4 * i], x[17 + 4 * i], x[18 + 4 * i], x[19 + 4 * i]), s);
     }
-    return d * s;
+    return d * (256.0f * s - 136.0f * (t0 + t1)); /* q - 8: 256 S - (128 + 8) T */
 }
 ]]
 DQ8.q4_0 = [[
@@ -214,9 +234,11 @@ local function qk_dot(t, five)
             or "        const unsigned lo = w[i] & 0x0F0F0F0Fu;",
         five and "        const unsigned hi = ((w[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> (2 * c + 1)) & 0x01010101u) << 4);"
             or "        const unsigned hi = (w[i] >> 4) & 0x0F0F0F0Fu;",
-        "        s0 = kiln_qdot4(lo, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), 0.0f, s0);",
-        "        s1 = kiln_qdot4(hi, make_float4(x[16 + 4 * i], x[17 + 4 * i], x[18 + 4 * i], x[19 + 4 * i]), 0.0f, s1);",
+        "        s0 = kiln_qs7(lo, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), s0);",
+        "        s1 = kiln_qs7(hi, make_float4(x[16 + 4 * i], x[17 + 4 * i], x[18 + 4 * i], x[19 + 4 * i]), s1);",
         "    }",
+        "    s0 = 256.0f * s0 - 128.0f * t0; /* sum q * b of each half (kiln_q7) */",
+        "    s1 = 256.0f * s1 - 128.0f * t1;",
         "    const float d = kiln_qh2f(hd.x & 0xFFFFu), dmin = kiln_qh2f(hd.x >> 16);",
         "    return d * (sc0 * s0 + sc1 * s1) - dmin * (m0 * t0 + m1 * t1);",
         "}",
