@@ -1,8 +1,8 @@
 -- matmul_id: the kernel template of mul_mat_id (ggml_mul_mat_id: mixture-of-experts matmul);
 -- docs/templates.md describes the table k, docs/ops-matmul-id.md the semantics and designs.
 --
---   as [K, M, E] (f32, f16, bf16; rows contiguous), b f32 [K, B1, T] (any strides), ids i32
---   [U, T] (any strides), dst f32 [M, U, T]:
+--   as [K, M, E] (f32, f16, bf16, or quantized: qgemv_id and quant_id at the end; rows
+--   contiguous), b f32 [K, B1, T] (any strides), ids i32 [U, T] (any strides), dst f32 [M, U, T]:
 --   dst[:, u, t] = as[:, :, ids[u, t]] · b[:, u % B1, t]; an id outside [0, E) gives zeros.
 --
 -- Two designs, chosen from the static T:
@@ -103,15 +103,20 @@ local function dyn_tokens(k, p)
     p.kdims = k.dims and #k.dims > 0
 end
 
--- Checks k and gathers the shapes, strides and parameters every kernel needs.
-local function problem(k)
+local AS_TYPES = { f32 = true, f16 = true, bf16 = true }
+local AS_QTYPES = { f32 = true, f16 = true, bf16 = true }
+for t in pairs(quant.TYPES) do AS_QTYPES[t] = true end
+
+-- Checks k and gathers the shapes, strides and parameters every kernel needs (`quantized`:
+-- as may be of a quantized type, for the fused quantized GEMV).
+local function problem(k, quantized)
     if k.kind ~= "op" or k.op ~= "mul_mat_id" then fail("node is not mul_mat_id (%s %s)", tostring(k.kind), tostring(k.op)) end
     local args = k.args or {}
     local as, b, ids, dst = args.as, args.b, args.ids, k.dst
     -- With an epilogue dst is the epilogue's (any type and layout, stored through ep_lines): the
     -- shapes are checked against its space as an f32 product.
     if k.epilogue then dst = { type = "f32", ne = dst.ne, st = { 1, dst.st[2], dst.st[3], dst.st[4] }, offs = dst.offs, param = dst.param, dyn = dst.dyn, sym = dst.sym } end
-    check_ref(as, "as", { f32 = true, f16 = true, bf16 = true })
+    check_ref(as, "as", quantized and AS_QTYPES or AS_TYPES)
     check_ref(b, "b", { f32 = true })
     check_ref(ids, "ids", { i32 = true })
     check_ref(dst, "dst", { f32 = true })
@@ -1071,6 +1076,153 @@ prefill = function(p)
     return { scratch = p.base + s.bytes, steps = { prep(p, s), main(p, s) } }
 end
 
+-- ---- quantized experts: the fused GEMV (decode and small token counts) ------------------------
+
+local QID_WARPS = 4      -- warps per block
+local QID_R = 4          -- rows per warp: each load of b serves them all
+local QID_MAX_SLOTS = 64 -- (slot, token) pairs up to which the fused GEMV is always taken
+
+-- Whether N = U*T (its maximum) pairs take the fused GEMV rather than dequantizing every expert:
+-- always up to QID_MAX_SLOTS pairs; beyond, while the fused kernel's weight reads (N expert
+-- matrices at q bytes an element, q = the type's block bytes / block elements) stay below what
+-- the dequantization alone moves (all E experts read at q and written as f16: q + 2 bytes an
+-- element), i.e. N * q < E * (q + 2). For 128 experts: N <= 368 (q8_0) .. 583 (q4_0, q4_K).
+local function qid_fused(p)
+    local ti = quant.TYPES[p.W]
+    return p.N <= QID_MAX_SLOTS or p.N * ti.size < p.E * (ti.size + 2 * ti.block)
+end
+
+-- The fused GEMV of quantized experts, grid (row tiles, U, T): a block reads its slot's id and
+-- owns QID_R rows per warp group of that expert; a warp group's warps split K into 32-element
+-- units (as matmul.lua's qgemv: a q8_0/q4_0 block or an eighth of a K-quant block), a lane loads
+-- b's 32 values of its unit once (kiln_qx_T) and applies them to its rows (kiln_qdot_T), and
+-- the warps meet in shared memory. Only the selected experts' rows are read; an invalid id
+-- writes zeros and reads nothing. nil when b's rows are not contiguous and 16-byte aligned (its
+-- float4 loads), or the pairs are too many (qid_fused): quant_id's path then.
+local function qgemv_id(k)
+    if k.epilogue or k.pair then return nil end
+    local p = problem(k, true)
+    local b = p.b
+    if b.st[1] ~= 1 or b.offs % 4 ~= 0 then return nil end
+    if p.B1 > 1 and b.st[2] % 4 ~= 0 then return nil end
+    if p.T > 1 and b.st[3] % 4 ~= 0 then return nil end
+    if not qid_fused(p) then return nil end
+    if p.U > 65535 or p.T > 65535 then return nil end
+    quant.check_blocks(p.as, fail, "as")
+    local as, T = p.as, p.W
+    local ti = quant.TYPES[T]
+    local BL, UB = ti.block, ti.ub
+    local NU = p.K // BL * UB
+    -- WK warps split a row's units (the fewest powers of 2 giving each lane a unit, at most
+    -- all of them), the block's other warps take other rows: K = 768 (24 units) gives each
+    -- warp its own 4 rows, K = 2048 (64 units) pairs of warps, K >= 4096 all 4 warps.
+    local WK = 1
+    while WK < QID_WARPS and 32 * WK < NU do WK = WK * 2 end
+    local RG = QID_WARPS // WK
+    local R = QID_R
+    local RB = RG * R
+    local NI = ceil_div(NU, 32 * WK)
+    local gx = ceil_div(p.M, RB)
+    local bl = builder()
+    bl.add(ptr(p.dst, "out", "float", false))
+    for _, l in ipairs(quant.pointers(as, fail)) do bl.add("%s", l) end
+    bl.add(ptr(p.b, "xb", "float", true))
+    bl.add(ptr(p.ids, "ids", "int", true))
+    bl.add("const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;")
+    if WK > 1 then
+        bl.add("const unsigned wk = warp %% %du, row0 = blockIdx.x * %du + warp / %du * %du;", WK, RB, WK, R)
+    else
+        bl.add("const unsigned row0 = blockIdx.x * %du + warp * %du;", RB, R)
+    end
+    if p.U > 1 then bl.add("const unsigned u = blockIdx.y;") end
+    if p.T > 1 then bl.add("const unsigned t = blockIdx.z;") end
+    if p.dT then
+        bl.add("if (t >= (unsigned)(%s)) /* tokens past the run-time count */", p.dT)
+        bl.add("    return;")
+    end
+    bl.add("const int e = %s;", id_expr(p, "u", "t"))
+    bl.add("float *const o = out + %s + blockIdx.x * %du;", dcol_expr(p, "u", "t"), RB)
+    local guard = p.M % RB ~= 0 and string.format(" && blockIdx.x * %du + threadIdx.x < %du", RB, p.M) or ""
+    bl.add("if ((unsigned)e >= %du) { /* no such expert: zero rows, nothing read */", p.E)
+    bl.add("    if (threadIdx.x < %du%s)", RB, guard)
+    bl.add("        o[threadIdx.x] = 0.0f;")
+    bl.add("    return;")
+    bl.add("}")
+    -- Rows past M (the last block's) read row M - 1 again and store nothing.
+    local row = p.M % RB ~= 0 and string.format("min(row0 + r, %du)", p.M - 1) or "(row0 + r)"
+    local base = { ll(as.offs // BL) }
+    if as.offs == 0 then base = {} end
+    base[#base + 1] = string.format("(long long)e * %s", ll(as.st[3] // BL))
+    base[#base + 1] = string.format("(long long)%s * %s", row, ll(as.st[2] // BL))
+    bl.add("long long blk0[%d]; /* each row's first block */", R)
+    bl.add("#pragma unroll")
+    bl.add("for (int r = 0; r < %d; r++)", R)
+    bl.add("    blk0[r] = %s;", table.concat(base, " + "))
+    local vidx = p.B1 == 1 and "0" or (p.B1 == p.U and "u" or string.format("u %% %du", p.B1))
+    local brow = brow_expr(p, vidx, "t")
+    bl.add("const float *const bk = xb%s;", brow == "0" and "" or " + " .. brow)
+    bl.add("float acc[%d] = {%s};", R, string.rep("0.0f", R, ", "))
+    bl.add("#pragma unroll")
+    bl.add("for (int i = 0; i < %d; i++) {", NI)
+    bl.push()
+    bl.add("const int j = (int)(lane%s) + %d * i; /* the unit */", WK > 1 and " + 32u * wk" or "", 32 * WK)
+    if NU % (32 * WK) ~= 0 then
+        bl.add("if (j >= %d)", NU)
+        bl.add("    break;")
+    end
+    local jb = UB > 1 and string.format("j / %d", UB) or "j"
+    local part = UB > 1 and string.format("j %% %d", UB) or "0"
+    bl.add("float x[32];")
+    bl.add("kiln_qx_%s(bk + (long long)(%s) * %d, %s, x);", T, jb, BL, part)
+    bl.add("float t0 = 0.0f, t1 = 0.0f; /* the sums of x's halves (the K-quants' mins) */")
+    if T == "q4_K" or T == "q5_K" then
+        bl.add("#pragma unroll")
+        bl.add("for (int q = 0; q < 16; q++)")
+        bl.add("    t0 += x[q], t1 += x[16 + q];")
+    end
+    bl.add("#pragma unroll")
+    bl.add("for (int r = 0; r < %d; r++)", R)
+    bl.add("    acc[r] += kiln_qdot_%s(W, D, blk0[r] + %s, %s, x, t0, t1);", T, jb, part)
+    bl.pop()
+    bl.add("}")
+    bl.add("__shared__ float part[%d][%d];", QID_WARPS, R)
+    bl.add("#pragma unroll")
+    bl.add("for (int r = 0; r < %d; r++) {", R)
+    bl.add("#pragma unroll")
+    bl.add("    for (int s = 16; s > 0; s >>= 1)")
+    bl.add("        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], s);")
+    bl.add("    if (lane == 0)")
+    bl.add("        part[warp][r] = acc[r];")
+    bl.add("}")
+    bl.add("__syncthreads();")
+    bl.add("if (threadIdx.x < %du%s) {", RB, guard)
+    bl.push()
+    if WK > 1 then
+        bl.add("const unsigned g = threadIdx.x / %du * %du, r = threadIdx.x %% %du;", R, WK, R)
+        bl.add("float v = 0.0f;")
+        bl.add("#pragma unroll")
+        bl.add("for (int w = 0; w < %d; w++)", WK)
+        bl.add("    v += part[g + w][r];")
+        bl.add("o[threadIdx.x] = v;")
+    else
+        bl.add("o[threadIdx.x] = part[threadIdx.x / %du][threadIdx.x %% %du];", R, R)
+    end
+    bl.pop()
+    bl.add("}")
+
+    local name = string.format("mul_mat_id_qgemv_%s_k%d_m%d_u%d", T, p.K, p.M, p.U)
+    local notes = notes_of(p)
+    notes[#notes + 1] = string.format("grid (%d, %d, %d) of %d warps: %d rows a warp, %d warp%s split K (%d units of 32, %d per lane), %d rows a block",
+        gx, p.U, p.T, QID_WARPS, R, WK, WK == 1 and "" or "s", NU, NI, RB)
+    local src = source {
+        name = name, what = "decode: a fused GEMV over the selected expert's quantized rows per (slot, token)",
+        notes = notes, pre = "", helpers = { quant.helpers(T, true, false) }, threads = QID_WARPS * 32,
+        params = param_list(p, false), body = bl.text(),
+    }
+    return { name = name, source = src, grid = { gx, p.U, p.T }, block = { QID_WARPS * 32, 1, 1 }, smem = 0,
+        dynamic = p.kdims or nil }
+end
+
 -- Quantized experts: all of as dequantized into the scratch as f16 (templates/quant.lua), then
 -- the f16 plans on it, their own scratch after it. (Correct at every size; a fused quantized
 -- expert GEMV is future work: this reads and writes every expert at decode.)
@@ -1114,6 +1266,6 @@ local function plain(k)
 end
 
 return function(k)
-    if k.args and k.args.as and quant.is(k.args.as.type) then return quant_id(k, plain) end
+    if k.args and k.args.as and quant.is(k.args.as.type) then return qgemv_id(k) or quant_id(k, plain) end
     return plain(k)
 end

@@ -3,7 +3,8 @@
  * the slots or one row per slot, f16/bf16 weights, a permuted b), the frontend's shape and type
  * errors, and each specialization of templates/matmul_id.lua (decode GEMV with every load width,
  * prefill route/pack + tensor-core kernel for each token tile, prefill FMA kernel for f32 or
- * unaligned weights) generated and compiled by NVRTC for sm_90a and sm_80 without warnings.
+ * unaligned weights, the fused GEMV of quantized experts and their f16 dequantization fallback)
+ * generated and compiled by NVRTC for sm_90a and sm_80 without warnings.
  * No GPU needed. */
 #include "tests/support.h"
 
@@ -169,6 +170,7 @@ typedef struct {
 } gcase;
 
 #define G3(w, x, i) "input as: " w "\ninput x: " x "\ninput ids: " i "\noutput y = mul_mat_id(as, x, ids)\n"
+#define GQ(w, x, i) "weight as: " w "\ninput x: " x "\ninput ids: " i "\noutput y = mul_mat_id(as, x, ids)\n"
 
 static const gcase CASES[] = {
     /* decode GEMV: 16-byte loads (bf16, f16, f32), narrower ones, rows per warp, T up to 4 */
@@ -198,6 +200,22 @@ static const gcase CASES[] = {
     {G3("bf16[37, 33, 3]", "f32[37, 2, 16]", "i32[2, 16]"), 2, "f32 FMA"},
     {"input w: f16[72, 100, 4]\ninput x: f32[64, 1, 9]\ninput ids: i32[2, 9]\n"
      "as = view(w, [64, 100, 4], [144, 14400], 4)\noutput y = mul_mat_id(as, x, ids)\n", 2, "f32 FMA"},
+    /* quantized experts, the fused GEMV (one step): Qwen3-30B-A3B gate (64 units: 2 warps split
+     * K) and down (b one row per slot, 24 units: a warp per 4 rows), K = 256 with odd M (rows
+     * past M clamped), a long K whose units do not fill the last round, 64 pairs over 16 tokens,
+     * a symbolic token count */
+    {GQ("q4_K[2048, 768, 128]", "f32[2048, 1, 1]", "i32[8, 1]"), 1, "2 warps split K (64 units of 32, 1 per lane)"},
+    {GQ("q8_0[768, 2048, 128]", "f32[768, 8, 1]", "i32[8, 1]"), 1, "1 warp split K (24 units of 32, 1 per lane)"},
+    {GQ("q6_K[256, 37, 4]", "f32[256, 1, 3]", "i32[2, 3]"), 1, "min(row0 + r, 36u)"},
+    {GQ("q5_K[14336, 9, 2]", "f32[14336, 2, 2]", "i32[2, 2]"), 1, "if (j >= 448)"},
+    {GQ("q4_0[4096, 33, 8]", "f32[4096, 1, 16]", "i32[4, 16]"), 1, "mul_mat_id_qgemv_q4_0_k4096_m33_u4"},
+    {"dim n_tokens <= 8\nweight as: q4_K[512, 40, 16]\ninput x: f32[512, 2, n_tokens]\ninput ids: i32[4, n_tokens]\n"
+     "output y = mul_mat_id(as, x, ids)\n", 1, "tokens past the run-time count"},
+    /* quantized experts, dequantized to f16 first: too many pairs (4 x 33 of 16 experts: prep +
+     * mma after the dequantization), b not 16-byte aligned (the f16 gemv after it) */
+    {GQ("q4_K[1024, 40, 16]", "f32[1024, 1, 33]", "i32[4, 33]"), 3, "mma.sync"},
+    {"weight as: q8_0[256, 40, 4]\ninput xp: f32[260, 1, 1]\ninput ids: i32[2, 1]\n"
+     "x = view(xp, [256, 1, 1], [1040, 1040], 4)\noutput y = mul_mat_id(as, x, ids)\n", 2, "one GEMV over the selected"},
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
@@ -212,6 +230,36 @@ static int mmid_steps(const kiln_program *p, int *count) {
     ck_assert_msg(first >= 0, "no mul_mat_id kernel");
     *count = n;
     return first;
+}
+
+/* NVRTC compiles src without a warning, except (quantized experts) "declared but never
+ * referenced" for the shared helpers of templates/quant.lua a type does not use. */
+static void nvrtc_clean(const char *src, const char *name, const char *arch) {
+    if (!strstr(src, "kiln_qh2f")) {
+        ts_nvrtc_clean(src, name, arch);
+        return;
+    }
+    const char *opts[CG_MAX_OPTS];
+    int          n = cg_nvrtc_options(arch, opts);
+    nvrtcProgram prog;
+    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
+    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
+    size_t      len = 0;
+    nvrtcGetProgramLogSize(prog, &len);
+    char *log = calloc(1, len + 1);
+    ck_assert_ptr_nonnull(log);
+    nvrtcGetProgramLog(prog, log);
+    nvrtcDestroyProgram(&prog);
+    ck_assert_msg(r == NVRTC_SUCCESS, "%s (%s): NVRTC says:\n%.600s", name, arch, log);
+    for (char *l = log, *e; *l; l = e + (*e != 0)) {
+        e = l + strcspn(l, "\n");
+        char c = *e;
+        *e = 0;
+        bool diag = strstr(l, "): warning") || strstr(l, "error");
+        ck_assert_msg(!diag || strstr(l, "warning #177-D: function \"kiln_q"), "%s (%s): NVRTC says: %s", name, arch, l);
+        *e = c;
+    }
+    free(log);
 }
 
 START_TEST(kernels_compile) {
@@ -229,11 +277,14 @@ START_TEST(kernels_compile) {
         for (int s = k; s < k + n; s++) {
             const char *src = kiln_program_kernel_source(p, s);
             ck_assert_msg(!strstr(src, "#include"), "#include in source");
-            ts_nvrtc_clean(src, kiln_program_kernel_name(p, s), archs[a]);
+            nvrtc_clean(src, kiln_program_kernel_name(p, s), archs[a]);
         }
-        if (n == 2) { /* prefill steps share the node's scratch, listed in the description */
-            ck_assert_msg(strncmp(kiln_program_kernel_name(p, k), "mul_mat_id_prep_", 16) == 0, "step 1 is %s",
-                          kiln_program_kernel_name(p, k));
+        /* quantized experts: the fused GEMV alone, or a dequantization step before the f16 plan */
+        int dq = strncmp(kiln_program_kernel_name(p, k), "mul_mat_id_dq_", 14) == 0;
+        if (dq || n == 2) { /* prefill steps (and the f16 experts) share the node's scratch */
+            if (n - dq == 2)
+                ck_assert_msg(strncmp(kiln_program_kernel_name(p, k + dq), "mul_mat_id_prep_", 16) == 0, "step %d is %s",
+                              1 + dq, kiln_program_kernel_name(p, k + dq));
             char *d = NULL;
             TS_OK(kiln_program_describe(p, &d));
             ck_assert_msg(strstr(d, "scratch: "), "no scratch in:\n%s", d);
@@ -246,8 +297,10 @@ END_TEST
 
 static void mmid_header(const kiln_program *p) {
     int n, k = mmid_steps(p, &n);
-    for (int s = 0; s < n; s++)
-        ck_assert_msg(strstr(kiln_program_kernel_source(p, k + s), "kiln mul_mat_id kernel"), "header comment");
+    for (int s = 0; s < n; s++) /* (quantized experts: quant.lua's dequantization step, its own head) */
+        ck_assert_msg(strstr(kiln_program_kernel_source(p, k + s), "kiln mul_mat_id kernel") ||
+                          strstr(kiln_program_kernel_source(p, k + s), "kiln kernel mul_mat_id_dq_"),
+                      "header comment");
 }
 
 /* The same graph gives the same sources. */

@@ -3,7 +3,9 @@
  * and strided-b gemv plans), mul_mat_id with quantized experts (decode and prefill) and
  * get_rows of a quantized table, for q8_0, q4_0, q4_K, q5_K and q6_K, each against the CPU
  * reference (ggml's dequantization, sums in double) by NMSE <= 5e-4, ggml's threshold for
- * mul_mat. K runs over 256·n for n = 1 .. 56 (a sample), with odd row counts. */
+ * mul_mat. K runs over 256·n for n = 1 .. 56 (a sample), with odd row counts. mul_mat_id: the
+ * fused quantized GEMV's edges (b broadcast or one row per slot, odd M, K from 256 to 14336,
+ * ids out of range, several tokens, up to 96 pairs) and the dequantization path. */
 #include "tests/support.h"
 
 #include "frontend/frontend.h"
@@ -108,28 +110,47 @@ START_TEST(batches) {
 }
 END_TEST
 
-static void mul_mat_id_case(kiln_type t, int64_t K, int64_t M, int64_t E, int64_t U, int64_t T, uint64_t seed) {
+typedef struct {
+    int64_t K, M, E, U, B1, T;
+    bool    bad; /* some ids out of [0, E): -1, E, 2^30 (zero columns) */
+} idcase;
+
+static void mul_mat_id_case(kiln_type t, const idcase *c, uint64_t seed) {
     kiln_ctx *ctx = kiln_ctx_new();
     hset      h = {0};
-    int64_t   nea[4] = {K, M, E, 1}, neb[4] = {K, 1, T, 1}, nei[2] = {U, T};
+    int64_t   nea[4] = {c->K, c->M, c->E, 1}, neb[4] = {c->K, c->B1, c->T, 1}, nei[2] = {c->U, c->T};
     kiln_tensor *as = qweight(ctx, &h, "as", t, nea, seed);
     kiln_tensor *b = f32_input(ctx, &h, "b", neb, seed + 1);
     kiln_tensor *ids = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_I32, "ids", 2, nei);
-    hdata       *d = hset_add(&h, "ids", KILN_I32, U * T);
+    hdata       *d = hset_add(&h, "ids", KILN_I32, c->U * c->T);
     rng_t        r = {seed};
-    for (int64_t i = 0; i < U * T; i++) ((int32_t *)d->data)[i] = rng_int(&r, 0, (int)E - 1);
+    static const int32_t BAD[3] = {-1, 0, 1 << 30};
+    for (int64_t i = 0; i < c->U * c->T; i++) {
+        int32_t v = rng_int(&r, 0, (int)c->E - 1);
+        if (c->bad && i % 5 == 2) v = BAD[i % 3] ? BAD[i % 3] : (int32_t)c->E;
+        ((int32_t *)d->data)[i] = v;
+    }
     char label[200];
-    snprintf(label, sizeof label, "mul_mat_id %s K %lld M %lld E %lld U %lld T %lld", kiln_type_name(t), (long long)K,
-             (long long)M, (long long)E, (long long)U, (long long)T);
+    snprintf(label, sizeof label, "mul_mat_id %s K %lld M %lld E %lld U %lld B1 %lld T %lld%s", kiln_type_name(t),
+             (long long)c->K, (long long)c->M, (long long)c->E, (long long)c->U, (long long)c->B1, (long long)c->T,
+             c->bad ? " (invalid ids)" : "");
     finish(ctx, &h, kiln_mul_mat_id(ctx, as, b, ids), label);
 }
 
+/* The fused GEMV (templates/matmul_id.lua, qgemv_id: up to 64 pairs, or fewer pairs than the
+ * dequantization would move) and the f16 dequantization path (T = 33, U = 4 of 16 experts). */
+static const idcase IDS[] = {
+    {512, 24, 8, 2, 1, 1, false},       {1024, 40, 16, 4, 1, 33, false},   /* the first cases */
+    {2048, 768, 8, 8, 1, 1, false},     {768, 2048, 8, 8, 8, 1, false},    /* Qwen3-30B-A3B gate, down rows */
+    {256, 37, 4, 2, 1, 3, true},        {256, 5, 3, 3, 3, 2, false},       /* K = 256, odd M, B1 = U */
+    {14336, 19, 4, 2, 2, 2, true},      {4096, 33, 8, 4, 2, 16, true},     /* long K; 64 pairs, B1 = 2 */
+    {1280, 9, 64, 8, 8, 12, false},     {3072, 130, 6, 1, 1, 4, true},     /* 96 pairs of 64 experts: fused */
+};
+
 START_TEST(mul_mat_id_quant) {
     need_gpu();
-    for (int q = 0; q < NQ; q++) {
-        mul_mat_id_case(QTYPES[q], 512, 24, 8, 2, 1, 500 + q);
-        mul_mat_id_case(QTYPES[q], 1024, 40, 16, 4, 33, 600 + q);
-    }
+    for (int q = 0; q < NQ; q++)
+        for (int i = 0; i < (int)(sizeof IDS / sizeof IDS[0]); i++) mul_mat_id_case(QTYPES[q], &IDS[i], 500 + 13 * q + i);
 }
 END_TEST
 
