@@ -788,6 +788,12 @@ void        kiln_model_close(kiln_model *m);
  * file: kiln_model_load makes them on the device at memory speed (a 61 GB model in well under a
  * second), kiln_model_weight in host memory on first use. kiln_model_gguf is NULL for it. */
 kiln_status kiln_model_random(const kiln_model_hparams *hp, uint64_t seed, kiln_model **out);
+/* kiln_model_random, but each quantized weight is random blocks of its type made on the device
+ * (kiln_session_fill_weights' fill_quant: values spanning about the weight's scale), not the
+ * file's values, which are quantized on the host (minutes for a model of several GB): for
+ * benchmarks of quantized file types (kiln bench). Float weights are kiln_model_random's.
+ * kiln_model_weight gives NULL for its quantized weights, so the CPU reference refuses it. */
+kiln_status kiln_model_random_blocks(const kiln_model_hparams *hp, uint64_t seed, kiln_model **out);
 /* Puts m's weights into a session of its graph's program: streamed from the file
  * (kiln_session_load_weights; progress gets bytes), or made on the device for a random model. */
 kiln_status kiln_model_load(const kiln_model *m, kiln_session *s,

@@ -79,15 +79,18 @@ int  km_n_dims(const int64_t ne[4]);
 void km_shape_text(const int64_t ne[4], int nd, char *out, size_t n);
 
 /* ---- random models without a file (model/random.c) ------------------------------------------
- * The weights kiln_model_write_random would write for (hp, seed), made where they are needed. */
+ * The weights kiln_model_write_random would write for (hp, seed), made where they are needed;
+ * with quant_blocks, quantized weights are instead random blocks made on the device
+ * (kiln_model_random_blocks). */
 typedef struct km_random km_random;
-kiln_status km_random_new(const kiln_model_hparams *hp, uint64_t seed, km_random **out);
+kiln_status km_random_new(const kiln_model_hparams *hp, uint64_t seed, bool quant_blocks, km_random **out);
 void        km_random_free(km_random *r);
 /* How to make weight `name` (of this type and shape) on the device: kiln_session_fill_weights. */
 kiln_status km_random_init(km_random *r, const char *name, kiln_type type, const int64_t ne[4],
                            kiln_weight_init *out);
 /* Weight `name` in host memory (made on first use, owned by r); NULL when the model has no such
- * weight of this type and size. */
+ * weight of this type and size, or it is a quantized weight of quant_blocks (made on the device
+ * only). */
 const void *km_random_host(km_random *r, const char *name, kiln_type type, int64_t n);
 /* NULL when `name` is a weight of the model with this type and shape; else an error naming it. */
 kiln_status km_random_check(const km_random *r, const char *name, kiln_type type, const int64_t ne[4]);

@@ -65,19 +65,28 @@ kiln_status kiln_model_open(const char *path, kiln_model **out) {
     return st ? st : kiln_model_from_gguf(g, out); /* both name the file in their messages */
 }
 
-kiln_status kiln_model_random(const kiln_model_hparams *hp, uint64_t seed, kiln_model **out) {
+static kiln_status random_model(const char *fn, const kiln_model_hparams *hp, uint64_t seed, bool quant_blocks,
+                                kiln_model **out) {
     if (out) *out = NULL;
-    if (!hp || !out) return kb_error(KILN_ERR_INVALID, "kiln_model_random: NULL argument");
+    if (!hp || !out) return kb_error(KILN_ERR_INVALID, "%s: NULL argument", fn);
     kiln_model *m = calloc(1, sizeof *m);
     if (!m) return kb_oom();
     m->hp = *hp;
-    kiln_status st = km_random_new(hp, seed, &m->random);
+    kiln_status st = km_random_new(hp, seed, quant_blocks, &m->random);
     if (st) {
         free(m);
         return st;
     }
     *out = m;
     return NULL;
+}
+
+kiln_status kiln_model_random(const kiln_model_hparams *hp, uint64_t seed, kiln_model **out) {
+    return random_model("kiln_model_random", hp, seed, false, out);
+}
+
+kiln_status kiln_model_random_blocks(const kiln_model_hparams *hp, uint64_t seed, kiln_model **out) {
+    return random_model("kiln_model_random_blocks", hp, seed, true, out);
 }
 
 void kiln_model_close(kiln_model *m) {

@@ -179,22 +179,26 @@ kiln_status kiln_model_write_random(const kiln_model_hparams *hp, uint64_t seed,
 
 /* ---- random models without a file (kiln_model_random) ----------------------------------------
  * The same weights, made where they are needed: on the device by kiln_session_fill_weights, or
- * in host memory on first use (the CPU reference). */
+ * in host memory on first use (the CPU reference). With quant_blocks (kiln_model_random_blocks,
+ * for benchmarks) a quantized weight is random blocks made on the device (fill_quant): its
+ * file values would be quantized on the host, minutes for a model of several GB. */
 
 struct km_random {
     kiln_model_hparams hp;
     gen_ctx            g;
+    bool               quant_blocks;
     kiln_ctx          *ctx;  /* owns the weight names */
     void             **host; /* per weight: host data made on first use */
 };
 
-kiln_status km_random_new(const kiln_model_hparams *hp, uint64_t seed, km_random **out) {
+kiln_status km_random_new(const kiln_model_hparams *hp, uint64_t seed, bool quant_blocks, km_random **out) {
     *out = NULL;
     kiln_status st = kiln_model_check(hp);
     if (st) return st;
     km_random *r = calloc(1, sizeof *r);
     if (!r) return kb_oom();
     r->hp = *hp;
+    r->quant_blocks = quant_blocks;
     r->g.hp = &r->hp;
     r->g.seed = seed;
     st = collect_weights(&r->hp, &r->ctx, &r->g);
@@ -233,7 +237,7 @@ static const weight_spec *find_spec(const km_random *r, const char *name, kiln_t
 const void *km_random_host(km_random *r, const char *name, kiln_type type, int64_t n) {
     int64_t            i;
     const weight_spec *w = find_spec(r, name, type, NULL, n, &i);
-    if (!w) return NULL;
+    if (!w || (r->quant_blocks && kiln_type_is_quantized(type))) return NULL; /* no host values match */
     if (r->host[i]) return r->host[i];
     size_t bytes = kiln_row_size(type, n);
     if (!(r->host[i] = malloc(bytes ? bytes : 1))) return NULL;
@@ -260,8 +264,9 @@ kiln_status km_random_init(km_random *r, const char *name, kiln_type type, const
     memset(out, 0, sizeof *out);
     if (!w) return km_random_check(r, name, type, ne);
     /* rope_freqs is computed, not random; a quantized weight is quantized on the host (the
-     * device fill writes float types only): both made on the host and uploaded. */
-    if (w->kind == INIT_ROPE_FREQS || kiln_type_is_quantized(type)) {
+     * device's fill_quant writes random blocks, not these values): both made on the host and
+     * uploaded, unless quant_blocks asks for the device's blocks. */
+    if (w->kind == INIT_ROPE_FREQS || (kiln_type_is_quantized(type) && !r->quant_blocks)) {
         out->host = km_random_host(r, name, type, w->ne[0] * w->ne[1] * w->ne[2] * w->ne[3]);
         return out->host ? NULL : kb_oom();
     }

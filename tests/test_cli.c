@@ -202,6 +202,18 @@ START_TEST(bench_usage) {
     ck_assert_int_eq(kiln("bench --models llama-9z", &out), 2);
     ck_assert_msg(strstr(out, "unknown preset 'llama-9z'") && strstr(out, "qwen3-30b-a3b"), "%s", out);
     free(out);
+    /* PRESET:FILETYPE: an unknown file type is named with the known ones; a known one passes
+     * the checks (then, here, no driver). */
+    ck_assert_int_eq(kiln("bench --models llama-3-8b,llama-3-8b:q4_k_x", &out), 2);
+    ck_assert_msg(strstr(out, "model 'llama-3-8b:q4_k_x': unknown file type 'q4_k_x'") && strstr(out, "q4_k_m"), "%s",
+                  out);
+    free(out);
+    ck_assert_int_eq(kiln("bench --models llama-9z:q8_0", &out), 2);
+    ck_assert_msg(strstr(out, "unknown preset 'llama-9z'"), "%s", out);
+    free(out);
+    ck_assert_int_eq(kiln("help bench", &out), 0);
+    ck_assert_msg(strstr(out, "llama-3-8b:q4_k_m") && strstr(out, "PyTorch has no ggml quantized types"), "%s", out);
+    free(out);
     ck_assert_int_eq(kiln("bench --ops-only --models-only", &out), 2);
     free(out);
     ck_assert_int_eq(kiln("bench --dir /nonexistent", &out), 2);
@@ -211,6 +223,9 @@ START_TEST(bench_usage) {
     free(out);
     if (ts_run("ldconfig -p | grep -q 'libcuda.so.1'", NULL) != 0) {
         ck_assert_int_eq(kiln("bench --quick --no-torch", &out), 3);
+        ck_assert_msg(strstr(out, "no CUDA driver") != NULL, "message: %s", out);
+        free(out);
+        ck_assert_int_eq(kiln("bench --models-only --models llama-3.2-1b:q4_0,qwen3-30b-a3b:Q4_K_M --no-torch", &out), 3);
         ck_assert_msg(strstr(out, "no CUDA driver") != NULL, "message: %s", out);
         free(out);
     }

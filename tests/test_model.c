@@ -859,6 +859,55 @@ START_TEST(cpu_run_quantized) {
 }
 END_TEST
 
+/* kiln_model_random_blocks (kiln bench's quantized models): float weights are kiln_model_random's,
+ * quantized ones exist only on the device (kiln_model_weight NULL), so the CPU reference refuses
+ * the model, naming a quantized weight, instead of computing with values the GPU does not have. */
+START_TEST(random_blocks_model) {
+    kiln_model_hparams hp = wide_llama(KILN_FTYPE_MOSTLY_Q4_K_M);
+    kiln_model        *r, *b;
+    TS_OK(kiln_model_random(&hp, 6, &r));
+    TS_OK(kiln_model_random_blocks(&hp, 6, &b));
+    ck_assert_ptr_null(kiln_model_gguf(b));
+    kiln_ctx       *ctx = kiln_ctx_new();
+    kiln_graph     *gr;
+    kiln_build_opts o = {.n_ctx = 8, .n_tokens_max = 4};
+    TS_OK(kiln_model_build(ctx, b, &o));
+    TS_OK(kiln_graph_new(ctx, &gr));
+    TS_OK(kiln_model_check_weights(b, gr));
+    int nq = 0, nf = 0;
+    for (int i = 0; i < kiln_graph_size(gr); i++) {
+        const kiln_tensor *t = kiln_graph_node(gr, i);
+        if (kiln_tensor_role(t) != KILN_ROLE_WEIGHT) continue;
+        kiln_type   ty = kiln_tensor_type(t);
+        int64_t     n = kiln_tensor_nelements(t);
+        const void *a = kiln_model_weight(r, kiln_tensor_name(t), ty, n), *c = kiln_model_weight(b, kiln_tensor_name(t), ty, n);
+        ck_assert_msg(a, "%s: kiln_model_random lacks it", kiln_tensor_name(t));
+        if (kiln_type_is_quantized(ty)) {
+            ck_assert_msg(!c, "%s (%s): host values of a device-only weight", kiln_tensor_name(t), kiln_type_name(ty));
+            nq++;
+        } else {
+            ck_assert_msg(c && memcmp(a, c, (size_t)n * kiln_type_size(ty)) == 0, "%s differs", kiln_tensor_name(t));
+            nf++;
+        }
+    }
+    ck_assert(nq > 0 && nf > 0);
+    ts_graph_free(gr, ctx);
+    kiln_gen_opts go = {.n_ctx = 16, .n_batch = 8, .cpu = true};
+    kiln_gen     *g = NULL;
+    kiln_status   st = kiln_gen_new(b, &go, &g);
+    int32_t       tok;
+    if (!st) st = kiln_gen_eval_greedy(g, prompt, 7, &tok);
+    ck_assert_msg(st != NULL, "the CPU reference ran a model whose quantized weights exist only on the device");
+    ck_assert_msg(strstr(kiln_status_msg(st), "blk.0.") || strstr(kiln_status_msg(st), "token_embd"), "%s",
+                  kiln_status_msg(st));
+    printf("random_blocks_model: the CPU reference refuses it: %s\n", kiln_status_msg(st));
+    kiln_status_free(st);
+    kiln_gen_free(g);
+    kiln_model_close(b);
+    kiln_model_close(r);
+}
+END_TEST
+
 /* The graph of a file takes each weight's type from the file, also where the file's types are
  * not kiln's mix: an f16 file whose blk.0.attn_q.weight says q4_0 (its 18-byte blocks fit in the
  * f16 data) builds with a q4_0 attn_q and runs. */
@@ -982,6 +1031,7 @@ int main(void) {
     tcase_add_checked_fixture(tq, setup, teardown);
     tcase_add_loop_test(tq, gen_model_quantized, 0, 5);
     tcase_add_loop_test(tq, cpu_run_quantized, 0, 25);
-    TS_ADD_TESTS(tq, mix_llama_3_8b, mix_rules, file_types_rule_the_graph, quant_refusals, cli_quantized_run);
+    TS_ADD_TESTS(tq, mix_llama_3_8b, mix_rules, file_types_rule_the_graph, quant_refusals, cli_quantized_run,
+                 random_blocks_model);
     return ts_main_isolated(s, "model");
 }

@@ -16,7 +16,8 @@ typedef struct {
     const char *dir;        /* the bench folder: graphs and PyTorch scripts */
     const char *python;
     const char *json;       /* write the results here (NULL: not written) */
-    const char *models;     /* comma-separated presets (NULL: all three) */
+    const char *models;     /* comma-separated presets, PRESET:FILETYPE for another file type
+                               (NULL: the bf16 presets and the quantized files of issue 25) */
     uint64_t    seed;
     kiln_device_info dev;
     double      copy_gbs;   /* measured roofline */
@@ -33,7 +34,8 @@ typedef struct {
 
 #define KT_BENCH_KVS 2
 typedef struct {
-    char     name[32];
+    char     name[32];            /* "llama-3-8b" or "llama-3-8b:q4_k_m" */
+    char     file_type[16];       /* "bf16", "q4_k_m" (kiln_ftype_name) */
     double   weight_gb, token_gb; /* all weights; read per decoded token (active experts only) */
     double   limit_ms;            /* token_gb at the roofline */
     double   cold_ms, warm_ms;    /* graph build + compile with an empty cache, then from it */
@@ -55,8 +57,12 @@ typedef struct {
 
 /* Ops: measured into *ops (n of them), each error kept in its row. */
 kiln_status kt_bench_ops(kt_bench *b, kt_bench_op **ops, int *n);
-/* Models: b->models (or all three presets), kiln then PyTorch for each. */
+/* Models: b->models (or the default list), kiln then PyTorch for each. */
 kiln_status kt_bench_models(kt_bench *b, kt_bench_model **models, int *n);
+/* The hyperparameters of a --models name: a preset, or PRESET:FILETYPE (llama-3-8b:q4_k_m) for
+ * the preset in that file type; an unknown preset or file type, or one the rows do not take, is
+ * an error naming it. */
+kiln_status kt_bench_model_hparams(const char *name, kiln_model_hparams *hp);
 
 /* Runs a shell command, handing each line of its stdout to line(); its stderr passes through.
  * Returns the exit status (-1 when it could not start). */

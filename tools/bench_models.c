@@ -2,6 +2,12 @@
  * writes, made on the device), decode and prefill through kiln_gen exactly as `kiln run` does,
  * then the same model in PyTorch (bench/torch_ref.py) after kiln has freed the GPU.
  *
+ * "PRESET:FILETYPE" (llama-3-8b:q4_k_m) is the preset in that file type, each weight of the
+ * type llama-quantize's mix gives it (model/ftype.c). Its quantized weights are random blocks
+ * made on the device (kiln_model_random_blocks): the file's values would be quantized on the
+ * host, minutes for 8B. PyTorch has no ggml quantized types, so such a row has no PyTorch
+ * columns, and in --quick it skips the one-step-at-a-time loop (there only for PyTorch's ratios).
+ *
  * Decode at KV position P: the cache is filled by a prefill of P tokens, then `steps` greedy
  * steps run from position P as generation runs them (kiln_gen_decode_greedy: chained, each
  * step's argmax fed to the next on the device, the host a step ahead); ms/token is their mean
@@ -20,7 +26,11 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *const g_presets[] = {"llama-3.2-1b", "llama-3-8b", "qwen3-30b-a3b"};
+/* What `kiln bench` runs: the bf16 presets, then the quantized files of issue 25. */
+static const char *const g_presets[] = {"llama-3.2-1b",        "llama-3-8b",        "qwen3-30b-a3b",
+                                        "llama-3.2-1b:q4_0",   "llama-3.2-1b:q4_k_m", "llama-3.2-1b:q8_0",
+                                        "llama-3-8b:q4_0",     "llama-3-8b:q4_k_m",   "llama-3-8b:q8_0",
+                                        "qwen3-30b-a3b:q4_k_m"};
 #define N_PRESETS ((int)(sizeof g_presets / sizeof g_presets[0]))
 #define PREFILL_N 512
 
@@ -29,7 +39,25 @@ typedef struct {
     kt_bench_model *m;
     const char     *cache_dir;
     int64_t         n_ctx, steps;
+    bool            quantized; /* a quantized file type: no PyTorch, device-made blocks */
 } model_run;
+
+static bool ftype_quantized(kiln_ftype f) {
+    return f != KILN_FTYPE_ALL_F32 && f != KILN_FTYPE_MOSTLY_F16 && f != KILN_FTYPE_MOSTLY_BF16;
+}
+
+kiln_status kt_bench_model_hparams(const char *name, kiln_model_hparams *hp) {
+    char        preset[64];
+    const char *colon = strchr(name, ':');
+    snprintf(preset, sizeof preset, "%.*s", (int)(colon ? colon - name : (long)strlen(name)), name);
+    kiln_status st = kiln_model_preset(NULL, preset, hp);
+    if (st) return st;
+    if (colon && kiln_ftype_from_name(colon + 1, &hp->ftype) != 0)
+        return kb_error(KILN_ERR_INVALID, "model '%s': unknown file type '%s' (known: %s)", name, colon + 1,
+                        kiln_ftype_list());
+    st = kiln_model_check(hp); /* a file type whose blocks do not divide the rows */
+    return st ? kb_wrap(st, "model '%s'", name) : NULL;
+}
 
 /* Bytes of all weights, and of what one decoded token reads: every weight but the embedding
  * table (one row; all of it when it is also the output matrix) and the unused experts. */
@@ -125,6 +153,7 @@ static kiln_status time_decode(model_run *r, kiln_gen *g, const int32_t *ids, in
         r->m->decode_ms[k] = (t1 - t0) / (double)r->steps;
         r->m->decode_gpu_ms[k] = (s1.decode_gpu_ms - s0.decode_gpu_ms) / (double)r->steps;
     }
+    if (r->quantized && r->b->quick) return st; /* no PyTorch ratio to take against it */
     if (!st) st = fill_to(g, ids, kv, &next);
     kiln_gen_get_stats(g, &s0);
     t0 = kb_now_ms();
@@ -148,7 +177,7 @@ static kiln_status run_kiln(model_run *r, const kiln_model_hparams *hp) {
     if (!st) st = compile_once(r, hp, &m->warm_ms, &k2);
     kiln_model *model = NULL;
     kiln_gen   *g = NULL;
-    if (!st) st = kiln_model_random(hp, r->b->seed, &model);
+    if (!st) st = (r->quantized ? kiln_model_random_blocks : kiln_model_random)(hp, r->b->seed, &model);
     kiln_compile_opts co = {.arch = r->b->dev.arch, .cache_dir = r->cache_dir};
     kiln_gen_opts     go = {.n_ctx = r->n_ctx, .n_batch = PREFILL_N, .compile = &co};
     if (!st) fprintf(stderr, "bench: %s: weights on the device, prefill, decode\n", m->name);
@@ -229,15 +258,21 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 
 static kiln_status bench_model(kt_bench *b, kt_bench_model *m, const char *cache_dir) {
     kiln_model_hparams hp;
-    kiln_status        st = kiln_model_preset(NULL, m->name, &hp);
+    kiln_status        st = kt_bench_model_hparams(m->name, &hp);
     if (st) return st;
-    model_run r = {.b = b, .m = m, .cache_dir = cache_dir, .steps = b->quick ? 32 : 128};
+    snprintf(m->file_type, sizeof m->file_type, "%s", kiln_ftype_name(hp.ftype));
+    model_run r = {.b = b, .m = m, .cache_dir = cache_dir, .steps = b->quick ? 32 : 128,
+                   .quantized = ftype_quantized(hp.ftype)};
     m->kv[0] = 512;
     m->kv[1] = 4096;
     r.n_ctx = m->kv[KT_BENCH_KVS - 1] + r.steps + 8;
     st = run_kiln(&r, &hp);
     m->limit_ms = b->copy_gbs > 0 ? m->token_gb * 1e9 / (b->copy_gbs * 1e6) : 0;
-    if (b->torch) run_torch(&r, &hp);
+    if (r.quantized)
+        for (int mode = 0; mode < 2; mode++)
+            snprintf(m->torch_note[mode], sizeof m->torch_note[mode], "PyTorch has no ggml quantized types (%s)",
+                     m->file_type);
+    else if (b->torch) run_torch(&r, &hp);
     else
         for (int mode = 0; mode < 2; mode++) snprintf(m->torch_note[mode], sizeof m->torch_note[mode], "%s", b->torch_why);
     return st;

@@ -80,13 +80,13 @@ static void print_ops(const kt_bench *b, const kt_bench_op *ops, int n) {
 static void print_model(const kt_bench_model *m) {
     char a[32], c[32], d[32], e[32], f[32];
     if (m->err[0]) {
-        printf("%-14s FAILED: %s\n", m->name, m->err);
+        printf("%-20s FAILED: %s\n", m->name, m->err);
         return;
     }
     for (int k = 0; k < KT_BENCH_KVS; k++) {
         /* PyTorch reads each step's token on the host: its ratios are to kiln doing the same. */
         double like = m->step_ms[k] > 0 ? m->step_ms[k] : m->decode_ms[k];
-        printf("%-14s decode kv %-6lld %8.3f %7.0f %8.3f %8.3f %6.0f%% %9s %9s %8s %8s\n", k ? "" : m->name,
+        printf("%-20s decode kv %-6lld %8.3f %7.0f %8.3f %8.3f %6.0f%% %9s %9s %8s %8s\n", k ? "" : m->name,
                (long long)m->kv[k], m->decode_ms[k], m->decode_ms[k] > 0 ? 1e3 / m->decode_ms[k] : 0,
                m->decode_gpu_ms[k], m->limit_ms, m->decode_ms[k] > 0 ? 100 * m->limit_ms / m->decode_ms[k] : 0,
                num(a, sizeof a, m->t_decode_ms[0][k], 3), num(c, sizeof c, m->t_decode_ms[1][k], 3),
@@ -95,29 +95,34 @@ static void print_model(const kt_bench_model *m) {
     double tok_s = m->prefill_ms > 0 ? 1e3 * (double)m->prefill_n / m->prefill_ms : 0;
     double te = m->t_prefill_ms[0] > 0 ? 1e3 * (double)m->prefill_n / m->t_prefill_ms[0] : 0;
     double tc = m->t_prefill_ms[1] > 0 ? 1e3 * (double)m->prefill_n / m->t_prefill_ms[1] : 0;
-    printf("%-14s prefill %-5lld %8.3f %7.0f %8s %8s %7s %9s %9s %8s %8s   (ms per %lld tokens; tok/s)\n", "",
+    printf("%-20s prefill %-5lld %8.3f %7.0f %8s %8s %7s %9s %9s %8s %8s   (ms per %lld tokens; tok/s)\n", "",
            (long long)m->prefill_n, m->prefill_ms, tok_s, "", "", "", num(a, sizeof a, te, 0), num(c, sizeof c, tc, 0),
            ratio(d, sizeof d, m->t_prefill_ms[0], m->prefill_ms), ratio(e, sizeof e, m->t_prefill_ms[1], m->prefill_ms),
            (long long)m->prefill_n);
-    printf("%-14s weights %.2f GB (%.2f GB read per token); cold compile %.2f s (%d kernels), warm start %.0f ms, "
+    printf("%-20s weights %.2f GB (%.2f GB read per token); cold compile %.2f s (%d kernels), warm start %.0f ms, "
            "weights made on the GPU in %.0f ms; torch.compile %s s\n",
            "", m->weight_gb, m->token_gb, m->cold_ms / 1e3, m->kernels, m->warm_ms, m->fill_ms,
            num(f, sizeof f, m->t_compile_s, 1));
-    printf("%-14s one step at a time (a host round trip a token): %.3f / %.3f ms at kv %lld / %lld; at kv %lld: "
-           "inputs %.0f us, run %.0f us, argmax readback %.0f us\n", "", m->step_ms[0], m->step_ms[1],
-           (long long)m->kv[0], (long long)m->kv[1], (long long)m->kv[0], m->host_us[0][0], m->host_us[0][1],
-           m->host_us[0][2]);
-    for (int mode = 0; mode < 2; mode++)
-        if (m->torch_note[mode][0])
-            printf("%-14s torch %s: %s\n", "", mode ? "compile" : "eager", m->torch_note[mode]);
+    if (m->step_ms[0] > 0) /* not measured for quantized files in --quick */
+        printf("%-20s one step at a time (a host round trip a token): %.3f / %.3f ms at kv %lld / %lld; at kv %lld: "
+               "inputs %.0f us, run %.0f us, argmax readback %.0f us\n", "", m->step_ms[0], m->step_ms[1],
+               (long long)m->kv[0], (long long)m->kv[1], (long long)m->kv[0], m->host_us[0][0], m->host_us[0][1],
+               m->host_us[0][2]);
+    if (m->torch_note[0][0] && !strcmp(m->torch_note[0], m->torch_note[1])) /* one reason for both */
+        printf("%-20s torch: %s\n", "", m->torch_note[0]);
+    else
+        for (int mode = 0; mode < 2; mode++)
+            if (m->torch_note[mode][0])
+                printf("%-20s torch %s: %s\n", "", mode ? "compile" : "eager", m->torch_note[mode]);
 }
 
 static void print_models(const kt_bench_model *ms, int n) {
-    printf("\nmodels, bf16, random weights, batch 1, greedy (kiln: wall ms per token of kiln_gen's decode loop, steps\n"
-           "chained on the GPU, and its GPU time; limit: weights read per token at the roofline; torch: eager and\n"
-           "torch.compile reduce-overhead, each step's token read on the host; vs: their ms over kiln's one step\n"
-           "at a time, which reads each token on the host too)\n");
-    printf("%-14s %-16s %8s %7s %8s %8s %7s %9s %9s %8s %8s\n", "model", "", "kiln ms", "tok/s", "GPU ms", "limit",
+    printf("\nmodels, random weights, batch 1, greedy: bf16, or the file type after the colon with random quantized\n"
+           "blocks (kiln: wall ms per token of kiln_gen's decode loop, steps chained on the GPU, and its GPU time;\n"
+           "limit: the file's weight bytes read per token at the roofline; torch: eager and torch.compile\n"
+           "reduce-overhead, each step's token read on the host; vs: their ms over kiln's one step at a time,\n"
+           "which reads each token on the host too)\n");
+    printf("%-20s %-16s %8s %7s %8s %8s %7s %9s %9s %8s %8s\n", "model", "", "kiln ms", "tok/s", "GPU ms", "limit",
            "% lim", "eager ms", "compile", "vs eager", "vs comp");
     for (int i = 0; i < n; i++) print_model(&ms[i]);
 }
@@ -179,6 +184,8 @@ static void json_ops(kb_str *j, const kt_bench_op *ops, int n) {
 static void json_model(kb_str *j, const kt_bench_model *m) {
     kb_str_add(j, "    {\"model\": ");
     json_str(j, m->name);
+    kb_str_add(j, ", \"file_type\": ");
+    json_str(j, m->file_type);
     kb_str_add(j, ", ");
     json_num(j, "weights_gb", m->weight_gb, true);
     json_num(j, "read_per_token_gb", m->token_gb, true);

@@ -25,14 +25,19 @@ static const char help[] =
     "  - ops and fusions at decode shapes (DIR/ops, DIR/fusion): median CUDA-graph replay in us,\n"
     "    GB/s of the bytes they must move, % of the roofline, and PyTorch's time (torch_ops.py);\n"
     "  - models llama-3.2-1b, llama-3-8b, qwen3-30b-a3b in bf16 with random weights (those\n"
-    "    'kiln gen-model' writes, made on the GPU): decode ms/token at KV positions 512 and 4096,\n"
-    "    prefill tok/s at 512 tokens, cold compile and warm start; beside PyTorch eager and\n"
-    "    torch.compile(mode=\"reduce-overhead\") of the same model (torch_ref.py).\n"
+    "    'kiln gen-model' writes, made on the GPU), and the quantized files llama-3.2-1b and\n"
+    "    llama-3-8b in q4_0, q4_k_m, q8_0 and qwen3-30b-a3b in q4_k_m (random blocks made on the\n"
+    "    GPU, each weight of the type llama-quantize's mix gives it): decode ms/token at KV\n"
+    "    positions 512 and 4096, prefill tok/s at 512 tokens, cold compile and warm start, the\n"
+    "    limit (weight bytes read per token at the roofline); beside PyTorch eager and\n"
+    "    torch.compile(mode=\"reduce-overhead\") of the same model (torch_ref.py; bf16 only:\n"
+    "    PyTorch has no ggml quantized types).\n"
     "  Needs a GPU. PyTorch is optional: without it the PyTorch columns say why they are empty.\n"
-    "  --quick         fewer repetitions, no torch.compile (about 3 minutes on an H100; the full\n"
-    "                  run takes about 9, most of it torch.compile)\n"
+    "  --quick         fewer repetitions, no torch.compile, quantized models without the\n"
+    "                  one-step-at-a-time loop (torch.compile is most of a full run's time)\n"
     "  --ops-only      only the machine and the ops; --models-only: only the machine and models\n"
-    "  --models LIST   comma-separated presets (default: the three above)\n"
+    "  --models LIST   comma-separated presets, PRESET:TYPE for a file type (llama-3-8b:q4_k_m;\n"
+    "                  types f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k); default: all above\n"
     "  --json FILE     also write the results as JSON (make bench: build/bench.json)\n"
     "  --no-torch      kiln only\n"
     "  --python PY     the Python that has PyTorch (default: python3)\n"
@@ -75,7 +80,7 @@ static int parse(int argc, char **argv, kt_bench *b) {
         char        name[64];
         snprintf(name, sizeof name, "%.*s", (int)(e ? e - p : (long)strlen(p)), p);
         kiln_model_hparams hp;
-        kiln_status        st = kiln_model_preset(NULL, name, &hp);
+        kiln_status        st = kt_bench_model_hparams(name, &hp);
         if (st) {
             kt_fail("bench", kb_wrap(st, "--models"));
             return KT_EXIT_USAGE;

@@ -1,6 +1,7 @@
 /* GGUF models on the GPU against the CPU reference: tiny models of every arch written by
  * kiln_model_write_random, a 7-token prefill then 32 decode steps, each step's logits compared
- * by NMSE and the greedy picks required identical; chunked prefill; the greedy loop itself. */
+ * by NMSE and the greedy picks required identical; chunked prefill; the greedy loop itself; a
+ * tiny model per quantized file type (and a wide variant whose rows take the K-quants). */
 #include "tests/gpu/gpu_support.h"
 
 #include <math.h>
@@ -172,6 +173,103 @@ START_TEST(device_fill_equals_file) {
 }
 END_TEST
 
+/* ---- quantized file types -------------------------------------------------------------------
+ * A whole model per file type, as gen-model writes it (kiln's quantizer, llama-quantize's mix of
+ * types): the GPU's greedy tokens equal the CPU reference's over DECODE_STEPS steps. The tiny
+ * presets' rows of 128 make a K-quant file mostly q8_0 (model/ftype.c's fallback); the "wide"
+ * variant has every row a multiple of 256 (n_embd 256, n_ff 512, expert width 256), so its
+ * q4_K, q5_K and q6_K weights really run on the GPU (checked below from the file's types). */
+
+static const kiln_ftype quant_ftypes[] = {KILN_FTYPE_MOSTLY_Q8_0, KILN_FTYPE_MOSTLY_Q4_0, KILN_FTYPE_MOSTLY_Q4_K_M,
+                                          KILN_FTYPE_MOSTLY_Q5_K_M, KILN_FTYPE_MOSTLY_Q6_K};
+#define N_QUANT_FTYPES ((int)(sizeof quant_ftypes / sizeof quant_ftypes[0]))
+#define N_QUANT_VARIANTS 4 /* llama, qwen3moe; tiny, wide */
+
+static kiln_model_hparams quant_hparams(int i, bool *wide) {
+    kiln_model_hparams hp;
+    const char        *arch = i % 2 ? "qwen3moe" : "llama";
+    *wide = (i % N_QUANT_VARIANTS) >= 2;
+    TS_OK(kiln_model_preset(arch, "tiny", &hp));
+    hp.ftype = quant_ftypes[i / N_QUANT_VARIANTS];
+    if (*wide) hp.n_embd = 256, hp.n_ff = 512, hp.head_dim = 64, hp.n_ff_exp = hp.n_expert ? 256 : 0;
+    return hp;
+}
+
+/* The types the file type must put in a wide model: its base type and its output's (the 8
+ * experts of the tiny qwen3moe also give q4_k_m's attn_output q5_K). */
+static void wanted_types(const kiln_model_hparams *hp, kiln_type want[3], int *n) {
+    *n = 0;
+    switch (hp->ftype) {
+    case KILN_FTYPE_MOSTLY_Q8_0: want[(*n)++] = KILN_Q8_0; break;
+    case KILN_FTYPE_MOSTLY_Q4_0: want[(*n)++] = KILN_Q4_0, want[(*n)++] = KILN_Q6_K; break;
+    case KILN_FTYPE_MOSTLY_Q4_K_M:
+        want[(*n)++] = KILN_Q4_K, want[(*n)++] = KILN_Q6_K;
+        if (hp->n_expert == 8) want[(*n)++] = KILN_Q5_K;
+        break;
+    case KILN_FTYPE_MOSTLY_Q5_K_M: want[(*n)++] = KILN_Q5_K, want[(*n)++] = KILN_Q6_K; break;
+    default: want[(*n)++] = KILN_Q6_K; break;
+    }
+}
+
+/* Counts the file's weights per type into count[] and prints the mix ("q4_K 9, q6_K 3, ..."). */
+static void file_type_mix(const kiln_model *m, const char *label, int count[KILN_TYPE_COUNT]) {
+    const kiln_gguf *g = kiln_model_gguf(m);
+    memset(count, 0, sizeof(int) * KILN_TYPE_COUNT);
+    for (int64_t i = 0; i < kiln_gguf_tensor_count(g); i++) {
+        kiln_gguf_tensor t;
+        TS_OK(kiln_gguf_tensor_info(g, i, &t));
+        ck_assert_msg(t.has_kiln_type, "%s: tensor %s is %s", label, t.name, t.type_name);
+        count[t.type]++;
+    }
+    printf("%s: tensors", label);
+    for (int t = 0; t < KILN_TYPE_COUNT; t++)
+        if (count[t]) printf(" %s %d", kiln_type_name((kiln_type)t), count[t]);
+    printf("\n");
+}
+
+START_TEST(quantized_greedy_tokens_identical) {
+    need_gpu();
+    bool               wide;
+    kiln_model_hparams hp = quant_hparams(_i, &wide);
+    char               label[96], path[512];
+    snprintf(label, sizeof label, "%s %s%s", hp.arch, kiln_ftype_name(hp.ftype), wide ? " wide" : "");
+    snprintf(path, sizeof path, "%s/q%d.gguf", g_dir, _i);
+    TS_OK(kiln_model_write_random(&hp, 41, path, NULL, NULL));
+    kiln_model *m;
+    TS_OK(kiln_model_open(path, &m));
+    int count[KILN_TYPE_COUNT];
+    file_type_mix(m, label, count);
+    if (wide) {
+        kiln_type want[3];
+        int       n;
+        wanted_types(&hp, want, &n);
+        for (int k = 0; k < n; k++)
+            ck_assert_msg(count[want[k]] > 0, "%s: no %s weight in the file", label, kiln_type_name(want[k]));
+    }
+    /* The prompt's logits agree by NMSE (its matmuls: weights dequantized to f16 on the GPU). */
+    kiln_gen    *gpu = gen(m, false, 8), *cpu = gen(m, true, 8);
+    const float *lg, *lc;
+    TS_OK(kiln_gen_eval(gpu, prompt, 7, &lg));
+    TS_OK(kiln_gen_eval(cpu, prompt, 7, &lc));
+    double e = logits_nmse(lc, lg, hp.n_vocab);
+    ck_assert_msg(e <= LOGITS_NMSE, "%s: prompt logits NMSE %g > %g", label, e, LOGITS_NMSE);
+    /* Greedy: the decode steps are the quantized GEMVs (one column). */
+    int32_t tg[DECODE_STEPS], tc[DECODE_STEPS];
+    kiln_gen_reset(gpu);
+    kiln_gen_reset(cpu);
+    kiln_gen_stats st;
+    TS_OK(kiln_gen_greedy(gpu, prompt, 7, DECODE_STEPS, tg, &st));
+    TS_OK(kiln_gen_greedy(cpu, prompt, 7, DECODE_STEPS, tc, NULL));
+    for (int i = 0; i < DECODE_STEPS; i++)
+        ck_assert_msg(tg[i] == tc[i], "%s: token %d: GPU %d, CPU %d", label, i, tg[i], tc[i]);
+    printf("%s: prompt logits NMSE %.3g, %d greedy tokens identical; GPU %.3f ms/decode step\n", label, e,
+           DECODE_STEPS, st.decode_gpu_ms / (DECODE_STEPS - 1));
+    kiln_gen_free(gpu);
+    kiln_gen_free(cpu);
+    kiln_model_close(m);
+}
+END_TEST
+
 static void setup(void) { g_dir = ts_tmpdir(); }
 static void teardown(void) { ts_tmpdir_free(g_dir); }
 
@@ -183,5 +281,8 @@ int main(void) {
     tcase_add_loop_test(tc, greedy_tokens_identical, 0, 4);
     tcase_add_test(tc, cli_run_check);
     tcase_add_loop_test(tc, device_fill_equals_file, 0, 2);
+    TCase *tq = ts_tcase(s, "quant", 300);
+    tcase_add_checked_fixture(tq, setup, teardown);
+    tcase_add_loop_test(tq, quantized_greedy_tokens_identical, 0, N_QUANT_FTYPES * N_QUANT_VARIANTS);
     return ts_main_isolated(s, "gpu_model");
 }
