@@ -1174,8 +1174,8 @@ local function qgemv_id(k)
     local part = UB > 1 and string.format("j %% %d", UB) or "0"
     bl.add("float x[32];")
     bl.add("kiln_qx_%s(bk + (long long)(%s) * %d, %s, x);", T, jb, BL, part)
-    bl.add("float t0 = 0.0f, t1 = 0.0f; /* the sums of x's halves (the K-quants' mins) */")
-    if T == "q4_K" or T == "q5_K" then
+    bl.add("float t0 = 0.0f, t1 = 0.0f; /* the sums of x's halves, once for the rows */")
+    if T ~= "q6_K" then
         bl.add("#pragma unroll")
         bl.add("for (int q = 0; q < 16; q++)")
         bl.add("    t0 += x[q], t1 += x[16 + q];")
