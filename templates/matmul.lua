@@ -1714,9 +1714,10 @@ end
 -- ---- quantized weights (templates/quant.lua) --------------------------------------------------
 
 local QGEMV_WARPS = 4 -- warps per block of the quantized gemv (they split K)
-local QGEMV_RMAX = 4  -- most rows per block: each load of b serves them all
-local QGEMV_MINB = 8  -- __launch_bounds__ minimum blocks per SM (at most 64 registers: 8 blocks of 128)
-local QGEMV_SLOTS = 132 * QGEMV_MINB -- blocks resident at once on an H100
+local QGEMV_RMAX = 8  -- most rows per block: each load of b serves them all
+local QGEMV_MINB = 0  -- __launch_bounds__ minimum blocks per SM (0: none; measured: 8 (64 registers)
+                      -- was slower for every type and shape)
+local QGEMV_SLOTS = 132 * 4 -- blocks taken as resident at once on an H100 (for the wave rule)
 
 -- Rows per block of the quantized gemv: the most (b's loads shared by more rows) whose grid
 -- fills its last wave of resident blocks at least 90% (measured: 1024 blocks for 924 slots ran
@@ -1728,6 +1729,11 @@ local QGEMV_SLOTS = 132 * QGEMV_MINB -- blocks resident at once on an H100
 -- least 90% (measured: 1024 blocks for 924 slots ran a second wave for 10% of the work), else the
 -- one that fills it best.
 local QGEMV_UNITS = 4
+if KILN_TUNE then -- TEMP: "units,rmax,minb"
+    local a, b2, c = KILN_TUNE:match("^(%d+),(%d+),(%d+)$")
+    QGEMV_UNITS, QGEMV_RMAX, QGEMV_MINB = tonumber(a), tonumber(b2), tonumber(c)
+    QGEMV_SLOTS = 132 * (QGEMV_MINB > 0 and QGEMV_MINB or 4)
+end
 local function qgemv_layout(M, NG, NU)
     local WK = QGEMV_WARPS
     while WK > 1 and NU < 32 * WK * QGEMV_UNITS do WK = WK // 2 end
@@ -1847,7 +1853,7 @@ local function qgemv(k, s)
         head = { "kiln matmul kernel " .. name,
             "mul_mat: dst " .. dims(s.d.ne) .. " f32 = b " .. dims(s.b.ne) .. " f32 · a " .. dims(s.a.ne) .. " " .. s.ta .. "ᵀ" },
         notes = notes, pre = "", blocks = { quant.helpers(s.ta, true, false) }, inline = true, name = name,
-        threads = string.format("%d, %d", 32 * QGEMV_WARPS, QGEMV_MINB), params = table.concat(param_list(k), ", "), body = b.lines,
+        threads = QGEMV_MINB > 0 and string.format("%d, %d", 32 * QGEMV_WARPS, QGEMV_MINB) or tostring(32 * QGEMV_WARPS), params = table.concat(param_list(k), ", "), body = b.lines,
     }
     return { name = name, source = source, grid = { ceil_div(s.M, RB), s.NG, 1 },
         block = { 32 * QGEMV_WARPS, 1, 1 }, smem = 0 }
