@@ -227,6 +227,31 @@ static void file_type_mix(const kiln_model *m, const char *label, int count[KILN
     printf("\n");
 }
 
+/* The greedy sequences parted at step i (identical before): evaluated on the same prefix (the
+ * prompt and tokens 0..i-1), the GPU's logits must still agree with the CPU's by NMSE, and the
+ * GPU's pick must be a near tie on the CPU: within 5% of the logits' RMS of the CPU's best, a
+ * gap the tolerated error can close. Anything else is a wrong token. */
+static void near_tie(kiln_gen *gpu, kiln_gen *cpu, const int32_t *tc, int i, int32_t gpu_tok, int64_t n_vocab,
+                     const char *label) {
+    int32_t seq[7 + DECODE_STEPS];
+    memcpy(seq, prompt, sizeof prompt);
+    memcpy(seq + 7, tc, sizeof *tc * (size_t)i);
+    const float *lg, *lc;
+    kiln_gen_reset(gpu);
+    kiln_gen_reset(cpu);
+    TS_OK(kiln_gen_eval(gpu, seq, 7 + i, &lg));
+    TS_OK(kiln_gen_eval(cpu, seq, 7 + i, &lc));
+    double e = logits_nmse(lc, lg, n_vocab), rms = 0;
+    for (int64_t v = 0; v < n_vocab; v++) rms += (double)lc[v] * lc[v];
+    rms = sqrt(rms / (double)n_vocab);
+    double gap = (double)lc[tc[i]] - lc[gpu_tok];
+    printf("%s: token %d: GPU %d, CPU %d: CPU logits %.6g vs %.6g (gap %.3g, logits RMS %.3g), NMSE %.3g\n", label, i,
+           gpu_tok, tc[i], lc[tc[i]], lc[gpu_tok], gap, rms, e);
+    ck_assert_msg(e <= LOGITS_NMSE, "%s: step %d: logits NMSE %g > %g", label, i, e, LOGITS_NMSE);
+    ck_assert_msg(gap <= 0.05 * rms, "%s: token %d: GPU %d, CPU %d, not a near tie (gap %g, logits RMS %g)", label, i,
+                  gpu_tok, tc[i], gap, rms);
+}
+
 START_TEST(quantized_greedy_tokens_identical) {
     need_gpu();
     bool               wide;
@@ -260,10 +285,11 @@ START_TEST(quantized_greedy_tokens_identical) {
     kiln_gen_stats st;
     TS_OK(kiln_gen_greedy(gpu, prompt, 7, DECODE_STEPS, tg, &st));
     TS_OK(kiln_gen_greedy(cpu, prompt, 7, DECODE_STEPS, tc, NULL));
-    for (int i = 0; i < DECODE_STEPS; i++)
-        ck_assert_msg(tg[i] == tc[i], "%s: token %d: GPU %d, CPU %d", label, i, tg[i], tc[i]);
-    printf("%s: prompt logits NMSE %.3g, %d greedy tokens identical; GPU %.3f ms/decode step\n", label, e,
-           DECODE_STEPS, st.decode_gpu_ms / (DECODE_STEPS - 1));
+    int same = 0;
+    while (same < DECODE_STEPS && tg[same] == tc[same]) same++;
+    if (same < DECODE_STEPS) near_tie(gpu, cpu, tc, same, tg[same], hp.n_vocab, label);
+    printf("%s: prompt logits NMSE %.3g, %d of %d greedy tokens identical%s; GPU %.3f ms/decode step\n", label, e, same,
+           DECODE_STEPS, same < DECODE_STEPS ? " (then a near tie)" : "", st.decode_gpu_ms / (DECODE_STEPS - 1));
     kiln_gen_free(gpu);
     kiln_gen_free(cpu);
     kiln_model_close(m);
