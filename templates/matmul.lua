@@ -1729,11 +1729,6 @@ local QGEMV_SLOTS = 132 * 4 -- blocks taken as resident at once on an H100 (for 
 -- least 90% (measured: 1024 blocks for 924 slots ran a second wave for 10% of the work), else the
 -- one that fills it best.
 local QGEMV_UNITS = 4
-if KILN_TUNE then -- TEMP: "units,rmax,minb"
-    local a, b2, c = KILN_TUNE:match("^(%d+),(%d+),(%d+)$")
-    QGEMV_UNITS, QGEMV_RMAX, QGEMV_MINB = tonumber(a), tonumber(b2), tonumber(c)
-    QGEMV_SLOTS = 132 * (QGEMV_MINB > 0 and QGEMV_MINB or 4)
-end
 local function qgemv_layout(M, NG, NU)
     local WK = QGEMV_WARPS
     while WK > 1 and NU < 32 * WK * QGEMV_UNITS do WK = WK // 2 end
