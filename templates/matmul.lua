@@ -1717,34 +1717,28 @@ local QGEMV_WARPS = 4 -- warps per block of the quantized gemv (they split K)
 local QGEMV_RMAX = 8  -- most rows per block: each load of b serves them all
 local QGEMV_MINB = 0  -- __launch_bounds__ minimum blocks per SM (0: none; measured: 8 (64 registers)
                       -- was slower for every type and shape)
-local QGEMV_SLOTS = 132 * 4 -- blocks taken as resident at once on an H100 (for the wave rule)
 
 -- Rows per block of the quantized gemv: the most (b's loads shared by more rows) whose grid
 -- fills its last wave of resident blocks at least 90% (measured: 1024 blocks for 924 slots ran
 -- a second wave for 10% of the work); else the one that fills it best.
--- The quantized gemv's layout: WK of the block's warps split each row's units (so that every
--- lane has QGEMV_UNITS units or more to keep loads in flight, and a small M still fills the GPU),
--- the block's QGEMV_WARPS / WK groups of warps own R rows each, and R (at most QGEMV_RMAX: each
--- load of b serves R rows) is the largest whose grid fills its last wave of resident blocks at
--- least 90% (measured: 1024 blocks for 924 slots ran a second wave for 10% of the work), else the
--- one that fills it best.
-local QGEMV_UNITS = 4
+-- The quantized gemv's layout: the block's QGEMV_WARPS warps form groups of WK that own R rows
+-- each and split those rows' units. R starts at QGEMV_RMAX (each load of b serves R rows) and WK
+-- at 1; while the grid has fewer than QGEMV_TARGET warps (all of a small matrix's bytes must be
+-- requested at once: at 512 warps a 4096 x 4096 q4_K took 11.6 us, 0.8 TB/s), WK doubles as long
+-- as every lane keeps a unit, else R halves.
+local QGEMV_TARGET = 132 * 16
 local function qgemv_layout(M, NG, NU)
-    local WK = QGEMV_WARPS
-    while WK > 1 and NU < 32 * WK * QGEMV_UNITS do WK = WK // 2 end
-    local G = QGEMV_WARPS // WK
-    local best, beff = 1, 0
-    local R = QGEMV_RMAX
-    while R >= 1 do
-        local blocks = ceil_div(M, R * G) * NG
-        local waves = blocks / QGEMV_SLOTS
-        -- (one partial wave with a few blocks on every SM has no tail)
-        local eff = (waves <= 1 and blocks >= 264) and 1 or waves / math.ceil(waves)
-        if eff >= 0.9 then return WK, G, R end
-        if eff > beff then best, beff = R, eff end
-        R = R // 2
+    local WK, R = 1, QGEMV_RMAX
+    while ceil_div(M, R) * NG * WK < QGEMV_TARGET do
+        if WK < QGEMV_WARPS and NU >= 32 * WK * 2 then
+            WK = WK * 2
+        elseif R > 1 then
+            R = R // 2
+        else
+            break
+        end
     end
-    return WK, G, best
+    return WK, QGEMV_WARPS // WK, R
 end
 
 -- The fused gemv of a quantized a (one column): nil when b's layout does not allow its
