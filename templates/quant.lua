@@ -36,69 +36,71 @@ M.TYPES = TYPES
 
 function M.is(t) return TYPES[t] ~= nil end
 
+-- (The helpers are not `static`: a kernel uses only some of them, and NVRTC warns about unused
+-- static functions, not about unused external ones; each kernel is a program of its own.)
 -- Shared helpers: streamed weight loads, b's values through L1, f16 to f32, and the exact
 -- byte-to-float conversion (byte i of w, minus `off`).
 local COMMON = [[
-static __device__ __forceinline__ uint4 kiln_q16(const unsigned char *p)
+__device__ __forceinline__ uint4 kiln_q16(const unsigned char *p)
 {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
-static __device__ __forceinline__ uint2 kiln_q8(const unsigned char *p)
+__device__ __forceinline__ uint2 kiln_q8(const unsigned char *p)
 {
     uint2 v;
     asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
     return v;
 }
-static __device__ __forceinline__ unsigned kiln_q2(const unsigned char *p)
+__device__ __forceinline__ unsigned kiln_q2(const unsigned char *p)
 {
     unsigned short v;
     asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
     return v;
 }
-static __device__ __forceinline__ float4 kiln_qb4(const float *p)
+__device__ __forceinline__ float4 kiln_qb4(const float *p)
 {
     float4 v;
     asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
     return v;
 }
-static __device__ __forceinline__ float kiln_qh2f(unsigned h)
+__device__ __forceinline__ float kiln_qh2f(unsigned h)
 {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
     return f;
 }
 /* Byte i of w as a float, minus off: 0x4B0000xx is 2^23 + xx exactly. */
-static __device__ __forceinline__ float kiln_qbyte(unsigned w, int i, float off)
+__device__ __forceinline__ float kiln_qbyte(unsigned w, int i, float off)
 {
     return __int_as_float(__byte_perm(w, 0x4B000000u, 0x7540u + i)) - (8388608.0f + off);
 }
 /* sum_i (byte i of w - off) * b[i] for the 4 bytes of w and 4 consecutive b values. */
-static __device__ __forceinline__ float kiln_qdot4(unsigned w, float4 b, float off, float s)
+__device__ __forceinline__ float kiln_qdot4(unsigned w, float4 b, float off, float s)
 {
     s = fmaf(kiln_qbyte(w, 0, off), b.x, s);
     s = fmaf(kiln_qbyte(w, 1, off), b.y, s);
     s = fmaf(kiln_qbyte(w, 2, off), b.z, s);
     return fmaf(kiln_qbyte(w, 3, off), b.w, s);
 }
-static __device__ __forceinline__ float kiln_qsum4(float4 b) { return (b.x + b.y) + (b.z + b.w); }
+__device__ __forceinline__ float kiln_qsum4(float4 b) { return (b.x + b.y) + (b.z + b.w); }
 /* One PRMT per value, no subtraction: a byte v < 128 placed in bits 16..22 of 0.5 is the float
  * 0.5 + v/256 exactly (kiln_q7); any byte in bits 8..15 is 0.5 + v/65536 (kiln_q8f). A unit sums
  * S = sum f * b and recovers sum v * b = 256 S - 128 T (65536 S - 32768 T), T = sum b, which is
  * computed once per unit for all rows; S - T/2 cancels only the leading bits (about 4 of 24
  * for 7-bit values, 8 for bytes). */
-static __device__ __forceinline__ float kiln_q7(unsigned w, int i) { return __int_as_float(__byte_perm(w, 0x3F000000u, 0x7044u | (i << 8))); }
-static __device__ __forceinline__ float kiln_q8f(unsigned w, int i) { return __int_as_float(__byte_perm(w, 0x3F000000u, 0x7404u | (i << 4))); }
-static __device__ __forceinline__ float kiln_qs7(unsigned w, float4 b, float s)
+__device__ __forceinline__ float kiln_q7(unsigned w, int i) { return __int_as_float(__byte_perm(w, 0x3F000000u, 0x7044u | (i << 8))); }
+__device__ __forceinline__ float kiln_q8f(unsigned w, int i) { return __int_as_float(__byte_perm(w, 0x3F000000u, 0x7404u | (i << 4))); }
+__device__ __forceinline__ float kiln_qs7(unsigned w, float4 b, float s)
 {
     s = fmaf(kiln_q7(w, 0), b.x, s);
     s = fmaf(kiln_q7(w, 1), b.y, s);
     s = fmaf(kiln_q7(w, 2), b.z, s);
     return fmaf(kiln_q7(w, 3), b.w, s);
 }
-static __device__ __forceinline__ float kiln_qs8(unsigned w, float4 b, float s)
+__device__ __forceinline__ float kiln_qs8(unsigned w, float4 b, float s)
 {
     s = fmaf(kiln_q8f(w, 0), b.x, s);
     s = fmaf(kiln_q8f(w, 1), b.y, s);
@@ -107,7 +109,7 @@ static __device__ __forceinline__ float kiln_qs8(unsigned w, float4 b, float s)
 }
 /* The 6-bit scale and min of sub-block j (0..7) of a q4_K/q5_K block from its 12 scale bytes
  * in words y (bytes 0-3), z (4-7), w (8-11): ggml's get_scale_min_k4. */
-static __device__ __forceinline__ void kiln_qscale_k4(int j, unsigned y, unsigned z, unsigned w, float *sc, float *m)
+__device__ __forceinline__ void kiln_qscale_k4(int j, unsigned y, unsigned z, unsigned w, float *sc, float *m)
 {
     /* branch-free (lanes of a warp take different sub-blocks) */
     const int i = j & 3;
@@ -132,7 +134,7 @@ local DQ8 = {}
 -- and high nibbles' elements).
 local function qx_halves(t, o0, o1)
     return string.format([[
-static __device__ __forceinline__ void kiln_qx_%s(const float *bk, int part, float *x)
+__device__ __forceinline__ void kiln_qx_%s(const float *bk, int part, float *x)
 {
 %s
 #pragma unroll
@@ -146,7 +148,7 @@ static __device__ __forceinline__ void kiln_qx_%s(const float *bk, int part, flo
 end
 
 DOT.q8_0 = qx_halves("q8_0", "0", "16") .. [[
-static __device__ __forceinline__ float kiln_qdot_q8_0(const unsigned char *W, const unsigned char *D, long long blk,
+__device__ __forceinline__ float kiln_qdot_q8_0(const unsigned char *W, const unsigned char *D, long long blk,
                                                        int part, const float *x, float t0, float t1)
 {
     const uint4 q0 = kiln_q16(W + blk * 32), q1 = kiln_q16(W + blk * 32 + 16);
@@ -160,7 +162,7 @@ static __device__ __forceinline__ float kiln_qdot_q8_0(const unsigned char *W, c
 }
 ]]
 DQ8.q8_0 = [[
-static __device__ __forceinline__ void kiln_dq8_q8_0(const unsigned char *W, const unsigned char *D, long long blk, int j,
+__device__ __forceinline__ void kiln_dq8_q8_0(const unsigned char *W, const unsigned char *D, long long blk, int j,
                                                      float *out)
 {
     const float d = kiln_qh2f(kiln_q2(D + blk * 2));
@@ -172,7 +174,7 @@ static __device__ __forceinline__ void kiln_dq8_q8_0(const unsigned char *W, con
 ]]
 
 DOT.q4_0 = qx_halves("q4_0", "0", "16") .. [[
-static __device__ __forceinline__ float kiln_qdot_q4_0(const unsigned char *W, const unsigned char *D, long long blk,
+__device__ __forceinline__ float kiln_qdot_q4_0(const unsigned char *W, const unsigned char *D, long long blk,
                                                        int part, const float *x, float t0, float t1)
 {
     const uint4 q = kiln_q16(W + blk * 16);
@@ -188,7 +190,7 @@ static __device__ __forceinline__ float kiln_qdot_q4_0(const unsigned char *W, c
 }
 ]]
 DQ8.q4_0 = [[
-static __device__ __forceinline__ void kiln_dq8_q4_0(const unsigned char *W, const unsigned char *D, long long blk, int j,
+__device__ __forceinline__ void kiln_dq8_q4_0(const unsigned char *W, const unsigned char *D, long long blk, int j,
                                                      float *out)
 {
     const float d = kiln_qh2f(kiln_q2(D + blk * 2));
@@ -209,7 +211,7 @@ local function qk_dot(t, five)
     local qs = five and 48 or 16
     local lines = {
         qx_halves(t, "64 * (part >> 1) + 16 * (part & 1)", "o0 + 32"),
-        string.format("static __device__ __forceinline__ float kiln_qdot_%s(const unsigned char *W, const unsigned char *D, long long blk,", t),
+        string.format("__device__ __forceinline__ float kiln_qdot_%s(const unsigned char *W, const unsigned char *D, long long blk,", t),
         "                                                       int part, const float *x, float t0, float t1)",
         "{",
         string.format("    const unsigned char *B = W + blk * %d;", size),
@@ -256,7 +258,7 @@ local function qk_dq8(t, five)
     local size = five and 176 or 144
     local qs = five and 48 or 16
     return table.concat({
-        string.format("static __device__ __forceinline__ void kiln_dq8_%s(const unsigned char *W, const unsigned char *D, long long blk,", t),
+        string.format("__device__ __forceinline__ void kiln_dq8_%s(const unsigned char *W, const unsigned char *D, long long blk,", t),
         "                                                     int j, float *out)",
         "{",
         string.format("    const unsigned char *B = W + blk * %d;", size),
@@ -284,7 +286,7 @@ DQ8.q5_K = qk_dq8("q5_K", true)
 -- 128hf + 32q + l0 + i (i < 8), whose low 4 bits are nibble q / 2 of ql[64hf + 32 (q % 2) + l0
 -- + i], high 2 bits bits 2q of qh[32hf + l0 + i], scale scales[8hf + l0 / 16 + 2q].
 DOT.q6_K = [[
-static __device__ __forceinline__ void kiln_qx_q6_K(const float *bk, int part, float *x)
+__device__ __forceinline__ void kiln_qx_q6_K(const float *bk, int part, float *x)
 {
     const float *p = bk + 128 * (part >> 2) + 8 * (part & 3);
 #pragma unroll
@@ -294,7 +296,7 @@ static __device__ __forceinline__ void kiln_qx_q6_K(const float *bk, int part, f
         x[8 * q + 4] = b.x, x[8 * q + 5] = b.y, x[8 * q + 6] = b.z, x[8 * q + 7] = b.w;
     }
 }
-static __device__ __forceinline__ float kiln_qdot_q6_K(const unsigned char *W, const unsigned char *D, long long blk,
+__device__ __forceinline__ float kiln_qdot_q6_K(const unsigned char *W, const unsigned char *D, long long blk,
                                                        int part, const float *x, float t0, float t1)
 {
     const unsigned char *B = W + blk * 208;
@@ -324,7 +326,7 @@ static __device__ __forceinline__ float kiln_qdot_q6_K(const unsigned char *W, c
 }
 ]]
 DQ8.q6_K = [[
-static __device__ __forceinline__ void kiln_dq8_q6_K(const unsigned char *W, const unsigned char *D, long long blk, int j,
+__device__ __forceinline__ void kiln_dq8_q6_K(const unsigned char *W, const unsigned char *D, long long blk, int j,
                                                      float *out)
 {
     const unsigned char *B = W + blk * 208;
@@ -411,7 +413,11 @@ function M.dequant_step(nparams, params, a, base, what, fail, prefix)
         b.add("    return;")
     end
     b.add("const unsigned kk = idx %% %du * 8u, r = idx / %du;", K // 8, K // 8)
-    b.add("const unsigned row = r %% %du, g = r / %du;", R, R)
+    if A2 * A3 > 1 then
+        b.add("const unsigned row = r %% %du, g = r / %du;", R, R)
+    else
+        b.add("const unsigned row = r;")
+    end
     b.add("const long long blk = %s + (long long)(kk / %du);", sum({ kit.int_lit(a.offs // BL), term64("row", (a.st[2] // BL)),
         A2 > 1 and term64("(g % " .. A2 .. "u)", a.st[3] // BL) or nil,
         A3 > 1 and term64("(g / " .. A2 .. "u)", a.st[4] // BL) or nil }), BL)
@@ -464,7 +470,11 @@ function M.get_rows(k, fail)
         b.add("    return;")
     end
     b.add("const unsigned c8 = idx %% %du, row = idx / %du;", per, per)
-    b.add("const unsigned i1 = row %% %du, i2 = row / %du %% %du, i3 = row / %du;", n1, n1, n2, n1 * n2)
+    if n2 * n3 > 1 then
+        b.add("const unsigned i1 = row %% %du, i2 = row / %du %% %du, i3 = row / %du;", n1, n1, n2, n1 * n2)
+    else
+        b.add("const unsigned i1 = row; /* (one matrix: i2 = i3 = 0) */")
+    end
     if ids.dyn and ids.dyn[1] then
         b.add("if (i1 >= (unsigned)(%s))", ids.dyn[1])
         b.add("    return;")

@@ -610,8 +610,67 @@ START_TEST(ref_get_rows) {
 }
 END_TEST
 
+/* ---- the GPU kernels of quantized weights, generated and compiled by NVRTC (no GPU) ---- */
+
+static char *g_cache;
+
+static const kiln_type KTYPES[] = {KILN_Q8_0, KILN_Q4_0, KILN_Q4_K, KILN_Q5_K, KILN_Q6_K};
+
+/* Compiles kg for sm_90a and sm_80: every kernel NVRTC-clean, and kernel 0 named `first`. */
+static void compile_case(const char *kg, const char *first, const char *what) {
+    static const char *archs[2] = {"sm_90a", "sm_80"};
+    for (int a = 0; a < 2; a++) {
+        kiln_ctx     *ctx;
+        kiln_graph   *g;
+        kiln_program *p = ts_compile(kg, archs[a], g_cache, 0, &ctx, &g);
+        ck_assert_msg(kiln_program_kernel_count(p) >= 1, "%s: no kernel", what);
+        const char *name = kiln_program_kernel_name(p, 0);
+        ck_assert_msg(strncmp(name, first, strlen(first)) == 0, "%s (%s): first kernel %s, want %s...", what, archs[a], name,
+                      first);
+        for (int k = 0; k < kiln_program_kernel_count(p); k++)
+            ts_nvrtc_clean(kiln_program_kernel_source(p, k), kiln_program_kernel_name(p, k), archs[a]);
+        ts_compiled_free(p, g, ctx);
+    }
+}
+
+/* Every plan a quantized weight takes (templates/quant.lua, matmul.lua): the fused gemv (plain,
+ * odd rows through a row view, batches of weights), the f16 dequantization before the tile and
+ * cuBLAS plans (4 and 40 columns, broadcast batches with b transposed), get_rows. */
+START_TEST(kernels_compile) {
+    kiln_type   t = KTYPES[_i];
+    const char *tn = kiln_type_name(t);
+    size_t      row256 = kiln_row_size(t, 256);
+    char        kg[512], first[64], what[96];
+#define CASE(label, pfx, ...)                                                                                          \
+    do {                                                                                                               \
+        snprintf(kg, sizeof kg, __VA_ARGS__);                                                                          \
+        snprintf(first, sizeof first, pfx, tn);                                                                        \
+        snprintf(what, sizeof what, "%s %s", tn, label);                                                               \
+        compile_case(kg, first, what);                                                                                 \
+    } while (0)
+    CASE("gemv", "mul_mat_qgemv_%s_2048x40", "weight a: %s[2048, 40]\ninput b: f32[2048]\noutput y = mul_mat(a, b)\n", tn);
+    CASE("gemv, row view, odd M", "mul_mat_qgemv_%s_256x37",
+         "weight w: %s[256, 40]\ninput b: f32[256]\na = view(w, [256, 37], [%zu], %zu)\noutput y = mul_mat(a, b)\n", tn,
+         row256, 2 * row256);
+    CASE("gemv, batched weights", "mul_mat_qgemv_%s_768x24x3",
+         "weight a: %s[768, 24, 3]\ninput b: f32[768, 1, 3]\noutput y = mul_mat(a, b)\n", tn);
+    CASE("4 columns", "mul_mat_dq_%s", "weight a: %s[1024, 48]\ninput b: f32[1024, 4]\noutput y = mul_mat(a, b)\n", tn);
+    CASE("40 columns", "mul_mat_dq_%s", "weight a: %s[1024, 48]\ninput b: f32[1024, 40]\noutput y = mul_mat(a, b)\n", tn);
+    CASE("broadcast batches", "mul_mat_dq_%s",
+         "weight a: %s[512, 24, 2]\ninput bt: f32[3, 512, 4]\nb = transpose(bt)\noutput y = mul_mat(a, b)\n", tn);
+    CASE("get_rows", "get_rows_%s_512", "weight a: %s[512, 50]\ninput ids: i32[9]\noutput y = get_rows(a, ids)\n", tn);
+#undef CASE
+}
+END_TEST
+
+static void cache_setup(void) { g_cache = ts_tmpdir(); }
+static void cache_teardown(void) { ts_tmpdir_free(g_cache); }
+
 static Suite *suite(void) {
     Suite *s = suite_create("quant");
+    TCase *kc = ts_tcase(s, "kernels", 120);
+    tcase_add_checked_fixture(kc, cache_setup, cache_teardown);
+    tcase_add_loop_test(kc, kernels_compile, 0, (int)(sizeof KTYPES / sizeof KTYPES[0]));
     TCase *tc = ts_tcase(s, "dequant", 0);
     tcase_add_loop_test(tc, dequant_vectors, 0, (int)(sizeof qv_cases / sizeof qv_cases[0]));
     TS_ADD_TESTS(tc, codec_refusals);
