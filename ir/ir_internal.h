@@ -14,8 +14,9 @@ bool     ir_ref_is_natural(const ir_prog *p, const ir_ref *r);
 /* A live IR_OP node computing just its op: no epilogue, pairing, normalized b, fusion or second
  * output yet (what the matmul fusions start from). */
 bool     ir_plain_op(const ir_node *n);
-/* A matmul node whose weight (operand 0) is quantized: the fusion passes leave it alone, since
- * the quantized kernels (templates/quant.lua) take no epilogue, paired weight, norm or tail. */
+/* A matmul node whose weight (operand 0) is quantized: the fusion passes leave it alone, except
+ * mul_mat's epilogues and paired weight (passes mul_mat_glu, add_chain): its quantized gemv
+ * (templates/matmul.lua) applies them. */
 bool     ir_quant_weight(const ir_node *n);
 /* Puts n's graph nodes (src) in graph order, after a fusion merged several nodes' lists. */
 void     ir_sort_sources(ir_node *n);

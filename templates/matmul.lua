@@ -1683,12 +1683,13 @@ end
 -- The epilogue fallback of the tile and gemm plans: the product (and the paired product) into
 -- f32 regions of the scratch by the plain plan, then the epilogue as a step of its own. The
 -- paired product's conversion of b (identical to the first's) is not repeated.
+local quant_matmul -- (quantized weights: below)
 local function via_scratch(k)
     local d = k.dst
     local subs, voffs, base = epilogue.value_nodes(k, "a")
     local steps, scratch, conv = {}, base, nil
     for _, sk in ipairs(subs) do
-        local r = plan(sk, shape_of(sk))
+        local r = quant.is(sk.args.a.type) and quant_matmul(sk) or plan(sk, shape_of(sk))
         scratch = math.max(scratch, r.scratch or 0)
         for i, st in ipairs(r.steps or { r }) do
             local is_conv = i == 1 and r.steps and st.source and st.name:find("^mul_mat_cvt_")
@@ -1742,7 +1743,9 @@ local function qgemv_layout(M, NG, NU)
 end
 
 -- The fused gemv of a quantized a (one column): nil when b's layout does not allow its
--- 16-byte loads (contiguous, 4-float aligned columns) or a dim is symbolic.
+-- 16-byte loads (contiguous, 4-float aligned columns) or a dim is symbolic. With k.pair (pass
+-- mul_mat_glu) it computes the paired weight's rows against the same loads of b, and with
+-- k.epilogue (the GLU, a residual add) the store applies it (epilogue.store_lines).
 local function qgemv(k, s)
     local ti = quant.TYPES[s.ta]
     if s.C ~= 1 or s.dyn then return nil end
@@ -1750,31 +1753,42 @@ local function qgemv(k, s)
     if s.b.offs % 4 ~= 0 then return nil end
     for d = 3, 4 do if s.sb[d] % 4 ~= 0 then return nil end end
     quant.check_blocks(s.a, fail, "a")
+    if s.pa then quant.check_blocks(s.pa, fail, "pair") end
     local BL, UB = ti.block, ti.ub
     local NU = s.K // BL * UB
     local WP = QGEMV_WARPS
     local WK, G, R = qgemv_layout(s.M, s.NG, NU)
     local RB = G * R -- rows per block
     local NI = ceil_div(NU, 32 * WK)
+    local NV = s.pa and 2 or 1 -- products per row
+    local pre = prelude.new()
     local b = builder()
     b.push()
     for _, l in ipairs(quant.pointers(s.a, fail)) do b.add("%s", l) end
+    if s.pa then
+        for _, l in ipairs(quant.pointers(s.pa, fail, "W2", "D2")) do b.add("%s /* the paired weight */", l) end
+    end
     b.add("const float *const B = (const float *)p%d%s;", s.b.param, s.b.offs ~= 0 and " + " .. lit(s.b.offs) or "")
-    b.add("float *const Y = (float *)p%d%s;", s.d.param, s.d.offs ~= 0 and " + " .. lit(s.d.offs) or "")
+    if not k.epilogue then
+        b.add("float *const Y = (float *)p%d%s;", s.d.param, s.d.offs ~= 0 and " + " .. lit(s.d.offs) or "")
+    end
     b.add("const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;")
     b.add("const unsigned kw = warp %% %du, row0 = blockIdx.x * %du + warp / %du * %du;", WK, RB, WK, R)
     decl_batch(b, s, "blockIdx.y")
-    local sa = s.sa
     -- Rows past M (the last block's) read row M - 1 again and store nothing.
-    b.add("long long blk0[%d];", R)
-    b.add("#pragma unroll")
-    b.add("for (int r = 0; r < %d; r++)", R)
-    b.add("    blk0[r] = %s;", sum({ lit(s.a.offs // BL), term64(s.M % RB ~= 0 and
-        string.format("min(row0 + r, %du)", s.M - 1) or "(row0 + r)", sa[2] // BL),
-        s.A2 > 1 and term64("ja2", sa[3] // BL) or nil, s.A3 > 1 and term64("ja3", sa[4] // BL) or nil }))
+    local function row_blocks(var, ref, st)
+        b.add("long long %s[%d];", var, R)
+        b.add("#pragma unroll")
+        b.add("for (int r = 0; r < %d; r++)", R)
+        b.add("    %s[r] = %s;", var, sum({ lit(ref.offs // BL), term64(s.M % RB ~= 0 and
+            string.format("min(row0 + r, %du)", s.M - 1) or "(row0 + r)", st[2] // BL),
+            s.A2 > 1 and term64("ja2", st[3] // BL) or nil, s.A3 > 1 and term64("ja3", st[4] // BL) or nil }))
+    end
+    row_blocks("blk0", s.a, s.sa)
+    if s.pa then row_blocks("blk1", s.pa, s.spa) end
     b.add("const float *const bk = B + %s;", sum({ s.A2 > 1 and term64("ja2", s.sb[3]) or nil,
         s.A3 > 1 and term64("ja3", s.sb[4]) or nil }))
-    b.add("float acc[%d] = {%s};", R, string.rep("0.0f", R, ", "))
+    b.add("float acc[%d] = {%s};", NV * R, string.rep("0.0f", NV * R, ", "))
     b.add("#pragma unroll")
     b.add("for (int i = 0; i < %d; i++) {", NI)
     b.push()
@@ -1794,83 +1808,113 @@ local function qgemv(k, s)
         b.add("    t0 += x[j], t1 += x[16 + j];")
     end
     b.add("#pragma unroll")
-    b.add("for (int r = 0; r < %d; r++)", R)
+    b.add("for (int r = 0; r < %d; r++) {", R)
     b.add("    acc[r] += kiln_qdot_%s(W, D, blk0[r] + %s, %s, x, t0, t1);", s.ta, ub, part)
+    if s.pa then b.add("    acc[%d + r] += kiln_qdot_%s(W2, D2, blk1[r] + %s, %s, x, t0, t1);", R, s.ta, ub, part) end
+    b.add("}")
     b.pop()
     b.add("}")
     b.add("#pragma unroll")
-    b.add("for (int r = 0; r < %d; r++) {", R)
+    b.add("for (int r = 0; r < %d; r++) {", NV * R)
     b.add("#pragma unroll")
     b.add("    for (int o = 16; o > 0; o >>= 1)")
     b.add("        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);")
     b.add("}")
-    local function store(row, v)
-        return string.format("Y[%s] = %s;", sum({ term64(row, s.sd[1]), s.A2 > 1 and term64("ja2", s.sd[3]) or nil,
-            s.A3 > 1 and term64("ja3", s.sd[4]) or nil }), v)
+    -- vals: the product (and the paired one) of a row; with an epilogue, it is applied at dst
+    -- coordinates (row, 0, ja2, ja3) (one column: dst's batch is the a-matrix's).
+    local function store(row, vals)
+        if k.epilogue then
+            local c = { row, nil, s.A2 > 1 and "ja2" or nil, s.A3 > 1 and "ja3" or nil }
+            return ep_lines(k, pre, c, vals)
+        end
+        return { string.format("Y[%s] = %s;", sum({ term64(row, s.sd[1]), s.A2 > 1 and term64("ja2", s.sd[3]) or nil,
+            s.A3 > 1 and term64("ja3", s.sd[4]) or nil }), vals[1]) }
     end
     if WK == 1 then
         -- Each warp owns its rows whole: its lane r stores row r.
         local guard = s.M % RB ~= 0 and string.format(" && row0 + r < %du", s.M) or ""
         b.add("#pragma unroll")
         b.add("for (int r = 0; r < %d; r++)", R)
-        b.add("    if (lane == r%s)", guard)
-        b.add("        %s", store("(row0 + r)", "acc[r]"))
+        b.add("    if (lane == r%s) {", guard)
+        for _, l in ipairs(store("(row0 + r)", s.pa and { "acc[r]", string.format("acc[%d + r]", R) } or { "acc[r]" })) do
+            b.add("        %s", l)
+        end
+        b.add("    }")
     else
-        b.add("__shared__ float part[%d][%d];", WP, R)
+        b.add("__shared__ float part[%d][%d];", WP, NV * R)
         b.add("if (lane == 0) {")
         b.add("#pragma unroll")
-        b.add("    for (int r = 0; r < %d; r++)", R)
+        b.add("    for (int r = 0; r < %d; r++)", NV * R)
         b.add("        part[warp][r] = acc[r];")
         b.add("}")
         b.add("__syncthreads();")
         local guard = s.M % RB ~= 0 and string.format(" && blockIdx.x * %du + threadIdx.x < %du", RB, s.M) or ""
         b.add("if (threadIdx.x < %du%s) {", RB, guard)
         b.add("    const unsigned g = threadIdx.x / %du, r = threadIdx.x %% %du;", R, R)
-        b.add("    float v = 0.0f;")
+        b.add("    float v = 0.0f%s;", s.pa and ", v2 = 0.0f" or "")
         b.add("#pragma unroll")
-        b.add("    for (int w = 0; w < %d; w++)", WK)
+        b.add("    for (int w = 0; w < %d; w++) {", WK)
         b.add("        v += part[g * %du + w][r];", WK)
-        b.add("    %s", store(string.format("(blockIdx.x * %du + threadIdx.x)", RB), "v"))
+        if s.pa then b.add("        v2 += part[g * %du + w][%d + r];", WK, R) end
+        b.add("    }")
+        for _, l in ipairs(store(string.format("(blockIdx.x * %du + threadIdx.x)", RB), s.pa and { "v", "v2" } or { "v" })) do
+            b.add("    %s", l)
+        end
         b.add("}")
     end
-    local name = short_name(string.format("mul_mat_qgemv_%s_%dx%d%s", s.ta, s.K, s.M, s.NG > 1 and "x" .. s.NG or ""))
+    local name = short_name(string.format("mul_mat_qgemv_%s%s_%dx%d%s", s.pa and "pair_" or "", s.ta, s.K, s.M,
+        s.NG > 1 and "x" .. s.NG or ""))
     local notes = {
         string.format("quantized gemv: %d rows of %d %s elements (%d blocks); a block: %d groups of %d warps, %d rows a group " ..
             "(one load of b serves them), the group's warps split K: %d units of 32 per lane", s.M, s.K, s.ta, s.K // BL, G, WK, R, NI),
     }
+    if s.pa then notes[#notes + 1] = "paired weight (mul_mat_glu): its rows against the same loads of b" end
+    if k.epilogue then notes[#notes + 1] = "epilogue applied at the store" end
     local source = kit.kernel {
         head = { "kiln matmul kernel " .. name,
             "mul_mat: dst " .. dims(s.d.ne) .. " f32 = b " .. dims(s.b.ne) .. " f32 · a " .. dims(s.a.ne) .. " " .. s.ta .. "ᵀ" },
-        notes = notes, pre = "", blocks = { quant.helpers(s.ta, true, false) }, inline = true, name = name,
-        threads = QGEMV_MINB > 0 and string.format("%d, %d", 32 * QGEMV_WARPS, QGEMV_MINB) or tostring(32 * QGEMV_WARPS), params = table.concat(param_list(k), ", "), body = b.lines,
+        notes = notes, pre = (pre.code():gsub("\n$", "")), blocks = { quant.helpers(s.ta, true, false) }, inline = true,
+        name = name, threads = QGEMV_MINB > 0 and string.format("%d, %d", 32 * QGEMV_WARPS, QGEMV_MINB) or tostring(32 * QGEMV_WARPS),
+        params = table.concat(param_list(k), ", "), body = b.lines,
     }
     return { name = name, source = source, grid = { ceil_div(s.M, RB), s.NG, 1 },
         block = { 32 * QGEMV_WARPS, 1, 1 }, smem = 0 }
 end
 
--- mul_mat with a quantized a: the fused gemv, else a dequantized to f16 in the scratch and the
--- f16 plan on it (the gemm plan's own scratch after it).
-local function quant_matmul(k)
-    if k.epilogue or k.pair or k.bnorm or k.tail then
-        fail("quantized weights take no fused epilogue, paired weight, norm or tail (the passes leave them unfused)")
+-- mul_mat with a quantized a: the fused gemv, else a dequantized to f16 in the scratch (from
+-- k.scratch_base: a sub-node of the epilogue fallback has its values first) and the f16 plan on
+-- it (the gemm plan's own scratch after it).
+function quant_matmul(k)
+    if k.bnorm or k.tail then
+        fail("quantized weights take no fused norm or tail (the passes leave them unfused)")
+    end
+    if k.epilogue or k.pair then
+        local d = k.dst
+        local s = shape_of(k, { type = "f32", ne = d.ne, st = d.st, offs = d.offs, param = d.param, dyn = d.dyn, sym = d.sym })
+        if k.pair and not (k.epilogue and k.epilogue.values == 2) then fail("a paired weight needs an epilogue over 2 values") end
+        local r = qgemv(k, s) or via_scratch(k)
+        r.epilogue, r.paired = k.epilogue ~= nil, k.pair ~= nil
+        if s.kdims then r.dynamic = true end
+        return r
     end
     local s = shape_of(k)
     local r = qgemv(k, s)
     if not r then
+        local base0 = k.scratch_base or 0
         local sk0 = {}
         for key, x in pairs(k) do sk0[key] = x end
         sk0.scratch_dst = true
-        local step, bytes = quant.dequant_step(k.nparams, table.concat(param_list(sk0), ", "), s.a, 0, "a", fail,
+        local step, bytes = quant.dequant_step(k.nparams, table.concat(param_list(sk0), ", "), s.a, base0, "a", fail,
             "mul_mat_dq_")
         local sk = {}
         for key, x in pairs(k) do sk[key] = x end
         sk.args = {}
         for key, x in pairs(k.args) do sk.args[key] = x end
         local a = s.a
-        sk.args.a = { type = "f16", ne = a.ne, st = { 1, a.ne[1], a.ne[1] * a.ne[2], a.ne[1] * a.ne[2] * a.ne[3] }, offs = 0,
-            param = k.nparams, dyn = a.dyn, sym = a.sym }
+        sk.args.a = { type = "f16", ne = a.ne, st = { 1, a.ne[1], a.ne[1] * a.ne[2], a.ne[1] * a.ne[2] * a.ne[3] },
+            offs = base0 // 2, param = k.nparams, dyn = a.dyn, sym = a.sym }
         sk.scratch_dst = true
-        sk.scratch_base = (bytes + 255) // 256 * 256
+        sk.scratch_base = (base0 + bytes + 255) // 256 * 256
         local sub = plan(sk, shape_of(sk))
         local steps = { step }
         for _, st in ipairs(sub.steps or { sub }) do steps[#steps + 1] = st end

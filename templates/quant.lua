@@ -351,17 +351,18 @@ function M.helpers(t, dot, dq8)
     return table.concat(parts, "\n")
 end
 
--- "W" and "D" (the scales of a split layout) of a quantized ref r in parameter p<r.param>,
--- whose buffer has `bytes` bytes.
-function M.pointers(r, fail)
+-- "W" and "D" (the scales of a split layout; or the names wn, dn) of a quantized ref r in
+-- parameter p<r.param>, whose buffer has `bytes` bytes.
+function M.pointers(r, fail, wn, dn)
+    wn, dn = wn or "W", dn or "D"
     local ti = TYPES[r.type]
     if not r.bytes or r.bytes % ti.size ~= 0 then fail("%s buffer of %s bytes", r.type, tostring(r.bytes)) end
-    local lines = { string.format("const unsigned char *const W = (const unsigned char *)p%d;", r.param) }
+    local lines = { string.format("const unsigned char *const %s = (const unsigned char *)p%d;", wn, r.param) }
     if ti.rest then
-        lines[2] = string.format("const unsigned char *const D = W + %dll; /* the f16 scales of the split layout */",
-            r.bytes // ti.size * ti.rest)
+        lines[2] = string.format("const unsigned char *const %s = %s + %dll; /* the f16 scales of the split layout */",
+            dn, wn, r.bytes // ti.size * ti.rest)
     else
-        lines[2] = "const unsigned char *const D = W; /* (unused: scales inside the blocks) */"
+        lines[2] = string.format("const unsigned char *const %s = %s; /* (unused: scales inside the blocks) */", dn, wn)
     end
     return lines
 end

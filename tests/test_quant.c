@@ -659,6 +659,17 @@ START_TEST(kernels_compile) {
     CASE("broadcast batches", "mul_mat_dq_%s",
          "weight a: %s[512, 24, 2]\ninput bt: f32[3, 512, 4]\nb = transpose(bt)\noutput y = mul_mat(a, b)\n", tn);
     CASE("get_rows", "get_rows_%s_512", "weight a: %s[512, 50]\ninput ids: i32[9]\noutput y = get_rows(a, ids)\n", tn);
+    /* pass mul_mat_glu: one gemv of both weights with the GLU at the store (one column); the
+     * epilogue fallback (4 columns: each product through the dequantization, then the GLU) */
+    CASE("glu gemv", "mul_mat_qgemv_pair_%s_1024x96",
+         "weight g: %s[1024, 96]\nweight u: %s[1024, 96]\ninput x: f32[1024]\na = mul_mat(g, x)\nb = mul_mat(u, x)\n"
+         "output y = swiglu(a, b)\n", tn, tn);
+    CASE("glu, 4 columns", "mul_mat_dq_%s",
+         "weight g: %s[1024, 96]\nweight u: %s[1024, 96]\ninput x: f32[1024, 4]\na = mul_mat(g, x)\nb = mul_mat(u, x)\n"
+         "output y = swiglu(a, b)\n", tn, tn);
+    /* pass add_chain: the residual add applied at the gemv's store */
+    CASE("residual add", "mul_mat_qgemv_%s_512x64",
+         "weight w: %s[512, 64]\ninput x: f32[512]\ninput h: f32[64]\nm = mul_mat(w, x)\noutput y = add(m, h)\n", tn);
 #undef CASE
 }
 END_TEST

@@ -171,11 +171,32 @@ START_TEST(get_rows_quant) {
 }
 END_TEST
 
+/* The fusions quantized weights take: mul_mat_glu (the paired gemv at one column, the epilogue
+ * fallback through the dequantization at several) and add_chain (a residual add at the store),
+ * against the unfused reference. */
+START_TEST(fused_quant) {
+    need_gpu();
+    for (int q = 0; q < NQ; q++)
+        for (int n = 1; n <= 5; n += 4) {
+            kiln_ctx *ctx = kiln_ctx_new();
+            hset      h = {0};
+            int64_t   new_[4] = {1024, 96, 1, 1}, nex[4] = {1024, n, 1, 1}, ner[4] = {96, n, 1, 1};
+            kiln_tensor *g = qweight(ctx, &h, "g", QTYPES[q], new_, 800 + q), *u = qweight(ctx, &h, "u", QTYPES[q], new_, 900 + q);
+            kiln_tensor *x = f32_input(ctx, &h, "x", nex, 1000 + q), *res = f32_input(ctx, &h, "res", ner, 1100 + q);
+            kiln_tensor *y = kiln_swiglu(ctx, kiln_mul_mat(ctx, g, x), kiln_mul_mat(ctx, u, x), false);
+            char label[96];
+            snprintf(label, sizeof label, "glu + residual %s, %d column(s)", kiln_type_name(QTYPES[q]), n);
+            finish(ctx, &h, kiln_add(ctx, y, res), label);
+        }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_quant");
     TS_ADD_TESTS(ts_tcase(s, "mul_mat", 600), gemv, k_sweep, batches);
     TS_ADD_TESTS(ts_tcase(s, "mul_mat_id", 600), mul_mat_id_quant);
     TS_ADD_TESTS(ts_tcase(s, "get_rows", 600), get_rows_quant);
+    TS_ADD_TESTS(ts_tcase(s, "fusions", 600), fused_quant);
     return s;
 }
 
