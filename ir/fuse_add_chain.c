@@ -183,8 +183,7 @@ static void fuse_into_matmul(ir_prog *p) {
             int buf = p->nodes[ci].in[k].buf, oi = ir_node_writing(p, buf);
             if (oi < 0 || p->nodes[oi].kind != IR_OP || p->nodes[oi].ninstr || p->nodes[oi].paired) continue;
             fe_op op = p->nodes[oi].op;
-            /* (quantized weights: mul_mat's quantized gemv applies epilogues, mul_mat_id's not yet) */
-            if (op != FE_OP_MUL_MAT && (op != FE_OP_MUL_MAT_ID || ir_quant_weight(&p->nodes[oi]))) continue;
+            if (op != FE_OP_MUL_MAT && op != FE_OP_MUL_MAT_ID) continue;
             if (ir_absorb_ew(p, oi, ci, &buf, 1, NAME)) break;
         }
     }

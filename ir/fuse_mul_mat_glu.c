@@ -74,8 +74,7 @@ static int sole_producer(const ir_prog *p, const ir_ref *r, int reader) {
 }
 
 static bool plain_matmul(const ir_node *n) {
-    /* Quantized weights: mul_mat's quantized gemv takes the pair; mul_mat_id's does not (yet). */
-    return ir_plain_op(n) && (n->op == FE_OP_MUL_MAT || (n->op == FE_OP_MUL_MAT_ID && !ir_quant_weight(n)));
+    return ir_plain_op(n) && (n->op == FE_OP_MUL_MAT || n->op == FE_OP_MUL_MAT_ID);
 }
 
 /* The side feeding GLU operand r of node gi: the mul_mat directly, or through a bias add. */

@@ -1034,15 +1034,17 @@ local prefill
 -- regions of the scratch by the plain plan, its own scratch after them; the paired product's
 -- routing and packing (identical to the first's) are not repeated; then the epilogue as a step
 -- of its own.
-local function via_scratch(k, p)
+-- (run: how each product is computed; default the prefill plan. Quantized experts: quant_sub.)
+local function via_scratch(k, p, run)
     local subs, voffs, base = epilogue.value_nodes(k, "as")
     local steps, scratch, prep_src = {}, base, nil
     for _, sk in ipairs(subs) do
-        local r = prefill(problem(sk))
-        scratch = math.max(scratch, r.scratch)
-        if not epilogue.same_code(r.steps[1].source, prep_src) then steps[#steps + 1] = r.steps[1] end
-        prep_src = r.steps[1].source
-        for i = 2, #r.steps do steps[#steps + 1] = r.steps[i] end
+        local r = run and run(sk) or prefill(problem(sk))
+        local rs = r.steps or { r }
+        scratch = math.max(scratch, r.scratch or 0)
+        if not epilogue.same_code(rs[1].source, prep_src) then steps[#steps + 1] = rs[1] end
+        prep_src = rs[1].source
+        for i = 2, #rs do steps[#steps + 1] = rs[i] end
     end
     local pre = prelude.new()
     local body, blocks = ep_body(k, pre, voffs)
@@ -1100,8 +1102,8 @@ end
 -- writes zeros and reads nothing. nil when b's rows are not contiguous and 16-byte aligned (its
 -- float4 loads), or the pairs are too many (qid_fused): quant_id's path then.
 local function qgemv_id(k)
-    if k.epilogue or k.pair then return nil end
     local p = problem(k, true)
+    if k.pair and not (k.epilogue and k.epilogue.values == 2) then fail("a paired weight needs an epilogue over 2 values") end
     local b = p.b
     if b.st[1] ~= 1 or b.offs % 4 ~= 0 then return nil end
     if p.B1 > 1 and b.st[2] % 4 ~= 0 then return nil end
@@ -1109,6 +1111,8 @@ local function qgemv_id(k)
     if not qid_fused(p) then return nil end
     if p.U > 65535 or p.T > 65535 then return nil end
     quant.check_blocks(p.as, fail, "as")
+    if p.pa then quant.check_blocks(p.pa, fail, "pair") end
+    local pa, ep, NV = p.pa, k.epilogue, p.pa and 2 or 1
     local as, T = p.as, p.W
     local ti = quant.TYPES[T]
     local BL, UB = ti.block, ti.ub
@@ -1124,8 +1128,11 @@ local function qgemv_id(k)
     local NI = ceil_div(NU, 32 * WK)
     local gx = ceil_div(p.M, RB)
     local bl = builder()
-    bl.add(ptr(p.dst, "out", "float", false))
+    if not ep then bl.add(ptr(p.dst, "out", "float", false)) end
     for _, l in ipairs(quant.pointers(as, fail)) do bl.add("%s", l) end
+    if pa then
+        for _, l in ipairs(quant.pointers(pa, fail, "W2", "D2")) do bl.add("%s /* the paired weight */", l) end
+    end
     bl.add(ptr(p.b, "xb", "float", true))
     bl.add(ptr(p.ids, "ids", "int", true))
     bl.add("const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;")
@@ -1141,11 +1148,22 @@ local function qgemv_id(k)
         bl.add("    return;")
     end
     bl.add("const int e = %s;", id_expr(p, "u", "t"))
-    bl.add("float *const o = out + %s + blockIdx.x * %du;", dcol_expr(p, "u", "t"), RB)
+    local pre = prelude.new()
+    -- The store of row `row` (an expression) with values vals: dst directly, or the epilogue at
+    -- dst coordinates (row, u, t).
+    local function store(row, vals)
+        if ep then
+            return ep_lines(k, pre, { row, p.U > 1 and "u" or nil, p.T > 1 and "t" or nil }, vals)
+        end
+        return { string.format("o[%s] = %s;", row == "orow" and "threadIdx.x" or row, vals[1]) }
+    end
+    if not ep then bl.add("float *const o = out + %s + blockIdx.x * %du;", dcol_expr(p, "u", "t"), RB) end
     local guard = p.M % RB ~= 0 and string.format(" && blockIdx.x * %du + threadIdx.x < %du", RB, p.M) or ""
     bl.add("if ((unsigned)e >= %du) { /* no such expert: zero rows, nothing read */", p.E)
-    bl.add("    if (threadIdx.x < %du%s)", RB, guard)
-    bl.add("        o[threadIdx.x] = 0.0f;")
+    bl.add("    if (threadIdx.x < %du%s) {", RB, guard)
+    if ep then bl.add("        const unsigned orow = blockIdx.x * %du + threadIdx.x;", RB) end
+    for _, l in ipairs(store("orow", pa and { "0.0f", "0.0f" } or { "0.0f" })) do bl.add("        %s", l) end
+    bl.add("    }")
     bl.add("    return;")
     bl.add("}")
     -- Rows past M (the last block's) read row M - 1 again and store nothing.
@@ -1158,10 +1176,20 @@ local function qgemv_id(k)
     bl.add("#pragma unroll")
     bl.add("for (int r = 0; r < %d; r++)", R)
     bl.add("    blk0[r] = %s;", table.concat(base, " + "))
+    if pa then
+        local pbase = { ll(pa.offs // BL) }
+        if pa.offs == 0 then pbase = {} end
+        pbase[#pbase + 1] = string.format("(long long)e * %s", ll(pa.st[3] // BL))
+        pbase[#pbase + 1] = string.format("(long long)%s * %s", row, ll(pa.st[2] // BL))
+        bl.add("long long blk1[%d]; /* the paired weight's */", R)
+        bl.add("#pragma unroll")
+        bl.add("for (int r = 0; r < %d; r++)", R)
+        bl.add("    blk1[r] = %s;", table.concat(pbase, " + "))
+    end
     local vidx = p.B1 == 1 and "0" or (p.B1 == p.U and "u" or string.format("u %% %du", p.B1))
     local brow = brow_expr(p, vidx, "t")
     bl.add("const float *const bk = xb%s;", brow == "0" and "" or " + " .. brow)
-    bl.add("float acc[%d] = {%s};", R, string.rep("0.0f", R, ", "))
+    bl.add("float acc[%d] = {%s};", NV * R, string.rep("0.0f", NV * R, ", "))
     bl.add("#pragma unroll")
     bl.add("for (int i = 0; i < %d; i++) {", NI)
     bl.push()
@@ -1181,13 +1209,15 @@ local function qgemv_id(k)
         bl.add("    t0 += x[q], t1 += x[16 + q];")
     end
     bl.add("#pragma unroll")
-    bl.add("for (int r = 0; r < %d; r++)", R)
+    bl.add("for (int r = 0; r < %d; r++) {", R)
     bl.add("    acc[r] += kiln_qdot_%s(W, D, blk0[r] + %s, %s, x, t0, t1);", T, jb, part)
+    if pa then bl.add("    acc[%d + r] += kiln_qdot_%s(W2, D2, blk1[r] + %s, %s, x, t0, t1);", R, T, jb, part) end
+    bl.add("}")
     bl.pop()
     bl.add("}")
-    bl.add("__shared__ float part[%d][%d];", QID_WARPS, R)
+    bl.add("__shared__ float part[%d][%d];", QID_WARPS, NV * R)
     bl.add("#pragma unroll")
-    bl.add("for (int r = 0; r < %d; r++) {", R)
+    bl.add("for (int r = 0; r < %d; r++) {", NV * R)
     bl.add("#pragma unroll")
     bl.add("    for (int s = 16; s > 0; s >>= 1)")
     bl.add("        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], s);")
@@ -1197,26 +1227,25 @@ local function qgemv_id(k)
     bl.add("__syncthreads();")
     bl.add("if (threadIdx.x < %du%s) {", RB, guard)
     bl.push()
-    if WK > 1 then
-        bl.add("const unsigned g = threadIdx.x / %du * %du, r = threadIdx.x %% %du;", R, WK, R)
-        bl.add("float v = 0.0f;")
-        bl.add("#pragma unroll")
-        bl.add("for (int w = 0; w < %d; w++)", WK)
-        bl.add("    v += part[g + w][r];")
-        bl.add("o[threadIdx.x] = v;")
-    else
-        bl.add("o[threadIdx.x] = part[threadIdx.x / %du][threadIdx.x %% %du];", R, R)
-    end
+    bl.add("const unsigned g = threadIdx.x / %du * %du, r = threadIdx.x %% %du;", R, WK, R)
+    bl.add("float v = 0.0f%s;", pa and ", v2 = 0.0f" or "")
+    bl.add("#pragma unroll")
+    bl.add("for (int w = 0; w < %d; w++) {", WK)
+    bl.add("    v += part[g + w][r];")
+    if pa then bl.add("    v2 += part[g + w][%d + r];", R) end
+    bl.add("}")
+    if ep then bl.add("const unsigned orow = blockIdx.x * %du + threadIdx.x;", RB) end
+    for _, l in ipairs(store("orow", pa and { "v", "v2" } or { "v" })) do bl.add("%s", l) end
     bl.pop()
     bl.add("}")
 
-    local name = string.format("mul_mat_id_qgemv_%s_k%d_m%d_u%d", T, p.K, p.M, p.U)
+    local name = string.format("mul_mat_id_qgemv_%s%s_k%d_m%d_u%d", pa and "pair_" or "", T, p.K, p.M, p.U)
     local notes = notes_of(p)
     notes[#notes + 1] = string.format("grid (%d, %d, %d) of %d warps: %d rows a warp, %d warp%s split K (%d units of 32, %d per lane), %d rows a block",
         gx, p.U, p.T, QID_WARPS, R, WK, WK == 1 and "" or "s", NU, NI, RB)
     local src = source {
         name = name, what = "decode: a fused GEMV over the selected expert's quantized rows per (slot, token)",
-        notes = notes, pre = "", helpers = { quant.helpers(T, true, false) }, threads = QID_WARPS * 32,
+        notes = notes, pre = (pre.code():gsub("\n$", "")), helpers = { quant.helpers(T, true, false) }, threads = QID_WARPS * 32,
         params = param_list(p, false), body = bl.text(),
     }
     return { name = name, source = src, grid = { gx, p.U, p.T }, block = { QID_WARPS * 32, 1, 1 }, smem = 0,
@@ -1226,22 +1255,31 @@ end
 -- Quantized experts: all of as dequantized into the scratch as f16 (templates/quant.lua), then
 -- the f16 plans on it, their own scratch after it. (Correct at every size; a fused quantized
 -- expert GEMV is future work: this reads and writes every expert at decode.)
+local quant_sub
 local function quant_id(k, run)
-    if k.epilogue or k.pair then fail("quantized experts take no fused epilogue or paired weight") end
+    if k.epilogue or k.pair then
+        -- Each product through quant_sub (into the scratch), then the epilogue step.
+        local p = problem(k, true)
+        local r = via_scratch(k, p, quant_sub)
+        r.epilogue, r.paired = true, k.pair ~= nil
+        if p.kdims then r.dynamic = true end
+        return r
+    end
     local as = k.args.as
+    local base0 = k.scratch_base or 0
     local plist = {}
     for i = 0, k.nparams - 1 do plist[#plist + 1] = (i == k.dst.param and "char" or "const char") .. " *__restrict__ p" .. i end
     plist[#plist + 1] = "char *__restrict__ p" .. k.nparams
     if k.dims and #k.dims > 0 then plist[#plist + 1] = "const int* __restrict__ kdims" end
-    local step, bytes = quant.dequant_step(k.nparams, table.concat(plist, ", "), as, 0, "as", fail, "mul_mat_id_dq_")
+    local step, bytes = quant.dequant_step(k.nparams, table.concat(plist, ", "), as, base0, "as", fail, "mul_mat_id_dq_")
     local sk = {}
     for key, x in pairs(k) do sk[key] = x end
     sk.args = {}
     for key, x in pairs(k.args) do sk.args[key] = x end
     sk.args.as = { type = "f16", ne = as.ne, st = { 1, as.ne[1], as.ne[1] * as.ne[2], as.ne[1] * as.ne[2] * as.ne[3] },
-        offs = 0, param = k.nparams, dyn = as.dyn, sym = as.sym }
+        offs = base0 // 2, param = k.nparams, dyn = as.dyn, sym = as.sym }
     sk.scratch_dst = true
-    sk.scratch_base = (bytes + 255) // 256 * 256
+    sk.scratch_base = (base0 + bytes + 255) // 256 * 256
     local sub = run(sk)
     local steps = { step }
     for _, st in ipairs(sub.steps or { sub }) do steps[#steps + 1] = st end
@@ -1265,7 +1303,14 @@ local function plain(k)
     return r
 end
 
+-- A quantized product: the fused GEMV, else the dequantization and the f16 plans.
+function quant_sub(k) return qgemv_id(k) or quant_id(k, plain) end
+
 return function(k)
-    if k.args and k.args.as and quant.is(k.args.as.type) then return qgemv_id(k) or quant_id(k, plain) end
+    if k.args and k.args.as and quant.is(k.args.as.type) then
+        local r = quant_sub(k)
+        if k.epilogue then r.epilogue, r.paired = true, k.pair ~= nil end
+        return r
+    end
     return plain(k)
 end

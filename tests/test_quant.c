@@ -667,6 +667,14 @@ START_TEST(kernels_compile) {
     CASE("glu, 4 columns", "mul_mat_dq_%s",
          "weight g: %s[1024, 96]\nweight u: %s[1024, 96]\ninput x: f32[1024, 4]\na = mul_mat(g, x)\nb = mul_mat(u, x)\n"
          "output y = swiglu(a, b)\n", tn, tn);
+    /* mul_mat_glu on quantized experts: the paired expert gemv (one token), and the fallback
+     * (80 pairs over 40 tokens of 16 experts: each product dequantized, then the GLU) */
+    CASE("expert glu gemv", "mul_mat_id_qgemv_pair_%s_k512_m96_u2",
+         "weight g: %s[512, 96, 16]\nweight u: %s[512, 96, 16]\ninput x: f32[512, 1, 1]\ninput ids: i32[2, 1]\n"
+         "a = mul_mat_id(g, x, ids)\nb = mul_mat_id(u, x, ids)\noutput y = swiglu(a, b)\n", tn, tn);
+    CASE("expert glu, 40 tokens", "mul_mat_id_dq_%s",
+         "weight g: %s[512, 96, 16]\nweight u: %s[512, 96, 16]\ninput x: f32[512, 1, 40]\ninput ids: i32[2, 40]\n"
+         "a = mul_mat_id(g, x, ids)\nb = mul_mat_id(u, x, ids)\noutput y = swiglu(a, b)\n", tn, tn);
     /* pass add_chain: the residual add applied at the gemv's store */
     CASE("residual add", "mul_mat_qgemv_%s_512x64",
          "weight w: %s[512, 64]\ninput x: f32[512]\ninput h: f32[64]\nm = mul_mat(w, x)\noutput y = add(m, h)\n", tn);

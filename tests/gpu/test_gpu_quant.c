@@ -191,12 +191,35 @@ START_TEST(fused_quant) {
 }
 END_TEST
 
+/* mul_mat_glu on quantized experts, against the unfused reference: the paired expert gemv (one
+ * token) and the fallback through the dequantization (40 tokens), ids out of range included. */
+START_TEST(fused_quant_experts) {
+    need_gpu();
+    for (int q = 0; q < NQ; q++)
+        for (int T = 1; T <= 40; T += 39) {
+            kiln_ctx *ctx = kiln_ctx_new();
+            hset      h = {0};
+            int64_t   new_[4] = {512, 96, 16, 1}, nex[4] = {512, 1, T, 1}, nei[2] = {4, T};
+            kiln_tensor *g = qweight(ctx, &h, "g", QTYPES[q], new_, 1200 + q), *u = qweight(ctx, &h, "u", QTYPES[q], new_, 1300 + q);
+            kiln_tensor *x = f32_input(ctx, &h, "x", nex, 1400 + q);
+            kiln_tensor *ids = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_I32, "ids", 2, nei);
+            hdata       *d = hset_add(&h, "ids", KILN_I32, 4 * T);
+            rng_t        r = {1500 + (uint64_t)q};
+            for (int64_t i = 0; i < 4 * T; i++) ((int32_t *)d->data)[i] = i == 3 ? 16 : rng_int(&r, 0, 15);
+            kiln_tensor *y = kiln_swiglu(ctx, kiln_mul_mat_id(ctx, g, x, ids), kiln_mul_mat_id(ctx, u, x, ids), false);
+            char label[96];
+            snprintf(label, sizeof label, "expert glu %s, %d token(s)", kiln_type_name(QTYPES[q]), (int)T);
+            finish(ctx, &h, y, label);
+        }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("gpu_quant");
     TS_ADD_TESTS(ts_tcase(s, "mul_mat", 600), gemv, k_sweep, batches);
     TS_ADD_TESTS(ts_tcase(s, "mul_mat_id", 600), mul_mat_id_quant);
     TS_ADD_TESTS(ts_tcase(s, "get_rows", 600), get_rows_quant);
-    TS_ADD_TESTS(ts_tcase(s, "fusions", 600), fused_quant);
+    TS_ADD_TESTS(ts_tcase(s, "fusions", 600), fused_quant, fused_quant_experts);
     return s;
 }
 
