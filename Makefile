@@ -54,7 +54,7 @@ GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 TEST_SUPPORT := $(BUILD)/obj/tests/support.o
 
-.PHONY: all run test test-build test-asan test-tsan test-gpu test-gpu-build bench perf-check install clean deps fuzz
+.PHONY: all run test test-build test-asan test-tsan test-gpu test-gpu-build test-compat bench perf-check install clean deps fuzz
 all: $(BUILD)/kiln $(BUILD)/libkiln.a
 
 deps:
@@ -112,6 +112,16 @@ test-build: all $(TEST_BINS)
 test: deps
 	@$(MAKE) --no-print-directory test-build
 	@scripts/run-tests.sh $(BUILD) $(TEST_BINS)
+
+# kiln against ggml's own Python GGUF package (tests/compat/gguf_py.py): a virtual environment
+# in $(BUILD)/pyenv with gguf and numpy from PyPI (pinned), then the script (no GPU needed).
+COMPAT_PY := $(BUILD)/pyenv/bin/python
+$(COMPAT_PY):
+	python3 -m venv $(BUILD)/pyenv
+	$(BUILD)/pyenv/bin/pip install --quiet gguf==0.19.0 numpy==2.4.6 || { rm -rf $(BUILD)/pyenv; exit 1; }
+
+test-compat: all $(COMPAT_PY)
+	@$(COMPAT_PY) tests/compat/gguf_py.py $(BUILD)/kiln
 
 test-asan: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 test-build

@@ -544,6 +544,22 @@ START_TEST(cli_gen_model_and_cpu_run) {
     int  n = snprintf(want, sizeof want, "generated:");
     for (int i = 0; i < 6; i++) n += snprintf(want + n, sizeof want - (size_t)n, " %d", ids[i]);
     ck_assert_msg(strstr(out, want), "expected '%s' in:\n%s", want, out);
+    free(out);
+    /* --dump-logits: the prompt's last logits, as the library evaluates them. */
+    char *lp = path_in("logits.bin");
+    snprintf(cmd, sizeof cmd, "%s run %s --tokens 1,2,3 -n 2 --cpu --dump-logits %s", ts_kiln_bin(), p, lp);
+    ck_assert_msg(ts_run(cmd, &out) == 0, "%s", out);
+    char  *data = NULL;
+    size_t len = 0;
+    TS_OK(kb_read_file(lp, &data, &len));
+    int64_t nv = kiln_model_get_hparams(m)->n_vocab;
+    ck_assert_uint_eq(len, sizeof(float) * (size_t)nv);
+    const float *lg;
+    kiln_gen_reset(g);
+    TS_OK(kiln_gen_eval(g, toks, 3, &lg));
+    ck_assert_msg(memcmp(data, lg, len) == 0, "dumped logits differ from kiln_gen_eval's");
+    free(data);
+    free(lp);
     kiln_gen_free(g);
     kiln_model_close(m);
     free(out);

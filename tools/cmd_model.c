@@ -18,7 +18,8 @@
 
 const char kt_run_model_help[] =
     "usage: kiln run MODEL.gguf (--tokens ID,ID,... | --prompt TEXT) [-n N] [--n-ctx N] [--n-batch N]\n"
-    "                           [--check] [--cpu] [--stats] [--no-cuda-graph] [compile options]\n"
+    "                           [--check] [--cpu] [--stats] [--no-cuda-graph] [--dump-logits FILE]\n"
+    "                           [compile options]\n"
     "  builds the model's graph from the GGUF's hyperparameters (llama, qwen2, qwen3, qwen3moe;\n"
     "  f32/f16/bf16 weights), compiles it (cached), uploads the weights, evaluates the prompt\n"
     "  (prefill) and generates N tokens greedily (decode), then prints the generated ids, the text\n"
@@ -37,12 +38,14 @@ const char kt_run_model_help[] =
     "  --stats          where the time went: warm-up, and per evaluation the inputs, the run,\n"
     "                   reading the logits back and picking the token\n"
     "  --no-cuda-graph  launch kernels one by one instead of replaying CUDA graphs\n"
+    "  --dump-logits FILE  also write the prompt's logits (its last token's: n_vocab f32,\n"
+    "                   little-endian) to FILE, evaluated again after the generation\n"
     "  compile options: --arch, --cache-dir DIR, --no-cache, --jobs N, --dump-cu DIR, --no-fuse,\n"
     "  --no-fuse=NAME[,NAME]\n"
     "  (see 'kiln help compile')\n";
 
 typedef struct {
-    const char *path, *tokens, *prompt, *arch, *cache_dir, *dump;
+    const char *path, *tokens, *prompt, *arch, *cache_dir, *dump, *dump_logits;
     int32_t    *ids; /* --tokens, parsed */
     int64_t     nids;
     int64_t     n_new, n_ctx, n_batch;
@@ -69,7 +72,7 @@ static bool parse_tokens(rm_args *a, const char *v) {
 bool kt_run_model_takes_value(const char *o) {
     return !strcmp(o, "--tokens") || !strcmp(o, "--prompt") || !strcmp(o, "-n") || !strcmp(o, "--n-ctx") ||
            !strcmp(o, "--n-batch") || !strcmp(o, "--arch") || !strcmp(o, "--cache-dir") || !strcmp(o, "--jobs") ||
-           !strcmp(o, "--dump-cu");
+           !strcmp(o, "--dump-cu") || !strcmp(o, "--dump-logits");
 }
 
 /* KT_GO_ON when a is complete, else the exit status. */
@@ -96,6 +99,7 @@ static int parse(int argc, char **argv, rm_args *a) {
             ok = kt_flag_no_fuse("run", o, a->no_fuse_passes, sizeof a->no_fuse_passes);
         else if (!strcmp(o, "--cache-dir")) a->cache_dir = v;
         else if (!strcmp(o, "--dump-cu")) a->dump = v;
+        else if (!strcmp(o, "--dump-logits")) a->dump_logits = v;
         else if (!strcmp(o, "--check")) a->check = true;
         else if (!strcmp(o, "--stats")) a->stats = true;
         else if (!strcmp(o, "--cpu")) a->cpu = true;
@@ -296,6 +300,16 @@ static bool fits(rm_args *a, const kiln_model_hparams *hp, const int32_t *prompt
     return true;
 }
 
+/* --dump-logits: the prompt evaluated again from an empty context, its last token's logits into
+ * `path` as they are in memory (f32; kiln supports little-endian hosts only). */
+static kiln_status dump_logits(kiln_gen *g, const int32_t *prompt, int64_t np, int64_t n_vocab, const char *path) {
+    const float *lg;
+    kiln_gen_reset(g);
+    kiln_status st = kiln_gen_eval(g, prompt, np, &lg);
+    if (!st) st = kb_write_file(path, lg, sizeof *lg * (size_t)n_vocab);
+    return st ? kb_wrap(st, "--dump-logits %s", path) : NULL;
+}
+
 static kiln_status generate(const rm_args *a, const kiln_model *m, const kiln_tokenizer *tok, const int32_t *prompt,
                             int64_t np) {
     kiln_compile_opts co = {0};
@@ -316,6 +330,7 @@ static kiln_status generate(const rm_args *a, const kiln_model *m, const kiln_to
         print_speed(&s, !a->cpu);
         if (a->stats) print_breakdown(&s);
     }
+    if (!st && a->dump_logits) st = dump_logits(g, prompt, np, kiln_model_get_hparams(m)->n_vocab, a->dump_logits);
     kiln_gen_free(g); /* before --check's sessions: one model's weights on the GPU at a time */
     if (!st && a->check) st = run_check(m, &go, prompt, np, out, a->n_new);
     free(out);
