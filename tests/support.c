@@ -97,15 +97,43 @@ const char *ts_src_dir(void) {
     return s && *s ? s : ".";
 }
 
-void ts_add_tests(TCase *tc, const TTest *const *tests) {
-    for (; *tests; tests++) tcase_add_test(tc, *tests);
-}
-
 TCase *ts_tcase(Suite *s, const char *name, double timeout) {
     TCase *tc = tcase_create(name);
     if (timeout > 0) tcase_set_timeout(tc, timeout);
     suite_add_tcase(s, tc);
     return tc;
+}
+
+void ts_add_rows(Suite *s, const ts_row *rows) {
+    TCase *tc = NULL;
+    for (const ts_row *r = rows; r->tcase || r->each || r->tests; r++) {
+        if (r->each) {
+            for (int i = 0; r->each[i]; i++) {
+                tc = ts_tcase(s, r->each[i], r->timeout);
+                for (const TTest *const *t = r->tests; *t; t++) tcase_add_loop_test(tc, *t, i, i + 1);
+            }
+            continue;
+        }
+        if (r->tcase) {
+            tc = ts_tcase(s, r->tcase, r->timeout);
+            if (r->setup || r->teardown) tcase_add_checked_fixture(tc, r->setup, r->teardown);
+        }
+        if (r->tests && !tc) {
+            /* a table written wrong: say so rather than hand Check a NULL case */
+            fprintf(stderr, "ts_add_rows: tests before any TS_CASE in suite rows\n");
+            exit(EXIT_FAILURE);
+        }
+        for (const TTest *const *t = r->tests; t && *t; t++) {
+            if (r->loop) tcase_add_loop_test(tc, *t, r->lo, r->hi);
+            else tcase_add_test(tc, *t);
+        }
+    }
+}
+
+Suite *ts_suite(const char *name, const ts_row *rows) {
+    Suite *s = suite_create(name);
+    ts_add_rows(s, rows);
+    return s;
 }
 
 int ts_main(Suite *s) {

@@ -332,18 +332,12 @@ START_TEST(io_bytes_count_selected_experts) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("ops_matmul_id");
-    TCase *tc = ts_tcase(s, "reference", 0);
-    TS_ADD_TESTS(tc, ref_select, ref_invalid_ids, ref_per_slot_b_and_duplicates, ref_views);
-
-    tc = ts_tcase(s, "frontend", 0);
-    TS_ADD_TESTS(tc, errors, shapes);
-
-    tc = ts_tcase(s, "kernels", 120);
-    tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
-    TS_ADD_TESTS(tc, kernels_deterministic, io_bytes_count_selected_experts);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("ops_matmul_id",
+                        TS_CASE("reference", 0),
+                        TS_TESTS(ref_select, ref_invalid_ids, ref_per_slot_b_and_duplicates, ref_views),
+                        TS_CASE("frontend", 0), TS_TESTS(errors, shapes),
+                        TS_CASE("kernels", 120), TS_LOOP(0, NCASES, kernels_compile),
+                        TS_TESTS(kernels_deterministic, io_bytes_count_selected_experts));
+    return ts_main_cache(s, "matmul-id-test", &g_cache);
 }
-
-int main(void) { return ts_main_cache(suite(), "matmul-id-test", &g_cache); }

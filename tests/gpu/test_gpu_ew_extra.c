@@ -225,13 +225,9 @@ START_TEST(test_chains) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_ew_extra");
-    TCase *tc = ts_tcase(s, "ops", 900);
-    tcase_add_loop_test(tc, test_ops, 0, N_OPS * 3);
-    tc = ts_tcase(s, "chains", 300);
-    tcase_add_loop_test(tc, test_chains, 0, (int)(sizeof CHAINS / sizeof CHAINS[0]) * 3);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_ew_extra",
+                        TS_CASE("ops", 900), TS_LOOP(0, N_OPS * 3, test_ops),
+                        TS_CASE("chains", 300), TS_LOOP(0, (int)(sizeof CHAINS / sizeof CHAINS[0]) * 3, test_chains));
+    return ts_main_cache(s, "gpu-ew-extra", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-ew-extra", &g_cache_dir); }

@@ -633,20 +633,12 @@ END_TEST
 
 /* ---- suite ------------------------------------------------------------------------------------ */
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_ops");
-    TCase *tc = ts_tcase(s, "elementwise", 900);
-    tcase_add_loop_test(tc, test_elementwise_ops, 0, FE_OP_COUNT * 3);
-
-    tc = ts_tcase(s, "fused", 900);
-    tcase_add_loop_test(tc, test_fused_chains, 0, N_CHAINS * 3);
-
-    tc = ts_tcase(s, "session", 300);
-    TS_ADD_TESTS(tc, test_graph_replay, test_graphs_env_off, test_io_windows, test_session_errors);
-
-    tc = ts_tcase(s, "examples", 900);
-    tcase_add_test(tc, test_examples);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_ops",
+                        TS_CASE("elementwise", 900), TS_LOOP(0, FE_OP_COUNT * 3, test_elementwise_ops),
+                        TS_CASE("fused", 900), TS_LOOP(0, N_CHAINS * 3, test_fused_chains),
+                        TS_CASE("session", 300),
+                        TS_TESTS(test_graph_replay, test_graphs_env_off, test_io_windows, test_session_errors),
+                        TS_CASE("examples", 900), TS_TESTS(test_examples));
+    return ts_main_cache(s, "gpu-ops", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-ops", &g_cache_dir); }
