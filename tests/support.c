@@ -272,8 +272,7 @@ static void hands_put(void *user, const char *name, kiln_type type, int64_t n, c
 
 void ts_hands_run(const char *kg, ts_hands *h) { reference_with(kg, hands_get, hands_put, h); }
 
-void ts_nvrtc_clean(const char *src, const char *name, const char *arch) {
-    if (!arch) arch = "sm_90a";
+char *ts_nvrtc_log(const char *src, const char *name, const char *arch, bool *compiled) {
     const char *opts[CG_MAX_OPTS];
     int          n = cg_nvrtc_options(arch, opts);
     nvrtcProgram prog;
@@ -285,8 +284,16 @@ void ts_nvrtc_clean(const char *src, const char *name, const char *arch) {
     ck_assert_ptr_nonnull(log);
     nvrtcGetProgramLog(prog, log);
     nvrtcDestroyProgram(&prog);
-    if (r != NVRTC_SUCCESS || log[0]) fprintf(stderr, "%s (%s): NVRTC says:\n%s\nsource:\n%s\n", name, arch, log, src);
-    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s (%s): NVRTC says:\n%.600s", name, arch, log);
+    *compiled = r == NVRTC_SUCCESS;
+    return log;
+}
+
+void ts_nvrtc_clean(const char *src, const char *name, const char *arch) {
+    if (!arch) arch = "sm_90a";
+    bool  ok;
+    char *log = ts_nvrtc_log(src, name, arch, &ok);
+    if (!ok || log[0]) fprintf(stderr, "%s (%s): NVRTC says:\n%s\nsource:\n%s\n", name, arch, log, src);
+    ck_assert_msg(ok && log[0] == 0, "%s (%s): NVRTC says:\n%.600s", name, arch, log);
     free(log);
 }
 

@@ -148,6 +148,9 @@ void     ts_hands_run(const char *kg, ts_hands *h);
 /* ts_hands_run with output `name` declared in h (when it is not yet): returns its slot. */
 const ts_slot *ts_hands_output(const char *kg, ts_hands *h, const char *name);
 
+/* Compiles src with NVRTC and kiln's options for arch; returns the log (caller frees; "" when
+ * NVRTC said nothing) and whether it compiled. */
+char *ts_nvrtc_log(const char *src, const char *name, const char *arch, bool *compiled);
 /* Compiles src with NVRTC and kiln's options for arch (NULL: sm_90a) and fails the test on any
  * error or warning, printing the source to stderr (Check's messages are short). */
 void ts_nvrtc_clean(const char *src, const char *name, const char *arch);

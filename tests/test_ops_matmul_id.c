@@ -12,7 +12,6 @@
 #include "codegen/codegen.h"
 
 #include <math.h>
-#include <nvrtc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,18 +238,9 @@ static void nvrtc_clean(const char *src, const char *name, const char *arch) {
         ts_nvrtc_clean(src, name, arch);
         return;
     }
-    const char *opts[CG_MAX_OPTS];
-    int          n = cg_nvrtc_options(arch, opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t      len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    nvrtcDestroyProgram(&prog);
-    ck_assert_msg(r == NVRTC_SUCCESS, "%s (%s): NVRTC says:\n%.600s", name, arch, log);
+    bool  ok;
+    char *log = ts_nvrtc_log(src, name, arch, &ok);
+    ck_assert_msg(ok, "%s (%s): NVRTC says:\n%.600s", name, arch, log);
     for (char *l = log, *e; *l; l = e + (*e != 0)) {
         e = l + strcspn(l, "\n");
         char c = *e;

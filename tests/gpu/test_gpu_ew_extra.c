@@ -32,15 +32,7 @@ static void gen_shape(rng_t *r, int c, int64_t ne[4]) {
         memcpy(ne, fixed[c], sizeof fixed[c]);
         return;
     }
-    static const int64_t pick[] = {1, 1, 2, 3, 7, 16, 33, 64, 129, 4097};
-    int nd = rng_int(r, 1, 4);
-    for (int i = 0; i < 4; i++) {
-        if (i >= nd) ne[i] = 1;
-        else if (rng_int(r, 0, 3) == 0) ne[i] = rng_int(r, 1, 40);
-        else ne[i] = pick[rng_int(r, 0, (int)(sizeof pick / sizeof pick[0]) - 1)];
-    }
-    for (int i = 3; i >= 0; i--)
-        while (ne[0] * ne[1] * ne[2] * ne[3] > (1 << 19) && ne[i] > 1) ne[i] = (ne[i] + 1) / 2;
+    random_ew_shape(r, ne);
 }
 
 /* A random divisor of n: 1, n, or another. */
