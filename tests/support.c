@@ -97,15 +97,43 @@ const char *ts_src_dir(void) {
     return s && *s ? s : ".";
 }
 
-void ts_add_tests(TCase *tc, const TTest *const *tests) {
-    for (; *tests; tests++) tcase_add_test(tc, *tests);
-}
-
 TCase *ts_tcase(Suite *s, const char *name, double timeout) {
     TCase *tc = tcase_create(name);
     if (timeout > 0) tcase_set_timeout(tc, timeout);
     suite_add_tcase(s, tc);
     return tc;
+}
+
+void ts_add_rows(Suite *s, const ts_row *rows) {
+    TCase *tc = NULL;
+    for (const ts_row *r = rows; r->tcase || r->each || r->tests; r++) {
+        if (r->each) {
+            for (int i = 0; r->each[i]; i++) {
+                tc = ts_tcase(s, r->each[i], r->timeout);
+                for (const TTest *const *t = r->tests; *t; t++) tcase_add_loop_test(tc, *t, i, i + 1);
+            }
+            continue;
+        }
+        if (r->tcase) {
+            tc = ts_tcase(s, r->tcase, r->timeout);
+            if (r->setup || r->teardown) tcase_add_checked_fixture(tc, r->setup, r->teardown);
+        }
+        if (r->tests && !tc) {
+            /* a table written wrong: say so rather than hand Check a NULL case */
+            fprintf(stderr, "ts_add_rows: tests before any TS_CASE in suite rows\n");
+            exit(EXIT_FAILURE);
+        }
+        for (const TTest *const *t = r->tests; t && *t; t++) {
+            if (r->loop) tcase_add_loop_test(tc, *t, r->lo, r->hi);
+            else tcase_add_test(tc, *t);
+        }
+    }
+}
+
+Suite *ts_suite(const char *name, const ts_row *rows) {
+    Suite *s = suite_create(name);
+    ts_add_rows(s, rows);
+    return s;
 }
 
 int ts_main(Suite *s) {
@@ -244,8 +272,7 @@ static void hands_put(void *user, const char *name, kiln_type type, int64_t n, c
 
 void ts_hands_run(const char *kg, ts_hands *h) { reference_with(kg, hands_get, hands_put, h); }
 
-void ts_nvrtc_clean(const char *src, const char *name, const char *arch) {
-    if (!arch) arch = "sm_90a";
+char *ts_nvrtc_log(const char *src, const char *name, const char *arch, bool *compiled) {
     const char *opts[CG_MAX_OPTS];
     int          n = cg_nvrtc_options(arch, opts);
     nvrtcProgram prog;
@@ -257,8 +284,16 @@ void ts_nvrtc_clean(const char *src, const char *name, const char *arch) {
     ck_assert_ptr_nonnull(log);
     nvrtcGetProgramLog(prog, log);
     nvrtcDestroyProgram(&prog);
-    if (r != NVRTC_SUCCESS || log[0]) fprintf(stderr, "%s (%s): NVRTC says:\n%s\nsource:\n%s\n", name, arch, log, src);
-    ck_assert_msg(r == NVRTC_SUCCESS && log[0] == 0, "%s (%s): NVRTC says:\n%.600s", name, arch, log);
+    *compiled = r == NVRTC_SUCCESS;
+    return log;
+}
+
+void ts_nvrtc_clean(const char *src, const char *name, const char *arch) {
+    if (!arch) arch = "sm_90a";
+    bool  ok;
+    char *log = ts_nvrtc_log(src, name, arch, &ok);
+    if (!ok || log[0]) fprintf(stderr, "%s (%s): NVRTC says:\n%s\nsource:\n%s\n", name, arch, log, src);
+    ck_assert_msg(ok && log[0] == 0, "%s (%s): NVRTC says:\n%.600s", name, arch, log);
     free(log);
 }
 

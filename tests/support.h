@@ -42,9 +42,47 @@ const char *ts_src_dir(void);
 /* A new test case named name, added to s, with a timeout of that many seconds unless 0 (Check's
  * default). Tests may be added to it after. */
 TCase *ts_tcase(Suite *s, const char *name, double timeout);
-/* Adds the tests of a NULL-ended list to tc, in order: TS_ADD_TESTS(tc, a, b, c). */
-void ts_add_tests(TCase *tc, const TTest *const *tests);
-#define TS_ADD_TESTS(tc, ...) ts_add_tests((tc), (const TTest *const[]){__VA_ARGS__, NULL})
+
+/* A test program's suite as a table: a list of rows, each opening a test case or adding tests
+ * to the case opened last, in order (Check runs them in that order; CK_RUN_CASE picks cases by
+ * name). Written with the macros below, e.g. in main:
+ *     Suite *s = TS_SUITE("ops_attn", TS_CASE("frontend", 0), TS_TESTS(errors, accepted),
+ *                         TS_CASE("kernels", 120), TS_LOOP(0, NCASES, kernels_compile));
+ *     return ts_main(s);
+ * A row whose tcase is set opens a case with that timeout (ts_tcase) and, when setup or teardown
+ * is set, that checked fixture; a row with tests adds them, as loop tests over [lo, hi) when
+ * loop is set. A row with each opens one case per name instead, case i running its tests as
+ * loop index i alone (one case per type, say, so that CK_RUN_CASE can pick one or a GPU machine
+ * can run them in parallel). The list ends with a zeroed row. */
+typedef struct {
+    const char        *tcase;
+    const char *const *each; /* NULL-ended */
+    double             timeout;
+    void              (*setup)(void), (*teardown)(void);
+    const TTest *const *tests; /* NULL-ended */
+    bool               loop;
+    int                lo, hi;
+} ts_row;
+/* Opens case name (timeout in seconds, 0: Check's default); with a checked fixture. */
+#define TS_CASE(name, timeout_s) {.tcase = (name), .timeout = (timeout_s)}
+#define TS_CASE_FIXTURE(name, timeout_s, set_up, tear_down)                                   \
+    {.tcase = (name), .timeout = (timeout_s), .setup = (set_up), .teardown = (tear_down)}
+/* Opens a case per name (a string literal each): case i runs test with loop index i only. */
+#define TS_CASE_EACH(timeout_s, test, ...)                                                    \
+    {.each = (const char *const[]){__VA_ARGS__, NULL}, .timeout = (timeout_s),               \
+     .tests = (const TTest *const[]){test, NULL}}
+/* Adds tests to the case opened last: each once, or each as a loop test over [from, to). */
+#define TS_TESTS(...) {.tests = (const TTest *const[]){__VA_ARGS__, NULL}}
+#define TS_LOOP(from, to, ...)                                                                \
+    {.tests = (const TTest *const[]){__VA_ARGS__, NULL}, .loop = true, .lo = (from), .hi = (to)}
+/* A row list (a compound literal: it lives in the block that writes it, e.g. main; the tests
+ * are Check's `static const TTest *` variables, not constants, so the list can't be static). */
+#define TS_ROWS(...) ((const ts_row[]){__VA_ARGS__, {0}})
+/* Adds the cases and tests of rows to s (after the cases it has). */
+void   ts_add_rows(Suite *s, const ts_row *rows);
+/* A new suite named name of the rows. */
+Suite *ts_suite(const char *name, const ts_row *rows);
+#define TS_SUITE(name, ...) ts_suite((name), TS_ROWS(__VA_ARGS__))
 /* Runs one suite with CK_NORMAL output; returns the process exit status. */
 int ts_main(Suite *s);
 /* ts_main with every compile going to a new temporary cache (KILN_CACHE_DIR), removed after,
@@ -110,6 +148,9 @@ void     ts_hands_run(const char *kg, ts_hands *h);
 /* ts_hands_run with output `name` declared in h (when it is not yet): returns its slot. */
 const ts_slot *ts_hands_output(const char *kg, ts_hands *h, const char *name);
 
+/* Compiles src with NVRTC and kiln's options for arch; returns the log (caller frees; "" when
+ * NVRTC said nothing) and whether it compiled. */
+char *ts_nvrtc_log(const char *src, const char *name, const char *arch, bool *compiled);
 /* Compiles src with NVRTC and kiln's options for arch (NULL: sm_90a) and fails the test on any
  * error or warning, printing the source to stderr (Check's messages are short). */
 void ts_nvrtc_clean(const char *src, const char *name, const char *arch);

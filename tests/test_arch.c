@@ -507,16 +507,12 @@ START_TEST(cli_gen_graph) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("arch");
-    TCase *tc = ts_tcase(s, "arch", 120);
-    tcase_add_loop_test(tc, tiny_prints_and_parses_back, 0, 4);
-    tcase_add_loop_test(tc, tiny_evaluates, 0, 4);
-    TS_ADD_TESTS(tc, rope_scaling_evaluates, rope_freqs_llama3, llama_layer_is_the_example,
-                     qwen3moe_layer_is_the_example, presets_documented, errors_name_the_field, llama_3_8b_builds);
-    tcase_add_loop_test(tc, tiny_compiles_fused, 0, 4);
-    tcase_add_test(tc, cli_gen_graph);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("arch",
+                        TS_CASE("arch", 120), TS_LOOP(0, 4, tiny_prints_and_parses_back, tiny_evaluates),
+                        TS_TESTS(rope_scaling_evaluates, rope_freqs_llama3, llama_layer_is_the_example,
+                                 qwen3moe_layer_is_the_example, presets_documented, errors_name_the_field,
+                                 llama_3_8b_builds),
+                        TS_LOOP(0, 4, tiny_compiles_fused), TS_TESTS(cli_gen_graph));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

@@ -466,12 +466,11 @@ START_TEST(cli_bundles) {
 }
 END_TEST
 
-static Suite *bundle_suite(void) {
-    Suite *s = suite_create("bundle");
-    TCase *t = ts_tcase(s, "bundle", 120);
-    TS_ADD_TESTS(t, round_trip, other_arch_refused, writing_is_deterministic, damage_detected,
-                    resealed_damage_never_crashes, foreign_version_refused, other_graph_refused, cli_bundles);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("bundle",
+                        TS_CASE("bundle", 120),
+                        TS_TESTS(round_trip, other_arch_refused, writing_is_deterministic, damage_detected,
+                                 resealed_damage_never_crashes, foreign_version_refused, other_graph_refused,
+                                 cli_bundles));
+    return ts_main_isolated(s, "bundle");
 }
-
-int main(void) { return ts_main_isolated(bundle_suite(), "bundle"); }

@@ -1442,20 +1442,19 @@ START_TEST(modes_from_text_and_env) {
 }
 END_TEST
 
-static Suite *cache_suite(void) {
-    Suite *s = suite_create("cache");
-    TCase *t = ts_tcase(s, "key", 0);
-    TS_ADD_TESTS(t, key_deterministic, key_matches_documented_format, key_sensitivity, key_hex_format);
-    t = ts_tcase(s, "store", 60);
-    TS_ADD_TESTS(t, put_get_roundtrip, miss_on_absent, modes, corruption_detected, other_format_version_is_a_miss,
-                    corruption_readonly_keeps_file, corruption_logs_to_stderr, io_errors_name_the_path, long_paths,
-                    write_failures_warn_once, write_failure_warns_once_across_threads,
-                    write_failure_on_stderr_once_per_process, stale_temp_files_swept, default_dir_resolution,
-                    concurrent_writers);
-    t = ts_tcase(s, "admin", 0);
-    TS_ADD_TESTS(t, walk_lists_entries_in_order, evict_removes_least_recently_used, clear_removes_everything,
-                    sizes_and_limits, modes_from_text_and_env);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("cache",
+                        TS_CASE("key", 0),
+                        TS_TESTS(key_deterministic, key_matches_documented_format, key_sensitivity, key_hex_format),
+                        TS_CASE("store", 60),
+                        TS_TESTS(put_get_roundtrip, miss_on_absent, modes, corruption_detected,
+                                 other_format_version_is_a_miss, corruption_readonly_keeps_file,
+                                 corruption_logs_to_stderr, io_errors_name_the_path, long_paths,
+                                 write_failures_warn_once, write_failure_warns_once_across_threads,
+                                 write_failure_on_stderr_once_per_process, stale_temp_files_swept,
+                                 default_dir_resolution, concurrent_writers),
+                        TS_CASE("admin", 0),
+                        TS_TESTS(walk_lists_entries_in_order, evict_removes_least_recently_used,
+                                 clear_removes_everything, sizes_and_limits, modes_from_text_and_env));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(cache_suite()); }

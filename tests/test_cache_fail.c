@@ -287,11 +287,10 @@ START_TEST(cli_bad_cache_setting_still_fails) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("cache_fail");
-    TCase *t = ts_tcase(s, "compile", 300);
-    TS_ADD_TESTS(t, compile_goes_on_when_writes_fail, read_only_cache_still_hits, cache_root_below_a_file,
-                    eviction_failure_warns);
-    t = ts_tcase(s, "cli", 300);
-    TS_ADD_TESTS(t, cli_compile_warns_once, cli_bad_cache_setting_still_fails);
+    Suite *s = TS_SUITE("cache_fail",
+                        TS_CASE("compile", 300),
+                        TS_TESTS(compile_goes_on_when_writes_fail, read_only_cache_still_hits, cache_root_below_a_file,
+                                 eviction_failure_warns),
+                        TS_CASE("cli", 300), TS_TESTS(cli_compile_warns_once, cli_bad_cache_setting_still_fails));
     return ts_main_isolated(s, "cachefail");
 }

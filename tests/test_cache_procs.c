@@ -459,14 +459,11 @@ START_TEST(cache_clear_evict_and_usage) {
 }
 END_TEST
 
-static Suite *procs_suite(void) {
-    Suite *s = suite_create("cache_procs");
-    TCase *t = ts_tcase(s, "processes", 120);
-    TS_ADD_TESTS(t, eight_compiles_share_one_empty_cache, one_key_many_writers_and_readers);
-    t = ts_tcase(s, "cli", 60);
-    tcase_add_checked_fixture(t, cli_setup, cli_teardown);
-    TS_ADD_TESTS(t, cache_ls_and_stats, cache_verify_and_repair, cache_clear_evict_and_usage);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("cache_procs",
+                        TS_CASE("processes", 120),
+                        TS_TESTS(eight_compiles_share_one_empty_cache, one_key_many_writers_and_readers),
+                        TS_CASE_FIXTURE("cli", 60, cli_setup, cli_teardown),
+                        TS_TESTS(cache_ls_and_stats, cache_verify_and_repair, cache_clear_evict_and_usage));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(procs_suite()); }

@@ -454,13 +454,14 @@ START_TEST(arch_below_sm80_is_a_usage_error) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("cli");
-    TCase *tc = ts_tcase(s, "cli", 120);
-    tcase_add_checked_fixture(tc, setup, teardown);
-    TS_ADD_TESTS(tc, version_and_help, usage_errors, compile_summary_line_and_cache, compile_dump_and_output_file,
-                     parse_errors_name_the_position, inspect_prints_ir, fusion_controls, run_without_gpu, bench_usage,
-                     ops_lists_every_op, numeric_flags_are_range_checked, model_run_flags_and_context_fit,
-                     model_run_takes_no_fuse_names, help_for_every_command, help_reads_the_command_table,
-                     unusable_graph_files_are_named, cache_explain_takes_a_model, arch_below_sm80_is_a_usage_error);
+    Suite *s = TS_SUITE("cli",
+                        TS_CASE_FIXTURE("cli", 120, setup, teardown),
+                        TS_TESTS(version_and_help, usage_errors, compile_summary_line_and_cache,
+                                 compile_dump_and_output_file, parse_errors_name_the_position, inspect_prints_ir,
+                                 fusion_controls, run_without_gpu, bench_usage, ops_lists_every_op,
+                                 numeric_flags_are_range_checked, model_run_flags_and_context_fit,
+                                 model_run_takes_no_fuse_names, help_for_every_command, help_reads_the_command_table,
+                                 unusable_graph_files_are_named, cache_explain_takes_a_model,
+                                 arch_below_sm80_is_a_usage_error));
     return ts_main(s);
 }

@@ -1064,21 +1064,13 @@ START_TEST(grid_wait_prologue) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("codegen");
-    TCase *lua = ts_tcase(s, "lua", 0);
-    TS_ADD_TESTS(lua, sandbox, tpl_engine);
-    tcase_set_timeout(lua, 60);
-
-    TCase *gen_tc = ts_tcase(s, "generate", 0);
-    TS_ADD_TESTS(gen_tc, determinism, grid_wait_prologue, float_literals, invalid_nodes, template_dir,
-                         families_have_templates, template_errors, template_steps, node_table);
-    tcase_set_timeout(gen_tc, 60);
-
-    TCase *nv = ts_tcase(s, "nvrtc", 0);
-    TS_ADD_TESTS(nv, nvrtc_basics, params, each_op, spread_compiles, wide_indices, lowered_layers);
-    tcase_set_timeout(nv, 600);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("codegen",
+                        TS_CASE("lua", 60), TS_TESTS(sandbox, tpl_engine),
+                        TS_CASE("generate", 60),
+                        TS_TESTS(determinism, grid_wait_prologue, float_literals, invalid_nodes, template_dir,
+                                 families_have_templates, template_errors, template_steps, node_table),
+                        TS_CASE("nvrtc", 600),
+                        TS_TESTS(nvrtc_basics, params, each_op, spread_compiles, wide_indices, lowered_layers));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

@@ -245,11 +245,11 @@ START_TEST(arch_below_sm80_is_refused) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("compile");
-    TCase *tc = ts_tcase(s, "compile", 120);
-    TS_ADD_TESTS(tc, deterministic_sources_and_keys, nvrtc_compiles_for_sm90a_and_sm80,
-                     second_compile_is_all_cache_hits, identical_kernels_compile_once,
-                     flipped_byte_is_detected_and_rebuilt, dumps_are_byte_identical, bad_arch_is_refused,
-                     arch_below_sm80_is_refused);
+    Suite *s = TS_SUITE("compile",
+                        TS_CASE("compile", 120),
+                        TS_TESTS(deterministic_sources_and_keys, nvrtc_compiles_for_sm90a_and_sm80,
+                                 second_compile_is_all_cache_hits, identical_kernels_compile_once,
+                                 flipped_byte_is_detected_and_rebuilt, dumps_are_byte_identical, bad_arch_is_refused,
+                                 arch_below_sm80_is_refused));
     return ts_main(s);
 }

@@ -326,8 +326,9 @@ START_TEST(specialization) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("dims");
-    TCase *t = ts_tcase(s, "all", 120);
-    TS_ADD_TESTS(t, syntax_and_propagation, c_api, max_one, errors, bind, states, cli_dim, specialization);
+    Suite *s = TS_SUITE("dims",
+                        TS_CASE("all", 120),
+                        TS_TESTS(syntax_and_propagation, c_api, max_one, errors, bind, states, cli_dim,
+                                 specialization));
     return ts_main(s);
 }

@@ -233,15 +233,8 @@ START_TEST(dyn_refused) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("dyn_attn");
-    TCase *tc = ts_tcase(s, "symbolic", 240);
-    tcase_add_loop_test(tc, dyn_compile, 0, NCASES);
-    tcase_add_loop_test(tc, dyn_values, 0, NCASES);
-    tcase_add_test(tc, dyn_refused);
-    return s;
-}
-
 int main(void) {
-    return ts_main_cache(suite(), "dyn-attn-test", &g_cache);
+    Suite *s = TS_SUITE("dyn_attn",
+                        TS_CASE("symbolic", 240), TS_LOOP(0, NCASES, dyn_compile, dyn_values), TS_TESTS(dyn_refused));
+    return ts_main_cache(s, "dyn-attn-test", &g_cache);
 }

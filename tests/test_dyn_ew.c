@@ -101,10 +101,8 @@ START_TEST(refusals) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("dyn_ew");
-    TCase *t = ts_tcase(s, "dyn_ew", 120);
-    tcase_add_loop_test(t, kernels_compile, 0, NCASES);
-    tcase_add_loop_test(t, values_identical, 0, NCASES);
-    tcase_add_loop_test(t, refusals, 0, (int)(sizeof REFUSED / sizeof REFUSED[0]));
+    Suite *s = TS_SUITE("dyn_ew",
+                        TS_CASE("dyn_ew", 120), TS_LOOP(0, NCASES, kernels_compile, values_identical),
+                        TS_LOOP(0, (int)(sizeof REFUSED / sizeof REFUSED[0]), refusals));
     return ts_main_cache(s, "dyn-ew", &g_cache);
 }

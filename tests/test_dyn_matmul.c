@@ -148,11 +148,9 @@ START_TEST(refusals) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("dyn_matmul");
-    TCase *t = ts_tcase(s, "all", 600);
-    tcase_add_loop_test(t, kernels_compile, 0, NCASES);
-    tcase_add_test(t, gemm_n_dyn);
-    tcase_add_loop_test(t, values_identical, 0, NCASES);
-    tcase_add_loop_test(t, refusals, 0, (int)(sizeof REFUSED / sizeof REFUSED[0]));
+    Suite *s = TS_SUITE("dyn_matmul",
+                        TS_CASE("all", 600), TS_LOOP(0, NCASES, kernels_compile), TS_TESTS(gemm_n_dyn),
+                        TS_LOOP(0, NCASES, values_identical),
+                        TS_LOOP(0, (int)(sizeof REFUSED / sizeof REFUSED[0]), refusals));
     return ts_main_cache(s, "dyn-matmul", &g_cache);
 }

@@ -99,11 +99,9 @@ START_TEST(refusals) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("dyn_rope");
-    TCase *t = ts_tcase(s, "all", 600);
-    tcase_add_loop_test(t, kernels_compile, 0, DYN_NCASES);
-    tcase_add_loop_test(t, values_identical, 0, DYN_NCASES);
-    tcase_add_loop_test(t, in_place, 0, (int)(sizeof IN_PLACE / sizeof IN_PLACE[0]));
-    tcase_add_loop_test(t, refusals, 0, (int)(sizeof REFUSED / sizeof REFUSED[0]));
+    Suite *s = TS_SUITE("dyn_rope",
+                        TS_CASE("all", 600), TS_LOOP(0, DYN_NCASES, kernels_compile, values_identical),
+                        TS_LOOP(0, (int)(sizeof IN_PLACE / sizeof IN_PLACE[0]), in_place),
+                        TS_LOOP(0, (int)(sizeof REFUSED / sizeof REFUSED[0]), refusals));
     return ts_main_cache(s, "dyn-rope", &g_cache);
 }

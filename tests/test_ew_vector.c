@@ -383,12 +383,8 @@ START_TEST(plain) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("ew_vector");
-    TCase *tc = ts_tcase(s, "shapes", 0);
-    TS_ADD_TESTS(tc, flat, rows, tiles, plain);
-    tcase_set_timeout(tc, 600);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("ew_vector",
+                        TS_CASE("shapes", 600), TS_TESTS(flat, rows, tiles, plain));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

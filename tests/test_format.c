@@ -621,14 +621,12 @@ START_TEST(fuzz_mutations) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("format");
-    TCase *tc = ts_tcase(s, "format", 60);
-    TS_ADD_TESTS(tc, examples_roundtrip, inline_roundtrip, canonical_text, print_c_api_graph, print_refuses_unspellable,
-                     every_op_parses, signatures_match_table, families_match_table, keyword_arguments,
-                     parse_into_nonempty_ctx, parse_errors, builder_errors_located, load_file, hostile_input,
-                     fuzz_mutations);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("format",
+                        TS_CASE("format", 60),
+                        TS_TESTS(examples_roundtrip, inline_roundtrip, canonical_text, print_c_api_graph,
+                                 print_refuses_unspellable, every_op_parses, signatures_match_table,
+                                 families_match_table, keyword_arguments, parse_into_nonempty_ctx, parse_errors,
+                                 builder_errors_located, load_file, hostile_input, fuzz_mutations));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

@@ -100,8 +100,9 @@ START_TEST(into_matmul) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("fuse_add_chain");
-    TCase *t = ts_tcase(s, "add_chain", 0);
-    TS_ADD_TESTS(t, moe_sum_is_one_kernel, add_chain_alone, does_not_fire, partial_broadcast, into_matmul);
+    Suite *s = TS_SUITE("fuse_add_chain",
+                        TS_CASE("add_chain", 0),
+                        TS_TESTS(moe_sum_is_one_kernel, add_chain_alone, does_not_fire, partial_broadcast,
+                                 into_matmul));
     return ts_main(s);
 }

@@ -159,13 +159,9 @@ START_TEST(kernels_compile) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("fuse_gemv_rope");
-    TCase *tc = ts_tcase(s, "pass", 120);
-    tcase_add_loop_test(tc, fires, 0, 3);
-    TS_ADD_TESTS(tc, not_fired, memplan_group, verify_rejects);
-    tcase_add_loop_test(tc, kernels_compile, 0, 2);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("fuse_gemv_rope",
+                        TS_CASE("pass", 120), TS_LOOP(0, 3, fires), TS_TESTS(not_fired, memplan_group, verify_rejects),
+                        TS_LOOP(0, 2, kernels_compile));
+    return ts_main_cache(s, "fuse-gemv-rope", &g_cache);
 }
-
-int main(void) { return ts_main_cache(suite(), "fuse-gemv-rope", &g_cache); }

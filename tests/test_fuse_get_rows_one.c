@@ -62,12 +62,8 @@ START_TEST(not_fired) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("fuse_get_rows_one");
-    TCase *tc = ts_tcase(s, "pass", 0);
-    TS_ADD_TESTS(tc, fires, skipped, not_fired);
-    tcase_set_timeout(tc, 60);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("fuse_get_rows_one",
+                        TS_CASE("pass", 60), TS_TESTS(fires, skipped, not_fired));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

@@ -260,18 +260,11 @@ START_TEST(examples_fuse) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("fuse_glu");
-    TCase *tc = ts_tcase(s, "pass", 120);
-    tcase_add_loop_test(tc, fires_dense, 0, NGLU);
-    tcase_add_test(tc, fires_with_bias);
-    tcase_add_loop_test(tc, fires_moe, 0, 3);
-    TS_ADD_TESTS(tc, not_fired, verify_and_skip);
-    tc = ts_tcase(s, "codegen", 600);
-    make_gcases();
-    tcase_add_loop_test(tc, kernels_compile, 0, NGCASES);
-    tcase_add_loop_test(tc, examples_fuse, 0, 2);
-    return s;
+int main(void) {
+    make_gcases(); /* NGCASES */
+    Suite *s = TS_SUITE("fuse_glu",
+                        TS_CASE("pass", 120), TS_LOOP(0, NGLU, fires_dense), TS_TESTS(fires_with_bias),
+                        TS_LOOP(0, 3, fires_moe), TS_TESTS(not_fired, verify_and_skip),
+                        TS_CASE("codegen", 600), TS_LOOP(0, NGCASES, kernels_compile), TS_LOOP(0, 2, examples_fuse));
+    return ts_main_cache(s, "fuse-glu-test", &g_cache);
 }
-
-int main(void) { return ts_main_cache(suite(), "fuse-glu-test", &g_cache); }

@@ -116,12 +116,9 @@ START_TEST(example_inspect) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("fuse_mul_mat_cat");
-    TCase *tc = ts_tcase(s, "pass", 120);
-    tcase_add_loop_test(tc, fires_qkv, 0, 6);
-    TS_ADD_TESTS(tc, leaves_one_out, not_fired, block_layout, example_inspect);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("fuse_mul_mat_cat",
+                        TS_CASE("pass", 120), TS_LOOP(0, 6, fires_qkv),
+                        TS_TESTS(leaves_one_out, not_fired, block_layout, example_inspect));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

@@ -268,23 +268,16 @@ START_TEST(qwen3moe_layer) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("fuse_norm_rope");
-    TCase *tc = ts_tcase(s, "rms_norm_mul", 0);
-    tcase_add_loop_test(tc, norm_fires, 0, (int)(sizeof NORM_FIRES / sizeof NORM_FIRES[0]));
-    tcase_add_loop_test(tc, norm_broken, 0, (int)(sizeof NORM_BROKEN / sizeof NORM_BROKEN[0]));
-
-    tc = ts_tcase(s, "rope_set_rows", 0);
-    tcase_add_loop_test(tc, rope_fires, 0, (int)(sizeof ROPE_FIRES / sizeof ROPE_FIRES[0]));
-    tcase_add_test(tc, rope_fires_freq_factors);
-    tcase_add_loop_test(tc, rope_broken, 0, (int)(sizeof ROPE_BROKEN / sizeof ROPE_BROKEN[0]));
-
-    tc = ts_tcase(s, "kernels", 120);
-    tcase_add_loop_test(tc, kernels_compile, 0, (int)(sizeof KERNELS / sizeof KERNELS[0]));
-
-    tc = ts_tcase(s, "examples", 120);
-    TS_ADD_TESTS(tc, llama_layer, qwen3moe_layer);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("fuse_norm_rope",
+                        TS_CASE("rms_norm_mul", 0),
+                        TS_LOOP(0, (int)(sizeof NORM_FIRES / sizeof NORM_FIRES[0]), norm_fires),
+                        TS_LOOP(0, (int)(sizeof NORM_BROKEN / sizeof NORM_BROKEN[0]), norm_broken),
+                        TS_CASE("rope_set_rows", 0),
+                        TS_LOOP(0, (int)(sizeof ROPE_FIRES / sizeof ROPE_FIRES[0]), rope_fires),
+                        TS_TESTS(rope_fires_freq_factors),
+                        TS_LOOP(0, (int)(sizeof ROPE_BROKEN / sizeof ROPE_BROKEN[0]), rope_broken),
+                        TS_CASE("kernels", 120), TS_LOOP(0, (int)(sizeof KERNELS / sizeof KERNELS[0]), kernels_compile),
+                        TS_CASE("examples", 120), TS_TESTS(llama_layer, qwen3moe_layer));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

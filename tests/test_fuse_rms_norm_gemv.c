@@ -75,13 +75,9 @@ START_TEST(kernels_compile) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("fuse_rms_norm_gemv");
-    TCase *tc = ts_tcase(s, "pass", 120);
-    tcase_add_loop_test(tc, fires, 0, 3);
-    tcase_add_test(tc, not_fired);
-    tcase_add_loop_test(tc, kernels_compile, 0, 2);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("fuse_rms_norm_gemv",
+                        TS_CASE("pass", 120), TS_LOOP(0, 3, fires), TS_TESTS(not_fired),
+                        TS_LOOP(0, 2, kernels_compile));
+    return ts_main_cache(s, "fuse-norm-gemv", &g_cache);
 }
-
-int main(void) { return ts_main_cache(suite(), "fuse-norm-gemv", &g_cache); }

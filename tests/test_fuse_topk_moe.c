@@ -368,12 +368,11 @@ START_TEST(kernels_compile) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("fuse_topk_moe");
-    TCase *tc = ts_tcase(s, "topk_moe", 120);
-    TS_ADD_TESTS(tc, fires_on_softmax_norm, fires_on_every_variant, fires_on_every_size, no_fusion_when_illegal,
-                     tail_stops_at_an_illegal_step, ties_by_index, qwen3moe_example_fuses_its_routing, kernels_compile);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("fuse_topk_moe",
+                        TS_CASE("topk_moe", 120),
+                        TS_TESTS(fires_on_softmax_norm, fires_on_every_variant, fires_on_every_size,
+                                 no_fusion_when_illegal, tail_stops_at_an_illegal_step, ties_by_index,
+                                 qwen3moe_example_fuses_its_routing, kernels_compile));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

@@ -1216,13 +1216,11 @@ START_TEST(large_vocab) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gguf");
-    TCase *tc = ts_tcase(s, "gguf", 60);
-    TS_ADD_TESTS(tc, roundtrip_values, roundtrip_tensors, writer_bytes_exact, deterministic, fill_chunks, writer_errors,
-                     malformed_header, malformed_kv, malformed_tensor, malformed_data, truncated_everywhere,
-                     flipped_bytes, open_files, large_vocab);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gguf",
+                        TS_CASE("gguf", 60),
+                        TS_TESTS(roundtrip_values, roundtrip_tensors, writer_bytes_exact, deterministic, fill_chunks,
+                                 writer_errors, malformed_header, malformed_kv, malformed_tensor, malformed_data,
+                                 truncated_everywhere, flipped_bytes, open_files, large_vocab));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

@@ -585,13 +585,13 @@ START_TEST(ir_text_is_deterministic) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("ir");
-    TCase *tc = ts_tcase(s, "ir", 0);
-    TS_ADD_TESTS(tc, shape_errors, builder_errors_are_sticky, api_argument_errors, broadcast_shapes, view_strides,
-                     views_fold_into_layouts, fusion_fires_on_chain, skip_named_passes, op_epilogue_equals_unfused,
-                     no_fusion_across_second_use, diamond_fuses_into_one_kernel, no_fusion_of_outputs_or_permuted_reads,
-                     fusion_with_broadcast_producer, fused_equals_unfused,
-                     memplan_reuses_and_never_overlaps_live_values, reference_by_hand, unary_semantics_by_hand,
-                     references_match_families, ir_text_is_deterministic);
+    Suite *s = TS_SUITE("ir",
+                        TS_CASE("ir", 0),
+                        TS_TESTS(shape_errors, builder_errors_are_sticky, api_argument_errors, broadcast_shapes,
+                                 view_strides, views_fold_into_layouts, fusion_fires_on_chain, skip_named_passes,
+                                 op_epilogue_equals_unfused, no_fusion_across_second_use, diamond_fuses_into_one_kernel,
+                                 no_fusion_of_outputs_or_permuted_reads, fusion_with_broadcast_producer,
+                                 fused_equals_unfused, memplan_reuses_and_never_overlaps_live_values, reference_by_hand,
+                                 unary_semantics_by_hand, references_match_families, ir_text_is_deterministic));
     return ts_main(s);
 }

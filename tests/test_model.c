@@ -1032,22 +1032,16 @@ static void setup(void) { g_dir = ts_tmpdir(); }
 static void teardown(void) { ts_tmpdir_free(g_dir); }
 
 int main(void) {
-    Suite *s = suite_create("model");
-    TCase *tc = ts_tcase(s, "model", 120);
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_loop_test(tc, tiny_round_trip, 0, 4);
-    tcase_add_loop_test(tc, large_presets_keys_round_trip, 0, 3);
-    tcase_add_test(tc, gen_model_deterministic);
-    tcase_add_loop_test(tc, cpu_generation_deterministic, 0, 4);
-    tcase_add_loop_test(tc, cpu_chunks_agree, 0, 4);
-    tcase_add_loop_test(tc, random_model_equals_file, 0, 4);
-    TS_ADD_TESTS(tc, gen_errors, model_errors_name_the_cause, hparams_checked_against_tensors, first_key_error_wins,
-                     optional_weights_checked, tokenizer_errors_name_the_file, cli_gen_model_and_cpu_run);
-    TCase *tq = ts_tcase(s, "quant", 120);
-    tcase_add_checked_fixture(tq, setup, teardown);
-    tcase_add_loop_test(tq, gen_model_quantized, 0, 5);
-    tcase_add_loop_test(tq, cpu_run_quantized, 0, 25);
-    TS_ADD_TESTS(tq, mix_llama_3_8b, mix_rules, file_types_rule_the_graph, quant_refusals, cli_quantized_run,
-                 random_blocks_model);
+    Suite *s = TS_SUITE("model",
+                        TS_CASE_FIXTURE("model", 120, setup, teardown), TS_LOOP(0, 4, tiny_round_trip),
+                        TS_LOOP(0, 3, large_presets_keys_round_trip), TS_TESTS(gen_model_deterministic),
+                        TS_LOOP(0, 4, cpu_generation_deterministic, cpu_chunks_agree, random_model_equals_file),
+                        TS_TESTS(gen_errors, model_errors_name_the_cause, hparams_checked_against_tensors,
+                                 first_key_error_wins, optional_weights_checked, tokenizer_errors_name_the_file,
+                                 cli_gen_model_and_cpu_run),
+                        TS_CASE_FIXTURE("quant", 120, setup, teardown), TS_LOOP(0, 5, gen_model_quantized),
+                        TS_LOOP(0, 25, cpu_run_quantized),
+                        TS_TESTS(mix_llama_3_8b, mix_rules, file_types_rule_the_graph, quant_refusals,
+                                 cli_quantized_run, random_blocks_model));
     return ts_main_isolated(s, "model");
 }

@@ -372,12 +372,10 @@ START_TEST(glu_fuses) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("ops_ew");
-    TCase *tc = ts_tcase(s, "ew", 120);
-    TS_ADD_TESTS(tc, glu_by_hand, swiglu_oai_by_hand, glu_low_precision, add1_by_hand, copies_by_hand, shapes, errors,
-                     kernels_compile, glu_fuses);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("ops_ew",
+                        TS_CASE("ew", 120),
+                        TS_TESTS(glu_by_hand, swiglu_oai_by_hand, glu_low_precision, add1_by_hand, copies_by_hand,
+                                 shapes, errors, kernels_compile, glu_fuses));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

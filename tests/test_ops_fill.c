@@ -304,12 +304,10 @@ START_TEST(kernel_shapes) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("ops_fill");
-    TCase *tc = ts_tcase(s, "fill", 120);
-    TS_ADD_TESTS(tc, shapes, errors, reference_arange_fill, reference_masks, reference_masks_low_precision,
-                     kernels_compile, kernel_shapes);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("ops_fill",
+                        TS_CASE("fill", 120),
+                        TS_TESTS(shapes, errors, reference_arange_fill, reference_masks, reference_masks_low_precision,
+                                 kernels_compile, kernel_shapes));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

@@ -351,21 +351,11 @@ START_TEST(gemm_plans) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("ops_matmul");
-    TCase *tc = ts_tcase(s, "reference", 0);
-    TS_ADD_TESTS(tc, ref_basic, ref_half_weights, ref_broadcast, ref_transposed_b);
-
-    tc = ts_tcase(s, "frontend", 0);
-    tcase_add_test(tc, errors);
-
-    tc = ts_tcase(s, "kernels", 120);
-    tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
-    tcase_add_test(tc, kernels_deterministic);
-
-    tc = ts_tcase(s, "gemm_plans", 60);
-    tcase_add_loop_test(tc, gemm_plans, 0, NPLANS);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("ops_matmul",
+                        TS_CASE("reference", 0), TS_TESTS(ref_basic, ref_half_weights, ref_broadcast, ref_transposed_b),
+                        TS_CASE("frontend", 0), TS_TESTS(errors),
+                        TS_CASE("kernels", 120), TS_LOOP(0, NCASES, kernels_compile), TS_TESTS(kernels_deterministic),
+                        TS_CASE("gemm_plans", 60), TS_LOOP(0, NPLANS, gemm_plans));
+    return ts_main_cache(s, "matmul-test", &g_cache);
 }
-
-int main(void) { return ts_main_cache(suite(), "matmul-test", &g_cache); }

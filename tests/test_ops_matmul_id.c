@@ -12,7 +12,6 @@
 #include "codegen/codegen.h"
 
 #include <math.h>
-#include <nvrtc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,18 +238,9 @@ static void nvrtc_clean(const char *src, const char *name, const char *arch) {
         ts_nvrtc_clean(src, name, arch);
         return;
     }
-    const char *opts[CG_MAX_OPTS];
-    int          n = cg_nvrtc_options(arch, opts);
-    nvrtcProgram prog;
-    ck_assert_int_eq(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL), NVRTC_SUCCESS);
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t      len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = calloc(1, len + 1);
-    ck_assert_ptr_nonnull(log);
-    nvrtcGetProgramLog(prog, log);
-    nvrtcDestroyProgram(&prog);
-    ck_assert_msg(r == NVRTC_SUCCESS, "%s (%s): NVRTC says:\n%.600s", name, arch, log);
+    bool  ok;
+    char *log = ts_nvrtc_log(src, name, arch, &ok);
+    ck_assert_msg(ok, "%s (%s): NVRTC says:\n%.600s", name, arch, log);
     for (char *l = log, *e; *l; l = e + (*e != 0)) {
         e = l + strcspn(l, "\n");
         char c = *e;
@@ -332,18 +322,12 @@ START_TEST(io_bytes_count_selected_experts) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("ops_matmul_id");
-    TCase *tc = ts_tcase(s, "reference", 0);
-    TS_ADD_TESTS(tc, ref_select, ref_invalid_ids, ref_per_slot_b_and_duplicates, ref_views);
-
-    tc = ts_tcase(s, "frontend", 0);
-    TS_ADD_TESTS(tc, errors, shapes);
-
-    tc = ts_tcase(s, "kernels", 120);
-    tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
-    TS_ADD_TESTS(tc, kernels_deterministic, io_bytes_count_selected_experts);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("ops_matmul_id",
+                        TS_CASE("reference", 0),
+                        TS_TESTS(ref_select, ref_invalid_ids, ref_per_slot_b_and_duplicates, ref_views),
+                        TS_CASE("frontend", 0), TS_TESTS(errors, shapes),
+                        TS_CASE("kernels", 120), TS_LOOP(0, NCASES, kernels_compile),
+                        TS_TESTS(kernels_deterministic, io_bytes_count_selected_experts));
+    return ts_main_cache(s, "matmul-id-test", &g_cache);
 }
-
-int main(void) { return ts_main_cache(suite(), "matmul-id-test", &g_cache); }

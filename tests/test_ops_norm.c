@@ -221,18 +221,12 @@ static const struct {
 START_TEST(kernels_compile) { ts_one_kernel_case(_i, CASES[_i].kg, CASES[_i].want, "norm_case"); }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("ops_norm");
-    TCase *tc = ts_tcase(s, "reference", 0);
-    TS_ADD_TESTS(tc, rms_norm_by_hand, norm_by_hand, l2_norm_by_hand, norm_of_views_by_hand, low_precision_by_hand,
-                     group_norm_by_hand, reference_matches_double);
-
-    tc = ts_tcase(s, "frontend", 0);
-    TS_ADD_TESTS(tc, errors, result_shape_and_type);
-
-    tc = ts_tcase(s, "kernels", 120);
-    tcase_add_loop_test(tc, kernels_compile, 0, (int)(sizeof CASES / sizeof CASES[0]));
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("ops_norm",
+                        TS_CASE("reference", 0),
+                        TS_TESTS(rms_norm_by_hand, norm_by_hand, l2_norm_by_hand, norm_of_views_by_hand,
+                                 low_precision_by_hand, group_norm_by_hand, reference_matches_double),
+                        TS_CASE("frontend", 0), TS_TESTS(errors, result_shape_and_type),
+                        TS_CASE("kernels", 120), TS_LOOP(0, (int)(sizeof CASES / sizeof CASES[0]), kernels_compile));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

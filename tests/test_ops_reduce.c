@@ -251,18 +251,14 @@ START_TEST(kernel_shapes) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("ops_reduce");
-    TCase *tc = ts_tcase(s, "reference", 0);
-    TS_ADD_TESTS(tc, sum_by_hand, sum_accumulates_in_double, sum_rows_and_mean_by_hand, argmax_by_hand, cumsum_by_hand);
-
-    tc = ts_tcase(s, "frontend", 0);
-    TS_ADD_TESTS(tc, result_shapes, errors);
-
-    tc = ts_tcase(s, "kernels", 120);
-    TS_ADD_TESTS(tc, kernels_compile_rows, kernels_compile_cumsum_and_sum, kernels_compile_wide,
-                     generation_is_deterministic, kernel_shapes);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("ops_reduce",
+                        TS_CASE("reference", 0),
+                        TS_TESTS(sum_by_hand, sum_accumulates_in_double, sum_rows_and_mean_by_hand, argmax_by_hand,
+                                 cumsum_by_hand),
+                        TS_CASE("frontend", 0), TS_TESTS(result_shapes, errors),
+                        TS_CASE("kernels", 120),
+                        TS_TESTS(kernels_compile_rows, kernels_compile_cumsum_and_sum, kernels_compile_wide,
+                                 generation_is_deterministic, kernel_shapes));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

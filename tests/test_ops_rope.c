@@ -311,18 +311,13 @@ static const struct {
 START_TEST(kernels_compile) { ts_one_kernel_case(_i, CASES[_i].kg, CASES[_i].want, "rope_case"); }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("ops_rope");
-    TCase *tc = ts_tcase(s, "reference", 0);
-    TS_ADD_TESTS(tc, normal_by_hand, neox_by_hand, freq_factors_scale_attn_by_hand, yarn_by_hand, mrope_imrope_by_hand,
-                     vision_by_hand, views_by_hand, low_precision_by_hand, angle_recurrence_exact);
-
-    tc = ts_tcase(s, "frontend", 0);
-    TS_ADD_TESTS(tc, errors, result_shape_and_params);
-
-    tc = ts_tcase(s, "kernels", 120);
-    tcase_add_loop_test(tc, kernels_compile, 0, (int)(sizeof CASES / sizeof CASES[0]));
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("ops_rope",
+                        TS_CASE("reference", 0),
+                        TS_TESTS(normal_by_hand, neox_by_hand, freq_factors_scale_attn_by_hand, yarn_by_hand,
+                                 mrope_imrope_by_hand, vision_by_hand, views_by_hand, low_precision_by_hand,
+                                 angle_recurrence_exact),
+                        TS_CASE("frontend", 0), TS_TESTS(errors, result_shape_and_params),
+                        TS_CASE("kernels", 120), TS_LOOP(0, (int)(sizeof CASES / sizeof CASES[0]), kernels_compile));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

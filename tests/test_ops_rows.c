@@ -453,14 +453,11 @@ START_TEST(kernels_deterministic) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("ops_rows");
-    TCase *tc = ts_tcase(s, "reference", 0);
-    TS_ADD_TESTS(tc, get_rows_by_hand, set_rows_by_hand, concat_by_hand, pad_by_hand, add_id_by_hand,
-                     reference_index_errors, shape_errors, builders);
-    tc = ts_tcase(s, "kernels", 120);
-    TS_ADD_TESTS(tc, kernels_compile, kernels_deterministic);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("ops_rows",
+                        TS_CASE("reference", 0),
+                        TS_TESTS(get_rows_by_hand, set_rows_by_hand, concat_by_hand, pad_by_hand, add_id_by_hand,
+                                 reference_index_errors, shape_errors, builders),
+                        TS_CASE("kernels", 120), TS_TESTS(kernels_compile, kernels_deterministic));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

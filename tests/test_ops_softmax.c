@@ -337,19 +337,12 @@ START_TEST(kernels_deterministic) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("ops_softmax");
-    TCase *tc = ts_tcase(s, "reference", 0);
-    TS_ADD_TESTS(tc, ref_soft_max_basic, ref_scale_mask_inf, ref_mask_broadcast, ref_alibi, ref_sinks, ref_fully_masked,
-                     ref_views, ref_half_types);
-
-    tc = ts_tcase(s, "frontend", 0);
-    TS_ADD_TESTS(tc, errors, accepted);
-
-    tc = ts_tcase(s, "kernels", 120);
-    tcase_add_loop_test(tc, kernels_compile, 0, NCASES);
-    tcase_add_test(tc, kernels_deterministic);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("ops_softmax",
+                        TS_CASE("reference", 0),
+                        TS_TESTS(ref_soft_max_basic, ref_scale_mask_inf, ref_mask_broadcast, ref_alibi, ref_sinks,
+                                 ref_fully_masked, ref_views, ref_half_types),
+                        TS_CASE("frontend", 0), TS_TESTS(errors, accepted),
+                        TS_CASE("kernels", 120), TS_LOOP(0, NCASES, kernels_compile), TS_TESTS(kernels_deterministic));
+    return ts_main_cache(s, "softmax-test", &g_cache);
 }
-
-int main(void) { return ts_main_cache(suite(), "softmax-test", &g_cache); }

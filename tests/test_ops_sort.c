@@ -298,12 +298,10 @@ START_TEST(deterministic_sources) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("ops_sort");
-    TCase *tc = ts_tcase(s, "sort", 120);
-    TS_ADD_TESTS(tc, shapes, errors, reference_ties, reference_special_values, reference_strided_and_half,
-                     reference_long_row, kernel_shapes, kernels_compile, deterministic_sources);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("ops_sort",
+                        TS_CASE("sort", 120),
+                        TS_TESTS(shapes, errors, reference_ties, reference_special_values, reference_strided_and_half,
+                                 reference_long_row, kernel_shapes, kernels_compile, deterministic_sources));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

@@ -662,13 +662,12 @@ START_TEST(cli_reports_cold_and_warm) {
 }
 END_TEST
 
-static Suite *program_cache_suite(void) {
-    Suite *s = suite_create("program_cache");
-    TCase *t = ts_tcase(s, "program_cache", 120);
-    TS_ADD_TESTS(t, second_compile_is_a_program_hit, keys_change_with_key_inputs_only, corrupt_program_entry_is_rebuilt,
-                    cache_modes, size_limit_after_compile, dumps_identical_cold_and_warm, jobs_change_nothing,
-                    explain_says_why, cli_reports_cold_and_warm);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("program_cache",
+                        TS_CASE("program_cache", 120),
+                        TS_TESTS(second_compile_is_a_program_hit, keys_change_with_key_inputs_only,
+                                 corrupt_program_entry_is_rebuilt, cache_modes, size_limit_after_compile,
+                                 dumps_identical_cold_and_warm, jobs_change_nothing, explain_says_why,
+                                 cli_reports_cold_and_warm));
+    return ts_main_isolated(s, "progcache");
 }
-
-int main(void) { return ts_main_isolated(program_cache_suite(), "progcache"); }

@@ -685,27 +685,16 @@ END_TEST
 static void cache_setup(void) { g_cache = ts_tmpdir(); }
 static void cache_teardown(void) { ts_tmpdir_free(g_cache); }
 
-static Suite *suite(void) {
-    Suite *s = suite_create("quant");
-    TCase *kc = ts_tcase(s, "kernels", 120);
-    tcase_add_checked_fixture(kc, cache_setup, cache_teardown);
-    tcase_add_loop_test(kc, kernels_compile, 0, (int)(sizeof KTYPES / sizeof KTYPES[0]));
-    TCase *tc = ts_tcase(s, "dequant", 0);
-    tcase_add_loop_test(tc, dequant_vectors, 0, (int)(sizeof qv_cases / sizeof qv_cases[0]));
-    TS_ADD_TESTS(tc, codec_refusals);
-    tc = ts_tcase(s, "quantizer", 60);
-    tcase_add_loop_test(tc, quant_random_rows, 0, 5);
-    tcase_add_loop_test(tc, quant_structured_rows, 0, 5);
-    tcase_add_loop_test(tc, quant_idempotent, 0, 2);
-    TS_ADD_TESTS(tc, fill_random_quantized);
-    tc = ts_tcase(s, "api", 0);
-    TS_ADD_TESTS(tc, type_table, frontend_refusals, kg_round_trip);
-    tc = ts_tcase(s, "reference", 60);
-    tcase_add_loop_test(tc, ref_mul_mat_columns, 0, 5);
-    tcase_add_loop_test(tc, ref_mul_mat_layouts, 0, 5);
-    tcase_add_loop_test(tc, ref_mul_mat_id, 0, 5);
-    tcase_add_loop_test(tc, ref_get_rows, 0, 5);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("quant",
+                        TS_CASE_FIXTURE("kernels", 120, cache_setup, cache_teardown),
+                        TS_LOOP(0, (int)(sizeof KTYPES / sizeof KTYPES[0]), kernels_compile),
+                        TS_CASE("dequant", 0), TS_LOOP(0, (int)(sizeof qv_cases / sizeof qv_cases[0]), dequant_vectors),
+                        TS_TESTS(codec_refusals),
+                        TS_CASE("quantizer", 60), TS_LOOP(0, 5, quant_random_rows, quant_structured_rows),
+                        TS_LOOP(0, 2, quant_idempotent), TS_TESTS(fill_random_quantized),
+                        TS_CASE("api", 0), TS_TESTS(type_table, frontend_refusals, kg_round_trip),
+                        TS_CASE("reference", 60),
+                        TS_LOOP(0, 5, ref_mul_mat_columns, ref_mul_mat_layouts, ref_mul_mat_id, ref_get_rows));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

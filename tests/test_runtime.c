@@ -181,12 +181,10 @@ START_TEST(test_init_threads) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("runtime");
-    TCase *tc = ts_tcase(s, "cpu", 60);
-    TS_ADD_TESTS(tc, test_null_args, test_null_out_with_program, test_no_gpu, test_forced_missing_driver,
-                     test_init_threads);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("runtime",
+                        TS_CASE("cpu", 60),
+                        TS_TESTS(test_null_args, test_null_out_with_program, test_no_gpu, test_forced_missing_driver,
+                                 test_init_threads));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

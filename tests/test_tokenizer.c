@@ -671,14 +671,12 @@ START_TEST(gguf_refused) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("tokenizer");
-    TCase *tc = ts_tcase(s, "tokenizer", 60);
-    TS_ADD_TESTS(tc, gpt2_split, llama3_split, qwen2_split, classes_and_utf8, known_tokenizations, merges_stay_in_words,
-                     special_tokens, invalid_utf8);
-    tcase_add_loop_test(tc, round_trips, 0, 3);
-    TS_ADD_TESTS(tc, errors, synthetic_vocab, big_vocab_round_trip, gguf_round_trip, gguf_refused);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("tokenizer",
+                        TS_CASE("tokenizer", 60),
+                        TS_TESTS(gpt2_split, llama3_split, qwen2_split, classes_and_utf8, known_tokenizations,
+                                 merges_stay_in_words, special_tokens, invalid_utf8),
+                        TS_LOOP(0, 3, round_trips),
+                        TS_TESTS(errors, synthetic_vocab, big_vocab_round_trip, gguf_round_trip, gguf_refused));
+    return ts_main(s);
 }
-
-int main(void) { return ts_main(suite()); }

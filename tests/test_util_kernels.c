@@ -233,13 +233,11 @@ START_TEST(bad_requests_are_errors) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("util_kernels");
-    TCase *tc = ts_tcase(s, "util_kernels", 120);
-    tcase_add_loop_test(tc, sources_are_the_former_kernels, 0, NKERNELS);
-    tcase_add_loop_test(tc, cubins_are_the_former_kernels, 0, NKERNELS);
-    tcase_add_loop_test(tc, nvrtc_clean, 0, NKERNELS);
-    tcase_add_test(tc, keys_are_stable);
-    tcase_add_loop_test(tc, second_call_hits_the_cache, 0, NKERNELS);
-    TS_ADD_TESTS(tc, default_dir_and_cache_off, bad_requests_are_errors);
+    Suite *s = TS_SUITE("util_kernels",
+                        TS_CASE("util_kernels", 120),
+                        TS_LOOP(0, NKERNELS, sources_are_the_former_kernels, cubins_are_the_former_kernels,
+                                             nvrtc_clean),
+                        TS_TESTS(keys_are_stable), TS_LOOP(0, NKERNELS, second_call_hits_the_cache),
+                        TS_TESTS(default_dir_and_cache_off, bad_requests_are_errors));
     return ts_main_isolated(s, "util_kernels");
 }

@@ -36,6 +36,18 @@ uint64_t rng_next(rng_t *r) {
     return z ^ (z >> 31);
 }
 int   rng_int(rng_t *r, int lo, int hi) { return lo + (int)(rng_next(r) % (uint64_t)(hi - lo + 1)); }
+
+void random_ew_shape(rng_t *r, int64_t ne[4]) {
+    static const int64_t pick[] = {1, 1, 2, 3, 7, 16, 33, 64, 129, 4097};
+    int nd = rng_int(r, 1, 4);
+    for (int i = 0; i < 4; i++) {
+        if (i >= nd) ne[i] = 1;
+        else if (rng_int(r, 0, 3) == 0) ne[i] = rng_int(r, 1, 40);
+        else ne[i] = pick[rng_int(r, 0, (int)(sizeof pick / sizeof pick[0]) - 1)];
+    }
+    for (int i = 3; i >= 0; i--)
+        while (ne[0] * ne[1] * ne[2] * ne[3] > (1 << 19) && ne[i] > 1) ne[i] = (ne[i] + 1) / 2;
+}
 float rng_float(rng_t *r, float lo, float hi) {
     return lo + (hi - lo) * (float)((rng_next(r) >> 40) * (1.0 / 16777216.0));
 }

@@ -57,6 +57,9 @@ extern const char *LAYOUT_NAMES[LAY_COUNT];
 void need_gpu(void);
 uint64_t rng_next(rng_t *r);
 int   rng_int(rng_t *r, int lo, int hi);
+/* A random shape of 1 to 4 dims (extents 1..40 or edge sizes such as 7, 129, 4097), halved
+ * from the last dim until it has at most 2^19 elements. */
+void  random_ew_shape(rng_t *r, int64_t ne[4]);
 float rng_float(rng_t *r, float lo, float hi);
 void fill(void *p, kiln_type t, int64_t n, uint64_t seed, fill_kind k);
 hdata *hset_add(hset *h, const char *name, kiln_type t, int64_t n);

@@ -300,7 +300,7 @@ START_TEST(test_all_masked) {
 }
 END_TEST
 
-static Suite *suite(void) {
+int main(void) {
     Suite *s = suite_create("gpu_attn");
     /* fixed cases in groups of 4 tcases so a GPU machine can run them in parallel */
     static char names[16][24];
@@ -311,14 +311,7 @@ static Suite *suite(void) {
         int hi = 4 * i + 4 < NFIXED ? 4 * i + 4 : NFIXED;
         tcase_add_loop_test(tc, test_fixed, 4 * i, hi);
     }
-    static const char *rn[3] = {"random_f32", "random_f16", "random_bf16"};
-    for (int i = 0; i < 3; i++) {
-        TCase *tc = ts_tcase(s, rn[i], 900);
-        tcase_add_loop_test(tc, test_random, i, i + 1);
-    }
-    TCase *tc = ts_tcase(s, "all_masked", 900);
-    tcase_add_loop_test(tc, test_all_masked, 0, 5);
-    return s;
+    ts_add_rows(s, TS_ROWS(TS_CASE_EACH(900, test_random, "random_f32", "random_f16", "random_bf16"),
+                           TS_CASE("all_masked", 900), TS_LOOP(0, 5, test_all_masked)));
+    return ts_main_cache(s, "gpu-attn", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-attn", &g_cache_dir); }

@@ -175,8 +175,8 @@ START_TEST(chain_misuse) {
 END_TEST
 
 int main(void) {
-    Suite *su = suite_create("gpu_chain");
-    TCase *t = ts_tcase(su, "all", 300);
-    TS_ADD_TESTS(t, chain_matches_host_graph, chain_matches_host_plain, chain_misuse);
-    return ts_main_cache(su, "gpu-chain", &g_cache_dir);
+    Suite *s = TS_SUITE("gpu_chain",
+                        TS_CASE("all", 300),
+                        TS_TESTS(chain_matches_host_graph, chain_matches_host_plain, chain_misuse));
+    return ts_main_cache(s, "gpu-chain", &g_cache_dir);
 }

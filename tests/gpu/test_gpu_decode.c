@@ -255,8 +255,7 @@ START_TEST(set_dim_errors) {
 END_TEST
 
 int main(void) {
-    Suite *su = suite_create("gpu_decode");
-    TCase *t = ts_tcase(su, "all", 600);
-    TS_ADD_TESTS(t, decode_200_steps, set_dim_errors);
-    return ts_main_cache(su, "gpu-decode", &g_cache_dir);
+    Suite *s = TS_SUITE("gpu_decode",
+                        TS_CASE("all", 600), TS_TESTS(decode_200_steps, set_dim_errors));
+    return ts_main_cache(s, "gpu-decode", &g_cache_dir);
 }

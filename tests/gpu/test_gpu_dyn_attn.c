@@ -163,13 +163,8 @@ START_TEST(dyn_runs) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_dyn_attn");
-    TCase *tc = ts_tcase(s, "symbolic", 300);
-    tcase_add_loop_test(tc, dyn_runs, 0, NCASES);
-    return s;
-}
-
 int main(void) {
-    return ts_main_cache(suite(), "gpu-dyn-attn", &g_cache_dir);
+    Suite *s = TS_SUITE("gpu_dyn_attn",
+                        TS_CASE("symbolic", 300), TS_LOOP(0, NCASES, dyn_runs));
+    return ts_main_cache(s, "gpu-dyn-attn", &g_cache_dir);
 }

@@ -80,9 +80,7 @@ START_TEST(bench_dyn) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("gpu_dyn_ew");
-    TCase *t = ts_tcase(s, "all", 900);
-    tcase_add_loop_test(t, runs_match_reference, 0, NCASES);
-    tcase_add_test(t, bench_dyn);
+    Suite *s = TS_SUITE("gpu_dyn_ew",
+                        TS_CASE("all", 900), TS_LOOP(0, NCASES, runs_match_reference), TS_TESTS(bench_dyn));
     return ts_main_cache(s, "gpu-dyn-ew", &g_cache_dir);
 }

@@ -88,11 +88,9 @@ START_TEST(bench_prefill_gemm) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("gpu_dyn_matmul");
-    TCase *t = ts_tcase(s, "all", 900);
-    tcase_add_loop_test(t, runs_match_reference, 0, NCASES);
-    /* a case of its own: CK_RUN_CASE=bench runs only the timing */
-    TCase *b = ts_tcase(s, "bench", 900);
-    tcase_add_test(b, bench_prefill_gemm);
+    /* bench is a case of its own: CK_RUN_CASE=bench runs only the timing */
+    Suite *s = TS_SUITE("gpu_dyn_matmul",
+                        TS_CASE("all", 900), TS_LOOP(0, NCASES, runs_match_reference),
+                        TS_CASE("bench", 900), TS_TESTS(bench_prefill_gemm));
     return ts_main_cache(s, "gpu-dyn-matmul", &g_cache_dir);
 }

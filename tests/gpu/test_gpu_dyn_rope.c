@@ -82,10 +82,8 @@ START_TEST(bench_rope_set_rows) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("gpu_dyn_rope");
-    TCase *t = ts_tcase(s, "runs", 900);
-    tcase_add_loop_test(t, runs_match_reference, 0, DYN_NCASES);
-    TCase *b = ts_tcase(s, "bench", 900);
-    tcase_add_test(b, bench_rope_set_rows);
+    Suite *s = TS_SUITE("gpu_dyn_rope",
+                        TS_CASE("runs", 900), TS_LOOP(0, DYN_NCASES, runs_match_reference),
+                        TS_CASE("bench", 900), TS_TESTS(bench_rope_set_rows));
     return ts_main_cache(s, "gpu-dyn-rope", &g_cache_dir);
 }

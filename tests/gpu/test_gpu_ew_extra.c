@@ -32,15 +32,7 @@ static void gen_shape(rng_t *r, int c, int64_t ne[4]) {
         memcpy(ne, fixed[c], sizeof fixed[c]);
         return;
     }
-    static const int64_t pick[] = {1, 1, 2, 3, 7, 16, 33, 64, 129, 4097};
-    int nd = rng_int(r, 1, 4);
-    for (int i = 0; i < 4; i++) {
-        if (i >= nd) ne[i] = 1;
-        else if (rng_int(r, 0, 3) == 0) ne[i] = rng_int(r, 1, 40);
-        else ne[i] = pick[rng_int(r, 0, (int)(sizeof pick / sizeof pick[0]) - 1)];
-    }
-    for (int i = 3; i >= 0; i--)
-        while (ne[0] * ne[1] * ne[2] * ne[3] > (1 << 19) && ne[i] > 1) ne[i] = (ne[i] + 1) / 2;
+    random_ew_shape(r, ne);
 }
 
 /* A random divisor of n: 1, n, or another. */
@@ -225,13 +217,9 @@ START_TEST(test_chains) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_ew_extra");
-    TCase *tc = ts_tcase(s, "ops", 900);
-    tcase_add_loop_test(tc, test_ops, 0, N_OPS * 3);
-    tc = ts_tcase(s, "chains", 300);
-    tcase_add_loop_test(tc, test_chains, 0, (int)(sizeof CHAINS / sizeof CHAINS[0]) * 3);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_ew_extra",
+                        TS_CASE("ops", 900), TS_LOOP(0, N_OPS * 3, test_ops),
+                        TS_CASE("chains", 300), TS_LOOP(0, (int)(sizeof CHAINS / sizeof CHAINS[0]) * 3, test_chains));
+    return ts_main_cache(s, "gpu-ew-extra", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-ew-extra", &g_cache_dir); }

@@ -181,12 +181,8 @@ START_TEST(test_fill_in_graph) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_fill");
-    TCase *tc = ts_tcase(s, "fill", 600);
-    tcase_add_loop_test(tc, test_fill_ops, 0, N_OPS * 3);
-    tcase_add_test(tc, test_fill_in_graph);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_fill",
+                        TS_CASE("fill", 600), TS_LOOP(0, N_OPS * 3, test_fill_ops), TS_TESTS(test_fill_in_graph));
+    return ts_main_cache(s, "gpu-fill", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-fill", &g_cache_dir); }

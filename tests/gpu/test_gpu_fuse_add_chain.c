@@ -61,14 +61,10 @@ START_TEST(test_into_matmul_id) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_fuse_add_chain");
-    TCase *tc = ts_tcase(s, "moe_sum", 900);
-    tcase_add_loop_test(tc, test_moe_sum, 0, 6);
-    tc = ts_tcase(s, "into_matmul", 900);
-    tcase_add_loop_test(tc, test_into_matmul, 0, 6);
-    tcase_add_loop_test(tc, test_into_matmul_id, 0, 2);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_fuse_add_chain",
+                        TS_CASE("moe_sum", 900), TS_LOOP(0, 6, test_moe_sum),
+                        TS_CASE("into_matmul", 900), TS_LOOP(0, 6, test_into_matmul),
+                        TS_LOOP(0, 2, test_into_matmul_id));
+    return ts_main_cache(s, "gpu-fuse-add", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-fuse-add", &g_cache_dir); }

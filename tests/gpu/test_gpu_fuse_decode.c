@@ -60,13 +60,9 @@ START_TEST(norm_into_gemv) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_fuse_decode");
-    TCase *tc = ts_tcase(s, "mul_mat_cat", 900);
-    tcase_add_loop_test(tc, qkv_attention_front, 0, 3);
-    tc = ts_tcase(s, "rms_norm_gemv", 900);
-    tcase_add_loop_test(tc, norm_into_gemv, 0, 3);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_fuse_decode",
+                        TS_CASE("mul_mat_cat", 900), TS_LOOP(0, 3, qkv_attention_front),
+                        TS_CASE("rms_norm_gemv", 900), TS_LOOP(0, 3, norm_into_gemv));
+    return ts_main_cache(s, "gpu-fuse-decode", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-fuse-decode", &g_cache_dir); }

@@ -60,11 +60,8 @@ START_TEST(front) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_fuse_gemv_rope");
-    TCase *tc = ts_tcase(s, "front", 600);
-    tcase_add_loop_test(tc, front, 0, (int)(sizeof CASES / sizeof CASES[0]));
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_fuse_gemv_rope",
+                        TS_CASE("front", 600), TS_LOOP(0, (int)(sizeof CASES / sizeof CASES[0]), front));
+    return ts_main_cache(s, "gpu-fuse-gemv-rope", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-fuse-gemv-rope", &g_cache_dir); }

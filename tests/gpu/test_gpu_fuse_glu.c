@@ -169,17 +169,11 @@ START_TEST(test_examples) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_fuse_glu");
-    TCase *tc = ts_tcase(s, "dense", 900);
-    tcase_add_loop_test(tc, test_dense, 0, 15);
-    tc = ts_tcase(s, "moe", 900);
-    tcase_add_loop_test(tc, test_moe, 0, 9);
-    tc = ts_tcase(s, "one_tensor", 900);
-    tcase_add_loop_test(tc, test_one_tensor, 0, 4);
-    tc = ts_tcase(s, "examples", 900);
-    tcase_add_loop_test(tc, test_examples, 0, 2);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_fuse_glu",
+                        TS_CASE("dense", 900), TS_LOOP(0, 15, test_dense),
+                        TS_CASE("moe", 900), TS_LOOP(0, 9, test_moe),
+                        TS_CASE("one_tensor", 900), TS_LOOP(0, 4, test_one_tensor),
+                        TS_CASE("examples", 900), TS_LOOP(0, 2, test_examples));
+    return ts_main_cache(s, "gpu-fuse-glu", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-fuse-glu", &g_cache_dir); }

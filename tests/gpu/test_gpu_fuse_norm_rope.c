@@ -232,14 +232,9 @@ START_TEST(rope_set_rows_blocked) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_fuse_norm_rope");
-    TCase *tc = ts_tcase(s, "fuse", 900);
-    tcase_add_loop_test(tc, rms_norm_mul, 0, 6);
-    tcase_add_test(tc, rms_norm_mul_blocked);
-    tcase_add_loop_test(tc, rope_set_rows, 0, 6);
-    tcase_add_test(tc, rope_set_rows_blocked);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_fuse_norm_rope",
+                        TS_CASE("fuse", 900), TS_LOOP(0, 6, rms_norm_mul), TS_TESTS(rms_norm_mul_blocked),
+                        TS_LOOP(0, 6, rope_set_rows), TS_TESTS(rope_set_rows_blocked));
+    return ts_main_cache(s, "gpu-fuse-nr", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-fuse-nr", &g_cache_dir); }

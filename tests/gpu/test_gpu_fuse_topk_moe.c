@@ -194,11 +194,8 @@ START_TEST(test_random_cases) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_fuse_topk_moe");
-    TCase *tc = ts_tcase(s, "topk_moe", 600);
-    TS_ADD_TESTS(tc, test_fixed_cases, test_random_cases);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_fuse_topk_moe",
+                        TS_CASE("topk_moe", 600), TS_TESTS(test_fixed_cases, test_random_cases));
+    return ts_main_cache(s, "gpu-fuse-topk-moe", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-fuse-topk-moe", &g_cache_dir); }

@@ -200,20 +200,12 @@ START_TEST(test_bench_shapes) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_matmul");
-    TCase *tc = ts_tcase(s, "fixed", 900);
-    tcase_add_loop_test(tc, test_fixed, 0, 3 * NFIXED);
-    static const char *names[3] = {"random_f32", "random_f16", "random_bf16"};
-    for (int i = 0; i < 3; i++) {
-        tc = ts_tcase(s, names[i], 900);
-        tcase_add_loop_test(tc, test_random, i, i + 1);
-    }
-    tc = ts_tcase(s, "mma_edges", 900);
-    tcase_add_loop_test(tc, test_mma_edges, 0, 12);
-    tc = ts_tcase(s, "bench_shapes", 900);
-    tcase_add_loop_test(tc, test_bench_shapes, 0, 2 * (int)(sizeof BENCH / sizeof BENCH[0]));
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_matmul",
+                        TS_CASE("fixed", 900), TS_LOOP(0, 3 * NFIXED, test_fixed),
+                        TS_CASE_EACH(900, test_random, "random_f32", "random_f16", "random_bf16"),
+                        TS_CASE("mma_edges", 900), TS_LOOP(0, 12, test_mma_edges),
+                        TS_CASE("bench_shapes", 900),
+                        TS_LOOP(0, 2 * (int)(sizeof BENCH / sizeof BENCH[0]), test_bench_shapes));
+    return ts_main_cache(s, "gpu-matmul", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-matmul", &g_cache_dir); }

@@ -266,18 +266,10 @@ START_TEST(test_zero_rows) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_matmul_id");
-    TCase *tc = ts_tcase(s, "fixed", 900);
-    tcase_add_loop_test(tc, test_fixed, 0, NFIXED);
-    static const char *names[3] = {"random_f32", "random_f16", "random_bf16"};
-    for (int i = 0; i < 3; i++) {
-        tc = ts_tcase(s, names[i], 900);
-        tcase_add_loop_test(tc, test_random, i, i + 1);
-    }
-    tc = ts_tcase(s, "zero_rows", 900);
-    tcase_add_loop_test(tc, test_zero_rows, 0, 3);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_matmul_id",
+                        TS_CASE("fixed", 900), TS_LOOP(0, NFIXED, test_fixed),
+                        TS_CASE_EACH(900, test_random, "random_f32", "random_f16", "random_bf16"),
+                        TS_CASE("zero_rows", 900), TS_LOOP(0, 3, test_zero_rows));
+    return ts_main_cache(s, "gpu-matmul-id", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-matmul-id", &g_cache_dir); }

@@ -300,15 +300,11 @@ static void setup(void) { g_dir = ts_tmpdir(); }
 static void teardown(void) { ts_tmpdir_free(g_dir); }
 
 int main(void) {
-    Suite *s = suite_create("gpu_model");
-    TCase *tc = ts_tcase(s, "gpu_model", 300);
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_loop_test(tc, prefill_and_decode_match_cpu, 0, 4);
-    tcase_add_loop_test(tc, greedy_tokens_identical, 0, 4);
-    tcase_add_test(tc, cli_run_check);
-    tcase_add_loop_test(tc, device_fill_equals_file, 0, 2);
-    TCase *tq = ts_tcase(s, "quant", 300);
-    tcase_add_checked_fixture(tq, setup, teardown);
-    tcase_add_loop_test(tq, quantized_greedy_tokens_identical, 0, N_QUANT_FTYPES * N_QUANT_VARIANTS);
+    Suite *s = TS_SUITE("gpu_model",
+                        TS_CASE_FIXTURE("gpu_model", 300, setup, teardown),
+                        TS_LOOP(0, 4, prefill_and_decode_match_cpu, greedy_tokens_identical), TS_TESTS(cli_run_check),
+                        TS_LOOP(0, 2, device_fill_equals_file),
+                        TS_CASE_FIXTURE("quant", 300, setup, teardown),
+                        TS_LOOP(0, N_QUANT_FTYPES * N_QUANT_VARIANTS, quantized_greedy_tokens_identical));
     return ts_main_isolated(s, "gpu_model");
 }

@@ -103,11 +103,8 @@ START_TEST(norm_ops) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_norm");
-    TCase *tc = ts_tcase(s, "norm", 900);
-    tcase_add_loop_test(tc, norm_ops, 0, NOPS * 3);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_norm",
+                        TS_CASE("norm", 900), TS_LOOP(0, NOPS * 3, norm_ops));
+    return ts_main_cache(s, "gpu-norm", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-norm", &g_cache_dir); }

@@ -84,16 +84,7 @@ static void gen_shape(rng_t *r, int c, int64_t ne[4]) {
         memcpy(ne, fixed[c], sizeof fixed[c]);
         return;
     }
-    static const int64_t pick[] = {1, 1, 2, 3, 7, 16, 33, 64, 129, 4097};
-    int nd = rng_int(r, 1, 4);
-    for (int i = 0; i < 4; i++) {
-        if (i >= nd) ne[i] = 1;
-        else if (rng_int(r, 0, 3) == 0) ne[i] = rng_int(r, 1, 40);
-        else ne[i] = pick[rng_int(r, 0, (int)(sizeof pick / sizeof pick[0]) - 1)];
-    }
-    /* At most 2^19 elements. */
-    for (int i = 3; i >= 0; i--)
-        while (ne[0] * ne[1] * ne[2] * ne[3] > (1 << 19) && ne[i] > 1) ne[i] = (ne[i] + 1) / 2;
+    random_ew_shape(r, ne);
 }
 
 /* b's shape for broadcasting into a: each dim is a's, 1, or another divisor of a's. */
@@ -633,20 +624,12 @@ END_TEST
 
 /* ---- suite ------------------------------------------------------------------------------------ */
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_ops");
-    TCase *tc = ts_tcase(s, "elementwise", 900);
-    tcase_add_loop_test(tc, test_elementwise_ops, 0, FE_OP_COUNT * 3);
-
-    tc = ts_tcase(s, "fused", 900);
-    tcase_add_loop_test(tc, test_fused_chains, 0, N_CHAINS * 3);
-
-    tc = ts_tcase(s, "session", 300);
-    TS_ADD_TESTS(tc, test_graph_replay, test_graphs_env_off, test_io_windows, test_session_errors);
-
-    tc = ts_tcase(s, "examples", 900);
-    tcase_add_test(tc, test_examples);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_ops",
+                        TS_CASE("elementwise", 900), TS_LOOP(0, FE_OP_COUNT * 3, test_elementwise_ops),
+                        TS_CASE("fused", 900), TS_LOOP(0, N_CHAINS * 3, test_fused_chains),
+                        TS_CASE("session", 300),
+                        TS_TESTS(test_graph_replay, test_graphs_env_off, test_io_windows, test_session_errors),
+                        TS_CASE("examples", 900), TS_TESTS(test_examples));
+    return ts_main_cache(s, "gpu-ops", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-ops", &g_cache_dir); }

@@ -214,13 +214,11 @@ START_TEST(fused_quant_experts) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_quant");
-    TS_ADD_TESTS(ts_tcase(s, "mul_mat", 600), gemv, k_sweep, batches);
-    TS_ADD_TESTS(ts_tcase(s, "mul_mat_id", 600), mul_mat_id_quant);
-    TS_ADD_TESTS(ts_tcase(s, "get_rows", 600), get_rows_quant);
-    TS_ADD_TESTS(ts_tcase(s, "fusions", 600), fused_quant, fused_quant_experts);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_quant",
+                        TS_CASE("mul_mat", 600), TS_TESTS(gemv, k_sweep, batches),
+                        TS_CASE("mul_mat_id", 600), TS_TESTS(mul_mat_id_quant),
+                        TS_CASE("get_rows", 600), TS_TESTS(get_rows_quant),
+                        TS_CASE("fusions", 600), TS_TESTS(fused_quant, fused_quant_experts));
+    return ts_main_cache(s, "gpu-quant", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-quant", &g_cache_dir); }

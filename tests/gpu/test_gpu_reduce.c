@@ -174,11 +174,8 @@ START_TEST(test_reduce_ops) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_reduce");
-    TCase *tc = ts_tcase(s, "reduce", 900);
-    tcase_add_loop_test(tc, test_reduce_ops, 0, N_OPS * 3);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_reduce",
+                        TS_CASE("reduce", 900), TS_LOOP(0, N_OPS * 3, test_reduce_ops));
+    return ts_main_cache(s, "gpu-reduce", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-reduce", &g_cache_dir); }

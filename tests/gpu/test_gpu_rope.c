@@ -274,13 +274,9 @@ START_TEST(test_rope_targeted) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_rope");
-    TCase *tc = ts_tcase(s, "random", 600);
-    tcase_add_loop_test(tc, test_rope_random, 0, 15);
-    tc = ts_tcase(s, "targeted", 600);
-    tcase_add_loop_test(tc, test_rope_targeted, 0, 3 * N_TARGETED);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_rope",
+                        TS_CASE("random", 600), TS_LOOP(0, 15, test_rope_random),
+                        TS_CASE("targeted", 600), TS_LOOP(0, 3 * N_TARGETED, test_rope_targeted));
+    return ts_main_cache(s, "gpu-rope", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-rope", &g_cache_dir); }

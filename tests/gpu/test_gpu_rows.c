@@ -290,21 +290,13 @@ START_TEST(test_ids_out_of_range) {
 }
 END_TEST
 
-static TCase *op_case(Suite *s, const char *name) {
-    TCase *tc = ts_tcase(s, name, 600);
-    return tc;
+int main(void) {
+    /* test_get_rows' _i: index into FLOAT_TYPES */
+    Suite *s = TS_SUITE("gpu_rows",
+                        TS_CASE("get_rows", 600), TS_LOOP(0, 3, test_get_rows), TS_TESTS(test_ids_out_of_range),
+                        TS_CASE("set_rows", 600), TS_LOOP(0, 3, test_set_rows),
+                        TS_CASE("concat", 600), TS_LOOP(0, 3, test_concat),
+                        TS_CASE("pad", 600), TS_LOOP(0, 3, test_pad),
+                        TS_CASE("add_id", 600), TS_TESTS(test_add_id));
+    return ts_main_cache(s, "gpu-rows", &g_cache_dir);
 }
-
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_rows");
-    TCase *tc = op_case(s, "get_rows");
-    tcase_add_loop_test(tc, test_get_rows, 0, 3); /* _i: index into FLOAT_TYPES */
-    tcase_add_test(tc, test_ids_out_of_range);
-    tcase_add_loop_test(op_case(s, "set_rows"), test_set_rows, 0, 3);
-    tcase_add_loop_test(op_case(s, "concat"), test_concat, 0, 3);
-    tcase_add_loop_test(op_case(s, "pad"), test_pad, 0, 3);
-    tcase_add_test(op_case(s, "add_id"), test_add_id);
-    return s;
-}
-
-int main(void) { return ts_main_cache(suite(), "gpu-rows", &g_cache_dir); }

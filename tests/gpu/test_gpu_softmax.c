@@ -270,21 +270,12 @@ START_TEST(test_fully_masked) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_softmax");
-    static const char *names[6] = {"soft_max_f32", "soft_max_f16", "soft_max_bf16",
-                                   "soft_max_ext_f32", "soft_max_ext_f16", "soft_max_ext_bf16"};
-    for (int i = 0; i < 6; i++) {
-        TCase *tc = ts_tcase(s, names[i], 900);
-        tcase_add_loop_test(tc, test_random, i, i + 1);
-    }
-    TCase *tc = ts_tcase(s, "features", 900);
-    tcase_add_loop_test(tc, test_features, 0, 14);
-    tc = ts_tcase(s, "long_rows", 900);
-    tcase_add_loop_test(tc, test_long_rows, 0, 8);
-    tc = ts_tcase(s, "fully_masked", 900);
-    tcase_add_loop_test(tc, test_fully_masked, 0, 10);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_softmax",
+                        TS_CASE_EACH(900, test_random, "soft_max_f32", "soft_max_f16", "soft_max_bf16",
+                                     "soft_max_ext_f32", "soft_max_ext_f16", "soft_max_ext_bf16"),
+                        TS_CASE("features", 900), TS_LOOP(0, 14, test_features),
+                        TS_CASE("long_rows", 900), TS_LOOP(0, 8, test_long_rows),
+                        TS_CASE("fully_masked", 900), TS_LOOP(0, 10, test_fully_masked));
+    return ts_main_cache(s, "gpu-softmax", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-softmax", &g_cache_dir); }

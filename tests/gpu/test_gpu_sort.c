@@ -166,11 +166,9 @@ START_TEST(test_router_replay) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("gpu_sort");
-    TCase *tc = ts_tcase(s, "sort", 600);
-    TS_ADD_TESTS(tc, test_argsort, test_top_k, test_argsort_top_k, test_router_replay);
-    return s;
+int main(void) {
+    Suite *s = TS_SUITE("gpu_sort",
+                        TS_CASE("sort", 600),
+                        TS_TESTS(test_argsort, test_top_k, test_argsort_top_k, test_router_replay));
+    return ts_main_cache(s, "gpu-sort", &g_cache_dir);
 }
-
-int main(void) { return ts_main_cache(suite(), "gpu-sort", &g_cache_dir); }

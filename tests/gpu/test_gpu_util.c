@@ -124,8 +124,7 @@ START_TEST(flush_l2_runs_and_is_cached) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("gpu_util");
-    TCase *tc = ts_tcase(s, "gpu_util", 300);
-    TS_ADD_TESTS(tc, fill_weights_exact_and_cached, flush_l2_runs_and_is_cached);
+    Suite *s = TS_SUITE("gpu_util",
+                        TS_CASE("gpu_util", 300), TS_TESTS(fill_weights_exact_and_cached, flush_l2_runs_and_is_cached));
     return ts_main_isolated(s, "gpu_util");
 }
