@@ -724,9 +724,12 @@ kiln_status kiln_gguf_write(kiln_gguf_writer *w, const char *path, kiln_gguf_fil
 /* ---- tokenizer (docs/tokenizer.md) -----------------------------------------------------------
  * Byte-level BPE as GPT-2, Llama 3 and Qwen use it ("gpt2" in tokenizer.ggml.model), giving
  * llama.cpp's ids: text is split by the pre-tokenizer's rules, each piece's bytes mapped to
- * printable characters, then merged by rank. Special tokens (control, user-defined and unknown
- * types) match as whole strings, longest first. Invalid UTF-8 is read as llama.cpp reads it
- * (a bad byte is U+FFFD), never an error. A tokenizer does not change once built: tokenize and
+ * printable characters, then merged by rank. Invalid UTF-8 is read as llama.cpp reads it (a bad
+ * byte is U+FFFD), never an error. SentencePiece BPE as Llama 2, Mistral and Gemma use it
+ * ("llama"): spaces become U+2581, a space is put before the text, characters are merged by
+ * the score of the token they make, and what is left that is no token becomes byte tokens
+ * <0xXX> (byte fallback). In both, special tokens (control, user-defined and unknown types)
+ * match as whole strings, longest first. A tokenizer does not change once built: tokenize and
  * detokenize may run on many threads. */
 typedef struct kiln_tokenizer kiln_tokenizer;
 typedef enum { KILN_TOKEN_NORMAL = 1, KILN_TOKEN_UNKNOWN, KILN_TOKEN_CONTROL, KILN_TOKEN_USER_DEFINED,
@@ -740,11 +743,17 @@ typedef struct {
     const char        *pre;      /* "llama-bpe" (or "llama3"), "qwen2", "gpt2" (or "gpt-2"); NULL: gpt2 */
     int32_t            bos, eos; /* -1: none */
     bool               add_bos;
+    /* SentencePiece: model "llama" (NULL or "gpt2": byte-level BPE, and the fields below are not
+     * used); tokens are then plain text with U+2581 for spaces, no merges or pre. */
+    const char        *model;
+    const float       *scores;   /* n_tokens scores, or NULL (all 0) */
+    int32_t            unk;      /* the unknown token, -1: none */
+    bool               add_space_prefix; /* a space before the text (llama.cpp's default: true) */
 } kiln_tokenizer_spec;
 kiln_status kiln_tokenizer_new(const kiln_tokenizer_spec *spec, kiln_tokenizer **out);
 /* From a GGUF's tokenizer.ggml.* keys (model, pre, tokens, token_type, merges, bos/eos ids,
- * add_bos_token); an unsupported model (e.g. "llama" SentencePiece) or pre-tokenizer is refused
- * by name. The GGUF may be closed after. */
+ * add_bos_token; for "llama": scores, unknown_token_id, add_space_prefix); an unsupported model
+ * (e.g. "bert" WordPiece) or pre-tokenizer is refused by name. The GGUF may be closed after. */
 kiln_status kiln_tokenizer_from_gguf(const kiln_gguf *g, kiln_tokenizer **out);
 void        kiln_tokenizer_free(kiln_tokenizer *t);
 int64_t     kiln_tokenizer_n_vocab(const kiln_tokenizer *t);
@@ -753,12 +762,18 @@ int32_t     kiln_tokenizer_eos(const kiln_tokenizer *t);
 /* Token ids of text (bos first when the spec says add_bos). Caller frees *ids. */
 kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *text, size_t len, int32_t **ids, int64_t *n);
 /* The text of ids (control and unknown tokens omitted), NUL-terminated, its length in *len (may
- * be NULL; the text can hold NUL bytes). Caller frees *text. */
+ * be NULL; the text can hold NUL bytes). Caller frees *text. SentencePiece with add_space_prefix:
+ * the first token's text, or the second's after a leading bos, loses one leading space (the one
+ * tokenize put there). */
 kiln_status kiln_detokenize(const kiln_tokenizer *t, const int32_t *ids, int64_t n, char **text, size_t *len);
 /* For kiln gen-model: writes a byte-level BPE vocabulary of exactly n_vocab tokens (256 byte
  * tokens, merges learned from a built-in English text, control tokens, then reserved
  * placeholders) as tokenizer.ggml.* keys, with bos and eos. */
 kiln_status kiln_tokenizer_write_synthetic(kiln_gguf_writer *w, int64_t n_vocab);
+/* The same for a SentencePiece vocabulary laid out as Llama 2's (<unk>, <s>, </s>, the 256 byte
+ * tokens, pieces learned from the same text with scores, its characters, <unused_N> to n_vocab). */
+kiln_status kiln_tokenizer_write_synthetic_spm(kiln_gguf_writer *w, int64_t n_vocab);
+typedef enum { KILN_VOCAB_BPE, KILN_VOCAB_SPM } kiln_vocab_kind; /* which synthetic vocabulary */
 
 /* ---- models from GGUF files, and generation (docs/models.md) ---------------------------------
  * A model is a GGUF file whose general.architecture kiln builds (kiln_build_model): its
@@ -816,6 +831,10 @@ const void *kiln_model_weight(const kiln_model *m, const char *name, kiln_type t
  * (kiln_tokenizer_write_synthetic) to path, as kiln gen-model does. */
 kiln_status kiln_model_write_random(const kiln_model_hparams *hp, uint64_t seed, const char *path,
                                     void (*progress)(void *user, uint64_t done, uint64_t total), void *user);
+/* The same with the synthetic vocabulary of kind vocab (kiln gen-model --vocab). */
+kiln_status kiln_model_write_random_vocab(const kiln_model_hparams *hp, uint64_t seed, kiln_vocab_kind vocab,
+                                          const char *path,
+                                          void (*progress)(void *user, uint64_t done, uint64_t total), void *user);
 
 /* A generator: the model's graph compiled and loaded (or, with cpu, evaluated by the CPU
  * reference), the KV cache, and the position in one sequence. */

@@ -156,7 +156,15 @@ static kiln_status collect_weights(const kiln_model_hparams *hp, kiln_ctx **ctx_
 
 kiln_status kiln_model_write_random(const kiln_model_hparams *hp, uint64_t seed, const char *path,
                                     void (*progress)(void *user, uint64_t done, uint64_t total), void *user) {
+    return kiln_model_write_random_vocab(hp, seed, KILN_VOCAB_BPE, path, progress, user);
+}
+
+kiln_status kiln_model_write_random_vocab(const kiln_model_hparams *hp, uint64_t seed, kiln_vocab_kind vocab,
+                                          const char *path,
+                                          void (*progress)(void *user, uint64_t done, uint64_t total), void *user) {
     if (!hp || !path) return kb_error(KILN_ERR_INVALID, "kiln_model_write_random: NULL argument");
+    if (vocab != KILN_VOCAB_BPE && vocab != KILN_VOCAB_SPM)
+        return kb_error(KILN_ERR_INVALID, "kiln_model_write_random: vocabulary kind %d is not bpe or spm", (int)vocab);
     kiln_status st = kiln_model_check(hp);
     if (st) return st;
     gen_ctx   g = {.hp = hp, .seed = seed, .progress = progress, .progress_user = user};
@@ -166,7 +174,8 @@ kiln_status kiln_model_write_random(const kiln_model_hparams *hp, uint64_t seed,
     st = collect_weights(hp, &ctx, &g);
     if (!st) {
         kiln_model_hparams_to_gguf(hp, w);
-        st = kiln_tokenizer_write_synthetic(w, hp->n_vocab);
+        st = vocab == KILN_VOCAB_SPM ? kiln_tokenizer_write_synthetic_spm(w, hp->n_vocab)
+                                     : kiln_tokenizer_write_synthetic(w, hp->n_vocab);
     }
     for (int64_t i = 0; !st && i < g.nw; i++)
         kiln_gguf_add_tensor(w, g.w[i].name, g.w[i].type, km_n_dims(g.w[i].ne), g.w[i].ne, NULL);

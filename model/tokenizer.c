@@ -1,5 +1,6 @@
 /* Byte-level BPE (GPT-2, Llama 3, Qwen2) as llama.cpp's llm_tokenizer_bpe runs it; the
- * pre-tokenizer is in tokenizer_pre.c. docs/tokenizer.md.
+ * pre-tokenizer is in tokenizer_pre.c, SentencePiece (which shares the vocabulary table and the
+ * special tokens built here) in tokenizer_spm.c. docs/tokenizer.md.
  *
  * Tokens are found by text in an open-addressed hash table; merges by the pair of token ids
  * (rank and resulting id) in another. Text is first cut at special tokens (control, user-defined
@@ -48,6 +49,7 @@ struct kiln_tokenizer {
     int64_t     n_special;
     uint32_t   *lens[256];
     uint32_t    n_lens[256], cap_lens[256];
+    km_spm     *spm; /* SentencePiece: tokenize and detokenize are tokenizer_spm.c's */
 };
 
 /* ---- tables ----------------------------------------------------------------------------------- */
@@ -117,6 +119,10 @@ static bool grow_array(void **p, size_t *cap, size_t need, size_t elem) {
     return true;
 }
 
+bool km_grow_to(void **p, size_t *cap, size_t need, size_t elem) { return grow_array(p, cap, need, elem); }
+
+int32_t km_token_find(const kiln_tokenizer *t, const char *s, size_t len) { return tok_find(t, s, len, -1); }
+
 /* ---- building --------------------------------------------------------------------------------- */
 
 void kiln_tokenizer_free(kiln_tokenizer *t) {
@@ -127,6 +133,7 @@ void kiln_tokenizer_free(kiln_tokenizer *t) {
     free(t->tok);
     free(t->mrg);
     for (int b = 0; b < 256; b++) free(t->lens[b]);
+    km_spm_free(t->spm);
     free(t);
 }
 
@@ -172,7 +179,7 @@ static kiln_status build_tokens(kiln_tokenizer *t, const km_vocab *v) {
             return kb_error(KILN_ERR_FORMAT, "duplicate token '%.*s%s' in the vocabulary: ids %d and %lld",
                             SHOW(t->text + t->off[i], tok_len(t, (int32_t)i)), prev, (long long)i);
     }
-    for (int b = 0; b < 256; b++) {
+    for (int b = 0; b < 256 && !v->spm; b++) { /* SentencePiece's byte tokens: tokenizer_spm.c */
         uint8_t u[4];
         int     ul = km_utf8_encode(km_byte_to_cp((uint8_t)b), u);
         t->byte_tok[b] = tok_find(t, (const char *)u, (size_t)ul, -1);
@@ -246,13 +253,16 @@ kiln_status km_tokenizer_build(const km_vocab *v, kiln_tokenizer **out) {
     if (!out) return kb_error(KILN_ERR_INVALID, "kiln_tokenizer_new: out is NULL");
     *out = NULL;
     if (!v) return kb_error(KILN_ERR_INVALID, "kiln_tokenizer_new: spec is NULL");
-    if (v->n_tokens < 256 || v->n_tokens >= INT32_MAX || !v->tokens)
+    if (v->spm && (v->n_tokens < 1 || v->n_tokens >= INT32_MAX || !v->tokens))
+        return kb_error(KILN_ERR_INVALID, "a SentencePiece vocabulary needs 1 to 2^31-1 tokens (it has %lld)",
+                        (long long)v->n_tokens);
+    if (!v->spm && (v->n_tokens < 256 || v->n_tokens >= INT32_MAX || !v->tokens))
         return kb_error(KILN_ERR_INVALID, "a byte-level BPE vocabulary needs 256 to 2^31-1 tokens (it has %lld)",
                         (long long)v->n_tokens);
     if (v->n_merges < 0 || v->n_merges >= INT32_MAX || (v->n_merges && !v->merges))
         return kb_error(KILN_ERR_INVALID, "bad merge count %lld", (long long)v->n_merges);
     km_pre pre = KM_PRE_GPT2;
-    if (v->pre && !km_pre_parse(v->pre, &pre))
+    if (v->pre && !v->spm && !km_pre_parse(v->pre, &pre))
         return kb_error(KILN_ERR_INVALID, "pre-tokenizer '%s' is not supported (kiln has gpt2, llama-bpe, qwen2)", v->pre);
     if (v->bos < -1 || v->bos >= v->n_tokens || v->eos < -1 || v->eos >= v->n_tokens)
         return kb_error(KILN_ERR_INVALID, "bos %d or eos %d is not a token id (the vocabulary has %lld)", v->bos, v->eos,
@@ -267,8 +277,9 @@ kiln_status km_tokenizer_build(const km_vocab *v, kiln_tokenizer **out) {
     t->bos = v->bos;
     t->eos = v->eos;
     kiln_status st = build_tokens(t, v);
-    if (!st) st = build_merges(t, v);
+    if (!st && !v->spm) st = build_merges(t, v);
     if (!st) st = build_specials(t);
+    if (!st && v->spm) st = km_spm_build(t, v, &t->spm);
     if (st) {
         kiln_tokenizer_free(t);
         return st;
@@ -301,8 +312,15 @@ kiln_status kiln_tokenizer_new(const kiln_tokenizer_spec *spec, kiln_tokenizer *
         }
         mv[i] = (km_strv){spec->merges[i], strlen(spec->merges[i])};
     }
+    bool spm = spec->model && strcmp(spec->model, "llama") == 0;
+    if (spec->model && !spm && strcmp(spec->model, "gpt2") != 0) {
+        free(tv);
+        return kb_error(KILN_ERR_INVALID, "kiln_tokenizer_new: model '%s' is not supported (kiln has gpt2, llama)",
+                        spec->model);
+    }
     km_vocab v = {.n_tokens = spec->n_tokens, .tokens = tv, .types = spec->types, .n_merges = spec->n_merges,
-                  .merges = mv, .pre = spec->pre, .bos = spec->bos, .eos = spec->eos, .add_bos = spec->add_bos};
+                  .merges = mv, .pre = spec->pre, .bos = spec->bos, .eos = spec->eos, .add_bos = spec->add_bos,
+                  .spm = spm, .scores = spec->scores, .unk = spec->unk, .add_space_prefix = spec->add_space_prefix};
     kiln_status st = km_tokenizer_build(&v, out);
     free(tv);
     return st;
@@ -477,10 +495,7 @@ static void bpe_text(const kiln_tokenizer *t, session *s, const uint8_t *text, s
     }
 }
 
-typedef struct {
-    uint32_t len, pos;
-    int32_t  id;
-} span;
+typedef km_span span;
 
 /* llama.cpp's order of special tokens: the longest first, then (its sort is not stable; here)
  * by id; then places left to right. */
@@ -540,11 +555,16 @@ static span *find_specials(const kiln_tokenizer *t, const uint8_t *text, size_t 
     return sp;
 }
 
+km_span *km_find_specials(const kiln_tokenizer *t, const uint8_t *text, size_t len, size_t *n, bool *oom) {
+    return find_specials(t, text, len, n, oom);
+}
+
 kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *text, size_t len, int32_t **ids, int64_t *n) {
     if (!t || !ids || !n || (!text && len)) return kb_error(KILN_ERR_INVALID, "kiln_tokenize: NULL argument");
     *ids = NULL;
     *n = 0;
     if (len >= UINT32_MAX) return kb_error(KILN_ERR_INVALID, "kiln_tokenize: text of %zu bytes is too long", len);
+    if (t->spm) return km_spm_tokenize(t, t->spm, text, len, ids, n);
     const uint8_t *u = (const uint8_t *)text;
     session        s = {0};
     if (t->add_bos) push_id(&s, t->bos);
@@ -608,6 +628,7 @@ kiln_status kiln_detokenize(const kiln_tokenizer *t, const int32_t *ids, int64_t
     if (!t || !text || n < 0 || (!ids && n)) return kb_error(KILN_ERR_INVALID, "kiln_detokenize: bad argument");
     *text = NULL;
     if (len) *len = 0;
+    if (t->spm) return km_spm_detokenize(t, t->spm, ids, n, text, len);
     kb_str b = {0};
     kb_str_add(&b, "");
     for (int64_t i = 0; i < n; i++) {
@@ -674,6 +695,10 @@ static kiln_status gguf_string_array(const kiln_gguf *g, const char *key, bool r
     return NULL;
 }
 
+kiln_status km_gguf_strings(const kiln_gguf *g, const char *key, bool required, km_strv **out, uint64_t *n) {
+    return gguf_string_array(g, key, required, out, n);
+}
+
 static kiln_status gguf_token_id(const kiln_gguf *g, const char *key, uint64_t n_tokens, int32_t *out) {
     int64_t     v;
     kiln_status st = kiln_gguf_get_int(g, key, &v);
@@ -690,6 +715,10 @@ static kiln_status gguf_token_id(const kiln_gguf *g, const char *key, uint64_t n
     return NULL;
 }
 
+kiln_status km_gguf_token_id(const kiln_gguf *g, const char *key, uint64_t n_tokens, int32_t *out) {
+    return gguf_token_id(g, key, n_tokens, out);
+}
+
 kiln_status kiln_tokenizer_from_gguf(const kiln_gguf *g, kiln_tokenizer **out) {
     if (!g || !out) return kb_error(KILN_ERR_INVALID, "kiln_tokenizer_from_gguf: NULL argument");
     *out = NULL;
@@ -701,14 +730,16 @@ kiln_status kiln_tokenizer_from_gguf(const kiln_gguf *g, kiln_tokenizer **out) {
         kiln_status_free(st);
         return kb_error(KILN_ERR_FORMAT, "%s: the file has no tokenizer (no tokenizer.ggml.model)", file);
     }
+    if (len == 5 && memcmp(s, "llama", 5) == 0) return km_spm_from_gguf(g, out);
     if (len != 4 || memcmp(s, "gpt2", 4) != 0) {
-        static const char *const kinds[][2] = {{"llama", "SentencePiece"}, {"bert", "WordPiece"}, {"t5", "Unigram"},
-                                               {"rwkv", "RWKV"},          {"plamo2", "PLaMo-2"}};
+        static const char *const kinds[][2] = {{"bert", "WordPiece"}, {"t5", "Unigram"}, {"rwkv", "RWKV"},
+                                               {"plamo2", "PLaMo-2"}};
         const char *kind = "unknown";
         for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
             if (strlen(kinds[i][0]) == len && memcmp(s, kinds[i][0], len) == 0) kind = kinds[i][1];
         return kb_error(KILN_ERR_FORMAT,
-                        "%s: tokenizer.ggml.model '%.*s%s' (%s) is not supported: kiln reads byte-level BPE ('gpt2')",
+                        "%s: tokenizer.ggml.model '%.*s%s' (%s) is not supported: kiln reads byte-level BPE ('gpt2') "
+                        "and SentencePiece ('llama')",
                         file, SHOW(s, len), kind);
     }
     char pre[64];

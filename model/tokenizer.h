@@ -1,5 +1,6 @@
 /* model: the byte-level BPE tokenizer (tokenizer.c), its pre-tokenizer and text helpers
- * (tokenizer_pre.c) and the synthetic vocabulary of kiln gen-model (vocab_synth.c). Prefix km_.
+ * (tokenizer_pre.c), the SentencePiece tokenizer (tokenizer_spm.c) and the synthetic
+ * vocabularies of kiln gen-model (vocab_synth.c). Prefix km_.
  * docs/tokenizer.md says how all of it follows llama.cpp. */
 #ifndef KILN_MODEL_TOKENIZER_H
 #define KILN_MODEL_TOKENIZER_H
@@ -53,7 +54,8 @@ typedef struct {
 } km_strv;
 
 /* What kiln_tokenizer_new takes, with counted strings (kiln_tokenizer_from_gguf's point into
- * the file). pre NULL: gpt2. */
+ * the file). pre NULL: gpt2. With spm, a SentencePiece vocabulary: merges and pre are not used,
+ * scores (NULL: all 0), unk and add_space_prefix are. */
 typedef struct {
     int64_t        n_tokens;
     const km_strv *tokens;
@@ -63,8 +65,43 @@ typedef struct {
     const char    *pre;
     int32_t        bos, eos;
     bool           add_bos;
+    bool           spm;
+    const float   *scores;
+    int32_t        unk; /* -1: none */
+    bool           add_space_prefix;
 } km_vocab;
 kiln_status km_tokenizer_build(const km_vocab *v, kiln_tokenizer **out);
+
+/* Shared with tokenizer_spm.c. The id of the token with this text, or -1. */
+int32_t km_token_find(const kiln_tokenizer *t, const char *s, size_t len);
+/* Grows *p (of *cap elements of elem bytes) to hold need; false when out of memory. */
+bool    km_grow_to(void **p, size_t *cap, size_t need, size_t elem);
+/* Special tokens found in text (tokenizer_st_partition): len bytes at pos are token id. */
+typedef struct {
+    uint32_t len, pos;
+    int32_t  id;
+} km_span;
+/* The spans in text order (caller frees), or NULL with *n = 0; *oom set when out of memory. */
+km_span    *km_find_specials(const kiln_tokenizer *t, const uint8_t *text, size_t len, size_t *n, bool *oom);
+/* The GGUF's string array key as counted strings (caller frees *out; absent and not required:
+ * NULL and 0), and a token id key (-1 when absent; out of range: an error naming the key). */
+kiln_status km_gguf_strings(const kiln_gguf *g, const char *key, bool required, km_strv **out, uint64_t *n);
+kiln_status km_gguf_token_id(const kiln_gguf *g, const char *key, uint64_t n_tokens, int32_t *out);
+
+/* ---- tokenizer_spm.c ------------------------------------------------------------------------- */
+
+/* SentencePiece BPE (tokenizer.ggml.model "llama"): what it adds to a kiln_tokenizer built by
+ * km_tokenizer_build (the tokens, their types and the special-token table are the tokenizer's). */
+typedef struct km_spm km_spm;
+kiln_status km_spm_build(const kiln_tokenizer *t, const km_vocab *v, km_spm **out);
+void        km_spm_free(km_spm *s);
+/* kiln_tokenize and kiln_detokenize of a SentencePiece tokenizer (arguments checked). */
+kiln_status km_spm_tokenize(const kiln_tokenizer *t, const km_spm *s, const char *text, size_t len, int32_t **ids,
+                            int64_t *n);
+kiln_status km_spm_detokenize(const kiln_tokenizer *t, const km_spm *s, const int32_t *ids, int64_t n, char **text,
+                              size_t *len);
+/* kiln_tokenizer_from_gguf for tokenizer.ggml.model "llama". */
+kiln_status km_spm_from_gguf(const kiln_gguf *g, kiln_tokenizer **out);
 
 /* The text of token id (not NUL-terminated; NULL if out of range) and its type. */
 const char *km_token_text(const kiln_tokenizer *t, int32_t id, size_t *len);
@@ -80,10 +117,17 @@ typedef struct {
     const char **tokens;
     int32_t     *types;
     const char **merges;
-    int32_t      bos, eos;
+    float       *scores; /* km_synth_spm_make only */
+    int32_t      bos, eos, unk;
     char        *blob;
 } km_synth;
 kiln_status km_synth_make(int64_t n_vocab, km_synth *out);
+/* A synthetic SentencePiece vocabulary of exactly n_vocab tokens, laid out as Llama 2's: <unk>
+ * (0, unknown), <s> (1, bos), </s> (2, eos), the 256 byte-fallback tokens <0x00>..<0xFF>, the
+ * pieces learned from km_synth_text() (words with a leading U+2581 for the space, merged as BPE
+ * does; score -k for the k-th), each character of the text but the newline (lower scores),
+ * then <unused_N> (unused) to n_vocab. No merges. */
+kiln_status km_synth_spm_make(int64_t n_vocab, km_synth *out);
 void        km_synth_free(km_synth *s);
 /* The built-in English text the merges are learned from (a few KB, NUL-terminated). */
 const char *km_synth_text(void);

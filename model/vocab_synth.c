@@ -1,7 +1,8 @@
-/* The synthetic vocabulary of kiln gen-model: a real byte-level BPE vocabulary of any size, made
- * without a tokenizer file. Its merges are learned here, by a small BPE trainer, from an English
- * text written for kiln (below); the rest of the vocabulary is control tokens. Deterministic:
- * the same n_vocab gives the same tokens and merges on every machine. docs/tokenizer.md. */
+/* The synthetic vocabularies of kiln gen-model: a real byte-level BPE vocabulary of any size, made
+ * without a tokenizer file, and a SentencePiece one laid out as Llama 2's. Their tokens are
+ * learned here, by a small BPE trainer, from an English text written for kiln (below); the rest
+ * of the vocabulary is control (BPE) or unused (SentencePiece) tokens. Deterministic: the same
+ * n_vocab gives the same tokens on every machine. docs/tokenizer.md. */
 #include "model/tokenizer.h"
 
 #include "base/base.h"
@@ -86,6 +87,7 @@ void km_synth_free(km_synth *s) {
     free(s->tokens);
     free(s->types);
     free(s->merges);
+    free(s->scores);
     free(s->blob);
     memset(s, 0, sizeof *s);
 }
@@ -127,11 +129,25 @@ typedef struct {
     int64_t  n, n_syms;
 } words;
 
-static bool same_word(const words *w, int64_t k, const uint8_t *bytes, size_t m) {
+static bool same_word(const words *w, int64_t k, const int32_t *ids, size_t m) {
     if (w->len[k] != (int64_t)m) return false;
     for (size_t j = 0; j < m; j++)
-        if (w->seq[w->start[k] + (int64_t)j] != bytes[j]) return false;
+        if (w->seq[w->start[k] + (int64_t)j] != ids[j]) return false;
     return true;
+}
+
+/* Counts the word ids[0..m) (arrays of w sized by the caller). */
+static void add_word(words *w, const int32_t *ids, size_t m) {
+    int64_t k = 0; /* a few hundred distinct words: a scan will do */
+    while (k < w->n && !same_word(w, k, ids, m)) k++;
+    if (k < w->n) {
+        w->count[k]++;
+        return;
+    }
+    w->start[w->n] = w->n_syms;
+    w->len[w->n] = (int64_t)m;
+    w->count[w->n++] = 1;
+    for (size_t j = 0; j < m; j++) w->seq[w->n_syms++] = ids[j];
 }
 
 /* The text pre-tokenized as llama-bpe does, as byte token ids (= the bytes). */
@@ -139,11 +155,12 @@ static bool split_words(const char *text, words *w) {
     size_t    len = strlen(text);
     uint32_t *cps = malloc(len * sizeof *cps), *ends = malloc(len * sizeof *ends);
     uint8_t  *cls = malloc(len), *bytes = malloc(len * 4);
+    int32_t  *ids = malloc(len * 4 * sizeof *ids);
     w->seq = malloc(len * 4 * sizeof *w->seq);
     w->start = malloc(len * sizeof *w->start);
     w->len = malloc(len * sizeof *w->len);
     w->count = malloc(len * sizeof *w->count);
-    bool ok = cps && ends && cls && bytes && w->seq && w->start && w->len && w->count;
+    bool ok = cps && ends && cls && bytes && ids && w->seq && w->start && w->len && w->count;
     if (ok) {
         size_t n = km_utf8_decode((const uint8_t *)text, len, cps);
         for (size_t i = 0; i < n; i++) cls[i] = (uint8_t)km_uc_class(cps[i]);
@@ -152,22 +169,15 @@ static bool split_words(const char *text, words *w) {
             size_t m = 0;
             for (size_t c = start; c < ends[i]; c++) m += (size_t)km_utf8_encode(cps[c], bytes + m);
             start = ends[i];
-            int64_t k = 0; /* a few hundred distinct words: a scan will do */
-            while (k < w->n && !same_word(w, k, bytes, m)) k++;
-            if (k < w->n) {
-                w->count[k]++;
-                continue;
-            }
-            w->start[w->n] = w->n_syms;
-            w->len[w->n] = (int64_t)m;
-            w->count[w->n++] = 1;
-            for (size_t j = 0; j < m; j++) w->seq[w->n_syms++] = bytes[j];
+            for (size_t j = 0; j < m; j++) ids[j] = bytes[j];
+            add_word(w, ids, m);
         }
     }
     free(cps);
     free(ends);
     free(cls);
     free(bytes);
+    free(ids);
     return ok;
 }
 
@@ -226,19 +236,18 @@ static void apply_merge(words *w, int32_t a, int32_t b, int32_t c) {
     }
 }
 
-/* Learns up to max_new tokens: adds them to vocab (which holds the byte tokens) and the merges
- * that make them (and any that remake one) to merges. */
-static bool train(int64_t max_new, strlist *vocab, strlist *merges) {
-    words w = {0};
-    bool  ok = split_words(km_synth_text(), &w);
-    uint64_t   size = 16;
-    while (size < (uint64_t)w.n_syms * 2) size *= 2;
-    pair_slot *tab = ok ? calloc(size, sizeof *tab) : NULL;
-    ok = ok && tab;
-    kb_str cat = {0};
-    for (uint32_t round = 1; ok && vocab->n - 256 < max_new; round++) {
+/* Learns up to max_new tokens from the words w, whose symbols are the first n_base tokens of
+ * vocab: adds them to vocab and the merges that make them (and any that remake one) to merges
+ * (if not NULL). */
+static bool learn(words *w, int64_t n_base, int64_t max_new, strlist *vocab, strlist *merges) {
+    uint64_t size = 16;
+    while (size < (uint64_t)w->n_syms * 2) size *= 2;
+    pair_slot *tab = calloc(size, sizeof *tab);
+    bool       ok = tab != NULL;
+    kb_str     cat = {0};
+    for (uint32_t round = 1; ok && vocab->n - n_base < max_new; round++) {
         int32_t a, b;
-        if (!best_pair(&w, tab, size - 1, round, &a, &b)) break;
+        if (!best_pair(w, tab, size - 1, round, &a, &b)) break;
         const char *sa = strlist_get(vocab, a), *sb = strlist_get(vocab, b);
         cat.len = 0;
         kb_str_addf(&cat, "%s%s", sa, sb);
@@ -246,18 +255,25 @@ static bool train(int64_t max_new, strlist *vocab, strlist *merges) {
             ok = false;
             break;
         }
-        int64_t c = 256; /* the text may be a token already, made another way */
+        int64_t c = n_base; /* the text may be a token already, made another way */
         while (c < vocab->n && strcmp(strlist_get(vocab, c), cat.s) != 0) c++;
         if (c == vocab->n) ok = strlist_add(vocab, cat.s, cat.len);
         sa = strlist_get(vocab, a); /* the list may have moved */
         sb = strlist_get(vocab, b);
         cat.len = 0;
         kb_str_addf(&cat, "%s %s", sa, sb);
-        ok = ok && !cat.oom && strlist_add(merges, cat.s, cat.len);
-        apply_merge(&w, a, b, (int32_t)c);
+        ok = ok && !cat.oom && (!merges || strlist_add(merges, cat.s, cat.len));
+        apply_merge(w, a, b, (int32_t)c);
     }
     kb_str_free(&cat);
     free(tab);
+    return ok;
+}
+
+/* The byte-level trainer: the words as llama-bpe cuts them, of the 256 byte tokens in vocab. */
+static bool train(int64_t max_new, strlist *vocab, strlist *merges) {
+    words w = {0};
+    bool  ok = split_words(km_synth_text(), &w) && learn(&w, 256, max_new, vocab, merges);
     words_free(&w);
     return ok;
 }
@@ -322,6 +338,128 @@ kiln_status kiln_tokenizer_write_synthetic(kiln_gguf_writer *w, int64_t n_vocab)
     kiln_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)s.bos);
     kiln_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)s.eos);
     kiln_gguf_set_bool(w, "tokenizer.ggml.add_bos_token", true);
+    km_synth_free(&s);
+    return NULL;
+}
+
+/* ---- SentencePiece ---------------------------------------------------------------------------- */
+
+#define SPACE_MARK "\xE2\x96\x81" /* U+2581 */
+
+/* The id of character c (len bytes) in chars, added when new. */
+static int32_t char_id(strlist *chars, const char *c, size_t len, bool *ok) {
+    for (int64_t i = 0; i < chars->n; i++) /* about 70 characters: a scan will do */
+        if (strlen(strlist_get(chars, i)) == len && memcmp(strlist_get(chars, i), c, len) == 0) return (int32_t)i;
+    *ok = *ok && strlist_add(chars, c, len);
+    return (int32_t)chars->n - 1;
+}
+
+/* The text as SentencePiece trains on it: a space before it, each word its characters with
+ * U+2581 for the space before it; a newline ends a word and is no character (it takes the byte
+ * token <0x0A>). chars gets the characters in the order they first come. */
+static bool split_words_spm(const char *text, words *w, strlist *chars) {
+    size_t   len = strlen(text);
+    int32_t *ids = malloc((len + 1) * sizeof *ids);
+    w->seq = malloc((len + 1) * sizeof *w->seq);
+    w->start = malloc((len + 1) * sizeof *w->start);
+    w->len = malloc((len + 1) * sizeof *w->len);
+    w->count = malloc((len + 1) * sizeof *w->count);
+    bool   ok = ids && w->seq && w->start && w->len && w->count;
+    size_t m = 0;
+    if (ok) ids[m++] = char_id(chars, SPACE_MARK, 3, &ok);
+    for (size_t i = 0; ok && i <= len; i++) {
+        char c = text[i];
+        if (c == ' ' || c == '\n' || c == 0) {
+            if (m) add_word(w, ids, m);
+            m = 0;
+            if (c == ' ') ids[m++] = char_id(chars, SPACE_MARK, 3, &ok);
+            continue;
+        }
+        size_t cl = (uint8_t)c < 0xC0 ? 1 : (uint8_t)c < 0xE0 ? 2 : (uint8_t)c < 0xF0 ? 3 : 4;
+        ids[m++] = char_id(chars, text + i, cl, &ok);
+        i += cl - 1;
+    }
+    free(ids);
+    return ok;
+}
+
+/* Copies the strings of lists into out->blob and points out->tokens at them. */
+static bool spm_tokens(const strlist *special, const strlist *vocab, int64_t n_chars, km_synth *out) {
+    size_t total = special->str.len + vocab->str.len;
+    out->blob = malloc(total + 1);
+    if (!out->blob) return false;
+    memcpy(out->blob, special->str.s, special->str.len);
+    memcpy(out->blob + special->str.len, vocab->str.s, vocab->str.len);
+    int64_t k = 0, n_learned = vocab->n - n_chars;
+    for (int64_t i = 0; i < 259; i++) out->tokens[k++] = out->blob + special->off[i];
+    for (int64_t i = 0; i < vocab->n; i++) { /* the learned pieces, then the characters, as Llama 2 */
+        int64_t j = i < n_learned ? n_chars + i : i - n_learned;
+        out->scores[k] = -(float)i;
+        out->tokens[k++] = out->blob + special->str.len + vocab->off[j];
+    }
+    for (int64_t i = 259; i < special->n; i++) out->tokens[k++] = out->blob + special->off[i];
+    return true;
+}
+
+kiln_status km_synth_spm_make(int64_t n_vocab, km_synth *out) {
+    if (!out) return kb_error(KILN_ERR_INVALID, "km_synth_spm_make: out is NULL");
+    memset(out, 0, sizeof *out);
+    strlist vocab = {0}, special = {0};
+    words   w = {0};
+    bool    ok = split_words_spm(km_synth_text(), &w, &vocab);
+    int64_t n_chars = vocab.n, min = 259 + n_chars;
+    if (ok && (n_vocab < min || n_vocab > (1 << 24))) {
+        words_free(&w);
+        strlist_free(&vocab);
+        return kb_error(KILN_ERR_INVALID,
+                        "n_vocab %lld: a synthetic SentencePiece vocabulary has %lld (<unk>, <s>, </s>, 256 bytes, %lld "
+                        "characters) to 16777216 tokens", (long long)n_vocab, (long long)min, (long long)n_chars);
+    }
+    ok = ok && learn(&w, n_chars, n_vocab - min, &vocab, NULL);
+    words_free(&w);
+    /* <unk> <s> </s>, the byte tokens, then (after the pieces) <unused_N> */
+    ok = ok && strlist_add(&special, "<unk>", 5) && strlist_add(&special, "<s>", 3) && strlist_add(&special, "</s>", 4);
+    char name[48];
+    for (int b = 0; ok && b < 256; b++) ok = strlist_add(&special, name, (size_t)snprintf(name, sizeof name, "<0x%02X>", b));
+    for (int64_t r = 0; ok && special.n + vocab.n < n_vocab; r++)
+        ok = strlist_add(&special, name, (size_t)snprintf(name, sizeof name, "<unused_%lld>", (long long)r));
+    out->tokens = ok ? malloc((size_t)n_vocab * sizeof *out->tokens) : NULL;
+    out->types = ok ? malloc((size_t)n_vocab * sizeof *out->types) : NULL;
+    out->scores = ok ? calloc((size_t)n_vocab, sizeof *out->scores) : NULL;
+    ok = ok && out->tokens && out->types && out->scores && spm_tokens(&special, &vocab, n_chars, out);
+    if (ok) {
+        for (int64_t i = 0; i < n_vocab; i++)
+            out->types[i] = i == 0 ? KILN_TOKEN_UNKNOWN : i < 3 ? KILN_TOKEN_CONTROL : i < 259 ? KILN_TOKEN_BYTE
+                          : i < 259 + vocab.n ? KILN_TOKEN_NORMAL : KILN_TOKEN_UNUSED;
+        out->n_tokens = n_vocab;
+        out->n_learned = vocab.n - n_chars;
+        out->unk = 0;
+        out->bos = 1;
+        out->eos = 2;
+    }
+    strlist_free(&vocab);
+    strlist_free(&special);
+    if (!ok) {
+        km_synth_free(out);
+        return kb_oom();
+    }
+    return NULL;
+}
+
+kiln_status kiln_tokenizer_write_synthetic_spm(kiln_gguf_writer *w, int64_t n_vocab) {
+    if (!w) return kb_error(KILN_ERR_INVALID, "kiln_tokenizer_write_synthetic_spm: the writer is NULL");
+    km_synth    s;
+    kiln_status st = km_synth_spm_make(n_vocab, &s);
+    if (st) return st;
+    kiln_gguf_set_str(w, "tokenizer.ggml.model", "llama");
+    kiln_gguf_set_arr_str(w, "tokenizer.ggml.tokens", (uint64_t)s.n_tokens, s.tokens);
+    kiln_gguf_set_arr(w, "tokenizer.ggml.scores", KILN_GGUF_F32, (uint64_t)s.n_tokens, s.scores);
+    kiln_gguf_set_arr(w, "tokenizer.ggml.token_type", KILN_GGUF_I32, (uint64_t)s.n_tokens, s.types);
+    kiln_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)s.bos);
+    kiln_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)s.eos);
+    kiln_gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)s.unk);
+    kiln_gguf_set_bool(w, "tokenizer.ggml.add_bos_token", true);
+    kiln_gguf_set_bool(w, "tokenizer.ggml.add_space_prefix", true);
     km_synth_free(&s);
     return NULL;
 }

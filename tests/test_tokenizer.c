@@ -18,7 +18,8 @@
  *  - a vocabulary of 150k tokens and 280k merges builds and 1 MB of text round-trips (how fast:
  *    make perf-check, never asserted here);
  *  - GGUF: kiln_tokenizer_write_synthetic, written and read back, tokenizes as the vocabulary it
- *    came from; other tokenizer models and pre-tokenizers are refused by name. */
+ *    came from; other tokenizer models and pre-tokenizers are refused by name.
+ * SentencePiece ("llama"): tests/test_tokenizer_spm.c. */
 #include "tests/support.h"
 
 #include "base/base.h"
@@ -628,7 +629,7 @@ START_TEST(gguf_refused) {
     struct {
         const char *model, *pre, *what;
     } cases[] = {
-        {"llama", "default", "'llama' (SentencePiece)"},
+        {"t5", NULL, "'t5' (Unigram)"},
         {"bert", NULL, "'bert' (WordPiece)"},
         {NULL, NULL, "no tokenizer.ggml.model"},
         {"gpt2", NULL, "tokenizer.ggml.pre is missing"},

@@ -1,5 +1,5 @@
-/* kiln gen-model --arch A --preset P -o FILE.gguf [--seed S] [--type T]: writes a preset's model
- * with random weights as GGUF (kiln_model_write_random). */
+/* kiln gen-model --arch A --preset P -o FILE.gguf [--seed S] [--type T] [--vocab V]: writes a
+ * preset's model with random weights as GGUF (kiln_model_write_random_vocab). */
 #include "tools/cmd.h"
 #include "tools/gen_args.h"
 
@@ -10,10 +10,10 @@ static const char summary[] =
 
 static const char help[] =
     "usage: kiln gen-model --arch ARCH --preset NAME -o FILE.gguf [--seed S]\n"
-    "                      [--type f32|f16|bf16|q8_0|q4_0|q4_k_m|q5_k_m|q6_k]\n"
+    "                      [--type f32|f16|bf16|q8_0|q4_0|q4_k_m|q5_k_m|q6_k] [--vocab bpe|spm]\n"
     "  writes a GGUF model with the preset's real hyperparameters and random weights: matrices\n"
     "  uniform with variance 1/ne0, norm weights near 1, llama3 rope factors computed, and a\n"
-    "  synthetic byte-level BPE vocabulary of n_vocab tokens. The same seed gives the same file.\n"
+    "  synthetic vocabulary of n_vocab tokens. The same seed gives the same file.\n"
     "  It loads with 'kiln run FILE.gguf' (and with llama.cpp). Sizes: tiny about 1 MB,\n"
     "  llama-3.2-1b 2.5 GB, llama-3-8b 16 GB, qwen3-30b-a3b 61 GB (bf16; q4_k_m about 30%).\n"
     "  --arch ARCH      llama, qwen2, qwen3 or qwen3moe (default: the preset's)\n"
@@ -25,7 +25,11 @@ static const char help[] =
     "                   (q6_K output), q4_k_m, q5_k_m (q6_K output and some attn_v and ffn_down),\n"
     "                   q6_k. The same random values, quantized by kiln's own quantizer. Rows a\n"
     "                   K-quant's 256 does not divide take q8_0 (docs/models.md: the mix).\n"
-    "                   Norms, biases and the MoE router stay f32.\n";
+    "                   Norms, biases and the MoE router stay f32.\n"
+    "  --vocab V        the synthetic vocabulary: bpe (default), byte-level BPE as Llama 3's\n"
+    "                   (tokenizer.ggml.model gpt2, pre llama-bpe), or spm, SentencePiece with byte\n"
+    "                   fallback as Llama 2's (model llama: <unk>, <s>, </s>, <0x00>..<0xFF>,\n"
+    "                   scored pieces). Both learned from the same built-in English text.\n";
 
 /* Progress of a long write on stderr: a line every 2 s (files of gigabytes take a while). */
 typedef struct {
@@ -51,9 +55,11 @@ static int run(int argc, char **argv) {
     if (g.type && kiln_ftype_from_name(g.type, &hp.ftype) != 0)
         return kt_usage(g.cmd, "--type wants %s, got '%s'", kiln_ftype_list(), g.type);
     write_progress_state ps = {kb_now_ms(), kb_now_ms()};
-    if ((st = kiln_model_write_random(&hp, g.seed, g.out, write_progress, &ps))) return kt_fail(g.cmd, st);
-    printf("wrote %s: %s preset %s, %s weights, seed %llu, in %.1f s\n", g.out, hp.arch, g.preset,
-           kiln_ftype_name(hp.ftype), (unsigned long long)g.seed, (kb_now_ms() - ps.t0) / 1000);
+    if ((st = kiln_model_write_random_vocab(&hp, g.seed, g.vocab, g.out, write_progress, &ps)))
+        return kt_fail(g.cmd, st);
+    printf("wrote %s: %s preset %s, %s weights, seed %llu, %s vocabulary, in %.1f s\n", g.out, hp.arch, g.preset,
+           kiln_ftype_name(hp.ftype), (unsigned long long)g.seed,
+           g.vocab == KILN_VOCAB_SPM ? "SentencePiece" : "byte-level BPE", (kb_now_ms() - ps.t0) / 1000);
     return KT_EXIT_OK;
 }
 

@@ -25,7 +25,7 @@ int kt_gen_parse(int argc, char **argv, kt_gen_args *g) {
         bool model = !strcmp(g->cmd, "gen-model");
         bool takes = !strcmp(a, "--arch") || !strcmp(a, "--preset") || !strcmp(a, "-o") ||
                      (!model && (!strcmp(a, "--n-ctx") || !strcmp(a, "--n-tokens") || !strcmp(a, "--outputs"))) ||
-                     (model && (!strcmp(a, "--seed") || !strcmp(a, "--type")));
+                     (model && (!strcmp(a, "--seed") || !strcmp(a, "--type") || !strcmp(a, "--vocab")));
         if (!takes) return kt_usage(g->cmd, "unknown argument '%s'", a);
         if (!v) return kt_usage(g->cmd, "option %s needs a value", a);
         i++;
@@ -34,6 +34,9 @@ int kt_gen_parse(int argc, char **argv, kt_gen_args *g) {
         else if (!strcmp(a, "--preset")) g->preset = v;
         else if (!strcmp(a, "-o")) g->out = v;
         else if (!strcmp(a, "--type")) g->type = v;
+        else if (!strcmp(a, "--vocab") && (!strcmp(v, "bpe") || !strcmp(v, "spm")))
+            g->vocab = !strcmp(v, "spm") ? KILN_VOCAB_SPM : KILN_VOCAB_BPE;
+        else if (!strcmp(a, "--vocab")) return kt_usage(g->cmd, "--vocab wants bpe or spm, got '%s'", v);
         else if (!strcmp(a, "--seed")) rc = kt_flag_uint(g->cmd, a, v, UINT64_MAX, &g->seed) ? KT_GO_ON : KT_EXIT_USAGE;
         else if (!strcmp(a, "--n-ctx")) rc = parse_count(g->cmd, a, v, &g->opts.n_ctx);
         else if (!strcmp(a, "--n-tokens")) rc = parse_count(g->cmd, a, v, &g->opts.n_tokens_max);

@@ -13,6 +13,7 @@ typedef struct {
     kiln_build_opts opts; /* gen-graph: --n-ctx, --n-tokens, --outputs */
     uint64_t        seed; /* gen-model: --seed */
     const char     *type; /* gen-model: --type */
+    kiln_vocab_kind vocab; /* gen-model: --vocab bpe|spm */
 } kt_gen_args;
 
 /* argv[0] is the command; each takes its own options besides --arch, --preset and -o.

@@ -60,7 +60,8 @@ static void tokens(const kiln_gguf *g, const uint8_t *data, size_t size) {
         return;
     }
     static const char *const fixed[] = {"", "Hello, world!", " \t\n  x  ", "<|begin_of_text|>a<|eot_id|>",
-                                        "123456 can't I'm", "\xff\xfe\xc3(\xe2\x82", "日本語 ünïcödé 🙂"};
+                                        "123456 can't I'm", "\xff\xfe\xc3(\xe2\x82", "日本語 ünïcödé 🙂",
+                                        "\xff  <s></s><unk> a", "\xe2\x96\x81 \xf0"};
     size_t nfixed = sizeof fixed / sizeof fixed[0];
     size_t slice = size < 256 ? size : 256; /* the input's tail: bytes of every kind */
     for (size_t i = 0; i <= nfixed; i++) {

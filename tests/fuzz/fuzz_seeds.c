@@ -33,12 +33,13 @@ static char *path_of(const char *dir, const char *target, const char *name) {
     return asprintf(&p, "%s/%s/%s", dir, target, name) < 0 ? NULL : p;
 }
 
-/* A model of arch small enough for a corpus (a few kilobytes of weights). */
-static void write_model(const char *dir, const char *arch, kiln_ftype ftype) {
+/* A model of arch small enough for a corpus (a few kilobytes of weights), with a vocabulary of
+ * kind vocab (SentencePiece needs about 340 tokens: bytes, specials, characters). */
+static void write_model(const char *dir, const char *arch, kiln_ftype ftype, kiln_vocab_kind vocab) {
     kiln_model_hparams hp;
     kiln_status st = kiln_model_preset(arch, "tiny", &hp);
     if (!st) {
-        hp.n_vocab = 260;
+        hp.n_vocab = vocab == KILN_VOCAB_SPM ? 400 : 260;
         hp.n_ctx_train = 64;
         hp.n_embd = 8;
         hp.n_layer = 1;
@@ -49,9 +50,10 @@ static void write_model(const char *dir, const char *arch, kiln_ftype ftype) {
         if (hp.n_expert) hp.n_expert = 4, hp.n_expert_used = 2, hp.n_ff_exp = 4;
         hp.ftype = ftype;
         char name[64];
-        snprintf(name, sizeof name, "tiny-%s-%s", arch, kiln_ftype_name(ftype)); /* no .gguf: a seed, not a model to ship */
+        snprintf(name, sizeof name, "tiny-%s-%s%s", arch, kiln_ftype_name(ftype),
+                 vocab == KILN_VOCAB_SPM ? "-spm" : ""); /* no .gguf: a seed, not a model to ship */
         char *path = path_of(dir, "fuzz_gguf", name);
-        st = path ? kiln_model_write_random(&hp, 1, path, NULL, NULL) : kb_oom();
+        st = path ? kiln_model_write_random_vocab(&hp, 1, vocab, path, NULL, NULL) : kb_oom();
         free(path);
     }
     report(arch, st);
@@ -170,10 +172,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     mkdir(argv[1], 0777);
-    write_model(argv[1], "llama", KILN_FTYPE_MOSTLY_BF16);
-    write_model(argv[1], "qwen2", KILN_FTYPE_MOSTLY_F16);
-    write_model(argv[1], "qwen3", KILN_FTYPE_ALL_F32);
-    write_model(argv[1], "qwen3moe", KILN_FTYPE_MOSTLY_BF16);
+    write_model(argv[1], "llama", KILN_FTYPE_MOSTLY_BF16, KILN_VOCAB_BPE);
+    write_model(argv[1], "llama", KILN_FTYPE_MOSTLY_F16, KILN_VOCAB_SPM);
+    write_model(argv[1], "qwen2", KILN_FTYPE_MOSTLY_F16, KILN_VOCAB_BPE);
+    write_model(argv[1], "qwen3", KILN_FTYPE_ALL_F32, KILN_VOCAB_BPE);
+    write_model(argv[1], "qwen3moe", KILN_FTYPE_MOSTLY_BF16, KILN_VOCAB_BPE);
     write_plans(argv[1]);
     write_bundle(argv[1]);
     return failed;
