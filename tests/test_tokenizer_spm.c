@@ -131,56 +131,56 @@ typedef struct {
 
 static const corpus_case corpus[] = {
     /* empty text: bos alone (no space is added to nothing) */
-    {"", 0, IDS(BOS)},
+    {"", 0, IDS(BOS), false},
     /* "▁hello▁world": ▁ h e l l o: the pairs that are tokens are he -1, ll -2; he goes first,
      * making ▁he (-3) and nothing with l; then ll, making llo (-4); ▁he; llo; last ▁hello (-6).
      * ▁world likewise: ▁w (-7) before or (-8), then ▁wor (-9), ld (-10), ▁world (-11). */
-    {"hello world", 0, IDS(BOS, 280, 285)},
+    {"hello world", 0, IDS(BOS, 280, 285), false},
     /* H is no token: ▁ H e llo; H falls back to its byte <0x48> */
-    {"Hello", 0, IDS(BOS, 259, BYTE('H'), 261, 278)},
+    {"Hello", 0, IDS(BOS, 259, BYTE('H'), 261, 278), false},
     /* leading space: "▁▁hello". ▁▁ (-5) scores below he, ll, ▁he (-3, from the second ▁) and llo,
      * so the second ▁ joins hello: ▁hello (-6) also beats ▁▁, which is stale by then: ▁ ▁hello */
-    {" hello", 0, IDS(BOS, 259, 280)},
+    {" hello", 0, IDS(BOS, 259, 280), false},
     /* "▁hello▁▁world": ▁▁ (-5) beats ▁w (-7), so world loses its ▁: w or ld (or -8 before wo -20) */
-    {"hello  world", 0, IDS(BOS, 280, 279, 264, 282, 284)},
-    {"hello world ", 0, IDS(BOS, 280, 285, 259)}, /* the trailing space alone */
-    {"  hello   world  ", 0, IDS(BOS, 279, 280, 279, 285, 279)},
+    {"hello  world", 0, IDS(BOS, 280, 279, 264, 282, 284), false},
+    {"hello world ", 0, IDS(BOS, 280, 285, 259), false}, /* the trailing space alone */
+    {"  hello   world  ", 0, IDS(BOS, 279, 280, 279, 285, 279), false},
     /* a run of spaces: 5 ▁ (prefix and four): ▁▁ leftmost first, twice; then ▁▁▁▁ (-14) */
-    {"    ", 0, IDS(BOS, 288, 259)},
+    {"    ", 0, IDS(BOS, 288, 259), false},
     /* newlines are no tokens here: byte fallback <0x0A>; the text after one has no ▁ */
-    {"\n", 0, IDS(BOS, 259, BYTE('\n'))},
-    {"hello\nworld\n\n", 0, IDS(BOS, 280, BYTE('\n'), 264, 282, 284, BYTE('\n'), BYTE('\n'))},
+    {"\n", 0, IDS(BOS, 259, BYTE('\n')), false},
+    {"hello\nworld\n\n", 0, IDS(BOS, 280, BYTE('\n'), 264, 282, 284, BYTE('\n'), BYTE('\n')), false},
     /* digits and a contraction, "▁it's▁12▁121": 's (-12) first; then 12 (-13), leftmost first, at
      * both places, which makes ▁1 (-16) stale and queues ▁12 (-17) twice; i is no token */
-    {"it's 12 121", 0, IDS(BOS, 259, BYTE('i'), 267, 286, 294, 294, 271)},
-    {"hello, world", 0, IDS(BOS, 280, 268, 285)}, /* punctuation */
+    {"it's 12 121", 0, IDS(BOS, 259, BYTE('i'), 267, 286, 294, 294, 271), false},
+    {"hello, world", 0, IDS(BOS, 280, 268, 285), false}, /* punctuation */
     /* accents: é is a token; c a f are not (bytes) */
-    {"caf\xC3\xA9 \xC3\xA9t\xC3\xA9", 0, IDS(BOS, 259, BYTE('c'), BYTE('a'), BYTE('f'), 273, 259, 273, 267, 273)},
+    {"caf\xC3\xA9 \xC3\xA9t\xC3\xA9", 0, IDS(BOS, 259, BYTE('c'), BYTE('a'), BYTE('f'), 273, 259, 273, 267, 273), false},
     /* CJK: 日 is a token, 本 (E6 9C AC) is not: its three bytes */
-    {"\xE6\x97\xA5\xE6\x9C\xAC", 0, IDS(BOS, 259, 274, BYTE(0xE6), BYTE(0x9C), BYTE(0xAC))},
+    {"\xE6\x97\xA5\xE6\x9C\xAC", 0, IDS(BOS, 259, 274, BYTE(0xE6), BYTE(0x9C), BYTE(0xAC)), false},
     /* emoji 🙂: four bytes */
-    {"\xF0\x9F\x99\x82", 0, IDS(BOS, 259, BYTE(0xF0), BYTE(0x9F), BYTE(0x99), BYTE(0x82))},
+    {"\xF0\x9F\x99\x82", 0, IDS(BOS, 259, BYTE(0xF0), BYTE(0x9F), BYTE(0x99), BYTE(0x82)), false},
     /* invalid UTF-8: a lead byte takes the next byte whatever it is (llama.cpp's unicode_len_utf8):
      * one symbol C3 28, no token, two byte tokens (no U+FFFD, unlike BPE) */
-    {"\xC3(", 0, IDS(BOS, 259, BYTE(0xC3), BYTE('('))},
-    {"a\0b", 3, IDS(BOS, 259, BYTE('a'), BYTE(0), BYTE('b'))}, /* NUL is a byte like any other */
+    {"\xC3(", 0, IDS(BOS, 259, BYTE(0xC3), BYTE('(')), false},
+    {"a\0b", 3, IDS(BOS, 259, BYTE('a'), BYTE(0), BYTE('b')), false}, /* NUL is a byte like any other */
     /* and the bytes it takes may be an escaped space: "▁ FF E2 96 81 hello" (FF says 4 bytes) is
      * ▁, the four bytes, then hello without its ▁. Decoded, the space comes back as E2 96 81 (byte
      * tokens are not unescaped): the one text that does not round-trip, in llama.cpp too. */
     {"\xFF hello", 0, IDS(BOS, 259, BYTE(0xFF), BYTE(0xE2), BYTE(0x96), BYTE(0x81), 275, 278), true},
     /* ties: ll at 1-2 and at 2-3 score the same; the leftmost goes first */
-    {"lll", 0, IDS(BOS, 259, 276, 262)},
+    {"lll", 0, IDS(BOS, 259, 276, 262), false},
     /* he (-1) before ▁t (-15): ▁ t he, then ▁t (▁the is no token) */
-    {"the", 0, IDS(BOS, 289, 275)},
+    {"the", 0, IDS(BOS, 289, 275), false},
     /* ▁w (-7) before wo (-20) */
-    {"wow", 0, IDS(BOS, 281, 263, 264)},
+    {"wow", 0, IDS(BOS, 281, 263, 264), false},
     /* special tokens in the text (user-defined, control) are their ids; the text after one gets
      * the ▁ prefix again, as at the start */
-    {"hello<tag>world", 0, IDS(BOS, 280, 291, 285)},
-    {"</s>hello", 0, IDS(BOS, EOS, 280)},
-    {"<s><s>hello", 0, IDS(BOS, BOS, BOS, 280)},
+    {"hello<tag>world", 0, IDS(BOS, 280, 291, 285), false},
+    {"</s>hello", 0, IDS(BOS, EOS, 280), false},
+    {"<s><s>hello", 0, IDS(BOS, BOS, BOS, 280), false},
     /* an unused token's text is plain text */
-    {"world<unused>", 0, IDS(BOS, 285, BYTE('<'), BYTE('u'), BYTE('n'), BYTE('u'), 270, 261, 266, BYTE('>'))},
+    {"world<unused>", 0, IDS(BOS, 285, BYTE('<'), BYTE('u'), BYTE('n'), BYTE('u'), 270, 261, 266, BYTE('>')), false},
 };
 #define N_CORPUS ((int)(sizeof corpus / sizeof corpus[0]))
 
