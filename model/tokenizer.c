@@ -121,6 +121,53 @@ static bool grow_array(void **p, size_t *cap, size_t need, size_t elem) {
 
 bool km_grow_to(void **p, size_t *cap, size_t need, size_t elem) { return grow_array(p, cap, need, elem); }
 
+static void *heap_at(const km_heap *h, size_t i) { return (char *)h->a + i * h->es; }
+
+bool km_heap_push(km_heap *h, const void *x) {
+    if (!grow_array(&h->a, &h->cap, h->n + 1, h->es)) return false;
+    size_t i = h->n++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!h->before(x, heap_at(h, p))) break;
+        memcpy(heap_at(h, i), heap_at(h, p), h->es);
+        i = p;
+    }
+    memcpy(heap_at(h, i), x, h->es);
+    return true;
+}
+
+void km_push_id(km_session *s, int32_t id) {
+    if (!grow_array((void **)&s->ids, &s->cap_ids, s->n_ids + 1, sizeof *s->ids)) s->oom = true;
+    else s->ids[s->n_ids++] = id;
+}
+
+kiln_status km_session_end(km_session *s, bool oom, int32_t **ids, int64_t *n) {
+    free(s->heap.a);
+    if (oom || s->oom || !grow_array((void **)&s->ids, &s->cap_ids, 1, sizeof *s->ids)) {
+        free(s->ids);
+        return kb_oom();
+    }
+    *ids = s->ids;
+    *n = (int64_t)s->n_ids;
+    return NULL;
+}
+
+void km_heap_pop(km_heap *h, void *out) {
+    unsigned char last[KM_HEAP_MAX_ES];
+    memcpy(out, heap_at(h, 0), h->es);
+    memcpy(last, heap_at(h, --h->n), h->es);
+    size_t i = 0, n = h->n;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && h->before(heap_at(h, c + 1), heap_at(h, c))) c++;
+        if (!h->before(heap_at(h, c), last)) break;
+        memcpy(heap_at(h, i), heap_at(h, c), h->es);
+        i = c;
+    }
+    if (n) memcpy(heap_at(h, i), last, h->es);
+}
+
 int32_t km_token_find(const kiln_tokenizer *t, const char *s, size_t len) { return tok_find(t, s, len, -1); }
 
 /* ---- building --------------------------------------------------------------------------------- */
@@ -353,64 +400,28 @@ typedef struct {
 
 /* Growable arrays of one tokenize call. */
 typedef struct {
-    int32_t *ids;
-    size_t   n_ids, cap_ids;
+    km_session k; /* ids, the merge queue (of bigram), oom */
     uint8_t *wb; /* the word's bytes */
     char    *enc; /* the word in the byte-to-unicode form */
     size_t   cap_wb, cap_enc;
     sym     *syms;
     size_t   cap_syms;
-    bigram  *heap;
-    size_t   n_heap, cap_heap;
-    bool     oom;
 } session;
 
-static void push_id(session *s, int32_t id) {
-    if (!grow_array((void **)&s->ids, &s->cap_ids, s->n_ids + 1, sizeof *s->ids)) {
-        s->oom = true;
-        return;
-    }
-    s->ids[s->n_ids++] = id;
-}
+static void push_id(session *s, int32_t id) { km_push_id(&s->k, id); }
 
-static bool bigram_less(const bigram *a, const bigram *b) {
+/* The lower merge rank first, then the leftmost (llama.cpp's BPE queue order). */
+static bool bigram_less(const void *x, const void *y) {
+    const bigram *a = x, *b = y;
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
-static void heap_push(session *s, bigram b) {
-    if (!grow_array((void **)&s->heap, &s->cap_heap, s->n_heap + 1, sizeof *s->heap)) {
-        s->oom = true;
-        return;
-    }
-    size_t i = s->n_heap++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!bigram_less(&b, &s->heap[p])) break;
-        s->heap[i] = s->heap[p];
-        i = p;
-    }
-    s->heap[i] = b;
-}
-
-static bigram heap_pop(session *s) {
-    bigram top = s->heap[0], last = s->heap[--s->n_heap];
-    size_t i = 0, n = s->n_heap;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && bigram_less(&s->heap[c + 1], &s->heap[c])) c++;
-        if (!bigram_less(&s->heap[c], &last)) break;
-        s->heap[i] = s->heap[c];
-        i = c;
-    }
-    if (n) s->heap[i] = last;
-    return top;
-}
+_Static_assert(sizeof(bigram) <= KM_HEAP_MAX_ES, "km_heap holds a bigram");
 
 static void try_pair(const kiln_tokenizer *t, session *s, int32_t l, int32_t r) {
     if (l < 0 || r < 0 || s->syms[l].id < 0 || s->syms[r].id < 0) return;
     const merge_slot *m = merge_find(t, s->syms[l].id, s->syms[r].id);
-    if (m) heap_push(s, (bigram){m->rank, l, r, s->syms[l].len, s->syms[r].len});
+    if (m && !km_heap_push(&s->k.heap, &(bigram){m->rank, l, r, s->syms[l].len, s->syms[r].len})) s->k.oom = true;
 }
 
 /* The byte-to-unicode form of bytes b[0..n): at most 2 bytes a byte. */
@@ -434,15 +445,16 @@ static void bpe_word(const kiln_tokenizer *t, session *s, size_t m) {
         return;
     }
     if (!grow_array((void **)&s->syms, &s->cap_syms, m, sizeof *s->syms)) {
-        s->oom = true;
+        s->k.oom = true;
         return;
     }
     for (size_t i = 0; i < m; i++)
         s->syms[i] = (sym){t->byte_tok[s->wb[i]], (uint32_t)i, 1, (int32_t)i - 1, i + 1 < m ? (int32_t)i + 1 : -1};
-    s->n_heap = 0;
+    s->k.heap.n = 0;
     for (size_t i = 1; i < m; i++) try_pair(t, s, (int32_t)i - 1, (int32_t)i);
-    while (s->n_heap && !s->oom) {
-        bigram b = heap_pop(s);
+    while (s->k.heap.n && !s->k.oom) {
+        bigram b;
+        km_heap_pop(&s->k.heap, &b);
         sym   *l = &s->syms[b.left], *r = &s->syms[b.right];
         if (!l->len || !r->len || l->len != b.llen || r->len != b.rlen) continue; /* stale */
         l->id = merge_find(t, l->id, r->id)->res;
@@ -480,12 +492,12 @@ static void bpe_text(const kiln_tokenizer *t, session *s, const uint8_t *text, s
     for (size_t i = 0; i < n; i++) cls[i] = (uint8_t)km_uc_class(cps[i]);
     size_t nw = km_pre_split(t->pre, cps, cls, n, ends);
     size_t start = 0;
-    for (size_t w = 0; w < nw && !s->oom; w++) {
+    for (size_t w = 0; w < nw && !s->k.oom; w++) {
         size_t end = ends[w];
         /* the word's bytes: its code points written back as UTF-8, as llama.cpp does */
         if (!grow_array((void **)&s->wb, &s->cap_wb, (end - start) * 4, 1) ||
             !grow_array((void **)&s->enc, &s->cap_enc, (end - start) * 8, 1)) {
-            s->oom = true;
+            s->k.oom = true;
             break;
         }
         size_t m = 0;
@@ -566,7 +578,7 @@ kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *text, size_t len,
     if (len >= UINT32_MAX) return kb_error(KILN_ERR_INVALID, "kiln_tokenize: text of %zu bytes is too long", len);
     if (t->spm) return km_spm_tokenize(t, t->spm, text, len, ids, n);
     const uint8_t *u = (const uint8_t *)text;
-    session        s = {0};
+    session        s = {.k = {.heap = {.es = sizeof(bigram), .before = bigram_less}}};
     if (t->add_bos) push_id(&s, t->bos);
     size_t    nsp = 0;
     bool      oom = false;
@@ -575,7 +587,7 @@ kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *text, size_t len,
     uint8_t  *cls = malloc(len + 1);
     if (!cps || !ends || !cls) oom = true;
     size_t at = 0;
-    for (size_t k = 0; k <= nsp && !oom && !s.oom; k++) {
+    for (size_t k = 0; k <= nsp && !oom && !s.k.oom; k++) {
         size_t end = k < nsp ? sp[k].pos : len;
         if (end > at) bpe_text(t, &s, u + at, end - at, cps, cls, ends);
         if (k < nsp) {
@@ -590,14 +602,7 @@ kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *text, size_t len,
     free(s.wb);
     free(s.enc);
     free(s.syms);
-    free(s.heap);
-    if (oom || s.oom || !grow_array((void **)&s.ids, &s.cap_ids, 1, sizeof *s.ids)) {
-        free(s.ids);
-        return kb_oom();
-    }
-    *ids = s.ids;
-    *n = (int64_t)s.n_ids;
-    return NULL;
+    return km_session_end(&s.k, oom, ids, n);
 }
 
 /* ---- detokenizing ----------------------------------------------------------------------------- */

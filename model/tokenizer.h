@@ -76,6 +76,28 @@ kiln_status km_tokenizer_build(const km_vocab *v, kiln_tokenizer **out);
 int32_t km_token_find(const kiln_tokenizer *t, const char *s, size_t len);
 /* Grows *p (of *cap elements of elem bytes) to hold need; false when out of memory. */
 bool    km_grow_to(void **p, size_t *cap, size_t need, size_t elem);
+/* A binary heap of elements of es bytes (at most KM_HEAP_MAX_ES), the one that before(a, b) puts
+ * first on top: the merge queues of both tokenizers (pairs ordered by rank or by score). */
+#define KM_HEAP_MAX_ES 64
+typedef struct {
+    void  *a;
+    size_t n, cap, es;
+    bool (*before)(const void *a, const void *b);
+} km_heap;
+bool km_heap_push(km_heap *h, const void *x); /* false when out of memory (h unchanged) */
+void km_heap_pop(km_heap *h, void *out);      /* the top into out; h->n must be > 0 */
+/* What both tokenizers' tokenize calls grow: the ids made, the merge queue, and whether memory
+ * ran out on the way. */
+typedef struct {
+    int32_t *ids;
+    size_t   n_ids, cap_ids;
+    km_heap  heap;
+    bool     oom;
+} km_session;
+void        km_push_id(km_session *s, int32_t id); /* sets oom when out of memory */
+/* Ends a tokenize call: frees the queue; the ids (never NULL, even for none) into *ids and *n,
+ * or an out-of-memory error when memory ran out (oom: the caller's own failures too). */
+kiln_status km_session_end(km_session *s, bool oom, int32_t **ids, int64_t *n);
 /* Special tokens found in text (tokenizer_st_partition): len bytes at pos are token id. */
 typedef struct {
     uint32_t len, pos;

@@ -134,66 +134,29 @@ typedef struct {
 
 /* Growable arrays of one tokenize call. */
 typedef struct {
-    int32_t *ids;
-    size_t   n_ids, cap_ids;
+    km_session k; /* ids, the merge queue (of bigram), oom */
     char    *buf; /* the escaped text of one piece */
     size_t   cap_buf;
     sym     *syms;
     size_t   cap_syms;
-    bigram  *heap;
-    size_t   n_heap, cap_heap;
-    bool     oom;
 } session;
 
-static void push_id(session *s, int32_t id) {
-    if (!km_grow_to((void **)&s->ids, &s->cap_ids, s->n_ids + 1, sizeof *s->ids)) {
-        s->oom = true;
-        return;
-    }
-    s->ids[s->n_ids++] = id;
-}
+static void push_id(session *s, int32_t id) { km_push_id(&s->k, id); }
 
 /* llama.cpp's queue order: the higher score first, then the leftmost. */
-static bool before(const bigram *a, const bigram *b) {
+static bool before(const void *x, const void *y) {
+    const bigram *a = x, *b = y;
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-static void heap_push(session *s, bigram b) {
-    if (!km_grow_to((void **)&s->heap, &s->cap_heap, s->n_heap + 1, sizeof *s->heap)) {
-        s->oom = true;
-        return;
-    }
-    size_t i = s->n_heap++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!before(&b, &s->heap[p])) break;
-        s->heap[i] = s->heap[p];
-        i = p;
-    }
-    s->heap[i] = b;
-}
-
-static bigram heap_pop(session *s) {
-    bigram top = s->heap[0], last = s->heap[--s->n_heap];
-    size_t i = 0, n = s->n_heap;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && before(&s->heap[c + 1], &s->heap[c])) c++;
-        if (!before(&s->heap[c], &last)) break;
-        s->heap[i] = s->heap[c];
-        i = c;
-    }
-    if (n) s->heap[i] = last;
-    return top;
-}
+_Static_assert(sizeof(bigram) <= KM_HEAP_MAX_ES, "km_heap holds a bigram");
 
 /* Queues the pair when its text is a token (of any type, as llama.cpp). */
 static void try_pair(const kiln_tokenizer *t, const km_spm *m, session *s, int32_t l, int32_t r) {
     if (l < 0 || r < 0) return;
     uint32_t size = s->syms[l].len + s->syms[r].len;
     int32_t  id = km_token_find(t, s->buf + s->syms[l].start, size);
-    if (id >= 0) heap_push(s, (bigram){m->score[id], l, r, size});
+    if (id >= 0 && !km_heap_push(&s->k.heap, &(bigram){m->score[id], l, r, size})) s->k.oom = true;
 }
 
 /* The bytes UTF-8 says a character starting with b has (llama.cpp's unicode_len_utf8: by the top
@@ -205,7 +168,7 @@ static size_t escape(session *s, const uint8_t *text, size_t len, bool prefix) {
     size_t m = prefix ? SPACE_MARK_LEN : 0;
     for (size_t i = 0; i < len; i++) m += text[i] == ' ' ? SPACE_MARK_LEN : 1;
     if (m >= INT32_MAX || !km_grow_to((void **)&s->buf, &s->cap_buf, m, 1)) { /* symbol indices are int32 */
-        s->oom = true;
+        s->k.oom = true;
         return 0;
     }
     size_t k = 0;
@@ -222,7 +185,7 @@ static void spm_piece(const kiln_tokenizer *t, const km_spm *m, session *s, cons
                       bool prefix) {
     size_t blen = escape(s, text, len, prefix);
     if (!blen || !km_grow_to((void **)&s->syms, &s->cap_syms, blen, sizeof *s->syms)) {
-        if (blen) s->oom = true;
+        if (blen) s->k.oom = true;
         return;
     }
     int32_t ns = 0;
@@ -232,10 +195,11 @@ static void spm_piece(const kiln_tokenizer *t, const km_spm *m, session *s, cons
         s->syms[ns] = (sym){(uint32_t)off, cl, ns - 1, off + cl < blen ? ns + 1 : -1};
         off += cl;
     }
-    s->n_heap = 0;
+    s->k.heap.n = 0;
     for (int32_t i = 1; i < ns; i++) try_pair(t, m, s, i - 1, i);
-    while (s->n_heap && !s->oom) {
-        bigram b = heap_pop(s);
+    while (s->k.heap.n && !s->k.oom) {
+        bigram b;
+        km_heap_pop(&s->k.heap, &b);
         sym   *l = &s->syms[b.left], *r = &s->syms[b.right];
         if (!l->len || !r->len || l->len + r->len != b.size) continue; /* stale */
         l->len += r->len;
@@ -247,7 +211,7 @@ static void spm_piece(const kiln_tokenizer *t, const km_spm *m, session *s, cons
     }
     /* Merged symbols are tokens; a character that is none falls back to its bytes. (llama.cpp's
      * resegment also looks the text up among the merges made, which only ever hold tokens.) */
-    for (int32_t i = 0; i >= 0 && !s->oom; i = s->syms[i].next) {
+    for (int32_t i = 0; i >= 0 && !s->k.oom; i = s->syms[i].next) {
         const sym *x = &s->syms[i];
         int32_t    id = km_token_find(t, s->buf + x->start, x->len);
         if (id >= 0) {
@@ -261,13 +225,13 @@ static void spm_piece(const kiln_tokenizer *t, const km_spm *m, session *s, cons
 kiln_status km_spm_tokenize(const kiln_tokenizer *t, const km_spm *m, const char *text, size_t len, int32_t **ids,
                             int64_t *n) {
     const uint8_t *u = (const uint8_t *)text;
-    session        s = {0};
+    session        s = {.k = {.heap = {.es = sizeof(bigram), .before = before}}};
     if (m->add_bos) push_id(&s, m->bos);
     size_t   nsp = 0;
     bool     oom = false, prev_special = true; /* as llama.cpp: the text's start counts as special */
     km_span *sp = km_find_specials(t, u, len, &nsp, &oom);
     size_t   at = 0;
-    for (size_t k = 0; k <= nsp && !oom && !s.oom; k++) {
+    for (size_t k = 0; k <= nsp && !oom && !s.k.oom; k++) {
         size_t end = k < nsp ? sp[k].pos : len;
         if (end > at) {
             spm_piece(t, m, &s, u + at, end - at, m->add_space_prefix && prev_special);
@@ -282,14 +246,7 @@ kiln_status km_spm_tokenize(const kiln_tokenizer *t, const km_spm *m, const char
     free(sp);
     free(s.buf);
     free(s.syms);
-    free(s.heap);
-    if (oom || s.oom || !km_grow_to((void **)&s.ids, &s.cap_ids, 1, sizeof *s.ids)) {
-        free(s.ids);
-        return kb_oom();
-    }
-    *ids = s.ids;
-    *n = (int64_t)s.n_ids;
-    return NULL;
+    return km_session_end(&s.k, oom, ids, n);
 }
 
 /* ---- detokenizing ----------------------------------------------------------------------------- */
