@@ -576,6 +576,32 @@ START_TEST(cli_gen_model_and_cpu_run) {
     ck_assert_int_eq(ts_run(cmd, &out), 2);
     ck_assert_msg(strstr(out, "no -o FILE.gguf given"), "%s", out);
     free(out);
+    /* llama.cpp's spellings: -m, -f (the prompt from a file), --n-predict, -c, -b give what kiln's
+     * own give; -p twice, -f of a missing file and -c 0 are usage errors naming the flag. */
+    char *pf = path_in("prompt.txt"), *want_out = NULL, *got_out = NULL;
+    TS_OK(kb_write_file(pf, "Hello world", 11));
+    snprintf(cmd, sizeof cmd, "%s run %s --prompt 'Hello world' -n 3 --n-ctx 64 --n-batch 8 --cpu", ts_kiln_bin(), p);
+    ck_assert_msg(ts_run(cmd, &want_out) == 0, "%s", want_out);
+    snprintf(cmd, sizeof cmd, "%s run -m %s -f %s --n-predict 3 -c 64 -b 8 --cpu", ts_kiln_bin(), p, pf);
+    ck_assert_msg(ts_run(cmd, &got_out) == 0, "%s", got_out);
+    const char *gw = strstr(want_out, "generated:"), *gg = strstr(got_out, "generated:");
+    ck_assert_msg(gw && gg && strncmp(gw, gg, (size_t)(strchr(gw, '\n') - gw)) == 0, "%s\nvs\n%s", want_out, got_out);
+    ck_assert_msg(strstr(got_out, "prompt text: \"Hello world\""), "%s", got_out);
+    free(want_out);
+    free(got_out);
+    snprintf(cmd, sizeof cmd, "%s run -m %s -p x --prompt y --cpu", ts_kiln_bin(), p);
+    ck_assert_int_eq(ts_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "--prompt: the prompt is given twice"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s run -m %s -f %s.missing --cpu", ts_kiln_bin(), p, pf);
+    ck_assert_int_eq(ts_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "-f ") && strstr(out, ".missing"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s run -m %s -p hi -c 0 --cpu", ts_kiln_bin(), p);
+    ck_assert_int_eq(ts_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "-c 0: must be 1 .."), "%s", out);
+    free(out);
+    free(pf);
     /* kiln inspect takes the model's graph. */
     snprintf(cmd, sizeof cmd, "%s inspect %s --n-ctx 64 --n-batch 16", ts_kiln_bin(), p);
     ck_assert_msg(ts_run(cmd, &out) == 0, "%s", out);

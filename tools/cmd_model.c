@@ -41,6 +41,9 @@ const char kt_run_model_help[] =
     "  --stats          where the time went: warm-up, and per evaluation the inputs, the run,\n"
     "                   reading the logits back and picking the token\n"
     "  --no-cuda-graph  launch kernels one by one instead of replaying CUDA graphs\n"
+    "  llama.cpp's spellings: -m/--model MODEL.gguf, -p PROMPT (--prompt), -f/--file FILE (the\n"
+    "                   prompt is the file's text), --n-predict N (-n), -c/--ctx-size N (--n-ctx),\n"
+    "                   -b/--batch-size N (--n-batch)\n"
     "  --dump-logits FILE  also write the prompt's logits (its last token's: n_vocab f32,\n"
     "                   little-endian) to FILE, evaluated again after the generation\n"
     "  compile options: --arch, --cache-dir DIR, --no-cache, --jobs N, --dump-cu DIR, --no-fuse,\n"
@@ -49,6 +52,7 @@ const char kt_run_model_help[] =
 
 typedef struct {
     const char *path, *tokens, *prompt, *arch, *cache_dir, *dump, *dump_logits;
+    char       *file_text; /* -f/--file: the prompt read from a file (owned) */
     int32_t    *ids; /* --tokens, parsed */
     int64_t     nids;
     int64_t     n_new, n_ctx, n_batch;
@@ -72,11 +76,33 @@ static bool parse_tokens(rm_args *a, const char *v) {
     return kt_flag_int_list("run", "--tokens", v, 0, INT32_MAX, a->ids, cap, &a->nids);
 }
 
+bool kt_run_model_path_flag(const char *o) { return !strcmp(o, "-m") || !strcmp(o, "--model"); }
+
+/* -f/--file: the prompt is the file's text (read whole, NUL-terminated). */
+static bool read_prompt_file(rm_args *a, const char *path) {
+    size_t      len;
+    kiln_status st = kb_read_file(path, &a->file_text, &len);
+    if (st) {
+        kt_flag_usage("run", "-f %s: %s", path, kiln_status_msg(st));
+        kiln_status_free(st);
+        return false;
+    }
+    if (strlen(a->file_text) != len) return kt_flag_usage("run", "-f %s: the file holds a NUL byte (not a text prompt)", path);
+    a->prompt = a->file_text;
+    return true;
+}
+
 bool kt_run_model_takes_value(const char *o) {
     return !strcmp(o, "--tokens") || !strcmp(o, "--prompt") || !strcmp(o, "-n") || !strcmp(o, "--n-ctx") ||
+           !strcmp(o, "-p") || !strcmp(o, "-f") || !strcmp(o, "--file") || !strcmp(o, "--n-predict") ||
+           !strcmp(o, "-c") || !strcmp(o, "--ctx-size") || !strcmp(o, "-b") || !strcmp(o, "--batch-size") ||
+           kt_run_model_path_flag(o) ||
            !strcmp(o, "--n-batch") || !strcmp(o, "--arch") || !strcmp(o, "--cache-dir") || !strcmp(o, "--jobs") ||
            !strcmp(o, "--dump-cu") || !strcmp(o, "--dump-logits");
 }
+
+/* A second prompt option (--prompt, -p, -f): a usage error naming it. */
+static bool dup_prompt(const char *o) { return kt_flag_usage("run", "%s: the prompt is given twice", o); }
 
 /* KT_GO_ON when a is complete, else the exit status. */
 static int parse(int argc, char **argv, rm_args *a) {
@@ -92,10 +118,20 @@ static int parse(int argc, char **argv, rm_args *a) {
         if (val && !v) return usage("option %s needs a value", o);
         if (val) i++;
         if (!strcmp(o, "--tokens")) ok = parse_tokens(a, a->tokens = v);
-        else if (!strcmp(o, "--prompt")) a->prompt = v;
-        else if (!strcmp(o, "-n")) ok = kt_flag_int("run", o, v, 0, KT_FLAG_MAX_CTX, &a->n_new);
-        else if (!strcmp(o, "--n-ctx")) ok = kt_flag_int("run", o, v, 1, KT_FLAG_MAX_CTX, &a->n_ctx);
-        else if (!strcmp(o, "--n-batch")) ok = kt_flag_int("run", o, v, 1, KT_FLAG_MAX_CTX, &a->n_batch);
+        else if (!strcmp(o, "--prompt") || !strcmp(o, "-p")) {
+            ok = !a->prompt || dup_prompt(o);
+            a->prompt = v;
+        }
+        else if (!strcmp(o, "-f") || !strcmp(o, "--file")) ok = (!a->prompt || dup_prompt(o)) && read_prompt_file(a, v);
+        else if (!strcmp(o, "-n") || !strcmp(o, "--n-predict")) ok = kt_flag_int("run", o, v, 0, KT_FLAG_MAX_CTX, &a->n_new);
+        else if (!strcmp(o, "--n-ctx") || !strcmp(o, "-c") || !strcmp(o, "--ctx-size"))
+            ok = kt_flag_int("run", o, v, 1, KT_FLAG_MAX_CTX, &a->n_ctx);
+        else if (!strcmp(o, "--n-batch") || !strcmp(o, "-b") || !strcmp(o, "--batch-size"))
+            ok = kt_flag_int("run", o, v, 1, KT_FLAG_MAX_CTX, &a->n_batch);
+        else if (kt_run_model_path_flag(o)) {
+            if (a->path) return usage("more than one model given ('%s')", v);
+            a->path = v;
+        }
         else if (!strcmp(o, "--jobs")) ok = kt_flag_int32("run", o, v, 1, KT_FLAG_MAX_JOBS, &a->jobs);
         else if (!strcmp(o, "--arch")) ok = kt_flag_arch("run", o, a->arch = v, false);
         else if (!strncmp(o, "--no-fuse=", 10))
@@ -366,5 +402,6 @@ int kt_run_model(int argc, char **argv) {
     int     rc = parse(argc, argv, &a);
     if (rc == KT_GO_ON) rc = run_model(&a);
     free(a.ids);
+    free(a.file_text);
     return rc;
 }

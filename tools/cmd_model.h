@@ -9,6 +9,8 @@
 extern const char kt_run_model_help[];
 /* Whether option arg of a model run takes a value (the next argument). */
 bool kt_run_model_takes_value(const char *arg);
+/* -m/--model (llama.cpp's): its value is the model, so `kiln run -m FILE.gguf` is a model run. */
+bool kt_run_model_path_flag(const char *arg);
 /* argv[0] is "run"; returns a kt_exit (tools/cmd.h). */
 int  kt_run_model(int argc, char **argv);
 

@@ -306,9 +306,11 @@ static int run_graph(const kt_args *c) {
     return check_failed ? KT_EXIT_ERR : KT_EXIT_OK;
 }
 
-/* The first argument of `kiln run` that is not an option (or an option's value) is a GGUF model. */
+/* The first argument of `kiln run` that is not an option (or an option's value) is a GGUF model,
+ * or -m/--model names one. */
 static bool model_arg(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
+        if (kt_run_model_path_flag(argv[i])) return true;
         if (kt_args_takes_value(argv[i]) || kt_run_model_takes_value(argv[i])) i++;
         else if (argv[i][0] != '-') return kt_graph_is_gguf(argv[i]);
     }
