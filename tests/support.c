@@ -830,3 +830,11 @@ uint8_t *ts_big_text(size_t cap, size_t *len) {
     }
     return text;
 }
+
+void ts_expect_status(kiln_status st, kiln_code code, const char *needle) {
+    ck_assert_msg(st != NULL, "expected an error naming '%s'", needle);
+    ck_assert_msg(kiln_status_code(st) == code, "code %s for '%s'", kiln_code_name(kiln_status_code(st)),
+                  kiln_status_msg(st));
+    ck_assert_msg(strstr(kiln_status_msg(st), needle), "'%s' does not name '%s'", kiln_status_msg(st), needle);
+    kiln_status_free(st);
+}

@@ -205,6 +205,8 @@ void     ts_kernel_compiles(const cg_kernel *k);
 /* Asserts that parsing kg (as bad.kg) fails with code and a message holding every one of
  * needles (a list ended by NULL). */
 void ts_parse_error(const char *kg, kiln_code code, const char *const *needles);
+/* st is an error of code `code` whose message contains `needle`; frees it. */
+void ts_expect_status(kiln_status st, kiln_code code, const char *needle);
 #define TS_NEEDLES(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 /* Evaluates kg with the CPU reference twice on the same random inputs (by input name): over IR

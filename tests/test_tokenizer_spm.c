@@ -334,13 +334,7 @@ END_TEST
 
 /* ---- refusals ---------------------------------------------------------------------------------- */
 
-static void expect_error(kiln_status st, kiln_code code, const char *what) {
-    ck_assert_msg(st != NULL, "expected an error naming '%s'", what);
-    ck_assert_msg(kiln_status_code(st) == code, "code %s for '%s'", kiln_code_name(kiln_status_code(st)),
-                  kiln_status_msg(st));
-    ck_assert_msg(strstr(kiln_status_msg(st), what), "'%s' does not name '%s'", kiln_status_msg(st), what);
-    kiln_status_free(st);
-}
+static void expect_error(kiln_status st, kiln_code code, const char *what) { ts_expect_status(st, code, what); }
 
 START_TEST(spec_refusals) {
     hand_vocab         *h = malloc(sizeof *h);
