@@ -297,6 +297,18 @@ local function welem(pre, W, vb, v, q)
     return pre.load("f16", hi and ("(unsigned short)(" .. word .. " >> 16)") or ("(unsigned short)(" .. word .. " & 0xffffu)"))
 end
 
+-- The GEMVs' slot u (grid y) and token t (grid z) of the block, tokens past a symbolic count
+-- returning, and the slot's expert e.
+local function slot_expert(bl, p)
+    if p.U > 1 then bl.add("const unsigned u = blockIdx.y;") end
+    if p.T > 1 then bl.add("const unsigned t = blockIdx.z;") end
+    if p.dT then
+        bl.add("if (t >= (unsigned)(%s)) /* tokens past the run-time count */", p.dT)
+        bl.add("    return;")
+    end
+    bl.add("const int e = %s;", id_expr(p, "u", "t"))
+end
+
 local function gemv(p)
     local W, es = p.W, SIZE[p.W]
     local as = p.as
@@ -339,13 +351,7 @@ local function gemv(p)
         bl.add("if (row0 >= %du)", p.M)
         bl.add("    return;")
     end
-    if p.U > 1 then bl.add("const unsigned u = blockIdx.y;") end
-    if p.T > 1 then bl.add("const unsigned t = blockIdx.z;") end
-    if p.dT then
-        bl.add("if (t >= (unsigned)(%s)) /* tokens past the run-time count */", p.dT)
-        bl.add("    return;")
-    end
-    bl.add("const int e = %s;", id_expr(p, "u", "t"))
+    slot_expert(bl, p)
     if not ep then bl.add("float *const o = out + %s + row0;", dcol_expr(p, "u", "t")) end
     -- The dst coordinates (row, slot, token) of row expression r, for the epilogue.
     local function coords(r)
@@ -1141,13 +1147,7 @@ local function qgemv_id(k)
     else
         bl.add("const unsigned row0 = blockIdx.x * %du + warp * %du;", RB, R)
     end
-    if p.U > 1 then bl.add("const unsigned u = blockIdx.y;") end
-    if p.T > 1 then bl.add("const unsigned t = blockIdx.z;") end
-    if p.dT then
-        bl.add("if (t >= (unsigned)(%s)) /* tokens past the run-time count */", p.dT)
-        bl.add("    return;")
-    end
-    bl.add("const int e = %s;", id_expr(p, "u", "t"))
+    slot_expert(bl, p)
     local pre = prelude.new()
     -- The store of row `row` (an expression) with values vals: dst directly, or the epilogue at
     -- dst coordinates (row, u, t).
