@@ -1714,23 +1714,19 @@ end
 
 -- ---- quantized weights (templates/quant.lua) --------------------------------------------------
 
-local QGEMV_WARPS = 4 -- warps per block of the quantized gemv (they split K)
-local QGEMV_RMAX = 8  -- most rows per block: each load of b serves them all
-local QGEMV_MINB = 0  -- __launch_bounds__ minimum blocks per SM (0: none; measured: 8 (64 registers)
-                      -- was slower for every type and shape)
+local QGEMV_WARPS = 8 -- warps per block of the quantized gemv (groups of them split K)
+local QGEMV_RMAX = 4  -- most rows per warp group (each read of b's shared bytes serves them all)
+local QGEMV_REGS = 40 -- registers of weights one lane keeps in flight ahead of its products, at most
 
--- Rows per block of the quantized gemv: the most (b's loads shared by more rows) whose grid
--- fills its last wave of resident blocks at least 90% (measured: 1024 blocks for 924 slots ran
--- a second wave for 10% of the work); else the one that fills it best.
 -- The quantized gemv's layout: the block's QGEMV_WARPS warps form groups of WK that own R rows
--- each and split those rows' units. R starts at QGEMV_RMAX (each load of b serves R rows) and WK
--- at 1; while the grid has fewer than QGEMV_TARGET warps (all of a small matrix's bytes must be
--- requested at once: at 512 warps a 4096 x 4096 q4_K took 11.6 us, 0.8 TB/s), WK doubles as long
--- as the units fill whole rounds of the group's lanes, else R halves.
+-- each and split those rows' units. R starts at QGEMV_RMAX / NV and WK at 1; while the grid has
+-- fewer than QGEMV_TARGET warps (all of a small matrix's bytes must be requested at once: at
+-- 512 warps a 4096 x 4096 q4_K took 11.6 us, 0.8 TB/s), WK doubles as long as the units fill
+-- whole rounds of the group's lanes, else R halves.
 local QGEMV_TARGET = 2048
-local function qgemv_layout(M, NG, NU)
-    local WK, R = 1, QGEMV_RMAX
-    while ceil_div(M, R) * NG * WK < QGEMV_TARGET do
+local function qgemv_layout(M, NG, NU, NV)
+    local WK, R = 1, math.max(1, QGEMV_RMAX // NV)
+    while ceil_div(M, QGEMV_WARPS // WK * R) * QGEMV_WARPS * NG < QGEMV_TARGET do
         -- (only while the units still fill whole rounds of the group's lanes: a partial last
         -- round measured 31% of the roofline for q4_0 14336 -> 4096, against 52% without)
         if WK < QGEMV_WARPS and NU % (32 * WK * 2) == 0 then
@@ -1744,9 +1740,16 @@ local function qgemv_layout(M, NG, NU)
     return WK, QGEMV_WARPS // WK, R
 end
 
+-- Registers of one unit's weights (kiln_qw_T, templates/quant.lua).
+local QW_REGS = { q8_0 = 9, q4_0 = 5, q4_K = 9, q5_K = 13, q6_K = 10 }
+
 -- The fused gemv of a quantized a (one column): nil when b's layout does not allow its
--- 16-byte loads (contiguous, 4-float aligned columns) or a dim is symbolic. With k.pair (pass
--- mul_mat_glu) it computes the paired weight's rows against the same loads of b, and with
+-- 16-byte loads (contiguous, 4-float aligned columns) or a dim is symbolic. Each block first
+-- quantizes b to int8 in shared memory (quant.bq_prologue; the first units' weight loads are
+-- issued before it, so that its latency hides behind theirs), then each lane takes units of
+-- 32 elements of its rows: the weights' integers against b's in dp4a (quant.lua's int8 path),
+-- the loads of the next PF units in flight while one is multiplied. With k.pair (pass
+-- mul_mat_glu) it computes the paired weight's rows against the same bytes of b, and with
 -- k.epilogue (the GLU, a residual add) the store applies it (epilogue.store_lines).
 local function qgemv(k, s)
     local ti = quant.TYPES[s.ta]
@@ -1756,13 +1759,16 @@ local function qgemv(k, s)
     for d = 3, 4 do if s.sb[d] % 4 ~= 0 then return nil end end
     quant.check_blocks(s.a, fail, "a")
     if s.pa then quant.check_blocks(s.pa, fail, "pair") end
+    local T = s.ta
     local BL, UB = ti.block, ti.ub
     local NU = s.K // BL * UB
+    local NV = s.pa and 2 or 1 -- products per row
     local WP = QGEMV_WARPS
-    local WK, G, R = qgemv_layout(s.M, s.NG, NU)
+    local WK, G, R = qgemv_layout(s.M, s.NG, NU, NV)
     local RB = G * R -- rows per block
     local NI = ceil_div(NU, 32 * WK)
-    local NV = s.pa and 2 or 1 -- products per row
+    -- units whose loads run ahead of the one being multiplied
+    local PF = math.max(1, math.min(NI, QGEMV_REGS // (QW_REGS[T] * R * NV)))
     local pre = prelude.new()
     local b = builder()
     b.push()
@@ -1788,34 +1794,50 @@ local function qgemv(k, s)
     end
     row_blocks("blk0", s.a, s.sa)
     if s.pa then row_blocks("blk1", s.pa, s.spa) end
-    b.add("const float *const bk = B + %s;", sum({ s.A2 > 1 and term64("ja2", s.sb[3]) or nil,
-        s.A3 > 1 and term64("ja3", s.sb[4]) or nil }))
-    b.add("float acc[%d] = {%s};", NV * R, string.rep("0.0f", NV * R, ", "))
-    b.add("#pragma unroll")
-    b.add("for (int i = 0; i < %d; i++) {", NI)
-    b.push()
-    b.add("const int u = (int)(lane + 32u * kw) + %d * i;", 32 * WK)
-    if NU % (32 * WK) ~= 0 then
-        b.add("if (u >= %d)", NU)
-        b.add("    break;")
+    -- Unit i of the lane (units past NU, in a partial last round, load unit NU - 1 again and
+    -- add nothing); its block in the row and its part of the block.
+    local partial = NU % (32 * WK) ~= 0
+    local function unit(i)
+        b.add("const int u%d = %s;", i, partial and string.format("min((int)(lane + 32u * kw) + %d, %d)", 32 * WK * i, NU - 1)
+            or string.format("(int)(lane + 32u * kw) + %d", 32 * WK * i))
+        if UB > 1 then
+            b.add("const int ub%d = u%d >> %d, pt%d = u%d & %d;", i, i, math.floor(math.log(UB, 2) + 0.5), i, i, UB - 1)
+        else
+            b.add("const int ub%d = u%d, pt%d = 0;", i, i, i)
+        end
     end
-    local ub = UB > 1 and string.format("u / %d", UB) or "u"
-    local part = UB > 1 and string.format("u %% %d", UB) or "0"
-    b.add("float x[32];")
-    b.add("kiln_qx_%s(bk + (long long)(%s) * %d, %s, x);", s.ta, ub, BL, part)
-    b.add("float t0 = 0.0f, t1 = 0.0f; /* the sums of x's halves, once for the rows */")
-    if s.ta ~= "q6_K" then
+    local function loads(i)
+        unit(i)
+        b.add("kiln_qw_%s w%d[%d];", T, i, R * NV)
         b.add("#pragma unroll")
-        b.add("for (int j = 0; j < 16; j++)")
-        b.add("    t0 += x[j], t1 += x[16 + j];")
+        b.add("for (int r = 0; r < %d; r++) {", R)
+        b.add("    w%d[r] = kiln_qwl_%s(W, D, blk0[r] + ub%d, pt%d);", i, T, i, i)
+        if s.pa then b.add("    w%d[%d + r] = kiln_qwl_%s(W2, D2, blk1[r] + ub%d, pt%d);", i, R, T, i, i) end
+        b.add("}")
     end
-    b.add("#pragma unroll")
-    b.add("for (int r = 0; r < %d; r++) {", R)
-    b.add("    acc[r] += kiln_qdot_%s(W, D, blk0[r] + %s, %s, x, t0, t1);", s.ta, ub, part)
-    if s.pa then b.add("    acc[%d + r] += kiln_qdot_%s(W2, D2, blk1[r] + %s, %s, x, t0, t1);", R, s.ta, ub, part) end
-    b.add("}")
-    b.pop()
-    b.add("}")
+    for i = 0, PF - 1 do loads(i) end
+    for _, l in ipairs(quant.bq_prologue(s.K, 32 * WP, "B" .. (function()
+        local o = sum({ s.A2 > 1 and term64("ja2", s.sb[3]) or nil, s.A3 > 1 and term64("ja3", s.sb[4]) or nil })
+        return o ~= "0" and " + " .. o or ""
+    end)())) do b.add("%s", l) end
+    b.add("float acc[%d] = {%s};", NV * R, string.rep("0.0f", NV * R, ", "))
+    for i = 0, NI - 1 do
+        if i + PF < NI then loads(i + PF) end
+        b.open("{")
+        if partial and i == NI - 1 then
+            b.add("if ((int)(lane + 32u * kw) + %d < %d) {", 32 * WK * i, NU)
+            b.push()
+        end
+        b.add("const kiln_qb_%s x = kiln_qbl_%s(P0, P1, QD, QS, ub%d, pt%d);", T, T, i, i)
+        b.add("#pragma unroll")
+        b.add("for (int r = 0; r < %d; r++)", R * NV)
+        b.add("    acc[r] += kiln_qwd_%s(w%d[r], x);", T, i)
+        if partial and i == NI - 1 then
+            b.pop()
+            b.add("}")
+        end
+        b.close()
+    end
     b.add("#pragma unroll")
     b.add("for (int r = 0; r < %d; r++) {", NV * R)
     b.add("#pragma unroll")
@@ -1867,20 +1889,21 @@ local function qgemv(k, s)
     local name = short_name(string.format("mul_mat_qgemv_%s%s_%dx%d%s", s.pa and "pair_" or "", s.ta, s.K, s.M,
         s.NG > 1 and "x" .. s.NG or ""))
     local notes = {
-        string.format("quantized gemv: %d rows of %d %s elements (%d blocks); a block: %d groups of %d warps, %d rows a group " ..
-            "(one load of b serves them), the group's warps split K: %d units of 32 per lane", s.M, s.K, s.ta, s.K // BL, G, WK, R, NI),
+        string.format("quantized gemv: %d rows of %d %s elements (%d blocks); a block: %d groups of %d warps, %d rows a group, " ..
+            "the group's warps split K: %d units of 32 per lane, the loads of %d ahead", s.M, s.K, s.ta, s.K // BL, G, WK, R, NI, PF),
+        "b quantized to int8 per 32 elements in shared memory (as ggml's q8_0/q8_1 activations); dp4a products",
     }
-    if s.pa then notes[#notes + 1] = "paired weight (mul_mat_glu): its rows against the same loads of b" end
+    if s.pa then notes[#notes + 1] = "paired weight (mul_mat_glu): its rows against the same bytes of b" end
     if k.epilogue then notes[#notes + 1] = "epilogue applied at the store" end
     local source = kit.kernel {
         head = { "kiln matmul kernel " .. name,
             "mul_mat: dst " .. dims(s.d.ne) .. " f32 = b " .. dims(s.b.ne) .. " f32 · a " .. dims(s.a.ne) .. " " .. s.ta .. "ᵀ" },
-        notes = notes, pre = (pre.code():gsub("\n$", "")), blocks = { quant.helpers(s.ta, true, false) }, inline = true,
-        name = name, threads = QGEMV_MINB > 0 and string.format("%d, %d", 32 * QGEMV_WARPS, QGEMV_MINB) or tostring(32 * QGEMV_WARPS),
+        notes = notes, pre = (pre.code():gsub("\n$", "")), blocks = { quant.helpers(s.ta, false, false, true) }, inline = true,
+        name = name, threads = tostring(32 * WP),
         params = table.concat(param_list(k), ", "), body = b.lines,
     }
     return { name = name, source = source, grid = { ceil_div(s.M, RB), s.NG, 1 },
-        block = { 32 * QGEMV_WARPS, 1, 1 }, smem = 0 }
+        block = { 32 * WP, 1, 1 }, smem = 0 }
 end
 
 -- mul_mat with a quantized a: the fused gemv, else a dequantized to f16 in the scratch (from

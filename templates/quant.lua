@@ -342,12 +342,239 @@ __device__ __forceinline__ void kiln_dq8_q6_K(const unsigned char *W, const unsi
 }
 ]]
 
--- The CUDA text of type t's helpers (`dot`: the fused-GEMV unit product; `dq8`: eight
--- dequantized elements).
-function M.helpers(t, dot, dq8)
+-- ---- the int8 path of the fused GEMV (matmul.lua's qgemv) ----------------------------------
+-- b is quantized per 32-element block j, as ggml quantizes the activations of a quantized
+-- mul_mat (q8_0 on its CPU, q8_1 in its CUDA mmvq): d_j = max |b| / 127, q = round(b / d_j),
+-- into shared memory once per thread block (M.bq_prologue). The weights' integers then meet
+-- b's in dp4a (four int8 products a instruction, exact int32 sums), and the float scales are
+-- applied once per 16 or 32 elements. Shared layout (K elements of b): the bytes of elements
+-- 0..15 of every block (plane 0, 16 bytes a block), then, 16 bytes further (so that lanes
+-- reading both planes in one instruction use different banks), elements 16..31 (plane 1); the
+-- scales QD[j]; and QS[2j + h] = d_j * sum(q) over half h (the sums the offsets and the
+-- K-quants' mins multiply).
+--
+-- Per type: kiln_qw_T (a unit's weight registers) and kiln_qwl_T(W, D, blk, part) loading
+-- them (issued ahead of their use: the loads in flight decide the bandwidth); kiln_qb_T (b's
+-- side of the unit) and kiln_qbl_T(P0, P1, QD, QS, ub, part), ub the unit's block in the row;
+-- kiln_qwd_T(w, x): the unit's sum of w * b.
+local I8 = {}
+
+I8.q8_0 = [[
+struct kiln_qw_q8_0 { uint4 a, b; unsigned d; };
+__device__ __forceinline__ kiln_qw_q8_0 kiln_qwl_q8_0(const unsigned char *W, const unsigned char *D, long long blk, int part)
+{
+    kiln_qw_q8_0 w;
+    w.a = kiln_q16(W + blk * 32), w.b = kiln_q16(W + blk * 32 + 16), w.d = kiln_q2(D + blk * 2);
+    return w;
+}
+struct kiln_qb_q8_0 { uint4 a, b; float d; };
+__device__ __forceinline__ kiln_qb_q8_0 kiln_qbl_q8_0(const unsigned char *P0, const unsigned char *P1, const float *QD,
+                                                      const float *QS, int ub, int part)
+{
+    kiln_qb_q8_0 x;
+    x.a = *(const uint4 *)(P0 + 16 * ub), x.b = *(const uint4 *)(P1 + 16 * ub), x.d = QD[ub];
+    return x;
+}
+__device__ __forceinline__ float kiln_qwd_q8_0(const kiln_qw_q8_0 &w, const kiln_qb_q8_0 &x)
+{
+    int s = __dp4a((int)w.a.x, (int)x.a.x, 0);
+    s = __dp4a((int)w.a.y, (int)x.a.y, s);
+    s = __dp4a((int)w.a.z, (int)x.a.z, s);
+    s = __dp4a((int)w.a.w, (int)x.a.w, s);
+    s = __dp4a((int)w.b.x, (int)x.b.x, s);
+    s = __dp4a((int)w.b.y, (int)x.b.y, s);
+    s = __dp4a((int)w.b.z, (int)x.b.z, s);
+    s = __dp4a((int)w.b.w, (int)x.b.w, s);
+    return kiln_qh2f(w.d) * (x.d * (float)s);
+}
+]]
+
+I8.q4_0 = [[
+struct kiln_qw_q4_0 { uint4 q; unsigned d; };
+__device__ __forceinline__ kiln_qw_q4_0 kiln_qwl_q4_0(const unsigned char *W, const unsigned char *D, long long blk, int part)
+{
+    kiln_qw_q4_0 w;
+    w.q = kiln_q16(W + blk * 16), w.d = kiln_q2(D + blk * 2);
+    return w;
+}
+struct kiln_qb_q4_0 { uint4 a, b; float d, s; };
+__device__ __forceinline__ kiln_qb_q4_0 kiln_qbl_q4_0(const unsigned char *P0, const unsigned char *P1, const float *QD,
+                                                      const float *QS, int ub, int part)
+{
+    kiln_qb_q4_0 x;
+    x.a = *(const uint4 *)(P0 + 16 * ub), x.b = *(const uint4 *)(P1 + 16 * ub);
+    x.d = QD[ub], x.s = QS[2 * ub] + QS[2 * ub + 1];
+    return x;
+}
+/* byte i: element i (low nibble) and i + 16 (high); the value is the nibble minus 8 */
+__device__ __forceinline__ float kiln_qwd_q4_0(const kiln_qw_q4_0 &w, const kiln_qb_q4_0 &x)
+{
+    const unsigned q[4] = {w.q.x, w.q.y, w.q.z, w.q.w}, a[4] = {x.a.x, x.a.y, x.a.z, x.a.w}, b[4] = {x.b.x, x.b.y, x.b.z, x.b.w};
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s = __dp4a((int)(q[i] & 0x0F0F0F0Fu), (int)a[i], s);
+        s = __dp4a((int)((q[i] >> 4) & 0x0F0F0F0Fu), (int)b[i], s);
+    }
+    return kiln_qh2f(w.d) * (x.d * (float)s - 8.0f * x.s);
+}
+]]
+
+-- q4_K and q5_K: unit `part` as kiln_qdot's (chunk c = part / 2, half h = part % 2): its low
+-- nibbles are half h of sub-block 2c, its high nibbles half h of sub-block 2c + 1.
+local function qk_i8(t, five)
+    local size, qs = five and 176 or 144, five and 48 or 16
+    local L = {
+        string.format("struct kiln_qw_%s { uint4 hd, q%s; int c; };", t, five and ", qh" or ""),
+        string.format("__device__ __forceinline__ kiln_qw_%s kiln_qwl_%s(const unsigned char *W, const unsigned char *D, long long blk, int part)", t, t),
+        "{",
+        string.format("    const unsigned char *B = W + blk * %d;", size),
+        string.format("    kiln_qw_%s w;", t),
+        "    w.c = part >> 1;",
+        string.format("    w.hd = kiln_q16(B), w.q = kiln_q16(B + %d + 32 * (part >> 1) + 16 * (part & 1));", qs),
+        five and "    w.qh = kiln_q16(B + 16 + 16 * (part & 1));" or nil,
+        "    return w;",
+        "}",
+        string.format("struct kiln_qb_%s { uint4 a, b; float da, db, sa, sb; };", t),
+        string.format("__device__ __forceinline__ kiln_qb_%s kiln_qbl_%s(const unsigned char *P0, const unsigned char *P1, const float *QD,", t, t),
+        "                                                      const float *QS, int ub, int part)",
+        "{",
+        "    const int j = 8 * ub + 2 * (part >> 1), h = part & 1;",
+        "    const unsigned char *P = h ? P1 : P0;",
+        string.format("    kiln_qb_%s x;", t),
+        "    x.a = *(const uint4 *)(P + 16 * j), x.b = *(const uint4 *)(P + 16 * j + 16);",
+        "    x.da = QD[j], x.db = QD[j + 1], x.sa = QS[2 * j + h], x.sb = QS[2 * j + 2 + h];",
+        "    return x;",
+        "}",
+        string.format("__device__ __forceinline__ float kiln_qwd_%s(const kiln_qw_%s &w, const kiln_qb_%s &x)", t, t, t),
+        "{",
+        "    const int c = w.c;",
+        "    float sc0, m0, sc1, m1;",
+        "    kiln_qscale_k4(2 * c, w.hd.y, w.hd.z, w.hd.w, &sc0, &m0);",
+        "    kiln_qscale_k4(2 * c + 1, w.hd.y, w.hd.z, w.hd.w, &sc1, &m1);",
+        "    const unsigned q[4] = {w.q.x, w.q.y, w.q.z, w.q.w}, a[4] = {x.a.x, x.a.y, x.a.z, x.a.w}, b[4] = {x.b.x, x.b.y, x.b.z, x.b.w};",
+        five and "    const unsigned hb[4] = {w.qh.x, w.qh.y, w.qh.z, w.qh.w};" or nil,
+        "    int s0 = 0, s1 = 0;",
+        "#pragma unroll",
+        "    for (int i = 0; i < 4; i++) {",
+        five and "        const unsigned lo = (q[i] & 0x0F0F0F0Fu) | (((hb[i] >> (2 * c)) & 0x01010101u) << 4);"
+            or "        const unsigned lo = q[i] & 0x0F0F0F0Fu;",
+        five and "        const unsigned hi = ((q[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> (2 * c + 1)) & 0x01010101u) << 4);"
+            or "        const unsigned hi = (q[i] >> 4) & 0x0F0F0F0Fu;",
+        "        s0 = __dp4a((int)lo, (int)a[i], s0);",
+        "        s1 = __dp4a((int)hi, (int)b[i], s1);",
+        "    }",
+        "    const float d = kiln_qh2f(w.hd.x & 0xFFFFu), dmin = kiln_qh2f(w.hd.x >> 16);",
+        "    return d * (sc0 * x.da * (float)s0 + sc1 * x.db * (float)s1) - dmin * (m0 * x.sa + m1 * x.sb);",
+        "}",
+        "",
+    }
+    local out = {}
+    for i = 1, #L do if L[i] then out[#out + 1] = L[i] end end
+    return table.concat(out, "\n")
+end
+I8.q4_K = qk_i8("q4_K", false)
+I8.q5_K = qk_i8("q5_K", true)
+
+-- q6_K: unit `part` as kiln_qdot's (half hf = part / 4, l0 = 8 (part % 4)): for each quarter q
+-- the 8 elements 128hf + 32q + l0.., b's block 8 ub + 4hf + q at byte l0 (plane l0 / 16).
+-- The 6-bit value minus 32 is a signed byte: flip bit 5 and copy it into bits 6 and 7.
+I8.q6_K = [[
+struct kiln_qw_q6_K { uint2 qa, qb, qh, sw; unsigned d; int is; };
+__device__ __forceinline__ kiln_qw_q6_K kiln_qwl_q6_K(const unsigned char *W, const unsigned char *D, long long blk, int part)
+{
+    const unsigned char *B = W + blk * 208;
+    const int hf = part >> 2, l0 = 8 * (part & 3);
+    kiln_qw_q6_K w;
+    w.qa = kiln_q8(B + 64 * hf + l0), w.qb = kiln_q8(B + 64 * hf + 32 + l0), w.qh = kiln_q8(B + 128 + 32 * hf + l0);
+    w.sw = kiln_q8(B + 192 + 8 * hf), w.d = kiln_q2(D + blk * 2), w.is = l0 >> 4;
+    return w;
+}
+struct kiln_qb_q6_K { uint2 x[4]; float d[4]; };
+__device__ __forceinline__ kiln_qb_q6_K kiln_qbl_q6_K(const unsigned char *P0, const unsigned char *P1, const float *QD,
+                                                      const float *QS, int ub, int part)
+{
+    const int hf = part >> 2, l0 = 8 * (part & 3), j = 8 * ub + 4 * hf;
+    const unsigned char *P = (l0 >> 4) ? P1 : P0;
+    kiln_qb_q6_K x;
+#pragma unroll
+    for (int q = 0; q < 4; q++) x.x[q] = *(const uint2 *)(P + 16 * (j + q) + (l0 & 15)), x.d[q] = QD[j + q];
+    return x;
+}
+__device__ __forceinline__ unsigned kiln_q6s(unsigned v)
+{
+    v ^= 0x20202020u;
+    return v | (v & 0x20202020u) * 6u;
+}
+__device__ __forceinline__ float kiln_qwd_q6_K(const kiln_qw_q6_K &w, const kiln_qb_q6_K &x)
+{
+    const unsigned a[2] = {w.qa.x, w.qa.y}, b[2] = {w.qb.x, w.qb.y}, hb[2] = {w.qh.x, w.qh.y};
+    int s[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const unsigned xi[4] = {i ? x.x[0].y : x.x[0].x, i ? x.x[1].y : x.x[1].x, i ? x.x[2].y : x.x[2].x, i ? x.x[3].y : x.x[3].x};
+        s[0] = __dp4a((int)kiln_q6s((a[i] & 0x0F0F0F0Fu) | ((hb[i] & 0x03030303u) << 4)), (int)xi[0], s[0]);
+        s[1] = __dp4a((int)kiln_q6s((b[i] & 0x0F0F0F0Fu) | (((hb[i] >> 2) & 0x03030303u) << 4)), (int)xi[1], s[1]);
+        s[2] = __dp4a((int)kiln_q6s(((a[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> 4) & 0x03030303u) << 4)), (int)xi[2], s[2]);
+        s[3] = __dp4a((int)kiln_q6s(((b[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> 6) & 0x03030303u) << 4)), (int)xi[3], s[3]);
+    }
+    const unsigned lo = w.sw.x, hi = w.sw.y;
+    const int is = w.is;
+    const float c0 = (float)(signed char)(lo >> (8 * is)), c1 = (float)(signed char)(lo >> (8 * is + 16));
+    const float c2 = (float)(signed char)(hi >> (8 * is)), c3 = (float)(signed char)(hi >> (8 * is + 16));
+    return kiln_qh2f(w.d) * ((c0 * x.d[0] * (float)s[0] + c1 * x.d[1] * (float)s[1]) +
+                             (c2 * x.d[2] * (float)s[2] + c3 * x.d[3] * (float)s[3]));
+}
+]]
+
+-- Lines (for kit.builder's add) that quantize K elements of b (a float pointer expression,
+-- 16-byte aligned, contiguous) into the shared arrays QB, QD, QS (declared here) with T
+-- threads, then wait for them all. Each thread takes 8 elements at a time; the 4 threads of a
+-- block find its max and the 2 of a half its sum by shuffles among themselves (the loop's last
+-- round may leave groups out, never part of one).
+function M.bq_prologue(K, T, bexpr)
+    return {
+        string.format("__shared__ __align__(16) unsigned char QB[%d]; /* b's int8 planes (quant.lua) */", K + 16),
+        string.format("__shared__ float QD[%d], QS[%d];", K // 32, K // 16),
+        string.format("const unsigned char *const P0 = QB, *const P1 = QB + %d;", K // 2 + 16),
+        "{",
+        string.format("    const float *const bq = %s;", bexpr),
+        "    const unsigned gm = 0xFu << (threadIdx.x & 28u);",
+        "#pragma unroll 2",
+        string.format("    for (unsigned c = threadIdx.x; c < %du; c += %du) {", K // 8, T),
+        "        const float4 v0 = kiln_qb4(bq + 8u * c), v1 = kiln_qb4(bq + 8u * c + 4u);",
+        "        float m = fmaxf(fmaxf(fmaxf(fabsf(v0.x), fabsf(v0.y)), fmaxf(fabsf(v0.z), fabsf(v0.w))),",
+        "                        fmaxf(fmaxf(fabsf(v1.x), fabsf(v1.y)), fmaxf(fabsf(v1.z), fabsf(v1.w))));",
+        "        m = fmaxf(m, __shfl_xor_sync(gm, m, 1));",
+        "        m = fmaxf(m, __shfl_xor_sync(gm, m, 2));",
+        "        const float id = m > 0.0f ? 127.0f / m : 0.0f;",
+        "        const int q0 = __float2int_rn(v0.x * id), q1 = __float2int_rn(v0.y * id), q2 = __float2int_rn(v0.z * id),",
+        "                  q3 = __float2int_rn(v0.w * id), q4 = __float2int_rn(v1.x * id), q5 = __float2int_rn(v1.y * id),",
+        "                  q6 = __float2int_rn(v1.z * id), q7 = __float2int_rn(v1.w * id);",
+        "        const unsigned w0 = __byte_perm(__byte_perm(q0, q1, 0x40u), __byte_perm(q2, q3, 0x40u), 0x5410u);",
+        "        const unsigned w1 = __byte_perm(__byte_perm(q4, q5, 0x40u), __byte_perm(q6, q7, 0x40u), 0x5410u);",
+        "        int sum = ((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7));",
+        "        sum += __shfl_xor_sync(gm, sum, 1);",
+        "        const unsigned j = c >> 2, t = c & 3u;",
+        string.format("        *(uint2 *)(QB + (t >> 1) * %du + 16u * j + 8u * (t & 1u)) = make_uint2(w0, w1);", K // 2 + 16),
+        "        const float d = m * (1.0f / 127.0f);",
+        "        if ((t & 1u) == 0u)",
+        "            QS[2u * j + (t >> 1)] = d * (float)sum;",
+        "        if (t == 0u)",
+        "            QD[j] = d;",
+        "    }",
+        "}",
+        "__syncthreads();",
+    }
+end
+
+-- The CUDA text of type t's helpers (`dot`: the fused-GEMV unit product on float b; `dq8`: eight
+-- dequantized elements; `i8`: the int8 path's).
+function M.helpers(t, dot, dq8, i8)
     local parts = { COMMON }
     if dot then parts[#parts + 1] = DOT[t] end
     if dq8 then parts[#parts + 1] = DQ8[t] end
+    if i8 then parts[#parts + 1] = I8[t] end
     return table.concat(parts, "\n")
 end
 
