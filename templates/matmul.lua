@@ -1715,8 +1715,10 @@ end
 -- ---- quantized weights (templates/quant.lua) --------------------------------------------------
 
 local QGEMV_WARPS = 8 -- warps per block of the quantized gemv (groups of them split K)
-local QGEMV_RMAX = 4  -- most rows per warp group (each read of b's shared bytes serves them all)
+local QGEMV_RMAX = 2  -- most rows per warp group (each read of b's shared bytes serves them all;
+                      -- H100, 8B decode: 2 gave Q4_K_M 2.92 ms, 4 3.11, 1 2.93 but Q8_0 3.94 against 3.78)
 local QGEMV_REGS = 40 -- registers of weights one lane keeps in flight ahead of its products, at most
+local QGEMV_MINB = 0  -- __launch_bounds__ minimum blocks per SM (0: none)
 
 -- The quantized gemv's layout: the block's QGEMV_WARPS warps form groups of WK that own R rows
 -- each and split those rows' units. R starts at QGEMV_RMAX / NV and WK at 1; while the grid has
@@ -1899,7 +1901,7 @@ local function qgemv(k, s)
         head = { "kiln matmul kernel " .. name,
             "mul_mat: dst " .. dims(s.d.ne) .. " f32 = b " .. dims(s.b.ne) .. " f32 · a " .. dims(s.a.ne) .. " " .. s.ta .. "ᵀ" },
         notes = notes, pre = (pre.code():gsub("\n$", "")), blocks = { quant.helpers(s.ta, false, false, true) }, inline = true,
-        name = name, threads = tostring(32 * WP),
+        name = name, threads = QGEMV_MINB > 0 and string.format("%d, %d", 32 * WP, QGEMV_MINB) or tostring(32 * WP),
         params = table.concat(param_list(k), ", "), body = b.lines,
     }
     return { name = name, source = source, grid = { ceil_div(s.M, RB), s.NG, 1 },
