@@ -330,7 +330,7 @@ bool kb_quant_row(const float *x, kiln_type t, void *p, int64_t n) {
 
 /* ---- the device layout (templates/quant.lua) ---------------------------------------------- */
 
-/* Bytes of a block before (q8_0, q4_0: after) its f16 scale that stay together on the device;
+/* Bytes of a block besides its f16 scale, which the device keeps apart (q8_0, q4_0, q6_K);
  * 0 for the types whose device layout is the file's. */
 static size_t split_rest(kiln_type t) {
     switch (t) {
@@ -346,15 +346,27 @@ bool kb_quant_split(kiln_type t) { return split_rest(t) > 0; }
 /* The scale sits first in q8_0/q4_0 blocks and last in q6_K's. */
 static size_t scale_at(kiln_type t) { return t == KILN_Q6_K ? 208 : 0; }
 
+/* Block i's body and scale offsets in the tiled device layout: tiles of KB_QTILE blocks, each
+ * its bodies then their scales (the last tile: its n blocks' bodies, then their n scales). A
+ * tile is whole blocks' bytes, so buffers whose block counts are multiples of KB_QTILE
+ * concatenate (a weight block of mul_mat_cat) into the layout of the concatenation. */
+static void tile_at(size_t i, size_t nb, size_t size, size_t rest, size_t *body, size_t *scale) {
+    size_t t0 = i / KB_QTILE * KB_QTILE, n = nb - t0 < KB_QTILE ? nb - t0 : KB_QTILE;
+    *body = t0 * size + (i - t0) * rest;
+    *scale = t0 * size + n * rest + (i - t0) * 2;
+}
+
 bool kb_quant_to_device(kiln_type t, const void *src, void *dst, size_t bytes) {
     size_t rest = split_rest(t), size = kiln_type_size(t);
     if (!rest || bytes % size != 0) return false;
     size_t         nb = bytes / size, sa = scale_at(t), ra = sa ? 0 : 2;
     const uint8_t *s = src;
-    uint8_t       *d = dst, *scales = d + nb * rest;
+    uint8_t       *d = dst;
     for (size_t i = 0; i < nb; i++) {
-        memcpy(d + i * rest, s + i * size + ra, rest);
-        memcpy(scales + 2 * i, s + i * size + sa, 2);
+        size_t body, scale;
+        tile_at(i, nb, size, rest, &body, &scale);
+        memcpy(d + body, s + i * size + ra, rest);
+        memcpy(d + scale, s + i * size + sa, 2);
     }
     return true;
 }
@@ -363,11 +375,13 @@ bool kb_quant_from_device(kiln_type t, const void *src, void *dst, size_t bytes)
     size_t rest = split_rest(t), size = kiln_type_size(t);
     if (!rest || bytes % size != 0) return false;
     size_t         nb = bytes / size, sa = scale_at(t), ra = sa ? 0 : 2;
-    const uint8_t *s = src, *scales = s + nb * rest;
+    const uint8_t *s = src;
     uint8_t       *d = dst;
     for (size_t i = 0; i < nb; i++) {
-        memcpy(d + i * size + ra, s + i * rest, rest);
-        memcpy(d + i * size + sa, scales + 2 * i, 2);
+        size_t body, scale;
+        tile_at(i, nb, size, rest, &body, &scale);
+        memcpy(d + i * size + ra, s + body, rest);
+        memcpy(d + i * size + sa, s + scale, 2);
     }
     return true;
 }

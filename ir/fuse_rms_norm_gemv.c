@@ -7,8 +7,9 @@
  * slot, naturally; x is an f32 [K] column, unchanged between the two nodes (a state it reads is
  * not written in between); w is an f32 [K] weight or input read naturally; K is static.
  * Effect: z reads x as b and w as an extra operand (bnorm, ir.h); the norm node dies. The GEMV
- * streams all of b in every team anyway, so it sums b² beside the dot products and scales the
- * results: z_i = s * sum_k a_ik (x_k w_k), s = 1/sqrt(mean(x²) + eps) — one launch and one
+ * streams all of b in every team anyway (a quantized weight's GEMV quantizes b once per block),
+ * so it sums b² beside the dot products (in that quantization) and scales the results:
+ * z_i = s * sum_k a_ik (x_k w_k), s = 1/sqrt(mean(x²) + eps) — one launch and one
  * round trip of y fewer per norm (two per Llama layer). The values equal the unfused ones up
  * to f32 rounding order (y is f32 in the graph: no rounding to a narrower type is skipped); the
  * CPU reference evaluates the norm and the product separately, as the unfused graph does.
@@ -65,8 +66,7 @@ static bool fuse_one(ir_prog *p, int ri) {
         const ir_ref *b = m->dead || m->kind != IR_OP ? NULL : ir_operand(m, 1);
         if (!b || b->buf != r->dst.buf) continue;
         const ir_ref *a = ir_operand(m, 0);
-        if (m->op != FE_OP_MUL_MAT || m->bnorm || !ir_ref_is_natural(p, b) || !a || kiln_type_is_quantized(a->type) ||
-            a->ne[0] != k || a->sym[0] ||
+        if (m->op != FE_OP_MUL_MAT || m->bnorm || !ir_ref_is_natural(p, b) || !a || a->ne[0] != k || a->sym[0] ||
             m->nin + 1 > IR_MAX_IN || m->nsrc + r->nsrc > IR_MAX_INSTR || !unchanged(p, x->buf, ri, mi))
             return false;
         m->in[m->opd[1]] = *x;

@@ -143,6 +143,15 @@ ${s}
 
 function M.ceil_div(a, b) return (a + b - 1) // b end
 
+-- The non-nil entries of list t in order (a table constructor with `cond and x or nil` items
+-- leaves holes, which # does not see past reliably).
+function M.compact(t)
+    local n, out = 0, {}
+    for i in pairs(t) do if type(i) == "number" and i > n then n = i end end
+    for i = 1, n do if t[i] ~= nil then out[#out + 1] = t[i] end end
+    return out
+end
+
 -- v rounded up to a multiple of m.
 function M.round_up(v, m) return (v + m - 1) // m * m end
 

@@ -1776,7 +1776,7 @@ local function qgemv(k, s)
     b.push()
     for _, l in ipairs(quant.pointers(s.a, fail)) do b.add("%s", l) end
     if s.pa then
-        for _, l in ipairs(quant.pointers(s.pa, fail, "W2", "D2")) do b.add("%s /* the paired weight */", l) end
+        for _, l in ipairs(quant.pointers(s.pa, fail, "W2", "NB2")) do b.add("%s /* the paired weight */", l) end
     end
     b.add("const float *const B = (const float *)p%d%s;", s.b.param, s.b.offs ~= 0 and " + " .. lit(s.b.offs) or "")
     if not k.epilogue then
@@ -1813,15 +1813,25 @@ local function qgemv(k, s)
         b.add("kiln_qw_%s w%d[%d];", T, i, R * NV)
         b.add("#pragma unroll")
         b.add("for (int r = 0; r < %d; r++) {", R)
-        b.add("    w%d[r] = kiln_qwl_%s(W, D, blk0[r] + ub%d, pt%d);", i, T, i, i)
-        if s.pa then b.add("    w%d[%d + r] = kiln_qwl_%s(W2, D2, blk1[r] + ub%d, pt%d);", i, R, T, i, i) end
+        b.add("    w%d[r] = kiln_qwl_%s(W, NB, blk0[r] + ub%d, pt%d);", i, T, i, i)
+        if s.pa then b.add("    w%d[%d + r] = kiln_qwl_%s(W2, NB2, blk1[r] + ub%d, pt%d);", i, R, T, i, i) end
         b.add("}")
     end
     for i = 0, PF - 1 do loads(i) end
-    for _, l in ipairs(quant.bq_prologue(s.K, 32 * WP, "B" .. (function()
-        local o = sum({ s.A2 > 1 and term64("ja2", s.sb[3]) or nil, s.A3 > 1 and term64("ja3", s.sb[4]) or nil })
-        return o ~= "0" and " + " .. o or ""
-    end)())) do b.add("%s", l) end
+    -- k.bnorm (pass rms_norm_gemv): b is x, the prologue quantizes x * w and sums x² once per
+    -- block; the products are scaled by the norm's 1/sqrt(mean(x²) + eps) at the store.
+    local norm
+    if k.bnorm then
+        local w = k.bnorm.w
+        if w.type ~= "f32" or w.ne[1] ~= s.K or (s.K > 1 and w.st[1] ~= 1) or w.offs % 4 ~= 0 then
+            fail("bnorm: the norm weight must be a contiguous, 16-byte aligned f32 [K]")
+        end
+        norm = { w = string.format("(const float *)p%d%s", w.param, w.offs ~= 0 and " + " .. lit(w.offs) or ""), eps = k.bnorm.eps }
+    end
+    local boffs = sum({ s.A2 > 1 and term64("ja2", s.sb[3]) or nil, s.A3 > 1 and term64("ja3", s.sb[4]) or nil })
+    for _, l in ipairs(quant.bq_prologue(s.K, 32 * WP, "B" .. (boffs ~= "0" and " + " .. boffs or ""), norm)) do
+        b.add("%s", l)
+    end
     b.add("float acc[%d] = {%s};", NV * R, string.rep("0.0f", NV * R, ", "))
     for i = 0, NI - 1 do
         if i + PF < NI then loads(i + PF) end
@@ -1849,6 +1859,11 @@ local function qgemv(k, s)
     -- vals: the product (and the paired one) of a row; with an epilogue, it is applied at dst
     -- coordinates (row, 0, ja2, ja3) (one column: dst's batch is the a-matrix's).
     local function store(row, vals)
+        if norm then
+            local sv = {}
+            for i, v in ipairs(vals) do sv[i] = "(" .. v .. " * bscale)" end
+            vals = sv
+        end
         if k.epilogue then
             local c = { row, nil, s.A2 > 1 and "ja2" or nil, s.A3 > 1 and "ja3" or nil }
             return ep_lines(k, pre, c, vals)
@@ -1897,6 +1912,7 @@ local function qgemv(k, s)
     }
     if s.pa then notes[#notes + 1] = "paired weight (mul_mat_glu): its rows against the same bytes of b" end
     if k.epilogue then notes[#notes + 1] = "epilogue applied at the store" end
+    if norm then notes[#notes + 1] = "b's rms_norm (rms_norm_gemv): x * w quantized, the norm's scale applied at the store" end
     local source = kit.kernel {
         head = { "kiln matmul kernel " .. name,
             "mul_mat: dst " .. dims(s.d.ne) .. " f32 = b " .. dims(s.b.ne) .. " f32 · a " .. dims(s.a.ne) .. " " .. s.ta .. "ᵀ" },
@@ -1912,20 +1928,22 @@ end
 -- k.scratch_base: a sub-node of the epilogue fallback has its values first) and the f16 plan on
 -- it (the gemm plan's own scratch after it).
 function quant_matmul(k)
-    if k.bnorm or k.tail then
-        fail("quantized weights take no fused norm or tail (the passes leave them unfused)")
-    end
+    if k.tail then fail("quantized weights take no fused tail (pass gemv_rope leaves them unfused)") end
     if k.epilogue or k.pair then
         local d = k.dst
         local s = shape_of(k, { type = "f32", ne = d.ne, st = d.st, offs = d.offs, param = d.param, dyn = d.dyn, sym = d.sym })
         if k.pair and not (k.epilogue and k.epilogue.values == 2) then fail("a paired weight needs an epilogue over 2 values") end
-        local r = qgemv(k, s) or via_scratch(k)
-        r.epilogue, r.paired = k.epilogue ~= nil, k.pair ~= nil
+        local r = qgemv(k, s)
+        if not r and k.bnorm then fail("bnorm (b's rms_norm) over quantized weights needs the fused gemv (one contiguous column)") end
+        r = r or via_scratch(k)
+        r.epilogue, r.paired, r.bnorm = k.epilogue ~= nil, k.pair ~= nil, k.bnorm ~= nil
         if s.kdims then r.dynamic = true end
         return r
     end
     local s = shape_of(k)
     local r = qgemv(k, s)
+    if not r and k.bnorm then fail("bnorm (b's rms_norm) over quantized weights needs the fused gemv (one contiguous column)") end
+    if r then r.bnorm = k.bnorm ~= nil end
     if not r then
         local base0 = k.scratch_base or 0
         local sk0 = {}

@@ -1137,7 +1137,7 @@ local function qgemv_id(k)
     if not ep then bl.add(ptr(p.dst, "out", "float", false)) end
     for _, l in ipairs(quant.pointers(as, fail)) do bl.add("%s", l) end
     if pa then
-        for _, l in ipairs(quant.pointers(pa, fail, "W2", "D2")) do bl.add("%s /* the paired weight */", l) end
+        for _, l in ipairs(quant.pointers(pa, fail, "W2", "NB2")) do bl.add("%s /* the paired weight */", l) end
     end
     bl.add(ptr(p.b, "xb", "float", true))
     bl.add(ptr(p.ids, "ids", "int", true))
@@ -1210,8 +1210,8 @@ local function qgemv_id(k)
     end
     bl.add("#pragma unroll")
     bl.add("for (int r = 0; r < %d; r++) {", R)
-    bl.add("    acc[r] += kiln_qdot_%s(W, D, blk0[r] + %s, %s, x, t0, t1);", T, jb, part)
-    if pa then bl.add("    acc[%d + r] += kiln_qdot_%s(W2, D2, blk1[r] + %s, %s, x, t0, t1);", R, T, jb, part) end
+    bl.add("    acc[r] += kiln_qdot_%s(W, NB, blk0[r] + %s, %s, x, t0, t1);", T, jb, part)
+    if pa then bl.add("    acc[%d + r] += kiln_qdot_%s(W2, NB2, blk1[r] + %s, %s, x, t0, t1);", R, T, jb, part) end
     bl.add("}")
     bl.pop()
     bl.add("}")

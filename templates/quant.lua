@@ -5,11 +5,13 @@
 -- Device layout. q4_K and q5_K keep the file's blocks: every field sits at a 16-byte multiple
 -- of a 144- or 176-byte block, so a lane loads its 16 bytes of quants with one vector load. The
 -- blocks of q8_0 (34 bytes), q4_0 (18) and q6_K (210) are only 2-byte aligned because of their
--- f16 scale; on the device a buffer of these holds every block's other bytes first (32, 16 or
--- 208 per block, 16-byte multiples) and then the f16 scales, one per block, in block order (the
--- "split" layout). runtime/ converts on upload (kb_quant_to_device, base/quant.c), so the CPU
--- reference and files keep ggml's layout. Element e of a buffer is element e % block of block
--- e / block, in either layout.
+-- f16 scale; on the device a buffer of these is tiles of 8 blocks, each the 8 blocks' other
+-- bytes (32, 16 or 208 a block, 16-byte multiples) and then their 8 f16 scales (the "tiled"
+-- layout; the last tile holds what is left the same way: kiln_qtb, kiln_qts). A tile is whole
+-- blocks' bytes, so weights whose block counts are multiples of 8 placed side by side (the
+-- weight block of pass mul_mat_cat) are the tiled layout of their concatenation. runtime/
+-- converts on upload (kb_quant_to_device, base/quant.c), so the CPU reference and files keep
+-- ggml's layout. Element e of a buffer is element e % block of block e / block, in either layout.
 --
 -- The fused GEMV (one column) reads each weight once: a warp owns a row and its lanes take
 -- 32-element units of it (lane l units l, l+32, ...; a unit is a q8_0/q4_0 block, or an eighth of
@@ -24,7 +26,7 @@ local kit = require("kit")
 local M = {}
 
 -- block: elements per block; size: bytes per block in files; rest: bytes per block before the
--- scales in the split layout (nil: the file's layout); ub: 32-element units per block.
+-- scales in the tiled layout (nil: the file's layout); ub: 32-element units per block.
 local TYPES = {
     q8_0 = { block = 32, size = 34, rest = 32, ub = 1 },
     q4_0 = { block = 32, size = 18, rest = 16, ub = 1 },
@@ -71,6 +73,17 @@ __device__ __forceinline__ float kiln_qh2f(unsigned h)
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
     return f;
+}
+/* Block blk's body and f16 scale in the tiled layout of q8_0, q4_0 and q6_K (tiles of 8 blocks:
+ * their bodies, then their scales; nb, the buffer's blocks, gives the last tile's count). */
+__device__ __forceinline__ const unsigned char *kiln_qtb(const unsigned char *W, long long blk, int size, int rest)
+{
+    return W + (blk & ~7ll) * size + (blk & 7) * rest;
+}
+__device__ __forceinline__ unsigned kiln_qts(const unsigned char *W, long long nb, long long blk, int size, int rest)
+{
+    const long long t0 = blk & ~7ll;
+    return kiln_q2(W + t0 * size + min(8ll, nb - t0) * rest + (blk & 7) * 2);
 }
 /* Byte i of w as a float, minus off: 0x4B0000xx is 2^23 + xx exactly. */
 __device__ __forceinline__ float kiln_qbyte(unsigned w, int i, float off)
@@ -122,10 +135,10 @@ __device__ __forceinline__ void kiln_qscale_k4(int j, unsigned y, unsigned z, un
 ]]
 
 -- Per type: kiln_qx_T(bk, part, x) loads the 32 values of b (bk: b at the block's first element)
--- that unit `part` of a block multiplies, into x; kiln_qdot_T(W, D, blk, part, x, t0, t1) = sum
+-- that unit `part` of a block multiplies, into x; kiln_qdot_T(W, NB, blk, part, x, t0, t1) = sum
 -- over unit `part` of block blk of w * b (t0, t1: the sums of x[0..15] and x[16..31], which every
--- type but q6_K needs: the K-quants' mins, and kiln_q7/kiln_q8f's offsets); kiln_dq8_T(W, D, blk, j, out): elements j..j+7 of block blk (j a
--- multiple of 8). W is the buffer's start, D its scales (split layout). Separating b's loads
+-- type but q6_K needs: the K-quants' mins, and kiln_q7/kiln_q8f's offsets); kiln_dq8_T(W, NB, blk, j, out): elements j..j+7 of block blk (j a
+-- multiple of 8). W is the buffer's start, NB its blocks (the tiled layout's last tile). Separating b's loads
 -- from the weights' lets one load of b serve several rows.
 local DOT = {}
 local DQ8 = {}
@@ -148,11 +161,11 @@ __device__ __forceinline__ void kiln_qx_%s(const float *bk, int part, float *x)
 end
 
 DOT.q8_0 = qx_halves("q8_0", "0", "16") .. [[
-__device__ __forceinline__ float kiln_qdot_q8_0(const unsigned char *W, const unsigned char *D, long long blk,
+__device__ __forceinline__ float kiln_qdot_q8_0(const unsigned char *W, long long NB, long long blk,
                                                        int part, const float *x, float t0, float t1)
 {
-    const uint4 q0 = kiln_q16(W + blk * 32), q1 = kiln_q16(W + blk * 32 + 16);
-    const float d = kiln_qh2f(kiln_q2(D + blk * 2));
+    const uint4 q0 = kiln_q16(kiln_qtb(W, blk, 34, 32)), q1 = kiln_q16(kiln_qtb(W, blk, 34, 32) + 16);
+    const float d = kiln_qh2f(kiln_qts(W, NB, blk, 34, 32));
     const unsigned w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
     float s = 0.0f;
 #pragma unroll
@@ -162,11 +175,11 @@ __device__ __forceinline__ float kiln_qdot_q8_0(const unsigned char *W, const un
 }
 ]]
 DQ8.q8_0 = [[
-__device__ __forceinline__ void kiln_dq8_q8_0(const unsigned char *W, const unsigned char *D, long long blk, int j,
+__device__ __forceinline__ void kiln_dq8_q8_0(const unsigned char *W, long long NB, long long blk, int j,
                                                      float *out)
 {
-    const float d = kiln_qh2f(kiln_q2(D + blk * 2));
-    const uint2 q = kiln_q8(W + blk * 32 + j);
+    const float d = kiln_qh2f(kiln_qts(W, NB, blk, 34, 32));
+    const uint2 q = kiln_q8(kiln_qtb(W, blk, 34, 32) + j);
     const unsigned w[2] = {q.x ^ 0x80808080u, q.y ^ 0x80808080u};
 #pragma unroll
     for (int i = 0; i < 8; i++) out[i] = kiln_qbyte(w[i / 4], i % 4, 128.0f) * d;
@@ -174,11 +187,11 @@ __device__ __forceinline__ void kiln_dq8_q8_0(const unsigned char *W, const unsi
 ]]
 
 DOT.q4_0 = qx_halves("q4_0", "0", "16") .. [[
-__device__ __forceinline__ float kiln_qdot_q4_0(const unsigned char *W, const unsigned char *D, long long blk,
+__device__ __forceinline__ float kiln_qdot_q4_0(const unsigned char *W, long long NB, long long blk,
                                                        int part, const float *x, float t0, float t1)
 {
-    const uint4 q = kiln_q16(W + blk * 16);
-    const float d = kiln_qh2f(kiln_q2(D + blk * 2));
+    const uint4 q = kiln_q16(kiln_qtb(W, blk, 18, 16));
+    const float d = kiln_qh2f(kiln_qts(W, NB, blk, 18, 16));
     const unsigned w[4] = {q.x, q.y, q.z, q.w};
     float s = 0.0f;
 #pragma unroll
@@ -190,11 +203,11 @@ __device__ __forceinline__ float kiln_qdot_q4_0(const unsigned char *W, const un
 }
 ]]
 DQ8.q4_0 = [[
-__device__ __forceinline__ void kiln_dq8_q4_0(const unsigned char *W, const unsigned char *D, long long blk, int j,
+__device__ __forceinline__ void kiln_dq8_q4_0(const unsigned char *W, long long NB, long long blk, int j,
                                                      float *out)
 {
-    const float d = kiln_qh2f(kiln_q2(D + blk * 2));
-    const uint2 q = kiln_q8(W + blk * 16 + (j & 15)); /* elements j..j+7: bytes (j % 16).., nibble j / 16 */
+    const float d = kiln_qh2f(kiln_qts(W, NB, blk, 18, 16));
+    const uint2 q = kiln_q8(kiln_qtb(W, blk, 18, 16) + (j & 15)); /* elements j..j+7: bytes (j % 16).., nibble j / 16 */
     const int sh = j < 16 ? 0 : 4;
     const unsigned w[2] = {(q.x >> sh) & 0x0F0F0F0Fu, (q.y >> sh) & 0x0F0F0F0Fu};
 #pragma unroll
@@ -211,7 +224,7 @@ local function qk_dot(t, five)
     local qs = five and 48 or 16
     local lines = {
         qx_halves(t, "64 * (part >> 1) + 16 * (part & 1)", "o0 + 32"),
-        string.format("__device__ __forceinline__ float kiln_qdot_%s(const unsigned char *W, const unsigned char *D, long long blk,", t),
+        string.format("__device__ __forceinline__ float kiln_qdot_%s(const unsigned char *W, long long NB, long long blk,", t),
         "                                                       int part, const float *x, float t0, float t1)",
         "{",
         string.format("    const unsigned char *B = W + blk * %d;", size),
@@ -258,7 +271,7 @@ local function qk_dq8(t, five)
     local size = five and 176 or 144
     local qs = five and 48 or 16
     return table.concat({
-        string.format("__device__ __forceinline__ void kiln_dq8_%s(const unsigned char *W, const unsigned char *D, long long blk,", t),
+        string.format("__device__ __forceinline__ void kiln_dq8_%s(const unsigned char *W, long long NB, long long blk,", t),
         "                                                     int j, float *out)",
         "{",
         string.format("    const unsigned char *B = W + blk * %d;", size),
@@ -281,7 +294,7 @@ end
 DQ8.q4_K = qk_dq8("q4_K", false)
 DQ8.q5_K = qk_dq8("q5_K", true)
 
--- q6_K (split layout: ql[128] qh[64] scales[16] per block, then the f16 scales): unit p is half
+-- q6_K (tiled layout: ql[128] qh[64] scales[16] per block, the f16 scales after the tile's): unit p is half
 -- hf = p / 4 (128 elements) and l0 = 8 (p % 4): for each quarter q the elements
 -- 128hf + 32q + l0 + i (i < 8), whose low 4 bits are nibble q / 2 of ql[64hf + 32 (q % 2) + l0
 -- + i], high 2 bits bits 2q of qh[32hf + l0 + i], scale scales[8hf + l0 / 16 + 2q].
@@ -296,10 +309,10 @@ __device__ __forceinline__ void kiln_qx_q6_K(const float *bk, int part, float *x
         x[8 * q + 4] = b.x, x[8 * q + 5] = b.y, x[8 * q + 6] = b.z, x[8 * q + 7] = b.w;
     }
 }
-__device__ __forceinline__ float kiln_qdot_q6_K(const unsigned char *W, const unsigned char *D, long long blk,
+__device__ __forceinline__ float kiln_qdot_q6_K(const unsigned char *W, long long NB, long long blk,
                                                        int part, const float *x, float t0, float t1)
 {
-    const unsigned char *B = W + blk * 208;
+    const unsigned char *B = kiln_qtb(W, blk, 210, 208);
     const int hf = part >> 2, l0 = 8 * (part & 3);
     const uint2 qa = kiln_q8(B + 64 * hf + l0), qb = kiln_q8(B + 64 * hf + 32 + l0), qh = kiln_q8(B + 128 + 32 * hf + l0);
     const uint2 sw = kiln_q8(B + 192 + 8 * hf);
@@ -321,18 +334,18 @@ __device__ __forceinline__ float kiln_qdot_q6_K(const unsigned char *W, const un
     const unsigned lo = sw.x, hi = sw.y;
     const float c0 = (float)(signed char)(lo >> (8 * is)), c1 = (float)(signed char)(lo >> (8 * is + 16));
     const float c2 = (float)(signed char)(hi >> (8 * is)), c3 = (float)(signed char)(hi >> (8 * is + 16));
-    const float d = kiln_qh2f(kiln_q2(D + blk * 2));
+    const float d = kiln_qh2f(kiln_qts(W, NB, blk, 210, 208));
     return d * ((c0 * s[0] + c1 * s[1]) + (c2 * s[2] + c3 * s[3]));
 }
 ]]
 DQ8.q6_K = [[
-__device__ __forceinline__ void kiln_dq8_q6_K(const unsigned char *W, const unsigned char *D, long long blk, int j,
+__device__ __forceinline__ void kiln_dq8_q6_K(const unsigned char *W, long long NB, long long blk, int j,
                                                      float *out)
 {
-    const unsigned char *B = W + blk * 208;
+    const unsigned char *B = kiln_qtb(W, blk, 210, 208);
     const int hf = j >> 7, r = j & 127, q = r >> 5, l = r & 31;
     const uint2 ql = kiln_q8(B + 64 * hf + 32 * (q & 1) + l), qh = kiln_q8(B + 128 + 32 * hf + l);
-    const float d = kiln_qh2f(kiln_q2(D + blk * 2));
+    const float d = kiln_qh2f(kiln_qts(W, NB, blk, 210, 208));
     const float sc = (float)(signed char)B[192 + 8 * hf + (l >> 4) + 2 * q];
     const int sh = q < 2 ? 0 : 4;
     const unsigned w[2] = {((ql.x >> sh) & 0x0F0F0F0Fu) | (((qh.x >> (2 * q)) & 0x03030303u) << 4),
@@ -353,7 +366,7 @@ __device__ __forceinline__ void kiln_dq8_q6_K(const unsigned char *W, const unsi
 -- scales QD[j]; and QS[2j + h] = d_j * sum(q) over half h (the sums the offsets and the
 -- K-quants' mins multiply).
 --
--- Per type: kiln_qw_T (a unit's weight registers) and kiln_qwl_T(W, D, blk, part) loading
+-- Per type: kiln_qw_T (a unit's weight registers) and kiln_qwl_T(W, NB, blk, part) loading
 -- them (issued ahead of their use: the loads in flight decide the bandwidth); kiln_qb_T (b's
 -- side of the unit) and kiln_qbl_T(P0, P1, QD, QS, ub, part), ub the unit's block in the row;
 -- kiln_qwd_T(w, x): the unit's sum of w * b.
@@ -361,10 +374,10 @@ local I8 = {}
 
 I8.q8_0 = [[
 struct kiln_qw_q8_0 { uint4 a, b; unsigned d; };
-__device__ __forceinline__ kiln_qw_q8_0 kiln_qwl_q8_0(const unsigned char *W, const unsigned char *D, long long blk, int part)
+__device__ __forceinline__ kiln_qw_q8_0 kiln_qwl_q8_0(const unsigned char *W, long long NB, long long blk, int part)
 {
     kiln_qw_q8_0 w;
-    w.a = kiln_q16(W + blk * 32), w.b = kiln_q16(W + blk * 32 + 16), w.d = kiln_q2(D + blk * 2);
+    w.a = kiln_q16(kiln_qtb(W, blk, 34, 32)), w.b = kiln_q16(kiln_qtb(W, blk, 34, 32) + 16), w.d = kiln_qts(W, NB, blk, 34, 32);
     return w;
 }
 struct kiln_qb_q8_0 { uint4 a, b; float d; };
@@ -391,10 +404,10 @@ __device__ __forceinline__ float kiln_qwd_q8_0(const kiln_qw_q8_0 &w, const kiln
 
 I8.q4_0 = [[
 struct kiln_qw_q4_0 { uint4 q; unsigned d; };
-__device__ __forceinline__ kiln_qw_q4_0 kiln_qwl_q4_0(const unsigned char *W, const unsigned char *D, long long blk, int part)
+__device__ __forceinline__ kiln_qw_q4_0 kiln_qwl_q4_0(const unsigned char *W, long long NB, long long blk, int part)
 {
     kiln_qw_q4_0 w;
-    w.q = kiln_q16(W + blk * 16), w.d = kiln_q2(D + blk * 2);
+    w.q = kiln_q16(kiln_qtb(W, blk, 18, 16)), w.d = kiln_qts(W, NB, blk, 18, 16);
     return w;
 }
 struct kiln_qb_q4_0 { uint4 a, b; float d, s; };
@@ -426,7 +439,7 @@ local function qk_i8(t, five)
     local size, qs = five and 176 or 144, five and 48 or 16
     local L = {
         string.format("struct kiln_qw_%s { uint4 hd, q%s; int c; };", t, five and ", qh" or ""),
-        string.format("__device__ __forceinline__ kiln_qw_%s kiln_qwl_%s(const unsigned char *W, const unsigned char *D, long long blk, int part)", t, t),
+        string.format("__device__ __forceinline__ kiln_qw_%s kiln_qwl_%s(const unsigned char *W, long long NB, long long blk, int part)", t, t),
         "{",
         string.format("    const unsigned char *B = W + blk * %d;", size),
         string.format("    kiln_qw_%s w;", t),
@@ -469,9 +482,7 @@ local function qk_i8(t, five)
         "}",
         "",
     }
-    local out = {}
-    for i = 1, #L do if L[i] then out[#out + 1] = L[i] end end
-    return table.concat(out, "\n")
+    return table.concat(kit.compact(L), "\n")
 end
 I8.q4_K = qk_i8("q4_K", false)
 I8.q5_K = qk_i8("q5_K", true)
@@ -481,13 +492,13 @@ I8.q5_K = qk_i8("q5_K", true)
 -- The 6-bit value minus 32 is a signed byte: flip bit 5 and copy it into bits 6 and 7.
 I8.q6_K = [[
 struct kiln_qw_q6_K { uint2 qa, qb, qh, sw; unsigned d; int is; };
-__device__ __forceinline__ kiln_qw_q6_K kiln_qwl_q6_K(const unsigned char *W, const unsigned char *D, long long blk, int part)
+__device__ __forceinline__ kiln_qw_q6_K kiln_qwl_q6_K(const unsigned char *W, long long NB, long long blk, int part)
 {
-    const unsigned char *B = W + blk * 208;
+    const unsigned char *B = kiln_qtb(W, blk, 210, 208);
     const int hf = part >> 2, l0 = 8 * (part & 3);
     kiln_qw_q6_K w;
     w.qa = kiln_q8(B + 64 * hf + l0), w.qb = kiln_q8(B + 64 * hf + 32 + l0), w.qh = kiln_q8(B + 128 + 32 * hf + l0);
-    w.sw = kiln_q8(B + 192 + 8 * hf), w.d = kiln_q2(D + blk * 2), w.is = l0 >> 4;
+    w.sw = kiln_q8(B + 192 + 8 * hf), w.d = kiln_qts(W, NB, blk, 210, 208), w.is = l0 >> 4;
     return w;
 }
 struct kiln_qb_q6_K { uint2 x[4]; float d[4]; };
@@ -531,18 +542,27 @@ __device__ __forceinline__ float kiln_qwd_q6_K(const kiln_qw_q6_K &w, const kiln
 -- 16-byte aligned, contiguous) into the shared arrays QB, QD, QS (declared here) with T
 -- threads, then wait for them all. Each thread takes 8 elements at a time; the 4 threads of a
 -- block find its max and the 2 of a half its sum by shuffles among themselves (the loop's last
--- round may leave groups out, never part of one).
-function M.bq_prologue(K, T, bexpr)
-    return {
+-- round may leave groups out, never part of one). With `norm` ({ w = the norm weight's float
+-- pointer expression, eps = its literal }: pass rms_norm_gemv) b is x, quantized as x * w, and
+-- `bscale` = 1/sqrt(mean(x²) + eps) (ggml's rms_norm, in f32) is declared for the store.
+function M.bq_prologue(K, T, bexpr, norm)
+    local L = {
         string.format("__shared__ __align__(16) unsigned char QB[%d]; /* b's int8 planes (quant.lua) */", K + 16),
         string.format("__shared__ float QD[%d], QS[%d];", K // 32, K // 16),
+        norm and string.format("__shared__ float QN[%d]; /* the warps' sums of x² */", T // 32) or nil,
         string.format("const unsigned char *const P0 = QB, *const P1 = QB + %d;", K // 2 + 16),
         "{",
         string.format("    const float *const bq = %s;", bexpr),
+        norm and string.format("    const float *const wq = %s; /* the norm's weight */", norm.w) or nil,
+        norm and "    float ss = 0.0f; /* sum of x² */" or nil,
         "    const unsigned gm = 0xFu << (threadIdx.x & 28u);",
         "#pragma unroll 2",
         string.format("    for (unsigned c = threadIdx.x; c < %du; c += %du) {", K // 8, T),
-        "        const float4 v0 = kiln_qb4(bq + 8u * c), v1 = kiln_qb4(bq + 8u * c + 4u);",
+        norm and "        float4 v0 = kiln_qb4(bq + 8u * c), v1 = kiln_qb4(bq + 8u * c + 4u);"
+            or "        const float4 v0 = kiln_qb4(bq + 8u * c), v1 = kiln_qb4(bq + 8u * c + 4u);",
+        norm and "        const float4 n0 = kiln_qb4(wq + 8u * c), n1 = kiln_qb4(wq + 8u * c + 4u);" or nil,
+        norm and "        ss += ((v0.x * v0.x + v0.y * v0.y) + (v0.z * v0.z + v0.w * v0.w)) + ((v1.x * v1.x + v1.y * v1.y) + (v1.z * v1.z + v1.w * v1.w));" or nil,
+        norm and "        v0.x *= n0.x, v0.y *= n0.y, v0.z *= n0.z, v0.w *= n0.w, v1.x *= n1.x, v1.y *= n1.y, v1.z *= n1.z, v1.w *= n1.w;" or nil,
         "        float m = fmaxf(fmaxf(fmaxf(fabsf(v0.x), fabsf(v0.y)), fmaxf(fabsf(v0.z), fabsf(v0.w))),",
         "                        fmaxf(fmaxf(fabsf(v1.x), fabsf(v1.y)), fmaxf(fabsf(v1.z), fabsf(v1.w))));",
         "        m = fmaxf(m, __shfl_xor_sync(gm, m, 1));",
@@ -563,9 +583,25 @@ function M.bq_prologue(K, T, bexpr)
         "        if (t == 0u)",
         "            QD[j] = d;",
         "    }",
-        "}",
-        "__syncthreads();",
     }
+    L = kit.compact(L)
+    if norm then
+        L[#L + 1] = "#pragma unroll"
+        L[#L + 1] = "    for (int o = 16; o > 0; o >>= 1)"
+        L[#L + 1] = "        ss += __shfl_xor_sync(0xffffffffu, ss, o);"
+        L[#L + 1] = "    if ((threadIdx.x & 31u) == 0u)"
+        L[#L + 1] = "        QN[threadIdx.x >> 5] = ss;"
+    end
+    L[#L + 1] = "}"
+    L[#L + 1] = "__syncthreads();"
+    if norm then
+        L[#L + 1] = "float bscale = 0.0f; /* the norm's scale, applied at the store */"
+        L[#L + 1] = "#pragma unroll"
+        L[#L + 1] = string.format("for (int w = 0; w < %d; w++)", T // 32)
+        L[#L + 1] = "    bscale += QN[w];"
+        L[#L + 1] = string.format("bscale = 1.0f / sqrtf(bscale / %d.0f + %s);", K, norm.eps)
+    end
+    return L
 end
 
 -- The CUDA text of type t's helpers (`dot`: the fused-GEMV unit product on float b; `dq8`: eight
@@ -578,20 +614,17 @@ function M.helpers(t, dot, dq8, i8)
     return table.concat(parts, "\n")
 end
 
--- "W" and "D" (the scales of a split layout; or the names wn, dn) of a quantized ref r in
--- parameter p<r.param>, whose buffer has `bytes` bytes.
-function M.pointers(r, fail, wn, dn)
-    wn, dn = wn or "W", dn or "D"
+-- "W" and "NB" (its blocks, which the tiled layout's last tile needs; or the names wn, nn) of
+-- a quantized ref r in parameter p<r.param>, whose buffer has `bytes` bytes.
+function M.pointers(r, fail, wn, nn)
+    wn, nn = wn or "W", nn or "NB"
     local ti = TYPES[r.type]
     if not r.bytes or r.bytes % ti.size ~= 0 then fail("%s buffer of %s bytes", r.type, tostring(r.bytes)) end
-    local lines = { string.format("const unsigned char *const %s = (const unsigned char *)p%d;", wn, r.param) }
-    if ti.rest then
-        lines[2] = string.format("const unsigned char *const %s = %s + %dll; /* the f16 scales of the split layout */",
-            dn, wn, r.bytes // ti.size * ti.rest)
-    else
-        lines[2] = string.format("const unsigned char *const %s = %s; /* (unused: scales inside the blocks) */", dn, wn)
-    end
-    return lines
+    return {
+        string.format("const unsigned char *const %s = (const unsigned char *)p%d;", wn, r.param),
+        string.format("const long long %s = %dll; /* blocks in the buffer%s */", nn, r.bytes // ti.size,
+            ti.rest and " (tiled layout)" or ", unused: the file's layout"),
+    }
 end
 
 -- Refusal of what the quantized kernels cannot address: an operand whose element offset or
@@ -650,7 +683,7 @@ function M.dequant_step(nparams, params, a, base, what, fail, prefix)
         A2 > 1 and term64("(g % " .. A2 .. "u)", a.st[3] // BL) or nil,
         A3 > 1 and term64("(g / " .. A2 .. "u)", a.st[4] // BL) or nil }), BL)
     b.add("float v[8];")
-    b.add("kiln_dq8_%s(W, D, blk, (int)(kk %% %du), v);", a.type, BL)
+    b.add("kiln_dq8_%s(W, NB, blk, (int)(kk %% %du), v);", a.type, BL)
     b.add("unsigned h[4];")
     b.add("#pragma unroll")
     b.add("for (int i = 0; i < 4; i++)")
@@ -714,7 +747,7 @@ function M.get_rows(k, fail)
         term64("(ok ? r : 0)", a.st[2] // BL), term64("i2", a.ne[3] > 1 and a.st[3] // BL or 0),
         term64("i3", a.ne[4] > 1 and a.st[4] // BL or 0) }), BL)
     b.add("float v[8];")
-    b.add("kiln_dq8_%s(W, D, blk, (int)(c8 * 8u %% %du), v);", a.type, BL)
+    b.add("kiln_dq8_%s(W, NB, blk, (int)(c8 * 8u %% %du), v);", a.type, BL)
     b.add("float *const y = Y + %s + c8 * 8u;", sum({ term64("i1", d.st[2]), term64("i2", n2 > 1 and d.st[3] or 0),
         term64("i3", n3 > 1 and d.st[4] or 0) }))
     b.add("#pragma unroll")

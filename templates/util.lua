@@ -76,14 +76,18 @@ local fill_quant = tpl.define [[
 // (templates/quant.lua), one thread a block in a grid-stride loop, launched by
 // kiln_session_fill_weights with at most ${FILL_GRID} blocks of ${BLOCK} threads. Each block's
 // bytes are random words; the f16 scale (and q4_K/q5_K's min) is set to d (dmin), so values
-// span about the weight's scale. split: the block's `words` words, then the scales after all
-// blocks; else `words` words a block whose first holds d and dmin.
+// span about the weight's scale. split: the tiled layout of q8_0/q4_0/q6_K (tiles of 8 blocks:
+// the blocks' `words` words, then their scales; the last tile as many as it holds); else
+// `words` words a block whose first holds d and dmin.
 extern "C" __global__ void ${name}(unsigned *dst, unsigned long long nblocks, int words, int split,
                                              unsigned long long key, unsigned d, unsigned dmin)
 {
     unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
     for (unsigned long long b = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; b < nblocks; b += step) {
-        unsigned *p = dst + b * (unsigned long long)words;
+        const unsigned long long t0 = b & ~7ull, j = b & 7ull, n = nblocks - t0 < 8ull ? nblocks - t0 : 8ull;
+        const unsigned long long size = 4ull * words + 2ull; /* bytes a block (split) */
+        unsigned char *tile = (unsigned char *)dst + t0 * size;
+        unsigned *p = split ? (unsigned *)(tile + j * 4ull * words) : dst + b * (unsigned long long)words;
         for (int w = 0; w < words; w++) {
             unsigned long long z = key + (b * (unsigned long long)words + (unsigned long long)w) * 0x9e3779b97f4a7c15ull;
             z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -91,7 +95,7 @@ extern "C" __global__ void ${name}(unsigned *dst, unsigned long long nblocks, in
             p[w] = (unsigned)((z ^ (z >> 31)) >> 16);
         }
         if (split)
-            ((unsigned short *)(dst + nblocks * (unsigned long long)words))[b] = (unsigned short)d;
+            *(unsigned short *)(tile + n * 4ull * words + 2ull * j) = (unsigned short)d;
         else
             p[0] = d | (dmin << 16);
     }

@@ -49,6 +49,21 @@ START_TEST(fires_qkv) {
 }
 END_TEST
 
+/* Quantized weights join too (their device tiles concatenate: templates/quant.lua), one type a
+ * block; a member of another type stays out. (For q8_0, q4_0 and q6_K, IR_ALIGN's rule already
+ * implies the pass's whole tiles of 8 blocks: 34, 18 and 210 bytes need 128 blocks.) */
+START_TEST(fires_quantized) {
+    static const char *wts[3] = {"q8_0", "q4_K", "q4_0"};
+    char kg[512];
+    snprintf(kg, sizeof kg,
+             "weight wq: %s[256, 128]\nweight wk: %s[256, 32]\nweight wv: %s[256, 32]\ninput x: f32[256, 1]\n"
+             "q = mul_mat(wq, x)\nk = mul_mat(wk, x)\nv = mul_mat(wv, x)\n"
+             "output oq = scale(q, 0.5)\noutput ok = sum_rows(k)\noutput ov = scale(v, 2)\n",
+             wts[_i], wts[_i], _i == 1 ? "q6_K" : wts[_i]);
+    expect(kg, _i == 1 ? "q, k" : "q, k, v", _i == 1 ? 5 : 4);
+}
+END_TEST
+
 /* One member cannot join; the other two still do. */
 START_TEST(leaves_one_out) {
     expect(qkv_kg("bf16", "bf16", 32, 3, true, false, false), "q, v", 5);  /* another input */
@@ -118,7 +133,7 @@ END_TEST
 
 int main(void) {
     Suite *s = TS_SUITE("fuse_mul_mat_cat",
-                        TS_CASE("pass", 120), TS_LOOP(0, 6, fires_qkv),
+                        TS_CASE("pass", 120), TS_LOOP(0, 6, fires_qkv), TS_LOOP(0, 3, fires_quantized),
                         TS_TESTS(leaves_one_out, not_fired, block_layout, example_inspect));
     return ts_main(s);
 }

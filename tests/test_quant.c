@@ -78,6 +78,37 @@ START_TEST(codec_refusals) {
 }
 END_TEST
 
+/* The device layout of q8_0, q4_0 and q6_K (base/quant.c, templates/quant.lua): tiles of
+ * KB_QTILE blocks, the blocks without their f16 scales, then the scales; the last tile the same
+ * with what is left. Buffers of whole tiles converted apart equal their concatenation converted
+ * (pass mul_mat_cat's weight blocks rely on it); from_device inverts to_device; other types and
+ * sizes that are not whole blocks are refused. */
+START_TEST(device_layout) {
+    static const kiln_type ts[3] = {KILN_Q8_0, KILN_Q4_0, KILN_Q6_K};
+    enum { NB = 19 }; /* two whole tiles and 3 blocks */
+    kiln_type t = ts[_i];
+    size_t    size = kiln_type_size(t), rest = size - 2, sa = t == KILN_Q6_K ? 208 : 0, ra = sa ? 0 : 2;
+    uint8_t  *src = malloc(NB * size), *dev = malloc(NB * size), *back = malloc(NB * size), *two = malloc(NB * size);
+    ck_assert(src && dev && back && two);
+    for (size_t i = 0; i < NB * size; i++) src[i] = (uint8_t)(i * 131 + 7);
+    ck_assert(kb_quant_split(t));
+    ck_assert(kb_quant_to_device(t, src, dev, NB * size));
+    for (size_t i = 0; i < NB; i++) {
+        size_t t0 = i / 8 * 8, n = NB - t0 < 8 ? NB - t0 : 8;
+        ck_assert_msg(memcmp(dev + t0 * size + (i - t0) * rest, src + i * size + ra, rest) == 0, "body of block %zu", i);
+        ck_assert_msg(memcmp(dev + t0 * size + n * rest + (i - t0) * 2, src + i * size + sa, 2) == 0, "scale of block %zu", i);
+    }
+    ck_assert(kb_quant_from_device(t, dev, back, NB * size));
+    ck_assert(memcmp(back, src, NB * size) == 0);
+    ck_assert(kb_quant_to_device(t, src, two, 8 * size));
+    ck_assert(kb_quant_to_device(t, src + 8 * size, two + 8 * size, 8 * size));
+    ck_assert(memcmp(two, dev, 16 * size) == 0);
+    ck_assert(!kb_quant_to_device(t, src, two, size + 1));
+    ck_assert(!kb_quant_split(KILN_Q4_K) && !kb_quant_to_device(KILN_Q4_K, src, two, 144));
+    free(src), free(dev), free(back), free(two);
+}
+END_TEST
+
 /* ---- quantizer <-> dequantizer ---------------------------------------------------------------- */
 
 /* How far f16 rounding moves a scale v >= 0: half an ulp, 2^-11 relative while normal, 2^-25
@@ -690,7 +721,7 @@ int main(void) {
                         TS_CASE_FIXTURE("kernels", 120, cache_setup, cache_teardown),
                         TS_LOOP(0, (int)(sizeof KTYPES / sizeof KTYPES[0]), kernels_compile),
                         TS_CASE("dequant", 0), TS_LOOP(0, (int)(sizeof qv_cases / sizeof qv_cases[0]), dequant_vectors),
-                        TS_TESTS(codec_refusals),
+                        TS_TESTS(codec_refusals), TS_LOOP(0, 3, device_layout),
                         TS_CASE("quantizer", 60), TS_LOOP(0, 5, quant_random_rows, quant_structured_rows),
                         TS_LOOP(0, 2, quant_idempotent), TS_TESTS(fill_random_quantized),
                         TS_CASE("api", 0), TS_TESTS(type_table, frontend_refusals, kg_round_trip),
