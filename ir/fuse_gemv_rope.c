@@ -93,8 +93,10 @@ static bool tail_of(const ir_prog *p, const ir_node *c, int zbuf, int64_t *lo, i
 static bool host_candidate(const ir_prog *p, const ir_node *m) {
     const ir_ref *a = ir_operand(m, 0), *b = ir_operand(m, 1);
     if (m->dead || m->kind != IR_OP || m->op != FE_OP_MUL_MAT || m->ninstr > 0 || m->paired || m->fused ||
-        m->has_dst2 || m->host || !a || !b || kiln_type_is_quantized(a->type))
+        m->has_dst2 || m->host || !a || !b)
         return false;
+    /* The quantized GEMV reads b as a contiguous column of 16-byte vectors (templates/matmul.lua). */
+    if (kiln_type_is_quantized(a->type) && !ir_ref_is_natural(p, b)) return false;
     const ir_ref *z = &m->dst;
     return p->bufs[z->buf].kind == IR_BUF_TEMP && ir_ref_is_natural(p, z) && ir_ref_static(z) && ir_ref_static(a) &&
            ir_ref_static(b) && z->type == KILN_F32 && z->ne[1] == 1 && z->ne[2] == 1 && z->ne[3] == 1 && z->ne[0] % 2 == 0;

@@ -1726,14 +1726,14 @@ local QGEMV_MINB = 0  -- __launch_bounds__ minimum blocks per SM (0: none)
 -- 512 warps a 4096 x 4096 q4_K took 11.6 us, 0.8 TB/s), WK doubles as long as the units fill
 -- whole rounds of the group's lanes, else R halves.
 local QGEMV_TARGET = 2048
-local function qgemv_layout(M, NG, NU, NV)
-    local WK, R = 1, math.max(1, QGEMV_RMAX // NV)
+local function qgemv_layout(M, NG, NU, NV, RMIN)
+    local WK, R = 1, math.max(RMIN, QGEMV_RMAX // NV)
     while ceil_div(M, QGEMV_WARPS // WK * R) * QGEMV_WARPS * NG < QGEMV_TARGET do
         -- (only while the units still fill whole rounds of the group's lanes: a partial last
         -- round measured 31% of the roofline for q4_0 14336 -> 4096, against 52% without)
         if WK < QGEMV_WARPS and NU % (32 * WK * 2) == 0 then
             WK = WK * 2
-        elseif R > 1 then
+        elseif R > RMIN then
             R = R // 2
         else
             break
@@ -1766,7 +1766,12 @@ local function qgemv(k, s)
     local NU = s.K // BL * UB
     local NV = s.pa and 2 or 1 -- products per row
     local WP = QGEMV_WARPS
-    local WK, G, R = qgemv_layout(s.M, s.NG, NU, NV)
+    -- k.tail (pass gemv_rope): a thread stores rows (row, row + 1) together (gemv_rope.store),
+    -- so groups own 2 rows at least.
+    if k.tail and (s.pa or k.epilogue or s.NG > 1 or s.M % 2 ~= 0) then
+        fail("gemv_rope: tails need a plain single-matrix gemv with an even number of rows")
+    end
+    local WK, G, R = qgemv_layout(s.M, s.NG, NU, NV, k.tail and 2 or 1)
     local RB = G * R -- rows per block
     local NI = ceil_div(NU, 32 * WK)
     -- units whose loads run ahead of the one being multiplied
@@ -1779,8 +1784,13 @@ local function qgemv(k, s)
         for _, l in ipairs(quant.pointers(s.pa, fail, "W2", "NB2")) do b.add("%s /* the paired weight */", l) end
     end
     b.add("const float *const B = (const float *)p%d%s;", s.b.param, s.b.offs ~= 0 and " + " .. lit(s.b.offs) or "")
-    if not k.epilogue then
+    if not k.epilogue and not k.tail then -- (tails store rows elsewhere: z is not stored)
         b.add("float *const Y = (float *)p%d%s;", s.d.param, s.d.offs ~= 0 and " + " .. lit(s.d.offs) or "")
+    end
+    local segs
+    if k.tail then
+        segs = gemv_rope.plan(k, s)
+        gemv_rope.pointers(b, segs)
     end
     b.add("const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;")
     b.add("const unsigned kw = warp %% %du, row0 = blockIdx.x * %du + warp / %du * %du;", WK, RB, WK, R)
@@ -1871,7 +1881,37 @@ local function qgemv(k, s)
         return { string.format("Y[%s] = %s;", sum({ term64(row, s.sd[1]), s.A2 > 1 and term64("ja2", s.sd[3]) or nil,
             s.A3 > 1 and term64("ja3", s.sd[4]) or nil }), vals[1]) }
     end
-    if WK == 1 then
+    local function scaled(v) return norm and "(" .. v .. " * bscale)" or v end
+    if segs and WK == 1 then
+        -- Lane 0 holds every row of its group: pairs of rows to the tails.
+        b.open("if (lane == 0%s) {", s.M % RB ~= 0 and string.format(" && row0 < %du", s.M) or "")
+        for r = 0, R - 1, 2 do
+            gemv_rope.store(b, pre, segs, r == 0 and "row0" or string.format("(row0 + %du)", r), scaled(string.format("acc[%d]", r)),
+                scaled(string.format("acc[%d]", r + 1)))
+        end
+        b.close()
+    elseif segs then
+        -- The warps' partials meet in shared memory; thread p sums rows 2p and 2p + 1.
+        b.add("__shared__ float part[%d][%d];", WP, R)
+        b.add("if (lane == 0) {")
+        b.add("#pragma unroll")
+        b.add("    for (int r = 0; r < %d; r++)", R)
+        b.add("        part[warp][r] = acc[r];")
+        b.add("}")
+        b.add("__syncthreads();")
+        local guard = s.M % RB ~= 0 and string.format(" && blockIdx.x * %du + 2u * threadIdx.x < %du", RB, s.M) or ""
+        b.open("if (threadIdx.x < %du%s) {", RB // 2, guard)
+        b.add("const unsigned g = 2u * threadIdx.x / %du, r = 2u * threadIdx.x %% %du;", R, R)
+        b.add("float v = 0.0f, v2 = 0.0f;")
+        b.add("#pragma unroll")
+        b.add("for (int w = 0; w < %d; w++) {", WK)
+        b.add("    v += part[g * %du + w][r];", WK)
+        b.add("    v2 += part[g * %du + w][r + 1];", WK)
+        b.add("}")
+        b.add("const unsigned row = blockIdx.x * %du + 2u * threadIdx.x;", RB)
+        gemv_rope.store(b, pre, segs, "row", scaled("v"), scaled("v2"))
+        b.close()
+    elseif WK == 1 then
         -- Each warp owns its rows whole: its lane r stores row r.
         local guard = s.M % RB ~= 0 and string.format(" && row0 + r < %du", s.M) or ""
         b.add("#pragma unroll")
@@ -1913,6 +1953,7 @@ local function qgemv(k, s)
     if s.pa then notes[#notes + 1] = "paired weight (mul_mat_glu): its rows against the same bytes of b" end
     if k.epilogue then notes[#notes + 1] = "epilogue applied at the store" end
     if norm then notes[#notes + 1] = "b's rms_norm (rms_norm_gemv): x * w quantized, the norm's scale applied at the store" end
+    for _, l in ipairs(segs and gemv_rope.notes(segs) or {}) do notes[#notes + 1] = l end
     local source = kit.kernel {
         head = { "kiln matmul kernel " .. name,
             "mul_mat: dst " .. dims(s.d.ne) .. " f32 = b " .. dims(s.b.ne) .. " f32 · a " .. dims(s.a.ne) .. " " .. s.ta .. "ᵀ" },
@@ -1928,7 +1969,6 @@ end
 -- k.scratch_base: a sub-node of the epilogue fallback has its values first) and the f16 plan on
 -- it (the gemm plan's own scratch after it).
 function quant_matmul(k)
-    if k.tail then fail("quantized weights take no fused tail (pass gemv_rope leaves them unfused)") end
     if k.epilogue or k.pair then
         local d = k.dst
         local s = shape_of(k, { type = "f32", ne = d.ne, st = d.st, offs = d.offs, param = d.param, dyn = d.dyn, sym = d.sym })
@@ -1942,8 +1982,10 @@ function quant_matmul(k)
     end
     local s = shape_of(k)
     local r = qgemv(k, s)
-    if not r and k.bnorm then fail("bnorm (b's rms_norm) over quantized weights needs the fused gemv (one contiguous column)") end
-    if r then r.bnorm = k.bnorm ~= nil end
+    if not r and (k.bnorm or k.tail) then
+        fail("bnorm and tails over quantized weights need the fused gemv (one contiguous column)")
+    end
+    if r then r.bnorm, r.tail = k.bnorm ~= nil, k.tail ~= nil end
     if not r then
         local base0 = k.scratch_base or 0
         local sk0 = {}

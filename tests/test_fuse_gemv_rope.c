@@ -1,11 +1,11 @@
 /* Pass gemv_rope (ir/fuse_gemv_rope.c): the readers of a one-column q/k/v GEMV (rope of q,
  * rope of k into a cache row, v into a cache row) become tails computed by its store. It fires
- * for every weight type, with and without the rms_norm_gemv norm and frequency factors; it
+ * for every weight type (quantized ones included), with and without the rms_norm_gemv norm and frequency factors; it
  * leaves the graph alone for neox ropes, partial rotation, two tokens, a second reader of the
  * product, a cache that is not a state, other nodes between the GEMV and its readers; the CPU reference gives the same bits; the memory plan
  * counts the tails at the host's step (a temporary the GEMV reads is not reused for what its
  * store writes); the verifier rejects broken hosts; the fused kernels compile with NVRTC for
- * sm_90a and sm_80 without warnings (both store paths of the gemv). No GPU. */
+ * sm_90a and sm_80 without warnings (both store paths of the gemv, and the quantized gemv's). No GPU. */
 #include "tests/support.h"
 
 #include "codegen/codegen.h"
@@ -45,10 +45,11 @@ static const char *const ROPE = ", n_dims=64, mode=0, n_ctx_orig=4096, freq_base
 static const char *const ROPE_FF = ", ff, n_dims=64, mode=0, n_ctx_orig=4096, freq_base=10000, ext_factor=1, freq_scale=0.5";
 
 START_TEST(fires) {
-    static const char *wts[3] = {"bf16", "f16", "f32"};
+    static const char *wts[5] = {"bf16", "f16", "f32", "q8_0", "q4_K"};
     const char        *wt = wts[_i];
-    ts_expect_fusion(front(wt, 64, 1, ROPE, "f16", true, true, NULL), NULL,
-                     "fused gemv_rope: n, y, q, k, v, qr, kr, k_cache, v_cache\n", "rope_ext nodes:", -1);
+    if (_i < 4) /* (q4_K rows are 256 elements at least) */
+        ts_expect_fusion(front(wt, 64, 1, ROPE, "f16", true, true, NULL), NULL,
+                         "fused gemv_rope: n, y, q, k, v, qr, kr, k_cache, v_cache\n", "rope_ext nodes:", -1);
     ts_expect_fusion(front(wt, 2048, 1, ROPE_FF, "bf16", true, false, NULL), NULL,
                      "fused gemv_rope: q, k, v, qr, kr, k_cache, v_cache\n", NULL, -1);
 }
@@ -148,8 +149,9 @@ END_TEST
 START_TEST(kernels_compile) {
     static const char *archs[2] = {"sm_90a", "sm_80"};
     static const char *const needles[3] = {"tail 3: rows [384, 512)", "// kiln rope kernel", "// kiln rows kernel"};
-    const char        *kg = _i ? front("bf16", 2048, 1, ROPE_FF, "bf16", true, true, NULL)
-                               : front("f16", 64, 1, ROPE, "f32", true, false, NULL);
+    const char        *kg = _i == 2   ? front("q4_K", 2048, 1, ROPE_FF, "f16", true, true, NULL)
+                            : _i == 1 ? front("bf16", 2048, 1, ROPE_FF, "bf16", true, true, NULL)
+                                      : front("f16", 64, 1, ROPE, "f32", true, false, NULL);
     for (int a = 0; a < 2; a++) {
         int n[3];
         ts_kernels_clean(kg, archs[a], g_cache, needles, n, 3);
@@ -161,7 +163,7 @@ END_TEST
 
 int main(void) {
     Suite *s = TS_SUITE("fuse_gemv_rope",
-                        TS_CASE("pass", 120), TS_LOOP(0, 3, fires), TS_TESTS(not_fired, memplan_group, verify_rejects),
-                        TS_LOOP(0, 2, kernels_compile));
+                        TS_CASE("pass", 120), TS_LOOP(0, 5, fires), TS_TESTS(not_fired, memplan_group, verify_rejects),
+                        TS_LOOP(0, 3, kernels_compile));
     return ts_main_cache(s, "fuse-gemv-rope", &g_cache);
 }

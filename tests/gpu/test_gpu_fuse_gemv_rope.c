@@ -4,7 +4,8 @@
  * back as outputs), compiled with every pass; `kiln inspect` must show the fusion, and `kiln run --check` (CUDA graph, then plain
  * launches) compares q and both caches with the CPU reference of the unfused graph. The cases
  * cover both store paths of the gemv (teams inside a warp at K 64; warps meeting in shared
- * memory at K 2048 and 4096), f32/f16/bf16 weights, f32/f16/bf16 caches, i32 and i64 ids,
+ * memory at K 2048 and 4096; the quantized gemv's two), f32/f16/bf16 and q4_K/q8_0/q6_K weights,
+ * f32/f16/bf16 caches, i32 and i64 ids,
  * frequency factors, YaRN (ext_factor, freq_scale, attn_factor) and heads of 64 and 128. */
 #include "tests/gpu/gpu_support.h"
 
@@ -22,6 +23,9 @@ static const struct {
     {64, 64, 4, 2, "f16", "bf16", "i32", false, ", freq_scale=0.5, ext_factor=1, attn_factor=1.5"},
     {4096, 128, 32, 8, "bf16", "f16", "i64", true, ""},
     {4096, 128, 8, 2, "f32", "f32", "i64", false, ", freq_scale=0.25"},
+    {4096, 128, 32, 8, "q4_K", "f16", "i64", true, ""},   /* quantized gemv, warps own their rows */
+    {2048, 64, 32, 8, "q8_0", "f16", "i32", false, ""},   /* quantized, warps meeting in shared memory */
+    {4096, 128, 8, 2, "q6_K", "bf16", "i64", false, ", freq_scale=0.5"},
 };
 
 START_TEST(front) {
