@@ -137,8 +137,8 @@ static void push_ref(lua_State *L, const gen_ctx *g, const ir_ref *r, int param)
     lua_setfield(L, -2, "offs");
     lua_pushinteger(L, param);
     lua_setfield(L, -2, "param");
-    /* A quantized operand's kernels locate the scales of the split layout (templates/quant.lua)
-     * after all of the buffer's blocks: they need its size. */
+    /* A quantized operand's kernels locate the scales of the tiled layout's last tile
+     * (templates/quant.lua): they need the buffer's size. */
     if (kiln_type_is_quantized(r->type) && param >= 0 && param < g->nparams) {
         lua_pushinteger(L, (lua_Integer)g->p->bufs[g->params[param]].bytes);
         lua_setfield(L, -2, "bytes");

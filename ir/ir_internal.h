@@ -14,11 +14,6 @@ bool     ir_ref_is_natural(const ir_prog *p, const ir_ref *r);
 /* A live IR_OP node computing just its op: no epilogue, pairing, normalized b, fusion or second
  * output yet (what the matmul fusions start from). */
 bool     ir_plain_op(const ir_node *n);
-/* A matmul node whose weight (operand 0) is quantized: the fusion passes leave it alone, except
- * the epilogues and paired weight of mul_mat and mul_mat_id (passes mul_mat_glu, add_chain):
- * their quantized gemvs apply them (templates/matmul.lua, matmul_id.lua), and the other plans
- * fall back to computing each product into the scratch. */
-bool     ir_quant_weight(const ir_node *n);
 /* Puts n's graph nodes (src) in graph order, after a fusion merged several nodes' lists. */
 void     ir_sort_sources(ir_node *n);
 /* Index of the live node writing buf, or -1. */

@@ -79,11 +79,6 @@ bool ir_plain_op(const ir_node *n) {
            !n->has_dst2 && !n->fusion;
 }
 
-bool ir_quant_weight(const ir_node *n) {
-    const ir_ref *a = n->kind == IR_OP ? ir_operand(n, 0) : NULL;
-    return a && kiln_type_is_quantized(a->type);
-}
-
 void ir_sort_sources(ir_node *n) { qsort(n->src, (size_t)n->nsrc, sizeof n->src[0], cmp_int); }
 
 int ir_node_writing(const ir_prog *p, int buf) {
