@@ -759,6 +759,13 @@ void        kiln_tokenizer_free(kiln_tokenizer *t);
 int64_t     kiln_tokenizer_n_vocab(const kiln_tokenizer *t);
 int32_t     kiln_tokenizer_bos(const kiln_tokenizer *t); /* -1: none */
 int32_t     kiln_tokenizer_eos(const kiln_tokenizer *t);
+/* End-of-generation ids as llama.cpp's vocabulary loader counts them (src/llama-vocab.cpp):
+ * eos, and from g (may be NULL) tokenizer.ggml.eot_token_id and eom_token_id; the
+ * fill-in-the-middle pad, repo and file-separator tokens (their keys, else their texts); every
+ * token whose text is <|eot_id|>, <|im_end|>, <|end|>, <|return|>, <|call|>, <end_of_turn>,
+ * <|endoftext|>, <|eom_id|>, <EOT>, _<EOT>, <|end_of_text|> or <end_of_utterance>; without
+ * <|end|> when <|return|> and <|call|> are tokens (gpt-oss). Caller frees *ids. */
+kiln_status kiln_tokenizer_eog(const kiln_tokenizer *t, const kiln_gguf *g, int32_t **ids, int64_t *n);
 /* Token ids of text (bos first when the spec says add_bos). Caller frees *ids. */
 kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *text, size_t len, int32_t **ids, int64_t *n);
 /* The text of ids (control and unknown tokens omitted), NUL-terminated, its length in *len (may
@@ -888,6 +895,34 @@ kiln_status kiln_gen_greedy(kiln_gen *g, const int32_t *prompt, int64_t n_prompt
                             int32_t *out, kiln_gen_stats *stats);
 /* Compile and load figures of kiln_gen_new, and totals of every evaluation so far. */
 void        kiln_gen_get_stats(const kiln_gen *g, kiln_gen_stats *out);
+
+/* Why kiln_gen_generate stopped. */
+typedef enum {
+    KILN_STOP_NONE,    /* (not stopped) */
+    KILN_STOP_LIMIT,   /* n_predict tokens generated */
+    KILN_STOP_EOG,     /* an end-of-generation token was picked (not reported) */
+    KILN_STOP_CALLER,  /* on_token asked to stop (a stop string, an interrupted chat) */
+    KILN_STOP_CONTEXT, /* the cache is full */
+} kiln_stop;
+typedef struct {
+    int64_t        n_predict; /* tokens to generate at most; -1: until a stop or a full cache */
+    const int32_t *eog;       /* end-of-generation ids (kiln_tokenizer_eog); none: n_eog 0 */
+    int64_t        n_eog;
+    /* Each generated token, in order (an end-of-generation pick is not one); returning true
+     * stops generation after it. NULL: none. */
+    bool (*on_token)(void *user, int32_t id);
+    void          *user;
+} kiln_gen_params;
+/* Evaluates the prompt (appended at the current position) and generates greedily until
+ * n_predict tokens (0: the prompt is evaluated, nothing generated), an end-of-generation pick,
+ * on_token's stop or a full cache; *n_out gets the tokens reported and *why the reason (each
+ * may be NULL). Afterwards the cache holds the prompt and every pick but the last (the last is
+ * never fed back: the end-of-generation pick, or else the last token reported), so a
+ * conversation goes on from kiln_gen_pos. On the GPU the decode steps are chained; the host
+ * learns each pick one step late, so after a stop one queued step is dropped. Stats (may be
+ * NULL) count this call: decode_tokens are the steps whose picks were taken. */
+kiln_status kiln_gen_generate(kiln_gen *g, const int32_t *prompt, int64_t n_prompt, const kiln_gen_params *p,
+                              int64_t *n_out, kiln_stop *why, kiln_gen_stats *stats);
 
 #ifdef __cplusplus
 }

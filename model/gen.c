@@ -363,10 +363,16 @@ static bool chain_wanted(void) {
     return !e || !(!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "no") || !strcmp(e, "false"));
 }
 
-/* n decode steps chained on the GPU (kiln_session_chain_*): each step's argmax is the next
+/* Receives each pick in order; false stops generation after it. */
+typedef bool (*pick_fn)(void *user, int32_t id);
+
+/* Up to n decode steps chained on the GPU (kiln_session_chain_*): each step's argmax is the next
  * step's token on the device, and the host makes and sets step i+1's inputs while step i runs.
- * *chained is false when the program cannot chain (nothing ran: decode one step at a time). */
-static kiln_status gpu_decode_chain(kiln_gen *g, int32_t first, int64_t n, int32_t *out, bool *chained) {
+ * pick gets each step's pick as the host learns it, one step late; when it stops, the step
+ * queued meanwhile (fed the stopping pick) is dropped and the position set back over it, so
+ * the cache holds every pick but the last, as after n steps. *chained is false when the
+ * program cannot chain (nothing ran: decode one step at a time). */
+static kiln_status gpu_decode_chain(kiln_gen *g, int32_t first, int64_t n, pick_fn pick, void *user, bool *chained) {
     kiln_session *s = g->sess;
     double        t0 = kb_now_ms();
     g->tokens[0] = first;
@@ -381,7 +387,9 @@ static kiln_status gpu_decode_chain(kiln_gen *g, int32_t first, int64_t n, int32
     }
     if (st) return st;
     int64_t queued = 0;
-    for (int64_t i = 0; !st && i < n; i++) {
+    bool    stopped = false;
+    int32_t prev = -1;
+    for (int64_t i = 0; !st && !stopped && i < n; i++) {
         if (i > 0) {
             double t1 = kb_now_ms();
             place_inputs(g, 1);
@@ -390,34 +398,129 @@ static kiln_status gpu_decode_chain(kiln_gen *g, int32_t first, int64_t n, int32
         }
         bool   got = false;
         double t2 = kb_now_ms();
-        if (!st) st = kiln_session_chain_run(s, &out[i > 0 ? i - 1 : 0], sizeof *out, &got);
+        if (!st) st = kiln_session_chain_run(s, &prev, sizeof prev, &got);
         g->stats.run_ms += kb_now_ms() - t2;
         if (st) break;
         queued++;
         g->pos++;
-        if (got) g->stats.decode_gpu_ms += kiln_session_last_ms(s);
+        if (got) {
+            g->stats.decode_gpu_ms += kiln_session_last_ms(s);
+            if (!pick(user, prev)) {
+                stopped = true;
+                g->pos--; /* the step just queued was fed the stopping pick */
+            }
+        }
     }
     double      t3 = kb_now_ms();
-    kiln_status end = kiln_session_chain_end(s, st ? NULL : &out[n - 1], sizeof *out);
+    kiln_status end = kiln_session_chain_end(s, st || stopped ? NULL : &prev, sizeof prev);
     g->stats.run_ms += kb_now_ms() - t3;
-    if (!st && !end && queued > 0) g->stats.decode_gpu_ms += kiln_session_last_ms(s);
+    if (!st && !end && queued > 0 && !stopped) {
+        g->stats.decode_gpu_ms += kiln_session_last_ms(s);
+        g->next = prev;
+        pick(user, prev);
+    }
     if (!st) st = end;
     else kiln_status_free(end);
-    if (!st) g->next = out[n - 1];
     return st;
 }
 
-kiln_status kiln_gen_decode_greedy(kiln_gen *g, int32_t first, int64_t n, int32_t *out) {
-    if (!g || !out || n < 0) return kb_error(KILN_ERR_INVALID, "kiln_gen_decode_greedy: %s", n < 0 ? "n < 0" : "NULL argument");
-    if (n == 0) return NULL;
+/* Up to n decode steps from `first`, each fed the pick of the one before: chained on the GPU,
+ * else one at a time. */
+static kiln_status decode_picks(kiln_gen *g, int32_t first, int64_t n, pick_fn pick, void *user) {
     kiln_status st = check_tokens(g, &first, 1);
-    if (st) return st;
+    if (st || n == 0) return st;
     if (g->pos + n > g->n_ctx)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_decode_greedy: %lld steps after %lld do not fit in the cache of "
                                           "%lld (n_ctx)", (long long)n, (long long)g->pos, (long long)g->n_ctx);
     bool chained = false;
-    if (!g->cpu && chain_wanted() && ((st = gpu_decode_chain(g, first, n, out, &chained)) || chained)) return st;
-    for (int64_t i = 0; !st && i < n; i++) st = kiln_gen_eval_greedy(g, i ? &out[i - 1] : &first, 1, &out[i]);
+    if (!g->cpu && chain_wanted() && ((st = gpu_decode_chain(g, first, n, pick, user, &chained)) || chained)) return st;
+    int32_t tok = first, next;
+    for (int64_t i = 0; !st && i < n; i++) {
+        st = kiln_gen_eval_greedy(g, &tok, 1, &next);
+        if (!st && !pick(user, tok = next)) break;
+    }
+    return st;
+}
+
+typedef struct {
+    int32_t *out;
+    int64_t  n;
+} pick_store;
+
+static bool store_pick(void *user, int32_t id) {
+    pick_store *p = user;
+    p->out[p->n++] = id;
+    return true;
+}
+
+kiln_status kiln_gen_decode_greedy(kiln_gen *g, int32_t first, int64_t n, int32_t *out) {
+    if (!g || !out || n < 0) return kb_error(KILN_ERR_INVALID, "kiln_gen_decode_greedy: %s", n < 0 ? "n < 0" : "NULL argument");
+    pick_store ps = {out, 0};
+    return decode_picks(g, first, n, store_pick, &ps);
+}
+
+/* Counts this call's share of g's stats into *stats (when not NULL). */
+static void stats_since(const kiln_gen *g, const kiln_gen_stats *before, kiln_gen_stats *stats) {
+    if (!stats) return;
+    *stats = g->stats;
+    stats->prefill_tokens -= before->prefill_tokens;
+    stats->decode_tokens -= before->decode_tokens;
+    stats->prefill_ms -= before->prefill_ms;
+    stats->decode_ms -= before->decode_ms;
+    stats->prefill_gpu_ms -= before->prefill_gpu_ms;
+    stats->decode_gpu_ms -= before->decode_gpu_ms;
+    stats->inputs_ms -= before->inputs_ms;
+    stats->run_ms -= before->run_ms;
+    stats->readback_ms -= before->readback_ms;
+    stats->sample_ms -= before->sample_ms;
+}
+
+/* kiln_gen_generate's picks: end of generation, the caller's stop, the limit. */
+typedef struct {
+    const kiln_gen_params *p;
+    int64_t                count;
+    kiln_stop              why;
+} gen_run;
+
+static bool run_pick(void *user, int32_t id) {
+    gen_run *r = user;
+    for (int64_t i = 0; i < r->p->n_eog; i++)
+        if (r->p->eog[i] == id) {
+            r->why = KILN_STOP_EOG;
+            return false;
+        }
+    r->count++;
+    if (r->p->on_token && r->p->on_token(r->p->user, id)) r->why = KILN_STOP_CALLER;
+    else if (r->p->n_predict >= 0 && r->count >= r->p->n_predict) r->why = KILN_STOP_LIMIT;
+    return r->why == KILN_STOP_NONE;
+}
+
+kiln_status kiln_gen_generate(kiln_gen *g, const int32_t *prompt, int64_t n_prompt, const kiln_gen_params *p,
+                              int64_t *n_out, kiln_stop *why, kiln_gen_stats *stats) {
+    if (!g || !prompt || !p || n_prompt < 1 || (p->n_eog && !p->eog))
+        return kb_error(KILN_ERR_INVALID, "kiln_gen_generate: %s", n_prompt < 1 ? "an empty prompt" : "bad argument");
+    kiln_gen_stats before = g->stats;
+    gen_run        r = {.p = p, .why = KILN_STOP_NONE};
+    double         t0 = kb_now_ms();
+    int32_t        next;
+    kiln_status    st = eval_greedy(g, prompt, n_prompt, &next, true);
+    g->stats.prefill_ms += kb_now_ms() - t0;
+    if (!st) g->stats.prefill_tokens += n_prompt;
+    if (p->n_predict == 0) r.why = KILN_STOP_LIMIT; /* the prompt is in the cache: a prefill alone */
+    if (!st && p->n_predict != 0 && run_pick(&r, next)) {
+        /* Each step feeds the last pick; the cache's room bounds the steps (and so does -n). */
+        int64_t room = g->n_ctx - g->pos, left = p->n_predict < 0 ? room : p->n_predict - r.count;
+        int64_t steps = left < room ? left : room;
+        double  t1 = kb_now_ms();
+        int64_t pos0 = g->pos;
+        st = decode_picks(g, next, steps, run_pick, &r);
+        g->stats.decode_ms += kb_now_ms() - t1;
+        g->stats.decode_tokens += g->pos - pos0; /* the steps whose picks were taken */
+        if (!st && r.why == KILN_STOP_NONE) r.why = KILN_STOP_CONTEXT;
+    }
+    if (n_out) *n_out = r.count;
+    if (why) *why = r.why;
+    stats_since(g, &before, stats);
     return st;
 }
 
@@ -437,19 +540,7 @@ kiln_status kiln_gen_greedy(kiln_gen *g, const int32_t *prompt, int64_t n_prompt
     if (n_new > 1 && (st = kiln_gen_decode_greedy(g, out[0], n_new - 1, out + 1))) return st;
     g->stats.decode_ms += kb_now_ms() - t1;
     g->stats.decode_tokens += n_new > 1 ? n_new - 1 : 0;
-    if (stats) {
-        *stats = g->stats;
-        stats->prefill_tokens -= before.prefill_tokens;
-        stats->decode_tokens -= before.decode_tokens;
-        stats->prefill_ms -= before.prefill_ms;
-        stats->decode_ms -= before.decode_ms;
-        stats->prefill_gpu_ms -= before.prefill_gpu_ms;
-        stats->decode_gpu_ms -= before.decode_gpu_ms;
-        stats->inputs_ms -= before.inputs_ms;
-        stats->run_ms -= before.run_ms;
-        stats->readback_ms -= before.readback_ms;
-        stats->sample_ms -= before.sample_ms;
-    }
+    stats_since(g, &before, stats);
     return NULL;
 }
 

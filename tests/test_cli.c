@@ -302,9 +302,9 @@ START_TEST(model_run_flags_and_context_fit) {
     char m[4200], args[4400];
     tiny_model(m, sizeof m);
     snprintf(args, sizeof args, "run '%s' --tokens 1,2,3 -n 99999999999999999999 --cpu", m);
-    expect(2, args, "kiln run: -n 99999999999999999999: not an integer in 0 .. 2147483648", NULL);
+    expect(2, args, "kiln run: -n 99999999999999999999: not an integer in -1 .. 2147483648", NULL);
     snprintf(args, sizeof args, "run '%s' --tokens 1,2,3 -n 9223372036854775807 --cpu", m);
-    expect(2, args, "-n 9223372036854775807: must be 0 .. 2147483648", NULL);
+    expect(2, args, "-n 9223372036854775807: must be -1 .. 2147483648", NULL);
     snprintf(args, sizeof args, "run '%s' --tokens 1,2,3 --n-ctx 3000000000 --cpu", m);
     expect(2, args, "--n-ctx 3000000000: must be 1 .. 2147483648", NULL);
     snprintf(args, sizeof args, "run '%s' --tokens 1,2,3 --n-ctx 2048", m);

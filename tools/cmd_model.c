@@ -17,19 +17,30 @@
 #include <unistd.h>
 
 const char kt_run_model_help[] =
-    "usage: kiln run MODEL.gguf (--tokens ID,ID,... | --prompt TEXT) [-n N] [--n-ctx N] [--n-batch N]\n"
+    "usage: kiln run MODEL.gguf (--tokens ID,ID,... | --prompt TEXT) [-n N] [-r TEXT]... [--ignore-eos]\n"
+    "                           [--raw] [--n-ctx N] [--n-batch N]\n"
     "                           [--check] [--cpu] [--stats] [--no-cuda-graph] [--dump-logits FILE]\n"
     "                           [compile options]\n"
     "  builds the model's graph from the GGUF's hyperparameters (llama, qwen2, qwen3, qwen3moe;\n"
     "  f32/f16/bf16 weights or the quantized q8_0, q4_0, q4_K, q5_K, q6_K of Q8_0, Q4_0, Q4_K_M,\n"
     "  Q5_K_M and Q6_K files, each tensor in its own type), compiles it (cached), uploads the\n"
     "  weights, evaluates the prompt\n"
-    "  (prefill) and generates N tokens greedily (decode), then prints the generated ids, the text\n"
-    "  when the GGUF has a tokenizer, and prefill and decode speed.\n"
+    "  (prefill) and generates greedily (decode): the text streams token by token on the 'text:'\n"
+    "  line (escaped; whole UTF-8 characters) when the GGUF has a tokenizer, then the generated\n"
+    "  ids, why generation stopped, and prefill and decode speed. Generation stops after N tokens,\n"
+    "  at an end-of-generation token (eos, eot, eom and the end-of-turn tokens llama.cpp knows by\n"
+    "  their text: <|eot_id|>, <|im_end|>, <end_of_turn>, ...), at a stop string, or when the\n"
+    "  context is full.\n"
     "  --tokens LIST    the prompt as token ids, comma-separated, each 0 .. n_vocab - 1\n"
     "  --prompt TEXT    the prompt as text, tokenized with the GGUF's vocabulary (byte-level BPE,\n"
     "                   or SentencePiece: tokenizer.ggml.model gpt2 or llama)\n"
-    "  -n N             tokens to generate (default 32)\n"
+    "  -n N             tokens to generate at most (default 32; -1: until an end-of-generation\n"
+    "                   token, a stop string or a full context)\n"
+    "  -r, --reverse-prompt TEXT  a stop string (up to 16): generation ends where one appears in\n"
+    "                   the text, which is printed up to it (llama.cpp's server 'stop')\n"
+    "  --ignore-eos     do not stop at end-of-generation tokens\n"
+    "  --raw            print only the generated text, raw (as llama-cli), on stdout; everything\n"
+    "                   else goes to stderr\n"
     "  --n-ctx N        KV cache slots, at most the model's training context (default: 4096, or\n"
     "                   that context when smaller); the prompt plus N - 1 tokens must fit (the\n"
     "                   last token generated is not stored), checked before anything compiles\n"
@@ -50,6 +61,8 @@ const char kt_run_model_help[] =
     "  --no-fuse=NAME[,NAME]\n"
     "  (see 'kiln help compile')\n";
 
+#define RM_MAX_STOPS 16
+
 typedef struct {
     const char *path, *tokens, *prompt, *arch, *cache_dir, *dump, *dump_logits;
     char       *file_text; /* -f/--file: the prompt read from a file (owned) */
@@ -57,8 +70,10 @@ typedef struct {
     int64_t     nids;
     int64_t     n_new, n_ctx, n_batch;
     int         jobs;
-    bool        check, cpu, no_graph, no_cache, no_fuse, stats;
+    bool        check, cpu, no_graph, no_cache, no_fuse, stats, ignore_eos, raw;
     char        no_fuse_passes[256]; /* --no-fuse=NAME[,NAME]: the names, comma-separated */
+    const char *stops[RM_MAX_STOPS]; /* -r/--reverse-prompt */
+    int         nstops;
 } rm_args;
 
 static int usage(const char *fmt, const char *arg) {
@@ -96,9 +111,19 @@ bool kt_run_model_takes_value(const char *o) {
     return !strcmp(o, "--tokens") || !strcmp(o, "--prompt") || !strcmp(o, "-n") || !strcmp(o, "--n-ctx") ||
            !strcmp(o, "-p") || !strcmp(o, "-f") || !strcmp(o, "--file") || !strcmp(o, "--n-predict") ||
            !strcmp(o, "-c") || !strcmp(o, "--ctx-size") || !strcmp(o, "-b") || !strcmp(o, "--batch-size") ||
+           !strcmp(o, "-r") || !strcmp(o, "--reverse-prompt") ||
            kt_run_model_path_flag(o) ||
            !strcmp(o, "--n-batch") || !strcmp(o, "--arch") || !strcmp(o, "--cache-dir") || !strcmp(o, "--jobs") ||
            !strcmp(o, "--dump-cu") || !strcmp(o, "--dump-logits");
+}
+
+/* -r/--reverse-prompt TEXT: a stop string (llama.cpp's name; as its server's "stop", generation
+ * ends where one appears and the text stops before it). */
+static bool add_stop(rm_args *a, const char *o, const char *v) {
+    if (!*v) return kt_flag_usage("run", "%s: the stop string is empty", o);
+    if (a->nstops == RM_MAX_STOPS) return kt_flag_usage("run", "%s: at most %d stop strings", o, RM_MAX_STOPS);
+    a->stops[a->nstops++] = v;
+    return true;
 }
 
 /* A second prompt option (--prompt, -p, -f): a usage error naming it. */
@@ -123,7 +148,8 @@ static int parse(int argc, char **argv, rm_args *a) {
             a->prompt = v;
         }
         else if (!strcmp(o, "-f") || !strcmp(o, "--file")) ok = (!a->prompt || dup_prompt(o)) && read_prompt_file(a, v);
-        else if (!strcmp(o, "-n") || !strcmp(o, "--n-predict")) ok = kt_flag_int("run", o, v, 0, KT_FLAG_MAX_CTX, &a->n_new);
+        else if (!strcmp(o, "-n") || !strcmp(o, "--n-predict")) ok = kt_flag_int("run", o, v, -1, KT_FLAG_MAX_CTX, &a->n_new);
+        else if (!strcmp(o, "-r") || !strcmp(o, "--reverse-prompt")) ok = add_stop(a, o, v);
         else if (!strcmp(o, "--n-ctx") || !strcmp(o, "-c") || !strcmp(o, "--ctx-size"))
             ok = kt_flag_int("run", o, v, 1, KT_FLAG_MAX_CTX, &a->n_ctx);
         else if (!strcmp(o, "--n-batch") || !strcmp(o, "-b") || !strcmp(o, "--batch-size"))
@@ -142,6 +168,8 @@ static int parse(int argc, char **argv, rm_args *a) {
         else if (!strcmp(o, "--check")) a->check = true;
         else if (!strcmp(o, "--stats")) a->stats = true;
         else if (!strcmp(o, "--cpu")) a->cpu = true;
+        else if (!strcmp(o, "--ignore-eos")) a->ignore_eos = true;
+        else if (!strcmp(o, "--raw")) a->raw = true;
         else if (!strcmp(o, "--no-cuda-graph")) a->no_graph = true;
         else if (!strcmp(o, "--no-cache")) a->no_cache = true;
         else if (!strcmp(o, "--no-fuse")) a->no_fuse = true;
@@ -349,31 +377,169 @@ static kiln_status dump_logits(kiln_gen *g, const int32_t *prompt, int64_t np, i
     return st ? kb_wrap(st, "--dump-logits %s", path) : NULL;
 }
 
+/* ---- streaming: the text of the generated tokens, printed as they come ----------------------- */
+
+typedef struct {
+    const rm_args        *a;
+    const kiln_tokenizer *tok;  /* NULL: ids only */
+    FILE                 *out;  /* the text's stream */
+    int32_t              *ids;  /* the generated tokens */
+    int64_t               n, cap;
+    size_t                shown; /* bytes of the text printed so far */
+    int                   stop;  /* the -r string that ended generation, or -1 */
+    kiln_status           err;   /* a detokenizing failure: generation stops */
+} stream;
+
+/* Bytes at the end of t[0..n) that start a UTF-8 sequence not complete yet (held back so that a
+ * character split across tokens is printed whole). */
+static size_t utf8_partial(const char *t, size_t n) {
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        unsigned char c = (unsigned char)t[n - k];
+        if ((c & 0xC0) == 0x80) continue; /* a continuation byte: look further back */
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return need > k ? k : 0;
+    }
+    return 0;
+}
+
+/* The longest tail of t[0..n) that begins some stop string (it may yet become one: held back). */
+static size_t stop_prefix(const rm_args *a, const char *t, size_t n) {
+    size_t best = 0;
+    for (int i = 0; i < a->nstops; i++) {
+        size_t ls = strlen(a->stops[i]);
+        for (size_t k = ls - 1 < n ? ls - 1 : n; k > best; k--)
+            if (memcmp(t + n - k, a->stops[i], k) == 0) {
+                best = k;
+                break;
+            }
+    }
+    return best;
+}
+
+static void emit(stream *s, const char *t, size_t upto) {
+    if (upto <= s->shown) return;
+    if (s->a->raw) fwrite(t + s->shown, 1, upto - s->shown, s->out);
+    else print_escaped(t + s->shown, upto - s->shown);
+    fflush(s->out);
+    s->shown = upto;
+}
+
+/* kiln_gen_params.on_token: keeps the id, prints the text that is final (not a possible start of
+ * a stop string, no split character), and stops at a stop string (the text ends before it). */
+static bool stream_token(void *user, int32_t id) {
+    stream *s = user;
+    if (s->n == s->cap) {
+        int64_t  cap = s->cap ? 2 * s->cap : 256;
+        int32_t *ids = realloc(s->ids, sizeof *ids * (size_t)cap);
+        if (!ids) {
+            s->err = kb_oom();
+            return true;
+        }
+        s->ids = ids, s->cap = cap;
+    }
+    s->ids[s->n++] = id;
+    if (!s->tok) return false;
+    char  *t;
+    size_t len;
+    /* The whole text again: a token's text may depend on the one before it (SentencePiece's
+     * leading space), and the text of a prefix of ids is a prefix of the text. */
+    if ((s->err = kiln_detokenize(s->tok, s->ids, s->n, &t, &len))) return true;
+    size_t upto = len;
+    for (int i = 0; i < s->a->nstops; i++) {
+        const char *hit = memmem(t, len, s->a->stops[i], strlen(s->a->stops[i]));
+        if (hit && (size_t)(hit - t) < upto) upto = (size_t)(hit - t), s->stop = i;
+    }
+    if (s->stop < 0) {
+        size_t held = stop_prefix(s->a, t, len), part = utf8_partial(t, len);
+        upto = len - (held > part ? held : part);
+    }
+    emit(s, t, upto);
+    free(t);
+    return s->stop >= 0;
+}
+
+/* At the end: what was held back for a stop string that never came. */
+static void stream_finish(stream *s) {
+    char  *t;
+    size_t len;
+    if (!s->tok || s->stop >= 0 || s->err || kiln_detokenize(s->tok, s->ids, s->n, &t, &len)) return;
+    emit(s, t, len);
+    free(t);
+}
+
+static void print_stop(const rm_args *a, const stream *s, kiln_stop why, const kiln_gen *g) {
+    switch (why) {
+    case KILN_STOP_EOG: printf("stop: end of generation token\n"); break;
+    case KILN_STOP_CALLER: printf("stop: stop string \"%s\" (-r)\n", a->stops[s->stop >= 0 ? s->stop : 0]); break;
+    case KILN_STOP_CONTEXT: printf("stop: the context is full (%lld tokens)\n", (long long)kiln_gen_pos(g)); break;
+    default: printf("stop: -n %lld tokens\n", (long long)a->n_new); break;
+    }
+}
+
 static kiln_status generate(const rm_args *a, const kiln_model *m, const kiln_tokenizer *tok, const int32_t *prompt,
-                            int64_t np) {
+                            int64_t np, FILE *text) {
     kiln_compile_opts co = {0};
     kiln_session_opts so = {0};
     kt_progress       ps[2] = {{.tty = isatty(2)}, {.tty = isatty(2)}};
     kiln_gen_opts     go = gen_opts(a, &co, &so, ps);
-    int32_t          *out = malloc(sizeof *out * (size_t)(a->n_new + 1));
     kiln_gen         *g = NULL;
-    kiln_gen_stats    s;
-    kiln_status       st = out ? kiln_gen_new(m, &go, &g) : kb_oom();
-    if (!st) print_load(g, !a->cpu);
-    if (!st) st = kiln_gen_greedy(g, prompt, np, a->n_new, out, &s);
+    kiln_gen_stats    gs;
+    int32_t          *eog = NULL;
+    int64_t           neog = 0, n = 0;
+    kiln_stop         why = KILN_STOP_NONE;
+    stream            s = {.a = a, .tok = tok, .out = text, .stop = -1};
+    kiln_status       st = kiln_gen_new(m, &go, &g);
+    if (!st && tok && !a->ignore_eos) st = kiln_tokenizer_eog(tok, kiln_model_gguf(m), &eog, &neog);
     if (!st) {
+        print_load(g, !a->cpu);
         print_ids("prompt", prompt, np);
         print_text(tok, "prompt text", prompt, np);
-        print_ids("generated", out, a->n_new);
-        print_text(tok, "text", out, a->n_new);
-        print_speed(&s, !a->cpu);
-        if (a->stats) print_breakdown(&s);
+        if (tok && !a->raw) printf("text: \"");
+        fflush(stdout);
+        kiln_gen_params gp = {.n_predict = a->n_new, .eog = eog, .n_eog = neog, .on_token = stream_token, .user = &s};
+        st = kiln_gen_generate(g, prompt, np, &gp, &n, &why, &gs);
+        if (!st) st = s.err;
+        stream_finish(&s);
+        if (tok && !a->raw) printf("\"\n");
+        if (tok && a->raw) fputc('\n', text), fflush(text);
+    }
+    if (!st) {
+        print_ids("generated", s.ids, s.n);
+        print_stop(a, &s, why, g);
+        print_speed(&gs, !a->cpu);
+        if (a->stats) print_breakdown(&gs);
     }
     if (!st && a->dump_logits) st = dump_logits(g, prompt, np, kiln_model_get_hparams(m)->n_vocab, a->dump_logits);
     kiln_gen_free(g); /* before --check's sessions: one model's weights on the GPU at a time */
-    if (!st && a->check) st = run_check(m, &go, prompt, np, out, a->n_new);
-    free(out);
+    if (!st && a->check) st = run_check(m, &go, prompt, np, s.ids, s.n);
+    free(eog);
+    free(s.ids);
     return st;
+}
+
+/* --raw: the generated text alone on stdout, as llama-cli prints it, and everything else (the
+ * model, compile and speed lines of the shared printers) on stderr. Gives the text's stream. */
+static FILE *raw_streams(bool raw, int *saved) {
+    *saved = -1;
+    if (!raw) return stdout;
+    fflush(stdout);
+    int   fd = dup(1);
+    FILE *text = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!text) {
+        if (fd >= 0) close(fd);
+        return stdout;
+    }
+    *saved = dup(1);
+    dup2(2, 1);
+    return text;
+}
+
+static void raw_restore(FILE *text, int saved) {
+    if (saved < 0) return;
+    fflush(stdout);
+    fclose(text);
+    dup2(saved, 1);
+    close(saved);
 }
 
 static int run_model(rm_args *a) {
@@ -382,18 +548,20 @@ static int run_model(rm_args *a) {
     int32_t        *prompt = NULL;
     int64_t         np = 0;
     int             rc = KT_EXIT_OK;
+    int             saved;
+    FILE           *text = raw_streams(a->raw, &saved);
     kiln_status     st = kiln_model_open(a->path, &m);
-    if (st) return kt_fail(NULL, st);
-    print_model(a, m);
-    kiln_status ts = kiln_tokenizer_from_gguf(kiln_model_gguf(m), &tok);
+    if (!st) print_model(a, m);
+    kiln_status ts = st ? NULL : kiln_tokenizer_from_gguf(kiln_model_gguf(m), &tok);
     if (ts && a->prompt) st = kb_wrap(ts, "--prompt");
     else kiln_status_free(ts); /* without a usable vocabulary ids are printed alone */
     if (!st) st = prompt_ids(a, tok, &prompt, &np);
     if (!st && !fits(a, kiln_model_get_hparams(m), prompt, np)) rc = KT_EXIT_USAGE;
-    if (!st && rc == KT_EXIT_OK) st = generate(a, m, tok, prompt, np);
+    if (!st && rc == KT_EXIT_OK) st = generate(a, m, tok, prompt, np, text);
     free(prompt);
     kiln_tokenizer_free(tok);
     kiln_model_close(m);
+    raw_restore(text, saved);
     return st ? kt_fail(NULL, st) : rc;
 }
 

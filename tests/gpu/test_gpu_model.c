@@ -127,6 +127,68 @@ START_TEST(greedy_tokens_identical) {
 }
 END_TEST
 
+typedef struct {
+    int32_t ids[DECODE_STEPS];
+    int     n, stop_after;
+} picks;
+
+static bool take(void *user, int32_t id) {
+    picks *p = user;
+    p->ids[p->n++] = id;
+    return p->stop_after && p->n == p->stop_after;
+}
+
+/* kiln_gen_generate with a stop on the GPU (the chained steps: the step queued after the stop
+ * is dropped) and on the CPU: the same tokens, the same position, and a second turn from there
+ * gives the same tokens again (the cache past the stop is not used). */
+START_TEST(generate_stops_match_cpu) {
+    need_gpu();
+    kiln_model *m = tiny_model(archs[_i], 33);
+    kiln_gen   *side[2] = {gen(m, false, 8), gen(m, true, 8)};
+    picks       got[2][2];
+    int64_t     pos[2];
+    memset(got, 0, sizeof got);
+    got[0][0].stop_after = got[1][0].stop_after = 5;
+    for (int k = 0; k < 2; k++) {
+        kiln_gen_params p = {.n_predict = DECODE_STEPS, .on_token = take, .user = &got[k][0]};
+        kiln_stop       why;
+        TS_OK(kiln_gen_generate(side[k], prompt, 7, &p, NULL, &why, NULL));
+        ck_assert_int_eq(why, KILN_STOP_CALLER);
+        pos[k] = kiln_gen_pos(side[k]);
+        /* The next turn: the last token (never fed), until an end-of-generation pick of the token
+         * the CPU generated 3rd in this turn (or the limit). */
+        p.user = &got[k][1];
+        p.n_predict = 12;
+        TS_OK(kiln_gen_generate(side[k], &got[k][0].ids[4], 1, &p, NULL, NULL, NULL));
+    }
+    ck_assert_int_eq(pos[0], pos[1]);
+    ck_assert_int_eq(pos[0], 7 + 4);
+    for (int t = 0; t < 2; t++) {
+        ck_assert_int_eq(got[0][t].n, got[1][t].n);
+        ck_assert_msg(memcmp(got[0][t].ids, got[1][t].ids, sizeof(int32_t) * (size_t)got[1][t].n) == 0,
+                      "%s: turn %d: the GPU generated other tokens than the CPU", archs[_i], t);
+    }
+    /* An end-of-generation pick: the first token of the second turn that is new. */
+    int32_t eog = got[1][1].ids[0];
+    for (int k = 0; k < 2; k++) {
+        kiln_gen_reset(side[k]);
+        picks           q = {0};
+        kiln_gen_params p = {.n_predict = DECODE_STEPS, .eog = &eog, .n_eog = 1, .on_token = take, .user = &q};
+        kiln_stop       why;
+        TS_OK(kiln_gen_generate(side[k], prompt, 7, &p, NULL, &why, NULL));
+        pos[k] = kiln_gen_pos(side[k]);
+        got[k][0] = q;
+        ck_assert_msg(why == KILN_STOP_EOG || why == KILN_STOP_LIMIT, "%s: stop %d", archs[_i], (int)why);
+    }
+    ck_assert_int_eq(pos[0], pos[1]);
+    ck_assert_int_eq(got[0][0].n, got[1][0].n);
+    ck_assert(memcmp(got[0][0].ids, got[1][0].ids, sizeof(int32_t) * (size_t)got[1][0].n) == 0);
+    kiln_gen_free(side[0]);
+    kiln_gen_free(side[1]);
+    kiln_model_close(m);
+}
+END_TEST
+
 /* kiln run MODEL.gguf --check: the command's own comparison passes. */
 START_TEST(cli_run_check) {
     need_gpu();
@@ -302,7 +364,8 @@ static void teardown(void) { ts_tmpdir_free(g_dir); }
 int main(void) {
     Suite *s = TS_SUITE("gpu_model",
                         TS_CASE_FIXTURE("gpu_model", 300, setup, teardown),
-                        TS_LOOP(0, 4, prefill_and_decode_match_cpu, greedy_tokens_identical), TS_TESTS(cli_run_check),
+                        TS_LOOP(0, 4, prefill_and_decode_match_cpu, greedy_tokens_identical, generate_stops_match_cpu),
+                        TS_TESTS(cli_run_check),
                         TS_LOOP(0, 2, device_fill_equals_file),
                         TS_CASE_FIXTURE("quant", 300, setup, teardown),
                         TS_LOOP(0, N_QUANT_FTYPES * N_QUANT_VARIANTS, quantized_greedy_tokens_identical));

@@ -1,0 +1,264 @@
+/* Generation that stops (issue 26): kiln_gen_generate on the CPU reference — the -n limit, an
+ * end-of-generation pick, the caller's stop, a full cache, a prefill alone — with the tokens of
+ * kiln_gen_greedy and the cache position the next turn starts from; kiln_tokenizer_eog's set as
+ * llama.cpp's loader makes it; and `kiln run MODEL` streaming its text (byte-equal to the text
+ * of its ids), -n -1, -r stop strings, --raw and --ignore-eos. No GPU. */
+#include "tests/support.h"
+
+#include "model/tokenizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *g_dir;
+
+static char *tiny_model(const char *name) {
+    char *path = malloc(strlen(g_dir) + strlen(name) + 2), cmd[1024];
+    sprintf(path, "%s/%s", g_dir, name);
+    snprintf(cmd, sizeof cmd, "%s gen-model --preset tiny --seed 3 -o %s >/dev/null 2>&1", ts_kiln_bin(), path);
+    ck_assert_int_eq(ts_run(cmd, NULL), 0);
+    return path;
+}
+
+static kiln_gen *cpu_gen(const kiln_model *m, int64_t n_ctx) {
+    kiln_gen_opts o = {.n_ctx = n_ctx, .n_batch = 8, .cpu = true};
+    kiln_gen     *g;
+    TS_OK(kiln_gen_new(m, &o, &g));
+    return g;
+}
+
+static const int32_t prompt[5] = {1, 17, 300, 5, 42};
+
+typedef struct {
+    int32_t ids[64];
+    int64_t n, stop_after; /* on_token stops once it has seen stop_after tokens (0: never) */
+} seen;
+
+static bool on_token(void *user, int32_t id) {
+    seen *s = user;
+    s->ids[s->n++] = id;
+    return s->stop_after && s->n == s->stop_after;
+}
+
+/* One generation from the prompt on a fresh generator; the tokens it reported go to *s. */
+static kiln_stop run(const kiln_model *m, int64_t n_ctx, int64_t n_predict, const int32_t *eog, int64_t n_eog, seen *s,
+                     int64_t *pos) {
+    kiln_gen       *g = cpu_gen(m, n_ctx);
+    kiln_gen_params p = {.n_predict = n_predict, .eog = eog, .n_eog = n_eog, .on_token = on_token, .user = s};
+    kiln_stop       why = KILN_STOP_NONE;
+    int64_t         n = -1;
+    kiln_gen_stats  st;
+    TS_OK(kiln_gen_generate(g, prompt, 5, &p, &n, &why, &st));
+    ck_assert_int_eq(n, s->n);
+    ck_assert_int_eq(st.prefill_tokens, 5);
+    *pos = kiln_gen_pos(g);
+    ck_assert_int_eq(st.decode_tokens, *pos - 5);
+    kiln_gen_free(g);
+    return why;
+}
+
+START_TEST(stops) {
+    char       *path = tiny_model("gen.gguf");
+    kiln_model *m;
+    TS_OK(kiln_model_open(path, &m));
+    int32_t   want[12];
+    kiln_gen *g = cpu_gen(m, 64);
+    TS_OK(kiln_gen_greedy(g, prompt, 5, 12, want, NULL));
+    kiln_gen_free(g);
+    int64_t pos;
+    /* The limit: kiln_gen_greedy's tokens; the last is not in the cache. */
+    seen a = {0};
+    ck_assert_int_eq(run(m, 64, 12, NULL, 0, &a, &pos), KILN_STOP_LIMIT);
+    ck_assert_int_eq(a.n, 12);
+    ck_assert(memcmp(a.ids, want, sizeof want) == 0);
+    ck_assert_int_eq(pos, 5 + 11);
+    /* An end-of-generation pick (the first greedy token from the 4th on that did not come before)
+     * is not reported and not fed: the cache holds the k reported. */
+    int64_t k = 3;
+    for (bool earlier = true; k < 12 && earlier; k += earlier) {
+        earlier = false;
+        for (int64_t j = 0; j < k; j++) earlier |= want[j] == want[k];
+    }
+    ck_assert_msg(k < 12, "the tiny model repeats one token: pick another seed");
+    seen b = {0};
+    ck_assert_int_eq(run(m, 64, 12, &want[k], 1, &b, &pos), KILN_STOP_EOG);
+    ck_assert_int_eq(b.n, k);
+    ck_assert(memcmp(b.ids, want, sizeof *want * (size_t)k) == 0);
+    ck_assert_int_eq(pos, 5 + k);
+    /* The first pick ends generation: nothing is reported, the prompt alone is in the cache. */
+    seen c = {0};
+    ck_assert_int_eq(run(m, 64, 12, &want[0], 1, &c, &pos), KILN_STOP_EOG);
+    ck_assert_int_eq(c.n, 0);
+    ck_assert_int_eq(pos, 5);
+    /* The caller stops after its 2nd token: reported, not fed. */
+    seen d = {.stop_after = 2};
+    ck_assert_int_eq(run(m, 64, 12, NULL, 0, &d, &pos), KILN_STOP_CALLER);
+    ck_assert_int_eq(d.n, 2);
+    ck_assert_int_eq(pos, 5 + 1);
+    /* -1: until the cache is full (n_ctx 16: 5 + 11 fed, 12 reported). */
+    seen e = {0};
+    ck_assert_int_eq(run(m, 16, -1, NULL, 0, &e, &pos), KILN_STOP_CONTEXT);
+    ck_assert_int_eq(e.n, 12);
+    ck_assert(memcmp(e.ids, want, sizeof want) == 0);
+    ck_assert_int_eq(pos, 16);
+    /* 0: the prompt alone. */
+    seen f = {0};
+    ck_assert_int_eq(run(m, 64, 0, NULL, 0, &f, &pos), KILN_STOP_LIMIT);
+    ck_assert_int_eq(f.n, 0);
+    ck_assert_int_eq(pos, 5);
+    /* A second turn goes on from the position: prompt + 3 tokens, then 2 more. */
+    g = cpu_gen(m, 64);
+    seen            h = {.stop_after = 3};
+    kiln_gen_params p = {.n_predict = -1, .on_token = on_token, .user = &h};
+    TS_OK(kiln_gen_generate(g, prompt, 5, &p, NULL, NULL, NULL));
+    ck_assert_int_eq(kiln_gen_pos(g), 5 + 2);
+    p.n_predict = 2, h.stop_after = 0;
+    TS_OK(kiln_gen_generate(g, &h.ids[2], 1, &p, NULL, NULL, NULL)); /* the 3rd token, never fed */
+    ck_assert_int_eq(h.n, 5);
+    ck_assert(memcmp(h.ids, want, sizeof *want * 5) == 0);
+    ck_assert_int_eq(kiln_gen_pos(g), 5 + 4);
+    kiln_gen_free(g);
+    /* Bad arguments are errors, not crashes. */
+    g = cpu_gen(m, 64);
+    ts_expect_status(kiln_gen_generate(g, prompt, 0, &p, NULL, NULL, NULL), KILN_ERR_INVALID, "empty prompt");
+    ts_expect_status(kiln_gen_generate(g, prompt, 5, NULL, NULL, NULL, NULL), KILN_ERR_INVALID, "bad argument");
+    kiln_gen_params bad = {.n_predict = 1, .n_eog = 2};
+    ts_expect_status(kiln_gen_generate(g, prompt, 5, &bad, NULL, NULL, NULL), KILN_ERR_INVALID, "bad argument");
+    kiln_gen_free(g);
+    kiln_model_close(m);
+    free(path);
+}
+END_TEST
+
+/* A byte-level BPE vocabulary: the 256 byte tokens, then the given extra texts. */
+static kiln_tokenizer *vocab(const char *const *extra, int ne, int32_t eos) {
+    const char **toks = calloc(256 + (size_t)ne, sizeof *toks);
+    char        *store = calloc(256, 8);
+    for (int b = 0; b < 256; b++) {
+        km_utf8_encode(km_byte_to_cp((uint8_t)b), (uint8_t *)store + 8 * b);
+        toks[b] = store + 8 * b;
+    }
+    for (int i = 0; i < ne; i++) toks[256 + i] = extra[i];
+    kiln_tokenizer_spec spec = {.n_tokens = 256 + ne, .tokens = toks, .pre = "gpt2", .bos = -1, .eos = eos};
+    kiln_tokenizer     *t = NULL;
+    TS_OK(kiln_tokenizer_new(&spec, &t));
+    free(toks);
+    free(store);
+    return t;
+}
+
+static bool has(const int32_t *ids, int64_t n, int32_t id) {
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] == id) return true;
+    return false;
+}
+
+/* llama.cpp's texts, its fill-in-the-middle tokens, eos, and the gpt-oss rule for <|end|>. */
+START_TEST(eog_set) {
+    static const char *const extra[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|fim_pad|>",
+                                        "<|file_sep|>", "<|im_start|>", "<|eot_id|>x", "<s>"};
+    kiln_tokenizer *t = vocab(extra, 9, 256 + 8);
+    int32_t        *ids;
+    int64_t         n;
+    TS_OK(kiln_tokenizer_eog(t, NULL, &ids, &n));
+    ck_assert_int_eq(n, 7);
+    for (int i = 0; i < 6; i++) ck_assert_msg(has(ids, n, 256 + i), "%s is not end of generation", extra[i]);
+    ck_assert(has(ids, n, 256 + 8));                                 /* eos */
+    ck_assert(!has(ids, n, 256 + 6) && !has(ids, n, 256 + 7));       /* <|im_start|>, a longer text */
+    free(ids);
+    kiln_tokenizer_free(t);
+    /* gpt-oss: with <|return|> and <|call|>, <|end|> ends a message only. */
+    static const char *const oss[] = {"<|end|>", "<|return|>", "<|call|>", "<|start|>"};
+    t = vocab(oss, 4, -1);
+    TS_OK(kiln_tokenizer_eog(t, NULL, &ids, &n));
+    ck_assert_int_eq(n, 2);
+    ck_assert(has(ids, n, 257) && has(ids, n, 258) && !has(ids, n, 256));
+    free(ids);
+    kiln_tokenizer_free(t);
+    ts_expect_status(kiln_tokenizer_eog(NULL, NULL, &ids, &n), KILN_ERR_INVALID, "NULL argument");
+}
+END_TEST
+
+/* Runs kiln with args; its exit status, and stdout (and stderr when `both`) into *out. */
+static int kiln(const char *args, bool both, char **out) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s run %s%s", ts_kiln_bin(), args, both ? "" : " 2>/dev/null");
+    return ts_run(cmd, out);
+}
+
+/* The line of out that starts with `key` (its rest, up to the newline; caller frees), or NULL. */
+static char *line(const char *out, const char *key) {
+    const char *p = strstr(out, key);
+    if (!p) return NULL;
+    p += strlen(key);
+    const char *e = strchr(p, '\n');
+    return strndup(p, e ? (size_t)(e - p) : strlen(p));
+}
+
+START_TEST(cli_stream_and_stops) {
+    char *path = tiny_model("cli.gguf"), args[1024], *out = NULL;
+    /* The streamed text is the text of the generated ids (kiln_detokenize, checked through the
+     * "prompt text" printer of the same ids given as the prompt). */
+    snprintf(args, sizeof args, "%s --cpu -p 'Hello world' -n 12", path);
+    ck_assert_int_eq(kiln(args, true, &out), 0);
+    char *text = line(out, "\ntext: \""), *ids = line(out, "\ngenerated: ");
+    ck_assert_msg(text && ids && strstr(out, "stop: -n 12 tokens\n"), "%s", out);
+    ck_assert(text[strlen(text) - 1] == '"');
+    text[strlen(text) - 1] = 0;
+    for (char *c = ids; *c; c++) *c = *c == ' ' ? ',' : *c;
+    free(out);
+    snprintf(args, sizeof args, "%s --cpu --tokens %s -n 1", path, ids);
+    ck_assert_int_eq(kiln(args, true, &out), 0);
+    char *again = line(out, "prompt text: \"");
+    ck_assert(again);
+    again[strlen(again) - 1] = 0;
+    ck_assert_str_eq(again, text);
+    free(out);
+    /* -r: generation stops where the string appears, the text ends before it. The string is a
+     * piece of the text above, from its 4th byte (not an escaped byte). */
+    char stop[8] = {0};
+    memcpy(stop, text + 3, 3);
+    ck_assert(!strchr(stop, '\\') && !strchr(stop, '\''));
+    snprintf(args, sizeof args, "%s --cpu -p 'Hello world' -n 12 -r '%s' -r zzzz", path, stop);
+    ck_assert_int_eq(kiln(args, true, &out), 0);
+    char *cut = line(out, "\ntext: \"");
+    ck_assert_msg(cut && strstr(out, "(-r)\n"), "%s", out);
+    ck_assert_msg(strlen(cut) == strlen(text) - strlen(strstr(text, stop)) + 1, "text '%s' cut at '%s': '%s'", text, stop, cut);
+    free(cut);
+    free(out);
+    /* --raw: the text alone on stdout, raw. */
+    snprintf(args, sizeof args, "%s --cpu -p 'Hello world' -n 12 -r '%s' --raw", path, stop);
+    ck_assert_int_eq(kiln(args, false, &out), 0);
+    ck_assert_int_eq(strlen(out), strstr(text, stop) - text + 1);
+    ck_assert(strncmp(out, text, strlen(out) - 1) == 0 && out[strlen(out) - 1] == '\n');
+    free(out);
+    /* -n -1: to a full context (-c 12: 5 prompt tokens and 8 generated, the last not stored). */
+    snprintf(args, sizeof args, "%s --cpu --tokens 1,2,3,4,5 -n -1 -c 12 --ignore-eos", path);
+    ck_assert_int_eq(kiln(args, true, &out), 0);
+    ck_assert_msg(strstr(out, "stop: the context is full (12 tokens)\n") && strstr(out, "decode: 7 tokens"), "%s", out);
+    free(out);
+    /* Refusals name the flag. */
+    snprintf(args, sizeof args, "%s --cpu --tokens 1 -r ''", path);
+    ck_assert_int_eq(kiln(args, true, &out), 2);
+    ck_assert_msg(strstr(out, "-r: the stop string is empty"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "%s --cpu --tokens 1 -n -2", path);
+    ck_assert_int_eq(kiln(args, true, &out), 2);
+    ck_assert_msg(strstr(out, "-n -2"), "%s", out);
+    free(out);
+    free(text);
+    free(ids);
+    free(again);
+    free(path);
+}
+END_TEST
+
+static void setup(void) { g_dir = ts_tmpdir(); }
+static void teardown(void) { ts_tmpdir_free(g_dir); }
+
+int main(void) {
+    Suite *s = TS_SUITE("generate", TS_CASE_FIXTURE("generate", 120, setup, teardown),
+                        TS_TESTS(stops, eog_set, cli_stream_and_stops));
+    return ts_main(s);
+}
