@@ -238,6 +238,12 @@ START_TEST(cli_stream_and_stops) {
     ck_assert_int_eq(kiln(args, true, &out), 0);
     ck_assert_msg(strstr(out, "stop: the context is full (12 tokens)\n") && strstr(out, "decode: 7 tokens"), "%s", out);
     free(out);
+    /* --verbose-prompt lists the prompt's tokens with their texts. */
+    snprintf(args, sizeof args, "%s --cpu -p 'Hello world' -n 1 --verbose-prompt", path);
+    ck_assert_int_eq(kiln(args, true, &out), 0);
+    ck_assert_msg(strstr(out, "number of tokens in prompt = 7\n") && strstr(out, " -> 'H'\n") &&
+                      strstr(out, " -> ' wor'\n"), "%s", out);
+    free(out);
     /* Refusals name the flag. */
     snprintf(args, sizeof args, "%s --cpu --tokens 1 -r ''", path);
     ck_assert_int_eq(kiln(args, true, &out), 2);

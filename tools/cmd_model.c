@@ -18,7 +18,7 @@
 
 const char kt_run_model_help[] =
     "usage: kiln run MODEL.gguf (--tokens ID,ID,... | --prompt TEXT) [-n N] [-r TEXT]... [--ignore-eos]\n"
-    "                           [--raw] [--n-ctx N] [--n-batch N]\n"
+    "                           [--raw] [--verbose-prompt] [--n-ctx N] [--n-batch N]\n"
     "                           [--check] [--cpu] [--stats] [--no-cuda-graph] [--dump-logits FILE]\n"
     "                           [compile options]\n"
     "  builds the model's graph from the GGUF's hyperparameters (llama, qwen2, qwen3, qwen3moe;\n"
@@ -41,6 +41,7 @@ const char kt_run_model_help[] =
     "  --ignore-eos     do not stop at end-of-generation tokens\n"
     "  --raw            print only the generated text, raw (as llama-cli), on stdout; everything\n"
     "                   else goes to stderr\n"
+    "  --verbose-prompt list the prompt's tokens, each id with its text\n"
     "  --n-ctx N        KV cache slots, at most the model's training context (default: 4096, or\n"
     "                   that context when smaller); the prompt plus N - 1 tokens must fit (the\n"
     "                   last token generated is not stored), checked before anything compiles\n"
@@ -70,7 +71,7 @@ typedef struct {
     int64_t     nids;
     int64_t     n_new, n_ctx, n_batch;
     int         jobs;
-    bool        check, cpu, no_graph, no_cache, no_fuse, stats, ignore_eos, raw;
+    bool        check, cpu, no_graph, no_cache, no_fuse, stats, ignore_eos, raw, verbose_prompt;
     char        no_fuse_passes[256]; /* --no-fuse=NAME[,NAME]: the names, comma-separated */
     const char *stops[RM_MAX_STOPS]; /* -r/--reverse-prompt */
     int         nstops;
@@ -170,6 +171,7 @@ static int parse(int argc, char **argv, rm_args *a) {
         else if (!strcmp(o, "--cpu")) a->cpu = true;
         else if (!strcmp(o, "--ignore-eos")) a->ignore_eos = true;
         else if (!strcmp(o, "--raw")) a->raw = true;
+        else if (!strcmp(o, "--verbose-prompt")) a->verbose_prompt = true;
         else if (!strcmp(o, "--no-cuda-graph")) a->no_graph = true;
         else if (!strcmp(o, "--no-cache")) a->no_cache = true;
         else if (!strcmp(o, "--no-fuse")) a->no_fuse = true;
@@ -242,6 +244,21 @@ static void print_text(const kiln_tokenizer *tok, const char *label, const int32
     print_escaped(text, len);
     printf("\"\n");
     free(text);
+}
+
+/* --verbose-prompt: each prompt token and its text, as llama.cpp lists them. */
+static void print_prompt_tokens(const kiln_tokenizer *tok, const int32_t *ids, int64_t n) {
+    printf("number of tokens in prompt = %lld\n", (long long)n);
+    for (int64_t i = 0; i < n; i++) {
+        char  *t = NULL;
+        size_t len = 0;
+        printf("%6d -> '", ids[i]);
+        kiln_status st = tok ? kiln_detokenize(tok, &ids[i], 1, &t, &len) : NULL;
+        if (!st && t) print_escaped(t, len);
+        kiln_status_free(st);
+        free(t);
+        printf("'\n");
+    }
 }
 
 static void print_breakdown(const kiln_gen_stats *s) {
@@ -494,6 +511,7 @@ static kiln_status generate(const rm_args *a, const kiln_model *m, const kiln_to
         print_load(g, !a->cpu);
         print_ids("prompt", prompt, np);
         print_text(tok, "prompt text", prompt, np);
+        if (a->verbose_prompt) print_prompt_tokens(tok, prompt, np);
         if (tok && !a->raw) printf("text: \"");
         fflush(stdout);
         kiln_gen_params gp = {.n_predict = a->n_new, .eog = eog, .n_eog = neog, .on_token = stream_token, .user = &s};
