@@ -924,6 +924,47 @@ typedef struct {
 kiln_status kiln_gen_generate(kiln_gen *g, const int32_t *prompt, int64_t n_prompt, const kiln_gen_params *p,
                               int64_t *n_out, kiln_stop *why, kiln_gen_stats *stats);
 
+/* ---- chat templates (docs/chat.md) ---------------------------------------------------------
+ * A conversation rendered as the text an instruct model was trained on, exactly as llama.cpp's
+ * built-in templates render it (llm_chat_apply_template, src/llama-chat.cpp; not its Jinja
+ * engine), and a GGUF's tokenizer.chat_template (Jinja text) told by the substrings llama.cpp's
+ * llm_chat_detect_template looks for. Names are llama.cpp's: chatml (Qwen 2/2.5/3), llama2,
+ * llama2-sys, llama2-sys-bos, llama2-sys-strip, mistral-v1, mistral-v3, mistral-v3-tekken,
+ * mistral-v7, mistral-v7-tekken, phi3, phi4, gemma, deepseek, deepseek2, deepseek3, llama3.
+ * The rendered text never starts with the BOS text (no "<|begin_of_text|>", "<s>", "<bos>"):
+ * as in llama.cpp, the tokenizer adds bos (add_bos_token), and the text is tokenized with
+ * special tokens parsed. */
+typedef struct {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content;
+} kiln_chat_msg;
+/* kiln's templates, i in [0, count): names for help text (NULL past the end). */
+int         kiln_chat_template_count(void);
+const char *kiln_chat_template_name(int i);
+/* NULL when name is one of kiln's templates, else KILN_ERR_NOT_FOUND naming it (and saying
+ * whether llama.cpp knows it) with the list of kiln's names. */
+kiln_status kiln_chat_template_by_name(const char *name);
+/* The template of Jinja text tmpl (or tmpl itself when it is a name), in *name (static). None
+ * found, or one llama.cpp knows but kiln does not render: KILN_ERR_NOT_FOUND with kiln's names.
+ * (llama.cpp uses chatml when a model has no template: the caller's choice.) */
+kiln_status kiln_chat_template_detect(const char *tmpl, const char **name);
+/* g's tokenizer.chat_template, NUL-terminated, in *tmpl (caller frees); *tmpl NULL (and no
+ * error) when g is NULL or has none. */
+kiln_status kiln_chat_template_from_gguf(const kiln_gguf *g, char **tmpl);
+/* Renders msgs[0..n) with template name into *out (caller frees); n may be 0. With
+ * add_generation_prompt, the assistant's header follows (templates that have none, the [INST]
+ * families and mistral-v7, add nothing). A NULL role or content, or a role other than system,
+ * user and assistant, is an error naming the message's index. */
+kiln_status kiln_chat_apply(const char *name, const kiln_chat_msg *msgs, size_t n, bool add_generation_prompt,
+                            char **out);
+/* For a conversation that goes on (kiln chat): the text message n-1 adds to msgs[0..n-1)
+ * rendered without generation prompt, as llama.cpp's common_chat_format_single gives it: the
+ * rendering of all n (add_generation_prompt as given) past that of the first n-1, behind a
+ * "\n" when add_generation_prompt is set and the first n-1 end with one (the newline after an
+ * end-of-turn token that generation stopped at). n >= 1; caller frees *out. */
+kiln_status kiln_chat_apply_delta(const char *name, const kiln_chat_msg *msgs, size_t n, bool add_generation_prompt,
+                                  char **out);
+
 #ifdef __cplusplus
 }
 #endif
