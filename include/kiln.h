@@ -866,6 +866,7 @@ kiln_status kiln_gen_eval(kiln_gen *g, const int32_t *tokens, int64_t n, const f
  * 4 bytes read back instead of the logits). */
 kiln_status kiln_gen_eval_greedy(kiln_gen *g, const int32_t *tokens, int64_t n, int32_t *next);
 int64_t     kiln_gen_pos(const kiln_gen *g); /* tokens in the cache */
+int64_t     kiln_gen_n_ctx(const kiln_gen *g); /* its slots */
 void        kiln_gen_reset(kiln_gen *g);     /* start a new sequence (the cache is overwritten) */
 /* Index of the largest of x[0..n) (the first on ties; NaN never wins unless all are NaN). */
 int64_t     kiln_argmax_f32(const float *x, int64_t n);

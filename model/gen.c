@@ -164,6 +164,7 @@ void kiln_gen_free(kiln_gen *g) {
 }
 
 int64_t kiln_gen_pos(const kiln_gen *g) { return g ? g->pos : 0; }
+int64_t kiln_gen_n_ctx(const kiln_gen *g) { return g ? g->n_ctx : 0; }
 void    kiln_gen_reset(kiln_gen *g) {
     if (g) g->pos = 0;
 }

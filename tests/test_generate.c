@@ -260,11 +260,58 @@ START_TEST(cli_stream_and_stops) {
 }
 END_TEST
 
+/* Chat templates on the command line: a text prompt as the user's turn (-sys, --chat-template),
+ * and a conversation (kiln chat, -cnv) whose second turn evaluates only its new tokens. */
+START_TEST(cli_chat) {
+    char *path = tiny_model("chat.gguf"), args[1024], *out = NULL;
+    snprintf(args, sizeof args, "%s --cpu -p Hello --chat-template chatml -n 2", path);
+    ck_assert_int_eq(kiln(args, true, &out), 0);
+    ck_assert_msg(strstr(out, "chat template: chatml (--chat-template)\n") &&
+                      strstr(out, "prompt text: \"<|im_start|>user\\nHello<|im_end|>\\n<|im_start|>assistant\\n\"\n"),
+                  "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "%s --cpu -p Hello -sys 'Be brief.' -n 2", path);
+    ck_assert_int_eq(kiln(args, true, &out), 0);
+    ck_assert_msg(strstr(out, "chat template: chatml (the model has none; choose one with --chat-template)\n") &&
+                      strstr(out, "prompt text: \"<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nHello"),
+                  "%s", out);
+    free(out);
+    /* Two turns: the replies on stdout, one line each; the second keeps the cache. */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "printf 'Hello there\\nAnd again\\n' | %s chat %s --cpu -n 4 --verbose-prompt 2>%s/err.txt",
+             ts_kiln_bin(), path, g_dir);
+    ck_assert_int_eq(ts_run(cmd, &out), 0);
+    int lines = 0;
+    for (const char *c = out; *c; c++) lines += *c == '\n';
+    ck_assert_msg(lines == 2, "stdout: '%s'", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "cat %s/err.txt", g_dir);
+    ck_assert_int_eq(ts_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "turn 1: ") && strstr(out, "(the cache started over), 0 in the context before") &&
+                      strstr(out, "turn 2: ") && strstr(out, "(the cache kept)"), "%s", out);
+    free(out);
+    /* Refusals. */
+    snprintf(args, sizeof args, "%s --cpu -p Hello --chat-template nope", path);
+    ck_assert_int_eq(kiln(args, true, &out), 2);
+    ck_assert_msg(strstr(out, "unknown chat template 'nope'") && strstr(out, "llama3"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "%s --cpu --tokens 1,2 -cnv", path);
+    ck_assert_int_eq(kiln(args, true, &out), 2);
+    ck_assert_msg(strstr(out, "--tokens does not go with -cnv"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "%s --cpu --tokens 1,2 -sys x", path);
+    ck_assert_int_eq(kiln(args, true, &out), 2);
+    ck_assert_msg(strstr(out, "they do not go with --tokens"), "%s", out);
+    free(out);
+    free(path);
+}
+END_TEST
+
 static void setup(void) { g_dir = ts_tmpdir(); }
 static void teardown(void) { ts_tmpdir_free(g_dir); }
 
 int main(void) {
     Suite *s = TS_SUITE("generate", TS_CASE_FIXTURE("generate", 120, setup, teardown),
-                        TS_TESTS(stops, eog_set, cli_stream_and_stops));
+                        TS_TESTS(stops, eog_set, cli_stream_and_stops, cli_chat));
     return ts_main(s);
 }

@@ -18,7 +18,8 @@
 
 const char kt_run_model_help[] =
     "usage: kiln run MODEL.gguf (--tokens ID,ID,... | --prompt TEXT) [-n N] [-r TEXT]... [--ignore-eos]\n"
-    "                           [--raw] [--verbose-prompt] [--n-ctx N] [--n-batch N]\n"
+    "                           [--raw] [--verbose-prompt] [-sys TEXT] [--chat-template NAME] [-cnv]\n"
+    "                           [--n-ctx N] [--n-batch N]\n"
     "                           [--check] [--cpu] [--stats] [--no-cuda-graph] [--dump-logits FILE]\n"
     "                           [compile options]\n"
     "  builds the model's graph from the GGUF's hyperparameters (llama, qwen2, qwen3, qwen3moe;\n"
@@ -41,7 +42,19 @@ const char kt_run_model_help[] =
     "  --ignore-eos     do not stop at end-of-generation tokens\n"
     "  --raw            print only the generated text, raw (as llama-cli), on stdout; everything\n"
     "                   else goes to stderr\n"
-    "  --verbose-prompt list the prompt's tokens, each id with its text\n"
+    "  --verbose-prompt list the prompt's tokens, each id with its text (a conversation: each\n"
+    "                   turn's new tokens and whether the cache was kept)\n"
+    "  -sys, --system-prompt TEXT  a system message: the prompt becomes the user's turn of a\n"
+    "                   conversation, rendered with the chat template\n"
+    "  --chat-template NAME  the template (default: the model's tokenizer.chat_template, else\n"
+    "                   chatml): chatml, llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip,\n"
+    "                   mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken,\n"
+    "                   phi3, phi4, gemma, deepseek, deepseek2, deepseek3, llama3 (docs/chat.md);\n"
+    "                   with a text prompt, renders it as the user's turn\n"
+    "  -cnv, --conversation  talk: each line of stdin is a user message (-p/-f, if given, the\n"
+    "                   first), each reply streams raw on stdout until its end of turn (-n per\n"
+    "                   reply, default -1); the cache keeps the conversation, so a turn\n"
+    "                   evaluates only its new tokens. Also 'kiln chat MODEL'\n"
     "  --n-ctx N        KV cache slots, at most the model's training context (default: 4096, or\n"
     "                   that context when smaller); the prompt plus N - 1 tokens must fit (the\n"
     "                   last token generated is not stored), checked before anything compiles\n"
@@ -75,6 +88,8 @@ typedef struct {
     char        no_fuse_passes[256]; /* --no-fuse=NAME[,NAME]: the names, comma-separated */
     const char *stops[RM_MAX_STOPS]; /* -r/--reverse-prompt */
     int         nstops;
+    const char *system, *chat_template; /* -sys, --chat-template */
+    bool        conversation, n_given;   /* -cnv (kiln chat); -n was given */
 } rm_args;
 
 static int usage(const char *fmt, const char *arg) {
@@ -112,7 +127,8 @@ bool kt_run_model_takes_value(const char *o) {
     return !strcmp(o, "--tokens") || !strcmp(o, "--prompt") || !strcmp(o, "-n") || !strcmp(o, "--n-ctx") ||
            !strcmp(o, "-p") || !strcmp(o, "-f") || !strcmp(o, "--file") || !strcmp(o, "--n-predict") ||
            !strcmp(o, "-c") || !strcmp(o, "--ctx-size") || !strcmp(o, "-b") || !strcmp(o, "--batch-size") ||
-           !strcmp(o, "-r") || !strcmp(o, "--reverse-prompt") ||
+           !strcmp(o, "-r") || !strcmp(o, "--reverse-prompt") || !strcmp(o, "-sys") ||
+           !strcmp(o, "--system-prompt") || !strcmp(o, "--chat-template") ||
            kt_run_model_path_flag(o) ||
            !strcmp(o, "--n-batch") || !strcmp(o, "--arch") || !strcmp(o, "--cache-dir") || !strcmp(o, "--jobs") ||
            !strcmp(o, "--dump-cu") || !strcmp(o, "--dump-logits");
@@ -125,6 +141,15 @@ static bool add_stop(rm_args *a, const char *o, const char *v) {
     if (a->nstops == RM_MAX_STOPS) return kt_flag_usage("run", "%s: at most %d stop strings", o, RM_MAX_STOPS);
     a->stops[a->nstops++] = v;
     return true;
+}
+
+/* --chat-template NAME: one of kiln's templates (the error lists them). */
+static bool check_template(const char *name) {
+    kiln_status st = kiln_chat_template_by_name(name);
+    if (!st) return true;
+    kt_flag_usage("run", "--chat-template %s", kiln_status_msg(st));
+    kiln_status_free(st);
+    return false;
 }
 
 /* A second prompt option (--prompt, -p, -f): a usage error naming it. */
@@ -149,7 +174,11 @@ static int parse(int argc, char **argv, rm_args *a) {
             a->prompt = v;
         }
         else if (!strcmp(o, "-f") || !strcmp(o, "--file")) ok = (!a->prompt || dup_prompt(o)) && read_prompt_file(a, v);
-        else if (!strcmp(o, "-n") || !strcmp(o, "--n-predict")) ok = kt_flag_int("run", o, v, -1, KT_FLAG_MAX_CTX, &a->n_new);
+        else if (!strcmp(o, "-n") || !strcmp(o, "--n-predict"))
+            ok = kt_flag_int("run", o, v, -1, KT_FLAG_MAX_CTX, &a->n_new), a->n_given = true;
+        else if (!strcmp(o, "-sys") || !strcmp(o, "--system-prompt")) a->system = v;
+        else if (!strcmp(o, "--chat-template")) ok = check_template(a->chat_template = v);
+        else if (!strcmp(o, "-cnv") || !strcmp(o, "--conversation")) a->conversation = true;
         else if (!strcmp(o, "-r") || !strcmp(o, "--reverse-prompt")) ok = add_stop(a, o, v);
         else if (!strcmp(o, "--n-ctx") || !strcmp(o, "-c") || !strcmp(o, "--ctx-size"))
             ok = kt_flag_int("run", o, v, 1, KT_FLAG_MAX_CTX, &a->n_ctx);
@@ -181,7 +210,16 @@ static int parse(int argc, char **argv, rm_args *a) {
         if (!ok) return KT_EXIT_USAGE;
     }
     if (!a->path) return usage("%s", "no model given");
-    if (!a->tokens == !a->prompt) return usage("%s", "give the prompt as --tokens ID,ID,... or --prompt TEXT (one)");
+    if (a->conversation) {
+        if (a->tokens) return usage("%s", "a conversation takes text: --tokens does not go with -cnv (kiln chat)");
+        if (a->check) return usage("%s", "--check does not go with a conversation (-cnv, kiln chat)");
+        if (!a->n_given) a->n_new = -1; /* a reply runs to its end of turn */
+        a->raw = true;                  /* the replies on stdout, the rest on stderr */
+    } else if (!a->tokens == !a->prompt) {
+        return usage("%s", "give the prompt as --tokens ID,ID,... or --prompt TEXT (one)");
+    }
+    if (a->tokens && (a->system || a->chat_template))
+        return usage("%s", "-sys and --chat-template format a text prompt; they do not go with --tokens");
     if (a->check && a->cpu) return usage("%s", "--check compares the GPU with the CPU; it does not go with --cpu");
     return KT_GO_ON;
 }
@@ -326,7 +364,71 @@ static kiln_status run_check(const kiln_model *m, const kiln_gen_opts *go, const
 }
 
 /* The prompt's ids (malloc'd): --tokens as parsed, or --prompt tokenized. */
-static kiln_status prompt_ids(const rm_args *a, const kiln_tokenizer *tok, int32_t **ids, int64_t *n) {
+/* ---- chat templates ---------------------------------------------------------------------------- */
+
+/* The template: --chat-template, else the one the GGUF's tokenizer.chat_template is, else chatml
+ * (llama.cpp's choice for a model without one). Says which. */
+static kiln_status chat_template(const rm_args *a, const kiln_model *m, const char **name) {
+    if (a->chat_template) {
+        *name = a->chat_template;
+        printf("chat template: %s (--chat-template)\n", *name);
+        return NULL;
+    }
+    char       *text = NULL;
+    kiln_status st = kiln_chat_template_from_gguf(kiln_model_gguf(m), &text);
+    if (!st && !text) {
+        *name = "chatml";
+        printf("chat template: chatml (the model has none; choose one with --chat-template)\n");
+        return NULL;
+    }
+    if (!st) st = kiln_chat_template_detect(text, name);
+    free(text);
+    if (st) return kb_wrap(st, "the model's tokenizer.chat_template (choose a template with --chat-template)");
+    printf("chat template: %s (the model's)\n", *name);
+    return NULL;
+}
+
+/* Messages of a conversation: the texts are owned. */
+typedef struct {
+    kiln_chat_msg *m;
+    size_t         n, cap;
+} chat_log;
+
+static kiln_status chat_push(chat_log *c, const char *role, const char *text, size_t len) {
+    if (c->n == c->cap) {
+        size_t         cap = c->cap ? 2 * c->cap : 8;
+        kiln_chat_msg *m = realloc(c->m, cap * sizeof *m);
+        if (!m) return kb_oom();
+        c->m = m, c->cap = cap;
+    }
+    char *t = malloc(len + 1);
+    if (!t) return kb_oom();
+    memcpy(t, text, len);
+    t[len] = 0;
+    c->m[c->n++] = (kiln_chat_msg){role, t};
+    return NULL;
+}
+
+static void chat_free(chat_log *c) {
+    for (size_t i = 0; i < c->n; i++) free((char *)c->m[i].content);
+    free(c->m);
+}
+
+/* -sys or --chat-template with a text prompt: the prompt as the user's one turn (after the
+ * system message), rendered with the template and the assistant's header. */
+static kiln_status templated_prompt(const rm_args *a, const kiln_model *m, char **text) {
+    const char *name;
+    chat_log    c = {0};
+    kiln_status st = chat_template(a, m, &name);
+    if (!st && a->system) st = chat_push(&c, "system", a->system, strlen(a->system));
+    if (!st) st = chat_push(&c, "user", a->prompt, strlen(a->prompt));
+    if (!st) st = kiln_chat_apply(name, c.m, c.n, true, text);
+    chat_free(&c);
+    return st;
+}
+
+static kiln_status prompt_ids(const rm_args *a, const kiln_model *m, const kiln_tokenizer *tok, int32_t **ids,
+                              int64_t *n) {
     if (a->tokens) {
         *n = a->nids;
         *ids = malloc(sizeof **ids * (size_t)a->nids);
@@ -334,8 +436,12 @@ static kiln_status prompt_ids(const rm_args *a, const kiln_tokenizer *tok, int32
         return *ids ? NULL : kb_oom();
     }
     if (!tok) return kb_error(KILN_ERR_INVALID, "--prompt: the model has no tokenizer kiln can use; give --tokens");
-    kiln_status st = kiln_tokenize(tok, a->prompt, strlen(a->prompt), ids, n);
+    char       *text = NULL;
+    kiln_status st = a->system || a->chat_template ? templated_prompt(a, m, &text) : NULL;
+    const char *p = text ? text : a->prompt;
+    if (!st) st = kiln_tokenize(tok, p, strlen(p), ids, n);
     if (!st && *n == 0) st = kb_error(KILN_ERR_INVALID, "--prompt: the text gives no tokens");
+    free(text);
     return st;
 }
 
@@ -535,6 +641,145 @@ static kiln_status generate(const rm_args *a, const kiln_model *m, const kiln_to
     return st;
 }
 
+/* ---- conversation: -cnv, kiln chat -------------------------------------------------------------- */
+
+/* The next user message (a line of stdin, the first one -p/-f's text); false at end of input. */
+static bool next_message(const rm_args *a, bool first, char **line, size_t *cap, size_t *len) {
+    if (first && a->prompt) {
+        *len = strlen(a->prompt);
+        if (*cap < *len + 1) {
+            free(*line);
+            if (!(*line = malloc(*cap = *len + 1))) return false;
+        }
+        memcpy(*line, a->prompt, *len + 1);
+        return true;
+    }
+    for (;;) {
+        if (isatty(0)) fputs("\n> ", stderr);
+        ssize_t got = getline(line, cap, stdin);
+        if (got < 0) return false;
+        while (got > 0 && ((*line)[got - 1] == '\n' || (*line)[got - 1] == '\r')) (*line)[--got] = 0;
+        if (got > 0) {
+            *len = (size_t)got;
+            return true;
+        }
+    }
+}
+
+/* Tokens of text to append to the cache: no bos (it is there already). */
+static kiln_status turn_ids(const kiln_tokenizer *tok, const char *text, bool with_bos, int32_t **ids, int64_t *n) {
+    kiln_status st = kiln_tokenize(tok, text, strlen(text), ids, n);
+    int32_t     bos = kiln_tokenizer_bos(tok);
+    if (!st && !with_bos && *n > 0 && bos >= 0 && (*ids)[0] == bos) memmove(*ids, *ids + 1, sizeof **ids * (size_t)--*n);
+    return st;
+}
+
+typedef struct {
+    kiln_gen       *g;
+    const char     *tmpl;
+    chat_log        log;
+    char           *fed;      /* the text the cache holds: a prefix of the next rendering, usually */
+    kiln_gen_stats  total;
+    int             turns;
+} chat_state;
+
+/* One turn: the conversation rendered with the assistant's header; when it starts with the text
+ * in the cache, only the rest is evaluated (llama.cpp's common_chat_format_single), else the
+ * cache starts over (a template that rewrites earlier turns, e.g. trimming a reply). */
+static kiln_status chat_turn(const rm_args *a, chat_state *c, const kiln_tokenizer *tok, stream *s,
+                             const int32_t *eog, int64_t neog, kiln_stop *why) {
+    char       *full = NULL;
+    int32_t    *ids = NULL;
+    int64_t     n = 0;
+    kiln_status st = kiln_chat_apply(c->tmpl, c->log.m, c->log.n, true, &full);
+    if (st) return st;
+    size_t fl = strlen(c->fed);
+    bool   keep = kiln_gen_pos(c->g) > 0 && strncmp(full, c->fed, fl) == 0 && full[fl];
+    if (!keep) kiln_gen_reset(c->g);
+    st = turn_ids(tok, keep ? full + fl : full, !keep, &ids, &n);
+    if (!st && kiln_gen_pos(c->g) + n >= kiln_gen_n_ctx(c->g))
+        st = kb_error(KILN_ERR_INVALID, "the conversation needs %lld tokens, more than the context of %lld (-c); "
+                      "kiln does not shift the context yet", (long long)(kiln_gen_pos(c->g) + n),
+                      (long long)kiln_gen_n_ctx(c->g));
+    if (!st && a->verbose_prompt)
+        printf("turn %d: %lld new tokens (%s), %lld in the context before\n", ++c->turns, (long long)n,
+               keep ? "the cache kept" : "the cache started over", (long long)kiln_gen_pos(c->g));
+    fflush(stdout);
+    kiln_gen_stats gs;
+    if (!st) {
+        kiln_gen_params gp = {.n_predict = a->n_new, .eog = eog, .n_eog = neog, .on_token = stream_token, .user = s};
+        st = kiln_gen_generate(c->g, ids, n, &gp, NULL, why, &gs);
+    }
+    if (!st) st = s->err;
+    stream_finish(s);
+    free(ids);
+    if (st) {
+        free(full);
+        return st;
+    }
+    c->total.prefill_tokens += gs.prefill_tokens, c->total.prefill_ms += gs.prefill_ms;
+    c->total.decode_tokens += gs.decode_tokens, c->total.decode_ms += gs.decode_ms;
+    c->total.prefill_gpu_ms += gs.prefill_gpu_ms, c->total.decode_gpu_ms += gs.decode_gpu_ms;
+    /* The reply as shown (up to a stop string), and the text now in the cache: every pick but
+     * the last, which an end of generation is (it is not among the ids). */
+    char  *reply = NULL, *fed_tail = NULL;
+    size_t rl = 0, fl2 = 0;
+    int64_t nfed = *why == KILN_STOP_EOG || s->n == 0 ? s->n : s->n - 1;
+    st = kiln_detokenize(tok, s->ids, s->n, &reply, &rl);
+    if (!st) st = kiln_detokenize(tok, s->ids, nfed, &fed_tail, &fl2);
+    if (!st) st = chat_push(&c->log, "assistant", reply, s->stop >= 0 ? s->shown : rl);
+    if (!st) {
+        char *f = malloc(strlen(full) + fl2 + 1);
+        if (!f) st = kb_oom();
+        else {
+            sprintf(f, "%s%.*s", full, (int)fl2, fed_tail);
+            free(c->fed);
+            c->fed = f;
+        }
+    }
+    free(reply);
+    free(fed_tail);
+    free(full);
+    return st;
+}
+
+static kiln_status converse(const rm_args *a, const kiln_model *m, const kiln_tokenizer *tok, FILE *text) {
+    if (!tok) return kb_error(KILN_ERR_INVALID, "a conversation needs the model's tokenizer, and kiln cannot use it");
+    kiln_compile_opts co = {0};
+    kiln_session_opts so = {0};
+    kt_progress       ps[2] = {{.tty = isatty(2)}, {.tty = isatty(2)}};
+    kiln_gen_opts     go = gen_opts(a, &co, &so, ps);
+    chat_state        c = {.fed = strdup("")};
+    int32_t          *eog = NULL;
+    int64_t           neog = 0;
+    char             *line = NULL;
+    size_t            cap = 0, len = 0;
+    kiln_status       st = c.fed ? chat_template(a, m, &c.tmpl) : kb_oom();
+    if (!st) st = kiln_gen_new(m, &go, &c.g);
+    if (!st && !a->ignore_eos) st = kiln_tokenizer_eog(tok, kiln_model_gguf(m), &eog, &neog);
+    if (!st) print_load(c.g, !a->cpu);
+    if (!st && a->system) st = chat_push(&c.log, "system", a->system, strlen(a->system));
+    for (bool first = true; !st && next_message(a, first, &line, &cap, &len); first = false) {
+        stream    s = {.a = a, .tok = tok, .out = text, .stop = -1};
+        kiln_stop why = KILN_STOP_NONE;
+        st = chat_push(&c.log, "user", line, len);
+        if (!st) st = chat_turn(a, &c, tok, &s, eog, neog, &why);
+        fputc('\n', text);
+        fflush(text);
+        free(s.ids);
+        if (!st && why == KILN_STOP_CONTEXT)
+            st = kb_error(KILN_ERR_INVALID, "the context is full (%lld tokens, -c); kiln does not shift the context yet",
+                          (long long)kiln_gen_pos(c.g));
+    }
+    if (!st) print_speed(&c.total, !a->cpu);
+    free(line);
+    free(eog);
+    free(c.fed);
+    chat_free(&c.log);
+    kiln_gen_free(c.g);
+    return st;
+}
+
 /* --raw: the generated text alone on stdout, as llama-cli prints it, and everything else (the
  * model, compile and speed lines of the shared printers) on stderr. Gives the text's stream. */
 static FILE *raw_streams(bool raw, int *saved) {
@@ -573,9 +818,9 @@ static int run_model(rm_args *a) {
     kiln_status ts = st ? NULL : kiln_tokenizer_from_gguf(kiln_model_gguf(m), &tok);
     if (ts && a->prompt) st = kb_wrap(ts, "--prompt");
     else kiln_status_free(ts); /* without a usable vocabulary ids are printed alone */
-    if (!st) st = prompt_ids(a, tok, &prompt, &np);
+    if (!st && !a->conversation) st = prompt_ids(a, m, tok, &prompt, &np);
     if (!st && !fits(a, kiln_model_get_hparams(m), prompt, np)) rc = KT_EXIT_USAGE;
-    if (!st && rc == KT_EXIT_OK) st = generate(a, m, tok, prompt, np, text);
+    if (!st && rc == KT_EXIT_OK) st = a->conversation ? converse(a, m, tok, text) : generate(a, m, tok, prompt, np, text);
     free(prompt);
     kiln_tokenizer_free(tok);
     kiln_model_close(m);
