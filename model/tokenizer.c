@@ -308,9 +308,12 @@ kiln_status km_tokenizer_build(const km_vocab *v, kiln_tokenizer **out) {
                         (long long)v->n_tokens);
     if (v->n_merges < 0 || v->n_merges >= INT32_MAX || (v->n_merges && !v->merges))
         return kb_error(KILN_ERR_INVALID, "bad merge count %lld", (long long)v->n_merges);
-    km_pre pre = KM_PRE_GPT2;
-    if (v->pre && !v->spm && !km_pre_parse(v->pre, &pre))
-        return kb_error(KILN_ERR_INVALID, "pre-tokenizer '%s' is not supported (kiln has gpt2, llama-bpe, qwen2)", v->pre);
+    km_pre_spec pre = {KM_PRE_GPT2, false, false};
+    char        known[1024];
+    if (v->pre && !v->spm && !km_pre_parse(v->pre, &pre)) {
+        km_pre_list(known, sizeof known);
+        return kb_error(KILN_ERR_INVALID, "pre-tokenizer '%s' is not supported (kiln has %s)", v->pre, known);
+    }
     if (v->bos < -1 || v->bos >= v->n_tokens || v->eos < -1 || v->eos >= v->n_tokens)
         return kb_error(KILN_ERR_INVALID, "bos %d or eos %d is not a token id (the vocabulary has %lld)", v->bos, v->eos,
                         (long long)v->n_tokens);
@@ -318,8 +321,8 @@ kiln_status km_tokenizer_build(const km_vocab *v, kiln_tokenizer **out) {
     kiln_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return kb_oom();
     t->n = v->n_tokens;
-    t->pre = pre;
-    t->ignore_merges = pre == KM_PRE_LLAMA3; /* as llama.cpp: a word that is a token stays whole */
+    t->pre = pre.pre;
+    t->ignore_merges = pre.ignore_merges; /* as llama.cpp: a word that is a token stays whole */
     t->add_bos = v->add_bos;
     t->bos = v->bos;
     t->eos = v->eos;
@@ -747,22 +750,24 @@ kiln_status kiln_tokenizer_from_gguf(const kiln_gguf *g, kiln_tokenizer **out) {
                         "and SentencePiece ('llama')",
                         file, SHOW(s, len), kind);
     }
-    char pre[64];
+    char pre[64], known[1024];
     if ((st = kiln_gguf_get_str(g, "tokenizer.ggml.pre", &s, &len))) {
         if (kiln_status_code(st) != KILN_ERR_NOT_FOUND) return st;
         kiln_status_free(st);
-        return kb_error(KILN_ERR_FORMAT, "%s: tokenizer.ggml.pre is missing (llama.cpp's 'default' pre-tokenizer is "
-                                         "not supported; kiln has gpt2, llama-bpe, qwen2)", file);
+        return kb_error(KILN_ERR_FORMAT, "%s: tokenizer.ggml.pre is missing (llama.cpp guesses its 'default' "
+                                         "pre-tokenizer then; kiln wants the name)", file);
     }
-    km_pre p;
+    km_pre_spec p;
     snprintf(pre, sizeof pre, "%.*s", (int)(len < sizeof pre - 1 ? len : sizeof pre - 1), s);
-    if (len >= sizeof pre || strlen(pre) != len || !km_pre_parse(pre, &p))
-        return kb_error(KILN_ERR_FORMAT, "%s: tokenizer.ggml.pre '%.*s%s' is not supported (kiln has gpt2, llama-bpe, "
-                                         "qwen2)", file, SHOW(s, len));
+    if (len >= sizeof pre || strlen(pre) != len || !km_pre_parse(pre, &p)) {
+        km_pre_list(known, sizeof known);
+        return kb_error(KILN_ERR_FORMAT, "%s: tokenizer.ggml.pre '%.*s%s' is not supported (kiln has %s)", file,
+                        SHOW(s, len), known);
+    }
     km_strv *tokens = NULL, *merges = NULL;
     uint64_t n_tokens, n_merges;
     int32_t *types = NULL;
-    km_vocab v = {.pre = pre, .add_bos = p == KM_PRE_LLAMA3}; /* llama.cpp's default for llama-bpe */
+    km_vocab v = {.pre = pre, .add_bos = p.add_bos}; /* llama.cpp's default: true for llama-bpe, tekken */
     if ((st = gguf_string_array(g, "tokenizer.ggml.tokens", true, &tokens, &n_tokens))) goto done;
     if ((st = gguf_string_array(g, "tokenizer.ggml.merges", true, &merges, &n_merges))) goto done;
     kiln_gguf_type elem;

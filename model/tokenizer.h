@@ -13,22 +13,43 @@
 
 /* ---- tokenizer_pre.c ------------------------------------------------------------------------ */
 
-/* The pre-tokenizers: how text is cut into words before BPE. */
+/* The pre-tokenizers: how text is cut into words before BPE. Each is the list of regexes
+ * llama.cpp's llm_tokenizer_bpe applies in sequence for its LLAMA_VOCAB_PRE_TYPE_* (written out
+ * in tokenizer_pre.c and docs/tokenizer.md); several GGUF names share one. */
 typedef enum {
-    KM_PRE_GPT2,   /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-    KM_PRE_LLAMA3, /* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
-                      ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-    KM_PRE_QWEN2,  /* LLAMA3's with \p{N} (one digit a word) */
+    KM_PRE_GPT2,           /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+    KM_PRE_LLAMA3,         /* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+                              ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
+    KM_PRE_QWEN2,          /* LLAMA3's with \p{N} (one digit a word) */
+    KM_PRE_DEEPSEEK_LLM,   /* 6 regexes: newlines, cased letters, ASCII/CJK punctuation, ... */
+    KM_PRE_DEEPSEEK_CODER, /* 5 regexes: newlines, \s?\p{L}+, \s?\p{P}+, CJK, single digits */
+    KM_PRE_DEEPSEEK3,      /* \p{N}{1,3}, Han and kana, then letters/marks and punctuation/symbols */
+    KM_PRE_GPT4O,          /* o200k: words by ASCII case, contractions attached, \p{N}{1,3} */
+    KM_PRE_TEKKEN,         /* GPT4O's without contractions, \p{N} */
+    KM_PRE_STARCODER,      /* \p{N}, then GPT2's */
+    KM_PRE_FALCON,         /* [\p{P}$+<=>^~|`]+, then GPT2's, then [0-9]{3} */
+    KM_PRE_DEFAULT,        /* [\p{P}$+<=>^~|]+, GPT2's, \p{N}+, [0-9]{3}: llama.cpp's default */
+    KM_PRE_COUNT
 } km_pre;
-/* "gpt2"/"gpt-2", "llama-bpe"/"llama3"/"llama-v3", "qwen2"; false for any other name. */
-bool        km_pre_parse(const char *name, km_pre *out);
-const char *km_pre_name(km_pre pre);
+/* What a tokenizer.ggml.pre name stands for: its pattern and llama.cpp's flags for it. */
+typedef struct {
+    km_pre pre;
+    bool   ignore_merges; /* a word that is a token is that token (llama-bpe, tekken) */
+    bool   add_bos;       /* the default of tokenizer.ggml.add_bos_token */
+} km_pre_spec;
+/* The spec of a GGUF name (llama.cpp's names: "gpt-2", "llama-bpe", "deepseek-llm", ...; kiln
+ * also takes "gpt2"); false for any other name. */
+bool        km_pre_parse(const char *name, km_pre_spec *out);
+/* The names km_pre_parse takes, comma-separated, into buf (cut to cap - 1 bytes). */
+void        km_pre_list(char *buf, size_t cap);
+const char *km_pre_name(km_pre pre); /* the pattern's first name: "gpt2", "llama-bpe", ... */
 
-/* Character classes of the pre-tokenizer's patterns (Unicode general categories L*, N*, and the
- * White_Space property; everything else, unassigned included, is other). */
-enum { KM_UC_OTHER, KM_UC_LETTER, KM_UC_NUMBER, KM_UC_SPACE };
+/* Character classes of the pre-tokenizers' patterns: Unicode general categories L*, N*, P*,
+ * S*, M*, and the White_Space property (which wins: U+0085 is Cc, U+00A0 Zs); everything
+ * else (C*, unassigned included) is other. */
+enum { KM_UC_OTHER, KM_UC_LETTER, KM_UC_NUMBER, KM_UC_SPACE, KM_UC_PUNCT, KM_UC_SYMBOL, KM_UC_MARK };
 int         km_uc_class(uint32_t cp);
-const char *km_uc_version(void); /* of the table: "15.0.0" */
+const char *km_uc_version(void); /* of the table: "15.1.0" */
 
 /* UTF-8 as llama.cpp reads it: a lead byte with enough continuation bytes decodes (overlong
  * forms and surrogates included); any other byte, and a 4-byte form past U+10FFFF, is one
@@ -42,8 +63,10 @@ int    km_utf8_encode(uint32_t cp, uint8_t out[4]);
 uint32_t km_byte_to_cp(uint8_t b);
 int      km_cp_to_byte(uint32_t cp);
 
-/* Cuts n code points (cls[i] = km_uc_class(cps[i])) into words: writes each word's end
- * (exclusive) to ends, in order, and returns the number of words (at most n). */
+/* Cuts n code points (cls[i] = km_uc_class(cps[i])) into words as pre's regexes do, one
+ * after the other, each on the pieces the one before left (llama.cpp's unicode_regex_split):
+ * writes each word's end (exclusive) to ends, in order, and returns the number of words
+ * (at most n). */
 size_t km_pre_split(km_pre pre, const uint32_t *cps, const uint8_t *cls, size_t n, uint32_t *ends);
 
 /* ---- tokenizer.c ----------------------------------------------------------------------------- */

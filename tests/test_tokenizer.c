@@ -1,6 +1,7 @@
 /* The byte-level BPE tokenizer (model/tokenizer.c, model/tokenizer_pre.c) and the synthetic
  * vocabulary of kiln gen-model (model/vocab_synth.c), no GPU:
- *  - the pre-tokenizers cut text as GPT-2's, Llama 3's and Qwen2's split patterns do:
+ *  - the pre-tokenizers cut text as llama.cpp's split patterns do (GPT-2, Llama 3, Qwen2, DeepSeek
+ *    LLM/Coder/V3, GPT-4o, Tekken, StarCoder, Falcon, default; several regexes in sequence):
  *    contractions, letters, numbers (Llama 3: groups of 1-3 digits; Qwen2: one digit), spaces
  *    and newlines, punctuation, other scripts and white space;
  *  - known tokenizations with a hand-made vocabulary (byte tokens and a few merges): merges by
@@ -108,6 +109,142 @@ START_TEST(qwen2_split) {
 }
 END_TEST
 
+/* The patterns llama.cpp runs as several regexes in sequence (unicode_regex_split): each regex
+ * cuts every piece the one before left into its matches and the text between them. Expected
+ * words derived by hand from llama.cpp's regex lists (src/llama-vocab.cpp); the tricky ones
+ * say why. */
+START_TEST(deepseek_llm_split) {
+    km_pre p = KM_PRE_DEEPSEEK_LLM; /* [\r\n], \s?[cased letters]+, \s?[!-/:-~ fullwidth “” 、。]+,
+                                       \s+$, [CJK]+, \p{N}+ */
+    expect_words(p, "Hello world", "Hello| world");
+    /* contractions are not special: ' is left between two letter matches, then its own piece */
+    expect_words(p, "it's IT'S", "it|'|s| IT|'|S");
+    expect_words(p, "12345 abc123", "12345| abc|123"); /* digits: one run (\p{N}+) */
+    /* the third regex's class has the ASCII letters but not é: "café" (one letter match) is cut
+     * again into its match "caf" and the rest "é" */
+    expect_words(p, "caf\xC3\xA9", "caf|\xC3\xA9");
+    /* CJK: no cased letters; "，" (U+FF0C) and "。" (U+3002) are punctuation of the third regex */
+    expect_words(p, "\xE4\xB8\xAD\xE6\x96\x87\xEF\xBC\x8C\xE5\xA5\xBD\xE3\x80\x82",
+                 "\xE4\xB8\xAD\xE6\x96\x87|\xEF\xBC\x8C|\xE5\xA5\xBD|\xE3\x80\x82");
+    /* newlines alone; the spaces before a newline end their piece (\s+$) */
+    expect_words(p, "a  \n b  ", "a|  |\n| b|  ");
+    expect_words(p, "a\r\n\nb", "a|\r|\n|\n|b");
+    expect_words(p, "\xF0\x9F\x98\x80 ok!!", "\xF0\x9F\x98\x80| ok|!!"); /* the emoji matches nothing: a piece */
+    /* U+3000 is white space (\s), so it leads the letters after it */
+    expect_words(p, "x\xE3\x80\x80y", "x|\xE3\x80\x80y");
+    /* Ω U+03A9 and ώ U+1F7D are both cased letters, one match of the second regex; but the CJK
+     * class [ࠀ-一] is U+0800-U+4E00, so it cuts ώ off again */
+    expect_words(p, "\xCE\xA9\xE1\xBD\xBD", "\xCE\xA9|\xE1\xBD\xBD");
+}
+END_TEST
+
+START_TEST(deepseek_coder_split) {
+    km_pre p = KM_PRE_DEEPSEEK_CODER; /* [\r\n], \s?\p{L}+, \s?\p{P}+, [CJK]+, \p{N} */
+    expect_words(p, "Hello, world!\n", "Hello|,| world|!|\n");
+    /* = and + are symbols (\p{S}), not \p{P}: "=1+22" is left whole until \p{N} cuts it */
+    expect_words(p, "x=1+22", "x|=|1|+|2|2");
+    /* CJK are letters: " 中文" matches \s?\p{L}+, then [CJK]+ leaves the space alone */
+    expect_words(p, "caf\xC3\xA9 \xE4\xB8\xAD\xE6\x96\x87", "caf\xC3\xA9| |\xE4\xB8\xAD\xE6\x96\x87");
+    expect_words(p, "it's (ok)", "it|'|s| (|ok|)");
+    expect_words(p, "a   b", "a|  | b");
+}
+END_TEST
+
+START_TEST(deepseek_v3_split) {
+    km_pre p = KM_PRE_DEEPSEEK3; /* \p{N}{1,3}, [Han kana]+, then one regex for the rest */
+    expect_words(p, "abc1234567", "abc|123|456|7");
+    expect_words(p, "a.com don't", "a|.com| don|'t"); /* [ASCII punctuation][A-Za-z]+ */
+    expect_words(p, "x .y", "x| .|y"); /* " ." is ' ?[\p{P}\p{S}]+' (a space is no ASCII punctuation) */
+    expect_words(p, "\xE4\xB8\xAD\xE6\x96\x87\xE3\x81\xB2\xE3\x82\xAB ok", /* Han, hiragana, katakana: one run */
+                 "\xE4\xB8\xAD\xE6\x96\x87\xE3\x81\xB2\xE3\x82\xAB| ok");
+    expect_words(p, "e\xCC\x81t\xC3\xA9!\n\nx", "e\xCC\x81t\xC3\xA9|!\n\n|x"); /* marks join letters */
+    /* U+0001 is neither letter, mark, punctuation nor symbol: unmatched, one piece; U+0002 leads x */
+    expect_words(p, "\x01\x02x", "\x01|\x02x");
+    /* \s*[\r\n]+; then "  b": \s+(?!\S) takes one space, the other leads b */
+    expect_words(p, "a  \n\n  b", "a|  \n\n| | b");
+}
+END_TEST
+
+START_TEST(gpt4o_split) {
+    km_pre p = KM_PRE_GPT4O;
+    /* upper case then lower case is one word; a contraction stays on its word; digits by 3 */
+    expect_words(p, "HELLOworld it's don't IT'S 12345",
+                 "HELLOworld| it's| don't| IT'S| |123|45");
+    expect_words(p, "helloWorld XMLHttp", "hello|World| XMLHttp");
+    /* llama.cpp tells case by ASCII only: É is both "upper" and "lower", so in "ÉAB" the first
+     * alternative backtracks to "É" alone and "AB" is the second's (Python's regex: one word) */
+    expect_words(p, " \xC3\x89" "AB", " \xC3\x89|AB");
+    expect_words(p, "x;\n/\ny a/b", "x|;\n/\n|y| a|/b"); /* [\r\n/]* after punctuation */
+    expect_words(p, "\xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\x98\x80!", "\xE4\xB8\xAD\xE6\x96\x87| \xF0\x9F\x98\x80!");
+    expect_words(p, "a \n\n b  ", "a| \n\n| b|  ");
+}
+END_TEST
+
+START_TEST(tekken_split) {
+    km_pre p = KM_PRE_TEKKEN; /* gpt-4o's without contractions, one digit a word */
+    expect_words(p, "HELLOworld it's 12345", "HELLOworld| it|'s| |1|2|3|4|5");
+    expect_words(p, "IT'S caf\xC3\xA9", "IT|'S| caf\xC3\xA9");
+}
+END_TEST
+
+START_TEST(starcoder_falcon_default_split) {
+    /* starcoder (smollm, command-r, refact, ...): \p{N}, then GPT-2's on each piece */
+    expect_words(KM_PRE_STARCODER, "abc123 4567 it's", "abc|1|2|3| |4|5|6|7| it|'s");
+    /* falcon: [\p{P}$+<=>^~|`]+, GPT-2's, [0-9]{3} (ASCII digits, leftovers stay) */
+    expect_words(KM_PRE_FALCON, "hello, world! 12345 x", "hello|,| world|!| |123|45| x");
+    expect_words(KM_PRE_FALCON, "a+=b`c", "a|+=|b|`|c");
+    expect_words(KM_PRE_FALCON, "\xD9\xA3\xD9\xA4\xD9\xA5\xD9\xA6", "\xD9\xA3\xD9\xA4\xD9\xA5\xD9\xA6"); /* not [0-9] */
+    /* default: [\p{P}$+<=>^~|]+ (no `), GPT-2's, \p{N}+, [0-9]{3} */
+    expect_words(KM_PRE_DEFAULT, "x+1234 a`b", "x|+|123|4| a|`|b");
+}
+END_TEST
+
+START_TEST(pre_names) {
+    /* every name llama.cpp gives a pattern kiln has maps to it, with llama.cpp's flags */
+    static const struct {
+        const char *name;
+        km_pre      pre;
+        bool        ignore_merges, add_bos;
+    } cases[] = {
+        {"gpt2", KM_PRE_GPT2, false, false},          {"gpt-2", KM_PRE_GPT2, false, false},
+        {"olmo", KM_PRE_GPT2, false, false},          {"mpt", KM_PRE_GPT2, false, false},
+        {"llama-bpe", KM_PRE_LLAMA3, true, true},     {"llama3", KM_PRE_LLAMA3, true, true},
+        {"pixtral", KM_PRE_LLAMA3, true, true},       {"dbrx", KM_PRE_LLAMA3, false, false},
+        {"smaug-bpe", KM_PRE_LLAMA3, false, false},   {"qwen2", KM_PRE_QWEN2, false, false},
+        {"stablelm2", KM_PRE_QWEN2, false, false},    {"deepseek-r1-qwen", KM_PRE_QWEN2, false, false},
+        {"deepseek-llm", KM_PRE_DEEPSEEK_LLM, false, false},
+        {"deepseek-coder", KM_PRE_DEEPSEEK_CODER, false, false},
+        {"deepseek-v3", KM_PRE_DEEPSEEK3, false, false},
+        {"gpt-4o", KM_PRE_GPT4O, false, false},       {"llama4", KM_PRE_GPT4O, false, false},
+        {"tekken", KM_PRE_TEKKEN, true, true},        {"smollm", KM_PRE_STARCODER, false, false},
+        {"starcoder", KM_PRE_STARCODER, false, false}, {"refact", KM_PRE_STARCODER, false, false},
+        {"command-r", KM_PRE_STARCODER, false, false}, {"falcon", KM_PRE_FALCON, false, false},
+        {"default", KM_PRE_DEFAULT, false, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        km_pre_spec sp;
+        ck_assert_msg(km_pre_parse(cases[i].name, &sp), "%s", cases[i].name);
+        ck_assert_int_eq(sp.pre, cases[i].pre);
+        ck_assert_int_eq(sp.ignore_merges, cases[i].ignore_merges);
+        ck_assert_int_eq(sp.add_bos, cases[i].add_bos);
+    }
+    km_pre_spec sp;
+    ck_assert(!km_pre_parse("Tekken", &sp)); /* names are exact */
+    ck_assert(!km_pre_parse("", &sp));
+    /* the list names every name, each of which parses */
+    char list[1024];
+    km_pre_list(list, sizeof list);
+    ck_assert_ptr_nonnull(strstr(list, "gpt2, gpt-2, "));
+    ck_assert_ptr_nonnull(strstr(list, ", deepseek-llm, "));
+    for (char *tok = strtok(list, ", "); tok; tok = strtok(NULL, ", "))
+        ck_assert_msg(km_pre_parse(tok, &sp), "%s", tok);
+    km_pre_list(list, 8); /* cut short, still a string */
+    ck_assert_uint_lt(strlen(list), 8);
+    for (int p = 0; p < KM_PRE_COUNT; p++) /* each pattern's own name is one of them */
+        ck_assert_msg(km_pre_parse(km_pre_name((km_pre)p), &sp) && (int)sp.pre == p, "%d", p);
+}
+END_TEST
+
 START_TEST(classes_and_utf8) {
     ck_assert_int_eq(km_uc_class('a'), KM_UC_LETTER);
     ck_assert_int_eq(km_uc_class('7'), KM_UC_NUMBER);
@@ -118,8 +255,16 @@ START_TEST(classes_and_utf8) {
     ck_assert_int_eq(km_uc_class(0x0663), KM_UC_NUMBER);  /* Arabic-Indic three */
     ck_assert_int_eq(km_uc_class(0x2167), KM_UC_NUMBER);  /* Roman numeral eight (Nl) */
     ck_assert_int_eq(km_uc_class(0x3000), KM_UC_SPACE);
-    ck_assert_int_eq(km_uc_class(0x0301), KM_UC_OTHER);   /* a combining mark */
-    ck_assert_int_eq(km_uc_class(0x1F600), KM_UC_OTHER);
+    ck_assert_int_eq(km_uc_class(0x0301), KM_UC_MARK);    /* a combining mark */
+    ck_assert_int_eq(km_uc_class(0x1F600), KM_UC_SYMBOL); /* emoji are So */
+    ck_assert_int_eq(km_uc_class('!'), KM_UC_PUNCT);
+    ck_assert_int_eq(km_uc_class('$'), KM_UC_SYMBOL);
+    ck_assert_int_eq(km_uc_class('~'), KM_UC_SYMBOL);
+    ck_assert_int_eq(km_uc_class(0x3002), KM_UC_PUNCT); /* 。 */
+    ck_assert_int_eq(km_uc_class(0x0085), KM_UC_SPACE); /* Cc, but White_Space */
+    ck_assert_int_eq(km_uc_class(0x0001), KM_UC_OTHER);
+    ck_assert_int_eq(km_uc_class(0x200B), KM_UC_OTHER); /* Cf */
+    ck_assert_int_eq(km_uc_class(0xE000), KM_UC_OTHER); /* private use */
     ck_assert_int_eq(km_uc_class(0x10FFFF), KM_UC_OTHER);
     ck_assert_str_eq(km_uc_version(), "15.1.0");
     /* the byte map is a bijection onto printable characters */
@@ -272,6 +417,13 @@ START_TEST(known_tokenizations) {
     t = hand_tok("gpt2", hello_merges, 9, true, zebra, 2, -1, false);
     expect_toks(t, "a zebra", "a|" SP "|z|e|b|r|a");
     kiln_tokenizer_free(t);
+    /* tekken keeps whole words too; dbrx has llama-bpe's pattern but not its ignore_merges */
+    t = hand_tok("tekken", hello_merges, 9, true, zebra, 2, -1, false);
+    expect_toks(t, "a zebra", "a|" SP "zebra");
+    kiln_tokenizer_free(t);
+    t = hand_tok("dbrx", hello_merges, 9, true, zebra, 2, -1, false);
+    expect_toks(t, "a zebra", "a|" SP "|z|e|b|r|a");
+    kiln_tokenizer_free(t);
 
     /* a merge whose text is not a token: each byte of it that is a one-byte token (llama.cpp) */
     static const char *const xy[] = {"x y"}, *const sx[] = {SP " x"};
@@ -409,7 +561,8 @@ static kiln_tokenizer *synth_tok(int64_t n_vocab, const char *pre, km_synth *s) 
     return t;
 }
 
-static const char *const pres[] = {"gpt2", "llama-bpe", "qwen2"};
+static const char *const pres[] = {"gpt2",   "llama-bpe", "qwen2",     "deepseek-llm", "deepseek-coder", "deepseek-v3",
+                                   "gpt-4o", "tekken",    "starcoder", "falcon",       "default"};
 
 START_TEST(round_trips) {
     km_synth        s;
@@ -472,8 +625,8 @@ START_TEST(errors) {
     toks[256] = "a"; /* duplicate of the byte token */
     expect_error(kiln_tokenizer_new(&spec, &t), KILN_ERR_FORMAT, "duplicate token 'a'");
     toks[256] = "ab";
-    spec.pre = "falcon";
-    expect_error(kiln_tokenizer_new(&spec, &t), KILN_ERR_INVALID, "'falcon'");
+    spec.pre = "no-such-pre";
+    expect_error(kiln_tokenizer_new(&spec, &t), KILN_ERR_INVALID, "'no-such-pre' is not supported (kiln has gpt2, gpt-2,");
     spec.pre = NULL;
     spec.add_bos = true;
     expect_error(kiln_tokenizer_new(&spec, &t), KILN_ERR_INVALID, "add_bos");
@@ -627,7 +780,7 @@ START_TEST(gguf_refused) {
         {"bert", NULL, "'bert' (WordPiece)"},
         {NULL, NULL, "no tokenizer.ggml.model"},
         {"gpt2", NULL, "tokenizer.ggml.pre is missing"},
-        {"gpt2", "falcon", "tokenizer.ggml.pre 'falcon'"},
+        {"gpt2", "no-such-pre", "tokenizer.ggml.pre 'no-such-pre' is not supported (kiln has gpt2, gpt-2,"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kiln_gguf_writer *w = kiln_gguf_writer_new();
@@ -669,9 +822,11 @@ END_TEST
 int main(void) {
     Suite *s = TS_SUITE("tokenizer",
                         TS_CASE("tokenizer", 60),
-                        TS_TESTS(gpt2_split, llama3_split, qwen2_split, classes_and_utf8, known_tokenizations,
+                        TS_TESTS(gpt2_split, llama3_split, qwen2_split, deepseek_llm_split, deepseek_coder_split,
+                                 deepseek_v3_split, gpt4o_split, tekken_split, starcoder_falcon_default_split,
+                                 pre_names, classes_and_utf8, known_tokenizations,
                                  merges_stay_in_words, special_tokens, invalid_utf8),
-                        TS_LOOP(0, 3, round_trips),
+                        TS_LOOP(0, (int)(sizeof pres / sizeof pres[0]), round_trips),
                         TS_TESTS(errors, synthetic_vocab, big_vocab_round_trip, gguf_round_trip, gguf_refused));
     return ts_main(s);
 }
