@@ -843,6 +843,48 @@ kiln_status kiln_model_write_random_vocab(const kiln_model_hparams *hp, uint64_t
                                           const char *path,
                                           void (*progress)(void *user, uint64_t done, uint64_t total), void *user);
 
+/* ---- sampling (docs/sampling.md) -------------------------------------------------------------
+ * The token sampler: a CPU reference that a GPU kernel reproduces bit for bit. The chain is
+ * llama.cpp's default one with its samplers at their defaults (dry, top-n-sigma, typical and
+ * xtc off): penalties -> top-k -> top-p -> min-p -> temperature -> a draw. The draw takes a
+ * uniform number from Philox4x32-10 keyed by (seed, position): no state between calls, the same
+ * seed gives the same tokens run after run. Every float operation and its order is specified in
+ * docs/sampling.md. Usage, after each kiln_gen_eval (history: the prompt and the tokens so far):
+ *
+ *     kiln_sampler_params sp = kiln_sampler_params_default();
+ *     sp.seed = 7; sp.temp = 0.7f;
+ *     kiln_status st = kiln_sampler_check(&sp);          // once: names the bad flag
+ *     if (!st) st = kiln_sample(&sp, logits, n_vocab, hist, n_hist, kiln_gen_pos(g), &next);
+ */
+
+/* kiln's seed when none is given (llama.cpp's LLAMA_DEFAULT_SEED asks for a random one). */
+#define KILN_SAMPLER_DEFAULT_SEED 0u
+
+typedef struct {
+    uint64_t seed;              /* -s/--seed: Philox's key */
+    float    temp;              /* --temp: > 0 divides the logits; <= 0 is greedy (argmax) */
+    int32_t  top_k;             /* --top-k: the k largest logits; <= 0: all */
+    float    top_p;             /* --top-p: [0, 1], 1: off */
+    float    min_p;             /* --min-p: [0, 1], 0: off */
+    float    repeat_penalty;    /* --repeat-penalty: > 0, 1: off */
+    int32_t  repeat_last_n;     /* --repeat-last-n: the penalties' window, 0: off, -1: all */
+    float    presence_penalty;  /* --presence-penalty: 0: off */
+    float    frequency_penalty; /* --frequency-penalty: 0: off */
+} kiln_sampler_params;
+
+/* llama.cpp's defaults (temp 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1,
+ * repeat_last_n 64, presence and frequency 0), seed KILN_SAMPLER_DEFAULT_SEED. */
+kiln_sampler_params kiln_sampler_params_default(void);
+/* The ranges above (NaN and infinities refused everywhere); the error (KILN_ERR_INVALID) names
+ * the flag and the value, e.g. "--top-p 1.5: must be in [0, 1]". */
+kiln_status kiln_sampler_check(const kiln_sampler_params *p);
+/* Picks the token that follows: the chain over logits[0..n_vocab), the penalties counting the
+ * last repeat_last_n ids of history[0..n_history) (ids in [0, n_vocab)), the draw keyed by
+ * (p->seed, position) where position is the index of the token being picked in its sequence
+ * (kiln_gen_pos after the eval that gave the logits). logits are not modified. */
+kiln_status kiln_sample(const kiln_sampler_params *p, const float *logits, int64_t n_vocab,
+                        const int32_t *history, int64_t n_history, int64_t position, int32_t *out);
+
 /* A generator: the model's graph compiled and loaded (or, with cpu, evaluated by the CPU
  * reference), the KV cache, and the position in one sequence. */
 typedef struct kiln_gen kiln_gen;
@@ -913,6 +955,11 @@ typedef struct {
      * stops generation after it. NULL: none. */
     bool (*on_token)(void *user, int32_t id);
     void          *user;
+    /* NULL, or temp <= 0 without penalties: greedy (on the GPU, chained steps). Else each pick
+     * is kiln_sample's from the logits read back (on the host, a step at a time), its history
+     * this call's prompt and the tokens generated since, its position the pick's index in the
+     * sequence. */
+    const kiln_sampler_params *sampler;
 } kiln_gen_params;
 /* Evaluates the prompt (appended at the current position) and generates greedily until
  * n_predict tokens (0: the prompt is evaluated, nothing generated), an end-of-generation pick,
@@ -966,47 +1013,6 @@ kiln_status kiln_chat_apply(const char *name, const kiln_chat_msg *msgs, size_t 
 kiln_status kiln_chat_apply_delta(const char *name, const kiln_chat_msg *msgs, size_t n, bool add_generation_prompt,
                                   char **out);
 
-/* ---- sampling (docs/sampling.md) -------------------------------------------------------------
- * The token sampler: a CPU reference that a GPU kernel reproduces bit for bit. The chain is
- * llama.cpp's default one with its samplers at their defaults (dry, top-n-sigma, typical and
- * xtc off): penalties -> top-k -> top-p -> min-p -> temperature -> a draw. The draw takes a
- * uniform number from Philox4x32-10 keyed by (seed, position): no state between calls, the same
- * seed gives the same tokens run after run. Every float operation and its order is specified in
- * docs/sampling.md. Usage, after each kiln_gen_eval (history: the prompt and the tokens so far):
- *
- *     kiln_sampler_params sp = kiln_sampler_params_default();
- *     sp.seed = 7; sp.temp = 0.7f;
- *     kiln_status st = kiln_sampler_check(&sp);          // once: names the bad flag
- *     if (!st) st = kiln_sample(&sp, logits, n_vocab, hist, n_hist, kiln_gen_pos(g), &next);
- */
-
-/* kiln's seed when none is given (llama.cpp's LLAMA_DEFAULT_SEED asks for a random one). */
-#define KILN_SAMPLER_DEFAULT_SEED 0u
-
-typedef struct {
-    uint64_t seed;              /* -s/--seed: Philox's key */
-    float    temp;              /* --temp: > 0 divides the logits; <= 0 is greedy (argmax) */
-    int32_t  top_k;             /* --top-k: the k largest logits; <= 0: all */
-    float    top_p;             /* --top-p: [0, 1], 1: off */
-    float    min_p;             /* --min-p: [0, 1], 0: off */
-    float    repeat_penalty;    /* --repeat-penalty: > 0, 1: off */
-    int32_t  repeat_last_n;     /* --repeat-last-n: the penalties' window, 0: off, -1: all */
-    float    presence_penalty;  /* --presence-penalty: 0: off */
-    float    frequency_penalty; /* --frequency-penalty: 0: off */
-} kiln_sampler_params;
-
-/* llama.cpp's defaults (temp 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1,
- * repeat_last_n 64, presence and frequency 0), seed KILN_SAMPLER_DEFAULT_SEED. */
-kiln_sampler_params kiln_sampler_params_default(void);
-/* The ranges above (NaN and infinities refused everywhere); the error (KILN_ERR_INVALID) names
- * the flag and the value, e.g. "--top-p 1.5: must be in [0, 1]". */
-kiln_status kiln_sampler_check(const kiln_sampler_params *p);
-/* Picks the token that follows: the chain over logits[0..n_vocab), the penalties counting the
- * last repeat_last_n ids of history[0..n_history) (ids in [0, n_vocab)), the draw keyed by
- * (p->seed, position) where position is the index of the token being picked in its sequence
- * (kiln_gen_pos after the eval that gave the logits). logits are not modified. */
-kiln_status kiln_sample(const kiln_sampler_params *p, const float *logits, int64_t n_vocab,
-                        const int32_t *history, int64_t n_history, int64_t position, int32_t *out);
 
 #ifdef __cplusplus
 }

@@ -496,15 +496,86 @@ static bool run_pick(void *user, int32_t id) {
     return r->why == KILN_STOP_NONE;
 }
 
+/* The tokens a sampled generation has seen: this call's prompt, then its picks (the history of
+ * the penalties). */
+typedef struct {
+    int32_t *ids;
+    int64_t  n, cap;
+} token_log;
+
+static kiln_status log_push(token_log *l, const int32_t *ids, int64_t n) {
+    if (l->n + n > l->cap) {
+        int64_t  cap = l->cap ? l->cap : 256;
+        while (cap < l->n + n) cap *= 2;
+        int32_t *v = realloc(l->ids, sizeof *v * (size_t)cap);
+        if (!v) return kb_oom();
+        l->ids = v, l->cap = cap;
+    }
+    memcpy(l->ids + l->n, ids, sizeof *ids * (size_t)n);
+    l->n += n;
+    return NULL;
+}
+
+/* Evaluates tokens and samples the pick after them (the logits read back). */
+static kiln_status eval_sample(kiln_gen *g, const kiln_sampler_params *sp, const int32_t *tokens, int64_t n,
+                               bool prefill, token_log *hist, int32_t *next) {
+    kiln_status st = eval(g, tokens, n, true, prefill);
+    if (!st) st = log_push(hist, tokens, n);
+    if (st) return st;
+    double t0 = kb_now_ms();
+    st = kiln_sample(sp, g->logits, g->hp->n_vocab, hist->ids, hist->n, g->pos, next);
+    g->stats.sample_ms += kb_now_ms() - t0;
+    return st;
+}
+
+/* kiln_gen_generate with a sampler: a step at a time, each pick sampled on the host. */
+static kiln_status generate_sampled(kiln_gen *g, const int32_t *prompt, int64_t n_prompt, gen_run *r) {
+    const kiln_sampler_params *sp = r->p->sampler;
+    token_log                  hist = {0};
+    int32_t                    next;
+    double                     t0 = kb_now_ms();
+    kiln_status                st = eval_sample(g, sp, prompt, n_prompt, true, &hist, &next);
+    g->stats.prefill_ms += kb_now_ms() - t0;
+    if (!st) g->stats.prefill_tokens += n_prompt;
+    if (r->p->n_predict == 0) r->why = KILN_STOP_LIMIT;
+    bool more = !st && r->p->n_predict != 0 && run_pick(r, next);
+    double t1 = kb_now_ms();
+    for (; !st && more; more = run_pick(r, next)) {
+        if (g->pos == g->n_ctx) {
+            r->why = KILN_STOP_CONTEXT;
+            break;
+        }
+        int32_t tok = next;
+        if ((st = check_tokens(g, &tok, 1))) break;
+        st = eval_sample(g, sp, &tok, 1, false, &hist, &next);
+        if (!st) g->stats.decode_tokens++;
+    }
+    g->stats.decode_ms += kb_now_ms() - t1;
+    free(hist.ids);
+    return st;
+}
+
 kiln_status kiln_gen_generate(kiln_gen *g, const int32_t *prompt, int64_t n_prompt, const kiln_gen_params *p,
                               int64_t *n_out, kiln_stop *why, kiln_gen_stats *stats) {
     if (!g || !prompt || !p || n_prompt < 1 || (p->n_eog && !p->eog))
         return kb_error(KILN_ERR_INVALID, "kiln_gen_generate: %s", n_prompt < 1 ? "an empty prompt" : "bad argument");
     kiln_gen_stats before = g->stats;
     gen_run        r = {.p = p, .why = KILN_STOP_NONE};
-    double         t0 = kb_now_ms();
-    int32_t        next;
-    kiln_status    st = eval_greedy(g, prompt, n_prompt, &next, true);
+    kiln_status    st = p->sampler ? kiln_sampler_check(p->sampler) : NULL;
+    if (st) return st;
+    /* The graph's argmax serves greedy picks unless penalties change the logits first. */
+    const kiln_sampler_params *sp = p->sampler;
+    if (sp && (sp->temp > 0 || (sp->repeat_last_n != 0 && (sp->repeat_penalty != 1.0f || sp->presence_penalty != 0.0f ||
+                                                           sp->frequency_penalty != 0.0f)))) {
+        st = generate_sampled(g, prompt, n_prompt, &r);
+        if (n_out) *n_out = r.count;
+        if (why) *why = r.why;
+        stats_since(g, &before, stats);
+        return st;
+    }
+    double  t0 = kb_now_ms();
+    int32_t next;
+    st = eval_greedy(g, prompt, n_prompt, &next, true);
     g->stats.prefill_ms += kb_now_ms() - t0;
     if (!st) g->stats.prefill_tokens += n_prompt;
     if (p->n_predict == 0) r.why = KILN_STOP_LIMIT; /* the prompt is in the cache: a prefill alone */

@@ -131,6 +131,65 @@ START_TEST(stops) {
 }
 END_TEST
 
+/* Sampling: every pick is kiln_sample's over the logits of the tokens before it (recomputed here
+ * step by step with kiln_gen_eval), the same seed gives the same tokens, another seed others,
+ * and --temp 0 is the greedy run. */
+START_TEST(sampled) {
+    char       *path = tiny_model("sample.gguf");
+    kiln_model *m;
+    TS_OK(kiln_model_open(path, &m));
+    kiln_sampler_params sp = kiln_sampler_params_default();
+    sp.seed = 11, sp.repeat_penalty = 1.1f;
+    seen    a = {0}, b = {0}, c = {0};
+    int64_t pos;
+    for (int r = 0; r < 3; r++) {
+        kiln_gen       *g = cpu_gen(m, 64);
+        seen           *s = r == 0 ? &a : r == 1 ? &b : &c;
+        kiln_sampler_params q = sp;
+        if (r == 2) q.seed = 12;
+        kiln_gen_params p = {.n_predict = 16, .on_token = on_token, .user = s, .sampler = &q};
+        TS_OK(kiln_gen_generate(g, prompt, 5, &p, NULL, NULL, NULL));
+        pos = kiln_gen_pos(g);
+        kiln_gen_free(g);
+    }
+    ck_assert_int_eq(a.n, 16);
+    ck_assert_int_eq(pos, 5 + 15);
+    ck_assert(memcmp(a.ids, b.ids, sizeof *a.ids * 16) == 0);
+    ck_assert_msg(memcmp(a.ids, c.ids, sizeof *a.ids * 16) != 0, "seeds 11 and 12 gave the same 16 tokens");
+    /* Step by step. */
+    kiln_gen    *g = cpu_gen(m, 64);
+    int32_t      hist[32];
+    const float *lg;
+    memcpy(hist, prompt, sizeof prompt);
+    TS_OK(kiln_gen_eval(g, prompt, 5, &lg));
+    for (int i = 0; i < 16; i++) {
+        int32_t want;
+        TS_OK(kiln_sample(&sp, lg, kiln_model_get_hparams(m)->n_vocab, hist, 5 + i, kiln_gen_pos(g), &want));
+        ck_assert_msg(want == a.ids[i], "pick %d: %d, kiln_sample says %d", i, a.ids[i], want);
+        hist[5 + i] = want;
+        if (i < 15) TS_OK(kiln_gen_eval(g, &want, 1, &lg));
+    }
+    kiln_gen_free(g);
+    /* --temp 0: the greedy tokens (the chained path). */
+    int32_t greedy[8];
+    g = cpu_gen(m, 64);
+    TS_OK(kiln_gen_greedy(g, prompt, 5, 8, greedy, NULL));
+    kiln_gen_free(g);
+    seen d = {0};
+    sp.temp = 0, sp.repeat_penalty = 1;
+    g = cpu_gen(m, 64);
+    kiln_gen_params p = {.n_predict = 8, .on_token = on_token, .user = &d, .sampler = &sp};
+    TS_OK(kiln_gen_generate(g, prompt, 5, &p, NULL, NULL, NULL));
+    ck_assert(memcmp(d.ids, greedy, sizeof greedy) == 0);
+    /* Bad parameters are refused before anything runs. */
+    sp.top_p = 2;
+    ts_expect_status(kiln_gen_generate(g, prompt, 5, &p, NULL, NULL, NULL), KILN_ERR_INVALID, "--top-p 2");
+    kiln_gen_free(g);
+    kiln_model_close(m);
+    free(path);
+}
+END_TEST
+
 /* A byte-level BPE vocabulary: the 256 byte tokens, then the given extra texts. */
 static kiln_tokenizer *vocab(const char *const *extra, int ne, int32_t eos) {
     const char **toks = calloc(256 + (size_t)ne, sizeof *toks);
@@ -244,6 +303,23 @@ START_TEST(cli_stream_and_stops) {
     ck_assert_msg(strstr(out, "number of tokens in prompt = 7\n") && strstr(out, " -> 'H'\n") &&
                       strstr(out, " -> ' wor'\n"), "%s", out);
     free(out);
+    /* Sampling flags: the same seed twice, the same ids; flags are range-checked by name. */
+    snprintf(args, sizeof args, "%s --cpu --tokens 1,2,3 -n 10 --temp 0.9 --top-k 20 -s 5", path);
+    char *o1 = NULL, *o2 = NULL;
+    ck_assert_int_eq(kiln(args, false, &o1), 0);
+    ck_assert_int_eq(kiln(args, false, &o2), 0);
+    char *g1 = line(o1, "\ngenerated: "), *g2 = line(o2, "\ngenerated: ");
+    ck_assert(g1 && g2);
+    ck_assert_str_eq(g1, g2);
+    free(o1), free(o2), free(g1), free(g2);
+    snprintf(args, sizeof args, "%s --cpu --tokens 1,2,3 --min-p -0.5", path);
+    ck_assert_int_eq(kiln(args, true, &out), 2);
+    ck_assert_msg(strstr(out, "--min-p -0.5"), "%s", out);
+    free(out);
+    snprintf(args, sizeof args, "%s --cpu --tokens 1,2,3 --temp hot", path);
+    ck_assert_int_eq(kiln(args, true, &out), 2);
+    ck_assert_msg(strstr(out, "--temp hot: not a finite number"), "%s", out);
+    free(out);
     /* Refusals name the flag. */
     snprintf(args, sizeof args, "%s --cpu --tokens 1 -r ''", path);
     ck_assert_int_eq(kiln(args, true, &out), 2);
@@ -312,6 +388,6 @@ static void teardown(void) { ts_tmpdir_free(g_dir); }
 
 int main(void) {
     Suite *s = TS_SUITE("generate", TS_CASE_FIXTURE("generate", 120, setup, teardown),
-                        TS_TESTS(stops, eog_set, cli_stream_and_stops, cli_chat));
+                        TS_TESTS(stops, sampled, eog_set, cli_stream_and_stops, cli_chat));
     return ts_main(s);
 }

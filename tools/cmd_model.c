@@ -11,6 +11,8 @@
 #include "tools/progress.h"
 
 #include <math.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +53,15 @@ const char kt_run_model_help[] =
     "                   mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken,\n"
     "                   phi3, phi4, gemma, deepseek, deepseek2, deepseek3, llama3 (docs/chat.md);\n"
     "                   with a text prompt, renders it as the user's turn\n"
+    "  sampling (llama.cpp's flags and defaults; docs/sampling.md): any of them samples, without\n"
+    "  them kiln run is greedy (a conversation samples); --temp 0 is greedy:\n"
+    "  -s, --seed N     the draw's seed, 0 .. 2^64-1 (default 0): the same seed, the same tokens\n"
+    "  --temp T         temperature (0.8)        --top-k K   the K likeliest (40; <= 0: all)\n"
+    "  --top-p P        nucleus, 0 .. 1 (0.95)   --min-p P   relative to the likeliest (0.05)\n"
+    "  --repeat-penalty R (1: off)  --repeat-last-n N (64; 0: off, -1: all)\n"
+    "  --presence-penalty X (0)     --frequency-penalty X (0)\n"
+    "                   the penalties count the prompt and the tokens generated; sampling reads\n"
+    "                   the logits back each step (the GPU's chained greedy steps do not)\n"
     "  -cnv, --conversation  talk: each line of stdin is a user message (-p/-f, if given, the\n"
     "                   first), each reply streams raw on stdout until its end of turn (-n per\n"
     "                   reply, default -1); the cache keeps the conversation, so a turn\n"
@@ -90,6 +101,8 @@ typedef struct {
     int         nstops;
     const char *system, *chat_template; /* -sys, --chat-template */
     bool        conversation, n_given;   /* -cnv (kiln chat); -n was given */
+    kiln_sampler_params sampler;         /* the sampling flags (llama.cpp's defaults) */
+    bool        sampling;                /* one was given (a conversation samples anyway) */
 } rm_args;
 
 static int usage(const char *fmt, const char *arg) {
@@ -123,12 +136,56 @@ static bool read_prompt_file(rm_args *a, const char *path) {
     return true;
 }
 
+/* The sampling flags, llama.cpp's names: each sets one field of kiln_sampler_params. */
+typedef enum { SF_SEED, SF_FLOAT, SF_INT } sf_kind;
+static const struct {
+    const char *name, *alias;
+    sf_kind     kind;
+    size_t      at;
+} SAMPLER_FLAGS[] = {
+    {"--seed", "-s", SF_SEED, offsetof(kiln_sampler_params, seed)},
+    {"--temp", NULL, SF_FLOAT, offsetof(kiln_sampler_params, temp)},
+    {"--top-k", NULL, SF_INT, offsetof(kiln_sampler_params, top_k)},
+    {"--top-p", NULL, SF_FLOAT, offsetof(kiln_sampler_params, top_p)},
+    {"--min-p", NULL, SF_FLOAT, offsetof(kiln_sampler_params, min_p)},
+    {"--repeat-penalty", NULL, SF_FLOAT, offsetof(kiln_sampler_params, repeat_penalty)},
+    {"--repeat-last-n", NULL, SF_INT, offsetof(kiln_sampler_params, repeat_last_n)},
+    {"--presence-penalty", NULL, SF_FLOAT, offsetof(kiln_sampler_params, presence_penalty)},
+    {"--frequency-penalty", NULL, SF_FLOAT, offsetof(kiln_sampler_params, frequency_penalty)},
+};
+
+static int sampler_flag_index(const char *o) {
+    for (size_t i = 0; i < sizeof SAMPLER_FLAGS / sizeof SAMPLER_FLAGS[0]; i++)
+        if (!strcmp(o, SAMPLER_FLAGS[i].name) || (SAMPLER_FLAGS[i].alias && !strcmp(o, SAMPLER_FLAGS[i].alias)))
+            return (int)i;
+    return -1;
+}
+
+static bool sampler_flag(const char *o) { return sampler_flag_index(o) >= 0; }
+
+/* Parses sampling flag o's value into a->sampler (its range is kiln_sampler_check's, after). */
+static bool parse_sampler_flag(rm_args *a, const char *o, const char *v) {
+    int   i = sampler_flag_index(o);
+    char *field = (char *)&a->sampler + SAMPLER_FLAGS[i].at;
+    a->sampling = true;
+    switch (SAMPLER_FLAGS[i].kind) {
+    case SF_SEED: return kt_flag_uint("run", o, v, UINT64_MAX, (uint64_t *)(void *)field);
+    case SF_FLOAT: return kt_flag_float("run", o, v, (float *)(void *)field);
+    default: {
+        int64_t x;
+        if (!kt_flag_int("run", o, v, INT32_MIN, INT32_MAX, &x)) return false;
+        *(int32_t *)(void *)field = (int32_t)x;
+        return true;
+    }
+    }
+}
+
 bool kt_run_model_takes_value(const char *o) {
     return !strcmp(o, "--tokens") || !strcmp(o, "--prompt") || !strcmp(o, "-n") || !strcmp(o, "--n-ctx") ||
            !strcmp(o, "-p") || !strcmp(o, "-f") || !strcmp(o, "--file") || !strcmp(o, "--n-predict") ||
            !strcmp(o, "-c") || !strcmp(o, "--ctx-size") || !strcmp(o, "-b") || !strcmp(o, "--batch-size") ||
            !strcmp(o, "-r") || !strcmp(o, "--reverse-prompt") || !strcmp(o, "-sys") ||
-           !strcmp(o, "--system-prompt") || !strcmp(o, "--chat-template") ||
+           !strcmp(o, "--system-prompt") || !strcmp(o, "--chat-template") || sampler_flag(o) ||
            kt_run_model_path_flag(o) ||
            !strcmp(o, "--n-batch") || !strcmp(o, "--arch") || !strcmp(o, "--cache-dir") || !strcmp(o, "--jobs") ||
            !strcmp(o, "--dump-cu") || !strcmp(o, "--dump-logits");
@@ -158,6 +215,7 @@ static bool dup_prompt(const char *o) { return kt_flag_usage("run", "%s: the pro
 /* KT_GO_ON when a is complete, else the exit status. */
 static int parse(int argc, char **argv, rm_args *a) {
     a->n_new = 32;
+    a->sampler = kiln_sampler_params_default();
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool        ok = true;
@@ -179,6 +237,7 @@ static int parse(int argc, char **argv, rm_args *a) {
         else if (!strcmp(o, "-sys") || !strcmp(o, "--system-prompt")) a->system = v;
         else if (!strcmp(o, "--chat-template")) ok = check_template(a->chat_template = v);
         else if (!strcmp(o, "-cnv") || !strcmp(o, "--conversation")) a->conversation = true;
+        else if (sampler_flag(o)) ok = parse_sampler_flag(a, o, v);
         else if (!strcmp(o, "-r") || !strcmp(o, "--reverse-prompt")) ok = add_stop(a, o, v);
         else if (!strcmp(o, "--n-ctx") || !strcmp(o, "-c") || !strcmp(o, "--ctx-size"))
             ok = kt_flag_int("run", o, v, 1, KT_FLAG_MAX_CTX, &a->n_ctx);
@@ -218,6 +277,15 @@ static int parse(int argc, char **argv, rm_args *a) {
     } else if (!a->tokens == !a->prompt) {
         return usage("%s", "give the prompt as --tokens ID,ID,... or --prompt TEXT (one)");
     }
+    if (a->conversation) a->sampling = true; /* as llama-cli: a chat samples (--temp 0: greedy) */
+    kiln_status ss = kiln_sampler_check(&a->sampler);
+    if (ss) {
+        int rc = usage("%s", kiln_status_msg(ss));
+        kiln_status_free(ss);
+        return rc;
+    }
+    if (a->check && a->sampling && a->sampler.temp > 0)
+        return usage("%s", "--check compares greedy picks; it does not go with sampling (--temp 0 is greedy)");
     if (a->tokens && (a->system || a->chat_template))
         return usage("%s", "-sys and --chat-template format a text prompt; they do not go with --tokens");
     if (a->check && a->cpu) return usage("%s", "--check compares the GPU with the CPU; it does not go with --cpu");
@@ -620,7 +688,8 @@ static kiln_status generate(const rm_args *a, const kiln_model *m, const kiln_to
         if (a->verbose_prompt) print_prompt_tokens(tok, prompt, np);
         if (tok && !a->raw) printf("text: \"");
         fflush(stdout);
-        kiln_gen_params gp = {.n_predict = a->n_new, .eog = eog, .n_eog = neog, .on_token = stream_token, .user = &s};
+        kiln_gen_params gp = {.n_predict = a->n_new, .eog = eog, .n_eog = neog, .on_token = stream_token, .user = &s,
+                              .sampler = a->sampling ? &a->sampler : NULL};
         st = kiln_gen_generate(g, prompt, np, &gp, &n, &why, &gs);
         if (!st) st = s.err;
         stream_finish(&s);
@@ -707,7 +776,8 @@ static kiln_status chat_turn(const rm_args *a, chat_state *c, const kiln_tokeniz
     fflush(stdout);
     kiln_gen_stats gs;
     if (!st) {
-        kiln_gen_params gp = {.n_predict = a->n_new, .eog = eog, .n_eog = neog, .on_token = stream_token, .user = s};
+        kiln_gen_params gp = {.n_predict = a->n_new, .eog = eog, .n_eog = neog, .on_token = stream_token, .user = s,
+                              .sampler = a->sampling ? &a->sampler : NULL};
         st = kiln_gen_generate(c->g, ids, n, &gp, NULL, why, &gs);
     }
     if (!st) st = s->err;

@@ -8,8 +8,11 @@
 
 #include "cache/cache.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* "run" -> "kiln help run"; "cache evict" -> "kiln help cache"; NULL -> "kiln help". */
@@ -83,6 +86,16 @@ static bool int_in(const char *cmd, const char *flag, const char *text, size_t l
 
 bool kt_flag_int(const char *cmd, const char *flag, const char *text, int64_t min, int64_t max, int64_t *out) {
     return int_in(cmd, flag, text, strlen(text), min, max, out);
+}
+
+bool kt_flag_float(const char *cmd, const char *flag, const char *text, float *out) {
+    char *end = NULL;
+    errno = 0;
+    float v = strtof(text, &end);
+    if (!*text || *end || errno == ERANGE || !isfinite(v))
+        return kt_flag_usage(cmd, "%s %s: not a finite number", flag, text);
+    *out = v;
+    return true;
 }
 
 bool kt_flag_int32(const char *cmd, const char *flag, const char *text, int min, int max, int *out) {

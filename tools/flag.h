@@ -34,6 +34,8 @@ bool kt_flag_int(const char *cmd, const char *flag, const char *text, int64_t mi
 bool kt_flag_int32(const char *cmd, const char *flag, const char *text, int min, int max, int *out);
 /* A decimal integer in 0 .. max, never negative (seeds: the whole of uint64_t). */
 bool kt_flag_uint(const char *cmd, const char *flag, const char *text, uint64_t max, uint64_t *out);
+/* A finite decimal number ("0.8", "1e-3"); its range is the caller's (kiln_sampler_check). */
+bool kt_flag_float(const char *cmd, const char *flag, const char *text, float *out);
 /* A size in bytes with an optional K, M, G or T suffix ("512M", "2G"), as KILN_CACHE_MAX. */
 bool kt_flag_size(const char *cmd, const char *flag, const char *text, uint64_t *out);
 /* A comma-separated list of integers in min .. max ("1,2,3"), at most cap of them; *n gets
