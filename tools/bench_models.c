@@ -137,6 +137,21 @@ static kiln_status fill_to(kiln_gen *g, const int32_t *ids, int64_t kv, int32_t 
     return st;
 }
 
+/* Times `steps` decode steps from position kv with llama.cpp's default sampler (issue 26: on the
+ * host for now, each step's logits read back), against the greedy chain beside it. */
+static kiln_status time_sampled(model_run *r, kiln_gen *g, const int32_t *ids, int64_t kv) {
+    int32_t     next = 0;
+    kiln_status st = fill_to(g, ids, kv, &next);
+    kiln_sampler_params sp = kiln_sampler_params_default();
+    kiln_gen_params     p = {.n_predict = r->steps, .sampler = &sp};
+    int64_t             n = 0;
+    double              t0 = kb_now_ms();
+    if (!st) st = kiln_gen_generate(g, &next, 1, &p, &n, NULL, NULL);
+    double t1 = kb_now_ms();
+    if (!st && n > 1) r->m->sampled_ms = (t1 - t0) / (double)n;
+    return st;
+}
+
 /* Times `steps` greedy decode steps from position kv: chained, then one call each. */
 static kiln_status time_decode(model_run *r, kiln_gen *g, const int32_t *ids, int k) {
     int64_t     kv = r->m->kv[k];
@@ -153,6 +168,7 @@ static kiln_status time_decode(model_run *r, kiln_gen *g, const int32_t *ids, in
         r->m->decode_ms[k] = (t1 - t0) / (double)r->steps;
         r->m->decode_gpu_ms[k] = (s1.decode_gpu_ms - s0.decode_gpu_ms) / (double)r->steps;
     }
+    if (!st && k == 0) st = time_sampled(r, g, ids, kv);
     if (r->quantized && r->b->quick) return st; /* no PyTorch ratio to take against it */
     if (!st) st = fill_to(g, ids, kv, &next);
     kiln_gen_get_stats(g, &s0);
