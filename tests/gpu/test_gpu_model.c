@@ -189,6 +189,35 @@ START_TEST(generate_stops_match_cpu) {
 }
 END_TEST
 
+/* Sampling (temp 0.8, top-k 40, top-p 0.95, the sampler on the host over each step's logits): the
+ * GPU draws the CPU reference's 64 tokens, seed for seed. */
+START_TEST(sampled_tokens_identical) {
+    need_gpu();
+    kiln_model         *m = tiny_model(archs[_i], 33);
+    kiln_sampler_params sp = kiln_sampler_params_default();
+    sp.seed = 1234 + (uint64_t)_i;
+    int32_t ids[2][64];
+    for (int k = 0; k < 2; k++) {
+        kiln_gen_opts o = {.n_ctx = 128, .n_batch = 8, .cpu = k == 1};
+        kiln_gen     *g;
+        TS_OK(kiln_gen_new(m, &o, &g));
+        picks           p = {0};
+        kiln_gen_params gp = {.n_predict = 32, .on_token = take, .user = &p, .sampler = &sp};
+        TS_OK(kiln_gen_generate(g, prompt, 7, &gp, NULL, NULL, NULL));
+        ck_assert_int_eq(p.n, 32);
+        memcpy(ids[k], p.ids, sizeof p.ids);
+        p.n = 0;
+        TS_OK(kiln_gen_generate(g, &ids[k][31], 1, &gp, NULL, NULL, NULL)); /* the next 32, after a turn */
+        ck_assert_int_eq(p.n, 32);
+        memcpy(ids[k] + 32, p.ids, sizeof p.ids);
+        kiln_gen_free(g);
+    }
+    for (int i = 0; i < 64; i++)
+        ck_assert_msg(ids[0][i] == ids[1][i], "%s: sampled token %d: GPU %d, CPU %d", archs[_i], i, ids[0][i], ids[1][i]);
+    kiln_model_close(m);
+}
+END_TEST
+
 /* kiln run MODEL.gguf --check: the command's own comparison passes. */
 START_TEST(cli_run_check) {
     need_gpu();
@@ -364,7 +393,8 @@ static void teardown(void) { ts_tmpdir_free(g_dir); }
 int main(void) {
     Suite *s = TS_SUITE("gpu_model",
                         TS_CASE_FIXTURE("gpu_model", 300, setup, teardown),
-                        TS_LOOP(0, 4, prefill_and_decode_match_cpu, greedy_tokens_identical, generate_stops_match_cpu),
+                        TS_LOOP(0, 4, prefill_and_decode_match_cpu, greedy_tokens_identical, generate_stops_match_cpu,
+                                sampled_tokens_identical),
                         TS_TESTS(cli_run_check),
                         TS_LOOP(0, 2, device_fill_equals_file),
                         TS_CASE_FIXTURE("quant", 300, setup, teardown),
