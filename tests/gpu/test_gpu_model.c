@@ -189,31 +189,41 @@ START_TEST(generate_stops_match_cpu) {
 }
 END_TEST
 
-/* Sampling (temp 0.8, top-k 40, top-p 0.95, the sampler on the host over each step's logits): the
- * GPU draws the CPU reference's 64 tokens, seed for seed. */
-START_TEST(sampled_tokens_identical) {
+/* Sampling (temp 0.8, top-k 40, top-p 0.95; kiln_sample on the host over each step's logits),
+ * 64 steps fed the CPU reference's picks on both sides: the logits agree (NMSE <= 5e-4) and the
+ * draws agree but where the logits differ across a decision of the chain. A tiny random model's
+ * logits are flat (candidates within the GPU's rounding of each other reorder the draw's walk),
+ * so a few such steps are allowed (measured on the H100: free-running, llama first differed at
+ * step 29, qwen3moe at step 1); the CPU test_generate pins kiln_sample over given logits. */
+START_TEST(sampled_tokens_agree) {
     need_gpu();
     kiln_model         *m = tiny_model(archs[_i], 33);
     kiln_sampler_params sp = kiln_sampler_params_default();
     sp.seed = 1234 + (uint64_t)_i;
-    int32_t ids[2][64];
+    kiln_gen     *side[2];
+    const float  *lg[2];
+    int64_t       nv = kiln_model_get_hparams(m)->n_vocab;
+    int32_t       hist[7 + 64], pick[2];
+    int           agree = 0;
     for (int k = 0; k < 2; k++) {
         kiln_gen_opts o = {.n_ctx = 128, .n_batch = 8, .cpu = k == 1};
-        kiln_gen     *g;
-        TS_OK(kiln_gen_new(m, &o, &g));
-        picks           p = {0};
-        kiln_gen_params gp = {.n_predict = 32, .on_token = take, .user = &p, .sampler = &sp};
-        TS_OK(kiln_gen_generate(g, prompt, 7, &gp, NULL, NULL, NULL));
-        ck_assert_int_eq(p.n, 32);
-        memcpy(ids[k], p.ids, sizeof p.ids);
-        p.n = 0;
-        TS_OK(kiln_gen_generate(g, &ids[k][31], 1, &gp, NULL, NULL, NULL)); /* the next 32, after a turn */
-        ck_assert_int_eq(p.n, 32);
-        memcpy(ids[k] + 32, p.ids, sizeof p.ids);
-        kiln_gen_free(g);
+        TS_OK(kiln_gen_new(m, &o, &side[k]));
     }
-    for (int i = 0; i < 64; i++)
-        ck_assert_msg(ids[0][i] == ids[1][i], "%s: sampled token %d: GPU %d, CPU %d", archs[_i], i, ids[0][i], ids[1][i]);
+    memcpy(hist, prompt, sizeof prompt);
+    for (int i = 0; i < 64; i++) {
+        for (int k = 0; k < 2; k++) {
+            TS_OK(i ? kiln_gen_eval(side[k], &hist[6 + i], 1, &lg[k]) : kiln_gen_eval(side[k], prompt, 7, &lg[k]));
+            TS_OK(kiln_sample(&sp, lg[k], nv, hist, 7 + i, kiln_gen_pos(side[k]), &pick[k]));
+        }
+        double e = logits_nmse(lg[1], lg[0], nv);
+        ck_assert_msg(e <= 5e-4, "%s: step %d: logits NMSE %g", archs[_i], i, e);
+        agree += pick[0] == pick[1];
+        hist[7 + i] = pick[1];
+    }
+    fprintf(stderr, "sampled: %s: the GPU's draws agree with the CPU's in %d of 64 steps\n", archs[_i], agree);
+    ck_assert_msg(agree >= 56, "%s: the GPU's draws agree with the CPU's in %d of 64 steps", archs[_i], agree);
+    kiln_gen_free(side[0]);
+    kiln_gen_free(side[1]);
     kiln_model_close(m);
 }
 END_TEST
@@ -394,7 +404,7 @@ int main(void) {
     Suite *s = TS_SUITE("gpu_model",
                         TS_CASE_FIXTURE("gpu_model", 300, setup, teardown),
                         TS_LOOP(0, 4, prefill_and_decode_match_cpu, greedy_tokens_identical, generate_stops_match_cpu,
-                                sampled_tokens_identical),
+                                sampled_tokens_agree),
                         TS_TESTS(cli_run_check),
                         TS_LOOP(0, 2, device_fill_equals_file),
                         TS_CASE_FIXTURE("quant", 300, setup, teardown),
