@@ -255,6 +255,33 @@ static char *line(const char *out, const char *key) {
     return strndup(p, e ? (size_t)(e - p) : strlen(p));
 }
 
+/* `kiln run PATH --cpu FLAGS` is a usage error (exit 2) whose message holds want. */
+static void expect_usage(const char *path, const char *flags, const char *want) {
+    char args[1024], *out = NULL;
+    snprintf(args, sizeof args, "%s --cpu %s", path, flags);
+    ck_assert_int_eq(kiln(args, true, &out), 2);
+    ck_assert_msg(strstr(out, want), "%s: no '%s' in:\n%s", flags, want, out);
+    free(out);
+}
+
+/* Each flag's refusal names it. */
+START_TEST(cli_refusals) {
+    static const char *const cases[][2] = {
+        {"--tokens 1 -r ''", "-r: the stop string is empty"},
+        {"--tokens 1 -n -2", "-n -2"},
+        {"--tokens 1,2,3 --min-p -0.5", "--min-p -0.5"},
+        {"--tokens 1,2,3 --temp hot", "--temp hot: not a finite number"},
+        {"-p Hello --chat-template nope", "unknown chat template 'nope'"},
+        {"--tokens 1,2 -cnv", "--tokens does not go with -cnv"},
+        {"--tokens 1,2 -sys x", "they do not go with --tokens"},
+        {"--tokens 1,2 --temp 0.5 --check", "--check compares greedy picks"},
+    };
+    char *path = tiny_model("refuse.gguf");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_usage(path, cases[i][0], cases[i][1]);
+    free(path);
+}
+END_TEST
+
 START_TEST(cli_stream_and_stops) {
     char *path = tiny_model("cli.gguf"), args[1024], *out = NULL;
     /* The streamed text is the text of the generated ids (kiln_detokenize, checked through the
@@ -303,7 +330,7 @@ START_TEST(cli_stream_and_stops) {
     ck_assert_msg(strstr(out, "number of tokens in prompt = 7\n") && strstr(out, " -> 'H'\n") &&
                       strstr(out, " -> ' wor'\n"), "%s", out);
     free(out);
-    /* Sampling flags: the same seed twice, the same ids; flags are range-checked by name. */
+    /* Sampling flags: the same seed twice, the same ids. */
     snprintf(args, sizeof args, "%s --cpu --tokens 1,2,3 -n 10 --temp 0.9 --top-k 20 -s 5", path);
     char *o1 = NULL, *o2 = NULL;
     ck_assert_int_eq(kiln(args, false, &o1), 0);
@@ -312,23 +339,6 @@ START_TEST(cli_stream_and_stops) {
     ck_assert(g1 && g2);
     ck_assert_str_eq(g1, g2);
     free(o1), free(o2), free(g1), free(g2);
-    snprintf(args, sizeof args, "%s --cpu --tokens 1,2,3 --min-p -0.5", path);
-    ck_assert_int_eq(kiln(args, true, &out), 2);
-    ck_assert_msg(strstr(out, "--min-p -0.5"), "%s", out);
-    free(out);
-    snprintf(args, sizeof args, "%s --cpu --tokens 1,2,3 --temp hot", path);
-    ck_assert_int_eq(kiln(args, true, &out), 2);
-    ck_assert_msg(strstr(out, "--temp hot: not a finite number"), "%s", out);
-    free(out);
-    /* Refusals name the flag. */
-    snprintf(args, sizeof args, "%s --cpu --tokens 1 -r ''", path);
-    ck_assert_int_eq(kiln(args, true, &out), 2);
-    ck_assert_msg(strstr(out, "-r: the stop string is empty"), "%s", out);
-    free(out);
-    snprintf(args, sizeof args, "%s --cpu --tokens 1 -n -2", path);
-    ck_assert_int_eq(kiln(args, true, &out), 2);
-    ck_assert_msg(strstr(out, "-n -2"), "%s", out);
-    free(out);
     free(text);
     free(ids);
     free(again);
@@ -337,7 +347,8 @@ START_TEST(cli_stream_and_stops) {
 END_TEST
 
 /* Chat templates on the command line: a text prompt as the user's turn (-sys, --chat-template),
- * and a conversation (kiln chat, -cnv) whose second turn evaluates only its new tokens. */
+ * and a conversation (kiln chat, -cnv) whose second turn evaluates only its new tokens. (Their
+ * refusals: cli_refusals.) */
 START_TEST(cli_chat) {
     char *path = tiny_model("chat.gguf"), args[1024], *out = NULL;
     snprintf(args, sizeof args, "%s --cpu -p Hello --chat-template chatml -n 2", path);
@@ -366,19 +377,6 @@ START_TEST(cli_chat) {
     ck_assert_msg(strstr(out, "turn 1: ") && strstr(out, "(the cache started over), 0 in the context before") &&
                       strstr(out, "turn 2: ") && strstr(out, "(the cache kept)"), "%s", out);
     free(out);
-    /* Refusals. */
-    snprintf(args, sizeof args, "%s --cpu -p Hello --chat-template nope", path);
-    ck_assert_int_eq(kiln(args, true, &out), 2);
-    ck_assert_msg(strstr(out, "unknown chat template 'nope'") && strstr(out, "llama3"), "%s", out);
-    free(out);
-    snprintf(args, sizeof args, "%s --cpu --tokens 1,2 -cnv", path);
-    ck_assert_int_eq(kiln(args, true, &out), 2);
-    ck_assert_msg(strstr(out, "--tokens does not go with -cnv"), "%s", out);
-    free(out);
-    snprintf(args, sizeof args, "%s --cpu --tokens 1,2 -sys x", path);
-    ck_assert_int_eq(kiln(args, true, &out), 2);
-    ck_assert_msg(strstr(out, "they do not go with --tokens"), "%s", out);
-    free(out);
     free(path);
 }
 END_TEST
@@ -388,6 +386,6 @@ static void teardown(void) { ts_tmpdir_free(g_dir); }
 
 int main(void) {
     Suite *s = TS_SUITE("generate", TS_CASE_FIXTURE("generate", 120, setup, teardown),
-                        TS_TESTS(stops, sampled, eog_set, cli_stream_and_stops, cli_chat));
+                        TS_TESTS(stops, sampled, eog_set, cli_stream_and_stops, cli_chat, cli_refusals));
     return ts_main(s);
 }
