@@ -45,7 +45,8 @@ typedef enum {
     X(FILL, "fill", false)                                                                         \
     X(MATMUL, "matmul", true)                                                                      \
     X(MATMUL_ID, "matmul_id", true)                                                                \
-    X(ATTN, "attn", false)
+    X(ATTN, "attn", false)                                                                         \
+    X(SAMPLE, "sample", false)
 
 typedef enum {
 #define FE_X(id, name, epilogue) FE_FAM_##id,
@@ -158,7 +159,10 @@ extern const fe_fam_info fe_fams[FE_FAM_COUNT];
     X(MUL_MAT, "mul_mat", FE_KERNEL, 2, "a:t b:t", FE_FAM_MATMUL, FE_F " " FE_Q, 5e-4)                      \
     X(MUL_MAT_ID, "mul_mat_id", FE_KERNEL, 3, "as:t b:t ids:t", FE_FAM_MATMUL_ID, FE_F " " FE_Q, 5e-4)      \
     X(FLASH_ATTN_EXT, "flash_attn_ext", FE_KERNEL, 5,                                              \
-      "q:t k:t v:t mask:t? scale:f=1 max_bias:f=0 logit_softcap:f=0 sinks:t?", FE_FAM_ATTN, "f32", 5e-4)
+      "q:t k:t v:t mask:t? scale:f=1 max_bias:f=0 logit_softcap:f=0 sinks:t?", FE_FAM_ATTN, "f32", 5e-4) \
+    X(SAMPLE, "sample", FE_KERNEL, 2,                                                              \
+      "a:t pos:t seed_lo:i=0 seed_hi:i=0 temp:f=0.8 top_k:i=40 top_p:f=0.95 min_p:f=0.05",       \
+      FE_FAM_SAMPLE, "f32", 0)
 
 typedef enum {
 #define FE_X(id, name, kind, nsrc, sig, fam, types, tol) FE_OP_##id,

@@ -210,6 +210,30 @@ kiln_tensor *kiln_top_k(kiln_ctx *ctx, kiln_tensor *a, int k) { return op1i(ctx,
 kiln_tensor *kiln_diag_mask_inf(kiln_ctx *ctx, kiln_tensor *a, int n_past) { return op1i(ctx, FE_OP_DIAG_MASK_INF, a, n_past); }
 kiln_tensor *kiln_tri(kiln_ctx *ctx, kiln_tensor *a, kiln_tri_type type) { return op1i(ctx, FE_OP_TRI, a, (int)type); }
 
+kiln_tensor *kiln_sample_row(kiln_ctx *ctx, kiln_tensor *logits, kiln_tensor *pos, const kiln_sampler_params *p) {
+    if (!ctx || !logits || !pos) return NULL;
+    if (!p) {
+        fe_failf(ctx, KILN_ERR_INVALID, "sample: NULL sampler parameters");
+        return NULL;
+    }
+    /* The op has no history: penalties stay with the host sampler. */
+    if (kiln_sampler_penalized(p)) {
+        fe_failf(ctx, KILN_ERR_INVALID, "sample: penalties (--repeat-penalty %g, --presence-penalty %g, "
+                 "--frequency-penalty %g) are not part of the op", (double)p->repeat_penalty,
+                 (double)p->presence_penalty, (double)p->frequency_penalty);
+        return NULL;
+    }
+    fe_args x;
+    memset(&x, 0, sizeof x);
+    x.t[0] = logits;
+    x.t[1] = pos;
+    x.ip[0] = (int32_t)(uint32_t)p->seed;
+    x.ip[1] = (int32_t)(uint32_t)(p->seed >> 32);
+    x.ip[2] = p->top_k;
+    x.fp[0] = p->temp, x.fp[1] = p->top_p, x.fp[2] = p->min_p;
+    return build(ctx, FE_OP_SAMPLE, &x);
+}
+
 kiln_tensor *kiln_arange(kiln_ctx *ctx, float start, float stop, float step) {
     fe_args x;
     memset(&x, 0, sizeof x);

@@ -609,6 +609,11 @@ typedef struct {
     kiln_model_outputs outputs;
     bool    argmax;       /* also output "argmax", i32 [n_outputs]: the index of each logits
                              row's largest value (ggml_argmax), what greedy decoding reads back */
+    /* NULL, or also output "sample", i32 [1]: the token these parameters sample from the
+     * logits (op sample, kiln_sample_row; outputs must be KILN_OUTPUTS_LAST, and the parameters
+     * kiln_sampler_on_gpu's), keyed by the seed and the position after the last token. Points
+     * to kiln_sampler_params (include/kiln.h, section "sampling"). */
+    const struct kiln_sampler_params *sampler;
 } kiln_build_opts;
 
 /* Adds the model's graph to ctx (which should be empty): dims n_tokens (specialize 1: the decode
@@ -860,7 +865,7 @@ kiln_status kiln_model_write_random_vocab(const kiln_model_hparams *hp, uint64_t
 /* kiln's seed when none is given (llama.cpp's LLAMA_DEFAULT_SEED asks for a random one). */
 #define KILN_SAMPLER_DEFAULT_SEED 0u
 
-typedef struct {
+typedef struct kiln_sampler_params {
     uint64_t seed;              /* -s/--seed: Philox's key */
     float    temp;              /* --temp: > 0 divides the logits; <= 0 is greedy (argmax) */
     int32_t  top_k;             /* --top-k: the k largest logits; <= 0: all */
@@ -884,6 +889,25 @@ kiln_status kiln_sampler_check(const kiln_sampler_params *p);
  * (kiln_gen_pos after the eval that gave the logits). logits are not modified. */
 kiln_status kiln_sample(const kiln_sampler_params *p, const float *logits, int64_t n_vocab,
                         const int32_t *history, int64_t n_history, int64_t position, int32_t *out);
+/* Whether p's penalties are on (they change the logits before the other stages): repeat_last_n
+ * != 0 and any of repeat_penalty != 1, presence_penalty != 0, frequency_penalty != 0. */
+bool        kiln_sampler_penalized(const kiln_sampler_params *p);
+
+/* ---- sampling on the GPU (docs/sampling.md, "On the GPU") ----
+ * The op `sample` picks what kiln_sample picks, inside a program: the token of one row of logits
+ * without penalties, so chained decoding feeds it back with no host round trip. Its kernels keep
+ * at most KILN_SAMPLE_GPU_MAX_K candidates: top_k in [1, KILN_SAMPLE_GPU_MAX_K], or any top_k
+ * when n_vocab is that small (temp <= 0, greedy, needs one). */
+#define KILN_SAMPLE_GPU_MAX_K 256
+/* Whether p samples (temp > 0), without penalties, within the kernels' top-k: what makes
+ * kiln_gen_opts.sampler end the decode program with `sample` instead of `argmax`. */
+bool         kiln_sampler_on_gpu(const kiln_sampler_params *p, int64_t n_vocab);
+/* The op: i32 [1], the token sampled from logits (f32 [n_vocab], one row) by p without its
+ * penalties (an error if p has them on, or fails kiln_sampler_check), keyed by p->seed and the
+ * pick's position pos[n - 1] + 1, where pos (i32 [n], n may be symbolic) holds the positions of
+ * the tokens that gave the logits (a model's inp_pos). .kg: sample(a, pos, seed_lo=0,
+ * seed_hi=0, temp=0.8, top_k=40, top_p=0.95, min_p=0.05), the seed as two 32-bit halves. */
+kiln_tensor *kiln_sample_row(kiln_ctx *ctx, kiln_tensor *logits, kiln_tensor *pos, const kiln_sampler_params *p);
 
 /* A generator: the model's graph compiled and loaded (or, with cpu, evaluated by the CPU
  * reference), the KV cache, and the position in one sequence. */
@@ -897,6 +921,11 @@ typedef struct {
     /* Called during kiln_gen_new with what ("weights": bytes uploaded), done and total. */
     void (*progress)(void *user, const char *what, uint64_t done, uint64_t total);
     void   *progress_user;
+    /* NULL, or the sampler kiln_gen_generate will be given (copied): when kiln_sampler_on_gpu
+     * accepts it, the program also samples on the GPU (output "sample") and kiln_gen_generate
+     * with sampler parameters equal to these picks there, decode steps chained, no logits read
+     * back. Other parameters, or other calls, keep the host sampler. */
+    const struct kiln_sampler_params *sampler;
 } kiln_gen_opts;
 kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out);
 void        kiln_gen_free(kiln_gen *g);
@@ -955,8 +984,10 @@ typedef struct {
      * stops generation after it. NULL: none. */
     bool (*on_token)(void *user, int32_t id);
     void          *user;
-    /* NULL, or temp <= 0 without penalties: greedy (on the GPU, chained steps). Else each pick
-     * is kiln_sample's from the logits read back (on the host, a step at a time), its history
+    /* NULL, or temp <= 0 without penalties: greedy (on the GPU, chained steps). Parameters
+     * equal to kiln_gen_opts.sampler's, when the program samples on the GPU with them: the
+     * program's "sample" (chained steps too, no logits read back). Else each pick is
+     * kiln_sample's from the logits read back (on the host, a step at a time), its history
      * this call's prompt and the tokens generated since, its position the pick's index in the
      * sequence. */
     const kiln_sampler_params *sampler;

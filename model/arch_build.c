@@ -308,6 +308,14 @@ static kiln_status check_opts(const kiln_model_hparams *hp, const kiln_build_opt
                         (long long)o->n_ctx);
     if (o->outputs != KILN_OUTPUTS_LAST && o->outputs != KILN_OUTPUTS_ALL)
         return kb_error(KILN_ERR_INVALID, "build: outputs = %d is not a kiln_model_outputs", (int)o->outputs);
+    /* The op samples one row, after the last token (docs/sampling.md, "On the GPU"). */
+    if (o->sampler && o->outputs != KILN_OUTPUTS_LAST)
+        return kb_error(KILN_ERR_INVALID, "build: a sampler needs outputs = KILN_OUTPUTS_LAST (one row of logits)");
+    if (o->sampler && !kiln_sampler_on_gpu(o->sampler, hp->n_vocab))
+        return kb_error(KILN_ERR_INVALID, "build: the sampler (temp %g, top_k %d, penalties %s) does not run on the "
+                        "GPU: it needs temp > 0, no penalties and 1 <= top_k <= %d (or n_vocab %lld at most that); "
+                        "kiln_sampler_on_gpu", (double)o->sampler->temp, (int)o->sampler->top_k,
+                        kiln_sampler_penalized(o->sampler) ? "on" : "off", KILN_SAMPLE_GPU_MAX_K, (long long)hp->n_vocab);
     return NULL;
 }
 
@@ -337,5 +345,8 @@ kiln_status km_build(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_bui
     /* Greedy decoding needs only each row's largest logit: 4 bytes back instead of n_vocab
      * floats, and no host scan over the vocabulary. */
     if (b.o.argmax) kiln_set_output(ctx, kiln_argmax(ctx, logits), "argmax");
+    /* Sampling inside the program: the pick follows the last token (its position + 1), and
+     * chained decoding feeds it back as argmax's is (model/gen.c). */
+    if (b.o.sampler) kiln_set_output(ctx, kiln_sample_row(ctx, logits, b.pos, b.o.sampler), "sample");
     return kiln_ctx_status(ctx);
 }

@@ -31,7 +31,10 @@ struct kiln_gen {
     /* The inputs of the current run, at its n_tokens (nt) and n_kv (nkv). */
     int64_t   nt, nkv;
     int32_t  *tokens, *positions, out_id;
-    int32_t   next; /* the graph's argmax after the last run that read it */
+    int32_t   next; /* the graph's argmax (or sample) after the last run that read it */
+    /* The sampler the program samples with on the GPU (output "sample"), when gpu_sample. */
+    bool                gpu_sample;
+    kiln_sampler_params sampler;
     int64_t  *slots;
     uint16_t *mask;
     float    *logits;
@@ -43,6 +46,7 @@ struct kiln_gen {
 };
 
 static kiln_status warm_up(kiln_gen *g);
+static kiln_status decode_sampled(kiln_gen *g, int32_t first, int64_t n, int32_t *out);
 
 static kiln_status gen_alloc(kiln_gen *g) {
     g->tokens = malloc(sizeof *g->tokens * (size_t)g->n_batch);
@@ -56,7 +60,7 @@ static kiln_status gen_alloc(kiln_gen *g) {
 static kiln_status build(kiln_gen *g) {
     if (!(g->ctx = kiln_ctx_new())) return kb_oom();
     kiln_build_opts o = {.n_ctx = g->n_ctx, .n_tokens_max = g->n_batch, .outputs = KILN_OUTPUTS_LAST,
-                         .argmax = !g->cpu};
+                         .argmax = !g->cpu, .sampler = g->gpu_sample ? &g->sampler : NULL};
     kiln_status     st = kiln_model_build(g->ctx, g->m, &o);
     if (!st) st = kiln_graph_new(g->ctx, &g->graph);
     if (!st) st = kiln_model_check_weights(g->m, g->graph);
@@ -130,6 +134,10 @@ kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen *
     g->cpu = o->cpu;
     g->n_ctx = o->n_ctx > 0 ? o->n_ctx : kiln_default_n_ctx(g->hp);
     g->n_batch = o->n_batch > 0 ? o->n_batch : g->n_ctx < 512 ? g->n_ctx : 512;
+    /* A sampler the kernels can run ends the program with `sample` too (any other stays on the
+     * host, as does the CPU reference, whose generation samples the logits it reads). */
+    if (o->sampler && !o->cpu && kiln_sampler_on_gpu(o->sampler, g->hp->n_vocab))
+        g->gpu_sample = true, g->sampler = *o->sampler;
     kiln_status st = NULL;
     if (o->n_ctx < 0 || o->n_batch < 0 || g->n_batch > g->n_ctx)
         st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: n_batch %lld must be 1 .. n_ctx (%lld)", (long long)g->n_batch,
@@ -200,7 +208,7 @@ static kiln_status make_inputs(kiln_gen *g, const int32_t *tokens, int64_t nt) {
     return NULL;
 }
 
-typedef enum { READ_NOTHING, READ_LOGITS, READ_ARGMAX } run_read;
+typedef enum { READ_NOTHING, READ_LOGITS, READ_ARGMAX, READ_SAMPLE } run_read;
 
 /* The session's inputs of the run place_inputs made; the tokens too unless with_tokens is off. */
 static kiln_status set_inputs(kiln_gen *g, bool with_tokens) {
@@ -224,8 +232,8 @@ static kiln_status gpu_run(kiln_gen *g, run_read read) {
     double t2 = kb_now_ms();
     if (!st && read == READ_LOGITS)
         st = kiln_session_get(s, "logits", g->logits, sizeof *g->logits * (size_t)g->hp->n_vocab);
-    else if (!st && read == READ_ARGMAX)
-        st = kiln_session_get(s, "argmax", &g->next, sizeof g->next);
+    else if (!st && (read == READ_ARGMAX || read == READ_SAMPLE))
+        st = kiln_session_get(s, read == READ_SAMPLE ? "sample" : "argmax", &g->next, sizeof g->next);
     g->stats.inputs_ms += t1 - t0;
     g->stats.run_ms += t2 - t1;
     g->stats.readback_ms += kb_now_ms() - t2;
@@ -243,8 +251,11 @@ static kiln_status warm_up(kiln_gen *g) {
     kiln_status  st = g->n_batch > 1 ? kiln_gen_eval_greedy(g, zeros, 2, &next) : NULL;
     g->pos = 0;
     if (!st) st = kiln_gen_eval_greedy(g, zeros, 1, &next);
-    /* Chained decoding captures CUDA graphs of its own at its first chain. */
+    /* Chained decoding captures CUDA graphs of its own at its first chain (one pair per output
+     * fed back). */
     if (!st && g->n_ctx > 1) st = kiln_gen_decode_greedy(g, 0, 1, &next);
+    g->pos = 0;
+    if (!st && g->n_ctx > 1 && g->gpu_sample) st = decode_sampled(g, 0, 1, &next);
     g->pos = 0;
     kiln_gen_stats keep = g->stats;
     memset(&g->stats, 0, sizeof g->stats);
@@ -300,7 +311,7 @@ static kiln_status cpu_run(kiln_gen *g) {
 
 /* prefill: the runs' GPU time is the prompt's, else a decode step's. Not decided by a run's
  * size: with n_batch = 1 a prompt runs one token at a time. */
-static kiln_status eval(kiln_gen *g, const int32_t *tokens, int64_t n, bool want_logits, bool prefill) {
+static kiln_status eval(kiln_gen *g, const int32_t *tokens, int64_t n, run_read last_read, bool prefill) {
     if (g->pos + n > g->n_ctx)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_eval: %lld more tokens after %lld do not fit in the cache of %lld "
                                           "(n_ctx)", (long long)n, (long long)g->pos, (long long)g->n_ctx);
@@ -308,7 +319,7 @@ static kiln_status eval(kiln_gen *g, const int32_t *tokens, int64_t n, bool want
         int64_t     nt = n - done < g->n_batch ? n - done : g->n_batch;
         bool        last = done + nt == n;
         kiln_status st = make_inputs(g, tokens + done, nt);
-        if (!st) st = g->cpu ? cpu_run(g) : gpu_run(g, !last ? READ_NOTHING : want_logits ? READ_LOGITS : READ_ARGMAX);
+        if (!st) st = g->cpu ? cpu_run(g) : gpu_run(g, last ? last_read : READ_NOTHING);
         if (st) return st;
         double gpu_ms = g->cpu ? 0.0 : kiln_session_last_ms(g->sess);
         if (prefill) g->stats.prefill_gpu_ms += gpu_ms;
@@ -323,7 +334,7 @@ kiln_status kiln_gen_eval(kiln_gen *g, const int32_t *tokens, int64_t n, const f
     if (!g || !tokens || !logits || n < 1)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_eval: %s", n < 1 ? "no tokens" : "NULL argument");
     *logits = NULL;
-    kiln_status st = eval(g, tokens, n, true, n > 1);
+    kiln_status st = eval(g, tokens, n, READ_LOGITS, n > 1);
     if (!st) *logits = g->logits;
     return st;
 }
@@ -331,7 +342,7 @@ kiln_status kiln_gen_eval(kiln_gen *g, const int32_t *tokens, int64_t n, const f
 static kiln_status eval_greedy(kiln_gen *g, const int32_t *tokens, int64_t n, int32_t *next, bool prefill) {
     if (!g || !tokens || !next || n < 1)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_eval_greedy: %s", n < 1 ? "no tokens" : "NULL argument");
-    kiln_status st = eval(g, tokens, n, g->cpu, prefill);
+    kiln_status st = eval(g, tokens, n, g->cpu ? READ_LOGITS : READ_ARGMAX, prefill);
     if (st) return st;
     double t0 = kb_now_ms();
     *next = g->cpu ? (int32_t)kiln_argmax_f32(g->logits, g->hp->n_vocab) : g->next;
@@ -342,6 +353,15 @@ static kiln_status eval_greedy(kiln_gen *g, const int32_t *tokens, int64_t n, in
 /* A call of several tokens is a prompt; of one, a decode step. */
 kiln_status kiln_gen_eval_greedy(kiln_gen *g, const int32_t *tokens, int64_t n, int32_t *next) {
     return eval_greedy(g, tokens, n, next, n > 1);
+}
+
+/* The pick after tokens: the argmax, or with `sample` the program's own sample (gpu_sample). */
+static kiln_status eval_pick(kiln_gen *g, const int32_t *tokens, int64_t n, int32_t *next, bool prefill,
+                             bool sample) {
+    if (!sample) return eval_greedy(g, tokens, n, next, prefill);
+    kiln_status st = eval(g, tokens, n, READ_SAMPLE, prefill);
+    if (!st) *next = g->next;
+    return st;
 }
 
 int64_t kiln_argmax_f32(const float *x, int64_t n) {
@@ -373,14 +393,15 @@ typedef bool (*pick_fn)(void *user, int32_t id);
  * queued meanwhile (fed the stopping pick) is dropped and the position set back over it, so
  * the cache holds every pick but the last, as after n steps. *chained is false when the
  * program cannot chain (nothing ran: decode one step at a time). */
-static kiln_status gpu_decode_chain(kiln_gen *g, int32_t first, int64_t n, pick_fn pick, void *user, bool *chained) {
+static kiln_status gpu_decode_chain(kiln_gen *g, int32_t first, int64_t n, pick_fn pick, void *user, bool sample,
+                                    bool *chained) {
     kiln_session *s = g->sess;
     double        t0 = kb_now_ms();
     g->tokens[0] = first;
     place_inputs(g, 1);
     kiln_status st = set_inputs(g, true);
     g->stats.inputs_ms += kb_now_ms() - t0;
-    if (!st) st = kiln_session_chain_begin(s, "argmax", "inp_tokens");
+    if (!st) st = kiln_session_chain_begin(s, sample ? "sample" : "argmax", "inp_tokens");
     *chained = !st;
     if (st && (kiln_status_code(st) == KILN_ERR_INVALID || kiln_status_code(st) == KILN_ERR_NOT_FOUND)) {
         kiln_status_free(st);
@@ -425,19 +446,20 @@ static kiln_status gpu_decode_chain(kiln_gen *g, int32_t first, int64_t n, pick_
     return st;
 }
 
-/* Up to n decode steps from `first`, each fed the pick of the one before: chained on the GPU,
- * else one at a time. */
-static kiln_status decode_picks(kiln_gen *g, int32_t first, int64_t n, pick_fn pick, void *user) {
+/* Up to n decode steps from `first`, each fed the pick of the one before (the argmax, or with
+ * `sample` the program's sample): chained on the GPU, else one at a time. */
+static kiln_status decode_picks(kiln_gen *g, int32_t first, int64_t n, pick_fn pick, void *user, bool sample) {
     kiln_status st = check_tokens(g, &first, 1);
     if (st || n == 0) return st;
     if (g->pos + n > g->n_ctx)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_decode_greedy: %lld steps after %lld do not fit in the cache of "
                                           "%lld (n_ctx)", (long long)n, (long long)g->pos, (long long)g->n_ctx);
     bool chained = false;
-    if (!g->cpu && chain_wanted() && ((st = gpu_decode_chain(g, first, n, pick, user, &chained)) || chained)) return st;
+    if (!g->cpu && chain_wanted() && ((st = gpu_decode_chain(g, first, n, pick, user, sample, &chained)) || chained))
+        return st;
     int32_t tok = first, next;
     for (int64_t i = 0; !st && i < n; i++) {
-        st = kiln_gen_eval_greedy(g, &tok, 1, &next);
+        st = eval_pick(g, &tok, 1, &next, false, sample);
         if (!st && !pick(user, tok = next)) break;
     }
     return st;
@@ -457,7 +479,13 @@ static bool store_pick(void *user, int32_t id) {
 kiln_status kiln_gen_decode_greedy(kiln_gen *g, int32_t first, int64_t n, int32_t *out) {
     if (!g || !out || n < 0) return kb_error(KILN_ERR_INVALID, "kiln_gen_decode_greedy: %s", n < 0 ? "n < 0" : "NULL argument");
     pick_store ps = {out, 0};
-    return decode_picks(g, first, n, store_pick, &ps);
+    return decode_picks(g, first, n, store_pick, &ps, false);
+}
+
+/* kiln_gen_decode_greedy's twin over the program's sample (gpu_sample): the warm-up's chain. */
+static kiln_status decode_sampled(kiln_gen *g, int32_t first, int64_t n, int32_t *out) {
+    pick_store ps = {out, 0};
+    return decode_picks(g, first, n, store_pick, &ps, true);
 }
 
 /* Counts this call's share of g's stats into *stats (when not NULL). */
@@ -519,7 +547,7 @@ static kiln_status log_push(token_log *l, const int32_t *ids, int64_t n) {
 /* Evaluates tokens and samples the pick after them (the logits read back). */
 static kiln_status eval_sample(kiln_gen *g, const kiln_sampler_params *sp, const int32_t *tokens, int64_t n,
                                bool prefill, token_log *hist, int32_t *next) {
-    kiln_status st = eval(g, tokens, n, true, prefill);
+    kiln_status st = eval(g, tokens, n, READ_LOGITS, prefill);
     if (!st) st = log_push(hist, tokens, n);
     if (st) return st;
     double t0 = kb_now_ms();
@@ -555,6 +583,12 @@ static kiln_status generate_sampled(kiln_gen *g, const int32_t *prompt, int64_t 
     return st;
 }
 
+/* Whether p picks what the program's sample (built with q) picks: the op's parameters alike. */
+static bool same_sampler(const kiln_sampler_params *p, const kiln_sampler_params *q, int64_t n_vocab) {
+    return kiln_sampler_on_gpu(p, n_vocab) && p->seed == q->seed && p->temp == q->temp && p->top_k == q->top_k &&
+           p->top_p == q->top_p && p->min_p == q->min_p;
+}
+
 kiln_status kiln_gen_generate(kiln_gen *g, const int32_t *prompt, int64_t n_prompt, const kiln_gen_params *p,
                               int64_t *n_out, kiln_stop *why, kiln_gen_stats *stats) {
     if (!g || !prompt || !p || n_prompt < 1 || (p->n_eog && !p->eog))
@@ -563,10 +597,12 @@ kiln_status kiln_gen_generate(kiln_gen *g, const int32_t *prompt, int64_t n_prom
     gen_run        r = {.p = p, .why = KILN_STOP_NONE};
     kiln_status    st = p->sampler ? kiln_sampler_check(p->sampler) : NULL;
     if (st) return st;
-    /* The graph's argmax serves greedy picks unless penalties change the logits first. */
+    /* The graph's argmax serves greedy picks unless penalties change the logits first; its
+     * sample serves the sampler it was built with; any other sampler reads the logits back. */
     const kiln_sampler_params *sp = p->sampler;
-    if (sp && (sp->temp > 0 || (sp->repeat_last_n != 0 && (sp->repeat_penalty != 1.0f || sp->presence_penalty != 0.0f ||
-                                                           sp->frequency_penalty != 0.0f)))) {
+    bool sampled = sp && (sp->temp > 0 || kiln_sampler_penalized(sp));
+    bool on_gpu = sampled && g->gpu_sample && same_sampler(sp, &g->sampler, g->hp->n_vocab);
+    if (sampled && !on_gpu) {
         st = generate_sampled(g, prompt, n_prompt, &r);
         if (n_out) *n_out = r.count;
         if (why) *why = r.why;
@@ -575,7 +611,7 @@ kiln_status kiln_gen_generate(kiln_gen *g, const int32_t *prompt, int64_t n_prom
     }
     double  t0 = kb_now_ms();
     int32_t next;
-    st = eval_greedy(g, prompt, n_prompt, &next, true);
+    st = eval_pick(g, prompt, n_prompt, &next, true, on_gpu);
     g->stats.prefill_ms += kb_now_ms() - t0;
     if (!st) g->stats.prefill_tokens += n_prompt;
     if (p->n_predict == 0) r.why = KILN_STOP_LIMIT; /* the prompt is in the cache: a prefill alone */
@@ -585,7 +621,7 @@ kiln_status kiln_gen_generate(kiln_gen *g, const int32_t *prompt, int64_t n_prom
         int64_t steps = left < room ? left : room;
         double  t1 = kb_now_ms();
         int64_t pos0 = g->pos;
-        st = decode_picks(g, next, steps, run_pick, &r);
+        st = decode_picks(g, next, steps, run_pick, &r, on_gpu);
         g->stats.decode_ms += kb_now_ms() - t1;
         g->stats.decode_tokens += g->pos - pos0; /* the steps whose picks were taken */
         if (!st && r.why == KILN_STOP_NONE) r.why = KILN_STOP_CONTEXT;

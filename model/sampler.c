@@ -145,10 +145,13 @@ kiln_status kiln_sampler_check(const kiln_sampler_params *p) {
 /* ---- penalties ------------------------------------------------------------------------------ */
 
 /* Tokens in the window, as llama.cpp's penalties sampler skips its work. */
+bool kiln_sampler_penalized(const kiln_sampler_params *p) {
+    return p->repeat_last_n != 0 &&
+           (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f);
+}
+
 static int64_t penalty_window(const kiln_sampler_params *p, int64_t n_history) {
-    if (p->repeat_last_n == 0 || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
-                                  p->presence_penalty == 0.0f))
-        return 0;
+    if (!kiln_sampler_penalized(p)) return 0;
     return p->repeat_last_n < 0 || p->repeat_last_n > n_history ? n_history : p->repeat_last_n;
 }
 
@@ -415,4 +418,13 @@ kiln_status kiln_sample(const kiln_sampler_params *p, const float *logits, int64
         st = draw(p, l, n_vocab, position, out);
     free(pen);
     return st;
+}
+
+/* ---- on the GPU ------------------------------------------------------------------------------ */
+
+bool kiln_sampler_on_gpu(const kiln_sampler_params *p, int64_t n_vocab) {
+    if (!p || kiln_sampler_check(p) || kiln_sampler_penalized(p) || !(p->temp > 0.0f) || n_vocab < 1) return false;
+    /* The candidates the kernels keep: stage 4's K (docs/sampling.md). */
+    int64_t k = p->top_k <= 0 || p->top_k >= n_vocab ? n_vocab : p->top_k;
+    return k <= KILN_SAMPLE_GPU_MAX_K;
 }
