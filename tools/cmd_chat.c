@@ -201,6 +201,7 @@ kiln_status kt_chat_converse(const kt_model_args *a, const kiln_model *m, const 
         fputc('\n', text);
         fflush(text);
         free(s.ids);
+        free(s.text);
         if (!st && why == KILN_STOP_CONTEXT)
             st = kb_error(KILN_ERR_INVALID, "the context is full (%lld tokens, -c); kiln does not shift the context yet",
                           (long long)kiln_gen_pos(c.g));

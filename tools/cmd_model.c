@@ -524,8 +524,37 @@ static void emit(kt_stream *s, const char *t, size_t upto) {
     s->shown = upto;
 }
 
+/* Appends the text id adds to the text of the ids before it: text(prev, id) less text(prev), so
+ * that a token whose text depends on the one before (SentencePiece's leading space after a
+ * first token) comes out as in the whole text, at a constant cost a token. */
+static kiln_status append_text(kt_stream *s) {
+    int64_t     k = s->n >= 2 ? 2 : 1;
+    char       *pair = NULL, *one = NULL;
+    size_t      lp = 0, l1 = 0;
+    kiln_status st = kiln_detokenize(s->tok, s->ids + s->n - k, k, &pair, &lp);
+    if (!st && k == 2) st = kiln_detokenize(s->tok, s->ids + s->n - 2, 1, &one, &l1);
+    if (!st && l1 > lp) st = kb_error(KILN_ERR_INVALID, "detokenizing token %d shortened the text", s->ids[s->n - 1]);
+    size_t add = lp - l1;
+    if (!st && s->len + add + 1 > s->tcap) {
+        size_t cap = s->tcap ? s->tcap : 4096;
+        while (cap < s->len + add + 1) cap *= 2;
+        char *t = realloc(s->text, cap);
+        if (!t) st = kb_oom();
+        else s->text = t, s->tcap = cap;
+    }
+    if (!st) {
+        memcpy(s->text + s->len, pair + l1, add);
+        s->len += add;
+        s->text[s->len] = 0;
+    }
+    free(pair);
+    free(one);
+    return st;
+}
+
 /* kiln_gen_params.on_token: keeps the id, prints the text that is final (not a possible start of
- * a stop string, no split character), and stops at a stop string (the text ends before it). */
+ * a stop string, no split character), and stops at a stop string (the text ends before it). A
+ * stop string cannot start in the text printed already: its start would have been held back. */
 bool kt_stream_token(void *user, int32_t id) {
     kt_stream *s = user;
     if (s->n == s->cap) {
@@ -539,14 +568,11 @@ bool kt_stream_token(void *user, int32_t id) {
     }
     s->ids[s->n++] = id;
     if (!s->tok) return false;
-    char  *t;
-    size_t len;
-    /* The whole text again: a token's text may depend on the one before it (SentencePiece's
-     * leading space), and the text of a prefix of ids is a prefix of the text. */
-    if ((s->err = kiln_detokenize(s->tok, s->ids, s->n, &t, &len))) return true;
-    size_t upto = len;
+    if ((s->err = append_text(s))) return true;
+    const char *t = s->text;
+    size_t      len = s->len, upto = len;
     for (int i = 0; i < s->a->nstops; i++) {
-        const char *hit = memmem(t, len, s->a->stops[i], strlen(s->a->stops[i]));
+        const char *hit = memmem(t + s->shown, len - s->shown, s->a->stops[i], strlen(s->a->stops[i]));
         if (hit && (size_t)(hit - t) < upto) upto = (size_t)(hit - t), s->stop = i;
     }
     if (s->stop < 0) {
@@ -554,17 +580,11 @@ bool kt_stream_token(void *user, int32_t id) {
         upto = len - (held > part ? held : part);
     }
     emit(s, t, upto);
-    free(t);
     return s->stop >= 0;
 }
 
-/* At the end: what was held back for a stop string that never came. */
 void kt_stream_finish(kt_stream *s) {
-    char  *t;
-    size_t len;
-    if (!s->tok || s->stop >= 0 || s->err || kiln_detokenize(s->tok, s->ids, s->n, &t, &len)) return;
-    emit(s, t, len);
-    free(t);
+    if (s->tok && s->stop < 0 && !s->err && s->text) emit(s, s->text, s->len);
 }
 
 static void print_stop(const kt_model_args *a, const kt_stream *s, kiln_stop why, const kiln_gen *g) {
@@ -616,6 +636,7 @@ static kiln_status generate(const kt_model_args *a, const kiln_model *m, const k
     if (!st && a->check) st = run_check(m, &go, prompt, np, s.ids, s.n);
     free(eog);
     free(s.ids);
+    free(s.text);
     return st;
 }
 

@@ -51,6 +51,8 @@ typedef struct {
     FILE                 *out;  /* the text's stream */
     int32_t              *ids;  /* the generated tokens */
     int64_t               n, cap;
+    char                 *text;  /* their text (owned), len bytes, NUL-terminated */
+    size_t                len, tcap;
     size_t                shown; /* bytes of the text printed so far */
     int                   stop;  /* the -r string that ended generation, or -1 */
     kiln_status           err;   /* a detokenizing failure: generation stops */
