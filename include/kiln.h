@@ -909,6 +909,12 @@ kiln_status kiln_gen_eval(kiln_gen *g, const int32_t *tokens, int64_t n, const f
 kiln_status kiln_gen_eval_greedy(kiln_gen *g, const int32_t *tokens, int64_t n, int32_t *next);
 int64_t     kiln_gen_pos(const kiln_gen *g); /* tokens in the cache */
 int64_t     kiln_gen_n_ctx(const kiln_gen *g); /* its slots */
+/* llama.cpp's context shift: of the pos tokens in the cache, the first n_keep stay, the next
+ * n_discard go, and the rest move down by n_discard with their K re-roped by -n_discard (the
+ * model's rope on the CPU reference, in f32, rounded to the cache's f16), so generation goes on
+ * at pos - n_discard. The caches pass through host memory (a rare event: it frees half the
+ * context). n_keep + n_discard <= pos. */
+kiln_status kiln_gen_shift(kiln_gen *g, int64_t n_keep, int64_t n_discard);
 void        kiln_gen_reset(kiln_gen *g);     /* start a new sequence (the cache is overwritten) */
 /* Index of the largest of x[0..n) (the first on ties; NaN never wins unless all are NaN). */
 int64_t     kiln_argmax_f32(const float *x, int64_t n);

@@ -112,9 +112,49 @@ typedef struct {
     const char     *tmpl;
     chat_log        log;
     char           *fed;      /* the text the cache holds: a prefix of the next rendering, usually */
+    char           *reply_fed; /* of the last reply, the text the cache holds */
+    bool            shifted;  /* a context shift dropped some of it: no longer a prefix */
     kiln_gen_stats  total;
     int             turns;
 } chat_state;
+
+/* After a context shift the cache holds no prefix of the rendering, but it ends with the last
+ * reply as fed: the text to evaluate is what the rendering has after that reply's fed part
+ * (the rest of the reply, its end of turn) and then what the new message adds (llama.cpp's
+ * common_chat_format_single). NULL in *text when the reply cannot be found in the rendering (a
+ * template that rewrites it): the caller starts over. */
+static kiln_status shifted_text(const chat_state *c, char **text) {
+    *text = NULL;
+    size_t n = c->log.n;
+    if (n < 2 || strcmp(c->log.m[n - 2].role, "assistant") != 0) return NULL;
+    const char *reply = c->log.m[n - 2].content;
+    size_t      rf = strlen(c->reply_fed);
+    if (strncmp(reply, c->reply_fed, rf) != 0) return NULL;
+    char       *prev = NULL, *delta = NULL;
+    kiln_status st = kiln_chat_apply(c->tmpl, c->log.m, n - 1, false, &prev);
+    if (!st) st = kiln_chat_apply_delta(c->tmpl, c->log.m, n, true, &delta);
+    const char *at = NULL;
+    for (const char *p = prev ? strstr(prev, reply) : NULL; p; p = strstr(p + 1, reply)) at = p; /* the last */
+    if (!st && at && (*text = malloc(strlen(at + rf) + strlen(delta) + 1))) sprintf(*text, "%s%s", at + rf, delta);
+    else if (!st && at) st = kb_oom();
+    free(prev);
+    free(delta);
+    return st;
+}
+
+/* --context-shift before a turn of n new tokens: shifts until they fit with room to answer. */
+static kiln_status make_room(const kt_model_args *a, chat_state *c, int64_t n) {
+    int64_t ctx = kiln_gen_n_ctx(c->g);
+    while (kiln_gen_pos(c->g) + n >= ctx) {
+        int64_t pos = kiln_gen_pos(c->g), keep = a->keep > 0 && a->keep < pos ? a->keep : 0, drop = (pos - keep) / 2;
+        if (drop < 1) return kb_error(KILN_ERR_INVALID, "the turn needs %lld tokens, more than the context of %lld (-c)",
+                                      (long long)n, (long long)ctx);
+        kiln_status st = kiln_gen_shift(c->g, keep, drop);
+        if (st) return st;
+        c->shifted = true;
+    }
+    return NULL;
+}
 
 /* One turn: the conversation rendered with the assistant's header; when it starts with the text
  * in the cache, only the rest is evaluated (llama.cpp's common_chat_format_single), else the
@@ -127,12 +167,17 @@ static kiln_status chat_turn(const kt_model_args *a, chat_state *c, const kiln_t
     kiln_status st = kiln_chat_apply(c->tmpl, c->log.m, c->log.n, true, &full);
     if (st) return st;
     size_t fl = strlen(c->fed);
-    bool   keep = kiln_gen_pos(c->g) > 0 && strncmp(full, c->fed, fl) == 0 && full[fl];
-    if (!keep) kiln_gen_reset(c->g);
-    st = turn_ids(tok, keep ? full + fl : full, !keep, &ids, &n);
+    char  *after_shift = NULL;
+    if (c->shifted) st = shifted_text(c, &after_shift);
+    bool keep = !st && kiln_gen_pos(c->g) > 0 &&
+                (after_shift ? *after_shift != 0 : !c->shifted && strncmp(full, c->fed, fl) == 0 && full[fl]);
+    if (!keep) kiln_gen_reset(c->g), c->shifted = false;
+    if (!st) st = turn_ids(tok, keep ? (after_shift ? after_shift : full + fl) : full, !keep, &ids, &n);
+    free(after_shift);
+    if (!st && a->context_shift) st = make_room(a, c, n);
     if (!st && kiln_gen_pos(c->g) + n >= kiln_gen_n_ctx(c->g))
-        st = kb_error(KILN_ERR_INVALID, "the conversation needs %lld tokens, more than the context of %lld (-c); "
-                      "kiln does not shift the context yet", (long long)(kiln_gen_pos(c->g) + n),
+        st = kb_error(KILN_ERR_INVALID, "the conversation needs %lld tokens, more than the context of %lld (-c; "
+                      "--context-shift drops old turns)", (long long)(kiln_gen_pos(c->g) + n),
                       (long long)kiln_gen_n_ctx(c->g));
     if (!st && a->verbose_prompt)
         printf("turn %d: %lld new tokens (%s), %lld in the context before\n", ++c->turns, (long long)n,
@@ -143,6 +188,10 @@ static kiln_status chat_turn(const kt_model_args *a, chat_state *c, const kiln_t
         kiln_gen_params gp = {.n_predict = a->n_new, .eog = eog, .n_eog = neog, .on_token = kt_stream_token, .user = s,
                               .sampler = a->sampling ? &a->sampler : NULL};
         st = kiln_gen_generate(c->g, ids, n, &gp, NULL, why, &gs);
+        while (!st && !s->err && *why == KILN_STOP_CONTEXT && a->context_shift && s->n > 0) {
+            st = kt_model_shift_go_on(a, c->g, 0, false, s, &gp, why, &gs);
+            c->shifted = true;
+        }
     }
     if (!st) st = s->err;
     kt_stream_finish(s);
@@ -170,6 +219,10 @@ static kiln_status chat_turn(const kt_model_args *a, chat_state *c, const kiln_t
             free(c->fed);
             c->fed = f;
         }
+    }
+    if (!st) {
+        free(c->reply_fed);
+        c->reply_fed = fed_tail, fed_tail = NULL;
     }
     free(reply);
     free(fed_tail);
@@ -203,13 +256,14 @@ kiln_status kt_chat_converse(const kt_model_args *a, const kiln_model *m, const 
         free(s.ids);
         free(s.text);
         if (!st && why == KILN_STOP_CONTEXT)
-            st = kb_error(KILN_ERR_INVALID, "the context is full (%lld tokens, -c); kiln does not shift the context yet",
+            st = kb_error(KILN_ERR_INVALID, "the context is full (%lld tokens, -c; --context-shift drops old turns)",
                           (long long)kiln_gen_pos(c.g));
     }
     if (!st) kt_model_print_speed(&c.total, !a->cpu);
     free(line);
     free(eog);
     free(c.fed);
+    free(c.reply_fed);
     chat_free(&c.log);
     kiln_gen_free(c.g);
     return st;

@@ -42,6 +42,12 @@ const char kt_run_model_help[] =
     "  -r, --reverse-prompt TEXT  a stop string (up to 16): generation ends where one appears in\n"
     "                   the text, which is printed up to it (llama.cpp's server 'stop')\n"
     "  --ignore-eos     do not stop at end-of-generation tokens\n"
+    "  --context-shift  when the context is full, drop half of the tokens after the first --keep\n"
+    "                   and go on (llama.cpp's shift: the rest move down, their K re-roped); -n may\n"
+    "                   then exceed the context, and a conversation drops its oldest turns as it\n"
+    "                   grows. Without it a full context ends generation (or the conversation)\n"
+    "  --keep N         tokens of the prompt a shift keeps besides its bos (default 0; -1: the\n"
+    "                   whole prompt)\n"
     "  --raw            print only the generated text, raw (as llama-cli), on stdout; everything\n"
     "                   else goes to stderr\n"
     "  --verbose-prompt list the prompt's tokens, each id with its text (a conversation: each\n"
@@ -172,7 +178,7 @@ bool kt_run_model_takes_value(const char *o) {
            !strcmp(o, "-p") || !strcmp(o, "-f") || !strcmp(o, "--file") || !strcmp(o, "--n-predict") ||
            !strcmp(o, "-c") || !strcmp(o, "--ctx-size") || !strcmp(o, "-b") || !strcmp(o, "--batch-size") ||
            !strcmp(o, "-r") || !strcmp(o, "--reverse-prompt") || !strcmp(o, "-sys") ||
-           !strcmp(o, "--system-prompt") || !strcmp(o, "--chat-template") || sampler_flag(o) ||
+           !strcmp(o, "--system-prompt") || !strcmp(o, "--chat-template") || sampler_flag(o) || !strcmp(o, "--keep") ||
            kt_run_model_path_flag(o) ||
            !strcmp(o, "--n-batch") || !strcmp(o, "--arch") || !strcmp(o, "--cache-dir") || !strcmp(o, "--jobs") ||
            !strcmp(o, "--dump-cu") || !strcmp(o, "--dump-logits");
@@ -224,6 +230,8 @@ static int parse(int argc, char **argv, kt_model_args *a) {
         else if (!strcmp(o, "-sys") || !strcmp(o, "--system-prompt")) a->system = v;
         else if (!strcmp(o, "--chat-template")) ok = check_template(a->chat_template = v);
         else if (!strcmp(o, "-cnv") || !strcmp(o, "--conversation")) a->conversation = true;
+        else if (!strcmp(o, "--context-shift")) a->context_shift = true;
+        else if (!strcmp(o, "--keep")) ok = kt_flag_int("run", o, v, -1, KT_FLAG_MAX_CTX, &a->keep);
         else if (sampler_flag(o)) ok = parse_sampler_flag(a, o, v);
         else if (!strcmp(o, "-r") || !strcmp(o, "--reverse-prompt")) ok = add_stop(a, o, v);
         else if (!strcmp(o, "--n-ctx") || !strcmp(o, "-c") || !strcmp(o, "--ctx-size"))
@@ -473,12 +481,13 @@ static bool fits(kt_model_args *a, const kiln_model_hparams *hp, const int32_t *
                                  (long long)hp->n_vocab - 1);
     bool    given = a->n_ctx > 0;
     if (!kt_model_ctx("run", hp, &a->n_ctx, &a->n_batch)) return false;
-    int64_t need = np + (a->n_new > 0 ? a->n_new - 1 : 0);
+    /* --context-shift frees room as generation needs it: the prompt alone must fit. */
+    int64_t need = np + (a->n_new > 0 && !a->context_shift ? a->n_new - 1 : 0);
     if (need > a->n_ctx)
         return kt_flag_usage("run", "the prompt (%lld tokens) plus -n %lld needs a context of %lld (the last token "
-                             "generated is not stored), but %s is %lld", (long long)np, (long long)a->n_new,
+                             "generated is not stored), but %s is %lld%s", (long long)np, (long long)a->n_new,
                              (long long)need, given ? "--n-ctx" : "the context (--n-ctx's default)",
-                             (long long)a->n_ctx);
+                             (long long)a->n_ctx, a->context_shift || np > a->n_ctx ? "" : " (or --context-shift)");
     return true;
 }
 
@@ -601,6 +610,29 @@ static void print_stop(const kt_model_args *a, const kt_stream *s, kiln_stop why
     }
 }
 
+/* --context-shift, when the cache is full: llama.cpp's shift (the first --keep tokens stay, half
+ * of the rest go), then generation goes on from the last token (never fed back), up to what -n
+ * leaves. gs gathers the stats of both parts. */
+kiln_status kt_model_shift_go_on(const kt_model_args *a, kiln_gen *g, int64_t np, bool bos, kt_stream *s,
+                                 kiln_gen_params *gp, kiln_stop *why, kiln_gen_stats *gs) {
+    /* as llama-cli: a prompt's bos is always kept */
+    int64_t keep = a->keep < 0 || a->keep > np ? np : a->keep + (bos && a->keep < np), pos = kiln_gen_pos(g);
+    int64_t discard = (pos - keep) / 2;
+    if (discard < 1) return kb_error(KILN_ERR_INVALID, "--context-shift: --keep %lld leaves nothing to drop of %lld tokens",
+                                     (long long)keep, (long long)pos);
+    kiln_status st = kiln_gen_shift(g, keep, discard);
+    if (st) return st;
+    s->shifts++, s->shift_keep = keep, s->dropped += discard; /* said after the text */
+    kiln_gen_params more = *gp;
+    if (gp->n_predict >= 0) more.n_predict = gp->n_predict - s->n;
+    int32_t        last = s->ids[s->n - 1]; /* the prompt of the rest: a prompt is not reported */
+    kiln_gen_stats g2;
+    st = kiln_gen_generate(g, &last, 1, &more, NULL, why, &g2);
+    gs->decode_tokens += g2.decode_tokens + g2.prefill_tokens, gs->decode_ms += g2.decode_ms + g2.prefill_ms;
+    gs->decode_gpu_ms += g2.decode_gpu_ms + g2.prefill_gpu_ms;
+    return st;
+}
+
 static kiln_status generate(const kt_model_args *a, const kiln_model *m, const kiln_tokenizer *tok, const int32_t *prompt,
                             int64_t np, FILE *text) {
     kiln_compile_opts co = {0};
@@ -625,6 +657,8 @@ static kiln_status generate(const kt_model_args *a, const kiln_model *m, const k
         kiln_gen_params gp = {.n_predict = a->n_new, .eog = eog, .n_eog = neog, .on_token = kt_stream_token, .user = &s,
                               .sampler = a->sampling ? &a->sampler : NULL};
         st = kiln_gen_generate(g, prompt, np, &gp, &n, &why, &gs);
+        while (!st && !s.err && why == KILN_STOP_CONTEXT && a->context_shift && s.n > 0)
+            st = kt_model_shift_go_on(a, g, np, tok && np > 0 && prompt[0] == kiln_tokenizer_bos(tok), &s, &gp, &why, &gs);
         if (!st) st = s.err;
         kt_stream_finish(&s);
         if (tok && !a->raw) printf("\"\n");
@@ -633,6 +667,9 @@ static kiln_status generate(const kt_model_args *a, const kiln_model *m, const k
     if (!st) {
         print_ids("generated", s.ids, s.n);
         print_stop(a, &s, why, g);
+        if (s.shifts)
+            printf("context shifts: %d (each kept the first %lld tokens; %lld tokens dropped in all)\n", s.shifts,
+                   (long long)s.shift_keep, (long long)s.dropped);
         kt_model_print_speed(&gs, !a->cpu);
         if (a->stats) print_breakdown(&gs);
     }

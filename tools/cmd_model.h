@@ -37,6 +37,8 @@ typedef struct {
     int         nstops;
     const char *system, *chat_template; /* -sys, --chat-template */
     bool        conversation, n_given;   /* -cnv (kiln chat); -n was given */
+    bool        context_shift;           /* --context-shift */
+    int64_t     keep;                    /* --keep: tokens of the prompt a shift keeps (-1: all) */
     kiln_sampler_params sampler;         /* the sampling flags (llama.cpp's defaults) */
     bool        sampling;                /* one was given (a conversation samples anyway) */
 } kt_model_args;
@@ -56,6 +58,8 @@ typedef struct {
     size_t                shown; /* bytes of the text printed so far */
     int                   stop;  /* the -r string that ended generation, or -1 */
     kiln_status           err;   /* a detokenizing failure: generation stops */
+    int                   shifts;  /* --context-shift: shifts made, tokens kept by each, dropped in all */
+    int64_t               shift_keep, dropped;
 } kt_stream;
 bool          kt_stream_token(void *user, int32_t id);
 void          kt_stream_finish(kt_stream *s);
@@ -63,6 +67,11 @@ void          kt_stream_finish(kt_stream *s);
 kiln_gen_opts kt_model_gen_opts(const kt_model_args *a, kiln_compile_opts *co, kiln_session_opts *so, kt_progress *ps);
 void          kt_model_print_load(const kiln_gen *g, bool gpu);
 void          kt_model_print_speed(const kiln_gen_stats *s, bool gpu);
+/* --context-shift after generation stopped at a full cache: kiln_gen_shift (the first --keep
+ * tokens of the np-token prompt stay, and its bos; half of the rest go), then generation goes on
+ * from the last token reported, for what gp's -n leaves; gs gathers the stats. */
+kiln_status   kt_model_shift_go_on(const kt_model_args *a, kiln_gen *g, int64_t np, bool bos, kt_stream *s,
+                                   kiln_gen_params *gp, kiln_stop *why, kiln_gen_stats *gs);
 /* -sys / --chat-template with a text prompt: the prompt rendered as the user's turn (caller
  * frees *text). */
 kiln_status   kt_chat_prompt(const kt_model_args *a, const kiln_model *m, char **text);
