@@ -938,6 +938,12 @@ kiln_status kiln_gen_eval(kiln_gen *g, const int32_t *tokens, int64_t n, const f
 kiln_status kiln_gen_eval_greedy(kiln_gen *g, const int32_t *tokens, int64_t n, int32_t *next);
 int64_t     kiln_gen_pos(const kiln_gen *g); /* tokens in the cache */
 int64_t     kiln_gen_n_ctx(const kiln_gen *g); /* its slots */
+/* llama.cpp's context shift: of the pos tokens in the cache, the first n_keep stay, the next
+ * n_discard go, and the rest move down by n_discard with their K re-roped by -n_discard (the
+ * model's rope on the CPU reference, in f32, rounded to the cache's f16), so generation goes on
+ * at pos - n_discard. The caches pass through host memory (a rare event: it frees half the
+ * context). n_keep + n_discard <= pos. */
+kiln_status kiln_gen_shift(kiln_gen *g, int64_t n_keep, int64_t n_discard);
 void        kiln_gen_reset(kiln_gen *g);     /* start a new sequence (the cache is overwritten) */
 /* Index of the largest of x[0..n) (the first on ties; NaN never wins unless all are NaN). */
 int64_t     kiln_argmax_f32(const float *x, int64_t n);
@@ -1007,9 +1013,13 @@ kiln_status kiln_gen_generate(kiln_gen *g, const int32_t *prompt, int64_t n_prom
  * A conversation rendered as the text an instruct model was trained on, exactly as llama.cpp's
  * built-in templates render it (llm_chat_apply_template, src/llama-chat.cpp; not its Jinja
  * engine), and a GGUF's tokenizer.chat_template (Jinja text) told by the substrings llama.cpp's
- * llm_chat_detect_template looks for. Names are llama.cpp's: chatml (Qwen 2/2.5/3), llama2,
- * llama2-sys, llama2-sys-bos, llama2-sys-strip, mistral-v1, mistral-v3, mistral-v3-tekken,
- * mistral-v7, mistral-v7-tekken, phi3, phi4, gemma, deepseek, deepseek2, deepseek3, llama3.
+ * llm_chat_detect_template looks for. Names are llama.cpp's, all of its built-in templates:
+ * chatml, llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip, mistral-v1, mistral-v3,
+ * mistral-v3-tekken, mistral-v7, mistral-v7-tekken, phi3, phi4, gemma, deepseek, deepseek2,
+ * deepseek3, llama3, falcon3, zephyr, monarch, orion, openchat, vicuna, vicuna-orca, command-r,
+ * chatglm3, chatglm4, glmedge, minicpm, exaone3, exaone4, rwkv-world, granite, gigachat,
+ * megrez, yandex, bailing, bailing-think, bailing2, llama4, smolvlm, dots1, hunyuan-moe,
+ * gpt-oss, hunyuan-dense, kimi-k2, seed_oss, grok-2, pangu-embedded.
  * The rendered text never starts with the BOS text (no "<|begin_of_text|>", "<s>", "<bos>"):
  * as in llama.cpp, the tokenizer adds bos (add_bos_token), and the text is tokenized with
  * special tokens parsed. */
@@ -1020,11 +1030,11 @@ typedef struct {
 /* kiln's templates, i in [0, count): names for help text (NULL past the end). */
 int         kiln_chat_template_count(void);
 const char *kiln_chat_template_name(int i);
-/* NULL when name is one of kiln's templates, else KILN_ERR_NOT_FOUND naming it (and saying
- * whether llama.cpp knows it) with the list of kiln's names. */
+/* NULL when name is one of kiln's templates, else KILN_ERR_NOT_FOUND naming it with the list of
+ * kiln's names. */
 kiln_status kiln_chat_template_by_name(const char *name);
 /* The template of Jinja text tmpl (or tmpl itself when it is a name), in *name (static). None
- * found, or one llama.cpp knows but kiln does not render: KILN_ERR_NOT_FOUND with kiln's names.
+ * found: KILN_ERR_NOT_FOUND with kiln's names.
  * (llama.cpp uses chatml when a model has no template: the caller's choice.) */
 kiln_status kiln_chat_template_detect(const char *tmpl, const char **name);
 /* g's tokenizer.chat_template, NUL-terminated, in *tmpl (caller frees); *tmpl NULL (and no

@@ -12,6 +12,12 @@ int         km_arch_find(const char *name);
 const char *km_arch_name(km_arch a);
 /* "llama, qwen2, qwen3, qwen3moe", for messages. */
 const char *km_arch_list(void);
+/* The rope of the architecture of hp (arch_build.c's; also the context shift's re-rope, gen.c):
+ * x rotated by positions pos, freqs the llama3 factors or NULL. */
+/* gen.c, for tests: a CPU generator's cache state `name` (its bytes in *bytes), or NULL. */
+const void *km_gen_cpu_state(const kiln_gen *g, const char *name, size_t *bytes);
+kiln_tensor *km_arch_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_tensor *x, kiln_tensor *pos,
+                          kiln_tensor *freqs);
 
 /* ---- the weights --------------------------------------------------------------------------
  * Every weight a model may have, named and shaped as llama.cpp's load_arch_tensors creates

@@ -136,14 +136,17 @@ static kiln_tensor *reshape(mb *b, kiln_tensor *x, int nd, int64_t ne0, int64_t 
     return nm(b, kiln_reshape(b->ctx, x, nd, ne), name);
 }
 
-static kiln_tensor *rope(mb *b, kiln_tensor *x, const char *name) {
-    const kiln_model_hparams *hp = b->hp;
-    int   mode = b->arch == KM_ARCH_LLAMA ? KILN_ROPE_NORMAL : KILN_ROPE_NEOX;
+kiln_tensor *km_arch_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_tensor *x, kiln_tensor *pos,
+                          kiln_tensor *freqs) {
+    int   mode = km_arch_find(hp->arch) == KM_ARCH_LLAMA ? KILN_ROPE_NORMAL : KILN_ROPE_NEOX;
     float freq_scale = hp->rope_scaling == KILN_ROPE_SCALING_LINEAR ? 1.0f / hp->rope_factor : 1.0f;
     /* ext_factor 0, attn_factor 1, beta 32/1: llama.cpp's values without YaRN */
-    return nm(b, kiln_rope_ext(b->ctx, x, b->pos, b->rope_freqs, (int)hp->head_dim, mode, (int)hp->n_ctx_train,
-                               hp->rope_freq_base, freq_scale, 0.0f, 1.0f, 32.0f, 1.0f),
-              name);
+    return kiln_rope_ext(ctx, x, pos, freqs, (int)hp->head_dim, mode, (int)hp->n_ctx_train, hp->rope_freq_base,
+                         freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
+}
+
+static kiln_tensor *rope(mb *b, kiln_tensor *x, const char *name) {
+    return nm(b, km_arch_rope(b->ctx, b->hp, x, b->pos, b->rope_freqs), name);
 }
 
 /* The heads of cache rows 0 .. n_kv-1 (llama.cpp's get_k / get_v): [hd, n_head_kv, n_kv]. */

@@ -6,8 +6,10 @@
  * n_tokens and n_kv and evaluated node by node, the caches kept in host memory. Tests compare
  * the two run by run. */
 #include "base/base.h"
+#include "model/arch.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -650,6 +652,105 @@ kiln_status kiln_gen_greedy(kiln_gen *g, const int32_t *prompt, int64_t n_prompt
     g->stats.decode_tokens += n_new > 1 ? n_new - 1 : 0;
     stats_since(g, &before, stats);
     return NULL;
+}
+
+/* ---- context shift (issue 26): llama.cpp's K-shift ------------------------------------------- */
+
+/* The CPU reference's inputs and output of the re-rope graph. */
+typedef struct {
+    const float   *x, *freqs;
+    const int32_t *pos;
+    float         *y;
+    int64_t        n;
+} shift_io;
+
+static const void *shift_get(void *user, const char *name, kiln_type type, int64_t n) {
+    const shift_io *io = user;
+    if (!strcmp(name, "x")) return io->x;
+    if (!strcmp(name, "pos")) return io->pos;
+    return !strcmp(name, "freqs") ? io->freqs : NULL;
+}
+
+static void shift_put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
+    shift_io *io = user;
+    if (!strcmp(name, "y") && type == KILN_F32 && n == io->n) memcpy(io->y, data, sizeof *io->y * (size_t)n);
+}
+
+/* m rows of a K cache (f16, n_head_kv heads of head_dim each) rotated by delta positions with
+ * the model's own rope on the CPU reference: rope is a rotation, so R(p + delta) = R(delta) R(p).
+ * In f32, rounded back to f16, as ggml ropes an f16 cache. */
+static kiln_status rerope(const kiln_gen *g, uint16_t *rows, int64_t m, int64_t delta) {
+    const kiln_model_hparams *hp = g->hp;
+    int64_t     hd = hp->head_dim, n = hd * hp->n_head_kv * m;
+    float      *x = malloc(sizeof *x * (size_t)n * 2);
+    int32_t    *pos = malloc(sizeof *pos * (size_t)m);
+    kiln_ctx   *ctx = kiln_ctx_new();
+    kiln_graph *gr = NULL;
+    kiln_status st = x && pos && ctx ? NULL : kb_oom();
+    if (!st) {
+        for (int64_t i = 0; i < n; i++) x[i] = kb_f16_to_f32(rows[i]);
+        for (int64_t i = 0; i < m; i++) pos[i] = (int32_t)delta;
+        const float *freqs = kiln_model_weight(g->m, "rope_freqs.weight", KILN_F32, hd / 2);
+        int64_t      ne[3] = {hd, hp->n_head_kv, m}, nf = hd / 2;
+        kiln_tensor *tx = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 3, ne);
+        kiln_tensor *tp = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_I32, "pos", 1, &m);
+        kiln_tensor *tf = freqs ? kiln_new_tensor(ctx, KILN_ROLE_WEIGHT, KILN_F32, "freqs", 1, &nf) : NULL;
+        kiln_set_output(ctx, km_arch_rope(ctx, hp, tx, tp, tf), "y");
+        shift_io io = {.x = x, .freqs = freqs, .pos = pos, .y = x + n, .n = n};
+        st = kiln_graph_new(ctx, &gr);
+        if (!st) st = kiln_reference(gr, shift_get, shift_put, &io);
+        for (int64_t i = 0; !st && i < n; i++) rows[i] = kb_f32_to_f16(x[n + i]);
+    }
+    kiln_graph_free(gr);
+    kiln_ctx_free(ctx);
+    free(x);
+    free(pos);
+    return st;
+}
+
+/* A cache state's bytes: the host copy (cpu), else through the session. */
+static kiln_status state_io(kiln_gen *g, const char *name, void *data, size_t bytes, bool write) {
+    if (!g->cpu) return write ? kiln_session_set(g->sess, name, data, bytes) : kiln_session_get(g->sess, name, data, bytes);
+    for (int i = 0; i < g->nstates; i++)
+        if (!strcmp(g->states[i].name, name) && g->states[i].bytes == bytes) {
+            if (write) memcpy(g->states[i].data, data, bytes);
+            else memcpy(data, g->states[i].data, bytes);
+            return NULL;
+        }
+    return kb_error(KILN_ERR_NOT_FOUND, "kiln_gen_shift: no cache state %s of %zu bytes", name, bytes);
+}
+
+const void *km_gen_cpu_state(const kiln_gen *g, const char *name, size_t *bytes) {
+    for (int i = 0; g && g->cpu && i < g->nstates; i++)
+        if (!strcmp(g->states[i].name, name)) {
+            *bytes = g->states[i].bytes;
+            return g->states[i].data;
+        }
+    return NULL;
+}
+
+kiln_status kiln_gen_shift(kiln_gen *g, int64_t n_keep, int64_t n_discard) {
+    if (!g || n_keep < 0 || n_discard < 1 || n_keep + n_discard > g->pos)
+        return kb_error(KILN_ERR_INVALID, "kiln_gen_shift: keep %lld and discard %lld of %lld tokens",
+                        (long long)n_keep, (long long)n_discard, (long long)(g ? g->pos : 0));
+    const kiln_model_hparams *hp = g->hp;
+    int64_t     row = hp->head_dim * hp->n_head_kv, m = g->pos - n_keep - n_discard;
+    size_t      bytes = sizeof(uint16_t) * (size_t)(row * g->n_ctx);
+    uint16_t   *c = malloc(bytes);
+    kiln_status st = c ? NULL : kb_oom();
+    for (int64_t il = 0; !st && il < hp->n_layer; il++)
+        for (int kv = 0; !st && kv < 2; kv++) {
+            char name[32];
+            snprintf(name, sizeof name, "cache_%c_l%lld", kv ? 'v' : 'k', (long long)il);
+            st = state_io(g, name, c, bytes, false);
+            if (st) break;
+            memmove(c + row * n_keep, c + row * (n_keep + n_discard), sizeof *c * (size_t)(row * m));
+            if (!kv && m > 0) st = rerope(g, c + row * n_keep, m, -n_discard);
+            if (!st) st = state_io(g, name, c, bytes, true);
+        }
+    free(c);
+    if (!st) g->pos -= n_discard;
+    return st;
 }
 
 void kiln_gen_get_stats(const kiln_gen *g, kiln_gen_stats *out) {

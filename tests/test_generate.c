@@ -5,6 +5,8 @@
  * of its ids), -n -1, -r stop strings, --raw and --ignore-eos. No GPU. */
 #include "tests/support.h"
 
+#include "base/base.h"
+#include "model/arch.h"
 #include "model/tokenizer.h"
 
 #include <stdio.h>
@@ -13,13 +15,16 @@
 
 static char *g_dir;
 
-static char *tiny_model(const char *name) {
+/* A tiny llama written by gen-model (extra: more gen-model flags, e.g. "--vocab spm"). */
+static char *tiny_model_with(const char *name, const char *extra) {
     char *path = malloc(strlen(g_dir) + strlen(name) + 2), cmd[1024];
     sprintf(path, "%s/%s", g_dir, name);
-    snprintf(cmd, sizeof cmd, "%s gen-model --preset tiny --seed 3 -o %s >/dev/null 2>&1", ts_kiln_bin(), path);
+    snprintf(cmd, sizeof cmd, "%s gen-model --preset tiny --seed 3 %s -o %s >/dev/null 2>&1", ts_kiln_bin(), extra, path);
     ck_assert_int_eq(ts_run(cmd, NULL), 0);
     return path;
 }
+
+static char *tiny_model(const char *name) { return tiny_model_with(name, ""); }
 
 static kiln_gen *cpu_gen(const kiln_model *m, int64_t n_ctx) {
     kiln_gen_opts o = {.n_ctx = n_ctx, .n_batch = 8, .cpu = true};
@@ -190,6 +195,54 @@ START_TEST(sampled) {
 }
 END_TEST
 
+/* The context shift (kiln_gen_shift) of a 20-token prompt keeping 4 and dropping 8: layer 0's
+ * cache rows (which depend on their token and position only) equal those of the 12 kept tokens
+ * evaluated anew at their new positions, V bit for bit, K up to the f16 rounding of the
+ * re-rope; every tiny arch (normal and neox ropes, qk-norm, experts). (Deeper layers hold what
+ * the dropped tokens contributed, as in llama.cpp.) Generation goes on from position 12; bad
+ * arguments are refused. */
+START_TEST(context_shift) {
+    static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe"};
+    char name[64], extra[64];
+    snprintf(name, sizeof name, "shift-%s.gguf", archs[_i]);
+    snprintf(extra, sizeof extra, "--arch %s", archs[_i]);
+    char       *path = tiny_model_with(name, extra);
+    kiln_model *m;
+    TS_OK(kiln_model_open(path, &m));
+    const kiln_model_hparams *hp = kiln_model_get_hparams(m);
+    int64_t nv = hp->n_vocab, row = hp->head_dim * hp->n_head_kv;
+    int32_t p[20], kept[12], t = 5;
+    for (int i = 0; i < 20; i++) p[i] = (int32_t)((i * 37 + 11) % nv);
+    memcpy(kept, p, sizeof *p * 4);
+    memcpy(kept + 4, p + 12, sizeof *p * 8);
+    const float *lg;
+    kiln_gen    *a = cpu_gen(m, 64), *b = cpu_gen(m, 64);
+    TS_OK(kiln_gen_eval(a, p, 20, &lg));
+    TS_OK(kiln_gen_shift(a, 4, 8));
+    ck_assert_int_eq(kiln_gen_pos(a), 12);
+    TS_OK(kiln_gen_eval(b, kept, 12, &lg));
+    size_t          na, nb;
+    const uint16_t *ka = km_gen_cpu_state(a, "cache_k_l0", &na), *kb = km_gen_cpu_state(b, "cache_k_l0", &nb);
+    const uint16_t *va = km_gen_cpu_state(a, "cache_v_l0", &na), *vb = km_gen_cpu_state(b, "cache_v_l0", &nb);
+    ck_assert(ka && kb && va && vb);
+    ck_assert_msg(memcmp(va, vb, sizeof *va * (size_t)(12 * row)) == 0, "%s: V rows moved wrong", archs[_i]);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < 12 * row; i++) {
+        double x = kb_f16_to_f32(ka[i]), y = kb_f16_to_f32(kb[i]);
+        num += (x - y) * (x - y), den += y * y;
+    }
+    ck_assert_msg(num / den <= 1e-6, "%s: re-roped K against K roped at the new positions: NMSE %g", archs[_i], num / den);
+    TS_OK(kiln_gen_eval(a, &t, 1, &lg)); /* goes on at position 12 */
+    ck_assert_int_eq(kiln_gen_pos(a), 13);
+    ts_expect_status(kiln_gen_shift(a, 10, 4), KILN_ERR_INVALID, "keep 10 and discard 4 of 13 tokens");
+    ts_expect_status(kiln_gen_shift(a, 0, 0), KILN_ERR_INVALID, "discard 0");
+    kiln_gen_free(a);
+    kiln_gen_free(b);
+    kiln_model_close(m);
+    free(path);
+}
+END_TEST
+
 /* A byte-level BPE vocabulary: the 256 byte tokens, then the given extra texts. */
 static kiln_tokenizer *vocab(const char *const *extra, int ne, int32_t eos) {
     const char **toks = calloc(256 + (size_t)ne, sizeof *toks);
@@ -275,6 +328,8 @@ START_TEST(cli_refusals) {
         {"--tokens 1,2 -cnv", "--tokens does not go with -cnv"},
         {"--tokens 1,2 -sys x", "they do not go with --tokens"},
         {"--tokens 1,2 --temp 0.5 --check", "--check compares greedy picks"},
+        {"--tokens 1,2,3 -n 40 -c 20", "but --n-ctx is 20 (or --context-shift)"},
+        {"--tokens 1,2,3 -n 40 -c 20 --context-shift --keep -2", "--keep -2"},
     };
     char *path = tiny_model("refuse.gguf");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_usage(path, cases[i][0], cases[i][1]);
@@ -283,7 +338,9 @@ START_TEST(cli_refusals) {
 END_TEST
 
 START_TEST(cli_stream_and_stops) {
-    char *path = tiny_model("cli.gguf"), args[1024], *out = NULL;
+    /* byte-level BPE, then SentencePiece (the stream adds each token's text as the whole text
+     * has it: a leading space depends on the token before) */
+    char *path = _i ? tiny_model_with("cli-spm.gguf", "--vocab spm") : tiny_model("cli.gguf"), args[1024], *out = NULL;
     /* The streamed text is the text of the generated ids (kiln_detokenize, checked through the
      * "prompt text" printer of the same ids given as the prompt). */
     snprintf(args, sizeof args, "%s --cpu -p 'Hello world' -n 12", path);
@@ -324,11 +381,28 @@ START_TEST(cli_stream_and_stops) {
     ck_assert_int_eq(kiln(args, true, &out), 0);
     ck_assert_msg(strstr(out, "stop: the context is full (12 tokens)\n") && strstr(out, "decode: 7 tokens"), "%s", out);
     free(out);
-    /* --verbose-prompt lists the prompt's tokens with their texts. */
+    /* --context-shift: 40 tokens through a context of 20 (each shift keeps the bos and --keep 2,
+     * drops half the rest), the text still the text of the ids. */
+    snprintf(args, sizeof args, "%s --cpu -p 'Hello world' -n 40 -c 20 --context-shift --keep 2 --ignore-eos", path);
+    ck_assert_int_eq(kiln(args, true, &out), 0);
+    ck_assert_msg(strstr(out, "context shifts: 4 (each kept the first 3 tokens; 32 tokens dropped in all)\n") &&
+                      strstr(out, "stop: -n 40 tokens\n"), "%s", out);
+    char *sids = line(out, "\ngenerated: "), *stext = line(out, "\ntext: \"");
+    int   nids = 1;
+    for (const char *c = sids; *c; c++) nids += *c == ' ';
+    ck_assert_int_eq(nids, 40);
+    free(out);
+    for (char *c = sids; *c; c++) *c = *c == ' ' ? ',' : *c;
+    snprintf(args, sizeof args, "%s --cpu --tokens %s -n 1 -c 64", path, sids);
+    ck_assert_int_eq(kiln(args, true, &out), 0);
+    char *stext2 = line(out, "prompt text: \"");
+    ck_assert_str_eq(stext2, stext);
+    free(out), free(sids), free(stext), free(stext2);
+    /* --verbose-prompt lists the prompt's tokens with their texts (the BPE vocabulary's). */
     snprintf(args, sizeof args, "%s --cpu -p 'Hello world' -n 1 --verbose-prompt", path);
     ck_assert_int_eq(kiln(args, true, &out), 0);
-    ck_assert_msg(strstr(out, "number of tokens in prompt = 7\n") && strstr(out, " -> 'H'\n") &&
-                      strstr(out, " -> ' wor'\n"), "%s", out);
+    ck_assert_msg(_i || (strstr(out, "number of tokens in prompt = 7\n") && strstr(out, " -> 'H'\n") &&
+                         strstr(out, " -> ' wor'\n")), "%s", out);
     free(out);
     /* Sampling flags: the same seed twice, the same ids. */
     snprintf(args, sizeof args, "%s --cpu --tokens 1,2,3 -n 10 --temp 0.9 --top-k 20 -s 5", path);
@@ -377,6 +451,18 @@ START_TEST(cli_chat) {
     ck_assert_msg(strstr(out, "turn 1: ") && strstr(out, "(the cache started over), 0 in the context before") &&
                       strstr(out, "turn 2: ") && strstr(out, "(the cache kept)"), "%s", out);
     free(out);
+    /* Four turns through a context of 90: the second and later turns need --context-shift (the
+     * shifted cache keeps the conversation's end, and each turn adds its text to it). */
+    const char *four = "printf 'Hello there my friend\\nAnd again please tell\\nThird line here now\\nFourth\\n'";
+    snprintf(cmd, sizeof cmd, "%s | %s chat %s --cpu -n 10 -c 90 --context-shift --verbose-prompt 2>&1 >/dev/null", four,
+             ts_kiln_bin(), path);
+    ck_assert_int_eq(ts_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "turn 4: ") && !strstr(out, "turn 4: 0 new") && strstr(out, "decode: "), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s | %s chat %s --cpu -n 10 -c 90 2>&1 >/dev/null", four, ts_kiln_bin(), path);
+    ck_assert_int_eq(ts_run(cmd, &out), 1);
+    ck_assert_msg(strstr(out, "more than the context of 90 (-c; --context-shift drops old turns)"), "%s", out);
+    free(out);
     free(path);
 }
 END_TEST
@@ -386,6 +472,7 @@ static void teardown(void) { ts_tmpdir_free(g_dir); }
 
 int main(void) {
     Suite *s = TS_SUITE("generate", TS_CASE_FIXTURE("generate", 120, setup, teardown),
-                        TS_TESTS(stops, sampled, eog_set, cli_stream_and_stops, cli_chat, cli_refusals));
+                        TS_TESTS(stops, sampled, eog_set, cli_chat, cli_refusals), TS_LOOP(0, 2, cli_stream_and_stops),
+                        TS_LOOP(0, 4, context_shift));
     return ts_main(s);
 }

@@ -42,6 +42,12 @@ const char kt_run_model_help[] =
     "  -r, --reverse-prompt TEXT  a stop string (up to 16): generation ends where one appears in\n"
     "                   the text, which is printed up to it (llama.cpp's server 'stop')\n"
     "  --ignore-eos     do not stop at end-of-generation tokens\n"
+    "  --context-shift  when the context is full, drop half of the tokens after the first --keep\n"
+    "                   and go on (llama.cpp's shift: the rest move down, their K re-roped); -n may\n"
+    "                   then exceed the context, and a conversation drops its oldest turns as it\n"
+    "                   grows. Without it a full context ends generation (or the conversation)\n"
+    "  --keep N         tokens of the prompt a shift keeps besides its bos (default 0; -1: the\n"
+    "                   whole prompt)\n"
     "  --raw            print only the generated text, raw (as llama-cli), on stdout; everything\n"
     "                   else goes to stderr\n"
     "  --verbose-prompt list the prompt's tokens, each id with its text (a conversation: each\n"
@@ -50,8 +56,13 @@ const char kt_run_model_help[] =
     "                   conversation, rendered with the chat template\n"
     "  --chat-template NAME  the template (default: the model's tokenizer.chat_template, else\n"
     "                   chatml): chatml, llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip,\n"
-    "                   mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken,\n"
-    "                   phi3, phi4, gemma, deepseek, deepseek2, deepseek3, llama3 (docs/chat.md);\n"
+    "                   mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7,\n"
+    "                   mistral-v7-tekken, phi3, phi4, gemma, deepseek, deepseek2, deepseek3,\n"
+    "                   llama3, falcon3, zephyr, monarch, orion, openchat, vicuna, vicuna-orca,\n"
+    "                   command-r, chatglm3, chatglm4, glmedge, minicpm, exaone3, exaone4,\n"
+    "                   rwkv-world, granite, gigachat, megrez, yandex, bailing, bailing-think,\n"
+    "                   bailing2, llama4, smolvlm, dots1, hunyuan-moe, gpt-oss, hunyuan-dense,\n"
+    "                   kimi-k2, seed_oss, grok-2, pangu-embedded (docs/chat.md);\n"
     "                   with a text prompt, renders it as the user's turn\n"
     "  sampling (llama.cpp's flags and defaults; docs/sampling.md): any of them samples, without\n"
     "  them kiln run is greedy (a conversation samples); --temp 0 is greedy:\n"
@@ -86,24 +97,6 @@ const char kt_run_model_help[] =
     "  --no-fuse=NAME[,NAME]\n"
     "  (see 'kiln help compile')\n";
 
-#define RM_MAX_STOPS 16
-
-typedef struct {
-    const char *path, *tokens, *prompt, *arch, *cache_dir, *dump, *dump_logits;
-    char       *file_text; /* -f/--file: the prompt read from a file (owned) */
-    int32_t    *ids; /* --tokens, parsed */
-    int64_t     nids;
-    int64_t     n_new, n_ctx, n_batch;
-    int         jobs;
-    bool        check, cpu, no_graph, no_cache, no_fuse, stats, ignore_eos, raw, verbose_prompt;
-    char        no_fuse_passes[256]; /* --no-fuse=NAME[,NAME]: the names, comma-separated */
-    const char *stops[RM_MAX_STOPS]; /* -r/--reverse-prompt */
-    int         nstops;
-    const char *system, *chat_template; /* -sys, --chat-template */
-    bool        conversation, n_given;   /* -cnv (kiln chat); -n was given */
-    kiln_sampler_params sampler;         /* the sampling flags (llama.cpp's defaults) */
-    bool        sampling;                /* one was given (a conversation samples anyway) */
-} rm_args;
 
 static int usage(const char *fmt, const char *arg) {
     fprintf(stderr, "kiln run: ");
@@ -113,7 +106,7 @@ static int usage(const char *fmt, const char *arg) {
 }
 
 /* --tokens: ids in 0 .. INT32_MAX here; against the model's n_vocab once it is open. */
-static bool parse_tokens(rm_args *a, const char *v) {
+static bool parse_tokens(kt_model_args *a, const char *v) {
     int64_t cap = kt_flag_list_count(v);
     free(a->ids);
     if (!(a->ids = malloc(sizeof *a->ids * (size_t)cap))) return kt_flag_usage("run", "--tokens: out of memory");
@@ -123,7 +116,7 @@ static bool parse_tokens(rm_args *a, const char *v) {
 bool kt_run_model_path_flag(const char *o) { return !strcmp(o, "-m") || !strcmp(o, "--model"); }
 
 /* -f/--file: the prompt is the file's text (read whole, NUL-terminated). */
-static bool read_prompt_file(rm_args *a, const char *path) {
+static bool read_prompt_file(kt_model_args *a, const char *path) {
     size_t      len;
     kiln_status st = kb_read_file(path, &a->file_text, &len);
     if (st) {
@@ -164,7 +157,7 @@ static int sampler_flag_index(const char *o) {
 static bool sampler_flag(const char *o) { return sampler_flag_index(o) >= 0; }
 
 /* Parses sampling flag o's value into a->sampler (its range is kiln_sampler_check's, after). */
-static bool parse_sampler_flag(rm_args *a, const char *o, const char *v) {
+static bool parse_sampler_flag(kt_model_args *a, const char *o, const char *v) {
     int   i = sampler_flag_index(o);
     char *field = (char *)&a->sampler + SAMPLER_FLAGS[i].at;
     a->sampling = true;
@@ -185,7 +178,7 @@ bool kt_run_model_takes_value(const char *o) {
            !strcmp(o, "-p") || !strcmp(o, "-f") || !strcmp(o, "--file") || !strcmp(o, "--n-predict") ||
            !strcmp(o, "-c") || !strcmp(o, "--ctx-size") || !strcmp(o, "-b") || !strcmp(o, "--batch-size") ||
            !strcmp(o, "-r") || !strcmp(o, "--reverse-prompt") || !strcmp(o, "-sys") ||
-           !strcmp(o, "--system-prompt") || !strcmp(o, "--chat-template") || sampler_flag(o) ||
+           !strcmp(o, "--system-prompt") || !strcmp(o, "--chat-template") || sampler_flag(o) || !strcmp(o, "--keep") ||
            kt_run_model_path_flag(o) ||
            !strcmp(o, "--n-batch") || !strcmp(o, "--arch") || !strcmp(o, "--cache-dir") || !strcmp(o, "--jobs") ||
            !strcmp(o, "--dump-cu") || !strcmp(o, "--dump-logits");
@@ -193,9 +186,9 @@ bool kt_run_model_takes_value(const char *o) {
 
 /* -r/--reverse-prompt TEXT: a stop string (llama.cpp's name; as its server's "stop", generation
  * ends where one appears and the text stops before it). */
-static bool add_stop(rm_args *a, const char *o, const char *v) {
+static bool add_stop(kt_model_args *a, const char *o, const char *v) {
     if (!*v) return kt_flag_usage("run", "%s: the stop string is empty", o);
-    if (a->nstops == RM_MAX_STOPS) return kt_flag_usage("run", "%s: at most %d stop strings", o, RM_MAX_STOPS);
+    if (a->nstops == KT_MODEL_MAX_STOPS) return kt_flag_usage("run", "%s: at most %d stop strings", o, KT_MODEL_MAX_STOPS);
     a->stops[a->nstops++] = v;
     return true;
 }
@@ -213,7 +206,7 @@ static bool check_template(const char *name) {
 static bool dup_prompt(const char *o) { return kt_flag_usage("run", "%s: the prompt is given twice", o); }
 
 /* KT_GO_ON when a is complete, else the exit status. */
-static int parse(int argc, char **argv, rm_args *a) {
+static int parse(int argc, char **argv, kt_model_args *a) {
     a->n_new = 32;
     a->sampler = kiln_sampler_params_default();
     for (int i = 1; i < argc; i++) {
@@ -237,6 +230,8 @@ static int parse(int argc, char **argv, rm_args *a) {
         else if (!strcmp(o, "-sys") || !strcmp(o, "--system-prompt")) a->system = v;
         else if (!strcmp(o, "--chat-template")) ok = check_template(a->chat_template = v);
         else if (!strcmp(o, "-cnv") || !strcmp(o, "--conversation")) a->conversation = true;
+        else if (!strcmp(o, "--context-shift")) a->context_shift = true;
+        else if (!strcmp(o, "--keep")) ok = kt_flag_int("run", o, v, -1, KT_FLAG_MAX_CTX, &a->keep);
         else if (sampler_flag(o)) ok = parse_sampler_flag(a, o, v);
         else if (!strcmp(o, "-r") || !strcmp(o, "--reverse-prompt")) ok = add_stop(a, o, v);
         else if (!strcmp(o, "--n-ctx") || !strcmp(o, "-c") || !strcmp(o, "--ctx-size"))
@@ -309,7 +304,7 @@ static void print_type_counts(const kiln_model *m) {
     if (*sep == ',') printf(")");
 }
 
-static void print_model(const rm_args *a, const kiln_model *m) {
+static void print_model(const kt_model_args *a, const kiln_model *m) {
     const kiln_model_hparams *hp = kiln_model_get_hparams(m);
     printf("model %s: %s, %lld layers, n_embd %lld, %lld heads (%lld kv), n_vocab %lld, %s weights", a->path,
            hp->arch, (long long)hp->n_layer, (long long)hp->n_embd, (long long)hp->n_head, (long long)hp->n_head_kv,
@@ -377,7 +372,7 @@ static void print_breakdown(const kiln_gen_stats *s) {
            (long long)evals);
 }
 
-static void print_speed(const kiln_gen_stats *s, bool gpu) {
+void kt_model_print_speed(const kiln_gen_stats *s, bool gpu) {
     printf("prefill: %lld tokens in %.2f ms, %.1f tok/s", (long long)s->prefill_tokens, s->prefill_ms,
            s->prefill_ms > 0 ? 1000.0 * (double)s->prefill_tokens / s->prefill_ms : 0.0);
     if (gpu) printf(" (GPU %.2f ms)", s->prefill_gpu_ms);
@@ -432,70 +427,7 @@ static kiln_status run_check(const kiln_model *m, const kiln_gen_opts *go, const
 }
 
 /* The prompt's ids (malloc'd): --tokens as parsed, or --prompt tokenized. */
-/* ---- chat templates ---------------------------------------------------------------------------- */
-
-/* The template: --chat-template, else the one the GGUF's tokenizer.chat_template is, else chatml
- * (llama.cpp's choice for a model without one). Says which. */
-static kiln_status chat_template(const rm_args *a, const kiln_model *m, const char **name) {
-    if (a->chat_template) {
-        *name = a->chat_template;
-        printf("chat template: %s (--chat-template)\n", *name);
-        return NULL;
-    }
-    char       *text = NULL;
-    kiln_status st = kiln_chat_template_from_gguf(kiln_model_gguf(m), &text);
-    if (!st && !text) {
-        *name = "chatml";
-        printf("chat template: chatml (the model has none; choose one with --chat-template)\n");
-        return NULL;
-    }
-    if (!st) st = kiln_chat_template_detect(text, name);
-    free(text);
-    if (st) return kb_wrap(st, "the model's tokenizer.chat_template (choose a template with --chat-template)");
-    printf("chat template: %s (the model's)\n", *name);
-    return NULL;
-}
-
-/* Messages of a conversation: the texts are owned. */
-typedef struct {
-    kiln_chat_msg *m;
-    size_t         n, cap;
-} chat_log;
-
-static kiln_status chat_push(chat_log *c, const char *role, const char *text, size_t len) {
-    if (c->n == c->cap) {
-        size_t         cap = c->cap ? 2 * c->cap : 8;
-        kiln_chat_msg *m = realloc(c->m, cap * sizeof *m);
-        if (!m) return kb_oom();
-        c->m = m, c->cap = cap;
-    }
-    char *t = malloc(len + 1);
-    if (!t) return kb_oom();
-    memcpy(t, text, len);
-    t[len] = 0;
-    c->m[c->n++] = (kiln_chat_msg){role, t};
-    return NULL;
-}
-
-static void chat_free(chat_log *c) {
-    for (size_t i = 0; i < c->n; i++) free((char *)c->m[i].content);
-    free(c->m);
-}
-
-/* -sys or --chat-template with a text prompt: the prompt as the user's one turn (after the
- * system message), rendered with the template and the assistant's header. */
-static kiln_status templated_prompt(const rm_args *a, const kiln_model *m, char **text) {
-    const char *name;
-    chat_log    c = {0};
-    kiln_status st = chat_template(a, m, &name);
-    if (!st && a->system) st = chat_push(&c, "system", a->system, strlen(a->system));
-    if (!st) st = chat_push(&c, "user", a->prompt, strlen(a->prompt));
-    if (!st) st = kiln_chat_apply(name, c.m, c.n, true, text);
-    chat_free(&c);
-    return st;
-}
-
-static kiln_status prompt_ids(const rm_args *a, const kiln_model *m, const kiln_tokenizer *tok, int32_t **ids,
+static kiln_status prompt_ids(const kt_model_args *a, const kiln_model *m, const kiln_tokenizer *tok, int32_t **ids,
                               int64_t *n) {
     if (a->tokens) {
         *n = a->nids;
@@ -505,7 +437,7 @@ static kiln_status prompt_ids(const rm_args *a, const kiln_model *m, const kiln_
     }
     if (!tok) return kb_error(KILN_ERR_INVALID, "--prompt: the model has no tokenizer kiln can use; give --tokens");
     char       *text = NULL;
-    kiln_status st = a->system || a->chat_template ? templated_prompt(a, m, &text) : NULL;
+    kiln_status st = a->system || a->chat_template ? kt_chat_prompt(a, m, &text) : NULL;
     const char *p = text ? text : a->prompt;
     if (!st) st = kiln_tokenize(tok, p, strlen(p), ids, n);
     if (!st && *n == 0) st = kb_error(KILN_ERR_INVALID, "--prompt: the text gives no tokens");
@@ -513,7 +445,7 @@ static kiln_status prompt_ids(const rm_args *a, const kiln_model *m, const kiln_
     return st;
 }
 
-static kiln_gen_opts gen_opts(const rm_args *a, kiln_compile_opts *co, kiln_session_opts *so, kt_progress *ps) {
+kiln_gen_opts kt_model_gen_opts(const kt_model_args *a, kiln_compile_opts *co, kiln_session_opts *so, kt_progress *ps) {
     co->arch = a->arch;
     co->cache_dir = a->cache_dir;
     co->dump_dir = a->dump;
@@ -528,7 +460,7 @@ static kiln_gen_opts gen_opts(const rm_args *a, kiln_compile_opts *co, kiln_sess
                            .progress = kt_progress_bytes, .progress_user = ps + 1};
 }
 
-static void print_load(const kiln_gen *g, bool gpu) {
+void kt_model_print_load(const kiln_gen *g, bool gpu) {
     kiln_gen_stats s;
     kiln_gen_get_stats(g, &s);
     if (!gpu) return;
@@ -541,7 +473,7 @@ static void print_load(const kiln_gen *g, bool gpu) {
  * the model, --n-ctx and --n-batch fit its context (kt_model_ctx, which resolves them), and the
  * context holds the prompt and every generated token but the last (which is never fed back).
  * False after a usage message naming the flags and the numbers. */
-static bool fits(rm_args *a, const kiln_model_hparams *hp, const int32_t *prompt, int64_t np) {
+static bool fits(kt_model_args *a, const kiln_model_hparams *hp, const int32_t *prompt, int64_t np) {
     for (int64_t i = 0; i < np; i++)
         if (prompt[i] >= hp->n_vocab)
             return kt_flag_usage("run", "%s: id %d is not a token of this model (n_vocab %lld: ids 0 .. %lld)",
@@ -549,12 +481,13 @@ static bool fits(rm_args *a, const kiln_model_hparams *hp, const int32_t *prompt
                                  (long long)hp->n_vocab - 1);
     bool    given = a->n_ctx > 0;
     if (!kt_model_ctx("run", hp, &a->n_ctx, &a->n_batch)) return false;
-    int64_t need = np + (a->n_new > 0 ? a->n_new - 1 : 0);
+    /* --context-shift frees room as generation needs it: the prompt alone must fit. */
+    int64_t need = np + (a->n_new > 0 && !a->context_shift ? a->n_new - 1 : 0);
     if (need > a->n_ctx)
         return kt_flag_usage("run", "the prompt (%lld tokens) plus -n %lld needs a context of %lld (the last token "
-                             "generated is not stored), but %s is %lld", (long long)np, (long long)a->n_new,
+                             "generated is not stored), but %s is %lld%s", (long long)np, (long long)a->n_new,
                              (long long)need, given ? "--n-ctx" : "the context (--n-ctx's default)",
-                             (long long)a->n_ctx);
+                             (long long)a->n_ctx, a->context_shift || np > a->n_ctx ? "" : " (or --context-shift)");
     return true;
 }
 
@@ -570,16 +503,6 @@ static kiln_status dump_logits(kiln_gen *g, const int32_t *prompt, int64_t np, i
 
 /* ---- streaming: the text of the generated tokens, printed as they come ----------------------- */
 
-typedef struct {
-    const rm_args        *a;
-    const kiln_tokenizer *tok;  /* NULL: ids only */
-    FILE                 *out;  /* the text's stream */
-    int32_t              *ids;  /* the generated tokens */
-    int64_t               n, cap;
-    size_t                shown; /* bytes of the text printed so far */
-    int                   stop;  /* the -r string that ended generation, or -1 */
-    kiln_status           err;   /* a detokenizing failure: generation stops */
-} stream;
 
 /* Bytes at the end of t[0..n) that start a UTF-8 sequence not complete yet (held back so that a
  * character split across tokens is printed whole). */
@@ -594,7 +517,7 @@ static size_t utf8_partial(const char *t, size_t n) {
 }
 
 /* The longest tail of t[0..n) that begins some stop string (it may yet become one: held back). */
-static size_t stop_prefix(const rm_args *a, const char *t, size_t n) {
+static size_t stop_prefix(const kt_model_args *a, const char *t, size_t n) {
     size_t best = 0;
     for (int i = 0; i < a->nstops; i++) {
         size_t ls = strlen(a->stops[i]);
@@ -607,7 +530,7 @@ static size_t stop_prefix(const rm_args *a, const char *t, size_t n) {
     return best;
 }
 
-static void emit(stream *s, const char *t, size_t upto) {
+static void emit(kt_stream *s, const char *t, size_t upto) {
     if (upto <= s->shown) return;
     if (s->a->raw) fwrite(t + s->shown, 1, upto - s->shown, s->out);
     else print_escaped(t + s->shown, upto - s->shown);
@@ -615,10 +538,39 @@ static void emit(stream *s, const char *t, size_t upto) {
     s->shown = upto;
 }
 
+/* Appends the text id adds to the text of the ids before it: text(prev, id) less text(prev), so
+ * that a token whose text depends on the one before (SentencePiece's leading space after a
+ * first token) comes out as in the whole text, at a constant cost a token. */
+static kiln_status append_text(kt_stream *s) {
+    int64_t     k = s->n >= 2 ? 2 : 1;
+    char       *pair = NULL, *one = NULL;
+    size_t      lp = 0, l1 = 0;
+    kiln_status st = kiln_detokenize(s->tok, s->ids + s->n - k, k, &pair, &lp);
+    if (!st && k == 2) st = kiln_detokenize(s->tok, s->ids + s->n - 2, 1, &one, &l1);
+    if (!st && l1 > lp) st = kb_error(KILN_ERR_INVALID, "detokenizing token %d shortened the text", s->ids[s->n - 1]);
+    size_t add = lp - l1;
+    if (!st && s->len + add + 1 > s->tcap) {
+        size_t cap = s->tcap ? s->tcap : 4096;
+        while (cap < s->len + add + 1) cap *= 2;
+        char *t = realloc(s->text, cap);
+        if (!t) st = kb_oom();
+        else s->text = t, s->tcap = cap;
+    }
+    if (!st) {
+        memcpy(s->text + s->len, pair + l1, add);
+        s->len += add;
+        s->text[s->len] = 0;
+    }
+    free(pair);
+    free(one);
+    return st;
+}
+
 /* kiln_gen_params.on_token: keeps the id, prints the text that is final (not a possible start of
- * a stop string, no split character), and stops at a stop string (the text ends before it). */
-static bool stream_token(void *user, int32_t id) {
-    stream *s = user;
+ * a stop string, no split character), and stops at a stop string (the text ends before it). A
+ * stop string cannot start in the text printed already: its start would have been held back. */
+bool kt_stream_token(void *user, int32_t id) {
+    kt_stream *s = user;
     if (s->n == s->cap) {
         int64_t  cap = s->cap ? 2 * s->cap : 256;
         int32_t *ids = realloc(s->ids, sizeof *ids * (size_t)cap);
@@ -630,14 +582,11 @@ static bool stream_token(void *user, int32_t id) {
     }
     s->ids[s->n++] = id;
     if (!s->tok) return false;
-    char  *t;
-    size_t len;
-    /* The whole text again: a token's text may depend on the one before it (SentencePiece's
-     * leading space), and the text of a prefix of ids is a prefix of the text. */
-    if ((s->err = kiln_detokenize(s->tok, s->ids, s->n, &t, &len))) return true;
-    size_t upto = len;
+    if ((s->err = append_text(s))) return true;
+    const char *t = s->text;
+    size_t      len = s->len, upto = len;
     for (int i = 0; i < s->a->nstops; i++) {
-        const char *hit = memmem(t, len, s->a->stops[i], strlen(s->a->stops[i]));
+        const char *hit = memmem(t + s->shown, len - s->shown, s->a->stops[i], strlen(s->a->stops[i]));
         if (hit && (size_t)(hit - t) < upto) upto = (size_t)(hit - t), s->stop = i;
     }
     if (s->stop < 0) {
@@ -645,20 +594,14 @@ static bool stream_token(void *user, int32_t id) {
         upto = len - (held > part ? held : part);
     }
     emit(s, t, upto);
-    free(t);
     return s->stop >= 0;
 }
 
-/* At the end: what was held back for a stop string that never came. */
-static void stream_finish(stream *s) {
-    char  *t;
-    size_t len;
-    if (!s->tok || s->stop >= 0 || s->err || kiln_detokenize(s->tok, s->ids, s->n, &t, &len)) return;
-    emit(s, t, len);
-    free(t);
+void kt_stream_finish(kt_stream *s) {
+    if (s->tok && s->stop < 0 && !s->err && s->text) emit(s, s->text, s->len);
 }
 
-static void print_stop(const rm_args *a, const stream *s, kiln_stop why, const kiln_gen *g) {
+static void print_stop(const kt_model_args *a, const kt_stream *s, kiln_stop why, const kiln_gen *g) {
     switch (why) {
     case KILN_STOP_EOG: printf("stop: end of generation token\n"); break;
     case KILN_STOP_CALLER: printf("stop: stop string \"%s\" (-r)\n", a->stops[s->stop >= 0 ? s->stop : 0]); break;
@@ -667,39 +610,67 @@ static void print_stop(const rm_args *a, const stream *s, kiln_stop why, const k
     }
 }
 
-static kiln_status generate(const rm_args *a, const kiln_model *m, const kiln_tokenizer *tok, const int32_t *prompt,
+/* --context-shift, when the cache is full: llama.cpp's shift (the first --keep tokens stay, half
+ * of the rest go), then generation goes on from the last token (never fed back), up to what -n
+ * leaves. gs gathers the stats of both parts. */
+kiln_status kt_model_shift_go_on(const kt_model_args *a, kiln_gen *g, int64_t np, bool bos, kt_stream *s,
+                                 kiln_gen_params *gp, kiln_stop *why, kiln_gen_stats *gs) {
+    /* as llama-cli: a prompt's bos is always kept */
+    int64_t keep = a->keep < 0 || a->keep > np ? np : a->keep + (bos && a->keep < np), pos = kiln_gen_pos(g);
+    int64_t discard = (pos - keep) / 2;
+    if (discard < 1) return kb_error(KILN_ERR_INVALID, "--context-shift: --keep %lld leaves nothing to drop of %lld tokens",
+                                     (long long)keep, (long long)pos);
+    kiln_status st = kiln_gen_shift(g, keep, discard);
+    if (st) return st;
+    s->shifts++, s->shift_keep = keep, s->dropped += discard; /* said after the text */
+    kiln_gen_params more = *gp;
+    if (gp->n_predict >= 0) more.n_predict = gp->n_predict - s->n;
+    int32_t        last = s->ids[s->n - 1]; /* the prompt of the rest: a prompt is not reported */
+    kiln_gen_stats g2;
+    st = kiln_gen_generate(g, &last, 1, &more, NULL, why, &g2);
+    gs->decode_tokens += g2.decode_tokens + g2.prefill_tokens, gs->decode_ms += g2.decode_ms + g2.prefill_ms;
+    gs->decode_gpu_ms += g2.decode_gpu_ms + g2.prefill_gpu_ms;
+    return st;
+}
+
+static kiln_status generate(const kt_model_args *a, const kiln_model *m, const kiln_tokenizer *tok, const int32_t *prompt,
                             int64_t np, FILE *text) {
     kiln_compile_opts co = {0};
     kiln_session_opts so = {0};
     kt_progress       ps[2] = {{.tty = isatty(2)}, {.tty = isatty(2)}};
-    kiln_gen_opts     go = gen_opts(a, &co, &so, ps);
+    kiln_gen_opts     go = kt_model_gen_opts(a, &co, &so, ps);
     kiln_gen         *g = NULL;
     kiln_gen_stats    gs;
     int32_t          *eog = NULL;
     int64_t           neog = 0, n = 0;
     kiln_stop         why = KILN_STOP_NONE;
-    stream            s = {.a = a, .tok = tok, .out = text, .stop = -1};
+    kt_stream         s = {.a = a, .tok = tok, .out = text, .stop = -1};
     kiln_status       st = kiln_gen_new(m, &go, &g);
     if (!st && tok && !a->ignore_eos) st = kiln_tokenizer_eog(tok, kiln_model_gguf(m), &eog, &neog);
     if (!st) {
-        print_load(g, !a->cpu);
+        kt_model_print_load(g, !a->cpu);
         print_ids("prompt", prompt, np);
         print_text(tok, "prompt text", prompt, np);
         if (a->verbose_prompt) print_prompt_tokens(tok, prompt, np);
         if (tok && !a->raw) printf("text: \"");
         fflush(stdout);
-        kiln_gen_params gp = {.n_predict = a->n_new, .eog = eog, .n_eog = neog, .on_token = stream_token, .user = &s,
+        kiln_gen_params gp = {.n_predict = a->n_new, .eog = eog, .n_eog = neog, .on_token = kt_stream_token, .user = &s,
                               .sampler = a->sampling ? &a->sampler : NULL};
         st = kiln_gen_generate(g, prompt, np, &gp, &n, &why, &gs);
+        while (!st && !s.err && why == KILN_STOP_CONTEXT && a->context_shift && s.n > 0)
+            st = kt_model_shift_go_on(a, g, np, tok && np > 0 && prompt[0] == kiln_tokenizer_bos(tok), &s, &gp, &why, &gs);
         if (!st) st = s.err;
-        stream_finish(&s);
+        kt_stream_finish(&s);
         if (tok && !a->raw) printf("\"\n");
         if (tok && a->raw) fputc('\n', text), fflush(text);
     }
     if (!st) {
         print_ids("generated", s.ids, s.n);
         print_stop(a, &s, why, g);
-        print_speed(&gs, !a->cpu);
+        if (s.shifts)
+            printf("context shifts: %d (each kept the first %lld tokens; %lld tokens dropped in all)\n", s.shifts,
+                   (long long)s.shift_keep, (long long)s.dropped);
+        kt_model_print_speed(&gs, !a->cpu);
         if (a->stats) print_breakdown(&gs);
     }
     if (!st && a->dump_logits) st = dump_logits(g, prompt, np, kiln_model_get_hparams(m)->n_vocab, a->dump_logits);
@@ -707,146 +678,7 @@ static kiln_status generate(const rm_args *a, const kiln_model *m, const kiln_to
     if (!st && a->check) st = run_check(m, &go, prompt, np, s.ids, s.n);
     free(eog);
     free(s.ids);
-    return st;
-}
-
-/* ---- conversation: -cnv, kiln chat -------------------------------------------------------------- */
-
-/* The next user message (a line of stdin, the first one -p/-f's text); false at end of input. */
-static bool next_message(const rm_args *a, bool first, char **line, size_t *cap, size_t *len) {
-    if (first && a->prompt) {
-        *len = strlen(a->prompt);
-        if (*cap < *len + 1) {
-            free(*line);
-            if (!(*line = malloc(*cap = *len + 1))) return false;
-        }
-        memcpy(*line, a->prompt, *len + 1);
-        return true;
-    }
-    for (;;) {
-        if (isatty(0)) fputs("\n> ", stderr);
-        ssize_t got = getline(line, cap, stdin);
-        if (got < 0) return false;
-        while (got > 0 && ((*line)[got - 1] == '\n' || (*line)[got - 1] == '\r')) (*line)[--got] = 0;
-        if (got > 0) {
-            *len = (size_t)got;
-            return true;
-        }
-    }
-}
-
-/* Tokens of text to append to the cache: no bos (it is there already). */
-static kiln_status turn_ids(const kiln_tokenizer *tok, const char *text, bool with_bos, int32_t **ids, int64_t *n) {
-    kiln_status st = kiln_tokenize(tok, text, strlen(text), ids, n);
-    int32_t     bos = kiln_tokenizer_bos(tok);
-    if (!st && !with_bos && *n > 0 && bos >= 0 && (*ids)[0] == bos) memmove(*ids, *ids + 1, sizeof **ids * (size_t)--*n);
-    return st;
-}
-
-typedef struct {
-    kiln_gen       *g;
-    const char     *tmpl;
-    chat_log        log;
-    char           *fed;      /* the text the cache holds: a prefix of the next rendering, usually */
-    kiln_gen_stats  total;
-    int             turns;
-} chat_state;
-
-/* One turn: the conversation rendered with the assistant's header; when it starts with the text
- * in the cache, only the rest is evaluated (llama.cpp's common_chat_format_single), else the
- * cache starts over (a template that rewrites earlier turns, e.g. trimming a reply). */
-static kiln_status chat_turn(const rm_args *a, chat_state *c, const kiln_tokenizer *tok, stream *s,
-                             const int32_t *eog, int64_t neog, kiln_stop *why) {
-    char       *full = NULL;
-    int32_t    *ids = NULL;
-    int64_t     n = 0;
-    kiln_status st = kiln_chat_apply(c->tmpl, c->log.m, c->log.n, true, &full);
-    if (st) return st;
-    size_t fl = strlen(c->fed);
-    bool   keep = kiln_gen_pos(c->g) > 0 && strncmp(full, c->fed, fl) == 0 && full[fl];
-    if (!keep) kiln_gen_reset(c->g);
-    st = turn_ids(tok, keep ? full + fl : full, !keep, &ids, &n);
-    if (!st && kiln_gen_pos(c->g) + n >= kiln_gen_n_ctx(c->g))
-        st = kb_error(KILN_ERR_INVALID, "the conversation needs %lld tokens, more than the context of %lld (-c); "
-                      "kiln does not shift the context yet", (long long)(kiln_gen_pos(c->g) + n),
-                      (long long)kiln_gen_n_ctx(c->g));
-    if (!st && a->verbose_prompt)
-        printf("turn %d: %lld new tokens (%s), %lld in the context before\n", ++c->turns, (long long)n,
-               keep ? "the cache kept" : "the cache started over", (long long)kiln_gen_pos(c->g));
-    fflush(stdout);
-    kiln_gen_stats gs;
-    if (!st) {
-        kiln_gen_params gp = {.n_predict = a->n_new, .eog = eog, .n_eog = neog, .on_token = stream_token, .user = s,
-                              .sampler = a->sampling ? &a->sampler : NULL};
-        st = kiln_gen_generate(c->g, ids, n, &gp, NULL, why, &gs);
-    }
-    if (!st) st = s->err;
-    stream_finish(s);
-    free(ids);
-    if (st) {
-        free(full);
-        return st;
-    }
-    c->total.prefill_tokens += gs.prefill_tokens, c->total.prefill_ms += gs.prefill_ms;
-    c->total.decode_tokens += gs.decode_tokens, c->total.decode_ms += gs.decode_ms;
-    c->total.prefill_gpu_ms += gs.prefill_gpu_ms, c->total.decode_gpu_ms += gs.decode_gpu_ms;
-    /* The reply as shown (up to a stop string), and the text now in the cache: every pick but
-     * the last, which an end of generation is (it is not among the ids). */
-    char  *reply = NULL, *fed_tail = NULL;
-    size_t rl = 0, fl2 = 0;
-    int64_t nfed = *why == KILN_STOP_EOG || s->n == 0 ? s->n : s->n - 1;
-    st = kiln_detokenize(tok, s->ids, s->n, &reply, &rl);
-    if (!st) st = kiln_detokenize(tok, s->ids, nfed, &fed_tail, &fl2);
-    if (!st) st = chat_push(&c->log, "assistant", reply, s->stop >= 0 ? s->shown : rl);
-    if (!st) {
-        char *f = malloc(strlen(full) + fl2 + 1);
-        if (!f) st = kb_oom();
-        else {
-            sprintf(f, "%s%.*s", full, (int)fl2, fed_tail);
-            free(c->fed);
-            c->fed = f;
-        }
-    }
-    free(reply);
-    free(fed_tail);
-    free(full);
-    return st;
-}
-
-static kiln_status converse(const rm_args *a, const kiln_model *m, const kiln_tokenizer *tok, FILE *text) {
-    if (!tok) return kb_error(KILN_ERR_INVALID, "a conversation needs the model's tokenizer, and kiln cannot use it");
-    kiln_compile_opts co = {0};
-    kiln_session_opts so = {0};
-    kt_progress       ps[2] = {{.tty = isatty(2)}, {.tty = isatty(2)}};
-    kiln_gen_opts     go = gen_opts(a, &co, &so, ps);
-    chat_state        c = {.fed = strdup("")};
-    int32_t          *eog = NULL;
-    int64_t           neog = 0;
-    char             *line = NULL;
-    size_t            cap = 0, len = 0;
-    kiln_status       st = c.fed ? chat_template(a, m, &c.tmpl) : kb_oom();
-    if (!st) st = kiln_gen_new(m, &go, &c.g);
-    if (!st && !a->ignore_eos) st = kiln_tokenizer_eog(tok, kiln_model_gguf(m), &eog, &neog);
-    if (!st) print_load(c.g, !a->cpu);
-    if (!st && a->system) st = chat_push(&c.log, "system", a->system, strlen(a->system));
-    for (bool first = true; !st && next_message(a, first, &line, &cap, &len); first = false) {
-        stream    s = {.a = a, .tok = tok, .out = text, .stop = -1};
-        kiln_stop why = KILN_STOP_NONE;
-        st = chat_push(&c.log, "user", line, len);
-        if (!st) st = chat_turn(a, &c, tok, &s, eog, neog, &why);
-        fputc('\n', text);
-        fflush(text);
-        free(s.ids);
-        if (!st && why == KILN_STOP_CONTEXT)
-            st = kb_error(KILN_ERR_INVALID, "the context is full (%lld tokens, -c); kiln does not shift the context yet",
-                          (long long)kiln_gen_pos(c.g));
-    }
-    if (!st) print_speed(&c.total, !a->cpu);
-    free(line);
-    free(eog);
-    free(c.fed);
-    chat_free(&c.log);
-    kiln_gen_free(c.g);
+    free(s.text);
     return st;
 }
 
@@ -875,7 +707,7 @@ static void raw_restore(FILE *text, int saved) {
     close(saved);
 }
 
-static int run_model(rm_args *a) {
+static int run_model(kt_model_args *a) {
     kiln_model     *m = NULL;
     kiln_tokenizer *tok = NULL;
     int32_t        *prompt = NULL;
@@ -890,7 +722,7 @@ static int run_model(rm_args *a) {
     else kiln_status_free(ts); /* without a usable vocabulary ids are printed alone */
     if (!st && !a->conversation) st = prompt_ids(a, m, tok, &prompt, &np);
     if (!st && !fits(a, kiln_model_get_hparams(m), prompt, np)) rc = KT_EXIT_USAGE;
-    if (!st && rc == KT_EXIT_OK) st = a->conversation ? converse(a, m, tok, text) : generate(a, m, tok, prompt, np, text);
+    if (!st && rc == KT_EXIT_OK) st = a->conversation ? kt_chat_converse(a, m, tok, text) : generate(a, m, tok, prompt, np, text);
     free(prompt);
     kiln_tokenizer_free(tok);
     kiln_model_close(m);
@@ -899,7 +731,7 @@ static int run_model(rm_args *a) {
 }
 
 int kt_run_model(int argc, char **argv) {
-    rm_args a = {0};
+    kt_model_args a = {0};
     int     rc = parse(argc, argv, &a);
     if (rc == KT_GO_ON) rc = run_model(&a);
     free(a.ids);

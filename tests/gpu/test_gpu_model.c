@@ -228,6 +228,33 @@ START_TEST(sampled_tokens_agree) {
 }
 END_TEST
 
+/* A context shift on the GPU (the caches through kiln_session_get/_set, re-roped on the host)
+ * against the same shift on the CPU reference: the logits after it agree, and greedy generation
+ * from there gives the same tokens. */
+START_TEST(context_shift_matches_cpu) {
+    need_gpu();
+    kiln_model *m = tiny_model(archs[_i], 33);
+    kiln_gen   *side[2] = {gen(m, false, 8), gen(m, true, 8)};
+    int32_t     p[20], t = 5, picks[2][8];
+    const float *lg[2];
+    int64_t      nv = kiln_model_get_hparams(m)->n_vocab;
+    for (int i = 0; i < 20; i++) p[i] = (int32_t)((i * 37 + 11) % nv);
+    for (int k = 0; k < 2; k++) {
+        TS_OK(kiln_gen_eval(side[k], p, 20, &lg[k]));
+        TS_OK(kiln_gen_shift(side[k], 4, 8));
+        TS_OK(kiln_gen_eval(side[k], &t, 1, &lg[k]));
+    }
+    double e = logits_nmse(lg[1], lg[0], nv);
+    ck_assert_msg(e <= 5e-4, "%s: logits after the shift: NMSE %g", archs[_i], e);
+    int32_t next = (int32_t)kiln_argmax_f32(lg[1], nv); /* the CPU's pick, fed to both */
+    for (int k = 0; k < 2; k++) TS_OK(kiln_gen_decode_greedy(side[k], next, 8, picks[k]));
+    ck_assert_msg(memcmp(picks[0], picks[1], sizeof picks[0]) == 0, "%s: tokens after the shift differ", archs[_i]);
+    kiln_gen_free(side[0]);
+    kiln_gen_free(side[1]);
+    kiln_model_close(m);
+}
+END_TEST
+
 /* kiln run MODEL.gguf --check: the command's own comparison passes. */
 START_TEST(cli_run_check) {
     need_gpu();
@@ -404,7 +431,7 @@ int main(void) {
     Suite *s = TS_SUITE("gpu_model",
                         TS_CASE_FIXTURE("gpu_model", 300, setup, teardown),
                         TS_LOOP(0, 4, prefill_and_decode_match_cpu, greedy_tokens_identical, generate_stops_match_cpu,
-                                sampled_tokens_agree),
+                                sampled_tokens_agree, context_shift_matches_cpu),
                         TS_TESTS(cli_run_check),
                         TS_LOOP(0, 2, device_fill_equals_file),
                         TS_CASE_FIXTURE("quant", 300, setup, teardown),
