@@ -456,8 +456,11 @@ kiln_gen_opts kt_model_gen_opts(const kt_model_args *a, kiln_compile_opts *co, k
     co->progress = kt_progress_count;
     co->progress_user = ps;
     so->no_cuda_graph = a->no_graph;
+    /* the sampler, so that kiln_gen_new builds the decode program's "sample" output when the
+     * GPU can run it (kiln_sampler_on_gpu: no penalties, top_k 1 .. 256) */
     return (kiln_gen_opts){.n_ctx = a->n_ctx, .n_batch = a->n_batch, .cpu = a->cpu, .compile = co, .session = so,
-                           .progress = kt_progress_bytes, .progress_user = ps + 1};
+                           .progress = kt_progress_bytes, .progress_user = ps + 1,
+                           .sampler = a->sampling ? &a->sampler : NULL};
 }
 
 void kt_model_print_load(const kiln_gen *g, bool gpu) {
