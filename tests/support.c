@@ -34,6 +34,16 @@ void ts_tmpdir_free(char *dir) {
     free(dir);
 }
 
+kiln_gguf *ts_gguf_write_read(kiln_gguf_writer *w, const char *dir, const char *name) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    TS_OK(kiln_gguf_write(w, path, NULL, NULL, NULL));
+    kiln_gguf_writer_free(w);
+    kiln_gguf *g = NULL;
+    TS_OK(kiln_gguf_open(path, &g));
+    return g;
+}
+
 void ts_ctx_error(kiln_ctx *ctx, kiln_code code, const char *needle) {
     kiln_status st = kiln_ctx_status(ctx);
     ck_assert_msg(st != NULL, "the context holds no error");

@@ -24,6 +24,8 @@ char *ts_tmpdir(void);
 void  ts_rmtree(const char *dir);
 /* The end of a ts_tmpdir: removes the tree and frees the string. */
 void  ts_tmpdir_free(char *dir);
+/* Writes w (and frees it) to dir/name, then opens that file as a GGUF; fails the test on error. */
+kiln_gguf *ts_gguf_write_read(kiln_gguf_writer *w, const char *dir, const char *name);
 /* Asserts that a builder call failed on ctx: its status has code (unless 0) and a message holding
  * needle (unless NULL). Frees the status and ctx. */
 void ts_ctx_error(kiln_ctx *ctx, kiln_code code, const char *needle);

@@ -722,21 +722,11 @@ END_TEST
 
 /* ---- GGUF ---------------------------------------------------------------------------------------- */
 
-static kiln_gguf *write_read(kiln_gguf_writer *w, const char *dir, const char *name) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    TS_OK(kiln_gguf_write(w, path, NULL, NULL, NULL));
-    kiln_gguf_writer_free(w);
-    kiln_gguf *g = NULL;
-    TS_OK(kiln_gguf_open(path, &g));
-    return g;
-}
-
 START_TEST(gguf_round_trip) {
     char             *dir = ts_tmpdir();
     kiln_gguf_writer *w = kiln_gguf_writer_new();
     TS_OK(kiln_tokenizer_write_synthetic(w, 32000));
-    kiln_gguf      *g = write_read(w, dir, "synth.gguf");
+    kiln_gguf      *g = ts_gguf_write_read(w, dir, "synth.gguf");
     kiln_tokenizer *t = NULL;
     TS_OK(kiln_tokenizer_from_gguf(g, &t));
     kiln_gguf_close(g);
@@ -787,7 +777,7 @@ START_TEST(gguf_refused) {
         if (cases[i].model) kiln_gguf_set_str(w, "tokenizer.ggml.model", cases[i].model);
         if (cases[i].pre) kiln_gguf_set_str(w, "tokenizer.ggml.pre", cases[i].pre);
         kiln_gguf_set_arr_str(w, "tokenizer.ggml.tokens", 2, toks);
-        kiln_gguf      *g = write_read(w, dir, "bad.gguf");
+        kiln_gguf      *g = ts_gguf_write_read(w, dir, "bad.gguf");
         kiln_tokenizer *t = NULL;
         expect_error(kiln_tokenizer_from_gguf(g, &t), KILN_ERR_FORMAT, cases[i].what);
         ck_assert_ptr_null(t);
@@ -810,7 +800,7 @@ START_TEST(gguf_refused) {
             kiln_gguf_set_arr_str(w, "tokenizer.ggml.merges", 1, m);
             what = "merge 0";
         }
-        kiln_gguf      *g = write_read(w, dir, "bad.gguf");
+        kiln_gguf      *g = ts_gguf_write_read(w, dir, "bad.gguf");
         kiln_tokenizer *t = NULL;
         expect_error(kiln_tokenizer_from_gguf(g, &t), KILN_ERR_FORMAT, what);
         kiln_gguf_close(g);

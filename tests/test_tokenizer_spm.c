@@ -371,16 +371,6 @@ END_TEST
 
 /* ---- GGUF -------------------------------------------------------------------------------------- */
 
-static kiln_gguf *write_read(kiln_gguf_writer *w, const char *dir, const char *name) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    TS_OK(kiln_gguf_write(w, path, NULL, NULL, NULL));
-    kiln_gguf_writer_free(w);
-    kiln_gguf *g = NULL;
-    TS_OK(kiln_gguf_open(path, &g));
-    return g;
-}
-
 /* The hand vocabulary's keys: tokens, scores, types, and (ids) bos/eos/unk and add_bos. */
 static kiln_gguf_writer *hand_writer(hand_vocab *h, bool ids) {
     hand_fill(h);
@@ -403,7 +393,7 @@ START_TEST(gguf_read) {
     hand_vocab *h = malloc(sizeof *h);
     /* without bos/eos/unk/add_bos/add_space_prefix keys: llama.cpp's defaults 1, 2, 0, true, true */
     for (int ids = 0; ids < 2; ids++) {
-        kiln_gguf      *g = write_read(hand_writer(h, ids), dir, "spm.gguf");
+        kiln_gguf      *g = ts_gguf_write_read(hand_writer(h, ids), dir, "spm.gguf");
         kiln_tokenizer *t = NULL;
         TS_OK(kiln_tokenizer_from_gguf(g, &t));
         kiln_gguf_close(g);
@@ -419,7 +409,7 @@ START_TEST(gguf_read) {
     kiln_gguf_writer *w = hand_writer(h, true);
     kiln_gguf_set_bool(w, "tokenizer.ggml.add_space_prefix", false);
     kiln_gguf_set_bool(w, "tokenizer.ggml.add_bos_token", false);
-    kiln_gguf      *g = write_read(w, dir, "spm.gguf");
+    kiln_gguf      *g = ts_gguf_write_read(w, dir, "spm.gguf");
     kiln_tokenizer *t = NULL;
     TS_OK(kiln_tokenizer_from_gguf(g, &t));
     kiln_gguf_close(g);
@@ -470,7 +460,7 @@ START_TEST(gguf_refusals) {
             what = "duplicate token '<0xFE>'";
             break;
         }
-        kiln_gguf      *g = write_read(w, dir, "bad.gguf");
+        kiln_gguf      *g = ts_gguf_write_read(w, dir, "bad.gguf");
         kiln_tokenizer *t = NULL;
         kiln_status     st = kiln_tokenizer_from_gguf(g, &t);
         char            file[4300];
