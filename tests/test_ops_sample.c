@@ -1,9 +1,9 @@
 /* The sample family (op sample: kiln's sampler inside a program, docs/sampling.md "On the GPU"):
  * shape rules and refusals, the CPU reference against kiln_sample on many random rows,
- * parameters, seeds and positions, the kernels' algorithm emulated on the CPU (slices sorted,
- * their first KP keys merged pairwise as templates/sample.lua does, the chain in its float
- * order) against kiln_sample, every kernel variant compiled by NVRTC for sm_90a and sm_80
- * without a warning, codegen's refusal past KILN_SAMPLE_GPU_MAX_K, and the model builder's
+ * parameters, seeds and positions, the kernels' algorithm emulated on the CPU (each slice's K
+ * smallest keys radix-selected digit by digit as templates/sample.lua does, the union selected
+ * again and sorted by rank, the chain in its float order) against kiln_sample, every kernel
+ * variant compiled by NVRTC for sm_90a and sm_80 without a warning, codegen's refusal past KILN_SAMPLE_GPU_MAX_K, and the model builder's
  * "sample" output. No GPU needed; tests/gpu/test_gpu_sample.c runs the kernels. */
 #include "tests/support.h"
 
@@ -111,9 +111,9 @@ END_TEST
 
 /* ---- the kernels' algorithm, emulated ------------------------------------------------------------- */
 
-/* templates/sample.lua's plan: K, KP, slice S, B slices, BP lists merged. */
+/* templates/sample.lua's plan: K, KP, slice S, B slices. */
 typedef struct {
-    int64_t K, KP, S, B, BP;
+    int64_t K, KP, S, B;
     bool    greedy;
 } plan;
 
@@ -128,12 +128,10 @@ static plan make_plan(const kiln_sampler_params *p, int64_t n) {
     q.greedy = !(p->temp > 0);
     q.K = q.greedy ? 1 : p->top_k <= 0 || p->top_k >= n ? n : p->top_k;
     q.KP = pow2_up(q.K);
-    int64_t s = pow2_up((n * q.KP + 16383) / 16384);
+    int64_t s = pow2_up((n * q.K + 8191) / 8192), cap = pow2_up(n) > 256 ? pow2_up(n) : 256;
     q.S = s > 1024 ? s : 1024;
-    if (q.S > pow2_up(n)) q.S = pow2_up(n);
-    if (q.S < q.KP) q.S = q.KP;
+    if (q.S > cap) q.S = cap;
     q.B = (n + q.S - 1) / q.S;
-    q.BP = pow2_up(q.B);
     return q;
 }
 
@@ -153,47 +151,64 @@ static float emu_logit(uint64_t k) {
     return x;
 }
 
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
+/* kiln_sample_select: the need smallest of n keys (~0 not counted; need below the valid count)
+ * as the test (key & pmask) <= prefix, by the kernels' passes: 8-bit digits from the top, a
+ * histogram of the keys tied with the prefix, the digit holding the need-th key, until that
+ * digit's keys are all needed. */
+static void emu_select(const uint64_t *k, int64_t n, uint32_t need, uint64_t *prefix, uint64_t *pmask) {
+    *prefix = *pmask = 0;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        uint32_t hist[256] = {0};
+        for (int64_t i = 0; i < n; i++)
+            if (k[i] != ~0ull && (k[i] & *pmask) == *prefix) hist[(k[i] >> shift) & 255u]++;
+        uint32_t before = 0, d = 0;
+        while (before + hist[d] < need) before += hist[d++];
+        ck_assert_uint_lt(d, 256);
+        *prefix |= (uint64_t)d << shift;
+        *pmask |= 255ull << shift;
+        need -= before;
+        if (hist[d] == need) return;
+    }
+    ck_abort_msg("emu_select: the last digit held more than one key");
 }
 
-/* Kernel 1 then kernel 2, sequentially: the same lists, the same merges, the same float order. */
+/* A block's K smallest valid keys (in the order of k, as the kernels' compaction may give any),
+ * padded with ~0 to out's kp; returns how many. */
+static int64_t emu_block(const uint64_t *k, int64_t n, int64_t K, uint64_t *out, int64_t kp) {
+    int64_t nv = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) nv += k[i] != ~0ull;
+    uint32_t need = (uint32_t)(nv < K ? nv : K);
+    uint64_t prefix = 0, pmask = 0;
+    if (need < nv) emu_select(k, n, need, &prefix, &pmask);
+    for (int64_t i = 0; i < n; i++)
+        if (k[i] != ~0ull && (k[i] & pmask) <= prefix) out[m++] = k[i];
+    ck_assert_int_eq(m, need);
+    for (int64_t i = m; i < kp; i++) out[i] = ~0ull;
+    return m;
+}
+
+/* Kernel 1 then kernel 2, sequentially: the same selections, the same float order. */
 static int32_t emulate(const kiln_sampler_params *p, const float *x, int64_t n, int64_t position) {
     plan      q = make_plan(p, n);
-    uint64_t *s = malloc(sizeof *s * (size_t)(q.BP * q.KP)), *slice = malloc(sizeof *slice * (size_t)q.S);
-    ck_assert(s && slice);
+    uint64_t *lists = calloc((size_t)(q.B * q.K), sizeof *lists), *slice = malloc(sizeof *slice * (size_t)q.S);
+    uint64_t *top = malloc(sizeof *top * (size_t)q.KP), *s = malloc(sizeof *s * (size_t)q.KP);
+    ck_assert(lists && slice && top && s);
     uint32_t ninf = 0xffffffffu;
-    for (int64_t b = 0; b < q.BP; b++) {
+    for (int64_t b = 0; b < q.B; b++) {
         for (int64_t t = 0; t < q.S; t++) {
             int64_t i = b * q.S + t;
             slice[t] = ~0ull;
-            if (b < q.B && i < n && x[i] > -INFINITY) slice[t] = emu_key(x[i], (uint32_t)i);
-            else if (b < q.B && i < n && x[i] == -INFINITY && (uint32_t)i < ninf) ninf = (uint32_t)i;
+            if (i < n && x[i] > -INFINITY) slice[t] = emu_key(x[i], (uint32_t)i);
+            else if (i < n && x[i] == -INFINITY && (uint32_t)i < ninf) ninf = (uint32_t)i;
         }
-        qsort(slice, (size_t)q.S, sizeof *slice, cmp_u64);
-        memcpy(s + b * q.KP, slice, sizeof *s * (size_t)q.KP);
+        emu_block(slice, q.S, q.K, lists + b * q.K, q.K);
     }
-    for (int l = 0; (q.BP >> l) > 1; l++) {
-        int64_t pairs = q.BP >> (l + 1);
-        for (int64_t m = 0; m < pairs; m++) {
-            uint64_t *a = s + ((2 * m) << l) * q.KP;
-            for (int64_t i = 0; i < q.KP; i++) {
-                uint64_t y = a[(q.KP << l) + q.KP - 1 - i];
-                if (y < a[i]) a[i] = y;
-            }
-            for (int64_t j = q.KP / 2; j > 0; j >>= 1)
-                for (int64_t t = 0; t < q.KP / 2; t++) {
-                    int64_t i = ((t & ~(j - 1)) << 1) | (t & (j - 1));
-                    if (a[i] > a[i + j]) {
-                        uint64_t v = a[i];
-                        a[i] = a[i + j], a[i + j] = v;
-                    }
-                }
-        }
+    int64_t nk = emu_block(lists, q.B * q.K, q.K, top, q.KP);
+    for (int64_t j = 0; j < nk; j++) { /* the rank sort */
+        int64_t rank = 0;
+        for (int64_t i = 0; i < nk; i++) rank += top[i] < top[j];
+        s[rank] = top[j];
     }
-    int64_t nk = 0;
-    while (nk < q.K && s[nk] != ~0ull) nk++;
     int32_t tok = ninf != 0xffffffffu ? (int32_t)ninf : 0;
     if (nk > 0 && q.greedy) tok = (int32_t)(uint32_t)s[0];
     if (nk > 0 && !q.greedy) {
@@ -237,8 +252,10 @@ static int32_t emulate(const kiln_sampler_params *p, const float *x, int64_t n, 
         free(e);
         free(w);
     }
-    free(s);
+    free(lists);
     free(slice);
+    free(top);
+    free(s);
     return tok;
 }
 

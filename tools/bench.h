@@ -47,8 +47,10 @@ typedef struct {
     double   decode_ms[KT_BENCH_KVS], decode_gpu_ms[KT_BENCH_KVS], step_ms[KT_BENCH_KVS];
     double   host_us[KT_BENCH_KVS][3]; /* one step at a time, per token: inputs, run (launch until
                                           done), readback */
+    bool     sampled_gpu;         /* the default sampler ran on the GPU (op sample), not the host */
     double   sampled_ms;          /* at kv[0]: kiln_gen_generate with llama.cpp's default sampler
-                                     (logits read back, kiln_sample on the host), wall per token */
+                                     (op sample, chained, or kiln_sample on the host: sampled_gpu), wall
+                                     per token */
     int64_t  prefill_n;
     double   prefill_ms;
     /* PyTorch, eager [0] and torch.compile reduce-overhead [1]; 0 where not measured */

@@ -137,8 +137,9 @@ static kiln_status fill_to(kiln_gen *g, const int32_t *ids, int64_t kv, int32_t 
     return st;
 }
 
-/* Times `steps` decode steps from position kv with llama.cpp's default sampler (issue 26: on the
- * host for now, each step's logits read back), against the greedy chain beside it. */
+/* Times `steps` decode steps from position kv with llama.cpp's default sampler, against the greedy
+ * chain beside it: on the GPU inside the decode program (run_kiln's kiln_gen_opts.sampler), chained,
+ * where kiln_sampler_on_gpu takes it; else on the host, each step's logits read back. */
 static kiln_status time_sampled(model_run *r, kiln_gen *g, const int32_t *ids, int64_t kv) {
     int32_t     next = 0;
     kiln_status st = fill_to(g, ids, kv, &next);
@@ -168,7 +169,6 @@ static kiln_status time_decode(model_run *r, kiln_gen *g, const int32_t *ids, in
         r->m->decode_ms[k] = (t1 - t0) / (double)r->steps;
         r->m->decode_gpu_ms[k] = (s1.decode_gpu_ms - s0.decode_gpu_ms) / (double)r->steps;
     }
-    if (!st && k == 0) st = time_sampled(r, g, ids, kv);
     if (r->quantized && r->b->quick) return st; /* no PyTorch ratio to take against it */
     if (!st) st = fill_to(g, ids, kv, &next);
     kiln_gen_get_stats(g, &s0);
@@ -208,6 +208,15 @@ static kiln_status run_kiln(model_run *r, const kiln_model_hparams *hp) {
         st = time_prefill(r, g, ids);
     }
     for (int k = 0; !st && k < KT_BENCH_KVS; k++) st = time_decode(r, g, ids, k);
+    /* The sampler in a program of its own (op `sample` beside argmax: its kernels run every step),
+     * so that the greedy figures above are the greedy program's. */
+    kiln_gen_free(g);
+    g = NULL;
+    kiln_sampler_params sp = kiln_sampler_params_default();
+    go.sampler = &sp;
+    m->sampled_gpu = kiln_sampler_on_gpu(&sp, hp->n_vocab);
+    if (!st) st = kiln_gen_new(model, &go, &g);
+    if (!st) st = time_sampled(r, g, ids, m->kv[0]);
     free(ids);
     kiln_gen_free(g);
     kiln_model_close(model);

@@ -109,8 +109,8 @@ static void print_model(const kt_bench_model *m) {
                (long long)m->kv[0], (long long)m->kv[1], (long long)m->kv[0], m->host_us[0][0], m->host_us[0][1],
                m->host_us[0][2]);
     if (m->sampled_ms > 0)
-        printf("%-20s default sampler (temp 0.8, top-k 40, top-p 0.95, min-p 0.05; on the host): %.3f ms/token at "
-               "kv %lld (greedy, chained: %.3f)\n", "", m->sampled_ms, (long long)m->kv[0], m->decode_ms[0]);
+        printf("%-20s default sampler (temp 0.8, top-k 40, top-p 0.95, min-p 0.05; on the %s): %.3f ms/token at "
+               "kv %lld (greedy, chained: %.3f)\n", "", m->sampled_gpu ? "GPU" : "host", m->sampled_ms, (long long)m->kv[0], m->decode_ms[0]);
     if (m->torch_note[0][0] && !strcmp(m->torch_note[0], m->torch_note[1])) /* one reason for both */
         printf("%-20s torch: %s\n", "", m->torch_note[0]);
     else
@@ -198,6 +198,7 @@ static void json_model(kb_str *j, const kt_bench_model *m) {
     kb_str_addf(j, "\"kernels\": %d, ", m->kernels);
     json_num(j, "weights_fill_ms", m->fill_ms, true);
     json_num(j, "sampled_ms", m->sampled_ms, true);
+    kb_str_addf(j, "\"sampled_on_gpu\": %s, ", m->sampled_gpu ? "true" : "false");
     kb_str_add(j, "\n     \"decode\": [");
     for (int k = 0; k < KT_BENCH_KVS; k++) {
         kb_str_addf(j, "%s{\"kv\": %lld, ", k ? ", " : "", (long long)m->kv[k]);
