@@ -201,6 +201,35 @@ static __device__ __forceinline__ void kiln_sample_select(const unsigned long lo
         if (count == left)
             break;
     }
+}
+
+/* Both steps' selection: the block's counts (one atomic a warp), then its `want` smallest keys
+ * (fewer when fewer are valid) written to out in no order; returns how many. inf is the
+ * thread's smallest -inf index, folded into *s_inf. */
+template <int R>
+static __device__ __forceinline__ unsigned kiln_sample_take(const unsigned long long (&k)[R], unsigned valid,
+                                                            unsigned inf, unsigned want, unsigned *s_hist,
+                                                            unsigned *s_ctl, unsigned *s_valid, unsigned *s_out,
+                                                            unsigned *s_inf, unsigned long long *out)
+{
+    inf = __reduce_min_sync(0xffffffffu, inf);
+    valid = __reduce_add_sync(0xffffffffu, valid);
+    if ((threadIdx.x & 31u) == 0u) {
+        if (inf != 0xffffffffu)
+            atomicMin(s_inf, inf);
+        if (valid)
+            atomicAdd(s_valid, valid);
+    }
+    __syncthreads();
+    const unsigned nv = *s_valid, need = nv < want ? nv : want;
+    unsigned long long prefix = 0ull, pmask = 0ull;
+    if (need < nv)
+        kiln_sample_select<R>(k, need, s_hist, s_ctl, prefix, pmask);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        if (k[r] != ~0ull && (k[r] & pmask) <= prefix)
+            out[atomicAdd(s_out, 1u)] = k[r];
+    return need;
 }]]
 
 local slices_kernel = tpl.define [[
@@ -245,24 +274,7 @@ ${name}(${params})
             inf = i;
         }
     }
-    /* One atomic a warp for each count. */
-    inf = __reduce_min_sync(0xffffffffu, inf);
-    valid = __reduce_add_sync(0xffffffffu, valid);
-    if ((threadIdx.x & 31u) == 0u) {
-        if (inf != 0xffffffffu)
-            atomicMin(&s_inf, inf);
-        if (valid)
-            atomicAdd(&s_valid, valid);
-    }
-    __syncthreads();
-    const unsigned nv = s_valid, need = nv < ${K}u ? nv : ${K}u;
-    unsigned long long prefix = 0ull, pmask = 0ull;
-    if (need < nv)
-        kiln_sample_select<${R}>(k, need, s_hist, s_ctl, prefix, pmask);
-#pragma unroll
-    for (int r = 0; r < ${R}; r++)
-        if (k[r] != ~0ull && (k[r] & pmask) <= prefix)
-            keys[atomicAdd(&s_out, 1u)] = k[r];
+    const unsigned need = kiln_sample_take<${R}>(k, valid, inf, ${K}u, s_hist, s_ctl, &s_valid, &s_out, &s_inf, keys);
     for (unsigned t = need + threadIdx.x; t < ${K}u; t += ${T}u)
         keys[t] = ~0ull;
     if (threadIdx.x == 0)
@@ -317,23 +329,7 @@ ${name}(${params})
     unsigned inf = 0xffffffffu;
     for (unsigned t = threadIdx.x; t < ${B}u; t += ${T}u)
         inf = min(inf, ninf[t]);
-    inf = __reduce_min_sync(0xffffffffu, inf);
-    valid = __reduce_add_sync(0xffffffffu, valid);
-    if ((threadIdx.x & 31u) == 0u) {
-        if (inf != 0xffffffffu)
-            atomicMin(&s_inf, inf);
-        if (valid)
-            atomicAdd(&s_valid, valid);
-    }
-    __syncthreads();
-    const unsigned nv = s_valid, nk = nv < ${K}u ? nv : ${K}u;
-    unsigned long long prefix = 0ull, pmask = 0ull;
-    if (nk < nv)
-        kiln_sample_select<${R}>(k, nk, s_hist, s_ctl, prefix, pmask);
-#pragma unroll
-    for (int r = 0; r < ${R}; r++)
-        if (k[r] != ~0ull && (k[r] & pmask) <= prefix)
-            s_top[atomicAdd(&s_out, 1u)] = k[r];
+    const unsigned nk = kiln_sample_take<${R}>(k, valid, inf, ${K}u, s_hist, s_ctl, &s_valid, &s_out, &s_inf, s_top);
     __syncthreads();
     /* Stage 4's list in the draw order: each key lands at its rank (keys are distinct). */
     for (unsigned j = threadIdx.x; j < nk; j += ${T}u) {

@@ -848,3 +848,25 @@ void ts_expect_status(kiln_status st, kiln_code code, const char *needle) {
     ck_assert_msg(strstr(kiln_status_msg(st), needle), "'%s' does not name '%s'", kiln_status_msg(st), needle);
     kiln_status_free(st);
 }
+
+/* A row of kind 0: spread logits; 1: few distinct values (ties); 2: spread with -inf, NaN, +inf,
+ * -0 and +0 sprinkled; 3: no candidate (NaN and -inf only, or NaN only); 4: one dominant logit. */
+void ts_logit_row(uint64_t *r, float *x, int64_t n, int kind) {
+    for (int64_t i = 0; i < n; i++) {
+        float u = (float)(ts_rng_next(r) >> 40) * 0x1p-24f;
+        switch (kind) {
+        case 0: x[i] = (u - 0.5f) * 24.0f; break;
+        case 1: x[i] = (float)(int)(u * 4.0f); break;
+        case 2: {
+            uint64_t s = ts_rng_next(r) % 16;
+            x[i] = s == 0 ? -INFINITY : s == 1 ? NAN : s == 2 ? -0.0f : s == 3 ? 0.0f : (u - 0.5f) * 8.0f;
+            if (ts_rng_next(r) % 997 == 0) x[i] = INFINITY;
+            break;
+        }
+        case 3: x[i] = ts_rng_next(r) % 3 == 0 ? -INFINITY : NAN; break;
+        default: x[i] = i == n / 3 ? 30.0f : (u - 0.5f) * 2.0f; break;
+        }
+    }
+    if (kind == 3 && ts_rng_next(r) % 2) /* NaN only: the fallback is id 0 */
+        for (int64_t i = 0; i < n; i++) x[i] = NAN;
+}

@@ -252,6 +252,10 @@ void ts_log_line(void *user, const char *line);
 
 /* Deterministic random numbers (splitmix64) for test data. */
 uint64_t ts_rng_next(uint64_t *s);
+/* A row of logits for the samplers' tests, of kind 0: spread; 1: few distinct values (ties); 2:
+ * spread with -inf, NaN, +inf, -0 and +0 sprinkled; 3: no candidate (NaN and -inf only, or NaN
+ * only); 4: one dominant logit. */
+void     ts_logit_row(uint64_t *r, float *x, int64_t n, int kind);
 /* Up to max_cps random code points of many scripts and classes, as UTF-8 into out (4 bytes a
  * code point at most); returns the bytes written. */
 size_t ts_random_text(uint64_t *r, uint8_t *out, size_t max_cps);

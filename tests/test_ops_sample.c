@@ -21,30 +21,6 @@ static char *g_cache;
 
 /* ---- random rows and parameters ---------------------------------------------------------------- */
 
-static float uniform01(uint64_t *r) { return (float)(ts_rng_next(r) >> 40) * 0x1p-24f; }
-
-/* A row of kind 0: spread logits; 1: few distinct values (ties); 2: spread with -inf, NaN, +inf,
- * -0 and +0 sprinkled; 3: no candidate (NaN and -inf only, or NaN only); 4: one dominant logit. */
-static void fill_row(uint64_t *r, float *x, int64_t n, int kind) {
-    for (int64_t i = 0; i < n; i++) {
-        float u = uniform01(r);
-        switch (kind) {
-        case 0: x[i] = (u - 0.5f) * 24.0f; break;
-        case 1: x[i] = (float)(int)(u * 4.0f); break;
-        case 2: {
-            uint64_t s = ts_rng_next(r) % 16;
-            x[i] = s == 0 ? -INFINITY : s == 1 ? NAN : s == 2 ? -0.0f : s == 3 ? 0.0f : (u - 0.5f) * 8.0f;
-            if (ts_rng_next(r) % 997 == 0) x[i] = INFINITY;
-            break;
-        }
-        case 3: x[i] = ts_rng_next(r) % 3 == 0 ? -INFINITY : NAN; break;
-        default: x[i] = i == n / 3 ? 30.0f : (u - 0.5f) * 2.0f; break;
-        }
-    }
-    if (kind == 3 && ts_rng_next(r) % 2) /* NaN only: the fallback is id 0 */
-        for (int64_t i = 0; i < n; i++) x[i] = NAN;
-}
-
 static const int64_t NS[] = {1, 2, 3, 17, 100, 257, 1000, 1025, 3000, 5000, 20000};
 
 static kiln_sampler_params random_params(uint64_t *r, int64_t n, bool gpu) {
@@ -86,7 +62,7 @@ START_TEST(reference_is_kiln_sample) {
     int      kind = (int)(ts_rng_next(&r) % 5);
     float   *x = malloc(sizeof *x * (size_t)n);
     ck_assert_ptr_nonnull(x);
-    fill_row(&r, x, n, kind);
+    ts_logit_row(&r, x, n, kind);
     kiln_sampler_params p = random_params(&r, n, false);
     int32_t             pos[3] = {(int32_t)(ts_rng_next(&r) % 1000), 5, (int32_t)(ts_rng_next(&r) % 2000000000) - 1};
     int64_t             np = 1 + (int64_t)(ts_rng_next(&r) % 3);
@@ -267,7 +243,7 @@ START_TEST(kernel_algorithm_is_kiln_sample) {
     int      kind = (int)(ts_rng_next(&r) % 5);
     float   *x = malloc(sizeof *x * (size_t)n);
     ck_assert_ptr_nonnull(x);
-    fill_row(&r, x, n, kind);
+    ts_logit_row(&r, x, n, kind);
     kiln_sampler_params p = random_params(&r, n, true);
     int64_t             position = (int64_t)(ts_rng_next(&r) % 5000000000ull);
     int32_t             want = -1;

@@ -18,26 +18,6 @@
 
 /* ---- rows ------------------------------------------------------------------------------------- */
 
-static float uni(rng_t *r) { return (float)(rng_next(r) >> 40) * 0x1p-24f; }
-
-static void fill_row(rng_t *r, float *x, int64_t n, int kind) {
-    for (int64_t i = 0; i < n; i++) {
-        float u = uni(r);
-        switch (kind) {
-        case 0: x[i] = (u - 0.5f) * 24.0f; break;
-        case 1: x[i] = (float)(int)(u * 4.0f); break;
-        case 2: {
-            uint64_t s = rng_next(r) % 16;
-            x[i] = s == 0 ? -INFINITY : s == 1 ? NAN : s == 2 ? -0.0f : s == 3 ? 0.0f : (u - 0.5f) * 8.0f;
-            if (rng_next(r) % 997 == 0) x[i] = INFINITY;
-            break;
-        }
-        case 3: x[i] = rng_next(r) % 3 == 0 ? -INFINITY : NAN; break;
-        default: x[i] = i == n / 3 ? 30.0f : (u - 0.5f) * 2.0f; break;
-        }
-    }
-}
-
 typedef struct {
     int64_t n;
     float   temp, top_p, min_p;
@@ -83,11 +63,11 @@ START_TEST(rows_match_kiln_sample) {
     TS_OK(kiln_session_new(p, NULL, &s));
     float *x = malloc(sizeof *x * (size_t)c->n);
     ck_assert_ptr_nonnull(x);
-    rng_t r = {0x77u + (uint64_t)_i};
+    uint64_t r = 0x77u + (uint64_t)_i;
     for (int row = 0; row < ROWS; row++) {
         int kind = row % 5;
-        fill_row(&r, x, c->n, kind);
-        int32_t pos[2] = {0, (int32_t)(rng_next(&r) % 2000000000u)};
+        ts_logit_row(&r, x, c->n, kind);
+        int32_t pos[2] = {0, (int32_t)(ts_rng_next(&r) % 2000000000u)};
         TS_OK(kiln_session_set(s, "a", x, sizeof *x * (size_t)c->n));
         TS_OK(kiln_session_set(s, "pos", pos, sizeof pos));
         TS_OK(kiln_session_run(s));
