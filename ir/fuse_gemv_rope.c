@@ -14,7 +14,10 @@
  *     whole rows of one token (a [ne0, heads, 1, 1] view, contiguous; set_rows: one row), at
  *     an even offset, the readers' row segments disjoint; every reader's other operands are
  *     inputs or weights (positions, ids, frequency factors) or its own state, in place;
- *   - the readers are the live nodes right after the mul_mat, so nothing runs in between;
+ *   - the readers are the live nodes right after the mul_mat, or become so: up to MAX_WAIT live
+ *     nodes between them that do not read z and share no buffer a later reader writes (nor
+ *     write one it reads) move after the readers — the v GEMV of a layer whose v weight has
+ *     another type than q and k (Q4_K_M's q6_K attn_v), which mul_mat_cat leaves apart;
  *   - one token: positions and ids of one element; nothing symbolic.
  * Effect: each reader gets host = the mul_mat's index + 1 and keeps everything else: the IR
  * still says what is computed and the CPU reference evaluates every node as before, so results
@@ -27,7 +30,11 @@
  * Keeps: every IR invariant; verify checks the host rules (ir/verify.c). */
 #include "ir_internal.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #define MAX_TAILS 4
+#define MAX_WAIT  4 /* nodes that may wait until after a host's tails */
 
 /* One element of an input, weight or state read in no special way: positions and ids. */
 static bool one_preset(const ir_prog *p, const ir_ref *r) {
@@ -102,32 +109,85 @@ static bool host_candidate(const ir_prog *p, const ir_node *m) {
            ir_ref_static(b) && z->type == KILN_F32 && z->ne[1] == 1 && z->ne[2] == 1 && z->ne[3] == 1 && z->ne[0] % 2 == 0;
 }
 
-/* Makes the readers of mul_mat mi tails of it, if legal. */
-static bool try_host(ir_prog *p, int mi) {
-    const ir_node *m = &p->nodes[mi];
-    if (!host_candidate(p, m)) return false;
-    int     zbuf = m->dst.buf, tails[MAX_TAILS], nt = 0;
-    int64_t lo[MAX_TAILS], hi[MAX_TAILS];
-    /* The readers must be the next live nodes; the first node that is not one ends them. */
-    for (int i = mi + 1; i < p->nnodes && nt < MAX_TAILS; i++) {
-        const ir_node *c = &p->nodes[i];
-        if (c->dead) continue;
-        if (!tail_of(p, c, zbuf, &lo[nt], &hi[nt])) break;
-        tails[nt++] = i;
-    }
-    /* Each tail reads z once (tail_of), so this says nothing else reads it. */
-    if (nt == 0 || ir_readers(p, zbuf) != nt) return false;
-    for (int t = 0; t < nt; t++) {
-        for (int u = 0; u < t; u++)
-            if (lo[t] < hi[u] && lo[u] < hi[t]) return false;
-        for (int k = 0; k < m->nin; k++) /* the GEMV must not read what its store writes */
-            if (m->in[k].buf == p->nodes[tails[t]].dst.buf) return false;
-    }
-    for (int t = 0; t < nt; t++) p->nodes[tails[t]].host = mi + 1;
+/* Whether node n reads or writes buffer b (any operand, either output). */
+static bool touches(const ir_node *n, int b) {
+    if (n->dst.buf == b || (n->has_dst2 && n->dst2.buf == b)) return true;
+    for (int k = 0; k < n->nin; k++)
+        if (n->in[k].buf == b) return true;
+    return false;
+}
+
+/* Node x may run after tail t instead of before it: neither writes what the other reads or
+ * writes (buffers are whole, distinct memory before the memory plan). */
+static bool commutes(const ir_node *x, const ir_node *t) {
+    if (touches(x, t->dst.buf)) return false;
+    for (int k = 0; k < t->nin; k++)
+        if (t->in[k].buf == x->dst.buf || (x->has_dst2 && t->in[k].buf == x->dst2.buf)) return false;
     return true;
 }
 
+/* Moves nodes [lo, hi] so that the tails come first, in order, then the other live nodes,
+ * then the dead ones: the waiting nodes commute with every tail after them (checked). */
+static kiln_status gather_tails(ir_prog *p, int lo, int hi, const int *tails, int nt) {
+    int      n = hi - lo + 1, k = 0;
+    ir_node *seg = malloc(sizeof *seg * (size_t)n);
+    if (!seg) return kb_oom();
+    for (int t = 0; t < nt; t++) seg[k++] = p->nodes[tails[t]];
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = lo, t = 0; i <= hi; i++) {
+            if (t < nt && tails[t] == i) {
+                t++;
+                continue;
+            }
+            if (p->nodes[i].dead == (pass == 1)) seg[k++] = p->nodes[i];
+        }
+    memcpy(&p->nodes[lo], seg, sizeof *seg * (size_t)n);
+    free(seg);
+    return NULL;
+}
+
+/* Makes the readers of mul_mat mi tails of it, if legal. Live nodes between it and its readers
+ * that neither read its result nor conflict with the readers after them (the v projection of a
+ * layer whose v weight has another type than q and k, so mul_mat_cat left it apart) wait until
+ * after the readers. */
+static kiln_status try_host(ir_prog *p, int mi) {
+    const ir_node *m = &p->nodes[mi];
+    if (!host_candidate(p, m)) return NULL;
+    int     zbuf = m->dst.buf, tails[MAX_TAILS], nt = 0, wait[MAX_WAIT], nw = 0, readers = ir_readers(p, zbuf), last = mi;
+    int64_t lo[MAX_TAILS], hi[MAX_TAILS];
+    for (int i = mi + 1; i < p->nnodes && nt < MAX_TAILS && nt < readers; i++) {
+        const ir_node *c = &p->nodes[i];
+        if (c->dead) continue;
+        if (tail_of(p, c, zbuf, &lo[nt], &hi[nt])) {
+            tails[nt++] = last = i;
+            continue;
+        }
+        if (touches(c, zbuf) || c->host || nw == MAX_WAIT) break;
+        wait[nw++] = i;
+    }
+    /* Each tail reads z once (tail_of), so this says nothing else reads it. */
+    if (nt == 0 || readers != nt) return NULL;
+    for (int t = 0; t < nt; t++) {
+        for (int u = 0; u < t; u++)
+            if (lo[t] < hi[u] && lo[u] < hi[t]) return NULL;
+        for (int k = 0; k < m->nin; k++) /* the GEMV must not read what its store writes */
+            if (m->in[k].buf == p->nodes[tails[t]].dst.buf) return NULL;
+        for (int w = 0; w < nw; w++)
+            if (wait[w] < tails[t] && !commutes(&p->nodes[wait[w]], &p->nodes[tails[t]])) return NULL;
+    }
+    if (nw > 0 && wait[0] < last) {
+        kiln_status st = gather_tails(p, mi + 1, last, tails, nt);
+        if (st) return st;
+        for (int t = 0; t < nt; t++) tails[t] = mi + 1 + t;
+    }
+    for (int t = 0; t < nt; t++) p->nodes[tails[t]].host = mi + 1;
+    return NULL;
+}
+
 kiln_status ir_fuse_gemv_rope(ir_prog *p) {
-    for (int i = 0; i < p->nnodes; i++) try_host(p, i);
+    for (int i = 0; i < p->nnodes; i++) {
+        kiln_status st = try_host(p, i);
+        if (st) return st;
+    }
     return NULL;
 }

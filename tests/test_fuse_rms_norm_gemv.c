@@ -1,7 +1,7 @@
 /* Pass rms_norm_gemv (ir/fuse_rms_norm_gemv.c): the rms_norm_mul feeding a one-column GEMV is
  * computed by the GEMV. It fires on a plain, a concatenated (q/k/v), a paired (GLU) and an
- * epilogue (residual) GEMV, for every weight type; it leaves the norm alone with two columns,
- * a second reader, an add after the mul, an f16 norm weight; the CPU reference gives the same
+ * epilogue (residual) GEMV, for every weight type, and on each of several GEMVs reading the norm;
+ * it leaves the norm alone with two columns, a second reader that is no GEMV, an add after the mul, an f16 norm weight; the CPU reference gives the same
  * bits with and without it; the fused kernels (every gemv team shape: shuffles only, and warps
  * meeting in shared memory) compile with NVRTC for sm_90a and sm_80 without warnings. No GPU. */
 #include "tests/support.h"
@@ -52,6 +52,16 @@ START_TEST(fires) {
 }
 END_TEST
 
+/* Several GEMVs read the norm (v of another type than q and k; here mul_mat_cat is off): each
+ * computes it, the first one listing the norm's nodes. */
+START_TEST(gemv_readers) {
+    const char *skip = "rope_set_rows,topk_moe,ew_chain,mul_mat_cat";
+    ts_expect_fusion(norm_kg("bf16", "f32", 64, 1, USES[1]), skip, "fused rms_norm_gemv: n, y, q\n", "fused rms_norm_mul",
+                     -1);
+    ts_expect_fusion(norm_kg("f16", "f32", 64, 1, USES[1]), skip, "fused rms_norm_gemv: v\n", "fused rms_norm_mul", -1);
+}
+END_TEST
+
 START_TEST(not_fired) {
     expect(norm_kg("bf16", "f32", 64, 2, USES[0]), NULL); /* two columns: not the gemv */
     expect(norm_kg("bf16", "f16", 64, 1, USES[0]), NULL); /* an f16 norm weight */
@@ -77,7 +87,7 @@ END_TEST
 
 int main(void) {
     Suite *s = TS_SUITE("fuse_rms_norm_gemv",
-                        TS_CASE("pass", 120), TS_LOOP(0, 3, fires), TS_TESTS(not_fired),
+                        TS_CASE("pass", 120), TS_LOOP(0, 3, fires), TS_TESTS(gemv_readers, not_fired),
                         TS_LOOP(0, 2, kernels_compile));
     return ts_main_cache(s, "fuse-norm-gemv", &g_cache);
 }

@@ -5,7 +5,7 @@
  * launches) compares q and both caches with the CPU reference of the unfused graph. The cases
  * cover both store paths of the gemv (teams inside a warp at K 64; warps meeting in shared
  * memory at K 2048 and 4096; the quantized gemv's two), f32/f16/bf16 and q4_K/q8_0/q6_K weights,
- * f32/f16/bf16 caches, i32 and i64 ids,
+ * f32/f16/bf16 caches, i32 and i64 ids, a v weight of another type (q4_K q and k, q6_K v: two hosts),
  * frequency factors, YaRN (ext_factor, freq_scale, attn_factor) and heads of 64 and 128. */
 #include "tests/gpu/gpu_support.h"
 
@@ -18,14 +18,16 @@ static const struct {
     const char *wt, *ct, *it;
     bool        ff;
     const char *rope; /* extra rope parameters */
+    const char *vt;   /* v's weight type, when not wt's (Q4_K_M's q6_K attn_v layers) */
 } CASES[] = {
-    {2048, 64, 32, 8, "bf16", "f16", "i64", true, ""},
-    {64, 64, 4, 2, "f16", "bf16", "i32", false, ", freq_scale=0.5, ext_factor=1, attn_factor=1.5"},
-    {4096, 128, 32, 8, "bf16", "f16", "i64", true, ""},
-    {4096, 128, 8, 2, "f32", "f32", "i64", false, ", freq_scale=0.25"},
-    {4096, 128, 32, 8, "q4_K", "f16", "i64", true, ""},   /* quantized gemv, warps own their rows */
-    {2048, 64, 32, 8, "q8_0", "f16", "i32", false, ""},   /* quantized, warps meeting in shared memory */
-    {4096, 128, 8, 2, "q6_K", "bf16", "i64", false, ", freq_scale=0.5"},
+    {2048, 64, 32, 8, "bf16", "f16", "i64", true, "", NULL},
+    {64, 64, 4, 2, "f16", "bf16", "i32", false, ", freq_scale=0.5, ext_factor=1, attn_factor=1.5", NULL},
+    {4096, 128, 32, 8, "bf16", "f16", "i64", true, "", NULL},
+    {4096, 128, 8, 2, "f32", "f32", "i64", false, ", freq_scale=0.25", NULL},
+    {4096, 128, 32, 8, "q4_K", "f16", "i64", true, "", NULL},   /* quantized gemv, warps own their rows */
+    {2048, 64, 32, 8, "q8_0", "f16", "i32", false, "", NULL},   /* quantized, warps meeting in shared memory */
+    {4096, 128, 8, 2, "q6_K", "bf16", "i64", false, ", freq_scale=0.5", NULL},
+    {4096, 128, 32, 8, "q4_K", "f16", "i64", true, "", "q6_K"}, /* q and k joined, v apart: two hosts */
 };
 
 START_TEST(front) {
@@ -48,14 +50,17 @@ START_TEST(front) {
              "k_cache = set_rows(cache_k, k_row, kv_idxs)\nv_cache = set_rows(cache_v, v, kv_idxs)\n"
              "output kc = cont(k_cache)\noutput vc = cont(v_cache)\n",
              K, CASES[_i].it, ffdecl, CASES[_i].ct, hd * hkv, CASES[_i].ct, hd * hkv, CASES[_i].wt, K, hd * hq,
-             CASES[_i].wt, K, hd * hkv, CASES[_i].wt, K, hd * hkv, hd, hq, hd, hkv, ffarg, hd, CASES[_i].rope, ffarg, hd,
+             CASES[_i].wt, K, hd * hkv, CASES[_i].vt ? CASES[_i].vt : CASES[_i].wt, K, hd * hkv, hd, hq, hd, hkv, ffarg, hd, CASES[_i].rope, ffarg, hd,
              CASES[_i].rope, hd * hkv);
-    snprintf(label, sizeof label, "gemv_rope K %d head %d %s weights, %s cache", K, hd, CASES[_i].wt, CASES[_i].ct);
+    snprintf(label, sizeof label, "gemv_rope K %d head %d %s weights (v %s), %s cache", K, hd, CASES[_i].wt,
+             CASES[_i].vt ? CASES[_i].vt : CASES[_i].wt, CASES[_i].ct);
 
     char *dir = ts_tmpdir(), *path = write_kg(dir, "g", kg), cmd[1024], *out = NULL;
     snprintf(cmd, sizeof cmd, "%s inspect %s 2>&1", ts_kiln_bin(), path);
     ck_assert_int_eq(ts_run(cmd, &out), 0);
-    ck_assert_msg(strstr(out, "fused gemv_rope: q, k, v, qr, kr, k_cache, v_cache"), "%s: not fused:\n%s", label, out);
+    const char *want = CASES[_i].vt ? "fused gemv_rope: v, v_cache" : "fused gemv_rope: q, k, v, qr, kr, k_cache, v_cache";
+    ck_assert_msg(strstr(out, want), "%s: not fused:\n%s", label, out);
+    ck_assert_msg(!strstr(out, "set_rows nodes:"), "%s: a set_rows kernel is left:\n%s", label, out);
     ck_assert_msg(!strstr(out, "rope_ext nodes:"), "%s: a rope kernel is left:\n%s", label, out);
     free(out);
     run_check(path, "", label);
