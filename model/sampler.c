@@ -423,7 +423,12 @@ kiln_status kiln_sample(const kiln_sampler_params *p, const float *logits, int64
 /* ---- on the GPU ------------------------------------------------------------------------------ */
 
 bool kiln_sampler_on_gpu(const kiln_sampler_params *p, int64_t n_vocab) {
-    if (!p || kiln_sampler_check(p) || kiln_sampler_penalized(p) || !(p->temp > 0.0f) || n_vocab < 1) return false;
+    if (!p || kiln_sampler_penalized(p) || !(p->temp > 0.0f) || n_vocab < 1) return false;
+    kiln_status bad = kiln_sampler_check(p); /* parameters out of range: the host says why */
+    if (bad) {
+        kiln_status_free(bad);
+        return false;
+    }
     /* The candidates the kernels keep: stage 4's K (docs/sampling.md). */
     int64_t k = p->top_k <= 0 || p->top_k >= n_vocab ? n_vocab : p->top_k;
     return k <= KILN_SAMPLE_GPU_MAX_K;
