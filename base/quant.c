@@ -356,32 +356,32 @@ static void tile_at(size_t i, size_t nb, size_t size, size_t rest, size_t *body,
     *scale = t0 * size + n * rest + (i - t0) * 2;
 }
 
-bool kb_quant_to_device(kiln_type t, const void *src, void *dst, size_t bytes) {
+/* Copies bytes of type t's blocks between the file's layout and the device's (to_device: file
+ * to device). false when t has no device layout of its own or bytes are not whole blocks. */
+static bool quant_relayout(kiln_type t, const void *src, void *dst, size_t bytes, bool to_device) {
     size_t rest = split_rest(t), size = kiln_type_size(t);
     if (!rest || bytes % size != 0) return false;
     size_t         nb = bytes / size, sa = scale_at(t), ra = sa ? 0 : 2;
     const uint8_t *s = src;
     uint8_t       *d = dst;
     for (size_t i = 0; i < nb; i++) {
-        size_t body, scale;
+        size_t body, scale, file = i * size;
         tile_at(i, nb, size, rest, &body, &scale);
-        memcpy(d + body, s + i * size + ra, rest);
-        memcpy(d + scale, s + i * size + sa, 2);
+        if (to_device) {
+            memcpy(d + body, s + file + ra, rest);
+            memcpy(d + scale, s + file + sa, 2);
+        } else {
+            memcpy(d + file + ra, s + body, rest);
+            memcpy(d + file + sa, s + scale, 2);
+        }
     }
     return true;
 }
 
+bool kb_quant_to_device(kiln_type t, const void *src, void *dst, size_t bytes) {
+    return quant_relayout(t, src, dst, bytes, true);
+}
+
 bool kb_quant_from_device(kiln_type t, const void *src, void *dst, size_t bytes) {
-    size_t rest = split_rest(t), size = kiln_type_size(t);
-    if (!rest || bytes % size != 0) return false;
-    size_t         nb = bytes / size, sa = scale_at(t), ra = sa ? 0 : 2;
-    const uint8_t *s = src;
-    uint8_t       *d = dst;
-    for (size_t i = 0; i < nb; i++) {
-        size_t body, scale;
-        tile_at(i, nb, size, rest, &body, &scale);
-        memcpy(d + i * size + ra, s + body, rest);
-        memcpy(d + i * size + sa, s + scale, 2);
-    }
-    return true;
+    return quant_relayout(t, src, dst, bytes, false);
 }

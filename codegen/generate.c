@@ -247,6 +247,18 @@ static void push_fused(lua_State *L, const gen_ctx *g) {
     }
 }
 
+/* The node's dst and its inputs (k.dst, k.inputs) into the table on top of the stack. */
+static void push_dst_inputs(lua_State *L, const gen_ctx *g, const ir_node *n) {
+    push_ref(L, g, &n->dst, g->dst_param);
+    lua_setfield(L, -2, "dst");
+    lua_createtable(L, n->nin, 0);
+    for (int i = 0; i < n->nin; i++) {
+        push_ref(L, g, &n->in[i], g->in_param[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "inputs");
+}
+
 /* IR_OP: k.op, k.args (operand refs by parameter name; absent optional ones are nil), k.inputs
  * (all operands in order), k.params (scalars by name: floats as exact CUDA literals, ints as
  * integers, bools as booleans, types and enum values as names, I4 as a table of 4) and
@@ -259,14 +271,7 @@ static void push_op_node(lua_State *L, const gen_ctx *g) {
     lua_setfield(L, -2, "kind");
     lua_pushstring(L, fe_ops[n->op].name);
     lua_setfield(L, -2, "op");
-    push_ref(L, g, &n->dst, g->dst_param);
-    lua_setfield(L, -2, "dst");
-    lua_createtable(L, n->nin, 0);
-    for (int i = 0; i < n->nin; i++) {
-        push_ref(L, g, &n->in[i], g->in_param[i]);
-        lua_rawseti(L, -2, i + 1);
-    }
-    lua_setfield(L, -2, "inputs");
+    push_dst_inputs(L, g, n);
     lua_createtable(L, 0, sig->ntensor);
     for (int i = 0; i < sig->n; i++) {
         const fe_param *q = &sig->p[i];
@@ -345,14 +350,7 @@ static void push_node(lua_State *L, const gen_ctx *g) {
     lua_createtable(L, 0, 5);
     lua_pushliteral(L, "ew");
     lua_setfield(L, -2, "kind");
-    push_ref(L, g, &n->dst, g->dst_param);
-    lua_setfield(L, -2, "dst");
-    lua_createtable(L, n->nin, 0);
-    for (int i = 0; i < n->nin; i++) {
-        push_ref(L, g, &n->in[i], g->in_param[i]);
-        lua_rawseti(L, -2, i + 1);
-    }
-    lua_setfield(L, -2, "inputs");
+    push_dst_inputs(L, g, n);
     push_instrs(L, n);
     push_dims(L, g);
     lua_pushinteger(L, g->nparams);

@@ -474,6 +474,29 @@ void ts_builds(const char *kg) {
     ts_graph_free(g, ctx);
 }
 
+void ts_kernels_want(const char *kg, const char *cache_dir, bool (*pick)(const ir_node *n), const char *want, int ci) {
+    static const char *archs[2] = {"sm_90a", "sm_80"};
+    for (int a = 0; a < 2; a++) {
+        kiln_ctx     *ctx;
+        kiln_graph   *g;
+        kiln_program *p = ts_compile(kg, archs[a], cache_dir, 1, &ctx, &g);
+        kb_str        s = {0};
+        for (int i = 0; i < p->nkernels; i++)
+            if (p->kernels[i].source && pick(&p->ir->nodes[p->kernels[i].node])) kb_str_add(&s, p->kernels[i].source);
+        char *all = kb_str_take(&s);
+        ck_assert_ptr_nonnull(all);
+        if (!strstr(all, want)) fprintf(stderr, "case %d sources:\n%s\n", ci, all);
+        ck_assert_msg(strstr(all, want), "case %d: missing \"%s\" (sources on stderr)", ci, want);
+        ck_assert_msg(!strstr(all, "#include"), "case %d: #include in source", ci);
+        free(all);
+        for (int i = 0; i < p->nkernels; i++) {
+            const cg_kernel *k = &p->kernels[i];
+            if (k->kind == CG_LAUNCH) ts_nvrtc_clean(k->source, k->name, archs[a]);
+        }
+        ts_compiled_free(p, g, ctx);
+    }
+}
+
 void ts_compiled_free(kiln_program *p, kiln_graph *g, kiln_ctx *ctx) {
     kiln_program_free(p);
     ts_graph_free(g, ctx);

@@ -160,6 +160,10 @@ void ts_nvrtc_clean(const char *src, const char *name, const char *arch);
  * frees the program, *g and *ctx. */
 kiln_program *ts_compile(const char *kg, const char *arch, const char *cache_dir, int skip_nvrtc, kiln_ctx **ctx,
                          kiln_graph **g);
+/* For sm_90a and sm_80: compiles kg (ts_compile, then NVRTC per kernel), checks that the sources
+ * of the kernels whose node `pick` selects contain `want` (case ci: else they go to stderr) and
+ * no #include, and that every launched kernel compiles without a warning. */
+void ts_kernels_want(const char *kg, const char *cache_dir, bool (*pick)(const ir_node *n), const char *want, int ci);
 /* Frees what ts_compile returned. */
 void ts_compiled_free(kiln_program *p, kiln_graph *g, kiln_ctx *ctx);
 /* Asserts that kg parses and its graph builds. */

@@ -172,34 +172,9 @@ static const gcase CASES[] = {
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
 /* The steps of the program's matmul node, concatenated (graphs may hold a copy too). */
-static char *matmul_sources(const kiln_program *p) {
-    kb_str s = {0};
-    for (int i = 0; i < p->nkernels; i++) {
-        const ir_node *n = &p->ir->nodes[p->kernels[i].node];
-        if (n->kind == IR_OP && n->op == FE_OP_MUL_MAT) kb_str_add(&s, p->kernels[i].source);
-    }
-    return kb_str_take(&s);
-}
+static bool is_matmul(const ir_node *n) { return n->kind == IR_OP && n->op == FE_OP_MUL_MAT; }
 
-START_TEST(kernels_compile) {
-    static const char *archs[2] = {"sm_90a", "sm_80"};
-    const gcase       *c = &CASES[_i];
-    for (int a = 0; a < 2; a++) {
-        kiln_ctx     *ctx;
-        kiln_graph   *g;
-        kiln_program *p = ts_compile(c->kg, archs[a], g_cache, 1, &ctx, &g);
-        char         *all = matmul_sources(p);
-        if (!strstr(all, c->want)) fprintf(stderr, "case %d sources:\n%s\n", _i, all);
-        ck_assert_msg(strstr(all, c->want), "case %d: missing \"%s\" (sources on stderr)", _i, c->want);
-        ck_assert_msg(!strstr(all, "#include"), "#include in source");
-        free(all);
-        for (int i = 0; i < p->nkernels; i++) {
-            const cg_kernel *k = &p->kernels[i];
-            if (k->kind == CG_LAUNCH) ts_nvrtc_clean(k->source, k->name, archs[a]);
-        }
-        ts_compiled_free(p, g, ctx);
-    }
-}
+START_TEST(kernels_compile) { ts_kernels_want(CASES[_i].kg, g_cache, is_matmul, CASES[_i].want, _i); }
 END_TEST
 
 /* The same graph gives the same sources. */
