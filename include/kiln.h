@@ -577,6 +577,11 @@ typedef struct {
     int64_t  n_expert_used;
     int64_t  n_ff_exp;        /* one expert's FFN width */
     bool     norm_topk_prob;  /* the selected experts' weights renormalized to sum 1 */
+    /* granite's multipliers (0: absent; GGUF ARCH.embedding_scale, .residual_scale,
+     * .attention.scale, .logit_scale): the embeddings times embedding_scale, each residual
+     * branch times residual_scale before its add, attention scores times attention_scale
+     * instead of 1/sqrt(head_dim), the logits divided by logit_scale. */
+    float    embedding_scale, residual_scale, attention_scale, logit_scale;
     kiln_ftype ftype;         /* the weights' types (kiln_model_weight_type); from a GGUF file:
                                  its general.file_type, and each weight's type is the file's */
 } kiln_model_hparams;

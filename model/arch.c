@@ -10,16 +10,22 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const arch_names[KM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "qwen3moe"};
+const km_arch_info km_archs[KM_ARCH_COUNT] = {
+    [KM_ARCH_LLAMA] = {"llama", KILN_ROPE_NORMAL},
+    [KM_ARCH_QWEN2] = {"qwen2", KILN_ROPE_NEOX, .bias = true},
+    [KM_ARCH_QWEN3] = {"qwen3", KILN_ROPE_NEOX, .qk_norm = true},
+    [KM_ARCH_QWEN3MOE] = {"qwen3moe", KILN_ROPE_NEOX, .moe = true, .qk_norm = true},
+    [KM_ARCH_GRANITE] = {"granite", KILN_ROPE_NORMAL, .scales = true},
+};
 
 int km_arch_find(const char *name) {
     for (int a = 0; name && a < KM_ARCH_COUNT; a++)
-        if (strcmp(arch_names[a], name) == 0) return a;
+        if (strcmp(km_archs[a].name, name) == 0) return a;
     return -1;
 }
 
-const char *km_arch_name(km_arch a) { return (unsigned)a < KM_ARCH_COUNT ? arch_names[a] : "?"; }
-const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe"; }
+const char *km_arch_name(km_arch a) { return (unsigned)a < KM_ARCH_COUNT ? km_archs[a].name : "?"; }
+const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe, granite"; }
 
 /* ---- presets -------------------------------------------------------------------------------
  * Real models: the values of their Hugging Face config.json (sources in docs/models.md). The
@@ -42,6 +48,9 @@ static const preset presets[] = {
               .qk_norm = true, .tied_output = true}},
     {"tiny", {.arch = "qwen3moe", TINY_COMMON, .head_dim = 64, .rms_norm_eps = 1e-6f, .rope_freq_base = 1000000,
               .qk_norm = true, .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 64, .norm_topk_prob = true}},
+    {"tiny", {.arch = "granite", TINY_COMMON, .head_dim = 32, .rms_norm_eps = 1e-5f, .rope_freq_base = 10000000,
+              .tied_output = true, .embedding_scale = 12.0f, .residual_scale = 0.22f, .attention_scale = 0.03125f,
+              .logit_scale = 8.0f}},
     /* meta-llama/Llama-3.2-1B: llama3 rope scaling, tied embeddings */
     {"llama-3.2-1b", {.arch = "llama", .n_vocab = 128256, .n_ctx_train = 131072, .n_embd = 2048, .n_layer = 16,
                       .n_head = 32, .n_head_kv = 8, .head_dim = 64, .n_ff = 8192, .rms_norm_eps = 1e-5f,
@@ -57,6 +66,12 @@ static const preset presets[] = {
                        .n_head = 32, .n_head_kv = 4, .head_dim = 128, .n_ff = 6144, .rms_norm_eps = 1e-6f,
                        .rope_freq_base = 1000000, .qk_norm = true, .n_expert = 128, .n_expert_used = 8,
                        .n_ff_exp = 768, .norm_topk_prob = true, .ftype = KILN_FTYPE_MOSTLY_BF16}},
+    /* ibm-granite/granite-3.3-8b-instruct: the four multipliers, tied embeddings, rope base 1e7 */
+    {"granite-3.3-8b", {.arch = "granite", .n_vocab = 49159, .n_ctx_train = 131072, .n_embd = 4096, .n_layer = 40,
+                        .n_head = 32, .n_head_kv = 8, .head_dim = 128, .n_ff = 12800, .rms_norm_eps = 1e-5f,
+                        .rope_freq_base = 10000000, .tied_output = true, .embedding_scale = 12.0f,
+                        .residual_scale = 0.22f, .attention_scale = 0.0078125f, .logit_scale = 16.0f,
+                        .ftype = KILN_FTYPE_MOSTLY_BF16}},
 };
 #define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
 
@@ -118,7 +133,8 @@ const km_weight km_weights[KM_W_COUNT] = {
 };
 
 bool km_weight_present(const kiln_model_hparams *hp, const km_weight *w) {
-    bool moe = km_arch_find(hp->arch) == KM_ARCH_QWEN3MOE;
+    int  a = km_arch_find(hp->arch);
+    bool moe = a >= 0 && km_archs[a].moe;
     switch (w->when) {
     case KM_WHEN_ALWAYS: return true;
     case KM_WHEN_LLAMA3: return hp->rope_scaling == KILN_ROPE_SCALING_LLAMA3;
@@ -204,15 +220,32 @@ static kiln_status check_rope(const kiln_model_hparams *hp) {
     return kb_error(KILN_ERR_INVALID, "model: rope_scaling = %d is not a kiln_rope_scaling", (int)hp->rope_scaling);
 }
 
-/* What each arch has: llama.cpp builds qwen3 and qwen3moe with QK-norm and qwen2 with Q/K/V
- * biases always; only qwen3moe has experts here (llama with experts is Mixtral: not yet). */
+/* granite's multipliers (0: absent, as llama.cpp reads them; logit_scale it needs): finite, and
+ * no other arch has them. */
+static kiln_status check_scales(const kiln_model_hparams *hp, const km_arch_info *ai) {
+    const float v[4] = {hp->embedding_scale, hp->residual_scale, hp->attention_scale, hp->logit_scale};
+    static const char *const names[4] = {"embedding_scale", "residual_scale", "attention_scale", "logit_scale"};
+    for (int i = 0; i < 4; i++) {
+        CHECK(isfinite(v[i]) && v[i] >= 0.0f, "model: %s = %g must be finite and not negative", names[i], (double)v[i]);
+        CHECK(ai->scales || v[i] == 0.0f, "model: %s = %g, but %s has no such multiplier (granite has)", names[i],
+              (double)v[i], hp->arch);
+    }
+    CHECK(!ai->scales || hp->logit_scale > 0.0f, "model: logit_scale = %g, but %s divides the logits by it (> 0)",
+          (double)hp->logit_scale, hp->arch);
+    return NULL;
+}
+
+/* What each arch has (km_archs): llama.cpp builds qwen3 and qwen3moe with QK-norm and qwen2 with
+ * Q/K/V biases always; only qwen3moe has experts here (llama with experts is Mixtral: not yet). */
 static kiln_status check_arch(const kiln_model_hparams *hp, km_arch a) {
-    bool qwen3 = a == KM_ARCH_QWEN3 || a == KM_ARCH_QWEN3MOE;
-    CHECK(hp->qk_norm == qwen3, "model: qk_norm = %s, but %s %s QK-norm", hp->qk_norm ? "true" : "false", hp->arch,
-          qwen3 ? "always has" : "has no");
-    CHECK(!(a == KM_ARCH_QWEN2 && !hp->attn_bias), "model: attn_bias = false, but qwen2 always has Q/K/V biases");
-    CHECK(!(qwen3 && hp->attn_bias), "model: attn_bias = true, but %s has no Q/K/V biases", hp->arch);
-    if (a != KM_ARCH_QWEN3MOE) {
+    const km_arch_info *ai = &km_archs[a];
+    CHECK(hp->qk_norm == ai->qk_norm, "model: qk_norm = %s, but %s %s QK-norm", hp->qk_norm ? "true" : "false", hp->arch,
+          ai->qk_norm ? "always has" : "has no");
+    CHECK(!(ai->bias && !hp->attn_bias), "model: attn_bias = false, but %s always has Q/K/V biases", hp->arch);
+    CHECK(!(ai->qk_norm && hp->attn_bias), "model: attn_bias = true, but %s has no Q/K/V biases", hp->arch);
+    kiln_status st = check_scales(hp, ai);
+    if (st) return st;
+    if (!ai->moe) {
         CHECK(hp->n_expert == 0, "model: n_expert = %lld, but %s has no experts here (llama with experts, "
               "Mixtral, is not supported yet)", (long long)hp->n_expert, hp->arch);
         CHECK(hp->n_ff >= 1 && hp->n_ff <= MAX_SIZE, "model: n_ff = %lld is out of range (1 .. %d)",

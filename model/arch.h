@@ -5,12 +5,24 @@
 
 #include "kiln.h"
 
-typedef enum { KM_ARCH_LLAMA, KM_ARCH_QWEN2, KM_ARCH_QWEN3, KM_ARCH_QWEN3MOE, KM_ARCH_COUNT } km_arch;
+typedef enum { KM_ARCH_LLAMA, KM_ARCH_QWEN2, KM_ARCH_QWEN3, KM_ARCH_QWEN3MOE, KM_ARCH_GRANITE, KM_ARCH_COUNT } km_arch;
+
+/* What an architecture's graph has, as llama.cpp builds it (src/models/ARCH.cpp): the one table
+ * the builder, the GGUF reader and the checks ask. */
+typedef struct {
+    const char *name;
+    int         rope_mode; /* KILN_ROPE_NORMAL (llama's adjacent pairs) or KILN_ROPE_NEOX */
+    bool        moe;       /* routed experts in every layer, no dense FFN */
+    bool        qk_norm;   /* an RMS norm of each Q and K head, always */
+    bool        bias;      /* Q/K/V biases, always (llama: when the file has them) */
+    bool        scales;    /* granite's multipliers: embedding, residual, attention, logits */
+} km_arch_info;
+extern const km_arch_info km_archs[KM_ARCH_COUNT];
 
 /* The arch named name, or -1. */
 int         km_arch_find(const char *name);
 const char *km_arch_name(km_arch a);
-/* "llama, qwen2, qwen3, qwen3moe", for messages. */
+/* "llama, qwen2, qwen3, qwen3moe, granite", for messages. */
 const char *km_arch_list(void);
 /* The rope of the architecture of hp (arch_build.c's; also the context shift's re-rope, gen.c):
  * x rotated by positions pos, freqs the llama3 factors or NULL. */

@@ -138,7 +138,7 @@ static kiln_tensor *reshape(mb *b, kiln_tensor *x, int nd, int64_t ne0, int64_t 
 
 kiln_tensor *km_arch_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_tensor *x, kiln_tensor *pos,
                           kiln_tensor *freqs) {
-    int   mode = km_arch_find(hp->arch) == KM_ARCH_LLAMA ? KILN_ROPE_NORMAL : KILN_ROPE_NEOX;
+    int   a = km_arch_find(hp->arch), mode = a >= 0 ? km_archs[a].rope_mode : KILN_ROPE_NORMAL;
     float freq_scale = hp->rope_scaling == KILN_ROPE_SCALING_LINEAR ? 1.0f / hp->rope_factor : 1.0f;
     /* ext_factor 0, attn_factor 1, beta 32/1: llama.cpp's values without YaRN */
     return kiln_rope_ext(ctx, x, pos, freqs, (int)hp->head_dim, mode, (int)hp->n_ctx_train, hp->rope_freq_base,
@@ -184,7 +184,8 @@ static kiln_tensor *attention(mb *b, const layer_w *w, kiln_tensor *x) {
     kiln_tensor *v_heads = cache_heads(b, v_cache, "v_heads");
     kiln_tensor *k = nm(b, kiln_permute(ctx, k_heads, 0, 2, 1, 3), "k");
     kiln_tensor *v = nm(b, kiln_permute(ctx, v_heads, 0, 2, 1, 3), "v");
-    float scale = 1.0f / sqrtf((float)hd);
+    /* granite: attention_scale replaces 1/sqrt(head size) when set */
+    float scale = hp->attention_scale != 0.0f ? hp->attention_scale : 1.0f / sqrtf((float)hd);
     kiln_tensor *attn = nm(b, kiln_flash_attn_ext(ctx, q, k, v, b->mask, scale, 0.0f, 0.0f, NULL), "attn");
     kiln_tensor *flat = reshape(b, attn, 2, hd * hp->n_head, T, 1, "attn_flat");
     return nm(b, kiln_mul_mat(ctx, w->wo, flat), "attn_out");
@@ -256,6 +257,12 @@ static kiln_tensor *ffn_moe(mb *b, const layer_w *w, kiln_tensor *x) {
     return sum;
 }
 
+/* granite: a residual branch times residual_scale before its add (llama.cpp's build_layer_ffn),
+ * when the model has one. */
+static kiln_tensor *residual_scaled(mb *b, kiln_tensor *x, const char *name) {
+    return b->hp->residual_scale != 0.0f ? nm(b, kiln_scale(b->ctx, x, b->hp->residual_scale, 0.0f), name) : x;
+}
+
 /* One decoder layer. The last one keeps only the output rows (inp_out_ids) after attention,
  * as llama.cpp does, so the FFN and the logits run on n_outputs rows. */
 static kiln_tensor *layer(mb *b, kiln_tensor *inpL) {
@@ -272,9 +279,11 @@ static kiln_tensor *layer(mb *b, kiln_tensor *inpL) {
         inpSA = nm(b, kiln_get_rows(ctx, inpL, b->out_ids), "inp_rows");
         b->rows = b->o.outputs == KILN_OUTPUTS_LAST ? 1 : b->T;
     }
+    cur = residual_scaled(b, cur, "attn_scaled");
     kiln_tensor *ffn_inp = nm(b, kiln_add(ctx, cur, inpSA), "ffn_inp");
     kiln_tensor *ffn_in = norm_w(b, ffn_inp, w.ffn_norm, "norm2", "ffn_in");
-    kiln_tensor *ffn_out = b->arch == KM_ARCH_QWEN3MOE ? ffn_moe(b, &w, ffn_in) : ffn_dense(b, &w, ffn_in);
+    kiln_tensor *ffn_out = km_archs[b->arch].moe ? ffn_moe(b, &w, ffn_in) : ffn_dense(b, &w, ffn_in);
+    ffn_out = residual_scaled(b, ffn_out, "ffn_scaled");
     return nm(b, kiln_add(ctx, ffn_out, ffn_inp), "l_out");
 }
 
@@ -291,7 +300,10 @@ static kiln_tensor *inputs(mb *b) {
     b->mask = leaf(b, KILN_ROLE_INPUT, KILN_F16, "kq_mask", 2, b->KV, T, 1);
     b->out_ids = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_out_ids", 1, b->o.outputs == KILN_OUTPUTS_LAST ? 1 : T, 1, 1);
     b->rope_freqs = weight(b, KM_W_ROPE_FREQS); /* llama3 rope scaling only */
-    return nm(b, kiln_get_rows(b->ctx, embd, tokens), "inp_embd");
+    kiln_tensor *x = nm(b, kiln_get_rows(b->ctx, embd, tokens), "inp_embd");
+    /* granite: build_inp_embd scales the embeddings by embedding_scale when set */
+    if (b->hp->embedding_scale != 0.0f) x = nm(b, kiln_scale(b->ctx, x, b->hp->embedding_scale, 0.0f), "inp_scaled");
+    return x;
 }
 
 int64_t kiln_default_n_ctx(const kiln_model_hparams *hp) {
@@ -344,6 +356,8 @@ kiln_status km_build(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_bui
     kiln_tensor *out_w = hp->tied_output ? b.embd : weight(&b, KM_W_OUTPUT);
     cur = norm_w(&b, cur, out_norm, "norm_out", "result_norm");
     kiln_tensor *logits = kiln_mul_mat(ctx, out_w, cur);
+    /* granite: the logits divided by logit_scale (ggml_scale by its reciprocal, as llama.cpp) */
+    if (hp->logit_scale != 0.0f) logits = kiln_scale(ctx, nm(&b, logits, "lm_head"), 1.0f / hp->logit_scale, 0.0f);
     kiln_set_output(ctx, logits, "logits");
     /* Greedy decoding needs only each row's largest logit: 4 bytes back instead of n_vocab
      * floats, and no host scan over the vocabulary. */

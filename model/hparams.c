@@ -182,7 +182,8 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
     hp->n_layer = get_int(&r, "block_count", true, 0);
     hp->n_head = get_int(&r, "attention.head_count", true, 0);
     hp->n_head_kv = get_int(&r, "attention.head_count_kv", false, hp->n_head);
-    hp->n_ff = get_int(&r, "feed_forward_length", a != KM_ARCH_QWEN3MOE, 0);
+    const km_arch_info *ai = &km_archs[a];
+    hp->n_ff = get_int(&r, "feed_forward_length", !ai->moe, 0);
     hp->rms_norm_eps = (float)get_float(&r, "attention.layer_norm_rms_epsilon", true, 0);
     hp->rope_freq_base = (float)get_float(&r, "rope.freq_base", false, 10000.0);
     hp->head_dim = head_size(&r, hp);
@@ -200,12 +201,19 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
                         (long long)hp->head_dim);
     if ((st = rope_scaling(&r, hp))) return st;
     hp->tied_output = !has_tensor(g, "output.weight");
-    hp->qk_norm = a == KM_ARCH_QWEN3 || a == KM_ARCH_QWEN3MOE;
-    hp->attn_bias = a == KM_ARCH_QWEN2 || (a == KM_ARCH_LLAMA && has_tensor(g, "blk.0.attn_q.bias"));
-    if (a == KM_ARCH_QWEN3MOE || kiln_gguf_find_kv(g, "llama.expert_count") >= 0) {
+    hp->qk_norm = ai->qk_norm;
+    hp->attn_bias = ai->bias || (a == KM_ARCH_LLAMA && has_tensor(g, "blk.0.attn_q.bias"));
+    if (ai->scales) { /* as llama.cpp's granite loader: only the logit scale is required */
+        hp->embedding_scale = (float)get_float(&r, "embedding_scale", false, 0);
+        hp->residual_scale = (float)get_float(&r, "residual_scale", false, 0);
+        hp->attention_scale = (float)get_float(&r, "attention.scale", false, 0);
+        hp->logit_scale = (float)get_float(&r, "logit_scale", true, 0);
+        if (r.st) return r.st;
+    }
+    if (ai->moe || kiln_gguf_find_kv(g, "llama.expert_count") >= 0) {
         hp->n_expert = get_int(&r, "expert_count", true, 0);
         hp->n_expert_used = get_int(&r, "expert_used_count", true, 0);
-        hp->n_ff_exp = get_int(&r, "expert_feed_forward_length", a == KM_ARCH_QWEN3MOE, 0);
+        hp->n_ff_exp = get_int(&r, "expert_feed_forward_length", ai->moe, 0);
         if (r.st) return r.st; /* before any other error, which would lose (leak) this one */
         /* llama.cpp always renormalizes qwen3moe's top-k weights; the key is kiln's, for tests. */
         bool norm = true;
@@ -424,6 +432,11 @@ void kiln_model_hparams_to_gguf(const kiln_model_hparams *hp, kiln_gguf_writer *
     set_arch_f32(w, a, "attention.layer_norm_rms_epsilon", hp->rms_norm_eps);
     set_arch_f32(w, a, "rope.freq_base", hp->rope_freq_base);
     rope_to_gguf(hp, w);
+    /* granite's multipliers, the ones it has (0: absent) */
+    static const char *const scale_keys[4] = {"embedding_scale", "residual_scale", "attention.scale", "logit_scale"};
+    const float scales[4] = {hp->embedding_scale, hp->residual_scale, hp->attention_scale, hp->logit_scale};
+    for (int i = 0; i < 4; i++)
+        if (scales[i] != 0.0f) set_arch_f32(w, a, scale_keys[i], scales[i]);
     if (hp->n_expert > 0) {
         set_arch_u32(w, a, "expert_count", hp->n_expert);
         set_arch_u32(w, a, "expert_used_count", hp->n_expert_used);

@@ -20,7 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe"};
+static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite"};
+#define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 
 static kiln_model_hparams preset(const char *arch, const char *name) {
     kiln_model_hparams hp;
@@ -358,7 +359,12 @@ START_TEST(presets_documented) {
               h.head_dim == 128 && h.n_expert == 128 && h.n_expert_used == 8 && h.n_ff_exp == 768 &&
               h.n_ctx_train == 40960 && h.rope_freq_base == 1000000 && h.rms_norm_eps == 1e-6f && h.qk_norm &&
               h.norm_topk_prob && !h.tied_output);
-    for (int i = 0; i < 4; i++) {
+    h = preset("granite", "granite-3.3-8b");
+    ck_assert(h.n_vocab == 49159 && h.n_embd == 4096 && h.n_layer == 40 && h.n_head == 32 && h.n_head_kv == 8 &&
+              h.head_dim == 128 && h.n_ff == 12800 && h.rope_freq_base == 10000000 && h.tied_output &&
+              h.embedding_scale == 12.0f && h.residual_scale == 0.22f && h.attention_scale == 0.0078125f &&
+              h.logit_scale == 16.0f);
+    for (int i = 0; i < NARCHS; i++) {
         h = preset(archs[i], "tiny");
         ck_assert_str_eq(h.arch, archs[i]);
         TS_OK(kiln_model_check(&h));
@@ -366,7 +372,7 @@ START_TEST(presets_documented) {
     const char *name, *arch;
     int         n = 0;
     for (int i = 0; (name = kiln_model_preset_name(i, &arch)); i++) n++;
-    ck_assert_int_eq(n, 7);
+    ck_assert_int_eq(n, 9);
 }
 END_TEST
 
@@ -495,10 +501,10 @@ START_TEST(cli_gen_graph) {
     ck_assert_ptr_nonnull(strstr(out, "gen-graph"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch gpt2 --preset tiny", &out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "unknown architecture 'gpt2' (known: llama, qwen2, qwen3, qwen3moe)"));
+    ck_assert_ptr_nonnull(strstr(out, "unknown architecture 'gpt2' (known: llama, qwen2, qwen3, qwen3moe, granite)"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch llama --preset huge", &out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "unknown preset 'huge'; presets: tiny (llama, qwen2, qwen3, qwen3moe)"));
+    ck_assert_ptr_nonnull(strstr(out, "unknown preset 'huge'; presets: tiny (llama, qwen2, qwen3, qwen3moe, granite)"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch llama", &out), 2);
     free(out);
@@ -510,10 +516,10 @@ END_TEST
 
 int main(void) {
     Suite *s = TS_SUITE("arch",
-                        TS_CASE("arch", 120), TS_LOOP(0, 4, tiny_prints_and_parses_back, tiny_evaluates),
+                        TS_CASE("arch", 120), TS_LOOP(0, NARCHS, tiny_prints_and_parses_back, tiny_evaluates),
                         TS_TESTS(rope_scaling_evaluates, rope_freqs_llama3, llama_layer_is_the_example,
                                  qwen3moe_layer_is_the_example, presets_documented, errors_name_the_field,
                                  llama_3_8b_builds),
-                        TS_LOOP(0, 4, tiny_compiles_fused), TS_TESTS(cli_gen_graph));
+                        TS_LOOP(0, NARCHS, tiny_compiles_fused), TS_TESTS(cli_gen_graph));
     return ts_main(s);
 }

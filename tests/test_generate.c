@@ -201,8 +201,10 @@ END_TEST
  * re-rope; every tiny arch (normal and neox ropes, qk-norm, experts). (Deeper layers hold what
  * the dropped tokens contributed, as in llama.cpp.) Generation goes on from position 12; bad
  * arguments are refused. */
+static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite"};
+#define NARCHS ((int)(sizeof archs / sizeof archs[0]))
+
 START_TEST(context_shift) {
-    static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe"};
     char name[64], extra[64];
     snprintf(name, sizeof name, "shift-%s.gguf", archs[_i]);
     snprintf(extra, sizeof extra, "--arch %s", archs[_i]);
@@ -473,6 +475,6 @@ static void teardown(void) { ts_tmpdir_free(g_dir); }
 int main(void) {
     Suite *s = TS_SUITE("generate", TS_CASE_FIXTURE("generate", 120, setup, teardown),
                         TS_TESTS(stops, sampled, eog_set, cli_chat, cli_refusals), TS_LOOP(0, 2, cli_stream_and_stops),
-                        TS_LOOP(0, 4, context_shift));
+                        TS_LOOP(0, NARCHS, context_shift));
     return ts_main(s);
 }

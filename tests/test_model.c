@@ -10,7 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const tiny_archs[] = {"llama", "qwen2", "qwen3", "qwen3moe"};
+static const char *const tiny_archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite"};
+#define NTINY ((int)(sizeof tiny_archs / sizeof tiny_archs[0]))
 
 static char *g_dir;
 
@@ -1059,9 +1060,9 @@ static void teardown(void) { ts_tmpdir_free(g_dir); }
 
 int main(void) {
     Suite *s = TS_SUITE("model",
-                        TS_CASE_FIXTURE("model", 120, setup, teardown), TS_LOOP(0, 4, tiny_round_trip),
+                        TS_CASE_FIXTURE("model", 120, setup, teardown), TS_LOOP(0, NTINY, tiny_round_trip),
                         TS_LOOP(0, 3, large_presets_keys_round_trip), TS_TESTS(gen_model_deterministic),
-                        TS_LOOP(0, 4, cpu_generation_deterministic, cpu_chunks_agree, random_model_equals_file),
+                        TS_LOOP(0, NTINY, cpu_generation_deterministic, cpu_chunks_agree, random_model_equals_file),
                         TS_TESTS(gen_errors, model_errors_name_the_cause, hparams_checked_against_tensors,
                                  first_key_error_wins, optional_weights_checked, tokenizer_errors_name_the_file,
                                  cli_gen_model_and_cpu_run),

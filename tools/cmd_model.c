@@ -24,7 +24,7 @@ const char kt_run_model_help[] =
     "                           [--n-ctx N] [--n-batch N]\n"
     "                           [--check] [--cpu] [--stats] [--no-cuda-graph] [--dump-logits FILE]\n"
     "                           [compile options]\n"
-    "  builds the model's graph from the GGUF's hyperparameters (llama, qwen2, qwen3, qwen3moe;\n"
+    "  builds the model's graph from the GGUF's hyperparameters (llama, qwen2, qwen3, qwen3moe, granite;\n"
     "  f32/f16/bf16 weights or the quantized q8_0, q4_0, q4_K, q5_K, q6_K of Q8_0, Q4_0, Q4_K_M,\n"
     "  Q5_K_M and Q6_K files, each tensor in its own type), compiles it (cached), uploads the\n"
     "  weights, evaluates the prompt\n"

@@ -14,7 +14,8 @@
  * intermediates differently from the reference. mul_mat's bound (5e-4) is the loosest op. */
 #define LOGITS_NMSE 5e-4
 
-static const char *const archs[] = {"llama", "qwen3moe", "qwen2", "qwen3"};
+static const char *const archs[] = {"llama", "qwen3moe", "qwen2", "qwen3", "granite"};
+#define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 static const int32_t     prompt[7] = {1, 17, 300, 5, 999, 42, 8};
 static char             *g_dir;
 
@@ -430,7 +431,7 @@ static void teardown(void) { ts_tmpdir_free(g_dir); }
 int main(void) {
     Suite *s = TS_SUITE("gpu_model",
                         TS_CASE_FIXTURE("gpu_model", 300, setup, teardown),
-                        TS_LOOP(0, 4, prefill_and_decode_match_cpu, greedy_tokens_identical, generate_stops_match_cpu,
+                        TS_LOOP(0, NARCHS, prefill_and_decode_match_cpu, greedy_tokens_identical, generate_stops_match_cpu,
                                 sampled_tokens_agree, context_shift_matches_cpu),
                         TS_TESTS(cli_run_check),
                         TS_LOOP(0, 2, device_fill_equals_file),

@@ -87,7 +87,8 @@ END_TEST
 
 /* ---- a model ------------------------------------------------------------------------------------ */
 
-static const char *const archs[] = {"llama", "qwen3moe", "qwen2", "qwen3"};
+static const char *const archs[] = {"llama", "qwen3moe", "qwen2", "qwen3", "granite"};
+#define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 static const int32_t     prompt[7] = {1, 17, 300, 5, 999, 42, 8};
 static char             *g_dir;
 
@@ -152,6 +153,6 @@ int main(void) {
     Suite *s = TS_SUITE("gpu_sample",
                         TS_CASE("rows", 300), TS_LOOP(0, NCASES, rows_match_kiln_sample),
                         TS_CASE_FIXTURE("model", 300, setup, teardown),
-                        TS_LOOP(0, 4, model_generates_host_sampler_tokens));
+                        TS_LOOP(0, NARCHS, model_generates_host_sampler_tokens));
     return ts_main_cache(s, "gpu-sample", &g_cache_dir);
 }
