@@ -16,7 +16,13 @@ const km_arch_info km_archs[KM_ARCH_COUNT] = {
     [KM_ARCH_QWEN3] = {"qwen3", KILN_ROPE_NEOX, .qk_norm = true},
     [KM_ARCH_QWEN3MOE] = {"qwen3moe", KILN_ROPE_NEOX, .moe = true, .qk_norm = true},
     [KM_ARCH_GRANITE] = {"granite", KILN_ROPE_NORMAL, .scales = true},
+    [KM_ARCH_SMOLLM3] = {"smollm3", KILN_ROPE_NORMAL, .nope_step = 4},
 };
+
+bool km_layer_ropes(const kiln_model_hparams *hp, int64_t il) {
+    int a = km_arch_find(hp->arch);
+    return a < 0 || km_archs[a].nope_step <= 0 || (il + 1) % km_archs[a].nope_step != 0;
+}
 
 int km_arch_find(const char *name) {
     for (int a = 0; name && a < KM_ARCH_COUNT; a++)
@@ -25,7 +31,7 @@ int km_arch_find(const char *name) {
 }
 
 const char *km_arch_name(km_arch a) { return (unsigned)a < KM_ARCH_COUNT ? km_archs[a].name : "?"; }
-const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe, granite"; }
+const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe, granite, smollm3"; }
 
 /* ---- presets -------------------------------------------------------------------------------
  * Real models: the values of their Hugging Face config.json (sources in docs/models.md). The
@@ -51,6 +57,10 @@ static const preset presets[] = {
     {"tiny", {.arch = "granite", TINY_COMMON, .head_dim = 32, .rms_norm_eps = 1e-5f, .rope_freq_base = 10000000,
               .tied_output = true, .embedding_scale = 12.0f, .residual_scale = 0.22f, .attention_scale = 0.03125f,
               .logit_scale = 8.0f}},
+    /* four layers: the last one has no rope */
+    {"tiny", {.arch = "smollm3", .n_vocab = 1024, .n_ctx_train = 1024, .n_embd = 128, .n_layer = 4, .n_head = 4,
+              .n_head_kv = 2, .n_ff = 256, .ftype = KILN_FTYPE_MOSTLY_F16, .head_dim = 32, .rms_norm_eps = 1e-6f,
+              .rope_freq_base = 5000000, .tied_output = true}},
     /* meta-llama/Llama-3.2-1B: llama3 rope scaling, tied embeddings */
     {"llama-3.2-1b", {.arch = "llama", .n_vocab = 128256, .n_ctx_train = 131072, .n_embd = 2048, .n_layer = 16,
                       .n_head = 32, .n_head_kv = 8, .head_dim = 64, .n_ff = 8192, .rms_norm_eps = 1e-5f,
@@ -72,6 +82,10 @@ static const preset presets[] = {
                         .rope_freq_base = 10000000, .tied_output = true, .embedding_scale = 12.0f,
                         .residual_scale = 0.22f, .attention_scale = 0.0078125f, .logit_scale = 16.0f,
                         .ftype = KILN_FTYPE_MOSTLY_BF16}},
+    /* HuggingFaceTB/SmolLM3-3B: no rope in every 4th layer, rope base 5e6, tied embeddings */
+    {"smollm3-3b", {.arch = "smollm3", .n_vocab = 128256, .n_ctx_train = 65536, .n_embd = 2048, .n_layer = 36,
+                    .n_head = 16, .n_head_kv = 4, .head_dim = 128, .n_ff = 11008, .rms_norm_eps = 1e-6f,
+                    .rope_freq_base = 5000000, .tied_output = true, .ftype = KILN_FTYPE_MOSTLY_BF16}},
 };
 #define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
 

@@ -5,7 +5,15 @@
 
 #include "kiln.h"
 
-typedef enum { KM_ARCH_LLAMA, KM_ARCH_QWEN2, KM_ARCH_QWEN3, KM_ARCH_QWEN3MOE, KM_ARCH_GRANITE, KM_ARCH_COUNT } km_arch;
+typedef enum {
+    KM_ARCH_LLAMA,
+    KM_ARCH_QWEN2,
+    KM_ARCH_QWEN3,
+    KM_ARCH_QWEN3MOE,
+    KM_ARCH_GRANITE,
+    KM_ARCH_SMOLLM3,
+    KM_ARCH_COUNT
+} km_arch;
 
 /* What an architecture's graph has, as llama.cpp builds it (src/models/ARCH.cpp): the one table
  * the builder, the GGUF reader and the checks ask. */
@@ -16,18 +24,22 @@ typedef struct {
     bool        qk_norm;   /* an RMS norm of each Q and K head, always */
     bool        bias;      /* Q/K/V biases, always (llama: when the file has them) */
     bool        scales;    /* granite's multipliers: embedding, residual, attention, logits */
+    int         nope_step; /* > 0: layers il with (il + 1) % nope_step == 0 have no rope (smollm3:
+                              4, a constant of llama.cpp's loader, no GGUF key) */
 } km_arch_info;
 extern const km_arch_info km_archs[KM_ARCH_COUNT];
 
 /* The arch named name, or -1. */
 int         km_arch_find(const char *name);
 const char *km_arch_name(km_arch a);
-/* "llama, qwen2, qwen3, qwen3moe, granite", for messages. */
+/* "llama, qwen2, qwen3, qwen3moe, granite, smollm3", for messages. */
 const char *km_arch_list(void);
 /* The rope of the architecture of hp (arch_build.c's; also the context shift's re-rope, gen.c):
  * x rotated by positions pos, freqs the llama3 factors or NULL. */
 /* gen.c, for tests: a CPU generator's cache state `name` (its bytes in *bytes), or NULL. */
 const void *km_gen_cpu_state(const kiln_gen *g, const char *name, size_t *bytes);
+/* Whether layer il of a model of hp ropes its Q and K (the cache shift re-ropes those only). */
+bool km_layer_ropes(const kiln_model_hparams *hp, int64_t il);
 kiln_tensor *km_arch_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_tensor *x, kiln_tensor *pos,
                           kiln_tensor *freqs);
 

@@ -173,8 +173,10 @@ static kiln_tensor *attention(mb *b, const layer_w *w, kiln_tensor *x) {
         Q = norm_w(b, Q, w->q_norm, "Qn", "Qnw");
         K = norm_w(b, K, w->k_norm, "Kn", "Knw");
     }
-    Q = rope(b, Q, "Qrope");
-    K = rope(b, K, "Krope");
+    if (km_layer_ropes(hp, b->il)) { /* smollm3: every 4th layer has none */
+        Q = rope(b, Q, "Qrope");
+        K = rope(b, K, "Krope");
+    }
     kiln_tensor *k_row = reshape(b, K, 2, gqa, T, 1, "k_row");
     kiln_tensor *v_row = reshape(b, V3, 2, gqa, T, 1, "v_row");
     kiln_tensor *k_cache = nm(b, kiln_set_rows(ctx, w->cache_k, k_row, b->kv_idxs), "k_cache");

@@ -745,7 +745,7 @@ kiln_status kiln_gen_shift(kiln_gen *g, int64_t n_keep, int64_t n_discard) {
             st = state_io(g, name, c, bytes, false);
             if (st) break;
             memmove(c + row * n_keep, c + row * (n_keep + n_discard), sizeof *c * (size_t)(row * m));
-            if (!kv && m > 0) st = rerope(g, c + row * n_keep, m, -n_discard);
+            if (!kv && m > 0 && km_layer_ropes(hp, il)) st = rerope(g, c + row * n_keep, m, -n_discard);
             if (!st) st = state_io(g, name, c, bytes, true);
         }
     free(c);

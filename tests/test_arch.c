@@ -14,13 +14,14 @@
 #include "tests/support.h"
 
 #include "base/base.h"
+#include "model/arch.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite"};
+static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3"};
 #define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 
 static kiln_model_hparams preset(const char *arch, const char *name) {
@@ -359,6 +360,11 @@ START_TEST(presets_documented) {
               h.head_dim == 128 && h.n_expert == 128 && h.n_expert_used == 8 && h.n_ff_exp == 768 &&
               h.n_ctx_train == 40960 && h.rope_freq_base == 1000000 && h.rms_norm_eps == 1e-6f && h.qk_norm &&
               h.norm_topk_prob && !h.tied_output);
+    h = preset("smollm3", "smollm3-3b");
+    ck_assert(h.n_vocab == 128256 && h.n_embd == 2048 && h.n_layer == 36 && h.n_head == 16 && h.n_head_kv == 4 &&
+              h.head_dim == 128 && h.n_ff == 11008 && h.rope_freq_base == 5000000 && h.tied_output);
+    ck_assert(km_layer_ropes(&h, 0) && km_layer_ropes(&h, 2) && !km_layer_ropes(&h, 3) && !km_layer_ropes(&h, 35) &&
+              km_layer_ropes(&h, 34));
     h = preset("granite", "granite-3.3-8b");
     ck_assert(h.n_vocab == 49159 && h.n_embd == 4096 && h.n_layer == 40 && h.n_head == 32 && h.n_head_kv == 8 &&
               h.head_dim == 128 && h.n_ff == 12800 && h.rope_freq_base == 10000000 && h.tied_output &&
@@ -372,7 +378,7 @@ START_TEST(presets_documented) {
     const char *name, *arch;
     int         n = 0;
     for (int i = 0; (name = kiln_model_preset_name(i, &arch)); i++) n++;
-    ck_assert_int_eq(n, 9);
+    ck_assert_int_eq(n, 11);
 }
 END_TEST
 
@@ -453,7 +459,9 @@ START_TEST(tiny_compiles_fused) {
      * fusion lines) and every dense FFN norm. */
     int L = (int)hp.n_layer, moe = hp.n_expert > 0, qkn = hp.qk_norm ? 2 * L : 0;
     int gemv_norms = 1 + !moe, dec_norms = L + 1 + (moe ? 0 : L), three = strcmp(archs[_i], "qwen2") ? 0 : 2 * L;
-    ck_assert_int_eq(count(d, "  fused rope_set_rows:"), 2 * L);
+    int roped = 0; /* smollm3: every 4th layer has no rope */
+    for (int il = 0; il < L; il++) roped += km_layer_ropes(&hp, il);
+    ck_assert_int_eq(count(d, "  fused rope_set_rows:"), 2 * roped);
     ck_assert_int_eq(count(d, "  fused rms_norm_mul:"), 2 * (2 * L + 1 + qkn) - gemv_norms - dec_norms);
     ck_assert_int_eq(count(d, "  fused rms_norm_gemv"), gemv_norms + dec_norms + three);
     ck_assert_int_eq(count(d, "mul_mat_glu:"), 2 * L);
@@ -501,10 +509,10 @@ START_TEST(cli_gen_graph) {
     ck_assert_ptr_nonnull(strstr(out, "gen-graph"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch gpt2 --preset tiny", &out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "unknown architecture 'gpt2' (known: llama, qwen2, qwen3, qwen3moe, granite)"));
+    ck_assert_ptr_nonnull(strstr(out, "unknown architecture 'gpt2' (known: llama, qwen2, qwen3, qwen3moe, granite, smollm3)"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch llama --preset huge", &out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "unknown preset 'huge'; presets: tiny (llama, qwen2, qwen3, qwen3moe, granite)"));
+    ck_assert_ptr_nonnull(strstr(out, "unknown preset 'huge'; presets: tiny (llama, qwen2, qwen3, qwen3moe, granite, smollm3)"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch llama", &out), 2);
     free(out);
