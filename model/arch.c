@@ -11,7 +11,7 @@
 #include <string.h>
 
 const km_arch_info km_archs[KM_ARCH_COUNT] = {
-    [KM_ARCH_LLAMA] = {"llama", KILN_ROPE_NORMAL},
+    [KM_ARCH_LLAMA] = {"llama", KILN_ROPE_NORMAL, .moe_may = true},
     [KM_ARCH_QWEN2] = {"qwen2", KILN_ROPE_NEOX, .bias = true},
     [KM_ARCH_QWEN3] = {"qwen3", KILN_ROPE_NEOX, .qk_norm = true},
     [KM_ARCH_QWEN3MOE] = {"qwen3moe", KILN_ROPE_NEOX, .moe = true, .qk_norm = true},
@@ -76,6 +76,18 @@ static const preset presets[] = {
                        .n_head = 32, .n_head_kv = 4, .head_dim = 128, .n_ff = 6144, .rms_norm_eps = 1e-6f,
                        .rope_freq_base = 1000000, .qk_norm = true, .n_expert = 128, .n_expert_used = 8,
                        .n_ff_exp = 768, .norm_topk_prob = true, .ftype = KILN_FTYPE_MOSTLY_BF16}},
+    /* mistralai/Mistral-7B-v0.3: a llama of 32768 SentencePiece tokens, rope base 1e6, no sliding window */
+    {"mistral-7b-v0.3", {.arch = "llama", .n_vocab = 32768, .n_ctx_train = 32768, .n_embd = 4096, .n_layer = 32,
+                         .n_head = 32, .n_head_kv = 8, .head_dim = 128, .n_ff = 14336, .rms_norm_eps = 1e-5f,
+                         .rope_freq_base = 1000000, .ftype = KILN_FTYPE_MOSTLY_BF16}},
+    /* mistralai/Mixtral-8x7B-v0.1: a llama whose FFNs are 8 experts of 14336, 2 used, renormalized */
+    {"mixtral-8x7b", {.arch = "llama", .n_vocab = 32000, .n_ctx_train = 32768, .n_embd = 4096, .n_layer = 32,
+                      .n_head = 32, .n_head_kv = 8, .head_dim = 128, .n_ff = 14336, .rms_norm_eps = 1e-5f,
+                      .rope_freq_base = 1000000, .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 14336,
+                      .norm_topk_prob = true, .ftype = KILN_FTYPE_MOSTLY_BF16}},
+    /* llama with experts (Mixtral's graph) at tiny size: 4 experts of n_ff, 2 used */
+    {"tiny-moe", {.arch = "llama", TINY_COMMON, .head_dim = 32, .rms_norm_eps = 1e-5f, .rope_freq_base = 1000000,
+                  .n_expert = 4, .n_expert_used = 2, .n_ff_exp = 256, .norm_topk_prob = true}},
     /* ibm-granite/granite-3.3-8b-instruct: the four multipliers, tied embeddings, rope base 1e7 */
     {"granite-3.3-8b", {.arch = "granite", .n_vocab = 49159, .n_ctx_train = 131072, .n_embd = 4096, .n_layer = 40,
                         .n_head = 32, .n_head_kv = 8, .head_dim = 128, .n_ff = 12800, .rms_norm_eps = 1e-5f,
@@ -147,8 +159,7 @@ const km_weight km_weights[KM_W_COUNT] = {
 };
 
 bool km_weight_present(const kiln_model_hparams *hp, const km_weight *w) {
-    int  a = km_arch_find(hp->arch);
-    bool moe = a >= 0 && km_archs[a].moe;
+    bool moe = km_moe(hp);
     switch (w->when) {
     case KM_WHEN_ALWAYS: return true;
     case KM_WHEN_LLAMA3: return hp->rope_scaling == KILN_ROPE_SCALING_LLAMA3;
@@ -250,7 +261,7 @@ static kiln_status check_scales(const kiln_model_hparams *hp, const km_arch_info
 }
 
 /* What each arch has (km_archs): llama.cpp builds qwen3 and qwen3moe with QK-norm and qwen2 with
- * Q/K/V biases always; only qwen3moe has experts here (llama with experts is Mixtral: not yet). */
+ * Q/K/V biases always; qwen3moe has experts always, llama when the model has them (Mixtral). */
 static kiln_status check_arch(const kiln_model_hparams *hp, km_arch a) {
     const km_arch_info *ai = &km_archs[a];
     CHECK(hp->qk_norm == ai->qk_norm, "model: qk_norm = %s, but %s %s QK-norm", hp->qk_norm ? "true" : "false", hp->arch,
@@ -259,9 +270,12 @@ static kiln_status check_arch(const kiln_model_hparams *hp, km_arch a) {
     CHECK(!(ai->qk_norm && hp->attn_bias), "model: attn_bias = true, but %s has no Q/K/V biases", hp->arch);
     kiln_status st = check_scales(hp, ai);
     if (st) return st;
-    if (!ai->moe) {
-        CHECK(hp->n_expert == 0, "model: n_expert = %lld, but %s has no experts here (llama with experts, "
-              "Mixtral, is not supported yet)", (long long)hp->n_expert, hp->arch);
+    CHECK(hp->n_expert >= 0, "model: n_expert = %lld is negative", (long long)hp->n_expert);
+    CHECK(!(ai->moe && hp->n_expert == 0), "model: n_expert = 0, but every %s layer is a mixture of experts",
+          hp->arch);
+    CHECK(ai->moe || ai->moe_may || hp->n_expert == 0, "model: n_expert = %lld, but %s has no experts (llama has, "
+          "as Mixtral)", (long long)hp->n_expert, hp->arch);
+    if (!km_moe(hp)) {
         CHECK(hp->n_ff >= 1 && hp->n_ff <= MAX_SIZE, "model: n_ff = %lld is out of range (1 .. %d)",
               (long long)hp->n_ff, MAX_SIZE);
         return NULL;
@@ -273,6 +287,8 @@ static kiln_status check_arch(const kiln_model_hparams *hp, km_arch a) {
           (long long)hp->n_expert);
     CHECK(hp->n_ff_exp >= 1 && hp->n_ff_exp <= MAX_SIZE, "model: n_ff_exp = %lld is out of range (1 .. %d)",
           (long long)hp->n_ff_exp, MAX_SIZE);
+    CHECK(ai->moe || hp->n_ff_exp == hp->n_ff, "model: n_ff_exp = %lld, but %s's experts are n_ff = %lld wide (as "
+          "llama.cpp creates Mixtral's)", (long long)hp->n_ff_exp, hp->arch, (long long)hp->n_ff);
     return NULL;
 }
 

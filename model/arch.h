@@ -20,7 +20,8 @@ typedef enum {
 typedef struct {
     const char *name;
     int         rope_mode; /* KILN_ROPE_NORMAL (llama's adjacent pairs) or KILN_ROPE_NEOX */
-    bool        moe;       /* routed experts in every layer, no dense FFN */
+    bool        moe;       /* routed experts in every layer, no dense FFN, always */
+    bool        moe_may;   /* experts when the model has them (llama: Mixtral), else dense */
     bool        qk_norm;   /* an RMS norm of each Q and K head, always */
     bool        bias;      /* Q/K/V biases, always (llama: when the file has them) */
     bool        scales;    /* granite's multipliers: embedding, residual, attention, logits */
@@ -38,6 +39,8 @@ const char *km_arch_list(void);
  * x rotated by positions pos, freqs the llama3 factors or NULL. */
 /* gen.c, for tests: a CPU generator's cache state `name` (its bytes in *bytes), or NULL. */
 const void *km_gen_cpu_state(const kiln_gen *g, const char *name, size_t *bytes);
+/* Whether the FFNs of a model of hp are routed experts (n_expert > 0). */
+static inline bool km_moe(const kiln_model_hparams *hp) { return hp->n_expert > 0; }
 /* Whether layer il of a model of hp ropes its Q and K (the cache shift re-ropes those only). */
 bool km_layer_ropes(const kiln_model_hparams *hp, int64_t il);
 kiln_tensor *km_arch_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_tensor *x, kiln_tensor *pos,

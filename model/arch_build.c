@@ -284,7 +284,7 @@ static kiln_tensor *layer(mb *b, kiln_tensor *inpL) {
     cur = residual_scaled(b, cur, "attn_scaled");
     kiln_tensor *ffn_inp = nm(b, kiln_add(ctx, cur, inpSA), "ffn_inp");
     kiln_tensor *ffn_in = norm_w(b, ffn_inp, w.ffn_norm, "norm2", "ffn_in");
-    kiln_tensor *ffn_out = km_archs[b->arch].moe ? ffn_moe(b, &w, ffn_in) : ffn_dense(b, &w, ffn_in);
+    kiln_tensor *ffn_out = km_moe(hp) ? ffn_moe(b, &w, ffn_in) : ffn_dense(b, &w, ffn_in);
     ffn_out = residual_scaled(b, ffn_out, "ffn_scaled");
     return nm(b, kiln_add(ctx, ffn_out, ffn_inp), "l_out");
 }

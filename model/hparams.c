@@ -213,7 +213,8 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
     if (ai->moe || kiln_gguf_find_kv(g, "llama.expert_count") >= 0) {
         hp->n_expert = get_int(&r, "expert_count", true, 0);
         hp->n_expert_used = get_int(&r, "expert_used_count", true, 0);
-        hp->n_ff_exp = get_int(&r, "expert_feed_forward_length", ai->moe, 0);
+        /* llama's experts (Mixtral) are feed_forward_length wide, as llama.cpp creates them */
+        hp->n_ff_exp = get_int(&r, "expert_feed_forward_length", ai->moe, ai->moe ? 0 : hp->n_ff);
         if (r.st) return r.st; /* before any other error, which would lose (leak) this one */
         /* llama.cpp always renormalizes qwen3moe's top-k weights; the key is kiln's, for tests. */
         bool norm = true;

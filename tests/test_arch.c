@@ -225,6 +225,25 @@ START_TEST(tiny_evaluates) {
 END_TEST
 
 /* llama3 rope scaling (rope_freqs.weight as the ropes' freq_factors) and linear scaling */
+/* llama with experts (Mixtral's graph): the routed FFN on the CPU reference, decode after
+ * prefill as prefill; the Mistral presets' values. */
+START_TEST(llama_experts_evaluate) {
+    kiln_model_hparams hp = preset("llama", "tiny-moe");
+    check_model(&hp);
+    kiln_ctx *ctx = build(&hp, 16, 4, KILN_OUTPUTS_LAST);
+    char     *text = print(ctx);
+    ck_assert_int_eq(count(text, " = mul_mat_id("), 3 * (int)hp.n_layer);
+    ck_assert_int_eq(count(text, "weight blk.0.ffn_gate_exps.weight: f16[128, 256, 4]\n"), 1);
+    free(text);
+    kiln_ctx_free(ctx);
+    hp = preset("llama", "mixtral-8x7b");
+    ck_assert(hp.n_vocab == 32000 && hp.n_expert == 8 && hp.n_expert_used == 2 && hp.n_ff_exp == 14336 &&
+              hp.n_ff == 14336 && hp.rope_freq_base == 1000000 && hp.n_ctx_train == 32768 && hp.norm_topk_prob);
+    hp = preset("llama", "mistral-7b-v0.3");
+    ck_assert(hp.n_vocab == 32768 && hp.n_expert == 0 && hp.n_ff == 14336 && hp.n_head_kv == 8 && !hp.tied_output);
+}
+END_TEST
+
 START_TEST(rope_scaling_evaluates) {
     kiln_model_hparams hp = preset("llama", "tiny");
     hp.rope_scaling = KILN_ROPE_SCALING_LLAMA3;
@@ -378,7 +397,7 @@ START_TEST(presets_documented) {
     const char *name, *arch;
     int         n = 0;
     for (int i = 0; (name = kiln_model_preset_name(i, &arch)); i++) n++;
-    ck_assert_int_eq(n, 11);
+    ck_assert_int_eq(n, 14);
 }
 END_TEST
 
@@ -410,8 +429,12 @@ START_TEST(errors_name_the_field) {
     expect_error(build_bad(b), "yarn", NULL);
     b = t, b.ftype = (kiln_ftype)14; /* Q4_K_S: a file type kiln does not write */
     expect_error(build_bad(b), "ftype 14 is not a file type kiln knows", "q4_k_m");
-    b = t, b.n_expert = 8;
-    expect_error(build_bad(b), "n_expert = 8", "Mixtral");
+    b = t, b.n_expert = 8; /* llama may have experts (Mixtral), but their routing must be whole */
+    expect_error(build_bad(b), "n_expert_used = 0", "n_expert = 8");
+    b = t, b.n_expert = 8, b.n_expert_used = 2, b.n_ff_exp = 64;
+    expect_error(build_bad(b), "n_ff_exp = 64", "Mixtral");
+    b = preset("qwen3", "tiny"), b.n_expert = 8, b.n_expert_used = 2, b.n_ff_exp = 64;
+    expect_error(build_bad(b), "n_expert = 8", "has no experts");
     b = t, b.qk_norm = true;
     expect_error(build_bad(b), "qk_norm", NULL);
     b = preset("qwen2", "tiny"), b.attn_bias = false;
@@ -525,7 +548,7 @@ END_TEST
 int main(void) {
     Suite *s = TS_SUITE("arch",
                         TS_CASE("arch", 120), TS_LOOP(0, NARCHS, tiny_prints_and_parses_back, tiny_evaluates),
-                        TS_TESTS(rope_scaling_evaluates, rope_freqs_llama3, llama_layer_is_the_example,
+                        TS_TESTS(llama_experts_evaluate, rope_scaling_evaluates, rope_freqs_llama3, llama_layer_is_the_example,
                                  qwen3moe_layer_is_the_example, presets_documented, errors_name_the_field,
                                  llama_3_8b_builds),
                         TS_LOOP(0, NARCHS, tiny_compiles_fused), TS_TESTS(cli_gen_graph));
