@@ -1,8 +1,9 @@
 /* Pass add_chain: a residual plus several adds in one kernel.
  *
  * Three rewrites, in order, each leaving the semantics unchanged:
- *  1. Chains: an elementwise node made only of adds absorbs an add-only producer whose result it
- *     alone reads (the rules of ew_chain, restricted to adds so it works with ew_chain off).
+ *  1. Chains: an elementwise node made only of adds (and scales by constants, add_only) absorbs
+ *     such a producer whose result it alone reads (the rules of ew_chain, restricted to these ops
+ *     so it works with ew_chain off).
  *  2. Slices: when every read of a temporary W is an operand of one add-only node C (two or more
  *     reads), each read
  *     through a view of W (llama.cpp's MoE sum reads the weighted expert outputs slot by slot:
@@ -20,10 +21,13 @@
 
 static const char *const NAME = "add_chain";
 
+/* Adds, and scales by constants: granite multiplies each residual branch by residual_scale
+ * before its add (model/arch_build.c), which must not keep the add out of the projection's
+ * epilogue. */
 static bool add_only(const ir_node *n) {
     if (n->dead || n->kind != IR_EW) return false;
     for (int j = 0; j < n->ninstr; j++)
-        if (n->ins[j].op != FE_OP_ADD) return false;
+        if (n->ins[j].op != FE_OP_ADD && n->ins[j].op != FE_OP_SCALE) return false;
     return true;
 }
 

@@ -88,6 +88,13 @@ START_TEST(into_matmul) {
     expect("weight w: bf16[64, 32]\ninput x: f32[64, 2]\ninput r: f32[32, 2]\ninput r2: f32[32]\n"
            "m = mul_mat(w, x)\ns = add(r, m)\noutput y = add(s, r2)\n",
            "ew_chain", 1, "fused add_chain: m, s, y\n", true);
+    /* granite's residual branch, scaled before its add: still the projection's epilogue */
+    expect("weight w: bf16[64, 32]\ninput x: f32[64, 2]\ninput r: f32[32, 2]\n"
+           "m = mul_mat(w, x)\nms = scale(m, 0.22, 0)\noutput y = add(ms, r)\n",
+           "ew_chain", 1, "fused add_chain: m, ms, y\n", true);
+    expect("weight w: bf16[64, 32]\ninput x: f32[64, 2]\ninput r: f32[32, 2]\n"
+           "m = mul_mat(w, x)\nms = scale(m, 0.22, 0)\noutput y = add(ms, r)\n",
+           NULL, 1, "fused add_chain: m, ms, y\n", true);
     /* not when the product is also an output */
     expect("weight w: bf16[64, 32]\ninput x: f32[64, 2]\ninput r: f32[32, 2]\n"
            "output m = mul_mat(w, x)\noutput y = add(r, m)\n",
