@@ -14,16 +14,20 @@
  * intermediates differently from the reference. mul_mat's bound (5e-4) is the loosest op. */
 #define LOGITS_NMSE 5e-4
 
-static const char *const archs[] = {"llama", "qwen3moe", "qwen2", "qwen3", "granite", "smollm3"};
+/* Each arch's tiny preset; "arch/preset" names another (llama's experts: Mixtral's graph). */
+static const char *const archs[] = {"llama", "qwen3moe", "qwen2", "qwen3", "granite", "smollm3", "llama/tiny-moe"};
 #define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 static const int32_t     prompt[7] = {1, 17, 300, 5, 999, 42, 8};
 static char             *g_dir;
 
-static kiln_model *tiny_model(const char *arch, uint64_t seed) {
+static kiln_model *tiny_model(const char *spec, uint64_t seed) {
     kiln_model_hparams hp;
-    TS_OK(kiln_model_preset(arch, "tiny", &hp));
+    char               arch[32];
+    const char        *slash = strchr(spec, '/');
+    snprintf(arch, sizeof arch, "%.*s", slash ? (int)(slash - spec) : (int)strlen(spec), spec);
+    TS_OK(kiln_model_preset(arch, slash ? slash + 1 : "tiny", &hp));
     char path[512];
-    snprintf(path, sizeof path, "%s/%s-%llu.gguf", g_dir, arch, (unsigned long long)seed);
+    snprintf(path, sizeof path, "%s/%s-%s-%llu.gguf", g_dir, arch, slash ? slash + 1 : "tiny", (unsigned long long)seed);
     TS_OK(kiln_model_write_random(&hp, seed, path, NULL, NULL));
     kiln_model *m;
     TS_OK(kiln_model_open(path, &m));
