@@ -531,6 +531,9 @@ typedef enum {
     KILN_ROPE_SCALING_LINEAR, /* positions divided by rope_factor (freq_scale = 1 / factor) */
     KILN_ROPE_SCALING_YARN,   /* refused by kiln_build_model for now */
     KILN_ROPE_SCALING_LLAMA3, /* per-frequency factors, the weight "rope_freqs.weight" */
+    KILN_ROPE_SCALING_LONGROPE, /* phi3: per-frequency factors "rope_factors_long.weight" (caches
+                                   longer than rope_orig_ctx) or "rope_factors_short.weight", and
+                                   the rotation scaled by rope_attn_factor */
 } kiln_rope_scaling;
 
 /* File types: llama.cpp's llama_ftype numbers, the value of GGUF's general.file_type. Each gives
@@ -569,7 +572,9 @@ typedef struct {
     kiln_rope_scaling rope_scaling;
     float    rope_factor;     /* linear and llama3: the scaling factor */
     float    rope_low_freq_factor, rope_high_freq_factor; /* llama3 */
-    int64_t  rope_orig_ctx;   /* llama3: original_max_position_embeddings */
+    int64_t  rope_orig_ctx;   /* llama3, longrope: original_max_position_embeddings */
+    float    rope_attn_factor; /* longrope: GGUF rope.scaling.attn_factor (0: 1), ggml_rope_ext's
+                                  attn_factor */
     bool     tied_output;     /* no "output.weight": the logits use "token_embd.weight" */
     bool     qk_norm;         /* qwen3, qwen3moe: RMS norm of each Q and K head */
     bool     attn_bias;       /* qwen2 (llama optionally): Q, K and V biases */

@@ -17,7 +17,16 @@ const km_arch_info km_archs[KM_ARCH_COUNT] = {
     [KM_ARCH_QWEN3MOE] = {"qwen3moe", KILN_ROPE_NEOX, .moe = true, .qk_norm = true},
     [KM_ARCH_GRANITE] = {"granite", KILN_ROPE_NORMAL, .scales = true},
     [KM_ARCH_SMOLLM3] = {"smollm3", KILN_ROPE_NORMAL, .nope_step = 4},
+    [KM_ARCH_PHI3] = {"phi3", KILN_ROPE_NEOX, .fused = true},
 };
+
+const char *km_rope_factors(const kiln_model_hparams *hp, int64_t n_ctx) {
+    switch (hp->rope_scaling) {
+    case KILN_ROPE_SCALING_LLAMA3: return "rope_freqs.weight";
+    case KILN_ROPE_SCALING_LONGROPE: return n_ctx > hp->rope_orig_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight";
+    default: return NULL;
+    }
+}
 
 bool km_layer_ropes(const kiln_model_hparams *hp, int64_t il) {
     int a = km_arch_find(hp->arch);
@@ -31,7 +40,7 @@ int km_arch_find(const char *name) {
 }
 
 const char *km_arch_name(km_arch a) { return (unsigned)a < KM_ARCH_COUNT ? km_archs[a].name : "?"; }
-const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe, granite, smollm3"; }
+const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3"; }
 
 /* ---- presets -------------------------------------------------------------------------------
  * Real models: the values of their Hugging Face config.json (sources in docs/models.md). The
@@ -61,6 +70,9 @@ static const preset presets[] = {
     {"tiny", {.arch = "smollm3", .n_vocab = 1024, .n_ctx_train = 1024, .n_embd = 128, .n_layer = 4, .n_head = 4,
               .n_head_kv = 2, .n_ff = 256, .ftype = KILN_FTYPE_MOSTLY_F16, .head_dim = 32, .rms_norm_eps = 1e-6f,
               .rope_freq_base = 5000000, .tied_output = true}},
+    /* phi3 at tiny size: fused q/k/v and gate/up, longrope factors (orig ctx 256) */
+    {"tiny", {.arch = "phi3", TINY_COMMON, .head_dim = 32, .rms_norm_eps = 1e-5f, .rope_freq_base = 10000,
+              .rope_scaling = KILN_ROPE_SCALING_LONGROPE, .rope_orig_ctx = 256, .rope_attn_factor = 1.1902f}},
     /* meta-llama/Llama-3.2-1B: llama3 rope scaling, tied embeddings */
     {"llama-3.2-1b", {.arch = "llama", .n_vocab = 128256, .n_ctx_train = 131072, .n_embd = 2048, .n_layer = 16,
                       .n_head = 32, .n_head_kv = 8, .head_dim = 64, .n_ff = 8192, .rms_norm_eps = 1e-5f,
@@ -94,6 +106,12 @@ static const preset presets[] = {
                         .rope_freq_base = 10000000, .tied_output = true, .embedding_scale = 12.0f,
                         .residual_scale = 0.22f, .attention_scale = 0.0078125f, .logit_scale = 16.0f,
                         .ftype = KILN_FTYPE_MOSTLY_BF16}},
+    /* microsoft/Phi-3.5-mini-instruct: MHA of 32 heads of 96, longrope from 4096 to 131072 (attn
+     * factor sqrt(1 + ln 32 / ln 4096), as llama.cpp's converter computes it), separate output */
+    {"phi-3.5-mini", {.arch = "phi3", .n_vocab = 32064, .n_ctx_train = 131072, .n_embd = 3072, .n_layer = 32,
+                      .n_head = 32, .n_head_kv = 32, .head_dim = 96, .n_ff = 8192, .rms_norm_eps = 1e-5f,
+                      .rope_freq_base = 10000, .rope_scaling = KILN_ROPE_SCALING_LONGROPE, .rope_orig_ctx = 4096,
+                      .rope_attn_factor = 1.1902380714238083f, .ftype = KILN_FTYPE_MOSTLY_BF16}},
     /* HuggingFaceTB/SmolLM3-3B: no rope in every 4th layer, rope base 5e6, tied embeddings */
     {"smollm3-3b", {.arch = "smollm3", .n_vocab = 128256, .n_ctx_train = 65536, .n_embd = 2048, .n_layer = 36,
                     .n_head = 16, .n_head_kv = 4, .head_dim = 128, .n_ff = 11008, .rms_norm_eps = 1e-6f,
@@ -160,6 +178,8 @@ const km_weight km_weights[KM_W_COUNT] = {
 
 bool km_weight_present(const kiln_model_hparams *hp, const km_weight *w) {
     bool moe = km_moe(hp);
+    int  a = km_arch_find(hp->arch);
+    bool fused = a >= 0 && km_archs[a].fused;
     switch (w->when) {
     case KM_WHEN_ALWAYS: return true;
     case KM_WHEN_LLAMA3: return hp->rope_scaling == KILN_ROPE_SCALING_LLAMA3;
@@ -168,6 +188,11 @@ bool km_weight_present(const kiln_model_hparams *hp, const km_weight *w) {
     case KM_WHEN_DENSE: return !moe;
     case KM_WHEN_MOE: return moe;
     case KM_WHEN_UNTIED: return !hp->tied_output;
+    case KM_WHEN_SPLIT: return !fused;
+    case KM_WHEN_FUSED: return fused;
+    case KM_WHEN_DENSE_SPLIT: return !moe && !fused;
+    case KM_WHEN_DENSE_FUSED: return !moe && fused;
+    case KM_WHEN_LONGROPE: return hp->rope_scaling == KILN_ROPE_SCALING_LONGROPE;
     }
     return false;
 }
@@ -182,6 +207,8 @@ int64_t km_wdim_value(const kiln_model_hparams *hp, km_wdim d) {
     case KM_WD_Q: return hp->head_dim * hp->n_head;
     case KM_WD_KV: return hp->head_dim * hp->n_head_kv;
     case KM_WD_FF: return hp->n_ff;
+    case KM_WD_FF2: return 2 * hp->n_ff;
+    case KM_WD_QKV: return hp->head_dim * (hp->n_head + 2 * hp->n_head_kv);
     case KM_WD_FF_EXP: return hp->n_ff_exp;
     case KM_WD_EXPERT: return hp->n_expert;
     case KM_WD_COUNT: break;
@@ -239,8 +266,15 @@ static kiln_status check_rope(const kiln_model_hparams *hp) {
         CHECK(hp->rope_orig_ctx >= 1 && hp->rope_orig_ctx <= MAX_SIZE, "model: rope_orig_ctx = %lld is out of range "
               "(1 .. %d; llama3 rope scaling)", (long long)hp->rope_orig_ctx, MAX_SIZE);
         return NULL;
+    case KILN_ROPE_SCALING_LONGROPE:
+        CHECK(hp->rope_orig_ctx >= 1 && hp->rope_orig_ctx <= MAX_SIZE, "model: rope_orig_ctx = %lld is out of range "
+              "(1 .. %d; longrope scaling)", (long long)hp->rope_orig_ctx, MAX_SIZE);
+        CHECK(hp->rope_attn_factor >= 0 && isfinite(hp->rope_attn_factor), "model: rope_attn_factor = %g must be "
+              "finite and not negative (0: 1)", (double)hp->rope_attn_factor);
+        return NULL;
     case KILN_ROPE_SCALING_YARN:
-        return kb_error(KILN_ERR_INVALID, "model: rope_scaling yarn is not supported yet (none, linear or llama3)");
+        return kb_error(KILN_ERR_INVALID, "model: rope_scaling yarn is not supported yet (none, linear, llama3 or "
+                        "longrope)");
     }
     return kb_error(KILN_ERR_INVALID, "model: rope_scaling = %d is not a kiln_rope_scaling", (int)hp->rope_scaling);
 }

@@ -12,6 +12,7 @@ typedef enum {
     KM_ARCH_QWEN3MOE,
     KM_ARCH_GRANITE,
     KM_ARCH_SMOLLM3,
+    KM_ARCH_PHI3,
     KM_ARCH_COUNT
 } km_arch;
 
@@ -25,6 +26,8 @@ typedef struct {
     bool        qk_norm;   /* an RMS norm of each Q and K head, always */
     bool        bias;      /* Q/K/V biases, always (llama: when the file has them) */
     bool        scales;    /* granite's multipliers: embedding, residual, attention, logits */
+    bool        fused;     /* phi3: q/k/v in one matrix (attn_qkv), gate and up in one (ffn_up),
+                              and q scaled by 1/sqrt(head size) before attention */
     int         nope_step; /* > 0: layers il with (il + 1) % nope_step == 0 have no rope (smollm3:
                               4, a constant of llama.cpp's loader, no GGUF key) */
 } km_arch_info;
@@ -33,12 +36,16 @@ extern const km_arch_info km_archs[KM_ARCH_COUNT];
 /* The arch named name, or -1. */
 int         km_arch_find(const char *name);
 const char *km_arch_name(km_arch a);
-/* "llama, qwen2, qwen3, qwen3moe, granite, smollm3", for messages. */
+/* "llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3", for messages. */
 const char *km_arch_list(void);
 /* The rope of the architecture of hp (arch_build.c's; also the context shift's re-rope, gen.c):
  * x rotated by positions pos, freqs the llama3 factors or NULL. */
 /* gen.c, for tests: a CPU generator's cache state `name` (its bytes in *bytes), or NULL. */
 const void *km_gen_cpu_state(const kiln_gen *g, const char *name, size_t *bytes);
+/* The rope's per-frequency factors of a model of hp with a cache of n_ctx rows: the weight's
+ * name (llama3: rope_freqs; longrope: the long factors past rope_orig_ctx, else the short ones,
+ * as llama.cpp's get_rope_factors), or NULL. */
+const char *km_rope_factors(const kiln_model_hparams *hp, int64_t n_ctx);
 /* Whether the FFNs of a model of hp are routed experts (n_expert > 0). */
 static inline bool km_moe(const kiln_model_hparams *hp) { return hp->n_expert > 0; }
 /* Whether layer il of a model of hp ropes its Q and K (the cache shift re-ropes those only). */
@@ -58,10 +65,13 @@ kiln_tensor *km_arch_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_tens
 #define KM_WEIGHTS(X)                                                                               \
     X(TOKEN_EMBD, "token_embd.weight", 0, EMBD, ALWAYS, 2, EMBD, VOCAB, ONE)                      \
     X(ROPE_FREQS, "rope_freqs.weight", 0, F32, LLAMA3, 1, HALF_HEAD, ONE, ONE)                     \
+    X(ROPE_FACTORS_LONG, "rope_factors_long.weight", 0, F32, LONGROPE, 1, HALF_HEAD, ONE, ONE)     \
+    X(ROPE_FACTORS_SHORT, "rope_factors_short.weight", 0, F32, LONGROPE, 1, HALF_HEAD, ONE, ONE)   \
     X(ATTN_NORM, "attn_norm.weight", 1, F32, ALWAYS, 1, EMBD, ONE, ONE)                            \
-    X(ATTN_Q, "attn_q.weight", 1, MATRIX, ALWAYS, 2, EMBD, Q, ONE)                                  \
-    X(ATTN_K, "attn_k.weight", 1, ATTN_K, ALWAYS, 2, EMBD, KV, ONE)                                 \
-    X(ATTN_V, "attn_v.weight", 1, ATTN_V, ALWAYS, 2, EMBD, KV, ONE)                                 \
+    X(ATTN_QKV, "attn_qkv.weight", 1, ATTN_QKV, FUSED, 2, EMBD, QKV, ONE)                           \
+    X(ATTN_Q, "attn_q.weight", 1, MATRIX, SPLIT, 2, EMBD, Q, ONE)                                   \
+    X(ATTN_K, "attn_k.weight", 1, ATTN_K, SPLIT, 2, EMBD, KV, ONE)                                  \
+    X(ATTN_V, "attn_v.weight", 1, ATTN_V, SPLIT, 2, EMBD, KV, ONE)                                  \
     X(ATTN_Q_BIAS, "attn_q.bias", 1, F32, BIAS, 1, Q, ONE, ONE)                                    \
     X(ATTN_K_BIAS, "attn_k.bias", 1, F32, BIAS, 1, KV, ONE, ONE)                                   \
     X(ATTN_V_BIAS, "attn_v.bias", 1, F32, BIAS, 1, KV, ONE, ONE)                                   \
@@ -69,8 +79,10 @@ kiln_tensor *km_arch_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_tens
     X(ATTN_K_NORM, "attn_k_norm.weight", 1, F32, QK_NORM, 1, HEAD, ONE, ONE)                       \
     X(ATTN_OUT, "attn_output.weight", 1, ATTN_OUT, ALWAYS, 2, Q, EMBD, ONE)                           \
     X(FFN_NORM, "ffn_norm.weight", 1, F32, ALWAYS, 1, EMBD, ONE, ONE)                              \
-    X(FFN_GATE, "ffn_gate.weight", 1, MATRIX, DENSE, 2, EMBD, FF, ONE)                              \
-    X(FFN_UP, "ffn_up.weight", 1, MATRIX, DENSE, 2, EMBD, FF, ONE)                                  \
+    X(FFN_GATE, "ffn_gate.weight", 1, MATRIX, DENSE_SPLIT, 2, EMBD, FF, ONE)                        \
+    X(FFN_UP, "ffn_up.weight", 1, MATRIX, DENSE_SPLIT, 2, EMBD, FF, ONE)                            \
+    /* phi3: gate and up in one matrix, the gate's rows first (ggml_swiglu splits it) */           \
+    X(FFN_UP_GATE, "ffn_up.weight", 1, MATRIX, DENSE_FUSED, 2, EMBD, FF2, ONE)                      \
     X(FFN_DOWN, "ffn_down.weight", 1, FFN_DOWN, DENSE, 2, FF, EMBD, ONE)                              \
     /* the router stays f32 in GGUF files (llama.cpp's converter keeps ffn_gate_inp in f32) */     \
     X(FFN_GATE_INP, "ffn_gate_inp.weight", 1, F32, MOE, 2, EMBD, EXPERT, ONE)                      \
@@ -97,6 +109,8 @@ typedef enum {
     KM_WD_Q,         /* head_dim * n_head */
     KM_WD_KV,        /* head_dim * n_head_kv */
     KM_WD_FF,        /* n_ff */
+    KM_WD_FF2,       /* 2 n_ff (phi3's gate and up together) */
+    KM_WD_QKV,       /* head_dim * (n_head + 2 n_head_kv) (phi3's q, k and v together) */
     KM_WD_FF_EXP,    /* n_ff_exp */
     KM_WD_EXPERT,    /* n_expert */
     KM_WD_COUNT
@@ -111,6 +125,11 @@ typedef enum {
     KM_WHEN_DENSE,   /* a dense FFN in each layer (not qwen3moe) */
     KM_WHEN_MOE,     /* experts (qwen3moe) */
     KM_WHEN_UNTIED,  /* not tied_output */
+    KM_WHEN_SPLIT,   /* q, k and v apart (not phi3) */
+    KM_WHEN_FUSED,   /* phi3's q/k/v in one matrix */
+    KM_WHEN_DENSE_SPLIT, /* a dense FFN with gate and up apart */
+    KM_WHEN_DENSE_FUSED, /* phi3's dense FFN: gate and up in one matrix */
+    KM_WHEN_LONGROPE, /* longrope scaling (phi3) */
 } km_when;
 
 /* A weight's part in the mix of types of a file type (model/ftype.c): the rules of
@@ -124,6 +143,7 @@ typedef enum {
     KM_MIX_ATTN_V,
     KM_MIX_ATTN_OUT,
     KM_MIX_FFN_DOWN, /* ffn_down and ffn_down_exps */
+    KM_MIX_ATTN_QKV, /* attn_qkv (phi3) */
 } km_mix;
 
 typedef struct {

@@ -29,8 +29,8 @@ typedef struct {
 
 /* One layer's weights, named and shaped as llama.cpp's load_arch_tensors creates them. */
 typedef struct {
-    kiln_tensor *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *q_norm, *k_norm, *ffn_norm;
-    kiln_tensor *ffn_gate, *ffn_up, *ffn_down;                   /* dense */
+    kiln_tensor *attn_norm, *wqkv, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *q_norm, *k_norm, *ffn_norm;
+    kiln_tensor *ffn_gate, *ffn_up, *ffn_down, *ffn_up_gate;     /* dense (phi3: gate and up in one) */
     kiln_tensor *gate_inp, *gate_exps, *up_exps, *down_exps;     /* experts */
     kiln_tensor *cache_k, *cache_v;
 } layer_w;
@@ -85,6 +85,7 @@ static kiln_tensor *weight(mb *b, km_weight_id id) {
 static void attn_weights(mb *b, layer_w *w) {
     int64_t nkv = b->hp->head_dim * b->hp->n_head_kv;
     w->attn_norm = weight(b, KM_W_ATTN_NORM);
+    w->wqkv = weight(b, KM_W_ATTN_QKV);
     w->wq = weight(b, KM_W_ATTN_Q);
     w->wk = weight(b, KM_W_ATTN_K);
     w->wv = weight(b, KM_W_ATTN_V);
@@ -107,6 +108,7 @@ static void ffn_weights(mb *b, layer_w *w) {
     w->ffn_norm = weight(b, KM_W_FFN_NORM);
     w->ffn_gate = weight(b, KM_W_FFN_GATE);
     w->ffn_up = weight(b, KM_W_FFN_UP);
+    w->ffn_up_gate = weight(b, KM_W_FFN_UP_GATE);
     w->ffn_down = weight(b, KM_W_FFN_DOWN);
     w->gate_inp = weight(b, KM_W_FFN_GATE_INP);
     w->gate_exps = weight(b, KM_W_FFN_GATE_EXPS);
@@ -140,9 +142,12 @@ kiln_tensor *km_arch_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_tens
                           kiln_tensor *freqs) {
     int   a = km_arch_find(hp->arch), mode = a >= 0 ? km_archs[a].rope_mode : KILN_ROPE_NORMAL;
     float freq_scale = hp->rope_scaling == KILN_ROPE_SCALING_LINEAR ? 1.0f / hp->rope_factor : 1.0f;
-    /* ext_factor 0, attn_factor 1, beta 32/1: llama.cpp's values without YaRN */
-    return kiln_rope_ext(ctx, x, pos, freqs, (int)hp->head_dim, mode, (int)hp->n_ctx_train, hp->rope_freq_base,
-                         freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
+    /* ext_factor 0, beta 32/1: llama.cpp's values without YaRN; attn_factor 1 but longrope's
+     * (cparams.yarn_attn_factor times the file's rope.scaling.attn_factor) */
+    float attn = hp->rope_attn_factor != 0.0f ? hp->rope_attn_factor : 1.0f;
+    int   orig = hp->rope_scaling == KILN_ROPE_SCALING_LONGROPE ? (int)hp->rope_orig_ctx : (int)hp->n_ctx_train;
+    return kiln_rope_ext(ctx, x, pos, freqs, (int)hp->head_dim, mode, orig, hp->rope_freq_base, freq_scale, 0.0f,
+                         attn, 32.0f, 1.0f);
 }
 
 static kiln_tensor *rope(mb *b, kiln_tensor *x, const char *name) {
@@ -157,18 +162,34 @@ static kiln_tensor *cache_heads(mb *b, kiln_tensor *cache, const char *name) {
     return nm(b, kiln_view(b->ctx, cache, 3, ne, nb, 0), name);
 }
 
+/* Heads of the fused q/k/v product [qkv, T]: `heads` heads of head_dim from row `row0`, as
+ * build_qkv's ggml_view_3d (the product's row stride kept). */
+static kiln_tensor *qkv_part(mb *b, kiln_tensor *qkv, int64_t heads, int64_t row0, const char *name) {
+    int64_t hd = b->hp->head_dim, ne[3] = {hd, heads, b->T};
+    size_t  es = kiln_type_size(KILN_F32), nb[2] = {(size_t)hd * es, kiln_tensor_nb(qkv, 1)};
+    return nm(b, kiln_view(b->ctx, qkv, 3, ne, nb, (size_t)row0 * es), name);
+}
+
 /* build_attn with a KV cache and flash attention: Q/K/V, (QK-norm), rope, K and V written into
  * the cache with set_rows, attention over n_kv cache rows, the output projection. */
 static kiln_tensor *attention(mb *b, const layer_w *w, kiln_tensor *x) {
     const kiln_model_hparams *hp = b->hp;
     kiln_ctx *ctx = b->ctx;
     int64_t   hd = hp->head_dim, gqa = hd * hp->n_head_kv, T = b->T;
-    kiln_tensor *Q = proj(b, w->wq, w->bq, x, "Qcur");
-    kiln_tensor *K = proj(b, w->wk, w->bk, x, "Kcur");
-    kiln_tensor *V = proj(b, w->wv, w->bv, x, "Vcur");
-    Q = reshape(b, Q, 3, hd, hp->n_head, T, "Q3");
-    K = reshape(b, K, 3, hd, hp->n_head_kv, T, "K3");
-    kiln_tensor *V3 = reshape(b, V, 3, hd, hp->n_head_kv, T, "V3");
+    kiln_tensor *Q, *K, *V3;
+    if (w->wqkv) { /* phi3: build_qkv's fused path, q, k and v viewed out of one product */
+        kiln_tensor *qkv = nm(b, kiln_mul_mat(ctx, w->wqkv, x), "QKVcur");
+        Q = qkv_part(b, qkv, hp->n_head, 0, "Q3");
+        K = qkv_part(b, qkv, hp->n_head_kv, hd * hp->n_head, "K3");
+        V3 = qkv_part(b, qkv, hp->n_head_kv, hd * hp->n_head + gqa, "V3");
+    } else {
+        kiln_tensor *Qc = proj(b, w->wq, w->bq, x, "Qcur");
+        kiln_tensor *Kc = proj(b, w->wk, w->bk, x, "Kcur");
+        kiln_tensor *Vc = proj(b, w->wv, w->bv, x, "Vcur");
+        Q = reshape(b, Qc, 3, hd, hp->n_head, T, "Q3");
+        K = reshape(b, Kc, 3, hd, hp->n_head_kv, T, "K3");
+        V3 = reshape(b, Vc, 3, hd, hp->n_head_kv, T, "V3");
+    }
     if (hp->qk_norm) {
         Q = norm_w(b, Q, w->q_norm, "Qn", "Qnw");
         K = norm_w(b, K, w->k_norm, "Kn", "Knw");
@@ -176,6 +197,11 @@ static kiln_tensor *attention(mb *b, const layer_w *w, kiln_tensor *x) {
     if (km_layer_ropes(hp, b->il)) { /* smollm3: every 4th layer has none */
         Q = rope(b, Q, "Qrope");
         K = rope(b, K, "Krope");
+    }
+    if (w->wqkv) { /* phi3: views of the fused product; rows for the cache need them whole */
+        K = nm(b, kiln_cont(ctx, K), "Kc");
+        V3 = nm(b, kiln_cont(ctx, V3), "Vc");
+        Q = nm(b, kiln_scale(ctx, Q, 1.0f / sqrtf((float)hd), 0.0f), "Qscaled"); /* phi3 scales q itself */
     }
     kiln_tensor *k_row = reshape(b, K, 2, gqa, T, 1, "k_row");
     kiln_tensor *v_row = reshape(b, V3, 2, gqa, T, 1, "v_row");
@@ -186,8 +212,8 @@ static kiln_tensor *attention(mb *b, const layer_w *w, kiln_tensor *x) {
     kiln_tensor *v_heads = cache_heads(b, v_cache, "v_heads");
     kiln_tensor *k = nm(b, kiln_permute(ctx, k_heads, 0, 2, 1, 3), "k");
     kiln_tensor *v = nm(b, kiln_permute(ctx, v_heads, 0, 2, 1, 3), "v");
-    /* granite: attention_scale replaces 1/sqrt(head size) when set */
-    float scale = hp->attention_scale != 0.0f ? hp->attention_scale : 1.0f / sqrtf((float)hd);
+    /* granite: attention_scale replaces 1/sqrt(head size) when set; phi3 scaled q already */
+    float scale = w->wqkv ? 1.0f : hp->attention_scale != 0.0f ? hp->attention_scale : 1.0f / sqrtf((float)hd);
     kiln_tensor *attn = nm(b, kiln_flash_attn_ext(ctx, q, k, v, b->mask, scale, 0.0f, 0.0f, NULL), "attn");
     kiln_tensor *flat = reshape(b, attn, 2, hd * hp->n_head, T, 1, "attn_flat");
     return nm(b, kiln_mul_mat(ctx, w->wo, flat), "attn_out");
@@ -195,6 +221,15 @@ static kiln_tensor *attention(mb *b, const layer_w *w, kiln_tensor *x) {
 
 /* build_ffn(LLM_FFN_SILU, LLM_FFN_PAR): up, gate, swiglu(gate, up), down (mul_mat_glu fuses). */
 static kiln_tensor *ffn_dense(mb *b, const layer_w *w, kiln_tensor *x) {
+    if (w->ffn_up_gate) { /* phi3: LLM_FFN_SWIGLU over one product, its first half the gate */
+        kiln_tensor *ug = nm(b, kiln_mul_mat(b->ctx, w->ffn_up_gate, x), "up_gate");
+        int64_t      ff = b->hp->n_ff, ne[2] = {ff, b->rows};
+        size_t       nb[1] = {kiln_tensor_nb(ug, 1)};
+        kiln_tensor *gate = nm(b, kiln_view(b->ctx, ug, 2, ne, nb, 0), "gate");
+        kiln_tensor *up = nm(b, kiln_view(b->ctx, ug, 2, ne, nb, (size_t)ff * kiln_type_size(KILN_F32)), "up");
+        kiln_tensor *act = nm(b, kiln_swiglu(b->ctx, gate, up, false), "act");
+        return nm(b, kiln_mul_mat(b->ctx, w->ffn_down, act), "down");
+    }
     kiln_tensor *up = nm(b, kiln_mul_mat(b->ctx, w->ffn_up, x), "up");
     kiln_tensor *gate = nm(b, kiln_mul_mat(b->ctx, w->ffn_gate, x), "gate");
     kiln_tensor *act = nm(b, kiln_swiglu(b->ctx, gate, up, false), "act");
@@ -301,7 +336,13 @@ static kiln_tensor *inputs(mb *b) {
     b->kv_idxs = leaf(b, KILN_ROLE_INPUT, KILN_I64, "kv_idxs", 1, T, 1, 1);
     b->mask = leaf(b, KILN_ROLE_INPUT, KILN_F16, "kq_mask", 2, b->KV, T, 1);
     b->out_ids = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_out_ids", 1, b->o.outputs == KILN_OUTPUTS_LAST ? 1 : T, 1, 1);
-    b->rope_freqs = weight(b, KM_W_ROPE_FREQS); /* llama3 rope scaling only */
+    /* llama3's factors, or longrope's long or short ones by the cache size (km_rope_factors);
+     * both of longrope's are the model's weights (a file has both), one is read. */
+    const char  *factors = km_rope_factors(b->hp, b->o.n_ctx);
+    kiln_tensor *llama3 = weight(b, KM_W_ROPE_FREQS), *lng = weight(b, KM_W_ROPE_FACTORS_LONG),
+                *shrt = weight(b, KM_W_ROPE_FACTORS_SHORT);
+    b->rope_freqs = !factors ? NULL : !strcmp(factors, "rope_factors_long.weight") ? lng
+                                    : !strcmp(factors, "rope_factors_short.weight") ? shrt : llama3;
     kiln_tensor *x = nm(b, kiln_get_rows(b->ctx, embd, tokens), "inp_embd");
     /* granite: build_inp_embd scales the embeddings by embedding_scale when set */
     if (b->hp->embedding_scale != 0.0f) x = nm(b, kiln_scale(b->ctx, x, b->hp->embedding_scale, 0.0f), "inp_scaled");

@@ -22,22 +22,24 @@
  *   - attn_v and ffn_down (also ffn_down_exps) in the layers use_more_bits picks: `more_bits`;
  *   - attn_v of a 70B model (use_more_bits aside): q5_K where the base is q4_K;
  *   - with exactly 8 experts: attn_k and attn_v q8_0, attn_output `moe8_out`;
+ *   - phi3's fused attn_qkv: `qkv` (q5_K for Q4_K_M, q6_K for Q5_K_M);
  * and then falls back (fallback()) where the type's block does not divide the rows. */
 typedef struct {
     kiln_ftype  ftype;
     const char *name;
     kiln_type   base, output, more_bits, moe8_out;
+    kiln_type   qkv; /* phi3's fused attn_qkv (NONE: the base type) */
 } ftype_row;
 
 static const ftype_row rows[] = {
-    {KILN_FTYPE_ALL_F32, "f32", KILN_F32, KILN_F32, NONE, NONE},
-    {KILN_FTYPE_MOSTLY_F16, "f16", KILN_F16, KILN_F16, NONE, NONE},
-    {KILN_FTYPE_MOSTLY_BF16, "bf16", KILN_BF16, KILN_BF16, NONE, NONE},
-    {KILN_FTYPE_MOSTLY_Q8_0, "q8_0", KILN_Q8_0, KILN_Q8_0, NONE, NONE},
-    {KILN_FTYPE_MOSTLY_Q4_0, "q4_0", KILN_Q4_0, KILN_Q6_K, NONE, NONE},
-    {KILN_FTYPE_MOSTLY_Q4_K_M, "q4_k_m", KILN_Q4_K, KILN_Q6_K, KILN_Q6_K, KILN_Q5_K},
-    {KILN_FTYPE_MOSTLY_Q5_K_M, "q5_k_m", KILN_Q5_K, KILN_Q6_K, KILN_Q6_K, NONE},
-    {KILN_FTYPE_MOSTLY_Q6_K, "q6_k", KILN_Q6_K, KILN_Q6_K, NONE, NONE},
+    {KILN_FTYPE_ALL_F32, "f32", KILN_F32, KILN_F32, NONE, NONE, NONE},
+    {KILN_FTYPE_MOSTLY_F16, "f16", KILN_F16, KILN_F16, NONE, NONE, NONE},
+    {KILN_FTYPE_MOSTLY_BF16, "bf16", KILN_BF16, KILN_BF16, NONE, NONE, NONE},
+    {KILN_FTYPE_MOSTLY_Q8_0, "q8_0", KILN_Q8_0, KILN_Q8_0, NONE, NONE, NONE},
+    {KILN_FTYPE_MOSTLY_Q4_0, "q4_0", KILN_Q4_0, KILN_Q6_K, NONE, NONE, NONE},
+    {KILN_FTYPE_MOSTLY_Q4_K_M, "q4_k_m", KILN_Q4_K, KILN_Q6_K, KILN_Q6_K, KILN_Q5_K, KILN_Q5_K},
+    {KILN_FTYPE_MOSTLY_Q5_K_M, "q5_k_m", KILN_Q5_K, KILN_Q6_K, KILN_Q6_K, NONE, KILN_Q6_K},
+    {KILN_FTYPE_MOSTLY_Q6_K, "q6_k", KILN_Q6_K, KILN_Q6_K, NONE, NONE, NONE},
 };
 #define N_ROWS ((int)(sizeof rows / sizeof rows[0]))
 
@@ -114,6 +116,7 @@ static kiln_type mix_type(const kiln_model_hparams *hp, const ftype_row *r, km_m
         return r->base == KILN_Q4_K && is_70b(hp) ? KILN_Q5_K : r->base;
     case KM_MIX_ATTN_OUT: return moe8 && r->moe8_out != NONE ? r->moe8_out : r->base;
     case KM_MIX_FFN_DOWN: return more_bits ? r->more_bits : r->base;
+    case KM_MIX_ATTN_QKV: return r->qkv != NONE ? r->qkv : r->base; /* q5_K for Q4_K_M, q6_K for Q5_K_M */
     case KM_MIX_MATRIX: break;
     }
     return r->base;

@@ -680,7 +680,12 @@ static void shift_put(void *user, const char *name, kiln_type type, int64_t n, c
  * the model's own rope on the CPU reference: rope is a rotation, so R(p + delta) = R(delta) R(p).
  * In f32, rounded back to f16, as ggml ropes an f16 cache. */
 static kiln_status rerope(const kiln_gen *g, uint16_t *rows, int64_t m, int64_t delta) {
-    const kiln_model_hparams *hp = g->hp;
+    /* The rotation only: longrope's attn_factor scaled K when it was roped at its position, and
+     * R(delta) must not scale it again (llama.cpp's shift passes the factor again; kiln keeps K
+     * equal to K roped anew at the shifted position). */
+    kiln_model_hparams one = *g->hp;
+    one.rope_attn_factor = 0.0f;
+    const kiln_model_hparams *hp = &one;
     int64_t     hd = hp->head_dim, n = hd * hp->n_head_kv * m;
     float      *x = malloc(sizeof *x * (size_t)n * 2);
     int32_t    *pos = malloc(sizeof *pos * (size_t)m);
@@ -690,7 +695,8 @@ static kiln_status rerope(const kiln_gen *g, uint16_t *rows, int64_t m, int64_t 
     if (!st) {
         for (int64_t i = 0; i < n; i++) x[i] = kb_f16_to_f32(rows[i]);
         for (int64_t i = 0; i < m; i++) pos[i] = (int32_t)delta;
-        const float *freqs = kiln_model_weight(g->m, "rope_freqs.weight", KILN_F32, hd / 2);
+        const char  *fname = km_rope_factors(hp, g->n_ctx); /* the factors the graph ropes with */
+        const float *freqs = fname ? kiln_model_weight(g->m, fname, KILN_F32, hd / 2) : NULL;
         int64_t      ne[3] = {hd, hp->n_head_kv, m}, nf = hd / 2;
         kiln_tensor *tx = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 3, ne);
         kiln_tensor *tp = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_I32, "pos", 1, &m);

@@ -109,6 +109,14 @@ static kiln_status rope_scaling(reader *r, kiln_model_hparams *hp) {
         return r->st;
     }
     if (r->st) return r->st;
+    if (has_tensor(r->g, "rope_factors_long.weight") || has_tensor(r->g, "rope_factors_short.weight")) {
+        /* longrope (phi3): the file carries the factors; llama.cpp picks long or short by the
+         * cache size against the original context, and scales the rotation by attn_factor. */
+        hp->rope_scaling = KILN_ROPE_SCALING_LONGROPE;
+        hp->rope_orig_ctx = get_int(r, "rope.scaling.original_context_length", false, hp->n_ctx_train);
+        hp->rope_attn_factor = (float)get_float(r, "rope.scaling.attn_factor", false, 0.0);
+        return r->st;
+    }
     /* As llama.cpp: without a type a factor means linear scaling. */
     if (!s) hp->rope_scaling = hp->rope_factor != 1.0f && hp->rope_factor != 0.0f ? KILN_ROPE_SCALING_LINEAR
                                                                                    : KILN_ROPE_SCALING_NONE;
@@ -287,6 +295,11 @@ static void dim_source(const kiln_gguf *g, const kiln_model_hparams *hp, km_wdim
         snprintf(out, n, "%s.attention.head_count_kv %lld x %s", a, (long long)hp->n_head_kv, head);
         return;
     case KM_WD_FF: snprintf(out, n, "%s.feed_forward_length = %lld", a, (long long)hp->n_ff); return;
+    case KM_WD_FF2: snprintf(out, n, "2 x %s.feed_forward_length %lld (gate and up)", a, (long long)hp->n_ff); return;
+    case KM_WD_QKV:
+        snprintf(out, n, "(%s.attention.head_count %lld + 2 x head_count_kv %lld) x %s", a, (long long)hp->n_head,
+                 (long long)hp->n_head_kv, head);
+        return;
     case KM_WD_FF_EXP: snprintf(out, n, "%s.expert_feed_forward_length = %lld", a, (long long)hp->n_ff_exp); return;
     case KM_WD_EXPERT: snprintf(out, n, "%s.expert_count = %lld", a, (long long)hp->n_expert); return;
     case KM_WD_COUNT: break;
@@ -400,6 +413,10 @@ static void rope_to_gguf(const kiln_model_hparams *hp, kiln_gguf_writer *w) {
     case KILN_ROPE_SCALING_YARN:
         kiln_gguf_set_str(w, key, hp->rope_scaling == KILN_ROPE_SCALING_LINEAR ? "linear" : "yarn");
         set_arch_f32(w, a, "rope.scaling.factor", hp->rope_factor);
+        break;
+    case KILN_ROPE_SCALING_LONGROPE: /* as llama.cpp's converter writes Phi-3's: no type key */
+        set_arch_u32(w, a, "rope.scaling.original_context_length", hp->rope_orig_ctx);
+        if (hp->rope_attn_factor != 0.0f) set_arch_f32(w, a, "rope.scaling.attn_factor", hp->rope_attn_factor);
         break;
     case KILN_ROPE_SCALING_LLAMA3:
         set_arch_f32(w, a, "rope.scaling.llama3_factor", hp->rope_factor);

@@ -32,6 +32,7 @@ typedef struct {
     uint64_t                  seed;
     weight_spec              *w;
     int64_t                   nw;
+    kiln_ctx                 *ctx2; /* the second graph's (longrope), which owns some names */
     void (*progress)(void *user, uint64_t done, uint64_t total);
     void *progress_user;
 } gen_ctx;
@@ -62,7 +63,8 @@ static bool ends_with(const char *s, const char *suffix) {
 static init_kind kind_of(const char *name) {
     if (strcmp(name, "rope_freqs.weight") == 0) return INIT_ROPE_FREQS;
     if (strcmp(name, "token_embd.weight") == 0) return INIT_EMBD;
-    if (ends_with(name, "norm.weight")) return INIT_NORM;
+    /* longrope's factors: positive, near 1, as the norms' weights */
+    if (ends_with(name, "norm.weight") || strncmp(name, "rope_factors_", 13) == 0) return INIT_NORM;
     if (ends_with(name, ".bias")) return INIT_BIAS;
     return INIT_MATRIX;
 }
@@ -130,19 +132,21 @@ static kiln_status fill(void *user, int64_t i, const char *name, uint64_t offset
 }
 
 /* The weights of hp's graph, in graph order. */
-static kiln_status collect_weights(const kiln_model_hparams *hp, kiln_ctx **ctx_out, gen_ctx *g) {
-    kiln_ctx *ctx = kiln_ctx_new();
-    if (!ctx) return kb_oom();
-    /* A small graph: the weights do not depend on the cache or batch sizes (a maximum of 1
-     * would make n_tokens a plain extent, which the builder's reshapes do not expect). */
-    kiln_build_opts o = {.n_ctx = 2, .n_tokens_max = 2};
+/* The weights of the graph built with a cache of n_ctx rows, those not listed yet, into g. */
+static kiln_status add_graph_weights(const kiln_model_hparams *hp, kiln_ctx *ctx, int64_t n_ctx, gen_ctx *g) {
+    kiln_build_opts o = {.n_ctx = n_ctx, .n_tokens_max = 2};
     kiln_status     st = kiln_build_model(ctx, hp, &o);
     kiln_graph     *gr = NULL;
     if (!st) st = kiln_graph_new(ctx, &gr);
-    if (!st && !(g->w = calloc((size_t)kiln_graph_size(gr), sizeof *g->w))) st = kb_oom();
+    weight_spec *more = st ? NULL : realloc(g->w, sizeof *g->w * (size_t)(g->nw + kiln_graph_size(gr)));
+    if (!st && !more) st = kb_oom();
+    if (!st) g->w = more;
     for (int i = 0; !st && i < kiln_graph_size(gr); i++) {
         const kiln_tensor *t = kiln_graph_node(gr, i);
         if (kiln_tensor_role(t) != KILN_ROLE_WEIGHT) continue;
+        bool seen = false;
+        for (int64_t j = 0; j < g->nw && !seen; j++) seen = !strcmp(g->w[j].name, kiln_tensor_name(t));
+        if (seen) continue;
         weight_spec *w = &g->w[g->nw++];
         w->name = kiln_tensor_name(t);
         w->type = kiln_tensor_type(t);
@@ -150,6 +154,21 @@ static kiln_status collect_weights(const kiln_model_hparams *hp, kiln_ctx **ctx_
         w->kind = kind_of(w->name);
     }
     kiln_graph_free(gr);
+    return st;
+}
+
+static kiln_status collect_weights(const kiln_model_hparams *hp, kiln_ctx **ctx_out, gen_ctx *g) {
+    kiln_ctx *ctx = kiln_ctx_new();
+    if (!ctx) return kb_oom();
+    /* A small graph: the weights do not depend on the cache or batch sizes (a maximum of 1
+     * would make n_tokens a plain extent, which the builder's reshapes do not expect), but for
+     * longrope's factors: a cache past the original context reads the long ones, so a second
+     * graph adds them (g->ctx2 owns their names; freed with g's weights). */
+    kiln_status st = add_graph_weights(hp, ctx, 2, g);
+    if (!st && hp->rope_scaling == KILN_ROPE_SCALING_LONGROPE) {
+        if (!(g->ctx2 = kiln_ctx_new())) st = kb_oom();
+        if (!st) st = add_graph_weights(hp, g->ctx2, hp->rope_orig_ctx + 1, g);
+    }
     *ctx_out = ctx;
     return st;
 }
@@ -182,6 +201,7 @@ kiln_status kiln_model_write_random_vocab(const kiln_model_hparams *hp, uint64_t
     if (!st) st = kiln_gguf_write(w, path, fill, &g, write_progress);
     kiln_gguf_writer_free(w);
     free(g.w);
+    kiln_ctx_free(g.ctx2);
     kiln_ctx_free(ctx);
     return st;
 }
@@ -225,6 +245,7 @@ void km_random_free(km_random *r) {
     for (int64_t i = 0; r->host && i < r->g.nw; i++) free(r->host[i]);
     free(r->host);
     free(r->g.w);
+    kiln_ctx_free(r->g.ctx2);
     kiln_ctx_free(r->ctx);
     free(r);
 }

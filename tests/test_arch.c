@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3"};
+static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3"};
 #define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 
 static kiln_model_hparams preset(const char *arch, const char *name) {
@@ -293,7 +293,8 @@ START_TEST(tiny_prints_and_parses_back) {
     ck_assert_int_eq(count(text, "input kq_mask: f16[n_kv, n_tokens]\n"), 1);
     ck_assert_int_eq(count(text, "input inp_out_ids: i32[1]\n"), 1);
     ck_assert_int_eq(count(text, "state cache_k_l1: f16["), 1);
-    ck_assert_int_eq(count(text, "weight blk.1.attn_q.weight: f16[128, "), 1);
+    ck_assert_int_eq(count(text, km_archs[km_arch_find(archs[_i])].fused ? "weight blk.1.attn_qkv.weight: f16[128, "
+                                                                         : "weight blk.1.attn_q.weight: f16[128, "), 1);
     ck_assert_int_eq(count(text, hp.tied_output ? "mul_mat(token_embd.weight, result_norm)" : "mul_mat(output.weight, result_norm)"), 1);
     ck_assert_int_eq(count(text, "output logits = "), 1);
     kiln_graph *g;
@@ -379,6 +380,11 @@ START_TEST(presets_documented) {
               h.head_dim == 128 && h.n_expert == 128 && h.n_expert_used == 8 && h.n_ff_exp == 768 &&
               h.n_ctx_train == 40960 && h.rope_freq_base == 1000000 && h.rms_norm_eps == 1e-6f && h.qk_norm &&
               h.norm_topk_prob && !h.tied_output);
+    h = preset("phi3", "phi-3.5-mini");
+    ck_assert(h.n_vocab == 32064 && h.n_embd == 3072 && h.n_layer == 32 && h.n_head == 32 && h.n_head_kv == 32 &&
+              h.head_dim == 96 && h.n_ff == 8192 && h.rope_scaling == KILN_ROPE_SCALING_LONGROPE &&
+              h.rope_orig_ctx == 4096 && h.n_ctx_train == 131072 && !h.tied_output &&
+              fabsf(h.rope_attn_factor - sqrtf(1.0f + logf(32.0f) / logf(4096.0f))) < 1e-6f);
     h = preset("smollm3", "smollm3-3b");
     ck_assert(h.n_vocab == 128256 && h.n_embd == 2048 && h.n_layer == 36 && h.n_head == 16 && h.n_head_kv == 4 &&
               h.head_dim == 128 && h.n_ff == 11008 && h.rope_freq_base == 5000000 && h.tied_output);
@@ -397,7 +403,7 @@ START_TEST(presets_documented) {
     const char *name, *arch;
     int         n = 0;
     for (int i = 0; (name = kiln_model_preset_name(i, &arch)); i++) n++;
-    ck_assert_int_eq(n, 14);
+    ck_assert_int_eq(n, 16);
 }
 END_TEST
 
@@ -484,10 +490,13 @@ START_TEST(tiny_compiles_fused) {
     int gemv_norms = 1 + !moe, dec_norms = L + 1 + (moe ? 0 : L), three = strcmp(archs[_i], "qwen2") ? 0 : 2 * L;
     int roped = 0; /* smollm3: every 4th layer has no rope */
     for (int il = 0; il < L; il++) roped += km_layer_ropes(&hp, il);
-    ck_assert_int_eq(count(d, "  fused rope_set_rows:"), 2 * roped);
+    /* phi3: k is a view of the fused q/k/v product, made contiguous before its cache row, and
+     * gate and up are one product: no rope_set_rows, no mul_mat_glu */
+    bool fused = km_archs[km_arch_find(archs[_i])].fused;
+    ck_assert_int_eq(count(d, "  fused rope_set_rows:"), fused ? 0 : 2 * roped);
     ck_assert_int_eq(count(d, "  fused rms_norm_mul:"), 2 * (2 * L + 1 + qkn) - gemv_norms - dec_norms);
     ck_assert_int_eq(count(d, "  fused rms_norm_gemv"), gemv_norms + dec_norms + three);
-    ck_assert_int_eq(count(d, "mul_mat_glu:"), 2 * L);
+    ck_assert_int_eq(count(d, "mul_mat_glu:"), fused ? 0 : 2 * L);
     ck_assert_int_eq(count(d, "  fused topk_moe:"), moe ? 2 * L : 0);
     ck_assert_int_gt(kiln_program_kernel_count(p), 0);
     free(d);
@@ -532,10 +541,10 @@ START_TEST(cli_gen_graph) {
     ck_assert_ptr_nonnull(strstr(out, "gen-graph"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch gpt2 --preset tiny", &out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "unknown architecture 'gpt2' (known: llama, qwen2, qwen3, qwen3moe, granite, smollm3)"));
+    ck_assert_ptr_nonnull(strstr(out, "unknown architecture 'gpt2' (known: llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3)"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch llama --preset huge", &out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "unknown preset 'huge'; presets: tiny (llama, qwen2, qwen3, qwen3moe, granite, smollm3)"));
+    ck_assert_ptr_nonnull(strstr(out, "unknown preset 'huge'; presets: tiny (llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3)"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch llama", &out), 2);
     free(out);
