@@ -198,13 +198,16 @@ static kiln_tensor *attention(mb *b, const layer_w *w, kiln_tensor *x) {
         Q = rope(b, Q, "Qrope");
         K = rope(b, K, "Krope");
     }
-    if (w->wqkv) { /* phi3: views of the fused product; rows for the cache need them whole */
-        K = nm(b, kiln_cont(ctx, K), "Kc");
-        V3 = nm(b, kiln_cont(ctx, V3), "Vc");
-        Q = nm(b, kiln_scale(ctx, Q, 1.0f / sqrtf((float)hd), 0.0f), "Qscaled"); /* phi3 scales q itself */
+    kiln_tensor *k_row = reshape(b, K, 2, gqa, T, 1, "k_row"); /* (a rope's result: contiguous) */
+    kiln_tensor *v_row;
+    if (w->wqkv) { /* phi3: v's rows are a 2-D view of the fused product; q is scaled itself */
+        int64_t ne[2] = {gqa, T};
+        size_t  nb[1] = {kiln_tensor_nb(V3, 2)};
+        v_row = nm(b, kiln_view(ctx, V3, 2, ne, nb, 0), "v_row");
+        Q = nm(b, kiln_scale(ctx, Q, 1.0f / sqrtf((float)hd), 0.0f), "Qscaled");
+    } else {
+        v_row = reshape(b, V3, 2, gqa, T, 1, "v_row");
     }
-    kiln_tensor *k_row = reshape(b, K, 2, gqa, T, 1, "k_row");
-    kiln_tensor *v_row = reshape(b, V3, 2, gqa, T, 1, "v_row");
     kiln_tensor *k_cache = nm(b, kiln_set_rows(ctx, w->cache_k, k_row, b->kv_idxs), "k_cache");
     kiln_tensor *v_cache = nm(b, kiln_set_rows(ctx, w->cache_v, v_row, b->kv_idxs), "v_cache");
     kiln_tensor *q = nm(b, kiln_permute(ctx, Q, 0, 2, 1, 3), "q");
