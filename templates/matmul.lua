@@ -1742,8 +1742,6 @@ local function qgemv_layout(M, NG, NU, NV, RMIN)
     return WK, QGEMV_WARPS // WK, R
 end
 
--- Registers of one unit's weights (kiln_qw_T, templates/quant.lua).
-local QW_REGS = { q8_0 = 9, q4_0 = 5, q4_K = 9, q5_K = 13, q6_K = 10 }
 
 -- The fused gemv of a quantized a (one column): nil when b's layout does not allow its
 -- 16-byte loads (contiguous, 4-float aligned columns) or a dim is symbolic. Each block first
@@ -1775,7 +1773,7 @@ local function qgemv(k, s)
     local RB = G * R -- rows per block
     local NI = ceil_div(NU, 32 * WK)
     -- units whose loads run ahead of the one being multiplied
-    local PF = math.max(1, math.min(NI, QGEMV_REGS // (QW_REGS[T] * R * NV)))
+    local PF = math.max(1, math.min(NI, QGEMV_REGS // (quant.QW_REGS[T] * R * NV)))
     local pre = prelude.new()
     local b = builder()
     b.push()
@@ -1957,7 +1955,7 @@ local function qgemv(k, s)
     local source = kit.kernel {
         head = { "kiln matmul kernel " .. name,
             "mul_mat: dst " .. dims(s.d.ne) .. " f32 = b " .. dims(s.b.ne) .. " f32 · a " .. dims(s.a.ne) .. " " .. s.ta .. "ᵀ" },
-        notes = notes, pre = (pre.code():gsub("\n$", "")), blocks = { quant.helpers(s.ta, false, false, true) }, inline = true,
+        notes = notes, pre = (pre.code():gsub("\n$", "")), blocks = { quant.helpers(s.ta, false, true) }, inline = true,
         name = name, threads = QGEMV_MINB > 0 and string.format("%d, %d", 32 * WP, QGEMV_MINB) or tostring(32 * WP),
         params = table.concat(param_list(k), ", "), body = b.lines,
     }

@@ -1088,6 +1088,7 @@ end
 
 local QID_WARPS = 4      -- warps per block
 local QID_R = 4          -- rows per warp: each load of b serves them all
+local QID_REGS = 40      -- registers of weights a lane keeps in flight ahead of its products (matmul.lua's)
 local QID_MAX_SLOTS = 64 -- (slot, token) pairs up to which the fused GEMV is always taken
 
 -- Whether N = U*T (its maximum) pairs take the fused GEMV rather than dequantizing every expert:
@@ -1102,10 +1103,12 @@ end
 
 -- The fused GEMV of quantized experts, grid (row tiles, U, T): a block reads its slot's id and
 -- owns QID_R rows per warp group of that expert; a warp group's warps split K into 32-element
--- units (as matmul.lua's qgemv: a q8_0/q4_0 block or an eighth of a K-quant block), a lane loads
--- b's 32 values of its unit once (kiln_qx_T) and applies them to its rows (kiln_qdot_T), and
--- the warps meet in shared memory. Only the selected experts' rows are read; an invalid id
--- writes zeros and reads nothing. nil when b's rows are not contiguous and 16-byte aligned (its
+-- units (as matmul.lua's qgemv: a q8_0/q4_0 block or an eighth of a K-quant block). The block
+-- first quantizes its b row to int8 in shared memory (quant.bq_prologue, after the first units'
+-- weight loads are issued), then each lane multiplies its units' weight integers against b's in
+-- dp4a (quant.lua's int8 path, as the dense qgemv), the next units' loads in flight, and the
+-- warps meet in shared memory. Only the selected experts' rows are read; an invalid id writes
+-- zeros and reads nothing. nil when b's rows are not contiguous and 16-byte aligned (its
 -- float4 loads), or the pairs are too many (qid_fused): quant_id's path then.
 local function qgemv_id(k)
     local p = problem(k, true)
@@ -1189,32 +1192,47 @@ local function qgemv_id(k)
     local vidx = p.B1 == 1 and "0" or (p.B1 == p.U and "u" or string.format("u %% %du", p.B1))
     local brow = brow_expr(p, vidx, "t")
     bl.add("const float *const bk = xb%s;", brow == "0" and "" or " + " .. brow)
-    bl.add("float acc[%d] = {%s};", NV * R, string.rep("0.0f", NV * R, ", "))
-    bl.add("#pragma unroll")
-    bl.add("for (int i = 0; i < %d; i++) {", NI)
-    bl.push()
-    bl.add("const int j = (int)(lane%s) + %d * i; /* the unit */", WK > 1 and " + 32u * wk" or "", 32 * WK)
-    if NU % (32 * WK) ~= 0 then
-        bl.add("if (j >= %d)", NU)
-        bl.add("    break;")
-    end
-    local jb = UB > 1 and string.format("j / %d", UB) or "j"
-    local part = UB > 1 and string.format("j %% %d", UB) or "0"
-    bl.add("float x[32];")
-    bl.add("kiln_qx_%s(bk + (long long)(%s) * %d, %s, x);", T, jb, BL, part)
-    bl.add("float t0 = 0.0f, t1 = 0.0f; /* the sums of x's halves, once for the rows */")
-    if T ~= "q6_K" then
+    -- Unit i of the lane (units past NU, in a partial last round, load unit NU - 1 again and
+    -- add nothing), its block in the row and its part of the block; its weights' loads.
+    local partial = NU % (32 * WK) ~= 0
+    local lane_unit = WK > 1 and "(int)(lane + 32u * wk)" or "(int)lane"
+    local function loads(i)
+        bl.add("const int u%d = %s;", i, partial and string.format("min(%s + %d, %d)", lane_unit, 32 * WK * i, NU - 1)
+            or string.format("%s + %d", lane_unit, 32 * WK * i))
+        if UB > 1 then
+            bl.add("const int ub%d = u%d >> %d, pt%d = u%d & %d;", i, i, math.floor(math.log(UB, 2) + 0.5), i, i, UB - 1)
+        else
+            bl.add("const int ub%d = u%d, pt%d = 0;", i, i, i)
+        end
+        bl.add("kiln_qw_%s w%d[%d];", T, i, R * NV)
         bl.add("#pragma unroll")
-        bl.add("for (int q = 0; q < 16; q++)")
-        bl.add("    t0 += x[q], t1 += x[16 + q];")
+        bl.add("for (int r = 0; r < %d; r++) {", R)
+        bl.add("    w%d[r] = kiln_qwl_%s(W, NB, blk0[r] + ub%d, pt%d);", i, T, i, i)
+        if pa then bl.add("    w%d[%d + r] = kiln_qwl_%s(W2, NB2, blk1[r] + ub%d, pt%d);", i, R, T, i, i) end
+        bl.add("}")
     end
-    bl.add("#pragma unroll")
-    bl.add("for (int r = 0; r < %d; r++) {", R)
-    bl.add("    acc[r] += kiln_qdot_%s(W, NB, blk0[r] + %s, %s, x, t0, t1);", T, jb, part)
-    if pa then bl.add("    acc[%d + r] += kiln_qdot_%s(W2, NB2, blk1[r] + %s, %s, x, t0, t1);", R, T, jb, part) end
-    bl.add("}")
-    bl.pop()
-    bl.add("}")
+    -- The first units' loads go out before b's quantization, whose latency hides behind them.
+    local PF = math.max(1, math.min(NI, QID_REGS // (quant.QW_REGS[T] * R * NV)))
+    for i = 0, PF - 1 do loads(i) end
+    for _, l in ipairs(quant.bq_prologue(p.K, QID_WARPS * 32, "bk")) do bl.add("%s", l) end
+    bl.add("float acc[%d] = {%s};", NV * R, string.rep("0.0f", NV * R, ", "))
+    for i = 0, NI - 1 do
+        if i + PF < NI then loads(i + PF) end
+        bl.open("{")
+        if partial and i == NI - 1 then
+            bl.add("if (%s + %d < %d) {", lane_unit, 32 * WK * i, NU)
+            bl.push()
+        end
+        bl.add("const kiln_qb_%s x = kiln_qbl_%s(P0, P1, QD, QS, ub%d, pt%d);", T, T, i, i)
+        bl.add("#pragma unroll")
+        bl.add("for (int r = 0; r < %d; r++)", R * NV)
+        bl.add("    acc[r] += kiln_qwd_%s(w%d[r], x);", T, i)
+        if partial and i == NI - 1 then
+            bl.pop()
+            bl.add("}")
+        end
+        bl.close()
+    end
     bl.add("__shared__ float part[%d][%d];", QID_WARPS, NV * R)
     bl.add("#pragma unroll")
     bl.add("for (int r = 0; r < %d; r++) {", NV * R)
@@ -1245,7 +1263,7 @@ local function qgemv_id(k)
         gx, p.U, p.T, QID_WARPS, R, WK, WK == 1 and "" or "s", NU, NI, RB)
     local src = source {
         name = name, what = "decode: a fused GEMV over the selected expert's quantized rows per (slot, token)",
-        notes = notes, pre = (pre.code():gsub("\n$", "")), helpers = { quant.helpers(T, true, false) }, threads = QID_WARPS * 32,
+        notes = notes, pre = (pre.code():gsub("\n$", "")), helpers = { quant.helpers(T, false, true) }, threads = QID_WARPS * 32,
         params = param_list(p, false), body = bl.text(),
     }
     return { name = name, source = src, grid = { gx, p.U, p.T }, block = { QID_WARPS * 32, 1, 1 }, smem = 0,

@@ -38,6 +38,10 @@ M.TYPES = TYPES
 
 function M.is(t) return TYPES[t] ~= nil end
 
+-- Registers of one unit's weights (kiln_qw_T, the int8 path's): the quantized GEMVs size how many
+-- units' loads run ahead of the products by them.
+M.QW_REGS = { q8_0 = 9, q4_0 = 5, q4_K = 9, q5_K = 13, q6_K = 10 }
+
 -- (The helpers are not `static`: a kernel uses only some of them, and NVRTC warns about unused
 -- static functions, not about unused external ones; each kernel is a program of its own.)
 -- Shared helpers: streamed weight loads, b's values through L1, f16 to f32, and the exact
@@ -134,46 +138,11 @@ __device__ __forceinline__ void kiln_qscale_k4(int j, unsigned y, unsigned z, un
 }
 ]]
 
--- Per type: kiln_qx_T(bk, part, x) loads the 32 values of b (bk: b at the block's first element)
--- that unit `part` of a block multiplies, into x; kiln_qdot_T(W, NB, blk, part, x, t0, t1) = sum
--- over unit `part` of block blk of w * b (t0, t1: the sums of x[0..15] and x[16..31], which every
--- type but q6_K needs: the K-quants' mins, and kiln_q7/kiln_q8f's offsets); kiln_dq8_T(W, NB, blk, j, out): elements j..j+7 of block blk (j a
--- multiple of 8). W is the buffer's start, NB its blocks (the tiled layout's last tile). Separating b's loads
--- from the weights' lets one load of b serve several rows.
-local DOT = {}
+-- Per type: kiln_dq8_T(W, NB, blk, j, out): elements j..j+7 of block blk (j a multiple of 8),
+-- W the buffer's start, NB its blocks (the tiled layout's last tile). (The fused GEMVs' int8
+-- path is below.)
 local DQ8 = {}
 
--- x[0..31] = bk[o0 + 0..15], bk[o1 + 0..15] (q8_0, q4_0: o0 = 0, o1 = 16; q4_K, q5_K: the low
--- and high nibbles' elements).
-local function qx_halves(t, o0, o1)
-    return string.format([[
-__device__ __forceinline__ void kiln_qx_%s(const float *bk, int part, float *x)
-{
-%s
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float4 a = kiln_qb4(bk + o0 + 4 * i), b = kiln_qb4(bk + o1 + 4 * i);
-        x[4 * i] = a.x, x[4 * i + 1] = a.y, x[4 * i + 2] = a.z, x[4 * i + 3] = a.w;
-        x[16 + 4 * i] = b.x, x[17 + 4 * i] = b.y, x[18 + 4 * i] = b.z, x[19 + 4 * i] = b.w;
-    }
-}
-]], t, string.format("    const int o0 = %s, o1 = %s;", o0, o1))
-end
-
-DOT.q8_0 = qx_halves("q8_0", "0", "16") .. [[
-__device__ __forceinline__ float kiln_qdot_q8_0(const unsigned char *W, long long NB, long long blk,
-                                                       int part, const float *x, float t0, float t1)
-{
-    const uint4 q0 = kiln_q16(kiln_qtb(W, blk, 34, 32)), q1 = kiln_q16(kiln_qtb(W, blk, 34, 32) + 16);
-    const float d = kiln_qh2f(kiln_qts(W, NB, blk, 34, 32));
-    const unsigned w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        s = kiln_qs8(w[i] ^ 0x80808080u, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), s);
-    return d * (65536.0f * s - 32896.0f * (t0 + t1)); /* u = q + 128: 65536 S - (32768 + 128) T */
-}
-]]
 DQ8.q8_0 = [[
 __device__ __forceinline__ void kiln_dq8_q8_0(const unsigned char *W, long long NB, long long blk, int j,
                                                      float *out)
@@ -186,22 +155,6 @@ __device__ __forceinline__ void kiln_dq8_q8_0(const unsigned char *W, long long 
 }
 ]]
 
-DOT.q4_0 = qx_halves("q4_0", "0", "16") .. [[
-__device__ __forceinline__ float kiln_qdot_q4_0(const unsigned char *W, long long NB, long long blk,
-                                                       int part, const float *x, float t0, float t1)
-{
-    const uint4 q = kiln_q16(kiln_qtb(W, blk, 18, 16));
-    const float d = kiln_qh2f(kiln_qts(W, NB, blk, 18, 16));
-    const unsigned w[4] = {q.x, q.y, q.z, q.w};
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        s = kiln_qs7(w[i] & 0x0F0F0F0Fu, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), s);
-        s = kiln_qs7((w[i] >> 4) & 0x0F0F0F0Fu, make_float4(x[16 + 4 * i], x[17 + 4 * i], x[18 + 4 * i], x[19 + 4 * i]), s);
-    }
-    return d * (256.0f * s - 136.0f * (t0 + t1)); /* q - 8: 256 S - (128 + 8) T */
-}
-]]
 DQ8.q4_0 = [[
 __device__ __forceinline__ void kiln_dq8_q4_0(const unsigned char *W, long long NB, long long blk, int j,
                                                      float *out)
@@ -214,56 +167,6 @@ __device__ __forceinline__ void kiln_dq8_q4_0(const unsigned char *W, long long 
     for (int i = 0; i < 8; i++) out[i] = kiln_qbyte(w[i / 4], i % 4, 8.0f) * d;
 }
 ]]
-
--- q4_K and q5_K: unit p of a block is chunk c = p / 2 (64 elements: sub-blocks 2c and 2c + 1)
--- and half h = p % 2: quant bytes 16h..16h+15 of the chunk, whose low nibbles are elements
--- 64c + 16h + i of sub-block 2c and whose high nibbles are elements 64c + 32 + 16h + i of
--- sub-block 2c + 1. q5_K's fifth bits are bits 2c and 2c + 1 of the qh bytes 16h + i.
-local function qk_dot(t, five)
-    local size = five and 176 or 144
-    local qs = five and 48 or 16
-    local lines = {
-        qx_halves(t, "64 * (part >> 1) + 16 * (part & 1)", "o0 + 32"),
-        string.format("__device__ __forceinline__ float kiln_qdot_%s(const unsigned char *W, long long NB, long long blk,", t),
-        "                                                       int part, const float *x, float t0, float t1)",
-        "{",
-        string.format("    const unsigned char *B = W + blk * %d;", size),
-        "    const int c = part >> 1, h = part & 1;",
-        "    const uint4 hd = kiln_q16(B);",
-        string.format("    const uint4 q = kiln_q16(B + %d + 32 * c + 16 * h);", qs),
-    }
-    if five then lines[#lines + 1] = "    const uint4 qh = kiln_q16(B + 16 + 16 * h);" end
-    local rest = {
-        "    float sc0, m0, sc1, m1;",
-        "    kiln_qscale_k4(2 * c, hd.y, hd.z, hd.w, &sc0, &m0);",
-        "    kiln_qscale_k4(2 * c + 1, hd.y, hd.z, hd.w, &sc1, &m1);",
-        "    const unsigned w[4] = {q.x, q.y, q.z, q.w};",
-    }
-    for _, l in ipairs(rest) do lines[#lines + 1] = l end
-    if five then lines[#lines + 1] = "    const unsigned hb[4] = {qh.x, qh.y, qh.z, qh.w};" end
-    local tail = {
-        "    float s0 = 0.0f, s1 = 0.0f;",
-        "#pragma unroll",
-        "    for (int i = 0; i < 4; i++) {",
-        five and "        const unsigned lo = (w[i] & 0x0F0F0F0Fu) | (((hb[i] >> (2 * c)) & 0x01010101u) << 4);"
-            or "        const unsigned lo = w[i] & 0x0F0F0F0Fu;",
-        five and "        const unsigned hi = ((w[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> (2 * c + 1)) & 0x01010101u) << 4);"
-            or "        const unsigned hi = (w[i] >> 4) & 0x0F0F0F0Fu;",
-        "        s0 = kiln_qs7(lo, make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]), s0);",
-        "        s1 = kiln_qs7(hi, make_float4(x[16 + 4 * i], x[17 + 4 * i], x[18 + 4 * i], x[19 + 4 * i]), s1);",
-        "    }",
-        "    s0 = 256.0f * s0 - 128.0f * t0; /* sum q * b of each half (kiln_q7) */",
-        "    s1 = 256.0f * s1 - 128.0f * t1;",
-        "    const float d = kiln_qh2f(hd.x & 0xFFFFu), dmin = kiln_qh2f(hd.x >> 16);",
-        "    return d * (sc0 * s0 + sc1 * s1) - dmin * (m0 * t0 + m1 * t1);",
-        "}",
-        "",
-    }
-    for _, l in ipairs(tail) do lines[#lines + 1] = l end
-    return table.concat(lines, "\n")
-end
-DOT.q4_K = qk_dot("q4_K", false)
-DOT.q5_K = qk_dot("q5_K", true)
 
 -- Elements j..j+7 of a q4_K/q5_K block: sub-block s = j / 32, chunk c = j / 64, quant bytes
 -- 32c + j % 32.., nibble (j / 32) % 2; the fifth bit is bit s of the qh bytes j % 32...
@@ -294,50 +197,7 @@ end
 DQ8.q4_K = qk_dq8("q4_K", false)
 DQ8.q5_K = qk_dq8("q5_K", true)
 
--- q6_K (tiled layout: ql[128] qh[64] scales[16] per block, the f16 scales after the tile's): unit p is half
--- hf = p / 4 (128 elements) and l0 = 8 (p % 4): for each quarter q the elements
--- 128hf + 32q + l0 + i (i < 8), whose low 4 bits are nibble q / 2 of ql[64hf + 32 (q % 2) + l0
--- + i], high 2 bits bits 2q of qh[32hf + l0 + i], scale scales[8hf + l0 / 16 + 2q].
-DOT.q6_K = [[
-__device__ __forceinline__ void kiln_qx_q6_K(const float *bk, int part, float *x)
-{
-    const float *p = bk + 128 * (part >> 2) + 8 * (part & 3);
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const float4 a = kiln_qb4(p + 32 * q), b = kiln_qb4(p + 32 * q + 4);
-        x[8 * q] = a.x, x[8 * q + 1] = a.y, x[8 * q + 2] = a.z, x[8 * q + 3] = a.w;
-        x[8 * q + 4] = b.x, x[8 * q + 5] = b.y, x[8 * q + 6] = b.z, x[8 * q + 7] = b.w;
-    }
-}
-__device__ __forceinline__ float kiln_qdot_q6_K(const unsigned char *W, long long NB, long long blk,
-                                                       int part, const float *x, float t0, float t1)
-{
-    const unsigned char *B = kiln_qtb(W, blk, 210, 208);
-    const int hf = part >> 2, l0 = 8 * (part & 3);
-    const uint2 qa = kiln_q8(B + 64 * hf + l0), qb = kiln_q8(B + 64 * hf + 32 + l0), qh = kiln_q8(B + 128 + 32 * hf + l0);
-    const uint2 sw = kiln_q8(B + 192 + 8 * hf);
-    const unsigned a[2] = {qa.x, qa.y}, b[2] = {qb.x, qb.y}, hb[2] = {qh.x, qh.y};
-    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int o = 4 * i;
-        s[0] = kiln_qdot4((a[i] & 0x0F0F0F0Fu) | ((hb[i] & 0x03030303u) << 4),
-                          make_float4(x[o], x[o + 1], x[o + 2], x[o + 3]), 32.0f, s[0]);
-        s[1] = kiln_qdot4((b[i] & 0x0F0F0F0Fu) | (((hb[i] >> 2) & 0x03030303u) << 4),
-                          make_float4(x[8 + o], x[9 + o], x[10 + o], x[11 + o]), 32.0f, s[1]);
-        s[2] = kiln_qdot4(((a[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> 4) & 0x03030303u) << 4),
-                          make_float4(x[16 + o], x[17 + o], x[18 + o], x[19 + o]), 32.0f, s[2]);
-        s[3] = kiln_qdot4(((b[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> 6) & 0x03030303u) << 4),
-                          make_float4(x[24 + o], x[25 + o], x[26 + o], x[27 + o]), 32.0f, s[3]);
-    }
-    const int is = l0 >> 4; /* scale bytes is, is + 2, is + 4, is + 6 of the half's 8 */
-    const unsigned lo = sw.x, hi = sw.y;
-    const float c0 = (float)(signed char)(lo >> (8 * is)), c1 = (float)(signed char)(lo >> (8 * is + 16));
-    const float c2 = (float)(signed char)(hi >> (8 * is)), c3 = (float)(signed char)(hi >> (8 * is + 16));
-    const float d = kiln_qh2f(kiln_qts(W, NB, blk, 210, 208));
-    return d * ((c0 * s[0] + c1 * s[1]) + (c2 * s[2] + c3 * s[3]));
-}
-]]
+-- q6_K (tiled layout: ql[128] qh[64] scales[16] per block, the f16 scales after the tile's).
 DQ8.q6_K = [[
 __device__ __forceinline__ void kiln_dq8_q6_K(const unsigned char *W, long long NB, long long blk, int j,
                                                      float *out)
@@ -604,11 +464,9 @@ function M.bq_prologue(K, T, bexpr, norm)
     return L
 end
 
--- The CUDA text of type t's helpers (`dot`: the fused-GEMV unit product on float b; `dq8`: eight
--- dequantized elements; `i8`: the int8 path's).
-function M.helpers(t, dot, dq8, i8)
+-- The CUDA text of type t's helpers (`dq8`: eight dequantized elements; `i8`: the int8 path's).
+function M.helpers(t, dq8, i8)
     local parts = { COMMON }
-    if dot then parts[#parts + 1] = DOT[t] end
     if dq8 then parts[#parts + 1] = DQ8[t] end
     if i8 then parts[#parts + 1] = I8[t] end
     return table.concat(parts, "\n")
@@ -693,7 +551,7 @@ function M.dequant_step(nparams, params, a, base, what, fail, prefix)
     local source = kit.kernel {
         head = { "kiln kernel " .. name, string.format("dequantize %s %s %s into the scratch as f16", what, kit.dims(a.ne), a.type) },
         notes = { "as ggml's cuBLAS path: quantized weights become f16 for the f16 plan that follows" },
-        pre = "", blocks = { M.helpers(a.type, false, true) }, inline = true, name = name,
+        pre = "", blocks = { M.helpers(a.type, true) }, inline = true, name = name,
         threads = DQ_BLOCK, params = params, body = b.lines,
     }
     return { name = name, source = source, grid = { kit.ceil_div(total, DQ_BLOCK), 1, 1 }, block = { DQ_BLOCK, 1, 1 }, smem = 0 },
@@ -763,7 +621,7 @@ function M.get_rows(k, fail)
     local source = kit.kernel {
         head = { "kiln rows kernel " .. name, "dst[:, i1, i2, i3] = f32(a[:, ids[i1, i2, i3], i2, i3]), a " .. a.type },
         notes = { string.format("%d rows of %d, 8 elements a thread", n1 * n2 * n3, ne0) },
-        pre = "", blocks = { M.helpers(a.type, false, true) }, inline = true, name = name,
+        pre = "", blocks = { M.helpers(a.type, true) }, inline = true, name = name,
         threads = DQ_BLOCK, params = table.concat(plist, ", "), body = b.lines,
     }
     return { name = name, source = source, grid = { kit.ceil_div(total, DQ_BLOCK), 1, 1 }, block = { DQ_BLOCK, 1, 1 },
