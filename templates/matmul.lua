@@ -1808,6 +1808,12 @@ local function qgemv(k, s)
     -- add nothing); its block in the row and its part of the block.
     local partial = NU % (32 * WK) ~= 0
     local function unit(i)
+        if not partial and i > 0 then
+            -- (unit 0's block and part, advanced by whole blocks: the weight addresses become
+            -- one base and constant offsets)
+            b.add("const int ub%d = ub0 + %d, pt%d = pt0;", i, 32 * WK * i // UB, i)
+            return
+        end
         b.add("const int u%d = %s;", i, partial and string.format("min((int)(lane + 32u * kw) + %d, %d)", 32 * WK * i, NU - 1)
             or string.format("(int)(lane + 32u * kw) + %d", 32 * WK * i))
         if UB > 1 then

@@ -30,8 +30,8 @@ local M = {}
 local TYPES = {
     q8_0 = { block = 32, size = 34, rest = 32, ub = 1 },
     q4_0 = { block = 32, size = 18, rest = 16, ub = 1 },
-    q4_K = { block = 256, size = 144, ub = 8 },
-    q5_K = { block = 256, size = 176, ub = 8 },
+    q4_K = { block = 256, size = 144, ub = 4 },
+    q5_K = { block = 256, size = 176, ub = 4 },
     q6_K = { block = 256, size = 210, rest = 208, ub = 8 },
 }
 M.TYPES = TYPES
@@ -40,7 +40,7 @@ function M.is(t) return TYPES[t] ~= nil end
 
 -- Registers of one unit's weights (kiln_qw_T, the int8 path's): the quantized GEMVs size how many
 -- units' loads run ahead of the products by them.
-M.QW_REGS = { q8_0 = 9, q4_0 = 5, q4_K = 9, q5_K = 13, q6_K = 10 }
+M.QW_REGS = { q8_0 = 9, q4_0 = 5, q4_K = 13, q5_K = 21, q6_K = 10 }
 
 -- (The helpers are not `static`: a kernel uses only some of them, and NVRTC warns about unused
 -- static functions, not about unused external ones; each kernel is a program of its own.)
@@ -293,52 +293,60 @@ __device__ __forceinline__ float kiln_qwd_q4_0(const kiln_qw_q4_0 &w, const kiln
 }
 ]]
 
--- q4_K and q5_K: unit `part` as kiln_qdot's (chunk c = part / 2, half h = part % 2): its low
--- nibbles are half h of sub-block 2c, its high nibbles half h of sub-block 2c + 1.
+-- q4_K and q5_K: unit `part` (0..3) is chunk c = part of the block: its 32 quant bytes, whose
+-- low nibbles are sub-block 2c and high nibbles sub-block 2c + 1 (b's 32-element blocks j and
+-- j + 1). Per unit the lane decodes the two sub-blocks' scales and mins once (the lane's chunk
+-- is the same in every unit it takes, so the shifts are too) and multiplies 64 elements.
+-- q4_K's high nibbles stay in place (q & 0xF0F0F0F0, unsigned bytes against b's signed ones:
+-- dp4a.u32.s32) and their sum is 16 times the nibbles' (folded into the float scale).
 local function qk_i8(t, five)
     local size, qs = five and 176 or 144, five and 48 or 16
     local L = {
-        string.format("struct kiln_qw_%s { uint4 hd, q%s; int c; };", t, five and ", qh" or ""),
+        string.format("struct kiln_qw_%s { uint4 hd, qa, qb%s; int c; };", t, five and ", ha, hb" or ""),
         string.format("__device__ __forceinline__ kiln_qw_%s kiln_qwl_%s(const unsigned char *W, long long NB, long long blk, int part)", t, t),
         "{",
         string.format("    const unsigned char *B = W + blk * %d;", size),
         string.format("    kiln_qw_%s w;", t),
-        "    w.c = part >> 1;",
-        string.format("    w.hd = kiln_q16(B), w.q = kiln_q16(B + %d + 32 * (part >> 1) + 16 * (part & 1));", qs),
-        five and "    w.qh = kiln_q16(B + 16 + 16 * (part & 1));" or nil,
+        "    w.c = part;",
+        string.format("    w.hd = kiln_q16(B), w.qa = kiln_q16(B + %d + 32 * part), w.qb = kiln_q16(B + %d + 32 * part);", qs, qs + 16),
+        five and "    w.ha = kiln_q16(B + 16), w.hb = kiln_q16(B + 32);" or nil,
         "    return w;",
         "}",
-        string.format("struct kiln_qb_%s { uint4 a, b; float da, db, sa, sb; };", t),
+        string.format("struct kiln_qb_%s { uint4 a0, a1, b0, b1; float2 d; float4 s; };", t),
         string.format("__device__ __forceinline__ kiln_qb_%s kiln_qbl_%s(const unsigned char *P0, const unsigned char *P1, const float *QD,", t, t),
         "                                                      const float *QS, int ub, int part)",
         "{",
-        "    const int j = 8 * ub + 2 * (part >> 1), h = part & 1;",
-        "    const unsigned char *P = h ? P1 : P0;",
+        "    const int j = 8 * ub + 2 * part;",
         string.format("    kiln_qb_%s x;", t),
-        "    x.a = *(const uint4 *)(P + 16 * j), x.b = *(const uint4 *)(P + 16 * j + 16);",
-        "    x.da = QD[j], x.db = QD[j + 1], x.sa = QS[2 * j + h], x.sb = QS[2 * j + 2 + h];",
+        "    x.a0 = *(const uint4 *)(P0 + 16 * j), x.a1 = *(const uint4 *)(P1 + 16 * j);",
+        "    x.b0 = *(const uint4 *)(P0 + 16 * j + 16), x.b1 = *(const uint4 *)(P1 + 16 * j + 16);",
+        "    x.d = *(const float2 *)(QD + j), x.s = *(const float4 *)(QS + 2 * j);",
         "    return x;",
         "}",
         string.format("__device__ __forceinline__ float kiln_qwd_%s(const kiln_qw_%s &w, const kiln_qb_%s &x)", t, t, t),
         "{",
-        "    const int c = w.c;",
-        "    float sc0, m0, sc1, m1;",
-        "    kiln_qscale_k4(2 * c, w.hd.y, w.hd.z, w.hd.w, &sc0, &m0);",
-        "    kiln_qscale_k4(2 * c + 1, w.hd.y, w.hd.z, w.hd.w, &sc1, &m1);",
-        "    const unsigned q[4] = {w.q.x, w.q.y, w.q.z, w.q.w}, a[4] = {x.a.x, x.a.y, x.a.z, x.a.w}, b[4] = {x.b.x, x.b.y, x.b.z, x.b.w};",
-        five and "    const unsigned hb[4] = {w.qh.x, w.qh.y, w.qh.z, w.qh.w};" or nil,
+        "    /* the 6-bit scales and mins of sub-blocks 2c, 2c + 1 as byte pairs (get_scale_min_k4):",
+        "     * bytes 2c, 2c + 1 of the 12 for c < 2; else low/high nibbles of bytes 8 + 2(c - 2).. with",
+        "     * the top bits of bytes 2(c - 2).. (scales) and 4 + 2(c - 2).. (mins); branch-free */",
+        "    const int c = w.c, sh = 16 * (c & 1);",
+        "    const unsigned y = w.hd.y >> sh, z = w.hd.z >> sh, v = w.hd.w >> sh;",
+        "    const unsigned S = c < 2 ? y & 0x3F3Fu : (v & 0x0F0Fu) | ((y >> 2) & 0x3030u);",
+        "    const unsigned M = c < 2 ? z & 0x3F3Fu : ((v >> 4) & 0x0F0Fu) | ((z >> 2) & 0x3030u);",
+        "    const unsigned q[8] = {w.qa.x, w.qa.y, w.qa.z, w.qa.w, w.qb.x, w.qb.y, w.qb.z, w.qb.w};",
+        "    const unsigned a[8] = {x.a0.x, x.a0.y, x.a0.z, x.a0.w, x.a1.x, x.a1.y, x.a1.z, x.a1.w};",
+        "    const unsigned b[8] = {x.b0.x, x.b0.y, x.b0.z, x.b0.w, x.b1.x, x.b1.y, x.b1.z, x.b1.w};",
+        five and "    const unsigned hb[8] = {w.ha.x, w.ha.y, w.ha.z, w.ha.w, w.hb.x, w.hb.y, w.hb.z, w.hb.w};" or nil,
         "    int s0 = 0, s1 = 0;",
         "#pragma unroll",
-        "    for (int i = 0; i < 4; i++) {",
-        five and "        const unsigned lo = (q[i] & 0x0F0F0F0Fu) | (((hb[i] >> (2 * c)) & 0x01010101u) << 4);"
-            or "        const unsigned lo = q[i] & 0x0F0F0F0Fu;",
-        five and "        const unsigned hi = ((q[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> (2 * c + 1)) & 0x01010101u) << 4);"
-            or "        const unsigned hi = (q[i] >> 4) & 0x0F0F0F0Fu;",
-        "        s0 = __dp4a((int)lo, (int)a[i], s0);",
-        "        s1 = __dp4a((int)hi, (int)b[i], s1);",
+        "    for (int i = 0; i < 8; i++) {",
+        five and "        s0 = __dp4a((int)((q[i] & 0x0F0F0F0Fu) | (((hb[i] >> (2 * c)) & 0x01010101u) << 4)), (int)a[i], s0);"
+            or "        s0 = __dp4a((int)(q[i] & 0x0F0F0F0Fu), (int)a[i], s0);",
+        five and "        s1 = __dp4a((int)(((q[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> (2 * c + 1)) & 0x01010101u) << 4)), (int)b[i], s1);"
+            or [[        asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(s1) : "r"(q[i] & 0xF0F0F0F0u), "r"(b[i]));]],
         "    }",
         "    const float d = kiln_qh2f(w.hd.x & 0xFFFFu), dmin = kiln_qh2f(w.hd.x >> 16);",
-        "    return d * (sc0 * x.da * (float)s0 + sc1 * x.db * (float)s1) - dmin * (m0 * x.sa + m1 * x.sb);",
+        string.format("    const float p = x.d.x * (float)(s0 * (int)(S & 0xFFu)) + x.d.y * %s(float)(s1 * (int)(S >> 8));", five and "" or "0.0625f * "),
+        "    return d * p - dmin * ((float)(M & 0xFFu) * (x.s.x + x.s.y) + (float)(M >> 8) * (x.s.z + x.s.w));",
         "}",
         "",
     }
@@ -408,7 +416,8 @@ __device__ __forceinline__ float kiln_qwd_q6_K(const kiln_qw_q6_K &w, const kiln
 function M.bq_prologue(K, T, bexpr, norm)
     local L = {
         string.format("__shared__ __align__(16) unsigned char QB[%d]; /* b's int8 planes (quant.lua) */", K + 16),
-        string.format("__shared__ float QD[%d], QS[%d];", K // 32, K // 16),
+        string.format("__shared__ __align__(16) float QD[%d]; /* 8- and 16-byte loads of them (q4_K, q5_K) */", K // 32),
+        string.format("__shared__ __align__(16) float QS[%d];", K // 16),
         norm and string.format("__shared__ float QN[%d]; /* the warps' sums of x² */", T // 32) or nil,
         string.format("const unsigned char *const P0 = QB, *const P1 = QB + %d;", K // 2 + 16),
         "{",
