@@ -1717,7 +1717,9 @@ end
 local QGEMV_WARPS = 8 -- warps per block of the quantized gemv (groups of them split K)
 local QGEMV_RMAX = 2  -- most rows per warp group (each read of b's shared bytes serves them all;
                       -- H100, 8B decode: 2 gave Q4_K_M 2.92 ms, 4 3.11, 1 2.93 but Q8_0 3.94 against 3.78)
-local QGEMV_REGS = 40 -- registers of weights one lane keeps in flight ahead of its products, at most
+local QGEMV_REGS = 64 -- registers of weights one lane keeps in flight ahead of its products, at most
+                      -- (H100, one call: 40 gave 8B Q4_K_M 2.700 ms, Q8_0 3.541; 64 2.573 and 3.390; 52
+                      -- and 80 in between; 64 but 40 for q6_K 2.644)
 local QGEMV_MINB = 0  -- __launch_bounds__ minimum blocks per SM (0: none)
 
 -- The quantized gemv's layout: the block's QGEMV_WARPS warps form groups of WK that own R rows
