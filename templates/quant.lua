@@ -32,7 +32,7 @@ local TYPES = {
     q4_0 = { block = 32, size = 18, rest = 16, ub = 1 },
     q4_K = { block = 256, size = 144, ub = 4 },
     q5_K = { block = 256, size = 176, ub = 4 },
-    q6_K = { block = 256, size = 210, rest = 208, ub = 8 },
+    q6_K = { block = 256, size = 210, rest = 208, ub = 4 },
 }
 M.TYPES = TYPES
 
@@ -40,7 +40,7 @@ function M.is(t) return TYPES[t] ~= nil end
 
 -- Registers of one unit's weights (kiln_qw_T, the int8 path's): the quantized GEMVs size how many
 -- units' loads run ahead of the products by them.
-M.QW_REGS = { q8_0 = 9, q4_0 = 5, q4_K = 13, q5_K = 21, q6_K = 10 }
+M.QW_REGS = { q8_0 = 9, q4_0 = 5, q4_K = 13, q5_K = 21, q6_K = 16 }
 
 -- (The helpers are not `static`: a kernel uses only some of them, and NVRTC warns about unused
 -- static functions, not about unused external ones; each kernel is a program of its own.)
@@ -355,54 +355,62 @@ end
 I8.q4_K = qk_i8("q4_K", false)
 I8.q5_K = qk_i8("q5_K", true)
 
--- q6_K: unit `part` as kiln_qdot's (half hf = part / 4, l0 = 8 (part % 4)): for each quarter q
--- the 8 elements 128hf + 32q + l0.., b's block 8 ub + 4hf + q at byte l0 (plane l0 / 16).
--- The 6-bit value minus 32 is a signed byte: flip bit 5 and copy it into bits 6 and 7.
+-- q6_K: unit `part` (0..3) is half hf = part / 2 of the block (128 elements) and, in each of
+-- its 4 quarters q (32 elements, b's block 8 ub + 4 hf + q), the 16 elements from g = part % 2
+-- (b's plane g): 16 bytes of ql (quarters 0 and 2 share them, low and high nibbles; 1 and 3 the
+-- next 32 bytes), 16 of qh, and the quarters' 4 scales, bytes g, g + 2, g + 4, g + 6 of the
+-- half's 8. The 6-bit values go to dp4a unsigned (0..63, dp4a.u32.s32) and the offset 32 is
+-- taken off with b's half-block sums: sum (v - 32) b = sum v b - 32 sum b.
 I8.q6_K = [[
-struct kiln_qw_q6_K { uint2 qa, qb, qh, sw; unsigned d; int is; };
+struct kiln_qw_q6_K { uint4 qa, qb, qh; uint2 sw; unsigned d; int g; };
 __device__ __forceinline__ kiln_qw_q6_K kiln_qwl_q6_K(const unsigned char *W, long long NB, long long blk, int part)
 {
     const unsigned char *B = kiln_qtb(W, blk, 210, 208);
-    const int hf = part >> 2, l0 = 8 * (part & 3);
+    const int hf = part >> 1, g = part & 1;
     kiln_qw_q6_K w;
-    w.qa = kiln_q8(B + 64 * hf + l0), w.qb = kiln_q8(B + 64 * hf + 32 + l0), w.qh = kiln_q8(B + 128 + 32 * hf + l0);
-    w.sw = kiln_q8(B + 192 + 8 * hf), w.d = kiln_qts(W, NB, blk, 210, 208), w.is = l0 >> 4;
+    w.qa = kiln_q16(B + 64 * hf + 16 * g), w.qb = kiln_q16(B + 64 * hf + 32 + 16 * g);
+    w.qh = kiln_q16(B + 128 + 32 * hf + 16 * g), w.sw = kiln_q8(B + 192 + 8 * hf);
+    w.d = kiln_qts(W, NB, blk, 210, 208), w.g = g;
     return w;
 }
-struct kiln_qb_q6_K { uint2 x[4]; float d[4]; };
+struct kiln_qb_q6_K { uint4 x[4]; float4 d; float s[4]; };
 __device__ __forceinline__ kiln_qb_q6_K kiln_qbl_q6_K(const unsigned char *P0, const unsigned char *P1, const float *QD,
                                                       const float *QS, int ub, int part)
 {
-    const int hf = part >> 2, l0 = 8 * (part & 3), j = 8 * ub + 4 * hf;
-    const unsigned char *P = (l0 >> 4) ? P1 : P0;
+    const int hf = part >> 1, g = part & 1, j = 8 * ub + 4 * hf;
+    const unsigned char *P = g ? P1 : P0;
     kiln_qb_q6_K x;
 #pragma unroll
-    for (int q = 0; q < 4; q++) x.x[q] = *(const uint2 *)(P + 16 * (j + q) + (l0 & 15)), x.d[q] = QD[j + q];
+    for (int q = 0; q < 4; q++) x.x[q] = *(const uint4 *)(P + 16 * (j + q)), x.s[q] = QS[2 * (j + q) + g];
+    x.d = *(const float4 *)(QD + j);
     return x;
 }
-__device__ __forceinline__ unsigned kiln_q6s(unsigned v)
+__device__ __forceinline__ int kiln_q6dot(unsigned v, unsigned b, int s)
 {
-    v ^= 0x20202020u;
-    return v | (v & 0x20202020u) * 6u;
+    asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(s) : "r"(v), "r"(b));
+    return s;
 }
 __device__ __forceinline__ float kiln_qwd_q6_K(const kiln_qw_q6_K &w, const kiln_qb_q6_K &x)
 {
-    const unsigned a[2] = {w.qa.x, w.qa.y}, b[2] = {w.qb.x, w.qb.y}, hb[2] = {w.qh.x, w.qh.y};
-    int s[4] = {0, 0, 0, 0};
+    const unsigned a[4] = {w.qa.x, w.qa.y, w.qa.z, w.qa.w}, b[4] = {w.qb.x, w.qb.y, w.qb.z, w.qb.w};
+    const unsigned h[4] = {w.qh.x, w.qh.y, w.qh.z, w.qh.w};
+    int s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const unsigned xi[4] = {i ? x.x[0].y : x.x[0].x, i ? x.x[1].y : x.x[1].x, i ? x.x[2].y : x.x[2].x, i ? x.x[3].y : x.x[3].x};
-        s[0] = __dp4a((int)kiln_q6s((a[i] & 0x0F0F0F0Fu) | ((hb[i] & 0x03030303u) << 4)), (int)xi[0], s[0]);
-        s[1] = __dp4a((int)kiln_q6s((b[i] & 0x0F0F0F0Fu) | (((hb[i] >> 2) & 0x03030303u) << 4)), (int)xi[1], s[1]);
-        s[2] = __dp4a((int)kiln_q6s(((a[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> 4) & 0x03030303u) << 4)), (int)xi[2], s[2]);
-        s[3] = __dp4a((int)kiln_q6s(((b[i] >> 4) & 0x0F0F0F0Fu) | (((hb[i] >> 6) & 0x03030303u) << 4)), (int)xi[3], s[3]);
+    for (int i = 0; i < 4; i++) {
+        const unsigned xi[4] = {i == 0 ? x.x[0].x : i == 1 ? x.x[0].y : i == 2 ? x.x[0].z : x.x[0].w,
+                                i == 0 ? x.x[1].x : i == 1 ? x.x[1].y : i == 2 ? x.x[1].z : x.x[1].w,
+                                i == 0 ? x.x[2].x : i == 1 ? x.x[2].y : i == 2 ? x.x[2].z : x.x[2].w,
+                                i == 0 ? x.x[3].x : i == 1 ? x.x[3].y : i == 2 ? x.x[3].z : x.x[3].w};
+        s0 = kiln_q6dot((a[i] & 0x0F0F0F0Fu) | ((h[i] << 4) & 0x30303030u), xi[0], s0);
+        s1 = kiln_q6dot((b[i] & 0x0F0F0F0Fu) | ((h[i] << 2) & 0x30303030u), xi[1], s1);
+        s2 = kiln_q6dot(((a[i] >> 4) & 0x0F0F0F0Fu) | (h[i] & 0x30303030u), xi[2], s2);
+        s3 = kiln_q6dot(((b[i] >> 4) & 0x0F0F0F0Fu) | ((h[i] >> 2) & 0x30303030u), xi[3], s3);
     }
-    const unsigned lo = w.sw.x, hi = w.sw.y;
-    const int is = w.is;
-    const float c0 = (float)(signed char)(lo >> (8 * is)), c1 = (float)(signed char)(lo >> (8 * is + 16));
-    const float c2 = (float)(signed char)(hi >> (8 * is)), c3 = (float)(signed char)(hi >> (8 * is + 16));
-    return kiln_qh2f(w.d) * ((c0 * x.d[0] * (float)s[0] + c1 * x.d[1] * (float)s[1]) +
-                             (c2 * x.d[2] * (float)s[2] + c3 * x.d[3] * (float)s[3]));
+    const int sh = 8 * w.g;
+    const float c0 = (float)(signed char)(w.sw.x >> sh), c1 = (float)(signed char)(w.sw.x >> (sh + 16));
+    const float c2 = (float)(signed char)(w.sw.y >> sh), c3 = (float)(signed char)(w.sw.y >> (sh + 16));
+    return kiln_qh2f(w.d) * ((c0 * (x.d.x * (float)s0 - 32.0f * x.s[0]) + c1 * (x.d.y * (float)s1 - 32.0f * x.s[1])) +
+                             (c2 * (x.d.z * (float)s2 - 32.0f * x.s[2]) + c3 * (x.d.w * (float)s3 - 32.0f * x.s[3])));
 }
 ]]
 
