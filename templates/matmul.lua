@@ -1953,7 +1953,8 @@ local function qgemv(k, s)
         s.NG > 1 and "x" .. s.NG or ""))
     local notes = {
         string.format("quantized gemv: %d rows of %d %s elements (%d blocks); a block: %d groups of %d warps, %d rows a group, " ..
-            "the group's warps split K: %d units of 32 per lane, the loads of %d ahead", s.M, s.K, s.ta, s.K // BL, G, WK, R, NI, PF),
+            "the group's warps split K: %d units of %d elements per lane, the loads of %d ahead", s.M, s.K, s.ta, s.K // BL, G, WK,
+            R, NI, BL // UB, PF),
         "b quantized to int8 per 32 elements in shared memory (as ggml's q8_0/q8_1 activations); dp4a products",
     }
     if s.pa then notes[#notes + 1] = "paired weight (mul_mat_glu): its rows against the same bytes of b" end

@@ -1102,8 +1102,8 @@ local function qid_fused(p)
 end
 
 -- The fused GEMV of quantized experts, grid (row tiles, U, T): a block reads its slot's id and
--- owns QID_R rows per warp group of that expert; a warp group's warps split K into 32-element
--- units (as matmul.lua's qgemv: a q8_0/q4_0 block or an eighth of a K-quant block). The block
+-- owns QID_R rows per warp group of that expert; a warp group's warps split K into units (as
+-- matmul.lua's qgemv: a q8_0/q4_0 block or a quarter of a K-quant block). The block
 -- first quantizes its b row to int8 in shared memory (quant.bq_prologue, after the first units'
 -- weight loads are issued), then each lane multiplies its units' weight integers against b's in
 -- dp4a (quant.lua's int8 path, as the dense qgemv), the next units' loads in flight, and the
@@ -1265,8 +1265,8 @@ local function qgemv_id(k)
 
     local name = string.format("mul_mat_id_qgemv_%s%s_k%d_m%d_u%d", pa and "pair_" or "", T, p.K, p.M, p.U)
     local notes = notes_of(p)
-    notes[#notes + 1] = string.format("grid (%d, %d, %d) of %d warps: %d rows a warp, %d warp%s split K (%d units of 32, %d per lane), %d rows a block",
-        gx, p.U, p.T, QID_WARPS, R, WK, WK == 1 and "" or "s", NU, NI, RB)
+    notes[#notes + 1] = string.format("grid (%d, %d, %d) of %d warps: %d rows a warp, %d warp%s split K (%d units of %d, %d per lane), %d rows a block",
+        gx, p.U, p.T, QID_WARPS, R, WK, WK == 1 and "" or "s", NU, BL // UB, NI, RB)
     local src = source {
         name = name, what = "decode: a fused GEMV over the selected expert's quantized rows per (slot, token)",
         notes = notes, pre = (pre.code():gsub("\n$", "")), helpers = { quant.helpers(T, false, true) }, threads = QID_WARPS * 32,

@@ -14,10 +14,9 @@
 -- ggml's layout. Element e of a buffer is element e % block of block e / block, in either layout.
 --
 -- The fused GEMV (one column) reads each weight once: a warp owns a row and its lanes take
--- 32-element units of it (lane l units l, l+32, ...; a unit is a q8_0/q4_0 block, or an eighth of
--- a K-quant block), decode the quants to floats exactly (a byte placed in the mantissa of
--- 2^23, minus 2^23 and the type's offset: no int-to-float conversion instruction), multiply by
--- b's values read through L1, and apply the unit's scales once per sub-block sum. The other
+-- units of it (lane l units l, l+32, ...; a unit is a q8_0/q4_0 block, or a quarter of a
+-- K-quant block), multiply the quants' integers by b's, quantized to int8 in shared memory
+-- (dp4a), and apply the unit's scales once per sub-block sum. The other
 -- plans dequantize the weight into the scratch as f16 (as ggml's cuBLAS path does) and run the
 -- f16 plan of matmul.lua / matmul_id.lua on it.
 
@@ -26,7 +25,8 @@ local kit = require("kit")
 local M = {}
 
 -- block: elements per block; size: bytes per block in files; rest: bytes per block before the
--- scales in the tiled layout (nil: the file's layout); ub: 32-element units per block.
+-- scales in the tiled layout (nil: the file's layout); ub: the int8 GEMVs' units per block (32
+-- elements for q8_0/q4_0, 64 for the K-quants: a unit's scales are decoded once for 64).
 local TYPES = {
     q8_0 = { block = 32, size = 34, rest = 32, ub = 1 },
     q4_0 = { block = 32, size = 18, rest = 16, ub = 1 },
