@@ -558,7 +558,7 @@ int         kiln_ftype_from_name(const char *name, kiln_ftype *out);
 const char *kiln_ftype_list(void);
 
 typedef struct {
-    char     arch[32];        /* "llama", "qwen2", "qwen3", "qwen3moe" */
+    char     arch[32];        /* "llama", "qwen2", "qwen3", "qwen3moe", ... (km_arch_list) */
     int64_t  n_vocab;
     int64_t  n_ctx_train;     /* also rope's n_ctx_orig */
     int64_t  n_embd;
@@ -587,6 +587,15 @@ typedef struct {
      * branch times residual_scale before its add, attention scores times attention_scale
      * instead of 1/sqrt(head_dim), the logits divided by logit_scale. */
     float    embedding_scale, residual_scale, attention_scale, logit_scale;
+    /* gemma3's interleaved sliding-window attention (0: none; GGUF ARCH.attention.sliding_window):
+     * layers il with il % swa_pattern < swa_pattern - 1 (llama.cpp's set_swa_pattern; gemma3: 6,
+     * a constant of its loader) see only the n_swa newest positions (a query at p, a key at p0 <=
+     * p - n_swa masked) and rope with base rope_freq_base_swa and no scaling (gemma3: 10000). */
+    int64_t  n_swa, swa_pattern;
+    float    rope_freq_base_swa;
+    /* gemma3: Q times query_scale after its rope, attention then unscaled (llama.cpp's
+     * f_attention_scale: 1/sqrt(head_dim), 27B 1/sqrt(n_embd / n_head); 0: none) */
+    float    query_scale;
     kiln_ftype ftype;         /* the weights' types (kiln_model_weight_type); from a GGUF file:
                                  its general.file_type, and each weight's type is the file's */
 } kiln_model_hparams;

@@ -18,6 +18,8 @@ const km_arch_info km_archs[KM_ARCH_COUNT] = {
     [KM_ARCH_GRANITE] = {"granite", KILN_ROPE_NORMAL, .scales = true},
     [KM_ARCH_SMOLLM3] = {"smollm3", KILN_ROPE_NORMAL, .nope_step = 4},
     [KM_ARCH_PHI3] = {"phi3", KILN_ROPE_NEOX, .fused = true},
+    [KM_ARCH_GEMMA3] = {"gemma3", KILN_ROPE_NEOX, .qk_norm = true, .gemma = true, .swa_pattern = 6,
+                        .rope_freq_base_swa = 10000.0f},
 };
 
 const char *km_rope_factors(const kiln_model_hparams *hp, int64_t n_ctx) {
@@ -33,6 +35,10 @@ bool km_layer_ropes(const kiln_model_hparams *hp, int64_t il) {
     return a < 0 || km_archs[a].nope_step <= 0 || (il + 1) % km_archs[a].nope_step != 0;
 }
 
+bool km_layer_swa(const kiln_model_hparams *hp, int64_t il) {
+    return hp->n_swa > 0 && hp->swa_pattern > 0 && il % hp->swa_pattern < hp->swa_pattern - 1;
+}
+
 int km_arch_find(const char *name) {
     for (int a = 0; name && a < KM_ARCH_COUNT; a++)
         if (strcmp(km_archs[a].name, name) == 0) return a;
@@ -40,7 +46,7 @@ int km_arch_find(const char *name) {
 }
 
 const char *km_arch_name(km_arch a) { return (unsigned)a < KM_ARCH_COUNT ? km_archs[a].name : "?"; }
-const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3"; }
+const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3"; }
 
 /* ---- presets -------------------------------------------------------------------------------
  * Real models: the values of their Hugging Face config.json (sources in docs/models.md). The
@@ -73,6 +79,13 @@ static const preset presets[] = {
     /* phi3 at tiny size: fused q/k/v and gate/up, longrope factors (orig ctx 256) */
     {"tiny", {.arch = "phi3", TINY_COMMON, .head_dim = 32, .rms_norm_eps = 1e-5f, .rope_freq_base = 10000,
               .rope_scaling = KILN_ROPE_SCALING_LONGROPE, .rope_orig_ctx = 256, .rope_attn_factor = 1.1902f}},
+    /* gemma3 at tiny size: six layers, the first five local (a window of 8 positions, rope base
+     * 10000), the sixth global (rope base 1e6, linear scaling 8); head size 64 of 4 x 32 wide */
+    {"tiny", {.arch = "gemma3", .n_vocab = 1024, .n_ctx_train = 1024, .n_embd = 128, .n_layer = 6, .n_head = 4,
+              .n_head_kv = 2, .n_ff = 256, .ftype = KILN_FTYPE_MOSTLY_F16, .head_dim = 64, .rms_norm_eps = 1e-6f,
+              .rope_freq_base = 1000000, .rope_scaling = KILN_ROPE_SCALING_LINEAR, .rope_factor = 8,
+              .qk_norm = true, .tied_output = true, .n_swa = 8, .swa_pattern = 6, .rope_freq_base_swa = 10000,
+              .query_scale = 0.125f}},
     /* meta-llama/Llama-3.2-1B: llama3 rope scaling, tied embeddings */
     {"llama-3.2-1b", {.arch = "llama", .n_vocab = 128256, .n_ctx_train = 131072, .n_embd = 2048, .n_layer = 16,
                       .n_head = 32, .n_head_kv = 8, .head_dim = 64, .n_ff = 8192, .rms_norm_eps = 1e-5f,
@@ -112,6 +125,14 @@ static const preset presets[] = {
                       .n_head = 32, .n_head_kv = 32, .head_dim = 96, .n_ff = 8192, .rms_norm_eps = 1e-5f,
                       .rope_freq_base = 10000, .rope_scaling = KILN_ROPE_SCALING_LONGROPE, .rope_orig_ctx = 4096,
                       .rope_attn_factor = 1.1902380714238083f, .ftype = KILN_FTYPE_MOSTLY_BF16}},
+    /* google/gemma-3-4b-it (text_config): 34 layers, 5 local (window 1024, rope base 1e4) to 1
+     * global (rope base 1e6, linear scaling 8), 8 heads of 256 over 4 KV heads, q scaled by
+     * 1/sqrt(256), tied embeddings of 262208 tokens */
+    {"gemma-3-4b", {.arch = "gemma3", .n_vocab = 262208, .n_ctx_train = 131072, .n_embd = 2560, .n_layer = 34,
+                    .n_head = 8, .n_head_kv = 4, .head_dim = 256, .n_ff = 10240, .rms_norm_eps = 1e-6f,
+                    .rope_freq_base = 1000000, .rope_scaling = KILN_ROPE_SCALING_LINEAR, .rope_factor = 8,
+                    .qk_norm = true, .tied_output = true, .n_swa = 1024, .swa_pattern = 6,
+                    .rope_freq_base_swa = 10000, .query_scale = 0.0625f, .ftype = KILN_FTYPE_MOSTLY_BF16}},
     /* HuggingFaceTB/SmolLM3-3B: no rope in every 4th layer, rope base 5e6, tied embeddings */
     {"smollm3-3b", {.arch = "smollm3", .n_vocab = 128256, .n_ctx_train = 65536, .n_embd = 2048, .n_layer = 36,
                     .n_head = 16, .n_head_kv = 4, .head_dim = 128, .n_ff = 11008, .rms_norm_eps = 1e-6f,
@@ -193,6 +214,7 @@ bool km_weight_present(const kiln_model_hparams *hp, const km_weight *w) {
     case KM_WHEN_DENSE_SPLIT: return !moe && !fused;
     case KM_WHEN_DENSE_FUSED: return !moe && fused;
     case KM_WHEN_LONGROPE: return hp->rope_scaling == KILN_ROPE_SCALING_LONGROPE;
+    case KM_WHEN_GEMMA: return a >= 0 && km_archs[a].gemma;
     }
     return false;
 }
@@ -294,6 +316,28 @@ static kiln_status check_scales(const kiln_model_hparams *hp, const km_arch_info
     return NULL;
 }
 
+/* gemma3's window, its layer pattern and rope base, and the query scale: in range, and only on
+ * an arch that has them. */
+static kiln_status check_swa(const kiln_model_hparams *hp, const km_arch_info *ai) {
+    CHECK(hp->n_swa >= 0 && hp->n_swa <= MAX_SIZE, "model: n_swa = %lld is out of range (0 .. %d)", (long long)hp->n_swa,
+          MAX_SIZE);
+    CHECK(ai->swa_pattern > 0 || hp->n_swa == 0, "model: n_swa = %lld, but %s has no sliding-window layers (gemma3 has)",
+          (long long)hp->n_swa, hp->arch);
+    if (hp->n_swa > 0) {
+        CHECK(hp->swa_pattern >= 1 && hp->swa_pattern <= MAX_SIZE, "model: swa_pattern = %lld is out of range (1 .. %d)",
+              (long long)hp->swa_pattern, MAX_SIZE);
+        CHECK(hp->rope_freq_base_swa > 0 && isfinite(hp->rope_freq_base_swa), "model: rope_freq_base_swa = %g is not "
+              "positive", (double)hp->rope_freq_base_swa);
+    }
+    CHECK(isfinite(hp->query_scale) && hp->query_scale >= 0.0f, "model: query_scale = %g must be finite and not "
+          "negative", (double)hp->query_scale);
+    CHECK(ai->gemma || hp->query_scale == 0.0f, "model: query_scale = %g, but %s does not scale Q (gemma3 does)",
+          (double)hp->query_scale, hp->arch);
+    CHECK(!ai->gemma || hp->query_scale > 0.0f, "model: query_scale = %g, but %s scales Q by it (> 0)",
+          (double)hp->query_scale, hp->arch);
+    return NULL;
+}
+
 /* What each arch has (km_archs): llama.cpp builds qwen3 and qwen3moe with QK-norm and qwen2 with
  * Q/K/V biases always; qwen3moe has experts always, llama when the model has them (Mixtral). */
 static kiln_status check_arch(const kiln_model_hparams *hp, km_arch a) {
@@ -303,6 +347,7 @@ static kiln_status check_arch(const kiln_model_hparams *hp, km_arch a) {
     CHECK(!(ai->bias && !hp->attn_bias), "model: attn_bias = false, but %s always has Q/K/V biases", hp->arch);
     CHECK(!(ai->qk_norm && hp->attn_bias), "model: attn_bias = true, but %s has no Q/K/V biases", hp->arch);
     kiln_status st = check_scales(hp, ai);
+    if (!st) st = check_swa(hp, ai);
     if (st) return st;
     CHECK(hp->n_expert >= 0, "model: n_expert = %lld is negative", (long long)hp->n_expert);
     CHECK(!(ai->moe && hp->n_expert == 0), "model: n_expert = 0, but every %s layer is a mixture of experts",

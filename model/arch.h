@@ -13,6 +13,7 @@ typedef enum {
     KM_ARCH_GRANITE,
     KM_ARCH_SMOLLM3,
     KM_ARCH_PHI3,
+    KM_ARCH_GEMMA3,
     KM_ARCH_COUNT
 } km_arch;
 
@@ -30,6 +31,12 @@ typedef struct {
                               and q scaled by 1/sqrt(head size) before attention */
     int         nope_step; /* > 0: layers il with (il + 1) % nope_step == 0 have no rope (smollm3:
                               4, a constant of llama.cpp's loader, no GGUF key) */
+    bool        gemma;     /* gemma3: embeddings times sqrt(n_embd), Q scaled by query_scale
+                              after its rope (attention unscaled), a norm after attention and
+                              after the FFN (post_attention_norm, post_ffw_norm), GeGLU */
+    int         swa_pattern; /* the sliding-window layer pattern a file with a window gets
+                                (gemma3: 6; llama.cpp's set_swa_pattern), and its base: */
+    float       rope_freq_base_swa;
 } km_arch_info;
 extern const km_arch_info km_archs[KM_ARCH_COUNT];
 
@@ -50,8 +57,13 @@ const char *km_rope_factors(const kiln_model_hparams *hp, int64_t n_ctx);
 static inline bool km_moe(const kiln_model_hparams *hp) { return hp->n_expert > 0; }
 /* Whether layer il of a model of hp ropes its Q and K (the cache shift re-ropes those only). */
 bool km_layer_ropes(const kiln_model_hparams *hp, int64_t il);
+/* Whether layer il of a model of hp attends through the sliding window (hp->n_swa). */
+bool km_layer_swa(const kiln_model_hparams *hp, int64_t il);
 kiln_tensor *km_arch_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_tensor *x, kiln_tensor *pos,
                           kiln_tensor *freqs);
+/* km_arch_rope of layer il: a sliding-window layer ropes with rope_freq_base_swa, unscaled. */
+kiln_tensor *km_layer_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, int64_t il, kiln_tensor *x, kiln_tensor *pos,
+                           kiln_tensor *freqs);
 
 /* ---- the weights --------------------------------------------------------------------------
  * Every weight a model may have, named and shaped as llama.cpp's load_arch_tensors creates
@@ -78,12 +90,14 @@ kiln_tensor *km_arch_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_tens
     X(ATTN_Q_NORM, "attn_q_norm.weight", 1, F32, QK_NORM, 1, HEAD, ONE, ONE)                       \
     X(ATTN_K_NORM, "attn_k_norm.weight", 1, F32, QK_NORM, 1, HEAD, ONE, ONE)                       \
     X(ATTN_OUT, "attn_output.weight", 1, ATTN_OUT, ALWAYS, 2, Q, EMBD, ONE)                           \
+    X(ATTN_POST_NORM, "post_attention_norm.weight", 1, F32, GEMMA, 1, EMBD, ONE, ONE)               \
     X(FFN_NORM, "ffn_norm.weight", 1, F32, ALWAYS, 1, EMBD, ONE, ONE)                              \
     X(FFN_GATE, "ffn_gate.weight", 1, MATRIX, DENSE_SPLIT, 2, EMBD, FF, ONE)                        \
     X(FFN_UP, "ffn_up.weight", 1, MATRIX, DENSE_SPLIT, 2, EMBD, FF, ONE)                            \
     /* phi3: gate and up in one matrix, the gate's rows first (ggml_swiglu splits it) */           \
     X(FFN_UP_GATE, "ffn_up.weight", 1, MATRIX, DENSE_FUSED, 2, EMBD, FF2, ONE)                      \
     X(FFN_DOWN, "ffn_down.weight", 1, FFN_DOWN, DENSE, 2, FF, EMBD, ONE)                              \
+    X(FFN_POST_NORM, "post_ffw_norm.weight", 1, F32, GEMMA, 1, EMBD, ONE, ONE)                      \
     /* the router stays f32 in GGUF files (llama.cpp's converter keeps ffn_gate_inp in f32) */     \
     X(FFN_GATE_INP, "ffn_gate_inp.weight", 1, F32, MOE, 2, EMBD, EXPERT, ONE)                      \
     X(FFN_GATE_EXPS, "ffn_gate_exps.weight", 1, MATRIX, MOE, 3, EMBD, FF_EXP, EXPERT)               \
@@ -130,6 +144,7 @@ typedef enum {
     KM_WHEN_DENSE_SPLIT, /* a dense FFN with gate and up apart */
     KM_WHEN_DENSE_FUSED, /* phi3's dense FFN: gate and up in one matrix */
     KM_WHEN_LONGROPE, /* longrope scaling (phi3) */
+    KM_WHEN_GEMMA,    /* gemma3's norms after attention and after the FFN */
 } km_when;
 
 /* A weight's part in the mix of types of a file type (model/ftype.c): the rules of

@@ -21,7 +21,7 @@ typedef struct {
     kiln_build_opts           o;
     const kiln_gguf          *file; /* the weights' types, else the mix of hp->ftype */
     int64_t                   T, KV; /* handles of the symbolic dims n_tokens and n_kv */
-    kiln_tensor *embd, *pos, *kv_idxs, *mask, *out_ids, *rope_freqs;
+    kiln_tensor *embd, *pos, *kv_idxs, *mask, *mask_swa, *out_ids, *rope_freqs;
     int          il;   /* the layer being built; -1 outside the layers */
     int64_t      rows; /* extent of the rows flowing through the layer: T, or 1 after the last
                           layer keeps only the output rows (KILN_OUTPUTS_LAST) */
@@ -30,6 +30,7 @@ typedef struct {
 /* One layer's weights, named and shaped as llama.cpp's load_arch_tensors creates them. */
 typedef struct {
     kiln_tensor *attn_norm, *wqkv, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *q_norm, *k_norm, *ffn_norm;
+    kiln_tensor *attn_post_norm, *ffn_post_norm; /* gemma3 */
     kiln_tensor *ffn_gate, *ffn_up, *ffn_down, *ffn_up_gate;     /* dense (phi3: gate and up in one) */
     kiln_tensor *gate_inp, *gate_exps, *up_exps, *down_exps;     /* experts */
     kiln_tensor *cache_k, *cache_v;
@@ -95,6 +96,7 @@ static void attn_weights(mb *b, layer_w *w) {
     w->q_norm = weight(b, KM_W_ATTN_Q_NORM);
     w->k_norm = weight(b, KM_W_ATTN_K_NORM);
     w->wo = weight(b, KM_W_ATTN_OUT);
+    w->attn_post_norm = weight(b, KM_W_ATTN_POST_NORM);
     /* the KV cache of this layer: [n_embd_k_gqa, n_ctx] f16, as llama.cpp's cache_k_lN */
     char name[FE_MAX_NAME];
     snprintf(name, sizeof name, "cache_k_l%d", b->il);
@@ -110,6 +112,7 @@ static void ffn_weights(mb *b, layer_w *w) {
     w->ffn_up = weight(b, KM_W_FFN_UP);
     w->ffn_up_gate = weight(b, KM_W_FFN_UP_GATE);
     w->ffn_down = weight(b, KM_W_FFN_DOWN);
+    w->ffn_post_norm = weight(b, KM_W_FFN_POST_NORM);
     w->gate_inp = weight(b, KM_W_FFN_GATE_INP);
     w->gate_exps = weight(b, KM_W_FFN_GATE_EXPS);
     w->up_exps = weight(b, KM_W_FFN_UP_EXPS);
@@ -150,8 +153,18 @@ kiln_tensor *km_arch_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_tens
                          attn, 32.0f, 1.0f);
 }
 
+kiln_tensor *km_layer_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, int64_t il, kiln_tensor *x, kiln_tensor *pos,
+                           kiln_tensor *freqs) {
+    if (!km_layer_swa(hp, il)) return km_arch_rope(ctx, hp, x, pos, freqs);
+    /* get_rope_freq_base/scale of a sliding-window layer: rope_freq_base_train_swa, scale 1 */
+    kiln_model_hparams local = *hp;
+    local.rope_freq_base = hp->rope_freq_base_swa;
+    local.rope_scaling = KILN_ROPE_SCALING_NONE;
+    return km_arch_rope(ctx, &local, x, pos, NULL);
+}
+
 static kiln_tensor *rope(mb *b, kiln_tensor *x, const char *name) {
-    return nm(b, km_arch_rope(b->ctx, b->hp, x, b->pos, b->rope_freqs), name);
+    return nm(b, km_layer_rope(b->ctx, b->hp, b->il, x, b->pos, b->rope_freqs), name);
 }
 
 /* The heads of cache rows 0 .. n_kv-1 (llama.cpp's get_k / get_v): [hd, n_head_kv, n_kv]. */
@@ -198,6 +211,8 @@ static kiln_tensor *attention(mb *b, const layer_w *w, kiln_tensor *x) {
         Q = rope(b, Q, "Qrope");
         K = rope(b, K, "Krope");
     }
+    /* gemma3: Q times f_attention_scale after its rope (the attention then unscaled) */
+    if (hp->query_scale != 0.0f) Q = nm(b, kiln_scale(ctx, Q, hp->query_scale, 0.0f), "Qscaled");
     kiln_tensor *k_row = reshape(b, K, 2, gqa, T, 1, "k_row"); /* (a rope's result: contiguous) */
     kiln_tensor *v_row;
     if (w->wqkv) { /* phi3: v's rows are a 2-D view of the fused product; q is scaled itself */
@@ -215,9 +230,12 @@ static kiln_tensor *attention(mb *b, const layer_w *w, kiln_tensor *x) {
     kiln_tensor *v_heads = cache_heads(b, v_cache, "v_heads");
     kiln_tensor *k = nm(b, kiln_permute(ctx, k_heads, 0, 2, 1, 3), "k");
     kiln_tensor *v = nm(b, kiln_permute(ctx, v_heads, 0, 2, 1, 3), "v");
-    /* granite: attention_scale replaces 1/sqrt(head size) when set; phi3 scaled q already */
-    float scale = w->wqkv ? 1.0f : hp->attention_scale != 0.0f ? hp->attention_scale : 1.0f / sqrtf((float)hd);
-    kiln_tensor *attn = nm(b, kiln_flash_attn_ext(ctx, q, k, v, b->mask, scale, 0.0f, 0.0f, NULL), "attn");
+    /* granite: attention_scale replaces 1/sqrt(head size) when set; phi3 and gemma3 scaled q
+     * already */
+    float scale = w->wqkv || hp->query_scale != 0.0f ? 1.0f
+                : hp->attention_scale != 0.0f ? hp->attention_scale : 1.0f / sqrtf((float)hd);
+    kiln_tensor *mask = km_layer_swa(hp, b->il) ? b->mask_swa : b->mask;
+    kiln_tensor *attn = nm(b, kiln_flash_attn_ext(ctx, q, k, v, mask, scale, 0.0f, 0.0f, NULL), "attn");
     kiln_tensor *flat = reshape(b, attn, 2, hd * hp->n_head, T, 1, "attn_flat");
     return nm(b, kiln_mul_mat(ctx, w->wo, flat), "attn_out");
 }
@@ -235,7 +253,9 @@ static kiln_tensor *ffn_dense(mb *b, const layer_w *w, kiln_tensor *x) {
     }
     kiln_tensor *up = nm(b, kiln_mul_mat(b->ctx, w->ffn_up, x), "up");
     kiln_tensor *gate = nm(b, kiln_mul_mat(b->ctx, w->ffn_gate, x), "gate");
-    kiln_tensor *act = nm(b, kiln_swiglu(b->ctx, gate, up, false), "act");
+    /* gemma3: LLM_FFN_GELU with a parallel gate, ggml_geglu_split (tanh GELU of the gate) */
+    kiln_tensor *act = nm(b, km_archs[b->arch].gemma ? kiln_geglu(b->ctx, gate, up, false) : kiln_swiglu(b->ctx, gate, up, false),
+                          "act");
     return nm(b, kiln_mul_mat(b->ctx, w->ffn_down, act), "down");
 }
 
@@ -320,10 +340,13 @@ static kiln_tensor *layer(mb *b, kiln_tensor *inpL) {
         b->rows = b->o.outputs == KILN_OUTPUTS_LAST ? 1 : b->T;
     }
     cur = residual_scaled(b, cur, "attn_scaled");
+    /* gemma3: a norm of each branch before its residual add */
+    if (w.attn_post_norm) cur = norm_w(b, cur, w.attn_post_norm, "norm_post", "attn_post_norm");
     kiln_tensor *ffn_inp = nm(b, kiln_add(ctx, cur, inpSA), "ffn_inp");
     kiln_tensor *ffn_in = norm_w(b, ffn_inp, w.ffn_norm, "norm2", "ffn_in");
     kiln_tensor *ffn_out = km_moe(hp) ? ffn_moe(b, &w, ffn_in) : ffn_dense(b, &w, ffn_in);
     ffn_out = residual_scaled(b, ffn_out, "ffn_scaled");
+    if (w.ffn_post_norm) ffn_out = norm_w(b, ffn_out, w.ffn_post_norm, "norm_ffn_post", "ffn_post_norm");
     return nm(b, kiln_add(ctx, ffn_out, ffn_inp), "l_out");
 }
 
@@ -338,6 +361,8 @@ static kiln_tensor *inputs(mb *b) {
     b->pos = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_pos", 1, T, 1, 1);
     b->kv_idxs = leaf(b, KILN_ROLE_INPUT, KILN_I64, "kv_idxs", 1, T, 1, 1);
     b->mask = leaf(b, KILN_ROLE_INPUT, KILN_F16, "kq_mask", 2, b->KV, T, 1);
+    /* gemma3: the sliding-window layers' mask (llama.cpp's iswa cache input, one cache here) */
+    if (b->hp->n_swa > 0) b->mask_swa = leaf(b, KILN_ROLE_INPUT, KILN_F16, "kq_mask_swa", 2, b->KV, T, 1);
     b->out_ids = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_out_ids", 1, b->o.outputs == KILN_OUTPUTS_LAST ? 1 : T, 1, 1);
     /* llama3's factors, or longrope's long or short ones by the cache size (km_rope_factors);
      * both of longrope's are the model's weights (a file has both), one is read. */
@@ -349,6 +374,8 @@ static kiln_tensor *inputs(mb *b) {
     kiln_tensor *x = nm(b, kiln_get_rows(b->ctx, embd, tokens), "inp_embd");
     /* granite: build_inp_embd scales the embeddings by embedding_scale when set */
     if (b->hp->embedding_scale != 0.0f) x = nm(b, kiln_scale(b->ctx, x, b->hp->embedding_scale, 0.0f), "inp_scaled");
+    /* gemma3: times sqrt(n_embd) (token embeddings; llama.cpp skips raw embedding inputs) */
+    if (km_archs[b->arch].gemma) x = nm(b, kiln_scale(b->ctx, x, sqrtf((float)b->hp->n_embd), 0.0f), "inp_scaled");
     return x;
 }
 

@@ -39,6 +39,7 @@ struct kiln_gen {
     kiln_sampler_params sampler;
     int64_t  *slots;
     uint16_t *mask;
+    uint16_t *mask_swa; /* gemma3's sliding-window layers' mask (hp->n_swa > 0) */
     float    *logits;
 
     host_state *states; /* cpu: the caches */
@@ -55,8 +56,10 @@ static kiln_status gen_alloc(kiln_gen *g) {
     g->positions = malloc(sizeof *g->positions * (size_t)g->n_batch);
     g->slots = malloc(sizeof *g->slots * (size_t)g->n_batch);
     g->mask = malloc(sizeof *g->mask * (size_t)g->n_batch * (size_t)g->n_ctx);
+    if (g->hp->n_swa > 0) g->mask_swa = malloc(sizeof *g->mask_swa * (size_t)g->n_batch * (size_t)g->n_ctx);
     g->logits = calloc((size_t)g->hp->n_vocab, sizeof *g->logits);
-    return g->tokens && g->positions && g->slots && g->mask && g->logits ? NULL : kb_oom();
+    return g->tokens && g->positions && g->slots && g->mask && (g->mask_swa || g->hp->n_swa <= 0) && g->logits ? NULL
+                                                                                                              : kb_oom();
 }
 
 static kiln_status build(kiln_gen *g) {
@@ -168,6 +171,7 @@ void kiln_gen_free(kiln_gen *g) {
     free(g->positions);
     free(g->slots);
     free(g->mask);
+    free(g->mask_swa);
     free(g->logits);
     kiln_status_free(g->ref_err);
     free(g);
@@ -198,6 +202,11 @@ static void place_inputs(kiln_gen *g, int64_t nt) {
         g->slots[t] = g->pos + t;
         uint16_t *row = g->mask + t * g->nkv;
         for (int64_t j = 0; j < g->nkv; j++) row[j] = j <= g->pos + t ? 0 : F16_NEG_INF;
+        /* the window (llama.cpp's is_masked_swa, standard): a key n_swa or more positions
+         * behind the query is masked too */
+        if (!g->mask_swa) continue;
+        uint16_t *sw = g->mask_swa + t * g->nkv;
+        for (int64_t j = 0; j < g->nkv; j++) sw[j] = j <= g->pos + t && g->pos + t - j < g->hp->n_swa ? 0 : F16_NEG_INF;
     }
     g->out_id = (int32_t)(nt - 1);
 }
@@ -221,6 +230,8 @@ static kiln_status set_inputs(kiln_gen *g, bool with_tokens) {
     if (!st) st = kiln_session_set(s, "inp_pos", g->positions, sizeof *g->positions * (size_t)g->nt);
     if (!st) st = kiln_session_set(s, "kv_idxs", g->slots, sizeof *g->slots * (size_t)g->nt);
     if (!st) st = kiln_session_set(s, "kq_mask", g->mask, sizeof *g->mask * (size_t)(g->nt * g->nkv));
+    if (!st && g->mask_swa)
+        st = kiln_session_set(s, "kq_mask_swa", g->mask_swa, sizeof *g->mask_swa * (size_t)(g->nt * g->nkv));
     if (!st) st = kiln_session_set(s, "inp_out_ids", &g->out_id, sizeof g->out_id);
     return st;
 }
@@ -275,6 +286,7 @@ static const void *ref_get(void *user, const char *name, kiln_type type, int64_t
     if (strcmp(name, "inp_pos") == 0) return g->positions;
     if (strcmp(name, "kv_idxs") == 0) return g->slots;
     if (strcmp(name, "kq_mask") == 0) return g->mask;
+    if (strcmp(name, "kq_mask_swa") == 0) return g->mask_swa;
     if (strcmp(name, "inp_out_ids") == 0) return &g->out_id;
     for (int i = 0; i < g->nstates; i++)
         if (strcmp(g->states[i].name, name) == 0) return g->states[i].data;
@@ -679,7 +691,7 @@ static void shift_put(void *user, const char *name, kiln_type type, int64_t n, c
 /* m rows of a K cache (f16, n_head_kv heads of head_dim each) rotated by delta positions with
  * the model's own rope on the CPU reference: rope is a rotation, so R(p + delta) = R(delta) R(p).
  * In f32, rounded back to f16, as ggml ropes an f16 cache. */
-static kiln_status rerope(const kiln_gen *g, uint16_t *rows, int64_t m, int64_t delta) {
+static kiln_status rerope(const kiln_gen *g, int64_t il, uint16_t *rows, int64_t m, int64_t delta) {
     /* The rotation only: longrope's attn_factor scaled K when it was roped at its position, and
      * R(delta) must not scale it again (llama.cpp's shift passes the factor again; kiln keeps K
      * equal to K roped anew at the shifted position). */
@@ -701,7 +713,7 @@ static kiln_status rerope(const kiln_gen *g, uint16_t *rows, int64_t m, int64_t 
         kiln_tensor *tx = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 3, ne);
         kiln_tensor *tp = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_I32, "pos", 1, &m);
         kiln_tensor *tf = freqs ? kiln_new_tensor(ctx, KILN_ROLE_WEIGHT, KILN_F32, "freqs", 1, &nf) : NULL;
-        kiln_set_output(ctx, km_arch_rope(ctx, hp, tx, tp, tf), "y");
+        kiln_set_output(ctx, km_layer_rope(ctx, hp, il, tx, tp, tf), "y"); /* (gemma3: the layer's base) */
         shift_io io = {.x = x, .freqs = freqs, .pos = pos, .y = x + n, .n = n};
         st = kiln_graph_new(ctx, &gr);
         if (!st) st = kiln_reference(gr, shift_get, shift_put, &io);
@@ -751,7 +763,7 @@ kiln_status kiln_gen_shift(kiln_gen *g, int64_t n_keep, int64_t n_discard) {
             st = state_io(g, name, c, bytes, false);
             if (st) break;
             memmove(c + row * n_keep, c + row * (n_keep + n_discard), sizeof *c * (size_t)(row * m));
-            if (!kv && m > 0 && km_layer_ropes(hp, il)) st = rerope(g, c + row * n_keep, m, -n_discard);
+            if (!kv && m > 0 && km_layer_ropes(hp, il)) st = rerope(g, il, c + row * n_keep, m, -n_discard);
             if (!st) st = state_io(g, name, c, bytes, true);
         }
     free(c);

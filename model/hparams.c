@@ -218,6 +218,13 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
         hp->logit_scale = (float)get_float(&r, "logit_scale", true, 0);
         if (r.st) return r.st;
     }
+    if (ai->gemma) { /* llama.cpp's gemma3 loader: the window from the file, the rest its constants */
+        hp->n_swa = get_int(&r, "attention.sliding_window", false, 0);
+        if (r.st) return r.st;
+        if (hp->n_swa > 0) hp->swa_pattern = ai->swa_pattern, hp->rope_freq_base_swa = ai->rope_freq_base_swa;
+        /* f_attention_scale: the 27B (62 layers) by n_embd / n_head, the others by the head size */
+        hp->query_scale = 1.0f / sqrtf((float)(hp->n_layer == 62 ? hp->n_embd / hp->n_head : hp->head_dim));
+    }
     if (ai->moe || kiln_gguf_find_kv(g, "llama.expert_count") >= 0) {
         hp->n_expert = get_int(&r, "expert_count", true, 0);
         hp->n_expert_used = get_int(&r, "expert_used_count", true, 0);
@@ -455,6 +462,7 @@ void kiln_model_hparams_to_gguf(const kiln_model_hparams *hp, kiln_gguf_writer *
     const float scales[4] = {hp->embedding_scale, hp->residual_scale, hp->attention_scale, hp->logit_scale};
     for (int i = 0; i < 4; i++)
         if (scales[i] != 0.0f) set_arch_f32(w, a, scale_keys[i], scales[i]);
+    if (hp->n_swa > 0) set_arch_u32(w, a, "attention.sliding_window", hp->n_swa);
     if (hp->n_expert > 0) {
         set_arch_u32(w, a, "expert_count", hp->n_expert);
         set_arch_u32(w, a, "expert_used_count", hp->n_expert_used);

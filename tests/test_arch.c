@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3"};
+static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3", "gemma3"};
 #define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 
 static kiln_model_hparams preset(const char *arch, const char *name) {
@@ -125,6 +125,8 @@ static void *make_input(run *r, const char *name, kiln_type type, int64_t n) {
         if (!strcmp(name, "inp_tokens")) v = (float)((7 * (r->n_past + i) + 3) % r->hp->n_vocab);
         else if (!strcmp(name, "inp_pos") || !strcmp(name, "kv_idxs")) v = (float)(r->n_past + i);
         else if (!strcmp(name, "kq_mask")) v = i % n_kv <= r->n_past + i / n_kv ? 0.0f : -INFINITY; /* causal */
+        else if (!strcmp(name, "kq_mask_swa")) /* causal, and n_swa positions back at most (gemma3) */
+            v = i % n_kv <= r->n_past + i / n_kv && r->n_past + i / n_kv - i % n_kv < r->hp->n_swa ? 0.0f : -INFINITY;
         else if (!strcmp(name, "inp_out_ids")) v = r->outs == KILN_OUTPUTS_LAST ? (float)(r->T - 1) : (float)i;
         else ck_abort_msg("unexpected input %s", name);
         kb_store_f32(p, type, i, v);
@@ -133,8 +135,8 @@ static void *make_input(run *r, const char *name, kiln_type type, int64_t n) {
 }
 
 static bool is_input(const char *name) {
-    static const char *const in[] = {"inp_tokens", "inp_pos", "kv_idxs", "kq_mask", "inp_out_ids"};
-    for (int i = 0; i < 5; i++)
+    static const char *const in[] = {"inp_tokens", "inp_pos", "kv_idxs", "kq_mask", "kq_mask_swa", "inp_out_ids"};
+    for (int i = 0; i < 6; i++)
         if (!strcmp(name, in[i])) return true;
     return false;
 }
@@ -241,6 +243,51 @@ START_TEST(llama_experts_evaluate) {
               hp.n_ff == 14336 && hp.rope_freq_base == 1000000 && hp.n_ctx_train == 32768 && hp.norm_topk_prob);
     hp = preset("llama", "mistral-7b-v0.3");
     ck_assert(hp.n_vocab == 32768 && hp.n_expert == 0 && hp.n_ff == 14336 && hp.n_head_kv == 8 && !hp.tied_output);
+}
+END_TEST
+
+/* gemma3 as llama.cpp's gemma3.cpp (iswa) builds it: embeddings times sqrt(n_embd); layers
+ * 0-4 of each 6 local (the window's mask, rope base 1e4 unscaled), the 6th global (the causal
+ * mask, base 1e6 with linear scaling 1/8); Q times 1/sqrt(head size) after its rope and the
+ * attention unscaled; a norm after attention and after the FFN; GeGLU. On the CPU reference
+ * the window (8 positions in the tiny preset) decides: with 6 tokens the logits equal those
+ * of a window wider than the context, with 12 they differ, and decode after a 12-token
+ * prefill equals the 13-token prefill (the window slides in the decode step too). */
+START_TEST(gemma3_builds_and_slides) {
+    kiln_model_hparams hp = preset("gemma3", "tiny"), wide = hp;
+    wide.n_swa = 1000;
+    kiln_ctx *ctx = build(&hp, 32, 16, KILN_OUTPUTS_LAST);
+    char     *text = print(ctx);
+    ck_assert_int_eq(count(text, "inp_scaled = scale(inp_embd, 11.313708, 0)\n"), 1);
+    ck_assert_int_eq(count(text, "mask=kq_mask_swa,"), 5);
+    ck_assert_int_eq(count(text, "mask=kq_mask,"), 1);
+    ck_assert_int_eq(count(text, "freq_base=1e+04, freq_scale=1,"), 2 * 5);
+    ck_assert_int_eq(count(text, "freq_base=1e+06, freq_scale=0.125,"), 2);
+    ck_assert_int_eq(count(text, " = scale(Qrope."), 6);
+    ck_assert_int_eq(count(text, ", scale=1, max_bias"), 6);
+    ck_assert_int_eq(count(text, " = geglu(gate."), 6);
+    ck_assert_int_eq(count(text, "weight blk.5.post_attention_norm.weight: f32[128]\n"), 1);
+    ck_assert_int_eq(count(text, "weight blk.5.post_ffw_norm.weight: f32[128]\n"), 1);
+    free(text);
+    ck_assert(km_layer_swa(&hp, 0) && km_layer_swa(&hp, 4) && !km_layer_swa(&hp, 5));
+    kiln_model_hparams g4 = preset("gemma3", "gemma-3-4b");
+    ck_assert(km_layer_swa(&g4, 30) && !km_layer_swa(&g4, 29) && km_layer_swa(&g4, 33));
+    kiln_ctx *wctx = build(&wide, 32, 16, KILN_OUTPUTS_LAST);
+    store     s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0};
+    int64_t   n;
+    float *a6 = evaluate(ctx, &hp, KILN_OUTPUTS_LAST, 0, 6, &s1, &n);
+    float *b6 = evaluate(wctx, &wide, KILN_OUTPUTS_LAST, 0, 6, &s2, &n);
+    ck_assert_msg(rel_diff(a6, b6, hp.n_vocab) < 1e-6, "6 tokens in a window of 8: %g", rel_diff(a6, b6, hp.n_vocab));
+    float *a12 = evaluate(ctx, &hp, KILN_OUTPUTS_LAST, 0, 12, &s3, &n);
+    float *b12 = evaluate(wctx, &wide, KILN_OUTPUTS_LAST, 0, 12, &s4, &n);
+    ck_assert_msg(rel_diff(a12, b12, hp.n_vocab) > 1e-3, "12 tokens: the window changes nothing");
+    float *d13 = evaluate(ctx, &hp, KILN_OUTPUTS_LAST, 12, 1, &s3, &n);
+    float *p13 = evaluate(ctx, &hp, KILN_OUTPUTS_LAST, 0, 13, &s5, &n);
+    ck_assert_msg(rel_diff(d13, p13, hp.n_vocab) < 1e-3, "decode after prefill: %g", rel_diff(d13, p13, hp.n_vocab));
+    free(a6), free(b6), free(a12), free(b12), free(d13), free(p13);
+    store_free(&s1), store_free(&s2), store_free(&s3), store_free(&s4), store_free(&s5);
+    kiln_ctx_free(ctx);
+    kiln_ctx_free(wctx);
 }
 END_TEST
 
@@ -390,6 +437,11 @@ START_TEST(presets_documented) {
               h.head_dim == 128 && h.n_ff == 11008 && h.rope_freq_base == 5000000 && h.tied_output);
     ck_assert(km_layer_ropes(&h, 0) && km_layer_ropes(&h, 2) && !km_layer_ropes(&h, 3) && !km_layer_ropes(&h, 35) &&
               km_layer_ropes(&h, 34));
+    h = preset("gemma3", "gemma-3-4b");
+    ck_assert(h.n_vocab == 262208 && h.n_embd == 2560 && h.n_layer == 34 && h.n_head == 8 && h.n_head_kv == 4 &&
+              h.head_dim == 256 && h.n_ff == 10240 && h.rope_freq_base == 1000000 && h.rope_factor == 8 &&
+              h.n_swa == 1024 && h.swa_pattern == 6 && h.rope_freq_base_swa == 10000 && h.query_scale == 0.0625f &&
+              h.tied_output && h.qk_norm);
     h = preset("granite", "granite-3.3-8b");
     ck_assert(h.n_vocab == 49159 && h.n_embd == 4096 && h.n_layer == 40 && h.n_head == 32 && h.n_head_kv == 8 &&
               h.head_dim == 128 && h.n_ff == 12800 && h.rope_freq_base == 10000000 && h.tied_output &&
@@ -403,7 +455,7 @@ START_TEST(presets_documented) {
     const char *name, *arch;
     int         n = 0;
     for (int i = 0; (name = kiln_model_preset_name(i, &arch)); i++) n++;
-    ck_assert_int_eq(n, 16);
+    ck_assert_int_eq(n, 18);
 }
 END_TEST
 
@@ -487,6 +539,7 @@ START_TEST(tiny_compiles_fused) {
      * q/k/v have biases, so mul_mat_cat leaves three GEMVs, and each computes the norm: three
      * fusion lines) and every dense FFN norm. */
     int L = (int)hp.n_layer, moe = hp.n_expert > 0, qkn = hp.qk_norm ? 2 * L : 0;
+    int post = km_archs[km_arch_find(archs[_i])].gemma ? 2 * L : 0; /* gemma3's norms after attention and FFN */
     int gemv_norms = 1 + !moe, dec_norms = L + 1 + (moe ? 0 : L), three = strcmp(archs[_i], "qwen2") ? 0 : 2 * L;
     int roped = 0; /* smollm3: every 4th layer has no rope */
     for (int il = 0; il < L; il++) roped += km_layer_ropes(&hp, il);
@@ -494,7 +547,7 @@ START_TEST(tiny_compiles_fused) {
      * fused q/k/v product, still goes to the cache with rope_set_rows) */
     bool fused = km_archs[km_arch_find(archs[_i])].fused;
     ck_assert_int_eq(count(d, "  fused rope_set_rows:"), 2 * roped);
-    ck_assert_int_eq(count(d, "  fused rms_norm_mul:"), 2 * (2 * L + 1 + qkn) - gemv_norms - dec_norms);
+    ck_assert_int_eq(count(d, "  fused rms_norm_mul:"), 2 * (2 * L + 1 + qkn + post) - gemv_norms - dec_norms);
     ck_assert_int_eq(count(d, "  fused rms_norm_gemv"), gemv_norms + dec_norms + three);
     ck_assert_int_eq(count(d, "mul_mat_glu:"), fused ? 0 : 2 * L);
     ck_assert_int_eq(count(d, "  fused topk_moe:"), moe ? 2 * L : 0);
@@ -541,10 +594,10 @@ START_TEST(cli_gen_graph) {
     ck_assert_ptr_nonnull(strstr(out, "gen-graph"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch gpt2 --preset tiny", &out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "unknown architecture 'gpt2' (known: llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3)"));
+    ck_assert_ptr_nonnull(strstr(out, "unknown architecture 'gpt2' (known: llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3)"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch llama --preset huge", &out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "unknown preset 'huge'; presets: tiny (llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3)"));
+    ck_assert_ptr_nonnull(strstr(out, "unknown preset 'huge'; presets: tiny (llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3)"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch llama", &out), 2);
     free(out);
@@ -557,7 +610,7 @@ END_TEST
 int main(void) {
     Suite *s = TS_SUITE("arch",
                         TS_CASE("arch", 120), TS_LOOP(0, NARCHS, tiny_prints_and_parses_back, tiny_evaluates),
-                        TS_TESTS(llama_experts_evaluate, rope_scaling_evaluates, rope_freqs_llama3, llama_layer_is_the_example,
+                        TS_TESTS(llama_experts_evaluate, gemma3_builds_and_slides, rope_scaling_evaluates, rope_freqs_llama3, llama_layer_is_the_example,
                                  qwen3moe_layer_is_the_example, presets_documented, errors_name_the_field,
                                  llama_3_8b_builds),
                         TS_LOOP(0, NARCHS, tiny_compiles_fused), TS_TESTS(cli_gen_graph));
