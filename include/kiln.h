@@ -587,15 +587,20 @@ typedef struct {
      * branch times residual_scale before its add, attention scores times attention_scale
      * instead of 1/sqrt(head_dim), the logits divided by logit_scale. */
     float    embedding_scale, residual_scale, attention_scale, logit_scale;
-    /* gemma3's interleaved sliding-window attention (0: none; GGUF ARCH.attention.sliding_window):
+    /* gemma2/3's interleaved sliding-window attention (0: none; GGUF ARCH.attention.sliding_window):
      * layers il with il % swa_pattern < swa_pattern - 1 (llama.cpp's set_swa_pattern; gemma3: 6,
-     * a constant of its loader) see only the n_swa newest positions (a query at p, a key at p0 <=
-     * p - n_swa masked) and rope with base rope_freq_base_swa and no scaling (gemma3: 10000). */
+     * gemma2: 2, constants of its loader) see only the n_swa newest positions (a query at p, a key
+     * at p0 <= p - n_swa masked) and rope with base rope_freq_base_swa and no scaling (gemma3:
+     * 10000; gemma2: its rope_freq_base, unscaled as its global layers). */
     int64_t  n_swa, swa_pattern;
     float    rope_freq_base_swa;
     /* gemma3: Q times query_scale after its rope, attention then unscaled (llama.cpp's
      * f_attention_scale: 1/sqrt(head_dim), 27B 1/sqrt(n_embd / n_head); 0: none) */
     float    query_scale;
+    /* gemma2's soft-capping (0: none; GGUF ARCH.attn_logit_softcapping, .final_logit_softcapping,
+     * defaults 50 and 30 as llama.cpp's hparams): attention scores s -> c tanh(s / c) (flash
+     * attention's logit_softcap), the logits likewise (scale, tanh, scale) */
+    float    attn_softcap, final_softcap;
     kiln_ftype ftype;         /* the weights' types (kiln_model_weight_type); from a GGUF file:
                                  its general.file_type, and each weight's type is the file's */
 } kiln_model_hparams;

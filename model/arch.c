@@ -20,6 +20,8 @@ const km_arch_info km_archs[KM_ARCH_COUNT] = {
     [KM_ARCH_PHI3] = {"phi3", KILN_ROPE_NEOX, .fused = true},
     [KM_ARCH_GEMMA3] = {"gemma3", KILN_ROPE_NEOX, .qk_norm = true, .gemma = true, .swa_pattern = 6,
                         .rope_freq_base_swa = 10000.0f},
+    [KM_ARCH_GEMMA2] = {"gemma2", KILN_ROPE_NEOX, .gemma = true, .swa_pattern = 2, .softcap = true,
+                        .n_swa_default = 4096},
 };
 
 const char *km_rope_factors(const kiln_model_hparams *hp, int64_t n_ctx) {
@@ -46,7 +48,7 @@ int km_arch_find(const char *name) {
 }
 
 const char *km_arch_name(km_arch a) { return (unsigned)a < KM_ARCH_COUNT ? km_archs[a].name : "?"; }
-const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3"; }
+const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2"; }
 
 /* ---- presets -------------------------------------------------------------------------------
  * Real models: the values of their Hugging Face config.json (sources in docs/models.md). The
@@ -86,6 +88,12 @@ static const preset presets[] = {
               .rope_freq_base = 1000000, .rope_scaling = KILN_ROPE_SCALING_LINEAR, .rope_factor = 8,
               .qk_norm = true, .tied_output = true, .n_swa = 8, .swa_pattern = 6, .rope_freq_base_swa = 10000,
               .query_scale = 0.125f}},
+    /* gemma2 at tiny size: four layers alternating local (window 8) and global, soft caps 50 and
+     * 30, head size 32 */
+    {"tiny", {.arch = "gemma2", .n_vocab = 1024, .n_ctx_train = 1024, .n_embd = 128, .n_layer = 4, .n_head = 4,
+              .n_head_kv = 2, .n_ff = 256, .ftype = KILN_FTYPE_MOSTLY_F16, .head_dim = 32, .rms_norm_eps = 1e-6f, .rope_freq_base = 10000,
+              .tied_output = true, .n_swa = 8, .swa_pattern = 2, .rope_freq_base_swa = 10000,
+              .query_scale = 0.17677669f, .attn_softcap = 50.0f, .final_softcap = 30.0f}},
     /* meta-llama/Llama-3.2-1B: llama3 rope scaling, tied embeddings */
     {"llama-3.2-1b", {.arch = "llama", .n_vocab = 128256, .n_ctx_train = 131072, .n_embd = 2048, .n_layer = 16,
                       .n_head = 32, .n_head_kv = 8, .head_dim = 64, .n_ff = 8192, .rms_norm_eps = 1e-5f,
@@ -133,6 +141,13 @@ static const preset presets[] = {
                     .rope_freq_base = 1000000, .rope_scaling = KILN_ROPE_SCALING_LINEAR, .rope_factor = 8,
                     .qk_norm = true, .tied_output = true, .n_swa = 1024, .swa_pattern = 6,
                     .rope_freq_base_swa = 10000, .query_scale = 0.0625f, .ftype = KILN_FTYPE_MOSTLY_BF16}},
+    /* google/gemma-2-9b: 42 layers alternating local (window 4096) and global, 16 heads of 256
+     * over 8 KV heads, q scaled by 1/sqrt(256) (query_pre_attn_scalar), soft caps 50 and 30 */
+    {"gemma-2-9b", {.arch = "gemma2", .n_vocab = 256000, .n_ctx_train = 8192, .n_embd = 3584, .n_layer = 42,
+                    .n_head = 16, .n_head_kv = 8, .head_dim = 256, .n_ff = 14336, .rms_norm_eps = 1e-6f,
+                    .rope_freq_base = 10000, .tied_output = true, .n_swa = 4096, .swa_pattern = 2,
+                    .rope_freq_base_swa = 10000, .query_scale = 0.0625f, .attn_softcap = 50.0f,
+                    .final_softcap = 30.0f, .ftype = KILN_FTYPE_MOSTLY_BF16}},
     /* HuggingFaceTB/SmolLM3-3B: no rope in every 4th layer, rope base 5e6, tied embeddings */
     {"smollm3-3b", {.arch = "smollm3", .n_vocab = 128256, .n_ctx_train = 65536, .n_embd = 2048, .n_layer = 36,
                     .n_head = 16, .n_head_kv = 4, .head_dim = 128, .n_ff = 11008, .rms_norm_eps = 1e-6f,
@@ -335,6 +350,14 @@ static kiln_status check_swa(const kiln_model_hparams *hp, const km_arch_info *a
           (double)hp->query_scale, hp->arch);
     CHECK(!ai->gemma || hp->query_scale > 0.0f, "model: query_scale = %g, but %s scales Q by it (> 0)",
           (double)hp->query_scale, hp->arch);
+    const float caps[2] = {hp->attn_softcap, hp->final_softcap};
+    static const char *const cap_names[2] = {"attn_softcap", "final_softcap"};
+    for (int i = 0; i < 2; i++) {
+        CHECK(isfinite(caps[i]) && caps[i] >= 0.0f, "model: %s = %g must be finite and not negative", cap_names[i],
+              (double)caps[i]);
+        CHECK(ai->softcap || caps[i] == 0.0f, "model: %s = %g, but %s has no soft-capping (gemma2 has)", cap_names[i],
+              (double)caps[i], hp->arch);
+    }
     return NULL;
 }
 

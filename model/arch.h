@@ -14,6 +14,7 @@ typedef enum {
     KM_ARCH_SMOLLM3,
     KM_ARCH_PHI3,
     KM_ARCH_GEMMA3,
+    KM_ARCH_GEMMA2,
     KM_ARCH_COUNT
 } km_arch;
 
@@ -35,8 +36,11 @@ typedef struct {
                               after its rope (attention unscaled), a norm after attention and
                               after the FFN (post_attention_norm, post_ffw_norm), GeGLU */
     int         swa_pattern; /* the sliding-window layer pattern a file with a window gets
-                                (gemma3: 6; llama.cpp's set_swa_pattern), and its base: */
+                                (gemma3: 6, gemma2: 2; llama.cpp's set_swa_pattern), and its base
+                                (0: the file's rope base): */
     float       rope_freq_base_swa;
+    bool        softcap;   /* gemma2: attention and final logit soft-capping */
+    int64_t     n_swa_default; /* gemma2: the window when the file has none (4096) */
 } km_arch_info;
 extern const km_arch_info km_archs[KM_ARCH_COUNT];
 

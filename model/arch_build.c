@@ -235,7 +235,8 @@ static kiln_tensor *attention(mb *b, const layer_w *w, kiln_tensor *x) {
     float scale = w->wqkv || hp->query_scale != 0.0f ? 1.0f
                 : hp->attention_scale != 0.0f ? hp->attention_scale : 1.0f / sqrtf((float)hd);
     kiln_tensor *mask = km_layer_swa(hp, b->il) ? b->mask_swa : b->mask;
-    kiln_tensor *attn = nm(b, kiln_flash_attn_ext(ctx, q, k, v, mask, scale, 0.0f, 0.0f, NULL), "attn");
+    /* gemma2: the scores soft-capped (llama.cpp passes f_attn_logit_softcapping when attn_soft_cap) */
+    kiln_tensor *attn = nm(b, kiln_flash_attn_ext(ctx, q, k, v, mask, scale, 0.0f, hp->attn_softcap, NULL), "attn");
     kiln_tensor *flat = reshape(b, attn, 2, hd * hp->n_head, T, 1, "attn_flat");
     return nm(b, kiln_mul_mat(ctx, w->wo, flat), "attn_out");
 }
@@ -431,6 +432,11 @@ kiln_status km_build(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_bui
     kiln_tensor *logits = kiln_mul_mat(ctx, out_w, cur);
     /* granite: the logits divided by logit_scale (ggml_scale by its reciprocal, as llama.cpp) */
     if (hp->logit_scale != 0.0f) logits = kiln_scale(ctx, nm(&b, logits, "lm_head"), 1.0f / hp->logit_scale, 0.0f);
+    /* gemma2: the logits soft-capped, c tanh(logits / c) as three ops */
+    if (hp->final_softcap != 0.0f) {
+        kiln_tensor *s = nm(&b, kiln_scale(ctx, nm(&b, logits, "lm_head"), 1.0f / hp->final_softcap, 0.0f), "logits_div");
+        logits = kiln_scale(ctx, nm(&b, kiln_tanh(ctx, s), "logits_tanh"), hp->final_softcap, 0.0f);
+    }
     kiln_set_output(ctx, logits, "logits");
     /* Greedy decoding needs only each row's largest logit: 4 bytes back instead of n_vocab
      * floats, and no host scan over the vocabulary. */

@@ -218,12 +218,21 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
         hp->logit_scale = (float)get_float(&r, "logit_scale", true, 0);
         if (r.st) return r.st;
     }
-    if (ai->gemma) { /* llama.cpp's gemma3 loader: the window from the file, the rest its constants */
-        hp->n_swa = get_int(&r, "attention.sliding_window", false, 0);
+    if (ai->gemma) { /* llama.cpp's gemma2/3 loaders: the window from the file, the rest constants */
+        hp->n_swa = get_int(&r, "attention.sliding_window", false, ai->n_swa_default);
+        if (ai->softcap) {
+            hp->attn_softcap = (float)get_float(&r, "attn_logit_softcapping", false, 50.0);
+            hp->final_softcap = (float)get_float(&r, "final_logit_softcapping", false, 30.0);
+        }
         if (r.st) return r.st;
-        if (hp->n_swa > 0) hp->swa_pattern = ai->swa_pattern, hp->rope_freq_base_swa = ai->rope_freq_base_swa;
-        /* f_attention_scale: the 27B (62 layers) by n_embd / n_head, the others by the head size */
-        hp->query_scale = 1.0f / sqrtf((float)(hp->n_layer == 62 ? hp->n_embd / hp->n_head : hp->head_dim));
+        if (hp->n_swa > 0) {
+            hp->swa_pattern = ai->swa_pattern;
+            hp->rope_freq_base_swa = ai->rope_freq_base_swa != 0.0f ? ai->rope_freq_base_swa : hp->rope_freq_base;
+        }
+        /* f_attention_scale: the 27B (gemma3 62 layers, gemma2 46) by n_embd / n_head, the others
+         * by the head size */
+        int64_t big = a == KM_ARCH_GEMMA2 ? 46 : 62;
+        hp->query_scale = 1.0f / sqrtf((float)(hp->n_layer == big ? hp->n_embd / hp->n_head : hp->head_dim));
     }
     if (ai->moe || kiln_gguf_find_kv(g, "llama.expert_count") >= 0) {
         hp->n_expert = get_int(&r, "expert_count", true, 0);
@@ -463,6 +472,8 @@ void kiln_model_hparams_to_gguf(const kiln_model_hparams *hp, kiln_gguf_writer *
     for (int i = 0; i < 4; i++)
         if (scales[i] != 0.0f) set_arch_f32(w, a, scale_keys[i], scales[i]);
     if (hp->n_swa > 0) set_arch_u32(w, a, "attention.sliding_window", hp->n_swa);
+    if (hp->attn_softcap != 0.0f) set_arch_f32(w, a, "attn_logit_softcapping", hp->attn_softcap);
+    if (hp->final_softcap != 0.0f) set_arch_f32(w, a, "final_logit_softcapping", hp->final_softcap);
     if (hp->n_expert > 0) {
         set_arch_u32(w, a, "expert_count", hp->n_expert);
         set_arch_u32(w, a, "expert_used_count", hp->n_expert_used);

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3", "gemma3"};
+static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3", "gemma3", "gemma2"};
 #define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 
 static kiln_model_hparams preset(const char *arch, const char *name) {
@@ -291,6 +291,45 @@ START_TEST(gemma3_builds_and_slides) {
 }
 END_TEST
 
+/* gemma2 as llama.cpp's gemma2-iswa.cpp: gemma3's layer without QK-norm, every other layer local
+ * (window 4096 by default, 8 in the tiny preset), one rope base for all, the attention scores
+ * soft-capped (flash attention's logit_softcap, 50) and the logits too (30 tanh(x / 30): |logit|
+ * < 30 on the CPU reference); the window decides as in gemma3. */
+START_TEST(gemma2_caps_and_slides) {
+    kiln_model_hparams hp = preset("gemma2", "tiny"), wide = hp;
+    wide.n_swa = 1000;
+    kiln_ctx *ctx = build(&hp, 32, 16, KILN_OUTPUTS_LAST);
+    char     *text = print(ctx);
+    ck_assert_int_eq(count(text, "mask=kq_mask_swa,"), 2);
+    ck_assert_int_eq(count(text, "mask=kq_mask,"), 2);
+    ck_assert_int_eq(count(text, "logit_softcap=5e+01)"), 4);
+    ck_assert_int_eq(count(text, "logits_div = scale(lm_head, 0.033333335, 0)\nlogits_tanh = tanh(logits_div)\n"
+                                 "output logits = scale(logits_tanh, 3e+01, 0)\n"), 1);
+    ck_assert_int_eq(count(text, "freq_base=1e+04, freq_scale=1,"), 2 * 4);
+    ck_assert_int_eq(count(text, " = rms_norm(Q"), 0); /* no QK-norm */
+    free(text);
+    ck_assert(km_layer_swa(&hp, 0) && !km_layer_swa(&hp, 1) && km_layer_swa(&hp, 2));
+    kiln_ctx *wctx = build(&wide, 32, 16, KILN_OUTPUTS_LAST);
+    store     s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0};
+    int64_t   n;
+    float *a6 = evaluate(ctx, &hp, KILN_OUTPUTS_LAST, 0, 6, &s1, &n);
+    float *b6 = evaluate(wctx, &wide, KILN_OUTPUTS_LAST, 0, 6, &s2, &n);
+    ck_assert_msg(rel_diff(a6, b6, hp.n_vocab) < 1e-6, "6 tokens in a window of 8: %g", rel_diff(a6, b6, hp.n_vocab));
+    float *a12 = evaluate(ctx, &hp, KILN_OUTPUTS_LAST, 0, 12, &s3, &n);
+    float *b12 = evaluate(wctx, &wide, KILN_OUTPUTS_LAST, 0, 12, &s4, &n);
+    ck_assert_msg(rel_diff(a12, b12, hp.n_vocab) > 1e-3, "12 tokens: the window changes nothing");
+    for (int64_t i = 0; i < hp.n_vocab; i++) ck_assert_msg(fabsf(a12[i]) < 30.0f, "logit %lld = %g", (long long)i, a12[i]);
+    free(a6), free(b6), free(a12), free(b12);
+    store_free(&s1), store_free(&s2), store_free(&s3), store_free(&s4);
+    kiln_ctx_free(ctx);
+    kiln_ctx_free(wctx);
+    hp = preset("gemma2", "gemma-2-9b");
+    ck_assert(hp.n_vocab == 256000 && hp.n_embd == 3584 && hp.n_layer == 42 && hp.n_head == 16 && hp.n_head_kv == 8 &&
+              hp.head_dim == 256 && hp.n_ff == 14336 && hp.n_swa == 4096 && hp.swa_pattern == 2 &&
+              hp.attn_softcap == 50.0f && hp.final_softcap == 30.0f && hp.query_scale == 0.0625f && hp.tied_output);
+}
+END_TEST
+
 START_TEST(rope_scaling_evaluates) {
     kiln_model_hparams hp = preset("llama", "tiny");
     hp.rope_scaling = KILN_ROPE_SCALING_LLAMA3;
@@ -455,7 +494,7 @@ START_TEST(presets_documented) {
     const char *name, *arch;
     int         n = 0;
     for (int i = 0; (name = kiln_model_preset_name(i, &arch)); i++) n++;
-    ck_assert_int_eq(n, 18);
+    ck_assert_int_eq(n, 20);
 }
 END_TEST
 
@@ -594,10 +633,10 @@ START_TEST(cli_gen_graph) {
     ck_assert_ptr_nonnull(strstr(out, "gen-graph"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch gpt2 --preset tiny", &out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "unknown architecture 'gpt2' (known: llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3)"));
+    ck_assert_ptr_nonnull(strstr(out, "unknown architecture 'gpt2' (known: llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2)"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch llama --preset huge", &out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "unknown preset 'huge'; presets: tiny (llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3)"));
+    ck_assert_ptr_nonnull(strstr(out, "unknown preset 'huge'; presets: tiny (llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2)"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch llama", &out), 2);
     free(out);
@@ -610,7 +649,7 @@ END_TEST
 int main(void) {
     Suite *s = TS_SUITE("arch",
                         TS_CASE("arch", 120), TS_LOOP(0, NARCHS, tiny_prints_and_parses_back, tiny_evaluates),
-                        TS_TESTS(llama_experts_evaluate, gemma3_builds_and_slides, rope_scaling_evaluates, rope_freqs_llama3, llama_layer_is_the_example,
+                        TS_TESTS(llama_experts_evaluate, gemma3_builds_and_slides, gemma2_caps_and_slides, rope_scaling_evaluates, rope_freqs_llama3, llama_layer_is_the_example,
                                  qwen3moe_layer_is_the_example, presets_documented, errors_name_the_field,
                                  llama_3_8b_builds),
                         TS_LOOP(0, NARCHS, tiny_compiles_fused), TS_TESTS(cli_gen_graph));

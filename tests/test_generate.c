@@ -201,7 +201,7 @@ END_TEST
  * re-rope; every tiny arch (normal and neox ropes, qk-norm, experts). (Deeper layers hold what
  * the dropped tokens contributed, as in llama.cpp.) Generation goes on from position 12; bad
  * arguments are refused. */
-static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3", "gemma3"};
+static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3", "gemma3", "gemma2"};
 #define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 
 START_TEST(context_shift) {
