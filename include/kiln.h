@@ -529,7 +529,8 @@ kiln_status kiln_reference(const kiln_graph *g, kiln_ref_get_fn get, kiln_ref_pu
 typedef enum {
     KILN_ROPE_SCALING_NONE,
     KILN_ROPE_SCALING_LINEAR, /* positions divided by rope_factor (freq_scale = 1 / factor) */
-    KILN_ROPE_SCALING_YARN,   /* refused by kiln_build_model for now */
+    KILN_ROPE_SCALING_YARN,   /* freq_scale 1 / rope_factor, ext_factor 1, n_ctx_orig rope_orig_ctx,
+                                 attn_factor rope_attn_factor (0: 1) */
     KILN_ROPE_SCALING_LLAMA3, /* per-frequency factors, the weight "rope_freqs.weight" */
     KILN_ROPE_SCALING_LONGROPE, /* phi3: per-frequency factors "rope_factors_long.weight" (caches
                                    longer than rope_orig_ctx) or "rope_factors_short.weight", and

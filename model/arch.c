@@ -94,6 +94,11 @@ static const preset presets[] = {
               .n_head_kv = 2, .n_ff = 256, .ftype = KILN_FTYPE_MOSTLY_F16, .head_dim = 32, .rms_norm_eps = 1e-6f, .rope_freq_base = 10000,
               .tied_output = true, .n_swa = 8, .swa_pattern = 2, .rope_freq_base_swa = 10000,
               .query_scale = 0.17677669f, .attn_softcap = 50.0f, .final_softcap = 30.0f}},
+    /* qwen3 at tiny size with YaRN (factor 4 over an original context of 256), as Qwen3 files
+     * converted with rope_scaling yarn for long contexts */
+    {"tiny-yarn", {.arch = "qwen3", TINY_COMMON, .head_dim = 64, .rms_norm_eps = 1e-6f, .rope_freq_base = 1000000,
+                   .qk_norm = true, .tied_output = true, .rope_scaling = KILN_ROPE_SCALING_YARN, .rope_factor = 4,
+                   .rope_orig_ctx = 256}},
     /* meta-llama/Llama-3.2-1B: llama3 rope scaling, tied embeddings */
     {"llama-3.2-1b", {.arch = "llama", .n_vocab = 128256, .n_ctx_train = 131072, .n_embd = 2048, .n_layer = 16,
                       .n_head = 32, .n_head_kv = 8, .head_dim = 64, .n_ff = 8192, .rms_norm_eps = 1e-5f,
@@ -310,8 +315,13 @@ static kiln_status check_rope(const kiln_model_hparams *hp) {
               "finite and not negative (0: 1)", (double)hp->rope_attn_factor);
         return NULL;
     case KILN_ROPE_SCALING_YARN:
-        return kb_error(KILN_ERR_INVALID, "model: rope_scaling yarn is not supported yet (none, linear, llama3 or "
-                        "longrope)");
+        CHECK(hp->rope_factor > 0 && isfinite(hp->rope_factor), "model: rope_factor = %g is not positive (yarn "
+              "rope scaling)", hp->rope_factor);
+        CHECK(hp->rope_orig_ctx >= 1 && hp->rope_orig_ctx <= MAX_SIZE, "model: rope_orig_ctx = %lld is out of range "
+              "(1 .. %d; yarn rope scaling)", (long long)hp->rope_orig_ctx, MAX_SIZE);
+        CHECK(hp->rope_attn_factor >= 0 && isfinite(hp->rope_attn_factor), "model: rope_attn_factor = %g must be "
+              "finite and not negative (0: 1)", (double)hp->rope_attn_factor);
+        return NULL;
     }
     return kb_error(KILN_ERR_INVALID, "model: rope_scaling = %d is not a kiln_rope_scaling", (int)hp->rope_scaling);
 }

@@ -144,13 +144,15 @@ static kiln_tensor *reshape(mb *b, kiln_tensor *x, int nd, int64_t ne0, int64_t 
 kiln_tensor *km_arch_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_tensor *x, kiln_tensor *pos,
                           kiln_tensor *freqs) {
     int   a = km_arch_find(hp->arch), mode = a >= 0 ? km_archs[a].rope_mode : KILN_ROPE_NORMAL;
-    float freq_scale = hp->rope_scaling == KILN_ROPE_SCALING_LINEAR ? 1.0f / hp->rope_factor : 1.0f;
-    /* ext_factor 0, beta 32/1: llama.cpp's values without YaRN; attn_factor 1 but longrope's
-     * (cparams.yarn_attn_factor times the file's rope.scaling.attn_factor) */
+    bool  yarn = hp->rope_scaling == KILN_ROPE_SCALING_YARN;
+    float freq_scale = hp->rope_scaling == KILN_ROPE_SCALING_LINEAR || yarn ? 1.0f / hp->rope_factor : 1.0f;
+    /* beta 32/1: llama.cpp's defaults; ext_factor 1 with YaRN, else 0 (cparams.yarn_ext_factor);
+     * attn_factor the file's rope.scaling.attn_factor (longrope, yarn) or 1: ggml's rope itself
+     * multiplies YaRN's magnitude by 1 + 0.1 ln(1 / freq_scale) */
     float attn = hp->rope_attn_factor != 0.0f ? hp->rope_attn_factor : 1.0f;
-    int   orig = hp->rope_scaling == KILN_ROPE_SCALING_LONGROPE ? (int)hp->rope_orig_ctx : (int)hp->n_ctx_train;
-    return kiln_rope_ext(ctx, x, pos, freqs, (int)hp->head_dim, mode, orig, hp->rope_freq_base, freq_scale, 0.0f,
-                         attn, 32.0f, 1.0f);
+    int   orig = hp->rope_scaling == KILN_ROPE_SCALING_LONGROPE || yarn ? (int)hp->rope_orig_ctx : (int)hp->n_ctx_train;
+    return kiln_rope_ext(ctx, x, pos, freqs, (int)hp->head_dim, mode, orig, hp->rope_freq_base, freq_scale,
+                         yarn ? 1.0f : 0.0f, attn, 32.0f, 1.0f);
 }
 
 kiln_tensor *km_layer_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, int64_t il, kiln_tensor *x, kiln_tensor *pos,

@@ -697,6 +697,8 @@ static kiln_status rerope(const kiln_gen *g, int64_t il, uint16_t *rows, int64_t
      * equal to K roped anew at the shifted position). */
     kiln_model_hparams one = *g->hp;
     one.rope_attn_factor = 0.0f;
+    /* YaRN: ggml's rope multiplies by 1 + 0.1 ln(factor) whatever attn_factor is; cancel it */
+    if (one.rope_scaling == KILN_ROPE_SCALING_YARN) one.rope_attn_factor = 1.0f / (1.0f + 0.1f * logf(one.rope_factor));
     const kiln_model_hparams *hp = &one;
     int64_t     hd = hp->head_dim, n = hd * hp->n_head_kv * m;
     float      *x = malloc(sizeof *x * (size_t)n * 2);

@@ -133,6 +133,19 @@ static kiln_status rope_scaling(reader *r, kiln_model_hparams *hp) {
     }
     if (hp->rope_scaling == KILN_ROPE_SCALING_LINEAR && hp->rope_factor <= 0)
         return kb_error(KILN_ERR_FORMAT, "%s: linear rope scaling with factor %g", r->file, hp->rope_factor);
+    if (hp->rope_scaling == KILN_ROPE_SCALING_YARN) {
+        /* llama.cpp's n_ctx_orig_yarn (else the training context) and rope_attn_factor (1) */
+        hp->rope_orig_ctx = get_int(r, "rope.scaling.original_context_length", false, hp->n_ctx_train);
+        hp->rope_attn_factor = (float)get_float(r, "rope.scaling.attn_factor", false, 0.0);
+        char lk[128];
+        /* DeepSeek's log multiplier changes llama.cpp's attention factor: not modelled here */
+        if (!r->st && kiln_gguf_find_kv(r->g, akey(r, "rope.scaling.yarn_log_multiplier", lk, sizeof lk)) >= 0)
+            return kb_error(KILN_ERR_FORMAT, "%s: '%s' is set: YaRN with a log multiplier (DeepSeek's) is not "
+                                             "supported yet", r->file, lk);
+        if (!r->st && hp->rope_factor <= 0)
+            return kb_error(KILN_ERR_FORMAT, "%s: yarn rope scaling with factor %g", r->file, hp->rope_factor);
+        return r->st;
+    }
     return NULL;
 }
 
@@ -429,6 +442,10 @@ static void rope_to_gguf(const kiln_model_hparams *hp, kiln_gguf_writer *w) {
     case KILN_ROPE_SCALING_YARN:
         kiln_gguf_set_str(w, key, hp->rope_scaling == KILN_ROPE_SCALING_LINEAR ? "linear" : "yarn");
         set_arch_f32(w, a, "rope.scaling.factor", hp->rope_factor);
+        if (hp->rope_scaling == KILN_ROPE_SCALING_YARN) {
+            set_arch_u32(w, a, "rope.scaling.original_context_length", hp->rope_orig_ctx);
+            if (hp->rope_attn_factor != 0.0f) set_arch_f32(w, a, "rope.scaling.attn_factor", hp->rope_attn_factor);
+        }
         break;
     case KILN_ROPE_SCALING_LONGROPE: /* as llama.cpp's converter writes Phi-3's: no type key */
         set_arch_u32(w, a, "rope.scaling.original_context_length", hp->rope_orig_ctx);

@@ -349,6 +349,16 @@ START_TEST(rope_scaling_evaluates) {
     ck_assert_int_eq(count(text, "freq_scale=0.25"), 2 * (int)hp.n_layer);
     free(text);
     kiln_ctx_free(ctx);
+    /* YaRN (qwen3's tiny-yarn): freq_scale 1/factor, ext_factor 1, attn_factor 1 (ggml's rope
+     * scales the magnitude by 1 + 0.1 ln(factor) itself), n_ctx_orig the original context */
+    hp = preset("qwen3", "tiny-yarn");
+    check_model(&hp);
+    ctx = build(&hp, 16, 4, KILN_OUTPUTS_LAST);
+    text = print(ctx);
+    ck_assert_int_eq(count(text, "n_ctx_orig=256, sections=[0, 0, 0, 0], freq_base=1e+06, freq_scale=0.25, ext_factor=1, "
+                                 "attn_factor=1, beta_fast=32, beta_slow=1)"), 2 * (int)hp.n_layer);
+    free(text);
+    kiln_ctx_free(ctx);
 }
 END_TEST
 
@@ -494,7 +504,7 @@ START_TEST(presets_documented) {
     const char *name, *arch;
     int         n = 0;
     for (int i = 0; (name = kiln_model_preset_name(i, &arch)); i++) n++;
-    ck_assert_int_eq(n, 20);
+    ck_assert_int_eq(n, 21);
 }
 END_TEST
 
@@ -522,8 +532,8 @@ START_TEST(errors_name_the_field) {
     expect_error(build_bad(b), "unknown architecture 'mamba'", NULL);
     b = t, b.n_head_kv = 3;
     expect_error(build_bad(b), "n_head_kv = 3", "n_head");
-    b = t, b.rope_scaling = KILN_ROPE_SCALING_YARN;
-    expect_error(build_bad(b), "yarn", NULL);
+    b = t, b.rope_scaling = KILN_ROPE_SCALING_YARN, b.rope_orig_ctx = 256;
+    expect_error(build_bad(b), "rope_factor = 0 is not positive (yarn", NULL);
     b = t, b.ftype = (kiln_ftype)14; /* Q4_K_S: a file type kiln does not write */
     expect_error(build_bad(b), "ftype 14 is not a file type kiln knows", "q4_k_m");
     b = t, b.n_expert = 8; /* llama may have experts (Mixtral), but their routing must be whole */

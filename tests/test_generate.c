@@ -198,16 +198,20 @@ END_TEST
 /* The context shift (kiln_gen_shift) of a 20-token prompt keeping 4 and dropping 8: layer 0's
  * cache rows (which depend on their token and position only) equal those of the 12 kept tokens
  * evaluated anew at their new positions, V bit for bit, K up to the f16 rounding of the
- * re-rope; every tiny arch (normal and neox ropes, qk-norm, experts). (Deeper layers hold what
- * the dropped tokens contributed, as in llama.cpp.) Generation goes on from position 12; bad
- * arguments are refused. */
-static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3", "gemma3", "gemma2"};
+ * re-rope; every tiny arch (normal and neox ropes, qk-norm, experts) and YaRN (ARCH/PRESET: the
+ * re-rope cancels ggml's YaRN magnitude factor, so K is not scaled twice). (Deeper layers hold
+ * what the dropped tokens contributed, as in llama.cpp.) Generation goes on from position 12;
+ * bad arguments are refused. */
+static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3", "gemma3", "gemma2",
+                                    "qwen3/tiny-yarn"};
 #define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 
 START_TEST(context_shift) {
-    char name[64], extra[64];
-    snprintf(name, sizeof name, "shift-%s.gguf", archs[_i]);
-    snprintf(extra, sizeof extra, "--arch %s", archs[_i]);
+    char        name[64], extra[64], arch[32];
+    const char *slash = strchr(archs[_i], '/');
+    snprintf(arch, sizeof arch, "%.*s", slash ? (int)(slash - archs[_i]) : (int)strlen(archs[_i]), archs[_i]);
+    snprintf(name, sizeof name, "shift-%s.gguf", slash ? slash + 1 : arch);
+    snprintf(extra, sizeof extra, "--arch %s%s%s", arch, slash ? " --preset " : "", slash ? slash + 1 : "");
     char       *path = tiny_model_with(name, extra);
     kiln_model *m;
     TS_OK(kiln_model_open(path, &m));

@@ -38,8 +38,13 @@ static void hparams_equal(const kiln_model_hparams *a, const kiln_model_hparams 
     SAME(head_dim); SAME(n_ff); SAME(rms_norm_eps); SAME(rope_freq_base); SAME(rope_scaling);
     SAME(rope_factor); SAME(tied_output); SAME(qk_norm); SAME(attn_bias); SAME(n_expert);
     SAME(n_expert_used); SAME(n_ff_exp); SAME(norm_topk_prob); SAME(ftype);
+    SAME(n_swa); SAME(swa_pattern); SAME(rope_freq_base_swa); SAME(query_scale); SAME(attn_softcap);
+    SAME(final_softcap); SAME(embedding_scale); SAME(residual_scale); SAME(attention_scale); SAME(logit_scale);
     if (a->rope_scaling == KILN_ROPE_SCALING_LLAMA3) {
         SAME(rope_low_freq_factor); SAME(rope_high_freq_factor); SAME(rope_orig_ctx);
+    }
+    if (a->rope_scaling == KILN_ROPE_SCALING_YARN || a->rope_scaling == KILN_ROPE_SCALING_LONGROPE) {
+        SAME(rope_orig_ctx); SAME(rope_attn_factor);
     }
 #undef SAME
 }
@@ -61,7 +66,8 @@ END_TEST
 /* The large presets' keys, without their weights: the keys plus small stand-ins for the three
  * tensors whose presence decides tied output and llama3 scaling (general.file_type gives ftype). */
 START_TEST(large_presets_keys_round_trip) {
-    static const char *const presets[] = {"llama-3.2-1b", "llama-3-8b", "qwen3-30b-a3b"};
+    static const char *const presets[] = {"llama-3.2-1b", "llama-3-8b", "qwen3-30b-a3b", "gemma-3-4b", "gemma-2-9b",
+                                          "tiny-yarn"};
     kiln_model_hparams hp, got;
     TS_OK(kiln_model_preset(NULL, presets[_i], &hp));
     kiln_gguf_writer *w = kiln_gguf_writer_new();
@@ -1061,7 +1067,7 @@ static void teardown(void) { ts_tmpdir_free(g_dir); }
 int main(void) {
     Suite *s = TS_SUITE("model",
                         TS_CASE_FIXTURE("model", 120, setup, teardown), TS_LOOP(0, NTINY, tiny_round_trip),
-                        TS_LOOP(0, 3, large_presets_keys_round_trip), TS_TESTS(gen_model_deterministic),
+                        TS_LOOP(0, 6, large_presets_keys_round_trip), TS_TESTS(gen_model_deterministic),
                         TS_LOOP(0, NTINY, cpu_generation_deterministic, cpu_chunks_agree, random_model_equals_file),
                         TS_TESTS(gen_errors, model_errors_name_the_cause, hparams_checked_against_tensors,
                                  first_key_error_wins, optional_weights_checked, tokenizer_errors_name_the_file,
