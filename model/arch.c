@@ -19,9 +19,10 @@ const km_arch_info km_archs[KM_ARCH_COUNT] = {
     [KM_ARCH_SMOLLM3] = {"smollm3", KILN_ROPE_NORMAL, .nope_step = 4},
     [KM_ARCH_PHI3] = {"phi3", KILN_ROPE_NEOX, .fused = true},
     [KM_ARCH_GEMMA3] = {"gemma3", KILN_ROPE_NEOX, .qk_norm = true, .gemma = true, .swa_pattern = 6,
-                        .rope_freq_base_swa = 10000.0f},
+                        .rope_freq_base_swa = 10000.0f, .swa_rope_unscaled = true},
     [KM_ARCH_GEMMA2] = {"gemma2", KILN_ROPE_NEOX, .gemma = true, .swa_pattern = 2, .softcap = true,
                         .n_swa_default = 4096},
+    [KM_ARCH_GPT_OSS] = {"gpt-oss", KILN_ROPE_NEOX, .moe = true, .bias = true, .oai = true, .swa_pattern = 2},
 };
 
 const char *km_rope_factors(const kiln_model_hparams *hp, int64_t n_ctx) {
@@ -48,7 +49,7 @@ int km_arch_find(const char *name) {
 }
 
 const char *km_arch_name(km_arch a) { return (unsigned)a < KM_ARCH_COUNT ? km_archs[a].name : "?"; }
-const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2"; }
+const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2, gpt-oss"; }
 
 /* ---- presets -------------------------------------------------------------------------------
  * Real models: the values of their Hugging Face config.json (sources in docs/models.md). The
@@ -99,6 +100,12 @@ static const preset presets[] = {
     {"tiny-yarn", {.arch = "qwen3", TINY_COMMON, .head_dim = 64, .rms_norm_eps = 1e-6f, .rope_freq_base = 1000000,
                    .qk_norm = true, .tied_output = true, .rope_scaling = KILN_ROPE_SCALING_YARN, .rope_factor = 4,
                    .rope_orig_ctx = 256}},
+    /* gpt-oss at tiny size: two layers, local (window 8) then global, YaRN 4 over 256, 4 experts
+     * of 64 with biases, 2 used, sinks, separate output */
+    {"tiny", {.arch = "gpt-oss", TINY_COMMON, .head_dim = 32, .rms_norm_eps = 1e-5f, .rope_freq_base = 150000,
+              .rope_scaling = KILN_ROPE_SCALING_YARN, .rope_factor = 4, .rope_orig_ctx = 256, .attn_bias = true,
+              .n_expert = 4, .n_expert_used = 2, .n_ff_exp = 64, .n_swa = 8, .swa_pattern = 2,
+              .rope_freq_base_swa = 150000}},
     /* meta-llama/Llama-3.2-1B: llama3 rope scaling, tied embeddings */
     {"llama-3.2-1b", {.arch = "llama", .n_vocab = 128256, .n_ctx_train = 131072, .n_embd = 2048, .n_layer = 16,
                       .n_head = 32, .n_head_kv = 8, .head_dim = 64, .n_ff = 8192, .rms_norm_eps = 1e-5f,
@@ -153,6 +160,13 @@ static const preset presets[] = {
                     .rope_freq_base = 10000, .tied_output = true, .n_swa = 4096, .swa_pattern = 2,
                     .rope_freq_base_swa = 10000, .query_scale = 0.0625f, .attn_softcap = 50.0f,
                     .final_softcap = 30.0f, .ftype = KILN_FTYPE_MOSTLY_BF16}},
+    /* openai/gpt-oss-20b: 24 layers alternating local (window 128) and global, 64 heads of 64
+     * over 8 KV heads with sinks, 32 experts of 2880 (4 used), YaRN 32 over 4096, rope base 150000 */
+    {"gpt-oss-20b", {.arch = "gpt-oss", .n_vocab = 201088, .n_ctx_train = 131072, .n_embd = 2880, .n_layer = 24,
+                     .n_head = 64, .n_head_kv = 8, .head_dim = 64, .n_ff = 2880, .rms_norm_eps = 1e-5f,
+                     .rope_freq_base = 150000, .rope_scaling = KILN_ROPE_SCALING_YARN, .rope_factor = 32,
+                     .rope_orig_ctx = 4096, .attn_bias = true, .n_expert = 32, .n_expert_used = 4, .n_ff_exp = 2880,
+                     .n_swa = 128, .swa_pattern = 2, .rope_freq_base_swa = 150000, .ftype = KILN_FTYPE_MOSTLY_BF16}},
     /* HuggingFaceTB/SmolLM3-3B: no rope in every 4th layer, rope base 5e6, tied embeddings */
     {"smollm3-3b", {.arch = "smollm3", .n_vocab = 128256, .n_ctx_train = 65536, .n_embd = 2048, .n_layer = 36,
                     .n_head = 16, .n_head_kv = 4, .head_dim = 128, .n_ff = 11008, .rms_norm_eps = 1e-6f,
@@ -235,6 +249,9 @@ bool km_weight_present(const kiln_model_hparams *hp, const km_weight *w) {
     case KM_WHEN_DENSE_FUSED: return !moe && fused;
     case KM_WHEN_LONGROPE: return hp->rope_scaling == KILN_ROPE_SCALING_LONGROPE;
     case KM_WHEN_GEMMA: return a >= 0 && km_archs[a].gemma;
+    case KM_WHEN_POST_ATTN: return a >= 0 && (km_archs[a].gemma || km_archs[a].oai);
+    case KM_WHEN_FFN_NORM: return a < 0 || !km_archs[a].oai;
+    case KM_WHEN_OAI: return a >= 0 && km_archs[a].oai;
     }
     return false;
 }
@@ -245,6 +262,7 @@ int64_t km_wdim_value(const kiln_model_hparams *hp, km_wdim d) {
     case KM_WD_EMBD: return hp->n_embd;
     case KM_WD_VOCAB: return hp->n_vocab;
     case KM_WD_HEAD: return hp->head_dim;
+    case KM_WD_HEADS: return hp->n_head;
     case KM_WD_HALF_HEAD: return hp->head_dim / 2;
     case KM_WD_Q: return hp->head_dim * hp->n_head;
     case KM_WD_KV: return hp->head_dim * hp->n_head_kv;
@@ -379,6 +397,8 @@ static kiln_status check_arch(const kiln_model_hparams *hp, km_arch a) {
           ai->qk_norm ? "always has" : "has no");
     CHECK(!(ai->bias && !hp->attn_bias), "model: attn_bias = false, but %s always has Q/K/V biases", hp->arch);
     CHECK(!(ai->qk_norm && hp->attn_bias), "model: attn_bias = true, but %s has no Q/K/V biases", hp->arch);
+    CHECK(!(ai->oai && hp->norm_topk_prob), "model: norm_topk_prob = true, but %s softmaxes the selected logits "
+          "(nothing to renormalize)", hp->arch);
     kiln_status st = check_scales(hp, ai);
     if (!st) st = check_swa(hp, ai);
     if (st) return st;

@@ -15,6 +15,7 @@ typedef enum {
     KM_ARCH_PHI3,
     KM_ARCH_GEMMA3,
     KM_ARCH_GEMMA2,
+    KM_ARCH_GPT_OSS,
     KM_ARCH_COUNT
 } km_arch;
 
@@ -40,6 +41,11 @@ typedef struct {
                                 (0: the file's rope base): */
     float       rope_freq_base_swa;
     bool        softcap;   /* gemma2: attention and final logit soft-capping */
+    bool        oai;       /* gpt-oss: an output-projection bias, attention sinks, the FFN norm
+                              named post_attention_norm, routed experts with biases (router and
+                              each expert matrix, add_id), softmax over the selected logits,
+                              swiglu_oai (alpha 1.702, limit 7) */
+    bool        swa_rope_unscaled; /* gemma3: the local layers rope without the file's scaling */
     int64_t     n_swa_default; /* gemma2: the window when the file has none (4096) */
 } km_arch_info;
 extern const km_arch_info km_archs[KM_ARCH_COUNT];
@@ -94,8 +100,11 @@ kiln_tensor *km_layer_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, int64_t 
     X(ATTN_Q_NORM, "attn_q_norm.weight", 1, F32, QK_NORM, 1, HEAD, ONE, ONE)                       \
     X(ATTN_K_NORM, "attn_k_norm.weight", 1, F32, QK_NORM, 1, HEAD, ONE, ONE)                       \
     X(ATTN_OUT, "attn_output.weight", 1, ATTN_OUT, ALWAYS, 2, Q, EMBD, ONE)                           \
-    X(ATTN_POST_NORM, "post_attention_norm.weight", 1, F32, GEMMA, 1, EMBD, ONE, ONE)               \
-    X(FFN_NORM, "ffn_norm.weight", 1, F32, ALWAYS, 1, EMBD, ONE, ONE)                              \
+    X(ATTN_OUT_BIAS, "attn_output.bias", 1, F32, OAI, 1, EMBD, ONE, ONE)                              \
+    X(ATTN_SINKS, "attn_sinks.weight", 1, F32, OAI, 1, HEADS, ONE, ONE)                               \
+    /* gemma2/3: a norm of the attention output; gpt-oss: the FFN's input norm by this name */      \
+    X(ATTN_POST_NORM, "post_attention_norm.weight", 1, F32, POST_ATTN, 1, EMBD, ONE, ONE)           \
+    X(FFN_NORM, "ffn_norm.weight", 1, F32, FFN_NORM, 1, EMBD, ONE, ONE)                            \
     X(FFN_GATE, "ffn_gate.weight", 1, MATRIX, DENSE_SPLIT, 2, EMBD, FF, ONE)                        \
     X(FFN_UP, "ffn_up.weight", 1, MATRIX, DENSE_SPLIT, 2, EMBD, FF, ONE)                            \
     /* phi3: gate and up in one matrix, the gate's rows first (ggml_swiglu splits it) */           \
@@ -107,6 +116,10 @@ kiln_tensor *km_layer_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, int64_t 
     X(FFN_GATE_EXPS, "ffn_gate_exps.weight", 1, MATRIX, MOE, 3, EMBD, FF_EXP, EXPERT)               \
     X(FFN_UP_EXPS, "ffn_up_exps.weight", 1, MATRIX, MOE, 3, EMBD, FF_EXP, EXPERT)                   \
     X(FFN_DOWN_EXPS, "ffn_down_exps.weight", 1, FFN_DOWN, MOE, 3, FF_EXP, EMBD, EXPERT)               \
+    X(FFN_GATE_INP_BIAS, "ffn_gate_inp.bias", 1, F32, OAI, 1, EXPERT, ONE, ONE)                       \
+    X(FFN_GATE_EXPS_BIAS, "ffn_gate_exps.bias", 1, F32, OAI, 2, FF_EXP, EXPERT, ONE)                  \
+    X(FFN_UP_EXPS_BIAS, "ffn_up_exps.bias", 1, F32, OAI, 2, FF_EXP, EXPERT, ONE)                      \
+    X(FFN_DOWN_EXPS_BIAS, "ffn_down_exps.bias", 1, F32, OAI, 2, EMBD, EXPERT, ONE)                    \
     X(OUTPUT_NORM, "output_norm.weight", 0, F32, ALWAYS, 1, EMBD, ONE, ONE)                        \
     X(OUTPUT, "output.weight", 0, OUTPUT, UNTIED, 2, EMBD, VOCAB, ONE)
 
@@ -123,6 +136,7 @@ typedef enum {
     KM_WD_EMBD,      /* n_embd */
     KM_WD_VOCAB,     /* n_vocab */
     KM_WD_HEAD,      /* head_dim */
+    KM_WD_HEADS,     /* n_head (gpt-oss's sinks) */
     KM_WD_HALF_HEAD, /* head_dim / 2 */
     KM_WD_Q,         /* head_dim * n_head */
     KM_WD_KV,        /* head_dim * n_head_kv */
@@ -148,7 +162,10 @@ typedef enum {
     KM_WHEN_DENSE_SPLIT, /* a dense FFN with gate and up apart */
     KM_WHEN_DENSE_FUSED, /* phi3's dense FFN: gate and up in one matrix */
     KM_WHEN_LONGROPE, /* longrope scaling (phi3) */
-    KM_WHEN_GEMMA,    /* gemma3's norms after attention and after the FFN */
+    KM_WHEN_GEMMA,    /* gemma2/3's norm after the FFN */
+    KM_WHEN_POST_ATTN, /* gemma2/3's norm after attention; gpt-oss's FFN norm */
+    KM_WHEN_FFN_NORM, /* ffn_norm: every arch but gpt-oss */
+    KM_WHEN_OAI,      /* gpt-oss's biases and sinks */
 } km_when;
 
 /* A weight's part in the mix of types of a file type (model/ftype.c): the rules of

@@ -30,7 +30,9 @@ typedef struct {
 /* One layer's weights, named and shaped as llama.cpp's load_arch_tensors creates them. */
 typedef struct {
     kiln_tensor *attn_norm, *wqkv, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *q_norm, *k_norm, *ffn_norm;
-    kiln_tensor *attn_post_norm, *ffn_post_norm; /* gemma3 */
+    kiln_tensor *attn_post_norm, *ffn_post_norm; /* gemma3 (gpt-oss: attn_post_norm is the FFN norm) */
+    kiln_tensor *bo, *sinks;                      /* gpt-oss */
+    kiln_tensor *gate_inp_b, *gate_exps_b, *up_exps_b, *down_exps_b;
     kiln_tensor *ffn_gate, *ffn_up, *ffn_down, *ffn_up_gate;     /* dense (phi3: gate and up in one) */
     kiln_tensor *gate_inp, *gate_exps, *up_exps, *down_exps;     /* experts */
     kiln_tensor *cache_k, *cache_v;
@@ -96,6 +98,8 @@ static void attn_weights(mb *b, layer_w *w) {
     w->q_norm = weight(b, KM_W_ATTN_Q_NORM);
     w->k_norm = weight(b, KM_W_ATTN_K_NORM);
     w->wo = weight(b, KM_W_ATTN_OUT);
+    w->bo = weight(b, KM_W_ATTN_OUT_BIAS);
+    w->sinks = weight(b, KM_W_ATTN_SINKS);
     w->attn_post_norm = weight(b, KM_W_ATTN_POST_NORM);
     /* the KV cache of this layer: [n_embd_k_gqa, n_ctx] f16, as llama.cpp's cache_k_lN */
     char name[FE_MAX_NAME];
@@ -117,6 +121,10 @@ static void ffn_weights(mb *b, layer_w *w) {
     w->gate_exps = weight(b, KM_W_FFN_GATE_EXPS);
     w->up_exps = weight(b, KM_W_FFN_UP_EXPS);
     w->down_exps = weight(b, KM_W_FFN_DOWN_EXPS);
+    w->gate_inp_b = weight(b, KM_W_FFN_GATE_INP_BIAS);
+    w->gate_exps_b = weight(b, KM_W_FFN_GATE_EXPS_BIAS);
+    w->up_exps_b = weight(b, KM_W_FFN_UP_EXPS_BIAS);
+    w->down_exps_b = weight(b, KM_W_FFN_DOWN_EXPS_BIAS);
 }
 
 /* ---- blocks ------------------------------------------------------------------------------------ */
@@ -158,11 +166,13 @@ kiln_tensor *km_arch_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_tens
 kiln_tensor *km_layer_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, int64_t il, kiln_tensor *x, kiln_tensor *pos,
                            kiln_tensor *freqs) {
     if (!km_layer_swa(hp, il)) return km_arch_rope(ctx, hp, x, pos, freqs);
-    /* get_rope_freq_base/scale of a sliding-window layer: rope_freq_base_train_swa, scale 1 */
+    /* get_rope_freq_base/scale of a sliding-window layer: rope_freq_base_train_swa, and gemma3's
+     * rope_freq_scale_train_swa 1 (the others keep the file's scaling) */
     kiln_model_hparams local = *hp;
+    int                a = km_arch_find(hp->arch);
     local.rope_freq_base = hp->rope_freq_base_swa;
-    local.rope_scaling = KILN_ROPE_SCALING_NONE;
-    return km_arch_rope(ctx, &local, x, pos, NULL);
+    if (a >= 0 && km_archs[a].swa_rope_unscaled) local.rope_scaling = KILN_ROPE_SCALING_NONE, freqs = NULL;
+    return km_arch_rope(ctx, &local, x, pos, freqs);
 }
 
 static kiln_tensor *rope(mb *b, kiln_tensor *x, const char *name) {
@@ -238,9 +248,11 @@ static kiln_tensor *attention(mb *b, const layer_w *w, kiln_tensor *x) {
                 : hp->attention_scale != 0.0f ? hp->attention_scale : 1.0f / sqrtf((float)hd);
     kiln_tensor *mask = km_layer_swa(hp, b->il) ? b->mask_swa : b->mask;
     /* gemma2: the scores soft-capped (llama.cpp passes f_attn_logit_softcapping when attn_soft_cap) */
-    kiln_tensor *attn = nm(b, kiln_flash_attn_ext(ctx, q, k, v, mask, scale, 0.0f, hp->attn_softcap, NULL), "attn");
+    /* gpt-oss: each head's sink joins its softmax (ggml_flash_attn_ext_add_sinks) */
+    kiln_tensor *attn = nm(b, kiln_flash_attn_ext(ctx, q, k, v, mask, scale, 0.0f, hp->attn_softcap, w->sinks), "attn");
     kiln_tensor *flat = reshape(b, attn, 2, hd * hp->n_head, T, 1, "attn_flat");
-    return nm(b, kiln_mul_mat(ctx, w->wo, flat), "attn_out");
+    kiln_tensor *out = nm(b, kiln_mul_mat(ctx, w->wo, flat), "attn_out");
+    return w->bo ? nm(b, kiln_add(ctx, out, w->bo), "attn_out_b") : out; /* gpt-oss: build_attn's bo */
 }
 
 /* build_ffn(LLM_FFN_SILU, LLM_FFN_PAR): up, gate, swiglu(gate, up), down (mul_mat_glu fuses). */
@@ -270,6 +282,15 @@ static kiln_tensor *moe_route(mb *b, const layer_w *w, kiln_tensor *x, kiln_tens
     kiln_ctx *ctx = b->ctx;
     int64_t   E = hp->n_expert, k = hp->n_expert_used, R = b->rows;
     kiln_tensor *logits = nm(b, kiln_mul_mat(ctx, w->gate_inp, x), "moe_logits");
+    if (w->gate_inp_b) { /* gpt-oss: the router's bias, then LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT: */
+        logits = nm(b, kiln_add(ctx, logits, w->gate_inp_b), "moe_logits_b");
+        /* the top-k of the logits themselves, their values softmaxed over the selected */
+        *selected = nm(b, kiln_argsort_top_k(ctx, logits, (int)k), "selected");
+        kiln_tensor *l3 = reshape(b, logits, 3, 1, E, R, "logits3");
+        kiln_tensor *sel = nm(b, kiln_get_rows(ctx, l3, *selected), "weights_l");
+        kiln_tensor *s2 = nm(b, kiln_soft_max(ctx, reshape(b, sel, 2, k, R, 1, "weights_l2")), "weights_sm");
+        return reshape(b, s2, 3, 1, k, R, "weights3");
+    }
     kiln_tensor *probs = nm(b, kiln_soft_max(ctx, logits), "probs");
     *selected = nm(b, kiln_argsort_top_k(ctx, probs, (int)k), "selected");
     kiln_tensor *probs3 = reshape(b, probs, 3, 1, E, R, "probs3");
@@ -291,9 +312,14 @@ static kiln_tensor *ffn_moe(mb *b, const layer_w *w, kiln_tensor *x) {
     kiln_tensor *weights = moe_route(b, w, x, &selected);
     kiln_tensor *x3 = reshape(b, x, 3, hp->n_embd, 1, R, "x3");
     kiln_tensor *up = nm(b, kiln_mul_mat_id(ctx, w->up_exps, x3, selected), "up");
+    if (w->up_exps_b) up = nm(b, kiln_add_id(ctx, up, w->up_exps_b, selected), "up_b"); /* gpt-oss's biases */
     kiln_tensor *gate = nm(b, kiln_mul_mat_id(ctx, w->gate_exps, x3, selected), "gate");
-    kiln_tensor *par = nm(b, kiln_swiglu(ctx, gate, up, false), "par");
+    if (w->gate_exps_b) gate = nm(b, kiln_add_id(ctx, gate, w->gate_exps_b, selected), "gate_b");
+    /* gpt-oss: LLM_FFN_SWIGLU_OAI_MOE, alpha 1.702 and limit 7 (constants of build_moe_ffn) */
+    kiln_tensor *par = nm(b, km_archs[b->arch].oai ? kiln_swiglu_oai(ctx, gate, up, false, 1.702f, 7.0f)
+                                                   : kiln_swiglu(ctx, gate, up, false), "par");
     kiln_tensor *experts = nm(b, kiln_mul_mat_id(ctx, w->down_exps, par, selected), "experts");
+    if (w->down_exps_b) experts = nm(b, kiln_add_id(ctx, experts, w->down_exps_b, selected), "experts_b");
     kiln_tensor *weighted = nm(b, kiln_mul(ctx, experts, weights), "weighted");
     if (!weighted) return NULL;
     kiln_tensor **e = calloc((size_t)k, sizeof *e);
@@ -344,9 +370,11 @@ static kiln_tensor *layer(mb *b, kiln_tensor *inpL) {
     }
     cur = residual_scaled(b, cur, "attn_scaled");
     /* gemma3: a norm of each branch before its residual add */
-    if (w.attn_post_norm) cur = norm_w(b, cur, w.attn_post_norm, "norm_post", "attn_post_norm");
+    bool gemma = km_archs[b->arch].gemma;
+    if (gemma) cur = norm_w(b, cur, w.attn_post_norm, "norm_post", "attn_post_norm");
     kiln_tensor *ffn_inp = nm(b, kiln_add(ctx, cur, inpSA), "ffn_inp");
-    kiln_tensor *ffn_in = norm_w(b, ffn_inp, w.ffn_norm, "norm2", "ffn_in");
+    /* gpt-oss: the FFN's norm is the weight named post_attention_norm */
+    kiln_tensor *ffn_in = norm_w(b, ffn_inp, w.ffn_norm ? w.ffn_norm : w.attn_post_norm, "norm2", "ffn_in");
     kiln_tensor *ffn_out = km_moe(hp) ? ffn_moe(b, &w, ffn_in) : ffn_dense(b, &w, ffn_in);
     ffn_out = residual_scaled(b, ffn_out, "ffn_scaled");
     if (w.ffn_post_norm) ffn_out = norm_w(b, ffn_out, w.ffn_post_norm, "norm_ffn_post", "ffn_post_norm");

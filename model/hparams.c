@@ -247,6 +247,11 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
         int64_t big = a == KM_ARCH_GEMMA2 ? 46 : 62;
         hp->query_scale = 1.0f / sqrtf((float)(hp->n_layer == big ? hp->n_embd / hp->n_head : hp->head_dim));
     }
+    if (ai->oai) { /* llama.cpp's gpt-oss loader: the window from the file, every other layer */
+        hp->n_swa = get_int(&r, "attention.sliding_window", false, 0);
+        if (r.st) return r.st;
+        if (hp->n_swa > 0) hp->swa_pattern = ai->swa_pattern, hp->rope_freq_base_swa = hp->rope_freq_base;
+    }
     if (ai->moe || kiln_gguf_find_kv(g, "llama.expert_count") >= 0) {
         hp->n_expert = get_int(&r, "expert_count", true, 0);
         hp->n_expert_used = get_int(&r, "expert_used_count", true, 0);
@@ -254,7 +259,7 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
         hp->n_ff_exp = get_int(&r, "expert_feed_forward_length", ai->moe, ai->moe ? 0 : hp->n_ff);
         if (r.st) return r.st; /* before any other error, which would lose (leak) this one */
         /* llama.cpp always renormalizes qwen3moe's top-k weights; the key is kiln's, for tests. */
-        bool norm = true;
+        bool norm = !ai->oai; /* (gpt-oss softmaxes the selected logits: nothing to renormalize) */
         char key[128];
         if (kiln_gguf_find_kv(g, akey(&r, "expert_weights_norm", key, sizeof key)) >= 0 &&
             (st = kiln_gguf_get_bool(g, key, &norm)))
@@ -316,6 +321,7 @@ static void dim_source(const kiln_gguf *g, const kiln_model_hparams *hp, km_wdim
         else snprintf(out, n, "n_vocab = %lld (token_embd.weight's ne[1]; there is no %s)", (long long)hp->n_vocab, key);
         return;
     case KM_WD_HEAD: snprintf(out, n, "%s", head); return;
+    case KM_WD_HEADS: snprintf(out, n, "%s.attention.head_count = %lld", a, (long long)hp->n_head); return;
     case KM_WD_HALF_HEAD: snprintf(out, n, "half %s", head); return;
     case KM_WD_Q:
         snprintf(out, n, "%s.attention.head_count %lld x %s", a, (long long)hp->n_head, head);

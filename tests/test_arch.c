@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3", "gemma3", "gemma2"};
+static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3", "gemma3", "gemma2", "gpt-oss"};
 #define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 
 static kiln_model_hparams preset(const char *arch, const char *name) {
@@ -330,6 +330,36 @@ START_TEST(gemma2_caps_and_slides) {
 }
 END_TEST
 
+/* gpt-oss as llama.cpp's openai-moe-iswa.cpp: Q/K/V and output biases, each head's sink in the
+ * attention, layers alternating local and global, YaRN; the FFN norm is post_attention_norm
+ * (no ffn_norm); routed experts: the router's bias, the top-k of the logits, softmax over the
+ * selected (SOFTMAX_WEIGHT), a bias per expert matrix (add_id), swiglu_oai(1.702, 7). */
+START_TEST(gpt_oss_graph) {
+    kiln_model_hparams hp = preset("gpt-oss", "tiny");
+    int       L = (int)hp.n_layer;
+    kiln_ctx *ctx = build(&hp, 32, 8, KILN_OUTPUTS_LAST);
+    char     *text = print(ctx);
+    ck_assert_int_eq(count(text, ", sinks=blk."), L);
+    ck_assert_int_eq(count(text, "mask=kq_mask_swa,"), L / 2);
+    ck_assert_int_eq(count(text, " = add(attn_out."), L);
+    ck_assert_int_eq(count(text, " = add(moe_logits."), L);
+    ck_assert_int_eq(count(text, " = argsort_top_k(moe_logits_b."), L);
+    ck_assert_int_eq(count(text, " = soft_max(weights_l2."), L);
+    ck_assert_int_eq(count(text, " = add_id("), 3 * L);
+    ck_assert_int_eq(count(text, "swiglu_oai(gate_b."), L);
+    ck_assert_int_eq(count(text, ", alpha=1.702, limit=7)"), L);
+    ck_assert_int_eq(count(text, "ffn_norm.weight"), 0);
+    ck_assert_int_eq(count(text, "ext_factor=1,"), 2 * L);
+    free(text);
+    kiln_ctx_free(ctx);
+    hp = preset("gpt-oss", "gpt-oss-20b");
+    ck_assert(hp.n_vocab == 201088 && hp.n_embd == 2880 && hp.n_layer == 24 && hp.n_head == 64 && hp.n_head_kv == 8 &&
+              hp.head_dim == 64 && hp.n_expert == 32 && hp.n_expert_used == 4 && hp.n_ff_exp == 2880 && hp.n_swa == 128 &&
+              hp.rope_scaling == KILN_ROPE_SCALING_YARN && hp.rope_factor == 32 && hp.rope_orig_ctx == 4096 &&
+              hp.rope_freq_base == 150000 && !hp.tied_output && !hp.norm_topk_prob);
+}
+END_TEST
+
 START_TEST(rope_scaling_evaluates) {
     kiln_model_hparams hp = preset("llama", "tiny");
     hp.rope_scaling = KILN_ROPE_SCALING_LLAMA3;
@@ -504,7 +534,7 @@ START_TEST(presets_documented) {
     const char *name, *arch;
     int         n = 0;
     for (int i = 0; (name = kiln_model_preset_name(i, &arch)); i++) n++;
-    ck_assert_int_eq(n, 21);
+    ck_assert_int_eq(n, 23);
 }
 END_TEST
 
@@ -585,11 +615,11 @@ START_TEST(tiny_compiles_fused) {
      * FFN and the output norm see one column in both (outputs: the last token), so there
      * rms_norm_gemv takes the FFN norm (dense FFNs: its one reader is the GLU GEMV) and the
      * output norm; in the decode program also every attention norm (the q/k/v GEMV; qwen2's
-     * q/k/v have biases, so mul_mat_cat leaves three GEMVs, and each computes the norm: three
+     * and gpt-oss's q/k/v have biases, so mul_mat_cat leaves three GEMVs, and each computes the norm: three
      * fusion lines) and every dense FFN norm. */
     int L = (int)hp.n_layer, moe = hp.n_expert > 0, qkn = hp.qk_norm ? 2 * L : 0;
     int post = km_archs[km_arch_find(archs[_i])].gemma ? 2 * L : 0; /* gemma3's norms after attention and FFN */
-    int gemv_norms = 1 + !moe, dec_norms = L + 1 + (moe ? 0 : L), three = strcmp(archs[_i], "qwen2") ? 0 : 2 * L;
+    int gemv_norms = 1 + !moe, dec_norms = L + 1 + (moe ? 0 : L), three = hp.attn_bias ? 2 * L : 0;
     int roped = 0; /* smollm3: every 4th layer has no rope */
     for (int il = 0; il < L; il++) roped += km_layer_ropes(&hp, il);
     /* phi3: gate and up are one product: no mul_mat_glu (its k, roped out of a view of the
@@ -598,7 +628,10 @@ START_TEST(tiny_compiles_fused) {
     ck_assert_int_eq(count(d, "  fused rope_set_rows:"), 2 * roped);
     ck_assert_int_eq(count(d, "  fused rms_norm_mul:"), 2 * (2 * L + 1 + qkn + post) - gemv_norms - dec_norms);
     ck_assert_int_eq(count(d, "  fused rms_norm_gemv"), gemv_norms + dec_norms + three);
-    ck_assert_int_eq(count(d, "mul_mat_glu:"), fused ? 0 : 2 * L);
+    /* gpt-oss: the experts' biases (add_id) sit between the products and swiglu_oai: no GLU
+     * fusion yet */
+    bool oai = km_archs[km_arch_find(archs[_i])].oai;
+    ck_assert_int_eq(count(d, "mul_mat_glu:"), fused || oai ? 0 : 2 * L);
     ck_assert_int_eq(count(d, "  fused topk_moe:"), moe ? 2 * L : 0);
     ck_assert_int_gt(kiln_program_kernel_count(p), 0);
     free(d);
@@ -643,10 +676,10 @@ START_TEST(cli_gen_graph) {
     ck_assert_ptr_nonnull(strstr(out, "gen-graph"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch gpt2 --preset tiny", &out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "unknown architecture 'gpt2' (known: llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2)"));
+    ck_assert_ptr_nonnull(strstr(out, "unknown architecture 'gpt2' (known: llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2, gpt-oss)"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch llama --preset huge", &out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "unknown preset 'huge'; presets: tiny (llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2)"));
+    ck_assert_ptr_nonnull(strstr(out, "unknown preset 'huge'; presets: tiny (llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2, gpt-oss)"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch llama", &out), 2);
     free(out);
@@ -659,7 +692,7 @@ END_TEST
 int main(void) {
     Suite *s = TS_SUITE("arch",
                         TS_CASE("arch", 120), TS_LOOP(0, NARCHS, tiny_prints_and_parses_back, tiny_evaluates),
-                        TS_TESTS(llama_experts_evaluate, gemma3_builds_and_slides, gemma2_caps_and_slides, rope_scaling_evaluates, rope_freqs_llama3, llama_layer_is_the_example,
+                        TS_TESTS(llama_experts_evaluate, gemma3_builds_and_slides, gemma2_caps_and_slides, gpt_oss_graph, rope_scaling_evaluates, rope_freqs_llama3, llama_layer_is_the_example,
                                  qwen3moe_layer_is_the_example, presets_documented, errors_name_the_field,
                                  llama_3_8b_builds),
                         TS_LOOP(0, NARCHS, tiny_compiles_fused), TS_TESTS(cli_gen_graph));

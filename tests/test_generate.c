@@ -202,7 +202,7 @@ END_TEST
  * re-rope cancels ggml's YaRN magnitude factor, so K is not scaled twice). (Deeper layers hold
  * what the dropped tokens contributed, as in llama.cpp.) Generation goes on from position 12;
  * bad arguments are refused. */
-static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3", "gemma3", "gemma2",
+static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3", "gemma3", "gemma2", "gpt-oss",
                                     "qwen3/tiny-yarn"};
 #define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 

@@ -87,7 +87,7 @@ END_TEST
 
 /* ---- a model ------------------------------------------------------------------------------------ */
 
-static const char *const archs[] = {"llama", "qwen3moe", "qwen2", "qwen3", "granite", "smollm3", "phi3", "gemma3", "gemma2"};
+static const char *const archs[] = {"llama", "qwen3moe", "qwen2", "qwen3", "granite", "smollm3", "phi3", "gemma3", "gemma2", "gpt-oss"};
 #define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 static const int32_t     prompt[7] = {1, 17, 300, 5, 999, 42, 8};
 static char             *g_dir;
