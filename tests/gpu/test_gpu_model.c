@@ -14,8 +14,10 @@
  * intermediates differently from the reference. mul_mat's bound (5e-4) is the loosest op. */
 #define LOGITS_NMSE 5e-4
 
-/* Each arch's tiny preset; "arch/preset" names another (llama's experts: Mixtral's graph). */
-static const char *const archs[] = {"llama", "qwen3moe", "qwen2", "qwen3", "granite", "smollm3", "phi3", "gemma3", "gemma2", "gpt-oss", "llama/tiny-moe"};
+/* Each arch's tiny preset; "arch/preset" names another (llama's experts: Mixtral's graph; qwen3
+ * with YaRN). */
+static const char *const archs[] = {"llama",  "qwen3moe", "qwen2",   "qwen3",          "granite",        "smollm3",
+                                    "phi3",   "gemma3",   "gemma2",  "gpt-oss",        "llama/tiny-moe", "qwen3/tiny-yarn"};
 #define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 static const int32_t     prompt[7] = {1, 17, 300, 5, 999, 42, 8};
 static char             *g_dir;
