@@ -42,6 +42,40 @@ bool km_layer_swa(const kiln_model_hparams *hp, int64_t il) {
     return hp->n_swa > 0 && hp->swa_pattern > 0 && il % hp->swa_pattern < hp->swa_pattern - 1;
 }
 
+/* llama.cpp architectures kiln does not build, and what each one needs that kiln lacks: the
+ * refusal of such a file says so (issue 27), rather than only "unknown". */
+static const struct {
+    const char *name, *missing;
+} unbuilt[] = {
+    {"deepseek2", "multi-head latent attention (MLA), shared experts and group-limited routing"},
+    {"deepseek", "shared experts beside the routed ones"},
+    {"gemma", "Gemma 1's graph (gemma2 and gemma3 are built)"},
+    {"gemma3n", "per-layer embeddings, AltUp and LAuReL blocks"},
+    {"qwen2moe", "shared experts with a sigmoid gate"},
+    {"qwen3next", "gated delta-net linear attention"},
+    {"llama4", "chunked attention and interleaved MoE layers"},
+    {"mamba", "state-space (recurrent) layers in place of attention"},
+    {"mamba2", "state-space (recurrent) layers in place of attention"},
+    {"rwkv6", "recurrent (RWKV) time mixing in place of attention"},
+    {"rwkv7", "recurrent (RWKV) time mixing in place of attention"},
+    {"bert", "a non-causal encoder (embeddings, no KV cache)"},
+    {"nomic-bert", "a non-causal encoder (embeddings, no KV cache)"},
+    {"t5", "an encoder-decoder with relative position buckets"},
+    {"gpt2", "LayerNorm and learned absolute positions"},
+    {"phi2", "LayerNorm, parallel attention and FFN, partial rotary embeddings"},
+    {"stablelm", "LayerNorm and partial rotary embeddings"},
+    {"falcon", "LayerNorm and parallel attention and FFN"},
+    {"command-r", "LayerNorm and parallel attention and FFN"},
+    {"cohere2", "LayerNorm, parallel attention and FFN, sliding-window layers"},
+    {"starcoder2", "LayerNorm and biased GELU FFNs"},
+};
+
+const char *km_arch_missing(const char *name) {
+    for (size_t i = 0; name && i < sizeof unbuilt / sizeof unbuilt[0]; i++)
+        if (strcmp(unbuilt[i].name, name) == 0) return unbuilt[i].missing;
+    return NULL;
+}
+
 int km_arch_find(const char *name) {
     for (int a = 0; name && a < KM_ARCH_COUNT; a++)
         if (strcmp(km_archs[a].name, name) == 0) return a;

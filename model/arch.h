@@ -52,6 +52,8 @@ extern const km_arch_info km_archs[KM_ARCH_COUNT];
 
 /* The arch named name, or -1. */
 int         km_arch_find(const char *name);
+/* For a llama.cpp architecture kiln does not build: what it needs that kiln lacks, else NULL. */
+const char *km_arch_missing(const char *name);
 const char *km_arch_name(km_arch a);
 /* "llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3", for messages. */
 const char *km_arch_list(void);

@@ -160,8 +160,9 @@ static kiln_status read_arch(const kiln_gguf *g, char *arch, size_t cap) {
     if (km_arch_find(arch) < 0) {
         for (char *c = arch; *c; c++)
             if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
-        return kb_error(KILN_ERR_FORMAT, "%s: architecture '%s' is not supported (kiln builds: %s)", file, arch,
-                        km_arch_list());
+        const char *missing = km_arch_missing(arch);
+        return kb_error(KILN_ERR_FORMAT, "%s: architecture '%s' is not supported%s%s (kiln builds: %s)", file, arch,
+                        missing ? " yet: it needs " : "", missing ? missing : "", km_arch_list());
     }
     return NULL;
 }
