@@ -246,16 +246,39 @@ START_TEST(llama_experts_evaluate) {
 }
 END_TEST
 
+/* The sliding window of hp (8 positions in the gemma tiny presets) on the CPU reference: 6
+ * tokens give the logits of a window wider than the context, 12 do not, and decode after a
+ * 12-token prefill equals the 13-token prefill (the window slides in the decode step too).
+ * Returns the 12-token logits (caller frees). */
+static float *check_window(const kiln_model_hparams *hp) {
+    kiln_model_hparams wide = *hp;
+    wide.n_swa = 1000;
+    kiln_ctx *ctx = build(hp, 32, 16, KILN_OUTPUTS_LAST), *wctx = build(&wide, 32, 16, KILN_OUTPUTS_LAST);
+    store     s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0};
+    int64_t   n, nv = hp->n_vocab;
+    float *a6 = evaluate(ctx, hp, KILN_OUTPUTS_LAST, 0, 6, &s1, &n);
+    float *b6 = evaluate(wctx, &wide, KILN_OUTPUTS_LAST, 0, 6, &s2, &n);
+    ck_assert_msg(rel_diff(a6, b6, nv) < 1e-6, "%s: 6 tokens in a window of 8: %g", hp->arch, rel_diff(a6, b6, nv));
+    float *a12 = evaluate(ctx, hp, KILN_OUTPUTS_LAST, 0, 12, &s3, &n);
+    float *b12 = evaluate(wctx, &wide, KILN_OUTPUTS_LAST, 0, 12, &s4, &n);
+    ck_assert_msg(rel_diff(a12, b12, nv) > 1e-3, "%s: 12 tokens: the window changes nothing", hp->arch);
+    float *d13 = evaluate(ctx, hp, KILN_OUTPUTS_LAST, 12, 1, &s3, &n);
+    float *p13 = evaluate(ctx, hp, KILN_OUTPUTS_LAST, 0, 13, &s5, &n);
+    ck_assert_msg(rel_diff(d13, p13, nv) < 1e-3, "%s: decode after prefill: %g", hp->arch, rel_diff(d13, p13, nv));
+    free(a6), free(b6), free(b12), free(d13), free(p13);
+    store_free(&s1), store_free(&s2), store_free(&s3), store_free(&s4), store_free(&s5);
+    kiln_ctx_free(ctx);
+    kiln_ctx_free(wctx);
+    return a12;
+}
+
 /* gemma3 as llama.cpp's gemma3.cpp (iswa) builds it: embeddings times sqrt(n_embd); layers
  * 0-4 of each 6 local (the window's mask, rope base 1e4 unscaled), the 6th global (the causal
  * mask, base 1e6 with linear scaling 1/8); Q times 1/sqrt(head size) after its rope and the
- * attention unscaled; a norm after attention and after the FFN; GeGLU. On the CPU reference
- * the window (8 positions in the tiny preset) decides: with 6 tokens the logits equal those
- * of a window wider than the context, with 12 they differ, and decode after a 12-token
- * prefill equals the 13-token prefill (the window slides in the decode step too). */
+ * attention unscaled; a norm after attention and after the FFN; GeGLU; the window decides on
+ * the CPU reference (check_window). */
 START_TEST(gemma3_builds_and_slides) {
-    kiln_model_hparams hp = preset("gemma3", "tiny"), wide = hp;
-    wide.n_swa = 1000;
+    kiln_model_hparams hp = preset("gemma3", "tiny");
     kiln_ctx *ctx = build(&hp, 32, 16, KILN_OUTPUTS_LAST);
     char     *text = print(ctx);
     ck_assert_int_eq(count(text, "inp_scaled = scale(inp_embd, 11.313708, 0)\n"), 1);
@@ -272,22 +295,8 @@ START_TEST(gemma3_builds_and_slides) {
     ck_assert(km_layer_swa(&hp, 0) && km_layer_swa(&hp, 4) && !km_layer_swa(&hp, 5));
     kiln_model_hparams g4 = preset("gemma3", "gemma-3-4b");
     ck_assert(km_layer_swa(&g4, 30) && !km_layer_swa(&g4, 29) && km_layer_swa(&g4, 33));
-    kiln_ctx *wctx = build(&wide, 32, 16, KILN_OUTPUTS_LAST);
-    store     s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0}, s5 = {0};
-    int64_t   n;
-    float *a6 = evaluate(ctx, &hp, KILN_OUTPUTS_LAST, 0, 6, &s1, &n);
-    float *b6 = evaluate(wctx, &wide, KILN_OUTPUTS_LAST, 0, 6, &s2, &n);
-    ck_assert_msg(rel_diff(a6, b6, hp.n_vocab) < 1e-6, "6 tokens in a window of 8: %g", rel_diff(a6, b6, hp.n_vocab));
-    float *a12 = evaluate(ctx, &hp, KILN_OUTPUTS_LAST, 0, 12, &s3, &n);
-    float *b12 = evaluate(wctx, &wide, KILN_OUTPUTS_LAST, 0, 12, &s4, &n);
-    ck_assert_msg(rel_diff(a12, b12, hp.n_vocab) > 1e-3, "12 tokens: the window changes nothing");
-    float *d13 = evaluate(ctx, &hp, KILN_OUTPUTS_LAST, 12, 1, &s3, &n);
-    float *p13 = evaluate(ctx, &hp, KILN_OUTPUTS_LAST, 0, 13, &s5, &n);
-    ck_assert_msg(rel_diff(d13, p13, hp.n_vocab) < 1e-3, "decode after prefill: %g", rel_diff(d13, p13, hp.n_vocab));
-    free(a6), free(b6), free(a12), free(b12), free(d13), free(p13);
-    store_free(&s1), store_free(&s2), store_free(&s3), store_free(&s4), store_free(&s5);
     kiln_ctx_free(ctx);
-    kiln_ctx_free(wctx);
+    free(check_window(&hp));
 }
 END_TEST
 
@@ -296,8 +305,7 @@ END_TEST
  * soft-capped (flash attention's logit_softcap, 50) and the logits too (30 tanh(x / 30): |logit|
  * < 30 on the CPU reference); the window decides as in gemma3. */
 START_TEST(gemma2_caps_and_slides) {
-    kiln_model_hparams hp = preset("gemma2", "tiny"), wide = hp;
-    wide.n_swa = 1000;
+    kiln_model_hparams hp = preset("gemma2", "tiny");
     kiln_ctx *ctx = build(&hp, 32, 16, KILN_OUTPUTS_LAST);
     char     *text = print(ctx);
     ck_assert_int_eq(count(text, "mask=kq_mask_swa,"), 2);
@@ -309,20 +317,10 @@ START_TEST(gemma2_caps_and_slides) {
     ck_assert_int_eq(count(text, " = rms_norm(Q"), 0); /* no QK-norm */
     free(text);
     ck_assert(km_layer_swa(&hp, 0) && !km_layer_swa(&hp, 1) && km_layer_swa(&hp, 2));
-    kiln_ctx *wctx = build(&wide, 32, 16, KILN_OUTPUTS_LAST);
-    store     s1 = {0}, s2 = {0}, s3 = {0}, s4 = {0};
-    int64_t   n;
-    float *a6 = evaluate(ctx, &hp, KILN_OUTPUTS_LAST, 0, 6, &s1, &n);
-    float *b6 = evaluate(wctx, &wide, KILN_OUTPUTS_LAST, 0, 6, &s2, &n);
-    ck_assert_msg(rel_diff(a6, b6, hp.n_vocab) < 1e-6, "6 tokens in a window of 8: %g", rel_diff(a6, b6, hp.n_vocab));
-    float *a12 = evaluate(ctx, &hp, KILN_OUTPUTS_LAST, 0, 12, &s3, &n);
-    float *b12 = evaluate(wctx, &wide, KILN_OUTPUTS_LAST, 0, 12, &s4, &n);
-    ck_assert_msg(rel_diff(a12, b12, hp.n_vocab) > 1e-3, "12 tokens: the window changes nothing");
-    for (int64_t i = 0; i < hp.n_vocab; i++) ck_assert_msg(fabsf(a12[i]) < 30.0f, "logit %lld = %g", (long long)i, a12[i]);
-    free(a6), free(b6), free(a12), free(b12);
-    store_free(&s1), store_free(&s2), store_free(&s3), store_free(&s4);
     kiln_ctx_free(ctx);
-    kiln_ctx_free(wctx);
+    float *a12 = check_window(&hp);
+    for (int64_t i = 0; i < hp.n_vocab; i++) ck_assert_msg(fabsf(a12[i]) < 30.0f, "logit %lld = %g", (long long)i, a12[i]);
+    free(a12);
     hp = preset("gemma2", "gemma-2-9b");
     ck_assert(hp.n_vocab == 256000 && hp.n_embd == 3584 && hp.n_layer == 42 && hp.n_head == 16 && hp.n_head_kv == 8 &&
               hp.head_dim == 256 && hp.n_ff == 14336 && hp.n_swa == 4096 && hp.swa_pattern == 2 &&
