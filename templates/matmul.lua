@@ -1849,23 +1849,7 @@ local function qgemv(k, s)
         b.add("%s", l)
     end
     b.add("float acc[%d] = {%s};", NV * R, string.rep("0.0f", NV * R, ", "))
-    for i = 0, NI - 1 do
-        if i + PF < NI then loads(i + PF) end
-        b.open("{")
-        if partial and i == NI - 1 then
-            b.add("if ((int)(lane + 32u * kw) + %d < %d) {", 32 * WK * i, NU)
-            b.push()
-        end
-        b.add("const kiln_qb_%s x = kiln_qbl_%s(P0, P1, QD, QS, ub%d, pt%d);", T, T, i, i)
-        b.add("#pragma unroll")
-        b.add("for (int r = 0; r < %d; r++)", R * NV)
-        b.add("    acc[r] += kiln_qwd_%s(w%d[r], x);", T, i)
-        if partial and i == NI - 1 then
-            b.pop()
-            b.add("}")
-        end
-        b.close()
-    end
+    quant.unit_loop(b, T, NI, PF, R * NV, loads, partial, "(int)(lane + 32u * kw)", 32 * WK, NU)
     b.add("#pragma unroll")
     b.add("for (int r = 0; r < %d; r++) {", NV * R)
     b.add("#pragma unroll")

@@ -1222,23 +1222,7 @@ local function qgemv_id(k)
     for i = 0, PF - 1 do loads(i) end
     for _, l in ipairs(quant.bq_prologue(p.K, QID_WARPS * 32, "bk")) do bl.add("%s", l) end
     bl.add("float acc[%d] = {%s};", NV * R, string.rep("0.0f", NV * R, ", "))
-    for i = 0, NI - 1 do
-        if i + PF < NI then loads(i + PF) end
-        bl.open("{")
-        if partial and i == NI - 1 then
-            bl.add("if (%s + %d < %d) {", lane_unit, 32 * WK * i, NU)
-            bl.push()
-        end
-        bl.add("const kiln_qb_%s x = kiln_qbl_%s(P0, P1, QD, QS, ub%d, pt%d);", T, T, i, i)
-        bl.add("#pragma unroll")
-        bl.add("for (int r = 0; r < %d; r++)", R * NV)
-        bl.add("    acc[r] += kiln_qwd_%s(w%d[r], x);", T, i)
-        if partial and i == NI - 1 then
-            bl.pop()
-            bl.add("}")
-        end
-        bl.close()
-    end
+    quant.unit_loop(bl, T, NI, PF, R * NV, loads, partial, lane_unit, 32 * WK, NU)
     bl.add("__shared__ float part[%d][%d];", QID_WARPS, NV * R)
     bl.add("#pragma unroll")
     bl.add("for (int r = 0; r < %d; r++) {", NV * R)

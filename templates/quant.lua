@@ -481,6 +481,32 @@ function M.bq_prologue(K, T, bexpr, norm)
     return L
 end
 
+-- The quantized GEMVs' main loop (matmul.lua's qgemv, matmul_id.lua's qgemv_id), for a kit
+-- builder b: for each of the lane's NI units, the loads of unit i + PF first (loads, the
+-- template's), then unit i's weights w<i> (n products: rows, twice with a paired weight)
+-- against b's bytes of the unit into acc[0 .. n-1]. In a partial last round (`partial`) only
+-- the lanes whose unit exists (lane_unit + step i < NU) add.
+function M.unit_loop(b, t, NI, PF, n, loads, partial, lane_unit, step, NU)
+    for i = 0, NI - 1 do
+        if i + PF < NI then loads(i + PF) end
+        b.open("{")
+        local guard = partial and i == NI - 1
+        if guard then
+            b.add("if (%s + %d < %d) {", lane_unit, step * i, NU)
+            b.push()
+        end
+        b.add("const kiln_qb_%s x = kiln_qbl_%s(P0, P1, QD, QS, ub%d, pt%d);", t, t, i, i)
+        b.add("#pragma unroll")
+        b.add("for (int r = 0; r < %d; r++)", n)
+        b.add("    acc[r] += kiln_qwd_%s(w%d[r], x);", t, i)
+        if guard then
+            b.pop()
+            b.add("}")
+        end
+        b.close()
+    end
+end
+
 -- The CUDA text of type t's helpers (`dq8`: eight dequantized elements; `i8`: the int8 path's).
 function M.helpers(t, dq8, i8)
     local parts = { COMMON }
