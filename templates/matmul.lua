@@ -1809,21 +1809,7 @@ local function qgemv(k, s)
     -- Unit i of the lane (units past NU, in a partial last round, load unit NU - 1 again and
     -- add nothing); its block in the row and its part of the block.
     local partial = NU % (32 * WK) ~= 0
-    local function unit(i)
-        if not partial and i > 0 then
-            -- (unit 0's block and part, advanced by whole blocks: the weight addresses become
-            -- one base and constant offsets)
-            b.add("const int ub%d = ub0 + %d, pt%d = pt0;", i, 32 * WK * i // UB, i)
-            return
-        end
-        b.add("const int u%d = %s;", i, partial and string.format("min((int)(lane + 32u * kw) + %d, %d)", 32 * WK * i, NU - 1)
-            or string.format("(int)(lane + 32u * kw) + %d", 32 * WK * i))
-        if UB > 1 then
-            b.add("const int ub%d = u%d >> %d, pt%d = u%d & %d;", i, i, math.floor(math.log(UB, 2) + 0.5), i, i, UB - 1)
-        else
-            b.add("const int ub%d = u%d, pt%d = 0;", i, i, i)
-        end
-    end
+    local function unit(i) quant.unit_index(b, i, "(int)(lane + 32u * kw)", 32 * WK, UB, NU, partial) end
     local function loads(i)
         unit(i)
         b.add("kiln_qw_%s w%d[%d];", T, i, R * NV)

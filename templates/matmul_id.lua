@@ -1197,19 +1197,7 @@ local function qgemv_id(k)
     local partial = NU % (32 * WK) ~= 0
     local lane_unit = WK > 1 and "(int)(lane + 32u * wk)" or "(int)lane"
     local function loads(i)
-        if not partial and i > 0 then
-            -- (unit 0's block and part, advanced by whole blocks: the weight addresses become
-            -- one base and constant offsets)
-            bl.add("const int ub%d = ub0 + %d, pt%d = pt0;", i, 32 * WK * i // UB, i)
-        else
-        bl.add("const int u%d = %s;", i, partial and string.format("min(%s + %d, %d)", lane_unit, 32 * WK * i, NU - 1)
-            or string.format("%s + %d", lane_unit, 32 * WK * i))
-        if UB > 1 then
-            bl.add("const int ub%d = u%d >> %d, pt%d = u%d & %d;", i, i, math.floor(math.log(UB, 2) + 0.5), i, i, UB - 1)
-        else
-            bl.add("const int ub%d = u%d, pt%d = 0;", i, i, i)
-        end
-        end
+        quant.unit_index(bl, i, lane_unit, 32 * WK, UB, NU, partial)
         bl.add("kiln_qw_%s w%d[%d];", T, i, R * NV)
         bl.add("#pragma unroll")
         bl.add("for (int r = 0; r < %d; r++) {", R)

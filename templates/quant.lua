@@ -481,6 +481,24 @@ function M.bq_prologue(K, T, bexpr, norm)
     return L
 end
 
+-- Lines (for a kit builder b) declaring unit i's block ub<i> and part pt<i> in the row, for a
+-- lane whose first unit is lane_unit and takes every step-th: in whole rounds, unit 0's block
+-- advanced by whole blocks (the weight addresses become one base and constant offsets); in a
+-- partial last round, units past NU load unit NU - 1 again (the loop adds nothing for them).
+function M.unit_index(b, i, lane_unit, step, UB, NU, partial)
+    if not partial and i > 0 then
+        b.add("const int ub%d = ub0 + %d, pt%d = pt0;", i, step * i // UB, i)
+        return
+    end
+    b.add("const int u%d = %s;", i, partial and string.format("min(%s + %d, %d)", lane_unit, step * i, NU - 1)
+        or string.format("%s + %d", lane_unit, step * i))
+    if UB > 1 then
+        b.add("const int ub%d = u%d >> %d, pt%d = u%d & %d;", i, i, math.floor(math.log(UB, 2) + 0.5), i, i, UB - 1)
+    else
+        b.add("const int ub%d = u%d, pt%d = 0;", i, i, i)
+    end
+end
+
 -- The quantized GEMVs' main loop (matmul.lua's qgemv, matmul_id.lua's qgemv_id), for a kit
 -- builder b: for each of the lane's NI units, the loads of unit i + PF first (loads, the
 -- template's), then unit i's weights w<i> (n products: rows, twice with a paired weight)
