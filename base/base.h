@@ -59,12 +59,14 @@ void  kb_dequant_row(const void *p, kiln_type t, float *y, int64_t n);
 bool  kb_quant_row(const float *x, kiln_type t, void *p, int64_t n);
 /* The device layout of quantized weights (templates/quant.lua): q8_0, q4_0 and q6_K buffers are
  * tiles of KB_QTILE blocks, each the tile's blocks without their f16 scales, then the scales
- * (the last tile as many as it holds); the other types keep the file's layout. kb_quant_split
+ * (the last tile as many as it holds); mxfp4 the same with tiles of 16 blocks and its one-byte
+ * scales (kb_quant_tile: a type's tile); the other types keep the file's layout. kb_quant_split
  * says whether t is tiled so; to/from convert `bytes` (whole
  * blocks) between the file's layout and the device's (false, nothing written, for a type that
  * is not split or a size that is not whole blocks). src and dst must not overlap. */
 #define KB_QTILE 8
 bool  kb_quant_split(kiln_type t);
+int   kb_quant_tile(kiln_type t);
 bool  kb_quant_to_device(kiln_type t, const void *src, void *dst, size_t bytes);
 bool  kb_quant_from_device(kiln_type t, const void *src, void *dst, size_t bytes);
 /* sum (got - ref)^2 / sum ref^2 over n values of type t (the plain sum when ref is all zero):

@@ -13,7 +13,11 @@
  *   q5_K 176 B / 256: d @0, dmin @2, scales[12] @4, qh[32] @16, qs[128] @48: q4_K plus a fifth
  *                     bit per element in qh
  *   q6_K 210 B / 256: ql[128] @0, qh[64] @128, scales int8[16] @192, d @208: 16 sub-blocks of 16,
- *                     x = d * sc * (q - 32), q 6-bit (4 low bits in ql, 2 high in qh) */
+ *                     x = d * sc * (q - 32), q 6-bit (4 low bits in ql, 2 high in qh)
+ *   mxfp4 17 B / 32:  e u8 @0, qs u8[16] @1                       x[j] = kv[lo(qs[j])] * 2^(e - 128),
+ *                                                                 x[j + 16] = kv[hi(qs[j])] * 2^(e - 128),
+ *                     kv = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, ..., -12}: twice the E2M1 (FP4) values,
+ *                     hence half of the E8M0 scale 2^(e - 127) (ggml's GGML_E8M0_TO_FP32_HALF) */
 #include "base.h"
 
 #include <ctype.h>
@@ -31,7 +35,7 @@ static const type_info types[KILN_TYPE_COUNT] = {
     [KILN_F32] = {"f32", 1, 4},       [KILN_F16] = {"f16", 1, 2},       [KILN_BF16] = {"bf16", 1, 2},
     [KILN_I32] = {"i32", 1, 4},       [KILN_I64] = {"i64", 1, 8},       [KILN_Q8_0] = {"q8_0", 32, 34},
     [KILN_Q4_0] = {"q4_0", 32, 18},   [KILN_Q4_K] = {"q4_K", 256, 144}, [KILN_Q5_K] = {"q5_K", 256, 176},
-    [KILN_Q6_K] = {"q6_K", 256, 210},
+    [KILN_Q6_K] = {"q6_K", 256, 210}, [KILN_MXFP4] = {"mxfp4", 32, 17},
 };
 
 const char *kiln_type_name(kiln_type t) { return (unsigned)t < KILN_TYPE_COUNT ? types[t].name : "?"; }
@@ -115,6 +119,21 @@ static float elem_q6_K(const uint8_t *b, int j) {
     return d * (float)sc[l / 16 + 2 * quarter] * (float)q;
 }
 
+/* ggml's kvalues_mxfp4 and GGML_E8M0_TO_FP32_HALF: 2^(e - 128) (e 0 and 1 are subnormals). */
+static const int8_t mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static float e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float    f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static float elem_mxfp4(const uint8_t *b, int j) {
+    uint8_t q = b[1 + j % 16];
+    return (float)mxfp4_values[j < 16 ? q & 0xF : q >> 4] * e8m0_half(b[0]);
+}
+
 typedef float (*elem_fn)(const uint8_t *block, int j);
 
 static elem_fn elem_of(kiln_type t) {
@@ -124,6 +143,7 @@ static elem_fn elem_of(kiln_type t) {
     case KILN_Q4_K: return elem_q4_K;
     case KILN_Q5_K: return elem_q5_K;
     case KILN_Q6_K: return elem_q6_K;
+    case KILN_MXFP4: return elem_mxfp4;
     default: return NULL;
     }
 }
@@ -307,6 +327,49 @@ static void quant_q6_K(const float *x, uint8_t *b) {
     }
 }
 
+/* The code of kv nearest to v (v in units of the scale; ties to the smaller magnitude). */
+static int mxfp4_code(float v) {
+    int   best = 0;
+    float err = INFINITY;
+    for (int c = 0; c < 16; c++) {
+        float e = fabsf(v - (float)mxfp4_values[c]);
+        if (e < err) {
+            err = e;
+            best = c;
+        }
+    }
+    return best;
+}
+
+/* Squared error of a block's 32 elements coded against scale exponent e (codes into qs). */
+static float mxfp4_try(const float *x, uint8_t e, uint8_t qs[16]) {
+    float d = e8m0_half(e), err = 0;
+    for (int j = 0; j < 16; j++) {
+        int lo = mxfp4_code(x[j] / d), hi = mxfp4_code(x[j + 16] / d);
+        qs[j] = (uint8_t)(lo | hi << 4);
+        float a = x[j] - (float)mxfp4_values[lo] * d, b = x[j + 16] - (float)mxfp4_values[hi] * d;
+        err += a * a + b * b;
+    }
+    return err;
+}
+
+/* mxfp4: the smallest scale 2^(e - 128) at which the largest magnitude fits under 12 (the
+ * largest code), or the one below it (finer steps, the largest clipped to 12), whichever codes
+ * the block with the less squared error; each element takes its nearest code. */
+static void quant_mxfp4(const float *x, uint8_t *b) {
+    float amax = 0;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    int ex = 0;
+    float m = amax > 0 ? frexpf(amax / 12, &ex) : 0; /* amax / 12 = m 2^ex, m in [0.5, 1) */
+    int   e = amax > 0 ? 128 + (m > 0.5f ? ex : ex - 1) : 0; /* 2^(e - 128) >= amax / 12 */
+    e = clampi(e, 1, 254);
+    uint8_t qa[16], qb[16];
+    float   ea = mxfp4_try(x, (uint8_t)e, qa), eb = mxfp4_try(x, (uint8_t)(e - 1), qb);
+    bool    lower = eb < ea;
+    b[0] = (uint8_t)(lower ? e - 1 : e);
+    memcpy(b + 1, lower ? qb : qa, 16);
+}
+
 typedef void (*quant_fn)(const float *x, uint8_t *block);
 
 static quant_fn quant_of(kiln_type t) {
@@ -316,6 +379,7 @@ static quant_fn quant_of(kiln_type t) {
     case KILN_Q4_K: return quant_q4_K;
     case KILN_Q5_K: return quant_q5_K;
     case KILN_Q6_K: return quant_q6_K;
+    case KILN_MXFP4: return quant_mxfp4;
     default: return NULL;
     }
 }
@@ -330,12 +394,12 @@ bool kb_quant_row(const float *x, kiln_type t, void *p, int64_t n) {
 
 /* ---- the device layout (templates/quant.lua) ---------------------------------------------- */
 
-/* Bytes of a block besides its f16 scale, which the device keeps apart (q8_0, q4_0, q6_K);
+/* Bytes of a block besides its scale, which the device keeps apart (q8_0, q4_0, q6_K, mxfp4);
  * 0 for the types whose device layout is the file's. */
 static size_t split_rest(kiln_type t) {
     switch (t) {
     case KILN_Q8_0: return 32;
-    case KILN_Q4_0: return 16;
+    case KILN_Q4_0: case KILN_MXFP4: return 16;
     case KILN_Q6_K: return 208;
     default: return 0;
     }
@@ -343,17 +407,21 @@ static size_t split_rest(kiln_type t) {
 
 bool kb_quant_split(kiln_type t) { return split_rest(t) > 0; }
 
-/* The scale sits first in q8_0/q4_0 blocks and last in q6_K's. */
+/* mxfp4's one-byte scales need tiles of 16 blocks (272 bytes) for its bodies to stay 16-byte
+ * aligned; the f16 scales of the others, tiles of 8 (144, 272 and 1680 bytes). */
+int kb_quant_tile(kiln_type t) { return t == KILN_MXFP4 ? 16 : KB_QTILE; }
+
+/* The scale sits first in q8_0/q4_0/mxfp4 blocks and last in q6_K's. */
 static size_t scale_at(kiln_type t) { return t == KILN_Q6_K ? 208 : 0; }
 
-/* Block i's body and scale offsets in the tiled device layout: tiles of KB_QTILE blocks, each
- * its bodies then their scales (the last tile: its n blocks' bodies, then their n scales). A
- * tile is whole blocks' bytes, so buffers whose block counts are multiples of KB_QTILE
- * concatenate (a weight block of mul_mat_cat) into the layout of the concatenation. */
-static void tile_at(size_t i, size_t nb, size_t size, size_t rest, size_t *body, size_t *scale) {
-    size_t t0 = i / KB_QTILE * KB_QTILE, n = nb - t0 < KB_QTILE ? nb - t0 : KB_QTILE;
+/* Block i's body and scale offsets in the tiled device layout: tiles of `tile` blocks, each
+ * its bodies then their scales of size - rest bytes (the last tile: its n blocks' bodies, then
+ * their n scales). A tile is whole blocks' bytes, so buffers whose block counts are multiples of
+ * the tile concatenate (a weight block of mul_mat_cat) into the layout of the concatenation. */
+static void tile_at(size_t i, size_t nb, size_t size, size_t rest, size_t tile, size_t *body, size_t *scale) {
+    size_t t0 = i / tile * tile, n = nb - t0 < tile ? nb - t0 : tile;
     *body = t0 * size + (i - t0) * rest;
-    *scale = t0 * size + n * rest + (i - t0) * 2;
+    *scale = t0 * size + n * rest + (i - t0) * (size - rest);
 }
 
 /* Copies bytes of type t's blocks between the file's layout and the device's (to_device: file
@@ -361,18 +429,18 @@ static void tile_at(size_t i, size_t nb, size_t size, size_t rest, size_t *body,
 static bool quant_relayout(kiln_type t, const void *src, void *dst, size_t bytes, bool to_device) {
     size_t rest = split_rest(t), size = kiln_type_size(t);
     if (!rest || bytes % size != 0) return false;
-    size_t         nb = bytes / size, sa = scale_at(t), ra = sa ? 0 : 2;
+    size_t         nb = bytes / size, sa = scale_at(t), sb = size - rest, ra = sa ? 0 : sb;
     const uint8_t *s = src;
     uint8_t       *d = dst;
     for (size_t i = 0; i < nb; i++) {
         size_t body, scale, file = i * size;
-        tile_at(i, nb, size, rest, &body, &scale);
+        tile_at(i, nb, size, rest, (size_t)kb_quant_tile(t), &body, &scale);
         if (to_device) {
             memcpy(d + body, s + file + ra, rest);
-            memcpy(d + scale, s + file + sa, 2);
+            memcpy(d + scale, s + file + sa, sb);
         } else {
             memcpy(d + file + ra, s + body, rest);
-            memcpy(d + file + sa, s + scale, 2);
+            memcpy(d + file + sa, s + scale, sb);
         }
     }
     return true;

@@ -80,6 +80,7 @@ typedef enum {
     KILN_Q4_K, /* 256 elements in 144 bytes: f16 scale and min, 8 × 6-bit sub-scales and mins, 4-bit */
     KILN_Q5_K, /* 256 elements in 176 bytes: as q4_K, plus one high bit per element */
     KILN_Q6_K, /* 256 elements in 210 bytes: 16 int8 sub-scales, f16 scale, 6-bit values offset by 32 */
+    KILN_MXFP4, /* 32 elements in 17 bytes: an E8M0 power-of-two scale, 32 4-bit FP4 (E2M1) codes (gpt-oss) */
     KILN_TYPE_COUNT
 } kiln_type;
 
@@ -550,6 +551,7 @@ typedef enum {
     KILN_FTYPE_MOSTLY_Q5_K_M = 17,
     KILN_FTYPE_MOSTLY_Q6_K = 18,
     KILN_FTYPE_MOSTLY_BF16 = 32,
+    KILN_FTYPE_MOSTLY_MXFP4_MOE = 38, /* experts (3-D weights) mxfp4, the other matrices q8_0 */
 } kiln_ftype;
 /* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k" ("?" for another value), and
  * back (case-insensitive; 0, or -1 for an unknown name). */

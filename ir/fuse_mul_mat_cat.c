@@ -31,7 +31,7 @@
 static bool plain_mul_mat(const ir_node *n) { return ir_plain_op(n) && n->op == FE_OP_MUL_MAT; }
 
 /* The node's weight, when it may join a block: a whole, natural, 2-D weight of its own; a
- * quantized one of whole device tiles (KB_QTILE blocks: the device layouts of the members side
+ * quantized one of whole device tiles (kb_quant_tile blocks: the device layouts of the members side
  * by side are then the layout of the block, templates/quant.lua). */
 static const ir_ref *block_weight(const ir_prog *p, const ir_node *n) {
     const ir_ref *w = ir_operand(n, 0);
@@ -39,7 +39,7 @@ static const ir_ref *block_weight(const ir_prog *p, const ir_node *n) {
     const ir_buf *b = &p->bufs[w->buf];
     if (b->kind != IR_BUF_WEIGHT || b->block || !ir_ref_is_natural(p, w)) return NULL;
     if (b->ne[2] != 1 || b->ne[3] != 1 || b->bytes == 0 || b->bytes % IR_ALIGN != 0) return NULL;
-    if (kiln_type_is_quantized(b->type) && b->bytes / kiln_type_size(b->type) % KB_QTILE != 0) return NULL;
+    if (kiln_type_is_quantized(b->type) && b->bytes / kiln_type_size(b->type) % (size_t)kb_quant_tile(b->type) != 0) return NULL;
     return w;
 }
 

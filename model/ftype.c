@@ -23,23 +23,27 @@
  *   - attn_v of a 70B model (use_more_bits aside): q5_K where the base is q4_K;
  *   - with exactly 8 experts: attn_k and attn_v q8_0, attn_output `moe8_out`;
  *   - phi3's fused attn_qkv: `qkv` (q5_K for Q4_K_M, q6_K for Q5_K_M);
+ *   - MXFP4_MOE: every 3-D weight (the experts, ffn_down_exps included) `experts`, before any
+ *     rule but the output's (llama.cpp: "MoE tensors -> MXFP4, other tensors -> Q8_0");
  * and then falls back (fallback()) where the type's block does not divide the rows. */
 typedef struct {
     kiln_ftype  ftype;
     const char *name;
     kiln_type   base, output, more_bits, moe8_out;
-    kiln_type   qkv; /* phi3's fused attn_qkv (NONE: the base type) */
+    kiln_type   qkv;     /* phi3's fused attn_qkv (NONE: the base type) */
+    kiln_type   experts; /* 3-D weights (NONE: the rules above) */
 } ftype_row;
 
 static const ftype_row rows[] = {
-    {KILN_FTYPE_ALL_F32, "f32", KILN_F32, KILN_F32, NONE, NONE, NONE},
-    {KILN_FTYPE_MOSTLY_F16, "f16", KILN_F16, KILN_F16, NONE, NONE, NONE},
-    {KILN_FTYPE_MOSTLY_BF16, "bf16", KILN_BF16, KILN_BF16, NONE, NONE, NONE},
-    {KILN_FTYPE_MOSTLY_Q8_0, "q8_0", KILN_Q8_0, KILN_Q8_0, NONE, NONE, NONE},
-    {KILN_FTYPE_MOSTLY_Q4_0, "q4_0", KILN_Q4_0, KILN_Q6_K, NONE, NONE, NONE},
-    {KILN_FTYPE_MOSTLY_Q4_K_M, "q4_k_m", KILN_Q4_K, KILN_Q6_K, KILN_Q6_K, KILN_Q5_K, KILN_Q5_K},
-    {KILN_FTYPE_MOSTLY_Q5_K_M, "q5_k_m", KILN_Q5_K, KILN_Q6_K, KILN_Q6_K, NONE, KILN_Q6_K},
-    {KILN_FTYPE_MOSTLY_Q6_K, "q6_k", KILN_Q6_K, KILN_Q6_K, NONE, NONE, NONE},
+    {KILN_FTYPE_ALL_F32, "f32", KILN_F32, KILN_F32, NONE, NONE, NONE, NONE},
+    {KILN_FTYPE_MOSTLY_F16, "f16", KILN_F16, KILN_F16, NONE, NONE, NONE, NONE},
+    {KILN_FTYPE_MOSTLY_BF16, "bf16", KILN_BF16, KILN_BF16, NONE, NONE, NONE, NONE},
+    {KILN_FTYPE_MOSTLY_Q8_0, "q8_0", KILN_Q8_0, KILN_Q8_0, NONE, NONE, NONE, NONE},
+    {KILN_FTYPE_MOSTLY_Q4_0, "q4_0", KILN_Q4_0, KILN_Q6_K, NONE, NONE, NONE, NONE},
+    {KILN_FTYPE_MOSTLY_Q4_K_M, "q4_k_m", KILN_Q4_K, KILN_Q6_K, KILN_Q6_K, KILN_Q5_K, KILN_Q5_K, NONE},
+    {KILN_FTYPE_MOSTLY_Q5_K_M, "q5_k_m", KILN_Q5_K, KILN_Q6_K, KILN_Q6_K, NONE, KILN_Q6_K, NONE},
+    {KILN_FTYPE_MOSTLY_Q6_K, "q6_k", KILN_Q6_K, KILN_Q6_K, NONE, NONE, NONE, NONE},
+    {KILN_FTYPE_MOSTLY_MXFP4_MOE, "mxfp4_moe", KILN_Q8_0, KILN_Q6_K, NONE, NONE, NONE, KILN_MXFP4},
 };
 #define N_ROWS ((int)(sizeof rows / sizeof rows[0]))
 
@@ -63,7 +67,7 @@ int kiln_ftype_from_name(const char *name, kiln_ftype *out) {
     return -1;
 }
 
-const char *kiln_ftype_list(void) { return "f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k"; }
+const char *kiln_ftype_list(void) { return "f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k, mxfp4_moe"; }
 
 bool km_ftype_known(kiln_ftype f) { return row_of(f) != NULL; }
 
@@ -79,12 +83,12 @@ bool km_ftype_of_type(kiln_type t, kiln_ftype *out) {
 bool km_weight_type_ok(kiln_type t) {
     switch (t) {
     case KILN_F32: case KILN_F16: case KILN_BF16: case KILN_Q8_0: case KILN_Q4_0: case KILN_Q4_K: case KILN_Q5_K:
-    case KILN_Q6_K: return true;
+    case KILN_Q6_K: case KILN_MXFP4: return true;
     default: return false;
     }
 }
 
-const char *km_weight_type_list(void) { return "f32, f16, bf16, q8_0, q4_0, q4_K, q5_K and q6_K"; }
+const char *km_weight_type_list(void) { return "f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K and mxfp4"; }
 
 /* llama.cpp's use_more_bits: the first and last eighth of the layers and every third between. */
 static bool use_more_bits(int64_t il, int64_t n_layer) {
@@ -139,6 +143,7 @@ static kiln_type type_of(const kiln_model_hparams *hp, const km_weight *w, bool 
     if (!kiln_type_is_quantized(r->base)) return r->base;
     int64_t ne[4];
     km_weight_shape(hp, w, ne);
+    if (r->experts != NONE && ne[2] > 1 && w->mix != KM_MIX_OUTPUT) return fallback(r->experts, ne[0]);
     return fallback(mix_type(hp, r, w->mix, more, ne[0]), ne[0]);
 }
 

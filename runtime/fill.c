@@ -10,6 +10,7 @@
 #include "runtime/session_int.h"
 
 #include <stdlib.h>
+#include <math.h>
 
 /* Random blocks of a quantized weight (templates/util.lua's fill_quant): the f16 scale (and
  * min) per type so that values span about ±scale — a benchmark's weights, not a file's. */
@@ -21,14 +22,16 @@ static kiln_status fill_quant(kiln_session *s, const rt_util_kernel *k, int i, c
     case KILN_Q4_0: d = sc / 8; break;
     case KILN_Q4_K: d = sc / (63 * 15), dmin = sc / 126; break;
     case KILN_Q5_K: d = sc / (63 * 31), dmin = sc / 126; break;
+    case KILN_MXFP4: d = sc / 12; break; /* codes up to 12 times the power of two nearest d */
     default: d = sc / (128 * 32); break; /* q6_K */
     }
-    bool               split = kb_quant_split(b->type);
+    bool               mx = b->type == KILN_MXFP4;
+    int                split = mx ? 2 : kb_quant_split(b->type);
     rt_cuptr           dst = s->dptr[i];
     unsigned long long nblocks = b->bytes / kiln_type_size(b->type), key = w->key;
-    int                words = (int)((split ? kiln_type_size(b->type) - 2 : kiln_type_size(b->type)) / 4);
+    int                words = (int)((split ? kiln_type_size(b->type) - (mx ? 1 : 2) : kiln_type_size(b->type)) / 4);
     int                sp = split;
-    unsigned           dh = kb_f32_to_f16(d), mh = kb_f32_to_f16(dmin);
+    unsigned           dh = mx ? (unsigned)(128 + lrintf(log2f(d))) : kb_f32_to_f16(d), mh = kb_f32_to_f16(dmin);
     void              *args[] = {&dst, &nblocks, &words, &sp, &key, &dh, &mh};
     unsigned long long blocks = (nblocks + k->block - 1) / k->block;
     unsigned           grid = blocks < k->grid ? (unsigned)blocks : k->grid;

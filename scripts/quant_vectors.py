@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Test vectors of ggml's dequantize_row_* (ggml/src/ggml-quants.c) for the quantized types kiln
-reads: q8_0, q4_0, q4_K, q5_K, q6_K. Writes tests/quant_vectors.h (run from the repository root:
+reads: q8_0, q4_0, q4_K, q5_K, q6_K, mxfp4. Writes tests/quant_vectors.h (run from the repository root:
 `scripts/quant_vectors.py > tests/quant_vectors.h`), which tests/test_quant.c compares against
 kb_dequant_row and kb_dequant_elem bit for bit.
 
@@ -113,6 +113,23 @@ def deq_q6_K(b):
     return y
 
 
+KVALUES_MXFP4 = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
+
+
+def e8m0_half(e):
+    """ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128), exact in binary32 (e 0, 1 subnormal)."""
+    return 2.0 ** (e - 128)
+
+
+def deq_mxfp4(b):
+    d = e8m0_half(b[0])
+    y = [0.0] * 32
+    for j in range(16):
+        y[j] = f32(KVALUES_MXFP4[b[1 + j] & 0xF] * d)
+        y[j + 16] = f32(KVALUES_MXFP4[b[1 + j] >> 4] * d)
+    return y
+
+
 # ---- blocks ------------------------------------------------------------------------------------
 
 def h16(v):
@@ -188,12 +205,25 @@ def blocks_q6_K(r):
     return out
 
 
+def blocks_mxfp4(r):
+    """Every code in both nibbles; exponents at the subnormal edge (0, 1, 2), around 1 (127, 128)
+    and at the top (254; 255, where 12 overflows to inf); random blocks."""
+    out = []
+    for e in (0, 1, 2, 126, 127, 128, 129, 254, 255):
+        out.append([e] + [r.getrandbits(8) for _ in range(16)])
+    out.append([128] + [(15 - j) << 4 | j for j in range(16)])
+    for _ in range(4):
+        out.append([r.randrange(100, 160)] + [r.getrandbits(8) for _ in range(16)])
+    return out
+
+
 TYPES = [
     ('q8_0', 'KILN_Q8_0', 34, 32, deq_q8_0, blocks_q8_0),
     ('q4_0', 'KILN_Q4_0', 18, 32, deq_q4_0, blocks_q4_0),
     ('q4_K', 'KILN_Q4_K', 144, 256, deq_q4_K, lambda r: blocks_qk(r, 144, 0)),
     ('q5_K', 'KILN_Q5_K', 176, 256, deq_q5_K, lambda r: blocks_qk(r, 176, 32)),
     ('q6_K', 'KILN_Q6_K', 210, 256, deq_q6_K, blocks_q6_K),
+    ('mxfp4', 'KILN_MXFP4', 17, 32, deq_mxfp4, blocks_mxfp4),
 ]
 
 

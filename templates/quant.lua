@@ -12,6 +12,9 @@
 -- weight block of pass mul_mat_cat) are the tiled layout of their concatenation. runtime/
 -- converts on upload (kb_quant_to_device, base/quant.c), so the CPU reference and files keep
 -- ggml's layout. Element e of a buffer is element e % block of block e / block, in either layout.
+-- mxfp4 (17 bytes: an E8M0 scale byte, then 16 bytes of FP4 codes) is tiled the same way with
+-- tiles of 16 blocks (16 bodies, then 16 scale bytes: 272 bytes, so the bodies stay 16-byte
+-- aligned; kiln_qxb, kiln_qxe).
 --
 -- The fused GEMV (one column) reads each weight once: a warp owns a row and its lanes take
 -- units of it (lane l units l, l+32, ...; a unit is a q8_0/q4_0 block, or a quarter of a
@@ -26,13 +29,15 @@ local M = {}
 
 -- block: elements per block; size: bytes per block in files; rest: bytes per block before the
 -- scales in the tiled layout (nil: the file's layout); ub: the int8 GEMVs' units per block (32
--- elements for q8_0/q4_0, 64 for the K-quants: a unit's scales are decoded once for 64).
+-- elements for q8_0/q4_0, 64 for the K-quants: a unit's scales are decoded once for 64); tile:
+-- blocks a tile of the tiled layout (8 when not given).
 local TYPES = {
     q8_0 = { block = 32, size = 34, rest = 32, ub = 1 },
     q4_0 = { block = 32, size = 18, rest = 16, ub = 1 },
     q4_K = { block = 256, size = 144, ub = 4 },
     q5_K = { block = 256, size = 176, ub = 4 },
     q6_K = { block = 256, size = 210, rest = 208, ub = 4 },
+    mxfp4 = { block = 32, size = 17, rest = 16, ub = 1, tile = 16 },
 }
 M.TYPES = TYPES
 
@@ -40,7 +45,7 @@ function M.is(t) return TYPES[t] ~= nil end
 
 -- Registers of one unit's weights (kiln_qw_T, the int8 path's): the quantized GEMVs size how many
 -- units' loads run ahead of the products by them.
-M.QW_REGS = { q8_0 = 9, q4_0 = 5, q4_K = 13, q5_K = 21, q6_K = 16 }
+M.QW_REGS = { q8_0 = 9, q4_0 = 5, q4_K = 13, q5_K = 21, q6_K = 16, mxfp4 = 5 }
 
 -- (The helpers are not `static`: a kernel uses only some of them, and NVRTC warns about unused
 -- static functions, not about unused external ones; each kernel is a program of its own.)
@@ -138,6 +143,38 @@ __device__ __forceinline__ void kiln_qscale_k4(int j, unsigned y, unsigned z, un
 }
 ]]
 
+-- Helpers of one type that both of its paths below use (M.helpers adds them once).
+local EXTRA = {}
+
+-- mxfp4: the tiled layout's body and scale of block blk, the scale's value, and the int8 values
+-- of four codes. A code's value is ggml's kvalues_mxfp4[code] (twice the E2M1 number: codes 0..7
+-- are 0, 1, 2, 3, 4, 6, 8, 12; codes 8..15 their negatives), so the products stay integers
+-- (dp4a) and the scale is half the E8M0 one: 2^(e - 128), ggml's GGML_E8M0_TO_FP32_HALF.
+EXTRA.mxfp4 = [[
+__device__ __forceinline__ const unsigned char *kiln_qxb(const unsigned char *W, long long blk)
+{
+    return W + (blk & ~15ll) * 17 + (blk & 15) * 16;
+}
+__device__ __forceinline__ unsigned kiln_qxe(const unsigned char *W, long long nb, long long blk)
+{
+    const long long t0 = blk & ~15ll;
+    unsigned short v;
+    asm volatile("ld.global.nc.u8 %0, [%1];" : "=h"(v) : "l"(W + t0 * 17 + min(16ll, nb - t0) * 16 + (blk & 15)));
+    return v;
+}
+__device__ __forceinline__ float kiln_qe8(unsigned e) { return __int_as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23); }
+/* The values of the codes in bits 0..3 of each byte of q (bits 4..7 zero), as int8 bytes: the
+ * four codes become the selector nibbles of two byte permutations, one over the table's
+ * non-negative half and one over its negative half (__byte_perm reads 3 bits a selector), and
+ * a third picks each byte's half by the code's bit 3. */
+__device__ __forceinline__ unsigned kiln_mx4(unsigned q)
+{
+    const unsigned t = q | (q >> 4), s = (t & 0xFFu) | ((t >> 8) & 0xFF00u);
+    const unsigned lo = __byte_perm(0x03020100u, 0x0C080604u, s), hi = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, s);
+    return __byte_perm(lo, hi, 0x3210u | ((s & 0x8888u) >> 1));
+}
+]]
+
 -- Per type: kiln_dq8_T(W, NB, blk, j, out): elements j..j+7 of block blk (j a multiple of 8),
 -- W the buffer's start, NB its blocks (the tiled layout's last tile). (The fused GEMVs' int8
 -- path is below.)
@@ -215,6 +252,21 @@ __device__ __forceinline__ void kiln_dq8_q6_K(const unsigned char *W, long long 
 }
 ]]
 
+-- mxfp4 (tiled: tiles of 16 blocks, one-byte scales): elements j..j+7 are bytes (j % 16).. of
+-- the body, codes in nibble j / 16.
+DQ8.mxfp4 = [[
+__device__ __forceinline__ void kiln_dq8_mxfp4(const unsigned char *W, long long NB, long long blk, int j,
+                                                      float *out)
+{
+    const float d = kiln_qe8(kiln_qxe(W, NB, blk));
+    const uint2 q = kiln_q8(kiln_qxb(W, blk) + (j & 15));
+    const int sh = j < 16 ? 0 : 4;
+    const unsigned w[2] = {kiln_mx4((q.x >> sh) & 0x0F0F0F0Fu), kiln_mx4((q.y >> sh) & 0x0F0F0F0Fu)};
+#pragma unroll
+    for (int i = 0; i < 8; i++) out[i] = (float)(signed char)(w[i / 4] >> (8 * (i % 4))) * d;
+}
+]]
+
 -- ---- the int8 path of the fused GEMV (matmul.lua's qgemv) ----------------------------------
 -- b is quantized per 32-element block j, as ggml quantizes the activations of a quantized
 -- mul_mat (q8_0 on its CPU, q8_1 in its CUDA mmvq): d_j = max |b| / 127, q = round(b / d_j),
@@ -232,6 +284,22 @@ __device__ __forceinline__ void kiln_dq8_q6_K(const unsigned char *W, long long 
 -- kiln_qwd_T(w, x): the unit's sum of w * b.
 local I8 = {}
 
+-- b's side of a unit of one 32-element block without an offset (q8_0, mxfp4): its two planes'
+-- 16 bytes and its scale.
+local function qb32(t)
+    local pad = string.rep(" ", #t - 4)
+    return table.concat({
+        string.format("struct kiln_qb_%s { uint4 a, b; float d; };", t),
+        string.format("__device__ __forceinline__ kiln_qb_%s kiln_qbl_%s(const unsigned char *P0, const unsigned char *P1, const float *QD,", t, t),
+        string.format("                                                      %sconst float *QS, int ub, int part)", pad),
+        "{",
+        string.format("    kiln_qb_%s x;", t),
+        "    x.a = *(const uint4 *)(P0 + 16 * ub), x.b = *(const uint4 *)(P1 + 16 * ub), x.d = QD[ub];",
+        "    return x;",
+        "}",
+    }, "\n")
+end
+
 I8.q8_0 = [[
 struct kiln_qw_q8_0 { uint4 a, b; unsigned d; };
 __device__ __forceinline__ kiln_qw_q8_0 kiln_qwl_q8_0(const unsigned char *W, long long NB, long long blk, int part)
@@ -240,14 +308,7 @@ __device__ __forceinline__ kiln_qw_q8_0 kiln_qwl_q8_0(const unsigned char *W, lo
     w.a = kiln_q16(kiln_qtb(W, blk, 34, 32)), w.b = kiln_q16(kiln_qtb(W, blk, 34, 32) + 16), w.d = kiln_qts(W, NB, blk, 34, 32);
     return w;
 }
-struct kiln_qb_q8_0 { uint4 a, b; float d; };
-__device__ __forceinline__ kiln_qb_q8_0 kiln_qbl_q8_0(const unsigned char *P0, const unsigned char *P1, const float *QD,
-                                                      const float *QS, int ub, int part)
-{
-    kiln_qb_q8_0 x;
-    x.a = *(const uint4 *)(P0 + 16 * ub), x.b = *(const uint4 *)(P1 + 16 * ub), x.d = QD[ub];
-    return x;
-}
+]] .. qb32("q8_0") .. [[
 __device__ __forceinline__ float kiln_qwd_q8_0(const kiln_qw_q8_0 &w, const kiln_qb_q8_0 &x)
 {
     int s = __dp4a((int)w.a.x, (int)x.a.x, 0);
@@ -290,6 +351,30 @@ __device__ __forceinline__ float kiln_qwd_q4_0(const kiln_qw_q4_0 &w, const kiln
         s = __dp4a((int)((q[i] >> 4) & 0x0F0F0F0Fu), (int)b[i], s);
     }
     return kiln_qh2f(w.d) * (x.d * (float)s - 8.0f * x.s);
+}
+]]
+
+-- mxfp4: as q4_0 (byte i: element i in the low nibble, i + 16 in the high), the codes' int8
+-- values through kiln_mx4; no offset, so b's sums are not needed.
+I8.mxfp4 = [[
+struct kiln_qw_mxfp4 { uint4 q; unsigned e; };
+__device__ __forceinline__ kiln_qw_mxfp4 kiln_qwl_mxfp4(const unsigned char *W, long long NB, long long blk, int part)
+{
+    kiln_qw_mxfp4 w;
+    w.q = kiln_q16(kiln_qxb(W, blk)), w.e = kiln_qxe(W, NB, blk);
+    return w;
+}
+]] .. qb32("mxfp4") .. [[
+__device__ __forceinline__ float kiln_qwd_mxfp4(const kiln_qw_mxfp4 &w, const kiln_qb_mxfp4 &x)
+{
+    const unsigned q[4] = {w.q.x, w.q.y, w.q.z, w.q.w}, a[4] = {x.a.x, x.a.y, x.a.z, x.a.w}, b[4] = {x.b.x, x.b.y, x.b.z, x.b.w};
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s = __dp4a((int)kiln_mx4(q[i] & 0x0F0F0F0Fu), (int)a[i], s);
+        s = __dp4a((int)kiln_mx4((q[i] >> 4) & 0x0F0F0F0Fu), (int)b[i], s);
+    }
+    return kiln_qe8(w.e) * (x.d * (float)s);
 }
 ]]
 
@@ -528,6 +613,7 @@ end
 -- The CUDA text of type t's helpers (`dq8`: eight dequantized elements; `i8`: the int8 path's).
 function M.helpers(t, dq8, i8)
     local parts = { COMMON }
+    if EXTRA[t] and (dq8 or i8) then parts[#parts + 1] = EXTRA[t] end
     if dq8 then parts[#parts + 1] = DQ8[t] end
     if i8 then parts[#parts + 1] = I8[t] end
     return table.concat(parts, "\n")

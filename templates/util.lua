@@ -76,26 +76,30 @@ local fill_quant = tpl.define [[
 // (templates/quant.lua), one thread a block in a grid-stride loop, launched by
 // kiln_session_fill_weights with at most ${FILL_GRID} blocks of ${BLOCK} threads. Each block's
 // bytes are random words; the f16 scale (and q4_K/q5_K's min) is set to d (dmin), so values
-// span about the weight's scale. split: the tiled layout of q8_0/q4_0/q6_K (tiles of 8 blocks:
-// the blocks' `words` words, then their scales; the last tile as many as it holds); else
-// `words` words a block whose first holds d and dmin.
+// span about the weight's scale. split 1: the tiled layout of q8_0/q4_0/q6_K (tiles of 8 blocks:
+// the blocks' `words` words, then their f16 scales; the last tile as many as it holds); split 2:
+// mxfp4's (tiles of 16, one-byte scales: d is the E8M0 byte); else `words` words a block whose
+// first holds d and dmin.
 extern "C" __global__ void ${name}(unsigned *dst, unsigned long long nblocks, int words, int split,
                                              unsigned long long key, unsigned d, unsigned dmin)
 {
     unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
     for (unsigned long long b = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; b < nblocks; b += step) {
-        const unsigned long long t0 = b & ~7ull, j = b & 7ull, n = nblocks - t0 < 8ull ? nblocks - t0 : 8ull;
-        const unsigned long long size = 4ull * words + 2ull; /* bytes a block (split) */
-        unsigned char *tile = (unsigned char *)dst + t0 * size;
-        unsigned *p = split ? (unsigned *)(tile + j * 4ull * words) : dst + b * (unsigned long long)words;
+        const unsigned long long tile = split == 2 ? 16ull : 8ull, sb = split == 2 ? 1ull : 2ull;
+        const unsigned long long t0 = b / tile * tile, j = b - t0, n = nblocks - t0 < tile ? nblocks - t0 : tile;
+        const unsigned long long size = 4ull * words + sb; /* bytes a block (split) */
+        unsigned char *tp = (unsigned char *)dst + t0 * size;
+        unsigned *p = split ? (unsigned *)(tp + j * 4ull * words) : dst + b * (unsigned long long)words;
         for (int w = 0; w < words; w++) {
             unsigned long long z = key + (b * (unsigned long long)words + (unsigned long long)w) * 0x9e3779b97f4a7c15ull;
             z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
             z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
             p[w] = (unsigned)((z ^ (z >> 31)) >> 16);
         }
-        if (split)
-            *(unsigned short *)(tile + n * 4ull * words + 2ull * j) = (unsigned short)d;
+        if (split == 2)
+            tp[n * 4ull * words + j] = (unsigned char)d;
+        else if (split)
+            *(unsigned short *)(tp + n * 4ull * words + 2ull * j) = (unsigned short)d;
         else
             p[0] = d | (dmin << 16);
     }

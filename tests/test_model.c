@@ -351,7 +351,7 @@ START_TEST(model_errors_name_the_cause) {
     uint32_t q5_0 = 6;
     patch_after(p, "blk.0.attn_q.weight", 19, 19 + 4 + 2 * 8, &q5_0, 4);
     expect_open_error(p, "quant.gguf: tensor 'blk.0.attn_q.weight' is q5_0; kiln runs f32, f16, bf16, q8_0, q4_0, "
-                         "q4_K, q5_K and q6_K");
+                         "q4_K, q5_K, q6_K and mxfp4");
     free(p);
     /* A weight the graph needs, missing from the file (its name changed): refused when the
      * model opens, before any graph is built. */
@@ -745,6 +745,28 @@ START_TEST(mix_rules) {
     TYPE_IS(&hp, "blk.0.attn_k.weight", KILN_Q8_0);
     TYPE_IS(&hp, "blk.0.attn_output.weight", KILN_Q4_0);
     TYPE_IS(&hp, "blk.0.attn_q.weight", KILN_Q4_0);
+    /* MXFP4_MOE (llama-quantize: "MoE tensors -> MXFP4, other tensors -> Q8_0"): gpt-oss-20b's
+     * experts mxfp4 (ffn_down_exps too, every layer), the other matrices q8_0; its output takes
+     * the output's q6_K rule, whose 256 does not divide 2880: q8_0. Biases, sinks, the router f32. */
+    hp = preset_as("gpt-oss", "gpt-oss-20b", KILN_FTYPE_MOSTLY_MXFP4_MOE);
+    TYPE_IS(&hp, "blk.0.ffn_gate_exps.weight", KILN_MXFP4);
+    TYPE_IS(&hp, "blk.0.ffn_up_exps.weight", KILN_MXFP4);
+    TYPE_IS(&hp, "blk.0.ffn_down_exps.weight", KILN_MXFP4);
+    TYPE_IS(&hp, "blk.5.ffn_down_exps.weight", KILN_MXFP4);
+    TYPE_IS(&hp, "blk.0.attn_q.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "blk.0.attn_v.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "blk.0.attn_output.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "token_embd.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "output.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "blk.0.ffn_gate_inp.weight", KILN_F32);
+    TYPE_IS(&hp, "blk.0.attn_sinks.weight", KILN_F32);
+    TYPE_IS(&hp, "blk.0.ffn_down_exps.bias", KILN_F32);
+    /* A tied output takes the output's rule there too (q6_K where 256 divides the rows). */
+    hp = preset_as("qwen3moe", "tiny", KILN_FTYPE_MOSTLY_MXFP4_MOE);
+    hp.tied_output = true, hp.n_embd = 256;
+    TYPE_IS(&hp, "token_embd.weight", KILN_Q6_K);
+    TYPE_IS(&hp, "blk.0.ffn_gate_exps.weight", KILN_MXFP4);
+    TYPE_IS(&hp, "blk.0.attn_k.weight", KILN_Q8_0);
     /* A 70B llama (80 layers, GQA): attn_v q5_K where Q4_K_M would give q4_K; not without GQA. */
     hp = preset_as(NULL, "llama-3-8b", KILN_FTYPE_MOSTLY_Q4_K_M);
     hp.n_layer = 80, hp.n_head = 64, hp.n_embd = 8192;
@@ -1011,7 +1033,7 @@ START_TEST(quant_refusals) {
     uint32_t q3_K = 11;
     patch_after(p, "blk.0.ffn_down.weight", 21, 21 + 4 + 2 * 8, &q3_K, 4);
     expect_open_error(p, "M.gguf: tensor 'blk.0.ffn_down.weight' is q3_K; kiln runs f32, f16, bf16, q8_0, q4_0, "
-                         "q4_K, q5_K and q6_K");
+                         "q4_K, q5_K, q6_K and mxfp4");
     free(p);
     /* q4_K in blk.0.ffn_up.weight [128, 256]: rows of 128 are no whole 256-element block. */
     p = write_model("llama", "tiny", 1, "rows.gguf");
@@ -1030,7 +1052,7 @@ START_TEST(quant_refusals) {
     char *out = NULL, cmd[1024], *q = path_in("x.gguf");
     snprintf(cmd, sizeof cmd, "%s gen-model --preset tiny --type q4_k_s -o %s", ts_kiln_bin(), q);
     ck_assert_int_eq(ts_run(cmd, &out), 2);
-    ck_assert_msg(strstr(out, "--type wants f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k, got 'q4_k_s'"), "%s", out);
+    ck_assert_msg(strstr(out, "--type wants f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k, mxfp4_moe, got 'q4_k_s'"), "%s", out);
     free(out);
     free(q);
 }

@@ -10,7 +10,7 @@ static const char summary[] =
 
 static const char help[] =
     "usage: kiln gen-model --arch ARCH --preset NAME -o FILE.gguf [--seed S]\n"
-    "                      [--type f32|f16|bf16|q8_0|q4_0|q4_k_m|q5_k_m|q6_k] [--vocab bpe|spm]\n"
+    "                      [--type f32|f16|bf16|q8_0|q4_0|q4_k_m|q5_k_m|q6_k|mxfp4_moe] [--vocab bpe|spm]\n"
     "  writes a GGUF model with the preset's real hyperparameters and random weights: matrices\n"
     "  uniform with variance 1/ne0, norm weights near 1, llama3 rope factors computed, and a\n"
     "  synthetic vocabulary of n_vocab tokens. The same seed gives the same file.\n"
@@ -23,7 +23,8 @@ static const char help[] =
     "  --type T         the file type (default: the preset's): f32, f16 or bf16 for every matrix\n"
     "                   and embedding, or a quantized mix as llama-quantize makes it: q8_0, q4_0\n"
     "                   (q6_K output), q4_k_m, q5_k_m (q6_K output and some attn_v and ffn_down),\n"
-    "                   q6_k. The same random values, quantized by kiln's own quantizer. Rows a\n"
+    "                   q6_k, or mxfp4_moe (mxfp4 experts, every other matrix q8_0: gpt-oss's file\n"
+    "                   type). The same random values, quantized by kiln's own quantizer. Rows a\n"
     "                   K-quant's 256 does not divide take q8_0 (docs/models.md: the mix).\n"
     "                   Norms, biases and the MoE router stay f32.\n"
     "  --vocab V        the synthetic vocabulary: bpe (default), byte-level BPE as Llama 3's\n"

@@ -11,8 +11,11 @@ and the same prompt logits bit for bit (`--dump-logits`, f32 little-endian). The
   - gguf-py: kiln gen-model's f32 tiny llama rewritten by gguf.GGUFWriter, its matrices
     quantized by gguf.quants.quantize to q8_0 and q4_0 (the file types llama-quantize names 7
     and 2);
+  - gguf-py: kiln gen-model's f32 tiny gpt-oss with its experts (the 3-D weights) quantized by
+    gguf.quants.quantize to mxfp4 (file type 38, MXFP4_MOE);
   - kiln: kiln gen-model --type q4_k_m, q5_k_m, q6_k (gguf-py reads them; it has no K-quant
-    quantizer, so for these types the check is kiln's dequantization against gguf-py's).
+    quantizer, so for these types the check is kiln's dequantization against gguf-py's), and
+    the tiny gpt-oss as mxfp4_moe.
 Exit status 0 when every case agrees; each case prints one line.
 """
 import os
@@ -114,11 +117,23 @@ def main():
             q = os.path.join(tmp, f"gguf_py_{name}.gguf")
             rewrite(base, q, quantize, file_type=ftype)
             check(kiln, f"gguf-py {name} file", q, tmp)
-        for ftype in ("q4_k_m", "q5_k_m", "q6_k", "q8_0", "q4_0"):
-            q = os.path.join(tmp, f"kiln_{ftype}.gguf")
-            run(kiln, "gen-model", "--arch", "llama", "--preset", "tiny", "--type", ftype, "-o", q)
+        moe = os.path.join(tmp, "base_moe.gguf")
+        run(kiln, "gen-model", "--arch", "gpt-oss", "--preset", "tiny", "--type", "f32", "-o", moe)
+
+        def experts_mxfp4(t):
+            data = np.array(t.data, dtype=np.float32)
+            if len(t.shape) != 3 or t.tensor_type != gguf.GGMLQuantizationType.F32:
+                return data, None
+            return gguf.quants.quantize(data, gguf.GGMLQuantizationType.MXFP4), gguf.GGMLQuantizationType.MXFP4
+        q = os.path.join(tmp, "gguf_py_mxfp4.gguf")
+        rewrite(moe, q, experts_mxfp4, file_type=38)
+        check(kiln, "gguf-py gpt-oss with mxfp4 experts", q, tmp)
+        for arch, ftype in (("llama", "q4_k_m"), ("llama", "q5_k_m"), ("llama", "q6_k"), ("llama", "q8_0"),
+                            ("llama", "q4_0"), ("gpt-oss", "mxfp4_moe")):
+            q = os.path.join(tmp, f"kiln_{arch}_{ftype}.gguf")
+            run(kiln, "gen-model", "--arch", arch, "--preset", "tiny", "--type", ftype, "-o", q)
             kinds = sorted({gguf.GGMLQuantizationType(t.tensor_type).name for t in gguf.GGUFReader(q).tensors})
-            check(kiln, f"kiln {ftype} file ({', '.join(kinds)})", q, tmp)
+            check(kiln, f"kiln {arch} {ftype} file ({', '.join(kinds)})", q, tmp)
 
 
 if __name__ == "__main__":

@@ -313,16 +313,25 @@ END_TEST
  * types): the GPU's greedy tokens equal the CPU reference's over DECODE_STEPS steps. The tiny
  * presets' rows of 128 make a K-quant file mostly q8_0 (model/ftype.c's fallback); the "wide"
  * variant has every row a multiple of 256 (n_embd 256, n_ff 512, expert width 256), so its
- * q4_K, q5_K and q6_K weights really run on the GPU (checked below from the file's types). */
+ * q4_K, q5_K and q6_K weights really run on the GPU (checked below from the file's types). Then
+ * MXFP4_MOE files of the two MoE presets (qwen3moe and gpt-oss tiny): mxfp4 experts, q8_0 else. */
 
 static const kiln_ftype quant_ftypes[] = {KILN_FTYPE_MOSTLY_Q8_0, KILN_FTYPE_MOSTLY_Q4_0, KILN_FTYPE_MOSTLY_Q4_K_M,
                                           KILN_FTYPE_MOSTLY_Q5_K_M, KILN_FTYPE_MOSTLY_Q6_K};
 #define N_QUANT_FTYPES ((int)(sizeof quant_ftypes / sizeof quant_ftypes[0]))
 #define N_QUANT_VARIANTS 4 /* llama, qwen3moe; tiny, wide */
+#define N_MXFP4_ARCHS 2    /* qwen3moe, gpt-oss */
+#define N_QUANT_CASES (N_QUANT_FTYPES * N_QUANT_VARIANTS + N_MXFP4_ARCHS)
 
 static kiln_model_hparams quant_hparams(int i, bool *wide) {
     kiln_model_hparams hp;
-    const char        *arch = i % 2 ? "qwen3moe" : "llama";
+    if (i >= N_QUANT_FTYPES * N_QUANT_VARIANTS) { /* the MXFP4_MOE cases: checked like a wide one */
+        TS_OK(kiln_model_preset(i % 2 ? "gpt-oss" : "qwen3moe", "tiny", &hp));
+        hp.ftype = KILN_FTYPE_MOSTLY_MXFP4_MOE;
+        *wide = true;
+        return hp;
+    }
+    const char *arch = i % 2 ? "qwen3moe" : "llama";
     *wide = (i % N_QUANT_VARIANTS) >= 2;
     TS_OK(kiln_model_preset(arch, "tiny", &hp));
     hp.ftype = quant_ftypes[i / N_QUANT_VARIANTS];
@@ -342,6 +351,7 @@ static void wanted_types(const kiln_model_hparams *hp, kiln_type want[3], int *n
         if (hp->n_expert == 8) want[(*n)++] = KILN_Q5_K;
         break;
     case KILN_FTYPE_MOSTLY_Q5_K_M: want[(*n)++] = KILN_Q5_K, want[(*n)++] = KILN_Q6_K; break;
+    case KILN_FTYPE_MOSTLY_MXFP4_MOE: want[(*n)++] = KILN_MXFP4, want[(*n)++] = KILN_Q8_0; break;
     default: want[(*n)++] = KILN_Q6_K; break;
     }
 }
@@ -442,6 +452,6 @@ int main(void) {
                         TS_TESTS(cli_run_check),
                         TS_LOOP(0, 2, device_fill_equals_file),
                         TS_CASE_FIXTURE("quant", 300, setup, teardown),
-                        TS_LOOP(0, N_QUANT_FTYPES * N_QUANT_VARIANTS, quantized_greedy_tokens_identical));
+                        TS_LOOP(0, N_QUANT_CASES, quantized_greedy_tokens_identical));
     return ts_main_isolated(s, "gpu_model");
 }

@@ -1,11 +1,12 @@
 /* GPU tests of the quantized weight types (templates/quant.lua): mul_mat through every plan a
  * quantized weight takes (the fused gemv, and the f16 dequantization followed by the tile, gemm
  * and strided-b gemv plans), mul_mat_id with quantized experts (decode and prefill) and
- * get_rows of a quantized table, for q8_0, q4_0, q4_K, q5_K and q6_K, each against the CPU
+ * get_rows of a quantized table, for q8_0, q4_0, q4_K, q5_K, q6_K and mxfp4, each against the CPU
  * reference (ggml's dequantization, sums in double) by NMSE <= 5e-4, ggml's threshold for
  * mul_mat. K runs over 256·n for n = 1 .. 56 (a sample), with odd row counts. mul_mat_id: the
  * fused quantized GEMV's edges (b broadcast or one row per slot, odd M, K from 256 to 14336,
- * ids out of range, several tokens, up to 96 pairs) and the dequantization path. */
+ * ids out of range, several tokens, up to 96 pairs) and the dequantization path. Rows of 2880
+ * (gpt-oss: 90 blocks of 32, rows across mxfp4's 16-block tiles) for the types of 32-element blocks. */
 #include "tests/support.h"
 
 #include "frontend/frontend.h"
@@ -16,7 +17,7 @@
 
 #include "tests/gpu/gpu_support.h"
 
-static const kiln_type QTYPES[] = {KILN_Q8_0, KILN_Q4_0, KILN_Q4_K, KILN_Q5_K, KILN_Q6_K};
+static const kiln_type QTYPES[] = {KILN_Q8_0, KILN_Q4_0, KILN_Q4_K, KILN_Q5_K, KILN_Q6_K, KILN_MXFP4};
 #define NQ ((int)(sizeof QTYPES / sizeof QTYPES[0]))
 
 /* A weight leaf named `name` filled with random values quantized. */
@@ -78,7 +79,7 @@ static const qcase GEMV[] = {
     {4096, 64, 1, 1, 1, 0, false},  {256, 37, 1, 1, 1, 0, false},   {512, 5, 1, 1, 1, 0, false},
     {768, 33, 1, 1, 1, 0, false},   {1280, 19, 1, 1, 1, 0, false},  {1792, 7, 1, 1, 1, 0, false},
     {4096, 13, 1, 1, 1, 2, false},  {14336, 9, 1, 1, 1, 0, false},  {2048, 24, 1, 3, 3, 0, false},
-    {1024, 16, 1, 1, 1, 0, true},
+    {1024, 16, 1, 1, 1, 0, true},   {2880, 45, 1, 1, 1, 0, false},  {2880, 7, 1, 2, 2, 3, false}, /* K 2880: block 32 */
 };
 static const qcase BATCH[] = {
     {1024, 40, 2, 1, 1, 0, false}, {512, 33, 4, 1, 1, 0, false}, {2048, 64, 16, 1, 1, 0, false},
@@ -88,7 +89,8 @@ static const qcase BATCH[] = {
 START_TEST(gemv) {
     need_gpu();
     for (int q = 0; q < NQ; q++)
-        for (int i = 0; i < (int)(sizeof GEMV / sizeof GEMV[0]); i++) mul_mat_case(QTYPES[q], &GEMV[i], 100 + 7 * q + i);
+        for (int i = 0; i < (int)(sizeof GEMV / sizeof GEMV[0]); i++)
+            if (GEMV[i].K % kiln_type_block(QTYPES[q]) == 0) mul_mat_case(QTYPES[q], &GEMV[i], 100 + 7 * q + i);
 }
 END_TEST
 
@@ -145,12 +147,14 @@ static const idcase IDS[] = {
     {256, 37, 4, 2, 1, 3, true},        {256, 5, 3, 3, 3, 2, false},       /* K = 256, odd M, B1 = U */
     {14336, 19, 4, 2, 2, 2, true},      {4096, 33, 8, 4, 2, 16, true},     /* long K; 64 pairs, B1 = 2 */
     {1280, 9, 64, 8, 8, 12, false},     {3072, 130, 6, 1, 1, 4, true},     /* 96 pairs of 64 experts: fused */
+    {2880, 45, 32, 4, 1, 1, true},      {2880, 24, 32, 4, 4, 3, false},    /* gpt-oss: K 2880 (block 32 only) */
 };
 
 START_TEST(mul_mat_id_quant) {
     need_gpu();
     for (int q = 0; q < NQ; q++)
-        for (int i = 0; i < (int)(sizeof IDS / sizeof IDS[0]); i++) mul_mat_id_case(QTYPES[q], &IDS[i], 500 + 13 * q + i);
+        for (int i = 0; i < (int)(sizeof IDS / sizeof IDS[0]); i++)
+            if (IDS[i].K % kiln_type_block(QTYPES[q]) == 0) mul_mat_id_case(QTYPES[q], &IDS[i], 500 + 13 * q + i);
 }
 END_TEST
 
