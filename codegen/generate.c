@@ -408,42 +408,63 @@ static char *copy_string(lua_State *L, const char *s, size_t len) {
     return c;
 }
 
-/* The kernel's source with the programmatic-dependent-launch prologue in every __global__
+/* The kernel's source with the programmatic-dependent-launch instructions in every __global__
  * function (runtime/session.c launches with it on sm_90+): wait until the previous kernel has
  * finished and its writes are visible, then let the next kernel start launching (it will wait
- * in turn). It goes at the top, so that the semantics are those of plain stream order and what
- * overlaps is the launch of one kernel with the tail of the previous; or where the function
- * says CG_GRID_WAIT_MARK, when what comes before it reads nothing an earlier kernel of the
- * graph writes (docs/templates.md, "Result"). On older archs, or launched without the
- * attribute, both instructions do nothing. */
+ * in turn). Both go at the top, so that the semantics are those of plain stream order and what
+ * overlaps is the launch of one kernel with the tail of the previous; or the wait goes where the
+ * function says CG_GRID_WAIT_MARK, when what comes before it reads nothing an earlier kernel of
+ * the graph writes (docs/templates.md, "Result"), and the launch where it says CG_LAUNCH_MARK
+ * (a place every thread reaches: the next kernel's blocks then take the SMs this one's leave,
+ * instead of competing with its last wave). On older archs, or launched without the attribute,
+ * both instructions do nothing. */
 #define CG_GRID_WAIT_MARK "/* kiln: grid wait here */"
+#define CG_LAUNCH_MARK    "/* kiln: launch dependents here */"
+#define CG_PDL_IF         "\n#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
+#define CG_PDL_WAIT       "    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
+#define CG_PDL_LAUNCH     "    asm volatile(\"griddepcontrol.launch_dependents;\");\n"
+#define CG_PDL_ENDIF      "#endif\n"
+
+/* Appends n bytes of s to the buffer at *o (sized by the caller). */
+static void put_bytes(char **o, const char *s, size_t n) {
+    memcpy(*o, s, n);
+    *o += n;
+}
+
+/* The mark's position in [from, to) (to NULL: the end), or NULL. */
+static const char *mark_in(const char *from, const char *to, const char *mark) {
+    const char *m = strstr(from, mark);
+    return m && (!to || m < to) ? m : NULL;
+}
+
 static char *with_grid_wait(lua_State *L, const char *src, size_t len) {
-    static const char pro[] = "\n#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
-                              "    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
-                              "    asm volatile(\"griddepcontrol.launch_dependents;\");\n"
-                              "#endif\n";
     int n = 0;
     for (const char *p = strstr(src, "__global__"); p; p = strstr(p + 1, "__global__")) n++;
-    char *out = malloc(len + (size_t)n * (sizeof pro - 1) + 1);
+    size_t extra = sizeof CG_PDL_IF + sizeof CG_PDL_WAIT + sizeof CG_PDL_LAUNCH + sizeof CG_PDL_ENDIF;
+    char  *out = malloc(len + (size_t)n * 2 * extra + 1);
     if (!out) luaL_error(L, "out of host memory");
     char       *o = out;
     const char *p = src;
     for (const char *g; (g = strstr(p, "__global__"));) {
         const char *at = strchr(g, '{'), *next = strstr(g + 1, "__global__");
         if (!at) break;
-        const char *mark = strstr(at, CG_GRID_WAIT_MARK);
-        size_t      skip = 0;
-        if (mark && (!next || mark < next)) {
-            at = mark;
-            skip = sizeof CG_GRID_WAIT_MARK - 1;
-        } else {
-            at++;
+        const char *wait = mark_in(at, next, CG_GRID_WAIT_MARK), *launch = mark_in(at, next, CG_LAUNCH_MARK);
+        if (launch && wait && launch < wait) launch = NULL; /* a launch before the wait: at the wait */
+        /* the wait (and the launch, when it has no mark of its own) */
+        const char *w = wait ? wait : at + 1;
+        put_bytes(&o, p, (size_t)(w - p));
+        put_bytes(&o, CG_PDL_IF + (wait ? 1 : 0), sizeof CG_PDL_IF - 1 - (wait ? 1 : 0));
+        put_bytes(&o, CG_PDL_WAIT, sizeof CG_PDL_WAIT - 1);
+        if (!launch) put_bytes(&o, CG_PDL_LAUNCH, sizeof CG_PDL_LAUNCH - 1);
+        put_bytes(&o, CG_PDL_ENDIF, sizeof CG_PDL_ENDIF - 1);
+        p = wait ? wait + sizeof CG_GRID_WAIT_MARK - 1 : w;
+        if (launch) {
+            put_bytes(&o, p, (size_t)(launch - p));
+            put_bytes(&o, CG_PDL_IF + 1, sizeof CG_PDL_IF - 2);
+            put_bytes(&o, CG_PDL_LAUNCH, sizeof CG_PDL_LAUNCH - 1);
+            put_bytes(&o, CG_PDL_ENDIF, sizeof CG_PDL_ENDIF - 1);
+            p = launch + sizeof CG_LAUNCH_MARK - 1;
         }
-        memcpy(o, p, (size_t)(at - p));
-        o += at - p;
-        memcpy(o, pro + (skip ? 1 : 0), sizeof pro - 1 - (skip ? 1 : 0));
-        o += sizeof pro - 1 - (skip ? 1 : 0);
-        p = at + skip;
     }
     size_t rest = strlen(p);
     memcpy(o, p, rest + 1);

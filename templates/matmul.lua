@@ -1717,6 +1717,13 @@ end
 local QGEMV_WARPS = 8 -- warps per block of the quantized gemv (groups of them split K)
 local QGEMV_RMAX = 2  -- most rows per warp group (each read of b's shared bytes serves them all;
                       -- H100, 8B decode: 2 gave Q4_K_M 2.92 ms, 4 3.11, 1 2.93 but Q8_0 3.94 against 3.78)
+-- Where the quantized GEMV's programmatic-dependent-launch instructions go (codegen/generate.c):
+-- "start": both at the top; "late": the launch of the next kernel after the main loop (its
+-- blocks then take the SMs this one's leave); "early": the grid wait after the first units'
+-- weight loads (weights are never written by an earlier kernel); "early_late": both. H100, one
+-- call, decode ms (start / late / early / early_late): 8B Q4_K_M 2.548 / 2.497 / 2.536 / 2.497,
+-- 8B Q4_0 2.275 / 2.256 / 2.256 / 2.248, 1B Q4_K_M 0.602 / 0.591 / 0.594 / 0.593.
+local QGEMV_PDL = "late"
 local QGEMV_REGS = 64 -- registers of weights one lane keeps in flight ahead of its products, at most
                       -- (H100, one call: 40 gave 8B Q4_K_M 2.700 ms, Q8_0 3.541; 64 2.573 and 3.390; 52
                       -- and 80 in between; 64 but 40 for q6_K 2.644)
@@ -1820,6 +1827,7 @@ local function qgemv(k, s)
         b.add("}")
     end
     for i = 0, PF - 1 do loads(i) end
+    if QGEMV_PDL == "early" or QGEMV_PDL == "early_late" then b.add("/* kiln: grid wait here */") end
     -- k.bnorm (pass rms_norm_gemv): b is x, the prologue quantizes x * w and sums x² once per
     -- block; the products are scaled by the norm's 1/sqrt(mean(x²) + eps) at the store.
     local norm
@@ -1836,6 +1844,7 @@ local function qgemv(k, s)
     end
     b.add("float acc[%d] = {%s};", NV * R, string.rep("0.0f", NV * R, ", "))
     quant.unit_loop(b, T, NI, PF, R * NV, loads, partial, "(int)(lane + 32u * kw)", 32 * WK, NU)
+    if QGEMV_PDL == "late" or QGEMV_PDL == "early_late" then b.add("/* kiln: launch dependents here */") end
     b.add("#pragma unroll")
     b.add("for (int r = 0; r < %d; r++) {", NV * R)
     b.add("#pragma unroll")

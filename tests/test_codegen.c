@@ -1007,8 +1007,10 @@ END_TEST
  * with it on sm_90+), once: the wait is the first statement of each __global__ function, so
  * nothing reads a predecessor's output early; only the decode attention kernel puts it after
  * its L2 prefetch of K and V, and reads nothing before it but the run-time dims (no indexing
- * but kdims[...], the shared-memory declaration and the prefetch's operand). Whole layers of
- * both example models (their attention is the prefill kernel) and a decode attention. */
+ * but kdims[...], the shared-memory declaration and the prefetch's operand). The launch of the
+ * next kernel follows the wait, but in the quantized GEMV (check_launch). Whole layers of
+ * both example models (their attention is the prefill kernel), a decode attention and a
+ * quantized GEMV. */
 static void check_before_wait(const char *name, const char *from, const char *wait) {
     ck_assert_msg(strncmp(name, "fattn_dec_", 10) == 0, "kernel %s: no wait at the top", name);
     size_t n = (size_t)(wait - from);
@@ -1023,13 +1025,33 @@ static void check_before_wait(const char *name, const char *from, const char *wa
     free(pre);
 }
 
+/* The launch of the next kernel, once per __global__ function between body and next (NULL: the
+ * end), after the wait: right after it, or in the quantized GEMV (its launch mark, templates/
+ * matmul.lua's QGEMV_PDL) after its last unit's products. */
+static void check_launch(const char *name, const char *body, const char *next, const char *wait) {
+    static const char launch[] = "griddepcontrol.launch_dependents;";
+    const char       *l = strstr(body, launch);
+    ck_assert_msg(l && (!next || l < next) && l > wait, "kernel %s: no launch_dependents after the wait", name);
+    const char *again = strstr(l + 1, launch);
+    ck_assert_msg(!again || (next && again > next), "kernel %s: two launch_dependents", name);
+    if (strncmp(name, "mul_mat_qgemv_", 14) != 0) {
+        ck_assert_msg(strncmp(strchr(wait, '\n') + 1, "    asm volatile(\"", 18) == 0 && strstr(wait, launch) == l &&
+                          strchr(strchr(wait, '\n') + 1, '\n') > l, "kernel %s: the launch does not follow the wait", name);
+        return;
+    }
+    const char *last = NULL;
+    for (const char *q = strstr(body, "kiln_qwd_"); q && (!next || q < next); q = strstr(q + 1, "kiln_qwd_")) last = q;
+    ck_assert_msg(last && l > last, "kernel %s: the launch comes before the last products", name);
+}
+
 START_TEST(grid_wait_prologue) {
     static const char *const files[] = {"examples/llama-layer.kg", "examples/qwen3moe-layer.kg",
-                                        "bench/ops/flash_attn_dec_f16_512.kg"};
-    static const int         min_globals[] = {6, 6, 2}, decs[] = {0, 0, 1};
+                                        "bench/ops/flash_attn_dec_f16_512.kg", "bench/ops/mul_mat_gemv_q4_K_4096x14336.kg"};
+    static const int         min_globals[] = {6, 6, 2, 1}, decs[] = {0, 0, 1, 0};
     static const char        pro[] = "{\n#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
                                      "    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n";
-    for (int f = 0; f < 3; f++) {
+    int qgemv = 0;
+    for (int f = 0; f < 4; f++) {
         char path[512], *text;
         snprintf(path, sizeof path, "%s/%s", ts_src_dir(), files[f]);
         text = ts_read_file(path, NULL);
@@ -1052,6 +1074,8 @@ START_TEST(grid_wait_prologue) {
                     check_before_wait(kiln_program_kernel_name(prog, i), body, wait);
                     dec++;
                 }
+                check_launch(kiln_program_kernel_name(prog, i), body, next, wait);
+                qgemv += strncmp(kiln_program_kernel_name(prog, i), "mul_mat_qgemv_", 14) == 0;
                 globals++;
             }
         }
@@ -1061,6 +1085,7 @@ START_TEST(grid_wait_prologue) {
         ts_tmpdir_free(dir);
         free(text);
     }
+    ck_assert_int_ge(qgemv, 1);
 }
 END_TEST
 
