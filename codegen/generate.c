@@ -254,6 +254,10 @@ static void push_dst_inputs(lua_State *L, const gen_ctx *g, const ir_node *n) {
     lua_createtable(L, n->nin, 0);
     for (int i = 0; i < n->nin; i++) {
         push_ref(L, g, &n->in[i], g->in_param[i]);
+        if (n->by_id >> i & 1u) { /* read through the ids (ir.h): templates/epilogue.lua */
+            lua_pushboolean(L, 1);
+            lua_setfield(L, -2, "by_id");
+        }
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "inputs");

@@ -110,6 +110,17 @@ static ir_ref temp_ref(const ir_node *n, int buf, const int64_t ne[4]) {
                     .st = {1, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2]}};
 }
 
+/* Epilogue operand k of a mul_mat_id read through its ids (ir.h, by_id) at coordinate c: element
+ * (c0, ids[c1, c2]), 0 for an id out of range. */
+static float by_id_load(const ir_node *n, int k, void **data, const int64_t c[4]) {
+    const ir_ref *ids = ir_operand(n, 2), *r = &n->in[k];
+    int64_t       ic[4] = {c[1], c[2], 0, 0};
+    int64_t       e = (int64_t)kb_load_f32(data[ids->buf], ids->type, ir_offset_at(ids, ic));
+    if (e < 0 || e >= r->ne[1]) return 0.0f;
+    int64_t rc[4] = {c[0], e, 0, 0};
+    return kb_load_f32(data[r->buf], r->type, ir_offset_at(r, rc));
+}
+
 /* An op with an epilogue: the op (twice when paired, the second time with in[pair_in] as its
  * weight) into temporaries of op_type (what the unfused graph stored), then the epilogue per
  * output element, exactly as eval_ew does for the consumer it replaced. */
@@ -145,7 +156,8 @@ static kiln_status eval_op_epilogue(const ir_prog *p, int i, const ir_node *n, v
             for (c[1] = 0; c[1] < ne[1]; c[1]++)
                 for (c[0] = 0; c[0] < ne[0]; c[0]++) {
                     for (int k = 0; k < n->nin; k++)
-                        reg[k] = kb_load_f32(data[n->in[k].buf], n->in[k].type, ir_offset_at(&n->in[k], c));
+                        reg[k] = n->by_id >> k & 1u ? by_id_load(n, k, data, c)
+                                                   : kb_load_f32(data[n->in[k].buf], n->in[k].type, ir_offset_at(&n->in[k], c));
                     for (int v = 0; v < nv; v++)
                         reg[n->nin + v] = kb_load_f32(tmp[v], n->op_type, ir_offset_at(&vref[v], c));
                     float out = n->ninstr ? run_instrs(n, reg, n->nin + nv) : reg[n->nin];

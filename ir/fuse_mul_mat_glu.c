@@ -3,6 +3,7 @@
  *
  * Pattern:  A: ta = mul_mat(wa, x)     B: tb = mul_mat(wb, x)     (or both mul_mat_id(w, x, ids))
  *           optionally  ta' = add(ta, bias_a)  and/or  tb' = add(tb, bias_b)
+ *           (for mul_mat_id also add_id(ta, bias_a, ids): a per-expert bias, gpt-oss's)
  *           y = glu(ta('), tb('))   (swiglu, geglu, swiglu_oai, reglu, geglu_erf, geglu_quick;
  *                                    either operand order: the GLU's first operand is A's)
  * Legal when
@@ -16,12 +17,14 @@
  *     its value naturally over the whole output space). The one-tensor form (halves of one
  *     tensor, `swapped`) is not this pattern: its operands are views of one buffer;
  *   - a bias is an input or weight, or written by a node before the merged kernel's place, and
- *     its extents divide dst's (it broadcasts onto dst like any elementwise operand); B's weight
- *     is ready at A's place too.
+ *     its extents divide dst's (it broadcasts onto dst like any elementwise operand), or, of an
+ *     add_id, it is [ne0, experts] and the add_id reads the mul_mat_id's own ids; B's weight is
+ *     ready at A's place too.
  * Effect: A becomes paired (B's weight appended as in[pair_in]) and carries the GLU (and the
  * adds) as its epilogue, writing y; B, the adds and the GLU die. Values are rounded exactly as
  * the unfused graph stored them (op_type, each add's type), so results are bit-identical in
- * the CPU reference. add_id (per-expert biases of gpt-oss) is not matched.
+ * the CPU reference. An add_id's bias becomes an epilogue operand read through the ids (ir.h,
+ * by_id).
  * Requires: lowered IR (before ew_chain, so consumers are single-instruction nodes). Keeps: every
  * IR invariant (ir_verify). */
 #include "ir_internal.h"
@@ -61,6 +64,7 @@ typedef struct {
     int add;     /* node index of the add, or -1 */
     int bias;    /* the add's operand holding the bias (index into its in[]), when add >= 0 */
     int val;     /* the add's operand reading the mul_mat result */
+    bool by_id;  /* the add is an add_id: its bias is read through the ids */
 } side;
 
 /* A temporary written naturally by a live node and read by exactly one operand of one live
@@ -77,16 +81,38 @@ static bool plain_matmul(const ir_node *n) {
     return ir_plain_op(n) && (n->op == FE_OP_MUL_MAT || n->op == FE_OP_MUL_MAT_ID);
 }
 
+/* The side through add_id node w: t = mul_mat_id(...) read only by it as its a, with the same ids,
+ * and a bias of t's rows. */
+static bool add_id_side(const ir_prog *p, int w, side *s) {
+    const ir_node *n = &p->nodes[w];
+    const ir_ref  *t = ir_operand(n, 0), *bias = ir_operand(n, 1), *ids = ir_operand(n, 2);
+    if (!ir_plain_op(n) || !t || !bias || !ids) return false;
+    int m = sole_producer(p, t, w);
+    if (m < 0 || !plain_matmul(&p->nodes[m]) || p->nodes[m].op != FE_OP_MUL_MAT_ID) return false;
+    const ir_ref *mids = ir_operand(&p->nodes[m], 2);
+    if (!mids || !ir_ref_equal(mids, ids) || !same_ne(t->ne, n->dst.ne) || bias->ne[0] != n->dst.ne[0] ||
+        bias->ne[2] != 1 || bias->ne[3] != 1)
+        return false;
+    s->mm = m;
+    s->add = w;
+    s->val = n->opd[0];
+    s->bias = n->opd[1];
+    s->by_id = true;
+    return true;
+}
+
 /* The side feeding GLU operand r of node gi: the mul_mat directly, or through a bias add. */
 static bool find_side(const ir_prog *p, int gi, const ir_ref *r, side *s) {
     int w = sole_producer(p, r, gi);
     if (w < 0) return false;
     const ir_node *n = &p->nodes[w];
     s->add = -1;
+    s->by_id = false;
     if (plain_matmul(n)) {
         s->mm = w;
         return true;
     }
+    if (n->kind == IR_OP && n->op == FE_OP_ADD_ID) return add_id_side(p, w, s);
     if (n->kind != IR_EW || n->ninstr != 1 || n->ins[0].op != FE_OP_ADD || n->nin != 2) return false;
     if (n->ins[0].a == n->ins[0].b || n->fusion) return false;
     for (int v = 0; v < 2; v++) {
@@ -115,10 +141,11 @@ static bool pairable(const ir_prog *p, const ir_node *a, const ir_node *b, int a
     return ready_at(p, wb->buf, at);
 }
 
-/* A bias operand: ready at the merged node's place and broadcasting onto dst. */
-static bool bias_ok(const ir_prog *p, const ir_node *add, int k, const ir_ref *dst, int at) {
+/* A bias operand: ready at the merged node's place and broadcasting onto dst (read through the
+ * ids: checked by add_id_side). */
+static bool bias_ok(const ir_prog *p, const ir_node *add, int k, const ir_ref *dst, int at, bool by_id) {
     const ir_ref *r = &add->in[k];
-    for (int d = 0; d < 4; d++)
+    for (int d = 0; d < 4 && !by_id; d++)
         if (dst->ne[d] % r->ne[d] != 0) return false;
     return ready_at(p, r->buf, at) && r->buf != dst->buf;
 }
@@ -140,7 +167,7 @@ static bool fuse_with_bias(ir_prog *p, int gi, const side *sx, const side *sg) {
     for (int i = 0; i < 2; i++) {
         if (sides[i]->add < 0) continue;
         const ir_node *ad = &p->nodes[sides[i]->add];
-        if (!bias_ok(p, ad, sides[i]->bias, &g->dst, sx->mm)) return false;
+        if (!bias_ok(p, ad, sides[i]->bias, &g->dst, sx->mm, sides[i]->by_id)) return false;
         nsrc += ad->nsrc;
     }
     if (nsrc > IR_MAX_INSTR || a->nin + 3 > IR_MAX_IN) return false;
@@ -151,6 +178,7 @@ static bool fuse_with_bias(ir_prog *p, int gi, const side *sx, const side *sg) {
     for (int i = 0; i < 2; i++)
         if (sides[i]->add >= 0) {
             m.in[m.nin] = p->nodes[sides[i]->add].in[sides[i]->bias];
+            if (sides[i]->by_id) m.by_id |= 1u << m.nin;
             breg[i] = m.nin++;
         }
     int reg[2] = {m.nin, m.nin + 1}; /* each side's current register */
@@ -158,9 +186,14 @@ static bool fuse_with_bias(ir_prog *p, int gi, const side *sx, const side *sg) {
     for (int i = 0; i < 2; i++) {
         if (sides[i]->add < 0) continue;
         const ir_node *ad = &p->nodes[sides[i]->add];
-        ir_instr       in = ad->ins[0];
-        in.a = ad->ins[0].a == sides[i]->val ? reg[i] : breg[i];
-        in.b = ad->ins[0].b == sides[i]->val ? reg[i] : breg[i];
+        ir_instr       in = sides[i]->by_id ? (ir_instr){.op = FE_OP_ADD, .a = 0, .b = 1, .type = ad->dst.type} : ad->ins[0];
+        if (sides[i]->by_id) { /* add_id(t, bias, ids): t + bias[.., id] */
+            in.a = reg[i];
+            in.b = breg[i];
+        } else {
+            in.a = ad->ins[0].a == sides[i]->val ? reg[i] : breg[i];
+            in.b = ad->ins[0].b == sides[i]->val ? reg[i] : breg[i];
+        }
         reg[i] = m.nin + 2 + m.ninstr;
         m.ins[m.ninstr++] = in;
     }

@@ -43,6 +43,7 @@ static bool unchanged(const ir_prog *p, int buf, int from, int to) {
  * holds static strings). */
 static const char *joined_name(const char *had) {
     static const char *const names[][2] = {{"mul_mat_cat", "rms_norm_gemv+mul_mat_cat"},
+                                           {"add_chain+mul_mat_cat", "rms_norm_gemv+add_chain+mul_mat_cat"},
                                            {"mul_mat_glu", "rms_norm_gemv+mul_mat_glu"},
                                            {"add_chain", "rms_norm_gemv+add_chain"}};
     for (size_t i = 0; had && i < sizeof names / sizeof names[0]; i++)

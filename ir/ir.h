@@ -127,6 +127,11 @@ typedef struct {
     bool     bnorm;
     int      bnorm_w;
     float    bnorm_eps;
+    /* IR_OP mul_mat_id only, passes mul_mat_glu and mul_mat_id_bias: epilogue operand k (bit k)
+     * is read through the node's ids, as ggml's add_id reads its bias: at output coordinate
+     * (i0, i1, i2) the element (i0, ids[i1, i2]) of a [ne0, experts] operand (0 for an id out of
+     * range, whose rows mul_mat_id leaves at zero). gpt-oss's per-expert biases. */
+    uint32_t by_id;
     /* IR_OP only: a fusion that changes what the node computes beyond an epilogue. */
     ir_fused fused;
     ir_moe   moe;              /* IR_FUSED_TOPK_MOE */
@@ -163,6 +168,7 @@ kiln_status ir_fuse_get_rows_one(ir_prog *p);  /* ir/fuse_get_rows_one.c */
 kiln_status ir_fuse_rope_set_rows(ir_prog *p); /* ir/fuse_rope_set_rows.c */
 kiln_status ir_fuse_topk_moe(ir_prog *p);      /* ir/fuse_topk_moe.c */
 kiln_status ir_fuse_mul_mat_glu(ir_prog *p);   /* ir/fuse_mul_mat_glu.c */
+kiln_status ir_fuse_mul_mat_id_bias(ir_prog *p); /* ir/fuse_mul_mat_id_bias.c */
 kiln_status ir_fuse_rms_norm_mul(ir_prog *p);  /* ir/fuse_rms_norm_mul.c */
 kiln_status ir_fuse_add_chain(ir_prog *p);     /* ir/fuse_add_chain.c */
 kiln_status ir_fuse_mul_mat_cat(ir_prog *p);   /* ir/fuse_mul_mat_cat.c */

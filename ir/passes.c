@@ -9,6 +9,7 @@ const ir_fusion ir_fusions[] = {
     {"rope_set_rows", ir_fuse_rope_set_rows, "rope_ext -> view -> set_rows: rotated rows written straight into the cache"},
     {"topk_moe", ir_fuse_topk_moe, "MoE routing (gating, top-k, weights, normalization, scale) in one kernel per row"},
     {"mul_mat_glu", ir_fuse_mul_mat_glu, "gate and up mul_mat(_id) sharing an input, feeding a GLU, in one kernel"},
+    {"mul_mat_id_bias", ir_fuse_mul_mat_id_bias, "add_id (per-expert biases) after a mul_mat_id: added at its store"},
     {"rms_norm_mul", ir_fuse_rms_norm_mul, "rms_norm/norm -> mul(weight) (-> add) in one kernel"},
     {"add_chain", ir_fuse_add_chain, "a residual plus several adds (MoE expert slices) in one kernel"},
     {"mul_mat_cat", ir_fuse_mul_mat_cat, "mul_mats sharing an input (q, k, v) as one mul_mat over their weights side by side"},

@@ -150,7 +150,7 @@ static void print_node(kb_str *o, const ir_prog *p, int idx, int k) {
         for (int k = 0; n->ninstr && k < n->nin; k++) {
             kb_str_addf(o, "    in%d ", k);
             print_ref(o, p, &n->in[k]);
-            kb_str_add(o, "\n");
+            kb_str_add(o, n->by_id >> k & 1u ? " (rows by ids)\n" : "\n");
         }
         print_instrs(o, n);
         return;

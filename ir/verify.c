@@ -105,6 +105,15 @@ static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
         epi_in[k] = !(n->paired && k == n->pair_in) && !(n->bnorm && k == n->bnorm_w);
         for (int s = 0; s < FE_MAX_SRC; s++) epi_in[k] &= n->opd[s] != k;
     }
+    for (int k = 0; k < 32 && n->by_id; k++) {
+        if (!(n->by_id >> k & 1u)) continue;
+        const ir_ref *r = k < n->nin ? &n->in[k] : NULL;
+        if (ew || n->op != FE_OP_MUL_MAT_ID || !r || !epi_in[k] || n->dst.ne[0] % r->ne[0] != 0 || r->ne[2] != 1 ||
+            r->ne[3] != 1)
+            return kb_error(KILN_ERR_INVALID, "IR node %d: operand %d read through ids is not a [ne0, experts] "
+                                              "epilogue operand of a mul_mat_id", i, k);
+        epi_in[k] = false; /* (it does not broadcast: below) */
+    }
     if (!ew && (n->ninstr > 0 || n->paired || n->fused) && (unsigned)n->op_type >= KILN_TYPE_COUNT)
         return kb_error(KILN_ERR_INVALID, "IR node %d: epilogue without a valid op type", i);
     for (int k = 0; k < n->nin; k++) {

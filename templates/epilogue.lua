@@ -87,6 +87,9 @@ end
 function M.lines(k, pre, values, loads, pfx)
     local e = k.epilogue
     if not e or #e.instrs == 0 then fail("node has no epilogue") end
+    for _, j in ipairs(M.operands(k)) do
+        if k.inputs[j + 1].by_id then fail("operand %d is read through ids: only store_lines reads those", j) end
+    end
     local nin = #k.inputs
     local nv = e.values or 1
     if #values ~= nv then fail("%d op values given, the node has %d", #values, nv) end
@@ -169,6 +172,22 @@ local function store_offset(r, c, dne)
     return #t > 0 and table.concat(t, " + ") or "0"
 end
 
+-- Register e<i> for operand r (number i) of a mul_mat_id read through its ids (k.inputs[i].by_id,
+-- ir.h): at dst coordinates c = (row, slot, token) the element (row, ids[slot, token]) of r
+-- ([ne0, experts]), 0 for an id out of range (mul_mat_id's rows of such an id are zeros too).
+local function by_id_load(k, pre, r, i, c, ct)
+    local ids = k.args and k.args.ids
+    if not ids or ids.type ~= "i32" then fail("operand %d is read through ids, but the node has no i32 ids", i) end
+    local ie = store_offset(ids, { c[2], c[3] }, { k.dst.ne[2], k.dst.ne[3], 1, 1 })
+    local row = c[1] and string.format("(long long)(%s)%s", c[1], r.st[1] ~= 1 and " * " .. r.st[1] .. "ll" or "") or "0ll"
+    return {
+        string.format("    const int id%d = ((const int *)p%d)[%s];", i, ids.param, ie),
+        string.format("    const float e%d = (unsigned)id%d < %du ? %s : 0.0f;", i, i, r.ne[2],
+            pre.load(r.type, string.format("((const %s *)p%d)[%s%s + (long long)id%d * %dll]", ct, r.param,
+                r.offs ~= 0 and r.offs .. "ll + " or "", row, i, r.st[2]))),
+    }
+end
+
 -- Lines storing to dst at coordinates c what the node computes there from the op's values
 -- vals (f32 expressions: the product, then with k.pair the paired product): without an
 -- epilogue vals[1]; with one, registers 0..nin-1 the epilogue's own operands (only those its
@@ -199,8 +218,12 @@ function M.store_lines(k, pre, c, vals)
             local r = k.inputs[i + 1]
             local ct = prelude.ctype[r.type]
             if not ct then fail("epilogue operand %d: unsupported type %s", i, tostring(r.type)) end
-            L[#L + 1] = string.format("    const float e%d = %s;", i,
-                pre.load(r.type, string.format("((const %s *)p%d)[%s]", ct, r.param, store_offset(r, c, d.ne))))
+            if r.by_id then
+                for _, l in ipairs(by_id_load(k, pre, r, i, c, ct)) do L[#L + 1] = l end
+            else
+                L[#L + 1] = string.format("    const float e%d = %s;", i,
+                    pre.load(r.type, string.format("((const %s *)p%d)[%s]", ct, r.param, store_offset(r, c, d.ne))))
+            end
         end
     end
     for v = 1, nv do L[#L + 1] = string.format("    const float e%d = %s;", nin + v - 1, pre.round(e.op_type, vals[v])) end

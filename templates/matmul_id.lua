@@ -1090,6 +1090,10 @@ local QID_WARPS = 4      -- warps per block
 local QID_R = 4          -- rows per warp: each load of b serves them all
 local QID_REGS = 40      -- registers of weights a lane keeps in flight ahead of its products (matmul.lua's)
 local QID_MAX_SLOTS = 64 -- (slot, token) pairs up to which the fused GEMV is always taken
+-- The next kernel's launch after the main loop (matmul.lua's QGEMV_PDL "late"): not taken, H100
+-- decode ms base / late: gpt-oss-20b mxfp4_moe 1.914 / 1.911 (1.889 again), Qwen3-30B-A3B Q4_K_M
+-- 2.324 / 2.343.
+local QID_LATE = false
 
 -- Whether N = U*T (its maximum) pairs take the fused GEMV rather than dequantizing every expert:
 -- always up to QID_MAX_SLOTS pairs; beyond, while the fused kernel's weight reads (N expert
@@ -1211,6 +1215,7 @@ local function qgemv_id(k)
     for _, l in ipairs(quant.bq_prologue(p.K, QID_WARPS * 32, "bk")) do bl.add("%s", l) end
     bl.add("float acc[%d] = {%s};", NV * R, string.rep("0.0f", NV * R, ", "))
     quant.unit_loop(bl, T, NI, PF, R * NV, loads, partial, lane_unit, 32 * WK, NU)
+    if QID_LATE then bl.add("/* kiln: launch dependents here */") end
     bl.add("__shared__ float part[%d][%d];", QID_WARPS, NV * R)
     bl.add("#pragma unroll")
     bl.add("for (int r = 0; r < %d; r++) {", NV * R)

@@ -612,12 +612,11 @@ START_TEST(tiny_compiles_fused) {
     /* each count twice: the general program and the decode one (n_tokens = 1). The last layer's
      * FFN and the output norm see one column in both (outputs: the last token), so there
      * rms_norm_gemv takes the FFN norm (dense FFNs: its one reader is the GLU GEMV) and the
-     * output norm; in the decode program also every attention norm (the q/k/v GEMV; qwen2's
-     * and gpt-oss's q/k/v have biases, so mul_mat_cat leaves three GEMVs, and each computes the norm: three
-     * fusion lines) and every dense FFN norm. */
+     * output norm; in the decode program also every attention norm (the q/k/v GEMV: qwen2's and
+     * gpt-oss's q/k/v with their biases too, add_chain+mul_mat_cat) and every dense FFN norm. */
     int L = (int)hp.n_layer, moe = hp.n_expert > 0, qkn = hp.qk_norm ? 2 * L : 0;
     int post = km_archs[km_arch_find(archs[_i])].gemma ? 2 * L : 0; /* gemma3's norms after attention and FFN */
-    int gemv_norms = 1 + !moe, dec_norms = L + 1 + (moe ? 0 : L), three = hp.attn_bias ? 2 * L : 0;
+    int gemv_norms = 1 + !moe, dec_norms = L + 1 + (moe ? 0 : L);
     int roped = 0; /* smollm3: every 4th layer has no rope */
     for (int il = 0; il < L; il++) roped += km_layer_ropes(&hp, il);
     /* phi3: gate and up are one product: no mul_mat_glu (its k, roped out of a view of the
@@ -625,11 +624,12 @@ START_TEST(tiny_compiles_fused) {
     bool fused = km_archs[km_arch_find(archs[_i])].fused;
     ck_assert_int_eq(count(d, "  fused rope_set_rows:"), 2 * roped);
     ck_assert_int_eq(count(d, "  fused rms_norm_mul:"), 2 * (2 * L + 1 + qkn + post) - gemv_norms - dec_norms);
-    ck_assert_int_eq(count(d, "  fused rms_norm_gemv"), gemv_norms + dec_norms + three);
-    /* gpt-oss: the experts' biases (add_id) sit between the products and swiglu_oai: no GLU
-     * fusion yet */
+    ck_assert_int_eq(count(d, "  fused rms_norm_gemv"), gemv_norms + dec_norms);
+    ck_assert_int_eq(count(d, "add_chain+mul_mat_cat:"), hp.attn_bias ? 2 * L : 0);
+    /* gpt-oss: the experts' biases (add_id) join the gate/up pair and the down product */
     bool oai = km_archs[km_arch_find(archs[_i])].oai;
-    ck_assert_int_eq(count(d, "mul_mat_glu:"), fused || oai ? 0 : 2 * L);
+    ck_assert_int_eq(count(d, "mul_mat_glu:"), fused ? 0 : 2 * L);
+    ck_assert_int_eq(count(d, "  fused mul_mat_id_bias:"), oai ? 2 * L : 0);
     ck_assert_int_eq(count(d, "  fused topk_moe:"), moe ? 2 * L : 0);
     ck_assert_int_gt(kiln_program_kernel_count(p), 0);
     free(d);

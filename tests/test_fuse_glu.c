@@ -56,6 +56,25 @@ static char *moe_kg(const char *wt, int K, int M, int E, int U, int T, const cha
     return kg;
 }
 
+/* gpt-oss's experts: per-expert biases (add_id, [M, E]) on gate (bias & 1) and up (bias & 2);
+ * with `down`, a down projection of the GLU's result with its own add_id (pass
+ * mul_mat_id_bias). E = 16 keeps the test fill's ids (0..15) in range: add_id refuses others. */
+static char *moe_id_kg(const char *wt, int K, int M, int U, int T, int bias, bool down) {
+    static char kg[2048];
+    char        call[128], tail[512] = "";
+    glu_call(call, sizeof call, "swiglu_oai", bias & 1 ? "gate_b" : "gate", bias & 2 ? "up_b" : "up");
+    if (down)
+        snprintf(tail, sizeof tail, "weight wd: %s[%d, %d, 16]\nweight bd: f32[%d, 16]\nd = mul_mat_id(wd, y, ids)\n"
+                 "output od = add_id(d, bd, ids)\n", wt, M, K, K);
+    snprintf(kg, sizeof kg,
+             "weight wg: %s[%d, %d, 16]\nweight wu: %s[%d, %d, 16]\nweight bg: f32[%d, 16]\nweight bu: f32[%d, 16]\n"
+             "input x: f32[%d, 1, %d]\ninput ids: i32[%d, %d]\n"
+             "up = mul_mat_id(wu, x, ids)\ngate = mul_mat_id(wg, x, ids)\n%s%s%s y = %s\n%s",
+             wt, K, M, wt, K, M, M, M, K, T, U, T, bias & 1 ? "gate_b = add_id(gate, bg, ids)\n" : "",
+             bias & 2 ? "up_b = add_id(up, bu, ids)\n" : "", down ? "" : "output", call, tail);
+    return kg;
+}
+
 /* kg fuses into one kernel listing `nodes`, and the reference gives the same bits. */
 static void expect_fused(const char *kg, const char *nodes) {
     int   live;
@@ -111,6 +130,33 @@ START_TEST(fires_moe) {
         const char *kg = moe_kg(_i % 2 ? "f16" : "bf16", 64, 40, 12, 4, T[_i], GLUS[_i], bias);
         expect_fused(kg, bias ? "up, gate, gate_b, up_b, y" : "up, gate, y");
     }
+}
+END_TEST
+
+/* add_id biases (gpt-oss): on gate, up or both, decode and prefill token counts, bf16 and a
+ * quantized type; the down projection's add_id joins its mul_mat_id (mul_mat_id_bias). */
+START_TEST(fires_moe_add_id) {
+    static const int T[2] = {1, 5};
+    for (int bias = 1; bias <= 3; bias++) {
+        const char *kg = moe_id_kg(bias == 2 ? "q8_0" : "bf16", 64, 40, 4, T[_i], bias, false);
+        expect_fused(kg, bias == 1 ? "up, gate, gate_b, y" : bias == 2 ? "up, gate, up_b, y" : "up, gate, gate_b, up_b, y");
+    }
+    int   live;
+    char *text;
+    const char *kg = moe_id_kg("mxfp4", 64, 64, 4, T[_i], 3, true);
+    double d = ts_fusion_compare(kg, OTHERS, &live, &text);
+    ck_assert_msg(strstr(text, "fused mul_mat_glu: up, gate, gate_b, up_b, y\n") &&
+                      strstr(text, "fused mul_mat_id_bias: d, od\n") && strstr(text, "(rows by ids)"),
+                  "%s\ngraph:\n%s", text, kg);
+    ck_assert_msg(live == 2, "%d kernels, want 2:\n%s", live, text);
+    ck_assert_msg(d == 0, "fused differs from unfused by %g:\n%s", d, kg);
+    free(text);
+    /* another ids, or a bias of other rows: apart */
+    kg = "weight w: bf16[64, 40, 16]\nweight b: f32[40, 16]\nweight b2: f32[40, 8]\ninput x: f32[64, 1, 2]\n"
+         "input i1: i32[4, 2]\ninput i2: i32[4, 2]\nt = mul_mat_id(w, x, i1)\noutput y = add_id(t, b, i2)\n";
+    d = ts_fusion_compare(kg, OTHERS, &live, &text);
+    ck_assert_msg(!strstr(text, "mul_mat_id_bias") && live == 2 && d == 0, "%s", text);
+    free(text);
 }
 END_TEST
 
@@ -194,11 +240,11 @@ typedef struct {
     const char *want; /* in the fused node's sources */
 } gcase;
 
-static gcase GCASES[12];
+static gcase GCASES[16];
 static int   NGCASES;
 
 static void make_gcases(void) {
-    static char buf[12][2048];
+    static char buf[16][2048];
     int         n = 0;
 #define ADD(text, w)                                                                            \
     do {                                                                                        \
@@ -216,6 +262,10 @@ static void make_gcases(void) {
     ADD(moe_kg("f16", 200, 37, 16, 4, 4, "geglu_quick", 3), "mul_mat_id_gemv_pair_f16");
     ADD(moe_kg("bf16", 256, 96, 16, 4, 64, "swiglu", 1), "mul_mat_id_epilogue_pair");
     ADD(moe_kg("f32", 100, 40, 16, 4, 9, "swiglu", 0), "mul_mat_id_fma");
+    /* per-expert biases read through the ids (add_id): quantized decode, bf16 decode, prefill */
+    ADD(moe_id_kg("mxfp4", 256, 96, 4, 1, 3, false), "mul_mat_id_qgemv_pair_mxfp4");
+    ADD(moe_id_kg("bf16", 256, 96, 4, 1, 1, false), "mul_mat_id_gemv_pair_bf16");
+    ADD(moe_id_kg("q4_0", 256, 96, 4, 64, 2, false), "mul_mat_id_epilogue_pair");
 #undef ADD
     NGCASES = n;
 }
@@ -240,7 +290,7 @@ int main(void) {
     make_gcases(); /* NGCASES */
     Suite *s = TS_SUITE("fuse_glu",
                         TS_CASE("pass", 120), TS_LOOP(0, NGLU, fires_dense), TS_TESTS(fires_with_bias),
-                        TS_LOOP(0, 3, fires_moe), TS_TESTS(not_fired, verify_and_skip),
+                        TS_LOOP(0, 3, fires_moe), TS_LOOP(0, 2, fires_moe_add_id), TS_TESTS(not_fired, verify_and_skip),
                         TS_CASE("codegen", 600), TS_LOOP(0, NGCASES, kernels_compile), TS_LOOP(0, 2, examples_fuse));
     return ts_main_cache(s, "fuse-glu-test", &g_cache);
 }

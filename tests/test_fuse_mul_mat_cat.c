@@ -64,6 +64,31 @@ START_TEST(fires_quantized) {
 }
 END_TEST
 
+/* q, k, v with biases (qwen2, gpt-oss) as add_chain fuses them: one mul_mat over the weight
+ * block, one add over the bias block; a member without a bias, or whose bias bytes would
+ * misalign the next one (32 f32: 128 bytes), stays out. */
+static char *qkv_bias_kg(const char *kb, int kr) {
+    static char kg[1024];
+    snprintf(kg, sizeof kg,
+             "weight wq: bf16[64, 128]\nweight wk: bf16[64, %d]\nweight wv: bf16[64, 64]\n"
+             "weight bq: f32[128]\nweight bk: f32[%d]\nweight bv: f32[64]\ninput x: f32[64, 2]\n"
+             "q = mul_mat(wq, x)\nqb = add(q, bq)\nk = mul_mat(wk, x)\n%s\nv = mul_mat(wv, x)\nvb = add(v, bv)\n"
+             "output oq = sum_rows(qb)\noutput ok = sum_rows(kb)\noutput ov = sum_rows(vb)\n",
+             kr, kr, kb);
+    return kg;
+}
+
+START_TEST(fires_with_biases) {
+    static const char *const ADD_CHAIN = "rope_set_rows,topk_moe,mul_mat_glu,rms_norm_mul,rms_norm_gemv,ew_chain";
+    ts_expect_fusion(qkv_bias_kg("kb = add(k, bk)", 64), ADD_CHAIN, "fused add_chain+mul_mat_cat: q, qb, k, kb, v, vb\n",
+                     NULL, 4);
+    ts_expect_fusion(qkv_bias_kg("kb = scale(k, 2)", 64), ADD_CHAIN, "fused add_chain+mul_mat_cat: q, qb, v, vb\n", NULL,
+                     5); /* k has no bias (bk unused) */
+    ts_expect_fusion(qkv_bias_kg("kb = add(k, bk)", 32), ADD_CHAIN, "fused add_chain+mul_mat_cat: q, qb, v, vb\n", NULL,
+                     5); /* bk of 128 bytes */
+}
+END_TEST
+
 /* One member cannot join; the other two still do. */
 START_TEST(leaves_one_out) {
     expect(qkv_kg("bf16", "bf16", 32, 3, true, false, false), "q, v", 5);  /* another input */
@@ -134,6 +159,6 @@ END_TEST
 int main(void) {
     Suite *s = TS_SUITE("fuse_mul_mat_cat",
                         TS_CASE("pass", 120), TS_LOOP(0, 6, fires_qkv), TS_LOOP(0, 3, fires_quantized),
-                        TS_TESTS(leaves_one_out, not_fired, block_layout, example_inspect));
+                        TS_TESTS(fires_with_biases, leaves_one_out, not_fired, block_layout, example_inspect));
     return ts_main(s);
 }
