@@ -4,11 +4,12 @@
  * Pattern:  z = mul_mat(a, b)                         (one column: the GEMV plan; typically the
  *                                                     mul_mat_cat of q, k, v, normalized b)
  *           readers of z, each reading one row segment of z:
- *             q = rope_ext(view(z), pos[, ff])         mode 0 (normal), every element rotated
+ *             q = rope_ext(view(z), pos[, ff])         mode 0 (normal) or 2 (neox), every element rotated
  *             k = rope_set_rows(cache_k, view(z) ...)  the same rope, into a state in place
  *             v = set_rows(cache_v, view(z), ids)      in place into a state
  * Legal when
- *   - z is written naturally by a plain (no epilogue, no pairing, no other fusion) mul_mat with
+ *   - z is written naturally by a mul_mat (no pairing, no other fusion; an epilogue, such as the
+ *     q/k/v biases that add_chain+mul_mat_cat carry, is applied to the values the tails get) with
  *     one column and static shapes, into a temporary of an even number of rows;
  *   - every reader of z is one of those three kinds, reads z through exactly one operand as
  *     whole rows of one token (a [ne0, heads, 1, 1] view, contiguous; set_rows: one row), at
@@ -23,7 +24,8 @@
  * still says what is computed and the CPU reference evaluates every node as before, so results
  * are bit for bit the unfused graph's. Code generation gives the host the readers' tables
  * (k.tail) and the readers no kernel of their own: the GEMV's store rotates each pair of rows
- * (mode 0 pairs are adjacent rows, and a gemv team holds two consecutive rows starting at an
+ * (mode 0 pairs are adjacent rows, neox pairs rows i and i + d/2 of a head, which the GEMV then
+ * computes as adjacent rows: templates/gemv_rope.lua; a gemv team holds two consecutive rows starting at an
  * even one) and writes q, the k cache row and the v cache row; z itself is not stored. Memory
  * planning treats the group as one step (ir/memplan.c).
  * Requires: after every other fusion pass (the readers and the mul_mat are in final form).
@@ -51,11 +53,12 @@ static bool segment_of(const ir_ref *v, int zbuf, int64_t *lo, int64_t *hi) {
     return *lo % 2 == 0 && *hi % 2 == 0;
 }
 
-/* A mode 0 rope of every element, with static one-token positions and natural frequency
+/* A mode 0 or neox rope of every element, with static one-token positions and natural frequency
  * factors (or none). */
 static bool normal_rope(const ir_prog *p, const ir_node *r) {
     const ir_ref *a = ir_operand(r, 0), *pos = ir_operand(r, 1), *ff = ir_operand(r, 2);
-    if (r->op != FE_OP_ROPE_EXT || r->ip[1] != 0 || !a || r->ip[0] != a->ne[0] || a->ne[0] % 2 != 0) return false;
+    if (r->op != FE_OP_ROPE_EXT || (r->ip[1] != 0 && r->ip[1] != 2) || !a || r->ip[0] != a->ne[0] || a->ne[0] % 2 != 0)
+        return false;
     if (!one_preset(p, pos) || pos->type != KILN_I32) return false;
     return !ff || (ir_ref_static(ff) && ir_buf_preset(p->bufs[ff->buf].kind) && ff->type == KILN_F32);
 }
@@ -99,8 +102,8 @@ static bool tail_of(const ir_prog *p, const ir_node *c, int zbuf, int64_t *lo, i
 
 static bool host_candidate(const ir_prog *p, const ir_node *m) {
     const ir_ref *a = ir_operand(m, 0), *b = ir_operand(m, 1);
-    if (m->dead || m->kind != IR_OP || m->op != FE_OP_MUL_MAT || m->ninstr > 0 || m->paired || m->fused ||
-        m->has_dst2 || m->host || !a || !b)
+    if (m->dead || m->kind != IR_OP || m->op != FE_OP_MUL_MAT || m->paired || m->fused || m->has_dst2 || m->host || !a ||
+        !b || m->by_id)
         return false;
     /* The quantized GEMV reads b as a contiguous column of 16-byte vectors (templates/matmul.lua). */
     if (kiln_type_is_quantized(a->type) && !ir_ref_is_natural(p, b)) return false;

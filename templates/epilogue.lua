@@ -193,18 +193,9 @@ end
 -- epilogue vals[1]; with one, registers 0..nin-1 the epilogue's own operands (only those its
 -- instructions read: the op's operands are never read), nin.. the values rounded to op_type,
 -- then the instructions, each rounded to its type; the last is stored in dst's type.
-function M.store_lines(k, pre, c, vals)
+-- The epilogue's statements at dst coordinates c (into L, each indented), and its result's register.
+local function compute(k, pre, c, vals, L)
     local d, e = k.dst, k.epilogue
-    local L = {}
-    if not prelude.ctype[d.type] then fail("dst: unsupported type %s", tostring(d.type)) end
-    local function store(v)
-        L[#L + 1] = string.format("((%s *)p%d)[%s] = %s;", prelude.ctype[d.type], d.param, store_offset(d, c, d.ne),
-            pre.store(d.type, v))
-    end
-    if not e then
-        store(vals[1])
-        return L
-    end
     local nin, nv = #k.inputs, e.values or 1
     if nv ~= #vals then fail("epilogue over %d values, the kernel has %d", nv, #vals) end
     local used = {}
@@ -212,7 +203,6 @@ function M.store_lines(k, pre, c, vals)
         used[ins.a] = true
         if ins.b then used[ins.b] = true end
     end
-    L[#L + 1] = "{"
     for i = 0, nin - 1 do
         if used[i] then
             local r = k.inputs[i + 1]
@@ -243,8 +233,36 @@ function M.store_lines(k, pre, c, vals)
         if not (j == #e.instrs and t == d.type) then x = pre.round(t, x) end
         L[#L + 1] = string.format("    const float e%d = %s;", reg, x)
     end
-    store("e" .. (first + #e.instrs - 1))
+    return "e" .. (first + #e.instrs - 1)
+end
+
+function M.store_lines(k, pre, c, vals)
+    local d, e = k.dst, k.epilogue
+    local L = {}
+    if not prelude.ctype[d.type] then fail("dst: unsupported type %s", tostring(d.type)) end
+    local function store(v)
+        L[#L + 1] = string.format("((%s *)p%d)[%s] = %s;", prelude.ctype[d.type], d.param, store_offset(d, c, d.ne),
+            pre.store(d.type, v))
+    end
+    if not e then
+        store(vals[1])
+        return L
+    end
+    L[#L + 1] = "{"
+    local result = compute(k, pre, c, vals, L)
+    store(result)
     L[#L] = "    " .. L[#L]
+    L[#L + 1] = "}"
+    return L
+end
+
+-- Lines setting `out` (a float declared by the caller) to what the node stores at dst
+-- coordinates c, instead of storing it: the GEMV whose result its tails read (gemv_rope).
+function M.value_lines(k, pre, c, vals, out)
+    if not k.epilogue then return { string.format("%s = %s;", out, vals[1]) } end
+    local L = { "{" }
+    local result = compute(k, pre, c, vals, L)
+    L[#L + 1] = string.format("    %s = %s;", out, result)
     L[#L + 1] = "}"
     return L
 end

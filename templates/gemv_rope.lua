@@ -1,15 +1,19 @@
 -- gemv_rope: the store of a one-column GEMV that computes its tails (pass gemv_rope,
 -- ir/fuse_gemv_rope.c): k.tail lists the nodes reading the GEMV's result z, each a node table
 -- as its own template would get it, with parameters numbered in the GEMV's list:
---   rope_ext (mode 0, n_dims = ne0)  rows [lo, hi) of z as heads of one token -> its dst
+--   rope_ext (mode 0 or 2, n_dims = ne0)  rows [lo, hi) of z as heads of one token -> its dst
 --   rope_ext fused rope_set_rows     the same, rotated rows written to cache row ids[0], in place
 --   set_rows                         rows [lo, hi) converted to the cache type at row ids[0]
 -- The GEMV's thread that stores rows (row, row + 1), row even, has both values of a mode 0 pair
--- (elements 2i, 2i+1 of a head), so it rotates them with ggml's angle (templates/angle.lua) and
+-- (elements 2i, 2i+1 of a head). A neox (mode 2) pair is elements i and i + ne0/2 of a head, so
+-- in a neox segment the GEMV computes its rows in another order (M.phys_row): its "rows" 2i and
+-- 2i + 1 of a head are the weight's rows i and i + ne0/2. The thread rotates the pair with ggml's
+-- angle (templates/angle.lua, the same theta for pair i in both modes) and
 -- writes them where the tail's own kernel would: q rounded to its type, cache elements rounded
 -- to the rope's op type then converted to the cache's type (what the unfused rope + set_rows
 -- store). A cache row id out of range writes nothing (the CPU reference rejects it). z itself is
--- not stored: the pass made sure nothing else reads it.
+-- not stored: the pass made sure nothing else reads it. With an epilogue (a bias add: qwen2's and
+-- gpt-oss's q/k/v), the values the tails get are the epilogue's (epilogue.value_lines).
 
 local kit = require("kit")
 local angle = require("angle")
@@ -31,7 +35,8 @@ function M.plan(k, s)
     for i, t in ipairs(k.tail) do
         local g = { t = t, n = i }
         if t.op == "rope_ext" then
-            if t.params.mode ~= 0 then fail("tail %d: rope mode %s, not 0", i, tostring(t.params.mode)) end
+            if t.params.mode ~= 0 and t.params.mode ~= 2 then fail("tail %d: rope mode %s, not 0 or 2", i, tostring(t.params.mode)) end
+            g.neox = t.params.mode == 2
             g.z, g.kind = t.args.a, t.fused == "rope_set_rows" and "rope_row" or "rope"
             if t.fused and t.fused ~= "rope_set_rows" then fail("tail %d: fusion %s", i, t.fused) end
             if t.params.n_dims ~= g.z.ne[1] then fail("tail %d: n_dims %d is not ne0 %d", i, t.params.n_dims, g.z.ne[1]) end
@@ -68,7 +73,24 @@ function M.plan(k, s)
         end
         segs[#segs + 1] = g
     end
+    segs.k = k
     return segs
+end
+
+-- The row of the weight that the GEMV computes as its row L (an unsigned C expression): L
+-- itself, but in a neox segment [lo, lo + heads * d) where rows (2i, 2i + 1) of a head are its
+-- rows (i, i + d/2).
+function M.phys_row(segs, L)
+    local x = L
+    for _, g in ipairs(segs or {}) do
+        if g.neox then
+            local e = g.lo > 0 and string.format("(%s - %du)", L, g.lo) or L
+            local within = g.lo > 0 and string.format("%s >= %du && %s < %du", L, g.lo, L, g.hi) or string.format("%s < %du", L, g.hi)
+            x = string.format("(%s ? %s%s / %du * %du + %s %% %du / 2u + (%s & 1u) * %du : %s)", within,
+                g.lo > 0 and g.lo .. "u + " or "", e, g.ne0, g.ne0, e, g.ne0, e, g.ne0 // 2, x)
+        end
+    end
+    return x
 end
 
 -- Whether parameter p is written by a tail.
@@ -98,6 +120,16 @@ end
 
 -- The stores of rows (row, row + 1) (row: an even C expression) with values ya and yb.
 function M.store(b, pre, segs, row, ya, yb)
+    local k = segs.k
+    if k and k.epilogue then
+        local epilogue = require("epilogue")
+        b.add("float za, zb; /* the epilogue's values of both rows */")
+        -- (at the weight's rows: in a neox segment the GEMV's row order is not z's)
+        local ra, rb = M.phys_row(segs, row), M.phys_row(segs, "(" .. row .. " + 1u)")
+        for _, l in ipairs(epilogue.value_lines(k, pre, { ra }, { ya }, "za")) do b.add("%s", l) end
+        for _, l in ipairs(epilogue.value_lines(k, pre, { rb }, { yb }, "zb")) do b.add("%s", l) end
+        ya, yb = "za", "zb"
+    end
     local first = true
     for _, g in ipairs(segs) do
         local t, n = g.t, "t" .. g.n
@@ -112,6 +144,10 @@ function M.store(b, pre, segs, row, ya, yb)
             b.add("const long long id = (long long)%sids[0];", n)
             b.open("if (id >= 0 && id < %dll) {", t.dst.ne[2])
             dst = function(o) return string.format("%sy[id * %s + e%s]", n, lit(t.dst.st[2]), o) end
+            if g.neox then -- the pair's elements i and i + d/2 of head e / d
+                b.add("const unsigned en = e / %du * %du + e %% %du / 2u;", g.ne0, g.ne0, g.ne0)
+                dst = function(o) return string.format("%sy[id * %s + en%s]", n, lit(t.dst.st[2]), o ~= "" and " + " .. (g.ne0 // 2) .. "u" or "") end
+            end
         end
         if g.kind == "row" then
             b.add("%s = %s;", dst(""), pre.store(t.dst.type, ya))
@@ -134,9 +170,10 @@ function M.store(b, pre, segs, row, ya, yb)
             local o0, o1 = angle.rotate(ya, yb, "c", "s")
             if g.kind == "rope" then
                 local y = t.dst
-                local at = string.format("(long long)(e %% %du) * %s + (long long)h * %s", g.ne0, lit(y.st[1]), lit(y.st[2]))
+                local el = g.neox and "i" or string.format("(e %% %du)", g.ne0) -- the pair's first element
+                local at = string.format("(long long)%s * %s + (long long)h * %s", el, lit(y.st[1]), lit(y.st[2]))
                 b.add("%sy[%s] = %s;", n, at, o0)
-                b.add("%sy[%s + %s] = %s;", n, at, lit(y.st[1]), o1)
+                b.add("%sy[%s + %s] = %s;", n, at, lit(g.neox and (g.ne0 // 2) * y.st[1] or y.st[1]), o1)
             else
                 b.add("%s = %s;", dst(""), pre.store(t.dst.type, pre.round(g.ot, o0)))
                 b.add("%s = %s;", dst(" + 1u"), pre.store(t.dst.type, pre.round(g.ot, o1)))
@@ -152,7 +189,8 @@ end
 function M.notes(segs)
     local out = {}
     for _, g in ipairs(segs) do
-        local what = ({ rope = "rope (mode 0) to its dst", rope_row = "rope (mode 0) into cache row ids[0]",
+        local mode = g.neox and "neox" or "mode 0"
+        local what = ({ rope = "rope (" .. mode .. ") to its dst", rope_row = "rope (" .. mode .. ") into cache row ids[0]",
             row = "into cache row ids[0]" })[g.kind]
         out[#out + 1] = string.format("tail %d: rows [%d, %d), heads of %d: %s (%s)", g.n, g.lo, g.hi, g.ne0, what, g.t.dst.type)
     end

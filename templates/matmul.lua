@@ -576,8 +576,8 @@ local function gemv(k, s)
     -- k.tail (pass gemv_rope): the rows' readers computed at the store, pairs of rows at a time.
     local segs
     if k.tail then
-        if s.pa or k.epilogue or s.NG > 1 or s.dM or R % 2 ~= 0 or P.rpb % 2 ~= 0 then
-            fail("gemv_rope: tails need a plain single-matrix gemv with an even number of rows per team")
+        if s.pa or s.NG > 1 or s.dM or R % 2 ~= 0 or P.rpb % 2 ~= 0 then
+            fail("gemv_rope: tails need an unpaired single-matrix gemv with an even number of rows per team")
         end
         segs = gemv_rope.plan(k, s)
         gemv_rope.pointers(b, segs)
@@ -623,6 +623,7 @@ local function gemv(k, s)
         local rr = r % R
         local row = rr == 0 and "row0" or string.format("(row0 + %du)", rr)
         local clamp = s.M % P.rpb == 0 and row or string.format("(%s < %du ? %s : %du)", row, s.M, row, s.M - 1)
+        if segs then clamp = gemv_rope.phys_row(segs, clamp) end -- (neox segments: rows in pair order)
         if s.dM then clamp = string.format("(%s < (unsigned)(%s) ? %s : (unsigned)(%s) - 1u)", row, s.dM, row, s.dM) end
         if r < R then
             b.add("const %s *const w%d = A + %s;", wt, r, sum({ term64(clamp, s.sa[2]), abase ~= "0" and abase or nil }))
@@ -1775,8 +1776,8 @@ local function qgemv(k, s)
     local WP = QGEMV_WARPS
     -- k.tail (pass gemv_rope): a thread stores rows (row, row + 1) together (gemv_rope.store),
     -- so groups own 2 rows at least.
-    if k.tail and (s.pa or k.epilogue or s.NG > 1 or s.M % 2 ~= 0) then
-        fail("gemv_rope: tails need a plain single-matrix gemv with an even number of rows")
+    if k.tail and (s.pa or s.NG > 1 or s.M % 2 ~= 0) then
+        fail("gemv_rope: tails need an unpaired single-matrix gemv with an even number of rows")
     end
     local WK, G, R = qgemv_layout(s.M, s.NG, NU, NV, k.tail and 2 or 1)
     local RB = G * R -- rows per block
@@ -1807,8 +1808,9 @@ local function qgemv(k, s)
         b.add("long long %s[%d];", var, R)
         b.add("#pragma unroll")
         b.add("for (int r = 0; r < %d; r++)", R)
-        b.add("    %s[r] = %s;", var, sum({ lit(ref.offs // BL), term64(s.M % RB ~= 0 and
-            string.format("min(row0 + r, %du)", s.M - 1) or "(row0 + r)", st[2] // BL),
+        local row = s.M % RB ~= 0 and string.format("min(row0 + r, %du)", s.M - 1) or "(row0 + r)"
+        if segs then row = gemv_rope.phys_row(segs, row) end -- (neox segments: rows in pair order)
+        b.add("    %s[r] = %s;", var, sum({ lit(ref.offs // BL), term64(row, st[2] // BL),
             s.A2 > 1 and term64("ja2", st[3] // BL) or nil, s.A3 > 1 and term64("ja3", st[4] // BL) or nil }))
     end
     row_blocks("blk0", s.a, s.sa)
@@ -1960,9 +1962,11 @@ function quant_matmul(k)
         local s = shape_of(k, { type = "f32", ne = d.ne, st = d.st, offs = d.offs, param = d.param, dyn = d.dyn, sym = d.sym })
         if k.pair and not (k.epilogue and k.epilogue.values == 2) then fail("a paired weight needs an epilogue over 2 values") end
         local r = qgemv(k, s)
-        if not r and k.bnorm then fail("bnorm (b's rms_norm) over quantized weights needs the fused gemv (one contiguous column)") end
+        if not r and (k.bnorm or k.tail) then
+            fail("bnorm (b's rms_norm) and tails over quantized weights need the fused gemv (one contiguous column)")
+        end
         r = r or via_scratch(k)
-        r.epilogue, r.paired, r.bnorm = k.epilogue ~= nil, k.pair ~= nil, k.bnorm ~= nil
+        r.epilogue, r.paired, r.bnorm, r.tail = k.epilogue ~= nil, k.pair ~= nil, k.bnorm ~= nil, k.tail ~= nil
         if s.kdims then r.dynamic = true end
         return r
     end

@@ -1088,6 +1088,11 @@ end
 
 local QID_WARPS = 4      -- warps per block
 local QID_R = 4          -- rows per warp: each load of b serves them all
+-- Warps that may split one row's units. 1: a warp takes whole rows, so b's quantization in the
+-- block's prologue serves 4 warps' rows, not 1. H100 decode ms (base of 4 / 1 / 2): gpt-oss-20b
+-- mxfp4_moe 1.901 / 1.858 / 1.884 (K 2880: 1 unit a lane when 4 warps split it), Qwen3-30B-A3B
+-- Q4_K_M 2.303 / 2.303 / 2.301; with 8 warps a block (1 and 2): 1.847 / 1.944 and 2.331 / 2.331.
+local QID_WK_MAX = 1
 local QID_REGS = 40      -- registers of weights a lane keeps in flight ahead of its products (matmul.lua's)
 local QID_MAX_SLOTS = 64 -- (slot, token) pairs up to which the fused GEMV is always taken
 -- The next kernel's launch after the main loop (matmul.lua's QGEMV_PDL "late"): not taken, H100
@@ -1131,10 +1136,9 @@ local function qgemv_id(k)
     local BL, UB = ti.block, ti.ub
     local NU = p.K // BL * UB
     -- WK warps split a row's units (the fewest powers of 2 giving each lane a unit, at most
-    -- all of them), the block's other warps take other rows: K = 768 (24 units) gives each
-    -- warp its own 4 rows, K = 2048 (64 units) pairs of warps, K >= 4096 all 4 warps.
+    -- QID_WK_MAX: 1, so every warp owns its 4 rows whole and the block's b prologue serves 16).
     local WK = 1
-    while WK < QID_WARPS and 32 * WK < NU do WK = WK * 2 end
+    while WK < math.min(QID_WARPS, QID_WK_MAX) and 32 * WK < NU do WK = WK * 2 end
     local RG = QID_WARPS // WK
     local R = QID_R
     local RB = RG * R

@@ -1,7 +1,8 @@
 /* Pass gemv_rope (ir/fuse_gemv_rope.c): the readers of a one-column q/k/v GEMV (rope of q,
  * rope of k into a cache row, v into a cache row) become tails computed by its store. It fires
- * for every weight type (quantized ones included), with and without the rms_norm_gemv norm and frequency factors; it
- * leaves the graph alone for neox ropes, partial rotation, two tokens, a second reader of the
+ * for every weight type (quantized ones included), with and without the rms_norm_gemv norm and frequency factors,
+ * for neox ropes and with q/k/v biases (the GEMV's epilogue); it
+ * leaves the graph alone for partial rotation, two tokens, a second reader of the
  * product, a cache that is not a state; it gathers the readers after a GEMV that runs between (v of
  * another type than q and k, or no mul_mat_cat); the CPU reference gives the same bits; the memory plan
  * counts the tails at the host's step (a temporary the GEMV reads is not reused for what its
@@ -44,6 +45,26 @@ static char *front(const char *wt, int K, int tokens, const char *rope, const ch
 
 static const char *const ROPE = ", n_dims=64, mode=0, n_ctx_orig=4096, freq_base=10000";
 static const char *const ROPE_FF = ", ff, n_dims=64, mode=0, n_ctx_orig=4096, freq_base=10000, ext_factor=1, freq_scale=0.5";
+static const char *const NEOX = ", n_dims=64, mode=2, n_ctx_orig=4096, freq_base=10000";
+
+/* front() (one token, normalized, state caches) with biases added to q, k and v (qwen2,
+ * gpt-oss): the GEMV's products are qb, kb, vb. */
+static char *front_bias(const char *wt, const char *rope) {
+    static char kg[4096];
+    snprintf(kg, sizeof kg,
+             "input x: f32[64, 1]\ninput pos: i32[1]\ninput idx: i64[1]\nweight nw: f32[64]\n"
+             "weight bq: f32[256]\nweight bk: f32[128]\nweight bv: f32[128]\n"
+             "state cache_k: f16[128, 16]\nstate cache_v: f16[128, 16]\n"
+             "weight wq: %s[64, 256]\nweight wk: %s[64, 128]\nweight wv: %s[64, 128]\n"
+             "n = rms_norm(x, 1e-05)\ny = mul(n, nw)\n"
+             "q = mul_mat(wq, y)\nk = mul_mat(wk, y)\nv = mul_mat(wv, y)\nqb = add(q, bq)\nkb = add(k, bk)\nvb = add(v, bv)\n"
+             "q3 = reshape(qb, [64, 4, 1])\nk3 = reshape(kb, [64, 2, 1])\n"
+             "output qr = rope_ext(q3, pos%s)\nkr = rope_ext(k3, pos%s)\nk_row = reshape(kr, [128, 1])\n"
+             "k_cache = set_rows(cache_k, k_row, idx)\nv_cache = set_rows(cache_v, vb, idx)\n"
+             "output kc = cont(k_cache)\noutput vc = cont(v_cache)\n",
+             wt, wt, wt, rope, rope);
+    return kg;
+}
 
 START_TEST(fires) {
     static const char *wts[5] = {"bf16", "f16", "f32", "q8_0", "q4_K"};
@@ -53,6 +74,11 @@ START_TEST(fires) {
                          "fused gemv_rope: n, y, q, k, v, qr, kr, k_cache, v_cache\n", "rope_ext nodes:", -1);
     ts_expect_fusion(front(wt, 2048, 1, ROPE_FF, "bf16", true, false, NULL), NULL,
                      "fused gemv_rope: q, k, v, qr, kr, k_cache, v_cache\n", NULL, -1);
+    ts_expect_fusion(front(wt, 2048, 1, NEOX, "bf16", true, false, NULL), NULL, /* neox */
+                     "fused gemv_rope: q, k, v, qr, kr, k_cache, v_cache\n", NULL, -1);
+    if (_i < 4) /* biases: the q/k/v GEMV's epilogue */
+        ts_expect_fusion(front_bias(wt, _i % 2 ? NEOX : ROPE), NULL,
+                         "fused gemv_rope: n, y, q, k, v, qb, kb, vb, qr, kr, k_cache, v_cache\n", "rope_ext nodes:", -1);
 }
 END_TEST
 
@@ -76,9 +102,7 @@ START_TEST(readers_gathered) {
 END_TEST
 
 START_TEST(not_fired) {
-    const char *neox = ", n_dims=64, mode=2, n_ctx_orig=4096, freq_base=10000";
     const char *part = ", n_dims=32, mode=0, n_ctx_orig=4096, freq_base=10000";
-    ts_expect_fusion(front("bf16", 64, 1, neox, "f16", true, true, NULL), NULL, NULL, "gemv_rope", -1);
     ts_expect_fusion(front("bf16", 64, 1, part, "f16", true, true, NULL), NULL, NULL, "gemv_rope", -1);
     ts_expect_fusion(front("bf16", 64, 2, ROPE, "f16", true, true, NULL), NULL, NULL, "gemv_rope", -1);
     ts_expect_fusion(front("bf16", 64, 1, ROPE, "f16", true, true, "output qs = sum_rows(q)\n"), NULL, NULL, "gemv_rope",
@@ -167,7 +191,9 @@ END_TEST
 START_TEST(kernels_compile) {
     static const char *archs[2] = {"sm_90a", "sm_80"};
     static const char *const needles[3] = {"tail 3: rows [384, 512)", "// kiln rope kernel", "// kiln rows kernel"};
-    const char        *kg = _i == 2   ? front("q4_K", 2048, 1, ROPE_FF, "f16", true, true, NULL)
+    const char        *kg = _i == 4   ? front_bias("q8_0", NEOX)
+                            : _i == 3 ? front("q4_K", 2048, 1, NEOX, "f16", true, true, NULL)
+                            : _i == 2 ? front("q4_K", 2048, 1, ROPE_FF, "f16", true, true, NULL)
                             : _i == 1 ? front("bf16", 2048, 1, ROPE_FF, "bf16", true, true, NULL)
                                       : front("f16", 64, 1, ROPE, "f32", true, false, NULL);
     for (int a = 0; a < 2; a++) {
@@ -182,6 +208,6 @@ END_TEST
 int main(void) {
     Suite *s = TS_SUITE("fuse_gemv_rope",
                         TS_CASE("pass", 120), TS_LOOP(0, 5, fires), TS_TESTS(readers_gathered, not_fired, memplan_group, verify_rejects),
-                        TS_LOOP(0, 3, kernels_compile));
+                        TS_LOOP(0, 5, kernels_compile));
     return ts_main_cache(s, "fuse-gemv-rope", &g_cache);
 }
