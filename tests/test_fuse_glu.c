@@ -160,6 +160,29 @@ START_TEST(fires_moe_add_id) {
 }
 END_TEST
 
+/* The halves form (phi3's gate_up): one product of 2n rows, the GLU of its halves, either half
+ * the GLU's x, decode and a batch, a float and a quantized weight. */
+static char *halves_kg(const char *wt, int N, bool x_first, const char *glu) {
+    static char kg[1024];
+    char        call[128];
+    glu_call(call, sizeof call, glu, x_first ? "a" : "b", x_first ? "b" : "a");
+    snprintf(kg, sizeof kg,
+             "weight w: %s[64, 96]\ninput x: f32[64, %d]\nt = mul_mat(w, x)\n"
+             "a = view(t, [48, %d], [384], 0)\nb = view(t, [48, %d], [384], 192)\noutput y = %s\n",
+             wt, N, N, N, call);
+    return kg;
+}
+
+START_TEST(fires_halves) {
+    for (int v = 0; v < 4; v++) expect_fused(halves_kg(_i ? "q8_0" : "bf16", v & 1 ? 3 : 1, v & 2, GLUS[(v + _i) % NGLU]), "t, y");
+    /* a half that is not one (rows 8..56), or t read elsewhere: apart */
+    expect_unfused("weight w: bf16[64, 96]\ninput x: f32[64, 1]\nt = mul_mat(w, x)\na = view(t, [48, 1], [384], 0)\n"
+                   "b = view(t, [48, 1], [384], 32)\noutput y = swiglu(a, b)\n", 2);
+    expect_unfused("weight w: bf16[64, 96]\ninput x: f32[64, 1]\nt = mul_mat(w, x)\na = view(t, [48, 1], [384], 0)\n"
+                   "b = view(t, [48, 1], [384], 192)\noutput y = swiglu(a, b)\noutput s = sum_rows(t)\n", 3);
+}
+END_TEST
+
 /* Broken variants: each leaves the nodes alone. */
 START_TEST(not_fired) {
     const char *head = "weight wg: bf16[64, 48]\nweight wu: bf16[64, 48]\ninput x: f32[64, 2]\n";
@@ -177,11 +200,11 @@ START_TEST(not_fired) {
     /* different inputs */
     snprintf(kg, sizeof kg, "%sinput x2: f32[64, 2]\nup = mul_mat(wu, x2)\ngate = mul_mat(wg, x)\noutput y = swiglu(gate, up)\n", head);
     expect_unfused(kg, 3);
-    /* the one-tensor form: halves of one product */
+    /* (the one-tensor form, halves of one product, is the halves form: it fuses) */
     snprintf(kg, sizeof kg, "weight w: bf16[64, 96]\ninput x: f32[64, 2]\ngu = mul_mat(w, x)\noutput y = swiglu(gu)\n");
-    expect_unfused(kg, 2);
+    expect_fused(kg, "gu, y");
     snprintf(kg, sizeof kg, "weight w: bf16[64, 96]\ninput x: f32[64, 2]\ngu = mul_mat(w, x)\noutput y = swiglu(gu, swapped=true)\n");
-    expect_unfused(kg, 2);
+    expect_fused(kg, "gu, y");
     /* the bias add's result has another reader */
     snprintf(kg, sizeof kg, "%sweight bg: f32[48]\nup = mul_mat(wu, x)\ngate = mul_mat(wg, x)\ngb = add(gate, bg)\n"
                             "output y = swiglu(gb, up)\noutput z = scale(gb, 2, 0)\n", head);
@@ -266,6 +289,8 @@ static void make_gcases(void) {
     ADD(moe_id_kg("mxfp4", 256, 96, 4, 1, 3, false), "mul_mat_id_qgemv_pair_mxfp4");
     ADD(moe_id_kg("bf16", 256, 96, 4, 1, 1, false), "mul_mat_id_gemv_pair_bf16");
     ADD(moe_id_kg("q4_0", 256, 96, 4, 64, 2, false), "mul_mat_id_epilogue_pair");
+    ADD(halves_kg("bf16", 1, true, "swiglu"), "mul_mat_gemv_pair_bf16"); /* phi3's gate_up halves */
+    ADD(halves_kg("q4_0", 1, false, "geglu"), "mul_mat_qgemv_pair_q4_0");
 #undef ADD
     NGCASES = n;
 }
@@ -290,7 +315,7 @@ int main(void) {
     make_gcases(); /* NGCASES */
     Suite *s = TS_SUITE("fuse_glu",
                         TS_CASE("pass", 120), TS_LOOP(0, NGLU, fires_dense), TS_TESTS(fires_with_bias),
-                        TS_LOOP(0, 3, fires_moe), TS_LOOP(0, 2, fires_moe_add_id), TS_TESTS(not_fired, verify_and_skip),
+                        TS_LOOP(0, 3, fires_moe), TS_LOOP(0, 2, fires_moe_add_id), TS_LOOP(0, 2, fires_halves), TS_TESTS(not_fired, verify_and_skip),
                         TS_CASE("codegen", 600), TS_LOOP(0, NGCASES, kernels_compile), TS_LOOP(0, 2, examples_fuse));
     return ts_main_cache(s, "fuse-glu-test", &g_cache);
 }

@@ -128,6 +128,10 @@ START_TEST(test_one_tensor) {
     snprintf(kg, sizeof kg, "weight w: bf16[256, 384]\ninput x: f32[256, %d]\ngu = mul_mat(w, x)\noutput y = swiglu(gu%s)\n",
              _i < 2 ? 1 : 16, _i % 2 ? ", swapped=true" : "");
     run_kg(kg, "one-tensor swiglu", 0, 3000 + (uint64_t)_i);
+    /* the halves form over a quantized weight (phi3's gate_up in a quantized file) */
+    snprintf(kg, sizeof kg, "weight w: q4_0[256, 384]\ninput x: f32[256, %d]\ngu = mul_mat(w, x)\noutput y = geglu(gu%s)\n",
+             _i < 2 ? 1 : 16, _i % 2 ? ", swapped=true" : "");
+    run_kg(kg, "one-tensor geglu, q4_0", 0, 3100 + (uint64_t)_i);
 }
 END_TEST
 
