@@ -59,14 +59,6 @@ static bool same_ne(const int64_t a[4], const int64_t b[4]) {
     return true;
 }
 
-/* A buffer a kernel at position `at` may read: an input, a weight, or written before it. */
-static bool ready_at(const ir_prog *p, int buf, int at) {
-    ir_buf_kind kind = p->bufs[buf].kind;
-    if (ir_buf_preset(kind)) return true;
-    int w = ir_node_writing(p, buf);
-    return (w >= 0 && w < at) || (kind == IR_BUF_STATE && w < 0);
-}
-
 /* One side of the GLU: the mul_mat node producing it and, when present, the bias add between. */
 typedef struct {
     int mm;      /* node index of the mul_mat(_id) */
@@ -147,7 +139,7 @@ static bool pairable(const ir_prog *p, const ir_node *a, const ir_node *b, int a
         const ir_ref *x = ir_operand(a, slot), *y = ir_operand(b, slot);
         if (!x != !y || (x && !ir_ref_equal(x, y))) return false;
     }
-    return ready_at(p, wb->buf, at);
+    return ir_buf_ready_at(p, wb->buf, at);
 }
 
 /* A bias operand: ready at the merged node's place and broadcasting onto dst (read through the
@@ -156,7 +148,7 @@ static bool bias_ok(const ir_prog *p, const ir_node *add, int k, const ir_ref *d
     const ir_ref *r = &add->in[k];
     for (int d = 0; d < 4 && !by_id; d++)
         if (dst->ne[d] % r->ne[d] != 0) return false;
-    return ready_at(p, r->buf, at) && r->buf != dst->buf;
+    return ir_buf_ready_at(p, r->buf, at) && r->buf != dst->buf;
 }
 
 /* The graph nodes of the merged kernel: its own, B's and the adds', in graph order. */

@@ -6,8 +6,8 @@
  *   - the mul_mat_id is a plain IR_OP node (no epilogue, pairing or fusion yet) writing t
  *     naturally, a temporary whose only reader is the add_id's operand a, read naturally;
  *   - the add_id is a plain node whose ids are read exactly as the mul_mat_id reads its own, and
- *     whose bias has t's rows ([ne0, experts]), ready at the mul_mat_id's place (an input, a
- *     weight, or written before it);
+ *     whose bias has t's rows ([ne0, experts]), ready at the mul_mat_id's place
+ *     (ir_buf_ready_at);
  *   - the mul_mat_id has an operand register to spare.
  * Effect: the mul_mat_id gets the bias as an operand read through its ids (ir.h, by_id) and the
  * epilogue `add(op, bias)` (rounded to y's type), writes y; the add_id dies. Values are the
@@ -19,13 +19,6 @@
 #include "ir_internal.h"
 
 #include <string.h>
-
-/* A buffer a kernel at position `at` may read: an input, a weight, or written before it. */
-static bool ready_at(const ir_prog *p, int buf, int at) {
-    if (ir_buf_preset(p->bufs[buf].kind)) return true;
-    int w = ir_node_writing(p, buf);
-    return w >= 0 && w < at;
-}
 
 /* The live node reading buffer buf (the only one), or -1. */
 static int sole_reader(const ir_prog *p, int buf) {
@@ -50,7 +43,7 @@ static void fuse_one(ir_prog *p, int mi) {
     if (!ir_plain_op(a) || a->op != FE_OP_ADD_ID || !t || !bias || !ids || t->buf != m->dst.buf ||
         !ir_ref_equal(t, &m->dst) || !ir_operand(m, 2) || !ir_ref_equal(ids, ir_operand(m, 2)))
         return;
-    if (bias->ne[0] != m->dst.ne[0] || bias->ne[2] != 1 || bias->ne[3] != 1 || !ready_at(p, bias->buf, mi)) return;
+    if (bias->ne[0] != m->dst.ne[0] || bias->ne[2] != 1 || bias->ne[3] != 1 || !ir_buf_ready_at(p, bias->buf, mi)) return;
     for (int d = 0; d < 4; d++)
         if (a->dst.ne[d] != m->dst.ne[d] || a->dst.sym[d] != m->dst.sym[d]) return;
     if (m->nsrc + a->nsrc > IR_MAX_INSTR) return;

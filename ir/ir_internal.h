@@ -29,6 +29,9 @@ int      ir_reader_after(const ir_prog *p, int buf, int after);
 /* Whether every buffer node i reads is an input, a weight, or written by a live node before
  * node `before` (so node i's reads could move up to position `before`). */
 bool     ir_operands_ready(const ir_prog *p, const ir_node *n, int before);
+/* Whether a node at position `at` may read buffer buf: an input or weight, a state no node
+ * writes, or written by an earlier node. */
+bool     ir_buf_ready_at(const ir_prog *p, int buf, int at);
 /* Makes elementwise node ci the epilogue of IR_OP node oi (ir/absorb.c); oi may already carry
  * one. An operand of c reading buffer vals[v] (v < nvals; at most 2, and 2 only when oi is
  * paired with vals[1] its second value) becomes op value v: register nin + v, or, when oi

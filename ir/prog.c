@@ -119,14 +119,17 @@ int ir_readers(const ir_prog *p, int buf) {
     return n;
 }
 
+bool ir_buf_ready_at(const ir_prog *p, int buf, int at) {
+    ir_buf_kind kind = p->bufs[buf].kind;
+    if (ir_buf_preset(kind)) return true;
+    int w = ir_node_writing(p, buf);
+    return (w >= 0 && w < at) || (kind == IR_BUF_STATE && w < 0);
+}
+
 bool ir_operands_ready(const ir_prog *p, const ir_node *n, int before) {
     for (int k = 0; k < n->nin; k++) {
-        ir_buf_kind kind = p->bufs[n->in[k].buf].kind;
-        if (ir_buf_preset(kind)) continue;
         if (n->in[k].buf == n->dst.buf) continue; /* in place: the old value, ready from the start */
-        int w = ir_node_writing(p, n->in[k].buf);
-        if (kind == IR_BUF_STATE && w < 0) continue;
-        if (w < 0 || w >= before) return false;
+        if (!ir_buf_ready_at(p, n->in[k].buf, before)) return false;
     }
     return true;
 }
