@@ -314,17 +314,29 @@ END_TEST
  * presets' rows of 128 make a K-quant file mostly q8_0 (model/ftype.c's fallback); the "wide"
  * variant has every row a multiple of 256 (n_embd 256, n_ff 512, expert width 256), so its
  * q4_K, q5_K and q6_K weights really run on the GPU (checked below from the file's types). Then
- * MXFP4_MOE files of the two MoE presets (qwen3moe and gpt-oss tiny): mxfp4 experts, q8_0 else. */
+ * MXFP4_MOE files of the two MoE presets (qwen3moe and gpt-oss tiny): mxfp4 experts, q8_0 else.
+ * Then Q4_K_M of every other family's tiny preset made wide the same way (issue 27: each family
+ * in Q4_K_M), so its q4_K and q6_K weights run through that family's fused kernels. */
 
 static const kiln_ftype quant_ftypes[] = {KILN_FTYPE_MOSTLY_Q8_0, KILN_FTYPE_MOSTLY_Q4_0, KILN_FTYPE_MOSTLY_Q4_K_M,
                                           KILN_FTYPE_MOSTLY_Q5_K_M, KILN_FTYPE_MOSTLY_Q6_K};
 #define N_QUANT_FTYPES ((int)(sizeof quant_ftypes / sizeof quant_ftypes[0]))
 #define N_QUANT_VARIANTS 4 /* llama, qwen3moe; tiny, wide */
 #define N_MXFP4_ARCHS 2    /* qwen3moe, gpt-oss */
-#define N_QUANT_CASES (N_QUANT_FTYPES * N_QUANT_VARIANTS + N_MXFP4_ARCHS)
+static const char *const family_archs[] = {"qwen2", "qwen3", "granite", "smollm3", "phi3", "gemma3", "gemma2", "gpt-oss"};
+#define N_FAMILIES ((int)(sizeof family_archs / sizeof family_archs[0]))
+#define N_QUANT_CASES (N_QUANT_FTYPES * N_QUANT_VARIANTS + N_MXFP4_ARCHS + N_FAMILIES)
 
 static kiln_model_hparams quant_hparams(int i, bool *wide) {
     kiln_model_hparams hp;
+    int f = i - (N_QUANT_FTYPES * N_QUANT_VARIANTS + N_MXFP4_ARCHS);
+    if (f >= 0) { /* another family in Q4_K_M, wide */
+        TS_OK(kiln_model_preset(family_archs[f], "tiny", &hp));
+        hp.ftype = KILN_FTYPE_MOSTLY_Q4_K_M;
+        hp.n_embd = 256, hp.n_ff = 512, hp.n_ff_exp = hp.n_expert ? 256 : 0;
+        *wide = true;
+        return hp;
+    }
     if (i >= N_QUANT_FTYPES * N_QUANT_VARIANTS) { /* the MXFP4_MOE cases: checked like a wide one */
         TS_OK(kiln_model_preset(i % 2 ? "gpt-oss" : "qwen3moe", "tiny", &hp));
         hp.ftype = KILN_FTYPE_MOSTLY_MXFP4_MOE;
