@@ -31,7 +31,8 @@ static kiln_status fill_quant(kiln_session *s, const rt_util_kernel *k, int i, c
     unsigned long long nblocks = b->bytes / kiln_type_size(b->type), key = w->key;
     int                words = (int)((split ? kiln_type_size(b->type) - (mx ? 1 : 2) : kiln_type_size(b->type)) / 4);
     int                sp = split;
-    unsigned           dh = mx ? (unsigned)(128 + lrintf(log2f(d))) : kb_f32_to_f16(d), mh = kb_f32_to_f16(dmin);
+    long               e8 = 128 + lrintf(log2f(d)); /* mxfp4: the E8M0 exponent of 2^(e - 128) nearest d */
+    unsigned           dh = mx ? (unsigned)(e8 < 1 ? 1 : e8 > 254 ? 254 : e8) : kb_f32_to_f16(d), mh = kb_f32_to_f16(dmin);
     void              *args[] = {&dst, &nblocks, &words, &sp, &key, &dh, &mh};
     unsigned long long blocks = (nblocks + k->block - 1) / k->block;
     unsigned           grid = blocks < k->grid ? (unsigned)blocks : k->grid;
