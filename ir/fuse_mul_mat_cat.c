@@ -35,13 +35,6 @@
 
 static bool plain_mul_mat(const ir_node *n) { return ir_plain_op(n) && n->op == FE_OP_MUL_MAT; }
 
-/* Whether operand k of n is in one of its tensor slots (else the epilogue's). */
-static bool in_slot(const ir_node *n, int k) {
-    for (int s = 0; s < FE_MAX_SRC; s++)
-        if (n->opd[s] == k) return true;
-    return false;
-}
-
 /* The operand of n's bias: n is a mul_mat whose only fusion is add_chain's one add of its value
  * and a whole 1-D weight of its rows, read naturally, in no block, of IR_ALIGN-multiple bytes;
  * else -1. */
@@ -51,7 +44,7 @@ static int bias_operand(const ir_prog *p, const ir_node *n) {
         return -1;
     const ir_instr *in = &n->ins[0];
     int             k = in->a == n->nin ? in->b : in->b == n->nin ? in->a : -1;
-    if (in->op != FE_OP_ADD || k < 0 || k >= n->nin || in_slot(n, k)) return -1;
+    if (in->op != FE_OP_ADD || k < 0 || k >= n->nin || ir_in_slot(n, k)) return -1;
     const ir_ref *r = &n->in[k];
     const ir_buf *b = &p->bufs[r->buf];
     if (b->kind != IR_BUF_WEIGHT || b->block || !ir_ref_is_natural(p, r) || b->bytes == 0 || b->bytes % IR_ALIGN != 0)

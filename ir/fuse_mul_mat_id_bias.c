@@ -20,23 +20,12 @@
 
 #include <string.h>
 
-/* The live node reading buffer buf (the only one), or -1. */
-static int sole_reader(const ir_prog *p, int buf) {
-    if (ir_readers(p, buf) != 1) return -1;
-    for (int i = 0; i < p->nnodes; i++) {
-        const ir_node *c = &p->nodes[i];
-        for (int k = 0; !c->dead && k < c->nin; k++)
-            if (c->in[k].buf == buf) return i;
-    }
-    return -1;
-}
-
 /* Fuses the add_id reading mul_mat_id node mi's result, when the pattern holds. */
 static void fuse_one(ir_prog *p, int mi) {
     ir_node *m = &p->nodes[mi];
     if (!ir_plain_op(m) || m->op != FE_OP_MUL_MAT_ID || m->nin >= IR_MAX_IN) return;
     if (p->bufs[m->dst.buf].kind != IR_BUF_TEMP || !ir_ref_is_natural(p, &m->dst)) return;
-    int ai = sole_reader(p, m->dst.buf);
+    int ai = ir_readers(p, m->dst.buf) == 1 ? ir_reader_after(p, m->dst.buf, mi) : -1; /* its only reader */
     if (ai <= mi) return;
     ir_node      *a = &p->nodes[ai];
     const ir_ref *t = ir_operand(a, 0), *bias = ir_operand(a, 1), *ids = ir_operand(a, 2);

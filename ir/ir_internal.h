@@ -32,6 +32,8 @@ bool     ir_operands_ready(const ir_prog *p, const ir_node *n, int before);
 /* Whether a node at position `at` may read buffer buf: an input or weight, a state no node
  * writes, or written by an earlier node. */
 bool     ir_buf_ready_at(const ir_prog *p, int buf, int at);
+/* Whether operand k of n is in one of its tensor slots (else an epilogue's or a fusion's own). */
+bool     ir_in_slot(const ir_node *n, int k);
 /* Makes elementwise node ci the epilogue of IR_OP node oi (ir/absorb.c); oi may already carry
  * one. An operand of c reading buffer vals[v] (v < nvals; at most 2, and 2 only when oi is
  * paired with vals[1] its second value) becomes op value v: register nin + v, or, when oi

@@ -119,6 +119,12 @@ int ir_readers(const ir_prog *p, int buf) {
     return n;
 }
 
+bool ir_in_slot(const ir_node *n, int k) {
+    for (int s = 0; s < FE_MAX_SRC; s++)
+        if (n->opd[s] == k) return true;
+    return false;
+}
+
 bool ir_buf_ready_at(const ir_prog *p, int buf, int at) {
     ir_buf_kind kind = p->bufs[buf].kind;
     if (ir_buf_preset(kind)) return true;

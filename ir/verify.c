@@ -27,14 +27,8 @@ static kiln_status check_ref(const ir_prog *p, int i, const char *what, const ir
     return NULL;
 }
 
-static bool in_slot(const ir_node *n, int k) {
-    for (int s = 0; s < FE_MAX_SRC; s++)
-        if (n->opd[s] == k) return true;
-    return false;
-}
-
 /* An operand index that is valid and not one of the op's own slots. */
-static bool extra_operand(const ir_node *n, int k) { return k >= 0 && k < n->nin && !in_slot(n, k); }
+static bool extra_operand(const ir_node *n, int k) { return k >= 0 && k < n->nin && !ir_in_slot(n, k); }
 
 /* The fields of paired and fused nodes (ir.h) refer to operands and outputs that exist. */
 static kiln_status check_fused(const ir_prog *p, int i, const ir_node *n) {
