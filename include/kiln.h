@@ -560,6 +560,14 @@ int         kiln_ftype_from_name(const char *name, kiln_ftype *out);
 /* "f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k", for messages. */
 const char *kiln_ftype_list(void);
 
+/* How routed experts are chosen from the router's logits (GGUF ARCH.expert_gating_func, with
+ * llama.cpp's numbers; 0: the arch's own, softmax). */
+typedef enum {
+    KILN_GATING_DEFAULT = 0,
+    KILN_GATING_SOFTMAX = 1,
+    KILN_GATING_SIGMOID = 2,
+} kiln_expert_gating;
+
 typedef struct {
     char     arch[32];        /* "llama", "qwen2", "qwen3", "qwen3moe", ... (km_arch_list) */
     int64_t  n_vocab;
@@ -568,7 +576,7 @@ typedef struct {
     int64_t  n_layer;
     int64_t  n_head;
     int64_t  n_head_kv;       /* divides n_head (GQA) */
-    int64_t  head_dim;        /* n_embd_head_k = n_embd_head_v = n_rot */
+    int64_t  head_dim;        /* n_embd_head_k (= n_embd_head_v and n_rot unless head_dim_v, n_rot say) */
     int64_t  n_ff;            /* dense FFN width (unused by qwen3moe's expert layers) */
     float    rms_norm_eps;
     float    rope_freq_base;
@@ -604,6 +612,28 @@ typedef struct {
      * defaults 50 and 30 as llama.cpp's hparams): attention scores s -> c tanh(s / c) (flash
      * attention's logit_softcap), the logits likewise (scale, tanh, scale) */
     float    attn_softcap, final_softcap;
+    /* deepseek2's multi-head latent attention (kv_lora_rank 0: none; llama.cpp's MLA path):
+     * head_dim is a Q/K head's size before absorption (key_length_mla: nope + rope part),
+     * head_dim_v a V head's (value_length_mla), n_rot the rope part at the end of each Q head
+     * and of the shared K. K/V are cached as kv_lora_rank latent + n_rot roped values per token
+     * (one KV head: n_head_kv 1); q_lora_rank > 0: Q through attn_q_a, its norm and attn_q_b. */
+    int64_t  kv_lora_rank, q_lora_rank;
+    int64_t  head_dim_v;      /* 0: head_dim */
+    int64_t  n_rot;           /* rotary dims of a head (0: head_dim) */
+    /* deepseek2's YaRN attention factor (GGUF rope.scaling.yarn_log_multiplier / 0.1, as llama.cpp
+     * loads it; 0: none): scores times (1 + 0.1 m ln factor)^2, the rope itself unscaled */
+    float    rope_yarn_log_mul;
+    /* deepseek2's FFNs: the first n_layer_dense_lead layers dense (n_ff), the rest routed experts
+     * plus n_expert_shared shared ones (one FFN of n_ff_exp * n_expert_shared, unweighted);
+     * routing by softmax or sigmoid of the router's logits, exp_probs_b (expert_probs_bias)
+     * added for the choice only, the chosen weights times expert_weights_scale (0: none). */
+    int64_t  n_layer_dense_lead, n_expert_shared;
+    kiln_expert_gating expert_gating;
+    bool     expert_probs_bias;
+    float    expert_weights_scale;
+    /* group-limited routing (0 or 1: none): experts in n_expert_groups groups, a group scored by
+     * the sum of its two best, experts only from the n_group_used best groups */
+    int64_t  n_expert_groups, n_group_used;
     kiln_ftype ftype;         /* the weights' types (kiln_model_weight_type); from a GGUF file:
                                  its general.file_type, and each weight's type is the file's */
 } kiln_model_hparams;

@@ -23,6 +23,7 @@ const km_arch_info km_archs[KM_ARCH_COUNT] = {
     [KM_ARCH_GEMMA2] = {"gemma2", KILN_ROPE_NEOX, .gemma = true, .swa_pattern = 2, .softcap = true,
                         .n_swa_default = 4096},
     [KM_ARCH_GPT_OSS] = {"gpt-oss", KILN_ROPE_NEOX, .moe = true, .bias = true, .oai = true, .swa_pattern = 2},
+    [KM_ARCH_DEEPSEEK2] = {"deepseek2", KILN_ROPE_NORMAL, .moe = true, .mla = true},
 };
 
 const char *km_rope_factors(const kiln_model_hparams *hp, int64_t n_ctx) {
@@ -47,7 +48,6 @@ bool km_layer_swa(const kiln_model_hparams *hp, int64_t il) {
 static const struct {
     const char *name, *missing;
 } unbuilt[] = {
-    {"deepseek2", "multi-head latent attention (MLA), shared experts and group-limited routing"},
     {"deepseek", "shared experts beside the routed ones"},
     {"gemma", "Gemma 1's graph (gemma2 and gemma3 are built)"},
     {"gemma3n", "per-layer embeddings, AltUp and LAuReL blocks"},
@@ -83,7 +83,7 @@ int km_arch_find(const char *name) {
 }
 
 const char *km_arch_name(km_arch a) { return (unsigned)a < KM_ARCH_COUNT ? km_archs[a].name : "?"; }
-const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2, gpt-oss"; }
+const char *km_arch_list(void) { return "llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2, gpt-oss, deepseek2"; }
 
 /* ---- presets -------------------------------------------------------------------------------
  * Real models: the values of their Hugging Face config.json (sources in docs/models.md). The
@@ -140,6 +140,25 @@ static const preset presets[] = {
               .rope_scaling = KILN_ROPE_SCALING_YARN, .rope_factor = 4, .rope_orig_ctx = 256, .attn_bias = true,
               .n_expert = 4, .n_expert_used = 2, .n_ff_exp = 64, .n_swa = 8, .swa_pattern = 2,
               .rope_freq_base_swa = 150000}},
+    /* deepseek2 at tiny size: MLA (4 heads of 32 + 16 rope dims over a latent of 64, V heads of
+     * 32), one dense layer then two of 8 experts of 64 (2 used) and 2 shared, YaRN 4 over 256
+     * with DeepSeek's log multiplier */
+    {"tiny", {.arch = "deepseek2", .n_vocab = 1024, .n_ctx_train = 1024, .n_embd = 128, .n_layer = 3, .n_head = 4,
+              .n_head_kv = 1, .head_dim = 48, .head_dim_v = 32, .n_rot = 16, .kv_lora_rank = 64, .n_ff = 256,
+              .rms_norm_eps = 1e-6f, .rope_freq_base = 10000, .rope_scaling = KILN_ROPE_SCALING_YARN,
+              .rope_factor = 4, .rope_orig_ctx = 256, .rope_yarn_log_mul = 0.707f, .n_expert = 8,
+              .n_expert_used = 2, .n_ff_exp = 64, .n_expert_shared = 2, .n_layer_dense_lead = 1,
+              .expert_gating = KILN_GATING_SOFTMAX, .expert_weights_scale = 1.0f, .ftype = KILN_FTYPE_MOSTLY_F16}},
+    /* deepseek2 as DeepSeek-V3 builds it, at tiny size: Q through a low-rank pair, sigmoid routing
+     * with a selection bias, 8 experts in 4 groups of which 2 are searched, the weights
+     * renormalized and scaled by 2.5 */
+    {"tiny-v3", {.arch = "deepseek2", .n_vocab = 1024, .n_ctx_train = 1024, .n_embd = 128, .n_layer = 3, .n_head = 4,
+                 .n_head_kv = 1, .head_dim = 48, .head_dim_v = 32, .n_rot = 16, .kv_lora_rank = 64, .q_lora_rank = 96,
+                 .n_ff = 256, .rms_norm_eps = 1e-6f, .rope_freq_base = 10000, .rope_scaling = KILN_ROPE_SCALING_YARN,
+                 .rope_factor = 4, .rope_orig_ctx = 256, .rope_yarn_log_mul = 1.0f, .n_expert = 8, .n_expert_used = 2,
+                 .n_ff_exp = 64, .n_expert_shared = 1, .n_layer_dense_lead = 1, .expert_gating = KILN_GATING_SIGMOID,
+                 .expert_probs_bias = true, .norm_topk_prob = true, .expert_weights_scale = 2.5f,
+                 .n_expert_groups = 4, .n_group_used = 2, .ftype = KILN_FTYPE_MOSTLY_F16}},
     /* meta-llama/Llama-3.2-1B: llama3 rope scaling, tied embeddings */
     {"llama-3.2-1b", {.arch = "llama", .n_vocab = 128256, .n_ctx_train = 131072, .n_embd = 2048, .n_layer = 16,
                       .n_head = 32, .n_head_kv = 8, .head_dim = 64, .n_ff = 8192, .rms_norm_eps = 1e-5f,
@@ -201,6 +220,17 @@ static const preset presets[] = {
                      .rope_freq_base = 150000, .rope_scaling = KILN_ROPE_SCALING_YARN, .rope_factor = 32,
                      .rope_orig_ctx = 4096, .attn_bias = true, .n_expert = 32, .n_expert_used = 4, .n_ff_exp = 2880,
                      .n_swa = 128, .swa_pattern = 2, .rope_freq_base_swa = 150000, .ftype = KILN_FTYPE_MOSTLY_BF16}},
+    /* deepseek-ai/DeepSeek-V2-Lite: 27 layers, MLA of 16 heads (128 + 64 rope dims, V 128) over a
+     * latent of 512, layer 0 dense (10944), then 64 experts of 1408 (6 used, softmax, not
+     * renormalized) and 2 shared, YaRN 40 over 4096 with mscale_all_dim 0.707 */
+    {"deepseek-v2-lite", {.arch = "deepseek2", .n_vocab = 102400, .n_ctx_train = 163840, .n_embd = 2048,
+                          .n_layer = 27, .n_head = 16, .n_head_kv = 1, .head_dim = 192, .head_dim_v = 128,
+                          .n_rot = 64, .kv_lora_rank = 512, .n_ff = 10944, .rms_norm_eps = 1e-6f,
+                          .rope_freq_base = 10000, .rope_scaling = KILN_ROPE_SCALING_YARN, .rope_factor = 40,
+                          .rope_orig_ctx = 4096, .rope_yarn_log_mul = 0.707f, .n_expert = 64, .n_expert_used = 6,
+                          .n_ff_exp = 1408, .n_expert_shared = 2, .n_layer_dense_lead = 1,
+                          .expert_gating = KILN_GATING_SOFTMAX, .expert_weights_scale = 1.0f,
+                          .ftype = KILN_FTYPE_MOSTLY_BF16}},
     /* HuggingFaceTB/SmolLM3-3B: no rope in every 4th layer, rope base 5e6, tied embeddings */
     {"smollm3-3b", {.arch = "smollm3", .n_vocab = 128256, .n_ctx_train = 65536, .n_embd = 2048, .n_layer = 36,
                     .n_head = 16, .n_head_kv = 4, .head_dim = 128, .n_ff = 11008, .rms_norm_eps = 1e-6f,
@@ -265,27 +295,48 @@ const km_weight km_weights[KM_W_COUNT] = {
 #undef KM_W_ROW
 };
 
-bool km_weight_present(const kiln_model_hparams *hp, const km_weight *w) {
-    bool moe = km_moe(hp);
+bool km_layer_moe(const kiln_model_hparams *hp, int64_t il) { return km_moe(hp) && il >= hp->n_layer_dense_lead; }
+
+int64_t km_head_v(const kiln_model_hparams *hp) { return hp->head_dim_v > 0 ? hp->head_dim_v : hp->head_dim; }
+int64_t km_rot(const kiln_model_hparams *hp) { return hp->n_rot > 0 ? hp->n_rot : hp->head_dim; }
+int64_t km_cache_row(const kiln_model_hparams *hp) {
+    return km_mla(hp) ? hp->kv_lora_rank + km_rot(hp) : hp->head_dim * hp->n_head_kv;
+}
+
+/* Whether layer il (-1: any layer) has a dense FFN, or experts. */
+static bool has_dense(const kiln_model_hparams *hp, int64_t il) {
+    return il >= 0 ? !km_layer_moe(hp, il) : !km_moe(hp) || hp->n_layer_dense_lead > 0;
+}
+static bool has_experts(const kiln_model_hparams *hp, int64_t il) {
+    return il >= 0 ? km_layer_moe(hp, il) : km_moe(hp) && hp->n_layer > hp->n_layer_dense_lead;
+}
+
+bool km_weight_present(const kiln_model_hparams *hp, const km_weight *w, int64_t il) {
     int  a = km_arch_find(hp->arch);
     bool fused = a >= 0 && km_archs[a].fused;
+    bool dense = has_dense(hp, il), experts = has_experts(hp, il);
     switch (w->when) {
     case KM_WHEN_ALWAYS: return true;
     case KM_WHEN_LLAMA3: return hp->rope_scaling == KILN_ROPE_SCALING_LLAMA3;
     case KM_WHEN_BIAS: return hp->attn_bias;
     case KM_WHEN_QK_NORM: return hp->qk_norm;
-    case KM_WHEN_DENSE: return !moe;
-    case KM_WHEN_MOE: return moe;
+    case KM_WHEN_DENSE: return dense;
+    case KM_WHEN_MOE: return experts;
     case KM_WHEN_UNTIED: return !hp->tied_output;
-    case KM_WHEN_SPLIT: return !fused;
+    case KM_WHEN_SPLIT: return !fused && !km_mla(hp);
     case KM_WHEN_FUSED: return fused;
-    case KM_WHEN_DENSE_SPLIT: return !moe && !fused;
-    case KM_WHEN_DENSE_FUSED: return !moe && fused;
+    case KM_WHEN_DENSE_SPLIT: return dense && !fused;
+    case KM_WHEN_DENSE_FUSED: return dense && fused;
     case KM_WHEN_LONGROPE: return hp->rope_scaling == KILN_ROPE_SCALING_LONGROPE;
     case KM_WHEN_GEMMA: return a >= 0 && km_archs[a].gemma;
     case KM_WHEN_POST_ATTN: return a >= 0 && (km_archs[a].gemma || km_archs[a].oai);
     case KM_WHEN_FFN_NORM: return a < 0 || !km_archs[a].oai;
     case KM_WHEN_OAI: return a >= 0 && km_archs[a].oai;
+    case KM_WHEN_Q_PLAIN: return !fused && hp->q_lora_rank == 0;
+    case KM_WHEN_Q_LORA: return hp->q_lora_rank > 0;
+    case KM_WHEN_MLA: return km_mla(hp);
+    case KM_WHEN_PROBS_B: return experts && hp->expert_probs_bias;
+    case KM_WHEN_SHEXP: return experts && hp->n_expert_shared > 0;
     }
     return false;
 }
@@ -305,6 +356,13 @@ int64_t km_wdim_value(const kiln_model_hparams *hp, km_wdim d) {
     case KM_WD_QKV: return hp->head_dim * (hp->n_head + 2 * hp->n_head_kv);
     case KM_WD_FF_EXP: return hp->n_ff_exp;
     case KM_WD_EXPERT: return hp->n_expert;
+    case KM_WD_O: return km_head_v(hp) * hp->n_head;
+    case KM_WD_Q_LORA: return hp->q_lora_rank;
+    case KM_WD_KV_LORA: return hp->kv_lora_rank;
+    case KM_WD_KV_A: return hp->kv_lora_rank + km_rot(hp);
+    case KM_WD_NOPE: return hp->head_dim - km_rot(hp);
+    case KM_WD_HEAD_V: return km_head_v(hp);
+    case KM_WD_FF_SHEXP: return hp->n_ff_exp * hp->n_expert_shared;
     case KM_WD_COUNT: break;
     }
     return 0;
@@ -423,6 +481,54 @@ static kiln_status check_swa(const kiln_model_hparams *hp, const km_arch_info *a
     return NULL;
 }
 
+/* deepseek2's latent attention and its FFN variants: in range, and only on deepseek2. */
+static kiln_status check_mla(const kiln_model_hparams *hp, const km_arch_info *ai) {
+    const int64_t v[] = {hp->kv_lora_rank, hp->q_lora_rank, hp->head_dim_v, hp->n_rot, hp->n_layer_dense_lead,
+                         hp->n_expert_shared, hp->n_expert_groups, hp->n_group_used};
+    static const char *const names[] = {"kv_lora_rank", "q_lora_rank", "head_dim_v", "n_rot", "n_layer_dense_lead",
+                                        "n_expert_shared", "n_expert_groups", "n_group_used"};
+    for (int i = 0; i < (int)(sizeof v / sizeof v[0]); i++) {
+        CHECK(v[i] >= 0 && v[i] <= MAX_SIZE, "model: %s = %lld is out of range (0 .. %d)", names[i], (long long)v[i],
+              MAX_SIZE);
+        /* n_rot and head_dim_v may restate head_dim on any arch; the others are deepseek2's */
+        bool same = (i == 2 || i == 3) && v[i] == hp->head_dim;
+        CHECK(ai->mla || v[i] == 0 || same, "model: %s = %lld, but %s has no latent attention (deepseek2 has)",
+              names[i], (long long)v[i], hp->arch);
+    }
+    CHECK(isfinite(hp->rope_yarn_log_mul) && hp->rope_yarn_log_mul >= 0.0f && isfinite(hp->expert_weights_scale) &&
+              hp->expert_weights_scale >= 0.0f,
+          "model: rope_yarn_log_mul = %g and expert_weights_scale = %g must be finite and not negative",
+          (double)hp->rope_yarn_log_mul, (double)hp->expert_weights_scale);
+    CHECK(ai->mla || (hp->rope_yarn_log_mul == 0.0f && hp->expert_weights_scale == 0.0f && !hp->expert_probs_bias &&
+                      hp->expert_gating == KILN_GATING_DEFAULT),
+          "model: rope_yarn_log_mul, expert_weights_scale, expert_probs_bias and expert_gating are deepseek2's; %s "
+          "has none of them", hp->arch);
+    CHECK(hp->expert_gating == KILN_GATING_DEFAULT || hp->expert_gating == KILN_GATING_SOFTMAX ||
+              hp->expert_gating == KILN_GATING_SIGMOID,
+          "model: expert_gating = %d is not a kiln_expert_gating (0, 1 softmax, 2 sigmoid)", (int)hp->expert_gating);
+    if (!ai->mla) return NULL;
+    CHECK(hp->kv_lora_rank >= 1, "model: kv_lora_rank = 0, but deepseek2 attends through a latent (llama.cpp's MLA; "
+          "files without attention.key_length_mla are not supported)");
+    CHECK(hp->n_head_kv == 1, "model: n_head_kv = %lld, but deepseek2's latent K/V is one head shared by all",
+          (long long)hp->n_head_kv);
+    CHECK(hp->n_rot >= 2 && hp->n_rot % 2 == 0 && hp->n_rot < hp->head_dim, "model: n_rot = %lld: deepseek2 ropes an "
+          "even part of each head, less than head_dim = %lld", (long long)hp->n_rot, (long long)hp->head_dim);
+    CHECK(hp->head_dim_v >= 1, "model: head_dim_v = 0, but deepseek2's V heads have their own size");
+    CHECK(hp->n_layer_dense_lead <= hp->n_layer, "model: n_layer_dense_lead = %lld is more than n_layer = %lld",
+          (long long)hp->n_layer_dense_lead, (long long)hp->n_layer);
+    if (hp->n_expert_groups > 1) {
+        CHECK(hp->n_expert % hp->n_expert_groups == 0 && hp->n_expert / hp->n_expert_groups >= 2,
+              "model: n_expert_groups = %lld must divide n_expert = %lld into groups of 2 or more (a group is scored "
+              "by its two best)", (long long)hp->n_expert_groups, (long long)hp->n_expert);
+        CHECK(hp->n_group_used >= 1 && hp->n_group_used < hp->n_expert_groups &&
+                  hp->n_group_used * (hp->n_expert / hp->n_expert_groups) >= hp->n_expert_used,
+              "model: n_group_used = %lld must be 1 .. n_expert_groups - 1 = %lld and hold n_expert_used = %lld "
+              "experts", (long long)hp->n_group_used, (long long)(hp->n_expert_groups - 1),
+              (long long)hp->n_expert_used);
+    }
+    return NULL;
+}
+
 /* What each arch has (km_archs): llama.cpp builds qwen3 and qwen3moe with QK-norm and qwen2 with
  * Q/K/V biases always; qwen3moe has experts always, llama when the model has them (Mixtral). */
 static kiln_status check_arch(const kiln_model_hparams *hp, km_arch a) {
@@ -435,16 +541,17 @@ static kiln_status check_arch(const kiln_model_hparams *hp, km_arch a) {
           "(nothing to renormalize)", hp->arch);
     kiln_status st = check_scales(hp, ai);
     if (!st) st = check_swa(hp, ai);
+    if (!st) st = check_mla(hp, ai);
     if (st) return st;
     CHECK(hp->n_expert >= 0, "model: n_expert = %lld is negative", (long long)hp->n_expert);
     CHECK(!(ai->moe && hp->n_expert == 0), "model: n_expert = 0, but every %s layer is a mixture of experts",
           hp->arch);
     CHECK(ai->moe || ai->moe_may || hp->n_expert == 0, "model: n_expert = %lld, but %s has no experts (llama has, "
           "as Mixtral)", (long long)hp->n_expert, hp->arch);
-    if (!km_moe(hp)) {
+    if (!km_moe(hp) || hp->n_layer_dense_lead > 0) {
         CHECK(hp->n_ff >= 1 && hp->n_ff <= MAX_SIZE, "model: n_ff = %lld is out of range (1 .. %d)",
               (long long)hp->n_ff, MAX_SIZE);
-        return NULL;
+        if (!km_moe(hp)) return NULL;
     }
     CHECK(hp->n_expert >= 1 && hp->n_expert <= 4096, "model: n_expert = %lld is out of range (1 .. 4096)",
           (long long)hp->n_expert);

@@ -16,6 +16,7 @@ typedef enum {
     KM_ARCH_GEMMA3,
     KM_ARCH_GEMMA2,
     KM_ARCH_GPT_OSS,
+    KM_ARCH_DEEPSEEK2,
     KM_ARCH_COUNT
 } km_arch;
 
@@ -47,6 +48,9 @@ typedef struct {
                               swiglu_oai (alpha 1.702, limit 7) */
     bool        swa_rope_unscaled; /* gemma3: the local layers rope without the file's scaling */
     int64_t     n_swa_default; /* gemma2: the window when the file has none (4096) */
+    bool        mla;       /* deepseek2: multi-head latent attention (hp->kv_lora_rank), leading
+                              dense layers, shared experts, a YaRN rope of unit magnitude with
+                              the attention scaled instead (rope_yarn_log_mul) */
 } km_arch_info;
 extern const km_arch_info km_archs[KM_ARCH_COUNT];
 
@@ -93,15 +97,25 @@ kiln_tensor *km_layer_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, int64_t 
     X(ROPE_FACTORS_SHORT, "rope_factors_short.weight", 0, F32, LONGROPE, 1, HALF_HEAD, ONE, ONE)   \
     X(ATTN_NORM, "attn_norm.weight", 1, F32, ALWAYS, 1, EMBD, ONE, ONE)                            \
     X(ATTN_QKV, "attn_qkv.weight", 1, ATTN_QKV, FUSED, 2, EMBD, QKV, ONE)                           \
-    X(ATTN_Q, "attn_q.weight", 1, MATRIX, SPLIT, 2, EMBD, Q, ONE)                                   \
+    /* deepseek2's Q through a low-rank pair when q_lora_rank (V2 and V3; Lite has attn_q) */       \
+    X(ATTN_Q_A_NORM, "attn_q_a_norm.weight", 1, F32, Q_LORA, 1, Q_LORA, ONE, ONE)                   \
+    X(ATTN_KV_A_NORM, "attn_kv_a_norm.weight", 1, F32, MLA, 1, KV_LORA, ONE, ONE)                   \
+    X(ATTN_Q_A, "attn_q_a.weight", 1, MATRIX, Q_LORA, 2, EMBD, Q_LORA, ONE)                         \
+    X(ATTN_Q_B, "attn_q_b.weight", 1, MATRIX, Q_LORA, 2, Q_LORA, Q, ONE)                            \
+    X(ATTN_Q, "attn_q.weight", 1, MATRIX, Q_PLAIN, 2, EMBD, Q, ONE)                                 \
     X(ATTN_K, "attn_k.weight", 1, ATTN_K, SPLIT, 2, EMBD, KV, ONE)                                  \
     X(ATTN_V, "attn_v.weight", 1, ATTN_V, SPLIT, 2, EMBD, KV, ONE)                                  \
+    /* deepseek2's MLA: the latent and the shared rope key, then per head the latent's K (nope    \
+     * part, absorbed into Q) and V maps */                                                        \
+    X(ATTN_KV_A_MQA, "attn_kv_a_mqa.weight", 1, MATRIX, MLA, 2, EMBD, KV_A, ONE)                    \
+    X(ATTN_K_B, "attn_k_b.weight", 1, MATRIX, MLA, 3, NOPE, KV_LORA, HEADS)                         \
+    X(ATTN_V_B, "attn_v_b.weight", 1, MATRIX, MLA, 3, KV_LORA, HEAD_V, HEADS)                       \
     X(ATTN_Q_BIAS, "attn_q.bias", 1, F32, BIAS, 1, Q, ONE, ONE)                                    \
     X(ATTN_K_BIAS, "attn_k.bias", 1, F32, BIAS, 1, KV, ONE, ONE)                                   \
     X(ATTN_V_BIAS, "attn_v.bias", 1, F32, BIAS, 1, KV, ONE, ONE)                                   \
     X(ATTN_Q_NORM, "attn_q_norm.weight", 1, F32, QK_NORM, 1, HEAD, ONE, ONE)                       \
     X(ATTN_K_NORM, "attn_k_norm.weight", 1, F32, QK_NORM, 1, HEAD, ONE, ONE)                       \
-    X(ATTN_OUT, "attn_output.weight", 1, ATTN_OUT, ALWAYS, 2, Q, EMBD, ONE)                           \
+    X(ATTN_OUT, "attn_output.weight", 1, ATTN_OUT, ALWAYS, 2, O, EMBD, ONE)                           \
     X(ATTN_OUT_BIAS, "attn_output.bias", 1, F32, OAI, 1, EMBD, ONE, ONE)                              \
     X(ATTN_SINKS, "attn_sinks.weight", 1, F32, OAI, 1, HEADS, ONE, ONE)                               \
     /* gemma2/3: a norm of the attention output; gpt-oss: the FFN's input norm by this name */      \
@@ -122,6 +136,11 @@ kiln_tensor *km_layer_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, int64_t 
     X(FFN_GATE_EXPS_BIAS, "ffn_gate_exps.bias", 1, F32, OAI, 2, FF_EXP, EXPERT, ONE)                  \
     X(FFN_UP_EXPS_BIAS, "ffn_up_exps.bias", 1, F32, OAI, 2, FF_EXP, EXPERT, ONE)                      \
     X(FFN_DOWN_EXPS_BIAS, "ffn_down_exps.bias", 1, F32, OAI, 2, EMBD, EXPERT, ONE)                    \
+    /* deepseek2: the selection bias (V3's e_score_correction_bias), the shared experts */          \
+    X(FFN_EXP_PROBS_B, "exp_probs_b.bias", 1, F32, PROBS_B, 1, EXPERT, ONE, ONE)                    \
+    X(FFN_GATE_SHEXP, "ffn_gate_shexp.weight", 1, MATRIX, SHEXP, 2, EMBD, FF_SHEXP, ONE)            \
+    X(FFN_UP_SHEXP, "ffn_up_shexp.weight", 1, MATRIX, SHEXP, 2, EMBD, FF_SHEXP, ONE)                \
+    X(FFN_DOWN_SHEXP, "ffn_down_shexp.weight", 1, FFN_DOWN, SHEXP, 2, FF_SHEXP, EMBD, ONE)          \
     X(OUTPUT_NORM, "output_norm.weight", 0, F32, ALWAYS, 1, EMBD, ONE, ONE)                        \
     X(OUTPUT, "output.weight", 0, OUTPUT, UNTIED, 2, EMBD, VOCAB, ONE)
 
@@ -147,6 +166,13 @@ typedef enum {
     KM_WD_QKV,       /* head_dim * (n_head + 2 n_head_kv) (phi3's q, k and v together) */
     KM_WD_FF_EXP,    /* n_ff_exp */
     KM_WD_EXPERT,    /* n_expert */
+    KM_WD_O,         /* head_dim_v * n_head: the attention output's width */
+    KM_WD_Q_LORA,    /* q_lora_rank */
+    KM_WD_KV_LORA,   /* kv_lora_rank */
+    KM_WD_KV_A,      /* kv_lora_rank + n_rot: the latent and the shared rope key */
+    KM_WD_NOPE,      /* head_dim - n_rot: a head's part without rope */
+    KM_WD_HEAD_V,    /* head_dim_v */
+    KM_WD_FF_SHEXP,  /* n_ff_exp * n_expert_shared */
     KM_WD_COUNT
 } km_wdim;
 
@@ -168,6 +194,11 @@ typedef enum {
     KM_WHEN_POST_ATTN, /* gemma2/3's norm after attention; gpt-oss's FFN norm */
     KM_WHEN_FFN_NORM, /* ffn_norm: every arch but gpt-oss */
     KM_WHEN_OAI,      /* gpt-oss's biases and sinks */
+    KM_WHEN_Q_PLAIN,  /* attn_q: q apart, not through deepseek2's q_lora pair */
+    KM_WHEN_Q_LORA,   /* deepseek2 with q_lora_rank */
+    KM_WHEN_MLA,      /* deepseek2's latent attention */
+    KM_WHEN_PROBS_B,  /* expert_probs_bias */
+    KM_WHEN_SHEXP,    /* shared experts in an expert layer */
 } km_when;
 
 /* A weight's part in the mix of types of a file type (model/ftype.c): the rules of
@@ -195,8 +226,19 @@ typedef struct {
 
 extern const km_weight km_weights[KM_W_COUNT];
 
-/* Whether a model of hp (checked by kiln_model_check) has weight w. */
-bool km_weight_present(const kiln_model_hparams *hp, const km_weight *w);
+/* Whether a model of hp (checked by kiln_model_check) has weight w in layer il (-1: outside the
+ * layers, or for a layer's weight in any layer: deepseek2's first layers are dense, the others
+ * experts). */
+bool km_weight_present(const kiln_model_hparams *hp, const km_weight *w, int64_t il);
+/* Whether layer il's FFN is routed experts (deepseek2: not its n_layer_dense_lead first). */
+bool km_layer_moe(const kiln_model_hparams *hp, int64_t il);
+/* The sizes llama.cpp derives: a V head (head_dim_v, else head_dim), the rotary dims (n_rot, else
+ * head_dim), and a KV cache row per token (MLA: the latent and the rope key; else a K or V head
+ * per kv head). MLA caches K only: V is the first kv_lora_rank values of each K row. */
+int64_t km_head_v(const kiln_model_hparams *hp);
+int64_t km_rot(const kiln_model_hparams *hp);
+int64_t km_cache_row(const kiln_model_hparams *hp);
+static inline bool km_mla(const kiln_model_hparams *hp) { return hp->kv_lora_rank > 0; }
 /* The value of extent d for hp. */
 int64_t km_wdim_value(const kiln_model_hparams *hp, km_wdim d);
 /* w's extents for hp (ne: 4, trailing 1s). */

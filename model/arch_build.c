@@ -36,6 +36,9 @@ typedef struct {
     kiln_tensor *ffn_gate, *ffn_up, *ffn_down, *ffn_up_gate;     /* dense (phi3: gate and up in one) */
     kiln_tensor *gate_inp, *gate_exps, *up_exps, *down_exps;     /* experts */
     kiln_tensor *cache_k, *cache_v;
+    /* deepseek2: MLA (wq_a, q_a_norm, wq_b when q_lora_rank), the selection bias, shared experts */
+    kiln_tensor *wq_a, *q_a_norm, *wq_b, *wkv_a, *kv_a_norm, *wk_b, *wv_b;
+    kiln_tensor *exp_probs_b, *gate_shexp, *up_shexp, *down_shexp;
 } layer_w;
 
 /* ---- naming ---------------------------------------------------------------------------------- */
@@ -77,7 +80,7 @@ static kiln_type weight_type(const mb *b, const km_weight *w) {
  * when the model has none (a bias, a QK-norm, ...). */
 static kiln_tensor *weight(mb *b, km_weight_id id) {
     const km_weight *w = &km_weights[id];
-    if (!km_weight_present(b->hp, w)) return NULL;
+    if (!km_weight_present(b->hp, w, b->il)) return NULL;
     int64_t ne[4];
     km_weight_shape(b->hp, w, ne);
     return leaf(b, KILN_ROLE_WEIGHT, weight_type(b, w), w->name, w->n_dims, ne[0], ne[1], ne[2]);
@@ -86,12 +89,19 @@ static kiln_tensor *weight(mb *b, km_weight_id id) {
 /* ---- layer weights ---------------------------------------------------------------------------- */
 
 static void attn_weights(mb *b, layer_w *w) {
-    int64_t nkv = b->hp->head_dim * b->hp->n_head_kv;
+    int64_t row = km_cache_row(b->hp);
     w->attn_norm = weight(b, KM_W_ATTN_NORM);
+    w->q_a_norm = weight(b, KM_W_ATTN_Q_A_NORM);
+    w->kv_a_norm = weight(b, KM_W_ATTN_KV_A_NORM);
+    w->wq_a = weight(b, KM_W_ATTN_Q_A);
+    w->wq_b = weight(b, KM_W_ATTN_Q_B);
     w->wqkv = weight(b, KM_W_ATTN_QKV);
     w->wq = weight(b, KM_W_ATTN_Q);
     w->wk = weight(b, KM_W_ATTN_K);
     w->wv = weight(b, KM_W_ATTN_V);
+    w->wkv_a = weight(b, KM_W_ATTN_KV_A_MQA);
+    w->wk_b = weight(b, KM_W_ATTN_K_B);
+    w->wv_b = weight(b, KM_W_ATTN_V_B);
     w->bq = weight(b, KM_W_ATTN_Q_BIAS);
     w->bk = weight(b, KM_W_ATTN_K_BIAS);
     w->bv = weight(b, KM_W_ATTN_V_BIAS);
@@ -101,12 +111,13 @@ static void attn_weights(mb *b, layer_w *w) {
     w->bo = weight(b, KM_W_ATTN_OUT_BIAS);
     w->sinks = weight(b, KM_W_ATTN_SINKS);
     w->attn_post_norm = weight(b, KM_W_ATTN_POST_NORM);
-    /* the KV cache of this layer: [n_embd_k_gqa, n_ctx] f16, as llama.cpp's cache_k_lN */
+    /* the KV cache of this layer: [n_embd_k_gqa, n_ctx] f16, as llama.cpp's cache_k_lN; MLA
+     * has no V cache (V is the latent at the start of each K row) */
     char name[FE_MAX_NAME];
     snprintf(name, sizeof name, "cache_k_l%d", b->il);
-    w->cache_k = leaf(b, KILN_ROLE_STATE, KILN_F16, name, 2, nkv, b->o.n_ctx, 1);
+    w->cache_k = leaf(b, KILN_ROLE_STATE, KILN_F16, name, 2, row, b->o.n_ctx, 1);
     snprintf(name, sizeof name, "cache_v_l%d", b->il);
-    w->cache_v = leaf(b, KILN_ROLE_STATE, KILN_F16, name, 2, nkv, b->o.n_ctx, 1);
+    if (!km_mla(b->hp)) w->cache_v = leaf(b, KILN_ROLE_STATE, KILN_F16, name, 2, row, b->o.n_ctx, 1);
 }
 
 /* A dense FFN's three matrices, or the router and the experts' (the table says which). */
@@ -125,6 +136,10 @@ static void ffn_weights(mb *b, layer_w *w) {
     w->gate_exps_b = weight(b, KM_W_FFN_GATE_EXPS_BIAS);
     w->up_exps_b = weight(b, KM_W_FFN_UP_EXPS_BIAS);
     w->down_exps_b = weight(b, KM_W_FFN_DOWN_EXPS_BIAS);
+    w->exp_probs_b = weight(b, KM_W_FFN_EXP_PROBS_B);
+    w->gate_shexp = weight(b, KM_W_FFN_GATE_SHEXP);
+    w->up_shexp = weight(b, KM_W_FFN_UP_SHEXP);
+    w->down_shexp = weight(b, KM_W_FFN_DOWN_SHEXP);
 }
 
 /* ---- blocks ------------------------------------------------------------------------------------ */
@@ -158,8 +173,11 @@ kiln_tensor *km_arch_rope(kiln_ctx *ctx, const kiln_model_hparams *hp, kiln_tens
      * attn_factor the file's rope.scaling.attn_factor (longrope, yarn) or 1: ggml's rope itself
      * multiplies YaRN's magnitude by 1 + 0.1 ln(1 / freq_scale) */
     float attn = hp->rope_attn_factor != 0.0f ? hp->rope_attn_factor : 1.0f;
+    /* deepseek2: llama.cpp cancels that magnitude (yarn_attn_factor_adjust) and scales the
+     * attention instead (mla_scale) */
+    if (yarn && a >= 0 && km_archs[a].mla) attn /= 1.0f + 0.1f * logf(hp->rope_factor);
     int   orig = hp->rope_scaling == KILN_ROPE_SCALING_LONGROPE || yarn ? (int)hp->rope_orig_ctx : (int)hp->n_ctx_train;
-    return kiln_rope_ext(ctx, x, pos, freqs, (int)hp->head_dim, mode, orig, hp->rope_freq_base, freq_scale,
+    return kiln_rope_ext(ctx, x, pos, freqs, (int)km_rot(hp), mode, orig, hp->rope_freq_base, freq_scale,
                          yarn ? 1.0f : 0.0f, attn, 32.0f, 1.0f);
 }
 
@@ -255,6 +273,77 @@ static kiln_tensor *attention(mb *b, const layer_w *w, kiln_tensor *x) {
     return w->bo ? nm(b, kiln_add(ctx, out, w->bo), "attn_out_b") : out; /* gpt-oss: build_attn's bo */
 }
 
+/* A 3-D view of x: ne0 x ne1 x ne2 from element off, rows nb1 and planes nb2 bytes apart. */
+static kiln_tensor *view3(mb *b, kiln_tensor *x, int64_t ne0, int64_t ne1, int64_t ne2, size_t nb1, size_t nb2,
+                          int64_t off, const char *name) {
+    int64_t ne[3] = {ne0, ne1, ne2};
+    size_t  nb[2] = {nb1, nb2};
+    return nm(b, kiln_view(b->ctx, x, 3, ne, nb, (size_t)off * kiln_type_size(x->type)), name);
+}
+
+/* deepseek2's attention scale: 1/sqrt(head_dim) times mscale^2, mscale = 1 + 0.1 m ln(factor)
+ * with YaRN (llama.cpp's kq_scale; its rope then has unit magnitude, km_arch_rope). */
+static float mla_scale(const kiln_model_hparams *hp) {
+    float ms = 1.0f;
+    if (hp->rope_scaling == KILN_ROPE_SCALING_YARN) {
+        float attn = hp->rope_attn_factor != 0.0f ? hp->rope_attn_factor : 1.0f;
+        ms = attn * (1.0f + 0.1f * hp->rope_yarn_log_mul * logf(hp->rope_factor));
+    }
+    return ms * ms / sqrtf((float)hp->head_dim);
+}
+
+/* deepseek2's multi-head latent attention, the absorbed path llama.cpp builds (deepseek2.cpp,
+ * is_mla): each Q head's nope part mapped into the latent by attn_k_b, its rope part roped;
+ * K per token the normed latent and one roped key shared by all heads, cached as one row; V
+ * the latent (a view of the same rows); each head's output mapped out of the latent by
+ * attn_v_b. Attention thus runs over one kv head of kv_lora_rank + n_rot. */
+static kiln_tensor *attention_mla(mb *b, const layer_w *w, kiln_tensor *x) {
+    const kiln_model_hparams *hp = b->hp;
+    kiln_ctx *ctx = b->ctx;
+    int64_t   nh = hp->n_head, hd = hp->head_dim, rot = km_rot(hp), nope = hd - rot, lora = hp->kv_lora_rank;
+    int64_t   row = lora + rot, dv = km_head_v(hp), T = b->T, fs = (int64_t)kiln_type_size(KILN_F32);
+    kiln_tensor *q;
+    if (w->wq_a) {
+        kiln_tensor *qa = nm(b, kiln_mul_mat(ctx, w->wq_a, x), "q_a");
+        q = nm(b, kiln_mul_mat(ctx, w->wq_b, norm_w(b, qa, w->q_a_norm, "q_a_n", "q_a_normed")), "Qcur");
+    } else {
+        q = nm(b, kiln_mul_mat(ctx, w->wq, x), "Qcur");
+    }
+    size_t       qrow = kiln_tensor_nb(q, 1);
+    kiln_tensor *q_nope = view3(b, q, nope, nh, T, (size_t)(hd * fs), qrow, 0, "q_nope");
+    kiln_tensor *q_pe = view3(b, q, rot, nh, T, (size_t)(hd * fs), qrow, nope, "q_pe");
+    kiln_tensor *kv = nm(b, kiln_mul_mat(ctx, w->wkv_a, x), "kv_cmpr_pe");
+    size_t       kvrow = kiln_tensor_nb(kv, 1);
+    int64_t      ne2[2] = {lora, T};
+    size_t       nb2[1] = {kvrow};
+    kiln_tensor *kv_cmpr = nm(b, kiln_view(ctx, kv, 2, ne2, nb2, 0), "kv_cmpr");
+    kiln_tensor *k_pe = view3(b, kv, rot, 1, T, kvrow, kvrow, lora, "k_pe");
+    q_pe = rope(b, q_pe, "q_pe_rope");
+    k_pe = rope(b, k_pe, "k_pe_rope");
+    kv_cmpr = norm_w(b, kv_cmpr, w->kv_a_norm, "kv_n", "kv_cmpr_normed");
+    /* absorption: per head h, wk_b[h]^T q_nope[h] ({nope, T, nh} x {nope, lora, nh}) */
+    kiln_tensor *q_nope_t = nm(b, kiln_permute(ctx, q_nope, 0, 2, 1, 3), "q_nope_t");
+    kiln_tensor *q_abs = nm(b, kiln_mul_mat(ctx, w->wk_b, q_nope_t), "q_nope_absorbed");
+    q_abs = nm(b, kiln_permute(ctx, q_abs, 0, 2, 1, 3), "q_abs_t");
+    kiln_tensor *Q = nm(b, kiln_concat(ctx, q_abs, q_pe, 0), "Q3");
+    kiln_tensor *K = nm(b, kiln_concat(ctx, reshape(b, kv_cmpr, 3, lora, 1, T, "kv_cmpr3"), k_pe, 0), "K3");
+    kiln_tensor *k_row = reshape(b, K, 2, row, T, 1, "k_row");
+    kiln_tensor *k_cache = nm(b, kiln_set_rows(ctx, w->cache_k, k_row, b->kv_idxs), "k_cache");
+    int64_t      es = (int64_t)kiln_type_size(KILN_F16);
+    kiln_tensor *k_heads = view3(b, k_cache, row, 1, b->KV, (size_t)(row * es), (size_t)(row * es), 0, "k_heads");
+    kiln_tensor *v_heads = view3(b, k_cache, lora, 1, b->KV, (size_t)(row * es), (size_t)(row * es), 0, "v_heads");
+    kiln_tensor *qp = nm(b, kiln_permute(ctx, Q, 0, 2, 1, 3), "q");
+    kiln_tensor *k = nm(b, kiln_permute(ctx, k_heads, 0, 2, 1, 3), "k");
+    kiln_tensor *v = nm(b, kiln_permute(ctx, v_heads, 0, 2, 1, 3), "v");
+    kiln_tensor *attn = nm(b, kiln_flash_attn_ext(ctx, qp, k, v, b->mask, mla_scale(hp), 0.0f, 0.0f, NULL), "attn");
+    /* out of the latent: per head h, wv_b[h] o[h] ({lora, T, nh} x {lora, dv, nh}) */
+    kiln_tensor *attn_t = nm(b, kiln_permute(ctx, attn, 0, 2, 1, 3), "attn_t");
+    kiln_tensor *o = nm(b, kiln_mul_mat(ctx, w->wv_b, attn_t), "attn_v_mla");
+    o = nm(b, kiln_cont(ctx, nm(b, kiln_permute(ctx, o, 0, 2, 1, 3), "attn_o_t")), "attn_o");
+    kiln_tensor *flat = reshape(b, o, 2, dv * nh, T, 1, "attn_flat");
+    return nm(b, kiln_mul_mat(ctx, w->wo, flat), "attn_out");
+}
+
 /* build_ffn(LLM_FFN_SILU, LLM_FFN_PAR): up, gate, swiglu(gate, up), down (mul_mat_glu fuses). */
 static kiln_tensor *ffn_dense(mb *b, const layer_w *w, kiln_tensor *x) {
     if (w->ffn_up_gate) { /* phi3: LLM_FFN_SWIGLU over one product, its first half the gate */
@@ -274,6 +363,34 @@ static kiln_tensor *ffn_dense(mb *b, const layer_w *w, kiln_tensor *x) {
     return nm(b, kiln_mul_mat(b->ctx, w->ffn_down, act), "down");
 }
 
+/* build_moe_ffn's group-limited choice (DeepSeek-V3's): the experts in n_expert_groups groups, a
+ * group scored by the sum of its two best values of sel, and only experts of the n_group_used
+ * best groups chosen. llama.cpp sets the others to -inf through set_rows; here a group scoring
+ * below the n_group_used-th best score gets sel - 1e30 (finite: 0 x inf would be NaN), which no
+ * top-k of n_expert_used <= n_group_used x group size reaches. The same choice but for exact
+ * ties of two group scores at the threshold, where both groups stay. */
+static kiln_tensor *group_limit(mb *b, kiln_tensor *sel) {
+    const kiln_model_hparams *hp = b->hp;
+    kiln_ctx *ctx = b->ctx;
+    int64_t   G = hp->n_expert_groups, epg = hp->n_expert / G, R = b->rows, ngu = hp->n_group_used;
+    kiln_tensor *groups = reshape(b, sel, 3, epg, G, R, "sel_groups");
+    kiln_tensor *top2 = nm(b, kiln_argsort_top_k(ctx, groups, 2), "group_top2");
+    int64_t      ne4[4] = {1, epg, G, R};
+    kiln_tensor *g4 = nm(b, kiln_reshape(ctx, groups, 4, ne4), "sel_groups4");
+    kiln_tensor *vals = nm(b, kiln_get_rows(ctx, g4, top2), "group_top2_vals");
+    kiln_tensor *score = nm(b, kiln_sum_rows(ctx, reshape(b, vals, 3, 2, G, R, "group_vals3")), "group_scores");
+    kiln_tensor *best = nm(b, kiln_argsort_top_k(ctx, reshape(b, score, 2, G, R, 1, "group_scores2"), (int)ngu),
+                           "group_topk");
+    kiln_tensor *bestv = nm(b, kiln_get_rows(ctx, score, best), "group_topk_vals"); /* [1, ngu, R], descending */
+    kiln_tensor *th = view3(b, bestv, 1, 1, R, kiln_tensor_nb(bestv, 1), kiln_tensor_nb(bestv, 2), ngu - 1,
+                            "group_threshold");
+    kiln_tensor *gap = nm(b, kiln_scale(ctx, nm(b, kiln_sub(ctx, score, th), "group_margin"), -1.0f, 0.0f), "group_gap");
+    kiln_tensor *below = nm(b, kiln_step(ctx, gap), "group_below"); /* 1: under the threshold */
+    kiln_tensor *masked = nm(b, kiln_add(ctx, groups, nm(b, kiln_scale(ctx, below, -1e30f, 0.0f), "group_off")),
+                             "groups_masked");
+    return reshape(b, masked, 2, hp->n_expert, R, 1, "probs_limited");
+}
+
 /* build_moe_ffn's routing with softmax gating: the top n_expert_used experts and their
  * probabilities, renormalized when norm_topk_prob (the topk_moe fusion takes all of it).
  * Returns the weights [1, n_used, rows]; *selected gets the experts i32 [n_used, rows]. */
@@ -291,15 +408,27 @@ static kiln_tensor *moe_route(mb *b, const layer_w *w, kiln_tensor *x, kiln_tens
         kiln_tensor *s2 = nm(b, kiln_soft_max(ctx, reshape(b, sel, 2, k, R, 1, "weights_l2")), "weights_sm");
         return reshape(b, s2, 3, 1, k, R, "weights3");
     }
-    kiln_tensor *probs = nm(b, kiln_soft_max(ctx, logits), "probs");
-    *selected = nm(b, kiln_argsort_top_k(ctx, probs, (int)k), "selected");
+    /* deepseek2 (V3): sigmoid gating */
+    kiln_tensor *probs = nm(b, hp->expert_gating == KILN_GATING_SIGMOID ? kiln_sigmoid(ctx, logits)
+                                                                        : kiln_soft_max(ctx, logits), "probs");
+    /* deepseek2 (V3): the bias steers the choice only; the weights are the unbiased probs */
+    kiln_tensor *sel = w->exp_probs_b ? nm(b, kiln_add(ctx, probs, w->exp_probs_b), "probs_biased") : probs;
+    if (hp->n_expert_groups > 1) sel = group_limit(b, sel);
+    *selected = nm(b, kiln_argsort_top_k(ctx, sel, (int)k), "selected");
     kiln_tensor *probs3 = reshape(b, probs, 3, 1, E, R, "probs3");
     kiln_tensor *weights = nm(b, kiln_get_rows(ctx, probs3, *selected), "weights");
-    if (!hp->norm_topk_prob) return weights;
-    kiln_tensor *w2 = reshape(b, weights, 2, k, R, 1, "weights2");
-    kiln_tensor *sum = nm(b, kiln_sum_rows(ctx, w2), "weights_sum");
-    kiln_tensor *wn = nm(b, kiln_div(ctx, w2, sum), "weights_n");
-    return reshape(b, wn, 3, 1, k, R, "weights3");
+    if (hp->norm_topk_prob) {
+        kiln_tensor *w2 = reshape(b, weights, 2, k, R, 1, "weights2");
+        kiln_tensor *sum = nm(b, kiln_sum_rows(ctx, w2), "weights_sum");
+        /* deepseek2: llama.cpp clamps the sum (sigmoid weights may all be near 0) */
+        if (km_archs[b->arch].mla) sum = nm(b, kiln_clamp(ctx, sum, 6.103515625e-5f, INFINITY), "weights_sum_c");
+        kiln_tensor *wn = nm(b, kiln_div(ctx, w2, sum), "weights_n");
+        weights = reshape(b, wn, 3, 1, k, R, "weights3");
+    }
+    /* deepseek2: routed_scaling_factor */
+    if (hp->expert_weights_scale != 0.0f)
+        weights = nm(b, kiln_scale(ctx, weights, hp->expert_weights_scale, 0.0f), "weights_scaled");
+    return weights;
 }
 
 /* build_moe_ffn's experts: up and gate through mul_mat_id, swiglu, down, weighted by the
@@ -346,6 +475,14 @@ static kiln_tensor *ffn_moe(mb *b, const layer_w *w, kiln_tensor *x) {
     return sum;
 }
 
+/* deepseek2's shared experts: build_ffn(LLM_FFN_SILU, LLM_FFN_PAR) of the shexp weights. */
+static kiln_tensor *ffn_shexp(mb *b, const layer_w *w, kiln_tensor *x) {
+    kiln_tensor *up = nm(b, kiln_mul_mat(b->ctx, w->up_shexp, x), "up_shexp");
+    kiln_tensor *gate = nm(b, kiln_mul_mat(b->ctx, w->gate_shexp, x), "gate_shexp");
+    kiln_tensor *act = nm(b, kiln_swiglu(b->ctx, gate, up, false), "act_shexp");
+    return nm(b, kiln_mul_mat(b->ctx, w->down_shexp, act), "down_shexp");
+}
+
 /* granite: a residual branch times residual_scale before its add (llama.cpp's build_layer_ffn),
  * when the model has one. */
 static kiln_tensor *residual_scaled(mb *b, kiln_tensor *x, const char *name) {
@@ -361,7 +498,7 @@ static kiln_tensor *layer(mb *b, kiln_tensor *inpL) {
     attn_weights(b, &w);
     ffn_weights(b, &w);
     kiln_tensor *x = norm_w(b, inpL, w.attn_norm, "norm", "attn_in");
-    kiln_tensor *cur = attention(b, &w, x);
+    kiln_tensor *cur = km_mla(hp) ? attention_mla(b, &w, x) : attention(b, &w, x);
     kiln_tensor *inpSA = inpL;
     if (b->il == hp->n_layer - 1) {
         cur = nm(b, kiln_get_rows(ctx, cur, b->out_ids), "attn_out_rows");
@@ -375,7 +512,9 @@ static kiln_tensor *layer(mb *b, kiln_tensor *inpL) {
     kiln_tensor *ffn_inp = nm(b, kiln_add(ctx, cur, inpSA), "ffn_inp");
     /* gpt-oss: the FFN's norm is the weight named post_attention_norm */
     kiln_tensor *ffn_in = norm_w(b, ffn_inp, w.ffn_norm ? w.ffn_norm : w.attn_post_norm, "norm2", "ffn_in");
-    kiln_tensor *ffn_out = km_moe(hp) ? ffn_moe(b, &w, ffn_in) : ffn_dense(b, &w, ffn_in);
+    kiln_tensor *ffn_out = km_layer_moe(hp, b->il) ? ffn_moe(b, &w, ffn_in) : ffn_dense(b, &w, ffn_in);
+    /* deepseek2: the shared experts, one dense FFN beside the routed ones, added unweighted */
+    if (w.gate_shexp && ffn_out) ffn_out = nm(b, kiln_add(ctx, ffn_out, ffn_shexp(b, &w, ffn_in)), "ffn_moe_shexp");
     ffn_out = residual_scaled(b, ffn_out, "ffn_scaled");
     if (w.ffn_post_norm) ffn_out = norm_w(b, ffn_out, w.ffn_post_norm, "norm_ffn_post", "ffn_post_norm");
     return nm(b, kiln_add(ctx, ffn_out, ffn_inp), "l_out");

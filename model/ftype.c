@@ -154,7 +154,7 @@ kiln_type km_weight_type(const kiln_model_hparams *hp, const km_weight *w, int64
 kiln_status km_check_mix(const kiln_model_hparams *hp) {
     for (int k = 0; k < KM_W_COUNT; k++) {
         const km_weight *w = &km_weights[k];
-        if (!km_weight_present(hp, w)) continue;
+        if (!km_weight_present(hp, w, -1)) continue;
         int64_t ne[4];
         km_weight_shape(hp, w, ne);
         /* A layer's type depends on the layer only through use_more_bits: both cases. */
@@ -190,7 +190,7 @@ kiln_type kiln_model_weight_type(const kiln_model_hparams *hp, const char *name)
     }
     for (int k = 0; k < KM_W_COUNT; k++) {
         const km_weight *w = &km_weights[k];
-        if (w->in_layer == (il >= 0) && strcmp(w->name, rest) == 0 && km_weight_present(hp, w))
+        if (w->in_layer == (il >= 0) && strcmp(w->name, rest) == 0 && km_weight_present(hp, w, il))
             return km_weight_type(hp, w, il);
     }
     return KILN_TYPE_COUNT;

@@ -688,30 +688,34 @@ static void shift_put(void *user, const char *name, kiln_type type, int64_t n, c
     if (!strcmp(name, "y") && type == KILN_F32 && n == io->n) memcpy(io->y, data, sizeof *io->y * (size_t)n);
 }
 
-/* m rows of a K cache (f16, n_head_kv heads of head_dim each) rotated by delta positions with
+/* m rows of a K cache (f16, cache rows of km_cache_row values) rotated by delta positions with
  * the model's own rope on the CPU reference: rope is a rotation, so R(p + delta) = R(delta) R(p).
- * In f32, rounded back to f16, as ggml ropes an f16 cache. */
+ * In f32, rounded back to f16, as ggml ropes an f16 cache. A row holds n_head_kv heads of
+ * head_dim; deepseek2's (MLA) the latent, then the one rope key of n_rot, the part rotated. */
 static kiln_status rerope(const kiln_gen *g, int64_t il, uint16_t *rows, int64_t m, int64_t delta) {
     /* The rotation only: longrope's attn_factor scaled K when it was roped at its position, and
      * R(delta) must not scale it again (llama.cpp's shift passes the factor again; kiln keeps K
      * equal to K roped anew at the shifted position). */
     kiln_model_hparams one = *g->hp;
     one.rope_attn_factor = 0.0f;
-    /* YaRN: ggml's rope multiplies by 1 + 0.1 ln(factor) whatever attn_factor is; cancel it */
-    if (one.rope_scaling == KILN_ROPE_SCALING_YARN) one.rope_attn_factor = 1.0f / (1.0f + 0.1f * logf(one.rope_factor));
+    /* YaRN: ggml's rope multiplies by 1 + 0.1 ln(factor) whatever attn_factor is; cancel it
+     * (km_arch_rope does for deepseek2 already) */
+    if (one.rope_scaling == KILN_ROPE_SCALING_YARN && !km_mla(&one))
+        one.rope_attn_factor = 1.0f / (1.0f + 0.1f * logf(one.rope_factor));
     const kiln_model_hparams *hp = &one;
-    int64_t     hd = hp->head_dim, n = hd * hp->n_head_kv * m;
+    int64_t     hd = km_rot(hp), heads = km_mla(hp) ? 1 : hp->n_head_kv, n = hd * heads * m;
+    int64_t     row = km_cache_row(hp), off = km_mla(hp) ? hp->kv_lora_rank : 0, per = hd * heads;
     float      *x = malloc(sizeof *x * (size_t)n * 2);
     int32_t    *pos = malloc(sizeof *pos * (size_t)m);
     kiln_ctx   *ctx = kiln_ctx_new();
     kiln_graph *gr = NULL;
     kiln_status st = x && pos && ctx ? NULL : kb_oom();
     if (!st) {
-        for (int64_t i = 0; i < n; i++) x[i] = kb_f16_to_f32(rows[i]);
+        for (int64_t i = 0; i < n; i++) x[i] = kb_f16_to_f32(rows[i / per * row + off + i % per]);
         for (int64_t i = 0; i < m; i++) pos[i] = (int32_t)delta;
         const char  *fname = km_rope_factors(hp, g->n_ctx); /* the factors the graph ropes with */
         const float *freqs = fname ? kiln_model_weight(g->m, fname, KILN_F32, hd / 2) : NULL;
-        int64_t      ne[3] = {hd, hp->n_head_kv, m}, nf = hd / 2;
+        int64_t      ne[3] = {hd, heads, m}, nf = hd / 2;
         kiln_tensor *tx = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "x", 3, ne);
         kiln_tensor *tp = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_I32, "pos", 1, &m);
         kiln_tensor *tf = freqs ? kiln_new_tensor(ctx, KILN_ROLE_WEIGHT, KILN_F32, "freqs", 1, &nf) : NULL;
@@ -719,7 +723,7 @@ static kiln_status rerope(const kiln_gen *g, int64_t il, uint16_t *rows, int64_t
         shift_io io = {.x = x, .freqs = freqs, .pos = pos, .y = x + n, .n = n};
         st = kiln_graph_new(ctx, &gr);
         if (!st) st = kiln_reference(gr, shift_get, shift_put, &io);
-        for (int64_t i = 0; !st && i < n; i++) rows[i] = kb_f32_to_f16(x[n + i]);
+        for (int64_t i = 0; !st && i < n; i++) rows[i / per * row + off + i % per] = kb_f32_to_f16(x[n + i]);
     }
     kiln_graph_free(gr);
     kiln_ctx_free(ctx);
@@ -754,12 +758,12 @@ kiln_status kiln_gen_shift(kiln_gen *g, int64_t n_keep, int64_t n_discard) {
         return kb_error(KILN_ERR_INVALID, "kiln_gen_shift: keep %lld and discard %lld of %lld tokens",
                         (long long)n_keep, (long long)n_discard, (long long)(g ? g->pos : 0));
     const kiln_model_hparams *hp = g->hp;
-    int64_t     row = hp->head_dim * hp->n_head_kv, m = g->pos - n_keep - n_discard;
+    int64_t     row = km_cache_row(hp), m = g->pos - n_keep - n_discard;
     size_t      bytes = sizeof(uint16_t) * (size_t)(row * g->n_ctx);
     uint16_t   *c = malloc(bytes);
     kiln_status st = c ? NULL : kb_oom();
     for (int64_t il = 0; !st && il < hp->n_layer; il++)
-        for (int kv = 0; !st && kv < 2; kv++) {
+        for (int kv = 0; !st && kv < (km_mla(hp) ? 1 : 2); kv++) { /* (MLA: V is within K's rows) */
             char name[32];
             snprintf(name, sizeof name, "cache_%c_l%lld", kv ? 'v' : 'k', (long long)il);
             st = state_io(g, name, c, bytes, false);

@@ -138,10 +138,14 @@ static kiln_status rope_scaling(reader *r, kiln_model_hparams *hp) {
         hp->rope_orig_ctx = get_int(r, "rope.scaling.original_context_length", false, hp->n_ctx_train);
         hp->rope_attn_factor = (float)get_float(r, "rope.scaling.attn_factor", false, 0.0);
         char lk[128];
-        /* DeepSeek's log multiplier changes llama.cpp's attention factor: not modelled here */
-        if (!r->st && kiln_gguf_find_kv(r->g, akey(r, "rope.scaling.yarn_log_multiplier", lk, sizeof lk)) >= 0)
-            return kb_error(KILN_ERR_FORMAT, "%s: '%s' is set: YaRN with a log multiplier (DeepSeek's) is not "
-                                             "supported yet", r->file, lk);
+        int  a = km_arch_find(r->arch);
+        /* DeepSeek's log multiplier (stored as 0.1 mscale_all_dim; llama.cpp divides by 0.1 on
+         * load) scales deepseek2's attention; another arch's graph has no use for it */
+        if (!r->st && a >= 0 && km_archs[a].mla)
+            hp->rope_yarn_log_mul = (float)(get_float(r, "rope.scaling.yarn_log_multiplier", false, 0.0) / 0.1);
+        else if (!r->st && kiln_gguf_find_kv(r->g, akey(r, "rope.scaling.yarn_log_multiplier", lk, sizeof lk)) >= 0)
+            return kb_error(KILN_ERR_FORMAT, "%s: '%s' is set, but the %s graph has no YaRN log multiplier "
+                                             "(deepseek2's)", r->file, lk, r->arch);
         if (!r->st && hp->rope_factor <= 0)
             return kb_error(KILN_ERR_FORMAT, "%s: yarn rope scaling with factor %g", r->file, hp->rope_factor);
         return r->st;
@@ -192,6 +196,38 @@ static int64_t head_size(reader *r, const kiln_model_hparams *hp) {
     return hp->n_embd / hp->n_head;
 }
 
+/* deepseek2's latent attention and FFN keys, as llama.cpp's loader reads them. A file converted
+ * before llama.cpp's MLA (one attn_kv_b, key_length 192) has no key_length_mla: refused, since
+ * kiln builds the absorbed graph only. */
+static kiln_status mla_from_gguf(reader *r, kiln_model_hparams *hp, int64_t k_len, int64_t v_len, int64_t n_rot) {
+    char key[128];
+    if (kiln_gguf_find_kv(r->g, akey(r, "attention.key_length_mla", key, sizeof key)) < 0)
+        return kb_error(KILN_ERR_FORMAT, "%s: no '%s': a deepseek2 file from before llama.cpp's MLA layout (attn_kv_b "
+                                         "instead of attn_k_b and attn_v_b); kiln builds the absorbed MLA graph only, "
+                                         "so convert the model again with a current convert_hf_to_gguf.py", r->file, key);
+    hp->head_dim = get_int(r, "attention.key_length_mla", true, 0);
+    hp->head_dim_v = get_int(r, "attention.value_length_mla", true, 0);
+    hp->kv_lora_rank = get_int(r, "attention.kv_lora_rank", true, 0);
+    hp->q_lora_rank = get_int(r, "attention.q_lora_rank", false, 0);
+    hp->n_rot = n_rot;
+    hp->n_layer_dense_lead = get_int(r, "leading_dense_block_count", true, 0);
+    hp->n_expert_shared = get_int(r, "expert_shared_count", true, 0);
+    hp->expert_weights_scale = (float)get_float(r, "expert_weights_scale", false, 0.0);
+    hp->expert_gating = (kiln_expert_gating)get_int(r, "expert_gating_func", false, KILN_GATING_SOFTMAX);
+    hp->n_expert_groups = get_int(r, "expert_group_count", false, 0);
+    hp->n_group_used = get_int(r, "expert_group_used_count", false, 0);
+    if (r->st) return r->st;
+    if (k_len != hp->kv_lora_rank + n_rot || v_len != hp->kv_lora_rank)
+        return kb_error(KILN_ERR_FORMAT, "%s: %s.attention.key_length %lld and value_length %lld should be the cached "
+                                         "latent: kv_lora_rank %lld + rope.dimension_count %lld, and kv_lora_rank",
+                        r->file, r->arch, (long long)k_len, (long long)v_len, (long long)hp->kv_lora_rank,
+                        (long long)n_rot);
+    char name[64];
+    snprintf(name, sizeof name, "blk.%lld.exp_probs_b.bias", (long long)hp->n_layer_dense_lead);
+    hp->expert_probs_bias = has_tensor(r->g, name);
+    return NULL;
+}
+
 kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams *hp) {
     if (!g || !hp) return kb_error(KILN_ERR_INVALID, "kiln_model_hparams_from_gguf: NULL argument");
     memset(hp, 0, sizeof *hp);
@@ -213,11 +249,13 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
     int64_t n_rot = get_int(&r, "rope.dimension_count", false, hp->head_dim);
     hp->n_vocab = vocab_size(&r);
     if (r.st) return r.st;
-    if (v_len != hp->head_dim)
+    if (ai->mla) {
+        if ((st = mla_from_gguf(&r, hp, hp->head_dim, v_len, n_rot))) return st;
+    } else if (v_len != hp->head_dim)
         return kb_error(KILN_ERR_FORMAT, "%s: %s.attention.value_length %lld differs from key_length %lld, which "
                                          "kiln does not support", r.file, hp->arch, (long long)v_len,
                         (long long)hp->head_dim);
-    if (n_rot != hp->head_dim)
+    if (!ai->mla && n_rot != hp->head_dim)
         return kb_error(KILN_ERR_FORMAT, "%s: %s.rope.dimension_count %lld is not the head size %lld (partial "
                                          "rotary embeddings are not supported)", r.file, hp->arch, (long long)n_rot,
                         (long long)hp->head_dim);
@@ -259,8 +297,9 @@ kiln_status kiln_model_hparams_from_gguf(const kiln_gguf *g, kiln_model_hparams 
         /* llama's experts (Mixtral) are feed_forward_length wide, as llama.cpp creates them */
         hp->n_ff_exp = get_int(&r, "expert_feed_forward_length", ai->moe, ai->moe ? 0 : hp->n_ff);
         if (r.st) return r.st; /* before any other error, which would lose (leak) this one */
-        /* llama.cpp always renormalizes qwen3moe's top-k weights; the key is kiln's, for tests. */
-        bool norm = !ai->oai; /* (gpt-oss softmaxes the selected logits: nothing to renormalize) */
+        /* llama.cpp always renormalizes qwen3moe's top-k weights; the key is kiln's, for tests.
+         * deepseek2's is llama.cpp's key (false when absent). */
+        bool norm = !ai->oai && !ai->mla; /* (gpt-oss softmaxes the selected logits: nothing to renormalize) */
         char key[128];
         if (kiln_gguf_find_kv(g, akey(&r, "expert_weights_norm", key, sizeof key)) >= 0 &&
             (st = kiln_gguf_get_bool(g, key, &norm)))
@@ -338,6 +377,25 @@ static void dim_source(const kiln_gguf *g, const kiln_model_hparams *hp, km_wdim
         return;
     case KM_WD_FF_EXP: snprintf(out, n, "%s.expert_feed_forward_length = %lld", a, (long long)hp->n_ff_exp); return;
     case KM_WD_EXPERT: snprintf(out, n, "%s.expert_count = %lld", a, (long long)hp->n_expert); return;
+    case KM_WD_O:
+        snprintf(out, n, "%s.attention.head_count %lld x the V head size %lld", a, (long long)hp->n_head,
+                 (long long)km_head_v(hp));
+        return;
+    case KM_WD_Q_LORA: snprintf(out, n, "%s.attention.q_lora_rank = %lld", a, (long long)hp->q_lora_rank); return;
+    case KM_WD_KV_LORA: snprintf(out, n, "%s.attention.kv_lora_rank = %lld", a, (long long)hp->kv_lora_rank); return;
+    case KM_WD_KV_A:
+        snprintf(out, n, "%s.attention.kv_lora_rank %lld + rope.dimension_count %lld", a, (long long)hp->kv_lora_rank,
+                 (long long)km_rot(hp));
+        return;
+    case KM_WD_NOPE:
+        snprintf(out, n, "%s.attention.key_length_mla %lld - rope.dimension_count %lld", a, (long long)hp->head_dim,
+                 (long long)km_rot(hp));
+        return;
+    case KM_WD_HEAD_V: snprintf(out, n, "the V head size %lld", (long long)km_head_v(hp)); return;
+    case KM_WD_FF_SHEXP:
+        snprintf(out, n, "%s.expert_feed_forward_length %lld x expert_shared_count %lld", a, (long long)hp->n_ff_exp,
+                 (long long)hp->n_expert_shared);
+        return;
     case KM_WD_COUNT: break;
     }
     snprintf(out, n, "?");
@@ -384,7 +442,7 @@ static kiln_status check_type(const char *file, const char *name, const km_weigh
 /* Tensor `name` (weight w of layer il, -1 outside the layers) as hp makes it. */
 static kiln_status check_tensor(const kiln_gguf *g, const kiln_model_hparams *hp, const km_weight *w, int64_t il,
                                 const layers_held *h) {
-    if (!km_weight_present(hp, w)) return NULL;
+    if (!km_weight_present(hp, w, il)) return NULL;
     const char *file = km_gguf_label(g);
     char        name[128];
     if (il >= 0) snprintf(name, sizeof name, "blk.%lld.%s", (long long)il, w->name);
@@ -484,9 +542,18 @@ void kiln_model_hparams_to_gguf(const kiln_model_hparams *hp, kiln_gguf_writer *
     set_arch_u32(w, a, "feed_forward_length", hp->n_ff);
     set_arch_u32(w, a, "attention.head_count", hp->n_head);
     set_arch_u32(w, a, "attention.head_count_kv", hp->n_head_kv);
-    set_arch_u32(w, a, "attention.key_length", hp->head_dim);
-    set_arch_u32(w, a, "attention.value_length", hp->head_dim);
-    set_arch_u32(w, a, "rope.dimension_count", hp->head_dim);
+    if (km_mla(hp)) { /* as llama.cpp's converter: K/V the cached latent, the heads' sizes _mla */
+        set_arch_u32(w, a, "attention.key_length", km_cache_row(hp));
+        set_arch_u32(w, a, "attention.value_length", hp->kv_lora_rank);
+        set_arch_u32(w, a, "attention.key_length_mla", hp->head_dim);
+        set_arch_u32(w, a, "attention.value_length_mla", km_head_v(hp));
+        set_arch_u32(w, a, "attention.kv_lora_rank", hp->kv_lora_rank);
+        if (hp->q_lora_rank > 0) set_arch_u32(w, a, "attention.q_lora_rank", hp->q_lora_rank);
+    } else {
+        set_arch_u32(w, a, "attention.key_length", hp->head_dim);
+        set_arch_u32(w, a, "attention.value_length", hp->head_dim);
+    }
+    set_arch_u32(w, a, "rope.dimension_count", km_rot(hp));
     set_arch_f32(w, a, "attention.layer_norm_rms_epsilon", hp->rms_norm_eps);
     set_arch_f32(w, a, "rope.freq_base", hp->rope_freq_base);
     rope_to_gguf(hp, w);
@@ -505,5 +572,16 @@ void kiln_model_hparams_to_gguf(const kiln_model_hparams *hp, kiln_gguf_writer *
         char key[128];
         snprintf(key, sizeof key, "%s.expert_weights_norm", a);
         kiln_gguf_set_bool(w, key, hp->norm_topk_prob);
+    }
+    if (km_mla(hp)) {
+        set_arch_u32(w, a, "leading_dense_block_count", hp->n_layer_dense_lead);
+        set_arch_u32(w, a, "expert_shared_count", hp->n_expert_shared);
+        if (hp->expert_weights_scale != 0.0f) set_arch_f32(w, a, "expert_weights_scale", hp->expert_weights_scale);
+        set_arch_u32(w, a, "expert_gating_func", hp->expert_gating ? hp->expert_gating : KILN_GATING_SOFTMAX);
+        if (hp->n_expert_groups > 0) {
+            set_arch_u32(w, a, "expert_group_count", hp->n_expert_groups);
+            set_arch_u32(w, a, "expert_group_used_count", hp->n_group_used);
+        }
+        if (hp->rope_yarn_log_mul != 0.0f) set_arch_f32(w, a, "rope.scaling.yarn_log_multiplier", 0.1f * hp->rope_yarn_log_mul);
     }
 }

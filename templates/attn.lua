@@ -49,7 +49,13 @@ local prelude = require("prelude")
 local SM_COUNT = 132        -- H100 SXM
 local FILL = 2 * SM_COUNT   -- blocks to aim for: about two waves on every SM
 local DEC_MAX_ROWS = 32     -- rows per group up to which the decode kernel is used
-local MMA_MAX_D = 256       -- largest head size of the tensor-core kernels
+local MMA_MAX_D = 256       -- largest head size of the prefill tensor-core kernel
+-- Largest head size of the decode tensor-core kernel, which then serves every row count:
+-- DeepSeek's MLA attends with K 576 and V 512 wide over one kv head shared by all heads. Its
+-- accumulators (V^T P^T: DV / 16 m-tiles of 8 rows) fit the registers; the prefill kernel's
+-- (64 rows x DV) would not. (Measured on the H100, DeepSeek-V2-Lite bf16: the FMA kernel
+-- took 170 us a layer at decode and 31 ms a layer for a 512-token prefill.)
+local DEC_MAX_D = 576
 local W = 4                 -- warps per block (every kernel)
 local NTHR = 32 * W
 local INT_MAX = 2147483647
@@ -379,15 +385,16 @@ end
 
 local function plan(P)
     local mma = (P.kt == "f16" or P.kt == "bf16") and P.DK % 16 == 0 and P.DV % 16 == 0
-        and P.DK <= MMA_MAX_D and P.DV <= MMA_MAX_D
+        and P.DK <= DEC_MAX_D and P.DV <= DEC_MAX_D
     local ka, va = row_align(P.k), row_align(P.v)
     if not mma then
         local rt = ceil_div(P.R, W)
         local s, len = splits(rt * P.NGROUPS, P.NKV, 64, FILL, FILL)
         return { kind = "fma", RT = rt, S = s, L = len,
-                 why = P.kt == "f32" and "f32 K/V" or "head size not a multiple of 16 or above 256" }
+                 why = P.kt == "f32" and "f32 K/V" or "head size not a multiple of 16 or above " .. DEC_MAX_D }
     end
-    if P.R > DEC_MAX_ROWS and ka == 8 and va == 8 then
+    local wide = P.DK > MMA_MAX_D or P.DV > MMA_MAX_D
+    if P.R > DEC_MAX_ROWS and ka == 8 and va == 8 and not wide then
         local bn = (P.DK > 128 or P.DV > 128) and 32 or 64
         local rt = ceil_div(P.R, 64)
         -- a wave of prefill blocks already keeps the GPU busy; fewer get splits

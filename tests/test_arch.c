@@ -21,7 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3", "gemma3", "gemma2", "gpt-oss"};
+static const char *const archs[] = {"llama", "qwen2",  "qwen3",  "qwen3moe", "granite",  "smollm3",
+                                    "phi3",  "gemma3", "gemma2", "gpt-oss",  "deepseek2"};
 #define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 
 static kiln_model_hparams preset(const char *arch, const char *name) {
@@ -532,7 +533,14 @@ START_TEST(presets_documented) {
     const char *name, *arch;
     int         n = 0;
     for (int i = 0; (name = kiln_model_preset_name(i, &arch)); i++) n++;
-    ck_assert_int_eq(n, 23);
+    ck_assert_int_eq(n, 26);
+    h = preset("deepseek2", "deepseek-v2-lite");
+    ck_assert(h.n_vocab == 102400 && h.n_embd == 2048 && h.n_layer == 27 && h.n_head == 16 && h.n_head_kv == 1 &&
+              h.head_dim == 192 && h.head_dim_v == 128 && h.n_rot == 64 && h.kv_lora_rank == 512 &&
+              h.q_lora_rank == 0 && h.n_ff == 10944 && h.n_expert == 64 && h.n_expert_used == 6 &&
+              h.n_ff_exp == 1408 && h.n_expert_shared == 2 && h.n_layer_dense_lead == 1 && !h.norm_topk_prob &&
+              h.rope_scaling == KILN_ROPE_SCALING_YARN && h.rope_factor == 40 && h.rope_orig_ctx == 4096 &&
+              h.rope_yarn_log_mul == 0.707f && !h.tied_output);
 }
 END_TEST
 
@@ -614,23 +622,30 @@ START_TEST(tiny_compiles_fused) {
      * rms_norm_gemv takes the FFN norm (dense FFNs: its one reader is the GLU GEMV) and the
      * output norm; in the decode program also every attention norm (the q/k/v GEMV: qwen2's and
      * gpt-oss's q/k/v with their biases too, add_chain+mul_mat_cat) and every dense FFN norm. */
-    int L = (int)hp.n_layer, moe = hp.n_expert > 0, qkn = hp.qk_norm ? 2 * L : 0;
+    int L = (int)hp.n_layer, qkn = hp.qk_norm ? 2 * L : 0;
     int post = km_archs[km_arch_find(archs[_i])].gemma ? 2 * L : 0; /* gemma3's norms after attention and FFN */
-    int gemv_norms = 1 + !moe, dec_norms = L + 1 + (moe ? 0 : L);
+    /* deepseek2: its first layers dense, the others experts beside shared ones (one more GLU
+     * each), and a norm of each layer's latent; its K rows are a concat of the latent and the
+     * roped key, so no rope feeds set_rows directly */
+    int M = 0;
+    for (int il = 0; il < L; il++) M += km_layer_moe(&hp, il);
+    int mla = km_mla(&hp), kva = mla ? L : 0, shexp = hp.n_expert_shared > 0 ? M : 0;
+    int gemv_norms = 1 + !km_layer_moe(&hp, L - 1), dec_norms = L + 1 + (L - M);
     int roped = 0; /* smollm3: every 4th layer has no rope */
     for (int il = 0; il < L; il++) roped += km_layer_ropes(&hp, il);
     /* phi3: gate and up are one product, its halves the GLU's operands: mul_mat_glu's halves form
      * (its k, roped out of a view of the fused q/k/v product, still goes to the cache with
      * rope_set_rows) */
-    ck_assert_int_eq(count(d, "  fused rope_set_rows:"), 2 * roped);
-    ck_assert_int_eq(count(d, "  fused rms_norm_mul:"), 2 * (2 * L + 1 + qkn + post) - gemv_norms - dec_norms);
+    ck_assert_int_eq(count(d, "  fused rope_set_rows:"), mla ? 0 : 2 * roped);
+    ck_assert_int_eq(count(d, "  fused rms_norm_mul:"), 2 * (2 * L + 1 + qkn + post + kva) - gemv_norms - dec_norms);
     ck_assert_int_eq(count(d, "  fused rms_norm_gemv"), gemv_norms + dec_norms);
     ck_assert_int_eq(count(d, "add_chain+mul_mat_cat:"), hp.attn_bias ? 2 * L : 0);
     /* gpt-oss: the experts' biases (add_id) join the gate/up pair and the down product */
     bool oai = km_archs[km_arch_find(archs[_i])].oai;
-    ck_assert_int_eq(count(d, "mul_mat_glu:"), 2 * L);
+    ck_assert_int_eq(count(d, "mul_mat_glu:"), 2 * (L + shexp));
     ck_assert_int_eq(count(d, "  fused mul_mat_id_bias:"), oai ? 2 * L : 0);
-    ck_assert_int_eq(count(d, "  fused topk_moe:"), moe ? 2 * L : 0);
+    ck_assert_int_eq(count(d, "  fused topk_moe:"), 2 * M);
+    if (mla) ck_assert_int_eq(count(d, "mul_mat_cat:"), 2 * L); /* q (or q_a) beside the latent's product */
     ck_assert_int_gt(kiln_program_kernel_count(p), 0);
     free(d);
     ts_compiled_free(p, g, ctx);
@@ -674,10 +689,10 @@ START_TEST(cli_gen_graph) {
     ck_assert_ptr_nonnull(strstr(out, "gen-graph"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch gpt2 --preset tiny", &out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "unknown architecture 'gpt2' (known: llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2, gpt-oss)"));
+    ck_assert_ptr_nonnull(strstr(out, "unknown architecture 'gpt2' (known: llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2, gpt-oss, deepseek2)"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch llama --preset huge", &out), 1);
-    ck_assert_ptr_nonnull(strstr(out, "unknown preset 'huge'; presets: tiny (llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2, gpt-oss)"));
+    ck_assert_ptr_nonnull(strstr(out, "unknown preset 'huge'; presets: tiny (llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2, gpt-oss, deepseek2)"));
     free(out);
     ck_assert_int_eq(kiln("gen-graph --arch llama", &out), 2);
     free(out);

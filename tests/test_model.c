@@ -10,7 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const tiny_archs[] = {"llama", "qwen2", "qwen3", "qwen3moe", "granite", "smollm3", "phi3", "gemma3", "gemma2", "gpt-oss"};
+static const char *const tiny_archs[] = {"llama",  "qwen2",  "qwen3",  "qwen3moe", "granite",  "smollm3",
+                                         "phi3",   "gemma3", "gemma2", "gpt-oss",  "deepseek2"};
 #define NTINY ((int)(sizeof tiny_archs / sizeof tiny_archs[0]))
 
 static char *g_dir;
@@ -40,6 +41,13 @@ static void hparams_equal(const kiln_model_hparams *a, const kiln_model_hparams 
     SAME(n_expert_used); SAME(n_ff_exp); SAME(norm_topk_prob); SAME(ftype);
     SAME(n_swa); SAME(swa_pattern); SAME(rope_freq_base_swa); SAME(query_scale); SAME(attn_softcap);
     SAME(final_softcap); SAME(embedding_scale); SAME(residual_scale); SAME(attention_scale); SAME(logit_scale);
+    SAME(kv_lora_rank); SAME(q_lora_rank); SAME(head_dim_v); SAME(n_rot); SAME(n_layer_dense_lead);
+    SAME(n_expert_shared); SAME(expert_gating); SAME(expert_probs_bias); SAME(expert_weights_scale);
+    SAME(n_expert_groups); SAME(n_group_used);
+    /* (GGUF holds 0.1 of it, as llama.cpp's converter writes it) */
+    ck_assert_msg(fabsf(a->rope_yarn_log_mul - b->rope_yarn_log_mul) <= 1e-6f * b->rope_yarn_log_mul,
+                  "%s: rope_yarn_log_mul differs: %g vs %g", a->arch, (double)a->rope_yarn_log_mul,
+                  (double)b->rope_yarn_log_mul);
     if (a->rope_scaling == KILN_ROPE_SCALING_LLAMA3) {
         SAME(rope_low_freq_factor); SAME(rope_high_freq_factor); SAME(rope_orig_ctx);
     }

@@ -17,7 +17,7 @@ static const char help[] =
     "  writes the whole graph of a model, as llama.cpp builds it for one batch of tokens with flash\n"
     "  attention and a KV cache, as .kg text (stdout without -o). Weights carry their GGUF names\n"
     "  (token_embd.weight, blk.0.attn_q.weight, ...); see docs/models.md.\n"
-    "  --arch ARCH      llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2 or gpt-oss\n"
+    "  --arch ARCH      llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2, gpt-oss or deepseek2\n"
     "  --preset NAME    hyperparameters of a known model (listed below)\n"
     "  --n-ctx N        KV cache slots: the caches' rows and the maximum of dim n_kv (default:\n"
     "                   4096, or n_ctx_train when smaller)\n"

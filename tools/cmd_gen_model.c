@@ -16,7 +16,7 @@ static const char help[] =
     "  synthetic vocabulary of n_vocab tokens. The same seed gives the same file.\n"
     "  It loads with 'kiln run FILE.gguf' (and with llama.cpp). Sizes: tiny about 1 MB,\n"
     "  llama-3.2-1b 2.5 GB, llama-3-8b 16 GB, qwen3-30b-a3b 61 GB (bf16; q4_k_m about 30%).\n"
-    "  --arch ARCH      llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2 or gpt-oss (default: the preset's)\n"
+    "  --arch ARCH      llama, qwen2, qwen3, qwen3moe, granite, smollm3, phi3, gemma3, gemma2, gpt-oss or deepseek2 (default: the preset's)\n"
     "  --preset NAME    hyperparameters of a known model (listed below)\n"
     "  -o FILE.gguf     the file to write (atomically: FILE.gguf.tmp.PID, renamed at the end)\n"
     "  --seed S         random seed, 0 .. 2^64-1 (default 1)\n"

@@ -25,7 +25,7 @@ const char kt_run_model_help[] =
     "                           [--check] [--cpu] [--stats] [--no-cuda-graph] [--dump-logits FILE]\n"
     "                           [compile options]\n"
     "  builds the model's graph from the GGUF's hyperparameters (llama, qwen2, qwen3, qwen3moe,\n"
-    "  granite, smollm3, phi3, gemma3, gemma2, gpt-oss; f32/f16/bf16 weights or the quantized q8_0, q4_0, q4_K, q5_K, q6_K of\n"
+    "  granite, smollm3, phi3, gemma3, gemma2, gpt-oss, deepseek2; f32/f16/bf16 weights or the quantized q8_0, q4_0, q4_K, q5_K, q6_K of\n"
     "  Q8_0, Q4_0, Q4_K_M, Q5_K_M and Q6_K files and the mxfp4 experts of MXFP4_MOE files, each tensor\n"
     "  in its own type), compiles it\n"
     "  (cached), uploads the weights, evaluates the prompt\n"

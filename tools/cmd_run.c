@@ -19,7 +19,8 @@ static const char summary[] =
     "                  (--seed) or from files (--input); prints a checksum of each output and\n"
     "                  the timing. 'kiln run --bundle FILE.kiln' runs a bundle instead\n"
     "  run MODEL.gguf --tokens 1,2,3 -n 64   generate greedily with a GGUF model (llama, qwen2,\n"
-    "                  qwen3, qwen3moe, granite, smollm3, phi3, gemma2/3, gpt-oss); prints the ids\n"
+    "                  qwen3, qwen3moe, granite, smollm3, phi3, gemma2/3, gpt-oss, deepseek2);\n"
+    "                  prints the ids\n"
     "                  and prefill/decode speed ('kiln help run')\n";
 
 static const char help[] =

@@ -191,13 +191,15 @@ static const acase FIXED[] = {
     {128, 128, 16, 16, 2, 16384, 1, F16, MASK_CAUSAL, 0, false, false, 1.0f, 0, 0, false, KV_PLAIN, LAY_PLAIN},
     {128, 128, 512, 4, 1, 1000, 1, BF16, MASK_WINDOW, 0, false, false, 1.0f, 0, 0, true, KV_PLAIN, LAY_PLAIN},
     {64, 64, 300, 4, 2, 600, 2, F16, MASK_WINDOW, 2, true, true, 1.0f, 1.0f, 0, false, KV_CACHE, LAY_PLAIN},
-    /* f32 K/V and other head sizes: the FMA kernel */
+    /* f32 K/V and other head sizes: the FMA kernel (576 / 512: the decode kernel) */
     {128, 128, 1, 32, 8, 4097, 1, F32, MASK_RAGGED, 0, false, false, 1.0f, 0, 0, true, KV_CACHE, LAY_PLAIN},
     {64, 64, 16, 8, 1, 1000, 1, F32, MASK_CAUSAL, 0, false, false, 1.0f, 3.0f, 0, false, KV_PLAIN, LAY_PLAIN},
     {80, 80, 512, 2, 2, 256, 1, F32, MASK_NONE, 0, false, false, 1.0f, 0, 10.0f, false, KV_PADDED, LAY_PERMUTE},
     {256, 256, 3, 4, 1, 16384, 1, F32, MASK_VALUES, 0, false, false, 1.0f, 0, 0, true, KV_PLAIN, LAY_PLAIN},
     {576, 512, 1, 16, 1, 1000, 1, F16, MASK_RAGGED, 0, false, false, 1.0f, 0, 0, false, KV_PLAIN, LAY_PLAIN},
     {576, 512, 16, 16, 1, 256, 1, BF16, MASK_CAUSAL, 0, false, false, 1.0f, 0, 0, false, KV_PLAIN, LAY_PLAIN},
+    /* DeepSeek's MLA prefill: 16 heads over one kv head of 576 / 512, the decode kernel's tiles */
+    {576, 512, 300, 16, 1, 600, 1, BF16, MASK_CAUSAL, 0, false, false, 1.0f, 0, 0, false, KV_CACHE, LAY_PERMUTE},
     {40, 40, 3, 4, 2, 7, 1, BF16, MASK_VALUES, 0, false, false, 1.0f, 0, 0, true, KV_PLAIN, LAY_PLAIN},
 };
 #define NFIXED ((int)(sizeof FIXED / sizeof FIXED[0]))

@@ -16,8 +16,9 @@
 
 /* Each arch's tiny preset; "arch/preset" names another (llama's experts: Mixtral's graph; qwen3
  * with YaRN). */
-static const char *const archs[] = {"llama",  "qwen3moe", "qwen2",   "qwen3",          "granite",        "smollm3",
-                                    "phi3",   "gemma3",   "gemma2",  "gpt-oss",        "llama/tiny-moe", "qwen3/tiny-yarn"};
+static const char *const archs[] = {"llama",     "qwen3moe",         "qwen2",          "qwen3",           "granite",
+                                    "smollm3",   "phi3",             "gemma3",         "gemma2",          "gpt-oss",
+                                    "deepseek2", "deepseek2/tiny-v3", "llama/tiny-moe", "qwen3/tiny-yarn"};
 #define NARCHS ((int)(sizeof archs / sizeof archs[0]))
 static const int32_t     prompt[7] = {1, 17, 300, 5, 999, 42, 8};
 static char             *g_dir;
@@ -87,6 +88,31 @@ START_TEST(prefill_and_decode_match_cpu) {
 }
 END_TEST
 
+/* The greedy sequences parted at step i (identical before): evaluated on the same prefix (the
+ * prompt and tokens 0..i-1), the GPU's logits must still agree with the CPU's by NMSE, and the
+ * GPU's pick must be a near tie on the CPU: within 5% of the logits' RMS of the CPU's best, a
+ * gap the tolerated error can close. Anything else is a wrong token. */
+static void near_tie(kiln_gen *gpu, kiln_gen *cpu, const int32_t *tc, int i, int32_t gpu_tok, int64_t n_vocab,
+                     const char *label) {
+    int32_t seq[7 + DECODE_STEPS];
+    memcpy(seq, prompt, sizeof prompt);
+    memcpy(seq + 7, tc, sizeof *tc * (size_t)i);
+    const float *lg, *lc;
+    kiln_gen_reset(gpu);
+    kiln_gen_reset(cpu);
+    TS_OK(kiln_gen_eval(gpu, seq, 7 + i, &lg));
+    TS_OK(kiln_gen_eval(cpu, seq, 7 + i, &lc));
+    double e = logits_nmse(lc, lg, n_vocab), rms = 0;
+    for (int64_t v = 0; v < n_vocab; v++) rms += (double)lc[v] * lc[v];
+    rms = sqrt(rms / (double)n_vocab);
+    double gap = (double)lc[tc[i]] - lc[gpu_tok];
+    printf("%s: token %d: GPU %d, CPU %d: CPU logits %.6g vs %.6g (gap %.3g, logits RMS %.3g), NMSE %.3g\n", label, i,
+           gpu_tok, tc[i], lc[tc[i]], lc[gpu_tok], gap, rms, e);
+    ck_assert_msg(e <= LOGITS_NMSE, "%s: step %d: logits NMSE %g > %g", label, i, e, LOGITS_NMSE);
+    ck_assert_msg(gap <= 0.05 * rms, "%s: token %d: GPU %d, CPU %d, not a near tie (gap %g, logits RMS %g)", label, i,
+                  gpu_tok, tc[i], gap, rms);
+}
+
 /* kiln_gen_greedy on the GPU (its decode steps chained) gives the CPU's tokens; a prompt in
  * chunks of 3 (the general program with n_past > 0) and decoding one step at a time
  * (KILN_CHAIN=0) give the same tokens again. */
@@ -99,10 +125,15 @@ START_TEST(greedy_tokens_identical) {
     TS_OK(kiln_gen_greedy(gpu, prompt, 7, DECODE_STEPS, tg, NULL));
     TS_OK(kiln_gen_greedy(cpu, prompt, 7, DECODE_STEPS, tc, NULL));
     TS_OK(kiln_gen_greedy(chunked, prompt, 7, DECODE_STEPS, tk, NULL));
-    for (int i = 0; i < DECODE_STEPS; i++) {
-        ck_assert_msg(tg[i] == tc[i], "%s: token %d: GPU %d, CPU %d", arch, i, tg[i], tc[i]);
-        ck_assert_msg(tk[i] == tc[i], "%s: token %d: chunked prefill %d, CPU %d", arch, i, tk[i], tc[i]);
-    }
+    /* Identical, or parted at a near tie of the CPU's logits (near_tie: deepseek2 tiny-v3's
+     * sigmoid routing over groups flips an expert on differences of rounding), after which the
+     * sequences are no longer comparable. */
+    int same = 0, same_k = 0;
+    while (same < DECODE_STEPS && tg[same] == tc[same]) same++;
+    while (same_k < DECODE_STEPS && tk[same_k] == tc[same_k]) same_k++;
+    int64_t nv = kiln_model_get_hparams(m)->n_vocab;
+    if (same < DECODE_STEPS) near_tie(gpu, cpu, tc, same, tg[same], nv, arch);
+    if (same_k < DECODE_STEPS) near_tie(chunked, cpu, tc, same_k, tk[same_k], nv, arch);
     /* A second sequence after reset replays the first. */
     kiln_gen_reset(gpu);
     int32_t again[DECODE_STEPS];
@@ -123,7 +154,9 @@ START_TEST(greedy_tokens_identical) {
     int32_t        t1[DECODE_STEPS];
     kiln_gen_stats s1;
     TS_OK(kiln_gen_greedy(one, prompt, 7, DECODE_STEPS, t1, &s1));
-    ck_assert_msg(memcmp(t1, tc, sizeof tc) == 0, "%s: n_batch 1 gave other tokens than the CPU", arch);
+    int same_1 = 0;
+    while (same_1 < DECODE_STEPS && t1[same_1] == tc[same_1]) same_1++;
+    if (same_1 < DECODE_STEPS) near_tie(one, cpu, tc, same_1, t1[same_1], nv, arch);
     ck_assert_msg(s1.prefill_gpu_ms > 0.0 && s1.decode_gpu_ms > 0.0, "%s: n_batch 1: GPU ms prefill %g, decode %g",
                   arch, s1.prefill_gpu_ms, s1.decode_gpu_ms);
     kiln_gen_free(one);
@@ -323,7 +356,8 @@ static const kiln_ftype quant_ftypes[] = {KILN_FTYPE_MOSTLY_Q8_0, KILN_FTYPE_MOS
 #define N_QUANT_FTYPES ((int)(sizeof quant_ftypes / sizeof quant_ftypes[0]))
 #define N_QUANT_VARIANTS 4 /* llama, qwen3moe; tiny, wide */
 #define N_MXFP4_ARCHS 2    /* qwen3moe, gpt-oss */
-static const char *const family_archs[] = {"qwen2", "qwen3", "granite", "smollm3", "phi3", "gemma3", "gemma2", "gpt-oss"};
+static const char *const family_archs[] = {"qwen2",  "qwen3",  "granite", "smollm3",  "phi3",
+                                           "gemma3", "gemma2", "gpt-oss", "deepseek2"};
 #define N_FAMILIES ((int)(sizeof family_archs / sizeof family_archs[0]))
 #define N_QUANT_CASES (N_QUANT_FTYPES * N_QUANT_VARIANTS + N_MXFP4_ARCHS + N_FAMILIES)
 
@@ -334,6 +368,7 @@ static kiln_model_hparams quant_hparams(int i, bool *wide) {
         TS_OK(kiln_model_preset(family_archs[f], "tiny", &hp));
         hp.ftype = KILN_FTYPE_MOSTLY_Q4_K_M;
         hp.n_embd = 256, hp.n_ff = 512, hp.n_ff_exp = hp.n_expert ? 256 : 0;
+        if (hp.kv_lora_rank) hp.head_dim_v = 64; /* deepseek2: attn_output's rows 4 x 64, a K-quant's */
         *wide = true;
         return hp;
     }
@@ -382,31 +417,6 @@ static void file_type_mix(const kiln_model *m, const char *label, int count[KILN
     for (int t = 0; t < KILN_TYPE_COUNT; t++)
         if (count[t]) printf(" %s %d", kiln_type_name((kiln_type)t), count[t]);
     printf("\n");
-}
-
-/* The greedy sequences parted at step i (identical before): evaluated on the same prefix (the
- * prompt and tokens 0..i-1), the GPU's logits must still agree with the CPU's by NMSE, and the
- * GPU's pick must be a near tie on the CPU: within 5% of the logits' RMS of the CPU's best, a
- * gap the tolerated error can close. Anything else is a wrong token. */
-static void near_tie(kiln_gen *gpu, kiln_gen *cpu, const int32_t *tc, int i, int32_t gpu_tok, int64_t n_vocab,
-                     const char *label) {
-    int32_t seq[7 + DECODE_STEPS];
-    memcpy(seq, prompt, sizeof prompt);
-    memcpy(seq + 7, tc, sizeof *tc * (size_t)i);
-    const float *lg, *lc;
-    kiln_gen_reset(gpu);
-    kiln_gen_reset(cpu);
-    TS_OK(kiln_gen_eval(gpu, seq, 7 + i, &lg));
-    TS_OK(kiln_gen_eval(cpu, seq, 7 + i, &lc));
-    double e = logits_nmse(lc, lg, n_vocab), rms = 0;
-    for (int64_t v = 0; v < n_vocab; v++) rms += (double)lc[v] * lc[v];
-    rms = sqrt(rms / (double)n_vocab);
-    double gap = (double)lc[tc[i]] - lc[gpu_tok];
-    printf("%s: token %d: GPU %d, CPU %d: CPU logits %.6g vs %.6g (gap %.3g, logits RMS %.3g), NMSE %.3g\n", label, i,
-           gpu_tok, tc[i], lc[tc[i]], lc[gpu_tok], gap, rms, e);
-    ck_assert_msg(e <= LOGITS_NMSE, "%s: step %d: logits NMSE %g > %g", label, i, e, LOGITS_NMSE);
-    ck_assert_msg(gap <= 0.05 * rms, "%s: token %d: GPU %d, CPU %d, not a near tie (gap %g, logits RMS %g)", label, i,
-                  gpu_tok, tc[i], gap, rms);
 }
 
 START_TEST(quantized_greedy_tokens_identical) {
