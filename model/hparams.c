@@ -548,7 +548,9 @@ void kiln_model_hparams_to_gguf(const kiln_model_hparams *hp, kiln_gguf_writer *
         set_arch_u32(w, a, "attention.key_length_mla", hp->head_dim);
         set_arch_u32(w, a, "attention.value_length_mla", km_head_v(hp));
         set_arch_u32(w, a, "attention.kv_lora_rank", hp->kv_lora_rank);
-        if (hp->q_lora_rank > 0) set_arch_u32(w, a, "attention.q_lora_rank", hp->q_lora_rank);
+        /* always, 0 without the pair: llama.cpp reads it for any layer count but 27 and 26 (its
+         * test for V2-Lite), and then builds attn_q only when it is 0 in newer versions */
+        set_arch_u32(w, a, "attention.q_lora_rank", hp->q_lora_rank);
     } else {
         set_arch_u32(w, a, "attention.key_length", hp->head_dim);
         set_arch_u32(w, a, "attention.value_length", hp->head_dim);

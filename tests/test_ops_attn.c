@@ -303,13 +303,17 @@ static const gcase CASES[] = {
      "ldmatrix", 1},
     {"input q: f32[64, 40, 4]\ninput k: bf16[64, 16384, 1]\ninput v: bf16[64, 16384, 1]\n"
      "input m: f16[16384, 40]\noutput y = flash_attn_ext(q, k, v, mask=m)\n", "fattn_pre_bf16_d64", "cp.async", 2},
-    /* FMA kernel: f32 K/V, odd head sizes, DeepSeek MLA sizes */
+    /* FMA kernel: f32 K/V, odd head sizes */
     {"input q: f32[128, 1, 32]\ninput k: f32[128, 4096, 8]\ninput v: f32[128, 4096, 8]\ninput m: f16[4096, 1]\n"
      "input s: f32[32]\noutput y = flash_attn_ext(q, k, v, m, 0.088, 0, 0, s)\n", "fattn_fma_f32_d128", "f32 K/V", 2},
     {"input q: f32[40, 20, 2]\ninput k: bf16[40, 70, 2]\ninput v: bf16[40, 70, 2]\n"
      "output y = flash_attn_ext(q, k, v, logit_softcap=5)\n", "fattn_fma_bf16_d40", "not a multiple of 16", 2},
+    /* DeepSeek's MLA (K 576, V 512, one kv head): the decode kernel, V in two slices of 256, for
+     * decode and a 300-token prefill alike */
     {"input q: f32[576, 1, 16]\ninput k: f16[576, 1000, 1]\ninput v: f16[512, 1000, 1]\ninput m: f16[1000, 1]\n"
-     "output y = flash_attn_ext(q, k, v, mask=m, scale=0.07)\n", "fattn_fma_f16_d576_512", "one warp per row", 2},
+     "output y = flash_attn_ext(q, k, v, mask=m, scale=0.07)\n", "fattn_dec_f16_d576_512", "2 slices of 256", 2},
+    {"input q: f32[576, 300, 16]\ninput k: bf16[576, 600, 1]\ninput v: bf16[512, 600, 1]\ninput m: f16[600, 300]\n"
+     "output y = flash_attn_ext(q, k, v, mask=m, scale=0.07)\n", "fattn_dec_bf16_d576_512", "2 slices of 256", 1},
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 

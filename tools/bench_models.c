@@ -249,6 +249,13 @@ static void run_torch(model_run *r, const kiln_model_hparams *hp) {
     kt_bench       *b = r->b;
     kt_bench_model *m = r->m;
     bool            moe = hp->n_expert > 0;
+    /* torch_ref.py builds llama's and qwen3moe's graphs: another family's row would time a
+     * model of other shapes (deepseek2's MLA, gemma's norms, ...), so it says so instead */
+    if (strcmp(hp->arch, "llama") && strcmp(hp->arch, "qwen3moe") && strcmp(hp->arch, "qwen3")) {
+        for (int mode = 0; mode < 2; mode++)
+            snprintf(m->torch_note[mode], sizeof m->torch_note[mode], "torch_ref.py has no %s graph", hp->arch);
+        return;
+    }
     kb_str          cmd = {0};
     kb_str_addf(&cmd, "%s %s/torch_ref.py --arch %s --n-vocab %lld --n-embd %lld --n-layer %lld --n-head %lld "
                       "--n-head-kv %lld --head-dim %lld --n-ff %lld --rms-eps %g --rope-base %g",

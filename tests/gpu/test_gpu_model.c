@@ -16,10 +16,18 @@
 
 /* Each arch's tiny preset; "arch/preset" names another (llama's experts: Mixtral's graph; qwen3
  * with YaRN). */
-static const char *const archs[] = {"llama",     "qwen3moe",         "qwen2",          "qwen3",           "granite",
-                                    "smollm3",   "phi3",             "gemma3",         "gemma2",          "gpt-oss",
-                                    "deepseek2", "deepseek2/tiny-v3", "llama/tiny-moe", "qwen3/tiny-yarn"};
+static const char *const archs[] = {"llama",   "qwen3moe", "qwen2",     "qwen3",          "granite",
+                                    "smollm3", "phi3",     "gemma3",    "gemma2",         "gpt-oss",
+                                    "deepseek2", "llama/tiny-moe", "qwen3/tiny-yarn"};
 #define NARCHS ((int)(sizeof archs / sizeof archs[0]))
+/* deepseek2's tiny-v3 (sigmoid routing over groups of two experts) is chaotic under rounding:
+ * on the CPU reference alone, its greedy tokens from the same seed differ between f32 and bf16
+ * weights from the first token (tiny's do not in 12), since a group's score is a sum of two
+ * close sigmoids and a flipped group flips the experts. Exact-token tests cannot hold for it;
+ * it takes the step-by-step check (each step's logits by NMSE, the GPU's pick fed to both
+ * sides). deepseek2's tiny runs every test. */
+static const char *const step_archs[] = {"deepseek2/tiny-v3"};
+#define NSTEP_ARCHS ((int)(sizeof step_archs / sizeof step_archs[0]))
 static const int32_t     prompt[7] = {1, 17, 300, 5, 999, 42, 8};
 static char             *g_dir;
 
@@ -56,9 +64,8 @@ static double logits_nmse(const float *ref, const float *got, int64_t n) {
 }
 
 /* Prefill then DECODE_STEPS decode steps fed the GPU's greedy picks; both sides agree at each. */
-START_TEST(prefill_and_decode_match_cpu) {
+static void prefill_and_decode(const char *arch) {
     need_gpu();
-    const char  *arch = archs[_i];
     kiln_model  *m = tiny_model(arch, 21);
     int64_t      nv = kiln_model_get_hparams(m)->n_vocab;
     kiln_gen    *gpu = gen(m, false, 8), *cpu = gen(m, true, 8);
@@ -86,6 +93,11 @@ START_TEST(prefill_and_decode_match_cpu) {
     kiln_gen_free(cpu);
     kiln_model_close(m);
 }
+
+START_TEST(prefill_and_decode_match_cpu) { prefill_and_decode(archs[_i]); }
+END_TEST
+
+START_TEST(step_archs_match_cpu) { prefill_and_decode(step_archs[_i]); }
 END_TEST
 
 /* The greedy sequences parted at step i (identical before): evaluated on the same prefix (the
@@ -125,15 +137,10 @@ START_TEST(greedy_tokens_identical) {
     TS_OK(kiln_gen_greedy(gpu, prompt, 7, DECODE_STEPS, tg, NULL));
     TS_OK(kiln_gen_greedy(cpu, prompt, 7, DECODE_STEPS, tc, NULL));
     TS_OK(kiln_gen_greedy(chunked, prompt, 7, DECODE_STEPS, tk, NULL));
-    /* Identical, or parted at a near tie of the CPU's logits (near_tie: deepseek2 tiny-v3's
-     * sigmoid routing over groups flips an expert on differences of rounding), after which the
-     * sequences are no longer comparable. */
-    int same = 0, same_k = 0;
-    while (same < DECODE_STEPS && tg[same] == tc[same]) same++;
-    while (same_k < DECODE_STEPS && tk[same_k] == tc[same_k]) same_k++;
-    int64_t nv = kiln_model_get_hparams(m)->n_vocab;
-    if (same < DECODE_STEPS) near_tie(gpu, cpu, tc, same, tg[same], nv, arch);
-    if (same_k < DECODE_STEPS) near_tie(chunked, cpu, tc, same_k, tk[same_k], nv, arch);
+    for (int i = 0; i < DECODE_STEPS; i++) {
+        ck_assert_msg(tg[i] == tc[i], "%s: token %d: GPU %d, CPU %d", arch, i, tg[i], tc[i]);
+        ck_assert_msg(tk[i] == tc[i], "%s: token %d: chunked prefill %d, CPU %d", arch, i, tk[i], tc[i]);
+    }
     /* A second sequence after reset replays the first. */
     kiln_gen_reset(gpu);
     int32_t again[DECODE_STEPS];
@@ -154,9 +161,7 @@ START_TEST(greedy_tokens_identical) {
     int32_t        t1[DECODE_STEPS];
     kiln_gen_stats s1;
     TS_OK(kiln_gen_greedy(one, prompt, 7, DECODE_STEPS, t1, &s1));
-    int same_1 = 0;
-    while (same_1 < DECODE_STEPS && t1[same_1] == tc[same_1]) same_1++;
-    if (same_1 < DECODE_STEPS) near_tie(one, cpu, tc, same_1, t1[same_1], nv, arch);
+    ck_assert_msg(memcmp(t1, tc, sizeof tc) == 0, "%s: n_batch 1 gave other tokens than the CPU", arch);
     ck_assert_msg(s1.prefill_gpu_ms > 0.0 && s1.decode_gpu_ms > 0.0, "%s: n_batch 1: GPU ms prefill %g, decode %g",
                   arch, s1.prefill_gpu_ms, s1.decode_gpu_ms);
     kiln_gen_free(one);
@@ -471,7 +476,7 @@ int main(void) {
                         TS_CASE_FIXTURE("gpu_model", 300, setup, teardown),
                         TS_LOOP(0, NARCHS, prefill_and_decode_match_cpu, greedy_tokens_identical, generate_stops_match_cpu,
                                 sampled_tokens_agree, context_shift_matches_cpu),
-                        TS_TESTS(cli_run_check),
+                        TS_LOOP(0, NSTEP_ARCHS, step_archs_match_cpu), TS_TESTS(cli_run_check),
                         TS_LOOP(0, 2, device_fill_equals_file),
                         TS_CASE_FIXTURE("quant", 300, setup, teardown),
                         TS_LOOP(0, N_QUANT_CASES, quantized_greedy_tokens_identical));
