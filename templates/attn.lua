@@ -404,15 +404,11 @@ local function plan(P)
     local nt = (P.R > 8 and P.DV <= 128) and 2 or 1
     local u = (P.DK <= 128 and P.DV <= 128) and 2 or 1
     local rt = ceil_div(P.R, 8 * nt)
-    -- Wide V heads (MLA's 512) in slices of 256 columns, one block each: half the accumulators
-    -- per thread (DV 512 in one block took all 255 registers and spilled), and twice the
-    -- blocks for the one kv head; each slice recomputes the scores.
-    local vs = P.DV > 256 and P.DV % 512 == 0 and 2 or 1
     -- About two waves of blocks. (Measured on the H100, Llama-3-8B at n_kv 8192: 32 splits of
     -- 256 keys take 15 us; 64 splits of 128, one load round per warp, took 20 us: each block's
     -- fixed costs and the larger combine outweigh the shorter rounds.)
-    local s, len = splits(rt * vs * P.NGROUPS, P.NKV, 16 * u * W, FILL, FILL)
-    return { kind = "dec", NT = nt, U = u, RT = rt, VS = vs, S = s, L = len, KA = ka, VA = va }
+    local s, len = splits(rt * P.NGROUPS, P.NKV, 16 * u * W, FILL, FILL)
+    return { kind = "dec", NT = nt, U = u, RT = rt, S = s, L = len, KA = ka, VA = va }
 end
 
 -- ---- code shared by the kernels ---------------------------------------------------------------
@@ -722,11 +718,10 @@ end
 
 local function dec_kernel(P, p, H, name)
     local b = builder()
-    local S, NT, U, VS = p.S, p.NT, p.U, p.VS
+    local S, NT, U = p.S, p.NT, p.U
     local ROWS = 8 * NT
-    local DVC = P.DV // VS -- the V columns of this block (wide heads: a slice of them)
-    local kc, vt = k_chunks(P.DK, p.KA), v_tiles(DVC, p.VA)
-    local MT = DVC // 16
+    local kc, vt = k_chunks(P.DK, p.KA), v_tiles(P.DV, p.VA)
+    local MT = P.DV // 16
     H.use("types")
     H.use("ex2")
     H.use("pack_" .. P.kt)
@@ -739,14 +734,9 @@ local function dec_kernel(P, p, H, name)
     dyn_setup(b, P, true, true)
     b.add("const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;")
     b.add("const unsigned g = lane >> 2, t = lane & 3u;")
-    if VS > 1 then
-        b.add("const unsigned split = blockIdx.x, rt = blockIdx.y / %du, vs = blockIdx.y %% %du;", VS, VS)
-    else
-        b.add("const unsigned split = blockIdx.x, rt = blockIdx.y;")
-    end
+    b.add("const unsigned split = blockIdx.x, rt = blockIdx.y;")
     dyn_exit(b, P, S, p.L, p.RT, ROWS)
     group_setup(b, P, "blockIdx.z")
-    if VS > 1 then b.add("const kiln_u16 *const vgs = vg + vs * %du; /* this block's V columns */", DVC) end
     -- Before the grid wait (programmatic dependent launch: the previous kernel may still run),
     -- the split's K and V rows are prefetched into L2. Only the newest row can be the previous
     -- kernel's (the cache row it writes), and its write updates L2 all the same.
@@ -838,8 +828,7 @@ local function dec_kernel(P, p, H, name)
         -- V rows: keys 2t, 2t + 1, 2t + 8, 2t + 9
         local vkeys = { "2u * t", "2u * t + 1u", "2u * t + 8u", "2u * t + 9u" }
         for x = 1, 4 do
-            b.add("const kiln_u16 *const v%d_%d = %s + %s * %s;", u, x - 1, VS > 1 and "vgs" or "vg",
-                clamp(jb .. " + " .. vkeys[x]), ll(P.v.st[2]))
+            b.add("const kiln_u16 *const v%d_%d = vg + %s * %s;", u, x - 1, clamp(jb .. " + " .. vkeys[x]), ll(P.v.st[2]))
         end
         for vi, tl in ipairs(vt) do
             for x = 0, 3 do
@@ -951,8 +940,8 @@ local function dec_kernel(P, p, H, name)
 
     -- Merge the warps: each writes its rows' (m, l, o) to shared memory.
     b.add("/* the warps' states meet in shared memory */")
-    b.add("float *const so = (float *)kiln_smem;                 /* [%d warps][%d rows][%d] */", W, ROWS, DVC)
-    b.add("float *const sm = so + %d, *const sl = sm + %d; /* [%d warps][%d rows] */", W * ROWS * DVC, W * ROWS, W, ROWS)
+    b.add("float *const so = (float *)kiln_smem;                 /* [%d warps][%d rows][%d] */", W, ROWS, P.DV)
+    b.add("float *const sm = so + %d, *const sl = sm + %d; /* [%d warps][%d rows] */", W * ROWS * P.DV, W * ROWS, W, ROWS)
     b.add("#pragma unroll")
     b.open("for (int i = 0; i < %d; i++) {", NT)
     b.add("#pragma unroll")
@@ -974,7 +963,7 @@ local function dec_kernel(P, p, H, name)
                 local d = string.format("%du + %du * g", tl.d0 + 8 * tl.vw * hp + i, tl.vw)
                 for nt = 0, NT - 1 do
                     for e = 0, 1 do
-                        b.add("so[(warp * %du + %du + 2u * t) * %du + %s] = o[%d][%d][%d];", ROWS, 8 * nt + e, DVC, d, mt2,
+                        b.add("so[(warp * %du + %du + 2u * t) * %du + %s] = o[%d][%d][%d];", ROWS, 8 * nt + e, P.DV, d, mt2,
                             nt, 2 * hp + e)
                     end
                 end
@@ -983,8 +972,8 @@ local function dec_kernel(P, p, H, name)
         end
     end
     b.add("__syncthreads();")
-    b.open("for (unsigned idx = threadIdx.x; idx < %du; idx += %du) {", ROWS * DVC, NTHR)
-    b.add("const unsigned row = idx / %du, d = idx %% %du;", DVC, DVC)
+    b.open("for (unsigned idx = threadIdx.x; idx < %du; idx += %du) {", ROWS * P.DV, NTHR)
+    b.add("const unsigned row = idx / %du, d = idx %% %du;", P.DV, P.DV)
     b.add("const unsigned r = rt * %du + row;", ROWS)
     b.add("if (r >= %s)", P.RS)
     b.add("    break; /* rows grow with idx */")
@@ -998,25 +987,24 @@ local function dec_kernel(P, p, H, name)
     b.open("for (int w = 0; w < %d; w++) {", W)
     b.add("const float f = kiln_ex2(sm[w * %d + row] - base);", ROWS)
     b.add("L += f * sl[w * %d + row];", ROWS)
-    b.add("acc += f * so[(w * %d + row) * %d + d];", ROWS, DVC)
+    b.add("acc += f * so[(w * %d + row) * %d + d];", ROWS, P.DV)
     b.close()
     split_end(b, P, p, function()
         b.add("const unsigned iq1 = r / %du, h = hk * %du + r %% %du;", P.G, P.G, P.G)
         finish_row(b, P, "f", "M", "L", "h", "iq1")
-        local col = VS > 1 and string.format("(d + vs * %du)", DVC) or "d"
-        b.add("fout[%s * %s] = acc * finv;", col, ll(P.dst.st[1]))
+        b.add("fout[d * %s] = acc * finv;", ll(P.dst.st[1]))
     end, function()
         b.add("const long long slot = (long long)(grp * %du + r) * %du + split;", P.R, S)
-        b.add("scr_o[slot * %du + d%s] = acc;", P.DV, VS > 1 and string.format(" + vs * %du", DVC) or "")
-        b.open(VS > 1 and "if (d == 0 && vs == 0) { /* (every slice has the same m and l) */" or "if (d == 0) {")
+        b.add("scr_o[slot * %du + d] = acc;", P.DV)
+        b.open("if (d == 0) {")
         b.add("scr_ml[2 * slot] = M;")
         b.add("scr_ml[2 * slot + 1] = L;")
         b.close()
     end)
     b.close()
     b.close()
-    local smem = (W * ROWS * DVC + 2 * W * ROWS) * 4
-    return b.lines, { S, p.RT * VS, P.NGROUPS }, smem
+    local smem = (W * ROWS * P.DV + 2 * W * ROWS) * 4
+    return b.lines, { S, p.RT, P.NGROUPS }, smem
 end
 
 -- ---- the prefill kernel -------------------------------------------------------------------------
@@ -1682,8 +1670,8 @@ return function(k)
     }
     local gen = ({ dec = dec_kernel, pre = pre_kernel, fma = fma_kernel })[p.kind]
     if p.kind == "dec" then
-        notes[#notes + 1] = string.format("decode: %d rows per block, warps take 16 x %d keys at a time; K loads of %d, V loads of %d elements%s",
-            8 * p.NT, p.U, p.KA, p.VA, p.VS > 1 and string.format("; V in %d slices of %d columns, a block each", p.VS, P.DV // p.VS) or "")
+        notes[#notes + 1] = string.format("decode: %d rows per block, warps take 16 x %d keys at a time; K loads of %d, V loads of %d elements",
+            8 * p.NT, p.U, p.KA, p.VA)
     elseif p.kind == "pre" then
         notes[#notes + 1] = string.format("prefill: %d rows x %d keys per tile, Q %s", p.BM, p.BN,
             p.QREG and "in registers" or "from shared memory")

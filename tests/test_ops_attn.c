@@ -308,12 +308,12 @@ static const gcase CASES[] = {
      "input s: f32[32]\noutput y = flash_attn_ext(q, k, v, m, 0.088, 0, 0, s)\n", "fattn_fma_f32_d128", "f32 K/V", 2},
     {"input q: f32[40, 20, 2]\ninput k: bf16[40, 70, 2]\ninput v: bf16[40, 70, 2]\n"
      "output y = flash_attn_ext(q, k, v, logit_softcap=5)\n", "fattn_fma_bf16_d40", "not a multiple of 16", 2},
-    /* DeepSeek's MLA (K 576, V 512, one kv head): the decode kernel, V in two slices of 256, for
-     * decode and a 300-token prefill alike */
+    /* DeepSeek's MLA (K 576, V 512, one kv head): the decode kernel, for decode and a 300-token
+     * prefill alike (the prefill kernel's 64 rows x 512 accumulators would not fit) */
     {"input q: f32[576, 1, 16]\ninput k: f16[576, 1000, 1]\ninput v: f16[512, 1000, 1]\ninput m: f16[1000, 1]\n"
-     "output y = flash_attn_ext(q, k, v, mask=m, scale=0.07)\n", "fattn_dec_f16_d576_512", "2 slices of 256", 2},
+     "output y = flash_attn_ext(q, k, v, mask=m, scale=0.07)\n", "fattn_dec_f16_d576_512", "decode: 8 rows per block", 2},
     {"input q: f32[576, 300, 16]\ninput k: bf16[576, 600, 1]\ninput v: bf16[512, 600, 1]\ninput m: f16[600, 300]\n"
-     "output y = flash_attn_ext(q, k, v, mask=m, scale=0.07)\n", "fattn_dec_bf16_d576_512", "2 slices of 256", 1},
+     "output y = flash_attn_ext(q, k, v, mask=m, scale=0.07)\n", "fattn_dec_bf16_d576_512", "decode: 8 rows per block", 1},
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 
