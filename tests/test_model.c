@@ -341,6 +341,8 @@ static void expect_open_error(const char *path, const char *want) {
     expect_open_error_code(path, KILN_ERR_FORMAT, want);
 }
 
+static void set_key(const char *path, const char *key, uint32_t type, const void *v);
+
 START_TEST(model_errors_name_the_cause) {
     /* An architecture kiln does not build. */
     char *p = write_model("llama", "tiny", 1, "arch.gguf");
@@ -366,6 +368,19 @@ START_TEST(model_errors_name_the_cause) {
     p = write_model("llama", "tiny", 1, "miss.gguf");
     patch_file(p, "blk.1.ffn_up.weight", "blk.1.ffn_up.weighx", 19);
     expect_open_error(p, "no tensor 'blk.1.ffn_up.weight' (f16 [128, 256]), which the llama graph needs");
+    free(p);
+    /* deepseek2 from before llama.cpp's MLA layout: no key_length_mla (renamed here) */
+    p = write_model("deepseek2", "tiny", 1, "mla.gguf");
+    patch_file(p, "deepseek2.attention.key_length_mla", "deepseek2.attention.key_length_mlx", 34);
+    expect_open_error(p, "no 'deepseek2.attention.key_length_mla': a deepseek2 file from before llama.cpp's MLA "
+                         "layout (attn_kv_b instead of attn_k_b and attn_v_b)");
+    free(p);
+    /* the cached latent's sizes must agree: key_length = kv_lora_rank + rope dims */
+    p = write_model("deepseek2", "tiny", 1, "mla2.gguf");
+    uint32_t bad = 81;
+    set_key(p, "deepseek2.attention.key_length", 4, &bad);
+    expect_open_error(p, "deepseek2.attention.key_length 81 and value_length 64 should be the cached latent: "
+                         "kv_lora_rank 64 + rope.dimension_count 16, and kv_lora_rank");
     free(p);
 }
 END_TEST
