@@ -29,12 +29,13 @@ endif
 CFLAGS ?=
 ALL_CFLAGS := $(CFLAGS_BASE) $(CFLAGS) -MMD -MP
 
-# Lua statically (the GPU machine has no Lua); NVRTC dynamically from the toolkit; libcuda by dlopen.
-LIBS := -Wl,-Bstatic -llua5.4 -Wl,-Bdynamic -L$(CUDA_HOME)/lib64 -lnvrtc -Wl,-rpath,$(CUDA_HOME)/lib64 \
+# Lua and jansson (the server's JSON) statically (the GPU machine has neither); NVRTC dynamically
+# from the toolkit; libcuda by dlopen.
+LIBS := -Wl,-Bstatic -llua5.4 -ljansson -Wl,-Bdynamic -L$(CUDA_HOME)/lib64 -lnvrtc -Wl,-rpath,$(CUDA_HOME)/lib64 \
         -ldl -lm -lpthread
 TEST_LIBS := -Wl,-Bstatic -lcheck -lsubunit -Wl,-Bdynamic -lrt
 
-LIB_DIRS := base frontend ir codegen cache runtime model
+LIB_DIRS := base frontend ir codegen cache runtime model serve
 LIB_SRCS := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/templates.o $(BUILD)/obj/gen/build_id.o
 TEMPLATES := $(sort $(wildcard templates/*.lua))
@@ -109,8 +110,16 @@ run: $(if $(PREBUILT),,deps)
 
 test-build: all $(TEST_BINS)
 
+# OpenAI's Python client for tests/test_serve.c (tests/serve/client.py drives kiln serve): a
+# virtual environment with the openai package from PyPI (pinned), shared by every build.
+SERVE_PY := build/pyenv-serve/bin/python
+$(SERVE_PY):
+	python3 -m venv build/pyenv-serve
+	build/pyenv-serve/bin/pip install --quiet openai==3.57.0 || { rm -rf build/pyenv-serve; exit 1; }
+export KILN_SERVE_PYTHON := $(CURDIR)/$(SERVE_PY)
+
 test: deps
-	@$(MAKE) --no-print-directory test-build
+	@$(MAKE) --no-print-directory test-build $(SERVE_PY)
 	@scripts/run-tests.sh $(BUILD) $(TEST_BINS)
 
 # kiln against ggml's own Python GGUF package (tests/compat/gguf_py.py): a virtual environment
@@ -124,15 +133,15 @@ test-compat: all $(COMPAT_PY)
 	@$(COMPAT_PY) tests/compat/gguf_py.py $(BUILD)/kiln
 
 test-asan: deps
-	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 test-build
+	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 test-build $(SERVE_PY)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=suppressions=$(CURDIR)/scripts/lsan.supp:print_suppressions=0 \
 	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	 scripts/run-tests.sh build-asan $(patsubst $(BUILD)/%,build-asan/%,$(TEST_BINS))
 
 # ThreadSanitizer over the tests whose code runs threads: the compile thread pool (kernel
-# generation and NVRTC) and many writers of one cache. KILN_JOBS=4 makes the pool run several
-# threads even on a 2-core machine.
-TSAN_TESTS := test_compile test_cache test_cache_procs test_program_cache test_bundle test_runtime test_cli test_codegen test_ops_attn test_model
+# generation and NVRTC), many writers of one cache, and the server's slots and queue. KILN_JOBS=4
+# makes the pool run several threads even on a 2-core machine.
+TSAN_TESTS := test_compile test_cache test_cache_procs test_program_cache test_bundle test_runtime test_cli test_codegen test_ops_attn test_model test_serve_engine
 test-tsan: deps
 	@$(MAKE) --no-print-directory BUILD=build-tsan TSAN=1 build-tsan/kiln $(TSAN_TESTS:%=build-tsan/tests/%)
 	@KILN_JOBS=4 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/scripts/tsan.supp \

@@ -3,7 +3,7 @@
 # Idempotent: does nothing when all are present. The CUDA toolkit (NVRTC) is expected in
 # ${CUDA_HOME:-/usr/local/cuda}.
 set -e
-PKGS="liblua5.4-dev libxxhash-dev check pkg-config"
+PKGS="liblua5.4-dev libxxhash-dev libjansson-dev libmicrohttpd-dev check pkg-config"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

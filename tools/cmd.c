@@ -9,7 +9,7 @@
 
 /* Every command, one word each, in the order 'kiln help' lists them: the row kt_cmd_NAME is
  * defined in tools/cmd_NAME.c. */
-#define KT_COMMANDS(X) X(compile) X(run) X(chat) X(inspect) X(cache) X(ops) X(gen_graph) X(gen_model) X(bench) X(help)
+#define KT_COMMANDS(X) X(compile) X(run) X(chat) X(serve) X(inspect) X(cache) X(ops) X(gen_graph) X(gen_model) X(bench) X(help)
 
 #define KT_DECLARE(name) extern const kt_cmd kt_cmd_##name;
 KT_COMMANDS(KT_DECLARE)

@@ -11,7 +11,7 @@
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_CC      ?= $(shell command -v clang-14 >/dev/null 2>&1 && echo clang-14 || echo clang)
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := fuzz_gguf fuzz_kg fuzz_bundle fuzz_cache fuzz_compile fuzz_text
+FUZZ_TARGETS := fuzz_gguf fuzz_kg fuzz_bundle fuzz_cache fuzz_compile fuzz_text fuzz_request
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz/%) $(FUZZ_BUILD)/fuzz/fuzz_seeds
 

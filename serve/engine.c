@@ -1,0 +1,350 @@
+/* The server's engine (serve/serve.h): n_slots generators, each a thread that takes requests
+ * from one queue and generates with kiln_gen_generate, handing text to the request's sink as it
+ * comes: whole UTF-8 characters, held back while it may begin a stop string, cut where one
+ * appears. A request's prompt is tokenized when it is submitted, so that one the context cannot
+ * hold is refused at once (400) and a full queue answers 429. */
+#include "serve/serve.h"
+
+#include "base/base.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct sv_job {
+    sv_request  r;
+    int32_t    *ids; /* the prompt's tokens */
+    int64_t     n_ids;
+    sv_sink     sink;
+    atomic_bool cancel;
+    atomic_int  refs; /* the engine's and the submitter's */
+    sv_job     *next;
+};
+
+typedef struct {
+    sv_engine *e;
+    kiln_gen  *g;
+    pthread_t  thread;
+    bool       started;
+    sv_job    *job; /* running (under e->mu) */
+} slot;
+
+struct sv_engine {
+    const kiln_tokenizer *tok;
+    const char           *tmpl;
+    int32_t              *eog;
+    int64_t               n_eog, n_ctx;
+    int                   n_slots, queue_max;
+    slot                 *slots;
+    pthread_mutex_t       mu;
+    pthread_cond_t        cv;
+    sv_job               *head, *tail;
+    bool                  stopping;
+    sv_stats              stats;
+};
+
+void sv_job_release(sv_job *j) {
+    if (!j || atomic_fetch_sub(&j->refs, 1) != 1) return;
+    sv_request_free(&j->r);
+    free(j->ids);
+    free(j);
+}
+
+void sv_job_cancel(sv_job *j) {
+    if (j) atomic_store(&j->cancel, true);
+}
+
+/* ---- the text of a generation -------------------------------------------------------------- */
+
+typedef struct {
+    sv_job               *job;
+    const kiln_tokenizer *tok;
+    int32_t              *ids;
+    int64_t               n, cap;
+    size_t                emitted; /* bytes of the text given to the sink */
+    bool                  stopped; /* a stop string ended it */
+    kiln_status           err;
+} gen_text;
+
+/* Bytes of text[0..len) that end at a whole UTF-8 character: an incomplete sequence at the end
+ * is held back (the next token completes it). */
+static size_t whole_chars(const char *text, size_t len) {
+    size_t i = len, k = 0;
+    while (i > 0 && k < 4 && ((unsigned char)text[i - 1] & 0xc0) == 0x80) i--, k++;
+    if (i == 0) return len;
+    unsigned c = (unsigned char)text[i - 1];
+    size_t   need = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+    return k + 1 < need && c >= 0xc0 ? i - 1 : len;
+}
+
+/* Where the text may be given out to: before the first stop string (*hit), else before a
+ * suffix that begins one, at a whole character. */
+static size_t safe_end(const sv_request *r, const char *text, size_t len, bool *hit) {
+    size_t end = len;
+    *hit = false;
+    for (int s = 0; s < r->n_stop; s++) {
+        const char *p = memmem(text, len, r->stop[s], strlen(r->stop[s]));
+        if (p && (size_t)(p - text) <= end) end = (size_t)(p - text), *hit = true;
+    }
+    if (*hit) return end;
+    for (int s = 0; s < r->n_stop; s++) {
+        size_t sl = strlen(r->stop[s]);
+        for (size_t k = sl - 1 < len ? sl - 1 : len; k > 0; k--)
+            if (memcmp(text + len - k, r->stop[s], k) == 0) {
+                if (len - k < end) end = len - k;
+                break;
+            }
+    }
+    return whole_chars(text, end);
+}
+
+static bool on_token(void *user, int32_t id) {
+    gen_text *t = user;
+    if (atomic_load(&t->job->cancel)) return true;
+    if (t->n == t->cap) {
+        int64_t  cap = t->cap ? 2 * t->cap : 64;
+        int32_t *ids = realloc(t->ids, sizeof *ids * (size_t)cap);
+        if (!ids) return (t->err = kb_oom()), true;
+        t->ids = ids, t->cap = cap;
+    }
+    t->ids[t->n++] = id;
+    /* The whole text again: a token's bytes may complete an earlier token's character. */
+    char  *text;
+    size_t len;
+    if ((t->err = kiln_detokenize(t->tok, t->ids, t->n, &text, &len))) return true;
+    size_t end = safe_end(&t->job->r, text, len, &t->stopped);
+    if (end > t->emitted) t->job->sink.on_text(t->job->sink.user, text + t->emitted, end - t->emitted);
+    if (end > t->emitted) t->emitted = end;
+    free(text);
+    return t->stopped;
+}
+
+/* What was held back for a stop string that never came, and an incomplete last character. */
+static void flush(gen_text *t) {
+    if (t->stopped || t->err || !t->n || atomic_load(&t->job->cancel)) return;
+    char  *text;
+    size_t len;
+    if ((t->err = kiln_detokenize(t->tok, t->ids, t->n, &text, &len))) return;
+    if (len > t->emitted) t->job->sink.on_text(t->job->sink.user, text + t->emitted, len - t->emitted);
+    free(text);
+}
+
+static void run_job(sv_engine *e, kiln_gen *g, sv_job *j) {
+    gen_text        t = {.job = j, .tok = e->tok};
+    kiln_stop       why = KILN_STOP_NONE;
+    int64_t         n_out = 0;
+    double          t0 = kb_now_ms();
+    kiln_gen_params p = {.n_predict = j->r.max_tokens, .eog = e->eog, .n_eog = e->n_eog, .on_token = on_token,
+                         .user = &t, .sampler = &j->r.sampler};
+    kiln_gen_reset(g);
+    kiln_status st = atomic_load(&j->cancel) ? NULL : kiln_gen_generate(g, j->ids, j->n_ids, &p, &n_out, &why, NULL);
+    if (!st) flush(&t);
+    if (!st) st = t.err, t.err = NULL;
+    const char *finish = atomic_load(&j->cancel) ? "cancelled"
+                       : t.stopped || why == KILN_STOP_EOG ? "stop" : "length";
+    sv_error err, *pe = NULL;
+    if (st) {
+        sv_fail(&err, 500, "server_error", NULL, NULL, "generation failed: %s", kiln_status_msg(st));
+        pe = &err;
+        kiln_status_free(st);
+        kiln_gen_reset(g); /* the position is unknown after an error */
+    }
+    pthread_mutex_lock(&e->mu);
+    e->stats.completion_tokens += (uint64_t)t.n;
+    e->stats.busy_ms += kb_now_ms() - t0;
+    e->stats.running--; /* before on_done: a client that saw its end sees the slot free */
+    pthread_mutex_unlock(&e->mu);
+    j->sink.on_done(j->sink.user, finish, j->n_ids, t.n, pe);
+    free(t.ids);
+}
+
+static void *slot_main(void *arg) {
+    slot      *s = arg;
+    sv_engine *e = s->e;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->head && !e->stopping) pthread_cond_wait(&e->cv, &e->mu);
+        sv_job *j = e->head;
+        if (!j) {
+            pthread_mutex_unlock(&e->mu);
+            return NULL;
+        }
+        e->head = j->next;
+        if (!e->head) e->tail = NULL;
+        e->stats.waiting--;
+        e->stats.running++;
+        s->job = j;
+        pthread_mutex_unlock(&e->mu);
+        run_job(e, s->g, j);
+        pthread_mutex_lock(&e->mu);
+        s->job = NULL;
+        pthread_mutex_unlock(&e->mu);
+        sv_job_release(j);
+    }
+}
+
+/* ---- the engine ------------------------------------------------------------------------------- */
+
+/* The template: the one named, else the model's (detected as llama.cpp does), else chatml. */
+static kiln_status pick_template(const kiln_model *m, const char *name, const char **out) {
+    if (name) {
+        kiln_status st = kiln_chat_template_by_name(name);
+        if (!st) *out = name;
+        return st;
+    }
+    char       *text = NULL;
+    kiln_status st = kiln_chat_template_from_gguf(kiln_model_gguf(m), &text);
+    *out = "chatml";
+    if (!st && text) {
+        st = kiln_chat_template_detect(text, out);
+        if (st) kiln_status_free(st), st = NULL, *out = "chatml"; /* llama.cpp's fallback too */
+    }
+    free(text);
+    return st;
+}
+
+kiln_status sv_engine_new(const kiln_model *m, const kiln_tokenizer *tok, const sv_engine_opts *o, sv_engine **out) {
+    if (!m || !tok || !out) return kb_error(KILN_ERR_INVALID, "sv_engine_new: NULL argument");
+    sv_engine_opts d = {0};
+    if (!o) o = &d;
+    if (o->n_slots < 0 || o->n_slots > 256 || o->queue_max < 0)
+        return kb_error(KILN_ERR_INVALID, "serve: -np %d is out of range (1 .. 256)", o->n_slots);
+    sv_engine *e = calloc(1, sizeof *e);
+    if (!e) return kb_oom();
+    e->tok = tok;
+    e->n_slots = o->n_slots ? o->n_slots : 1;
+    e->queue_max = o->queue_max ? o->queue_max : 64;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    kiln_status st = pick_template(m, o->chat_template, &e->tmpl);
+    if (!st) st = kiln_tokenizer_eog(tok, kiln_model_gguf(m), &e->eog, &e->n_eog);
+    if (!st && !(e->slots = calloc((size_t)e->n_slots, sizeof *e->slots))) st = kb_oom();
+    kiln_gen_opts go = {.n_ctx = o->n_ctx, .cpu = o->cpu};
+    for (int i = 0; !st && i < e->n_slots; i++) {
+        e->slots[i].e = e;
+        st = kiln_gen_new(m, &go, &e->slots[i].g);
+        if (!st && pthread_create(&e->slots[i].thread, NULL, slot_main, &e->slots[i]) != 0)
+            st = kb_error(KILN_ERR_NOMEM, "serve: could not start slot %d's thread", i);
+        e->slots[i].started = !st;
+    }
+    if (!st) e->n_ctx = kiln_gen_n_ctx(e->slots[0].g);
+    if (st) {
+        sv_engine_free(e);
+        return st;
+    }
+    *out = e;
+    return NULL;
+}
+
+void sv_engine_shutdown(sv_engine *e) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping) {
+        pthread_mutex_unlock(&e->mu);
+        return;
+    }
+    e->stopping = true;
+    sv_job *q = e->head;
+    e->head = e->tail = NULL;
+    for (int i = 0; i < e->n_slots && e->slots; i++)
+        if (e->slots[i].job) sv_job_cancel(e->slots[i].job);
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    while (q) { /* the waiting ones end here */
+        sv_job *next = q->next;
+        q->sink.on_done(q->sink.user, "cancelled", q->n_ids, 0, NULL);
+        sv_job_release(q);
+        q = next;
+    }
+    for (int i = 0; i < e->n_slots && e->slots; i++)
+        if (e->slots[i].started) pthread_join(e->slots[i].thread, NULL), e->slots[i].started = false;
+}
+
+void sv_engine_free(sv_engine *e) {
+    if (!e) return;
+    sv_engine_shutdown(e);
+    for (int i = 0; i < e->n_slots && e->slots; i++) kiln_gen_free(e->slots[i].g);
+    free(e->slots);
+    free(e->eog);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
+const char *sv_engine_template(const sv_engine *e) { return e ? e->tmpl : NULL; }
+
+/* The prompt's tokens: a chat's messages rendered with the template first. */
+static bool tokenize(sv_engine *e, sv_job *j, sv_error *err) {
+    const sv_request *r = &j->r;
+    const char       *param = r->kind == SV_CHAT ? "messages" : "prompt";
+    if (r->prompt_ids) {
+        if (!(j->ids = malloc(sizeof *j->ids * (size_t)r->n_prompt_ids)))
+            return sv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+        memcpy(j->ids, r->prompt_ids, sizeof *j->ids * (size_t)r->n_prompt_ids);
+        j->n_ids = r->n_prompt_ids;
+    } else {
+        char       *chat = NULL;
+        kiln_status st = r->kind == SV_CHAT ? kiln_chat_apply(e->tmpl, r->msgs, r->n_msgs, true, &chat) : NULL;
+        const char *text = r->kind == SV_CHAT ? chat : r->prompt;
+        if (!st) st = kiln_tokenize(e->tok, text, strlen(text), &j->ids, &j->n_ids);
+        free(chat);
+        if (st) {
+            sv_fail(err, 400, "invalid_request_error", param, NULL, "the %s does not tokenize: %s", param,
+                    kiln_status_msg(st));
+            kiln_status_free(st);
+            return false;
+        }
+    }
+    if (j->n_ids == 0) return sv_fail(err, 400, "invalid_request_error", param, NULL, "the %s is empty", param);
+    /* one slot is kept for the first generated token */
+    if (j->n_ids >= e->n_ctx)
+        return sv_fail(err, 400, "invalid_request_error", param, "context_length_exceeded",
+                       "the %s is %lld tokens; this server's context holds %lld (less one to generate)", param,
+                       (long long)j->n_ids, (long long)e->n_ctx);
+    return true;
+}
+
+bool sv_engine_submit(sv_engine *e, sv_request *r, const sv_sink *sink, sv_job **job, sv_error *err) {
+    if (job) *job = NULL;
+    sv_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        sv_request_free(r);
+        return sv_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    j->r = *r;
+    memset(r, 0, sizeof *r);
+    j->sink = *sink;
+    atomic_init(&j->cancel, false);
+    atomic_init(&j->refs, job ? 2 : 1);
+    bool ok = tokenize(e, j, err);
+    pthread_mutex_lock(&e->mu);
+    if (ok && e->stats.waiting >= e->queue_max)
+        ok = sv_fail(err, 429, "rate_limit_exceeded", NULL, NULL,
+                     "%d requests wait for a slot already (the queue holds %d); try again later", e->stats.waiting,
+                     e->queue_max);
+    if (ok && e->stopping) ok = sv_fail(err, 503, "server_error", NULL, NULL, "the server is stopping");
+    if (!ok) {
+        e->stats.rejected++;
+        pthread_mutex_unlock(&e->mu);
+        atomic_store(&j->refs, 1);
+        sv_job_release(j);
+        return false;
+    }
+    e->stats.requests++;
+    e->stats.prompt_tokens += (uint64_t)j->n_ids;
+    e->stats.waiting++;
+    if (e->tail) e->tail->next = j;
+    else e->head = j;
+    e->tail = j;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (job) *job = j;
+    return true;
+}
+
+void sv_engine_stats(sv_engine *e, sv_stats *out) {
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}
