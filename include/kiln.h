@@ -1066,6 +1066,51 @@ typedef struct {
 kiln_status kiln_gen_generate(kiln_gen *g, const int32_t *prompt, int64_t n_prompt, const kiln_gen_params *p,
                               int64_t *n_out, kiln_stop *why, kiln_gen_stats *stats);
 
+/* ---- several sequences at once (issue 28) --------------------------------------------------
+ * A batch: one program and one KV cache shared by up to n_seq sequences, as llama.cpp's unified
+ * cache (each cache cell holds a token of one sequence; a token sees the cells of its own
+ * sequence up to its position), each step evaluating tokens of several sequences together:
+ * prefill chunks and decode steps mixed, the weights read once for all of them. A sequence
+ * opens, takes steps, and closes; its cells go back to the others (no recompile, no CUDA graph
+ * capture: n_tokens and n_kv are the program's symbolic dims). Each sequence's logits are the
+ * ones it gets alone (kiln_gen), up to the rounding of a batched run.
+ *
+ *     kiln_batch *b;  kiln_batch_new(m, &(kiln_batch_opts){.n_ctx = 8192, .n_seq = 8}, &b);
+ *     int a, c;       kiln_batch_seq_open(b, &a); kiln_batch_seq_open(b, &c);
+ *     kiln_batch_item it[2] = {{a, prompt_a, n_a}, {c, &next_c, 1}};
+ *     const float *lg[2];  kiln_batch_step(b, it, 2, lg);   // lg[i]: after item i's last token
+ */
+typedef struct kiln_batch kiln_batch;
+typedef struct {
+    int64_t n_ctx;   /* cache cells, all sequences together (0: min(4096, n_ctx_train)) */
+    int64_t n_batch; /* tokens per step, all items together (0: min(512, n_ctx)) */
+    int     n_seq;   /* sequences open at once at most (0: 16) */
+    bool    cpu;     /* the CPU reference */
+    const kiln_compile_opts *compile;
+    const kiln_session_opts *session;
+} kiln_batch_opts;
+typedef struct {
+    int            seq;    /* an open sequence */
+    const int32_t *tokens; /* appended to it, in order */
+    int64_t        n;      /* >= 1 */
+} kiln_batch_item;
+kiln_status kiln_batch_new(const kiln_model *m, const kiln_batch_opts *o, kiln_batch **out);
+void        kiln_batch_free(kiln_batch *b);
+/* A new, empty sequence (its id in *seq, 0 .. n_seq-1); an error when n_seq are open. */
+kiln_status kiln_batch_seq_open(kiln_batch *b, int *seq);
+/* Ends sequence seq: its cells are free for the others. */
+void        kiln_batch_seq_close(kiln_batch *b, int seq);
+int64_t     kiln_batch_seq_pos(const kiln_batch *b, int seq);   /* its tokens so far */
+int64_t     kiln_batch_free_cells(const kiln_batch *b);
+int64_t     kiln_batch_n_batch(const kiln_batch *b);   /* tokens a step takes at most */
+/* One step: the tokens of each item appended to its sequence (an item per sequence at most;
+ * at most n_batch tokens in all, and free cells for them), evaluated together; logits[i] gets
+ * the logits after item i's last token (n_vocab floats owned by b, valid until the next step).
+ * Nothing changes when it fails. */
+kiln_status kiln_batch_step(kiln_batch *b, const kiln_batch_item *items, int n, const float **logits);
+/* Figures of all steps: tokens evaluated, steps, and GPU time (kiln_gen_stats' decode fields). */
+void        kiln_batch_get_stats(const kiln_batch *b, kiln_gen_stats *out);
+
 /* ---- chat templates (docs/chat.md) ---------------------------------------------------------
  * A conversation rendered as the text an instruct model was trained on, exactly as llama.cpp's
  * built-in templates render it (llm_chat_apply_template, src/llama-chat.cpp; not its Jinja

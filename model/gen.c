@@ -26,13 +26,14 @@ struct kiln_gen {
     const kiln_model_hparams *hp;
     int64_t                   n_ctx, n_batch, pos;
     bool                      cpu;
+    bool                      all; /* model/batch.c's: every row's logits (KILN_OUTPUTS_ALL), no argmax */
     kiln_ctx                 *ctx;
     kiln_graph               *graph;
     kiln_session             *sess;
 
     /* The inputs of the current run, at its n_tokens (nt) and n_kv (nkv). */
     int64_t   nt, nkv;
-    int32_t  *tokens, *positions, out_id;
+    int32_t  *tokens, *positions, *out_ids; /* out_ids: the row kept (all: every row) */
     int32_t   next; /* the graph's argmax (or sample) after the last run that read it */
     /* The sampler the program samples with on the GPU (output "sample"), when gpu_sample. */
     bool                gpu_sample;
@@ -57,15 +58,19 @@ static kiln_status gen_alloc(kiln_gen *g) {
     g->slots = malloc(sizeof *g->slots * (size_t)g->n_batch);
     g->mask = malloc(sizeof *g->mask * (size_t)g->n_batch * (size_t)g->n_ctx);
     if (g->hp->n_swa > 0) g->mask_swa = malloc(sizeof *g->mask_swa * (size_t)g->n_batch * (size_t)g->n_ctx);
-    g->logits = calloc((size_t)g->hp->n_vocab, sizeof *g->logits);
-    return g->tokens && g->positions && g->slots && g->mask && (g->mask_swa || g->hp->n_swa <= 0) && g->logits ? NULL
-                                                                                                              : kb_oom();
+    g->logits = calloc((size_t)g->hp->n_vocab * (size_t)(g->all ? g->n_batch : 1), sizeof *g->logits);
+    g->out_ids = malloc(sizeof *g->out_ids * (size_t)g->n_batch);
+    return g->tokens && g->positions && g->slots && g->mask && (g->mask_swa || g->hp->n_swa <= 0) && g->logits &&
+                   g->out_ids
+               ? NULL
+               : kb_oom();
 }
 
 static kiln_status build(kiln_gen *g) {
     if (!(g->ctx = kiln_ctx_new())) return kb_oom();
-    kiln_build_opts o = {.n_ctx = g->n_ctx, .n_tokens_max = g->n_batch, .outputs = KILN_OUTPUTS_LAST,
-                         .argmax = !g->cpu, .sampler = g->gpu_sample ? &g->sampler : NULL};
+    kiln_build_opts o = {.n_ctx = g->n_ctx, .n_tokens_max = g->n_batch,
+                         .outputs = g->all ? KILN_OUTPUTS_ALL : KILN_OUTPUTS_LAST, .argmax = !g->cpu && !g->all,
+                         .sampler = g->gpu_sample ? &g->sampler : NULL};
     kiln_status     st = kiln_model_build(g->ctx, g->m, &o);
     if (!st) st = kiln_graph_new(g->ctx, &g->graph);
     if (!st) st = kiln_model_check_weights(g->m, g->graph);
@@ -127,7 +132,7 @@ static int64_t weight_bytes(const kiln_graph *gr) {
     return n;
 }
 
-kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out) {
+static kiln_status gen_new(const kiln_model *m, const kiln_gen_opts *o, bool all, kiln_gen **out) {
     if (out) *out = NULL;
     if (!m || !out) return kb_error(KILN_ERR_INVALID, "kiln_gen_new: NULL argument");
     kiln_gen_opts def = {0};
@@ -135,6 +140,7 @@ kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen *
     kiln_gen *g = calloc(1, sizeof *g);
     if (!g) return kb_oom();
     g->m = m;
+    g->all = all;
     g->hp = kiln_model_get_hparams(m);
     g->cpu = o->cpu;
     g->n_ctx = o->n_ctx > 0 ? o->n_ctx : kiln_default_n_ctx(g->hp);
@@ -160,6 +166,14 @@ kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen *
     return NULL;
 }
 
+kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out) { return gen_new(m, o, false, out); }
+
+kiln_status km_gen_new_rows(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out) {
+    kiln_gen_opts one = o ? *o : (kiln_gen_opts){0};
+    one.sampler = NULL; /* rows are sampled on the host */
+    return gen_new(m, &one, true, out);
+}
+
 void kiln_gen_free(kiln_gen *g) {
     if (!g) return;
     kiln_session_free(g->sess);
@@ -173,6 +187,7 @@ void kiln_gen_free(kiln_gen *g) {
     free(g->mask);
     free(g->mask_swa);
     free(g->logits);
+    free(g->out_ids);
     kiln_status_free(g->ref_err);
     free(g);
 }
@@ -208,7 +223,9 @@ static void place_inputs(kiln_gen *g, int64_t nt) {
         uint16_t *sw = g->mask_swa + t * g->nkv;
         for (int64_t j = 0; j < g->nkv; j++) sw[j] = j <= g->pos + t && g->pos + t - j < g->hp->n_swa ? 0 : F16_NEG_INF;
     }
-    g->out_id = (int32_t)(nt - 1);
+    if (g->all)
+        for (int64_t t = 0; t < nt; t++) g->out_ids[t] = (int32_t)t;
+    else g->out_ids[0] = (int32_t)(nt - 1);
 }
 
 static kiln_status make_inputs(kiln_gen *g, const int32_t *tokens, int64_t nt) {
@@ -232,7 +249,7 @@ static kiln_status set_inputs(kiln_gen *g, bool with_tokens) {
     if (!st) st = kiln_session_set(s, "kq_mask", g->mask, sizeof *g->mask * (size_t)(g->nt * g->nkv));
     if (!st && g->mask_swa)
         st = kiln_session_set(s, "kq_mask_swa", g->mask_swa, sizeof *g->mask_swa * (size_t)(g->nt * g->nkv));
-    if (!st) st = kiln_session_set(s, "inp_out_ids", &g->out_id, sizeof g->out_id);
+    if (!st) st = kiln_session_set(s, "inp_out_ids", g->out_ids, sizeof *g->out_ids * (size_t)(g->all ? g->nt : 1));
     return st;
 }
 
@@ -244,7 +261,7 @@ static kiln_status gpu_run(kiln_gen *g, run_read read) {
     if (!st) st = kiln_session_run(s);
     double t2 = kb_now_ms();
     if (!st && read == READ_LOGITS)
-        st = kiln_session_get(s, "logits", g->logits, sizeof *g->logits * (size_t)g->hp->n_vocab);
+        st = kiln_session_get(s, "logits", g->logits, sizeof *g->logits * (size_t)(g->hp->n_vocab * (g->all ? g->nt : 1)));
     else if (!st && (read == READ_ARGMAX || read == READ_SAMPLE))
         st = kiln_session_get(s, read == READ_SAMPLE ? "sample" : "argmax", &g->next, sizeof g->next);
     g->stats.inputs_ms += t1 - t0;
@@ -261,6 +278,15 @@ static kiln_status warm_up(kiln_gen *g) {
     double       t0 = kb_now_ms();
     int32_t      zeros[2] = {0, 0};
     int32_t      next;
+    if (g->all) { /* model/batch.c's: a run of each program, the logits of every row read */
+        const float *lg;
+        kiln_status  st = g->n_batch > 1 ? kiln_gen_eval(g, zeros, 2, &lg) : NULL;
+        g->pos = 0;
+        if (!st) st = kiln_gen_eval(g, zeros, 1, &lg);
+        g->pos = 0;
+        g->stats.warmup_ms = kb_now_ms() - t0;
+        return st;
+    }
     kiln_status  st = g->n_batch > 1 ? kiln_gen_eval_greedy(g, zeros, 2, &next) : NULL;
     g->pos = 0;
     if (!st) st = kiln_gen_eval_greedy(g, zeros, 1, &next);
@@ -287,7 +313,7 @@ static const void *ref_get(void *user, const char *name, kiln_type type, int64_t
     if (strcmp(name, "kv_idxs") == 0) return g->slots;
     if (strcmp(name, "kq_mask") == 0) return g->mask;
     if (strcmp(name, "kq_mask_swa") == 0) return g->mask_swa;
-    if (strcmp(name, "inp_out_ids") == 0) return &g->out_id;
+    if (strcmp(name, "inp_out_ids") == 0) return g->out_ids;
     for (int i = 0; i < g->nstates; i++)
         if (strcmp(g->states[i].name, name) == 0) return g->states[i].data;
     return kiln_model_weight(g->m, name, type, n);
@@ -296,7 +322,7 @@ static const void *ref_get(void *user, const char *name, kiln_type type, int64_t
 static void ref_put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
     kiln_gen *g = user;
     size_t    bytes = (size_t)n * kiln_type_size(type);
-    if (strcmp(name, "logits") == 0 && bytes == sizeof *g->logits * (size_t)g->hp->n_vocab) {
+    if (strcmp(name, "logits") == 0 && bytes == sizeof *g->logits * (size_t)(g->hp->n_vocab * (g->all ? g->nt : 1))) {
         memcpy(g->logits, data, bytes);
         return;
     }
@@ -320,6 +346,19 @@ static kiln_status cpu_run(kiln_gen *g) {
     if (!st && g->ref_err) st = g->ref_err, g->ref_err = NULL;
     kiln_graph_free(gr);
     kiln_ctx_free(bound);
+    return st;
+}
+
+km_gen_inputs km_gen_rows_inputs(kiln_gen *g) {
+    return (km_gen_inputs){g->tokens, g->positions, g->slots, g->mask, g->mask_swa, g->n_batch};
+}
+
+kiln_status km_gen_rows_run(kiln_gen *g, int64_t nt, int64_t nkv, const float **logits) {
+    g->nt = nt, g->nkv = nkv;
+    for (int64_t t = 0; t < nt; t++) g->out_ids[t] = (int32_t)t;
+    kiln_status st = g->cpu ? cpu_run(g) : gpu_run(g, READ_LOGITS);
+    if (!st && !g->cpu) g->stats.decode_gpu_ms += kiln_session_last_ms(g->sess);
+    *logits = st ? NULL : g->logits;
     return st;
 }
 

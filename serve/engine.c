@@ -1,8 +1,12 @@
-/* The server's engine (serve/serve.h): n_slots generators, each a thread that takes requests
- * from one queue and generates with kiln_gen_generate, handing text to the request's sink as it
- * comes: whole UTF-8 characters, held back while it may begin a stop string, cut where one
- * appears. A request's prompt is tokenized when it is submitted, so that one the context cannot
- * hold is refused at once (400) and a full queue answers 429. */
+/* The server's engine (serve/serve.h): one kiln_batch (one program, one KV cache) whose n_slots
+ * sequences are the requests being answered, and one thread that steps it: each step takes the
+ * next token of every request that is generating and, in what n_batch leaves, chunks of the
+ * prompts of requests that just got a slot (continuous batching: requests join and leave at
+ * step boundaries). Each pick is kiln_gen_generate's (argmax, or kiln_sample at the token's
+ * position with the prompt and the picks as history), its text handed to the request's sink:
+ * whole UTF-8 characters, held back while it may begin a stop string, cut where one appears.
+ * A request's prompt is tokenized when it is submitted, so that one the context cannot hold is
+ * refused at once (400) and a full queue answers 429. */
 #include "serve/serve.h"
 
 #include "base/base.h"
@@ -22,21 +26,41 @@ struct sv_job {
     sv_job     *next;
 };
 
+/* The text of a generation so far. */
 typedef struct {
-    sv_engine *e;
-    kiln_gen  *g;
-    pthread_t  thread;
-    bool       started;
-    sv_job    *job; /* running (under e->mu) */
+    sv_job               *job;
+    const kiln_tokenizer *tok;
+    int32_t              *ids;
+    int64_t               n, cap;
+    size_t                emitted; /* bytes of the text given to the sink */
+    bool                  stopped; /* a stop string ended it */
+    kiln_status           err;
+} gen_text;
+
+/* A request in a slot: its sequence of the batch, how much of its prompt went in, the pick to
+ * feed next, and the history its sampler's penalties count. */
+typedef struct {
+    sv_job  *job; /* NULL: the slot is free */
+    int      seq;
+    int64_t  fed;
+    int32_t  next;
+    bool     has_next;
+    int32_t *hist;
+    int64_t  nh, caph;
+    gen_text text;
+    double   t0;
 } slot;
 
 struct sv_engine {
     const kiln_tokenizer *tok;
     const char           *tmpl;
     int32_t              *eog;
-    int64_t               n_eog, n_ctx;
+    int64_t               n_eog, n_ctx; /* n_ctx: a request's context */
     int                   n_slots, queue_max;
+    kiln_batch           *b;
     slot                 *slots;
+    pthread_t             thread;
+    bool                  started;
     pthread_mutex_t       mu;
     pthread_cond_t        cv;
     sv_job               *head, *tail;
@@ -55,17 +79,7 @@ void sv_job_cancel(sv_job *j) {
     if (j) atomic_store(&j->cancel, true);
 }
 
-/* ---- the text of a generation -------------------------------------------------------------- */
-
-typedef struct {
-    sv_job               *job;
-    const kiln_tokenizer *tok;
-    int32_t              *ids;
-    int64_t               n, cap;
-    size_t                emitted; /* bytes of the text given to the sink */
-    bool                  stopped; /* a stop string ended it */
-    kiln_status           err;
-} gen_text;
+/* ---- the text of a generation (gen_text) -------------------------------------------------- */
 
 /* Bytes of text[0..len) that end at a whole UTF-8 character: an incomplete sequence at the end
  * is held back (the next token completes it). */
@@ -130,57 +144,152 @@ static void flush(gen_text *t) {
     free(text);
 }
 
-static void run_job(sv_engine *e, kiln_gen *g, sv_job *j) {
-    gen_text        t = {.job = j, .tok = e->tok};
-    kiln_stop       why = KILN_STOP_NONE;
-    int64_t         n_out = 0;
-    double          t0 = kb_now_ms();
-    kiln_gen_params p = {.n_predict = j->r.max_tokens, .eog = e->eog, .n_eog = e->n_eog, .on_token = on_token,
-                         .user = &t, .sampler = &j->r.sampler};
-    kiln_gen_reset(g);
-    kiln_status st = atomic_load(&j->cancel) ? NULL : kiln_gen_generate(g, j->ids, j->n_ids, &p, &n_out, &why, NULL);
-    if (!st) flush(&t);
-    if (!st) st = t.err, t.err = NULL;
-    const char *finish = atomic_load(&j->cancel) ? "cancelled"
-                       : t.stopped || why == KILN_STOP_EOG ? "stop" : "length";
-    sv_error err, *pe = NULL;
-    if (st) {
-        sv_fail(&err, 500, "server_error", NULL, NULL, "generation failed: %s", kiln_status_msg(st));
-        pe = &err;
-        kiln_status_free(st);
-        kiln_gen_reset(g); /* the position is unknown after an error */
+static bool hist_push(slot *s, int32_t id) {
+    if (s->nh == s->caph) {
+        int64_t  cap = s->caph ? 2 * s->caph : 256;
+        int32_t *h = realloc(s->hist, sizeof *h * (size_t)cap);
+        if (!h) return false;
+        s->hist = h, s->caph = cap;
     }
-    pthread_mutex_lock(&e->mu);
-    e->stats.completion_tokens += (uint64_t)t.n;
-    e->stats.busy_ms += kb_now_ms() - t0;
-    e->stats.running--; /* before on_done: a client that saw its end sees the slot free */
-    pthread_mutex_unlock(&e->mu);
-    j->sink.on_done(j->sink.user, finish, j->n_ids, t.n, pe);
-    free(t.ids);
+    s->hist[s->nh++] = id;
+    return true;
 }
 
-static void *slot_main(void *arg) {
-    slot      *s = arg;
-    sv_engine *e = s->e;
-    for (;;) {
-        pthread_mutex_lock(&e->mu);
-        while (!e->head && !e->stopping) pthread_cond_wait(&e->cv, &e->mu);
-        sv_job *j = e->head;
-        if (!j) {
-            pthread_mutex_unlock(&e->mu);
-            return NULL;
+/* The slot's request ends: the rest of its text, its on_done, its sequence closed. */
+static void finish(sv_engine *e, slot *s, const char *why, const sv_error *err) {
+    sv_job *j = s->job;
+    if (!err && strcmp(why, "cancelled")) flush(&s->text);
+    sv_error fail;
+    if (!err && s->text.err) {
+        sv_fail(&fail, 500, "server_error", NULL, NULL, "detokenizing failed: %s", kiln_status_msg(s->text.err));
+        err = &fail;
+    }
+    kiln_status_free(s->text.err);
+    kiln_batch_seq_close(e->b, s->seq);
+    pthread_mutex_lock(&e->mu);
+    e->stats.completion_tokens += (uint64_t)s->text.n;
+    e->stats.busy_ms += kb_now_ms() - s->t0;
+    e->stats.running--; /* before on_done: a client that saw its end sees the slot free */
+    pthread_mutex_unlock(&e->mu);
+    j->sink.on_done(j->sink.user, why, j->n_ids, s->text.n, err);
+    free(s->text.ids);
+    free(s->hist);
+    *s = (slot){0};
+    sv_job_release(j);
+}
+
+/* The pick after the slot's last token (logits lg): kiln_gen_generate's rules. Returns false
+ * when the request ended. */
+static bool pick(sv_engine *e, slot *s, const float *lg) {
+    sv_job                    *j = s->job;
+    const kiln_sampler_params *sp = &j->r.sampler;
+    int64_t                    nv = kiln_tokenizer_n_vocab(e->tok), pos = kiln_batch_seq_pos(e->b, s->seq);
+    int32_t                    id;
+    if (j->r.max_tokens == 0) return finish(e, s, "length", NULL), false;
+    if (sp->temp > 0 || kiln_sampler_penalized(sp)) {
+        kiln_status st = kiln_sample(sp, lg, nv, s->hist, s->nh, pos, &id);
+        if (st) {
+            sv_error err;
+            sv_fail(&err, 500, "server_error", NULL, NULL, "sampling failed: %s", kiln_status_msg(st));
+            kiln_status_free(st);
+            return finish(e, s, "stop", &err), false;
         }
+    } else {
+        id = (int32_t)kiln_argmax_f32(lg, nv);
+    }
+    for (int64_t i = 0; i < e->n_eog; i++)
+        if (e->eog[i] == id) return finish(e, s, "stop", NULL), false;
+    if (on_token(&s->text, id)) /* a stop string, a cancel, or a failure */
+        return finish(e, s, atomic_load(&j->cancel) ? "cancelled" : "stop", NULL), false;
+    if (j->r.max_tokens >= 0 && s->text.n >= j->r.max_tokens) return finish(e, s, "length", NULL), false;
+    if (pos >= e->n_ctx) return finish(e, s, "length", NULL), false; /* no room to feed it */
+    s->next = id;
+    s->has_next = true;
+    return true;
+}
+
+/* Free slots take waiting requests (in order). Under e->mu. */
+static void admit(sv_engine *e) {
+    for (int i = 0; i < e->n_slots && e->head; i++) {
+        slot *s = &e->slots[i];
+        if (s->job) continue;
+        sv_job *j = e->head;
         e->head = j->next;
         if (!e->head) e->tail = NULL;
         e->stats.waiting--;
         e->stats.running++;
-        s->job = j;
-        pthread_mutex_unlock(&e->mu);
-        run_job(e, s->g, j);
+        kiln_status st = kiln_batch_seq_open(e->b, &s->seq); /* (a slot is a sequence: cannot fail) */
+        kiln_status_free(st);
+        *s = (slot){.job = j, .seq = s->seq, .t0 = kb_now_ms(), .text = {.job = j, .tok = e->tok}};
+    }
+}
+
+/* One step over every slot in use: decode tokens first, then prompt chunks in what n_batch
+ * leaves. */
+static void step(sv_engine *e, int64_t n_batch) {
+    kiln_batch_item items[256];
+    int             who[256], n = 0;
+    int64_t         budget = n_batch;
+    for (int i = 0; i < e->n_slots; i++) {
+        slot *s = &e->slots[i];
+        if (s->job && atomic_load(&s->job->cancel)) finish(e, s, "cancelled", NULL);
+        if (!s->job || !s->has_next || !budget) continue;
+        items[n] = (kiln_batch_item){s->seq, &s->next, 1};
+        who[n++] = i, budget--;
+    }
+    for (int i = 0; i < e->n_slots && budget; i++) {
+        slot *s = &e->slots[i];
+        if (!s->job || s->fed == s->job->n_ids) continue;
+        int64_t k = s->job->n_ids - s->fed < budget ? s->job->n_ids - s->fed : budget;
+        items[n] = (kiln_batch_item){s->seq, s->job->ids + s->fed, k};
+        who[n++] = i, budget -= k;
+    }
+    if (!n) return;
+    const float *lg[256];
+    kiln_status  st = kiln_batch_step(e->b, items, n, lg);
+    for (int i = 0; i < n; i++) {
+        slot *s = &e->slots[who[i]];
+        if (st) {
+            sv_error err;
+            sv_fail(&err, 500, "server_error", NULL, NULL, "generation failed: %s", kiln_status_msg(st));
+            finish(e, s, "stop", &err);
+            continue;
+        }
+        bool ok = true;
+        for (int64_t k = 0; k < items[i].n && ok; k++) ok = hist_push(s, items[i].tokens[k]);
+        if (!ok) {
+            sv_error err;
+            finish(e, s, "stop", (sv_fail(&err, 500, "server_error", NULL, NULL, "out of memory"), &err));
+            continue;
+        }
+        if (s->has_next) s->has_next = false;
+        else s->fed += items[i].n;
+        if (s->fed == s->job->n_ids) pick(e, s, lg[i]);
+    }
+    kiln_status_free(st);
+}
+
+static void *engine_main(void *arg) {
+    sv_engine *e = arg;
+    int64_t    n_batch = kiln_batch_n_batch(e->b);
+    for (;;) {
         pthread_mutex_lock(&e->mu);
-        s->job = NULL;
+        admit(e);
+        bool stopping = e->stopping, busy = false;
+        for (int i = 0; i < e->n_slots; i++) busy |= e->slots[i].job != NULL;
+        if (!busy && e->stopping) {
+            pthread_mutex_unlock(&e->mu);
+            return NULL;
+        }
+        if (!busy) {
+            pthread_cond_wait(&e->cv, &e->mu);
+            pthread_mutex_unlock(&e->mu);
+            continue;
+        }
         pthread_mutex_unlock(&e->mu);
-        sv_job_release(j);
+        for (int i = 0; stopping && i < e->n_slots; i++)
+            if (e->slots[i].job) sv_job_cancel(e->slots[i].job); /* (step finishes them) */
+        step(e, n_batch);
     }
 }
 
@@ -220,15 +329,15 @@ kiln_status sv_engine_new(const kiln_model *m, const kiln_tokenizer *tok, const 
     kiln_status st = pick_template(m, o->chat_template, &e->tmpl);
     if (!st) st = kiln_tokenizer_eog(tok, kiln_model_gguf(m), &e->eog, &e->n_eog);
     if (!st && !(e->slots = calloc((size_t)e->n_slots, sizeof *e->slots))) st = kb_oom();
-    kiln_gen_opts go = {.n_ctx = o->n_ctx, .cpu = o->cpu};
-    for (int i = 0; !st && i < e->n_slots; i++) {
-        e->slots[i].e = e;
-        st = kiln_gen_new(m, &go, &e->slots[i].g);
-        if (!st && pthread_create(&e->slots[i].thread, NULL, slot_main, &e->slots[i]) != 0)
-            st = kb_error(KILN_ERR_NOMEM, "serve: could not start slot %d's thread", i);
-        e->slots[i].started = !st;
-    }
-    if (!st) e->n_ctx = kiln_gen_n_ctx(e->slots[0].g);
+    /* each request a context of n_ctx; the cache holds them all at once */
+    const kiln_model_hparams *hp = kiln_model_get_hparams(m);
+    e->n_ctx = o->n_ctx > 0 ? o->n_ctx : kiln_default_n_ctx(hp);
+    kiln_batch_opts bo = {.n_ctx = e->n_ctx * e->n_slots, .n_seq = e->n_slots, .cpu = o->cpu};
+    if (!st && bo.n_ctx > hp->n_ctx_train * e->n_slots) bo.n_ctx = hp->n_ctx_train * e->n_slots;
+    if (!st) st = kiln_batch_new(m, &bo, &e->b);
+    if (!st && pthread_create(&e->thread, NULL, engine_main, e) != 0)
+        st = kb_error(KILN_ERR_NOMEM, "serve: could not start the engine's thread");
+    e->started = !st;
     if (st) {
         sv_engine_free(e);
         return st;
@@ -244,11 +353,10 @@ void sv_engine_shutdown(sv_engine *e) {
         pthread_mutex_unlock(&e->mu);
         return;
     }
-    e->stopping = true;
+    e->stopping = true; /* the engine's thread cancels what runs (the slots are its own) */
     sv_job *q = e->head;
     e->head = e->tail = NULL;
-    for (int i = 0; i < e->n_slots && e->slots; i++)
-        if (e->slots[i].job) sv_job_cancel(e->slots[i].job);
+    e->stats.waiting = 0;
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     while (q) { /* the waiting ones end here */
@@ -257,14 +365,13 @@ void sv_engine_shutdown(sv_engine *e) {
         sv_job_release(q);
         q = next;
     }
-    for (int i = 0; i < e->n_slots && e->slots; i++)
-        if (e->slots[i].started) pthread_join(e->slots[i].thread, NULL), e->slots[i].started = false;
+    if (e->started) pthread_join(e->thread, NULL), e->started = false;
 }
 
 void sv_engine_free(sv_engine *e) {
     if (!e) return;
     sv_engine_shutdown(e);
-    for (int i = 0; i < e->n_slots && e->slots; i++) kiln_gen_free(e->slots[i].g);
+    kiln_batch_free(e->b);
     free(e->slots);
     free(e->eog);
     pthread_cond_destroy(&e->cv);

@@ -73,11 +73,10 @@ char *sv_render_usage(sv_kind kind, const sv_meta *m, int64_t prompt_tokens, int
 /* GET /v1/models: the one model served. */
 char *sv_render_models(const char *model_id, int64_t created);
 
-/* ---- the engine (serve/engine.c): slots that generate, and a queue -------------------------
- * n_slots generators (kiln_gen; on the CPU reference with cpu) each take one request at a time
- * from a queue of at most queue_max waiting requests; a request's text reaches its sink as it is
- * generated. (Several sequences in one program, continuous batching, are issue 28's next step:
- * today each slot is its own program and KV cache.) */
+/* ---- the engine (serve/engine.c): slots of one batch, and a queue -------------------------
+ * n_slots sequences of one kiln_batch (one program, one KV cache; on the CPU reference with cpu)
+ * stepped together by one thread, each slot taking a request from a queue of at most queue_max
+ * waiting ones; a request's text reaches its sink as it is generated. */
 typedef struct sv_engine sv_engine;
 typedef struct sv_job    sv_job;
 typedef struct {
@@ -92,9 +91,10 @@ typedef struct {
     void *user;
 } sv_sink;
 typedef struct {
-    int         n_slots;       /* generators (default 1) */
+    int         n_slots;       /* sequences generated at once (default 1) */
     int         queue_max;     /* requests that may wait for a slot (default 64); more: 429 */
-    int64_t     n_ctx;         /* each slot's context (0: kiln_gen's default) */
+    int64_t     n_ctx;         /* each request's context (0: kiln_gen's default); the cache holds
+                                  n_slots times it */
     bool        cpu;           /* the CPU reference */
     const char *chat_template; /* a name (kiln_chat_template_name), or NULL: the model's, else chatml */
 } sv_engine_opts;

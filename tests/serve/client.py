@@ -177,15 +177,22 @@ def test_disconnect_and_queue():
         time.sleep(0.05)
     check(metric("kiln_batch_size") == 0, "the left stream still runs")
     check(metric("kiln_completion_tokens_total") - before < 1000, "the left stream ran to its end")
-    # 4 slots busy and the queue (4) full: the next request is 429
+    # 4 slots busy (their requests admitted first), then the queue (4) full: the next is 429
     holders = [threading.Thread(target=lambda i=i: complete(prompt(i), max_tokens=400, temperature=0)) for i in range(8)]
-    for t in holders:
+
+    def wait_for(name, value):
+        for _ in range(400):
+            if metric(name) == value:
+                return
+            time.sleep(0.01)
+        check(False, f"{name} never reached {value}")
+
+    for t in holders[:4]:
         t.start()
-    for _ in range(200):
-        if metric("kiln_queue_depth") == 4:
-            break
-        time.sleep(0.01)
-    check(metric("kiln_queue_depth") == 4, "the queue did not fill")
+    wait_for("kiln_batch_size", 4)
+    for t in holders[4:]:
+        t.start()
+    wait_for("kiln_queue_depth", 4)
     st, body = raw("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1})
     error_of(st, body, 429, None, "wait for a slot")
     for t in holders:

@@ -1,0 +1,184 @@
+/* kiln_batch (model/batch.c) on the CPU reference: sequences evaluated together in one program
+ * and one shared cache give the logits and the greedy tokens each gives alone (kiln_gen), for
+ * tiny models of several archs (experts, sliding windows and sinks, MLA); prefill chunks of new
+ * sequences mix with decode steps of running ones; a closed sequence's cells serve a new one;
+ * bad steps are refused and change nothing. */
+#include "tests/support.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *g_dir;
+
+static const char *const archs[] = {"llama", "qwen3moe", "gemma3", "gpt-oss", "deepseek2"};
+#define NARCHS ((int)(sizeof archs / sizeof archs[0]))
+
+static kiln_model *tiny(const char *arch) {
+    kiln_model_hparams hp;
+    TS_OK(kiln_model_preset(arch, "tiny", &hp));
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.gguf", g_dir, arch);
+    TS_OK(kiln_model_write_random(&hp, 9, path, NULL, NULL));
+    kiln_model *m;
+    TS_OK(kiln_model_open(path, &m));
+    return m;
+}
+
+static double max_diff(const float *a, const float *b, int64_t n) {
+    double d = 0;
+    for (int64_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]));
+    return d;
+}
+
+#define NS 4
+#define STEPS 8
+
+/* Sequence s's prompt: 3 + 2s tokens. */
+static int64_t prompt(int s, int32_t *out) {
+    int64_t n = 3 + 2 * s;
+    for (int64_t i = 0; i < n; i++) out[i] = (int32_t)((37 * (s + 1) + 11 * i) % 1000 + 1);
+    return n;
+}
+
+/* What sequence s gives alone: its prompt's logits and STEPS greedy tokens. */
+static void alone(const kiln_model *m, int s, float *logits, int32_t *toks) {
+    kiln_gen_opts o = {.n_ctx = 64, .cpu = true};
+    kiln_gen     *g;
+    TS_OK(kiln_gen_new(m, &o, &g));
+    int32_t      p[16];
+    int64_t      n = prompt(s, p);
+    const float *lg;
+    TS_OK(kiln_gen_eval(g, p, n, &lg));
+    int64_t nv = kiln_model_get_hparams(m)->n_vocab;
+    memcpy(logits, lg, sizeof *logits * (size_t)nv);
+    int32_t t = (int32_t)kiln_argmax_f32(lg, nv);
+    for (int i = 0; i < STEPS; i++) {
+        toks[i] = t;
+        TS_OK(kiln_gen_eval(g, &t, 1, &lg));
+        t = (int32_t)kiln_argmax_f32(lg, nv);
+    }
+    kiln_gen_free(g);
+}
+
+START_TEST(together_equals_alone) {
+    kiln_model *m = tiny(archs[_i]);
+    int64_t     nv = kiln_model_get_hparams(m)->n_vocab;
+    float      *want = malloc(sizeof *want * (size_t)(nv * (NS + 1)));
+    int32_t     want_t[NS + 1][STEPS], got_t[NS + 1][STEPS];
+    for (int s = 0; s <= NS; s++) alone(m, s, want + s * nv, want_t[s]);
+    kiln_batch_opts o = {.n_ctx = 96, .n_batch = 32, .n_seq = NS, .cpu = true};
+    kiln_batch     *b;
+    TS_OK(kiln_batch_new(m, &o, &b));
+    int             seq[NS + 1];
+    int32_t         p[NS + 1][16], next[NS + 1];
+    kiln_batch_item it[NS];
+    const float    *lg[NS];
+    /* the prompts of sequences 0..3 in one step */
+    for (int s = 0; s < NS; s++) {
+        TS_OK(kiln_batch_seq_open(b, &seq[s]));
+        it[s] = (kiln_batch_item){seq[s], p[s], prompt(s, p[s])};
+    }
+    TS_OK(kiln_batch_step(b, it, NS, lg));
+    for (int s = 0; s < NS; s++) {
+        double d = max_diff(lg[s], want + s * nv, nv);
+        ck_assert_msg(d < 1e-4, "%s: sequence %d's prompt logits differ by %g", archs[_i], s, d);
+        next[s] = (int32_t)kiln_argmax_f32(lg[s], nv);
+    }
+    /* decode steps of all four; after step 2 sequence 1 closes and sequence 4 (its cells) opens:
+     * its prompt is a prefill chunk in the same steps as the others' decode tokens */
+    int live[NS] = {0, 1, 2, 3}, step_of[NS + 1] = {0};
+    for (int k = 0; k < STEPS + 3; k++) {
+        if (k == 2) {
+            kiln_batch_seq_close(b, seq[1]);
+            TS_OK(kiln_batch_seq_open(b, &seq[4]));
+            live[1] = 4;
+        }
+        int n = 0, who[NS];
+        for (int i = 0; i < NS; i++) {
+            int s = live[i];
+            if (step_of[s] >= STEPS) continue;
+            bool first = s == 4 && step_of[4] == 0 && kiln_batch_seq_pos(b, seq[4]) == 0;
+            it[n] = first ? (kiln_batch_item){seq[4], p[4], prompt(4, p[4])} : (kiln_batch_item){seq[s], &next[s], 1};
+            who[n++] = s;
+        }
+        if (!n) break;
+        TS_OK(kiln_batch_step(b, it, n, lg));
+        for (int i = 0; i < n; i++) {
+            int s = who[i];
+            if (s == 4 && kiln_batch_seq_pos(b, seq[4]) == prompt(4, p[4])) { /* its prompt's logits */
+                double d = max_diff(lg[i], want + 4 * nv, nv);
+                ck_assert_msg(d < 1e-4, "%s: the late sequence's prompt logits differ by %g", archs[_i], d);
+                next[4] = (int32_t)kiln_argmax_f32(lg[i], nv);
+                continue;
+            }
+            got_t[s][step_of[s]++] = next[s];
+            next[s] = (int32_t)kiln_argmax_f32(lg[i], nv);
+        }
+    }
+    for (int s = 0; s <= NS; s++) {
+        if (s == 1) { /* closed after 2 steps */
+            ck_assert_int_eq(step_of[1], 2);
+            ck_assert(!memcmp(got_t[1], want_t[1], sizeof(int32_t) * 2));
+            continue;
+        }
+        ck_assert_int_eq(step_of[s], STEPS);
+        for (int i = 0; i < STEPS; i++)
+            ck_assert_msg(got_t[s][i] == want_t[s][i], "%s: sequence %d, token %d: together %d, alone %d", archs[_i], s,
+                          i, got_t[s][i], want_t[s][i]);
+    }
+    kiln_gen_stats gs;
+    kiln_batch_get_stats(b, &gs);
+    ck_assert_int_gt(gs.decode_tokens, NS * STEPS);
+    kiln_batch_free(b);
+    kiln_model_close(m);
+    free(want);
+}
+END_TEST
+
+START_TEST(bad_steps_change_nothing) {
+    kiln_model     *m = tiny("llama");
+    kiln_batch_opts o = {.n_ctx = 16, .n_batch = 8, .n_seq = 2, .cpu = true};
+    kiln_batch     *b;
+    TS_OK(kiln_batch_new(m, &o, &b));
+    int a, c, d;
+    TS_OK(kiln_batch_seq_open(b, &a));
+    TS_OK(kiln_batch_seq_open(b, &c));
+    ts_expect_status(kiln_batch_seq_open(b, &d), KILN_ERR_INVALID, "all 2 sequences are open");
+    int32_t         t[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, bad = 5000;
+    const float    *lg[2];
+    kiln_batch_item two[2] = {{a, t, 2}, {a, t, 1}};
+    ts_expect_status(kiln_batch_step(b, two, 2, lg), KILN_ERR_INVALID, "items 0 and 1 are both sequence");
+    kiln_batch_item big = {a, t, 9};
+    ts_expect_status(kiln_batch_step(b, &big, 1, lg), KILN_ERR_INVALID, "9 tokens; a step takes 8 at most");
+    kiln_batch_item badt = {c, &bad, 1};
+    ts_expect_status(kiln_batch_step(b, &badt, 1, lg), KILN_ERR_INVALID, "token 0 is 5000, outside the vocabulary");
+    kiln_batch_item closed = {7, t, 1};
+    ts_expect_status(kiln_batch_step(b, &closed, 1, lg), KILN_ERR_INVALID, "sequence 7 is not open");
+    ck_assert_int_eq(kiln_batch_seq_pos(b, a), 0);
+    ck_assert_int_eq(kiln_batch_free_cells(b), 16);
+    kiln_batch_item fill[2] = {{a, t, 8}, {c, t, 0}};
+    TS_OK(kiln_batch_step(b, fill, 1, lg));
+    fill[0] = (kiln_batch_item){c, t, 8};
+    TS_OK(kiln_batch_step(b, fill, 1, lg));
+    ck_assert_int_eq(kiln_batch_free_cells(b), 0);
+    kiln_batch_item more = {a, t, 1};
+    ts_expect_status(kiln_batch_step(b, &more, 1, lg), KILN_ERR_INVALID, "1 tokens, 0 free cells of 16");
+    kiln_batch_seq_close(b, c);
+    ck_assert_int_eq(kiln_batch_free_cells(b), 8);
+    TS_OK(kiln_batch_step(b, &more, 1, lg)); /* a's 9th token takes one of c's cells */
+    ck_assert_int_eq(kiln_batch_seq_pos(b, a), 9);
+    kiln_batch_free(b);
+    kiln_model_close(m);
+}
+END_TEST
+
+static void setup(void) { g_dir = ts_tmpdir(); }
+static void teardown(void) { ts_tmpdir_free(g_dir); }
+
+int main(void) {
+    Suite *s = TS_SUITE("batch", TS_CASE_FIXTURE("batch", 120, setup, teardown),
+                        TS_LOOP(0, NARCHS, together_equals_alone), TS_TESTS(bad_steps_change_nothing));
+    return ts_main_isolated(s, "batch");
+}
