@@ -63,8 +63,8 @@ const char *km_arch_name(km_arch a);
 const char *km_arch_list(void);
 /* The rope of the architecture of hp (arch_build.c's; also the context shift's re-rope, gen.c):
  * x rotated by positions pos, freqs the llama3 factors or NULL. */
-/* gen.c for model/batch.c: a generator whose program keeps every row's logits (outputs ALL, no
- * argmax, no sampler), whose inputs the caller places itself (tokens, positions, cache slots and
+/* gen.c for model/batch.c: a generator whose program keeps every row's logits and argmax
+ * (outputs ALL, no sampler), whose inputs the caller places itself (tokens, positions, cache slots and
  * the masks of nt rows over nkv cells, up to n_batch rows) before km_gen_rows_run, which gives
  * the nt rows of logits (n_vocab each, owned by g). */
 typedef struct {
@@ -75,7 +75,9 @@ typedef struct {
 } km_gen_inputs;
 kiln_status   km_gen_new_rows(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out);
 km_gen_inputs km_gen_rows_inputs(kiln_gen *g);
-kiln_status   km_gen_rows_run(kiln_gen *g, int64_t nt, int64_t nkv, const float **logits);
+/* picks non-NULL: only each row's argmax is read back (on the GPU the program's argmax output,
+ * 4 bytes a row instead of n_vocab floats), into *picks; logits may then be NULL. */
+kiln_status   km_gen_rows_run(kiln_gen *g, int64_t nt, int64_t nkv, const float **logits, const int32_t **picks);
 /* gen.c, for tests: a CPU generator's cache state `name` (its bytes in *bytes), or NULL. */
 const void *km_gen_cpu_state(const kiln_gen *g, const char *name, size_t *bytes);
 /* The rope's per-frequency factors of a model of hp with a cache of n_ctx rows: the weight's

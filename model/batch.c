@@ -125,8 +125,9 @@ static kiln_status check_items(const kiln_batch *b, const kiln_batch_item *items
     return NULL;
 }
 
-kiln_status kiln_batch_step(kiln_batch *b, const kiln_batch_item *items, int n, const float **logits) {
-    if (!b || !items || !logits || n < 1) return kb_error(KILN_ERR_INVALID, "kiln_batch_step: no items");
+/* A step: logits[i] the rows after each item, or (picks non-NULL) only their argmax. */
+static kiln_status step(kiln_batch *b, const kiln_batch_item *items, int n, const float **logits, int32_t *picks) {
+    if (!b || !items || (!logits && !picks) || n < 1) return kb_error(KILN_ERR_INVALID, "kiln_batch_step: no items");
     int64_t     nt;
     kiln_status st = check_items(b, items, n, &nt);
     if (st) return st;
@@ -157,8 +158,9 @@ kiln_status kiln_batch_step(kiln_batch *b, const kiln_batch_item *items, int n, 
                 if (sw) sw[j] = see && p - b->cell_pos[j] < b->hp->n_swa ? 0 : F16_NEG_INF;
             }
         }
-    const float *lg;
-    st = km_gen_rows_run(b->g, nt, nkv, &lg);
+    const float   *lg = NULL;
+    const int32_t *pk = NULL;
+    st = km_gen_rows_run(b->g, nt, nkv, picks ? NULL : &lg, picks ? &pk : NULL);
     if (st) { /* the cells go back: nothing changed */
         for (int64_t u = 0; u < nt; u++) b->cell_seq[in.slots[u]] = -1;
         b->used = used;
@@ -168,12 +170,21 @@ kiln_status kiln_batch_step(kiln_batch *b, const kiln_batch_item *items, int n, 
     for (int i = 0; i < n; i++) {
         t += items[i].n;
         b->seq_pos[items[i].seq] += items[i].n;
-        logits[i] = lg + (t - 1) * b->hp->n_vocab;
+        if (picks) picks[i] = pk[t - 1];
+        else logits[i] = lg + (t - 1) * b->hp->n_vocab;
     }
     b->tokens += nt;
     b->steps++;
     b->step_ms += kb_now_ms() - t0;
     return NULL;
+}
+
+kiln_status kiln_batch_step(kiln_batch *b, const kiln_batch_item *items, int n, const float **logits) {
+    return logits ? step(b, items, n, logits, NULL) : kb_error(KILN_ERR_INVALID, "kiln_batch_step: NULL logits");
+}
+
+kiln_status kiln_batch_step_greedy(kiln_batch *b, const kiln_batch_item *items, int n, int32_t *picks) {
+    return picks ? step(b, items, n, NULL, picks) : kb_error(KILN_ERR_INVALID, "kiln_batch_step_greedy: NULL picks");
 }
 
 void kiln_batch_get_stats(const kiln_batch *b, kiln_gen_stats *out) {

@@ -35,6 +35,7 @@ struct kiln_gen {
     int64_t   nt, nkv;
     int32_t  *tokens, *positions, *out_ids; /* out_ids: the row kept (all: every row) */
     int32_t   next; /* the graph's argmax (or sample) after the last run that read it */
+    int32_t  *picks; /* all: every row's argmax (n_batch) */
     /* The sampler the program samples with on the GPU (output "sample"), when gpu_sample. */
     bool                gpu_sample;
     kiln_sampler_params sampler;
@@ -60,8 +61,9 @@ static kiln_status gen_alloc(kiln_gen *g) {
     if (g->hp->n_swa > 0) g->mask_swa = malloc(sizeof *g->mask_swa * (size_t)g->n_batch * (size_t)g->n_ctx);
     g->logits = calloc((size_t)g->hp->n_vocab * (size_t)(g->all ? g->n_batch : 1), sizeof *g->logits);
     g->out_ids = malloc(sizeof *g->out_ids * (size_t)g->n_batch);
+    g->picks = malloc(sizeof *g->picks * (size_t)g->n_batch);
     return g->tokens && g->positions && g->slots && g->mask && (g->mask_swa || g->hp->n_swa <= 0) && g->logits &&
-                   g->out_ids
+                   g->out_ids && g->picks
                ? NULL
                : kb_oom();
 }
@@ -69,7 +71,7 @@ static kiln_status gen_alloc(kiln_gen *g) {
 static kiln_status build(kiln_gen *g) {
     if (!(g->ctx = kiln_ctx_new())) return kb_oom();
     kiln_build_opts o = {.n_ctx = g->n_ctx, .n_tokens_max = g->n_batch,
-                         .outputs = g->all ? KILN_OUTPUTS_ALL : KILN_OUTPUTS_LAST, .argmax = !g->cpu && !g->all,
+                         .outputs = g->all ? KILN_OUTPUTS_ALL : KILN_OUTPUTS_LAST, .argmax = !g->cpu,
                          .sampler = g->gpu_sample ? &g->sampler : NULL};
     kiln_status     st = kiln_model_build(g->ctx, g->m, &o);
     if (!st) st = kiln_graph_new(g->ctx, &g->graph);
@@ -188,6 +190,7 @@ void kiln_gen_free(kiln_gen *g) {
     free(g->mask_swa);
     free(g->logits);
     free(g->out_ids);
+    free(g->picks);
     kiln_status_free(g->ref_err);
     free(g);
 }
@@ -262,6 +265,8 @@ static kiln_status gpu_run(kiln_gen *g, run_read read) {
     double t2 = kb_now_ms();
     if (!st && read == READ_LOGITS)
         st = kiln_session_get(s, "logits", g->logits, sizeof *g->logits * (size_t)(g->hp->n_vocab * (g->all ? g->nt : 1)));
+    else if (!st && read == READ_ARGMAX && g->all)
+        st = kiln_session_get(s, "argmax", g->picks, sizeof *g->picks * (size_t)g->nt);
     else if (!st && (read == READ_ARGMAX || read == READ_SAMPLE))
         st = kiln_session_get(s, read == READ_SAMPLE ? "sample" : "argmax", &g->next, sizeof g->next);
     g->stats.inputs_ms += t1 - t0;
@@ -353,12 +358,16 @@ km_gen_inputs km_gen_rows_inputs(kiln_gen *g) {
     return (km_gen_inputs){g->tokens, g->positions, g->slots, g->mask, g->mask_swa, g->n_batch};
 }
 
-kiln_status km_gen_rows_run(kiln_gen *g, int64_t nt, int64_t nkv, const float **logits) {
+kiln_status km_gen_rows_run(kiln_gen *g, int64_t nt, int64_t nkv, const float **logits, const int32_t **picks) {
     g->nt = nt, g->nkv = nkv;
     for (int64_t t = 0; t < nt; t++) g->out_ids[t] = (int32_t)t;
-    kiln_status st = g->cpu ? cpu_run(g) : gpu_run(g, READ_LOGITS);
+    kiln_status st = g->cpu ? cpu_run(g) : gpu_run(g, picks ? READ_ARGMAX : READ_LOGITS);
     if (!st && !g->cpu) g->stats.decode_gpu_ms += kiln_session_last_ms(g->sess);
-    *logits = st ? NULL : g->logits;
+    /* the CPU reference has no argmax output: the rows' picks from its logits */
+    for (int64_t t = 0; !st && picks && g->cpu && t < nt; t++)
+        g->picks[t] = (int32_t)kiln_argmax_f32(g->logits + t * g->hp->n_vocab, g->hp->n_vocab);
+    if (logits) *logits = st || picks ? NULL : g->logits;
+    if (picks) *picks = st ? NULL : g->picks;
     return st;
 }
 

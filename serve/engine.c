@@ -178,15 +178,19 @@ static void finish(sv_engine *e, slot *s, const char *why, const sv_error *err) 
     sv_job_release(j);
 }
 
-/* The pick after the slot's last token (logits lg): kiln_gen_generate's rules. Returns false
- * when the request ended. */
-static bool pick(sv_engine *e, slot *s, const float *lg) {
+static bool greedy(const sv_job *j) { return !(j->r.sampler.temp > 0 || kiln_sampler_penalized(&j->r.sampler)); }
+
+/* The pick after the slot's last token (logits lg; NULL for a greedy request: the batch's pick
+ * g): kiln_gen_generate's rules. Returns false when the request ended. */
+static bool pick(sv_engine *e, slot *s, const float *lg, int32_t g) {
     sv_job                    *j = s->job;
     const kiln_sampler_params *sp = &j->r.sampler;
     int64_t                    nv = kiln_tokenizer_n_vocab(e->tok), pos = kiln_batch_seq_pos(e->b, s->seq);
     int32_t                    id;
     if (j->r.max_tokens == 0) return finish(e, s, "length", NULL), false;
-    if (sp->temp > 0 || kiln_sampler_penalized(sp)) {
+    if (!lg) {
+        id = g;
+    } else if (!greedy(j)) {
         kiln_status st = kiln_sample(sp, lg, nv, s->hist, s->nh, pos, &id);
         if (st) {
             sv_error err;
@@ -245,8 +249,12 @@ static void step(sv_engine *e, int64_t n_batch) {
         who[n++] = i, budget -= k;
     }
     if (!n) return;
-    const float *lg[256];
-    kiln_status  st = kiln_batch_step(e->b, items, n, lg);
+    /* every request greedy: only the picks come back (4 bytes a row, not the logits) */
+    bool all_greedy = true;
+    for (int i = 0; i < n; i++) all_greedy &= greedy(e->slots[who[i]].job);
+    const float *lg[256] = {0};
+    int32_t      picks[256];
+    kiln_status  st = all_greedy ? kiln_batch_step_greedy(e->b, items, n, picks) : kiln_batch_step(e->b, items, n, lg);
     for (int i = 0; i < n; i++) {
         slot *s = &e->slots[who[i]];
         if (st) {
@@ -264,7 +272,7 @@ static void step(sv_engine *e, int64_t n_batch) {
         }
         if (s->has_next) s->has_next = false;
         else s->fed += items[i].n;
-        if (s->fed == s->job->n_ids) pick(e, s, lg[i]);
+        if (s->fed == s->job->n_ids) pick(e, s, all_greedy ? NULL : lg[i], all_greedy ? picks[i] : 0);
     }
     kiln_status_free(st);
 }

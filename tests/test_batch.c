@@ -174,11 +174,69 @@ START_TEST(bad_steps_change_nothing) {
 }
 END_TEST
 
+/* kiln_batch_step_greedy: the argmax of kiln_batch_step's rows, and the batch goes on alike. */
+START_TEST(greedy_steps_pick_the_argmax) {
+    kiln_model     *m = tiny("qwen3moe");
+    int64_t         nv = kiln_model_get_hparams(m)->n_vocab;
+    kiln_batch_opts o = {.n_ctx = 64, .n_batch = 16, .n_seq = 3, .cpu = true};
+    kiln_batch     *a, *g;
+    TS_OK(kiln_batch_new(m, &o, &a));
+    TS_OK(kiln_batch_new(m, &o, &g));
+    int32_t p[3][16], next[3];
+    int     sa[3], sg[3];
+    for (int s = 0; s < 3; s++) {
+        TS_OK(kiln_batch_seq_open(a, &sa[s]));
+        TS_OK(kiln_batch_seq_open(g, &sg[s]));
+    }
+    for (int step = 0; step < 6; step++) {
+        kiln_batch_item ia[3], ig[3];
+        for (int s = 0; s < 3; s++) {
+            int64_t n = step ? 1 : prompt(s, p[s]);
+            ia[s] = (kiln_batch_item){sa[s], step ? &next[s] : p[s], n};
+            ig[s] = (kiln_batch_item){sg[s], step ? &next[s] : p[s], n};
+        }
+        const float *lg[3];
+        int32_t      pk[3];
+        TS_OK(kiln_batch_step(a, ia, 3, lg));
+        TS_OK(kiln_batch_step_greedy(g, ig, 3, pk));
+        for (int s = 0; s < 3; s++) {
+            ck_assert_int_eq(pk[s], (int32_t)kiln_argmax_f32(lg[s], nv));
+            next[s] = pk[s];
+        }
+    }
+    ts_expect_status(kiln_batch_step_greedy(g, NULL, 1, NULL), KILN_ERR_INVALID, "NULL picks");
+    kiln_batch_free(a);
+    kiln_batch_free(g);
+    kiln_model_close(m);
+}
+END_TEST
+
+/* The program a batch runs on the GPU (every row's logits and argmax) generates and compiles
+ * with NVRTC for sm_90a (no GPU needed), for each arch above. */
+START_TEST(gpu_program_compiles) {
+    kiln_model_hparams hp;
+    TS_OK(kiln_model_preset(archs[_i], "tiny", &hp));
+    kiln_ctx       *ctx = kiln_ctx_new();
+    kiln_build_opts bo = {.n_ctx = 64, .n_tokens_max = 16, .outputs = KILN_OUTPUTS_ALL, .argmax = true};
+    TS_OK(kiln_build_model(ctx, &hp, &bo));
+    kiln_graph *g;
+    TS_OK(kiln_graph_new(ctx, &g));
+    char cache[512];
+    snprintf(cache, sizeof cache, "%s/cache-%s", g_dir, archs[_i]);
+    kiln_compile_opts co = {.arch = "sm_90a", .cache_dir = cache};
+    kiln_program     *p;
+    TS_OK(kiln_compile(g, &co, &p));
+    ck_assert_int_gt(kiln_program_kernel_count(p), 0);
+    ts_compiled_free(p, g, ctx);
+}
+END_TEST
+
 static void setup(void) { g_dir = ts_tmpdir(); }
 static void teardown(void) { ts_tmpdir_free(g_dir); }
 
 int main(void) {
     Suite *s = TS_SUITE("batch", TS_CASE_FIXTURE("batch", 120, setup, teardown),
-                        TS_LOOP(0, NARCHS, together_equals_alone), TS_TESTS(bad_steps_change_nothing));
+                        TS_LOOP(0, NARCHS, together_equals_alone, gpu_program_compiles),
+                        TS_TESTS(bad_steps_change_nothing, greedy_steps_pick_the_argmax));
     return ts_main_isolated(s, "batch");
 }
