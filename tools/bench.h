@@ -12,12 +12,13 @@
 typedef struct {
     bool        quick;
     bool        torch;      /* run bench/torch_*.py beside kiln */
-    bool        do_ops, do_models;
+    bool        do_ops, do_models, do_batch;
     const char *dir;        /* the bench folder: graphs and PyTorch scripts */
     const char *python;
     const char *json;       /* write the results here (NULL: not written) */
     const char *models;     /* comma-separated presets, PRESET:FILETYPE for another file type
                                (NULL: the bf16 presets and the quantized files of issue 25) */
+    const char *batch_models; /* the batch rows' models (NULL: llama-3-8b in bf16 and q4_k_m) */
     uint64_t    seed;
     kiln_device_info dev;
     double      copy_gbs;   /* measured roofline */
@@ -59,10 +60,28 @@ typedef struct {
     char     err[256];
 } kt_bench_model;
 
+/* A batch row (tools/bench_batch.c, issue 28): one kiln_batch at 1, 8, 32 and 64 sequences, each
+ * a 512-token prompt then gen_n greedy tokens, as llama.cpp's llama-batched-bench measures. */
+#define KT_BENCH_SEQS 4
+typedef struct {
+    char    name[32], file_type[16];
+    int64_t prompt_n, gen_n;
+    int     seqs[KT_BENCH_SEQS];
+    double  gen_tok_s[KT_BENCH_SEQS];    /* generated tokens per second, all sequences together */
+    double  step_ms[KT_BENCH_SEQS];      /* one decode step of all of them */
+    double  prompt_tok_s[KT_BENCH_SEQS]; /* prompt tokens per second while the batch fills */
+    double  ttft_ms[KT_BENCH_SEQS];      /* mean time to first token, the requests arriving together */
+    double  limit_tok_s[KT_BENCH_SEQS];  /* the weights read once a step and each sequence's KV, at
+                                            the roofline */
+    char    err[256];
+} kt_bench_batch;
+
 /* Ops: measured into *ops (n of them), each error kept in its row. */
 kiln_status kt_bench_ops(kt_bench *b, kt_bench_op **ops, int *n);
 /* Models: b->models (or the default list), kiln then PyTorch for each. */
 kiln_status kt_bench_models(kt_bench *b, kt_bench_model **models, int *n);
+/* The batch rows: b->batch_models (or the default), each error kept in its row. */
+kiln_status kt_bench_batches(kt_bench *b, kt_bench_batch **rows, int *n);
 /* The hyperparameters of a --models name: a preset, or PRESET:FILETYPE (llama-3-8b:q4_k_m) for
  * the preset in that file type; an unknown preset or file type, or one the rows do not take, is
  * an error naming it. */
@@ -76,9 +95,16 @@ double kt_bench_median(double *x, int n);
 /* "3.14" after "key=" in text, or 0 when absent. */
 double kt_bench_field(const char *text, const char *key);
 
-void        kt_bench_print(const kt_bench *b, const kt_bench_op *ops, int nops, const kt_bench_model *models,
-                           int nmodels);
-kiln_status kt_bench_write_json(const kt_bench *b, const kt_bench_op *ops, int nops,
-                                const kt_bench_model *models, int nmodels);
+/* What a run measured, for the report. */
+typedef struct {
+    const kt_bench_op    *ops;
+    int                   nops;
+    const kt_bench_model *models;
+    int                   nmodels;
+    const kt_bench_batch *batch;
+    int                   nbatch;
+} kt_bench_results;
+void        kt_bench_print(const kt_bench *b, const kt_bench_results *r);
+kiln_status kt_bench_write_json(const kt_bench *b, const kt_bench_results *r);
 
 #endif

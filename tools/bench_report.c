@@ -130,13 +130,36 @@ static void print_models(const kt_bench_model *ms, int n) {
     for (int i = 0; i < n; i++) print_model(&ms[i]);
 }
 
-void kt_bench_print(const kt_bench *b, const kt_bench_op *ops, int nops, const kt_bench_model *models, int nmodels) {
+/* The batch rows: aggregate generation, one step, the batch filling, time to first token, limit. */
+static void print_batch(const kt_bench_batch *rows, int n) {
+    printf("\nbatched decode (kiln_batch: each sequence a %lld-token prompt, then greedy tokens; tok/s of all "
+           "sequences together)\n", n ? (long long)rows[0].prompt_n : 512LL);
+    printf("%-20s %6s %12s %10s %12s %10s %12s %6s\n", "model", "seqs", "gen tok/s", "step ms", "prompt tok/s",
+           "ttft ms", "limit tok/s", "%");
+    for (int i = 0; i < n; i++) {
+        const kt_bench_batch *r = &rows[i];
+        if (r->err[0]) {
+            printf("%-20s error: %s\n", r->name, r->err);
+            continue;
+        }
+        for (int k = 0; k < KT_BENCH_SEQS; k++)
+            printf("%-20s %6d %12.0f %10.3f %12.0f %10.1f %12.0f %5.0f%%\n", k ? "" : r->name, r->seqs[k],
+                   r->gen_tok_s[k], r->step_ms[k], r->prompt_tok_s[k], r->ttft_ms[k], r->limit_tok_s[k],
+                   r->limit_tok_s[k] > 0 ? 100.0 * r->gen_tok_s[k] / r->limit_tok_s[k] : 0.0);
+    }
+}
+
+void kt_bench_print(const kt_bench *b, const kt_bench_results *r) {
+    const kt_bench_op    *ops = r->ops;
+    const kt_bench_model *models = r->models;
+    int                   nops = r->nops, nmodels = r->nmodels;
     printf("kiln bench%s on %s (%s, %d SMs, %.1f GB): device-to-device copy %.0f GB/s (read + write) is the "
            "roofline\n", b->quick ? " --quick" : "", b->dev.name, b->dev.arch, b->dev.sm_count,
            (double)b->dev.memory_bytes / 1e9, b->copy_gbs);
     if (!b->torch) printf("PyTorch: %s\n", b->torch_why);
     if (nops) print_ops(b, ops, nops);
     if (nmodels) print_models(models, nmodels);
+    if (r->nbatch) print_batch(r->batch, r->nbatch);
 }
 
 /* ---- JSON ------------------------------------------------------------------------------------ */
@@ -229,8 +252,36 @@ static void json_model(kb_str *j, const kt_bench_model *m) {
     kb_str_add(j, "}");
 }
 
-kiln_status kt_bench_write_json(const kt_bench *b, const kt_bench_op *ops, int nops, const kt_bench_model *models,
-                                int nmodels) {
+static void json_batch(kb_str *j, const kt_bench_batch *rows, int n) {
+    kb_str_add(j, "  \"batch\": [\n");
+    for (int i = 0; i < n; i++) {
+        const kt_bench_batch *r = &rows[i];
+        kb_str_add(j, "    {\"model\": ");
+        json_str(j, r->name);
+        kb_str_add(j, ", \"file_type\": ");
+        json_str(j, r->file_type);
+        kb_str_addf(j, ", \"prompt_tokens\": %lld, \"gen_tokens\": %lld, \"rows\": [", (long long)r->prompt_n,
+                    (long long)r->gen_n);
+        for (int k = 0; k < KT_BENCH_SEQS && !r->err[0]; k++) {
+            kb_str_addf(j, "%s{\"seqs\": %d, ", k ? ", " : "", r->seqs[k]);
+            json_num(j, "gen_tok_s", r->gen_tok_s[k], true);
+            json_num(j, "step_ms", r->step_ms[k], true);
+            json_num(j, "prompt_tok_s", r->prompt_tok_s[k], true);
+            json_num(j, "ttft_ms", r->ttft_ms[k], true);
+            json_num(j, "limit_tok_s", r->limit_tok_s[k], false);
+            kb_str_add(j, "}");
+        }
+        kb_str_add(j, "], \"error\": ");
+        json_str(j, r->err);
+        kb_str_addf(j, "}%s\n", i + 1 < n ? "," : "");
+    }
+    kb_str_add(j, "  ],\n");
+}
+
+kiln_status kt_bench_write_json(const kt_bench *b, const kt_bench_results *r) {
+    const kt_bench_op    *ops = r->ops;
+    const kt_bench_model *models = r->models;
+    int                   nops = r->nops, nmodels = r->nmodels;
     kb_str j = {0};
     kb_str_addf(&j, "{\n  \"kiln\": \"%s\", \"mode\": \"%s\",\n  \"machine\": {\"gpu\": ", KILN_VERSION,
                 b->quick ? "quick" : "full");
@@ -244,6 +295,7 @@ kiln_status kt_bench_write_json(const kt_bench *b, const kt_bench_op *ops, int n
     json_str(&j, b->torch ? "yes" : b->torch_why);
     kb_str_add(&j, "},\n");
     json_ops(&j, ops, nops);
+    json_batch(&j, r->batch, r->nbatch);
     kb_str_add(&j, "  \"models\": [\n");
     for (int i = 0; i < nmodels; i++) {
         json_model(&j, &models[i]);

@@ -1,4 +1,4 @@
-/* kiln bench [--quick] [--ops-only | --models-only] [--models LIST] [--json FILE] [--no-torch]:
+/* kiln bench [--quick] [--ops-only | --models-only | --batch-only] [--models LIST] [--batch LIST] [--json FILE] [--no-torch]:
  * the machine and its measured roofline, per-op kernels at decode shapes, whole models (decode
  * at two KV positions, prefill, compile times), each beside PyTorch on the same GPU in the same
  * run, so that the ratios hold on a noisy machine. `make bench` runs it. */
@@ -18,8 +18,8 @@ static const char summary[] =
     "                  on this GPU ('kiln help bench'; make bench)\n";
 
 static const char help[] =
-    "usage: kiln bench [--quick] [--ops-only | --models-only] [--models LIST] [--json FILE]\n"
-    "                  [--no-torch] [--python PY] [--dir DIR] [--seed S]\n"
+    "usage: kiln bench [--quick] [--ops-only | --models-only | --batch-only] [--models LIST]\n"
+    "                  [--batch LIST] [--json FILE] [--no-torch] [--python PY] [--dir DIR] [--seed S]\n"
     "  measures kiln on this GPU beside PyTorch, in one run (docs/bench.md):\n"
     "  - the GPU and its device-to-device copy bandwidth (bytes read + written), the roofline;\n"
     "  - ops and fusions at decode shapes (DIR/ops, DIR/fusion): median CUDA-graph replay in us,\n"
@@ -31,23 +31,46 @@ static const char help[] =
     "    positions 512 and 4096, prefill tok/s at 512 tokens, cold compile and warm start, the\n"
     "    limit (weight bytes read per token at the roofline); beside PyTorch eager and\n"
     "    torch.compile(mode=\"reduce-overhead\") of the same model (torch_ref.py; bf16 only:\n"
-    "    PyTorch has no ggml quantized types).\n"
+    "    PyTorch has no ggml quantized types);\n"
+    "  - batched decode (kiln_batch, issue 28): llama-3-8b in bf16 and q4_k_m at 1, 8, 32 and 64\n"
+    "    sequences, each a 512-token prompt then 128 greedy tokens (32 with --quick): generated\n"
+    "    tok/s of all sequences, a step's ms, prompt tok/s, mean time to first token, the limit\n"
+    "    (the weights read once a step and each sequence's KV cache, at the roofline).\n"
     "  Needs a GPU. PyTorch is optional: without it the PyTorch columns say why they are empty.\n"
     "  --quick         fewer repetitions, no torch.compile, quantized models without the\n"
     "                  one-step-at-a-time loop (torch.compile is most of a full run's time)\n"
-    "  --ops-only      only the machine and the ops; --models-only: only the machine and models\n"
+    "  --ops-only      only the machine and the ops; --models-only: only the machine and models;\n"
+    "                  --batch-only: only the machine and the batched rows\n"
     "  --models LIST   comma-separated presets, PRESET:TYPE for a file type (llama-3-8b:q4_k_m;\n"
     "                  types f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k); default: all above\n"
+    "  --batch LIST    the batched rows' models (as --models; default llama-3-8b,llama-3-8b:q4_k_m)\n"
     "  --json FILE     also write the results as JSON (make bench: build/bench.json)\n"
     "  --no-torch      kiln only\n"
     "  --python PY     the Python that has PyTorch (default: python3)\n"
     "  --dir DIR       the bench folder with the graphs and scripts (default: bench)\n"
     "  --seed S        seed of the random weights and inputs, 0 .. 2^64-1 (default 1)\n";
 
+/* Every name of a --models or --batch list is a preset (PRESET:TYPE) the rows take. */
+static bool known_models(const char *list, const char *flag) {
+    for (const char *p = list; p && *p;) {
+        const char *e = strchr(p, ',');
+        char        name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(e ? e - p : (long)strlen(p)), p);
+        kiln_model_hparams hp;
+        kiln_status        st = kt_bench_model_hparams(name, &hp);
+        if (st) {
+            kt_fail("bench", kb_wrap(st, "%s", flag));
+            return false;
+        }
+        p = e ? e + 1 : NULL;
+    }
+    return true;
+}
+
 /* KT_GO_ON when b is complete, else the exit status. */
 static int parse(int argc, char **argv, kt_bench *b) {
     b->torch = true;
-    b->do_ops = b->do_models = true;
+    b->do_ops = b->do_models = b->do_batch = true;
     b->dir = "bench";
     b->python = "python3";
     b->seed = 1;
@@ -55,12 +78,14 @@ static int parse(int argc, char **argv, kt_bench *b) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool        valued = !strcmp(a, "--models") || !strcmp(a, "--json") || !strcmp(a, "--python") ||
-                      !strcmp(a, "--dir") || !strcmp(a, "--seed");
+                      !strcmp(a, "--dir") || !strcmp(a, "--seed") || !strcmp(a, "--batch");
         if (valued && !v) return kt_usage("bench", "%s needs a value", a);
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return kt_print_help("bench");
         if (!strcmp(a, "--quick")) b->quick = true;
-        else if (!strcmp(a, "--ops-only")) b->do_models = false;
-        else if (!strcmp(a, "--models-only")) b->do_ops = false;
+        else if (!strcmp(a, "--ops-only")) b->do_models = b->do_batch = false;
+        else if (!strcmp(a, "--models-only")) b->do_ops = b->do_batch = false;
+        else if (!strcmp(a, "--batch-only")) b->do_ops = b->do_models = false;
+        else if (!strcmp(a, "--batch")) b->batch_models = v;
         else if (!strcmp(a, "--no-torch")) b->torch = false;
         else if (!strcmp(a, "--models")) b->models = v;
         else if (!strcmp(a, "--json")) b->json = v;
@@ -71,22 +96,12 @@ static int parse(int argc, char **argv, kt_bench *b) {
         } else return kt_usage("bench", "unknown option '%s'", a);
         if (valued) i++;
     }
-    if (!b->do_ops && !b->do_models) return kt_usage("bench", "--ops-only and --models-only exclude each other");
+    if (!b->do_ops + !b->do_models + !b->do_batch > 2)
+        return kt_usage("bench", "--ops-only, --models-only and --batch-only exclude each other");
     struct stat sb;
     if (stat(b->dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return kt_usage("bench", "no bench folder '%s' (run from the source tree, or give --dir)", b->dir);
-    for (const char *p = b->models; p && *p;) {
-        const char *e = strchr(p, ',');
-        char        name[64];
-        snprintf(name, sizeof name, "%.*s", (int)(e ? e - p : (long)strlen(p)), p);
-        kiln_model_hparams hp;
-        kiln_status        st = kt_bench_model_hparams(name, &hp);
-        if (st) {
-            kt_fail("bench", kb_wrap(st, "--models"));
-            return KT_EXIT_USAGE;
-        }
-        p = e ? e + 1 : NULL;
-    }
+    if (!known_models(b->models, "--models") || !known_models(b->batch_models, "--batch")) return KT_EXIT_USAGE;
     return KT_GO_ON;
 }
 
@@ -142,20 +157,25 @@ static int run(int argc, char **argv) {
     probe_torch(&b);
     kt_bench_op    *ops = NULL;
     kt_bench_model *models = NULL;
-    int             nops = 0, nmodels = 0;
+    kt_bench_batch *batch = NULL;
+    int             nops = 0, nmodels = 0, nbatch = 0;
     if (b.do_ops) st = kt_bench_ops(&b, &ops, &nops);
     if (!st && b.do_models) st = kt_bench_models(&b, &models, &nmodels);
+    if (!st && b.do_batch) st = kt_bench_batches(&b, &batch, &nbatch);
+    kt_bench_results res = {ops, nops, models, nmodels, batch, nbatch};
     if (!st) {
-        kt_bench_print(&b, ops, nops, models, nmodels);
+        kt_bench_print(&b, &res);
         printf("\nkiln bench took %.0f s\n", (kb_now_ms() - t0) / 1e3);
-        if (b.json) st = kt_bench_write_json(&b, ops, nops, models, nmodels);
+        if (b.json) st = kt_bench_write_json(&b, &res);
         if (!st && b.json) printf("results: %s\n", b.json);
     }
     bool failed = false;
     for (int i = 0; i < nops; i++) failed |= ops[i].err[0] != 0;
     for (int i = 0; i < nmodels; i++) failed |= models[i].err[0] != 0;
+    for (int i = 0; i < nbatch; i++) failed |= batch[i].err[0] != 0;
     free(ops);
     free(models);
+    free(batch);
     if (st) {
         kt_fail("bench", st);
         return KT_EXIT_ERR; /* a measurement's failure, whatever its cause: the GPU was there */
