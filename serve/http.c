@@ -14,6 +14,7 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -371,6 +372,12 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *k, const char
     return route(h, k, c, url, method);
 }
 
+/* libmicrohttpd's own messages (a client gone mid-answer, ...), marked as the server's. */
+static void log_cb(void *cls, const char *fmt, va_list ap) {
+    fputs("kiln serve: http: ", stderr);
+    vfprintf(stderr, fmt, ap);
+}
+
 static void completed_cb(void *cls, struct MHD_Connection *k, void **con_cls, enum MHD_RequestTerminationCode why) {
     conn_free(*con_cls);
     *con_cls = NULL;
@@ -394,8 +401,9 @@ kiln_status sv_http_start(sv_engine *e, int64_t n_vocab, const sv_http_opts *o, 
     atomic_init(&h->next_id, 1);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
                      (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-    h->d = mhd.start(flags, (uint16_t)o->port, NULL, NULL, access_cb, h, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                     MHD_OPTION_NOTIFY_COMPLETED, completed_cb, h, MHD_OPTION_CONNECTION_LIMIT,
+    h->d = mhd.start(flags, (uint16_t)o->port, NULL, NULL, access_cb, h, MHD_OPTION_EXTERNAL_LOGGER, log_cb, NULL,
+                     MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, completed_cb, h,
+                     MHD_OPTION_CONNECTION_LIMIT,
                      (unsigned)(o->max_conns ? o->max_conns : 256), MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->d) {
