@@ -20,8 +20,12 @@ typedef struct {
     int   port;
 } server;
 
-/* Starts kiln serve MODEL ARGS (its stdout read up to the "listening" line, for the port). */
-static server start(const char *model, const char *const *args) {
+/* Starts kiln serve MODEL ARGS (its stdout read up to the "listening" line, for the port; the
+ * line in *line when line is non-NULL). cpu: with --cpu. */
+static server start_as(const char *model, const char *const *args, bool cpu, char *line_out);
+static server start(const char *model, const char *const *args) { return start_as(model, args, true, NULL); }
+
+static server start_as(const char *model, const char *const *args, bool cpu, char *line_out) {
     int fd[2];
     ck_assert_int_eq(pipe(fd), 0);
     pid_t pid = fork();
@@ -29,8 +33,8 @@ static server start(const char *model, const char *const *args) {
     if (pid == 0) {
         dup2(fd[1], 1);
         close(fd[0]);
-        const char *argv[24] = {ts_kiln_bin(), "serve", model, "--cpu", "--port", "0", "--alias", "tiny"};
-        int         n = 8;
+        const char *argv[24] = {ts_kiln_bin(), "serve", model, "--port", "0", "--alias", "tiny", "--cpu"};
+        int         n = cpu ? 8 : 7;
         for (int i = 0; args[i] && n < 22; i++) argv[n++] = args[i];
         argv[n] = NULL;
         execv(argv[0], (char *const *)argv);
@@ -43,6 +47,7 @@ static server start(const char *model, const char *const *args) {
     fclose(f);
     const char *p = strstr(line, "http://127.0.0.1:");
     ck_assert_msg(p != NULL, "no listening line: %s", line);
+    if (line_out) snprintf(line_out, 512, "%s", line);
     return (server){pid, atoi(p + 17)};
 }
 
@@ -150,11 +155,23 @@ START_TEST(api_key) {
 }
 END_TEST
 
+/* Without --cpu: the GPU when there is one, else the CPU reference (the server says why on
+ * stderr and serves anyway). Either way a request is answered. */
+START_TEST(without_cpu_flag) {
+    const char *args[] = {NULL};
+    char        line[512];
+    server      s = start_as(model(), args, false, line);
+    ck_assert_msg(strstr(line, "CPU reference") || strstr(line, ", GPU,"), "%s", line);
+    client(s, "test_health");
+    stop(s);
+}
+END_TEST
+
 static void setup(void) { g_dir = ts_tmpdir(); }
 static void teardown(void) { ts_tmpdir_free(g_dir); }
 
 int main(void) {
     Suite *s = TS_SUITE("serve", TS_CASE_FIXTURE("serve", 240, setup, teardown),
-                        TS_TESTS(usage_errors, api_key, openai_client, leave_and_queue_full));
+                        TS_TESTS(usage_errors, api_key, without_cpu_flag, openai_client, leave_and_queue_full));
     return ts_main_isolated(s, "serve");
 }

@@ -36,7 +36,8 @@ static const char help[] =
     "  --alias NAME      the model's name in requests and /v1/models (default: the file's, no .gguf)\n"
     "  --chat-template NAME  a built-in template ('kiln help run' lists them; default: the model's)\n"
     "  --max-body BYTES  the largest request body (default 1M; K, M, G suffixes)\n"
-    "  --cpu             the CPU reference instead of the GPU (slow; for tests, or no GPU)\n"
+    "  --cpu             the CPU reference instead of the GPU (slow; for tests). Without a GPU the\n"
+    "                    server says so and takes the CPU reference anyway\n"
     "  It needs libmicrohttpd (Debian: libmicrohttpd12), loaded when the server starts.\n";
 
 typedef struct {
@@ -115,6 +116,13 @@ static int run(int argc, char **argv) {
     sv_engine_opts eo = {.n_slots = (int)a.slots, .queue_max = (int)a.queue, .n_ctx = a.n_ctx, .cpu = a.cpu,
                          .chat_template = a.tmpl};
     if (!st) st = sv_engine_new(m, tok, &eo, &e);
+    if (st && !a.cpu && kiln_status_code(st) == KILN_ERR_NO_GPU) { /* (issue 28: it works, slowly) */
+        fprintf(stderr, "kiln serve: %s: serving on the CPU reference instead (slow; --cpu says so)\n",
+                kiln_status_msg(st));
+        kiln_status_free(st);
+        a.cpu = eo.cpu = true;
+        st = sv_engine_new(m, tok, &eo, &e);
+    }
     sv_http_opts ho = {.host = a.host, .port = (int)a.port, .api_key = a.api_key, .model_id = id,
                        .max_body = (size_t)a.max_body};
     if (!st) st = sv_http_start(e, kiln_tokenizer_n_vocab(tok), &ho, &h);

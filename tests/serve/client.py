@@ -156,6 +156,13 @@ def test_concurrent():
         check(got[i] == want[i], f"stream {i}: {got[i]!r}, alone {want[i]!r}")
 
 
+def test_health():
+    st, body = raw("GET", "/health")
+    check(st == 200 and body == {"status": "ok"}, f"health {st} {body}")
+    text, finish, _ = complete("Hello", max_tokens=2, temperature=0)
+    check(finish == "length", f"finish {finish}")
+
+
 def metric(name):
     _, text = raw("GET", "/metrics")
     for line in text.splitlines():
@@ -201,7 +208,8 @@ def test_disconnect_and_queue():
 
 def main():
     failed = 0
-    tests = {t.__name__: t for t in (test_basics, test_bad_requests, test_concurrent, test_disconnect_and_queue)}
+    tests = {t.__name__: t for t in (test_basics, test_bad_requests, test_concurrent, test_disconnect_and_queue,
+                                     test_health)}
     for t in (tests[n] for n in sys.argv[2:]):
         try:
             t()
