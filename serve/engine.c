@@ -337,11 +337,15 @@ kiln_status sv_engine_new(const kiln_model *m, const kiln_tokenizer *tok, const 
     kiln_status st = pick_template(m, o->chat_template, &e->tmpl);
     if (!st) st = kiln_tokenizer_eog(tok, kiln_model_gguf(m), &e->eog, &e->n_eog);
     if (!st && !(e->slots = calloc((size_t)e->n_slots, sizeof *e->slots))) st = kb_oom();
-    /* each request a context of n_ctx; the cache holds them all at once */
+    /* the cache: n_ctx cells in all (llama-server's -c), each request's context its share */
     const kiln_model_hparams *hp = kiln_model_get_hparams(m);
-    e->n_ctx = o->n_ctx > 0 ? o->n_ctx : kiln_default_n_ctx(hp);
-    kiln_batch_opts bo = {.n_ctx = e->n_ctx * e->n_slots, .n_seq = e->n_slots, .cpu = o->cpu};
-    if (!st && bo.n_ctx > hp->n_ctx_train * e->n_slots) bo.n_ctx = hp->n_ctx_train * e->n_slots;
+    int64_t total = o->n_ctx > 0 ? o->n_ctx : kiln_default_n_ctx(hp) * e->n_slots;
+    e->n_ctx = total / e->n_slots;
+    if (!st && e->n_ctx < 2)
+        st = kb_error(KILN_ERR_INVALID, "serve: -c %lld over -np %d slots leaves %lld tokens a request (2 at least)",
+                      (long long)total, e->n_slots, (long long)e->n_ctx);
+    if (e->n_ctx > hp->n_ctx_train) e->n_ctx = hp->n_ctx_train; /* (rope positions past training) */
+    kiln_batch_opts bo = {.n_ctx = e->n_ctx * e->n_slots, .n_seq = e->n_slots, .cpu = o->cpu, .n_batch = o->n_batch};
     if (!st) st = kiln_batch_new(m, &bo, &e->b);
     if (!st && pthread_create(&e->thread, NULL, engine_main, e) != 0)
         st = kb_error(KILN_ERR_NOMEM, "serve: could not start the engine's thread");

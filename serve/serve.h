@@ -93,8 +93,9 @@ typedef struct {
 typedef struct {
     int         n_slots;       /* sequences generated at once (default 1) */
     int         queue_max;     /* requests that may wait for a slot (default 64); more: 429 */
-    int64_t     n_ctx;         /* each request's context (0: kiln_gen's default); the cache holds
-                                  n_slots times it */
+    int64_t     n_ctx;         /* cache cells in all, each request's context its n_slots-th share
+                                  (llama-server's -c; 0: n_slots x kiln_gen's default) */
+    int64_t     n_batch;       /* tokens a step takes at most (0: kiln_batch's default, 512) */
     bool        cpu;           /* the CPU reference */
     const char *chat_template; /* a name (kiln_chat_template_name), or NULL: the model's, else chatml */
 } sv_engine_opts;

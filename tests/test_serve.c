@@ -87,7 +87,7 @@ static char *model(void) {
 }
 
 START_TEST(openai_client) {
-    const char *args[] = {"-np", "4", "-c", "256", NULL};
+    const char *args[] = {"-np", "4", "-c", "1024", NULL};
     server      s = start(model(), args);
     client(s, "test_basics test_bad_requests test_concurrent");
     stop(s);
@@ -95,7 +95,7 @@ START_TEST(openai_client) {
 END_TEST
 
 START_TEST(leave_and_queue_full) {
-    const char *args[] = {"-np", "4", "--queue", "4", "-c", "512", NULL};
+    const char *args[] = {"-np", "4", "--queue", "4", "-c", "2048", NULL};
     server      s = start(model(), args);
     client(s, "test_disconnect_and_queue");
     stop(s);
@@ -115,6 +115,10 @@ START_TEST(usage_errors) {
     snprintf(cmd, sizeof cmd, "'%s' serve '%s' --cpu --host not-an-address --api-key k --port 0", ts_kiln_bin(), model());
     ck_assert_int_eq(ts_run(cmd, &out), 1);
     ck_assert_msg(strstr(out, "--host not-an-address"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' serve '%s' --cpu -np 4 -c 7", ts_kiln_bin(), model());
+    ck_assert_int_eq(ts_run(cmd, &out), 1);
+    ck_assert_msg(strstr(out, "-c 7 over -np 4 slots leaves 1 tokens a request"), "%s", out);
     free(out);
     snprintf(cmd, sizeof cmd, "'%s' serve", ts_kiln_bin());
     ck_assert_int_eq(ts_run(cmd, &out), 2);

@@ -80,8 +80,9 @@ static void *open_later(void *arg) {
     return NULL;
 }
 
+/* n_ctx: each request's context (the cache holds slots x n_ctx) */
 static sv_engine *engine(int slots, int queue, int64_t n_ctx) {
-    sv_engine_opts o = {.n_slots = slots, .queue_max = queue, .n_ctx = n_ctx, .cpu = true};
+    sv_engine_opts o = {.n_slots = slots, .queue_max = queue, .n_ctx = n_ctx * slots, .cpu = true};
     sv_engine     *e;
     TS_OK(sv_engine_new(g_model, g_tok, &o, &e));
     return e;

@@ -15,7 +15,7 @@ static const char summary[] =
     "                  streaming) on 127.0.0.1:8080 ('kiln help serve')\n";
 
 static const char help[] =
-    "usage: kiln serve MODEL.gguf [--host ADDR] [--port N] [-np N] [-c N] [--queue N]\n"
+    "usage: kiln serve MODEL.gguf [--host ADDR] [--port N] [-np N] [-c N] [-b N] [--queue N]\n"
     "                  [--api-key KEY] [--alias NAME] [--chat-template NAME] [--max-body BYTES] [--cpu]\n"
     "  serves the model over HTTP as OpenAI's API does, for any OpenAI client:\n"
     "    POST /v1/completions       {\"model\", \"prompt\", \"max_tokens\", \"temperature\", \"top_p\",\n"
@@ -29,8 +29,10 @@ static const char help[] =
     "  --port N          0 .. 65535 (default 8080; 0: a free port, printed)\n"
     "  -np N             slots: requests generated at once, as sequences of one batched program\n"
     "                    and one KV cache (continuous batching; default 1; 1 .. 256)\n"
-    "  -c N              each slot's context in tokens (default min(4096, the model's)); the cache\n"
-    "                    holds -np x -c\n"
+    "  -c N              the KV cache in tokens, all slots together; each request's context is its\n"
+    "                    -np-th share, as llama-server's -c (default -np x min(4096, the model's))\n"
+    "  -b N              tokens one step takes at most, decode tokens and prompt chunks together\n"
+    "                    (default min(512, -c))\n"
     "  --queue N         requests that may wait for a slot (default 64); more get 429\n"
     "  --api-key KEY     required as \"Authorization: Bearer KEY\" (all routes but /health)\n"
     "  --alias NAME      the model's name in requests and /v1/models (default: the file's, no .gguf)\n"
@@ -42,7 +44,7 @@ static const char help[] =
 
 typedef struct {
     const char *model, *host, *api_key, *alias, *tmpl;
-    int64_t     port, slots, n_ctx, queue;
+    int64_t     port, slots, n_ctx, n_batch, queue;
     uint64_t    max_body;
     bool        cpu;
 } serve_args;
@@ -72,6 +74,7 @@ static int parse(int argc, char **argv, serve_args *a) {
         else if (!strcmp(f, "-np") || !strcmp(f, "--parallel")) ok = kt_flag_int(cmd, f, v, 1, 256, &a->slots);
         else if (!strcmp(f, "-c") || !strcmp(f, "--ctx-size")) ok = kt_flag_int(cmd, f, v, 1, KT_FLAG_MAX_CTX, &a->n_ctx);
         else if (!strcmp(f, "--queue")) ok = kt_flag_int(cmd, f, v, 1, 1 << 20, &a->queue);
+        else if (!strcmp(f, "-b") || !strcmp(f, "--batch-size")) ok = kt_flag_int(cmd, f, v, 1, KT_FLAG_MAX_CTX, &a->n_batch);
         else if (!strcmp(f, "--max-body")) ok = kt_flag_size(cmd, f, v, &a->max_body);
         else return kt_usage(cmd, "unknown option '%s'", f);
         if (!ok) return KT_EXIT_USAGE;
@@ -113,7 +116,8 @@ static int run(int argc, char **argv) {
     sv_http        *h = NULL;
     kiln_status     st = kiln_model_open(a.model, &m);
     if (!st) st = kiln_tokenizer_from_gguf(kiln_model_gguf(m), &tok);
-    sv_engine_opts eo = {.n_slots = (int)a.slots, .queue_max = (int)a.queue, .n_ctx = a.n_ctx, .cpu = a.cpu,
+    sv_engine_opts eo = {.n_slots = (int)a.slots, .queue_max = (int)a.queue, .n_ctx = a.n_ctx, .n_batch = a.n_batch,
+                         .cpu = a.cpu,
                          .chat_template = a.tmpl};
     if (!st) st = sv_engine_new(m, tok, &eo, &e);
     if (st && !a.cpu && kiln_status_code(st) == KILN_ERR_NO_GPU) { /* (issue 28: it works, slowly) */
