@@ -134,6 +134,12 @@ static bool common_fields(const json_t *o, sv_request *r, sv_error *e) {
         return false;
     r->sampler.top_k = (int32_t)top_k;
     r->sampler.seed = (uint64_t)seed;
+    kiln_status st = kiln_sampler_check(&r->sampler); /* (the ranges above hold it; kept as the guard) */
+    if (st) {
+        BAD(NULL, "%s", kiln_status_msg(st));
+        kiln_status_free(st);
+        return false;
+    }
     const json_t *so = json_object_get(o, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) return BAD("stream_options", "'stream_options' must be an object, not %s", type_name(so));

@@ -182,6 +182,14 @@ static void conn_free(conn *c) {
 
 /* ---- answers ------------------------------------------------------------------------------------- */
 
+/* Browsers' chat UIs call from another origin: every answer allows it (as llama-server's), and
+ * a preflight (OPTIONS) gets the methods and headers the API takes. */
+static void cors(struct MHD_Response *r) {
+    mhd.add_header(r, "Access-Control-Allow-Origin", "*");
+    mhd.add_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    mhd.add_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+}
+
 static enum MHD_Result reply(struct MHD_Connection *k, unsigned status, const char *type, char *body) {
     if (!body) return MHD_NO;
     struct MHD_Response *r = mhd.from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
@@ -189,7 +197,8 @@ static enum MHD_Result reply(struct MHD_Connection *k, unsigned status, const ch
         free(body);
         return MHD_NO;
     }
-    mhd.add_header(r, "Content-Type", type);
+    cors(r);
+    if (type) mhd.add_header(r, "Content-Type", type);
     enum MHD_Result ok = mhd.queue(k, status, r);
     mhd.destroy(r);
     return ok;
@@ -292,6 +301,7 @@ static enum MHD_Result generate(sv_http *h, struct MHD_Connection *k, conn *c, s
             atomic_fetch_sub(&c->refs, 1);
             return MHD_NO;
         }
+        cors(resp);
         mhd.add_header(resp, "Content-Type", "text/event-stream");
         mhd.add_header(resp, "Cache-Control", "no-cache");
         enum MHD_Result ok = mhd.queue(k, 200, resp);
@@ -326,6 +336,7 @@ static enum MHD_Result route(sv_http *h, struct MHD_Connection *k, conn *c, cons
         if (!strcmp(url, routes[i].path)) r = i;
     if (r < 0) return fail(k, 404, "invalid_request_error", NULL, "no route %s (kiln serves /v1/completions, "
                                    "/v1/chat/completions, /v1/models, /health and /metrics)", url);
+    if (!strcmp(method, "OPTIONS")) return reply(k, 204, NULL, strdup("")); /* a preflight */
     if (routes[r].post ? !post : !get)
         return fail(k, 405, "invalid_request_error", NULL, "%s takes another method", url);
     if (r != 0 && !authorized(h, k))

@@ -130,6 +130,13 @@ def test_bad_requests():
             pass
     st, body = raw("GET", "/health")
     check(st == 200 and body == {"status": "ok"}, f"health {st} {body}")
+    # a browser's preflight, and the origin allowed on answers
+    req = urllib.request.Request(BASE + "/v1/chat/completions", method="OPTIONS")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        check(r.status == 204 and r.headers.get("Access-Control-Allow-Origin") == "*", f"preflight {r.status}")
+        check("POST" in r.headers.get("Access-Control-Allow-Methods", ""), "preflight methods")
+    with urllib.request.urlopen(BASE + "/v1/models", timeout=30) as r:
+        check(r.headers.get("Access-Control-Allow-Origin") == "*", "no CORS header on answers")
     st, text = raw("GET", "/metrics")
     check(st == 200 and "kiln_requests_total" in text and "kiln_queue_depth" in text, f"metrics: {text!r}")
 
