@@ -1108,8 +1108,10 @@ int64_t     kiln_batch_n_batch(const kiln_batch *b);   /* tokens a step takes at
  * the logits after item i's last token (n_vocab floats owned by b, valid until the next step).
  * Nothing changes when it fails. */
 kiln_status kiln_batch_step(kiln_batch *b, const kiln_batch_item *items, int n, const float **logits);
-/* The same, giving only the greedy pick after each item (kiln_argmax_f32's: the first on ties);
- * on the GPU the program's argmax, 4 bytes a row read back instead of the logits. */
+/* The same, giving only the greedy pick after each item: on the GPU the program's argmax (4 bytes
+ * a row read back instead of the logits; ggml's rule, the last of equal maxima), on the CPU
+ * reference kiln_argmax_f32 of the logits (the first): they differ only on exact ties, as
+ * kiln_gen's greedy picks do. */
 kiln_status kiln_batch_step_greedy(kiln_batch *b, const kiln_batch_item *items, int n, int32_t *picks);
 /* Figures of all steps: tokens evaluated, steps, and GPU time (kiln_gen_stats' decode fields). */
 void        kiln_batch_get_stats(const kiln_batch *b, kiln_gen_stats *out);
