@@ -835,6 +835,16 @@ kiln_status kiln_tokenize(const kiln_tokenizer *t, const char *text, size_t len,
  * the first token's text, or the second's after a leading bos, loses one leading space (the one
  * tokenize put there). */
 kiln_status kiln_detokenize(const kiln_tokenizer *t, const int32_t *ids, int64_t n, char **text, size_t *len);
+/* The text token id adds after token prev (-1: none; model/text.c): the text of (prev, id) less
+ * prev's, so that a token whose text depends on the one before (SentencePiece's leading space
+ * after a first token) comes out as in the whole text, at a constant cost a token. Caller frees
+ * *out (NUL-terminated, *len bytes). */
+kiln_status kiln_detokenize_next(const kiln_tokenizer *t, int32_t prev, int32_t id, char **out, size_t *len);
+/* Of generated text[0..n), of which shown bytes are shown already: how far it may be shown now.
+ * Up to the first of the n_stops stop strings found past shown (*stop gets its index), else all
+ * but a tail that may begin a stop string or ends inside a UTF-8 character (*stop: -1). */
+size_t      kiln_text_showable(const char *text, size_t n, size_t shown, const char *const *stops, int n_stops,
+                               int *stop);
 /* For kiln gen-model: writes a byte-level BPE vocabulary of exactly n_vocab tokens (256 byte
  * tokens, merges learned from a built-in English text, control tokens, then reserved
  * placeholders) as tokenizer.ggml.* keys, with bos and eos. */

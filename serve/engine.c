@@ -26,12 +26,15 @@ struct sv_job {
     sv_job     *next;
 };
 
-/* The text of a generation so far. */
+/* The text of a generation so far: its tokens, their text (kiln_detokenize_next, a token at a
+ * time), and how much of it the sink has (kiln_text_showable decides how far it may go). */
 typedef struct {
     sv_job               *job;
     const kiln_tokenizer *tok;
-    int32_t              *ids;
-    int64_t               n, cap;
+    int32_t               prev; /* the last token (-1: none yet) */
+    int64_t               n;    /* tokens */
+    char                 *text;
+    size_t                len, cap;
     size_t                emitted; /* bytes of the text given to the sink */
     bool                  stopped; /* a stop string ended it */
     kiln_status           err;
@@ -81,67 +84,41 @@ void sv_job_cancel(sv_job *j) {
 
 /* ---- the text of a generation (gen_text) -------------------------------------------------- */
 
-/* Bytes of text[0..len) that end at a whole UTF-8 character: an incomplete sequence at the end
- * is held back (the next token completes it). */
-static size_t whole_chars(const char *text, size_t len) {
-    size_t i = len, k = 0;
-    while (i > 0 && k < 4 && ((unsigned char)text[i - 1] & 0xc0) == 0x80) i--, k++;
-    if (i == 0) return len;
-    unsigned c = (unsigned char)text[i - 1];
-    size_t   need = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
-    return k + 1 < need && c >= 0xc0 ? i - 1 : len;
-}
-
-/* Where the text may be given out to: before the first stop string (*hit), else before a
- * suffix that begins one, at a whole character. */
-static size_t safe_end(const sv_request *r, const char *text, size_t len, bool *hit) {
-    size_t end = len;
-    *hit = false;
-    for (int s = 0; s < r->n_stop; s++) {
-        const char *p = memmem(text, len, r->stop[s], strlen(r->stop[s]));
-        if (p && (size_t)(p - text) <= end) end = (size_t)(p - text), *hit = true;
-    }
-    if (*hit) return end;
-    for (int s = 0; s < r->n_stop; s++) {
-        size_t sl = strlen(r->stop[s]);
-        for (size_t k = sl - 1 < len ? sl - 1 : len; k > 0; k--)
-            if (memcmp(text + len - k, r->stop[s], k) == 0) {
-                if (len - k < end) end = len - k;
-                break;
-            }
-    }
-    return whole_chars(text, end);
+/* Gives the sink the text up to end. */
+static void emit(gen_text *t, size_t end) {
+    if (end > t->emitted) t->job->sink.on_text(t->job->sink.user, t->text + t->emitted, end - t->emitted);
+    if (end > t->emitted) t->emitted = end;
 }
 
 static bool on_token(void *user, int32_t id) {
     gen_text *t = user;
     if (atomic_load(&t->job->cancel)) return true;
-    if (t->n == t->cap) {
-        int64_t  cap = t->cap ? 2 * t->cap : 64;
-        int32_t *ids = realloc(t->ids, sizeof *ids * (size_t)cap);
-        if (!ids) return (t->err = kb_oom()), true;
-        t->ids = ids, t->cap = cap;
+    char  *add = NULL;
+    size_t n = 0;
+    if ((t->err = kiln_detokenize_next(t->tok, t->prev, id, &add, &n))) return true;
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 1024;
+        while (cap < t->len + n + 1) cap *= 2;
+        char *x = realloc(t->text, cap);
+        if (!x) return free(add), (t->err = kb_oom()), true;
+        t->text = x, t->cap = cap;
     }
-    t->ids[t->n++] = id;
-    /* The whole text again: a token's bytes may complete an earlier token's character. */
-    char  *text;
-    size_t len;
-    if ((t->err = kiln_detokenize(t->tok, t->ids, t->n, &text, &len))) return true;
-    size_t end = safe_end(&t->job->r, text, len, &t->stopped);
-    if (end > t->emitted) t->job->sink.on_text(t->job->sink.user, text + t->emitted, end - t->emitted);
-    if (end > t->emitted) t->emitted = end;
-    free(text);
+    memcpy(t->text + t->len, add, n);
+    t->len += n;
+    t->text[t->len] = 0;
+    free(add);
+    t->prev = id;
+    t->n++;
+    int stop;
+    emit(t, kiln_text_showable(t->text, t->len, t->emitted, (const char *const *)t->job->r.stop, t->job->r.n_stop,
+                               &stop));
+    t->stopped = stop >= 0;
     return t->stopped;
 }
 
 /* What was held back for a stop string that never came, and an incomplete last character. */
 static void flush(gen_text *t) {
-    if (t->stopped || t->err || !t->n || atomic_load(&t->job->cancel)) return;
-    char  *text;
-    size_t len;
-    if ((t->err = kiln_detokenize(t->tok, t->ids, t->n, &text, &len))) return;
-    if (len > t->emitted) t->job->sink.on_text(t->job->sink.user, text + t->emitted, len - t->emitted);
-    free(text);
+    if (!t->stopped && !t->err && !atomic_load(&t->job->cancel)) emit(t, t->len);
 }
 
 static bool hist_push(slot *s, int32_t id) {
@@ -172,7 +149,7 @@ static void finish(sv_engine *e, slot *s, const char *why, const sv_error *err) 
     e->stats.running--; /* before on_done: a client that saw its end sees the slot free */
     pthread_mutex_unlock(&e->mu);
     j->sink.on_done(j->sink.user, why, j->n_ids, s->text.n, err);
-    free(s->text.ids);
+    free(s->text.text);
     free(s->hist);
     *s = (slot){0};
     sv_job_release(j);
@@ -224,7 +201,7 @@ static void admit(sv_engine *e) {
         e->stats.running++;
         kiln_status st = kiln_batch_seq_open(e->b, &s->seq); /* (a slot is a sequence: cannot fail) */
         kiln_status_free(st);
-        *s = (slot){.job = j, .seq = s->seq, .t0 = kb_now_ms(), .text = {.job = j, .tok = e->tok}};
+        *s = (slot){.job = j, .seq = s->seq, .t0 = kb_now_ms(), .text = {.job = j, .tok = e->tok, .prev = -1}};
     }
 }
 

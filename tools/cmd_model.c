@@ -508,32 +508,6 @@ static kiln_status dump_logits(kiln_gen *g, const int32_t *prompt, int64_t np, i
 /* ---- streaming: the text of the generated tokens, printed as they come ----------------------- */
 
 
-/* Bytes at the end of t[0..n) that start a UTF-8 sequence not complete yet (held back so that a
- * character split across tokens is printed whole). */
-static size_t utf8_partial(const char *t, size_t n) {
-    for (size_t k = 1; k <= 3 && k <= n; k++) {
-        unsigned char c = (unsigned char)t[n - k];
-        if ((c & 0xC0) == 0x80) continue; /* a continuation byte: look further back */
-        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        return need > k ? k : 0;
-    }
-    return 0;
-}
-
-/* The longest tail of t[0..n) that begins some stop string (it may yet become one: held back). */
-static size_t stop_prefix(const kt_model_args *a, const char *t, size_t n) {
-    size_t best = 0;
-    for (int i = 0; i < a->nstops; i++) {
-        size_t ls = strlen(a->stops[i]);
-        for (size_t k = ls - 1 < n ? ls - 1 : n; k > best; k--)
-            if (memcmp(t + n - k, a->stops[i], k) == 0) {
-                best = k;
-                break;
-            }
-    }
-    return best;
-}
-
 static void emit(kt_stream *s, const char *t, size_t upto) {
     if (upto <= s->shown) return;
     if (s->a->raw) fwrite(t + s->shown, 1, upto - s->shown, s->out);
@@ -542,37 +516,27 @@ static void emit(kt_stream *s, const char *t, size_t upto) {
     s->shown = upto;
 }
 
-/* Appends the text id adds to the text of the ids before it: text(prev, id) less text(prev), so
- * that a token whose text depends on the one before (SentencePiece's leading space after a
- * first token) comes out as in the whole text, at a constant cost a token. */
+/* Appends the text the newest id adds (kiln_detokenize_next: a constant cost a token). */
 static kiln_status append_text(kt_stream *s) {
-    int64_t     k = s->n >= 2 ? 2 : 1;
-    char       *pair = NULL, *one = NULL;
-    size_t      lp = 0, l1 = 0;
-    kiln_status st = kiln_detokenize(s->tok, s->ids + s->n - k, k, &pair, &lp);
-    if (!st && k == 2) st = kiln_detokenize(s->tok, s->ids + s->n - 2, 1, &one, &l1);
-    if (!st && l1 > lp) st = kb_error(KILN_ERR_INVALID, "detokenizing token %d shortened the text", s->ids[s->n - 1]);
-    size_t add = lp - l1;
-    if (!st && s->len + add + 1 > s->tcap) {
+    char       *add = NULL;
+    size_t      n = 0;
+    kiln_status st = kiln_detokenize_next(s->tok, s->n >= 2 ? s->ids[s->n - 2] : -1, s->ids[s->n - 1], &add, &n);
+    if (!st && s->len + n + 1 > s->tcap) {
         size_t cap = s->tcap ? s->tcap : 4096;
-        while (cap < s->len + add + 1) cap *= 2;
+        while (cap < s->len + n + 1) cap *= 2;
         char *t = realloc(s->text, cap);
         if (!t) st = kb_oom();
         else s->text = t, s->tcap = cap;
     }
     if (!st) {
-        memcpy(s->text + s->len, pair + l1, add);
-        s->len += add;
+        memcpy(s->text + s->len, add, n);
+        s->len += n;
         s->text[s->len] = 0;
     }
-    free(pair);
-    free(one);
+    free(add);
     return st;
 }
 
-/* kiln_gen_params.on_token: keeps the id, prints the text that is final (not a possible start of
- * a stop string, no split character), and stops at a stop string (the text ends before it). A
- * stop string cannot start in the text printed already: its start would have been held back. */
 bool kt_stream_token(void *user, int32_t id) {
     kt_stream *s = user;
     if (s->n == s->cap) {
@@ -587,17 +551,7 @@ bool kt_stream_token(void *user, int32_t id) {
     s->ids[s->n++] = id;
     if (!s->tok) return false;
     if ((s->err = append_text(s))) return true;
-    const char *t = s->text;
-    size_t      len = s->len, upto = len;
-    for (int i = 0; i < s->a->nstops; i++) {
-        const char *hit = memmem(t + s->shown, len - s->shown, s->a->stops[i], strlen(s->a->stops[i]));
-        if (hit && (size_t)(hit - t) < upto) upto = (size_t)(hit - t), s->stop = i;
-    }
-    if (s->stop < 0) {
-        size_t held = stop_prefix(s->a, t, len), part = utf8_partial(t, len);
-        upto = len - (held > part ? held : part);
-    }
-    emit(s, t, upto);
+    emit(s, s->text, kiln_text_showable(s->text, s->len, s->shown, s->a->stops, s->a->nstops, &s->stop));
     return s->stop >= 0;
 }
 
