@@ -5,6 +5,7 @@
  *   k    [Dk, n_kv, n_head_kv, ne3]   f32, f16 or bf16
  *   v    [Dv, n_kv, n_head_kv, ne3]   same type as k, not transposed
  *   mask [n_kv, >= n_q, m2, m3]       f16, optional; m2 | n_head, m3 | ne3
+ *        or [2, >= n_q]                i32 key intervals (kiln's; check_intervals)
  *   sinks [n_head]                    f32, optional
  *   result [Dv, n_head, n_q, ne3] f32 — heads and tokens swapped ("permuted"), as ggml.
  * n_head_kv | n_head (GQA: head h reads kv head h / (n_head / n_head_kv)); max_bias > 0
@@ -19,9 +20,22 @@ static bool rows_contiguous(kiln_ctx *ctx, const char *what, const kiln_tensor *
     return false;
 }
 
+/* kiln's key intervals: an i32 mask [2, >= n_q] gives token t the keys mask[0, t] <= j <
+ * mask[1, t] (what a 0 / -inf f16 mask of a batch of sequences, each in its own range of
+ * cells, says in 2 numbers a token instead of n_kv; kiln_batch). One sequence (q's ne3 1). */
+static bool check_intervals(kiln_ctx *ctx, const kiln_tensor *q, const kiln_tensor *m) {
+    if (m->ne[0] != 2 || m->ne[1] < q->ne[1] || m->ne[2] != 1 || m->ne[3] != 1 || q->ne[3] != 1)
+        return fe_reject(ctx, KILN_ERR_SHAPE,
+                         "flash_attn_ext: key intervals %s must be i32 [2, >= n_q (%lld)] over q %s of one sequence",
+                         fe_describe(m).s, (long long)q->ne[1], fe_describe(q).s);
+    return rows_contiguous(ctx, "key intervals", m);
+}
+
 static bool check_mask(kiln_ctx *ctx, const kiln_tensor *q, const kiln_tensor *k, const kiln_tensor *m) {
+    if (m->type == KILN_I32) return check_intervals(ctx, q, m);
     if (m->type != KILN_F16)
-        return fe_reject(ctx, KILN_ERR_SHAPE, "flash_attn_ext: mask %s must be f16", fe_describe(m).s);
+        return fe_reject(ctx, KILN_ERR_SHAPE, "flash_attn_ext: mask %s must be f16 (or i32 key intervals)",
+                         fe_describe(m).s);
     if (m->ne[0] != k->ne[1] || m->ne[1] < q->ne[1])
         return fe_reject(ctx, KILN_ERR_SHAPE,
                          "flash_attn_ext: mask %s must have ne0 == n_kv (%lld) and at least n_q (%lld) rows",
@@ -53,9 +67,9 @@ bool fe_infer_FLASH_ATTN_EXT(kiln_ctx *ctx, const fe_args *a, kiln_type *type, i
     if (sinks && (sinks->type != KILN_F32 || sinks->ne[0] != q->ne[2] || fe_nelements(sinks) != sinks->ne[0]))
         return fe_reject(ctx, KILN_ERR_SHAPE, "flash_attn_ext: sinks %s must be f32 [n_head = %lld]",
                          fe_describe(sinks).s, (long long)q->ne[2]);
-    if (a->fp[1] > 0.0f && !mask)
-        return fe_reject(ctx, KILN_ERR_INVALID, "flash_attn_ext: max_bias %g > 0 (ALiBi) needs a mask",
-                         (double)a->fp[1]);
+    if (a->fp[1] > 0.0f && (!mask || mask->type != KILN_F16))
+        return fe_reject(ctx, KILN_ERR_INVALID, "flash_attn_ext: max_bias %g > 0 (ALiBi) needs a mask%s",
+                         (double)a->fp[1], mask ? " (f16, not key intervals)" : "");
     ne[0] = v->ne[0];
     ne[1] = q->ne[2];
     ne[2] = q->ne[1];

@@ -671,6 +671,11 @@ typedef struct {
      * kiln_sampler_on_gpu's), keyed by the seed and the position after the last token. Points
      * to kiln_sampler_params (include/kiln.h, section "sampling"). */
     const struct kiln_sampler_params *sampler;
+    /* kq_mask (and kq_mask_swa) as key intervals, i32 [2, n_tokens]: token t sees the cells
+     * kq_mask[0, t] <= j < kq_mask[1, t], instead of an f16 [n_kv, n_tokens] mask. A batch of
+     * sequences, each in its own range of cells (kiln_batch), then moves 8 bytes a token, and
+     * attention reads only each token's own cells. */
+    bool mask_intervals;
 } kiln_build_opts;
 
 /* Adds the model's graph to ctx (which should be empty): dims n_tokens (specialize 1: the decode
@@ -1077,11 +1082,12 @@ kiln_status kiln_gen_generate(kiln_gen *g, const int32_t *prompt, int64_t n_prom
                               int64_t *n_out, kiln_stop *why, kiln_gen_stats *stats);
 
 /* ---- several sequences at once (issue 28) --------------------------------------------------
- * A batch: one program and one KV cache shared by up to n_seq sequences, as llama.cpp's unified
- * cache (each cache cell holds a token of one sequence; a token sees the cells of its own
- * sequence up to its position), each step evaluating tokens of several sequences together:
- * prefill chunks and decode steps mixed, the weights read once for all of them. A sequence
- * opens, takes steps, and closes; its cells go back to the others (no recompile, no CUDA graph
+ * A batch: one program and one KV cache shared by up to n_seq sequences, each step evaluating
+ * tokens of several sequences together: prefill chunks and decode steps mixed, the weights read
+ * once for all of them. The cache's n_ctx cells are split evenly: sequence id s holds up to
+ * n_ctx / n_seq tokens in cells of its own (llama.cpp's default, a KV stream per sequence), so a
+ * token's attention reads its own sequence's cells only. A sequence opens, takes steps, and
+ * closes; its cells go to the next sequence opened with its id (no recompile, no CUDA graph
  * capture: n_tokens and n_kv are the program's symbolic dims). Each sequence's logits are the
  * ones it gets alone (kiln_gen), up to the rounding of a batched run.
  *
@@ -1092,7 +1098,8 @@ kiln_status kiln_gen_generate(kiln_gen *g, const int32_t *prompt, int64_t n_prom
  */
 typedef struct kiln_batch kiln_batch;
 typedef struct {
-    int64_t n_ctx;   /* cache cells, all sequences together (0: min(4096, n_ctx_train)) */
+    int64_t n_ctx;   /* cache cells, all sequences together, n_ctx / n_seq a sequence
+                        (0: min(4096, n_ctx_train)) */
     int64_t n_batch; /* tokens per step, all items together (0: min(512, n_ctx)) */
     int     n_seq;   /* sequences open at once at most (0: 16) */
     bool    cpu;     /* the CPU reference */
@@ -1108,13 +1115,14 @@ kiln_status kiln_batch_new(const kiln_model *m, const kiln_batch_opts *o, kiln_b
 void        kiln_batch_free(kiln_batch *b);
 /* A new, empty sequence (its id in *seq, 0 .. n_seq-1); an error when n_seq are open. */
 kiln_status kiln_batch_seq_open(kiln_batch *b, int *seq);
-/* Ends sequence seq: its cells are free for the others. */
+/* Ends sequence seq: its cells are free for the next sequence opened with its id. */
 void        kiln_batch_seq_close(kiln_batch *b, int seq);
 int64_t     kiln_batch_seq_pos(const kiln_batch *b, int seq);   /* its tokens so far */
-int64_t     kiln_batch_free_cells(const kiln_batch *b);
+int64_t     kiln_batch_free_cells(const kiln_batch *b);      /* all sequences' together */
+int64_t     kiln_batch_seq_cells(const kiln_batch *b);      /* the tokens a sequence holds at most */
 int64_t     kiln_batch_n_batch(const kiln_batch *b);   /* tokens a step takes at most */
 /* One step: the tokens of each item appended to its sequence (an item per sequence at most;
- * at most n_batch tokens in all, and free cells for them), evaluated together; logits[i] gets
+ * at most n_batch tokens in all, and room for them in each sequence's cells), evaluated together; logits[i] gets
  * the logits after item i's last token (n_vocab floats owned by b, valid until the next step).
  * Nothing changes when it fails. */
 kiln_status kiln_batch_step(kiln_batch *b, const kiln_batch_item *items, int n, const float **logits);

@@ -5,7 +5,8 @@
  *   scale' = logit_softcap != 0 ? scale / logit_softcap : scale
  *   s_j    = dot(q, k_j) * scale';  s_j = logit_softcap * tanh(s_j) when softcap != 0
  *   s_j   += slope(h) * mask[j, iq1, h % m2, iq3 % m3]   (slope 1 unless max_bias > 0, ALiBi as
- *            soft_max_ext); keys whose mask value is -inf are skipped
+ *            soft_max_ext); keys whose mask value is -inf are skipped. An i32 mask [2, n_q]
+ *            (kiln's key intervals) lets token iq1 see keys mask[0, iq1] <= j < mask[1, iq1].
  *   out    = sum_j exp(s_j - M) v_j / (sum_j exp(s_j - M) + [sinks] exp(sink_h - M))
  * with M the maximum over the s_j and the sink. A row with no unmasked key and no sink gives
  * zeros (ggml: S == 0 -> 0). The sums run in double; the dot products too. The result goes to
@@ -61,11 +62,19 @@ kiln_status ir_ref_attn(const ir_prog *p, const ir_node *n, void **data) {
             for (int64_t h = 0; h < f.q->ne[2]; h++) {
                 load_vec(data, f.q, i1, h, i3, qv);
                 float  slope = slope_of(&f, (uint32_t)h);
+                int64_t lo = 0, hi = n_kv; /* key intervals: token i1 sees lo <= j < hi */
+                if (f.mask && f.mask->type == KILN_I32) {
+                    int64_t c0[4] = {0, i1, 0, 0}, c1[4] = {1, i1, 0, 0};
+                    lo = ((const int32_t *)data[f.mask->buf])[ir_offset_at(f.mask, c0)];
+                    hi = ((const int32_t *)data[f.mask->buf])[ir_offset_at(f.mask, c1)];
+                }
                 double M = -INFINITY;
                 for (int64_t j = 0; j < n_kv; j++) {
                     s[j] = -INFINITY;
                     float mv = 0.0f;
-                    if (f.mask) {
+                    if (f.mask && f.mask->type == KILN_I32) {
+                        if (j < lo || j >= hi) continue;
+                    } else if (f.mask) {
                         int64_t c[4] = {j, i1, h, i3};
                         mv = slope * kb_load_f32(data[f.mask->buf], f.mask->type, ir_offset_at(f.mask, c));
                         if (mv == -INFINITY) continue;

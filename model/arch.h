@@ -65,13 +65,14 @@ const char *km_arch_list(void);
  * x rotated by positions pos, freqs the llama3 factors or NULL. */
 /* gen.c for model/batch.c: a generator whose program keeps every row's logits and argmax
  * (outputs ALL, no sampler), whose inputs the caller places itself (tokens, positions, cache slots and
- * the masks of nt rows over nkv cells, up to n_batch rows) before km_gen_rows_run, which gives
- * the nt rows of logits (n_vocab each, owned by g). */
+ * each row's key interval, up to n_batch rows) before km_gen_rows_run, which gives the nt rows of
+ * logits (n_vocab each, owned by g). Its masks are key intervals (kiln_build_opts'
+ * mask_intervals): row t sees the cells iv[2t] <= j < iv[2t + 1]. */
 typedef struct {
-    int32_t  *tokens, *positions;
-    int64_t  *slots;
-    uint16_t *mask, *mask_swa; /* mask_swa NULL without sliding-window layers */
-    int64_t   n_batch;
+    int32_t *tokens, *positions;
+    int64_t *slots;
+    int32_t *iv, *iv_swa; /* iv_swa NULL without sliding-window layers */
+    int64_t  n_batch;
 } km_gen_inputs;
 kiln_status   km_gen_new_rows(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out);
 km_gen_inputs km_gen_rows_inputs(kiln_gen *g);

@@ -530,9 +530,13 @@ static kiln_tensor *inputs(mb *b) {
     kiln_tensor *embd = b->embd = weight(b, KM_W_TOKEN_EMBD);
     b->pos = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_pos", 1, T, 1, 1);
     b->kv_idxs = leaf(b, KILN_ROLE_INPUT, KILN_I64, "kv_idxs", 1, T, 1, 1);
-    b->mask = leaf(b, KILN_ROLE_INPUT, KILN_F16, "kq_mask", 2, b->KV, T, 1);
+    /* the mask, or with mask_intervals each token's [first, end) cell (kiln_build_opts) */
+    bool      iv = b->o.mask_intervals;
+    kiln_type mt = iv ? KILN_I32 : KILN_F16;
+    int64_t   mw = iv ? 2 : b->KV;
+    b->mask = leaf(b, KILN_ROLE_INPUT, mt, "kq_mask", 2, mw, T, 1);
     /* gemma3: the sliding-window layers' mask (llama.cpp's iswa cache input, one cache here) */
-    if (b->hp->n_swa > 0) b->mask_swa = leaf(b, KILN_ROLE_INPUT, KILN_F16, "kq_mask_swa", 2, b->KV, T, 1);
+    if (b->hp->n_swa > 0) b->mask_swa = leaf(b, KILN_ROLE_INPUT, mt, "kq_mask_swa", 2, mw, T, 1);
     b->out_ids = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_out_ids", 1, b->o.outputs == KILN_OUTPUTS_LAST ? 1 : T, 1, 1);
     /* llama3's factors, or longrope's long or short ones by the cache size (km_rope_factors);
      * both of longrope's are the model's weights (a file has both), one is read. */

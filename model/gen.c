@@ -42,6 +42,7 @@ struct kiln_gen {
     int64_t  *slots;
     uint16_t *mask;
     uint16_t *mask_swa; /* gemma3's sliding-window layers' mask (hp->n_swa > 0) */
+    int32_t  *iv, *iv_swa; /* all: the masks as key intervals, [2, n_batch] (km_gen_inputs) */
     float    *logits;
 
     host_state *states; /* cpu: the caches */
@@ -57,13 +58,19 @@ static kiln_status gen_alloc(kiln_gen *g) {
     g->tokens = malloc(sizeof *g->tokens * (size_t)g->n_batch);
     g->positions = malloc(sizeof *g->positions * (size_t)g->n_batch);
     g->slots = malloc(sizeof *g->slots * (size_t)g->n_batch);
-    g->mask = malloc(sizeof *g->mask * (size_t)g->n_batch * (size_t)g->n_ctx);
-    if (g->hp->n_swa > 0) g->mask_swa = malloc(sizeof *g->mask_swa * (size_t)g->n_batch * (size_t)g->n_ctx);
+    bool swa = g->hp->n_swa > 0;
+    if (g->all) { /* key intervals: 2 numbers a row */
+        g->iv = malloc(sizeof *g->iv * 2 * (size_t)g->n_batch);
+        if (swa) g->iv_swa = malloc(sizeof *g->iv_swa * 2 * (size_t)g->n_batch);
+    } else {
+        g->mask = malloc(sizeof *g->mask * (size_t)g->n_batch * (size_t)g->n_ctx);
+        if (swa) g->mask_swa = malloc(sizeof *g->mask_swa * (size_t)g->n_batch * (size_t)g->n_ctx);
+    }
     g->logits = calloc((size_t)g->hp->n_vocab * (size_t)(g->all ? g->n_batch : 1), sizeof *g->logits);
     g->out_ids = malloc(sizeof *g->out_ids * (size_t)g->n_batch);
     g->picks = malloc(sizeof *g->picks * (size_t)g->n_batch);
-    return g->tokens && g->positions && g->slots && g->mask && (g->mask_swa || g->hp->n_swa <= 0) && g->logits &&
-                   g->out_ids && g->picks
+    bool masks = g->all ? g->iv && (g->iv_swa || !swa) : g->mask && (g->mask_swa || !swa);
+    return g->tokens && g->positions && g->slots && masks && g->logits && g->out_ids && g->picks
                ? NULL
                : kb_oom();
 }
@@ -72,7 +79,7 @@ static kiln_status build(kiln_gen *g) {
     if (!(g->ctx = kiln_ctx_new())) return kb_oom();
     kiln_build_opts o = {.n_ctx = g->n_ctx, .n_tokens_max = g->n_batch,
                          .outputs = g->all ? KILN_OUTPUTS_ALL : KILN_OUTPUTS_LAST, .argmax = !g->cpu,
-                         .sampler = g->gpu_sample ? &g->sampler : NULL};
+                         .sampler = g->gpu_sample ? &g->sampler : NULL, .mask_intervals = g->all};
     kiln_status     st = kiln_model_build(g->ctx, g->m, &o);
     if (!st) st = kiln_graph_new(g->ctx, &g->graph);
     if (!st) st = kiln_model_check_weights(g->m, g->graph);
@@ -188,6 +195,8 @@ void kiln_gen_free(kiln_gen *g) {
     free(g->slots);
     free(g->mask);
     free(g->mask_swa);
+    free(g->iv);
+    free(g->iv_swa);
     free(g->logits);
     free(g->out_ids);
     free(g->picks);
@@ -218,6 +227,12 @@ static void place_inputs(kiln_gen *g, int64_t nt) {
     for (int64_t t = 0; t < nt; t++) {
         g->positions[t] = (int32_t)(g->pos + t);
         g->slots[t] = g->pos + t;
+        if (g->all) { /* key intervals: the same cells */
+            int64_t p = g->pos + t, w = g->hp->n_swa;
+            g->iv[2 * t] = 0, g->iv[2 * t + 1] = (int32_t)(p + 1);
+            if (g->iv_swa) g->iv_swa[2 * t] = (int32_t)(p - w + 1 > 0 ? p - w + 1 : 0), g->iv_swa[2 * t + 1] = (int32_t)(p + 1);
+            continue;
+        }
         uint16_t *row = g->mask + t * g->nkv;
         for (int64_t j = 0; j < g->nkv; j++) row[j] = j <= g->pos + t ? 0 : F16_NEG_INF;
         /* the window (llama.cpp's is_masked_swa, standard): a key n_swa or more positions
@@ -249,9 +264,14 @@ static kiln_status set_inputs(kiln_gen *g, bool with_tokens) {
     if (!st && with_tokens) st = kiln_session_set(s, "inp_tokens", g->tokens, sizeof *g->tokens * (size_t)g->nt);
     if (!st) st = kiln_session_set(s, "inp_pos", g->positions, sizeof *g->positions * (size_t)g->nt);
     if (!st) st = kiln_session_set(s, "kv_idxs", g->slots, sizeof *g->slots * (size_t)g->nt);
-    if (!st) st = kiln_session_set(s, "kq_mask", g->mask, sizeof *g->mask * (size_t)(g->nt * g->nkv));
-    if (!st && g->mask_swa)
-        st = kiln_session_set(s, "kq_mask_swa", g->mask_swa, sizeof *g->mask_swa * (size_t)(g->nt * g->nkv));
+    if (g->all) { /* key intervals */
+        if (!st) st = kiln_session_set(s, "kq_mask", g->iv, sizeof *g->iv * 2 * (size_t)g->nt);
+        if (!st && g->iv_swa) st = kiln_session_set(s, "kq_mask_swa", g->iv_swa, sizeof *g->iv_swa * 2 * (size_t)g->nt);
+    } else {
+        if (!st) st = kiln_session_set(s, "kq_mask", g->mask, sizeof *g->mask * (size_t)(g->nt * g->nkv));
+        if (!st && g->mask_swa)
+            st = kiln_session_set(s, "kq_mask_swa", g->mask_swa, sizeof *g->mask_swa * (size_t)(g->nt * g->nkv));
+    }
     if (!st) st = kiln_session_set(s, "inp_out_ids", g->out_ids, sizeof *g->out_ids * (size_t)(g->all ? g->nt : 1));
     return st;
 }
@@ -316,8 +336,8 @@ static const void *ref_get(void *user, const char *name, kiln_type type, int64_t
     if (strcmp(name, "inp_tokens") == 0) return g->tokens;
     if (strcmp(name, "inp_pos") == 0) return g->positions;
     if (strcmp(name, "kv_idxs") == 0) return g->slots;
-    if (strcmp(name, "kq_mask") == 0) return g->mask;
-    if (strcmp(name, "kq_mask_swa") == 0) return g->mask_swa;
+    if (strcmp(name, "kq_mask") == 0) return g->all ? (const void *)g->iv : g->mask;
+    if (strcmp(name, "kq_mask_swa") == 0) return g->all ? (const void *)g->iv_swa : g->mask_swa;
     if (strcmp(name, "inp_out_ids") == 0) return g->out_ids;
     for (int i = 0; i < g->nstates; i++)
         if (strcmp(g->states[i].name, name) == 0) return g->states[i].data;
@@ -355,7 +375,7 @@ static kiln_status cpu_run(kiln_gen *g) {
 }
 
 km_gen_inputs km_gen_rows_inputs(kiln_gen *g) {
-    return (km_gen_inputs){g->tokens, g->positions, g->slots, g->mask, g->mask_swa, g->n_batch};
+    return (km_gen_inputs){g->tokens, g->positions, g->slots, g->iv, g->iv_swa, g->n_batch};
 }
 
 kiln_status km_gen_rows_run(kiln_gen *g, int64_t nt, int64_t nkv, const float **logits, const int32_t **picks) {

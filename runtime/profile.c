@@ -32,8 +32,16 @@ kiln_status rt_profile_mark(kiln_session *s, int i) {
     return r == RT_CUDA_SUCCESS ? NULL : rt_cuda_error(r, "cuEventRecord", "KILN_PROFILE after kernel %d", i - 1);
 }
 
+/* KILN_PROFILE_SKIP=N leaves a session's first N runs out of the average: a batch's prompt
+ * steps before the decode steps one wants to see (kiln bench --batch-only --seqs 64). */
+static int64_t profile_skip(void) {
+    const char *e = getenv("KILN_PROFILE_SKIP");
+    return e && *e ? strtoll(e, NULL, 10) : 0;
+}
+
 void rt_profile_collect(kiln_session *s) {
     if (!s->profile || !s->prof_ev) return;
+    if (s->prof_seen++ < profile_skip()) return;
     for (int i = 0; i < s->nlaunches; i++) {
         float ms = 0;
         if (s->cu->EventElapsedTime(&ms, s->prof_ev[i], s->prof_ev[i + 1]) == RT_CUDA_SUCCESS) s->prof_ms[i] += ms;
@@ -67,8 +75,9 @@ void rt_profile_report(kiln_session *s) {
     }
     if (rows) {
         qsort(rows, (size_t)n, sizeof *rows, by_ms);
-        fprintf(stderr, "kiln profile: %s%d launches per run, %lld runs, %.3f ms per run (plain launches)\n",
-                s->primary ? "decode variant, " : "", s->nlaunches, (long long)s->prof_runs, total);
+        fprintf(stderr, "kiln profile: %s%d launches per run, %lld runs (%lld skipped), %.3f ms per run (plain launches)\n",
+                s->primary ? "decode variant, " : "", s->nlaunches, (long long)s->prof_runs,
+                (long long)(s->prof_seen - s->prof_runs), total);
         fprintf(stderr, "  %10s %6s %7s %9s  %s\n", "us/run", "%", "count", "us each", "kernel");
         for (int j = 0; j < n; j++)
             fprintf(stderr, "  %10.1f %5.1f%% %7d %9.2f  %s\n", rows[j].ms * 1e3, 100 * rows[j].ms / total, rows[j].count,

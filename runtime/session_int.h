@@ -109,6 +109,7 @@ struct kiln_session {
     rt_cuevent *prof_ev; /* nlaunches + 1 */
     double     *prof_ms;
     int64_t     prof_runs;
+    int64_t     prof_seen; /* runs collected or skipped (KILN_PROFILE_SKIP) */
     kiln_session_stats stats;
 };
 

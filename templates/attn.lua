@@ -56,6 +56,8 @@ local MMA_MAX_D = 256       -- largest head size of the prefill tensor-core kern
 -- (64 rows x DV) would not. (Measured on the H100, DeepSeek-V2-Lite bf16: the FMA kernel
 -- took 170 us a layer at decode and 31 ms a layer for a 512-token prefill.)
 local DEC_MAX_D = 576
+-- Key intervals: the most splits of one row tile's keys (a short batch over long sequences).
+local RANGE_MAX_SPLITS = 16
 local W = 4                 -- warps per block (every kernel)
 local NTHR = 32 * W
 local INT_MAX = 2147483647
@@ -284,7 +286,7 @@ end
 -- (nkv <= L: the other splits exited) finishes its rows itself, and the combine step returns
 -- at once: a short KV range costs one kernel's work, as with the static plan of that length.
 local function direct_one(P, p)
-    return P.dyn_kv ~= nil and p.S > 1 and p.kind ~= "pre"
+    return (P.dyn_kv ~= nil or p.range) and p.S > 1 and p.kind ~= "pre"
 end
 
 -- `finish` and `partial` emit the two ends of a split kernel; with direct_one, both, chosen
@@ -292,6 +294,13 @@ end
 local function split_end(b, P, p, finish, partial)
     if p.S == 1 then
         finish()
+    elseif p.range then
+        b.open("if (ns == 1u) { /* one split at this run: dst directly, the combine returns */")
+        finish()
+        b.close("} else {")
+        b.push()
+        partial()
+        b.close()
     elseif direct_one(P, p) then
         b.open("if (nkv <= %du) { /* split 0 holds every key of this run: dst directly, the combine returns */", p.L)
         finish()
@@ -323,7 +332,7 @@ local function problem(k)
     check_ref(q, "q", { f32 = true })
     check_ref(kk, "k", FT)
     check_ref(v, "v", FT)
-    if mask then check_ref(mask, "mask", { f16 = true }) end
+    if mask then check_ref(mask, "mask", { f16 = true, i32 = true }) end
     if sinks then check_ref(sinks, "sinks", { f32 = true }) end
     if v.type ~= kk.type then fail("k is %s but v is %s", kk.type, v.type) end
     local P = {
@@ -339,7 +348,14 @@ local function problem(k)
         fail("dst %s is not [%d, %d, %d, %d]", dims(dst.ne), P.DV, P.NH, P.NQ, P.NSEQ)
     end
     if kk.st[1] ~= 1 or v.st[1] ~= 1 then fail("k and v rows must be contiguous") end
-    if mask then
+    -- kiln's key intervals (docs/ops-attn.md): an i32 mask [2, n_q], token t sees keys
+    -- mask[0, t] <= j < mask[1, t]; one sequence, no ALiBi
+    P.range = mask ~= nil and mask.type == "i32"
+    if P.range then
+        if mask.ne[1] ~= 2 or mask.ne[2] < P.NQ or mask.ne[3] ~= 1 or mask.ne[4] ~= 1 or P.NSEQ ~= 1 then
+            fail("key intervals %s do not fit q %s (i32 [2, n_q], one sequence)", dims(mask.ne), dims(q.ne))
+        end
+    elseif mask then
         if mask.st[1] ~= 1 or mask.ne[1] ~= P.NKV or mask.ne[2] < P.NQ or P.NH % mask.ne[3] ~= 0
             or P.NSEQ % mask.ne[4] ~= 0 then
             fail("mask %s does not fit q %s and k %s", dims(mask.ne), dims(q.ne), dims(kk.ne))
@@ -356,6 +372,7 @@ local function problem(k)
     P.scale = params.scale or "1.0f"
     P.softcap = (values.logit_softcap or 0) ~= 0 and params.logit_softcap or nil
     P.alibi = (values.max_bias or 0) > 0 and mask ~= nil
+    if P.alibi and P.range then fail("ALiBi needs an f16 mask, not key intervals") end
     P.max_bias = params.max_bias or "0.0f"
     P.nparams = k.nparams
     for _, r in ipairs({ dst, q, kk, v, mask or dst, sinks or dst }) do
@@ -383,10 +400,50 @@ end
 
 -- ---- the plan -----------------------------------------------------------------------------------
 
+-- Key intervals (P.range): the splits of each row tile's keys at a run of T live tiles, as the
+-- kernels compute it (range_ns below): about FILL blocks, at most S.
+local function range_splits(S, T, NG)
+    return math.min(S, ceil_div(FILL, T * NG))
+end
+
+-- The decode kernel over key intervals (a batch of sequences, each token its own keys): one
+-- block per (row tile, split) of the run, the tiles' rows and the splits known only at run
+-- time, so the grid is the most blocks of any run (X) and the split count follows the live
+-- tiles (range_splits). Each tile visits the hull of its rows' intervals, cut into ns parts.
+-- Scratch: the partials of the runs that split (SCR slots, rows r-major so that a run's slots
+-- are dense), the combine covering the rows of those runs (RSPLIT).
+local function range_plan(P, p)
+    local rows = 8 * p.NT
+    p.S = math.max(1, math.min(RANGE_MAX_SPLITS, ceil_div(FILL, P.NGROUPS), ceil_div(P.NKV, 16 * p.U * W)))
+    p.L = P.NKV
+    p.X, p.SCR, p.RSPLIT = 0, 0, 0
+    for T = 1, p.RT do
+        local ns = range_splits(p.S, T, P.NGROUPS)
+        p.X = math.max(p.X, T * ns)
+        if ns > 1 then
+            local r = math.min(T * rows, P.R)
+            p.SCR = math.max(p.SCR, r * P.NGROUPS * ns)
+            p.RSPLIT = math.max(p.RSPLIT, r)
+        end
+    end
+    if p.RSPLIT == 0 then p.S = 1 end
+    return p
+end
+
 local function plan(P)
     local mma = (P.kt == "f16" or P.kt == "bf16") and P.DK % 16 == 0 and P.DV % 16 == 0
         and P.DK <= DEC_MAX_D and P.DV <= DEC_MAX_D
     local ka, va = row_align(P.k), row_align(P.v)
+    if P.range then
+        if not mma then
+            -- one warp per row over its own interval, no splits (f32 caches and odd head sizes)
+            return { kind = "fma", RT = ceil_div(P.R, W), S = 1, L = P.NKV,
+                     why = P.kt == "f32" and "f32 K/V" or "head size not a multiple of 16 or above " .. DEC_MAX_D }
+        end
+        local nt = (P.R > 8 and P.DV <= 128) and 2 or 1
+        local u = (P.DK <= 128 and P.DV <= 128) and 2 or 1
+        return range_plan(P, { kind = "dec", range = true, NT = nt, U = u, RT = ceil_div(P.R, 8 * nt), KA = ka, VA = va })
+    end
     if not mma then
         local rt = ceil_div(P.R, W)
         local s, len = splits(rt * P.NGROUPS, P.NKV, 64, FILL, FILL)
@@ -425,7 +482,16 @@ end
 
 -- Typed base pointers of the operands: dst unless the kernel writes splits to scratch; the
 -- inputs unless it is the combine kernel; the scratch when there are splits.
-local function pointers(b, P, S, combine, direct)
+-- The partials' slots of a split kernel (m, l and DV outputs each), and the rows the combine
+-- visits: every row's S splits, or with key intervals those of the runs that split.
+local function scratch_slots(P, p)
+    return p.range and p.SCR or P.TOTAL * p.S
+end
+local function combine_rows(P, p)
+    return p.range and p.RSPLIT * P.NGROUPS or P.TOTAL
+end
+
+local function pointers(b, P, p, S, combine, direct)
     local function ptr(r, name, ct, const)
         b.add("%s%s *const %s = (%s%s *)p%d + %s;", const and "const " or "", ct, name, const and "const " or "",
             ct, r.param, ll(r.offs))
@@ -436,12 +502,12 @@ local function pointers(b, P, S, combine, direct)
         ptr(P.q, "qb", "float", true)
         ptr(P.k, "kb", ct, true)
         ptr(P.v, "vb", ct, true)
-        if P.mask then ptr(P.mask, "mb", "kiln_u16", true) end
+        if P.mask then ptr(P.mask, "mb", P.range and "int" or "kiln_u16", true) end
     end
     if P.sinks and (S == 1 or combine or direct) then ptr(P.sinks, "sb", "float", true) end
     if S > 1 then
         b.add("float *const scr_o = (float *)p%d;", P.nparams)
-        b.add("float *const scr_ml = scr_o + %s;", ll(P.TOTAL * S * P.DV))
+        b.add("float *const scr_ml = scr_o + %s;", ll(scratch_slots(P, p) * P.DV))
     end
 end
 
@@ -463,13 +529,15 @@ local function row_setup(b, P, pre, rexpr, need)
     local n = {}
     for key, v in pairs(need) do n[key] = v end
     if n.scores then
-        n.mr = P.mask ~= nil
+        n.mr = P.mask ~= nil and not P.range
+        n.rg = P.range
         n.sl = P.alibi
     end
     if n.mr then
         n.iq1 = true
         if P.mask.ne[3] > 1 then n.h = true end
     end
+    if n.rg then n.iq1 = true end
     if n.sl then n.h = true end
     local any = n.ok or n.iq1 or n.h or n.r
     if not any then return end
@@ -492,6 +560,10 @@ local function row_setup(b, P, pre, rexpr, need)
             terms[#terms + 1] = string.format("%s * %s", iexp, ll(m.st[4]))
         end
         b.add("const kiln_u16 *const %smr = mb + %s;", pre, table.concat(terms, " + "))
+    end
+    if n.rg then
+        b.add("const unsigned %slo = (unsigned)mb[%siq1 * %s], %shi = (unsigned)mb[%siq1 * %s + %s];", pre, pre,
+            ll(P.mask.st[2]), pre, pre, ll(P.mask.st[2]), ll(P.mask.st[1]))
     end
     if n.sl then
         -- ggml: n_head_log2 = 2^floor(log2(n_head)); slopes in f32 by powf.
@@ -563,11 +635,11 @@ local function fma_kernel(P, p, H, name)
     b.add("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s)", NTHR, name, param_list(P, S > 1 and p))
     b.open("{")
     b.add("__shared__ float kiln_sq[%d][%d];", W, P.DK)
-    pointers(b, P, S, false, direct_one(P, p))
+    pointers(b, P, p, S, false, direct_one(P, p))
     dyn_setup(b, P, true, true)
     b.add("const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;")
     group_setup(b, P, "blockIdx.z")
-    b.add("const unsigned split = blockIdx.x;")
+    if not P.range then b.add("const unsigned split = blockIdx.x;") end
     dyn_exit(b, P, S, p.L, 1, 1)
     row_setup(b, P, "", "blockIdx.y * " .. W .. "u + warp", { ok = true, iq1 = true, h = true, scores = true })
     b.add("if (!ok)")
@@ -576,8 +648,13 @@ local function fma_kernel(P, p, H, name)
     b.add("for (unsigned d = lane; d < %du; d += 32u)", P.DK)
     b.add("    kiln_sq[warp][d] = qr[d * %s];", ll(P.q.st[1]))
     b.add("__syncwarp();")
-    b.add("const unsigned jbeg = split * %du;", p.L)
-    b.add("const unsigned jend = jbeg + %du < %s ? jbeg + %du : %s;", p.L, P.NKVS, p.L, P.NKVS)
+    if P.range then
+        -- the row's own interval (no splits)
+        b.add("const unsigned jbeg = lo, jend = hi < %s ? hi : %s;", P.NKVS, P.NKVS)
+    else
+        b.add("const unsigned jbeg = split * %du;", p.L)
+        b.add("const unsigned jend = jbeg + %du < %s ? jbeg + %du : %s;", p.L, P.NKVS, p.L, P.NKVS)
+    end
     b.add("float m = %s, l = 0.0f;", NEG_INF)
     b.add("float acc[%d];", NDV)
     b.add("#pragma unroll")
@@ -588,7 +665,7 @@ local function fma_kernel(P, p, H, name)
     b.add("float s = %s;", NEG_INF)
     b.open("if (j < jend) {")
     local mbits = nil
-    if P.mask then
+    if P.mask and not P.range then
         b.add("const kiln_u16 mv = mr[j];")
         b.add("if (mv != (kiln_u16)0xfc00u) {")
         b.push()
@@ -600,7 +677,7 @@ local function fma_kernel(P, p, H, name)
     b.add("for (unsigned d = 0; d < %du; d++)", P.DK)
     b.add("    dot = fmaf(kiln_sq[warp][d], %s, dot);", ld("kr[d]"))
     b.add("s = %s;", score(P, H, "dot", "", mbits))
-    if P.mask then b.close() end
+    if P.mask and not P.range then b.close() end
     b.close()
     b.add("const float mn = fmaxf(m, kiln_warp_max(s));")
     b.add("const float base = mn == %s ? 0.0f : mn;", NEG_INF)
@@ -716,6 +793,47 @@ local function pair(x, y, vw, i)
     return string.format("__byte_perm(%s, %s, %s)", wx, wy, i % 2 == 0 and "0x5410u" or "0x7632u")
 end
 
+-- Key intervals: the split count of a run (ntile live row tiles), as range_splits.
+local function range_ns(P, S)
+    if S == 1 then return "1u" end
+    return string.format("min(%du, (%du + ntile * %du - 1u) / (ntile * %du))", S, FILL, P.NGROUPS, P.NGROUPS)
+end
+
+-- Key intervals: this block's row tile and split from blockIdx.x (the grid is the most of any
+-- run; the rest leave at once).
+local function range_block(b, P, S, ROWS)
+    b.add("const unsigned ntile = (%s + %du) / %du; /* row tiles at this run */", P.RS, ROWS - 1, ROWS)
+    b.add("const unsigned ns = %s; /* splits of each tile's keys at this run */", range_ns(P, S))
+    b.add("if (blockIdx.x >= ntile * ns)")
+    b.add("    return; /* nothing of this block's at this run */")
+    b.add("const unsigned rt = blockIdx.x / ns, split = blockIdx.x % ns;")
+end
+
+-- Key intervals: the hull of the tile's rows' intervals (each warp's lanes t = 0 .. 3 hold
+-- every row of the tile), cut into ns parts of a multiple of 16 keys: [jbeg, jend).
+local function range_hull(b, NT)
+    local lo, hi = {}, {}
+    for nt = 0, NT - 1 do
+        for e = 0, 1 do
+            lo[#lo + 1] = string.format("r%d%dlo", nt, e)
+            hi[#hi + 1] = string.format("r%d%dhi", nt, e)
+        end
+    end
+    local function fold(f, l)
+        local x = l[1]
+        for i = 2, #l do x = string.format("%s(%s, %s)", f, x, l[i]) end
+        return x
+    end
+    b.add("unsigned blo = %s, bhi = %s;", fold("min", lo), fold("max", hi))
+    b.add("blo = min(blo, __shfl_xor_sync(0xffffffffu, blo, 1));")
+    b.add("blo = min(blo, __shfl_xor_sync(0xffffffffu, blo, 2));")
+    b.add("bhi = max(bhi, __shfl_xor_sync(0xffffffffu, bhi, 1));")
+    b.add("bhi = max(bhi, __shfl_xor_sync(0xffffffffu, bhi, 2));")
+    b.add("const unsigned span = bhi > blo ? bhi - blo : 0u;")
+    b.add("const unsigned len = ((span + ns - 1u) / ns + 15u) & ~15u;")
+    b.add("const unsigned jbeg = min(blo + split * len, bhi), jend = min(jbeg + len, bhi);")
+end
+
 local function dec_kernel(P, p, H, name)
     local b = builder()
     local S, NT, U = p.S, p.NT, p.U
@@ -730,19 +848,40 @@ local function dec_kernel(P, p, H, name)
     b.add("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s)", NTHR, name, param_list(P, S > 1 and p))
     b.open("{")
     b.add("extern __shared__ __align__(16) unsigned char kiln_smem[];")
-    pointers(b, P, S, false, direct_one(P, p))
+    pointers(b, P, p, S, false, direct_one(P, p))
     dyn_setup(b, P, true, true)
     b.add("const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;")
     b.add("const unsigned g = lane >> 2, t = lane & 3u;")
-    b.add("const unsigned split = blockIdx.x, rt = blockIdx.y;")
-    dyn_exit(b, P, S, p.L, p.RT, ROWS)
+    local function softmax_rows()
+        b.add("/* softmax state of rows 2t, 2t + 1 of each n-tile */")
+        for nt = 0, NT - 1 do
+            for e = 0, 1 do
+                row_setup(b, P, string.format("r%d%d", nt, e), string.format("rt * %du + %du + 2u * t", ROWS, 8 * nt + e),
+                    { scores = true })
+            end
+        end
+    end
+    if p.range then
+        range_block(b, P, S, ROWS)
+    else
+        b.add("const unsigned split = blockIdx.x, rt = blockIdx.y;")
+        dyn_exit(b, P, S, p.L, p.RT, ROWS)
+    end
     group_setup(b, P, "blockIdx.z")
+    if p.range then
+        softmax_rows()
+        range_hull(b, NT)
+    end
     -- Before the grid wait (programmatic dependent launch: the previous kernel may still run),
     -- the split's K and V rows are prefetched into L2. Only the newest row can be the previous
     -- kernel's (the cache row it writes), and its write updates L2 all the same.
     local kl, vl = ceil_div(P.DK * 2, 128), ceil_div(P.DV * 2, 128) -- 128-byte lines per row
     b.open("{")
-    b.add("const unsigned pb = split * %du, pe = pb + %du < %s ? pb + %du : %s;", p.L, p.L, P.NKVS, p.L, P.NKVS)
+    if p.range then
+        b.add("const unsigned pb = jbeg, pe = jend;")
+    else
+        b.add("const unsigned pb = split * %du, pe = pb + %du < %s ? pb + %du : %s;", p.L, p.L, P.NKVS, p.L, P.NKVS)
+    end
     b.open("for (unsigned i = threadIdx.x; i < (pe - pb) * %du; i += %du) {", kl + vl, NTHR)
     b.add("const unsigned key = pb + i / %du, c = i %% %du;", kl + vl, kl + vl)
     b.add("const kiln_u16 *const a = c < %du ? kg + key * %s + c * 64u : vg + key * %s + (c - %du) * 64u;", kl,
@@ -776,14 +915,8 @@ local function dec_kernel(P, p, H, name)
         b.close()
     end
 
-    -- Softmax rows of this thread: 2t + e of each n-tile.
-    b.add("/* softmax state of rows 2t, 2t + 1 of each n-tile */")
-    for nt = 0, NT - 1 do
-        for e = 0, 1 do
-            row_setup(b, P, string.format("r%d%d", nt, e), string.format("rt * %du + %du + 2u * t", ROWS, 8 * nt + e),
-                { scores = true })
-        end
-    end
+    -- Softmax rows of this thread: 2t + e of each n-tile (with key intervals, set up above).
+    if not p.range then softmax_rows() end
     b.add("float mrow[%d][2], lrow[%d][2];", NT, NT)
     b.add("float o[%d][%d][4];", MT, NT)
     b.add("#pragma unroll")
@@ -797,9 +930,20 @@ local function dec_kernel(P, p, H, name)
     b.add("    for (int j = 0; j < %d; j++)", NT)
     b.add("        o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.0f;")
 
-    b.add("const unsigned jbeg = split * %du;", p.L)
-    b.add("const unsigned jend = jbeg + %du < %s ? jbeg + %du : %s;", p.L, P.NKVS, p.L, P.NKVS)
+    if not p.range then
+        b.add("const unsigned jbeg = split * %du;", p.L)
+        b.add("const unsigned jend = jbeg + %du < %s ? jbeg + %du : %s;", p.L, P.NKVS, p.L, P.NKVS)
+    end
     b.open("for (unsigned j0 = jbeg + warp * %du; j0 < jend; j0 += %du) {", 16 * U, 16 * U * W)
+    if p.range then
+        -- keys between the tile's sequences (the hull's gaps) are skipped a chunk at a time
+        local c = {}
+        for nt = 0, NT - 1 do
+            for e = 0, 1 do c[#c + 1] = string.format("(r%d%dlo < j0 + %du && r%d%dhi > j0)", nt, e, 16 * U, nt, e) end
+        end
+        b.add("if (!__any_sync(0xffffffffu, %s))", table.concat(c, " || "))
+        b.add("    continue; /* no row of the tile sees these keys */")
+    end
     -- Loads first (all sub-chunks), then compute.
     local function clamp(e) return string.format("(%s < %s ? %s : %s)", e, P.NKVS, e, P.NKV1S) end
     for u = 0, U - 1 do
@@ -843,7 +987,7 @@ local function dec_kernel(P, p, H, name)
                 end
             end
         end
-        if P.mask then
+        if P.mask and not P.range then
             for nt = 0, NT - 1 do
                 for e = 0, 1 do
                     for kh = 0, 1 do
@@ -884,8 +1028,13 @@ local function dec_kernel(P, p, H, name)
             for c = 0, 3 do
                 local e, kh = c % 2, c // 2
                 local pre = string.format("r%d%d", nt, e)
-                local mbits = P.mask and string.format("mk%d_%d%d_%d", u, nt, e, kh) or nil
-                b.add("s[%d][%d] = %s + g + %du < jend ? %s : %s;", nt, c, jb, 8 * kh,
+                local mbits = P.mask and not P.range and string.format("mk%d_%d%d_%d", u, nt, e, kh) or nil
+                local key = string.format("%s + g + %du", jb, 8 * kh)
+                local cond = string.format("%s < jend", key)
+                if P.range then
+                    cond = string.format("%s < jend && %s >= %slo && %s < %shi", key, key, pre, key, pre)
+                end
+                b.add("s[%d][%d] = %s ? %s : %s;", nt, c, cond,
                     score(P, H, string.format("s[%d][%d]", nt, c), pre, mbits), NEG_INF)
             end
         end
@@ -994,7 +1143,11 @@ local function dec_kernel(P, p, H, name)
         finish_row(b, P, "f", "M", "L", "h", "iq1")
         b.add("fout[d * %s] = acc * finv;", ll(P.dst.st[1]))
     end, function()
-        b.add("const long long slot = (long long)(grp * %du + r) * %du + split;", P.R, S)
+        if p.range then
+            b.add("const long long slot = ((long long)r * %du + grp) * ns + split; /* rows r-major: dense */", P.NGROUPS)
+        else
+            b.add("const long long slot = (long long)(grp * %du + r) * %du + split;", P.R, S)
+        end
         b.add("scr_o[slot * %du + d] = acc;", P.DV)
         b.open("if (d == 0) {")
         b.add("scr_ml[2 * slot] = M;")
@@ -1004,7 +1157,7 @@ local function dec_kernel(P, p, H, name)
     b.close()
     b.close()
     local smem = (W * ROWS * P.DV + 2 * W * ROWS) * 4
-    return b.lines, { S, p.RT, P.NGROUPS }, smem
+    return b.lines, p.range and { p.X, 1, P.NGROUPS } or { S, p.RT, P.NGROUPS }, smem
 end
 
 -- ---- the prefill kernel -------------------------------------------------------------------------
@@ -1026,7 +1179,7 @@ local function pre_kernel(P, p, H, name)
     b.add("kiln_u16 *const sQ = (kiln_u16 *)kiln_smem; /* [%d][%d] */", BM, SQ)
     b.add("kiln_u16 *const sK = sQ + %d;              /* [%d][%d] */", BM * SQ, BN, SK)
     b.add("kiln_u16 *const sV = sK + %d;              /* [%d][%d] */", BN * SK, BN, SV)
-    pointers(b, P, S)
+    pointers(b, P, p, S)
     b.add("const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;")
     b.add("const unsigned g = lane >> 2, t = lane & 3u;")
     b.add("const unsigned rt = %du - blockIdx.x; /* the longest (causal) row tiles first */", p.RT - 1)
@@ -1394,6 +1547,23 @@ local CT = 256
 -- dst), its head and token, and its partials ml (m, l per split) and po (o per split).
 local function combine_row(b, P, p)
     local S = p.S
+    if p.range then
+        -- rows r-major, those of the runs that split (RSPLIT); ns as the main kernel's
+        b.add("const unsigned r = row / %du, grp = row %% %du;", P.NGROUPS, P.NGROUPS)
+        dyn_setup(b, P, false, true)
+        b.add("if (r >= %s)", P.RS)
+        b.add("    return; /* a row past this run's tokens */")
+        b.add("const unsigned ntile = (%s + %du) / %du;", P.RS, 8 * p.NT - 1, 8 * p.NT)
+        b.add("const unsigned ns = %s;", range_ns(P, S))
+        b.add("if (ns == 1u)")
+        b.add("    return; /* the main kernel wrote dst itself */")
+        b.add("const unsigned hk = grp %% %du, i3 = grp / %du;", P.NHKV, P.NHKV)
+        b.add("const unsigned iq1 = r / %du, h = hk * %du + r %% %du;", P.G, P.G, P.G)
+        b.add("const long long slot0 = ((long long)r * %du + grp) * ns;", P.NGROUPS)
+        b.add("const float *const ml = scr_ml + 2ll * slot0;")
+        b.add("const float *const po = scr_o + slot0 * %du;", P.DV)
+        return
+    end
     b.add("const unsigned grp = row / %du, r = row %% %du;", P.R, P.R)
     if P.dyn_q then
         dyn_setup(b, P, false, true)
@@ -1424,7 +1594,7 @@ local function combine_kernel(P, p, H, name)
     local pre = cols <= CT and K <= 32      -- preload every partial into registers
     local NWC = CT // 32
     -- the splits holding keys: all S, or at run time ns = ceil(nkv / L) (the others wrote nothing)
-    local SB = P.dyn_kv and "ns" or string.format("%du", S)
+    local SB = (P.dyn_kv or p.range) and "ns" or string.format("%du", S)
     H.use("types")
     H.use("ex2")
     H.use("warp")
@@ -1433,7 +1603,7 @@ local function combine_kernel(P, p, H, name)
     b.add("__shared__ float kiln_w[%d];", S)
     b.add("__shared__ float kiln_red[2][%d];", NWC)
     b.add("__shared__ __align__(16) float kiln_part[%d][%d];", nsg, P.DV)
-    pointers(b, P, S, true)
+    pointers(b, P, p, S, true)
     b.add("const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;")
     b.add("const unsigned row = blockIdx.x;")
     combine_row(b, P, p)
@@ -1543,7 +1713,7 @@ local function combine_kernel(P, p, H, name)
     b.add("out[d * %s] = acc * inv;", ll(P.dst.st[1]))
     b.close()
     b.close()
-    return b.lines, { P.TOTAL, 1, 1 }, 0
+    return b.lines, { combine_rows(P, p), 1, 1 }, 0
 end
 
 -- One warp per row, when every partial of a row fits in a lane's registers (S <= 64 splits,
@@ -1571,15 +1741,15 @@ local function combine_warp_kernel(P, p, H, name)
     H.use("warp")
     b.add("extern \"C\" __global__ void __launch_bounds__(%d) %s(%s)", 32 * CW, name, param_list(P, p))
     b.open("{")
-    pointers(b, P, S, true)
+    pointers(b, P, p, S, true)
     b.add("const unsigned lane = threadIdx.x & 31u;")
     b.add("const unsigned row = blockIdx.x * %du + (threadIdx.x >> 5);", CW)
-    if P.TOTAL % CW ~= 0 then
-        b.add("if (row >= %du)", P.TOTAL)
+    if combine_rows(P, p) % CW ~= 0 then
+        b.add("if (row >= %du)", combine_rows(P, p))
         b.add("    return; /* past the last row */")
     end
     combine_row(b, P, p)
-    local SB = P.dyn_kv and "ns" or string.format("%du", S) -- the splits holding keys
+    local SB = (P.dyn_kv or p.range) and "ns" or string.format("%du", S) -- the splits holding keys
     local zero = ({ "0.0f", "make_float2(0.0f, 0.0f)", nil, "make_float4(0.0f, 0.0f, 0.0f, 0.0f)" })[VW]
     b.add("/* the lane's dims of every split, first: independent loads */")
     b.add("%s x[%d][%d];", vt, S, NL)
@@ -1627,7 +1797,7 @@ local function combine_warp_kernel(P, p, H, name)
     b.add("    for (int c = 0; c < %d; c++)", VW)
     b.add("        out[(%du * (lane + 32u * i) + c) * %s] = acc[i][c] * inv;", VW, ll(P.dst.st[1]))
     b.close()
-    return b.lines, { ceil_div(P.TOTAL, CW), 1, 1 }, 0
+    return b.lines, { ceil_div(combine_rows(P, p), CW), 1, 1 }, 0
 end
 
 -- ---- assembly -----------------------------------------------------------------------------------
@@ -1650,7 +1820,7 @@ end
 
 local function features(P)
     local f = {}
-    f[#f + 1] = P.mask and "mask" or "no mask"
+    f[#f + 1] = P.range and "key intervals" or P.mask and "mask" or "no mask"
     if P.alibi then f[#f + 1] = "ALiBi" end
     if P.softcap then f[#f + 1] = "softcap " .. P.softcap end
     if P.sinks then f[#f + 1] = "sinks" end
@@ -1661,7 +1831,7 @@ end
 return function(k)
     local P = problem(k)
     local p = plan(P)
-    local base = string.format("fattn_%s_%s_d%d", p.kind, P.kt, P.DK)
+    local base = string.format("fattn_%s_%s_d%d", p.kind .. (P.range and "_rg" or ""), P.kt, P.DK)
     if P.DV ~= P.DK then base = base .. "_" .. P.DV end
     if P.isdyn then base = base .. "_dyn" end
     local notes = {
@@ -1678,8 +1848,13 @@ return function(k)
     else
         notes[#notes + 1] = "fma: one warp per row (" .. p.why .. ")"
     end
-    notes[#notes + 1] = p.S > 1 and string.format("split-KV: %d splits of %d keys, then the combine kernel", p.S, p.L)
-        or "one pass over the keys"
+    if p.range then
+        notes[#notes + 1] = string.format("key intervals: each row tile visits the hull of its tokens' keys%s",
+            p.S > 1 and string.format(", cut into up to %d splits when few tiles run (then the combine kernel)", p.S) or "")
+    else
+        notes[#notes + 1] = p.S > 1 and string.format("split-KV: %d splits of %d keys, then the combine kernel", p.S, p.L)
+            or "one pass over the keys"
+    end
     if P.isdyn then
         local l = {}
         if P.dyn_kv then l[#l + 1] = string.format("n_kv <= %d (splits past it exit, the combine merges the rest)", P.NKV) end
@@ -1704,5 +1879,5 @@ return function(k)
     local cbody, cgrid = (warp and combine_warp_kernel or combine_kernel)(P, p, H2, cname)
     local comb = { name = cname, source = source(P, p, cname, { string.format("merges %d splits per row", p.S) }, H2, cbody),
                    grid = cgrid, block = { warp and 32 * CW or CT, 1, 1 }, smem = 0 }
-    return { scratch = P.TOTAL * p.S * (P.DV + 2) * 4, steps = { main, comb }, dynamic = P.isdyn or nil }
+    return { scratch = scratch_slots(P, p) * (P.DV + 2) * 4, steps = { main, comb }, dynamic = P.isdyn or nil }
 end

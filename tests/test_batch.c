@@ -150,25 +150,38 @@ START_TEST(bad_steps_change_nothing) {
     const float    *lg[2];
     kiln_batch_item two[2] = {{a, t, 2}, {a, t, 1}};
     ts_expect_status(kiln_batch_step(b, two, 2, lg), KILN_ERR_INVALID, "items 0 and 1 are both sequence");
-    kiln_batch_item big = {a, t, 9};
-    ts_expect_status(kiln_batch_step(b, &big, 1, lg), KILN_ERR_INVALID, "9 tokens; a step takes 8 at most");
+    kiln_batch_item big[2] = {{a, t, 5}, {c, t, 5}};
+    ts_expect_status(kiln_batch_step(b, big, 2, lg), KILN_ERR_INVALID, "10 tokens; a step takes 8 at most");
+    kiln_batch_item nine = {a, t, 9};
+    ts_expect_status(kiln_batch_step(b, &nine, 1, lg), KILN_ERR_INVALID,
+                     "sequence 0 holds 0 tokens; 9 more pass its 8 cells (n_ctx / n_seq)");
     kiln_batch_item badt = {c, &bad, 1};
     ts_expect_status(kiln_batch_step(b, &badt, 1, lg), KILN_ERR_INVALID, "token 0 is 5000, outside the vocabulary");
     kiln_batch_item closed = {7, t, 1};
     ts_expect_status(kiln_batch_step(b, &closed, 1, lg), KILN_ERR_INVALID, "sequence 7 is not open");
     ck_assert_int_eq(kiln_batch_seq_pos(b, a), 0);
     ck_assert_int_eq(kiln_batch_free_cells(b), 16);
+    ck_assert_int_eq(kiln_batch_seq_cells(b), 8);
     kiln_batch_item fill[2] = {{a, t, 8}, {c, t, 0}};
     TS_OK(kiln_batch_step(b, fill, 1, lg));
     fill[0] = (kiln_batch_item){c, t, 8};
     TS_OK(kiln_batch_step(b, fill, 1, lg));
     ck_assert_int_eq(kiln_batch_free_cells(b), 0);
     kiln_batch_item more = {a, t, 1};
-    ts_expect_status(kiln_batch_step(b, &more, 1, lg), KILN_ERR_INVALID, "1 tokens, 0 free cells of 16");
+    ts_expect_status(kiln_batch_step(b, &more, 1, lg), KILN_ERR_INVALID, "sequence 0 holds 8 tokens; 1 more pass its 8 cells");
     kiln_batch_seq_close(b, c);
     ck_assert_int_eq(kiln_batch_free_cells(b), 8);
-    TS_OK(kiln_batch_step(b, &more, 1, lg)); /* a's 9th token takes one of c's cells */
-    ck_assert_int_eq(kiln_batch_seq_pos(b, a), 9);
+    /* c's cells go to the next sequence opened (with c's id), not to a */
+    ts_expect_status(kiln_batch_step(b, &more, 1, lg), KILN_ERR_INVALID, "sequence 0 holds 8 tokens");
+    TS_OK(kiln_batch_seq_open(b, &d));
+    ck_assert_int_eq(d, c);
+    more.seq = d;
+    TS_OK(kiln_batch_step(b, &more, 1, lg));
+    ck_assert_int_eq(kiln_batch_seq_pos(b, d), 1);
+    ck_assert_int_eq(kiln_batch_seq_pos(b, a), 8);
+    kiln_batch_free(b);
+    kiln_batch_opts few = {.n_ctx = 3, .n_seq = 4, .cpu = true};
+    ts_expect_status(kiln_batch_new(m, &few, &b), KILN_ERR_INVALID, "n_ctx 3 cells for 4 sequences: each needs one");
     kiln_batch_free(b);
     kiln_model_close(m);
 }

@@ -58,6 +58,21 @@ static const dcase CASES[] = {
     {"dim n_kv <= 70\ndim n_q <= 20\ninput q: f32[40, n_q, 2]\ninput k: bf16[40, n_kv, 2]\ninput v: bf16[40, n_kv, 2]\n"
      "output y = flash_attn_ext(q, k, v, logit_softcap=5)\n",
      {"n_kv", "n_q"}, "fattn_fma_bf16_d40_dyn", "tanhf", 2},
+    /* key intervals (kiln_batch): the decode kernel over each row tile's hull, blocks by the
+     * live tiles and splits; the MLA widths; the FMA kernel over each row's own interval */
+    {"dim n_kv <= 41472\ndim n_tokens <= 512\ninput q: f32[128, n_tokens, 32]\ninput k: f16[128, n_kv, 8]\n"
+     "input v: f16[128, n_kv, 8]\ninput m: i32[2, n_tokens]\noutput y = flash_attn_ext(q, k, v, mask=m, scale=0.088)\n",
+     {"n_kv", "n_tokens"}, "fattn_dec_rg_f16_d128_dyn", "if (blockIdx.x >= ntile * ns)", 2},
+    {"dim n_kv <= 4096\ndim n_tokens <= 64\ninput q: f32[64, n_tokens, 8]\ninput k: bf16[64, n_kv, 1]\n"
+     "input v: bf16[64, n_kv, 1]\ninput m: i32[2, n_tokens]\ninput s: f32[8]\n"
+     "output y = flash_attn_ext(q, k, v, m, 0.125, 0, 0, s)\n",
+     {"n_kv", "n_tokens"}, "fattn_dec_rg_bf16_d64_dyn", "__any_sync", 2},
+    {"dim n_kv <= 4096\ndim n_tokens <= 64\ninput q: f32[576, n_tokens, 16]\ninput k: f16[576, n_kv, 1]\n"
+     "input v: f16[512, n_kv, 1]\ninput m: i32[2, n_tokens]\noutput y = flash_attn_ext(q, k, v, mask=m, scale=0.07)\n",
+     {"n_kv", "n_tokens"}, "fattn_dec_rg_f16_d576_512_dyn", "jend = min(jbeg + len, bhi)", 2},
+    {"dim n_kv <= 1000\ndim n_tokens <= 16\ninput q: f32[128, n_tokens, 8]\ninput k: f32[128, n_kv, 2]\n"
+     "input v: f32[128, n_kv, 2]\ninput m: i32[2, n_tokens]\noutput y = flash_attn_ext(q, k, v, mask=m)\n",
+     {"n_kv", "n_tokens"}, "fattn_fma_rg_f32_d128_dyn", "jbeg = lo", 1},
     /* softmax: the non-flash attention path (kq [n_kv, n_tokens, n_head], mask [n_kv, n_tokens]) */
     {"dim n_kv <= 4096\ninput kq: f32[n_kv, 1, 32]\ninput m: f16[n_kv, 1]\n"
      "output y = soft_max_ext(kq, m, scale=0.125)\n",

@@ -19,6 +19,7 @@ typedef struct {
     const char *models;     /* comma-separated presets, PRESET:FILETYPE for another file type
                                (NULL: the bf16 presets and the quantized files of issue 25) */
     const char *batch_models; /* the batch rows' models (NULL: llama-3-8b in bf16 and q4_k_m) */
+    int         n_seqs, seqs[8]; /* the batch sizes (--seqs; n_seqs 0: 1, 8, 32 and 64) */
     uint64_t    seed;
     kiln_device_info dev;
     double      copy_gbs;   /* measured roofline */
@@ -62,11 +63,11 @@ typedef struct {
 
 /* A batch row (tools/bench_batch.c, issue 28): one kiln_batch at 1, 8, 32 and 64 sequences, each
  * a 512-token prompt then gen_n greedy tokens, as llama.cpp's llama-batched-bench measures. */
-#define KT_BENCH_SEQS 4
+#define KT_BENCH_SEQS 8 /* the most batch sizes a row takes (--seqs) */
 typedef struct {
     char    name[32], file_type[16];
     int64_t prompt_n, gen_n;
-    int     seqs[KT_BENCH_SEQS];
+    int     n_seqs, seqs[KT_BENCH_SEQS];
     double  gen_tok_s[KT_BENCH_SEQS];    /* generated tokens per second, all sequences together */
     double  step_ms[KT_BENCH_SEQS];      /* one decode step of all of them */
     double  prompt_tok_s[KT_BENCH_SEQS]; /* prompt tokens per second while the batch fills */

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const int seq_counts[KT_BENCH_SEQS] = {1, 8, 32, 64};
+static const int default_seqs[4] = {1, 8, 32, 64};
 #define PROMPT_N 512
 
 /* Bytes of weights one decode step reads (every weight but the unused experts and, untied,
@@ -41,9 +41,13 @@ static kiln_status step_bytes(const kiln_model_hparams *hp, double *weights, dou
     return st;
 }
 
-/* One row: the batch sizes in turn on one batch of 64 sequences. */
+/* One row: the batch sizes in turn on one batch of the largest. */
 static kiln_status run_row(kt_bench *b, kt_bench_batch *r, const kiln_model_hparams *hp) {
-    int64_t gen = b->quick ? 32 : 128, max_seqs = seq_counts[KT_BENCH_SEQS - 1];
+    const int *counts = b->n_seqs ? b->seqs : default_seqs;
+    int        nc = b->n_seqs ? b->n_seqs : 4;
+    int64_t    gen = b->quick ? 32 : 128, max_seqs = 1;
+    for (int k = 0; k < nc; k++)
+        if (counts[k] > max_seqs) max_seqs = counts[k];
     r->prompt_n = PROMPT_N;
     r->gen_n = gen;
     double      wbytes, kvtok;
@@ -64,9 +68,10 @@ static kiln_status run_row(kt_bench *b, kt_bench_batch *r, const kiln_model_hpar
     kiln_batch_item *it = malloc(sizeof *it * (size_t)max_seqs);
     if (!st && (!prompt || !next || !seq || !it)) st = kb_oom();
     for (int64_t i = 0; !st && i < PROMPT_N; i++) prompt[i] = (int32_t)((i * 7919 + 13) % hp->n_vocab);
-    for (int k = 0; !st && k < KT_BENCH_SEQS; k++) {
-        int n = seq_counts[k];
+    for (int k = 0; !st && k < nc; k++) {
+        int n = counts[k];
         r->seqs[k] = n;
+        r->n_seqs = k + 1;
         fprintf(stderr, "bench: %s: %d sequence%s\n", r->name, n, n > 1 ? "s" : "");
         /* the prompts, arriving together: a prompt a step, each request's first token after it */
         double t0 = kb_now_ms(), ttft = 0;

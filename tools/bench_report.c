@@ -142,7 +142,7 @@ static void print_batch(const kt_bench_batch *rows, int n) {
             printf("%-20s error: %s\n", r->name, r->err);
             continue;
         }
-        for (int k = 0; k < KT_BENCH_SEQS; k++)
+        for (int k = 0; k < r->n_seqs; k++)
             printf("%-20s %6d %12.0f %10.3f %12.0f %10.1f %12.0f %5.0f%%\n", k ? "" : r->name, r->seqs[k],
                    r->gen_tok_s[k], r->step_ms[k], r->prompt_tok_s[k], r->ttft_ms[k], r->limit_tok_s[k],
                    r->limit_tok_s[k] > 0 ? 100.0 * r->gen_tok_s[k] / r->limit_tok_s[k] : 0.0);
@@ -262,7 +262,7 @@ static void json_batch(kb_str *j, const kt_bench_batch *rows, int n) {
         json_str(j, r->file_type);
         kb_str_addf(j, ", \"prompt_tokens\": %lld, \"gen_tokens\": %lld, \"rows\": [", (long long)r->prompt_n,
                     (long long)r->gen_n);
-        for (int k = 0; k < KT_BENCH_SEQS && !r->err[0]; k++) {
+        for (int k = 0; k < r->n_seqs && !r->err[0]; k++) {
             kb_str_addf(j, "%s{\"seqs\": %d, ", k ? ", " : "", r->seqs[k]);
             json_num(j, "gen_tok_s", r->gen_tok_s[k], true);
             json_num(j, "step_ms", r->step_ms[k], true);

@@ -19,7 +19,8 @@ static const char summary[] =
 
 static const char help[] =
     "usage: kiln bench [--quick] [--ops-only | --models-only | --batch-only] [--models LIST]\n"
-    "                  [--batch LIST] [--json FILE] [--no-torch] [--python PY] [--dir DIR] [--seed S]\n"
+    "                  [--batch LIST] [--seqs LIST] [--json FILE] [--no-torch] [--python PY]\n"
+    "                  [--dir DIR] [--seed S]\n"
     "  measures kiln on this GPU beside PyTorch, in one run (docs/bench.md):\n"
     "  - the GPU and its device-to-device copy bandwidth (bytes read + written), the roofline;\n"
     "  - ops and fusions at decode shapes (DIR/ops, DIR/fusion): median CUDA-graph replay in us,\n"
@@ -44,6 +45,9 @@ static const char help[] =
     "  --models LIST   comma-separated presets, PRESET:TYPE for a file type (llama-3-8b:q4_k_m;\n"
     "                  types f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k); default: all above\n"
     "  --batch LIST    the batched rows' models (as --models; default llama-3-8b,llama-3-8b:q4_k_m)\n"
+    "  --seqs LIST     the batched rows' sequence counts, 1 .. 512 each (default 1,8,32,64);\n"
+    "                  '--seqs 64' with KILN_PROFILE=1 KILN_PROFILE_SKIP=64 (the prompt steps, one\n"
+    "                  a sequence) times the kernels of a decode step of 64 sequences\n"
     "  --json FILE     also write the results as JSON (make bench: build/bench.json)\n"
     "  --no-torch      kiln only\n"
     "  --python PY     the Python that has PyTorch (default: python3)\n"
@@ -67,6 +71,26 @@ static bool known_models(const char *list, const char *flag) {
     return true;
 }
 
+/* --seqs LIST: up to 8 batch sizes, each 1 .. 512 (a step takes 512 tokens, the prompt's). */
+static bool parse_seqs(kt_bench *b, const char *v) {
+    b->n_seqs = 0;
+    for (const char *p = v;;) {
+        char        item[24];
+        const char *e = strchr(p, ',');
+        size_t      len = e ? (size_t)(e - p) : strlen(p);
+        if (b->n_seqs == 8 || len == 0 || len >= sizeof item) {
+            kt_usage("bench", "--seqs %s: 1 to 8 comma-separated batch sizes", v);
+            return false;
+        }
+        memcpy(item, p, len);
+        item[len] = 0;
+        if (!kt_flag_int32("bench", "--seqs", item, 1, 512, &b->seqs[b->n_seqs])) return false;
+        b->n_seqs++;
+        if (!e) return true;
+        p = e + 1;
+    }
+}
+
 /* KT_GO_ON when b is complete, else the exit status. */
 static int parse(int argc, char **argv, kt_bench *b) {
     b->torch = true;
@@ -78,7 +102,7 @@ static int parse(int argc, char **argv, kt_bench *b) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool        valued = !strcmp(a, "--models") || !strcmp(a, "--json") || !strcmp(a, "--python") ||
-                      !strcmp(a, "--dir") || !strcmp(a, "--seed") || !strcmp(a, "--batch");
+                      !strcmp(a, "--dir") || !strcmp(a, "--seed") || !strcmp(a, "--batch") || !strcmp(a, "--seqs");
         if (valued && !v) return kt_usage("bench", "%s needs a value", a);
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return kt_print_help("bench");
         if (!strcmp(a, "--quick")) b->quick = true;
@@ -86,6 +110,9 @@ static int parse(int argc, char **argv, kt_bench *b) {
         else if (!strcmp(a, "--models-only")) b->do_ops = b->do_batch = false;
         else if (!strcmp(a, "--batch-only")) b->do_ops = b->do_models = false;
         else if (!strcmp(a, "--batch")) b->batch_models = v;
+        else if (!strcmp(a, "--seqs")) {
+            if (!parse_seqs(b, v)) return KT_EXIT_USAGE;
+        }
         else if (!strcmp(a, "--no-torch")) b->torch = false;
         else if (!strcmp(a, "--models")) b->models = v;
         else if (!strcmp(a, "--json")) b->json = v;

@@ -31,7 +31,8 @@ static const char usage_tail[] =
     "(compile threads, default all CPUs), KILN_DUMP=DIR (like --dump-cu), KILN_TEMPLATE_DIR\n"
     "(load templates from a directory), KILN_CUDA_GRAPHS=0 (plain launches), KILN_PDL=0 (no\n"
     "programmatic dependent launch), KILN_CHAIN=0 (decode one step at a time: each token read on\n"
-    "the host before the next step), KILN_PROFILE=1 (time per kernel, printed at exit).\n";
+    "the host before the next step), KILN_PROFILE=1 (time per kernel, printed at exit;\n"
+    "KILN_PROFILE_SKIP=N leaves each program's first N runs out).\n";
 
 static const char summary[] = "  help [COMMAND]  this text, or a command's options\n";
 

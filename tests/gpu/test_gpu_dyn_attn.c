@@ -21,7 +21,7 @@ typedef struct {
     kiln_type   type;
     int64_t     ne[4]; /* at the maxima */
     int         sym[4]; /* index into the case's dims + 1, 0 static */
-    int         mask;   /* f16 mask: some -inf */
+    int         mask;   /* 1: f16 mask, some -inf; 2: i32 key intervals [2, n_tokens] over dims[0]'s keys */
 } tspec;
 
 typedef struct {
@@ -66,6 +66,38 @@ static const gcase CASES[] = {
      {{"q", KILN_F32, {128, 1, 32, 1}, {0}, 0}, {"k", KILN_F32, {128, 4096, 8, 1}, {0, 1}, 0},
       {"v", KILN_F32, {128, 4096, 8, 1}, {0, 1}, 0}, {"m", KILN_F16, {4096, 1, 1, 1}, {1}, 1}},
      {{"y", KILN_F32, {128, 32, 1, 1}, {0}, 0}}, 5e-4},
+    /* key intervals (kiln_batch's masks): the decode kernel over each row tile's hull, split
+     * by the live tiles; a run of one token splits most */
+    {"key intervals, Llama-3-8B heads (batch decode kernel), n_kv and n_tokens",
+     "kiln-graph 1\ndim n_kv <= 8192\ndim n_tokens <= 256\ninput q: f32[128, n_tokens, 32]\ninput k: f16[128, n_kv, 8]\n"
+     "input v: f16[128, n_kv, 8]\ninput m: i32[2, n_tokens]\noutput y = flash_attn_ext(q, k, v, mask=m, scale=0.088)\n",
+     {"n_kv", "n_tokens"}, {{1, 1}, {700, 37}, {8192, 256}},
+     {{"q", KILN_F32, {128, 256, 32, 1}, {0, 2}, 0}, {"k", KILN_F16, {128, 8192, 8, 1}, {0, 1}, 0},
+      {"v", KILN_F16, {128, 8192, 8, 1}, {0, 1}, 0}, {"m", KILN_I32, {2, 256, 1, 1}, {0, 2}, 2}},
+     {{"y", KILN_F32, {128, 32, 256, 1}, {0, 0, 2}, 0}}, 5e-4},
+    {"key intervals, bf16 d64, sinks, few tokens (splits)",
+     "kiln-graph 1\ndim n_kv <= 4096\ndim n_tokens <= 8\ninput q: f32[64, n_tokens, 8]\ninput k: bf16[64, n_kv, 1]\n"
+     "input v: bf16[64, n_kv, 1]\ninput m: i32[2, n_tokens]\ninput s: f32[8]\n"
+     "output y = flash_attn_ext(q, k, v, m, 0.125, 0, 0, s)\n",
+     {"n_kv", "n_tokens"}, {{1, 1}, {3000, 3}, {4096, 8}},
+     {{"q", KILN_F32, {64, 8, 8, 1}, {0, 2}, 0}, {"k", KILN_BF16, {64, 4096, 1, 1}, {0, 1}, 0},
+      {"v", KILN_BF16, {64, 4096, 1, 1}, {0, 1}, 0}, {"m", KILN_I32, {2, 8, 1, 1}, {0, 2}, 2},
+      {"s", KILN_F32, {8, 1, 1, 1}, {0}, 0}},
+     {{"y", KILN_F32, {64, 8, 8, 1}, {0, 0, 2}, 0}}, 5e-4},
+    {"key intervals, MLA (K 576, V 512, 16 heads over 1)",
+     "kiln-graph 1\ndim n_kv <= 2048\ndim n_tokens <= 32\ninput q: f32[576, n_tokens, 16]\ninput k: f16[576, n_kv, 1]\n"
+     "input v: f16[512, n_kv, 1]\ninput m: i32[2, n_tokens]\noutput y = flash_attn_ext(q, k, v, mask=m, scale=0.07)\n",
+     {"n_kv", "n_tokens"}, {{1, 1}, {1500, 9}, {2048, 32}},
+     {{"q", KILN_F32, {576, 32, 16, 1}, {0, 2}, 0}, {"k", KILN_F16, {576, 2048, 1, 1}, {0, 1}, 0},
+      {"v", KILN_F16, {512, 2048, 1, 1}, {0, 1}, 0}, {"m", KILN_I32, {2, 32, 1, 1}, {0, 2}, 2}},
+     {{"y", KILN_F32, {512, 16, 32, 1}, {0, 0, 2}, 0}}, 5e-4},
+    {"key intervals, f32 K/V (fma kernel)",
+     "kiln-graph 1\ndim n_kv <= 1000\ndim n_tokens <= 16\ninput q: f32[128, n_tokens, 8]\ninput k: f32[128, n_kv, 2]\n"
+     "input v: f32[128, n_kv, 2]\ninput m: i32[2, n_tokens]\noutput y = flash_attn_ext(q, k, v, mask=m, scale=0.088)\n",
+     {"n_kv", "n_tokens"}, {{1, 1}, {999, 5}, {1000, 16}},
+     {{"q", KILN_F32, {128, 16, 8, 1}, {0, 2}, 0}, {"k", KILN_F32, {128, 1000, 2, 1}, {0, 1}, 0},
+      {"v", KILN_F32, {128, 1000, 2, 1}, {0, 1}, 0}, {"m", KILN_I32, {2, 16, 1, 1}, {0, 2}, 2}},
+     {{"y", KILN_F32, {128, 8, 16, 1}, {0, 0, 2}, 0}}, 5e-4},
     {"soft_max_ext, kq [n_kv, n_tokens, 32] with mask [n_kv, n_tokens]",
      "kiln-graph 1\ndim n_kv <= 4096\ndim n_tokens <= 64\ninput kq: f32[n_kv, n_tokens, 32]\ninput m: f16[n_kv, n_tokens]\n"
      "output y = soft_max_ext(kq, m, scale=0.125)\n",
@@ -79,6 +111,19 @@ static int64_t count(const int64_t ne[4]) { return ne[0] * ne[1] * ne[2] * ne[3]
 
 static void bound_ne(const tspec *t, const int64_t *vals, int64_t ne[4]) {
     for (int d = 0; d < 4; d++) ne[d] = t->sym[d] ? vals[t->sym[d] - 1] : t->ne[d];
+}
+
+/* n key intervals over nkv keys, as a batch's tokens have them: consecutive tokens of a few
+ * sequences, each its own stretch of keys (its first cell .. its position), some ending where
+ * the next begins, an empty one, and one over every key. */
+static void intervals(int32_t *iv, int64_t n, int64_t nkv, uint64_t seed) {
+    int64_t nseq = n < 4 ? n : 4, span = nkv / nseq;
+    for (int64_t t = 0; t < n; t++) {
+        int64_t s = t % nseq, base = s * span, len = span > 0 ? 1 + (int64_t)((seed * 2654435761u + (uint64_t)t * 40503u) % (uint64_t)span) : 0;
+        iv[2 * t] = (int32_t)base, iv[2 * t + 1] = (int32_t)(base + len < nkv ? base + len : nkv);
+    }
+    if (n > 2) iv[2] = iv[3] = (int32_t)(nkv / 2);   /* no key */
+    if (n > 3) iv[6] = 0, iv[7] = (int32_t)nkv;      /* every key */
 }
 
 typedef struct {
@@ -130,9 +175,10 @@ START_TEST(dyn_runs) {
             int64_t n = count(bne);
             r.in[i] = malloc((size_t)n * kiln_type_size(t->type));
             fill(r.in[i], t->type, n, 1000 * (uint64_t)_i + 10 * (uint64_t)v + (uint64_t)i, FILL_ANY);
-            if (t->mask)
+            if (t->mask == 1)
                 for (int64_t e = 0; e < n; e++)
                     if (e % 7 == 3) kb_store_f32(r.in[i], t->type, e, -INFINITY);
+            if (t->mask == 2) intervals(r.in[i], n / 2, vals[0], (uint64_t)(v * 31 + _i));
             TS_OK(kiln_session_set(s, t->name, r.in[i], (size_t)n * kiln_type_size(t->type)));
         }
         TS_OK(kiln_reference(bg, get, put, &r));
