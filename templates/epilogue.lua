@@ -294,18 +294,10 @@ local function outer_dyn(d)
     return outer
 end
 
-function M.step_body(k, pre, voffs)
+-- dst's coordinates of element i (C expressions; dims of extent 1 have none) and the op's
+-- values at i in the scratch (element offsets voffs).
+local function element_at(k, voffs, count)
     local d = k.dst
-    local count = d.ne[1] * d.ne[2] * d.ne[3] * d.ne[4]
-    if count > INT_MAX - EP_BLOCK then fail("epilogue over %d elements: at most 2^31", count) end
-    local outer = outer_dyn(d)
-    if outer and count > EP_GRID * EP_BLOCK then return M.step_body_strided(k, pre, voffs, outer, count) end
-    local L = {}
-    L[#L + 1] = string.format("const unsigned i = blockIdx.x * %du + threadIdx.x;", EP_BLOCK)
-    if count % EP_BLOCK ~= 0 then
-        L[#L + 1] = string.format("if (i >= %du)", count)
-        L[#L + 1] = "    return;"
-    end
     local c, div = {}, 1
     for dd = 1, 4 do
         if d.ne[dd] > 1 then
@@ -315,6 +307,40 @@ function M.step_body(k, pre, voffs)
         end
         div = div * d.ne[dd]
     end
+    local vals = {}
+    for v, o in ipairs(voffs) do
+        vals[v] = string.format("((const float *)p%d)[%si]", k.nparams, o > 0 and o .. "u + " or "")
+    end
+    return c, vals
+end
+
+-- step_body over a symbolic outermost dim: the run's elements by a grid-stride loop.
+local function step_body_strided(k, pre, voffs, outer, count)
+    local d = k.dst
+    local L = {}
+    L[#L + 1] = string.format("const unsigned n_run = %du * (unsigned)(%s); /* this run's elements */",
+        count // d.ne[outer], d.dyn[outer])
+    L[#L + 1] = string.format("for (unsigned i = blockIdx.x * %du + threadIdx.x; i < n_run; i += gridDim.x * %du) {",
+        EP_BLOCK, EP_BLOCK)
+    local c, vals = element_at(k, voffs, count)
+    for _, l in ipairs(M.store_lines(k, pre, c, vals)) do L[#L + 1] = "    " .. l end
+    L[#L + 1] = "}"
+    return L, EP_GRID
+end
+
+function M.step_body(k, pre, voffs)
+    local d = k.dst
+    local count = d.ne[1] * d.ne[2] * d.ne[3] * d.ne[4]
+    if count > INT_MAX - EP_BLOCK then fail("epilogue over %d elements: at most 2^31", count) end
+    local outer = outer_dyn(d)
+    if outer and count > EP_GRID * EP_BLOCK then return step_body_strided(k, pre, voffs, outer, count) end
+    local L = {}
+    L[#L + 1] = string.format("const unsigned i = blockIdx.x * %du + threadIdx.x;", EP_BLOCK)
+    if count % EP_BLOCK ~= 0 then
+        L[#L + 1] = string.format("if (i >= %du)", count)
+        L[#L + 1] = "    return;"
+    end
+    local c, vals = element_at(k, voffs, count)
     -- Symbolic dims (dst.dyn): elements beyond a run-time extent are neither computed nor stored.
     local gd = {}
     for dd = 1, 4 do
@@ -325,38 +351,8 @@ function M.step_body(k, pre, voffs)
         L[#L + 1] = string.format("if (%s)", table.concat(gd, " || "))
         L[#L + 1] = "    return;"
     end
-    local vals = {}
-    for v, o in ipairs(voffs) do
-        vals[v] = string.format("((const float *)p%d)[%si]", k.nparams, o > 0 and o .. "u + " or "")
-    end
     for _, l in ipairs(M.store_lines(k, pre, c, vals)) do L[#L + 1] = l end
     return L, (count + EP_BLOCK - 1) // EP_BLOCK
-end
-
--- step_body over a symbolic outermost dim: the run's elements by a grid-stride loop.
-function M.step_body_strided(k, pre, voffs, outer, count)
-    local d = k.dst
-    local L = {}
-    local inner = count // d.ne[outer]
-    L[#L + 1] = string.format("const unsigned n_run = %du * (unsigned)(%s); /* this run's elements */", inner, d.dyn[outer])
-    L[#L + 1] = string.format("for (unsigned i = blockIdx.x * %du + threadIdx.x; i < n_run; i += gridDim.x * %du) {",
-        EP_BLOCK, EP_BLOCK)
-    local c, div = {}, 1
-    for dd = 1, 4 do
-        if d.ne[dd] > 1 then
-            local x = div == 1 and "i" or string.format("i / %du", div)
-            if div * d.ne[dd] < count then x = string.format("(%s) %% %du", x, d.ne[dd]) end
-            c[dd] = x
-        end
-        div = div * d.ne[dd]
-    end
-    local vals = {}
-    for v, o in ipairs(voffs) do
-        vals[v] = string.format("((const float *)p%d)[%si]", k.nparams, o > 0 and o .. "u + " or "")
-    end
-    for _, l in ipairs(M.store_lines(k, pre, c, vals)) do L[#L + 1] = "    " .. l end
-    L[#L + 1] = "}"
-    return L, EP_GRID
 end
 
 -- The plain nodes computing k's op values (v = 1, and 2 with k.pair, whose weight replaces
