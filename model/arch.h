@@ -64,21 +64,24 @@ const char *km_arch_list(void);
 /* The rope of the architecture of hp (arch_build.c's; also the context shift's re-rope, gen.c):
  * x rotated by positions pos, freqs the llama3 factors or NULL. */
 /* gen.c for model/batch.c: a generator whose program keeps every row's logits and argmax
- * (outputs ALL, no sampler), whose inputs the caller places itself (tokens, positions, cache slots and
- * each row's key interval, up to n_batch rows) before km_gen_rows_run, which gives the nt rows of
- * logits (n_vocab each, owned by g). Its masks are key intervals (kiln_build_opts'
- * mask_intervals): row t sees the cells iv[2t] <= j < iv[2t + 1]. */
+ * (outputs ALL, no sampler), whose inputs the caller places itself (tokens, positions, cache slots,
+ * each row's key interval and the order of the output rows, up to n_batch rows) before
+ * km_gen_rows_run, which reads back the first n_read rows of that order: their logits (n_vocab
+ * each, owned by g) or argmax. Its masks are key intervals (kiln_build_opts' mask_intervals):
+ * row t sees the cells iv[2t] <= j < iv[2t + 1]. */
 typedef struct {
     int32_t *tokens, *positions;
     int64_t *slots;
     int32_t *iv, *iv_swa; /* iv_swa NULL without sliding-window layers */
+    int32_t *out_ids;     /* output row r is token out_ids[r]: the rows wanted first */
     int64_t  n_batch;
 } km_gen_inputs;
 kiln_status   km_gen_new_rows(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out);
 km_gen_inputs km_gen_rows_inputs(kiln_gen *g);
 /* picks non-NULL: only each row's argmax is read back (on the GPU the program's argmax output,
  * 4 bytes a row instead of n_vocab floats), into *picks; logits may then be NULL. */
-kiln_status   km_gen_rows_run(kiln_gen *g, int64_t nt, int64_t nkv, const float **logits, const int32_t **picks);
+kiln_status   km_gen_rows_run(kiln_gen *g, int64_t nt, int64_t nkv, int64_t n_read, const float **logits,
+                              const int32_t **picks);
 /* gen.c, for tests: a CPU generator's cache state `name` (its bytes in *bytes), or NULL. */
 const void *km_gen_cpu_state(const kiln_gen *g, const char *name, size_t *bytes);
 /* The rope's per-frequency factors of a model of hp with a cache of n_ctx rows: the weight's

@@ -150,16 +150,23 @@ static kiln_status step(kiln_batch *b, const kiln_batch_item *items, int n, cons
         }
         if (base + b->seq_pos[items[i].seq] + items[i].n > nkv) nkv = base + b->seq_pos[items[i].seq] + items[i].n;
     }
-    const float   *lg = NULL;
-    const int32_t *pk = NULL;
-    st = km_gen_rows_run(b->g, nt, nkv, picks ? NULL : &lg, picks ? &pk : NULL);
-    if (st) return st; /* nothing changed: positions move only after a run */
+    /* output rows: each item's last token first, the only rows read back (a prompt chunk's other
+     * rows after them: n rows of logits cross the bus, not nt) */
+    int64_t r = n;
     t = 0;
     for (int i = 0; i < n; i++) {
+        for (int64_t k = 0; k + 1 < items[i].n; k++) in.out_ids[r++] = (int32_t)(t + k);
         t += items[i].n;
+        in.out_ids[i] = (int32_t)(t - 1);
+    }
+    const float   *lg = NULL;
+    const int32_t *pk = NULL;
+    st = km_gen_rows_run(b->g, nt, nkv, n, picks ? NULL : &lg, picks ? &pk : NULL);
+    if (st) return st; /* nothing changed: positions move only after a run */
+    for (int i = 0; i < n; i++) {
         b->seq_pos[items[i].seq] += items[i].n;
-        if (picks) picks[i] = pk[t - 1];
-        else logits[i] = lg + (t - 1) * b->hp->n_vocab;
+        if (picks) picks[i] = pk[i];
+        else logits[i] = lg + i * b->hp->n_vocab;
     }
     b->tokens += nt;
     b->steps++;

@@ -33,7 +33,8 @@ struct kiln_gen {
 
     /* The inputs of the current run, at its n_tokens (nt) and n_kv (nkv). */
     int64_t   nt, nkv;
-    int32_t  *tokens, *positions, *out_ids; /* out_ids: the row kept (all: every row) */
+    int32_t  *tokens, *positions, *out_ids; /* out_ids: the row kept (all: every row, in the order given) */
+    int64_t   n_read; /* all: the logits (or argmax) rows read back, the first n_read of out_ids' order */
     int32_t   next; /* the graph's argmax (or sample) after the last run that read it */
     int32_t  *picks; /* all: every row's argmax (n_batch) */
     /* The sampler the program samples with on the GPU (output "sample"), when gpu_sample. */
@@ -244,6 +245,7 @@ static void place_inputs(kiln_gen *g, int64_t nt) {
     if (g->all)
         for (int64_t t = 0; t < nt; t++) g->out_ids[t] = (int32_t)t;
     else g->out_ids[0] = (int32_t)(nt - 1);
+    g->n_read = nt;
 }
 
 static kiln_status make_inputs(kiln_gen *g, const int32_t *tokens, int64_t nt) {
@@ -284,9 +286,9 @@ static kiln_status gpu_run(kiln_gen *g, run_read read) {
     if (!st) st = kiln_session_run(s);
     double t2 = kb_now_ms();
     if (!st && read == READ_LOGITS)
-        st = kiln_session_get(s, "logits", g->logits, sizeof *g->logits * (size_t)(g->hp->n_vocab * (g->all ? g->nt : 1)));
+        st = kiln_session_get(s, "logits", g->logits, sizeof *g->logits * (size_t)(g->hp->n_vocab * (g->all ? g->n_read : 1)));
     else if (!st && read == READ_ARGMAX && g->all)
-        st = kiln_session_get(s, "argmax", g->picks, sizeof *g->picks * (size_t)g->nt);
+        st = kiln_session_get(s, "argmax", g->picks, sizeof *g->picks * (size_t)g->n_read);
     else if (!st && (read == READ_ARGMAX || read == READ_SAMPLE))
         st = kiln_session_get(s, read == READ_SAMPLE ? "sample" : "argmax", &g->next, sizeof g->next);
     g->stats.inputs_ms += t1 - t0;
@@ -375,16 +377,16 @@ static kiln_status cpu_run(kiln_gen *g) {
 }
 
 km_gen_inputs km_gen_rows_inputs(kiln_gen *g) {
-    return (km_gen_inputs){g->tokens, g->positions, g->slots, g->iv, g->iv_swa, g->n_batch};
+    return (km_gen_inputs){g->tokens, g->positions, g->slots, g->iv, g->iv_swa, g->out_ids, g->n_batch};
 }
 
-kiln_status km_gen_rows_run(kiln_gen *g, int64_t nt, int64_t nkv, const float **logits, const int32_t **picks) {
-    g->nt = nt, g->nkv = nkv;
-    for (int64_t t = 0; t < nt; t++) g->out_ids[t] = (int32_t)t;
+kiln_status km_gen_rows_run(kiln_gen *g, int64_t nt, int64_t nkv, int64_t n_read, const float **logits,
+                            const int32_t **picks) {
+    g->nt = nt, g->nkv = nkv, g->n_read = n_read;
     kiln_status st = g->cpu ? cpu_run(g) : gpu_run(g, picks ? READ_ARGMAX : READ_LOGITS);
     if (!st && !g->cpu) g->stats.decode_gpu_ms += kiln_session_last_ms(g->sess);
     /* the CPU reference has no argmax output: the rows' picks from its logits */
-    for (int64_t t = 0; !st && picks && g->cpu && t < nt; t++)
+    for (int64_t t = 0; !st && picks && g->cpu && t < n_read; t++)
         g->picks[t] = (int32_t)kiln_argmax_f32(g->logits + t * g->hp->n_vocab, g->hp->n_vocab);
     if (logits) *logits = st || picks ? NULL : g->logits;
     if (picks) *picks = st ? NULL : g->picks;
