@@ -446,6 +446,9 @@ kiln_status kiln_session_set(kiln_session *s, const char *name, const void *data
 /* Runs the program once and waits for it. The first run with CUDA graphs captures; later ones replay. */
 kiln_status kiln_session_run(kiln_session *s);
 kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size_t bytes);
+/* The first `bytes` (at most its contiguous size) of output `name`: the first rows of the
+ * logits, say, without copying the rest. */
+kiln_status kiln_session_get_prefix(kiln_session *s, const char *name, void *data, size_t bytes);
 /* Uploads every weight of the program in one pass: get returns the host data of weight `name`
  * (its contiguous bytes, e.g. in a mapped GGUF file; NULL is an error naming the weight). The
  * data goes through two pinned staging buffers, copied on several threads while the previous

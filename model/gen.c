@@ -286,9 +286,10 @@ static kiln_status gpu_run(kiln_gen *g, run_read read) {
     if (!st) st = kiln_session_run(s);
     double t2 = kb_now_ms();
     if (!st && read == READ_LOGITS)
-        st = kiln_session_get(s, "logits", g->logits, sizeof *g->logits * (size_t)(g->hp->n_vocab * (g->all ? g->n_read : 1)));
+        st = kiln_session_get_prefix(s, "logits", g->logits,
+                                     sizeof *g->logits * (size_t)(g->hp->n_vocab * (g->all ? g->n_read : 1)));
     else if (!st && read == READ_ARGMAX && g->all)
-        st = kiln_session_get(s, "argmax", g->picks, sizeof *g->picks * (size_t)g->n_read);
+        st = kiln_session_get_prefix(s, "argmax", g->picks, sizeof *g->picks * (size_t)g->n_read);
     else if (!st && (read == READ_ARGMAX || read == READ_SAMPLE))
         st = kiln_session_get(s, read == READ_SAMPLE ? "sample" : "argmax", &g->next, sizeof g->next);
     g->stats.inputs_ms += t1 - t0;

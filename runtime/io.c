@@ -127,6 +127,14 @@ bool rt_io_get(kiln_session *s, int i, void *data, size_t bytes) {
     return true;
 }
 
+/* The first bytes of an output's twin, as it lies there (the caller checked that its prefix is
+ * the data's). */
+bool rt_io_get_prefix(kiln_session *s, int i, void *data, size_t bytes) {
+    if (s->bufs[i].kind != IR_BUF_OUTPUT || !s->out_fresh) return false;
+    memcpy(data, host_of(s, i), bytes);
+    return true;
+}
+
 void rt_io_free(kiln_session *s) {
     if (s->win_dev[RT_WIN_IN]) s->cu->MemFree(s->win_dev[RT_WIN_IN]);
     for (int w = 0; w < 2; w++) {

@@ -827,6 +827,60 @@ kiln_status kiln_session_get(kiln_session *s, const char *name, void *data, size
     return NULL;
 }
 
+/* Does the first `bytes` of b's data at the current dims sit at the start of its buffer as it
+ * is? Yes when every dim inside the outermost one holding more than one element is at its
+ * maximum (logits [n_vocab, n_tokens]: the first rows), or the buffer is not symbolic. */
+static bool prefix_in_place(const kiln_session *s, const ir_buf *b) {
+    if (!rt_buf_symbolic(b)) return true;
+    int64_t ne[4];
+    current_ne(s, b, ne);
+    int outer = 0;
+    for (int d = 0; d < 4; d++)
+        if (ne[d] > 1) outer = d;
+    for (int d = 0; d < outer; d++)
+        if (ne[d] != b->ne[d]) return false;
+    return true;
+}
+
+kiln_status kiln_session_get_prefix(kiln_session *s, const char *name, void *data, size_t bytes) {
+    static const char fn[] = "kiln_session_get_prefix";
+    if (!s || !name) return kb_error(KILN_ERR_INVALID, "%s: %s is NULL", fn, s ? "name" : "session");
+    if (s->chain_unit) return kb_error(KILN_ERR_INVALID, "%s: '%s': a chain is open", fn, name);
+    int         i;
+    kiln_status st = find_buf(s, fn, name, false, &i);
+    if (st) return st;
+    kiln_session *u = s; /* an output comes from the variant that ran last */
+    if (s->bufs[i].kind == IR_BUF_OUTPUT && s->last && s->last != s) {
+        int j = rt_buf_named(s->last, name);
+        if (j >= 0) u = s->last, i = j;
+    }
+    const ir_buf *b = &u->bufs[i];
+    size_t        full = rt_current_bytes(u, b);
+    if (bytes > full)
+        return kb_error(KILN_ERR_INVALID, "%s: '%s' holds %zu bytes at the current dims; %zu asked", fn, name, full,
+                        bytes);
+    if (bytes == full) return kiln_session_get(s, name, data, bytes);
+    if (bytes == 0) return NULL;
+    if (!data) return kb_error(KILN_ERR_INVALID, "%s: data for '%s' is NULL", fn, name);
+    bool placed = rt_io_placed(u, i);
+    if (placed && b->kind == IR_BUF_OUTPUT && prefix_in_place(u, b) && rt_io_get_prefix(u, i, data, bytes)) return NULL;
+    if (placed || b->kind != IR_BUF_OUTPUT || kb_quant_split(b->type) || !prefix_in_place(u, b)) {
+        /* the general path: the whole of it, then the part asked */
+        void *all = malloc(full);
+        if (!all) return kb_oom();
+        st = kiln_session_get(s, name, all, full);
+        if (!st) memcpy(data, all, bytes);
+        free(all);
+        return st;
+    }
+    if ((st = rt_make_current(u))) return st;
+    rt_cures r = u->cu->StreamSynchronize(u->stream);
+    if (r == RT_CUDA_SUCCESS) r = u->cu->MemcpyDtoH(data, u->dptr[i], bytes);
+    if (r != RT_CUDA_SUCCESS)
+        return rt_cuda_error(r, "cuMemcpyDtoH", "copying the first %zu bytes out of output '%s'", bytes, name);
+    return NULL;
+}
+
 kiln_status kiln_session_set_dim(kiln_session *s, const char *name, int64_t value) {
     if (!s || !name) return kb_error(KILN_ERR_INVALID, "kiln_session_set_dim: %s is NULL", s ? "name" : "session");
     int d = -1;

@@ -137,6 +137,7 @@ size_t rt_repack(const kiln_session *s, const ir_buf *b, void *padded, void *den
 /* Buffer i's current elements between the caller's data and a host copy in the device layout
  * (a pinned twin): repacked when it has a symbolic dim, else one memcpy of bytes. Returns the
  * bytes of the copy that hold data. */
+bool   rt_io_get_prefix(kiln_session *s, int i, void *data, size_t bytes); /* io.c */
 size_t rt_host_copy(const kiln_session *s, int i, void *copy, void *data, size_t bytes, bool into_copy);
 /* Shared by session.c and chain.c. */
 int           rt_buf_named(const kiln_session *s, const char *name); /* -1: none */
