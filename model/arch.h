@@ -77,6 +77,13 @@ typedef struct {
     int64_t  n_batch;
 } km_gen_inputs;
 kiln_status   km_gen_new_rows(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out);
+/* The key interval iv[0] <= j < iv[1] of the token at position p of a sequence whose position 0
+ * is cell base: its cells up to p, and with window > 0 (sliding-window layers, llama.cpp's
+ * is_masked_swa) only the last `window` of them. */
+static inline void km_key_interval(int32_t *iv, int64_t base, int64_t p, int64_t window) {
+    iv[0] = (int32_t)(base + (window > 0 && p - window + 1 > 0 ? p - window + 1 : 0));
+    iv[1] = (int32_t)(base + p + 1);
+}
 km_gen_inputs km_gen_rows_inputs(kiln_gen *g);
 /* picks non-NULL: only each row's argmax is read back (on the GPU the program's argmax output,
  * 4 bytes a row instead of n_vocab floats), into *picks; logits may then be NULL. */

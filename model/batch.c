@@ -23,6 +23,11 @@ struct kiln_batch {
     double                    step_ms;
 };
 
+static kiln_status too_few_cells(int64_t n_ctx, int n_seq) {
+    return kb_error(KILN_ERR_INVALID, "kiln_batch_new: n_ctx %lld cells for %d sequences: each needs one at least",
+                    (long long)n_ctx, n_seq);
+}
+
 kiln_status kiln_batch_new(const kiln_model *m, const kiln_batch_opts *o, kiln_batch **out) {
     if (out) *out = NULL;
     if (!m || !out) return kb_error(KILN_ERR_INVALID, "kiln_batch_new: NULL argument");
@@ -34,11 +39,10 @@ kiln_status kiln_batch_new(const kiln_model *m, const kiln_batch_opts *o, kiln_b
     if (!b) return kb_oom();
     b->hp = kiln_model_get_hparams(m);
     b->n_seq = o->n_seq ? o->n_seq : 16;
-    if (o->n_ctx > 0 && o->n_ctx < b->n_seq) {
+    if (o->n_ctx > 0 && o->n_ctx < b->n_seq) { /* before compiling anything */
         int n_seq = b->n_seq;
         free(b);
-        return kb_error(KILN_ERR_INVALID, "kiln_batch_new: n_ctx %lld cells for %d sequences: each needs one at least",
-                        (long long)o->n_ctx, n_seq);
+        return too_few_cells(o->n_ctx, n_seq);
     }
     kiln_gen_opts go = {.n_ctx = o->n_ctx, .n_batch = o->n_batch, .cpu = o->cpu, .compile = o->compile,
                         .session = o->session};
@@ -49,9 +53,7 @@ kiln_status kiln_batch_new(const kiln_model *m, const kiln_batch_opts *o, kiln_b
         b->n_batch = km_gen_rows_inputs(b->g).n_batch;
         b->seq_pos = malloc(sizeof *b->seq_pos * (size_t)b->n_seq);
         if (!b->seq_pos) st = kb_oom();
-        else if (b->cap < 1)
-            st = kb_error(KILN_ERR_INVALID, "kiln_batch_new: %lld cells (n_ctx) for %d sequences: each needs one at least",
-                          (long long)b->n_ctx, b->n_seq);
+        else if (b->cap < 1) st = too_few_cells(b->n_ctx, b->n_seq); /* the default n_ctx */
     }
     if (st) {
         kiln_batch_free(b);
@@ -137,7 +139,7 @@ static kiln_status step(kiln_batch *b, const kiln_batch_item *items, int n, cons
     double        t0 = kb_now_ms();
     km_gen_inputs in = km_gen_rows_inputs(b->g);
     /* cells: the sequence's, by position; keys: its cells up to the token (and the window) */
-    int64_t t = 0, nkv = 0, w = b->hp->n_swa;
+    int64_t t = 0, nkv = 0;
     for (int i = 0; i < n; i++) {
         int64_t base = items[i].seq * b->cap;
         for (int64_t k = 0; k < items[i].n; k++, t++) {
@@ -145,8 +147,8 @@ static kiln_status step(kiln_batch *b, const kiln_batch_item *items, int n, cons
             in.tokens[t] = items[i].tokens[k];
             in.positions[t] = (int32_t)p;
             in.slots[t] = base + p;
-            in.iv[2 * t] = (int32_t)base, in.iv[2 * t + 1] = (int32_t)(base + p + 1);
-            if (in.iv_swa) in.iv_swa[2 * t] = (int32_t)(base + (p - w + 1 > 0 ? p - w + 1 : 0)), in.iv_swa[2 * t + 1] = (int32_t)(base + p + 1);
+            km_key_interval(in.iv + 2 * t, base, p, 0);
+            if (in.iv_swa) km_key_interval(in.iv_swa + 2 * t, base, p, b->hp->n_swa);
         }
         if (base + b->seq_pos[items[i].seq] + items[i].n > nkv) nkv = base + b->seq_pos[items[i].seq] + items[i].n;
     }

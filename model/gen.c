@@ -229,9 +229,8 @@ static void place_inputs(kiln_gen *g, int64_t nt) {
         g->positions[t] = (int32_t)(g->pos + t);
         g->slots[t] = g->pos + t;
         if (g->all) { /* key intervals: the same cells */
-            int64_t p = g->pos + t, w = g->hp->n_swa;
-            g->iv[2 * t] = 0, g->iv[2 * t + 1] = (int32_t)(p + 1);
-            if (g->iv_swa) g->iv_swa[2 * t] = (int32_t)(p - w + 1 > 0 ? p - w + 1 : 0), g->iv_swa[2 * t + 1] = (int32_t)(p + 1);
+            km_key_interval(g->iv + 2 * t, 0, g->pos + t, 0);
+            if (g->iv_swa) km_key_interval(g->iv_swa + 2 * t, 0, g->pos + t, g->hp->n_swa);
             continue;
         }
         uint16_t *row = g->mask + t * g->nkv;
