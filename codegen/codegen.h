@@ -9,7 +9,7 @@
 /* Bumped whenever generated code can change for the same IR; part of every kernel key. */
 #define CG_CODEGEN_VERSION 1
 /* Format of serialized programs (codegen/plan.c); part of every program key. */
-#define CG_PLAN_VERSION 2
+#define CG_PLAN_VERSION 3
 
 /* One operand of a library GEMM step: a kernel parameter (a buffer, or the scratch) plus a
  * byte offset, its element type, leading dimension and batch stride (both in elements). */
@@ -129,6 +129,8 @@ kiln_status cg_kernel_code(cg_kernel *k, const cg_target *t, kc_cache *c, bool *
  * compiling and loading a serialized program start from. */
 kiln_status cg_lower(const kiln_graph *g, const kiln_compile_opts *o, const char *arch, kiln_program **out);
 /* g with dim d fixed to v: a new context and graph (the caller frees both). */
+/* A program over ir (which it takes, freed on failure too), with no kernels yet. */
+kiln_status cg_program_from_ir(ir_prog *ir, const char *arch, kiln_program **out);
 kiln_status cg_bind_graph(const kiln_graph *g, int d, int64_t v, kiln_ctx **bctx, kiln_graph **bg);
 /* Appends sp, the program of p's graph with dim d fixed to v, to p's specializations (p->spec
  * has room); sp takes the bound context and graph it was lowered from. */
@@ -148,14 +150,22 @@ typedef struct {
 kiln_status cg_program_key(const kiln_graph *g, const kiln_compile_opts *o, const char *arch, kc_key *key,
                            cg_env_info *env, char **graph_text);
 
-/* Serialized programs (codegen/plan.c): the kernel table, the distinct cubins (or PTX) and the
- * specializations; the IR is not stored but rebuilt by cg_lower, and a fingerprint of it
- * (XXH3-64 of ir_print) must match. cg_plan_read checks every length, count and index, so a
- * damaged or foreign plan is an error (KILN_ERR_FORMAT), never a crash. */
+/* Serialized programs (codegen/plan.c): the lowered IR (codegen/plan_ir.c), the kernel table,
+ * the distinct cubins (or PTX) and the specializations. cg_plan_read lowers the graph again and
+ * requires the fingerprint of that IR (XXH3-64 of ir_print) to be the plan's (a bundle, which a
+ * caller pairs with a graph); cg_plan_read_keyed takes the plan's IR as it is (a program-cache
+ * entry, whose key already names this graph, these options and this kiln build, and whose
+ * checksum its store verified). Both check every length, count and index, so a damaged or
+ * foreign plan is an error (KILN_ERR_FORMAT), never a crash. */
 uint64_t    cg_ir_fingerprint(const ir_prog *ir);
 kiln_status cg_plan_write(const kiln_program *p, kb_str *out);
 kiln_status cg_plan_read(const void *data, size_t size, const kiln_graph *g, const kiln_compile_opts *o,
                          kiln_program **out);
+kiln_status cg_plan_read_keyed(const void *data, size_t size, const kiln_graph *g, const kiln_compile_opts *o,
+                               kiln_program **out);
+/* codegen/plan_ir.c: an IR into a plan, and back (over graph g, checked and verified). */
+void        cg_ir_write(kb_str *b, const ir_prog *p);
+kiln_status cg_ir_read(kb_reader *r, const kiln_graph *g, ir_prog **out);
 
 /* The embedded templates: generated at build time from templates/ (build/gen/templates.c). */
 typedef struct {

@@ -454,7 +454,7 @@ static kiln_status load_program(compile_env *e, const kiln_graph *g, kc_key key,
     size_t      size = 0;
     kiln_status st = kc_get(&e->cache, KC_PROGRAM, key, &data, &size, corrupt);
     if (st || !data) return st;
-    st = cg_plan_read(data, size, g, e->o, out);
+    st = cg_plan_read_keyed(data, size, g, e->o, out);
     free(data);
     if (st) {
         char *path = kc_entry_path(&e->cache, KC_PROGRAM, key);

@@ -1,10 +1,12 @@
-/* Serialized programs ("plans"): everything kiln_compile produced that re-lowering the graph
- * does not rebuild — the kernel table with sources, launch configurations, GEMM calls, keys,
- * the distinct cubins, and the specializations — so that a program-cache hit or a bundle
- * runs neither Lua nor NVRTC (docs/cache.md, "Program entries").
+/* Serialized programs ("plans"): everything kiln_compile produced — the lowered IR, the kernel
+ * table with sources, launch configurations, GEMM calls, keys, the distinct cubins, and the
+ * specializations — so that a program-cache hit or a bundle runs neither Lua nor NVRTC
+ * (docs/cache.md, "Program entries").
  *
- * The IR is rebuilt by lowering the graph again (cheap, deterministic); a fingerprint of its
- * printed form, stored in the plan, proves that the kernel table still matches it. */
+ * A program-cache hit takes the stored IR (its key names the graph, the options and the kiln
+ * build: lowering again would give the same); a bundle, paired with a graph by its caller,
+ * lowers that graph again and must match the fingerprint of the IR's printed form stored in the
+ * plan, which proves that the kernel table fits it. */
 #include "codegen/codegen.h"
 
 #include <stdlib.h>
@@ -83,6 +85,7 @@ kiln_status cg_plan_write(const kiln_program *p, kb_str *b) {
     kb_put_cstr(b, p->arch);
     kb_put_u64(b, cg_ir_fingerprint(p->ir));
     kb_put_u64(b, p->scratch_bytes);
+    cg_ir_write(b, p->ir);
     put_i64(b, p->nkernels);
     for (int i = 0; i < p->nkernels; i++) put_kernel(b, &p->kernels[i], first_with_key(p, i, p->kernels[i].key));
     put_i64(b, p->nspec);
@@ -225,9 +228,11 @@ static kiln_status read_kernels(kb_reader *r, kiln_program *p) {
     return st;
 }
 
-static kiln_status read_one(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, kiln_program **out);
+static kiln_status read_one(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, bool keyed,
+                            kiln_program **out);
 
-static kiln_status read_specs(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, kiln_program *p) {
+static kiln_status read_specs(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, bool keyed,
+                              kiln_program *p) {
     int64_t n = get_i64(r, "specialization count");
     if (r->err) return NULL;
     if (n < 0 || n > KILN_MAX_SYMS * 4)
@@ -246,7 +251,7 @@ static kiln_status read_specs(kb_reader *r, const kiln_graph *g, const kiln_comp
         kiln_status st = cg_bind_graph(g, (int)d, v, &bctx, &bg);
         kb_reader   sr = {.p = sub, .len = len};
         kiln_program *sp = NULL;
-        if (!st) st = read_one(&sr, bg, o, &sp);
+        if (!st) st = read_one(&sr, bg, o, keyed, &sp);
         if (!st && sr.err)
             st = kb_error(KILN_ERR_FORMAT, "specialization %d: truncated or malformed at byte %zu (%s)", i, sr.err_at, sr.err);
         if (st) {
@@ -260,7 +265,27 @@ static kiln_status read_specs(kb_reader *r, const kiln_graph *g, const kiln_comp
     return NULL;
 }
 
-static kiln_status read_one(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, kiln_program **out) {
+/* The program of the plan's IR: as stored (keyed), or graph g lowered again, whose fingerprint
+ * must be the stored one. */
+static kiln_status plan_program(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, const char *arch,
+                                uint64_t fp, bool keyed, kiln_program **out) {
+    ir_prog    *ir = NULL;
+    kiln_status st = cg_ir_read(r, g, &ir);
+    if (st || r->err) return st;
+    if (keyed) return cg_program_from_ir(ir, arch, out);
+    ir_prog_free(ir);
+    if ((st = cg_lower(g, o, arch, out))) return st;
+    uint64_t have = cg_ir_fingerprint((*out)->ir);
+    if (have == fp) return NULL;
+    kiln_program_free(*out);
+    *out = NULL;
+    return kb_error(KILN_ERR_FORMAT, "the program does not match this graph as this kiln lowers it (IR fingerprint "
+                                     "%016llx, expected %016llx): it was built from another graph or by another "
+                                     "kiln build", (unsigned long long)have, (unsigned long long)fp);
+}
+
+static kiln_status read_one(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, bool keyed,
+                            kiln_program **out) {
     *out = NULL;
     const uint8_t *magic = r->len - r->pos >= 8 ? r->p + r->pos : NULL;
     if (!magic || memcmp(magic, plan_magic, 8) != 0) return kb_error(KILN_ERR_FORMAT, "not a kiln program (bad magic)");
@@ -273,19 +298,11 @@ static kiln_status read_one(kb_reader *r, const kiln_graph *g, const kiln_compil
     uint64_t fp = kb_get_u64(r, "fingerprint");
     size_t   scratch = (size_t)kb_get_u64(r, "scratch");
     if (r->err) return NULL;
-    kiln_program *p;
-    kiln_status   st = cg_lower(g, o, arch, &p);
-    if (st) return st;
-    uint64_t have = cg_ir_fingerprint(p->ir);
-    if (have != fp) {
-        kiln_program_free(p);
-        return kb_error(KILN_ERR_FORMAT, "the program does not match this graph as this kiln lowers it (IR fingerprint "
-                                         "%016llx, expected %016llx): it was built from another graph or by another "
-                                         "kiln build",
-                        (unsigned long long)have, (unsigned long long)fp);
-    }
+    kiln_program *p = NULL;
+    kiln_status   st = plan_program(r, g, o, arch, fp, keyed, &p);
+    if (st || r->err) return st;
     p->scratch_bytes = scratch;
-    if (!(st = read_kernels(r, p)) && !r->err) st = read_specs(r, g, o, p);
+    if (!(st = read_kernels(r, p)) && !r->err) st = read_specs(r, g, o, keyed, p);
     if (st || r->err) {
         kiln_program_free(p);
         return st;
@@ -295,10 +312,10 @@ static kiln_status read_one(kb_reader *r, const kiln_graph *g, const kiln_compil
     return NULL;
 }
 
-kiln_status cg_plan_read(const void *data, size_t size, const kiln_graph *g, const kiln_compile_opts *o,
-                         kiln_program **out) {
+static kiln_status plan_read(const void *data, size_t size, const kiln_graph *g, const kiln_compile_opts *o,
+                             bool keyed, kiln_program **out) {
     kb_reader   r = {.p = data, .len = size};
-    kiln_status st = read_one(&r, g, o, out);
+    kiln_status st = read_one(&r, g, o, keyed, out);
     if (!st && r.err) st = kb_error(KILN_ERR_FORMAT, "program truncated or malformed at byte %zu (%s)", r.err_at, r.err);
     if (!st && r.pos != r.len) st = kb_error(KILN_ERR_FORMAT, "program has %zu stray bytes at its end", r.len - r.pos);
     if (st) {
@@ -306,4 +323,14 @@ kiln_status cg_plan_read(const void *data, size_t size, const kiln_graph *g, con
         *out = NULL;
     }
     return st;
+}
+
+kiln_status cg_plan_read(const void *data, size_t size, const kiln_graph *g, const kiln_compile_opts *o,
+                         kiln_program **out) {
+    return plan_read(data, size, g, o, false, out);
+}
+
+kiln_status cg_plan_read_keyed(const void *data, size_t size, const kiln_graph *g, const kiln_compile_opts *o,
+                               kiln_program **out) {
+    return plan_read(data, size, g, o, true, out);
 }

@@ -25,6 +25,19 @@ kiln_status cg_lower(const kiln_graph *g, const kiln_compile_opts *o, const char
     return NULL;
 }
 
+kiln_status cg_program_from_ir(ir_prog *ir, const char *arch, kiln_program **out) {
+    *out = NULL;
+    kiln_program *p = calloc(1, sizeof *p);
+    if (!p) {
+        ir_prog_free(ir);
+        return kb_oom();
+    }
+    snprintf(p->arch, sizeof p->arch, "%s", arch);
+    p->ir = ir;
+    *out = p;
+    return NULL;
+}
+
 kiln_status cg_bind_graph(const kiln_graph *g, int d, int64_t v, kiln_ctx **bctx, kiln_graph **bg) {
     const char *name = g->ctx->dims[d].name;
     *bg = NULL;

@@ -276,6 +276,9 @@ typedef struct {
 struct kiln_ctx {
     kiln_tensor **t;
     int           n, cap;
+    /* fe_find's index of the tensors by name (open addressing, frontend/tensor.c) */
+    kiln_tensor **index;
+    int           icap, iused;
     fe_dim        dims[KILN_MAX_SYMS];
     int           ndims;
     /* kiln_ctx_bind: dims that kiln_dim turns into these values instead of declaring them */

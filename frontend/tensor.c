@@ -51,6 +51,7 @@ void kiln_ctx_free(kiln_ctx *ctx) {
     if (!ctx) return;
     for (int i = 0; i < ctx->n; i++) free(ctx->t[i]);
     free(ctx->t);
+    free(ctx->index);
     kiln_status_free(ctx->err);
     free(ctx);
 }
@@ -88,10 +89,51 @@ bool fe_reject(kiln_ctx *ctx, kiln_code code, const char *fmt, ...) {
     return false;
 }
 
+/* ---- names: fe_find's index ---------------------------------------------------------------
+ * An open-addressing table of the tensors by name, filled as names are set: a model of 3567
+ * nodes spent most of its graph build, and of a program-cache hit (which parses the graph again
+ * for its specialized variant), in fe_find's linear scans (name_free checks every name). A
+ * rename leaves its old slot behind; lookups compare each tensor's current name, so a stale slot
+ * never answers, and a rebuild from ctx->t (as the table grows) drops them. */
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+static void index_put(kiln_ctx *ctx, kiln_tensor *t) {
+    size_t i = (size_t)name_hash(t->name) & (size_t)(ctx->icap - 1);
+    while (ctx->index[i]) i = (i + 1) & (size_t)(ctx->icap - 1);
+    ctx->index[i] = t;
+    ctx->iused++;
+}
+
+/* t's current name into the index (false: out of memory, recorded in ctx). */
+static bool index_add(kiln_ctx *ctx, kiln_tensor *t) {
+    if (2 * (ctx->iused + 1) > ctx->icap) {
+        int cap = 64;
+        while (cap < 4 * (ctx->n + 1)) cap *= 2;
+        kiln_tensor **index = calloc((size_t)cap, sizeof *index);
+        if (!index) {
+            fe_fail(ctx, kb_oom());
+            return false;
+        }
+        free(ctx->index);
+        ctx->index = index, ctx->icap = cap, ctx->iused = 0;
+        for (int i = 0; i < ctx->n; i++)
+            if (ctx->t[i] != t) index_put(ctx, ctx->t[i]);
+    }
+    index_put(ctx, t);
+    return true;
+}
+
+/* The tensor named name, the first made when several are (as a scan of ctx->t finds it). */
 kiln_tensor *fe_find(const kiln_ctx *ctx, const char *name) {
-    for (int i = 0; i < ctx->n; i++)
-        if (strcmp(ctx->t[i]->name, name) == 0) return ctx->t[i];
-    return NULL;
+    kiln_tensor *best = NULL;
+    if (!ctx->index) return NULL;
+    for (size_t i = (size_t)name_hash(name) & (size_t)(ctx->icap - 1); ctx->index[i]; i = (i + 1) & (size_t)(ctx->icap - 1))
+        if (strcmp(ctx->index[i]->name, name) == 0 && (!best || ctx->index[i]->id < best->id)) best = ctx->index[i];
+    return best;
 }
 
 /* ---- shapes ------------------------------------------------------------------------------- */
@@ -208,7 +250,7 @@ static kiln_tensor *new_node(kiln_ctx *ctx, fe_op op, kiln_type type, const int6
     t->line = ctx->file ? ctx->line : 0;
     t->col = ctx->file ? ctx->col : 0;
     ctx->t[ctx->n++] = t;
-    return t;
+    return index_add(ctx, t) ? t : NULL;
 }
 
 /* The extents a builder was given: kiln_dim handles become their maximum, marked in sym. */
@@ -284,6 +326,7 @@ kiln_tensor *kiln_new_tensor(kiln_ctx *ctx, kiln_role role, kiln_type type, cons
     t->n_dims = n_dims;
     snprintf(t->name, sizeof t->name, "%s", name);
     t->named = true;
+    if (!index_add(ctx, t)) return NULL;
     return quant_layout_ok(ctx, "new tensor", name, t) ? t : NULL;
 }
 
@@ -296,6 +339,7 @@ void kiln_set_name(kiln_ctx *ctx, kiln_tensor *t, const char *name) {
     if (!name_free(ctx, name, t)) return;
     snprintf(t->name, sizeof t->name, "%s", name);
     t->named = true;
+    index_add(ctx, t);
 }
 
 void kiln_set_output(kiln_ctx *ctx, kiln_tensor *t, const char *name) {

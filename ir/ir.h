@@ -155,6 +155,7 @@ typedef struct ir_prog {
     ir_node *nodes;
     int      nnodes, capnodes;
     size_t   arena_bytes; /* set by ir_memplan */
+    char    *pool; /* an IR read from a plan (codegen/plan_ir.c): its nodes' fusion names */
 } ir_prog;
 
 kiln_status ir_lower(const kiln_graph *g, ir_prog **out);

@@ -8,6 +8,7 @@ void ir_prog_free(ir_prog *p) {
     if (!p) return;
     free(p->bufs);
     free(p->nodes);
+    free(p->pool);
     free(p);
 }
 

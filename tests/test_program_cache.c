@@ -194,6 +194,35 @@ START_TEST(second_compile_is_a_program_hit) {
 }
 END_TEST
 
+/* A hit takes the IR stored in the plan (codegen/plan_ir.c) instead of lowering again: for
+ * whole model graphs of every feature the passes produce (fusions, MoE routing, MLA, sinks,
+ * sliding windows, the gemv_rope tails of the n_tokens = 1 variant), the loaded program
+ * describes (IR, plan, launches, keys) exactly as the compiled one. */
+static const char *const model_archs[] = {"llama", "qwen3moe", "gemma3", "gpt-oss", "deepseek2"};
+
+START_TEST(model_program_hit_has_the_same_ir) {
+    char              *dir = ts_tmpdir();
+    kiln_compile_opts  o = opts_in(dir);
+    kiln_model_hparams hp;
+    TS_OK(kiln_model_preset(model_archs[_i], "tiny", &hp));
+    compiled        c[2];
+    kiln_build_opts bo = {.n_ctx = 64, .n_tokens_max = 16, .argmax = true};
+    for (int k = 0; k < 2; k++) {
+        c[k] = (compiled){.ctx = kiln_ctx_new()};
+        TS_OK(kiln_build_model(c[k].ctx, &hp, &bo));
+        TS_OK(kiln_graph_new(c[k].ctx, &c[k].g));
+        TS_OK(kiln_compile(c[k].g, &o, &c[k].p));
+        kiln_program_stats(c[k].p, &c[k].s);
+    }
+    ck_assert_int_eq(c[0].s.program_cached, 0);
+    ck_assert_int_eq(c[1].s.program_cached, 1);
+    assert_same_program(c[0].p, c[1].p, model_archs[_i]);
+    compiled_free(&c[0]);
+    compiled_free(&c[1]);
+    ts_tmpdir_free(dir);
+}
+END_TEST
+
 /* A key input changed gives a new program entry; a graph that is the same (parsed again,
  * spelled differently) or another thread count gives a hit. */
 static void expect_key(const char *dir, const char *kg, const kiln_compile_opts *o, bool hit, int *entries,
@@ -668,6 +697,7 @@ int main(void) {
                         TS_TESTS(second_compile_is_a_program_hit, keys_change_with_key_inputs_only,
                                  corrupt_program_entry_is_rebuilt, cache_modes, size_limit_after_compile,
                                  dumps_identical_cold_and_warm, jobs_change_nothing, explain_says_why,
-                                 cli_reports_cold_and_warm));
+                                 cli_reports_cold_and_warm),
+                        TS_LOOP(0, (int)(sizeof model_archs / sizeof model_archs[0]), model_program_hit_has_the_same_ir));
     return ts_main_isolated(s, "progcache");
 }
