@@ -169,6 +169,11 @@ static const preset presets[] = {
     {"llama-3-8b", {.arch = "llama", .n_vocab = 128256, .n_ctx_train = 8192, .n_embd = 4096, .n_layer = 32,
                     .n_head = 32, .n_head_kv = 8, .head_dim = 128, .n_ff = 14336, .rms_norm_eps = 1e-5f,
                     .rope_freq_base = 500000, .ftype = KILN_FTYPE_MOSTLY_BF16}},
+    /* meta-llama/Meta-Llama-3-70B (issue 30: tensor parallelism's model, 141 GB in bf16): 80 layers,
+     * 64 heads over 8 kv heads, FFN 28672 */
+    {"llama-3-70b", {.arch = "llama", .n_vocab = 128256, .n_ctx_train = 8192, .n_embd = 8192, .n_layer = 80,
+                     .n_head = 64, .n_head_kv = 8, .head_dim = 128, .n_ff = 28672, .rms_norm_eps = 1e-5f,
+                     .rope_freq_base = 500000, .ftype = KILN_FTYPE_MOSTLY_BF16}},
     /* Qwen/Qwen3-30B-A3B: 128 experts of 768, 8 used, QK-norm, head size 128 (q: 4096 > n_embd) */
     {"qwen3-30b-a3b", {.arch = "qwen3moe", .n_vocab = 151936, .n_ctx_train = 40960, .n_embd = 2048, .n_layer = 48,
                        .n_head = 32, .n_head_kv = 4, .head_dim = 128, .n_ff = 6144, .rms_norm_eps = 1e-6f,

@@ -270,6 +270,25 @@ int64_t km_wdim_value(const kiln_model_hparams *hp, km_wdim d);
 /* w's extents for hp (ne: 4, trailing 1s). */
 void km_weight_shape(const kiln_model_hparams *hp, const km_weight *w, int64_t ne[4]);
 
+/* ---- tensor parallelism, the plan (model/tp.c; issue 30) ------------------------------------
+ * How a model's weights split over g GPUs, Megatron-style: an extent counted in heads, FFN
+ * columns, expert FFN columns or vocabulary rows is cut in g (km_tp_sharded), every other one is
+ * whole on each rank. */
+bool        km_tp_sharded(km_wdim d);
+/* NULL when a model of hp splits over g GPUs (heads, kv heads, FFN columns, vocabulary each a
+ * multiple of g), else an error naming the hyperparameter. */
+kiln_status km_tp_check(const kiln_model_hparams *hp, int g);
+/* The dim of w cut across the ranks, or -1 (whole on every rank). */
+int         km_tp_split_dim(const km_weight *w);
+/* Whether w's product is a partial sum on each rank (its input extent cut: attn_output, the
+ * FFN downs), all-reduced after. */
+bool        km_tp_row_parallel(const km_weight *w);
+/* w's extents on one rank of g. */
+void        km_tp_rank_shape(const kiln_model_hparams *hp, const km_weight *w, int g, int64_t ne[4]);
+/* NULL when w in type t still has whole blocks in each rank's rows (a row-parallel weight's rows
+ * are cut), else an error naming the weight, its rank width and the block. */
+kiln_status km_tp_check_type(const kiln_model_hparams *hp, const km_weight *w, int g, kiln_type t);
+
 /* ---- file types and the mix (model/ftype.c) ------------------------------------------------ */
 
 /* Whether f is a kiln_ftype kiln knows. */
