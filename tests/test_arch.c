@@ -533,7 +533,10 @@ START_TEST(presets_documented) {
     const char *name, *arch;
     int         n = 0;
     for (int i = 0; (name = kiln_model_preset_name(i, &arch)); i++) n++;
-    ck_assert_int_eq(n, 26);
+    ck_assert_int_eq(n, 27);
+    h = preset("llama", "llama-3-70b");
+    ck_assert(h.n_vocab == 128256 && h.n_embd == 8192 && h.n_layer == 80 && h.n_head == 64 && h.n_head_kv == 8 &&
+              h.head_dim == 128 && h.n_ff == 28672 && !h.tied_output);
     h = preset("deepseek2", "deepseek-v2-lite");
     ck_assert(h.n_vocab == 102400 && h.n_embd == 2048 && h.n_layer == 27 && h.n_head == 16 && h.n_head_kv == 1 &&
               h.head_dim == 192 && h.head_dim_v == 128 && h.n_rot == 64 && h.kv_lora_rank == 512 &&
