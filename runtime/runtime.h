@@ -184,4 +184,34 @@ kiln_status rt_cublas_init(const rt_cublas_api **out);
 /* KILN_ERR_CUDA: "cuBLAS call <call> failed with status N (<text>) while <what>". */
 kiln_status rt_cublas_error(int status, const char *call, const char *what);
 
+/* ---- NCCL (runtime/nccl.c; issue 30's collectives), through dlopen as cuBLAS ---------------
+ * Our own declarations of the entry points used (nccl.h of NCCL 2.x: ncclResult_t is an int,
+ * ncclUniqueId 128 bytes, ncclComm_t opaque). */
+typedef struct {
+    char internal[128];
+} rt_nccl_id;
+typedef struct rt_nccl_comm_s *rt_nccl_comm;
+#define RT_NCCL_FLOAT32 7  /* ncclFloat32 */
+#define RT_NCCL_SUM 0      /* ncclSum */
+
+typedef struct {
+    int (*GetVersion)(int *version);
+    int (*GetUniqueId)(rt_nccl_id *id);
+    int (*CommInitRank)(rt_nccl_comm *comm, int nranks, rt_nccl_id id, int rank);
+    int (*CommInitAll)(rt_nccl_comm *comms, int ndev, const int *devlist);
+    int (*CommDestroy)(rt_nccl_comm comm);
+    int (*AllReduce)(const void *send, void *recv, size_t count, int dtype, int op, rt_nccl_comm comm, rt_custream s);
+    int (*AllGather)(const void *send, void *recv, size_t count, int dtype, rt_nccl_comm comm, rt_custream s);
+    int (*GroupStart)(void);
+    int (*GroupEnd)(void);
+    const char *(*GetErrorString)(int result);
+} rt_nccl_api;
+
+/* Loads NCCL once per process (libnccl.so.2, then libnccl.so, or $KILN_NCCL_LIB first); first
+ * sets NCCL_NVLS_ENABLE=0 unless the environment has it (NVLink multicast stays off on the
+ * machines kiln runs on). KILN_ERR_NO_GPU saying what is missing when it cannot load. */
+kiln_status rt_nccl_init(const rt_nccl_api **out);
+/* KILN_ERR_CUDA: "NCCL call <call> failed with result N (<text>) while <what>". */
+kiln_status rt_nccl_error(int result, const char *call, const char *what);
+
 #endif

@@ -181,10 +181,34 @@ START_TEST(test_init_threads) {
 }
 END_TEST
 
+/* NCCL (runtime/nccl.c) through dlopen: where it is missing, KILN_ERR_NO_GPU naming the library
+ * tried and what to install; where it loads, its version is NCCL 2's. Either way NVLink multicast
+ * is off in the process afterwards (NCCL_NVLS_ENABLE=0, which a value set before would keep). */
+START_TEST(test_nccl_loads_or_says_what_is_missing) {
+    unsetenv("NCCL_NVLS_ENABLE");
+    setenv("KILN_NCCL_LIB", "/nonexistent/libnccl-kiln-test.so.2", 1);
+    const rt_nccl_api *api = NULL;
+    kiln_status        st = rt_nccl_init(&api);
+    ck_assert_str_eq(getenv("NCCL_NVLS_ENABLE"), "0");
+    if (st) {
+        ck_assert_int_eq(kiln_status_code(st), KILN_ERR_NO_GPU);
+        ck_assert_msg(strstr(kiln_status_msg(st), "cannot load NCCL (/nonexistent/libnccl-kiln-test.so.2: ") &&
+                          strstr(kiln_status_msg(st), "libnccl2"), "%s", kiln_status_msg(st));
+        ck_assert_ptr_null(api);
+        kiln_status_free(st);
+    } else { /* a machine with NCCL: the fallback names found it */
+        int v = 0;
+        ck_assert_int_eq(api->GetVersion(&v), 0);
+        ck_assert_int_ge(v, 20000);
+    }
+    unsetenv("KILN_NCCL_LIB");
+}
+END_TEST
+
 int main(void) {
     Suite *s = TS_SUITE("runtime",
                         TS_CASE("cpu", 60),
                         TS_TESTS(test_null_args, test_null_out_with_program, test_no_gpu, test_forced_missing_driver,
-                                 test_init_threads));
+                                 test_init_threads, test_nccl_loads_or_says_what_is_missing));
     return ts_main(s);
 }
