@@ -135,6 +135,10 @@ static void get_ref(ir_rd *x, ir_ref *r) {
     for (int d = 0; d < 4; d++) r->st[d] = get_i(x, 0, BIG, "IR ref stride");
     r->offs = get_i(x, 0, BIG, "IR ref offset");
     for (int d = 0; d < 4; d++) r->sym[d] = (uint8_t)get_u(x, (uint32_t)x->ndims, "IR ref symbolic dim");
+    /* the furthest element stays far inside int64 (ir_verify computes it) */
+    double far = (double)r->offs;
+    for (int d = 0; d < 4; d++) far += (double)(r->ne[d] - 1) * (double)r->st[d];
+    if (!x->bad && far > (double)((int64_t)1 << 52)) x->bad = "IR ref extent";
 }
 
 static void get_buf(ir_rd *x, ir_buf *b) {
@@ -233,13 +237,24 @@ static const char *check_indices(const ir_prog *p) {
     return NULL;
 }
 
+/* The fewest bytes a buffer and a node take in a plan (put_buf, put_node): a count that more
+ * bytes than are left would need is damage, refused before anything is allocated for it. */
+#define MIN_BUF_BYTES 100
+#define MIN_NODE_BYTES 120
+
+static int64_t get_count(ir_rd *x, size_t each, const char *what) {
+    int64_t n = get_i(x, 0, 1 << 24, what);
+    if (!x->bad && !x->r->err && (uint64_t)n > (x->r->len - x->r->pos) / each) x->bad = what;
+    return x->bad ? 0 : n;
+}
+
 static kiln_status read_ir(ir_rd *x, ir_prog *p) {
-    int64_t nb = get_i(x, 0, 1 << 24, "IR buffer count");
+    int64_t nb = get_count(x, MIN_BUF_BYTES, "IR buffer count");
     if (x->bad || x->r->err) return NULL;
     if (nb && !(p->bufs = calloc((size_t)nb, sizeof *p->bufs))) return kb_oom();
     p->nbufs = p->capbufs = (int)nb;
     for (int i = 0; i < p->nbufs; i++) get_buf(x, &p->bufs[i]);
-    int64_t nn = get_i(x, 0, 1 << 24, "IR node count");
+    int64_t nn = get_count(x, MIN_NODE_BYTES, "IR node count");
     if (x->bad || x->r->err) return NULL;
     if (nn && !(p->nodes = calloc((size_t)nn, sizeof *p->nodes))) return kb_oom();
     size_t *at = calloc((size_t)nn + 1, sizeof *at);
