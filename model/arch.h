@@ -288,6 +288,11 @@ void        km_tp_rank_shape(const kiln_model_hparams *hp, const km_weight *w, i
 /* NULL when w in type t still has whole blocks in each rank's rows (a row-parallel weight's rows
  * are cut), else an error naming the weight, its rank width and the block. */
 kiln_status km_tp_check_type(const kiln_model_hparams *hp, const km_weight *w, int g, kiln_type t);
+/* Rank `rank`'s bytes of w (in type t) as byte ranges of the file's tensor: range i of
+ * km_tp_slice_count at *off, *len bytes; their concatenation is the rank's tensor (model/tp.c). */
+int64_t     km_tp_slice_count(const kiln_model_hparams *hp, const km_weight *w, int g);
+void        km_tp_slice(const kiln_model_hparams *hp, const km_weight *w, int g, int rank, kiln_type t, int64_t i,
+                        int64_t *off, int64_t *len);
 
 /* ---- file types and the mix (model/ftype.c) ------------------------------------------------ */
 

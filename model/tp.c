@@ -90,3 +90,57 @@ kiln_status km_tp_check_type(const kiln_model_hparams *hp, const km_weight *w, i
                                       "multiple of the %s block (%lld)", g, w->name, (long long)ne[0], kiln_type_name(t),
                     (long long)bl);
 }
+
+/* ---- a rank's bytes of a weight (uploads shard by shard) ----------------------------------
+ * The rank's tensor (its km_tp_rank_shape, row-major as every weight) is the concatenation of
+ * km_tp_slice_count(...) byte ranges of the file's tensor, in order. Whole weights are one range;
+ * a cut row count (column-parallel) one range per matrix of the weight (per expert); a cut row
+ * (row-parallel, and the vectors) one range per row; cut matrices (per-head tensors) one
+ * range. phi3's fused extents are cut part by part: q, k and v of attn_qkv, gate and up of
+ * ffn_up, each part's share in turn. */
+
+/* The parts of a fused extent (rows of each part, in order), 1 part otherwise. */
+static int parts(const kiln_model_hparams *hp, km_wdim d, int64_t rows[3]) {
+    if (d == KM_WD_QKV) {
+        rows[0] = hp->head_dim * hp->n_head, rows[1] = rows[2] = hp->head_dim * hp->n_head_kv;
+        return 3;
+    }
+    if (d == KM_WD_FF2) {
+        rows[0] = rows[1] = hp->n_ff;
+        return 2;
+    }
+    rows[0] = km_wdim_value(hp, d);
+    return 1;
+}
+
+int64_t km_tp_slice_count(const kiln_model_hparams *hp, const km_weight *w, int g) {
+    int64_t ne[4], rows[3];
+    km_weight_shape(hp, w, ne);
+    int d = g > 1 ? km_tp_split_dim(w) : -1;
+    if (d < 0) return 1;
+    if (d == 0) return ne[1] * ne[2] * ne[3];              /* every row cut */
+    if (d == 1) return parts(hp, w->ne[1], rows) * ne[2] * ne[3]; /* a block of rows per part and matrix */
+    return ne[3];                                          /* a block of matrices */
+}
+
+void km_tp_slice(const kiln_model_hparams *hp, const km_weight *w, int g, int rank, kiln_type t, int64_t i,
+                 int64_t *off, int64_t *len) {
+    int64_t ne[4], rows[3];
+    km_weight_shape(hp, w, ne);
+    int64_t rb = (int64_t)kiln_row_size(t, ne[0]), mat = rb * ne[1];
+    int     d = g > 1 ? km_tp_split_dim(w) : -1;
+    if (d < 0) {
+        *off = 0, *len = mat * ne[2] * ne[3];
+    } else if (d == 0) { /* row i: the rank's share of its elements */
+        int64_t share = (int64_t)kiln_row_size(t, ne[0] / g);
+        *off = i * rb + rank * share, *len = share;
+    } else if (d == 1) { /* part p of matrix m: the rank's share of the part's rows */
+        int     np = parts(hp, w->ne[1], rows);
+        int64_t m = i / np, p = i % np, before = 0;
+        for (int q = 0; q < p; q++) before += rows[q];
+        *off = m * mat + (before + rank * (rows[p] / g)) * rb, *len = rows[p] / g * rb;
+    } else { /* d == 2: the rank's share of the matrices of block i */
+        int64_t share = ne[2] / g;
+        *off = i * mat * ne[2] + rank * share * mat, *len = share * mat;
+    }
+}

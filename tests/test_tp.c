@@ -9,6 +9,7 @@
 #include "model/arch.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Bytes of the weights of a model of hp on one rank of g (all layers), and in all. */
@@ -110,9 +111,84 @@ START_TEST(llama_70b_over_2_and_4_gpus) {
 }
 END_TEST
 
+/* Rank r's elements of an f32 weight, read from its byte ranges of a file whose element e is e:
+ * each is the element of the whole weight the split says (a fused extent cut part by part). */
+static void check_slices_f32(const kiln_model_hparams *hp, const km_weight *w, int g) {
+    int64_t full[4], part[4];
+    km_weight_shape(hp, w, full);
+    int64_t n = full[0] * full[1] * full[2] * full[3], rn = n / (km_tp_split_dim(w) >= 0 ? g : 1);
+    float  *file = malloc(sizeof *file * (size_t)n), *mine = malloc(sizeof *mine * (size_t)rn);
+    for (int64_t e = 0; e < n; e++) file[e] = (float)e;
+    km_tp_rank_shape(hp, w, g, part);
+    int64_t fused[3] = {0, 0, 0}, nf = 0;
+    if (w->ne[1] == KM_WD_QKV) fused[0] = hp->head_dim * hp->n_head, fused[1] = fused[2] = hp->head_dim * hp->n_head_kv, nf = 3;
+    if (w->ne[1] == KM_WD_FF2) fused[0] = fused[1] = hp->n_ff, nf = 2;
+    for (int r = 0; r < g; r++) {
+        int64_t at = 0;
+        for (int64_t i = 0; i < km_tp_slice_count(hp, w, g); i++) {
+            int64_t off, len;
+            km_tp_slice(hp, w, g, r, KILN_F32, i, &off, &len);
+            ck_assert_msg(off % 4 == 0 && len % 4 == 0 && off + len <= n * 4 && at + len / 4 <= rn, "%s: slice %lld", w->name,
+                          (long long)i);
+            memcpy(mine + at, (const char *)file + off, (size_t)len);
+            at += len / 4;
+        }
+        ck_assert_int_eq(at, rn);
+        int d = km_tp_split_dim(w);
+        for (int64_t e = 0; e < rn; e++) {
+            int64_t c[4] = {e % part[0], e / part[0] % part[1], e / (part[0] * part[1]) % part[2], e / (part[0] * part[1] * part[2])};
+            if (d == 0 || d == 2) c[d] += r * part[d];
+            if (d == 1 && nf) { /* row c1 of the rank: part p's share, in turn */
+                int64_t j = c[1], before = 0, p = 0;
+                while (j >= fused[p] / g) j -= fused[p] / g, before += fused[p], p++;
+                c[1] = before + r * (fused[p] / g) + j;
+            } else if (d == 1) {
+                c[1] += r * part[1];
+            }
+            int64_t want = ((c[3] * full[2] + c[2]) * full[1] + c[1]) * full[0] + c[0];
+            ck_assert_msg(mine[e] == (float)want, "%s rank %d: element %lld is %g, want %lld", w->name, r, (long long)e,
+                          (double)mine[e], (long long)want);
+        }
+    }
+    free(file);
+    free(mine);
+}
+
+/* Every weight of every tiny preset (phi3's fused ones included) at 2 GPUs: the ranks' ranges
+ * hold the elements the split says; in q8_0 the ranks' ranges cover each byte once. */
+START_TEST(rank_slices_of_the_file) {
+    static const char *const archs[] = {"llama", "qwen3moe", "phi3", "gemma3", "gpt-oss", "deepseek2"};
+    for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++) {
+        kiln_model_hparams hp;
+        TS_OK(kiln_model_preset(archs[a], "tiny", &hp));
+        TS_OK(km_tp_check(&hp, 2));
+        for (int k = 0; k < KM_W_COUNT; k++) {
+            const km_weight *w = &km_weights[k];
+            if (!km_weight_present(&hp, w, -1)) continue;
+            check_slices_f32(&hp, w, 2);
+            int64_t full[4];
+            km_weight_shape(&hp, w, full);
+            if (full[0] % 64 != 0) continue; /* q8_0 rows cut in 2 must stay whole blocks */
+            int64_t bytes = (int64_t)kiln_row_size(KILN_Q8_0, full[0]) * full[1] * full[2] * full[3];
+            unsigned char *seen = calloc((size_t)bytes, 1);
+            for (int r = 0; r < 2; r++)
+                for (int64_t i = 0; i < km_tp_slice_count(&hp, w, 2); i++) {
+                    int64_t off, len;
+                    km_tp_slice(&hp, w, 2, r, KILN_Q8_0, i, &off, &len);
+                    for (int64_t b = off; b < off + len; b++) seen[b]++;
+                }
+            int64_t want = km_tp_split_dim(w) >= 0 ? 1 : 2; /* a whole weight: each rank reads it all */
+            for (int64_t b = 0; b < bytes; b++)
+                ck_assert_msg(seen[b] == want, "%s/%s q8_0: byte %lld read %d times", archs[a], w->name, (long long)b, seen[b]);
+            free(seen);
+        }
+    }
+}
+END_TEST
+
 int main(void) {
     Suite *s = TS_SUITE("tp", TS_CASE("plan", 60),
                         TS_TESTS(every_preset_splits_or_is_refused, refusals_name_the_hyperparameter,
-                                 llama_70b_over_2_and_4_gpus));
+                                 llama_70b_over_2_and_4_gpus, rank_slices_of_the_file));
     return ts_main_isolated(s, "tp");
 }
