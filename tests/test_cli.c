@@ -221,6 +221,18 @@ START_TEST(bench_usage) {
     free(out);
     ck_assert_int_eq(kiln("bench --seed x1", &out), 2);
     free(out);
+    /* --seqs: 1 to 8 batch sizes of 1 .. 512 each */
+    ck_assert_int_eq(kiln("bench --seqs 0", &out), 2);
+    ck_assert_msg(strstr(out, "--seqs 0: must be 1 .. 512"), "%s", out);
+    free(out);
+    ck_assert_int_eq(kiln("bench --seqs 8,,64", &out), 2);
+    ck_assert_msg(strstr(out, "--seqs 8,,64: 1 to 8 comma-separated batch sizes"), "%s", out);
+    free(out);
+    ck_assert_int_eq(kiln("bench --seqs 1,2,3,4,5,6,7,8,9", &out), 2);
+    ck_assert_msg(strstr(out, "1 to 8 comma-separated batch sizes"), "%s", out);
+    free(out);
+    ck_assert_int_eq(kiln("bench --seqs 513", &out), 2);
+    free(out);
     if (ts_run("ldconfig -p | grep -q 'libcuda.so.1'", NULL) != 0) {
         ck_assert_int_eq(kiln("bench --quick --no-torch", &out), 3);
         ck_assert_msg(strstr(out, "no CUDA driver") != NULL, "message: %s", out);
