@@ -5,7 +5,6 @@
  * cublas_api.h and library_types.h (CUDA 13.0). */
 #include "runtime/runtime.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 
@@ -30,12 +29,8 @@ static void do_init(void) {
      * resort for binaries started without it. */
     static const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so",
                                   "/usr/local/cuda/lib64/libcublas.so.13", "/usr/local/cuda/lib64/libcublas.so"};
-    void *lib = NULL;
-    const char *why = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
-        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!lib && i == 0) why = dlerror();
-    }
+    const char *why;
+    void       *lib = rt_dl_open_first(names, sizeof names / sizeof names[0], &why);
     if (!lib) {
         g_err = kb_error(KILN_ERR_NO_GPU,
                          "cannot load cuBLAS (libcublas.so.13 or .12: %s); the program has library GEMM steps "

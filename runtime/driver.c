@@ -99,6 +99,16 @@ const char *rt_dl_bind(void *lib, void *api, const rt_dl_sym *syms, size_t n) {
     return NULL;
 }
 
+void *rt_dl_open_first(const char *const *names, size_t n, const char **why) {
+    void *lib = NULL;
+    *why = NULL;
+    for (size_t i = 0; i < n && !lib; i++) {
+        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!lib && i == 0) *why = dlerror();
+    }
+    return lib;
+}
+
 static void do_init(void) {
     const char *env = getenv("KILN_LIBCUDA"); /* test hook: a specific library, or a bad path */
     char first_err[512] = "";

@@ -6,7 +6,6 @@
  * set in the process before NCCL is loaded, unless the environment already sets it. */
 #include "runtime/runtime.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,12 +28,8 @@ static void do_init(void) {
     setenv("NCCL_NVLS_ENABLE", "0", 0); /* 0: keep a value the user set */
     const char *own = getenv("KILN_NCCL_LIB");
     const char *names[] = {own && *own ? own : "libnccl.so.2", "libnccl.so.2", "libnccl.so"};
-    void       *lib = NULL;
-    const char *why = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
-        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!lib && i == 0) why = dlerror();
-    }
+    const char *why;
+    void       *lib = rt_dl_open_first(names, sizeof names / sizeof names[0], &why);
     if (!lib) {
         g_err = kb_error(KILN_ERR_NO_GPU,
                          "cannot load NCCL (%s: %s); a program split over several GPUs needs it: install NCCL 2 "

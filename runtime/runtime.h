@@ -141,6 +141,9 @@ typedef struct {
  * the first symbol lib lacks (api then holds only those before it); the caller words the error,
  * since what a missing symbol means differs per library (old driver, old cuBLAS). */
 const char *rt_dl_bind(void *lib, void *api, const rt_dl_sym *syms, size_t n);
+/* The first of the n library names that dlopen loads, or NULL with *why the first one's dlerror
+ * text (the name the error message should give). */
+void       *rt_dl_open_first(const char *const *names, size_t n, const char **why);
 
 /* The resolved entry points; NULL until rt_driver_init has succeeded. */
 const rt_cuda_api *rt_cuda(void);
