@@ -9,7 +9,7 @@
 /* Bumped whenever generated code can change for the same IR; part of every kernel key. */
 #define CG_CODEGEN_VERSION 1
 /* Format of serialized programs (codegen/plan.c); part of every program key. */
-#define CG_PLAN_VERSION 3
+#define CG_PLAN_VERSION 4
 
 /* One operand of a library GEMM step: a kernel parameter (a buffer, or the scratch) plus a
  * byte offset, its element type, leading dimension and batch stride (both in elements). */
@@ -28,6 +28,8 @@ typedef struct {
     cg_mat a, b, c;
     int    n_sym, n_mul; /* n_sym >= 0: n is n_mul times symbolic dim n_sym's run-time value
                             (n is its maximum) */
+    int    n_above;      /* n_sym >= 0: no call while that value is n_above or less (another step
+                            of the node computed the product; 0: always called) */
 } cg_gemm;
 
 typedef enum { CG_LAUNCH, CG_GEMM } cg_step_kind;

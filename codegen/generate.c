@@ -545,6 +545,7 @@ static bool get_bool(lua_State *L, int t, const char *field) {
 static void read_n_dyn(lua_State *L, int gt, const gen_ctx *g, cg_gemm *m) {
     m->n_sym = -1;
     m->n_mul = 0;
+    m->n_above = 0;
     if (lua_getfield(L, gt, "n_dyn") == LUA_TNIL) {
         lua_pop(L, 1);
         return;
@@ -555,6 +556,7 @@ static void read_n_dyn(lua_State *L, int gt, const gen_ctx *g, cg_gemm *m) {
     if (!ctx) luaL_error(L, "gemm.n_dyn in a program without symbolic dims");
     m->n_sym = (int)get_int(L, t, "slot", -1, 0, ctx->ndims - 1, "gemm.n_dyn");
     m->n_mul = (int)get_int(L, t, "mul", 1, 1, 2147483647, "gemm.n_dyn");
+    m->n_above = (int)get_int(L, t, "above", 0, 0, 2147483647, "gemm.n_dyn");
     if (!g->uses[m->n_sym + 1]) luaL_error(L, "gemm.n_dyn: the node does not use symbolic dim slot %d", m->n_sym);
     if ((int64_t)m->n_mul * ctx->dims[m->n_sym].max > m->n)
         luaL_error(L, "gemm.n_dyn: %d x max(%s) exceeds n = %d", m->n_mul, ctx->dims[m->n_sym].name, m->n);
@@ -594,8 +596,10 @@ static void read_gemm(lua_State *L, int t, const gen_ctx *g, size_t scratch, cg_
              kiln_type_name(m->c.type), (long long)m->c.ld, (long long)m->c.stride);
     size_t len = strlen(src);
     if (m->n_sym >= 0)
-        snprintf(src + len, sizeof src - len, "/* n = %d * kdims[%d] at run time (at most %d) */\n", m->n_mul,
-                 m->n_sym, m->n);
+        snprintf(src + len, sizeof src - len, "/* n = %d * kdims[%d] at run time (at most %d)%s */\n", m->n_mul,
+                 m->n_sym, m->n, m->n_above ? "; no call while kdims is at most n_above" : "");
+    len = strlen(src);
+    if (m->n_above) snprintf(src + len, sizeof src - len, "/* n_above = %d */\n", m->n_above);
     k->source = copy_string(L, src, strlen(src));
 }
 

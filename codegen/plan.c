@@ -47,6 +47,7 @@ static void put_gemm(kb_str *b, const cg_gemm *g) {
     put_mat(b, &g->c);
     put_i64(b, g->n_sym);
     put_i64(b, g->n_mul);
+    put_i64(b, g->n_above);
 }
 
 /* The first kernel before `upto` with this key: it owns the source and code both share. */
@@ -125,6 +126,7 @@ static void get_gemm(kb_reader *r, cg_gemm *g) {
     get_mat(r, &g->c);
     g->n_sym = (int)get_i64(r, "gemm");
     g->n_mul = (int)get_i64(r, "gemm");
+    g->n_above = (int)get_i64(r, "gemm");
 }
 
 static void get_key(kb_reader *r, cg_kernel *k) {

@@ -232,7 +232,9 @@ static int blas_type(kiln_type t) {
 static kiln_status run_gemm(kiln_session *s, int i, const rt_launch *l) {
     const cg_gemm *g = &l->gemm;
     const float    one = 1.0f, zero = 0.0f;
-    int            n = g->n_sym >= 0 && g->n_sym < s->ndims ? g->n_mul * s->dims_host[g->n_sym] : g->n;
+    bool           dyn = g->n_sym >= 0 && g->n_sym < s->ndims;
+    int            n = dyn ? g->n_mul * s->dims_host[g->n_sym] : g->n;
+    if (dyn && s->dims_host[g->n_sym] <= g->n_above) return NULL; /* another step took this run */
     int r = s->blas->GemmStridedBatchedEx(
         s->blas_handle, g->ta ? RT_CUBLAS_OP_T : RT_CUBLAS_OP_N, g->tb ? RT_CUBLAS_OP_T : RT_CUBLAS_OP_N, g->m, n,
         g->k, &one, (const void *)(uintptr_t)l->gemm_ptr[0], blas_type(g->a.type), (int)g->a.ld, (long long)g->a.stride,

@@ -43,6 +43,7 @@ local tpl = require("tpl")
 local prelude = require("prelude")
 local gemv_rope = require("gemv_rope")
 local quant = require("quant")
+local qmma = require("qmma")
 
 local SIZE = { f32 = 4, f16 = 2, bf16 = 2 }
 local INT_MAX = 2147483647
@@ -1480,6 +1481,10 @@ local function convert(k, s, tt)
     if total > UINT_MAX - CVT_BLOCK then fail("b of %d elements is too large to convert", s.K * ncol) end
     local b = builder()
     b.push()
+    if k.n_above then -- a quantized mul_mat whose tensor-core tile takes this few columns (templates/qmma.lua)
+        b.add("if ((unsigned)(%s) <= %du)", s.dN, k.n_above)
+        b.add("    return; /* the quantized tensor-core tile took these columns */")
+    end
     b.add("const float *const B = (const float *)p%d%s;", s.b.param, s.b.offs ~= 0 and " + " .. lit(s.b.offs) or "")
     local ot = tt == "f32" and "float" or "unsigned short"
     local base = k.scratch_base or 0
@@ -1624,7 +1629,7 @@ local function gemm(k, s)
     local es, bes = s.es, SIZE[bsrc.type]
     local sa, sb, sd = s.sa, bsrc.st, s.sd
     local n = s.N * s.r2
-    local n_dyn = s.dN and { slot = dyn_slot(k, s.b, 2), mul = 1 } or nil
+    local n_dyn = s.dN and { slot = dyn_slot(k, s.b, 2), mul = 1, above = k.n_above } or nil
     local function call(ao, as_, bo, bs_, co, cs_, batch)
         return { gemm = {
             transa = true, transb = false, m = s.M, n = n, k = s.K, batch = batch, n_dyn = n_dyn,
@@ -1953,6 +1958,38 @@ local function qgemv(k, s)
         block = { 32 * WP, 1, 1 }, smem = 0 }
 end
 
+-- The quantized a dequantized to f16 into the scratch (from k.scratch_base: a sub-node of the
+-- epilogue fallback has its values first) and the f16 plan on it (the gemm plan's own scratch
+-- after it). above: nil, or the columns up to which a run leaves the product to qmma's steps;
+-- r.hybrid tells whether every step then skips those runs (the f16 plan is the conversion and
+-- cuBLAS, which honour it).
+local function dequant_plan(k, s, above)
+    local base0 = k.scratch_base or 0
+    local sk0 = {}
+    for key, x in pairs(k) do sk0[key] = x end
+    sk0.scratch_dst = true
+    local step, bytes = quant.dequant_step(k.nparams, table.concat(param_list(sk0), ", "), s.a, base0, "a", fail,
+        "mul_mat_dq_", above and { s.dN, above } or nil)
+    local sk = {}
+    for key, x in pairs(k) do sk[key] = x end
+    sk.args = {}
+    for key, x in pairs(k.args) do sk.args[key] = x end
+    local a = s.a
+    sk.args.a = { type = "f16", ne = a.ne, st = { 1, a.ne[1], a.ne[1] * a.ne[2], a.ne[1] * a.ne[2] * a.ne[3] },
+        offs = base0 // 2, param = k.nparams, dyn = a.dyn, sym = a.sym }
+    sk.scratch_dst = true
+    sk.scratch_base = (base0 + bytes + 255) // 256 * 256
+    sk.n_above = above
+    local sub = plan(sk, shape_of(sk))
+    local steps = { step }
+    local hybrid = above ~= nil
+    for _, st in ipairs(sub.steps or { sub }) do
+        steps[#steps + 1] = st
+        if not (st.gemm or (st.name and st.name:find("^mul_mat_cvt_"))) then hybrid = false end
+    end
+    return { scratch = math.max(sk.scratch_base, sub.scratch or 0), steps = steps, hybrid = hybrid }
+end
+
 -- mul_mat with a quantized a: the fused gemv, else a dequantized to f16 in the scratch (from
 -- k.scratch_base: a sub-node of the epilogue fallback has its values first) and the f16 plan on
 -- it (the gemm plan's own scratch after it).
@@ -1976,26 +2013,23 @@ function quant_matmul(k)
         fail("bnorm and tails over quantized weights need the fused gemv (one contiguous column)")
     end
     if r then r.bnorm, r.tail = k.bnorm ~= nil, k.tail ~= nil end
+    -- 2..64 columns: the tensor-core tile reading the quantized weights (qmma); a symbolic N
+    -- beyond them (above): the tile's steps for runs up to 64 columns and the dequantizing ones,
+    -- each doing nothing on the other's runs.
+    local tile, above
     if not r then
-        local base0 = k.scratch_base or 0
-        local sk0 = {}
-        for key, x in pairs(k) do sk0[key] = x end
-        sk0.scratch_dst = true
-        local step, bytes = quant.dequant_step(k.nparams, table.concat(param_list(sk0), ", "), s.a, base0, "a", fail,
-            "mul_mat_dq_")
-        local sk = {}
-        for key, x in pairs(k) do sk[key] = x end
-        sk.args = {}
-        for key, x in pairs(k.args) do sk.args[key] = x end
-        local a = s.a
-        sk.args.a = { type = "f16", ne = a.ne, st = { 1, a.ne[1], a.ne[1] * a.ne[2], a.ne[1] * a.ne[2] * a.ne[3] },
-            offs = base0 // 2, param = k.nparams, dyn = a.dyn, sym = a.sym }
-        sk.scratch_dst = true
-        sk.scratch_base = (base0 + bytes + 255) // 256 * 256
-        local sub = plan(sk, shape_of(sk))
-        local steps = { step }
-        for _, st in ipairs(sub.steps or { sub }) do steps[#steps + 1] = st end
-        r = { scratch = math.max(sk.scratch_base, sub.scratch or 0), steps = steps }
+        tile, above = qmma.plan(k, s, { param_list = param_list, lit = lit, fail = fail })
+        if tile and not above then r = tile end
+    end
+    if not r then
+        r = dequant_plan(k, s, above)
+        if tile and r.hybrid then
+            for i, st in ipairs(tile.steps) do table.insert(r.steps, i, st) end
+            r.scratch = math.max(r.scratch, tile.scratch)
+        elseif tile then
+            r = dequant_plan(k, s, nil) -- (the f16 plan is not one that skips runs: no tile)
+        end
+        r.hybrid = nil
     end
     if s.kdims then r.dynamic = true end
     return r

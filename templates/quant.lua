@@ -651,6 +651,7 @@ function M.check_blocks(r, fail, what)
 end
 
 local DQ_BLOCK = 256
+local DQ_GRID_SKIP = 1056 -- most blocks of a dequantization that may skip its run (8 an H100 SM)
 
 -- "(long long)expr * s" (nil when s is 0), and the sum of the non-nil terms of a list.
 local function term64(expr, s)
@@ -668,7 +669,9 @@ end
 
 -- A step that dequantizes quantized ref a ([K, M, A2, A3]) into the scratch at byte `base` as
 -- contiguous f16 (8 elements a thread, one 16-byte store), and the bytes it writes.
-function M.dequant_step(nparams, params, a, base, what, fail, prefix)
+-- skip: nil, or {C expression, n}: the step does nothing while the expression is at most n (a
+-- quantized mul_mat whose tensor-core tile takes this run's few columns: templates/qmma.lua).
+function M.dequant_step(nparams, params, a, base, what, fail, prefix, skip)
     M.check_blocks(a, fail, what)
     local ti = TYPES[a.type]
     local K, R, A2, A3 = a.ne[1], a.ne[2], a.ne[3], a.ne[4]
@@ -677,12 +680,26 @@ function M.dequant_step(nparams, params, a, base, what, fail, prefix)
     local BL = ti.block
     local b = kit.builder()
     b.push()
+    if skip then
+        b.add("if ((unsigned)(%s) <= %du)", skip[1], skip[2])
+        b.add("    return; /* the quantized tensor-core tile took these columns */")
+    end
     for _, l in ipairs(M.pointers(a, fail)) do b.add("%s", l) end
     b.add("unsigned char *const S = (unsigned char *)p%d%s;", nparams, base > 0 and " + " .. kit.int_lit(base) or "")
-    b.add("const unsigned idx = blockIdx.x * %du + threadIdx.x;", DQ_BLOCK)
-    if total % DQ_BLOCK ~= 0 then
-        b.add("if (idx >= %du)", total)
-        b.add("    return;")
+    -- With skip, runs that return at once are common (batched decode): a grid of at most
+    -- DQ_GRID_SKIP blocks, each looping, costs them one wave of empty blocks instead of one block
+    -- per 2048 weights (a 4096 x 14336 weight: 28672 blocks, tens of microseconds a launch).
+    local grid = kit.ceil_div(total, DQ_BLOCK)
+    local looped = skip and grid > DQ_GRID_SKIP
+    if looped then
+        grid = DQ_GRID_SKIP
+        b.open("for (unsigned idx = blockIdx.x * %du + threadIdx.x; idx < %du; idx += %du) {", DQ_BLOCK, total, grid * DQ_BLOCK)
+    else
+        b.add("const unsigned idx = blockIdx.x * %du + threadIdx.x;", DQ_BLOCK)
+        if total % DQ_BLOCK ~= 0 then
+            b.add("if (idx >= %du)", total)
+            b.add("    return;")
+        end
     end
     b.add("const unsigned kk = idx %% %du * 8u, r = idx / %du;", K // 8, K // 8)
     if A2 * A3 > 1 then
@@ -700,6 +717,7 @@ function M.dequant_step(nparams, params, a, base, what, fail, prefix)
     b.add("for (int i = 0; i < 4; i++)")
     b.add("    asm(\"cvt.rn.f16x2.f32 %0, %1, %2;\" : \"=r\"(h[i]) : \"f\"(v[2 * i + 1]), \"f\"(v[2 * i]));")
     b.add("*(uint4 *)(S + (unsigned long long)idx * 16ull) = make_uint4(h[0], h[1], h[2], h[3]);")
+    if looped then b.close() end
     local name = string.format("%s%s_%dx%dx%d", prefix, a.type, K, R, A2 * A3):sub(1, 63)
     local source = kit.kernel {
         head = { "kiln kernel " .. name, string.format("dequantize %s %s %s into the scratch as f16", what, kit.dims(a.ne), a.type) },
@@ -707,7 +725,7 @@ function M.dequant_step(nparams, params, a, base, what, fail, prefix)
         pre = "", blocks = { M.helpers(a.type, true) }, inline = true, name = name,
         threads = DQ_BLOCK, params = params, body = b.lines,
     }
-    return { name = name, source = source, grid = { kit.ceil_div(total, DQ_BLOCK), 1, 1 }, block = { DQ_BLOCK, 1, 1 }, smem = 0 },
+    return { name = name, source = source, grid = { grid, 1, 1 }, block = { DQ_BLOCK, 1, 1 }, smem = 0 },
         K * R * A2 * A3 * 2
 end
 

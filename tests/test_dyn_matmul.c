@@ -84,6 +84,12 @@ static const dcase CASES[] = {
     {"dim n_kv <= 4096\ndim n_tokens <= 16\ninput v: f16[n_kv, 64, 8]\ninput kq: f32[n_kv, n_tokens, 32]\n"
      "output y = mul_mat(v, kq)\n",
      "kiln_nch", "n_kv", 5, 3000},
+    /* quantized weights, symbolic N: the quantized tensor-core tile (templates/qmma.lua) for up
+     * to 64 columns, the f16 dequantization + cuBLAS above (each run takes one of them) */
+    {"dim n_tokens <= 512\nweight a: q4_K[4096, 1024]\ninput b: f32[4096, n_tokens]\noutput y = mul_mat(a, b)\n",
+     "runs only while n <= 64", "n_tokens", 3, 300},
+    {"dim n <= 48\nweight a: q6_K[512, 768]\ninput b: f32[512, n]\ninput r: f32[768, n]\nm = mul_mat(a, b)\noutput y = add(m, r)\n",
+     "quantized tensor-core tile: q6_K", "n", 5, 40},
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 

@@ -698,17 +698,23 @@ START_TEST(kernels_compile) {
          row256, 2 * row256);
     CASE("gemv, batched weights", "mul_mat_qgemv_%s_768x24x3",
          "weight a: %s[768, 24, 3]\ninput b: f32[768, 1, 3]\noutput y = mul_mat(a, b)\n", tn);
-    CASE("4 columns", "mul_mat_dq_%s", "weight a: %s[1024, 48]\ninput b: f32[1024, 4]\noutput y = mul_mat(a, b)\n", tn);
-    CASE("40 columns", "mul_mat_dq_%s", "weight a: %s[1024, 48]\ninput b: f32[1024, 40]\noutput y = mul_mat(a, b)\n", tn);
+    /* 2 .. 64 columns: q4_K and q6_K take the quantized tensor-core tile (templates/qmma.lua: b
+     * packed first), the other types and more columns the f16 dequantization, then cuBLAS */
+    const bool  tile = t == KILN_Q4_K || t == KILN_Q6_K;
+    const char *few = tile ? "mul_mat_qpk_" : "mul_mat_dq_%s";
+    CASE("4 columns", few, "weight a: %s[1024, 48]\ninput b: f32[1024, 4]\noutput y = mul_mat(a, b)\n", tn);
+    CASE("40 columns", few, "weight a: %s[1024, 48]\ninput b: f32[1024, 40]\noutput y = mul_mat(a, b)\n", tn);
+    CASE("64 columns, split K", few, "weight a: %s[14336, 40]\ninput b: f32[14336, 64]\noutput y = mul_mat(a, b)\n", tn);
+    CASE("100 columns", "mul_mat_dq_%s", "weight a: %s[1024, 48]\ninput b: f32[1024, 100]\noutput y = mul_mat(a, b)\n", tn);
     CASE("broadcast batches", "mul_mat_dq_%s",
          "weight a: %s[512, 24, 2]\ninput bt: f32[3, 512, 4]\nb = transpose(bt)\noutput y = mul_mat(a, b)\n", tn);
     CASE("get_rows", "get_rows_%s_512", "weight a: %s[512, 50]\ninput ids: i32[9]\noutput y = get_rows(a, ids)\n", tn);
     /* pass mul_mat_glu: one gemv of both weights with the GLU at the store (one column); the
-     * epilogue fallback (4 columns: each product through the dequantization, then the GLU) */
+     * epilogue fallback (4 columns: each product through the tile or the dequantization, then the GLU) */
     CASE("glu gemv", "mul_mat_qgemv_pair_%s_1024x96",
          "weight g: %s[1024, 96]\nweight u: %s[1024, 96]\ninput x: f32[1024]\na = mul_mat(g, x)\nb = mul_mat(u, x)\n"
          "output y = swiglu(a, b)\n", tn, tn);
-    CASE("glu, 4 columns", "mul_mat_dq_%s",
+    CASE("glu, 4 columns", few,
          "weight g: %s[1024, 96]\nweight u: %s[1024, 96]\ninput x: f32[1024, 4]\na = mul_mat(g, x)\nb = mul_mat(u, x)\n"
          "output y = swiglu(a, b)\n", tn, tn);
     /* mul_mat_glu on quantized experts: the paired expert gemv (one token), and the fallback

@@ -15,6 +15,18 @@ typedef struct {
 } gcase;
 
 static const gcase CASES[] = {
+    /* quantized weights: the quantized tensor-core tile up to 64 columns (q4_K, q6_K), the
+     * dequantization + cuBLAS above and for the other types */
+    {"dim n_tokens <= 512\nweight a: q4_K[4096, 1024]\ninput b: f32[4096, n_tokens]\noutput y = mul_mat(a, b)\n", "n_tokens",
+     {1, 64, 300}},
+    {"dim n_tokens <= 64\nweight a: q4_K[14336, 200]\ninput b: f32[14336, n_tokens]\noutput y = mul_mat(a, b)\n", "n_tokens",
+     {2, 17, 63}},
+    {"dim n_tokens <= 100\nweight g: q4_K[256, 1024]\nweight u: q4_K[256, 1024]\ninput x: f32[256, n_tokens]\n"
+     "gg = mul_mat(g, x)\nuu = mul_mat(u, x)\noutput y = swiglu(gg, uu)\n",
+     "n_tokens", {1, 17, 100}},
+    {"dim n <= 128\nweight a: q6_K[512, 768]\ninput b: f32[512, n]\ninput r: f32[768, n]\nm = mul_mat(a, b)\noutput y = add(m, r)\n",
+     "n", {5, 64, 128}},
+    {"dim n <= 80\nweight a: q8_0[1024, 300]\ninput b: f32[1024, n]\noutput y = mul_mat(a, b)\n", "n", {2, 33, 80}},
     {"dim n_tokens <= 512\nweight a: bf16[4096, 4096]\ninput b: f32[4096, n_tokens]\noutput y = mul_mat(a, b)\n", "n_tokens",
      {1, 77, 512}},
     {"dim n <= 12\nweight a: bf16[256, 300]\ninput b: f32[256, n]\noutput y = mul_mat(a, b)\n", "n", {1, 5, 12}},
