@@ -141,7 +141,7 @@ test-asan: deps
 # ThreadSanitizer over the tests whose code runs threads: the compile thread pool (kernel
 # generation and NVRTC), many writers of one cache, and the server's slots and queue. KILN_JOBS=4
 # makes the pool run several threads even on a 2-core machine.
-TSAN_TESTS := test_compile test_cache test_cache_procs test_program_cache test_bundle test_runtime test_cli test_codegen test_ops_attn test_model test_serve_engine
+TSAN_TESTS := test_compile test_cache test_cache_procs test_program_cache test_bundle test_runtime test_cli test_codegen test_ops_attn test_model test_serve_engine test_collective
 test-tsan: deps
 	@$(MAKE) --no-print-directory BUILD=build-tsan TSAN=1 build-tsan/kiln $(TSAN_TESTS:%=build-tsan/tests/%)
 	@KILN_JOBS=4 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/scripts/tsan.supp \

@@ -46,7 +46,8 @@ typedef enum {
     X(MATMUL, "matmul", true)                                                                      \
     X(MATMUL_ID, "matmul_id", true)                                                                \
     X(ATTN, "attn", false)                                                                         \
-    X(SAMPLE, "sample", false)
+    X(SAMPLE, "sample", false)                                                                     \
+    X(COLLECTIVE, "collective", false)
 
 typedef enum {
 #define FE_X(id, name, epilogue) FE_FAM_##id,
@@ -162,7 +163,8 @@ extern const fe_fam_info fe_fams[FE_FAM_COUNT];
       "q:t k:t v:t mask:t? scale:f=1 max_bias:f=0 logit_softcap:f=0 sinks:t?", FE_FAM_ATTN, "f32", 5e-4) \
     X(SAMPLE, "sample", FE_KERNEL, 2,                                                              \
       "a:t pos:t seed_lo:i=0 seed_hi:i=0 temp:f=0.8 top_k:i=40 top_p:f=0.95 min_p:f=0.05",       \
-      FE_FAM_SAMPLE, "f32", 0)
+      FE_FAM_SAMPLE, "f32", 0)                                                                     \
+    X(ALL_REDUCE, "all_reduce", FE_KERNEL, 1, "a:t ranks:i", FE_FAM_COLLECTIVE, "f32", 1e-7)
 
 typedef enum {
 #define FE_X(id, name, kind, nsrc, sig, fam, types, tol) FE_OP_##id,

@@ -208,6 +208,12 @@ kiln_tensor *kiln_argsort(kiln_ctx *ctx, kiln_tensor *a, kiln_sort_order order) 
 kiln_tensor *kiln_argsort_top_k(kiln_ctx *ctx, kiln_tensor *a, int k) { return op1i(ctx, FE_OP_ARGSORT_TOP_K, a, k); }
 kiln_tensor *kiln_top_k(kiln_ctx *ctx, kiln_tensor *a, int k) { return op1i(ctx, FE_OP_TOP_K, a, k); }
 kiln_tensor *kiln_diag_mask_inf(kiln_ctx *ctx, kiln_tensor *a, int n_past) { return op1i(ctx, FE_OP_DIAG_MASK_INF, a, n_past); }
+
+/* Over one rank the sum is the operand: no node (the graph of a single GPU stays as it was). */
+kiln_tensor *kiln_all_reduce(kiln_ctx *ctx, kiln_tensor *a, int ranks) {
+    if (ranks == 1) return a;
+    return op1i(ctx, FE_OP_ALL_REDUCE, a, ranks);
+}
 kiln_tensor *kiln_tri(kiln_ctx *ctx, kiln_tensor *a, kiln_tri_type type) { return op1i(ctx, FE_OP_TRI, a, (int)type); }
 
 kiln_tensor *kiln_sample_row(kiln_ctx *ctx, kiln_tensor *logits, kiln_tensor *pos, const kiln_sampler_params *p) {

@@ -279,6 +279,12 @@ kiln_tensor *kiln_arange(kiln_ctx *ctx, float start, float stop, float step);
 kiln_tensor *kiln_fill(kiln_ctx *ctx, kiln_tensor *a, float c);
 kiln_tensor *kiln_diag_mask_inf(kiln_ctx *ctx, kiln_tensor *a, int n_past);
 kiln_tensor *kiln_tri(kiln_ctx *ctx, kiln_tensor *a, kiln_tri_type type);
+/* Tensor parallelism (docs/tp.md): the elementwise sum of a over the `ranks` programs of a
+ * tensor-parallel group, each holding its own a (NCCL's all-reduce; a kiln op, not ggml's).
+ * Over one rank the sum is a: a itself is returned. A graph holding one is evaluated by
+ * kiln_reference_group with its group's other graphs; compiling one for the GPU is refused
+ * until the NCCL step exists. */
+kiln_tensor *kiln_all_reduce(kiln_ctx *ctx, kiln_tensor *a, int ranks);
 
 /* Matrix products, as ggml. mul_mat(a, b) = b·aᵀ: a [K, M, A2, A3] (f32, f16, bf16; rows
  * contiguous), b f32 [K, N, B2, B3] (any layout), a broadcast over dims 2 and 3; result f32
@@ -524,6 +530,13 @@ typedef const void *(*kiln_ref_get_fn)(void *user, const char *name, kiln_type t
 typedef void (*kiln_ref_put_fn)(void *user, const char *name, kiln_type type, int64_t n,
                                 const void *data);
 kiln_status kiln_reference(const kiln_graph *g, kiln_ref_get_fn get, kiln_ref_put_fn put, void *user);
+/* The CPU reference of a tensor-parallel group's n graphs (rank i: g[i], with get, put and
+ * user[i]), evaluated together, one thread a rank: an all_reduce node of every rank waits for
+ * the others' and gives each of them the sum of all ranks' values, added in rank order. The
+ * ranks' graphs must reach the same all_reduce nodes in the same order, each over n ranks; a
+ * rank that fails or ends early makes the others' waiting all_reduce fail. */
+kiln_status kiln_reference_group(const kiln_graph *const *g, int n, kiln_ref_get_fn get, kiln_ref_put_fn put,
+                                 void *const *user);
 
 /* ---- model builders (docs/models.md) -------------------------------------------------------
  * Whole-model graphs of one ubatch, node for node as llama.cpp builds them with flash attention
@@ -679,6 +692,16 @@ typedef struct {
      * sequences, each in its own range of cells (kiln_batch), then moves 8 bytes a token, and
      * attention reads only each token's own cells. */
     bool mask_intervals;
+    /* Tensor parallelism (docs/tp.md): 0 or 1 for the whole model; g > 1 for the graph of rank
+     * tp_rank of g, Megatron-style: its share of the heads, kv heads (and caches), FFN columns
+     * and vocabulary (weights named as the model's, shaped km_tp_rank_shape), an all_reduce over
+     * g after the attention output and FFN down products and after the embedding lookup, and
+     * "logits" its vocabulary rows tp_rank*n_vocab/g .. (the host concatenates the ranks'). Its
+     * "inp_tokens" are rank-local rows (a token outside the shard: any row in it) and the input
+     * "inp_tok_shard" f32 [1, n_tokens] is 1 where the token is in the shard, else 0 (the lookup's
+     * rows elsewhere count as zero). Not yet: experts, MLA, biases after a row-parallel product,
+     * argmax and sampler outputs (they need the whole vocabulary). */
+    int  tp_size, tp_rank;
 } kiln_build_opts;
 
 /* Adds the model's graph to ctx (which should be empty): dims n_tokens (specialize 1: the decode

@@ -81,7 +81,7 @@ static const ir_ref_fn ref_fns[] = {
     [FE_FAM_NORM] = ir_ref_norm,    [FE_FAM_SOFTMAX] = ir_ref_softmax,  [FE_FAM_ROPE] = ir_ref_rope,
     [FE_FAM_REDUCE] = ir_ref_reduce, [FE_FAM_SORT] = ir_ref_sort,       [FE_FAM_FILL] = ir_ref_fill,
     [FE_FAM_MATMUL] = ir_ref_matmul, [FE_FAM_MATMUL_ID] = ir_ref_matmul, [FE_FAM_ATTN] = ir_ref_attn,
-    [FE_FAM_SAMPLE] = ir_ref_sample,
+    [FE_FAM_SAMPLE] = ir_ref_sample, [FE_FAM_COLLECTIVE] = ir_ref_collective,
 };
 _Static_assert(sizeof ref_fns / sizeof ref_fns[0] == FE_FAM_COUNT, "ref_fns: one entry per row of FE_FAMS");
 

@@ -222,6 +222,7 @@ kiln_status ir_ref_fill(const ir_prog *p, const ir_node *n, void **data);
 kiln_status ir_ref_matmul(const ir_prog *p, const ir_node *n, void **data); /* mul_mat, mul_mat_id */
 kiln_status ir_ref_attn(const ir_prog *p, const ir_node *n, void **data);
 kiln_status ir_ref_sample(const ir_prog *p, const ir_node *n, void **data); /* kiln_sample's code */
+kiln_status ir_ref_collective(const ir_prog *p, const ir_node *n, void **data); /* all_reduce: a group's */
 kiln_status ir_ref_moe(const ir_prog *p, const ir_node *n, void **data); /* IR_FUSED_TOPK_MOE */
 /* Whether a buffer of this kind holds its value before the program runs and no node writes it. */
 static inline bool ir_buf_preset(ir_buf_kind k) {

@@ -23,6 +23,8 @@ typedef struct {
     int64_t                   T, KV; /* handles of the symbolic dims n_tokens and n_kv */
     kiln_tensor *embd, *pos, *kv_idxs, *mask, *mask_swa, *out_ids, *rope_freqs;
     int          il;   /* the layer being built; -1 outside the layers */
+    int          tp;   /* ranks of the tensor-parallel group (1: the whole model) */
+    kiln_tensor *tok_shard; /* tp > 1: 1 where a token is in this rank's vocabulary rows, else 0 */
     int64_t      rows; /* extent of the rows flowing through the layer: T, or 1 after the last
                           layer keeps only the output rows (KILN_OUTPUTS_LAST) */
 } mb;
@@ -159,6 +161,12 @@ static kiln_tensor *proj(mb *b, kiln_tensor *w, kiln_tensor *bias, kiln_tensor *
     return nm(b, kiln_add(b->ctx, y, bias), nb);
 }
 
+/* Tensor parallelism: a row-parallel product's partial sums (or a rank's share of the lookup)
+ * summed over the group; the tensor itself for one rank (no node). */
+static kiln_tensor *reduce(mb *b, kiln_tensor *x, const char *name) {
+    return b->tp > 1 ? nm(b, kiln_all_reduce(b->ctx, x, b->tp), name) : x;
+}
+
 static kiln_tensor *reshape(mb *b, kiln_tensor *x, int nd, int64_t ne0, int64_t ne1, int64_t ne2, const char *name) {
     int64_t ne[3] = {ne0, ne1, ne2};
     return nm(b, kiln_reshape(b->ctx, x, nd, ne), name);
@@ -270,6 +278,7 @@ static kiln_tensor *attention(mb *b, const layer_w *w, kiln_tensor *x) {
     kiln_tensor *attn = nm(b, kiln_flash_attn_ext(ctx, q, k, v, mask, scale, 0.0f, hp->attn_softcap, w->sinks), "attn");
     kiln_tensor *flat = reshape(b, attn, 2, hd * hp->n_head, T, 1, "attn_flat");
     kiln_tensor *out = nm(b, kiln_mul_mat(ctx, w->wo, flat), "attn_out");
+    out = reduce(b, out, "attn_out_sum");
     return w->bo ? nm(b, kiln_add(ctx, out, w->bo), "attn_out_b") : out; /* gpt-oss: build_attn's bo */
 }
 
@@ -513,6 +522,7 @@ static kiln_tensor *layer(mb *b, kiln_tensor *inpL) {
     /* gpt-oss: the FFN's norm is the weight named post_attention_norm */
     kiln_tensor *ffn_in = norm_w(b, ffn_inp, w.ffn_norm ? w.ffn_norm : w.attn_post_norm, "norm2", "ffn_in");
     kiln_tensor *ffn_out = km_layer_moe(hp, b->il) ? ffn_moe(b, &w, ffn_in) : ffn_dense(b, &w, ffn_in);
+    if (ffn_out) ffn_out = reduce(b, ffn_out, "ffn_out_sum");
     /* deepseek2: the shared experts, one dense FFN beside the routed ones, added unweighted */
     if (w.gate_shexp && ffn_out) ffn_out = nm(b, kiln_add(ctx, ffn_out, ffn_shexp(b, &w, ffn_in)), "ffn_moe_shexp");
     ffn_out = residual_scaled(b, ffn_out, "ffn_scaled");
@@ -546,6 +556,10 @@ static kiln_tensor *inputs(mb *b) {
     b->rope_freqs = !factors ? NULL : !strcmp(factors, "rope_factors_long.weight") ? lng
                                     : !strcmp(factors, "rope_factors_short.weight") ? shrt : llama3;
     kiln_tensor *x = nm(b, kiln_get_rows(b->ctx, embd, tokens), "inp_embd");
+    if (b->tp > 1) { /* the rows of tokens in this rank's shard, zero elsewhere, summed over the group */
+        b->tok_shard = leaf(b, KILN_ROLE_INPUT, KILN_F32, "inp_tok_shard", 2, 1, T, 1);
+        x = reduce(b, nm(b, kiln_mul(b->ctx, x, b->tok_shard), "inp_embd_shard"), "inp_embd_sum");
+    }
     /* granite: build_inp_embd scales the embeddings by embedding_scale when set */
     if (b->hp->embedding_scale != 0.0f) x = nm(b, kiln_scale(b->ctx, x, b->hp->embedding_scale, 0.0f), "inp_scaled");
     /* gemma3: times sqrt(n_embd) (token embeddings; llama.cpp skips raw embedding inputs) */
@@ -568,6 +582,22 @@ static kiln_status check_opts(const kiln_model_hparams *hp, const kiln_build_opt
         return kb_error(KILN_ERR_INVALID, "build: n_tokens_max = %lld is out of range (1 .. n_ctx = %lld: a "
                         "ubatch writes its tokens into distinct cache slots)", (long long)o->n_tokens_max,
                         (long long)o->n_ctx);
+    if (o->tp_size == 0) o->tp_size = 1;
+    if (o->tp_size < 1 || o->tp_size > 64 || o->tp_rank < 0 || o->tp_rank >= o->tp_size)
+        return kb_error(KILN_ERR_INVALID, "build: tensor parallelism rank %d of %d: the group has 1 .. 64 ranks, the rank "
+                        "is 0 .. tp_size - 1", o->tp_rank, o->tp_size);
+    if (o->tp_size > 1) {
+        kiln_status st = km_tp_check(hp, o->tp_size);
+        if (st) return st;
+        if (o->argmax || o->sampler)
+            return kb_error(KILN_ERR_INVALID, "build: tensor parallelism: a rank's logits are a shard of the vocabulary; "
+                            "argmax and the sampler need the ranks' logits gathered first (not built yet)");
+        const char *why = km_mla(hp)                            ? "multi-head latent attention (deepseek2)"
+                        : hp->n_expert > 0                      ? "experts"
+                        : km_weight_present(hp, &km_weights[KM_W_ATTN_OUT_BIAS], 0) ? "the attention output's bias (added once, after the sum)"
+                                                                : NULL;
+        if (why) return kb_error(KILN_ERR_INVALID, "build: tensor parallelism of %s models is not built yet: %s", hp->arch, why);
+    }
     if (o->outputs != KILN_OUTPUTS_LAST && o->outputs != KILN_OUTPUTS_ALL)
         return kb_error(KILN_ERR_INVALID, "build: outputs = %d is not a kiln_model_outputs", (int)o->outputs);
     /* The op samples one row, after the last token (docs/sampling.md, "On the GPU"). */
@@ -592,6 +622,14 @@ kiln_status km_build(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_bui
     if (!st) st = check_opts(hp, o, &b.o);
     if (st) return st;
     b.arch = (km_arch)km_arch_find(hp->arch);
+    /* A rank's model: its share of every extent the plan cuts (model/tp.c), so the weights,
+     * caches and views below take a rank's shapes (km_tp_rank_shape). */
+    kiln_model_hparams rank = *hp;
+    b.tp = b.o.tp_size;
+    if (b.tp > 1) {
+        rank.n_head /= b.tp, rank.n_head_kv /= b.tp, rank.n_ff /= b.tp, rank.n_vocab /= b.tp;
+        b.hp = hp = &rank;
+    }
     b.T = kiln_dim(ctx, "n_tokens", b.o.n_tokens_max);
     if (b.o.n_tokens_max > 1) kiln_dim_specialize(ctx, "n_tokens", 1);
     b.KV = kiln_dim(ctx, "n_kv", b.o.n_ctx);

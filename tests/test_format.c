@@ -283,6 +283,7 @@ START_TEST(every_op_parses) {
         {FE_OP_MUL_MAT_ID, "x, b, i"},
         {FE_OP_FLASH_ATTN_EXT, "a, a, a, scale=0.5, logit_softcap=30, sinks=k"},
         {FE_OP_SAMPLE, "b, p, seed_lo=7, seed_hi=-2, temp=0.5, top_k=3"},
+        {FE_OP_ALL_REDUCE, "a, 2"},
     };
     for (int op = 0; op < FE_OP_COUNT; op++) {
         if (op == FE_OP_LEAF) continue;
