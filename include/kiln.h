@@ -935,6 +935,11 @@ kiln_status kiln_model_check_weights(const kiln_model *m, const kiln_graph *g);
 /* The data of weight `name` when the file holds it with `type` and n elements, else NULL: a
  * kiln_ref_get_fn / kiln_weight_fn-style lookup into the mapped file. */
 const void *kiln_model_weight(const kiln_model *m, const char *name, kiln_type type, int64_t n);
+/* Tensor parallelism's plan for m over g GPUs, as text (caller frees; docs/tp.md): each weight's
+ * type, shape and a GPU's shape and how it is cut, a GPU's weight and KV cache bytes at n_ctx,
+ * the collectives, and whether a GPU's graph builds yet. An error when m cannot split over g
+ * (the hyperparameter named) or a quantized weight's rows would not hold whole blocks. */
+kiln_status kiln_model_tp_describe(const kiln_model *m, int g, int64_t n_ctx, char **text);
 
 /* Writes a model of hp with random weights (deterministic in seed: matrices uniform with
  * variance 1/ne0, norms near 1, llama3 rope_freqs computed) and a synthetic tokenizer

@@ -144,3 +144,100 @@ void km_tp_slice(const kiln_model_hparams *hp, const km_weight *w, int g, int ra
         *off = i * mat * ne[2] + rank * share * mat, *len = share * mat;
     }
 }
+
+/* ---- kiln_model_tp_describe: the split of a model, for kiln inspect --tp ------------------- */
+
+/* The type of weight w in layer il (-1 outside the layers): the file's, else the ftype's mix. */
+static kiln_type tp_weight_type(const kiln_model *m, const km_weight *w, int64_t il) {
+    const kiln_model_hparams *hp = kiln_model_get_hparams(m);
+    const kiln_gguf          *f = kiln_model_gguf(m);
+    kiln_type                 t = km_weight_type(hp, w, il);
+    if (!f) return t;
+    char name[128];
+    if (il >= 0) snprintf(name, sizeof name, "blk.%lld.%s", (long long)il, w->name);
+    else snprintf(name, sizeof name, "%s", w->name);
+    int64_t          i = kiln_gguf_find_tensor(f, name);
+    kiln_gguf_tensor info;
+    kiln_status      st = i >= 0 ? kiln_gguf_tensor_info(f, i, &info) : NULL;
+    if (st) kiln_status_free(st);
+    return i >= 0 && !st && info.has_kiln_type ? info.type : t;
+}
+
+static const char *tp_split_label(const km_weight *w) {
+    int d = km_tp_split_dim(w);
+    if (d < 0) return "whole on every GPU";
+    if (km_tp_row_parallel(w)) return "input cut (row-parallel: all_reduce after)";
+    if (w->ne[d] == KM_WD_VOCAB) return "vocabulary rows cut";
+    return "output cut (column-parallel)";
+}
+
+static void tp_dims(kb_str *o, const int64_t ne[4], int nd) {
+    kb_str_add(o, "[");
+    for (int d = 0; d < nd; d++) kb_str_addf(o, "%s%lld", d ? ", " : "", (long long)ne[d]);
+    kb_str_add(o, "]");
+}
+
+kiln_status kiln_model_tp_describe(const kiln_model *m, int g, int64_t n_ctx, char **text) {
+    if (!m || !text) return kb_error(KILN_ERR_INVALID, "kiln_model_tp_describe: NULL argument");
+    *text = NULL;
+    const kiln_model_hparams *hp = kiln_model_get_hparams(m);
+    kiln_status               st = km_tp_check(hp, g);
+    if (st) return st;
+    kb_str o = {0};
+    kb_str_addf(&o, "tensor parallelism over %d GPUs (Megatron-style, docs/tp.md): %s, %lld layers\n", g, hp->arch,
+                (long long)hp->n_layer);
+    double whole = 0, rank = 0;
+    for (int i = 0; i < KM_W_COUNT && !st; i++) {
+        const km_weight *w = &km_weights[i];
+        int64_t          layers = 0, first = -1;
+        if (w->in_layer) {
+            for (int64_t il = 0; il < hp->n_layer; il++)
+                if (km_weight_present(hp, w, il)) layers++, first = first < 0 ? il : first;
+        } else if (km_weight_present(hp, w, -1)) {
+            layers = 1;
+        }
+        if (!layers) continue;
+        int64_t ne[4], part[4];
+        km_weight_shape(hp, w, ne);
+        km_tp_rank_shape(hp, w, g, part);
+        kiln_type t = tp_weight_type(m, w, first);
+        for (int64_t il = first; il < (w->in_layer ? hp->n_layer : first + 1) && !st; il++)
+            if (!w->in_layer || km_weight_present(hp, w, il)) st = km_tp_check_type(hp, w, g, tp_weight_type(m, w, il));
+        if (st) break;
+        double wb = (double)kiln_row_size(t, ne[0]) * (double)(ne[1] * ne[2] * ne[3]);
+        double rb = (double)kiln_row_size(t, part[0]) * (double)(part[1] * part[2] * part[3]);
+        whole += wb * (double)layers, rank += rb * (double)layers;
+        char name[96];
+        snprintf(name, sizeof name, "%s%s", w->in_layer ? "blk.*." : "", w->name);
+        kb_str_addf(&o, "  %-30s %-5s ", name, kiln_type_name(t));
+        tp_dims(&o, ne, w->n_dims);
+        kb_str_add(&o, " -> ");
+        tp_dims(&o, part, w->n_dims);
+        kb_str_addf(&o, "  %s", tp_split_label(w));
+        if (w->in_layer && layers != hp->n_layer) kb_str_addf(&o, " (%lld layers)", (long long)layers);
+        kb_str_add(&o, "\n");
+    }
+    if (st) {
+        kb_str_free(&o);
+        return st;
+    }
+    int64_t row = km_cache_row(hp), kv_rows = km_mla(hp) ? 1 : 2;
+    double  kv = (double)hp->n_layer * (double)kv_rows * (double)row * (double)n_ctx * 2.0;
+    kb_str_addf(&o, "a GPU holds %.3f GB of the %.3f GB of weights, and %.1f MB of the %.1f MB KV cache at n_ctx %lld\n",
+                rank / 1e9, whole / 1e9, kv / g / 1e6, kv / 1e6, (long long)n_ctx);
+    kb_str_addf(&o, "collectives: an all_reduce of n_embd (%lld) floats a token after each layer's attention output and "
+                    "FFN down products and after the embedding lookup: %lld a ubatch; each GPU's logits are its %lld "
+                    "vocabulary rows, gathered on the host\n",
+                (long long)hp->n_embd, (long long)(2 * hp->n_layer + 1), (long long)(hp->n_vocab / g));
+    /* A rank's graph, as kiln_build_opts.tp_size builds it, or why it cannot be built yet. */
+    kiln_ctx       *ctx = kiln_ctx_new();
+    kiln_build_opts bo = {.n_ctx = n_ctx, .n_tokens_max = 1, .tp_size = g};
+    kiln_status     bst = ctx ? kiln_model_build(ctx, m, &bo) : kb_oom();
+    if (bst) kb_str_addf(&o, "a GPU's graph: not built: %s\n", kiln_status_msg(bst));
+    else kb_str_addf(&o, "a GPU's graph: builds (the CPU reference evaluates the GPUs' graphs together); running it "
+                         "needs the NCCL step, not built yet\n");
+    kiln_status_free(bst);
+    kiln_ctx_free(ctx);
+    *text = kb_str_take(&o);
+    return *text ? NULL : kb_oom();
+}

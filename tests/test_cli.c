@@ -465,6 +465,27 @@ START_TEST(arch_below_sm80_is_a_usage_error) {
 }
 END_TEST
 
+/* --tp: kiln inspect MODEL.gguf --tp G prints the split (exit 0), refuses a G the model cannot
+ * split over naming the hyperparameter (exit 1) and a .kg graph (exit 2); run and compile say
+ * running over several GPUs is not built yet (exit 2); G is range-checked. */
+START_TEST(tensor_parallel_flag) {
+    char m[4200], args[4400];
+    tiny_model(m, sizeof m);
+    snprintf(args, sizeof args, "inspect '%s' --tp 2", m);
+    expect(0, args, "blk.*.attn_output.weight", "input cut (row-parallel: all_reduce after)");
+    expect(0, args, "a GPU's graph: builds", "5 a ubatch");
+    snprintf(args, sizeof args, "inspect '%s' --tp 3", m);
+    expect(1, args, "is not a multiple of 3", NULL);
+    expect(2, "inspect examples/swiglu.kg --tp 2", "--tp splits a GGUF model", NULL);
+    snprintf(args, sizeof args, "run '%s' --tp 2 --cpu", m);
+    expect(2, args, "kiln run: --tp 2: running over several GPUs needs tensor parallelism's NCCL step", NULL);
+    snprintf(args, sizeof args, "compile '%s' --tp 2", m);
+    expect(2, args, "kiln compile: --tp 2: running over several GPUs", "kiln inspect MODEL.gguf --tp 2");
+    snprintf(args, sizeof args, "inspect '%s' --tp 65", m);
+    expect(2, args, "--tp 65: must be 1 .. 64", NULL);
+}
+END_TEST
+
 int main(void) {
     Suite *s = TS_SUITE("cli",
                         TS_CASE_FIXTURE("cli", 120, setup, teardown),
@@ -474,6 +495,6 @@ int main(void) {
                                  numeric_flags_are_range_checked, model_run_flags_and_context_fit,
                                  model_run_takes_no_fuse_names, help_for_every_command, help_reads_the_command_table,
                                  unusable_graph_files_are_named, cache_explain_takes_a_model,
-                                 arch_below_sm80_is_a_usage_error));
+                                 arch_below_sm80_is_a_usage_error, tensor_parallel_flag));
     return ts_main(s);
 }

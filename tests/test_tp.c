@@ -186,9 +186,42 @@ START_TEST(rank_slices_of_the_file) {
 }
 END_TEST
 
+/* kiln_model_tp_describe: Llama-3-70B over 2 GPUs (a random model: no weights are made), its
+ * weights' rows and a GPU's bytes; deepseek2's graph not built yet (named); Qwen3-30B-A3B over 8
+ * refused (n_head_kv 4). */
+START_TEST(describe_the_split) {
+    kiln_model_hparams hp;
+    kiln_model        *m = NULL;
+    char              *text = NULL;
+    TS_OK(kiln_model_preset("llama", "llama-3-70b", &hp));
+    hp.ftype = KILN_FTYPE_MOSTLY_BF16;
+    TS_OK(kiln_model_random(&hp, 1, &m));
+    TS_OK(kiln_model_tp_describe(m, 2, 4096, &text));
+    static const char *const want[] = {"over 2 GPUs", "llama, 80 layers", "blk.*.attn_q.weight",
+                                       "[8192, 8192] -> [8192, 4096]  output cut (column-parallel)",
+                                       "blk.*.ffn_down.weight", "[28672, 8192] -> [14336, 8192]  input cut (row-parallel",
+                                       "token_embd.weight", "vocabulary rows cut", "a GPU holds 70.",
+                                       "161 a ubatch", "a GPU's graph: builds"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) ck_assert_msg(strstr(text, want[i]), "no '%s' in:\n%s", want[i], text);
+    free(text);
+    kiln_model_close(m);
+    TS_OK(kiln_model_preset("deepseek2", "tiny", &hp));
+    TS_OK(kiln_model_random(&hp, 1, &m));
+    TS_OK(kiln_model_tp_describe(m, 2, 64, &text));
+    ck_assert_msg(strstr(text, "a GPU's graph: not built") && strstr(text, "latent attention"), "%s", text);
+    free(text);
+    kiln_model_close(m);
+    TS_OK(kiln_model_preset("qwen3moe", "qwen3-30b-a3b", &hp));
+    TS_OK(kiln_model_random(&hp, 1, &m));
+    ts_expect_status(kiln_model_tp_describe(m, 8, 4096, &text), KILN_ERR_INVALID, "n_head_kv 4 is not a multiple of 8");
+    ck_assert_ptr_null(text);
+    kiln_model_close(m);
+}
+END_TEST
+
 int main(void) {
     Suite *s = TS_SUITE("tp", TS_CASE("plan", 60),
                         TS_TESTS(every_preset_splits_or_is_refused, refusals_name_the_hyperparameter,
-                                 llama_70b_over_2_and_4_gpus, rank_slices_of_the_file));
+                                 llama_70b_over_2_and_4_gpus, rank_slices_of_the_file, describe_the_split));
     return ts_main_isolated(s, "tp");
 }

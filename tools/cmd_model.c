@@ -175,7 +175,7 @@ static bool parse_sampler_flag(kt_model_args *a, const char *o, const char *v) {
 }
 
 bool kt_run_model_takes_value(const char *o) {
-    return !strcmp(o, "--tokens") || !strcmp(o, "--prompt") || !strcmp(o, "-n") || !strcmp(o, "--n-ctx") ||
+    return !strcmp(o, "--tokens") || !strcmp(o, "--prompt") || !strcmp(o, "-n") || !strcmp(o, "--n-ctx") || !strcmp(o, "--tp") ||
            !strcmp(o, "-p") || !strcmp(o, "-f") || !strcmp(o, "--file") || !strcmp(o, "--n-predict") ||
            !strcmp(o, "-c") || !strcmp(o, "--ctx-size") || !strcmp(o, "-b") || !strcmp(o, "--batch-size") ||
            !strcmp(o, "-r") || !strcmp(o, "--reverse-prompt") || !strcmp(o, "-sys") ||
@@ -259,6 +259,9 @@ static int parse(int argc, char **argv, kt_model_args *a) {
         else if (!strcmp(o, "--no-cuda-graph")) a->no_graph = true;
         else if (!strcmp(o, "--no-cache")) a->no_cache = true;
         else if (!strcmp(o, "--no-fuse")) a->no_fuse = true;
+        else if (!strcmp(o, "--tp"))
+            return usage("--tp %s: running over several GPUs needs tensor parallelism's NCCL step, which is not built "
+                         "yet; 'kiln inspect MODEL.gguf --tp G' shows how the model splits", v);
         else if (o[0] == '-' && o[1]) return usage("unknown option '%s' for a model", o);
         else if (a->path) return usage("more than one model given ('%s')", o);
         else a->path = o;

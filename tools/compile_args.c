@@ -53,6 +53,7 @@ static int parse_valued(kt_args *c, const char *a, const char *v) {
     else if (!strcmp(a, "--n-ctx")) ok = kt_flag_int(c->cmd, a, v, 1, KT_FLAG_MAX_CTX, &c->n_ctx);
     else if (!strcmp(a, "--n-batch")) ok = kt_flag_int(c->cmd, a, v, 1, KT_FLAG_MAX_CTX, &c->n_batch);
     else if (!strcmp(a, "--iters")) ok = kt_flag_int32(c->cmd, a, v, 1, MAX_ITERS, &c->iters);
+    else if (!strcmp(a, "--tp")) ok = kt_flag_int32(c->cmd, a, v, 1, 64, &c->tp);
     else return parse_file(c, a, v); /* --input, --output */
     return ok ? KT_GO_ON : KT_EXIT_USAGE;
 }
@@ -60,7 +61,7 @@ static int parse_valued(kt_args *c, const char *a, const char *v) {
 bool kt_args_takes_value(const char *a) {
     static const char *const valued[] = {"--arch", "--dump-cu", "-o",      "--cache-dir", "--bundle", "--jobs",
                                          "--dim",  "--seed",    "--n-ctx", "--n-batch",   "--iters",  "--input",
-                                         "--output"};
+                                         "--output", "--tp"};
     for (size_t k = 0; k < sizeof valued / sizeof *valued; k++)
         if (!strcmp(a, valued[k])) return true;
     return false;
@@ -98,6 +99,9 @@ int kt_args_parse(int argc, char **argv, kt_args *c) {
         return kt_usage(NULL, "--bundle: only 'kiln run' takes a bundle (%s)", c->bundle);
     if (c->bundle && c->graph) return kt_usage(NULL, "give a graph or --bundle, not both ('%s')", c->graph);
     if (!c->graph && !c->bundle) return kt_usage(NULL, "%s: no graph file given", c->cmd);
+    if (c->tp > 1 && strcmp(c->cmd, "inspect"))
+        return kt_usage(c->cmd, "--tp %d: running over several GPUs needs tensor parallelism's NCCL step, which is not "
+                        "built yet; 'kiln inspect MODEL.gguf --tp %d' shows how the model splits", c->tp, c->tp);
     return KT_GO_ON;
 }
 
