@@ -133,9 +133,13 @@ kiln_status cg_lower(const kiln_graph *g, const kiln_compile_opts *o, const char
 /* g with dim d fixed to v: a new context and graph (the caller frees both). */
 /* A program over ir (which it takes, freed on failure too), with no kernels yet. */
 kiln_status cg_program_from_ir(ir_prog *ir, const char *arch, kiln_program **out);
+/* The graph of a specialization: dim d fixed to v (v > 0), or symbolic up to -v (v < 0: a
+ * kiln_dim_specialize_upto variant, kiln_ctx_cap). */
 kiln_status cg_bind_graph(const kiln_graph *g, int d, int64_t v, kiln_ctx **bctx, kiln_graph **bg);
-/* Appends sp, the program of p's graph with dim d fixed to v, to p's specializations (p->spec
- * has room); sp takes the bound context and graph it was lowered from. */
+/* "n_tokens = 1" or "n_tokens <= 64": specialization v of dim d, for listings. */
+const char *cg_spec_label(const kiln_ctx *ctx, int d, int64_t v, char *buf, size_t len);
+/* Appends sp, the program of p's graph with dim d fixed to v (v < 0: up to -v), to p's
+ * specializations (p->spec has room); sp takes the bound context and graph it was lowered from. */
 void        cg_program_add_spec(kiln_program *p, int d, int64_t v, kiln_program *sp, kiln_ctx *bctx, kiln_graph *bg);
 /* One variant's text (its IR and launches, without its specializations): what
  * kiln_program_describe prints for each variant and a dump's program.txt holds. */
@@ -186,8 +190,9 @@ struct kiln_program {
     char               arch[16];
     kiln_compile_stats stats;
     /* Specializations (kiln_dim_specialize): spec[i] is the graph with its dim spec_dim[i] (an
-     * index into this graph's dims) fixed to spec_val[i], compiled on its own; it owns that
-     * bound graph (own_ctx, own_graph). */
+     * index into this graph's dims) fixed to spec_val[i], or for spec_val[i] < 0 symbolic up to
+     * -spec_val[i] (kiln_dim_specialize_upto), compiled on its own; it owns that graph
+     * (own_ctx, own_graph). */
     struct kiln_program **spec;
     int                   nspec;
     int                   spec_dim[KILN_MAX_SYMS * 4];

@@ -106,7 +106,7 @@ static kiln_status lower_variants(const compile_env *e, const kiln_graph *g, kil
     if (total && !(p->spec = calloc((size_t)total, sizeof *p->spec))) st = kb_oom();
     for (int d = 0; !st && d < ctx->ndims; d++)
         for (int k = 0; !st && k < ctx->dims[d].nspec; k++) {
-            int64_t     v = ctx->dims[d].spec[k];
+            int64_t     v = ctx->dims[d].spec_upto[k] ? -ctx->dims[d].spec[k] : ctx->dims[d].spec[k];
             kiln_ctx   *bctx;
             kiln_graph *bg;
             kiln_program *sp = NULL;
@@ -114,7 +114,8 @@ static kiln_status lower_variants(const compile_env *e, const kiln_graph *g, kil
             if ((st = cg_lower(bg, e->o, e->arch, &sp))) {
                 kiln_graph_free(bg);
                 kiln_ctx_free(bctx);
-                st = kb_wrap(st, "specialization %s = %lld", ctx->dims[d].name, (long long)v);
+                char label[FE_MAX_NAME + 32];
+                st = kb_wrap(st, "specialization %s", cg_spec_label(ctx, d, v, label, sizeof label));
                 break;
             }
             cg_program_add_spec(p, d, v, sp, bctx, bg);
@@ -389,7 +390,9 @@ static kiln_status write_dumps(const char *dir, const kiln_program *p) {
     /* Specializations go to DIR/NAME=V. */
     for (int v = 0; !st && v < p->nspec; v++) {
         char sub[4096];
-        snprintf(sub, sizeof sub, "%s/%s=%lld", dir, p->ir->g->ctx->dims[p->spec_dim[v]].name, (long long)p->spec_val[v]);
+        /* (a smaller maximum: DIR/NAME<=V) */
+        snprintf(sub, sizeof sub, "%s/%s%s%lld", dir, p->ir->g->ctx->dims[p->spec_dim[v]].name,
+                 p->spec_val[v] < 0 ? "<=" : "=", (long long)(p->spec_val[v] < 0 ? -p->spec_val[v] : p->spec_val[v]));
         st = write_dumps(sub, p->spec[v]);
     }
     return st;

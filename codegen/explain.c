@@ -223,8 +223,8 @@ kiln_status kiln_cache_explain(const kiln_graph *g, const kiln_compile_opts *opt
         kb_str ks = {0};
         explain_kernels(&ks, &c, p, &env, &kl, &nmiss, &ndistinct, "");
         for (int v = 0; v < p->nspec; v++) {
-            char prefix[96];
-            snprintf(prefix, sizeof prefix, "[%s=%lld] ", g->ctx->dims[p->spec_dim[v]].name, (long long)p->spec_val[v]);
+            char prefix[96], label[FE_MAX_NAME + 32];
+            snprintf(prefix, sizeof prefix, "[%s] ", cg_spec_label(g->ctx, p->spec_dim[v], p->spec_val[v], label, sizeof label));
             explain_kernels(&ks, &c, p->spec[v], &env, &kl, &nmiss, &ndistinct, prefix);
         }
         kb_str_addf(&out, "kernels: %d distinct, %d cached, %d not cached\n", ndistinct, ndistinct - nmiss, nmiss);

@@ -245,7 +245,8 @@ static kiln_status read_specs(kb_reader *r, const kiln_graph *g, const kiln_comp
         size_t      len;
         const void *sub = kb_get_blob(r, &len, "specialization");
         if (r->err) return NULL;
-        if (d < 0 || d >= g->ctx->ndims || v < 1 || v > g->ctx->dims[d].max)
+        /* v < 0: the dim up to -v (kiln_dim_specialize_upto), below its maximum */
+        if (d < 0 || d >= g->ctx->ndims || v == 0 || v > g->ctx->dims[d].max || (v < 0 && -v >= g->ctx->dims[d].max))
             return kb_error(KILN_ERR_FORMAT, "specialization %d names dim %lld = %lld, which the graph does not have", i,
                             (long long)d, (long long)v);
         kiln_ctx   *bctx = NULL;
@@ -260,7 +261,8 @@ static kiln_status read_specs(kb_reader *r, const kiln_graph *g, const kiln_comp
             kiln_program_free(sp);
             kiln_graph_free(bg);
             kiln_ctx_free(bctx);
-            return kb_wrap(st, "specialization %s = %lld", g->ctx->dims[d].name, (long long)v);
+            char label[FE_MAX_NAME + 32];
+            return kb_wrap(st, "specialization %s", cg_spec_label(g->ctx, (int)d, v, label, sizeof label));
         }
         cg_program_add_spec(p, (int)d, v, sp, bctx, bg);
     }

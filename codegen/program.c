@@ -41,13 +41,18 @@ kiln_status cg_program_from_ir(ir_prog *ir, const char *arch, kiln_program **out
 kiln_status cg_bind_graph(const kiln_graph *g, int d, int64_t v, kiln_ctx **bctx, kiln_graph **bg) {
     const char *name = g->ctx->dims[d].name;
     *bg = NULL;
-    kiln_status st = kiln_ctx_bind(g->ctx, 1, &name, &v, bctx);
+    kiln_status st = v < 0 ? kiln_ctx_cap(g->ctx, name, -v, bctx) : kiln_ctx_bind(g->ctx, 1, &name, &v, bctx);
     if (!st) st = kiln_graph_new(*bctx, bg);
     if (st) {
         kiln_ctx_free(*bctx);
         *bctx = NULL;
     }
     return st;
+}
+
+const char *cg_spec_label(const kiln_ctx *ctx, int d, int64_t v, char *buf, size_t len) {
+    snprintf(buf, len, "%s %s %lld", ctx->dims[d].name, v < 0 ? "<=" : "=", (long long)(v < 0 ? -v : v));
+    return buf;
 }
 
 void cg_program_add_spec(kiln_program *p, int d, int64_t v, kiln_program *sp, kiln_ctx *bctx, kiln_graph *bg) {
@@ -82,8 +87,9 @@ kiln_status kiln_program_describe(const kiln_program *p, char **text) {
     cg_describe_one(p, &o);
     for (int i = 0; i < p->nspec; i++) {
         const kiln_ctx *ctx = p->ir->g->ctx;
-        kb_str_addf(&o, "\nspecialization %d: %s = %lld\n", i + 1, ctx->dims[p->spec_dim[i]].name,
-                    (long long)p->spec_val[i]);
+        char label[FE_MAX_NAME + 32];
+        kb_str_addf(&o, "\nspecialization %d: %s\n", i + 1, cg_spec_label(ctx, p->spec_dim[i], p->spec_val[i], label,
+                                                                        sizeof label));
         cg_describe_one(p->spec[i], &o);
     }
     *text = kb_str_take(&o);

@@ -45,6 +45,7 @@ int64_t kiln_dim(kiln_ctx *ctx, const char *name, int64_t max) {
         }
         return ctx->bound_val[b];
     }
+    if (ctx->cap_val > 0 && !strcmp(ctx->cap_name, name) && ctx->cap_val < max) max = ctx->cap_val;
     int i = kiln_ctx_dim_find(ctx, name);
     if (i >= 0) {
         if (ctx->dims[i].max != max) {
@@ -73,15 +74,22 @@ int64_t kiln_dim(kiln_ctx *ctx, const char *name, int64_t max) {
     return max == 1 ? 1 : handle_of(ctx->ndims - 1);
 }
 
-void kiln_dim_specialize(kiln_ctx *ctx, const char *name, int64_t value) {
+/* Value spec (upto false) or smaller-maximum spec (upto true) of dim name. */
+static void specialize(kiln_ctx *ctx, const char *name, int64_t value, bool upto) {
     if (!ctx || ctx->err || !name) return;
     if (bound_find(ctx, name) >= 0) return; /* a bound copy: the dim is a constant already */
+    if (ctx->cap_val > 0 && !strcmp(ctx->cap_name, name)) return; /* a variant's graph: no nesting */
     int i = kiln_ctx_dim_find(ctx, name);
     if (i < 0) {
         fe_failf(ctx, KILN_ERR_INVALID, "specialize: no symbolic dim named '%s'", name);
         return;
     }
     fe_dim *d = &ctx->dims[i];
+    if (upto && (value < 1 || value >= d->max)) {
+        fe_failf(ctx, KILN_ERR_SHAPE, "specialize %s <= %lld: the smaller maximum must be in 1 .. %lld (below the "
+                 "maximum %lld)", name, (long long)value, (long long)(d->max - 1), (long long)d->max);
+        return;
+    }
     if (value < 1 || value > d->max) {
         fe_failf(ctx, KILN_ERR_SHAPE, "specialize %s: value %lld is not in 1 .. %lld", name,
                  (long long)value, (long long)d->max);
@@ -89,13 +97,18 @@ void kiln_dim_specialize(kiln_ctx *ctx, const char *name, int64_t value) {
     }
     if (d->max == 1) return; /* its one value is the general program's already */
     for (int k = 0; k < d->nspec; k++)
-        if (d->spec[k] == value) return;
+        if (d->spec[k] == value && d->spec_upto[k] == upto) return;
     if (d->nspec == 4) {
-        fe_failf(ctx, KILN_ERR_INVALID, "specialize %s: at most 4 values", name);
+        fe_failf(ctx, KILN_ERR_INVALID, "specialize %s: at most 4 specializations", name);
         return;
     }
+    d->spec_upto[d->nspec] = upto;
     d->spec[d->nspec++] = value;
 }
+
+void kiln_dim_specialize(kiln_ctx *ctx, const char *name, int64_t value) { specialize(ctx, name, value, false); }
+
+void kiln_dim_specialize_upto(kiln_ctx *ctx, const char *name, int64_t max) { specialize(ctx, name, max, true); }
 
 int kiln_ctx_dim_count(const kiln_ctx *ctx) { return ctx ? ctx->ndims : 0; }
 
@@ -256,6 +269,23 @@ bool fe_sym_reshape(kiln_ctx *ctx, const kiln_tensor *a, const int64_t ne[4], co
     return false;
 }
 
+/* ctx's graph printed and parsed again into c, whose bound or capped dims make it another
+ * graph of the same text: *out = c, or c freed and the error returned. */
+static kiln_status reparse(const kiln_ctx *ctx, kiln_ctx *c, const char *what, kiln_ctx **out) {
+    char       *text;
+    kiln_status st = kiln_print(ctx, &text);
+    if (!st) {
+        st = kiln_parse(c, text, strlen(text), what);
+        free(text);
+    }
+    if (st) {
+        kiln_ctx_free(c);
+        return st;
+    }
+    *out = c;
+    return NULL;
+}
+
 kiln_status kiln_ctx_bind(const kiln_ctx *ctx, int n, const char *const *names, const int64_t *values,
                           kiln_ctx **out) {
     if (!out) return kb_error(KILN_ERR_INVALID, "kiln_ctx_bind: out is NULL");
@@ -271,25 +301,29 @@ kiln_status kiln_ctx_bind(const kiln_ctx *ctx, int n, const char *const *names, 
             return kb_error(KILN_ERR_SHAPE, "dim %s = %lld is not in 1 .. %lld (its maximum)", names[i],
                             (long long)values[i], (long long)ctx->dims[d].max);
     }
-    char       *text;
-    kiln_status st = kiln_print(ctx, &text);
-    if (st) return st;
     kiln_ctx *c = kiln_ctx_new();
-    if (!c) {
-        free(text);
-        return kb_oom();
-    }
+    if (!c) return kb_oom();
     for (int i = 0; i < n; i++) {
         snprintf(c->bound_name[i], FE_MAX_NAME, "%s", names[i]);
         c->bound_val[i] = values[i];
     }
     c->nbound = n;
-    st = kiln_parse(c, text, strlen(text), "<bound graph>");
-    free(text);
-    if (st) {
-        kiln_ctx_free(c);
-        return st;
-    }
-    *out = c;
-    return NULL;
+    return reparse(ctx, c, "<bound graph>", out);
+}
+
+kiln_status kiln_ctx_cap(const kiln_ctx *ctx, const char *name, int64_t max, kiln_ctx **out) {
+    if (!out) return kb_error(KILN_ERR_INVALID, "kiln_ctx_cap: out is NULL");
+    *out = NULL;
+    if (!ctx || !name) return kb_error(KILN_ERR_INVALID, "kiln_ctx_cap: bad arguments");
+    if (ctx->err) return kb_status_copy(ctx->err);
+    int d = kiln_ctx_dim_find(ctx, name);
+    if (d < 0) return kb_error(KILN_ERR_NOT_FOUND, "no symbolic dim named '%s'", name);
+    if (max < 1 || max >= ctx->dims[d].max)
+        return kb_error(KILN_ERR_SHAPE, "dim %s <= %lld: the smaller maximum must be in 1 .. %lld", name, (long long)max,
+                        (long long)(ctx->dims[d].max - 1));
+    kiln_ctx *c = kiln_ctx_new();
+    if (!c) return kb_oom();
+    snprintf(c->cap_name, FE_MAX_NAME, "%s", name);
+    c->cap_val = max;
+    return reparse(ctx, c, "<capped graph>", out);
 }

@@ -267,12 +267,14 @@ struct kiln_tensor {
     int     line, col; /* .kg position that defined it; 0 when built through the C API */
 };
 
-/* A symbolic dim: name, maximum, values with a specialized program of their own. */
+/* A symbolic dim: name, maximum, values with a specialized program of their own: spec[k] the
+ * value, or with spec_upto[k] a smaller maximum (kiln_dim_specialize_upto). */
 typedef struct {
     char    name[FE_MAX_NAME];
     int64_t max;
     int     nspec;
     int64_t spec[4];
+    bool    spec_upto[4];
 } fe_dim;
 
 struct kiln_ctx {
@@ -287,6 +289,10 @@ struct kiln_ctx {
     int           nbound;
     char          bound_name[KILN_MAX_SYMS][FE_MAX_NAME];
     int64_t       bound_val[KILN_MAX_SYMS];
+    /* kiln_ctx_cap: a dim that kiln_dim declares with this smaller maximum, without its
+     * specializations (a variant's graph: variants do not nest) */
+    char          cap_name[FE_MAX_NAME];
+    int64_t       cap_val;
     kiln_status   err;      /* first builder error (sticky) */
     const char   *file;     /* while parsing: file name for messages */
     int           line, col; /* while parsing: position of the statement being built */

@@ -739,7 +739,8 @@ static kiln_status parse_decl(parser *P, kiln_role role) {
     return sym_add(P, t, P->line);
 }
 
-/* dim := 'dim' name '<=' int [ 'specialize' int { ',' int } ]   (the keyword is consumed) */
+/* dim := 'dim' name '<=' int [ 'specialize' spec { ',' spec } ], spec := int | '<=' int
+ * (the keyword is consumed) */
 static kiln_status parse_dim(parser *P) {
     token name = P->tok;
     kiln_status st = check_new_name(P, &name);
@@ -765,11 +766,20 @@ static kiln_status parse_dim(parser *P) {
     advance(P);
     for (;;) {
         int64_t v;
+        bool    upto = false;
+        token   eq2 = peek(P);
+        if (is_punct(&P->tok, '<') && is_punct(&eq2, '=')) { /* '<=' V: a smaller maximum */
+            upto = true;
+            advance(P);
+            advance(P);
+        }
         at = P->tok;
-        if (P->tok.kind != TK_NUM) return expected(P, "a value to specialize for (an integer)");
+        if (P->tok.kind != TK_NUM)
+            return expected(P, upto ? "a smaller maximum to specialize for (an integer)" : "a value to specialize for (an integer)");
         if ((st = to_int(P, &P->tok, &v))) return st;
         locate(P, at.col);
-        kiln_dim_specialize(P->ctx, s, v);
+        if (upto) kiln_dim_specialize_upto(P->ctx, s, v);
+        else kiln_dim_specialize(P->ctx, s, v);
         if (P->ctx->err) return kb_status_copy(P->ctx->err);
         advance(P);
         if (!is_punct(&P->tok, ',')) return NULL;

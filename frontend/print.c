@@ -52,13 +52,13 @@ static void add_ne(kb_str *b, const kiln_tensor *t, int n) {
     kb_str_add(b, "]");
 }
 
-/* dim n_tokens <= 512 specialize 1 */
+/* dim n_tokens <= 512 specialize 1, <= 64 */
 static void print_dims(kb_str *b, const kiln_ctx *ctx) {
     for (int i = 0; i < ctx->ndims; i++) {
         const fe_dim *d = &ctx->dims[i];
         kb_str_addf(b, "dim %s <= %" PRId64, d->name, d->max);
         for (int k = 0; k < d->nspec; k++)
-            kb_str_addf(b, "%s%" PRId64, k ? ", " : " specialize ", d->spec[k]);
+            kb_str_addf(b, "%s%s%" PRId64, k ? ", " : " specialize ", d->spec_upto[k] ? "<= " : "", d->spec[k]);
         kb_str_add(b, "\n");
     }
 }

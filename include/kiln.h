@@ -136,6 +136,11 @@ int64_t     kiln_dim(kiln_ctx *ctx, const char *name, int64_t max);
 /* Also compile a program in which dim `name` is fixed to value (decode: n_tokens = 1). Runs
  * whose value is `value` use it; others use the general program. At most 4 per dim. */
 void        kiln_dim_specialize(kiln_ctx *ctx, const char *name, int64_t value);
+/* Also compile a program in which dim `name` stays symbolic with the smaller maximum max (1 ..
+ * its maximum - 1): its kernels are specialized for at most max (a batched decode of at most 64
+ * sequences takes plans that a prefill of 512 tokens cannot). Runs whose value is at most max
+ * use it, unless a value specialization matches; the 4 per dim count both kinds. */
+void        kiln_dim_specialize_upto(kiln_ctx *ctx, const char *name, int64_t max);
 int         kiln_ctx_dim_count(const kiln_ctx *ctx);
 const char *kiln_ctx_dim_name(const kiln_ctx *ctx, int i);   /* NULL if out of range */
 int64_t     kiln_ctx_dim_max(const kiln_ctx *ctx, int i);
@@ -145,6 +150,9 @@ int         kiln_ctx_dim_find(const kiln_ctx *ctx, const char *name);
  * against their maximum): the graph as it is at those values, symbolic in the other dims. */
 kiln_status kiln_ctx_bind(const kiln_ctx *ctx, int n, const char *const *names,
                           const int64_t *values, kiln_ctx **out);
+/* A new context holding ctx's graph with dim `name` symbolic up to the smaller maximum max
+ * (layouts at max), without specializations: the graph of a kiln_dim_specialize_upto variant. */
+kiln_status kiln_ctx_cap(const kiln_ctx *ctx, const char *name, int64_t max, kiln_ctx **out);
 /* The symbolic dim of t's dim d (its name), or NULL when that extent is static. */
 const char *kiln_tensor_dim_name(const kiln_tensor *t, int d);
 
@@ -702,6 +710,11 @@ typedef struct {
      * rows elsewhere count as zero). Not yet: experts, MLA, biases after a row-parallel product,
      * argmax and sampler outputs (they need the whole vocabulary). */
     int  tp_size, tp_rank;
+    /* 0, or 2 .. n_tokens_max - 1: also a program for ubatches of at most this many tokens
+     * (kiln_dim_specialize_upto of n_tokens): batched decode steps take plans made for few
+     * columns, such as quantized products read once for all tokens, without the steps that
+     * serve a prefill of n_tokens_max tokens. */
+    int64_t n_tokens_upto;
 } kiln_build_opts;
 
 /* Adds the model's graph to ctx (which should be empty): dims n_tokens (specialize 1: the decode
@@ -1029,6 +1042,9 @@ typedef struct {
      * with sampler parameters equal to these picks there, decode steps chained, no logits read
      * back. Other parameters, or other calls, keep the host sampler. */
     const struct kiln_sampler_params *sampler;
+    /* 0, or also a program for runs of at most n_small tokens (2 .. n_batch - 1; the build's
+     * n_tokens_upto): a batch of decode steps then takes plans made for few tokens. */
+    int64_t n_small;
 } kiln_gen_opts;
 kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out);
 void        kiln_gen_free(kiln_gen *g);
@@ -1136,6 +1152,7 @@ typedef struct {
     bool    cpu;     /* the CPU reference */
     const kiln_compile_opts *compile;
     const kiln_session_opts *session;
+    int64_t n_small; /* kiln_gen_opts.n_small: also a program for steps of at most n_small tokens */
 } kiln_batch_opts;
 typedef struct {
     int            seq;    /* an open sequence */

@@ -598,6 +598,9 @@ static kiln_status check_opts(const kiln_model_hparams *hp, const kiln_build_opt
                                                                 : NULL;
         if (why) return kb_error(KILN_ERR_INVALID, "build: tensor parallelism of %s models is not built yet: %s", hp->arch, why);
     }
+    if (o->n_tokens_upto != 0 && (o->n_tokens_upto < 2 || o->n_tokens_upto >= o->n_tokens_max))
+        return kb_error(KILN_ERR_INVALID, "build: n_tokens_upto = %lld: 0, or 2 .. n_tokens_max - 1 (%lld)",
+                        (long long)o->n_tokens_upto, (long long)(o->n_tokens_max - 1));
     if (o->outputs != KILN_OUTPUTS_LAST && o->outputs != KILN_OUTPUTS_ALL)
         return kb_error(KILN_ERR_INVALID, "build: outputs = %d is not a kiln_model_outputs", (int)o->outputs);
     /* The op samples one row, after the last token (docs/sampling.md, "On the GPU"). */
@@ -632,6 +635,7 @@ kiln_status km_build(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_bui
     }
     b.T = kiln_dim(ctx, "n_tokens", b.o.n_tokens_max);
     if (b.o.n_tokens_max > 1) kiln_dim_specialize(ctx, "n_tokens", 1);
+    if (b.o.n_tokens_upto) kiln_dim_specialize_upto(ctx, "n_tokens", b.o.n_tokens_upto);
     b.KV = kiln_dim(ctx, "n_kv", b.o.n_ctx);
     b.rows = b.T;
     kiln_tensor *cur = inputs(&b);

@@ -25,6 +25,7 @@ struct kiln_gen {
     const kiln_model         *m;
     const kiln_model_hparams *hp;
     int64_t                   n_ctx, n_batch, pos;
+    int64_t                   n_small; /* kiln_gen_opts.n_small: a variant for runs of at most this many tokens */
     bool                      cpu;
     bool                      all; /* model/batch.c's: every row's logits (KILN_OUTPUTS_ALL), no argmax */
     kiln_ctx                 *ctx;
@@ -80,7 +81,8 @@ static kiln_status build(kiln_gen *g) {
     if (!(g->ctx = kiln_ctx_new())) return kb_oom();
     kiln_build_opts o = {.n_ctx = g->n_ctx, .n_tokens_max = g->n_batch,
                          .outputs = g->all ? KILN_OUTPUTS_ALL : KILN_OUTPUTS_LAST, .argmax = !g->cpu,
-                         .sampler = g->gpu_sample ? &g->sampler : NULL, .mask_intervals = g->all};
+                         .sampler = g->gpu_sample ? &g->sampler : NULL, .mask_intervals = g->all,
+                         .n_tokens_upto = g->n_small};
     kiln_status     st = kiln_model_build(g->ctx, g->m, &o);
     if (!st) st = kiln_graph_new(g->ctx, &g->graph);
     if (!st) st = kiln_model_check_weights(g->m, g->graph);
@@ -155,6 +157,7 @@ static kiln_status gen_new(const kiln_model *m, const kiln_gen_opts *o, bool all
     g->cpu = o->cpu;
     g->n_ctx = o->n_ctx > 0 ? o->n_ctx : kiln_default_n_ctx(g->hp);
     g->n_batch = o->n_batch > 0 ? o->n_batch : g->n_ctx < 512 ? g->n_ctx : 512;
+    g->n_small = o->n_small;
     /* A sampler the kernels can run ends the program with `sample` too (any other stays on the
      * host, as does the CPU reference, whose generation samples the logits it reads). */
     if (o->sampler && !o->cpu && kiln_sampler_on_gpu(o->sampler, g->hp->n_vocab))

@@ -901,10 +901,14 @@ kiln_status kiln_session_set_dim(kiln_session *s, const char *name, int64_t valu
                                           "maximum)", name, (long long)value, (long long)s->dim_max[d]);
     s->dims_host[d] = (int32_t)value;
     s->win_dirty = true;
+    /* A variant whose maximum is smaller (kiln_dim_specialize_upto) keeps its last value when
+     * this one is over it: it will not run, and its inputs, sized by its dims, are then not
+     * uploaded (kiln_session_set compares the bytes), so nothing is written past its buffers. */
     for (int v = 0; v < s->nspec; v++) {
         kiln_session *u = s->spec[v];
         for (int i = 0; i < u->ndims; i++)
-            if (strcmp(u->dim_name[i], name) == 0) u->dims_host[i] = (int32_t)value, u->win_dirty = true;
+            if (strcmp(u->dim_name[i], name) == 0 && value <= u->dim_max[i])
+                u->dims_host[i] = (int32_t)value, u->win_dirty = true;
     }
     return NULL;
 }
@@ -995,12 +999,17 @@ kiln_status rt_flush_pending(kiln_session *s) {
     return NULL;
 }
 
+/* The session a run takes: a variant whose value matches, else one whose smaller maximum
+ * (spec_val < 0: up to -spec_val) holds the value, else the general program. */
 kiln_session *rt_unit(kiln_session *s, int *variant) {
     *variant = 0;
-    for (int v = 0; v < s->nspec; v++)
-        if (s->dims_host[s->spec_dim[v]] == s->spec_val[v]) {
-            *variant = v + 1;
-            return s->spec[v];
+    for (int pass = 0; pass < 2; pass++)
+        for (int v = 0; v < s->nspec; v++) {
+            int64_t have = s->dims_host[s->spec_dim[v]], sv = s->spec_val[v];
+            if (pass == 0 ? sv > 0 && have == sv : sv < 0 && have <= -sv) {
+                *variant = v + 1;
+                return s->spec[v];
+            }
         }
     return s;
 }

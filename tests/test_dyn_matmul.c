@@ -119,6 +119,49 @@ START_TEST(gemm_n_dyn) {
 }
 END_TEST
 
+/* kiln_dim_specialize_upto: a q4_K product of up to 512 columns is the quantized tile's steps
+ * beside the dequantization and cuBLAS (a run takes one); its variant for at most 64 columns
+ * has the tile's steps alone, no cuBLAS call and nothing that skips runs. */
+START_TEST(upto_variant_takes_the_small_plan) {
+    static const char kg[] = "dim n <= 512 specialize <= 64\nweight a: q4_K[4096, 1024]\ninput b: f32[4096, n]\n"
+                             "output y = mul_mat(a, b)\n";
+    kiln_ctx     *ctx;
+    kiln_graph   *g;
+    kiln_program *p = ts_compile(kg, "sm_90a", g_cache, 1, &ctx, &g);
+    ck_assert_int_eq(p->nspec, 1);
+    ck_assert_int_eq(p->spec_val[0], -64);
+    int gemms = 0, skips = 0;
+    for (int i = 0; i < p->nkernels; i++) {
+        gemms += p->kernels[i].kind == CG_GEMM;
+        skips += p->kernels[i].kind == CG_LAUNCH && strstr(p->kernels[i].source, "runs only while n <= 64") != NULL;
+    }
+    ck_assert_int_eq(gemms, 1);
+    ck_assert_int_ge(skips, 1);
+    const kiln_program *v = p->spec[0];
+    bool tile = false;
+    for (int i = 0; i < v->nkernels; i++) {
+        ck_assert_msg(v->kernels[i].kind == CG_LAUNCH, "variant kernel %d is a library call", i);
+        ck_assert_msg(!strstr(v->kernels[i].source, "return; /*"), "variant kernel %s skips runs", v->kernels[i].name);
+        tile |= strstr(v->kernels[i].name, "mul_mat_qmma_q4_K") != NULL;
+    }
+    ck_assert(tile);
+    ts_compiled_free(p, g, ctx);
+    /* the frontend's rules: below the maximum, at least 1, 4 at most, printed back as given */
+    ts_parse_error("dim n <= 512 specialize <= 512\ninput b: f32[4, n]\noutput y = neg(b)\n", KILN_ERR_SHAPE,
+                   (const char *const[]){"specialize n <= 512", "below the maximum", NULL});
+    ts_parse_error("dim n <= 512 specialize <= 0\ninput b: f32[4, n]\noutput y = neg(b)\n", KILN_ERR_SHAPE,
+                   (const char *const[]){"specialize n <= 0", NULL});
+    ts_parse_error("dim n <= 512 specialize 1, 2, 3, <= 64, <= 32\ninput b: f32[4, n]\noutput y = neg(b)\n",
+                   KILN_ERR_INVALID, (const char *const[]){"at most 4", NULL});
+    kiln_ctx *c2 = ts_parse("dim n <= 512 specialize 1, <= 64\ninput b: f32[4, n]\noutput y = neg(b)\n");
+    char     *text = NULL;
+    TS_OK(kiln_print(c2, &text));
+    ck_assert_msg(strstr(text, "dim n <= 512 specialize 1, <= 64\n"), "%s", text);
+    free(text);
+    kiln_ctx_free(c2);
+}
+END_TEST
+
 /* kiln compile --dim NAME=V1 and =V2 write the same kernel sources. */
 START_TEST(values_identical) {
     ts_sources_identical(CASES[_i].kg, CASES[_i].dim, CASES[_i].v1, CASES[_i].v2, ts_case_label(_i));
@@ -155,7 +198,7 @@ END_TEST
 
 int main(void) {
     Suite *s = TS_SUITE("dyn_matmul",
-                        TS_CASE("all", 600), TS_LOOP(0, NCASES, kernels_compile), TS_TESTS(gemm_n_dyn),
+                        TS_CASE("all", 600), TS_LOOP(0, NCASES, kernels_compile), TS_TESTS(gemm_n_dyn, upto_variant_takes_the_small_plan),
                         TS_LOOP(0, NCASES, values_identical),
                         TS_LOOP(0, (int)(sizeof REFUSED / sizeof REFUSED[0]), refusals));
     return ts_main_cache(s, "dyn-matmul", &g_cache);

@@ -1109,6 +1109,29 @@ END_TEST
 static void setup(void) { g_dir = ts_tmpdir(); }
 static void teardown(void) { ts_tmpdir_free(g_dir); }
 
+/* kiln_build_opts.n_tokens_upto: the graph carries the n_tokens <= V variant (after the decode
+ * one); values outside 2 .. n_tokens_max - 1 are refused naming the option. */
+START_TEST(n_tokens_upto_variant) {
+    kiln_model_hparams hp;
+    TS_OK(kiln_model_preset("llama", "tiny", &hp));
+    kiln_ctx       *ctx = kiln_ctx_new();
+    kiln_build_opts o = {.n_ctx = 64, .n_tokens_max = 16, .n_tokens_upto = 8};
+    TS_OK(kiln_build_model(ctx, &hp, &o));
+    char *text = NULL;
+    TS_OK(kiln_print(ctx, &text));
+    ck_assert_msg(strstr(text, "dim n_tokens <= 16 specialize 1, <= 8\n"), "%.300s", text);
+    free(text);
+    kiln_ctx_free(ctx);
+    static const int64_t bad[] = {1, 16, 17, -3};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ctx = kiln_ctx_new();
+        o.n_tokens_upto = bad[i];
+        ts_expect_status(kiln_build_model(ctx, &hp, &o), KILN_ERR_INVALID, "n_tokens_upto");
+        kiln_ctx_free(ctx);
+    }
+}
+END_TEST
+
 int main(void) {
     Suite *s = TS_SUITE("model",
                         TS_CASE_FIXTURE("model", 120, setup, teardown), TS_LOOP(0, NTINY, tiny_round_trip),
@@ -1116,7 +1139,7 @@ int main(void) {
                         TS_LOOP(0, NTINY, cpu_generation_deterministic, cpu_chunks_agree, random_model_equals_file),
                         TS_TESTS(gen_errors, model_errors_name_the_cause, hparams_checked_against_tensors,
                                  first_key_error_wins, optional_weights_checked, tokenizer_errors_name_the_file,
-                                 cli_gen_model_and_cpu_run),
+                                 cli_gen_model_and_cpu_run, n_tokens_upto_variant),
                         TS_CASE_FIXTURE("quant", 120, setup, teardown), TS_LOOP(0, 5, gen_model_quantized),
                         TS_LOOP(0, 25, cpu_run_quantized),
                         TS_TESTS(mix_llama_3_8b, mix_rules, file_types_rule_the_graph, quant_refusals,

@@ -165,6 +165,26 @@ static void restore_env(saved_env *s) {
 
 /* ---- hits ----------------------------------------------------------------------------------- */
 
+/* A variant with a smaller maximum (kiln_dim_specialize_upto) is part of the program: a hit
+ * gives the same program, variants included, and the dump writes it under DIR/n<=64. */
+START_TEST(upto_variant_is_part_of_the_program) {
+    static const char kg[] = "dim n <= 512 specialize 1, <= 64\nweight a: q4_K[4096, 1024]\ninput b: f32[4096, n]\n"
+                             "output y = mul_mat(a, b)\n";
+    char             *dir = ts_tmpdir();
+    kiln_compile_opts o = opts_in(dir);
+    compiled          a = compile_with(kg, &o);
+    char    *d = describe(a.p);
+    ck_assert_msg(strstr(d, "specialization 1: n = 1") && strstr(d, "specialization 2: n <= 64"), "%s", d);
+    free(d);
+    compiled b = compile_with(kg, &o);
+    ck_assert_int_eq(b.s.program_cached, 1);
+    assert_same_program(a.p, b.p, "upto variant hit");
+    compiled_free(&a);
+    compiled_free(&b);
+    ts_tmpdir_free(dir);
+}
+END_TEST
+
 START_TEST(second_compile_is_a_program_hit) {
     char             *dir = ts_tmpdir();
     kiln_compile_opts o = opts_in(dir);
@@ -694,7 +714,7 @@ END_TEST
 int main(void) {
     Suite *s = TS_SUITE("program_cache",
                         TS_CASE("program_cache", 120),
-                        TS_TESTS(second_compile_is_a_program_hit, keys_change_with_key_inputs_only,
+                        TS_TESTS(second_compile_is_a_program_hit, upto_variant_is_part_of_the_program, keys_change_with_key_inputs_only,
                                  corrupt_program_entry_is_rebuilt, cache_modes, size_limit_after_compile,
                                  dumps_identical_cold_and_warm, jobs_change_nothing, explain_says_why,
                                  cli_reports_cold_and_warm),

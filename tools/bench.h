@@ -20,6 +20,7 @@ typedef struct {
                                (NULL: the bf16 presets and the quantized files of issue 25) */
     const char *batch_models; /* the batch rows' models (NULL: llama-3-8b in bf16 and q4_k_m) */
     int         n_seqs, seqs[8]; /* the batch sizes (--seqs; n_seqs 0: 1, 8, 32 and 64) */
+    int         batch_small;     /* --batch-small N: kiln_batch_opts.n_small (0: none) */
     uint64_t    seed;
     kiln_device_info dev;
     double      copy_gbs;   /* measured roofline */

@@ -58,7 +58,7 @@ static kiln_status run_row(kt_bench *b, kt_bench_batch *r, const kiln_model_hpar
     if (!st) st = (quant ? kiln_model_random_blocks : kiln_model_random)(hp, b->seed, &m);
     kiln_compile_opts co = {.arch = b->dev.arch};
     kiln_batch_opts   bo = {.n_ctx = max_seqs * (PROMPT_N + gen + 8), .n_batch = PROMPT_N, .n_seq = (int)max_seqs,
-                            .compile = &co};
+                            .compile = &co, .n_small = b->batch_small};
     if (!st) fprintf(stderr, "bench: %s: a batch of %lld sequences (%lld cache cells)\n", r->name, (long long)max_seqs,
                      (long long)bo.n_ctx);
     if (!st) st = kiln_batch_new(m, &bo, &bt);

@@ -19,7 +19,7 @@ static const char summary[] =
 
 static const char help[] =
     "usage: kiln bench [--quick] [--ops-only | --models-only | --batch-only] [--models LIST]\n"
-    "                  [--batch LIST] [--seqs LIST] [--json FILE] [--no-torch] [--python PY]\n"
+    "                  [--batch LIST] [--seqs LIST] [--batch-small N] [--json FILE] [--no-torch] [--python PY]\n"
     "                  [--dir DIR] [--seed S]\n"
     "  measures kiln on this GPU beside PyTorch, in one run (docs/bench.md):\n"
     "  - the GPU and its device-to-device copy bandwidth (bytes read + written), the roofline;\n"
@@ -48,6 +48,8 @@ static const char help[] =
     "  --seqs LIST     the batched rows' sequence counts, 1 .. 512 each (default 1,8,32,64);\n"
     "                  '--seqs 64' with KILN_PROFILE=1 KILN_PROFILE_SKIP=64 (the prompt steps, one\n"
     "                  a sequence) times the kernels of a decode step of 64 sequences\n"
+    "  --batch-small N also a program for steps of at most N tokens (2 .. 511; kiln_batch_opts.n_small):\n"
+    "                  the decode steps then take plans made for few tokens\n"
     "  --json FILE     also write the results as JSON (make bench: build/bench.json)\n"
     "  --no-torch      kiln only\n"
     "  --python PY     the Python that has PyTorch (default: python3)\n"
@@ -102,7 +104,8 @@ static int parse(int argc, char **argv, kt_bench *b) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool        valued = !strcmp(a, "--models") || !strcmp(a, "--json") || !strcmp(a, "--python") ||
-                      !strcmp(a, "--dir") || !strcmp(a, "--seed") || !strcmp(a, "--batch") || !strcmp(a, "--seqs");
+                      !strcmp(a, "--dir") || !strcmp(a, "--seed") || !strcmp(a, "--batch") || !strcmp(a, "--seqs") ||
+                      !strcmp(a, "--batch-small");
         if (valued && !v) return kt_usage("bench", "%s needs a value", a);
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return kt_print_help("bench");
         if (!strcmp(a, "--quick")) b->quick = true;
@@ -112,6 +115,9 @@ static int parse(int argc, char **argv, kt_bench *b) {
         else if (!strcmp(a, "--batch")) b->batch_models = v;
         else if (!strcmp(a, "--seqs")) {
             if (!parse_seqs(b, v)) return KT_EXIT_USAGE;
+        }
+        else if (!strcmp(a, "--batch-small")) {
+            if (!kt_flag_int32("bench", a, v, 2, 511, &b->batch_small)) return KT_EXIT_USAGE; /* (below the prompt steps' 512) */
         }
         else if (!strcmp(a, "--no-torch")) b->torch = false;
         else if (!strcmp(a, "--models")) b->models = v;
