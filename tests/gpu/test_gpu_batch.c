@@ -4,7 +4,9 @@
  * closes; at each step every row's logits agree with the CPU reference's batch fed the same
  * tokens (NMSE) and the greedy picks are identical. Then the same picks as kiln_gen alone on the
  * GPU: the batched program's tokens equal single-sequence tokens. A third batch takes the same
- * steps through kiln_batch_step_greedy: the program's argmax rows are the logits' argmax. */
+ * steps through kiln_batch_step_greedy: the program's argmax rows are the logits' argmax. A fourth
+ * has a variant for steps of at most 8 tokens (kiln_batch_opts.n_small), which the decode steps
+ * take: its logits agree with the CPU reference's as the first batch's do. */
 #include "tests/gpu/gpu_support.h"
 
 #include <math.h>
@@ -54,40 +56,46 @@ START_TEST(batch_matches_cpu_and_alone) {
     kiln_model *m;
     TS_OK(kiln_model_open(path, &m));
     int64_t         nv = hp.n_vocab;
-    kiln_batch     *side[3]; /* GPU, CPU, GPU stepped by kiln_batch_step_greedy */
+    /* GPU, CPU, GPU stepped by kiln_batch_step_greedy, GPU with a variant for steps of at most 8
+     * tokens (n_small: the decode steps here) */
+    kiln_batch     *side[4];
     kiln_batch_opts o = {.n_ctx = 128, .n_batch = 32, .n_seq = NS};
     TS_OK(kiln_batch_new(m, &o, &side[0]));
     TS_OK(kiln_batch_new(m, &o, &side[2]));
+    o.n_small = 8;
+    TS_OK(kiln_batch_new(m, &o, &side[3]));
+    o.n_small = 0;
     o.cpu = true;
     TS_OK(kiln_batch_new(m, &o, &side[1]));
     int32_t p[NS + 1][16], next[NS + 1], toks[NS + 1][STEPS + 1];
-    int     seq[3][NS + 1], live[NS] = {0, 1, 2, 3}, done[NS + 1] = {0};
-    for (int k = 0; k < 3; k++)
+    int     seq[4][NS + 1], live[NS] = {0, 1, 2, 3}, done[NS + 1] = {0};
+    for (int k = 0; k < 4; k++)
         for (int s = 0; s < NS; s++) TS_OK(kiln_batch_seq_open(side[k], &seq[k][s]));
     double worst = 0;
     for (int step = 0; step <= STEPS + 2; step++) {
         if (step == 3) { /* sequence 1 leaves, sequence 4 (its cells) comes */
-            for (int k = 0; k < 3; k++) {
+            for (int k = 0; k < 4; k++) {
                 kiln_batch_seq_close(side[k], seq[k][1]);
                 TS_OK(kiln_batch_seq_open(side[k], &seq[k][4]));
             }
             live[1] = 4;
         }
-        kiln_batch_item it[3][NS];
+        kiln_batch_item it[4][NS];
         int             who[NS], n = 0;
         for (int i = 0; i < NS; i++) {
             int s = live[i];
             if (done[s] >= STEPS) continue;
             bool first = step == 0 || (s == 4 && kiln_batch_seq_pos(side[0], seq[0][4]) == 0);
-            for (int k = 0; k < 3; k++)
+            for (int k = 0; k < 4; k++)
                 it[k][n] = first ? (kiln_batch_item){seq[k][s], p[s], prompt(s, p[s])}
                                  : (kiln_batch_item){seq[k][s], &next[s], 1};
             who[n++] = s;
         }
         if (!n) break;
-        const float *lg[2][NS];
+        const float *lg[3][NS];
         int32_t      gp[NS];
         for (int k = 0; k < 2; k++) TS_OK(kiln_batch_step(side[k], it[k], n, lg[k]));
+        TS_OK(kiln_batch_step(side[3], it[3], n, lg[2]));
         TS_OK(kiln_batch_step_greedy(side[2], it[2], n, gp));
         for (int i = 0; i < n; i++) {
             int    s = who[i];
@@ -98,6 +106,12 @@ START_TEST(batch_matches_cpu_and_alone) {
             ck_assert_msg(g == c, "%s: step %d, sequence %d: GPU picks %d, CPU %d", archs[_i], step, s, g, c);
             ck_assert_msg(gp[i] == argmax_last(lg[0][i], nv), "%s: step %d, sequence %d: the program's argmax %d, "
                           "the logits' %d", archs[_i], step, s, gp[i], argmax_last(lg[0][i], nv));
+            double es = logits_nmse(lg[1][i], lg[2][i], nv);
+            worst = fmax(worst, es);
+            ck_assert_msg(es <= LOGITS_NMSE, "%s: step %d, sequence %d: logits NMSE %g with the n <= 8 variant", archs[_i],
+                          step, s, es);
+            ck_assert_msg((int32_t)kiln_argmax_f32(lg[2][i], nv) == c, "%s: step %d, sequence %d: the n <= 8 variant "
+                          "picks %d, CPU %d", archs[_i], step, s, (int32_t)kiln_argmax_f32(lg[2][i], nv), c);
             toks[s][done[s]++] = next[s] = g;
         }
     }
@@ -105,7 +119,7 @@ START_TEST(batch_matches_cpu_and_alone) {
     kiln_batch_get_stats(side[0], &gs);
     printf("%s: %d sequences batched, worst logits NMSE %.3g; %lld tokens in %lld ms of GPU time\n", archs[_i],
            NS + 1, worst, (long long)gs.decode_tokens, (long long)gs.decode_gpu_ms);
-    for (int k = 0; k < 3; k++) kiln_batch_free(side[k]);
+    for (int k = 0; k < 4; k++) kiln_batch_free(side[k]);
     /* each sequence alone on the GPU: the same greedy tokens */
     kiln_gen_opts go = {.n_ctx = 64};
     for (int s = 0; s <= NS; s++) {
