@@ -20,7 +20,9 @@
 -- as its A words (e0, e1) and (e2, e3) (mma k 2t..2t+1 and 2t+8..2t+9) and the pack step puts
 -- b's values at the same e in its B words, so both operands use one permutation. For q4_K these
 -- are the low (j even) or high (j odd) nibbles of bytes 32t + 4(j >> 1).. of the quants: one
--- 32-bit word of the lane's own 32 bytes, from sub-block 2t + (j & 1), one scale and min.
+-- 32-bit word of the lane's own 32 bytes, from sub-block 2t + (j & 1), one scale and min. For
+-- the 32-element block types (q8_0, q4_0) they are elements 4(j >> 1).. of block 2t + (j & 1)
+-- of the step's 8 blocks. mxfp4 (its codes need a table) is not here yet.
 -- Rounding: weights are dequantized to f16 (v * scale - min, one f16 fma), b is rounded to f16,
 -- as in ggml's cuBLAS path; the sums are f32.
 
@@ -42,6 +44,83 @@ local PACK_GRID = 264 -- most blocks of the packing of b
 -- take the dequantize + cuBLAS path.
 local TYPES = {}
 
+-- Word m (0..7) of a lane's 8 words held in two uint4 registers pa, pb (p the row's prefix).
+local function word(p, a, b, m)
+    return string.format("%s%s.%s", p, m < 4 and a or b, ("xyzw"):sub(m % 4 + 1, m % 4 + 1))
+end
+
+-- The f16 pairs (e0, e1) and (e2, e3) of the 4 byte values in C expression x, as v * s + n with
+-- the row's scales s{h}_{r} and offsets n{h}_{r}.
+local function nibble_pairs(x, h, r, lo, hi)
+    return {
+        string.format("{ const unsigned x = %s;", x),
+        string.format("  %s = kiln_qm_dq(__byte_perm(x, 0x64u, 0x4140u), s%d_%d, n%d_%d);", lo, h, r, h, r),
+        string.format("  %s = kiln_qm_dq(__byte_perm(x, 0x64u, 0x4342u), s%d_%d, n%d_%d); }", hi, h, r, h, r),
+    }
+end
+
+-- q4_K/q5_K scales of the lane's sub-blocks 2t and 2t+1 from the row's 16-byte head ph:
+-- s{0,1} = d * sc, n{0,1} = -dmin * m, as half2.
+local function k_scales(p, r)
+    return {
+        string.format("unsigned s0_%d, s1_%d, n0_%d, n1_%d;", r, r, r, r),
+        "{",
+        string.format("    const float d = kiln_qh2f(%sh.x & 0xFFFFu), dm = kiln_qh2f(%sh.x >> 16);", p, p),
+        "    float sc, mn;",
+        string.format("    kiln_qscale_k4(2 * t, %sh.y, %sh.z, %sh.w, &sc, &mn);", p, p, p),
+        string.format("    s0_%d = kiln_h2(d * sc); n0_%d = kiln_h2(-dm * mn);", r, r),
+        string.format("    kiln_qscale_k4(2 * t + 1, %sh.y, %sh.z, %sh.w, &sc, &mn);", p, p, p),
+        string.format("    s1_%d = kiln_h2(d * sc); n1_%d = kiln_h2(-dm * mn);", r, r),
+        "}",
+    }
+end
+
+-- The 32-element block types (tiled layout: kiln_qtb, kiln_qts): the lane's elements of a
+-- 256-element step are blocks 2t (j even) and 2t + 1 (j odd), elements 4(j >> 1).. of each.
+-- Scales: the block's f16 d as a half2 (exact), the offset n = -off * d (off a power of two:
+-- exact) through kiln_qm_neg (f16 of -off).
+local function b32_type(size, rest, body16, off_f16, pairs)
+    return {
+        block = 32,
+        decl = function(p)
+            if body16 == 2 then return string.format("uint4 %sa, %sa2, %sb, %sb2; unsigned %sd0, %sd1;", p, p, p, p, p, p) end
+            return string.format("uint4 %sa, %sb; unsigned %sd0, %sd1;", p, p, p, p)
+        end,
+        load = function(p, blk)
+            local l = {
+                string.format("{ const long long bk = %s + 2 * t;", blk),
+                string.format("  const unsigned char *const q0 = kiln_qtb(W, bk, %d, %d), *const q1 = kiln_qtb(W, bk + 1, %d, %d);", size, rest, size, rest),
+                string.format("  %sa = kiln_q16(q0); %sb = kiln_q16(q1);", p, p),
+            }
+            if body16 == 2 then l[#l + 1] = string.format("  %sa2 = kiln_q16(q0 + 16); %sb2 = kiln_q16(q1 + 16);", p, p) end
+            l[#l + 1] = string.format("  %sd0 = kiln_qts(W, NB, bk, %d, %d); %sd1 = kiln_qts(W, NB, bk + 1, %d, %d); }", p, size, rest, p, size, rest)
+            return l
+        end,
+        prep = function(p, r)
+            return {
+                string.format("const unsigned s0_%d = %sd0 | (%sd0 << 16), s1_%d = %sd1 | (%sd1 << 16);", r, p, p, r, p, p),
+                string.format("const unsigned n0_%d = kiln_qm_neg(s0_%d, 0x%04Xu), n1_%d = kiln_qm_neg(s1_%d, 0x%04Xu);", r, r, off_f16, r, r, off_f16),
+            }
+        end,
+        pairs = pairs,
+    }
+end
+
+-- q8_0: byte 4m + i of the block is element 4m + i; the signed byte as 128 + v (xor 0x80).
+TYPES.q8_0 = b32_type(34, 32, 2, 0xD800, function(p, r, j, lo, hi)
+    local m, h = j >> 1, j & 1
+    local a, b = h == 0 and "a" or "b", h == 0 and "a2" or "b2"
+    return nibble_pairs(string.format("%s ^ 0x80808080u", word(p, a, b, m)), h, r, lo, hi)
+end)
+
+-- q4_0: element e < 16 is the low nibble of byte e, e >= 16 the high nibble of byte e - 16;
+-- the value is the nibble - 8.
+TYPES.q4_0 = b32_type(18, 16, 1, 0xC800, function(p, r, j, lo, hi)
+    local m, h = j >> 1, j & 1
+    local reg = string.format("%s%s.%s", p, h == 0 and "a" or "b", ("xyzw"):sub(m % 4 + 1, m % 4 + 1))
+    return nibble_pairs(string.format("(%s%s) & 0x0F0F0F0Fu", reg, m >= 4 and " >> 4" or ""), h, r, lo, hi)
+end)
+
 -- q4_K (the file's 144-byte blocks): d, dmin, 12 scale bytes; quants: byte 32c + l holds
 -- element 64c + l (low nibble) and 64c + 32 + l (high). Lane t reads the 16-byte head (the 4
 -- lanes of a row read the same 16 bytes: one transaction) and its 32 bytes 32t.. (chunk t).
@@ -57,28 +136,30 @@ TYPES.q4_K = {
     end,
     copy = function(dst, src) return string.format("%sh = %sh; %sa = %sa; %sb = %sb;", dst, src, dst, src, dst, src) end,
     -- scales: half2 s{0,1} (d * sc of sub-blocks 2t, 2t+1) and n{0,1} (-dmin * m)
-    prep = function(p, r)
-        return {
-            string.format("unsigned s0_%d, s1_%d, n0_%d, n1_%d;", r, r, r, r),
-            "{",
-            string.format("    const float d = kiln_qh2f(%sh.x & 0xFFFFu), dm = kiln_qh2f(%sh.x >> 16);", p, p),
-            "    float sc, mn;",
-            string.format("    kiln_qscale_k4(2 * t, %sh.y, %sh.z, %sh.w, &sc, &mn);", p, p, p),
-            string.format("    s0_%d = kiln_h2(d * sc); n0_%d = kiln_h2(-dm * mn);", r, r),
-            string.format("    kiln_qscale_k4(2 * t + 1, %sh.y, %sh.z, %sh.w, &sc, &mn);", p, p, p),
-            string.format("    s1_%d = kiln_h2(d * sc); n1_%d = kiln_h2(-dm * mn);", r, r),
-            "}",
-        }
-    end,
-    -- k-step j: word j >> 1 of the lane's 8, nibble j & 1
+    prep = function(p, r) return k_scales(p, r) end,
     pairs = function(p, r, j, lo, hi)
         local m, h = j >> 1, j & 1
-        local word = string.format("%s%s.%s", p, m < 4 and "a" or "b", ("xyzw"):sub(m % 4 + 1, m % 4 + 1))
+        return nibble_pairs(string.format("(%s%s) & 0x0F0F0F0Fu", word(p, "a", "b", m), h == 1 and " >> 4" or ""), h, r, lo, hi)
+    end,
+}
+
+-- q5_K (the file's 176-byte blocks): q4_K's head, then qh[32] (bit 2c + h of qh[l] is the fifth
+-- bit of element 64c + 32h + l), then the 128 quant bytes as q4_K's. Lane t reads the head, all
+-- 32 qh bytes and its 32 quant bytes.
+TYPES.q5_K = {
+    decl = function(p) return string.format("uint4 %sh, %sq0, %sq1, %sa, %sb;", p, p, p, p, p) end,
+    load = function(p, blk)
         return {
-            string.format("{ const unsigned x = (%s%s) & 0x0F0F0F0Fu;", word, h == 1 and " >> 4" or ""),
-            string.format("  %s = kiln_qm_dq(__byte_perm(x, 0x64u, 0x4140u), s%d_%d, n%d_%d);", lo, h, r, h, r),
-            string.format("  %s = kiln_qm_dq(__byte_perm(x, 0x64u, 0x4342u), s%d_%d, n%d_%d); }", hi, h, r, h, r),
+            string.format("{ const unsigned char *const q = W + (%s) * 176ll;", blk),
+            string.format("  %sh = kiln_q16(q); %sq0 = kiln_q16(q + 16); %sq1 = kiln_q16(q + 32);", p, p, p),
+            string.format("  %sa = kiln_q16(q + 48 + 32 * t); %sb = kiln_q16(q + 64 + 32 * t); }", p, p),
         }
+    end,
+    prep = function(p, r) return k_scales(p, r) end,
+    pairs = function(p, r, j, lo, hi)
+        local m, h = j >> 1, j & 1
+        return nibble_pairs(string.format("((%s%s) & 0x0F0F0F0Fu) | (((%s >> (2 * t + %d)) & 0x01010101u) << 4)",
+            word(p, "a", "b", m), h == 1 and " >> 4" or "", word(p, "q0", "q1", m), h), h, r, lo, hi)
     end,
 }
 
@@ -129,8 +210,8 @@ TYPES.q6_K = {
         return {
             string.format("{ const unsigned x = ((%s >> (4 * (t & 1u))) & 0x0F0F0F0Fu) | (((%s >> (2 * (2 * (t & 1u) + %d))) & 0x03030303u) << 4);",
                 ql, qh, hf),
-            string.format("  %s = kiln_qm_dq(__byte_perm(x, 0x64u, 0x4140u), s%d%d_%d, kiln_qm_n32(s%d%d_%d));", lo, hf, i, r, hf, i, r),
-            string.format("  %s = kiln_qm_dq(__byte_perm(x, 0x64u, 0x4342u), s%d%d_%d, kiln_qm_n32(s%d%d_%d)); }", hi, hf, i, r, hf, i, r),
+            string.format("  %s = kiln_qm_dq(__byte_perm(x, 0x64u, 0x4140u), s%d%d_%d, kiln_qm_neg(s%d%d_%d, 0xD000u));", lo, hf, i, r, hf, i, r),
+            string.format("  %s = kiln_qm_dq(__byte_perm(x, 0x64u, 0x4342u), s%d%d_%d, kiln_qm_neg(s%d%d_%d, 0xD000u)); }", hi, hf, i, r, hf, i, r),
         }
     end,
 }
@@ -153,11 +234,11 @@ __device__ __forceinline__ unsigned kiln_qm_dq(unsigned x, unsigned s, unsigned 
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(v), "r"(s), "r"(n));
     return r;
 }
-/* -32 * s (q6_K's offset times its scale; exact: a power of two). */
-__device__ __forceinline__ unsigned kiln_qm_n32(unsigned s)
+/* s times the f16 c (both halves): the offsets -off * scale (off a power of two: exact). */
+__device__ __forceinline__ unsigned kiln_qm_neg(unsigned s, unsigned c)
 {
     unsigned r;
-    asm("mul.f16x2 %0, %1, %2;" : "=r"(r) : "r"(s), "r"(0xD000D000u));
+    asm("mul.f16x2 %0, %1, %2;" : "=r"(r) : "r"(s), "r"(c | (c << 16)));
     return r;
 }
 __device__ __forceinline__ void kiln_qm_mma(float &c0, float &c1, float &c2, float &c3, unsigned a0, unsigned a1,
@@ -278,8 +359,9 @@ function M.plan(k, s, env)
     end
     b.add("const unsigned sb0 = blockIdx.y * %du, sb1 = min(sb0 + %du, %du);", SPB, SPB, NSB)
     b.add("const unsigned rbase = blockIdx.x * %du + warp * 32u;", ROWS)
-    local rs = s.sa[2] // 256 -- row stride in blocks
-    local aoff = s.a.offs // 256
+    local BL = T.block or 256 -- elements a block (a 256-element step is 256 / BL blocks)
+    local rs = s.sa[2] // BL -- row stride in blocks
+    local aoff = s.a.offs // BL
     b.add("long long blk[4];")
     b.add("#pragma unroll")
     b.add("for (int i = 0; i < 4; i++)")
@@ -304,7 +386,9 @@ function M.plan(k, s, env)
     end
     local function loads(prefix, sbx)
         for i, r in ipairs(rows) do
-            for _, l in ipairs(T.load(prefix .. r .. "_", string.format("blk[%d] + %s", i - 1, sbx))) do b.add("%s", l) end
+            local at = BL == 256 and string.format("blk[%d] + %s", i - 1, sbx)
+                or string.format("blk[%d] + (long long)(%s) * %d", i - 1, sbx, 256 // BL)
+            for _, l in ipairs(T.load(prefix .. r .. "_", at)) do b.add("%s", l) end
         end
     end
     b.add("KILN_STAGE(sb0, 0u);")

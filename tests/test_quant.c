@@ -698,9 +698,9 @@ START_TEST(kernels_compile) {
          row256, 2 * row256);
     CASE("gemv, batched weights", "mul_mat_qgemv_%s_768x24x3",
          "weight a: %s[768, 24, 3]\ninput b: f32[768, 1, 3]\noutput y = mul_mat(a, b)\n", tn);
-    /* 2 .. 64 columns: q4_K and q6_K take the quantized tensor-core tile (templates/qmma.lua: b
-     * packed first), the other types and more columns the f16 dequantization, then cuBLAS */
-    const bool  tile = t == KILN_Q4_K || t == KILN_Q6_K;
+    /* 2 .. 64 columns: the quantized tensor-core tile (templates/qmma.lua: b packed first) for
+     * every type but mxfp4; mxfp4 and more columns: the f16 dequantization, then cuBLAS */
+    const bool  tile = t != KILN_MXFP4;
     const char *few = tile ? "mul_mat_qpk_" : "mul_mat_dq_%s";
     CASE("4 columns", few, "weight a: %s[1024, 48]\ninput b: f32[1024, 4]\noutput y = mul_mat(a, b)\n", tn);
     CASE("40 columns", few, "weight a: %s[1024, 48]\ninput b: f32[1024, 40]\noutput y = mul_mat(a, b)\n", tn);

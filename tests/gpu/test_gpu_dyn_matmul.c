@@ -15,8 +15,8 @@ typedef struct {
 } gcase;
 
 static const gcase CASES[] = {
-    /* quantized weights: the quantized tensor-core tile up to 64 columns (q4_K, q6_K), the
-     * dequantization + cuBLAS above and for the other types */
+    /* quantized weights: the quantized tensor-core tile up to 64 columns (every type but mxfp4),
+     * the dequantization + cuBLAS above */
     {"dim n_tokens <= 512\nweight a: q4_K[4096, 1024]\ninput b: f32[4096, n_tokens]\noutput y = mul_mat(a, b)\n", "n_tokens",
      {1, 64, 300}},
     {"dim n_tokens <= 64\nweight a: q4_K[14336, 200]\ninput b: f32[14336, n_tokens]\noutput y = mul_mat(a, b)\n", "n_tokens",

@@ -3,8 +3,8 @@
  * and strided-b gemv plans), mul_mat_id with quantized experts (decode and prefill) and
  * get_rows of a quantized table, for q8_0, q4_0, q4_K, q5_K, q6_K and mxfp4, each against the CPU
  * reference (ggml's dequantization, sums in double) by NMSE <= 5e-4, ggml's threshold for
- * mul_mat. Batches of 2 .. 64 columns of q4_K and q6_K take the quantized tensor-core tile
- * (templates/qmma.lua), other types and more columns the f16 dequantization. K runs over 256·n for n = 1 .. 56 (a sample), with odd row counts. mul_mat_id: the
+ * mul_mat. Batches of 2 .. 64 columns take the quantized tensor-core tile (templates/qmma.lua;
+ * K a multiple of 256, every type but mxfp4), other cases the f16 dequantization. K runs over 256·n for n = 1 .. 56 (a sample), with odd row counts. mul_mat_id: the
  * fused quantized GEMV's edges (b broadcast or one row per slot, odd M, K from 256 to 14336,
  * ids out of range, several tokens, up to 96 pairs) and the dequantization path. Rows of 2880
  * (gpt-oss: 90 blocks of 32, rows across mxfp4's 16-block tiles) for the types of 32-element blocks. */
@@ -85,8 +85,8 @@ static const qcase GEMV[] = {
 static const qcase BATCH[] = {
     {1024, 40, 2, 1, 1, 0, false}, {512, 33, 4, 1, 1, 0, false}, {2048, 64, 16, 1, 1, 0, false},
     {256, 20, 40, 1, 1, 0, false}, {1024, 48, 3, 2, 4, 0, false}, {768, 24, 8, 1, 1, 1, false},
-    /* the quantized tensor-core tile's edges (q4_K, q6_K: 64 columns, 63 over 300 rows, split K over
-     * 14336) and the f16 dequantization above 64 */
+    /* the quantized tensor-core tile's edges (64 columns, 63 over 300 rows, split K over 14336)
+     * and the f16 dequantization above 64 */
     {2048, 96, 64, 1, 1, 0, false}, {4096, 300, 63, 1, 1, 0, false}, {14336, 40, 8, 1, 1, 0, false},
     {512, 40, 65, 1, 1, 0, false}, {1024, 33, 100, 1, 1, 1, false},
 };
