@@ -39,9 +39,10 @@ local RED_BLOCK = 256
 local RED_GRID = 264 -- most blocks of the split-K sum
 local PACK_GRID = 264 -- most blocks of the packing of b
 
--- Per type: the lane's loads of one super-block of a row (registers named by prefix), the
--- row's scales (after the loads arrive) and the f16 pairs of k-step j. Types without an entry
--- take the dequantize + cuBLAS path.
+-- Per type: block (elements a block; 256 when absent), decl and load (the lane's registers of one
+-- 256-element step of a row, named by prefix), prep (the row's scales, after the loads arrive),
+-- pairs (the f16 pairs of k-step j), and with prefetch the copy of the next step's registers.
+-- Types without an entry take the dequantize + cuBLAS path.
 local TYPES = {}
 
 -- Word m (0..7) of a lane's 8 words held in two uint4 registers pa, pb (p the row's prefix).
@@ -125,8 +126,9 @@ end)
 -- element 64c + l (low nibble) and 64c + 32 + l (high). Lane t reads the 16-byte head (the 4
 -- lanes of a row read the same 16 bytes: one transaction) and its 32 bytes 32t.. (chunk t).
 TYPES.q4_K = {
-    regs = 12, -- 32-bit registers of one row's loads
-    prefetch = true, -- the next super-block's loads in flight during the products (registers allow)
+    -- the next step's loads in flight during the products: 12 registers a row, 4 rows, twice
+    -- (q6_K's 29 a row would not fit twice; the other types have none yet)
+    prefetch = true,
     decl = function(p) return string.format("uint4 %sh, %sa, %sb;", p, p, p) end,
     load = function(p, blk)
         return {
@@ -169,7 +171,6 @@ TYPES.q5_K = {
 -- h = t >> 1 and q = 2(t & 1) + (j & 1), l = 4(j >> 1)..: its ql bytes 64h..64h+63 (the nibble
 -- t & 1), its qh bytes 32h..32h+31 and the 16 scale bytes.
 TYPES.q6_K = {
-    regs = 29, -- (four rows of two super-blocks would not fit in registers: no prefetch)
     decl = function(p) return string.format("uint4 %sl0, %sl1, %sl2, %sl3, %sq0, %sq1, %ss; unsigned %sd;", p, p, p, p, p, p, p, p) end,
     load = function(p, blk)
         return {
@@ -179,11 +180,6 @@ TYPES.q6_K = {
             string.format("  %sq0 = kiln_q16(qh); %sq1 = kiln_q16(qh + 16); %ss = kiln_q16(q + 192); %sd = kiln_qts(W, NB, bk, 210, 208); }",
                 p, p, p, p),
         }
-    end,
-    copy = function(dst, src)
-        local l = {}
-        for _, f in ipairs({ "l0", "l1", "l2", "l3", "q0", "q1", "s", "d" }) do l[#l + 1] = string.format("%s%s = %s%s;", dst, f, src, f) end
-        return table.concat(l, " ")
     end,
     -- scales: half2 s{hf}{i}: d * scales[8h + 2q + i], q = 2(t & 1) + hf, i = l / 16: byte
     -- 2hf + i of word 2h + (t & 1) of the 16 scale bytes (no min: the -32 offset is in the pair)
