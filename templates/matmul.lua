@@ -380,10 +380,15 @@ static __device__ __forceinline__ unsigned kiln_pack_%s(float lo, float hi)
     return r;
 }]], t, t, open, string.rep(" ", #open), t, t, t, t, t)
 end
-HELPERS.mma_bf16 = mma_helpers("bf16")
-HELPERS.mma_f16 = mma_helpers("f16")
+-- (two helpers, the mma and the packing, one after the other as the text has them: templates/
+-- qmma.lua packs no floats and takes the mma alone)
+for _, t in ipairs({ "bf16", "f16" }) do
+    local text = mma_helpers(t)
+    local cut = text:find("\n\n/%* lo and hi rounded")
+    HELPERS["mma_" .. t], HELPERS["pack_" .. t] = text:sub(1, cut - 1), text:sub(cut + 2)
+end
 local HELPER_ORDER = { "ldw16", "ldw8", "ldw4", "ldw2", "ldb4", "ldb2", "ldb1", "f16x2", "smem_addr", "cp16", "cp4",
-    "cp_sync", "st16", "st8", "mma_bf16", "mma_f16" }
+    "cp_sync", "st16", "st8", "mma_bf16", "pack_bf16", "mma_f16", "pack_f16" }
 local HELPER_DEPS = { cp16 = "smem_addr", cp4 = "smem_addr" }
 
 -- A recorder of the helpers one kernel uses (emitted in a fixed order).
@@ -1282,6 +1287,7 @@ local function tile_mma(k, s, P)
     local mma = "kiln_mma_" .. s.ta
     local pack = "kiln_pack_" .. s.ta
     H.use("mma_" .. s.ta)
+    H.use("pack_" .. s.ta)
     smem_layout(b, P, string.format("%d buffer%s of %d columns x %d floats (padded to %d); then the warps' partial sums",
         P.bufs, P.bufs > 1 and "s" or "", CT, P.KC, CS))
     local partial = tile_prologue(b, s, P, P.ROWS)
@@ -2018,7 +2024,7 @@ function quant_matmul(k)
     -- each doing nothing on the other's runs.
     local tile, above
     if not r then
-        tile, above = qmma.plan(k, s, { param_list = param_list, lit = lit, fail = fail })
+        tile, above = qmma.plan(k, s, { param_list = param_list, lit = lit, fail = fail, helpers = helpers })
         if tile and not above then r = tile end
     end
     if not r then

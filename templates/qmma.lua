@@ -212,8 +212,6 @@ TYPES.q6_K = {
     end,
 }
 
-function M.supports(t) return TYPES[t] ~= nil end
-
 local HELPERS = [[
 /* f to f16 in both halves. */
 __device__ __forceinline__ unsigned kiln_h2(float f)
@@ -236,27 +234,13 @@ __device__ __forceinline__ unsigned kiln_qm_neg(unsigned s, unsigned c)
     unsigned r;
     asm("mul.f16x2 %0, %1, %2;" : "=r"(r) : "r"(s), "r"(c | (c << 16)));
     return r;
-}
-__device__ __forceinline__ void kiln_qm_mma(float &c0, float &c1, float &c2, float &c3, unsigned a0, unsigned a1,
-                                            unsigned a2, unsigned a3, unsigned b0, unsigned b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void kiln_qm_cp16(void *dst, const void *src)
-{
-    unsigned a;
-    asm("{\n\t.reg .u64 t;\n\tcvta.to.shared.u64 t, %1;\n\tcvt.u32.u64 %0, t;\n\t}" : "=r"(a) : "l"(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(src) : "memory");
-}
-__device__ __forceinline__ void kiln_qm_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void kiln_qm_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }]]
+}]]
 
 -- The plan: nil when this path does not apply (then the caller dequantizes for cuBLAS), else
 -- { steps, scratch } and the columns it takes at most (a symbolic N larger than that: its
 -- steps return at once above it, and the caller adds the dequantizing path for those runs).
--- env: matmul.lua's param_list, lit, fail.
+-- env: matmul.lua's param_list, lit, fail, and helpers (its recorder of device helpers: the
+-- tile's mma.sync and cp.async are the f16 tensor-core tile's own).
 function M.plan(k, s, env)
     local T = TYPES[s.ta]
     if not T or s.dK or s.dM or s.dB2 or s.dB3 or s.NG ~= 1 or s.r2 * s.r3 ~= 1 then return nil end
@@ -335,6 +319,10 @@ function M.plan(k, s, env)
     local steps = { { name = pname, source = psrc, grid = { pgrid, 1, 1 }, block = { 256, 1, 1 }, smem = 0 } }
 
     -- main
+    local H = env.helpers()
+    H.use("mma_f16")
+    H.use("cp16")
+    H.use("cp_sync")
     local b = kit.builder()
     b.push()
     guard(b)
@@ -367,7 +355,7 @@ function M.plan(k, s, env)
     b.add("#define KILN_STAGE(sb, buf) \\")
     b.add("    for (unsigned i_ = threadIdx.x; i_ < 256u * ntr; i_ += %du) { \\", BLOCK)
     b.add("        const unsigned j_ = i_ / (16u * ntr), c_ = i_ - j_ * 16u * ntr; \\")
-    b.add("        kiln_qm_cp16(kiln_sm + (buf) * %du + j_ * %du + c_ * 16u, X + (unsigned long long)(sb) * %du + j_ * %du + c_ * 16u); \\",
+    b.add("        kiln_cp16((float *)(kiln_sm + (buf) * %du + j_ * %du + c_ * 16u), (const float *)(X + (unsigned long long)(sb) * %du + j_ * %du + c_ * 16u), 16u); \\",
         TILE, NTS * 256, TILE, NTS * 256)
     b.add("    }")
     b.add("float c[2][%d][4];", NTS)
@@ -388,7 +376,7 @@ function M.plan(k, s, env)
         end
     end
     b.add("KILN_STAGE(sb0, 0u);")
-    b.add("kiln_qm_commit();")
+    b.add("kiln_cp_commit();")
     if pf then loads("", "sb0") end
     b.add("#pragma unroll 1")
     b.open("for (unsigned sb = sb0, buf = 0u; sb < sb1; sb++, buf ^= 1u) {")
@@ -396,9 +384,9 @@ function M.plan(k, s, env)
     b.add("KILN_STAGE(sb + 1u, buf ^ 1u);")
     if pf then loads("n", "sb + 1u") end
     b.close()
-    b.add("kiln_qm_commit();")
+    b.add("kiln_cp_commit();")
     if not pf then loads("", "sb") end
-    b.add("kiln_qm_wait1();")
+    b.add("kiln_cp_wait<1>();")
     b.add("__syncthreads();")
     for i, r in ipairs(rows) do
         for _, l in ipairs(T.prep(r .. "_", i - 1)) do b.add("%s", l) end
@@ -416,8 +404,8 @@ function M.plan(k, s, env)
         b.open("for (int nt = 0; nt < %d; nt++) {", NTS)
         if s.dN then b.add("if ((unsigned)nt >= ntr)"); b.add("    break;") end
         b.add("const uint2 bv = bs[%d + nt * 32];", j * NTS * 32)
-        b.add("kiln_qm_mma(c[0][nt][0], c[0][nt][1], c[0][nt][2], c[0][nt][3], a00, a10, a01, a11, bv.x, bv.y);")
-        b.add("kiln_qm_mma(c[1][nt][0], c[1][nt][1], c[1][nt][2], c[1][nt][3], a20, a30, a21, a31, bv.x, bv.y);")
+        b.add("kiln_mma_f16(c[0][nt][0], c[0][nt][1], c[0][nt][2], c[0][nt][3], a00, a10, a01, a11, bv.x, bv.y);")
+        b.add("kiln_mma_f16(c[1][nt][0], c[1][nt][1], c[1][nt][2], c[1][nt][3], a20, a30, a21, a31, bv.x, bv.y);")
         b.close()
         b.close()
     end
@@ -455,7 +443,8 @@ function M.plan(k, s, env)
     }
     if above then notes[#notes + 1] = string.format("runs only while n <= %d (above it the dequantize + cuBLAS steps)", above) end
     local src = kit.kernel {
-        head = head, notes = notes, pre = "", blocks = { quant.helpers(s.ta, false, false), HELPERS }, inline = true,
+        head = head, notes = notes, pre = "", blocks = { quant.helpers(s.ta, false, false), HELPERS, table.concat(H.code(), "\n") },
+        inline = true,
         name = name, threads = BLOCK, params = params, body = b.lines,
     }
     steps[#steps + 1] = { name = name, source = src, grid = { RBN, S, 1 }, block = { BLOCK, 1, 1 }, smem = 2 * TILE }
