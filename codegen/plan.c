@@ -245,8 +245,9 @@ static kiln_status read_specs(kb_reader *r, const kiln_graph *g, const kiln_comp
         size_t      len;
         const void *sub = kb_get_blob(r, &len, "specialization");
         if (r->err) return NULL;
-        /* v < 0: the dim up to -v (kiln_dim_specialize_upto), below its maximum */
-        if (d < 0 || d >= g->ctx->ndims || v == 0 || v > g->ctx->dims[d].max || (v < 0 && -v >= g->ctx->dims[d].max))
+        /* v < 0: the dim up to -v (kiln_dim_specialize_upto), below its maximum; compared as v <= -max
+         * because -v overflows for INT64_MIN (a fuzzed plan had it) */
+        if (d < 0 || d >= g->ctx->ndims || v == 0 || v > g->ctx->dims[d].max || (v < 0 && v <= -g->ctx->dims[d].max))
             return kb_error(KILN_ERR_FORMAT, "specialization %d names dim %lld = %lld, which the graph does not have", i,
                             (long long)d, (long long)v);
         kiln_ctx   *bctx = NULL;

@@ -9,6 +9,7 @@
 #include "tests/support.h"
 
 #include "cache/cache.h"
+#include "codegen/codegen.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -181,6 +182,38 @@ START_TEST(upto_variant_is_part_of_the_program) {
     assert_same_program(a.p, b.p, "upto variant hit");
     compiled_free(&a);
     compiled_free(&b);
+    ts_tmpdir_free(dir);
+}
+END_TEST
+
+/* A plan whose variant names n <= INT64_MIN is refused as a format error: the reader checked
+ * -v >= max, and -INT64_MIN overflows (a libFuzzer input of fuzz_cache found it). */
+START_TEST(upto_variant_value_out_of_range_is_refused) {
+    static const char kg[] = "dim n <= 512 specialize <= 64\nweight a: q4_K[4096, 1024]\ninput b: f32[4096, n]\n"
+                             "output y = mul_mat(a, b)\n";
+    char             *dir = ts_tmpdir();
+    kiln_compile_opts o = opts_in(dir);
+    compiled          a = compile_with(kg, &o);
+    kb_str            b = {0};
+    ck_assert_ptr_null(cg_plan_write(a.p, &b));
+    /* the variant's value as stored: -64, little-endian */
+    uint8_t want[8], worst[8] = {0, 0, 0, 0, 0, 0, 0, 0x80};
+    for (int i = 0; i < 8; i++) want[i] = (uint8_t)((uint64_t)-64 >> (8 * i));
+    int hits = 0;
+    for (size_t i = 0; i + 8 <= b.len; i++)
+        if (!memcmp(b.s + i, want, 8)) {
+            memcpy(b.s + i, worst, 8);
+            hits++;
+        }
+    ck_assert_int_eq(hits, 1);
+    kiln_program *p = NULL;
+    kiln_status   st = cg_plan_read(b.s, b.len, a.g, &o, &p);
+    ck_assert_ptr_nonnull(st);
+    ck_assert_msg(strstr(kiln_status_msg(st), "which the graph does not have"), "%s", kiln_status_msg(st));
+    ck_assert_ptr_null(p);
+    kiln_status_free(st);
+    free(b.s);
+    compiled_free(&a);
     ts_tmpdir_free(dir);
 }
 END_TEST
@@ -714,7 +747,8 @@ END_TEST
 int main(void) {
     Suite *s = TS_SUITE("program_cache",
                         TS_CASE("program_cache", 120),
-                        TS_TESTS(second_compile_is_a_program_hit, upto_variant_is_part_of_the_program, keys_change_with_key_inputs_only,
+                        TS_TESTS(second_compile_is_a_program_hit, upto_variant_is_part_of_the_program,
+                        upto_variant_value_out_of_range_is_refused, keys_change_with_key_inputs_only,
                                  corrupt_program_entry_is_rebuilt, cache_modes, size_limit_after_compile,
                                  dumps_identical_cold_and_warm, jobs_change_nothing, explain_says_why,
                                  cli_reports_cold_and_warm),
