@@ -59,7 +59,8 @@ void  kb_dequant_row(const void *p, kiln_type t, float *y, int64_t n);
 bool  kb_quant_row(const float *x, kiln_type t, void *p, int64_t n);
 /* The device layout of quantized weights (templates/quant.lua): q8_0, q4_0 and q6_K buffers are
  * tiles of KB_QTILE blocks, each the tile's blocks without their f16 scales, then the scales
- * (the last tile as many as it holds); mxfp4 the same with tiles of 16 blocks and its one-byte
+ * (the last tile as many as it holds); q5_0 and q5_1 the same with their 16 bytes of low parts
+ * as the body and their head (d, q5_1's m, the 4 bytes of high bits: 6 or 8 bytes) as the scale; mxfp4 the same with tiles of 16 blocks and its one-byte
  * scales (kb_quant_tile: a type's tile); the other types keep the file's layout. kb_quant_split
  * says whether t is tiled so; to/from convert `bytes` (whole
  * blocks) between the file's layout and the device's (false, nothing written, for a type that

@@ -8,6 +8,9 @@
  *   q8_0  34 B / 32:  d f16 @0, qs int8[32] @2                    x = qs[j] * d
  *   q4_0  18 B / 32:  d f16 @0, qs u8[16] @2                      x[j] = (lo(qs[j]) - 8) * d,
  *                                                                 x[j + 16] = (hi(qs[j]) - 8) * d
+ *   q5_0  22 B / 32:  d f16 @0, qh u32 @2, qs u8[16] @6            x[j] = ((lo(qs[j]) | bit j of qh << 4) - 16) * d,
+ *                                                                 x[j + 16] = ((hi(qs[j]) | bit j + 16 << 4) - 16) * d
+ *   q5_1  24 B / 32:  d f16 @0, m f16 @2, qh u32 @4, qs u8[16] @8  as q5_0 without the -16, x = q * d + m
  *   q4_K 144 B / 256: d @0, dmin @2, scales[12] @4, qs[128] @16   8 sub-blocks of 32 with a 6-bit
  *                     scale and min each: x = d*sc * q - dmin*m
  *   q5_K 176 B / 256: d @0, dmin @2, scales[12] @4, qh[32] @16, qs[128] @48: q4_K plus a fifth
@@ -35,7 +38,8 @@ static const type_info types[KILN_TYPE_COUNT] = {
     [KILN_F32] = {"f32", 1, 4},       [KILN_F16] = {"f16", 1, 2},       [KILN_BF16] = {"bf16", 1, 2},
     [KILN_I32] = {"i32", 1, 4},       [KILN_I64] = {"i64", 1, 8},       [KILN_Q8_0] = {"q8_0", 32, 34},
     [KILN_Q4_0] = {"q4_0", 32, 18},   [KILN_Q4_K] = {"q4_K", 256, 144}, [KILN_Q5_K] = {"q5_K", 256, 176},
-    [KILN_Q6_K] = {"q6_K", 256, 210}, [KILN_MXFP4] = {"mxfp4", 32, 17},
+    [KILN_Q6_K] = {"q6_K", 256, 210}, [KILN_MXFP4] = {"mxfp4", 32, 17},   [KILN_Q5_0] = {"q5_0", 32, 22},
+    [KILN_Q5_1] = {"q5_1", 32, 24},
 };
 
 const char *kiln_type_name(kiln_type t) { return (unsigned)t < KILN_TYPE_COUNT ? types[t].name : "?"; }
@@ -90,6 +94,22 @@ static float elem_q4_0(const uint8_t *b, int j) {
     return (float)v * half_at(b);
 }
 
+/* q5_0 and q5_1: the low four bits as q4_0's (byte j % 16, low nibble for j < 16), the fifth
+ * bit j of the little-endian word qh (ggml: (qh >> j) << 4 & 0x10 and (qh >> (j + 12)) & 0x10). */
+static int q5_value(const uint8_t *qh, const uint8_t *qs, int j) {
+    uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+    uint8_t  q = qs[j % 16];
+    return (j < 16 ? q & 0xF : q >> 4) | (int)((h >> j) & 1) << 4;
+}
+
+static float elem_q5_0(const uint8_t *b, int j) { return (float)(q5_value(b + 2, b + 6, j) - 16) * half_at(b); }
+
+/* ggml: x0*d + m, as one multiply then one add (ISO C: not contracted into an fma). */
+static float elem_q5_1(const uint8_t *b, int j) {
+    float p = (float)q5_value(b + 4, b + 8, j) * half_at(b);
+    return p + half_at(b + 2);
+}
+
 /* q4_K and q5_K share the sub-block layout: element j is in 64-element chunk j / 64, sub-block
  * 2·chunk + (high nibble), byte l = j % 32 of the chunk's 32 bytes of qs. */
 static float elem_qk(const uint8_t *b, int j, const uint8_t *qs, const uint8_t *qh) {
@@ -140,6 +160,8 @@ static elem_fn elem_of(kiln_type t) {
     switch (t) {
     case KILN_Q8_0: return elem_q8_0;
     case KILN_Q4_0: return elem_q4_0;
+    case KILN_Q5_0: return elem_q5_0;
+    case KILN_Q5_1: return elem_q5_1;
     case KILN_Q4_K: return elem_q4_K;
     case KILN_Q5_K: return elem_q5_K;
     case KILN_Q6_K: return elem_q6_K;
@@ -188,6 +210,48 @@ static void quant_q4_0(const float *x, uint8_t *b) {
         int lo = clampi((int)lrintf(x[j] * id) + 8, 0, 15), hi = clampi((int)lrintf(x[j + 16] * id) + 8, 0, 15);
         b[2 + j] = (uint8_t)(lo | hi << 4);
     }
+}
+
+/* The 5-bit codes q[32] into a q5_0/q5_1 block's qh (at qh) and qs (at qs). */
+static void put_q5(const int q[32], uint8_t *qh, uint8_t *qs) {
+    uint32_t h = 0;
+    for (int j = 0; j < 16; j++) {
+        qs[j] = (uint8_t)((q[j] & 0xF) | (q[j + 16] & 0xF) << 4);
+        h |= (uint32_t)(q[j] >> 4) << j | (uint32_t)(q[j + 16] >> 4) << (j + 16);
+    }
+    for (int i = 0; i < 4; i++) qh[i] = (uint8_t)(h >> (8 * i));
+}
+
+/* q5_0: as q4_0 with 32 levels, the value of largest magnitude at -16; the elements are rounded
+ * against the stored (f16) scale. */
+static void quant_q5_0(const float *x, uint8_t *b) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; j++)
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    put_half(b, max / -16);
+    float d = half_at(b), id = d != 0 ? 1 / d : 0;
+    int   q[32];
+    for (int j = 0; j < 32; j++) q[j] = clampi((int)lrintf(x[j] * id) + 16, 0, 31);
+    put_q5(q, b + 2, b + 6);
+}
+
+/* q5_1: the block's [min, max] onto 0..31, x = d·q + m with m = min; the elements are rounded
+ * against the stored (f16) d and m. */
+static void quant_q5_1(const float *x, uint8_t *b) {
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < 32; j++) {
+        lo = fminf(lo, x[j]);
+        hi = fmaxf(hi, x[j]);
+    }
+    put_half(b, (hi - lo) / 31);
+    put_half(b + 2, lo);
+    float d = half_at(b), m = half_at(b + 2), id = d != 0 ? 1 / d : 0;
+    int   q[32];
+    for (int j = 0; j < 32; j++) q[j] = clampi((int)lrintf((x[j] - m) * id), 0, 31);
+    put_q5(q, b + 4, b + 8);
 }
 
 /* Packs the 6-bit scales and mins of 8 sub-blocks as scale_min_k4 unpacks them. */
@@ -376,6 +440,8 @@ static quant_fn quant_of(kiln_type t) {
     switch (t) {
     case KILN_Q8_0: return quant_q8_0;
     case KILN_Q4_0: return quant_q4_0;
+    case KILN_Q5_0: return quant_q5_0;
+    case KILN_Q5_1: return quant_q5_1;
     case KILN_Q4_K: return quant_q4_K;
     case KILN_Q5_K: return quant_q5_K;
     case KILN_Q6_K: return quant_q6_K;
@@ -394,12 +460,13 @@ bool kb_quant_row(const float *x, kiln_type t, void *p, int64_t n) {
 
 /* ---- the device layout (templates/quant.lua) ---------------------------------------------- */
 
-/* Bytes of a block besides its scale, which the device keeps apart (q8_0, q4_0, q6_K, mxfp4);
- * 0 for the types whose device layout is the file's. */
+/* Bytes of a block besides its scale, which the device keeps apart (q8_0, q4_0, q6_K, mxfp4;
+ * q5_0 and q5_1 keep their head, the scale(s) and the 4 bytes of high bits, apart from their 16
+ * bytes of low parts); 0 for the types whose device layout is the file's. */
 static size_t split_rest(kiln_type t) {
     switch (t) {
     case KILN_Q8_0: return 32;
-    case KILN_Q4_0: case KILN_MXFP4: return 16;
+    case KILN_Q4_0: case KILN_MXFP4: case KILN_Q5_0: case KILN_Q5_1: return 16;
     case KILN_Q6_K: return 208;
     default: return 0;
     }
@@ -411,7 +478,7 @@ bool kb_quant_split(kiln_type t) { return split_rest(t) > 0; }
  * aligned; the f16 scales of the others, tiles of 8 (144, 272 and 1680 bytes). */
 int kb_quant_tile(kiln_type t) { return t == KILN_MXFP4 ? 16 : KB_QTILE; }
 
-/* The scale sits first in q8_0/q4_0/mxfp4 blocks and last in q6_K's. */
+/* The scale (q5_0/q5_1: the head) sits first in q8_0/q4_0/q5_0/q5_1/mxfp4 blocks and last in q6_K's. */
 static size_t scale_at(kiln_type t) { return t == KILN_Q6_K ? 208 : 0; }
 
 /* Block i's body and scale offsets in the tiled device layout: tiles of `tile` blocks, each

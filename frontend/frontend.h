@@ -78,7 +78,7 @@ extern const fe_fam_info fe_fams[FE_FAM_COUNT];
  *  - types: the element types the op accepts for its first operand (kiln ops prints them);
  *  - tol: NMSE tolerance of GPU-vs-reference tests (ggml's test-backend-ops default: 1e-7). */
 #define FE_F "f32 f16 bf16"
-#define FE_Q "q8_0 q4_0 q4_K q5_K q6_K mxfp4"
+#define FE_Q "q8_0 q4_0 q5_0 q5_1 q4_K q5_K q6_K mxfp4"
 #define FE_ALL "f32 f16 bf16 i32 i64 " FE_Q
 #define FE_OPS(X)                                                                                  \
     X(LEAF, "leaf", FE_LEAF, 0, "", FE_FAM_NONE, FE_ALL, 0)                                        \

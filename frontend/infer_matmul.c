@@ -9,7 +9,7 @@
  *    slot u of token t multiplies b[:, u % B1, t]); the result is f32 [M, n_used, T].
  *
  * kiln's limits, both errors here rather than wrong results later: b is f32 (the activations;
- * weights a/as may be f32, f16, bf16 or quantized: q8_0, q4_0, q4_K, q5_K, q6_K, mxfp4), and a's rows must be contiguous (nb0 = element size),
+ * weights a/as may be f32, f16, bf16 or quantized: q8_0, q4_0, q5_0, q5_1, q4_K, q5_K, q6_K, mxfp4), and a's rows must be contiguous (nb0 = element size),
  * which every weight and every K/V view llama.cpp builds satisfies. b may be any strided view
  * (permuted, transposed). */
 #include "infer.h"

@@ -67,7 +67,7 @@ const char *kiln_code_name(kiln_code code);
 
 /* Element types. The quantized ones are ggml's block formats (ggml-common.h): a row of ne0
  * elements is ne0 / block blocks of kiln_type_size bytes each, so ne0 must be a multiple of the
- * block (32 for q8_0 and q4_0, 256 for the K-quants). They hold weights only: mul_mat's a,
+ * block (32 for q8_0, q4_0, q5_0, q5_1 and mxfp4, 256 for the K-quants). They hold weights only: mul_mat's a,
  * mul_mat_id's as and get_rows' a accept them (and views that keep whole rows), nothing else. */
 typedef enum {
     KILN_F32,
@@ -81,6 +81,8 @@ typedef enum {
     KILN_Q5_K, /* 256 elements in 176 bytes: as q4_K, plus one high bit per element */
     KILN_Q6_K, /* 256 elements in 210 bytes: 16 int8 sub-scales, f16 scale, 6-bit values offset by 32 */
     KILN_MXFP4, /* 32 elements in 17 bytes: an E8M0 power-of-two scale, 32 4-bit FP4 (E2M1) codes (gpt-oss) */
+    KILN_Q5_0,  /* 32 elements in 22 bytes: f16 scale, 32 high bits, 32 4-bit low parts; 5-bit values offset by 16 */
+    KILN_Q5_1,  /* 32 elements in 24 bytes: f16 scale and min, 32 high bits, 32 4-bit low parts; x = d·q + m */
     KILN_TYPE_COUNT
 } kiln_type;
 
@@ -571,17 +573,19 @@ typedef enum {
     KILN_FTYPE_MOSTLY_F16 = 1,
     KILN_FTYPE_MOSTLY_Q4_0 = 2,
     KILN_FTYPE_MOSTLY_Q8_0 = 7,
+    KILN_FTYPE_MOSTLY_Q5_0 = 8,
+    KILN_FTYPE_MOSTLY_Q5_1 = 9,
     KILN_FTYPE_MOSTLY_Q4_K_M = 15,
     KILN_FTYPE_MOSTLY_Q5_K_M = 17,
     KILN_FTYPE_MOSTLY_Q6_K = 18,
     KILN_FTYPE_MOSTLY_BF16 = 32,
     KILN_FTYPE_MOSTLY_MXFP4_MOE = 38, /* experts (3-D weights) mxfp4, the other matrices q8_0 */
 } kiln_ftype;
-/* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k" ("?" for another value), and
+/* "f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q5_1", "q4_k_m", "q5_k_m", "q6_k", "mxfp4_moe" ("?" for another value), and
  * back (case-insensitive; 0, or -1 for an unknown name). */
 const char *kiln_ftype_name(kiln_ftype f);
 int         kiln_ftype_from_name(const char *name, kiln_ftype *out);
-/* "f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k", for messages. */
+/* "f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k_m, q5_k_m, q6_k, mxfp4_moe", for messages. */
 const char *kiln_ftype_list(void);
 
 /* How routed experts are chosen from the router's logits (GGUF ARCH.expert_gating_func, with

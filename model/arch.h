@@ -307,8 +307,8 @@ kiln_type km_weight_type(const kiln_model_hparams *hp, const km_weight *w, int64
 /* Every weight of hp can hold its type (rows a multiple of the block), else an error naming the
  * tensor, its shape and the type. */
 kiln_status km_check_mix(const kiln_model_hparams *hp);
-/* The types kiln computes weights with (f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K, mxfp4), and
- * "f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K and mxfp4" for messages. */
+/* The types kiln computes weights with (f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_K, q5_K, q6_K, mxfp4), and
+ * "f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_K, q5_K, q6_K and mxfp4" for messages. */
 bool        km_weight_type_ok(kiln_type t);
 const char *km_weight_type_list(void);
 

@@ -40,6 +40,8 @@ static const ftype_row rows[] = {
     {KILN_FTYPE_MOSTLY_BF16, "bf16", KILN_BF16, KILN_BF16, NONE, NONE, NONE, NONE},
     {KILN_FTYPE_MOSTLY_Q8_0, "q8_0", KILN_Q8_0, KILN_Q8_0, NONE, NONE, NONE, NONE},
     {KILN_FTYPE_MOSTLY_Q4_0, "q4_0", KILN_Q4_0, KILN_Q6_K, NONE, NONE, NONE, NONE},
+    {KILN_FTYPE_MOSTLY_Q5_0, "q5_0", KILN_Q5_0, KILN_Q6_K, NONE, NONE, NONE, NONE},
+    {KILN_FTYPE_MOSTLY_Q5_1, "q5_1", KILN_Q5_1, KILN_Q6_K, NONE, NONE, NONE, NONE},
     {KILN_FTYPE_MOSTLY_Q4_K_M, "q4_k_m", KILN_Q4_K, KILN_Q6_K, KILN_Q6_K, KILN_Q5_K, KILN_Q5_K, NONE},
     {KILN_FTYPE_MOSTLY_Q5_K_M, "q5_k_m", KILN_Q5_K, KILN_Q6_K, KILN_Q6_K, NONE, KILN_Q6_K, NONE},
     {KILN_FTYPE_MOSTLY_Q6_K, "q6_k", KILN_Q6_K, KILN_Q6_K, NONE, NONE, NONE, NONE},
@@ -67,7 +69,7 @@ int kiln_ftype_from_name(const char *name, kiln_ftype *out) {
     return -1;
 }
 
-const char *kiln_ftype_list(void) { return "f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k, mxfp4_moe"; }
+const char *kiln_ftype_list(void) { return "f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k_m, q5_k_m, q6_k, mxfp4_moe"; }
 
 bool km_ftype_known(kiln_ftype f) { return row_of(f) != NULL; }
 
@@ -82,13 +84,13 @@ bool km_ftype_of_type(kiln_type t, kiln_ftype *out) {
 
 bool km_weight_type_ok(kiln_type t) {
     switch (t) {
-    case KILN_F32: case KILN_F16: case KILN_BF16: case KILN_Q8_0: case KILN_Q4_0: case KILN_Q4_K: case KILN_Q5_K:
-    case KILN_Q6_K: case KILN_MXFP4: return true;
+    case KILN_F32: case KILN_F16: case KILN_BF16: case KILN_Q8_0: case KILN_Q4_0: case KILN_Q5_0: case KILN_Q5_1:
+    case KILN_Q4_K: case KILN_Q5_K: case KILN_Q6_K: case KILN_MXFP4: return true;
     default: return false;
     }
 }
 
-const char *km_weight_type_list(void) { return "f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K and mxfp4"; }
+const char *km_weight_type_list(void) { return "f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_K, q5_K, q6_K and mxfp4"; }
 
 /* llama.cpp's use_more_bits: the first and last eighth of the layers and every third between. */
 static bool use_more_bits(int64_t il, int64_t n_layer) {
@@ -127,14 +129,14 @@ static kiln_type mix_type(const kiln_model_hparams *hp, const ftype_row *r, km_m
 }
 
 /* tensor_type_fallback: a K-quant whose 256-element block does not divide the rows takes a type
- * of 32-element blocks, in llama.cpp q5_0 for q4_K, q5_1 for q5_K and q8_0 for q6_K. kiln has
- * neither q5_0 nor q5_1 and takes q8_0 for all three: the nearest type it has that is no less
- * precise (q4_0 would be coarser than the file type asks). Where 32 does not divide the rows
- * either: f16, as llama.cpp. Block-32 types have no fallback: llama.cpp refuses such a tensor,
- * and so does km_check_mix. */
+ * of 32-element blocks, as llama.cpp: q5_0 for q4_K, q5_1 for q5_K and q8_0 for q6_K (so
+ * DeepSeek-V2-Lite's 1408-wide ffn_down_exps in a Q4_K_M file are q5_0). Where 32 does not
+ * divide the rows either: f16, as llama.cpp. Block-32 types have no fallback: llama.cpp refuses
+ * such a tensor, and so does km_check_mix. */
 static kiln_type fallback(kiln_type t, int64_t ne0) {
     if (kiln_type_block(t) != 256 || ne0 % 256 == 0) return t;
-    return ne0 % kiln_type_block(KILN_Q8_0) == 0 ? KILN_Q8_0 : KILN_F16;
+    kiln_type f = t == KILN_Q4_K ? KILN_Q5_0 : t == KILN_Q5_K ? KILN_Q5_1 : KILN_Q8_0;
+    return ne0 % kiln_type_block(f) == 0 ? f : KILN_F16;
 }
 
 static kiln_type type_of(const kiln_model_hparams *hp, const km_weight *w, bool more) {

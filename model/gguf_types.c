@@ -34,7 +34,7 @@ bool km_ggml_type_removed(uint32_t t) { return t == 4 || t == 5 || (t >= 31 && t
 static const uint32_t kiln_codes[KILN_TYPE_COUNT] = {
     [KILN_F32] = 0,  [KILN_F16] = 1,  [KILN_BF16] = 30, [KILN_I32] = 26, [KILN_I64] = 27,
     [KILN_Q8_0] = 8, [KILN_Q4_0] = 2, [KILN_Q4_K] = 12, [KILN_Q5_K] = 13, [KILN_Q6_K] = 14,
-    [KILN_MXFP4] = 39,
+    [KILN_MXFP4] = 39, [KILN_Q5_0] = 6, [KILN_Q5_1] = 7,
 };
 
 bool km_ggml_to_kiln(uint32_t t, kiln_type *out) {

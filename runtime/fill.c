@@ -20,16 +20,21 @@ static kiln_status fill_quant(kiln_session *s, const rt_util_kernel *k, int i, c
     switch (b->type) {
     case KILN_Q8_0: d = sc / 128; break;
     case KILN_Q4_0: d = sc / 8; break;
+    case KILN_Q5_0: d = sc / 16; break;
+    case KILN_Q5_1: d = sc / 16, dmin = -sc; break; /* q * d + m, q 0..31 */
     case KILN_Q4_K: d = sc / (63 * 15), dmin = sc / 126; break;
     case KILN_Q5_K: d = sc / (63 * 31), dmin = sc / 126; break;
     case KILN_MXFP4: d = sc / 12; break; /* codes up to 12 times the power of two nearest d */
     default: d = sc / (128 * 32); break; /* q6_K */
     }
     bool               mx = b->type == KILN_MXFP4;
-    int                split = mx ? 2 : kb_quant_split(b->type);
+    /* the fill kernel's layouts: 1 tiled with f16 scales, 2 mxfp4's, 3 and 4 q5_0's and q5_1's
+     * heads (6 and 8 bytes), 0 the file's */
+    int split = mx ? 2 : b->type == KILN_Q5_0 ? 3 : b->type == KILN_Q5_1 ? 4 : kb_quant_split(b->type);
+    int head = split == 2 ? 1 : split == 3 ? 6 : split == 4 ? 8 : 2;
     rt_cuptr           dst = s->dptr[i];
     unsigned long long nblocks = b->bytes / kiln_type_size(b->type), key = w->key;
-    int                words = (int)((split ? kiln_type_size(b->type) - (mx ? 1 : 2) : kiln_type_size(b->type)) / 4);
+    int                words = (int)((split ? kiln_type_size(b->type) - (size_t)head : kiln_type_size(b->type)) / 4);
     int                sp = split;
     long               e8 = 128 + lrintf(log2f(d)); /* mxfp4: the E8M0 exponent of 2^(e - 128) nearest d */
     unsigned           dh = mx ? (unsigned)(e8 < 1 ? 1 : e8 > 254 ? 254 : e8) : kb_f32_to_f16(d), mh = kb_f32_to_f16(dmin);

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Test vectors of ggml's dequantize_row_* (ggml/src/ggml-quants.c) for the quantized types kiln
-reads: q8_0, q4_0, q4_K, q5_K, q6_K, mxfp4. Writes tests/quant_vectors.h (run from the repository root:
+reads: q8_0, q4_0, q4_K, q5_K, q6_K, mxfp4, q5_0, q5_1. Writes tests/quant_vectors.h (run from the repository root:
 `scripts/quant_vectors.py > tests/quant_vectors.h`), which tests/test_quant.c compares against
 kb_dequant_row and kb_dequant_elem bit for bit.
 
@@ -63,6 +63,26 @@ def deq_q4_0(b):
         y[j] = f32(((b[2 + j] & 0xF) - 8) * d)
         y[j + 16] = f32(((b[2 + j] >> 4) - 8) * d)
     return y
+
+
+def q5_codes(b, qh_off, qs_off):
+    """q5_0/q5_1: ggml's xh_0 = ((qh >> j) << 4) & 0x10, xh_1 = (qh >> (j + 12)) & 0x10."""
+    qh = struct.unpack('<I', bytes(b[qh_off:qh_off + 4]))[0]
+    x = [0] * 32
+    for j in range(16):
+        x[j] = (b[qs_off + j] & 0xF) | (((qh >> j) << 4) & 0x10)
+        x[j + 16] = (b[qs_off + j] >> 4) | ((qh >> (j + 12)) & 0x10)
+    return x
+
+
+def deq_q5_0(b):
+    d = half(b, 0)
+    return [f32((q - 16) * d) for q in q5_codes(b, 2, 6)]
+
+
+def deq_q5_1(b):
+    d, m = half(b, 0), half(b, 2)
+    return [f32(f32(q * d) + m) for q in q5_codes(b, 4, 8)]
 
 
 def scale_min_k4(j, q):
@@ -167,6 +187,27 @@ def blocks_q4_0(r):
     return out
 
 
+def blocks_q5(r, mins):
+    """q5_0 (mins False) and q5_1: d [m] qh[4] qs[16]; every qh bit both ways, every nibble."""
+    def block(d, m=0x3c00, qh=None, qs=None):
+        h = qh if qh is not None else [r.getrandbits(8) for _ in range(4)]
+        q = qs if qs is not None else [r.getrandbits(8) for _ in range(16)]
+        return h16(d) + (h16(m) if mins else []) + h + q
+    out = []
+    for d in EDGE_HALVES:
+        out.append(block(d, random_half(r)))
+    every = [(15 - j) << 4 | j for j in range(16)]
+    out.append(block(0x3c00, 0xb800, [0xff] * 4, every))          # all high bits set
+    out.append(block(0x3c00, 0x0000, [0x00] * 4, every))          # none
+    out.append(block(0x3c00, 0x3c00, [0xa5, 0x5a, 0x0f, 0xf0]))   # mixed, halves differ
+    out.append(block(0x2e66, 0x7c00))                              # m = inf
+    out.append(block(0x2e66, 0xfc00))                              # m = -inf
+    out.append(block(0x7bff, 0x7bff, [0xff] * 4, [0xff] * 16))     # largest: 31 * 65504 + 65504 overflows
+    for _ in range(4):
+        out.append(block(random_half(r), random_half(r)))
+    return out
+
+
 def blocks_qk(r, size, qh_len):
     """q4_K (qh_len 0) and q5_K: d, dmin, scales[12], [qh[32]], qs[128]."""
     def block(d, dmin, scales=None, qh=None):
@@ -224,6 +265,8 @@ TYPES = [
     ('q5_K', 'KILN_Q5_K', 176, 256, deq_q5_K, lambda r: blocks_qk(r, 176, 32)),
     ('q6_K', 'KILN_Q6_K', 210, 256, deq_q6_K, blocks_q6_K),
     ('mxfp4', 'KILN_MXFP4', 17, 32, deq_mxfp4, blocks_mxfp4),
+    ('q5_0', 'KILN_Q5_0', 22, 32, deq_q5_0, lambda r: blocks_q5(r, False)),
+    ('q5_1', 'KILN_Q5_1', 24, 32, deq_q5_1, lambda r: blocks_q5(r, True)),
 ]
 
 

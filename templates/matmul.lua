@@ -188,7 +188,7 @@ end
 local function shape_of(k, vdst)
     local a, b, d = k.args.a, k.args.b, vdst or k.dst
     check_ref(d, "dst", { f32 = true })
-    check_ref(a, "a", { f32 = true, f16 = true, bf16 = true, q8_0 = true, q4_0 = true, q4_K = true, q5_K = true, q6_K = true, mxfp4 = true })
+    check_ref(a, "a", { f32 = true, f16 = true, bf16 = true, q8_0 = true, q4_0 = true, q5_0 = true, q5_1 = true, q4_K = true, q5_K = true, q6_K = true, mxfp4 = true })
     check_ref(b, "b", { f32 = true })
     local s = {
         a = a, b = b, d = d, ta = a.type, es = SIZE[a.type],

@@ -22,7 +22,8 @@
 -- are the low (j even) or high (j odd) nibbles of bytes 32t + 4(j >> 1).. of the quants: one
 -- 32-bit word of the lane's own 32 bytes, from sub-block 2t + (j & 1), one scale and min. For
 -- the 32-element block types (q8_0, q4_0) they are elements 4(j >> 1).. of block 2t + (j & 1)
--- of the step's 8 blocks. mxfp4 (its codes need a table) is not here yet.
+-- of the step's 8 blocks (q5_0 and q5_1 as q4_0, with their fifth bits). mxfp4 (its codes need
+-- a table) is not here yet.
 -- Rounding: weights are dequantized to f16 (v * scale - min, one f16 fma), b is rounded to f16,
 -- as in ggml's cuBLAS path; the sums are f32.
 
@@ -121,6 +122,42 @@ TYPES.q4_0 = b32_type(18, 16, 1, 0xC800, function(p, r, j, lo, hi)
     local reg = string.format("%s%s.%s", p, h == 0 and "a" or "b", ("xyzw"):sub(m % 4 + 1, m % 4 + 1))
     return nibble_pairs(string.format("(%s%s) & 0x0F0F0F0Fu", reg, m >= 4 and " >> 4" or ""), h, r, lo, hi)
 end)
+
+-- q5_0 / q5_1 (tiled: 16 bytes of low nibbles a block, then the tile's heads, kiln_q5h_T): q4_0's
+-- element order, each nibble's fifth bit from the head's 32 high bits (bit e: element e), spread
+-- to bit 4 of its byte (kiln_q5spread_T). q5_0: v * d - 16 d (offset -16, f16 0xCC00); q5_1:
+-- v * d + m (n is the block's f16 m).
+local function q5_type(t)
+    local size, min = t == "q5_0" and 22 or 24, t == "q5_1"
+    return {
+        block = 32,
+        decl = function(p) return string.format("uint4 %sa, %sb; uint2 %sh0, %sh1;", p, p, p, p) end,
+        load = function(p, blk)
+            return {
+                string.format("{ const long long bk = %s + 2 * t;", blk),
+                string.format("  %sa = kiln_q16(kiln_qtb(W, bk, %d, 16)); %sb = kiln_q16(kiln_qtb(W, bk + 1, %d, 16));", p, size, p, size),
+                string.format("  %sh0 = kiln_q5h_%s(W, NB, bk); %sh1 = kiln_q5h_%s(W, NB, bk + 1); }", p, t, p, t),
+            }
+        end,
+        prep = function(p, r)
+            local l = {}
+            for h = 0, 1 do
+                l[#l + 1] = string.format("const unsigned s%d_%d = (%sh%d.x & 0xFFFFu) * 0x10001u;", h, r, p, h)
+                l[#l + 1] = min and string.format("const unsigned n%d_%d = (%sh%d.x >> 16) * 0x10001u;", h, r, p, h)
+                    or string.format("const unsigned n%d_%d = kiln_qm_neg(s%d_%d, 0xCC00u);", h, r, h, r)
+            end
+            return l
+        end,
+        pairs = function(p, r, j, lo, hi)
+            local m, h = j >> 1, j & 1
+            local reg = string.format("%s%s.%s", p, h == 0 and "a" or "b", ("xyzw"):sub(m % 4 + 1, m % 4 + 1))
+            return nibble_pairs(string.format("((%s%s) & 0x0F0F0F0Fu) | kiln_q5spread_%s(%sh%d.y >> %d)", reg,
+                m >= 4 and " >> 4" or "", t, p, h, 4 * m), h, r, lo, hi)
+        end,
+    }
+end
+TYPES.q5_0 = q5_type("q5_0")
+TYPES.q5_1 = q5_type("q5_1")
 
 -- q4_K (the file's 144-byte blocks): d, dmin, 12 scale bytes; quants: byte 32c + l holds
 -- element 64c + l (low nibble) and 64c + 32 + l (high). Lane t reads the 16-byte head (the 4

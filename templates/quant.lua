@@ -12,6 +12,9 @@
 -- weight block of pass mul_mat_cat) are the tiled layout of their concatenation. runtime/
 -- converts on upload (kb_quant_to_device, base/quant.c), so the CPU reference and files keep
 -- ggml's layout. Element e of a buffer is element e % block of block e / block, in either layout.
+-- q5_0 (22 bytes: d, 4 bytes of high bits, 16 of low nibbles) and q5_1 (24: d, m, high bits, low
+-- nibbles) are tiled with the 16 bytes of low nibbles as the body and the rest, their "head" (6
+-- or 8 bytes), in place of the scale (kiln_q5h_T).
 -- mxfp4 (17 bytes: an E8M0 scale byte, then 16 bytes of FP4 codes) is tiled the same way with
 -- tiles of 16 blocks (16 bodies, then 16 scale bytes: 272 bytes, so the bodies stay 16-byte
 -- aligned; kiln_qxb, kiln_qxe).
@@ -34,6 +37,8 @@ local M = {}
 local TYPES = {
     q8_0 = { block = 32, size = 34, rest = 32, ub = 1 },
     q4_0 = { block = 32, size = 18, rest = 16, ub = 1 },
+    q5_0 = { block = 32, size = 22, rest = 16, ub = 1 },
+    q5_1 = { block = 32, size = 24, rest = 16, ub = 1 },
     q4_K = { block = 256, size = 144, ub = 4 },
     q5_K = { block = 256, size = 176, ub = 4 },
     q6_K = { block = 256, size = 210, rest = 208, ub = 4 },
@@ -45,7 +50,7 @@ function M.is(t) return TYPES[t] ~= nil end
 
 -- Registers of one unit's weights (kiln_qw_T, the int8 path's): the quantized GEMVs size how many
 -- units' loads run ahead of the products by them.
-M.QW_REGS = { q8_0 = 9, q4_0 = 5, q4_K = 13, q5_K = 21, q6_K = 16, mxfp4 = 5 }
+M.QW_REGS = { q8_0 = 9, q4_0 = 5, q5_0 = 7, q5_1 = 6, q4_K = 13, q5_K = 21, q6_K = 16, mxfp4 = 5 }
 
 -- (The helpers are not `static`: a kernel uses only some of them, and NVRTC warns about unused
 -- static functions, not about unused external ones; each kernel is a program of its own.)
@@ -180,6 +185,29 @@ __device__ __forceinline__ int2 kiln_mx8(unsigned q)
 }
 ]]
 
+-- q5_0 and q5_1: kiln_q5h_T gives a block's head in the tiled layout as .x = d (and q5_1's m in
+-- the high half) and .y = the 32 high bits (bit e: element e's fifth bit). q5_0's 6-byte heads
+-- are 2-byte aligned (three 16-bit loads), q5_1's 8-byte ones 8-byte aligned (one load).
+-- kiln_q5spread(h): bits 0..3 of h at bit 4 of bytes 0..3 (the four shifted copies of the
+-- multiply do not overlap, so there are no carries), to OR into four low nibbles.
+local function q5_extra(t)
+    local size, hb = t == "q5_0" and 22 or 24, t == "q5_0" and 6 or 8
+    local head = t == "q5_0" and "    return make_uint2(kiln_q2(h), kiln_q2(h + 2) | kiln_q2(h + 4) << 16);"
+        or "    return kiln_q8(h);"
+    return table.concat({
+        string.format("__device__ __forceinline__ uint2 kiln_q5h_%s(const unsigned char *W, long long nb, long long blk)", t),
+        "{",
+        "    const long long t0 = blk & ~7ll;",
+        string.format("    const unsigned char *const h = W + t0 * %d + min(8ll, nb - t0) * 16 + (blk & 7) * %d;", size, hb),
+        head,
+        "}",
+        string.format("__device__ __forceinline__ unsigned kiln_q5spread_%s(unsigned h) { return ((h & 0xFu) * 0x00204081u & 0x01010101u) << 4; }", t),
+        "",
+    }, "\n")
+end
+EXTRA.q5_0 = q5_extra("q5_0")
+EXTRA.q5_1 = q5_extra("q5_1")
+
 -- Per type: kiln_dq8_T(W, NB, blk, j, out): elements j..j+7 of block blk (j a multiple of 8),
 -- W the buffer's start, NB its blocks (the tiled layout's last tile). (The fused GEMVs' int8
 -- path is below.)
@@ -209,6 +237,31 @@ __device__ __forceinline__ void kiln_dq8_q4_0(const unsigned char *W, long long 
     for (int i = 0; i < 8; i++) out[i] = kiln_qbyte(w[i / 4], i % 4, 8.0f) * d;
 }
 ]]
+
+-- q5_0 / q5_1: elements j..j+7 are bytes (j % 16).. of the body, nibble j / 16, and bits j..j+7
+-- of the high bits; q5_1's x = q * d + m as ggml's dequantize_row_q5_1 (a rounded product, then
+-- the sum: not contracted into an fma).
+local function q5_dq8(t)
+    local size, min = t == "q5_0" and 22 or 24, t == "q5_1"
+    return table.concat({
+        string.format("__device__ __forceinline__ void kiln_dq8_%s(const unsigned char *W, long long NB, long long blk, int j,", t),
+        "                                                     float *out)",
+        "{",
+        string.format("    const uint2 h = kiln_q5h_%s(W, NB, blk);", t),
+        min and "    const float d = kiln_qh2f(h.x & 0xFFFFu), m = kiln_qh2f(h.x >> 16);" or "    const float d = kiln_qh2f(h.x);",
+        string.format("    const uint2 q = kiln_q8(kiln_qtb(W, blk, %d, 16) + (j & 15));", size),
+        "    const int sh = j < 16 ? 0 : 4;",
+        string.format("    const unsigned w[2] = {((q.x >> sh) & 0x0F0F0F0Fu) | kiln_q5spread_%s(h.y >> j),", t),
+        string.format("                           ((q.y >> sh) & 0x0F0F0F0Fu) | kiln_q5spread_%s(h.y >> (j + 4))};", t),
+        "#pragma unroll",
+        min and "    for (int i = 0; i < 8; i++) out[i] = __fadd_rn(__fmul_rn(kiln_qbyte(w[i / 4], i % 4, 0.0f), d), m);"
+            or "    for (int i = 0; i < 8; i++) out[i] = kiln_qbyte(w[i / 4], i % 4, 16.0f) * d;",
+        "}",
+        "",
+    }, "\n")
+end
+DQ8.q5_0 = q5_dq8("q5_0")
+DQ8.q5_1 = q5_dq8("q5_1")
 
 -- Elements j..j+7 of a q4_K/q5_K block: sub-block s = j / 32, chunk c = j / 64, quant bytes
 -- 32c + j % 32.., nibble (j / 32) % 2; the fifth bit is bit s of the qh bytes j % 32...
@@ -358,6 +411,46 @@ __device__ __forceinline__ float kiln_qwd_q4_0(const kiln_qw_q4_0 &w, const kiln
     return kiln_qh2f(w.d) * (x.d * (float)s - 8.0f * x.s);
 }
 ]]
+
+-- q5_0 and q5_1: q4_0's unit with each nibble's fifth bit ORed in (values 0..31, so the bytes
+-- stay positive int8 for dp4a); q5_0 takes 16 times b's sum off (its offset), q5_1 adds m times
+-- b's sum (x = d q + m).
+local function q5_i8(t)
+    local size, min = t == "q5_0" and 22 or 24, t == "q5_1"
+    return table.concat({
+        string.format("struct kiln_qw_%s { uint4 q; uint2 h; };", t),
+        string.format("__device__ __forceinline__ kiln_qw_%s kiln_qwl_%s(const unsigned char *W, long long NB, long long blk, int part)", t, t),
+        "{",
+        string.format("    kiln_qw_%s w;", t),
+        string.format("    w.q = kiln_q16(kiln_qtb(W, blk, %d, 16)), w.h = kiln_q5h_%s(W, NB, blk);", size, t),
+        "    return w;",
+        "}",
+        string.format("struct kiln_qb_%s { uint4 a, b; float d, s; };", t),
+        string.format("__device__ __forceinline__ kiln_qb_%s kiln_qbl_%s(const unsigned char *P0, const unsigned char *P1, const float *QD,", t, t),
+        "                                                      const float *QS, int ub, int part)",
+        "{",
+        string.format("    kiln_qb_%s x;", t),
+        "    x.a = *(const uint4 *)(P0 + 16 * ub), x.b = *(const uint4 *)(P1 + 16 * ub);",
+        "    x.d = QD[ub], x.s = QS[2 * ub] + QS[2 * ub + 1];",
+        "    return x;",
+        "}",
+        string.format("__device__ __forceinline__ float kiln_qwd_%s(const kiln_qw_%s &w, const kiln_qb_%s &x)", t, t, t),
+        "{",
+        "    const unsigned q[4] = {w.q.x, w.q.y, w.q.z, w.q.w}, a[4] = {x.a.x, x.a.y, x.a.z, x.a.w}, b[4] = {x.b.x, x.b.y, x.b.z, x.b.w};",
+        "    int s = 0;",
+        "#pragma unroll",
+        "    for (int i = 0; i < 4; i++) {",
+        string.format("        s = __dp4a((int)((q[i] & 0x0F0F0F0Fu) | kiln_q5spread_%s(w.h.y >> (4 * i))), (int)a[i], s);", t),
+        string.format("        s = __dp4a((int)(((q[i] >> 4) & 0x0F0F0F0Fu) | kiln_q5spread_%s(w.h.y >> (16 + 4 * i))), (int)b[i], s);", t),
+        "    }",
+        min and "    return kiln_qh2f(w.h.x & 0xFFFFu) * (x.d * (float)s) + kiln_qh2f(w.h.x >> 16) * x.s;"
+            or "    return kiln_qh2f(w.h.x) * (x.d * (float)s - 16.0f * x.s);",
+        "}",
+        "",
+    }, "\n")
+end
+I8.q5_0 = q5_i8("q5_0")
+I8.q5_1 = q5_i8("q5_1")
 
 -- mxfp4: as q4_0 (byte i: element i in the low nibble, i + 16 in the high), the codes' int8
 -- values through kiln_mx8; no offset, so b's sums are not needed.
@@ -616,10 +709,11 @@ function M.unit_loop(b, t, NI, PF, n, loads, partial, lane_unit, step, NU)
     end
 end
 
--- The CUDA text of type t's helpers (`dq8`: eight dequantized elements; `i8`: the int8 path's).
+-- The CUDA text of type t's helpers (`dq8`: eight dequantized elements; `i8`: the int8 path's;
+-- neither: the common ones and the type's own, for qmma.lua's tile).
 function M.helpers(t, dq8, i8)
     local parts = { COMMON }
-    if EXTRA[t] and (dq8 or i8) then parts[#parts + 1] = EXTRA[t] end
+    if EXTRA[t] then parts[#parts + 1] = EXTRA[t] end
     if dq8 then parts[#parts + 1] = DQ8[t] end
     if i8 then parts[#parts + 1] = I8[t] end
     return table.concat(parts, "\n")

@@ -78,14 +78,16 @@ local fill_quant = tpl.define [[
 // bytes are random words; the f16 scale (and q4_K/q5_K's min) is set to d (dmin), so values
 // span about the weight's scale. split 1: the tiled layout of q8_0/q4_0/q6_K (tiles of 8 blocks:
 // the blocks' `words` words, then their f16 scales; the last tile as many as it holds); split 2:
-// mxfp4's (tiles of 16, one-byte scales: d is the E8M0 byte); else `words` words a block whose
-// first holds d and dmin.
+// mxfp4's (tiles of 16, one-byte scales: d is the E8M0 byte); split 3 and 4: q5_0's and q5_1's
+// (tiles of 8: the blocks' words, then their 6- or 8-byte heads: d, q5_1's m = dmin, and 32
+// random high bits); else `words` words a block whose first holds d and dmin.
 extern "C" __global__ void ${name}(unsigned *dst, unsigned long long nblocks, int words, int split,
                                              unsigned long long key, unsigned d, unsigned dmin)
 {
     unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
     for (unsigned long long b = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; b < nblocks; b += step) {
-        const unsigned long long tile = split == 2 ? 16ull : 8ull, sb = split == 2 ? 1ull : 2ull;
+        const unsigned long long tile = split == 2 ? 16ull : 8ull;
+        const unsigned long long sb = split == 2 ? 1ull : split == 3 ? 6ull : split == 4 ? 8ull : 2ull;
         const unsigned long long t0 = b / tile * tile, j = b - t0, n = nblocks - t0 < tile ? nblocks - t0 : tile;
         const unsigned long long size = 4ull * words + sb; /* bytes a block (split) */
         unsigned char *tp = (unsigned char *)dst + t0 * size;
@@ -96,7 +98,14 @@ extern "C" __global__ void ${name}(unsigned *dst, unsigned long long nblocks, in
             z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
             p[w] = (unsigned)((z ^ (z >> 31)) >> 16);
         }
-        if (split == 2)
+        if (split >= 3) { /* (2-byte aligned heads) */
+            unsigned short *h = (unsigned short *)(tp + n * 4ull * words + sb * j);
+            const unsigned hi = p[0] * 0x9e3779b9u ^ p[words - 1]; /* the high bits, from the body's */
+            h[0] = (unsigned short)d;
+            if (split == 4)
+                h[1] = (unsigned short)dmin;
+            h[split - 2] = (unsigned short)hi, h[split - 1] = (unsigned short)(hi >> 16);
+        } else if (split == 2)
             tp[n * 4ull * words + j] = (unsigned char)d;
         else if (split)
             *(unsigned short *)(tp + n * 4ull * words + 2ull * j) = (unsigned short)d;

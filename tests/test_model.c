@@ -356,12 +356,12 @@ START_TEST(model_errors_name_the_cause) {
     expect_open_error(p, "no key 'llama.block_count', which llama models need");
     free(p);
     /* A type kiln lacks: blk.0.attn_q.weight's type code (after name, n_dims, ne0, ne1)
-     * becomes q5_0, whose 22-byte blocks of 32 fit inside the f16 data. */
+     * becomes q4_1, whose 20-byte blocks of 32 fit inside the f16 data. */
     p = write_model("llama", "tiny", 1, "quant.gguf");
-    uint32_t q5_0 = 6;
-    patch_after(p, "blk.0.attn_q.weight", 19, 19 + 4 + 2 * 8, &q5_0, 4);
-    expect_open_error(p, "quant.gguf: tensor 'blk.0.attn_q.weight' is q5_0; kiln runs f32, f16, bf16, q8_0, q4_0, "
-                         "q4_K, q5_K, q6_K and mxfp4");
+    uint32_t q4_1 = 3;
+    patch_after(p, "blk.0.attn_q.weight", 19, 19 + 4 + 2 * 8, &q4_1, 4);
+    expect_open_error(p, "quant.gguf: tensor 'blk.0.attn_q.weight' is q4_1; kiln runs f32, f16, bf16, q8_0, q4_0, "
+                         "q5_0, q5_1, q4_K, q5_K, q6_K and mxfp4");
     free(p);
     /* A weight the graph needs, missing from the file (its name changed): refused when the
      * model opens, before any graph is built. */
@@ -798,24 +798,36 @@ START_TEST(mix_rules) {
     TYPE_IS(&hp, "blk.10.ffn_down.weight", KILN_Q4_K);
     hp.n_head_kv = hp.n_head;
     TYPE_IS(&hp, "blk.10.attn_v.weight", KILN_Q4_K);
-    /* Rows of 128 (the tiny presets' n_embd) cannot hold a K-quant: q8_0 instead (llama.cpp's
-     * q5_0/q5_1, which kiln lacks); the output takes q8_0 by its own rule. Rows of 256 keep it. */
+    /* Rows of 128 (the tiny presets' n_embd) cannot hold a K-quant: as llama.cpp, q5_0 for q4_K,
+     * q8_0 for q6_K (layer 1's attn_v, more bits); the output takes q8_0 by its own rule. Rows of
+     * 256 keep it. */
     hp = preset_as("llama", "tiny", KILN_FTYPE_MOSTLY_Q4_K_M);
-    TYPE_IS(&hp, "token_embd.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "token_embd.weight", KILN_Q5_0);
     TYPE_IS(&hp, "output.weight", KILN_Q8_0);
-    TYPE_IS(&hp, "blk.0.attn_q.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "blk.0.attn_q.weight", KILN_Q5_0);
+    TYPE_IS(&hp, "blk.0.attn_v.weight", KILN_Q5_0);
     TYPE_IS(&hp, "blk.1.attn_v.weight", KILN_Q8_0);
     TYPE_IS(&hp, "blk.0.ffn_down.weight", KILN_Q4_K); /* 2 layers: layer 1 is the last eighth */
     TYPE_IS(&hp, "blk.1.ffn_down.weight", KILN_Q6_K);
     hp.n_embd = 64; /* the example: falls back, never refused */
     TS_OK(kiln_model_check(&hp));
-    TYPE_IS(&hp, "blk.0.ffn_up.weight", KILN_Q8_0);
-    /* Rows 32 does not divide either: f16, as llama.cpp. */
+    TYPE_IS(&hp, "blk.0.ffn_up.weight", KILN_Q5_0);
+    /* q5_K falls back to q5_1; rows 32 does not divide either: f16, as llama.cpp. */
     hp = preset_as("llama", "tiny", KILN_FTYPE_MOSTLY_Q5_K_M);
     hp.n_ff = 272;
     TS_OK(kiln_model_check(&hp));
     TYPE_IS(&hp, "blk.0.ffn_down.weight", KILN_F16);
-    TYPE_IS(&hp, "blk.0.ffn_up.weight", KILN_Q8_0);
+    TYPE_IS(&hp, "blk.0.ffn_up.weight", KILN_Q5_1);
+    TYPE_IS(&hp, "blk.1.ffn_up.weight", KILN_Q5_1);
+    TYPE_IS(&hp, "blk.1.attn_v.weight", KILN_Q8_0); /* q6_K's fallback */
+    /* The Q5_0 and Q5_1 file types: the base type everywhere, the output q6_K (rows of 256). */
+    hp = preset_as(NULL, "llama-3-8b", KILN_FTYPE_MOSTLY_Q5_0);
+    TYPE_IS(&hp, "blk.0.attn_q.weight", KILN_Q5_0);
+    TYPE_IS(&hp, "blk.0.ffn_down.weight", KILN_Q5_0);
+    TYPE_IS(&hp, "output.weight", KILN_Q6_K);
+    hp = preset_as(NULL, "llama-3-8b", KILN_FTYPE_MOSTLY_Q5_1);
+    TYPE_IS(&hp, "blk.3.attn_v.weight", KILN_Q5_1);
+    TYPE_IS(&hp, "token_embd.weight", KILN_Q5_1);
     /* A block-32 type has no fallback: refused naming the tensor, its shape and the type. */
     hp = preset_as("llama", "tiny", KILN_FTYPE_MOSTLY_Q4_0);
     hp.n_embd = 48;
@@ -1056,7 +1068,7 @@ START_TEST(quant_refusals) {
     uint32_t q3_K = 11;
     patch_after(p, "blk.0.ffn_down.weight", 21, 21 + 4 + 2 * 8, &q3_K, 4);
     expect_open_error(p, "M.gguf: tensor 'blk.0.ffn_down.weight' is q3_K; kiln runs f32, f16, bf16, q8_0, q4_0, "
-                         "q4_K, q5_K, q6_K and mxfp4");
+                         "q5_0, q5_1, q4_K, q5_K, q6_K and mxfp4");
     free(p);
     /* q4_K in blk.0.ffn_up.weight [128, 256]: rows of 128 are no whole 256-element block. */
     p = write_model("llama", "tiny", 1, "rows.gguf");
@@ -1075,7 +1087,7 @@ START_TEST(quant_refusals) {
     char *out = NULL, cmd[1024], *q = path_in("x.gguf");
     snprintf(cmd, sizeof cmd, "%s gen-model --preset tiny --type q4_k_s -o %s", ts_kiln_bin(), q);
     ck_assert_int_eq(ts_run(cmd, &out), 2);
-    ck_assert_msg(strstr(out, "--type wants f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k, mxfp4_moe, got 'q4_k_s'"), "%s", out);
+    ck_assert_msg(strstr(out, "--type wants f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k_m, q5_k_m, q6_k, mxfp4_moe, got 'q4_k_s'"), "%s", out);
     free(out);
     free(q);
 }
@@ -1090,8 +1102,9 @@ START_TEST(cli_quantized_run) {
     free(out);
     snprintf(cmd, sizeof cmd, "%s run %s --tokens 1,2,3 -n 4 --cpu", ts_kiln_bin(), p);
     ck_assert_msg(ts_run(cmd, &out) == 0, "%s", out);
-    /* 5 norms f32; q8_0: token_embd, output and 12 layer matrices; ffn_down q4_K and q6_K. */
-    ck_assert_msg(strstr(out, "q4_k_m weights (f32 5, q8_0 14, q4_K 1, q6_K 1)"), "%s", out);
+    /* 5 norms f32; q8_0: output and layer 1's attn_v (q6_K's fallback); q5_0 (q4_K's):
+     * token_embd and 11 layer matrices; ffn_down q4_K and q6_K. */
+    ck_assert_msg(strstr(out, "q4_k_m weights (f32 5, q8_0 2, q4_K 1, q6_K 1, q5_0 12)"), "%s", out);
     ck_assert_msg(strstr(out, "generated:"), "%s", out);
     free(out);
     /* kiln inspect takes it (no NVRTC), each weight with its own type. */
@@ -1099,7 +1112,7 @@ START_TEST(cli_quantized_run) {
     ck_assert_msg(ts_run(cmd, &out) == 0, "%s", out);
     ck_assert_msg(strstr(out, "weight blk.0.ffn_down.weight q4_K[256, 128] 18432 bytes") &&
                       strstr(out, "weight blk.1.ffn_down.weight q6_K[256, 128]") &&
-                      strstr(out, "weight blk.0.attn_q.weight q8_0[128, 128]"),
+                      strstr(out, "weight blk.0.attn_q.weight q5_0[128, 128]"),
                   "%s", out);
     free(out);
     free(p);

@@ -102,7 +102,7 @@ static void expect_error(const char *kg, kiln_code code, const char *needle) {
 START_TEST(errors) {
     expect_error("weight a: f32[4, 2]\ninput b: f16[4, 2]\ny = mul_mat(a, b)\n", KILN_ERR_SHAPE, "must be f32");
     expect_error("weight a: i32[4, 2]\ninput b: f32[4, 2]\ny = mul_mat(a, b)\n", KILN_ERR_SHAPE,
-                 "must be f32, f16, bf16 or a quantized type (q8_0 q4_0 q4_K q5_K q6_K mxfp4)");
+                 "must be f32, f16, bf16 or a quantized type (q8_0 q4_0 q5_0 q5_1 q4_K q5_K q6_K mxfp4)");
     expect_error("weight a: f32[4, 2]\ninput b: f32[5, 2]\ny = mul_mat(a, b)\n", KILN_ERR_SHAPE, "same ne0");
     expect_error("weight a: f32[4, 2, 3]\ninput b: f32[4, 2, 4]\ny = mul_mat(a, b)\n", KILN_ERR_SHAPE,
                  "must broadcast over");

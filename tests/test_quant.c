@@ -27,8 +27,8 @@ static uint32_t bits_of(float f) {
     return u;
 }
 
-#define NQ 6
-static const kiln_type QTYPES[NQ] = {KILN_Q8_0, KILN_Q4_0, KILN_Q4_K, KILN_Q5_K, KILN_Q6_K, KILN_MXFP4};
+#define NQ 8
+static const kiln_type QTYPES[NQ] = {KILN_Q8_0, KILN_Q4_0, KILN_Q4_K, KILN_Q5_K, KILN_Q6_K, KILN_MXFP4, KILN_Q5_0, KILN_Q5_1};
 
 /* ---- dequantization: ggml's vectors ---------------------------------------------------------- */
 
@@ -85,10 +85,11 @@ END_TEST
  * (pass mul_mat_cat's weight blocks rely on it); from_device inverts to_device; other types and
  * sizes that are not whole blocks are refused. */
 START_TEST(device_layout) {
-    static const kiln_type ts[4] = {KILN_Q8_0, KILN_Q4_0, KILN_Q6_K, KILN_MXFP4};
+    static const kiln_type ts[6] = {KILN_Q8_0, KILN_Q4_0, KILN_Q6_K, KILN_MXFP4, KILN_Q5_0, KILN_Q5_1};
     enum { NB = 35 }; /* two whole tiles of 16 (four of 8) and 3 blocks */
     kiln_type t = ts[_i];
-    size_t    tile = t == KILN_MXFP4 ? 16 : 8, sb = t == KILN_MXFP4 ? 1 : 2;
+    /* the "scale": mxfp4's exponent byte, q5_0's d and qh, q5_1's d, m and qh, the others' d */
+    size_t tile = t == KILN_MXFP4 ? 16 : 8, sb = t == KILN_MXFP4 ? 1 : t == KILN_Q5_0 ? 6 : t == KILN_Q5_1 ? 8 : 2;
     size_t    size = kiln_type_size(t), rest = size - sb, sa = t == KILN_Q6_K ? 208 : 0, ra = sa ? 0 : sb;
     ck_assert_int_eq(kb_quant_tile(t), (int)tile);
     uint8_t  *src = malloc(NB * size), *dev = malloc(NB * size), *back = malloc(NB * size), *two = malloc(NB * size);
@@ -100,7 +101,8 @@ START_TEST(device_layout) {
         size_t t0 = i / tile * tile, n = NB - t0 < tile ? NB - t0 : tile;
         ck_assert_msg(memcmp(dev + t0 * size + (i - t0) * rest, src + i * size + ra, rest) == 0, "body of block %zu", i);
         ck_assert_msg(memcmp(dev + t0 * size + n * rest + (i - t0) * sb, src + i * size + sa, sb) == 0, "scale of block %zu", i);
-        if (t == KILN_MXFP4) ck_assert_uint_eq((t0 * size + (i - t0) * rest) % 16, 0); /* 16-byte loads */
+        if (rest == 16) ck_assert_uint_eq((t0 * size + (i - t0) * rest) % 16, 0); /* 16-byte loads */
+        if (t == KILN_Q5_1) ck_assert_uint_eq((t0 * size + n * rest + (i - t0) * sb) % 8, 0); /* one 8-byte load */
     }
     ck_assert(kb_quant_from_device(t, dev, back, NB * size));
     ck_assert(memcmp(back, src, NB * size) == 0);
@@ -141,6 +143,27 @@ static void error_bounds(kiln_type t, const float *x, double *bound) {
             double r = d != 0 ? x[j] / d : 0; /* in [-8, 8] */
             bound[j] = (r > 7.5 ? ad * (r - 7) : ad / 2) + 8 * f16_err(ad) + slack;
         }
+        return;
+    }
+    if (t == KILN_Q5_0) { /* q4_0's bound with 32 levels: -16 at the largest magnitude, 15 the top */
+        double max = 0;
+        for (int j = 0; j < blk; j++)
+            if (fabs(x[j]) > fabs(max)) max = x[j];
+        double d = max / -16, ad = fabs(d);
+        for (int j = 0; j < blk; j++) {
+            double r = d != 0 ? x[j] / d : 0; /* in [-16, 16] */
+            bound[j] = (r > 15.5 ? ad * (r - 15) : ad / 2) + 16 * f16_err(ad) + slack;
+        }
+        return;
+    }
+    if (t == KILN_Q5_1) { /* [lo, hi] onto 0..31: half a step, m's rounding, 31 times d's at the top */
+        double lo = x[0], hi = x[0];
+        for (int j = 0; j < blk; j++) {
+            lo = fmin(lo, x[j]);
+            hi = fmax(hi, x[j]);
+        }
+        double d = (hi - lo) / 31;
+        for (int j = 0; j < blk; j++) bound[j] = d / 2 + f16_err(fabs(lo)) + 32 * f16_err(d) + slack;
         return;
     }
     if (t == KILN_MXFP4) {
@@ -223,12 +246,12 @@ static double gaussian(uint64_t *s) {
 
 /* RMSE / RMS of kiln's quantizer on these rows (deterministic), a few percent over what it
  * measures (docs/quantization.md): q8_0 0.0054, q4_0 0.086, q4_K 0.072, q5_K 0.035, q6_K
- * 0.018 on the gaussian rows. ggml's reference quantizers measure 0.0054, 0.086, 0.071, 0.036
+ * 0.018, q5_0 0.043, q5_1 0.038 on the gaussian rows. ggml's reference quantizers measure 0.0054, 0.086, 0.071, 0.036
  * and 0.0177 on such rows; kiln's first K-quant quantizers (nearest 6-bit/8-bit scale codes,
  * q6_K to ±31) measured 0.078, 0.038 and 0.0194, above these limits. mxfp4 measures 0.1126 (the
  * better of two exponents); ggml's first guess alone, 2^(floor(log2 amax) - 2) with nearest
  * codes, measures about 0.115 on such rows. */
-static const double RMSE_LIMIT[NQ] = {0.0060, 0.090, 0.075, 0.0365, 0.0188, 0.116};
+static const double RMSE_LIMIT[NQ] = {0.0060, 0.090, 0.075, 0.0365, 0.0188, 0.116, 0.045, 0.040};
 
 START_TEST(quant_random_rows) {
     kiln_type t = QTYPES[_i];
@@ -334,7 +357,8 @@ START_TEST(type_table) {
     } want[] = {{KILN_F32, "f32", 4, 1},        {KILN_F16, "f16", 2, 1},        {KILN_BF16, "bf16", 2, 1},
                 {KILN_I32, "i32", 4, 1},        {KILN_I64, "i64", 8, 1},        {KILN_Q8_0, "q8_0", 34, 32},
                 {KILN_Q4_0, "q4_0", 18, 32},    {KILN_Q4_K, "q4_K", 144, 256},  {KILN_Q5_K, "q5_K", 176, 256},
-                {KILN_Q6_K, "q6_K", 210, 256},  {KILN_MXFP4, "mxfp4", 17, 32}};
+                {KILN_Q6_K, "q6_K", 210, 256},  {KILN_MXFP4, "mxfp4", 17, 32},  {KILN_Q5_0, "q5_0", 22, 32},
+                {KILN_Q5_1, "q5_1", 24, 32}};
     ck_assert_int_eq(sizeof want / sizeof want[0], KILN_TYPE_COUNT);
     for (int i = 0; i < KILN_TYPE_COUNT; i++) {
         kiln_type t = want[i].t;
@@ -378,7 +402,7 @@ START_TEST(type_table) {
     ck_assert(!kiln_type_is_quantized(KILN_TYPE_COUNT));
     ck_assert_uint_eq(kiln_row_size(KILN_TYPE_COUNT, 32), 0);
     /* unknown names: ggml types kiln does not have, near misses */
-    static const char *unknown[] = {"q4_1", "q5_0", "q8_K", "q2_K", "iq4_xs", "q4_K_M", "q4", "q4k", "f64", "", "q8_0 ", "?"};
+    static const char *unknown[] = {"q4_1", "q8_1", "q8_K", "q2_K", "iq4_xs", "q4_K_M", "q4", "q4k", "f64", "", "q8_0 ", "?"};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         kiln_type got = KILN_Q6_K;
         ck_assert_msg(kiln_type_from_name(unknown[i], &got) != 0, "'%s' is a type", unknown[i]);
@@ -658,7 +682,7 @@ END_TEST
 
 static char *g_cache;
 
-static const kiln_type KTYPES[] = {KILN_Q8_0, KILN_Q4_0, KILN_Q4_K, KILN_Q5_K, KILN_Q6_K, KILN_MXFP4};
+static const kiln_type KTYPES[] = {KILN_Q8_0, KILN_Q4_0, KILN_Q4_K, KILN_Q5_K, KILN_Q6_K, KILN_MXFP4, KILN_Q5_0, KILN_Q5_1};
 
 /* Compiles kg for sm_90a and sm_80: every kernel NVRTC-clean, and kernel 0 named `first`. */
 static void compile_case(const char *kg, const char *first, const char *what) {
@@ -740,7 +764,7 @@ int main(void) {
                         TS_CASE_FIXTURE("kernels", 120, cache_setup, cache_teardown),
                         TS_LOOP(0, (int)(sizeof KTYPES / sizeof KTYPES[0]), kernels_compile),
                         TS_CASE("dequant", 0), TS_LOOP(0, (int)(sizeof qv_cases / sizeof qv_cases[0]), dequant_vectors),
-                        TS_TESTS(codec_refusals), TS_LOOP(0, 4, device_layout),
+                        TS_TESTS(codec_refusals), TS_LOOP(0, 6, device_layout),
                         TS_CASE("quantizer", 60), TS_LOOP(0, NQ, quant_random_rows, quant_structured_rows),
                         TS_LOOP(0, 2, quant_idempotent), TS_TESTS(fill_random_quantized),
                         TS_CASE("api", 0), TS_TESTS(type_table, frontend_refusals, kg_round_trip),

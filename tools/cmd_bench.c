@@ -43,7 +43,7 @@ static const char help[] =
     "  --ops-only      only the machine and the ops; --models-only: only the machine and models;\n"
     "                  --batch-only: only the machine and the batched rows\n"
     "  --models LIST   comma-separated presets, PRESET:TYPE for a file type (llama-3-8b:q4_k_m;\n"
-    "                  types f32, f16, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k); default: all above\n"
+    "                  types f32, f16, bf16, q8_0, q4_0, q5_0, q5_1, q4_k_m, q5_k_m, q6_k); default: all above\n"
     "  --batch LIST    the batched rows' models (as --models; default llama-3-8b,llama-3-8b:q4_k_m)\n"
     "  --seqs LIST     the batched rows' sequence counts, 1 .. 512 each (default 1,8,32,64);\n"
     "                  '--seqs 64' with KILN_PROFILE=1 KILN_PROFILE_SKIP=64 (the prompt steps, one\n"

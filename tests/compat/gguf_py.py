@@ -9,13 +9,14 @@ on a quantized file and on the same model with every tensor dequantized to f32 b
 (gguf.quants.dequantize, ggml's reference in numpy), and requires the same generated tokens
 and the same prompt logits bit for bit (`--dump-logits`, f32 little-endian). The quantized side is:
   - gguf-py: kiln gen-model's f32 tiny llama rewritten by gguf.GGUFWriter, its matrices
-    quantized by gguf.quants.quantize to q8_0 and q4_0 (the file types llama-quantize names 7
-    and 2);
+    quantized by gguf.quants.quantize to q8_0, q4_0, q5_0 and q5_1 (the file types llama-quantize
+    names 7, 2, 8 and 9);
   - gguf-py: kiln gen-model's f32 tiny gpt-oss with its experts (the 3-D weights) quantized by
     gguf.quants.quantize to mxfp4 (file type 38, MXFP4_MOE);
   - kiln: kiln gen-model --type q4_k_m, q5_k_m, q6_k (gguf-py reads them; it has no K-quant
-    quantizer, so for these types the check is kiln's dequantization against gguf-py's), and
-    the tiny gpt-oss as mxfp4_moe.
+    quantizer, so for these types the check is kiln's dequantization against gguf-py's; the tiny
+    llama's rows of 128 make these files mostly q5_0 and q5_1, llama-quantize's fallback), q8_0,
+    q4_0, q5_0, q5_1, and the tiny gpt-oss as mxfp4_moe.
 Exit status 0 when every case agrees; each case prints one line.
 """
 import os
@@ -108,7 +109,9 @@ def main():
         base = os.path.join(tmp, "base.gguf")
         run(kiln, "gen-model", "--arch", "llama", "--preset", "tiny", "--type", "f32", "-o", base)
         for name, qtype, ftype in (("q8_0", gguf.GGMLQuantizationType.Q8_0, 7),
-                                   ("q4_0", gguf.GGMLQuantizationType.Q4_0, 2)):
+                                   ("q4_0", gguf.GGMLQuantizationType.Q4_0, 2),
+                                   ("q5_0", gguf.GGMLQuantizationType.Q5_0, 8),
+                                   ("q5_1", gguf.GGMLQuantizationType.Q5_1, 9)):
             def quantize(t, qtype=qtype):
                 data = np.array(t.data, dtype=np.float32)
                 if not quantizable(t):
@@ -129,7 +132,8 @@ def main():
         rewrite(moe, q, experts_mxfp4, file_type=38)
         check(kiln, "gguf-py gpt-oss with mxfp4 experts", q, tmp)
         for arch, ftype in (("llama", "q4_k_m"), ("llama", "q5_k_m"), ("llama", "q6_k"), ("llama", "q8_0"),
-                            ("llama", "q4_0"), ("gpt-oss", "mxfp4_moe")):
+                            ("llama", "q4_0"), ("llama", "q5_0"), ("llama", "q5_1"),
+                            ("gpt-oss", "mxfp4_moe")):
             q = os.path.join(tmp, f"kiln_{arch}_{ftype}.gguf")
             run(kiln, "gen-model", "--arch", arch, "--preset", "tiny", "--type", ftype, "-o", q)
             kinds = sorted({gguf.GGMLQuantizationType(t.tensor_type).name for t in gguf.GGUFReader(q).tensors})

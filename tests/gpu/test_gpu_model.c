@@ -354,7 +354,9 @@ END_TEST
  * q4_K, q5_K and q6_K weights really run on the GPU (checked below from the file's types). Then
  * MXFP4_MOE files of the two MoE presets (qwen3moe and gpt-oss tiny): mxfp4 experts, q8_0 else.
  * Then Q4_K_M of every other family's tiny preset made wide the same way (issue 27: each family
- * in Q4_K_M), so its q4_K and q6_K weights run through that family's fused kernels. */
+ * in Q4_K_M), so its q4_K and q6_K weights run through that family's fused kernels. The tiny
+ * (not wide) Q4_K_M and Q5_K_M files are mostly q5_0 and q5_1: llama-quantize's fallback for rows
+ * of 128, which no K-quant holds. */
 
 static const kiln_ftype quant_ftypes[] = {KILN_FTYPE_MOSTLY_Q8_0, KILN_FTYPE_MOSTLY_Q4_0, KILN_FTYPE_MOSTLY_Q4_K_M,
                                           KILN_FTYPE_MOSTLY_Q5_K_M, KILN_FTYPE_MOSTLY_Q6_K};

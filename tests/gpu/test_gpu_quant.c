@@ -1,7 +1,7 @@
 /* GPU tests of the quantized weight types (templates/quant.lua): mul_mat through every plan a
  * quantized weight takes (the fused gemv, and the f16 dequantization followed by the tile, gemm
  * and strided-b gemv plans), mul_mat_id with quantized experts (decode and prefill) and
- * get_rows of a quantized table, for q8_0, q4_0, q4_K, q5_K, q6_K and mxfp4, each against the CPU
+ * get_rows of a quantized table, for q8_0, q4_0, q4_K, q5_K, q6_K, mxfp4, q5_0 and q5_1, each against the CPU
  * reference (ggml's dequantization, sums in double) by NMSE <= 5e-4, ggml's threshold for
  * mul_mat. Batches of 2 .. 64 columns take the quantized tensor-core tile (templates/qmma.lua;
  * K a multiple of 256, every type but mxfp4), other cases the f16 dequantization. K runs over 256·n for n = 1 .. 56 (a sample), with odd row counts. mul_mat_id: the
@@ -18,7 +18,7 @@
 
 #include "tests/gpu/gpu_support.h"
 
-static const kiln_type QTYPES[] = {KILN_Q8_0, KILN_Q4_0, KILN_Q4_K, KILN_Q5_K, KILN_Q6_K, KILN_MXFP4};
+static const kiln_type QTYPES[] = {KILN_Q8_0, KILN_Q4_0, KILN_Q4_K, KILN_Q5_K, KILN_Q6_K, KILN_MXFP4, KILN_Q5_0, KILN_Q5_1};
 #define NQ ((int)(sizeof QTYPES / sizeof QTYPES[0]))
 
 /* A weight leaf named `name` filled with random values quantized. */
