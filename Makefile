@@ -53,7 +53,7 @@ TEST_BINS := $(TEST_FIRST:%=$(BUILD)/tests/%) \
              $(filter-out $(TEST_FIRST:%=$(BUILD)/tests/%),$(TEST_SRCS:tests/%.c=$(BUILD)/tests/%))
 GPU_TEST_SRCS := $(wildcard tests/gpu/test_*.c)
 GPU_TEST_BINS := $(GPU_TEST_SRCS:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
-TEST_SUPPORT := $(BUILD)/obj/tests/support.o
+TEST_SUPPORT := $(BUILD)/obj/tests/support.o $(BUILD)/obj/tests/tp_support.o
 
 .PHONY: all run test test-build test-asan test-tsan test-gpu test-gpu-build test-compat bench perf-check install clean deps fuzz
 all: $(BUILD)/kiln $(BUILD)/libkiln.a

@@ -9,7 +9,7 @@
 /* Bumped whenever generated code can change for the same IR; part of every kernel key. */
 #define CG_CODEGEN_VERSION 1
 /* Format of serialized programs (codegen/plan.c); part of every program key. */
-#define CG_PLAN_VERSION 4
+#define CG_PLAN_VERSION 5
 
 /* One operand of a library GEMM step: a kernel parameter (a buffer, or the scratch) plus a
  * byte offset, its element type, leading dimension and batch stride (both in elements). */
@@ -32,7 +32,18 @@ typedef struct {
                             of the node computed the product; 0: always called) */
 } cg_gemm;
 
-typedef enum { CG_LAUNCH, CG_GEMM } cg_step_kind;
+/* dst = the sum of src over the group's `ranks` programs (ncclAllReduce, f32, in place when
+ * src and dst are one address): `count` contiguous values, or with count_sym >= 0 the first
+ * count_mul times symbolic dim count_sym's run-time value (count is the maximum). src and dst
+ * are kernel parameters with byte offsets (cg_mat's param and offset; the other fields 0). */
+typedef struct {
+    int     ranks;
+    int64_t count;
+    int     count_sym, count_mul;
+    cg_mat  src, dst;
+} cg_coll;
+
+typedef enum { CG_LAUNCH, CG_GEMM, CG_COLLECTIVE } cg_step_kind;
 
 /* A kernel parameter that is not a buffer: the node's scratch space (see cg_kernel.scratch). */
 #define CG_PARAM_SCRATCH (-1)
@@ -40,15 +51,15 @@ typedef enum { CG_LAUNCH, CG_GEMM } cg_step_kind;
  * parameter of every kernel of a node with symbolic dims (k.dims_arg). */
 #define CG_PARAM_DIMS (-2)
 
-/* One step of a program: a generated kernel launch, or a library GEMM. A node gives one or
- * more steps, run in order (docs/templates.md, "Result"). */
+/* One step of a program: a generated kernel launch, a library GEMM, or a collective (NCCL). A
+ * node gives one or more steps, run in order (docs/templates.md, "Result"). */
 typedef struct {
     cg_step_kind kind;
     int      node;           /* ir node it implements */
     int      step, nsteps;   /* this step's index among its node's steps, and their count */
     char     name[64];       /* entry point (content-derived, e.g. "ew_mul_silu") */
-    char    *source;         /* CUDA C translation unit with its header comment; for CG_GEMM a
-                                comment describing the call (it is what the key hashes) */
+    char    *source;         /* CUDA C translation unit with its header comment; for CG_GEMM and
+                                CG_COLLECTIVE a comment describing the call (what the key hashes) */
     unsigned grid[3], block[3];
     unsigned smem;
     int      nparams;        /* kernel parameters: device pointers of these buffers, in order;
@@ -56,9 +67,10 @@ typedef struct {
     int      params[IR_MAX_IN + 4]; /* dst, dst2, operands, scratch, dims */
     size_t   scratch;        /* bytes of scratch the node's steps share (0: none) */
     cg_gemm  gemm;           /* CG_GEMM */
+    cg_coll  coll;           /* CG_COLLECTIVE */
     uint8_t  key[16];        /* kernel cache key */
     char     key_hex[33];
-    void    *cubin;          /* NULL with skip_nvrtc, and for CG_GEMM */
+    void    *cubin;          /* NULL with skip_nvrtc, and for CG_GEMM and CG_COLLECTIVE */
     size_t   cubin_size;
     bool     from_cache;
     /* Kernels with one key have one source and one code: all but the first borrow them (a

@@ -349,6 +349,7 @@ static void dump_header(kb_str *o, const kiln_program *p, int i) {
     kb_str_addf(o, "\n * fusion: %s%s\n", n->fusion ? n->fusion : tails ? "" : "none",
                 tails ? (n->fusion ? "+gemv_rope" : "gemv_rope") : "");
     if (k->kind == CG_GEMM) kb_str_add(o, " * launch: cuBLAS (below)\n");
+    else if (k->kind == CG_COLLECTIVE) kb_str_add(o, " * launch: NCCL (below)\n");
     else
         kb_str_addf(o, " * launch: grid (%u, %u, %u), block (%u, %u, %u), %u bytes shared\n", k->grid[0],
                     k->grid[1], k->grid[2], k->block[0], k->block[1], k->block[2], k->smem);

@@ -603,6 +603,66 @@ static void read_gemm(lua_State *L, int t, const gen_ctx *g, size_t scratch, cg_
     k->source = copy_string(L, src, strlen(src));
 }
 
+/* collective.src / .dst = {param =, offset =}: count f32 values at the byte offset of a buffer
+ * parameter, inside it. */
+static void read_coll_ref(lua_State *L, int t, const char *field, const gen_ctx *g, int64_t count, cg_mat *m) {
+    char what[32];
+    snprintf(what, sizeof what, "collective.%s", field);
+    if (lua_getfield(L, t, field) != LUA_TTABLE) luaL_error(L, "%s is not a table", what);
+    int mt = lua_gettop(L);
+    *m = (cg_mat){.type = KILN_F32};
+    m->param = (int)get_int(L, mt, "param", -1, 0, g->nparams - 1, what);
+    m->offset = get_int(L, mt, "offset", 0, 0, (lua_Integer)1 << 48, what);
+    if (m->offset % 4) luaL_error(L, "%s.offset %I is not a multiple of 4", what, (lua_Integer)m->offset);
+    if (m->offset + count * 4 > param_bytes(g, m->param, 0))
+        luaL_error(L, "%s reaches byte %I of parameter %d, which has %I", what, (lua_Integer)(m->offset + count * 4),
+                   m->param, (lua_Integer)param_bytes(g, m->param, 0));
+    lua_pop(L, 1);
+}
+
+/* The step table at index t has a collective table: an NCCL call (cg_coll). */
+static void read_coll(lua_State *L, int t, const gen_ctx *g, cg_kernel *k) {
+    lua_getfield(L, t, "collective");
+    int      ct = lua_gettop(L);
+    cg_coll *c = &k->coll;
+    if (lua_getfield(L, ct, "op") != LUA_TSTRING || strcmp(lua_tostring(L, -1), "sum") != 0)
+        luaL_error(L, "collective.op must be \"sum\"");
+    lua_pop(L, 1);
+    c->ranks = (int)get_int(L, ct, "ranks", -1, 2, 64, "collective");
+    c->count = get_int(L, ct, "count", -1, 1, (lua_Integer)1 << 40, "collective");
+    c->count_sym = -1;
+    c->count_mul = 0;
+    if (lua_getfield(L, ct, "count_dyn") != LUA_TNIL) {
+        if (!lua_istable(L, -1)) luaL_error(L, "collective.count_dyn is not a table {slot =, mul =}");
+        int             dt = lua_gettop(L);
+        const kiln_ctx *ctx = dims_ctx(g);
+        if (!ctx) luaL_error(L, "collective.count_dyn in a program without symbolic dims");
+        c->count_sym = (int)get_int(L, dt, "slot", -1, 0, ctx->ndims - 1, "collective.count_dyn");
+        c->count_mul = (int)get_int(L, dt, "mul", 1, 1, 2147483647, "collective.count_dyn");
+        if (!g->uses[c->count_sym + 1])
+            luaL_error(L, "collective.count_dyn: the node does not use symbolic dim slot %d", c->count_sym);
+        if ((int64_t)c->count_mul * ctx->dims[c->count_sym].max > c->count)
+            luaL_error(L, "collective.count_dyn: %d x max(%s) exceeds count %I", c->count_mul,
+                       ctx->dims[c->count_sym].name, (lua_Integer)c->count);
+    }
+    lua_pop(L, 1);
+    read_coll_ref(L, ct, "src", g, c->count, &c->src);
+    read_coll_ref(L, ct, "dst", g, c->count, &c->dst);
+    lua_pop(L, 1);
+    k->kind = CG_COLLECTIVE;
+    snprintf(k->name, sizeof k->name, "all_reduce_f32_%d", c->ranks);
+    char src[320];
+    snprintf(src, sizeof src,
+             "/* ncclAllReduce(send p%d + %lld bytes, recv p%d + %lld bytes, count %lld, ncclFloat32, ncclSum)\n"
+             " *   over the %d ranks of the session's group, on its stream */\n",
+             c->src.param, (long long)c->src.offset, c->dst.param, (long long)c->dst.offset, (long long)c->count, c->ranks);
+    size_t len = strlen(src);
+    if (c->count_sym >= 0)
+        snprintf(src + len, sizeof src - len, "/* count = %d * kdims[%d] at run time (at most %lld) */\n", c->count_mul,
+                 c->count_sym, (long long)c->count);
+    k->source = copy_string(L, src, strlen(src));
+}
+
 /* Whether the template of IR_OP node n applies its elementwise epilogue (k.epilogue): the
  * epilogue column of FE_FAMS. The fused topk_moe template (moe.lua) does not. */
 static bool applies_epilogues(const ir_node *n) {
@@ -680,10 +740,14 @@ static int l_generate(lua_State *L) {
         if (scratch > 0) k->params[k->nparams++] = CG_PARAM_SCRATCH;
         lua_getfield(L, s, "gemm");
         bool gemm = !lua_isnil(L, -1);
-        lua_pop(L, 1);
+        lua_getfield(L, s, "collective");
+        bool coll = !lua_isnil(L, -1);
+        lua_pop(L, 2);
+        if (gemm && coll) return luaL_error(L, "result.steps[%d] has both a gemm and a collective table", i + 1);
         if (gemm) read_gemm(L, s, g, scratch, k);
+        else if (coll) read_coll(L, s, g, k);
         else read_launch(L, s, k, true);
-        if (!gemm && g->dynamic) k->params[k->nparams++] = CG_PARAM_DIMS;
+        if (!gemm && !coll && g->dynamic) k->params[k->nparams++] = CG_PARAM_DIMS;
         if (list) lua_pop(L, 1);
     }
     return 0;

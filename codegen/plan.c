@@ -50,6 +50,15 @@ static void put_gemm(kb_str *b, const cg_gemm *g) {
     put_i64(b, g->n_above);
 }
 
+static void put_coll(kb_str *b, const cg_coll *c) {
+    put_i64(b, c->ranks);
+    put_i64(b, c->count);
+    put_i64(b, c->count_sym);
+    put_i64(b, c->count_mul);
+    put_mat(b, &c->src);
+    put_mat(b, &c->dst);
+}
+
 /* The first kernel before `upto` with this key: it owns the source and code both share. */
 static int first_with_key(const kiln_program *p, int upto, const uint8_t key[16]) {
     for (int i = 0; i < upto; i++)
@@ -73,6 +82,7 @@ static void put_kernel(kb_str *b, const cg_kernel *k, int64_t twin) {
     for (int a = 0; a < k->nparams; a++) put_i64(b, k->params[a]);
     kb_put_u64(b, k->scratch);
     put_gemm(b, &k->gemm);
+    put_coll(b, &k->coll);
     if (twin >= 0) return;
     kb_put_cstr(b, k->name);
     kb_put_cstr(b, k->source);
@@ -127,6 +137,15 @@ static void get_gemm(kb_reader *r, cg_gemm *g) {
     g->n_sym = (int)get_i64(r, "gemm");
     g->n_mul = (int)get_i64(r, "gemm");
     g->n_above = (int)get_i64(r, "gemm");
+}
+
+static void get_coll(kb_reader *r, cg_coll *c) {
+    c->ranks = (int)get_i64(r, "collective");
+    c->count = get_i64(r, "collective");
+    c->count_sym = (int)get_i64(r, "collective");
+    c->count_mul = (int)get_i64(r, "collective");
+    get_mat(r, &c->src);
+    get_mat(r, &c->dst);
 }
 
 static void get_key(kb_reader *r, cg_kernel *k) {
@@ -187,6 +206,7 @@ static kiln_status get_kernel(kb_reader *r, kiln_program *p, int i) {
     for (int a = 0; a < k->nparams; a++) k->params[a] = (int)get_i64(r, "parameter");
     k->scratch = (size_t)kb_get_u64(r, "scratch");
     get_gemm(r, &k->gemm);
+    get_coll(r, &k->coll);
     if (r->err) return NULL;
     if (twin < 0) return get_owned(r, k);
     if (twin >= i || memcmp(p->kernels[twin].key, k->key, 16) != 0)
@@ -196,11 +216,27 @@ static kiln_status get_kernel(kb_reader *r, kiln_program *p, int i) {
     return NULL;
 }
 
+/* A collective's operand: a buffer parameter (not the scratch or the dims), the call's values
+ * inside it. */
+static bool coll_ref_ok(const kiln_program *p, const cg_kernel *k, const cg_mat *m) {
+    if (m->param < 0 || m->param >= k->nparams || m->type != KILN_F32 || m->offset < 0 || m->offset % 4) return false;
+    int buf = k->params[m->param];
+    if (buf < 0 || buf >= p->ir->nbufs) return false;
+    return k->coll.count <= ((int64_t)p->ir->bufs[buf].bytes - m->offset) / 4;
+}
+
+static bool coll_ok(const kiln_program *p, const cg_kernel *k) {
+    const cg_coll *c = &k->coll;
+    if (c->ranks < 2 || c->ranks > 64 || c->count < 1 || c->count_sym < -1 || c->count_sym >= KILN_MAX_SYMS) return false;
+    if (c->count_sym >= 0 && c->count_mul < 1) return false;
+    return coll_ref_ok(p, k, &c->src) && coll_ref_ok(p, k, &c->dst);
+}
+
 /* What the runtime trusts about a kernel: the node, parameters and operands it names exist. */
 static kiln_status check_kernel(const kiln_program *p, int i) {
     const cg_kernel *k = &p->kernels[i];
     const char      *bad = NULL;
-    if (k->kind != CG_LAUNCH && k->kind != CG_GEMM) bad = "kind";
+    if (k->kind != CG_LAUNCH && k->kind != CG_GEMM && k->kind != CG_COLLECTIVE) bad = "kind";
     else if (k->node < 0 || k->node >= p->ir->nnodes || !ir_launches(p->ir, k->node)) bad = "node";
     else if (k->step < 0 || k->step >= k->nsteps) bad = "step";
     else if ((k->kind == CG_LAUNCH) != (k->cubin != NULL) || !k->source) bad = "code";
@@ -212,6 +248,7 @@ static kiln_status check_kernel(const kiln_program *p, int i) {
     const cg_mat *m[3] = {&k->gemm.a, &k->gemm.b, &k->gemm.c};
     for (int j = 0; !bad && k->kind == CG_GEMM && j < 3; j++)
         if (m[j]->param < 0 || m[j]->param >= k->nparams || (unsigned)m[j]->type >= KILN_TYPE_COUNT) bad = "gemm operand";
+    if (!bad && k->kind == CG_COLLECTIVE && !coll_ok(p, k)) bad = "collective";
     if (!bad) return NULL;
     return kb_error(KILN_ERR_FORMAT, "kernel %d ('%s') has an invalid %s", i, k->name, bad);
 }

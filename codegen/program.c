@@ -104,7 +104,10 @@ void cg_describe_one(const kiln_program *p, kb_str *out) {
     if (p->scratch_bytes) kb_str_addf(&o, "  scratch: %zu bytes, shared by the steps of each node in turn\n", p->scratch_bytes);
     for (int i = 0; i < p->nkernels; i++) {
         const cg_kernel *k = &p->kernels[i];
-        if (k->kind == CG_GEMM)
+        if (k->kind == CG_COLLECTIVE)
+            kb_str_addf(&o, "  k%d %s NCCL all_reduce over %d ranks, %lld floats%s key %s\n", i, k->name, k->coll.ranks,
+                        (long long)k->coll.count, k->coll.count_sym >= 0 ? " at most" : "", k->key_hex);
+        else if (k->kind == CG_GEMM)
             kb_str_addf(&o, "  k%d %s cuBLAS m %d n %d k %d batch %d key %s\n", i, k->name, k->gemm.m, k->gemm.n,
                         k->gemm.k, k->gemm.batch, k->key_hex);
         else

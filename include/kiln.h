@@ -531,6 +531,29 @@ typedef struct {
 } kiln_session_stats;
 void kiln_session_get_stats(const kiln_session *s, kiln_session_stats *out);
 
+/* ---- groups: one program per GPU, joined by NCCL (tensor parallelism, docs/tp.md) ----------- */
+
+/* A group runs n programs, one per GPU, whose all_reduce steps sum over the group: the programs
+ * of the n ranks of a split model (kiln_build_opts.tp_size = n, tp_rank = r), program r on
+ * devices[r] (NULL: devices 0 .. n-1). One process drives every GPU: kiln_group_new creates a
+ * session per rank and one NCCL communicator spanning them (ncclCommInitAll; NCCL is loaded with
+ * dlopen, and NCCL_NVLS_ENABLE=0 is set unless the environment sets it). Each rank's session is
+ * used as any other for its inputs, weights, dims and outputs (kiln_group_session); only its
+ * runs go through kiln_group_run, which runs every rank at once (a thread each: an all_reduce
+ * waits for all ranks) and returns the first rank's error. Fails with KILN_ERR_NO_GPU without a
+ * driver, NCCL or n GPUs, and KILN_ERR_INVALID when a program's all_reduce is over another
+ * number of ranks. */
+typedef struct kiln_group kiln_group;
+typedef struct {
+    int        no_cuda_graph; /* as kiln_session_opts */
+    const int *devices;       /* n device ordinals, or NULL */
+} kiln_group_opts;
+kiln_status   kiln_group_new(const kiln_program *const *programs, int n, const kiln_group_opts *opts, kiln_group **out);
+void          kiln_group_free(kiln_group *g);
+int           kiln_group_size(const kiln_group *g);
+kiln_session *kiln_group_session(const kiln_group *g, int rank); /* NULL out of range */
+kiln_status   kiln_group_run(kiln_group *g);
+
 /* ---- CPU reference -------------------------------------------------------------------------- */
 
 /* Evaluates g on the CPU with ggml semantics, node by node, nothing fused. Inputs and weights
@@ -1049,6 +1072,11 @@ typedef struct {
     /* 0, or also a program for runs of at most n_small tokens (2 .. n_batch - 1; the build's
      * n_tokens_upto): a batch of decode steps then takes plans made for few tokens. */
     int64_t n_small;
+    /* 0 or 1, or tensor parallelism over tp ranks (docs/tp.md): each rank's graph on a GPU of its
+     * own (devices 0 .. tp-1, a kiln_group; with cpu, the CPU reference evaluates them together),
+     * the logits gathered on the host, where greedy picks and samples are made. Not with
+     * kiln_gen_shift or the batch interface. */
+    int tp;
 } kiln_gen_opts;
 kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out);
 void        kiln_gen_free(kiln_gen *g);

@@ -294,6 +294,40 @@ int64_t     km_tp_slice_count(const kiln_model_hparams *hp, const km_weight *w, 
 void        km_tp_slice(const kiln_model_hparams *hp, const km_weight *w, int g, int rank, kiln_type t, int64_t i,
                         int64_t *off, int64_t *len);
 
+/* Rank `rank` of g's bytes of model weight `name` (blk.N.X or X) in type t: *data points into
+ * the model's data when the rank's share is one range, else at *own, the ranges copied in order
+ * (the caller frees *own). KILN_ERR_NOT_FOUND naming the weight when the model lacks it. */
+kiln_status km_tp_weight_data(const kiln_model *m, const char *name, kiln_type t, int g, int rank, const void **data,
+                              void **own);
+
+/* kiln_gen over the ranks of a tensor-parallel model (model/gen_tp.c): the graph of each of g
+ * ranks built with bo (tp_size, tp_rank set here), compiled and run as a kiln_group with each
+ * rank's share of the weights, or evaluated by the CPU reference (o->cpu). A run takes kiln_gen's
+ * inputs of one sequence (its last row's logits are read) and gives the whole vocabulary's
+ * logits, the ranks' rows concatenated. */
+/* The states (KV caches) of graph gr in host memory, zeroed, for the CPU reference's runs
+ * (model/gen.c): *out gets *n of them (free with km_host_states_free). */
+typedef struct {
+    const char *name;
+    void       *data;
+    size_t      bytes;
+} km_host_state;
+kiln_status km_host_states(const kiln_graph *gr, km_host_state **out, int *n);
+void        km_host_states_free(km_host_state *s, int n);
+
+typedef struct km_tp_gen km_tp_gen;
+typedef struct {
+    const int32_t  *tokens, *positions, *out_ids;
+    const int64_t  *slots;
+    const uint16_t *mask, *mask_swa; /* f16 [nkv, nt]; mask_swa NULL without sliding windows */
+    int64_t         nt, nkv;
+} km_tp_run;
+kiln_status km_tp_gen_open(const kiln_model *m, int g, const kiln_build_opts *bo, const kiln_gen_opts *o,
+                           kiln_gen_stats *stats, km_tp_gen **out);
+kiln_status km_tp_gen_run(km_tp_gen *t, const km_tp_run *in, float *logits);
+double      km_tp_gen_last_ms(const km_tp_gen *t); /* GPU time of rank 0's last run (0 on the CPU) */
+void        km_tp_gen_free(km_tp_gen *t);
+
 /* ---- file types and the mix (model/ftype.c) ------------------------------------------------ */
 
 /* Whether f is a kiln_ftype kiln knows. */

@@ -15,12 +15,6 @@
 
 #define F16_NEG_INF 0xfc00u
 
-typedef struct {
-    const char *name;
-    void       *data;
-    size_t      bytes;
-} host_state;
-
 struct kiln_gen {
     const kiln_model         *m;
     const kiln_model_hparams *hp;
@@ -31,6 +25,7 @@ struct kiln_gen {
     kiln_ctx                 *ctx;
     kiln_graph               *graph;
     kiln_session             *sess;
+    km_tp_gen                *tp; /* kiln_gen_opts.tp > 1: the ranks (model/gen_tp.c) instead of sess */
 
     /* The inputs of the current run, at its n_tokens (nt) and n_kv (nkv). */
     int64_t   nt, nkv;
@@ -47,7 +42,7 @@ struct kiln_gen {
     int32_t  *iv, *iv_swa; /* all: the masks as key intervals, [2, n_batch] (km_gen_inputs) */
     float    *logits;
 
-    host_state *states; /* cpu: the caches */
+    km_host_state *states; /* cpu: the caches */
     int         nstates;
     kiln_status ref_err; /* cpu: a put that did not fit */
     kiln_gen_stats stats;
@@ -77,33 +72,45 @@ static kiln_status gen_alloc(kiln_gen *g) {
                : kb_oom();
 }
 
-static kiln_status build(kiln_gen *g) {
+static kiln_build_opts build_opts(const kiln_gen *g, bool tp) {
+    return (kiln_build_opts){.n_ctx = g->n_ctx, .n_tokens_max = g->n_batch,
+                             .outputs = g->all ? KILN_OUTPUTS_ALL : KILN_OUTPUTS_LAST, .argmax = !g->cpu && !tp,
+                             .sampler = g->gpu_sample ? &g->sampler : NULL, .mask_intervals = g->all,
+                             .n_tokens_upto = g->n_small};
+}
+
+/* The whole model's graph (with tp too: it checks the file's weights, and counts their bytes). */
+static kiln_status build(kiln_gen *g, bool tp) {
     if (!(g->ctx = kiln_ctx_new())) return kb_oom();
-    kiln_build_opts o = {.n_ctx = g->n_ctx, .n_tokens_max = g->n_batch,
-                         .outputs = g->all ? KILN_OUTPUTS_ALL : KILN_OUTPUTS_LAST, .argmax = !g->cpu,
-                         .sampler = g->gpu_sample ? &g->sampler : NULL, .mask_intervals = g->all,
-                         .n_tokens_upto = g->n_small};
+    kiln_build_opts o = build_opts(g, tp);
     kiln_status     st = kiln_model_build(g->ctx, g->m, &o);
     if (!st) st = kiln_graph_new(g->ctx, &g->graph);
     if (!st) st = kiln_model_check_weights(g->m, g->graph);
     return st;
 }
 
-static kiln_status cpu_states(kiln_gen *g) {
-    int n = 0;
-    for (int i = 0; i < kiln_graph_size(g->graph); i++)
-        n += kiln_tensor_role(kiln_graph_node(g->graph, i)) == KILN_ROLE_STATE;
-    if (!(g->states = calloc((size_t)n + 1, sizeof *g->states))) return kb_oom();
-    for (int i = 0; i < kiln_graph_size(g->graph); i++) {
-        const kiln_tensor *t = kiln_graph_node(g->graph, i);
+kiln_status km_host_states(const kiln_graph *gr, km_host_state **out, int *n) {
+    int count = 0;
+    *n = 0;
+    for (int i = 0; i < kiln_graph_size(gr); i++) count += kiln_tensor_role(kiln_graph_node(gr, i)) == KILN_ROLE_STATE;
+    if (!(*out = calloc((size_t)count + 1, sizeof **out))) return kb_oom();
+    for (int i = 0; i < kiln_graph_size(gr); i++) {
+        const kiln_tensor *t = kiln_graph_node(gr, i);
         if (kiln_tensor_role(t) != KILN_ROLE_STATE) continue;
-        host_state *s = &g->states[g->nstates++];
+        km_host_state *s = &(*out)[(*n)++];
         s->name = kiln_tensor_name(t);
         s->bytes = (size_t)kiln_tensor_nelements(t) * kiln_type_size(kiln_tensor_type(t));
         if (!(s->data = calloc(1, s->bytes))) return kb_oom();
     }
     return NULL;
 }
+
+void km_host_states_free(km_host_state *s, int n) {
+    for (int i = 0; s && i < n; i++) free(s[i].data);
+    free(s);
+}
+
+static kiln_status cpu_states(kiln_gen *g) { return km_host_states(g->graph, &g->states, &g->nstates); }
 
 static void load_progress(void *user, uint64_t done, uint64_t total) {
     const kiln_gen_opts *o = user;
@@ -158,18 +165,29 @@ static kiln_status gen_new(const kiln_model *m, const kiln_gen_opts *o, bool all
     g->n_ctx = o->n_ctx > 0 ? o->n_ctx : kiln_default_n_ctx(g->hp);
     g->n_batch = o->n_batch > 0 ? o->n_batch : g->n_ctx < 512 ? g->n_ctx : 512;
     g->n_small = o->n_small;
+    bool tp = o->tp > 1;
     /* A sampler the kernels can run ends the program with `sample` too (any other stays on the
-     * host, as does the CPU reference, whose generation samples the logits it reads). */
-    if (o->sampler && !o->cpu && kiln_sampler_on_gpu(o->sampler, g->hp->n_vocab))
+     * host, as does the CPU reference, whose generation samples the logits it reads, and the
+     * ranks of a split model, whose logits are gathered first). */
+    if (o->sampler && !o->cpu && !tp && kiln_sampler_on_gpu(o->sampler, g->hp->n_vocab))
         g->gpu_sample = true, g->sampler = *o->sampler;
     kiln_status st = NULL;
     if (o->n_ctx < 0 || o->n_batch < 0 || g->n_batch > g->n_ctx)
         st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: n_batch %lld must be 1 .. n_ctx (%lld)", (long long)g->n_batch,
                       (long long)g->n_ctx);
+    if (!st && (o->tp < 0 || o->tp > 64)) st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: tp %d must be 0 .. 64", o->tp);
+    if (!st && tp && all)
+        st = kb_error(KILN_ERR_INVALID, "kiln_gen: tensor parallelism (tp %d) is not built for batches of sequences yet",
+                      o->tp);
     if (!st) st = gen_alloc(g);
-    if (!st) st = build(g);
+    if (!st) st = build(g, tp);
     if (!st) g->stats.weight_bytes = (uint64_t)weight_bytes(g->graph);
-    if (!st) st = g->cpu ? cpu_states(g) : gpu_open(g, o);
+    if (!st && tp) {
+        kiln_build_opts bo = build_opts(g, true);
+        st = km_tp_gen_open(m, o->tp, &bo, o, &g->stats, &g->tp);
+    } else if (!st) {
+        st = g->cpu ? cpu_states(g) : gpu_open(g, o);
+    }
     if (!st && !g->cpu) st = warm_up(g);
     if (st) {
         kiln_gen_free(g);
@@ -189,11 +207,11 @@ kiln_status km_gen_new_rows(const kiln_model *m, const kiln_gen_opts *o, kiln_ge
 
 void kiln_gen_free(kiln_gen *g) {
     if (!g) return;
+    km_tp_gen_free(g->tp);
     kiln_session_free(g->sess);
     kiln_graph_free(g->graph);
     kiln_ctx_free(g->ctx);
-    for (int i = 0; i < g->nstates; i++) free(g->states[i].data);
-    free(g->states);
+    km_host_states_free(g->states, g->nstates);
     free(g->tokens);
     free(g->positions);
     free(g->slots);
@@ -365,6 +383,15 @@ static void ref_put(void *user, const char *name, kiln_type type, int64_t n, con
                                                              "the generator does not expect", name, (long long)n);
 }
 
+/* The run place_inputs made, on the ranks (model/gen_tp.c): the last row's logits. */
+static kiln_status tp_run(kiln_gen *g) {
+    km_tp_run in = {g->tokens, g->positions, g->out_ids, g->slots, g->mask, g->mask_swa, g->nt, g->nkv};
+    double    t0 = kb_now_ms();
+    kiln_status st = km_tp_gen_run(g->tp, &in, g->logits);
+    g->stats.run_ms += kb_now_ms() - t0;
+    return st;
+}
+
 static kiln_status cpu_run(kiln_gen *g) {
     static const char *const names[2] = {"n_tokens", "n_kv"};
     int64_t     values[2] = {g->nt, g->nkv};
@@ -406,9 +433,9 @@ static kiln_status eval(kiln_gen *g, const int32_t *tokens, int64_t n, run_read 
         int64_t     nt = n - done < g->n_batch ? n - done : g->n_batch;
         bool        last = done + nt == n;
         kiln_status st = make_inputs(g, tokens + done, nt);
-        if (!st) st = g->cpu ? cpu_run(g) : gpu_run(g, last ? last_read : READ_NOTHING);
+        if (!st) st = g->tp ? tp_run(g) : g->cpu ? cpu_run(g) : gpu_run(g, last ? last_read : READ_NOTHING);
         if (st) return st;
-        double gpu_ms = g->cpu ? 0.0 : kiln_session_last_ms(g->sess);
+        double gpu_ms = g->tp ? km_tp_gen_last_ms(g->tp) : g->cpu ? 0.0 : kiln_session_last_ms(g->sess);
         if (prefill) g->stats.prefill_gpu_ms += gpu_ms;
         else g->stats.decode_gpu_ms += gpu_ms;
         g->pos += nt;
@@ -429,10 +456,11 @@ kiln_status kiln_gen_eval(kiln_gen *g, const int32_t *tokens, int64_t n, const f
 static kiln_status eval_greedy(kiln_gen *g, const int32_t *tokens, int64_t n, int32_t *next, bool prefill) {
     if (!g || !tokens || !next || n < 1)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_eval_greedy: %s", n < 1 ? "no tokens" : "NULL argument");
-    kiln_status st = eval(g, tokens, n, g->cpu ? READ_LOGITS : READ_ARGMAX, prefill);
+    bool        host = g->cpu || g->tp; /* (no argmax output: the logits are read) */
+    kiln_status st = eval(g, tokens, n, host ? READ_LOGITS : READ_ARGMAX, prefill);
     if (st) return st;
     double t0 = kb_now_ms();
-    *next = g->cpu ? (int32_t)kiln_argmax_f32(g->logits, g->hp->n_vocab) : g->next;
+    *next = host ? (int32_t)kiln_argmax_f32(g->logits, g->hp->n_vocab) : g->next;
     g->stats.sample_ms += kb_now_ms() - t0;
     return NULL;
 }
@@ -542,7 +570,8 @@ static kiln_status decode_picks(kiln_gen *g, int32_t first, int64_t n, pick_fn p
         return kb_error(KILN_ERR_INVALID, "kiln_gen_decode_greedy: %lld steps after %lld do not fit in the cache of "
                                           "%lld (n_ctx)", (long long)n, (long long)g->pos, (long long)g->n_ctx);
     bool chained = false;
-    if (!g->cpu && chain_wanted() && ((st = gpu_decode_chain(g, first, n, pick, user, sample, &chained)) || chained))
+    if (!g->cpu && !g->tp && chain_wanted() &&
+        ((st = gpu_decode_chain(g, first, n, pick, user, sample, &chained)) || chained))
         return st;
     int32_t tok = first, next;
     for (int64_t i = 0; !st && i < n; i++) {
@@ -830,6 +859,7 @@ kiln_status kiln_gen_shift(kiln_gen *g, int64_t n_keep, int64_t n_discard) {
     if (!g || n_keep < 0 || n_discard < 1 || n_keep + n_discard > g->pos)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_shift: keep %lld and discard %lld of %lld tokens",
                         (long long)n_keep, (long long)n_discard, (long long)(g ? g->pos : 0));
+    if (g->tp) return kb_error(KILN_ERR_INVALID, "kiln_gen_shift: not built for tensor parallelism yet");
     const kiln_model_hparams *hp = g->hp;
     int64_t     row = km_cache_row(hp), m = g->pos - n_keep - n_discard;
     size_t      bytes = sizeof(uint16_t) * (size_t)(row * g->n_ctx);

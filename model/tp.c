@@ -17,6 +17,8 @@
 #include "model/arch.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* Whether extent d is cut across the ranks (see above). */
 bool km_tp_sharded(km_wdim d) {
@@ -145,6 +147,56 @@ void km_tp_slice(const kiln_model_hparams *hp, const km_weight *w, int g, int ra
     }
 }
 
+/* The table row of weight `name` ("blk.N.X" in layer N, else "X") in a model of hp, or NULL;
+ * *il gets N (-1 outside the layers). phi3's fused ffn_up has its own row: the present one. */
+static const km_weight *weight_of(const kiln_model_hparams *hp, const char *name, int64_t *il) {
+    const char *base = name;
+    if (!strncmp(name, "blk.", 4) && strchr(name + 4, '.')) base = strchr(name + 4, '.') + 1;
+    *il = base == name ? -1 : strtoll(name + 4, NULL, 10);
+    for (int i = 0; i < KM_W_COUNT; i++)
+        if (!strcmp(km_weights[i].name, base) && km_weights[i].in_layer == (*il >= 0) &&
+            km_weight_present(hp, &km_weights[i], *il))
+            return &km_weights[i];
+    return NULL;
+}
+
+kiln_status km_tp_weight_data(const kiln_model *m, const char *name, kiln_type t, int g, int rank, const void **data,
+                              void **own) {
+    const kiln_model_hparams *hp = kiln_model_get_hparams(m);
+    *data = NULL, *own = NULL;
+    int64_t          il;
+    const km_weight *w = weight_of(hp, name, &il);
+    if (!w) return kb_error(KILN_ERR_NOT_FOUND, "tensor parallelism: '%s' is not a weight of %s models", name, hp->arch);
+    int64_t ne[4];
+    km_weight_shape(hp, w, ne);
+    const unsigned char *whole = kiln_model_weight(m, name, t, ne[0] * ne[1] * ne[2] * ne[3]);
+    if (!whole) return kb_error(KILN_ERR_NOT_FOUND, "tensor parallelism: the model has no %s weight '%s' of %lld elements",
+                                kiln_type_name(t), name, (long long)(ne[0] * ne[1] * ne[2] * ne[3]));
+    int64_t n = km_tp_slice_count(hp, w, g), off, len;
+    if (n == 1) {
+        km_tp_slice(hp, w, g, rank, t, 0, &off, &len);
+        *data = whole + off;
+        return NULL;
+    }
+    int64_t rs[4];
+    km_tp_rank_shape(hp, w, g, rs);
+    size_t         bytes = kiln_row_size(t, rs[0]) * (size_t)(rs[1] * rs[2] * rs[3]), at = 0;
+    unsigned char *part = malloc(bytes ? bytes : 1);
+    if (!part) return kb_oom();
+    for (int64_t i = 0; i < n && at <= bytes; i++) {
+        km_tp_slice(hp, w, g, rank, t, i, &off, &len);
+        if (at + (size_t)len <= bytes) memcpy(part + at, whole + off, (size_t)len);
+        at += (size_t)len;
+    }
+    if (at != bytes) {
+        free(part);
+        return kb_error(KILN_ERR_INVALID, "tensor parallelism: rank %d's slices of '%s' hold %zu bytes, its shape %zu",
+                        rank, name, at, bytes);
+    }
+    *data = *own = part;
+    return NULL;
+}
+
 /* ---- kiln_model_tp_describe: the split of a model, for kiln inspect --tp ------------------- */
 
 /* The type of weight w in layer il (-1 outside the layers): the file's, else the ftype's mix. */
@@ -234,8 +286,8 @@ kiln_status kiln_model_tp_describe(const kiln_model *m, int g, int64_t n_ctx, ch
     kiln_build_opts bo = {.n_ctx = n_ctx, .n_tokens_max = 1, .tp_size = g};
     kiln_status     bst = ctx ? kiln_model_build(ctx, m, &bo) : kb_oom();
     if (bst) kb_str_addf(&o, "a GPU's graph: not built: %s\n", kiln_status_msg(bst));
-    else kb_str_addf(&o, "a GPU's graph: builds (the CPU reference evaluates the GPUs' graphs together); running it "
-                         "needs the NCCL step, not built yet\n");
+    else kb_str_addf(&o, "a GPU's graph: builds; 'kiln run MODEL.gguf --tp %d' runs the GPUs' programs as a group "
+                         "(NCCL), or with --cpu the CPU reference evaluates their graphs together\n", g);
     kiln_status_free(bst);
     kiln_ctx_free(ctx);
     *text = kb_str_take(&o);

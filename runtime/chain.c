@@ -111,10 +111,7 @@ static void redirect(kiln_session *u, int p) {
             rt_cuptr home = l->pbuf[j] >= 0 ? u->dptr[l->pbuf[j]] : l->pbuf[j] == RT_PBUF_DIMS ? u->dims_dev : l->argv[j];
             l->argv[j] = p < 0 ? home : for_parity(u, p, l->pbuf[j], home);
         }
-        if (l->kind == CG_GEMM) {
-            const cg_mat *m[3] = {&l->gemm.a, &l->gemm.b, &l->gemm.c};
-            for (int j = 0; j < 3; j++) l->gemm_ptr[j] = l->argv[m[j]->param] + (rt_cuptr)m[j]->offset;
-        }
+        rt_library_ptrs(l);
     }
 }
 
@@ -163,7 +160,7 @@ static kiln_status check_pair(const kiln_session *u, const char *out_name, const
                                           "input (the I/O windows' items), to be fed on the device",
                         fn, out_name, in_name);
     for (int i = 0; i < u->nlaunches; i++)
-        if (u->launches[i].kind == CG_GEMM)
+        if (u->launches[i].kind != CG_LAUNCH)
             for (int j = 0; j < u->launches[i].nparams; j++)
                 if (u->launches[i].pbuf[j] == out)
                     return kb_error(KILN_ERR_INVALID, "%s: '%s' is written by a library call ('%s')", fn, out_name,
@@ -179,6 +176,9 @@ kiln_status kiln_session_chain_begin(kiln_session *s, const char *out_name, cons
     kiln_session *u = rt_unit(s, &variant);
     if (u->broken)
         return kb_error(KILN_ERR_CUDA, "%s: an earlier run failed on the GPU and left the CUDA context unusable", fn);
+    if (u->ncoll) /* (one rank's chained runs would wait for the others' all_reduce) */
+        return kb_error(KILN_ERR_INVALID, "%s: the program has all_reduce steps: a group's runs go through "
+                                          "kiln_group_run", fn);
     int         out = rt_buf_named(u, out_name), in = rt_buf_named(u, in_name);
     kiln_status st = check_pair(u, out_name, in_name, out, in);
     if (!st) st = rt_make_current(u);

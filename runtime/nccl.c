@@ -19,7 +19,8 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static const rt_dl_sym g_syms[] = {
     RT_NCCL_SYM(GetVersion, ncclGetVersion),     RT_NCCL_SYM(GetUniqueId, ncclGetUniqueId),
     RT_NCCL_SYM(CommInitRank, ncclCommInitRank), RT_NCCL_SYM(CommInitAll, ncclCommInitAll),
-    RT_NCCL_SYM(CommDestroy, ncclCommDestroy),   RT_NCCL_SYM(AllReduce, ncclAllReduce),
+    RT_NCCL_SYM(CommDestroy, ncclCommDestroy),   RT_NCCL_SYM(CommAbort, ncclCommAbort),
+    RT_NCCL_SYM(AllReduce, ncclAllReduce),
     RT_NCCL_SYM(AllGather, ncclAllGather),       RT_NCCL_SYM(GroupStart, ncclGroupStart),
     RT_NCCL_SYM(GroupEnd, ncclGroupEnd),         RT_NCCL_SYM(GetErrorString, ncclGetErrorString),
 };

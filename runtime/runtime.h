@@ -203,6 +203,7 @@ typedef struct {
     int (*CommInitRank)(rt_nccl_comm *comm, int nranks, rt_nccl_id id, int rank);
     int (*CommInitAll)(rt_nccl_comm *comms, int ndev, const int *devlist);
     int (*CommDestroy)(rt_nccl_comm comm);
+    int (*CommAbort)(rt_nccl_comm comm);
     int (*AllReduce)(const void *send, void *recv, size_t count, int dtype, int op, rt_nccl_comm comm, rt_custream s);
     int (*AllGather)(const void *send, void *recv, size_t count, int dtype, rt_nccl_comm comm, rt_custream s);
     int (*GroupStart)(void);

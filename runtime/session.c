@@ -248,6 +248,36 @@ static kiln_status run_gemm(kiln_session *s, int i, const rt_launch *l) {
     return rt_cublas_error(r, "cublasGemmStridedBatchedEx", what);
 }
 
+/* ncclAllReduce of step i on the session's stream: the values of this run (the count at the
+ * run's dims), summed over the group's ranks. */
+static kiln_status run_coll(kiln_session *s, int i, const rt_launch *l) {
+    const cg_coll *c = &l->coll;
+    if (!s->comm)
+        return kb_error(KILN_ERR_INVALID, "kiln_session_run: step %d '%s' is an all_reduce over %d ranks: the program "
+                                          "runs in a group of %d sessions (kiln_group_new), not alone",
+                        i, l->name, c->ranks, c->ranks);
+    bool    dyn = c->count_sym >= 0 && c->count_sym < s->ndims;
+    int64_t n = dyn ? (int64_t)c->count_mul * s->dims_host[c->count_sym] : c->count;
+    if (n > c->count) n = c->count; /* (a dim is never over its maximum: kiln_session_set_dim) */
+    int r = s->nccl->AllReduce((const void *)(uintptr_t)l->coll_ptr[0], (void *)(uintptr_t)l->coll_ptr[1], (size_t)n,
+                               RT_NCCL_FLOAT32, RT_NCCL_SUM, s->comm, s->stream);
+    if (!r) return NULL;
+    char what[160];
+    snprintf(what, sizeof what, "running step %d '%s' (%lld floats) on rank %d of %d", i, l->name, (long long)n, s->rank,
+             s->nranks);
+    return rt_nccl_error(r, "ncclAllReduce", what);
+}
+
+void rt_library_ptrs(rt_launch *l) {
+    if (l->kind == CG_GEMM) {
+        const cg_mat *m[3] = {&l->gemm.a, &l->gemm.b, &l->gemm.c};
+        for (int j = 0; j < 3; j++) l->gemm_ptr[j] = l->argv[m[j]->param] + (rt_cuptr)m[j]->offset;
+    } else if (l->kind == CG_COLLECTIVE) {
+        const cg_mat *m[2] = {&l->coll.src, &l->coll.dst};
+        for (int j = 0; j < 2; j++) l->coll_ptr[j] = l->argv[m[j]->param] + (rt_cuptr)m[j]->offset;
+    }
+}
+
 static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
     const rt_cuda_api *cu = s->cu;
     if (p->nkernels <= 0) return NULL;
@@ -317,6 +347,20 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
             l->empty = !k->gemm.m || !k->gemm.n;
             /* A captured library call keeps its sizes: a varying one means plain launches. */
             if (k->gemm.n_sym >= 0) s->use_graphs = false;
+            s->nlaunches++;
+            continue;
+        }
+        if (k->kind == CG_COLLECTIVE) {
+            l->coll = k->coll;
+            const cg_mat *m[2] = {&k->coll.src, &k->coll.dst};
+            for (int j = 0; j < 2; j++)
+                if (m[j]->param < 0 || m[j]->param >= k->nparams || k->params[m[j]->param] < 0)
+                    return kb_error(KILN_ERR_INVALID, "kiln_session_new: step %d '%s': operand %d names "
+                                                      "parameter %d of %d", i, l->name, j, m[j]->param, k->nparams);
+            rt_library_ptrs(l);
+            l->empty = false;
+            if (k->coll.count_sym >= 0) s->use_graphs = false; /* (as a GEMM of varying size) */
+            s->ncoll++;
             s->nlaunches++;
             continue;
         }
@@ -922,8 +966,8 @@ kiln_status rt_launch_all(kiln_session *s, const char *doing) {
             if (st) return st;
         }
         if (l->empty) continue;
-        if (l->kind == CG_GEMM) {
-            kiln_status st = run_gemm(s, i, l);
+        if (l->kind == CG_GEMM || l->kind == CG_COLLECTIVE) {
+            kiln_status st = l->kind == CG_GEMM ? run_gemm(s, i, l) : run_coll(s, i, l);
             if (st) return st;
             continue;
         }
@@ -1033,6 +1077,9 @@ static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats) {
     if (s->broken)
         return kb_error(KILN_ERR_CUDA, "kiln_session_run: an earlier run failed on the GPU and left "
                                        "the CUDA context unusable; create a new process");
+    if (s->ncoll && !s->comm)
+        return kb_error(KILN_ERR_INVALID, "kiln_session_run: the program has %d all_reduce steps: it runs in a group "
+                                          "of sessions (kiln_group_new, kiln_group_run), not alone", s->ncoll);
     const rt_cuda_api *cu = s->cu;
     kiln_status        st = rt_make_current(s);
     if (st) return st;

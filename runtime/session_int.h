@@ -15,6 +15,8 @@ typedef struct {
     cg_step_kind kind;
     cg_gemm  gemm;           /* CG_GEMM: the call; a/b/c device addresses below */
     rt_cuptr gemm_ptr[3];
+    cg_coll  coll;           /* CG_COLLECTIVE: the call; src/dst device addresses below */
+    rt_cuptr coll_ptr[2];
     rt_cufn  fn;
     unsigned grid[3], block[3], smem;
     int      nparams;
@@ -53,6 +55,14 @@ struct kiln_session {
     size_t    arena_bytes;
     rt_cuptr  scratch;     /* the program's scratch (one stream: nodes take turns) */
     size_t    scratch_bytes;
+
+    /* Collectives (runtime/group.c): the communicator of this session's rank in its group
+     * (kiln_group_new sets it, on the variants too); NULL for a session alone, whose program
+     * then must have no CG_COLLECTIVE step. */
+    const rt_nccl_api *nccl;
+    rt_nccl_comm       comm;
+    int                rank, nranks;
+    int                ncoll; /* CG_COLLECTIVE steps of the program */
 
     const rt_cublas_api *blas; /* set when the program has library GEMM steps */
     rt_cublas            blas_handle;
@@ -150,6 +160,9 @@ void          rt_pins_idle(kiln_session *s);     /* the stream is idle: no pinne
 /* Chained runs (runtime/chain.c). */
 kiln_status rt_chain_check_set(kiln_session *s, const char *name); /* an error for the fed input */
 void        rt_chain_free(kiln_session *s);
+/* Library steps (CG_GEMM, CG_COLLECTIVE): their operands' device addresses from the launch's
+ * current argv (after a chain redirects it). */
+void rt_library_ptrs(rt_launch *l);
 /* Makes s's context current on the calling thread. */
 kiln_status rt_make_current(kiln_session *s);
 

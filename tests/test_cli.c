@@ -469,8 +469,10 @@ START_TEST(arch_below_sm80_is_a_usage_error) {
 END_TEST
 
 /* --tp: kiln inspect MODEL.gguf --tp G prints the split (exit 0), refuses a G the model cannot
- * split over naming the hyperparameter (exit 1) and a .kg graph (exit 2); run and compile say
- * running over several GPUs is not built yet (exit 2); G is range-checked. */
+ * split over naming the hyperparameter (exit 1) and a .kg graph (exit 2); kiln run --tp 2 --cpu
+ * (the CPU reference evaluating both ranks' graphs together) generates the tokens the whole
+ * model does, a prompt longer than --n-batch included; kiln compile --tp is not built (exit 2);
+ * G is range-checked. */
 START_TEST(tensor_parallel_flag) {
     char m[4200], args[4400];
     tiny_model(m, sizeof m);
@@ -480,10 +482,21 @@ START_TEST(tensor_parallel_flag) {
     snprintf(args, sizeof args, "inspect '%s' --tp 3", m);
     expect(1, args, "is not a multiple of 3", NULL);
     expect(2, "inspect examples/swiglu.kg --tp 2", "--tp splits a GGUF model", NULL);
-    snprintf(args, sizeof args, "run '%s' --tp 2 --cpu", m);
-    expect(2, args, "kiln run: --tp 2: running over several GPUs needs tensor parallelism's NCCL step", NULL);
+    char *whole = NULL, *split = NULL;
+    snprintf(args, sizeof args, "run '%s' --tokens 1,17,300,5,9,42 --n-batch 4 -n 6 --cpu", m);
+    ck_assert_int_eq(kiln(args, &whole), 0);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,17,300,5,9,42 --n-batch 4 -n 6 --cpu --tp 2", m);
+    ck_assert_int_eq(kiln(args, &split), 0);
+    const char *gw = strstr(whole, "generated:"), *gs = strstr(split, "generated:");
+    ck_assert_msg(gw && gs, "%s\n%s", whole, split);
+    ck_assert_msg(!strncmp(gw, gs, strcspn(gw, "\n") + 1), "--tp 2 generated\n%s\nthe whole model\n%s", gs, gw);
+    free(whole), free(split);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2 --tp 3 --cpu", m);
+    expect(1, args, "n_head 4 is not a multiple of 3", NULL);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2 --tp 2 --context-shift --cpu", m);
+    expect(2, args, "--context-shift is not built for several GPUs yet", NULL);
     snprintf(args, sizeof args, "compile '%s' --tp 2", m);
-    expect(2, args, "kiln compile: --tp 2: running over several GPUs", "kiln inspect MODEL.gguf --tp 2");
+    expect(2, args, "kiln compile: --tp 2: a program per GPU", "kiln run MODEL.gguf --tp 2");
     snprintf(args, sizeof args, "inspect '%s' --tp 65", m);
     expect(2, args, "--tp 65: must be 1 .. 64", NULL);
 }

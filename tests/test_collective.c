@@ -1,13 +1,15 @@
 /* all_reduce and the CPU reference of a tensor-parallel group (ir/ref_collective.c; issue 30):
  * a Megatron-split MLP (column-parallel up, row-parallel down, the partial sums all-reduced)
  * evaluated over 2 and 4 ranks gives every rank the same values, equal to the unsplit graph's
- * within rounding; the op's refusals; errors instead of a hang when the ranks do not meet; and
- * codegen's refusal until the NCCL step exists; and whole models: the graph of each rank of 2 and
+ * within rounding; the op's refusals; errors instead of a hang when the ranks do not meet;
+ * codegen's NCCL step (kiln_group runs it: tests/gpu/test_gpu_collective.c) and kiln_group_new's
+ * argument checks; and whole models: the graph of each rank of 2 and
  * 4 (kiln_build_opts.tp_size) with its slices of a random model's weights (km_tp_slice), the
  * group evaluated together, gives the whole model's logits. No GPU needed. */
 #include "tests/support.h"
 
 #include "model/arch.h"
+#include "tests/tp_support.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -42,17 +44,7 @@ static void rd_put(void *user, const char *name, kiln_type type, int64_t n, cons
 
 /* The MLP y = w2 · silu(w1 · x) + x, its FFN width f (F / ranks on a rank); with ranks > 1 the
  * down product's partial sums are all-reduced before the residual add. */
-static char *mlp_kg(int f, int ranks) {
-    char *t = malloc(1024);
-    ck_assert_ptr_nonnull(t);
-    char reduce[64] = "";
-    if (ranks > 1) snprintf(reduce, sizeof reduce, "s = all_reduce(o, %d)\n", ranks);
-    snprintf(t, 1024,
-             "weight w1: f32[%d, %d]\nweight w2: f32[%d, %d]\ninput x: f32[%d, %d]\n"
-             "h = mul_mat(w1, x)\na = silu(h)\no = mul_mat(w2, a)\n%soutput y = add(%s, x)\n",
-             K, f, f, K, K, N, reduce, ranks > 1 ? "s" : "o");
-    return t;
-}
+static char *mlp_kg(int f, int ranks) { return ts_tp_mlp_kg(K, f, N, ranks); }
 
 static float *rnd(int64_t n, uint64_t seed) {
     float *v = malloc((size_t)n * sizeof *v);
@@ -197,9 +189,72 @@ START_TEST(op_rules) {
 }
 END_TEST
 
-/* Codegen refuses an all_reduce (the NCCL step is not built), naming what is missing. */
-START_TEST(codegen_refuses) {
-    char       *kg = mlp_kg(F / 2, 2);
+/* Compiles kg into a fresh cache; *cache gets the directory (caller frees). */
+static kiln_program *compile_kg(const char *kg, kiln_ctx **ctx, kiln_graph **g, char **cache) {
+    *g = ts_build(kg, ctx);
+    *cache = ts_tmpdir();
+    kiln_compile_opts o = {.arch = "sm_90a", .cache_dir = *cache};
+    kiln_program     *p = NULL;
+    TS_OK(kiln_compile(*g, &o, &p));
+    return p;
+}
+
+/* Codegen makes an all_reduce one NCCL step: over the rank's ranks, the node's values (at a
+ * symbolic n_tokens: 128 x n of them, the maximum in the program's text), between the node's
+ * operand and its buffer; a program hit gives it back the same (the plan keeps the step). */
+START_TEST(codegen_nccl_step) {
+    char         *kg = mlp_kg(F / 2, 2), *cache;
+    kiln_ctx     *ctx;
+    kiln_graph   *g;
+    kiln_program *p = compile_kg(kg, &ctx, &g, &cache);
+    char         *d = NULL;
+    TS_OK(kiln_program_describe(p, &d));
+    char want[96];
+    snprintf(want, sizeof want, "all_reduce_f32_2 NCCL all_reduce over 2 ranks, %d floats", K * N);
+    ck_assert_msg(strstr(d, want), "no '%s' in:\n%s", want, d);
+    int coll = -1;
+    for (int i = 0; i < kiln_program_kernel_count(p); i++)
+        if (!strncmp(kiln_program_kernel_name(p, i), "all_reduce", 10)) coll = i;
+    ck_assert_int_ge(coll, 0);
+    ck_assert_msg(strstr(kiln_program_kernel_source(p, coll), "ncclAllReduce(send p"), "%s",
+                  kiln_program_kernel_source(p, coll));
+    /* the second compile loads the program from the cache, the step with it */
+    kiln_compile_opts o = {.arch = "sm_90a", .cache_dir = cache};
+    kiln_program     *q = NULL;
+    TS_OK(kiln_compile(g, &o, &q));
+    kiln_compile_stats cs;
+    kiln_program_stats(q, &cs);
+    ck_assert_int_eq(cs.program_cached, 1);
+    char *e = NULL;
+    TS_OK(kiln_program_describe(q, &e));
+    ck_assert_str_eq(d, e);
+    free(d), free(e);
+    kiln_program_free(q);
+    kiln_program_free(p);
+    ts_tmpdir_free(cache);
+    ts_graph_free(g, ctx);
+    free(kg);
+    /* symbolic n_tokens: the count follows it; its maximum is in the program */
+    static const char dyn[] = "dim n <= 40\nweight w: f32[256, 128]\ninput x: f32[256, n]\nm = mul_mat(w, x)\n"
+                              "r = all_reduce(m, 4)\noutput y = add(r, m)\n";
+    p = compile_kg(dyn, &ctx, &g, &cache);
+    TS_OK(kiln_program_describe(p, &d));
+    ck_assert_msg(strstr(d, "NCCL all_reduce over 4 ranks, 5120 floats at most"), "%s", d);
+    free(d);
+    for (int i = 0; i < kiln_program_kernel_count(p); i++)
+        if (!strncmp(kiln_program_kernel_name(p, i), "all_reduce", 10))
+            ck_assert_msg(strstr(kiln_program_kernel_source(p, i), "count = 128 * kdims[0] at run time"), "%s",
+                          kiln_program_kernel_source(p, i));
+    kiln_program_free(p);
+    ts_tmpdir_free(cache);
+    ts_graph_free(g, ctx);
+}
+END_TEST
+
+/* The template refuses what NCCL's flat count cannot address: a symbolic dim that is not the
+ * outermost one. */
+START_TEST(codegen_refusals) {
+    static const char kg[] = "dim n <= 40\ninput x: f32[n, 3]\nr = all_reduce(x, 2)\noutput y = add(r, x)\n";
     kiln_ctx   *ctx;
     kiln_graph *g = ts_build(kg, &ctx);
     char       *cache = ts_tmpdir();
@@ -207,8 +262,51 @@ START_TEST(codegen_refuses) {
     kiln_program     *p = NULL;
     kiln_status       st = kiln_compile(g, &o, &p);
     ck_assert_ptr_nonnull(st);
-    ck_assert_msg(strstr(kiln_status_msg(st), "NCCL step"), "%s", kiln_status_msg(st));
+    ck_assert_msg(strstr(kiln_status_msg(st), "only the outermost dim may be symbolic"), "%s", kiln_status_msg(st));
     kiln_status_free(st);
+    ts_tmpdir_free(cache);
+    ts_graph_free(g, ctx);
+}
+END_TEST
+
+/* kiln_group_new checks its arguments before it needs a GPU: the rank count, NULL programs,
+ * programs whose all_reduce is over another number of ranks, devices named twice. A session
+ * alone refuses a program with all_reduce steps when it runs (kiln_session_new needs a GPU:
+ * not here). */
+START_TEST(group_arguments) {
+    char         *kg = mlp_kg(F / 2, 2), *cache;
+    kiln_ctx     *ctx;
+    kiln_graph   *g;
+    kiln_program *p = compile_kg(kg, &ctx, &g, &cache);
+    const kiln_program *two[2] = {p, p}, *four[4] = {p, p, p, p}, *holes[2] = {p, NULL};
+    kiln_group         *grp = (kiln_group *)1;
+    ts_expect_status(kiln_group_new(two, 1, NULL, &grp), KILN_ERR_INVALID, "a group has 2 .. 64 ranks, not 1");
+    ck_assert_ptr_null(grp);
+    ts_expect_status(kiln_group_new(two, 65, NULL, &grp), KILN_ERR_INVALID, "not 65");
+    ts_expect_status(kiln_group_new(NULL, 2, NULL, &grp), KILN_ERR_INVALID, "programs is NULL");
+    ts_expect_status(kiln_group_new(holes, 2, NULL, &grp), KILN_ERR_INVALID, "the program of rank 1 is NULL");
+    ts_expect_status(kiln_group_new(four, 4, NULL, &grp), KILN_ERR_INVALID,
+                     "the program of rank 0 has an all_reduce over 2 ranks");
+    int            same[2] = {1, 1};
+    kiln_group_opts go = {.devices = same};
+    ts_expect_status(kiln_group_new(two, 2, &go, &grp), KILN_ERR_INVALID, "ranks 0 and 1 both name device 1");
+    ts_expect_status(kiln_group_new(two, 2, NULL, NULL), KILN_ERR_INVALID, "out is NULL");
+    /* Valid arguments: without a driver, NCCL or two GPUs, KILN_ERR_NO_GPU saying which; on a
+     * machine with them, the group. */
+    kiln_status st = kiln_group_new(two, 2, NULL, &grp);
+    if (st) {
+        ck_assert_msg(kiln_status_code(st) == KILN_ERR_NO_GPU, "%s", kiln_status_msg(st));
+        ck_assert_ptr_null(grp);
+        kiln_status_free(st);
+    } else {
+        ck_assert_int_eq(kiln_group_size(grp), 2);
+        kiln_group_free(grp);
+    }
+    ts_expect_status(kiln_group_run(NULL), KILN_ERR_INVALID, "group is NULL");
+    ck_assert_int_eq(kiln_group_size(NULL), 0);
+    ck_assert_ptr_null(kiln_group_session(NULL, 0));
+    kiln_group_free(NULL);
+    kiln_program_free(p);
     ts_tmpdir_free(cache);
     ts_graph_free(g, ctx);
     free(kg);
@@ -217,106 +315,6 @@ END_TEST
 
 /* ---- whole models ---------------------------------------------------------------------------- */
 
-enum { MT = 5, MCTX = 16 };
-
-/* One graph's host data: the model's weights (a rank's slices of them), inputs, zero caches. */
-typedef struct {
-    const kiln_model         *m;
-    const kiln_model_hparams *hp; /* the whole model's */
-    int                       g, rank;
-    int32_t                   tokens[MT], pos[MT], out_ids[MT];
-    int64_t                   slots[MT];
-    float                     shard[MT];
-    uint16_t                  mask[MT * MT], mask_swa[MT * MT];
-    void                     *own[256]; /* buffers handed out, freed after */
-    int                       nown;
-    float                    *logits;
-    int64_t                   nlogits;
-} model_data;
-
-static void *md_keep(model_data *d, size_t bytes) {
-    if (d->nown == (int)(sizeof d->own / sizeof d->own[0])) return NULL;
-    return d->own[d->nown++] = calloc(1, bytes ? bytes : 1);
-}
-
-/* The model's weight `name` (blk.N.X or X), or this rank's slices of it in order. */
-static const void *md_weight(model_data *d, const char *name, kiln_type type, int64_t n) {
-    const char *base = name;
-    if (!strncmp(name, "blk.", 4) && strchr(name + 4, '.')) base = strchr(name + 4, '.') + 1;
-    int64_t il = base == name ? -1 : strtoll(name + 4, NULL, 10);
-    const km_weight *w = NULL; /* (phi3's fused ffn_up has its own row: the one this model has) */
-    for (int i = 0; i < KM_W_COUNT && !w; i++)
-        if (!strcmp(km_weights[i].name, base) && km_weights[i].in_layer == (il >= 0) && km_weight_present(d->hp, &km_weights[i], il))
-            w = &km_weights[i];
-    if (!w) return NULL;
-    int64_t ne[4];
-    km_weight_shape(d->hp, w, ne);
-    const unsigned char *whole = kiln_model_weight(d->m, name, type, ne[0] * ne[1] * ne[2] * ne[3]);
-    if (!whole || d->g == 1) return whole;
-    unsigned char *part = md_keep(d, kiln_row_size(type, n));
-    if (!part) return NULL;
-    int64_t at = 0, cnt = km_tp_slice_count(d->hp, w, d->g);
-    for (int64_t i = 0; i < cnt; i++) {
-        int64_t off, len;
-        km_tp_slice(d->hp, w, d->g, d->rank, type, i, &off, &len);
-        memcpy(part + at, whole + off, (size_t)len);
-        at += len;
-    }
-    return at == (int64_t)kiln_row_size(type, n) ? part : NULL;
-}
-
-static const void *md_get(void *user, const char *name, kiln_type type, int64_t n) {
-    model_data *d = user;
-    if (!strcmp(name, "inp_tokens")) return d->tokens;
-    if (!strcmp(name, "inp_pos")) return d->pos;
-    if (!strcmp(name, "kv_idxs")) return d->slots;
-    if (!strcmp(name, "inp_out_ids")) return d->out_ids;
-    if (!strcmp(name, "inp_tok_shard")) return d->shard;
-    if (!strcmp(name, "kq_mask")) return d->mask;
-    if (!strcmp(name, "kq_mask_swa")) return d->mask_swa;
-    if (!strncmp(name, "cache_", 6)) return md_keep(d, kiln_row_size(type, n));
-    return md_weight(d, name, type, n);
-}
-
-static void md_put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
-    model_data *d = user;
-    if (strcmp(name, "logits") || type != KILN_F32 || d->logits) return;
-    if ((d->logits = malloc((size_t)n * sizeof *d->logits))) memcpy(d->logits, data, (size_t)n * sizeof(float)), d->nlogits = n;
-}
-
-/* The graph of rank `rank` of g (g = 1: the whole model), bound to MT tokens from an empty cache. */
-static kiln_graph *model_graph(const kiln_model *m, int g, int rank, kiln_ctx **ctx, kiln_ctx **bound) {
-    *ctx = kiln_ctx_new();
-    kiln_build_opts o = {.n_ctx = MCTX, .n_tokens_max = 8, .outputs = KILN_OUTPUTS_ALL, .tp_size = g, .tp_rank = rank};
-    TS_OK(kiln_model_build(*ctx, m, &o));
-    static const char *const names[2] = {"n_tokens", "n_kv"};
-    const int64_t            values[2] = {MT, MT};
-    TS_OK(kiln_ctx_bind(*ctx, 2, names, values, bound));
-    kiln_graph *gr = NULL;
-    TS_OK(kiln_graph_new(*bound, &gr));
-    return gr;
-}
-
-static void model_inputs(model_data *d, const kiln_model_hparams *hp) {
-    const int64_t vs = hp->n_vocab / d->g;
-    for (int t = 0; t < MT; t++) {
-        int32_t tok = (int32_t)((t * 7919 + 13) % hp->n_vocab);
-        bool    in = tok / vs == d->rank;
-        d->tokens[t] = d->g == 1 ? tok : in ? (int32_t)(tok - d->rank * vs) : 0;
-        d->shard[t] = in ? 1.0f : 0.0f;
-        d->pos[t] = t, d->out_ids[t] = t, d->slots[t] = t;
-        for (int j = 0; j < MT; j++) {
-            d->mask[t * MT + j] = j <= t ? 0 : 0xFC00; /* f16 -inf */
-            d->mask_swa[t * MT + j] = j <= t && t - j < hp->n_swa ? 0 : 0xFC00;
-        }
-    }
-}
-
-static void md_free(model_data *d) {
-    for (int i = 0; i < d->nown; i++) free(d->own[i]);
-    free(d->logits);
-}
-
 /* Preset `name` of arch, split over g: every rank's logits are the whole model's rows of its
  * vocabulary shard. */
 static void model_split_equals_whole(const char *arch, kiln_model_hparams hp, int g) {
@@ -324,31 +322,30 @@ static void model_split_equals_whole(const char *arch, kiln_model_hparams hp, in
     kiln_model *m = NULL;
     TS_OK(kiln_model_random(&hp, 11, &m));
     const kiln_model_hparams *mh = kiln_model_get_hparams(m);
-    model_data whole = {.m = m, .hp = mh, .g = 1};
-    model_inputs(&whole, mh);
+    ts_tp_data whole;
+    ts_tp_init(&whole, m, 1, 0);
     kiln_ctx   *c, *bc;
-    kiln_graph *gr = model_graph(m, 1, 0, &c, &bc);
-    TS_OK(kiln_reference(gr, md_get, md_put, &whole));
+    kiln_graph *gr = ts_tp_graph(m, 1, 0, &c, &bc);
+    TS_OK(kiln_reference(gr, ts_tp_get, ts_tp_put, &whole));
     kiln_graph_free(gr), kiln_ctx_free(bc), kiln_ctx_free(c);
-    ck_assert_int_eq(whole.nlogits, mh->n_vocab * MT);
+    ck_assert_int_eq(whole.nlogits, mh->n_vocab * TS_TP_T);
 
-    model_data *d = calloc((size_t)g, sizeof *d);
+    ts_tp_data *d = calloc((size_t)g, sizeof *d);
     kiln_ctx   *cs[4], *bs[4];
     kiln_graph *gs[4];
     void       *users[4];
     ck_assert_ptr_nonnull(d);
     for (int r = 0; r < g; r++) {
-        d[r] = (model_data){.m = m, .hp = mh, .g = g, .rank = r};
-        model_inputs(&d[r], mh);
-        gs[r] = model_graph(m, g, r, &cs[r], &bs[r]);
+        ts_tp_init(&d[r], m, g, r);
+        gs[r] = ts_tp_graph(m, g, r, &cs[r], &bs[r]);
         users[r] = &d[r];
     }
-    TS_OK(kiln_reference_group((const kiln_graph *const *)gs, g, md_get, md_put, users));
+    TS_OK(kiln_reference_group((const kiln_graph *const *)gs, g, ts_tp_get, ts_tp_put, users));
     const int64_t vs = mh->n_vocab / g;
     double        maxd = 0, maxl = 0;
     for (int r = 0; r < g; r++) {
-        ck_assert_int_eq(d[r].nlogits, vs * MT);
-        for (int t = 0; t < MT; t++)
+        ck_assert_int_eq(d[r].nlogits, vs * TS_TP_T);
+        for (int t = 0; t < TS_TP_T; t++)
             for (int64_t v = 0; v < vs; v++) {
                 double a = d[r].logits[t * vs + v], b = whole.logits[t * mh->n_vocab + r * vs + v];
                 maxd = fmax(maxd, fabs(a - b)), maxl = fmax(maxl, fabs(b));
@@ -358,10 +355,10 @@ static void model_split_equals_whole(const char *arch, kiln_model_hparams hp, in
                   maxl);
     for (int r = 0; r < g; r++) {
         kiln_graph_free(gs[r]), kiln_ctx_free(bs[r]), kiln_ctx_free(cs[r]);
-        md_free(&d[r]);
+        ts_tp_free(&d[r]);
     }
     free(d);
-    md_free(&whole);
+    ts_tp_free(&whole);
     kiln_model_close(m);
 }
 
@@ -408,7 +405,7 @@ END_TEST
 
 int main(void) {
     Suite *s = TS_SUITE("collective", TS_CASE("group", 60),
-                        TS_TESTS(mlp_over_2_and_4_ranks, group_errors, op_rules, codegen_refuses),
+                        TS_TESTS(mlp_over_2_and_4_ranks, group_errors, op_rules, codegen_nccl_step, codegen_refusals, group_arguments),
                         TS_CASE("models", 120), TS_LOOP(0, (int)(sizeof TP_ARCHS / sizeof TP_ARCHS[0]), model_over_2_and_4_ranks),
                         TS_TESTS(model_refusals));
     return ts_main_isolated(s, "collective");

@@ -21,7 +21,7 @@
 const char kt_run_model_help[] =
     "usage: kiln run MODEL.gguf (--tokens ID,ID,... | --prompt TEXT) [-n N] [-r TEXT]... [--ignore-eos]\n"
     "                           [--raw] [--verbose-prompt] [-sys TEXT] [--chat-template NAME] [-cnv]\n"
-    "                           [--n-ctx N] [--n-batch N]\n"
+    "                           [--n-ctx N] [--n-batch N] [--tp G]\n"
     "                           [--check] [--cpu] [--stats] [--no-cuda-graph] [--dump-logits FILE]\n"
     "                           [compile options]\n"
     "  builds the model's graph from the GGUF's hyperparameters (llama, qwen2, qwen3, qwen3moe,\n"
@@ -86,6 +86,11 @@ const char kt_run_model_help[] =
     "                   the worst logits NMSE and whether each greedy pick agrees (tiny models:\n"
     "                   the CPU evaluates node by node)\n"
     "  --cpu            run on the CPU reference only (no GPU needed)\n"
+    "  --tp G           tensor parallelism over G GPUs (devices 0 .. G-1; docs/tp.md): each GPU\n"
+    "                   holds its share of the heads, FFN columns and vocabulary and reads only\n"
+    "                   its part of the file; NCCL sums the partial products (loaded with dlopen).\n"
+    "                   With --cpu the CPU reference evaluates the G graphs together. Dense models\n"
+    "                   (no experts or MLA yet); 'kiln inspect MODEL.gguf --tp G' shows the split\n"
     "  --stats          where the time went: warm-up, and per evaluation the inputs, the run,\n"
     "                   reading the logits back and picking the token\n"
     "  --no-cuda-graph  launch kernels one by one instead of replaying CUDA graphs\n"
@@ -259,9 +264,7 @@ static int parse(int argc, char **argv, kt_model_args *a) {
         else if (!strcmp(o, "--no-cuda-graph")) a->no_graph = true;
         else if (!strcmp(o, "--no-cache")) a->no_cache = true;
         else if (!strcmp(o, "--no-fuse")) a->no_fuse = true;
-        else if (!strcmp(o, "--tp"))
-            return usage("--tp %s: running over several GPUs needs tensor parallelism's NCCL step, which is not built "
-                         "yet; 'kiln inspect MODEL.gguf --tp G' shows how the model splits", v);
+        else if (!strcmp(o, "--tp")) ok = kt_flag_int32("run", o, v, 1, 64, &a->tp);
         else if (o[0] == '-' && o[1]) return usage("unknown option '%s' for a model", o);
         else if (a->path) return usage("more than one model given ('%s')", o);
         else a->path = o;
@@ -288,6 +291,7 @@ static int parse(int argc, char **argv, kt_model_args *a) {
     if (a->tokens && (a->system || a->chat_template))
         return usage("%s", "-sys and --chat-template format a text prompt; they do not go with --tokens");
     if (a->check && a->cpu) return usage("%s", "--check compares the GPU with the CPU; it does not go with --cpu");
+    if (a->tp > 1 && a->context_shift) return usage("%s", "--tp: --context-shift is not built for several GPUs yet");
     return KT_GO_ON;
 }
 
@@ -462,7 +466,7 @@ kiln_gen_opts kt_model_gen_opts(const kt_model_args *a, kiln_compile_opts *co, k
     so->no_cuda_graph = a->no_graph;
     /* the sampler, so that kiln_gen_new builds the decode program's "sample" output when the
      * GPU can run it (kiln_sampler_on_gpu: no penalties, top_k 1 .. 256) */
-    return (kiln_gen_opts){.n_ctx = a->n_ctx, .n_batch = a->n_batch, .cpu = a->cpu, .compile = co, .session = so,
+    return (kiln_gen_opts){.n_ctx = a->n_ctx, .n_batch = a->n_batch, .cpu = a->cpu, .tp = a->tp, .compile = co, .session = so,
                            .progress = kt_progress_bytes, .progress_user = ps + 1,
                            .sampler = a->sampling ? &a->sampler : NULL};
 }

@@ -100,8 +100,9 @@ int kt_args_parse(int argc, char **argv, kt_args *c) {
     if (c->bundle && c->graph) return kt_usage(NULL, "give a graph or --bundle, not both ('%s')", c->graph);
     if (!c->graph && !c->bundle) return kt_usage(NULL, "%s: no graph file given", c->cmd);
     if (c->tp > 1 && strcmp(c->cmd, "inspect"))
-        return kt_usage(c->cmd, "--tp %d: running over several GPUs needs tensor parallelism's NCCL step, which is not "
-                        "built yet; 'kiln inspect MODEL.gguf --tp %d' shows how the model splits", c->tp, c->tp);
+        return kt_usage(c->cmd, "--tp %d: a program per GPU is not written by kiln %s yet; 'kiln run MODEL.gguf --tp %d' "
+                        "compiles and runs the split, 'kiln inspect MODEL.gguf --tp %d' shows it", c->tp, c->cmd, c->tp,
+                        c->tp);
     return KT_GO_ON;
 }
 

@@ -1,0 +1,257 @@
+/* kiln_group: the sessions of one tensor-parallel model's ranks, one per GPU, joined by one NCCL
+ * communicator (docs/tp.md). One process drives every GPU: ncclCommInitAll makes the
+ * communicators of all ranks at once, so no unique id travels between processes, and each
+ * rank's session keeps its own context, stream and CUDA graph (NCCL's kernels are captured in
+ * it with the rank's kernels).
+ *
+ * Runs: an all_reduce step does not return until every rank has reached it, so the ranks' runs
+ * must be issued concurrently. Each rank but the first has a worker thread for the group's
+ * life; kiln_group_run hands every worker the run (a generation counter under a mutex), runs
+ * rank 0 on the calling thread, and waits for the workers.
+ *
+ * A rank whose run fails may never reach an all_reduce the others wait for on their GPUs: the
+ * first failure aborts every communicator (ncclCommAbort ends the waiting NCCL kernels, so the
+ * other ranks' runs return with errors instead of hanging), and the group is then broken: its
+ * later runs fail at once, naming the first error's rank. */
+#include "runtime/session_int.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RT_GROUP_MAX 64
+
+typedef struct {
+    kiln_group *g;
+    int         rank;
+    pthread_t   thread;
+    bool        started;
+    kiln_status st; /* this rank's last run */
+} rt_worker;
+
+struct kiln_group {
+    int            n;
+    kiln_session **s;
+    rt_nccl_comm  *comms;
+    const rt_nccl_api *nccl;
+    rt_worker     *w;
+    pthread_mutex_t mu;
+    pthread_cond_t  go, done;
+    bool            sync_ok;
+    uint64_t        gen;  /* runs handed out */
+    int             left; /* workers still running the current one */
+    bool            quit;
+    int             broken; /* 1 + the rank whose failure aborted the communicators, or 0 */
+};
+
+/* A rank's run failed: abort the communicators once (under g->mu), so that no rank waits on its
+ * GPU for an all_reduce that will not come. */
+static void abort_locked(kiln_group *g, int rank) {
+    if (g->broken) return;
+    g->broken = rank + 1;
+    for (int r = 0; r < g->n; r++)
+        if (g->comms[r]) g->nccl->CommAbort(g->comms[r]);
+}
+
+/* The number of ranks of program p's all_reduce steps (its variants' too) that is not n, or 0. */
+static int other_ranks(const kiln_program *p, int n, int *step) {
+    for (int i = 0; i < p->nkernels; i++)
+        if (p->kernels[i].kind == CG_COLLECTIVE && p->kernels[i].coll.ranks != n) {
+            *step = i;
+            return p->kernels[i].coll.ranks;
+        }
+    for (int v = 0; v < p->nspec; v++) {
+        int r = other_ranks(p->spec[v], n, step);
+        if (r) return r;
+    }
+    return 0;
+}
+
+static kiln_status check_args(const kiln_program *const *programs, int n, const kiln_group_opts *opts) {
+    static const char fn[] = "kiln_group_new";
+    if (n < 2 || n > RT_GROUP_MAX)
+        return kb_error(KILN_ERR_INVALID, "%s: a group has 2 .. %d ranks, not %d (one GPU: kiln_session_new)", fn,
+                        RT_GROUP_MAX, n);
+    if (!programs) return kb_error(KILN_ERR_INVALID, "%s: programs is NULL", fn);
+    for (int r = 0; r < n; r++) {
+        if (!programs[r]) return kb_error(KILN_ERR_INVALID, "%s: the program of rank %d is NULL", fn, r);
+        int step = -1, other = other_ranks(programs[r], n, &step);
+        if (other)
+            return kb_error(KILN_ERR_INVALID, "%s: the program of rank %d has an all_reduce over %d ranks (step %d); "
+                                              "the group has %d (build each rank's graph with tp_size %d)",
+                            fn, r, other, step, n, n);
+    }
+    for (int r = 0; opts && opts->devices && r < n; r++) {
+        if (opts->devices[r] < 0)
+            return kb_error(KILN_ERR_INVALID, "%s: rank %d's device %d is negative", fn, r, opts->devices[r]);
+        for (int q = 0; q < r; q++)
+            if (opts->devices[q] == opts->devices[r])
+                return kb_error(KILN_ERR_INVALID, "%s: ranks %d and %d both name device %d (one rank a GPU)", fn, q,
+                                r, opts->devices[r]);
+    }
+    return NULL;
+}
+
+/* The GPUs present: n of them at least. */
+static kiln_status check_devices(int n, const int *devices) {
+    kiln_status st = rt_driver_init();
+    if (st) return st;
+    int      count = 0;
+    rt_cures r = rt_cuda()->DeviceGetCount(&count);
+    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuDeviceGetCount", "counting the GPUs for a group of %d", n);
+    int need = n;
+    for (int i = 0; devices && i < n; i++)
+        if (devices[i] + 1 > need) need = devices[i] + 1;
+    if (count < need)
+        return kb_error(KILN_ERR_NO_GPU, "kiln_group_new: %d ranks need %s%d GPUs; this machine has %d", n,
+                        devices ? "devices up to " : "", devices ? need - 1 : n, count);
+    return NULL;
+}
+
+static void *worker_main(void *arg) {
+    rt_worker  *w = arg;
+    kiln_group *g = w->g;
+    uint64_t    seen = 0;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        while (!g->quit && g->gen == seen) pthread_cond_wait(&g->go, &g->mu);
+        if (g->quit) break;
+        seen = g->gen;
+        pthread_mutex_unlock(&g->mu);
+        kiln_status st = kiln_session_run(g->s[w->rank]);
+        pthread_mutex_lock(&g->mu);
+        w->st = st;
+        if (st) abort_locked(g, w->rank);
+        if (--g->left == 0) pthread_cond_signal(&g->done);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+/* Gives session s (and its variants) rank r's communicator. */
+static void join(kiln_group *g, int r) {
+    kiln_session *s = g->s[r];
+    for (int v = -1; v < s->nspec; v++) {
+        kiln_session *u = v < 0 ? s : s->spec[v];
+        u->nccl = g->nccl, u->comm = g->comms[r], u->rank = r, u->nranks = g->n;
+    }
+}
+
+kiln_status kiln_group_new(const kiln_program *const *programs, int n, const kiln_group_opts *opts, kiln_group **out) {
+    if (!out) return kb_error(KILN_ERR_INVALID, "kiln_group_new: out is NULL");
+    *out = NULL;
+    kiln_status st = check_args(programs, n, opts);
+    const int  *devs = opts ? opts->devices : NULL;
+    if (!st) st = check_devices(n, devs);
+    kiln_group *g = NULL;
+    if (!st && !(g = calloc(1, sizeof *g))) st = kb_oom();
+    if (st) return st;
+    g->n = n;
+    g->s = calloc((size_t)n, sizeof *g->s);
+    g->comms = calloc((size_t)n, sizeof *g->comms);
+    g->w = calloc((size_t)n, sizeof *g->w);
+    int *list = calloc((size_t)n, sizeof *list);
+    if (!g->s || !g->comms || !g->w || !list) st = kb_oom();
+    for (int r = 0; !st && r < n; r++) {
+        list[r] = devs ? devs[r] : r;
+        kiln_session_opts so = {.no_cuda_graph = opts ? opts->no_cuda_graph : 0, .device = list[r]};
+        if ((st = kiln_session_new(programs[r], &so, &g->s[r])))
+            st = kb_wrap(st, "kiln_group_new: rank %d (device %d)", r, list[r]);
+    }
+    if (!st) st = rt_nccl_init(&g->nccl);
+    if (!st) {
+        int res = g->nccl->CommInitAll(g->comms, n, list);
+        if (res) {
+            char what[96];
+            snprintf(what, sizeof what, "creating the communicators of %d GPUs", n);
+            st = rt_nccl_error(res, "ncclCommInitAll", what);
+            memset(g->comms, 0, (size_t)n * sizeof *g->comms);
+        }
+    }
+    free(list);
+    for (int r = 0; !st && r < n; r++) join(g, r);
+    if (!st) {
+        pthread_mutex_init(&g->mu, NULL);
+        pthread_cond_init(&g->go, NULL);
+        pthread_cond_init(&g->done, NULL);
+        g->sync_ok = true;
+    }
+    for (int r = 1; !st && r < n; r++) {
+        g->w[r] = (rt_worker){.g = g, .rank = r};
+        if (pthread_create(&g->w[r].thread, NULL, worker_main, &g->w[r]))
+            st = kb_error(KILN_ERR_NOMEM, "kiln_group_new: cannot start rank %d's thread", r);
+        else
+            g->w[r].started = true;
+    }
+    if (st) {
+        kiln_group_free(g);
+        return st;
+    }
+    *out = g;
+    return NULL;
+}
+
+void kiln_group_free(kiln_group *g) {
+    if (!g) return;
+    if (g->sync_ok) {
+        pthread_mutex_lock(&g->mu);
+        g->quit = true;
+        pthread_cond_broadcast(&g->go);
+        pthread_mutex_unlock(&g->mu);
+    }
+    for (int r = 1; g->w && r < g->n; r++)
+        if (g->w[r].started) pthread_join(g->w[r].thread, NULL);
+    for (int r = 1; g->w && r < g->n; r++) kiln_status_free(g->w[r].st);
+    /* The sessions' streams are idle (every run waits for its work); the communicators go
+     * before the contexts the sessions release. */
+    for (int r = 0; g->comms && g->nccl && r < g->n; r++)
+        if (g->comms[r] && !g->broken) g->nccl->CommDestroy(g->comms[r]); /* (aborted ones are freed) */
+    for (int r = 0; g->s && r < g->n; r++) kiln_session_free(g->s[r]);
+    if (g->sync_ok) {
+        pthread_mutex_destroy(&g->mu);
+        pthread_cond_destroy(&g->go);
+        pthread_cond_destroy(&g->done);
+    }
+    free(g->s);
+    free(g->comms);
+    free(g->w);
+    free(g);
+}
+
+int kiln_group_size(const kiln_group *g) { return g ? g->n : 0; }
+
+kiln_session *kiln_group_session(const kiln_group *g, int rank) {
+    return g && rank >= 0 && rank < g->n ? g->s[rank] : NULL;
+}
+
+kiln_status kiln_group_run(kiln_group *g) {
+    if (!g) return kb_error(KILN_ERR_INVALID, "kiln_group_run: group is NULL");
+    pthread_mutex_lock(&g->mu);
+    if (g->broken) {
+        int r = g->broken - 1;
+        pthread_mutex_unlock(&g->mu);
+        return kb_error(KILN_ERR_INVALID, "kiln_group_run: the group is broken: rank %d's run failed and the "
+                                          "communicators were aborted; create a new group", r);
+    }
+    for (int r = 1; r < g->n; r++) {
+        kiln_status_free(g->w[r].st);
+        g->w[r].st = NULL;
+    }
+    g->left = g->n - 1;
+    g->gen++;
+    pthread_cond_broadcast(&g->go);
+    pthread_mutex_unlock(&g->mu);
+    kiln_status st0 = kiln_session_run(g->s[0]);
+    pthread_mutex_lock(&g->mu);
+    if (st0) abort_locked(g, 0);
+    while (g->left > 0) pthread_cond_wait(&g->done, &g->mu);
+    /* The error of the rank that failed first (the others' follow from the abort). */
+    int         first = g->broken ? g->broken - 1 : -1;
+    kiln_status st = NULL;
+    if (first == 0) st = st0, st0 = NULL;
+    else if (first > 0) st = g->w[first].st, g->w[first].st = NULL;
+    pthread_mutex_unlock(&g->mu);
+    kiln_status_free(st0);
+    return st ? kb_wrap(st, "kiln_group_run: rank %d", first) : NULL;
+}
