@@ -275,14 +275,18 @@ void km_weight_shape(const kiln_model_hparams *hp, const km_weight *w, int64_t n
  * columns, expert FFN columns or vocabulary rows is cut in g (km_tp_sharded), every other one is
  * whole on each rank. */
 bool        km_tp_sharded(km_wdim d);
-/* NULL when a model of hp splits over g GPUs (heads, kv heads, FFN columns, vocabulary each a
- * multiple of g), else an error naming the hyperparameter. */
+/* NULL when a model of hp splits over g GPUs (heads, kv heads, FFN columns each a multiple of
+ * g; the vocabulary is padded: km_tp_vocab_share), else an error naming the hyperparameter. */
 kiln_status km_tp_check(const kiln_model_hparams *hp, int g);
 /* The dim of w cut across the ranks, or -1 (whole on every rank). */
 int         km_tp_split_dim(const km_weight *w);
 /* Whether w's product is a partial sum on each rank (its input extent cut: attn_output, the
  * FFN downs), all-reduced after. */
 bool        km_tp_row_parallel(const km_weight *w);
+/* A rank's vocabulary rows: ceil(n_vocab / g), the last rank's padded with zero rows (as
+ * Megatron pads the vocabulary) when g does not divide n_vocab; rank r holds tokens r·share ..
+ * (the last rank's real rows: n_vocab - (g - 1)·share). */
+int64_t     km_tp_vocab_share(const kiln_model_hparams *hp, int g);
 /* w's extents on one rank of g. */
 void        km_tp_rank_shape(const kiln_model_hparams *hp, const km_weight *w, int g, int64_t ne[4]);
 /* NULL when w in type t still has whole blocks in each rank's rows (a row-parallel weight's rows

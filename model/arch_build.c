@@ -592,8 +592,11 @@ static kiln_status check_opts(const kiln_model_hparams *hp, const kiln_build_opt
         if (o->argmax || o->sampler)
             return kb_error(KILN_ERR_INVALID, "build: tensor parallelism: a rank's logits are a shard of the vocabulary; "
                             "argmax and the sampler need the ranks' logits gathered first (not built yet)");
+        /* Routed experts split by their FFN columns as a dense FFN does (gate and up column-,
+         * down row-parallel; the router whole on every rank, so each picks the same experts),
+         * and the weighted sum of the partial outputs is all-reduced with the layer's FFN. */
         const char *why = km_mla(hp)                            ? "multi-head latent attention (deepseek2)"
-                        : hp->n_expert > 0                      ? "experts"
+                        : hp->n_expert_shared > 0               ? "shared experts (their sum before the all_reduce)"
                         : km_weight_present(hp, &km_weights[KM_W_ATTN_OUT_BIAS], 0) ? "the attention output's bias (added once, after the sum)"
                                                                 : NULL;
         if (why) return kb_error(KILN_ERR_INVALID, "build: tensor parallelism of %s models is not built yet: %s", hp->arch, why);
@@ -630,7 +633,8 @@ kiln_status km_build(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_bui
     kiln_model_hparams rank = *hp;
     b.tp = b.o.tp_size;
     if (b.tp > 1) {
-        rank.n_head /= b.tp, rank.n_head_kv /= b.tp, rank.n_ff /= b.tp, rank.n_vocab /= b.tp;
+        rank.n_head /= b.tp, rank.n_head_kv /= b.tp, rank.n_ff /= b.tp, rank.n_ff_exp /= b.tp;
+        rank.n_vocab = km_tp_vocab_share(hp, b.tp); /* (padded: the last rank's extra rows are zero) */
         b.hp = hp = &rank;
     }
     b.T = kiln_dim(ctx, "n_tokens", b.o.n_tokens_max);

@@ -5,7 +5,8 @@
  * only); on the CPU reference, kiln_reference_group. gen.c makes the run's inputs as for one
  * GPU; here each rank gets them with its own view of the tokens (a token of its vocabulary shard
  * as its row there, any other as row 0 with inp_tok_shard 0), and the ranks' logits rows (each
- * its n_vocab / g) are concatenated into the whole vocabulary's. */
+ * its ceil(n_vocab / g), the last rank's zero padding dropped) are concatenated into the whole
+ * vocabulary's. */
 #include "base/base.h"
 #include "model/arch.h"
 
@@ -38,7 +39,7 @@ struct km_tp_gen {
     const kiln_model_hparams *hp;
     int                       g;
     bool                      cpu;
-    int64_t                   vs; /* vocabulary rows a rank */
+    int64_t                   vs; /* vocabulary rows a rank (km_tp_vocab_share: the last rank's padded) */
     tp_rank                  *r;
     kiln_group               *group;
     const km_tp_run          *in; /* the current run's */
@@ -165,7 +166,7 @@ kiln_status km_tp_gen_open(const kiln_model *m, int g, const kiln_build_opts *bo
     if (st) return st;
     km_tp_gen *t = calloc(1, sizeof *t);
     if (!t) return kb_oom();
-    t->m = m, t->hp = hp, t->g = g, t->cpu = o->cpu, t->vs = hp->n_vocab / g;
+    t->m = m, t->hp = hp, t->g = g, t->cpu = o->cpu, t->vs = km_tp_vocab_share(hp, g);
     int64_t nb = bo->n_tokens_max;
     if (!(t->r = calloc((size_t)g, sizeof *t->r))) st = kb_oom();
     for (int r = 0; !st && r < g; r++) {
@@ -272,7 +273,11 @@ kiln_status km_tp_gen_run(km_tp_gen *t, const km_tp_run *in, float *logits) {
     t->in = in;
     rank_tokens(t, in);
     kiln_status st = t->cpu ? cpu_run(t) : gpu_run(t);
-    for (int r = 0; !st && r < t->g; r++) memcpy(logits + r * t->vs, t->r[r].logits, sizeof *logits * (size_t)t->vs);
+    for (int r = 0; !st && r < t->g; r++) { /* each rank's real rows (the last rank's padding dropped) */
+        int64_t n = t->hp->n_vocab - r * t->vs;
+        n = n < 0 ? 0 : n > t->vs ? t->vs : n;
+        memcpy(logits + r * t->vs, t->r[r].logits, sizeof *logits * (size_t)n);
+    }
     t->in = NULL;
     return st;
 }

@@ -54,12 +54,14 @@ static int units(const kiln_model_hparams *hp, tp_unit u[8]) {
     return n;
 }
 
+/* The vocabulary is padded instead (km_tp_vocab_share), as Megatron pads it: the other units
+ * must divide. */
 kiln_status km_tp_check(const kiln_model_hparams *hp, int g) {
     if (g < 1 || g > 64) return kb_error(KILN_ERR_INVALID, "tensor parallelism over %d GPUs: 1 .. 64", g);
     tp_unit u[8];
     int     n = units(hp, u);
     for (int i = 0; i < n; i++)
-        if (u[i].n % g != 0)
+        if (u[i].n % g != 0 && strcmp(u[i].key, "n_vocab") != 0)
             return kb_error(KILN_ERR_INVALID, "tensor parallelism over %d GPUs: %s %lld is not a multiple of %d (the %s "
                                               "are split across the GPUs)", g, u[i].key, (long long)u[i].n, g, u[i].what);
     return NULL;
@@ -76,10 +78,12 @@ bool km_tp_row_parallel(const km_weight *w) {
     return w->n_dims >= 2 && km_tp_sharded(w->ne[0]) && w->ne[1] == KM_WD_EMBD;
 }
 
+int64_t km_tp_vocab_share(const kiln_model_hparams *hp, int g) { return g > 1 ? (hp->n_vocab + g - 1) / g : hp->n_vocab; }
+
 void km_tp_rank_shape(const kiln_model_hparams *hp, const km_weight *w, int g, int64_t ne[4]) {
     km_weight_shape(hp, w, ne);
     int d = km_tp_split_dim(w);
-    if (d >= 0) ne[d] /= g;
+    if (d >= 0) ne[d] = w->ne[d] == KM_WD_VOCAB ? km_tp_vocab_share(hp, g) : ne[d] / g;
 }
 
 kiln_status km_tp_check_type(const kiln_model_hparams *hp, const km_weight *w, int g, kiln_type t) {
@@ -136,6 +140,10 @@ void km_tp_slice(const kiln_model_hparams *hp, const km_weight *w, int g, int ra
     } else if (d == 0) { /* row i: the rank's share of its elements */
         int64_t share = (int64_t)kiln_row_size(t, ne[0] / g);
         *off = i * rb + rank * share, *len = share;
+    } else if (d == 1 && w->ne[1] == KM_WD_VOCAB) { /* the rank's vocabulary rows (the last rank's: fewer) */
+        int64_t share = km_tp_vocab_share(hp, g), first = rank * share, n = ne[1] - first;
+        n = n < 0 ? 0 : n > share ? share : n;
+        *off = i * mat + (n ? first * rb : 0), *len = n * rb;
     } else if (d == 1) { /* part p of matrix m: the rank's share of the part's rows */
         int     np = parts(hp, w->ne[1], rows);
         int64_t m = i / np, p = i % np, before = 0;
@@ -172,15 +180,16 @@ kiln_status km_tp_weight_data(const kiln_model *m, const char *name, kiln_type t
     const unsigned char *whole = kiln_model_weight(m, name, t, ne[0] * ne[1] * ne[2] * ne[3]);
     if (!whole) return kb_error(KILN_ERR_NOT_FOUND, "tensor parallelism: the model has no %s weight '%s' of %lld elements",
                                 kiln_type_name(t), name, (long long)(ne[0] * ne[1] * ne[2] * ne[3]));
-    int64_t n = km_tp_slice_count(hp, w, g), off, len;
-    if (n == 1) {
-        km_tp_slice(hp, w, g, rank, t, 0, &off, &len);
-        *data = whole + off;
-        return NULL;
-    }
-    int64_t rs[4];
+    int64_t n = km_tp_slice_count(hp, w, g), off, len, rs[4];
     km_tp_rank_shape(hp, w, g, rs);
-    size_t         bytes = kiln_row_size(t, rs[0]) * (size_t)(rs[1] * rs[2] * rs[3]), at = 0;
+    size_t bytes = kiln_row_size(t, rs[0]) * (size_t)(rs[1] * rs[2] * rs[3]), at = 0;
+    if (n == 1) { /* one range: the file's bytes as they are, unless padding follows them */
+        km_tp_slice(hp, w, g, rank, t, 0, &off, &len);
+        if ((size_t)len == bytes) {
+            *data = whole + off;
+            return NULL;
+        }
+    }
     unsigned char *part = malloc(bytes ? bytes : 1);
     if (!part) return kb_oom();
     for (int64_t i = 0; i < n && at <= bytes; i++) {
@@ -188,7 +197,9 @@ kiln_status km_tp_weight_data(const kiln_model *m, const char *name, kiln_type t
         if (at + (size_t)len <= bytes) memcpy(part + at, whole + off, (size_t)len);
         at += (size_t)len;
     }
-    if (at != bytes) {
+    /* (the vocabulary's padding rows: zero, so their logits are 0 and no token reads them) */
+    if (at < bytes && km_tp_split_dim(w) >= 0 && w->ne[km_tp_split_dim(w)] == KM_WD_VOCAB) memset(part + at, 0, bytes - at);
+    else if (at != bytes) {
         free(part);
         return kb_error(KILN_ERR_INVALID, "tensor parallelism: rank %d's slices of '%s' hold %zu bytes, its shape %zu",
                         rank, name, at, bytes);
@@ -280,7 +291,10 @@ kiln_status kiln_model_tp_describe(const kiln_model *m, int g, int64_t n_ctx, ch
     kb_str_addf(&o, "collectives: an all_reduce of n_embd (%lld) floats a token after each layer's attention output and "
                     "FFN down products and after the embedding lookup: %lld a ubatch; each GPU's logits are its %lld "
                     "vocabulary rows, gathered on the host\n",
-                (long long)hp->n_embd, (long long)(2 * hp->n_layer + 1), (long long)(hp->n_vocab / g));
+                (long long)hp->n_embd, (long long)(2 * hp->n_layer + 1), (long long)km_tp_vocab_share(hp, g));
+    if (hp->n_vocab % g)
+        kb_str_addf(&o, "the vocabulary is padded: the last GPU's %lld rows hold %lld tokens and zero rows\n",
+                    (long long)km_tp_vocab_share(hp, g), (long long)(hp->n_vocab - (g - 1) * km_tp_vocab_share(hp, g)));
     /* A rank's graph, as kiln_build_opts.tp_size builds it, or why it cannot be built yet. */
     kiln_ctx       *ctx = kiln_ctx_new();
     kiln_build_opts bo = {.n_ctx = n_ctx, .n_tokens_max = 1, .tp_size = g};

@@ -341,12 +341,12 @@ static void model_split_equals_whole(const char *arch, kiln_model_hparams hp, in
         users[r] = &d[r];
     }
     TS_OK(kiln_reference_group((const kiln_graph *const *)gs, g, ts_tp_get, ts_tp_put, users));
-    const int64_t vs = mh->n_vocab / g;
+    const int64_t vs = km_tp_vocab_share(mh, g); /* (the last rank's rows past n_vocab: padding) */
     double        maxd = 0, maxl = 0;
     for (int r = 0; r < g; r++) {
         ck_assert_int_eq(d[r].nlogits, vs * TS_TP_T);
         for (int t = 0; t < TS_TP_T; t++)
-            for (int64_t v = 0; v < vs; v++) {
+            for (int64_t v = 0; v < vs && r * vs + v < mh->n_vocab; v++) {
                 double a = d[r].logits[t * vs + v], b = whole.logits[t * mh->n_vocab + r * vs + v];
                 maxd = fmax(maxd, fabs(a - b)), maxl = fmax(maxl, fabs(b));
             }
@@ -362,13 +362,18 @@ static void model_split_equals_whole(const char *arch, kiln_model_hparams hp, in
     kiln_model_close(m);
 }
 
-/* The dense archs a rank graph is built for (experts, MLA and a row-parallel bias are refused). */
-static const char *const TP_ARCHS[] = {"llama", "qwen2", "qwen3", "phi3", "gemma3", "granite", "smollm3"};
+/* The archs a rank graph is built for (MLA, shared experts and a row-parallel bias are refused),
+ * as "arch/preset": the routed experts of qwen3moe and of a Mixtral-like llama too. */
+static const char *const TP_ARCHS[] = {"llama/tiny",  "qwen2/tiny",   "qwen3/tiny",   "phi3/tiny",    "gemma3/tiny",
+                                       "granite/tiny", "smollm3/tiny", "qwen3moe/tiny", "llama/tiny-moe"};
 
 START_TEST(model_over_2_and_4_ranks) {
-    const char *arch = TP_ARCHS[_i];
+    char arch[32];
+    snprintf(arch, sizeof arch, "%s", TP_ARCHS[_i]);
+    char *preset = strchr(arch, '/');
+    *preset++ = 0;
     kiln_model_hparams hp;
-    TS_OK(kiln_model_preset(arch, "tiny", &hp));
+    TS_OK(kiln_model_preset(arch, preset, &hp));
     TS_OK(km_tp_check(&hp, 2));
     model_split_equals_whole(arch, hp, 2);
     /* 4 ranks: the tiny presets have 2 kv heads; with as many as the query heads (no GQA) */
@@ -378,11 +383,28 @@ START_TEST(model_over_2_and_4_ranks) {
 }
 END_TEST
 
+/* A vocabulary the ranks do not divide (1021 tokens, prime) is padded: each rank holds
+ * ceil(1021 / g) rows, the last one's past the vocabulary zero; the logits still equal the whole
+ * model's. */
+START_TEST(padded_vocabulary) {
+    kiln_model_hparams hp;
+    TS_OK(kiln_model_preset("llama", "tiny", &hp));
+    hp.n_vocab = 1021, hp.n_head_kv = hp.n_head;
+    TS_OK(km_tp_check(&hp, 2));
+    ck_assert_int_eq(km_tp_vocab_share(&hp, 2), 511);
+    ck_assert_int_eq(km_tp_vocab_share(&hp, 4), 256);
+    model_split_equals_whole("llama, 1021 tokens", hp, 2);
+    model_split_equals_whole("llama, 1021 tokens", hp, 4);
+    hp.tied_output = true; /* token_embd serves as the output too */
+    model_split_equals_whole("llama, 1021 tokens, tied output", hp, 2);
+}
+END_TEST
+
 /* What a rank graph cannot be yet is refused, naming it. */
 START_TEST(model_refusals) {
     static const struct {
         const char *arch, *needle;
-    } cases[] = {{"qwen3moe", "experts"}, {"deepseek2", "latent attention"}, {"gpt-oss", "tensor parallelism"}};
+    } cases[] = {{"deepseek2", "latent attention"}, {"gpt-oss", "tensor parallelism"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kiln_model_hparams hp;
         TS_OK(kiln_model_preset(cases[i].arch, "tiny", &hp));
@@ -403,10 +425,50 @@ START_TEST(model_refusals) {
 }
 END_TEST
 
+/* kiln_gen with tp (model/gen_tp.c) on the CPU reference: the ranks' weights cut from the
+ * model's (km_tp_weight_data), the tokens as each rank sees them, the logits gathered: greedy
+ * tokens equal the whole model's, with a prompt longer than n_batch, for a dense model, one
+ * with experts, and a padded vocabulary; refusals name what tp does not do. */
+START_TEST(gen_over_ranks) {
+    static const struct {
+        const char *arch, *preset;
+        int64_t     n_vocab; /* 0: the preset's */
+        int         tp;
+    } cases[] = {{"llama", "tiny", 0, 2}, {"qwen3moe", "tiny", 0, 2}, {"llama", "tiny", 1021, 2}, {"qwen3", "tiny", 0, 4}};
+    static const int32_t prompt[6] = {1, 17, 300, 5, 999, 42};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        kiln_model_hparams hp;
+        TS_OK(kiln_model_preset(cases[c].arch, cases[c].preset, &hp));
+        if (cases[c].n_vocab) hp.n_vocab = cases[c].n_vocab;
+        if (cases[c].tp == 4) hp.n_head_kv = hp.n_head;
+        kiln_model *m;
+        TS_OK(kiln_model_random(&hp, 5, &m));
+        kiln_gen_opts o1 = {.n_ctx = 32, .n_batch = 4, .cpu = true}, o2 = o1;
+        o2.tp = cases[c].tp;
+        kiln_gen *g1, *g2;
+        TS_OK(kiln_gen_new(m, &o1, &g1));
+        TS_OK(kiln_gen_new(m, &o2, &g2));
+        int32_t t1[8], t2[8];
+        TS_OK(kiln_gen_greedy(g1, prompt, 6, 8, t1, NULL));
+        TS_OK(kiln_gen_greedy(g2, prompt, 6, 8, t2, NULL));
+        for (int i = 0; i < 8; i++)
+            ck_assert_msg(t1[i] == t2[i], "%s/%s (n_vocab %lld) over %d: token %d is %d, the whole model's %d", cases[c].arch,
+                          cases[c].preset, (long long)hp.n_vocab, cases[c].tp, i, t2[i], t1[i]);
+        if (c == 0) {
+            ts_expect_status(kiln_gen_shift(g2, 0, 2), KILN_ERR_INVALID, "not built for tensor parallelism");
+            kiln_gen *b = NULL;
+            ts_expect_status(km_gen_new_rows(m, &o2, &b), KILN_ERR_INVALID, "not built for batches of sequences");
+        }
+        kiln_gen_free(g1), kiln_gen_free(g2);
+        kiln_model_close(m);
+    }
+}
+END_TEST
+
 int main(void) {
     Suite *s = TS_SUITE("collective", TS_CASE("group", 60),
                         TS_TESTS(mlp_over_2_and_4_ranks, group_errors, op_rules, codegen_nccl_step, codegen_refusals, group_arguments),
                         TS_CASE("models", 120), TS_LOOP(0, (int)(sizeof TP_ARCHS / sizeof TP_ARCHS[0]), model_over_2_and_4_ranks),
-                        TS_TESTS(model_refusals));
+                        TS_TESTS(model_refusals, padded_vocabulary, gen_over_ranks));
     return ts_main_isolated(s, "collective");
 }

@@ -35,7 +35,9 @@ static const void *weight(ts_tp_data *d, const char *name, kiln_type type, int64
         memcpy(part + at, whole + off, (size_t)len);
         at += len;
     }
-    return at == (int64_t)kiln_row_size(type, n) ? part : NULL;
+    /* (the last rank's padding rows of a vocabulary g does not divide: zero, as calloc left them) */
+    bool vocab = km_tp_split_dim(w) >= 0 && w->ne[km_tp_split_dim(w)] == KM_WD_VOCAB;
+    return at == (int64_t)kiln_row_size(type, n) || (vocab && at < (int64_t)kiln_row_size(type, n)) ? part : NULL;
 }
 
 const void *ts_tp_get(void *user, const char *name, kiln_type type, int64_t n) {
@@ -72,7 +74,7 @@ kiln_graph *ts_tp_graph(const kiln_model *m, int g, int rank, kiln_ctx **ctx, ki
 /* Tokens spread over the vocabulary (on a rank: its row of each token in its shard, else row 0
  * and a shard weight of 0), positions and cache slots 0.., causal masks. */
 static void inputs(ts_tp_data *d, const kiln_model_hparams *hp) {
-    const int64_t vs = hp->n_vocab / d->g;
+    const int64_t vs = (hp->n_vocab + d->g - 1) / d->g; /* (a padded vocabulary: docs/tp.md) */
     for (int t = 0; t < TS_TP_T; t++) {
         int32_t tok = (int32_t)((t * 7919 + 13) % hp->n_vocab);
         bool    in = tok / vs == d->rank;

@@ -3,8 +3,9 @@
  * - A Megatron-split MLP over 2 ranks (and 4 where the machine has them): every rank's output is
  *   the same bits, and equals the whole MLP's CPU reference by NMSE; the group replays its
  *   CUDA graphs (NCCL captured with the kernels) 200 times without a second capture.
- * - The tiny llama over 2 ranks: each rank's logits equal the CPU reference of the same group
- *   (kiln_reference_group) and the whole model's rows of its vocabulary shard.
+ * - The tiny llama and qwen3moe over 2 ranks: each rank's logits equal the CPU reference of the
+ *   same group (kiln_reference_group) and the whole model's rows of its vocabulary shard.
+ * - kiln_gen with tp = 2 (kiln run --tp 2) against one GPU: 32 greedy tokens.
  * - More ranks than GPUs: refused, naming both counts (on any machine: on one GPU, a group of 2).
  * On a machine with one GPU the group cases cannot run: each says so on stdout and checks the
  * refusal instead. */
@@ -170,16 +171,20 @@ static void upload(kiln_session *s, const kiln_graph *g, kiln_ref_get_fn get, vo
     }
 }
 
-/* The tiny llama over 2 GPUs: each rank's logits against the CPU reference of the same group,
- * and against the whole model's rows of the rank's vocabulary. */
-START_TEST(tiny_llama_over_2_gpus) {
-    int n = gpu_count();
+/* The tiny models split over 2 GPUs: a dense one and one with routed experts. */
+static const char *const MODELS[][2] = {{"llama", "tiny"}, {"qwen3moe", "tiny"}};
+
+/* Each rank's logits against the CPU reference of the same group, and against the whole
+ * model's rows of the rank's vocabulary. */
+START_TEST(tiny_model_over_2_gpus) {
+    const char *arch = MODELS[_i][0];
+    int         n = gpu_count();
     if (n < 2) {
-        printf("tiny_llama_over_2_gpus: this machine has %d GPU: not run\n", n);
+        printf("tiny %s over 2 GPUs: this machine has %d GPU: not run\n", arch, n);
         return;
     }
     kiln_model_hparams hp;
-    TS_OK(kiln_model_preset("llama", "tiny", &hp));
+    TS_OK(kiln_model_preset(arch, MODELS[_i][1], &hp));
     hp.ftype = KILN_FTYPE_MOSTLY_BF16;
     kiln_model *m = NULL;
     TS_OK(kiln_model_random(&hp, 11, &m));
@@ -217,9 +222,10 @@ START_TEST(tiny_llama_over_2_gpus) {
         for (int t = 0; t < TS_TP_T; t++)
             memcpy(rows + t * vs, whole.logits + t * mh->n_vocab + r * vs, (size_t)vs * sizeof *rows);
         double ew = nmse(lg, rows, KILN_F32, nl, NULL, NULL);
-        printf("tiny llama over 2 GPUs, rank %d: logits NMSE %.3g against the group's reference, %.3g against the whole "
-               "model's\n", r, e, ew);
-        ck_assert_msg(e <= 5e-4 && ew <= 5e-4, "rank %d: logits NMSE %g (group reference), %g (whole model)", r, e, ew);
+        printf("tiny %s over 2 GPUs, rank %d: logits NMSE %.3g against the group's reference, %.3g against the whole "
+               "model's\n", arch, r, e, ew);
+        ck_assert_msg(e <= 5e-4 && ew <= 5e-4, "%s, rank %d: logits NMSE %g (group reference), %g (whole model)", arch, r, e,
+                      ew);
         free(lg), free(rows);
     }
     kiln_group_free(grp);
@@ -234,8 +240,65 @@ START_TEST(tiny_llama_over_2_gpus) {
 }
 END_TEST
 
+/* kiln_gen over 2 GPUs (kiln_gen_opts.tp, model/gen_tp.c: each GPU reads its part of the file)
+ * against one GPU: the prompt's logits by NMSE, then 32 greedy tokens identical, or the first
+ * that differs a near tie in the one GPU's logits (both picks within 1e-3 of the largest logit). */
+enum { GEN_STEPS = 32 };
+
+START_TEST(gen_tokens_over_2_gpus) {
+    const char *arch = MODELS[_i][0];
+    int         n = gpu_count();
+    if (n < 2) {
+        printf("kiln_gen of tiny %s over 2 GPUs: this machine has %d GPU: not run\n", arch, n);
+        return;
+    }
+    kiln_model_hparams hp;
+    TS_OK(kiln_model_preset(arch, MODELS[_i][1], &hp));
+    char *dir = ts_tmpdir(), path[512];
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    TS_OK(kiln_model_write_random(&hp, 23, path, NULL, NULL));
+    kiln_model *m;
+    TS_OK(kiln_model_open(path, &m));
+    static const int32_t prompt[7] = {1, 17, 300, 5, 999, 42, 8};
+    kiln_gen_opts        o1 = {.n_ctx = 64, .n_batch = 8}, o2 = {.n_ctx = 64, .n_batch = 8, .tp = 2};
+    kiln_gen            *g1, *g2;
+    TS_OK(kiln_gen_new(m, &o1, &g1));
+    TS_OK(kiln_gen_new(m, &o2, &g2));
+    const float *l1, *l2;
+    TS_OK(kiln_gen_eval(g1, prompt, 7, &l1));
+    TS_OK(kiln_gen_eval(g2, prompt, 7, &l2));
+    double e = nmse(l2, l1, KILN_F32, hp.n_vocab, NULL, NULL);
+    ck_assert_msg(e <= 5e-4, "%s: prompt logits NMSE %g over 2 GPUs against one", arch, e);
+    kiln_gen_reset(g1), kiln_gen_reset(g2);
+    int32_t t1[GEN_STEPS], t2[GEN_STEPS];
+    TS_OK(kiln_gen_greedy(g1, prompt, 7, GEN_STEPS, t1, NULL));
+    TS_OK(kiln_gen_greedy(g2, prompt, 7, GEN_STEPS, t2, NULL));
+    int same = 0;
+    while (same < GEN_STEPS && t1[same] == t2[same]) same++;
+    if (same < GEN_STEPS) { /* the one GPU's logits where the picks part */
+        int32_t seq[7 + GEN_STEPS];
+        memcpy(seq, prompt, sizeof prompt);
+        memcpy(seq + 7, t1, sizeof *t1 * (size_t)same);
+        kiln_gen_reset(g1);
+        const float *l;
+        TS_OK(kiln_gen_eval(g1, seq, 7 + same, &l));
+        float top = 0;
+        for (int64_t v = 0; v < hp.n_vocab; v++) top = fmaxf(top, fabsf(l[v]));
+        float gap = fabsf(l[t1[same]] - l[t2[same]]);
+        ck_assert_msg(gap <= 1e-3f * top, "%s: step %d: one GPU picks %d, two pick %d; logits %g and %g (largest %g)",
+                      arch, same, t1[same], t2[same], l[t1[same]], l[t2[same]], top);
+    }
+    printf("kiln_gen of tiny %s over 2 GPUs: prompt logits NMSE %.3g, %d of %d greedy tokens identical to one GPU's%s\n",
+           arch, e, same, GEN_STEPS, same < GEN_STEPS ? " (then a near tie)" : "");
+    kiln_gen_free(g1), kiln_gen_free(g2);
+    kiln_model_close(m);
+    ts_tmpdir_free(dir);
+}
+END_TEST
+
 int main(void) {
     Suite *s = TS_SUITE("gpu_collective", TS_CASE("group", 300),
-                        TS_TESTS(mlp_split_over_gpus, more_ranks_than_gpus, tiny_llama_over_2_gpus));
+                        TS_TESTS(mlp_split_over_gpus, more_ranks_than_gpus),
+                        TS_LOOP(0, (int)(sizeof MODELS / sizeof MODELS[0]), tiny_model_over_2_gpus, gen_tokens_over_2_gpus));
     return ts_main(s);
 }
