@@ -1074,8 +1074,10 @@ typedef struct {
     int64_t n_small;
     /* 0 or 1, or tensor parallelism over tp ranks (docs/tp.md): each rank's graph on a GPU of its
      * own (devices 0 .. tp-1, a kiln_group; with cpu, the CPU reference evaluates them together),
-     * the logits gathered on the host, where greedy picks and samples are made. Not with
-     * kiln_gen_shift or the batch interface. */
+     * the logits gathered on the host, where greedy picks and samples are made. Each GPU reads its
+     * part of a model file; a random model (kiln_model_random*) gets random weights of each rank's
+     * shapes made on its GPU (benchmarks), not the whole model's slices (the CPU reference's are
+     * the slices). Not with kiln_gen_shift or the batch interface. */
     int tp;
 } kiln_gen_opts;
 kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out);

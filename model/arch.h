@@ -319,6 +319,10 @@ typedef struct {
 kiln_status km_host_states(const kiln_graph *gr, km_host_state **out, int *n);
 void        km_host_states_free(km_host_state *s, int n);
 
+/* A tensor-parallel rank's session s of random model m: each weight made on the device in the
+ * rank's shape (km_random_init_rank: the whole weight's distribution, not its slice). */
+kiln_status km_model_fill_rank(const kiln_model *m, kiln_session *s);
+
 typedef struct km_tp_gen km_tp_gen;
 typedef struct {
     const int32_t  *tokens, *positions, *out_ids;

@@ -147,9 +147,17 @@ static kiln_status gpu_open(km_tp_gen *t, const kiln_gen_opts *o, kiln_gen_stats
     free(ps);
     double t1 = kb_now_ms();
     for (int r = 0; !st && r < t->g; r++) {
-        tp_rank *k = &t->r[r];
-        st = kiln_session_load_weights(kiln_group_session(t->group, r), load_get, k, o->progress ? progress_cb : NULL,
-                                       (void *)o);
+        tp_rank      *k = &t->r[r];
+        kiln_session *s = kiln_group_session(t->group, r);
+        /* A random model (no file: kiln bench's) has its weights made on each GPU in the rank's
+         * shapes, at memory speed: values of the same distributions, not the whole model's
+         * slices (a 70B model's slices would first be made whole in host memory). */
+        if (!kiln_model_gguf(t->m)) {
+            st = km_model_fill_rank(t->m, s);
+            if (st) st = kb_wrap(st, "rank %d's weights", r);
+            continue;
+        }
+        st = kiln_session_load_weights(s, load_get, k, o->progress ? progress_cb : NULL, (void *)o);
         if (k->err) kiln_status_free(st), st = k->err, k->err = NULL;
         free_copies(k); /* (uploaded) */
         if (st) st = kb_wrap(st, "rank %d's weights", r);

@@ -92,6 +92,13 @@ kiln_status km_random_init(km_random *r, const char *name, kiln_type type, const
  * weight of this type and size, or it is a quantized weight of quant_blocks (made on the device
  * only). */
 const void *km_random_host(km_random *r, const char *name, kiln_type type, int64_t n);
+/* km_random_init for a tensor-parallel rank's weight `name` of shape ne (its share's): the
+ * whole weight's generator (key, scale, base) over the rank's elements, made on the device;
+ * values of the same distribution, not the whole weight's slice. rope_freqs (whole on every
+ * rank) is computed as km_random_init does; a quantized weight needs quant_blocks
+ * (kiln_model_random_blocks), else an error naming it. */
+kiln_status km_random_init_rank(km_random *r, const char *name, kiln_type type, const int64_t ne[4],
+                                kiln_weight_init *out);
 /* NULL when `name` is a weight of the model with this type and shape; else an error naming it. */
 kiln_status km_random_check(const km_random *r, const char *name, kiln_type type, const int64_t ne[4]);
 

@@ -174,6 +174,16 @@ static kiln_status random_init(void *user, const char *name, kiln_type type, con
     return km_random_init(user, name, type, ne, out);
 }
 
+static kiln_status random_init_rank(void *user, const char *name, kiln_type type, const int64_t ne[4],
+                                    kiln_weight_init *out) {
+    return km_random_init_rank(user, name, type, ne, out);
+}
+
+kiln_status km_model_fill_rank(const kiln_model *m, kiln_session *s) {
+    if (!m || !s || !m->random) return kb_error(KILN_ERR_INVALID, "km_model_fill_rank: not a random model");
+    return kiln_session_fill_weights(s, random_init_rank, m->random);
+}
+
 kiln_status kiln_model_load(const kiln_model *m, kiln_session *s,
                             void (*progress)(void *user, uint64_t done, uint64_t total), void *user) {
     if (!m || !s) return kb_error(KILN_ERR_INVALID, "kiln_model_load: NULL argument");

@@ -264,6 +264,22 @@ static const weight_spec *find_spec(const km_random *r, const char *name, kiln_t
     return NULL;
 }
 
+kiln_status km_random_init_rank(km_random *r, const char *name, kiln_type type, const int64_t ne[4],
+                                kiln_weight_init *out) {
+    const weight_spec *w = NULL;
+    for (int64_t i = 0; i < r->g.nw && !w; i++)
+        if (!strcmp(r->g.w[i].name, name) && r->g.w[i].type == type) w = &r->g.w[i];
+    memset(out, 0, sizeof *out);
+    if (!w) return km_random_check(r, name, type, ne);
+    if (!memcmp(w->ne, ne, sizeof w->ne) && w->kind == INIT_ROPE_FREQS) return km_random_init(r, name, type, ne, out);
+    if (kiln_type_is_quantized(type) && !r->quant_blocks)
+        return kb_error(KILN_ERR_INVALID, "random weights over several GPUs: '%s' is %s, quantized on the host for the "
+                                          "whole model; split random models are bf16 or kiln_model_random_blocks", name,
+                        kiln_type_name(type));
+    spec_params(r->g.seed, w, &out->key, &out->scale, &out->base);
+    return NULL;
+}
+
 const void *km_random_host(km_random *r, const char *name, kiln_type type, int64_t n) {
     int64_t            i;
     const weight_spec *w = find_spec(r, name, type, NULL, n, &i);

@@ -7,6 +7,7 @@
 
 #include "base/base.h"
 #include "model/arch.h"
+#include "model/gguf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -222,9 +223,51 @@ START_TEST(describe_the_split) {
 }
 END_TEST
 
+/* Random weights of a rank's shapes (km_random_init_rank, kiln bench --tp): every weight of a
+ * rank's graph gets the whole weight's generator, rope_freqs is computed, and a quantized weight
+ * the host would quantize for the whole model is refused by name; names the model lacks too. */
+START_TEST(random_weights_of_a_rank) {
+    kiln_model_hparams hp;
+    TS_OK(kiln_model_preset("llama", "tiny", &hp));
+    hp.ftype = KILN_FTYPE_MOSTLY_BF16;
+    km_random *r;
+    TS_OK(km_random_new(&hp, 3, false, &r));
+    kiln_ctx       *ctx = kiln_ctx_new();
+    kiln_build_opts o = {.n_ctx = 16, .n_tokens_max = 4, .tp_size = 2, .tp_rank = 1};
+    TS_OK(kiln_build_model(ctx, &hp, &o));
+    kiln_graph *g;
+    TS_OK(kiln_graph_new(ctx, &g));
+    int n = 0;
+    for (int i = 0; i < kiln_graph_size(g); i++) {
+        const kiln_tensor *t = kiln_graph_node(g, i);
+        if (kiln_tensor_role(t) != KILN_ROLE_WEIGHT) continue;
+        int64_t ne[4];
+        for (int d = 0; d < 4; d++) ne[d] = kiln_tensor_ne(t, d);
+        kiln_weight_init w;
+        TS_OK(km_random_init_rank(r, kiln_tensor_name(t), kiln_tensor_type(t), ne, &w));
+        ck_assert_msg(w.host || w.key || w.scale != 0, "%s: no generator", kiln_tensor_name(t));
+        n++;
+    }
+    ck_assert_int_gt(n, 10);
+    int64_t          ne[4] = {1, 1, 1, 1};
+    kiln_weight_init w;
+    ts_expect_status(km_random_init_rank(r, "blk.0.no_such.weight", KILN_BF16, ne, &w), KILN_ERR_NOT_FOUND,
+                     "blk.0.no_such.weight");
+    km_random_free(r);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+    hp.ftype = KILN_FTYPE_MOSTLY_Q8_0; /* host-quantized random weights: not per rank */
+    TS_OK(km_random_new(&hp, 3, false, &r));
+    int64_t q[4] = {128, 64, 1, 1};
+    ts_expect_status(km_random_init_rank(r, "blk.0.attn_q.weight", KILN_Q8_0, q, &w), KILN_ERR_INVALID,
+                     "'blk.0.attn_q.weight' is q8_0, quantized on the host");
+    km_random_free(r);
+}
+END_TEST
+
 int main(void) {
     Suite *s = TS_SUITE("tp", TS_CASE("plan", 60),
-                        TS_TESTS(every_preset_splits_or_is_refused, refusals_name_the_hyperparameter,
+                        TS_TESTS(every_preset_splits_or_is_refused, refusals_name_the_hyperparameter, random_weights_of_a_rank,
                                  llama_70b_over_2_and_4_gpus, rank_slices_of_the_file, describe_the_split));
     return ts_main_isolated(s, "tp");
 }

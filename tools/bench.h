@@ -21,6 +21,7 @@ typedef struct {
     const char *batch_models; /* the batch rows' models (NULL: llama-3-8b in bf16 and q4_k_m) */
     int         n_seqs, seqs[8]; /* the batch sizes (--seqs; n_seqs 0: 1, 8, 32 and 64) */
     int         batch_small;     /* --batch-small N: kiln_batch_opts.n_small (0: none) */
+    int         tp;              /* --tp G: the model rows over G GPUs (kiln_gen_opts.tp; 0: one GPU) */
     uint64_t    seed;
     kiln_device_info dev;
     double      copy_gbs;   /* measured roofline */

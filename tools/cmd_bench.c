@@ -19,7 +19,8 @@ static const char summary[] =
 
 static const char help[] =
     "usage: kiln bench [--quick] [--ops-only | --models-only | --batch-only] [--models LIST]\n"
-    "                  [--batch LIST] [--seqs LIST] [--batch-small N] [--json FILE] [--no-torch] [--python PY]\n"
+    "                  [--batch LIST] [--seqs LIST] [--batch-small N] [--tp G] [--json FILE] [--no-torch]\n"
+    "                  [--python PY]\n"
     "                  [--dir DIR] [--seed S]\n"
     "  measures kiln on this GPU beside PyTorch, in one run (docs/bench.md):\n"
     "  - the GPU and its device-to-device copy bandwidth (bytes read + written), the roofline;\n"
@@ -50,6 +51,9 @@ static const char help[] =
     "                  a sequence) times the kernels of a decode step of 64 sequences\n"
     "  --batch-small N also a program for steps of at most N tokens (2 .. 511; kiln_batch_opts.n_small):\n"
     "                  the decode steps then take plans made for few tokens\n"
+    "  --tp G          the model rows split over G GPUs (with --models-only; kiln run --tp, docs/tp.md):\n"
+    "                  random weights of each GPU's share made on it; the limit column is a GPU's\n"
+    "                  share of the bytes at the roofline (the all-reduces not counted)\n"
     "  --json FILE     also write the results as JSON (make bench: build/bench.json)\n"
     "  --no-torch      kiln only\n"
     "  --python PY     the Python that has PyTorch (default: python3)\n"
@@ -105,7 +109,7 @@ static int parse(int argc, char **argv, kt_bench *b) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool        valued = !strcmp(a, "--models") || !strcmp(a, "--json") || !strcmp(a, "--python") ||
                       !strcmp(a, "--dir") || !strcmp(a, "--seed") || !strcmp(a, "--batch") || !strcmp(a, "--seqs") ||
-                      !strcmp(a, "--batch-small");
+                      !strcmp(a, "--batch-small") || !strcmp(a, "--tp");
         if (valued && !v) return kt_usage("bench", "%s needs a value", a);
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return kt_print_help("bench");
         if (!strcmp(a, "--quick")) b->quick = true;
@@ -119,6 +123,9 @@ static int parse(int argc, char **argv, kt_bench *b) {
         else if (!strcmp(a, "--batch-small")) {
             if (!kt_flag_int32("bench", a, v, 2, 511, &b->batch_small)) return KT_EXIT_USAGE; /* (below the prompt steps' 512) */
         }
+        else if (!strcmp(a, "--tp")) {
+            if (!kt_flag_int32("bench", a, v, 2, 64, &b->tp)) return KT_EXIT_USAGE;
+        }
         else if (!strcmp(a, "--no-torch")) b->torch = false;
         else if (!strcmp(a, "--models")) b->models = v;
         else if (!strcmp(a, "--json")) b->json = v;
@@ -131,6 +138,8 @@ static int parse(int argc, char **argv, kt_bench *b) {
     }
     if (!b->do_ops + !b->do_models + !b->do_batch > 2)
         return kt_usage("bench", "--ops-only, --models-only and --batch-only exclude each other");
+    if (b->tp && (b->do_ops || b->do_batch))
+        return kt_usage("bench", "--tp %d splits the model rows only: give --models-only", b->tp);
     struct stat sb;
     if (stat(b->dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return kt_usage("bench", "no bench folder '%s' (run from the source tree, or give --dir)", b->dir);
