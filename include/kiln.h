@@ -1077,7 +1077,7 @@ typedef struct {
      * the logits gathered on the host, where greedy picks and samples are made. Each GPU reads its
      * part of a model file; a random model (kiln_model_random*) gets random weights of each rank's
      * shapes made on its GPU (benchmarks), not the whole model's slices (the CPU reference's are
-     * the slices). Not with kiln_gen_shift or the batch interface. */
+     * the slices). Not with kiln_gen_shift. */
     int tp;
 } kiln_gen_opts;
 kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out);
@@ -1187,6 +1187,7 @@ typedef struct {
     const kiln_compile_opts *compile;
     const kiln_session_opts *session;
     int64_t n_small; /* kiln_gen_opts.n_small: also a program for steps of at most n_small tokens */
+    int     tp;      /* kiln_gen_opts.tp: the model split over tp GPUs (0, 1: one) */
 } kiln_batch_opts;
 typedef struct {
     int            seq;    /* an open sequence */

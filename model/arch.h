@@ -307,8 +307,8 @@ kiln_status km_tp_weight_data(const kiln_model *m, const char *name, kiln_type t
 /* kiln_gen over the ranks of a tensor-parallel model (model/gen_tp.c): the graph of each of g
  * ranks built with bo (tp_size, tp_rank set here), compiled and run as a kiln_group with each
  * rank's share of the weights, or evaluated by the CPU reference (o->cpu). A run takes kiln_gen's
- * inputs of one sequence (its last row's logits are read) and gives the whole vocabulary's
- * logits, the ranks' rows concatenated. */
+ * inputs (one sequence's, or a batch's rows) and gives the whole vocabulary's logits of its first
+ * n_read rows (n_vocab each), the ranks' rows concatenated. */
 /* The states (KV caches) of graph gr in host memory, zeroed, for the CPU reference's runs
  * (model/gen.c): *out gets *n of them (free with km_host_states_free). */
 typedef struct {
@@ -328,7 +328,10 @@ typedef struct {
     const int32_t  *tokens, *positions, *out_ids;
     const int64_t  *slots;
     const uint16_t *mask, *mask_swa; /* f16 [nkv, nt]; mask_swa NULL without sliding windows */
+    const int32_t  *iv, *iv_swa;     /* or, built with mask_intervals (the batch's), i32 [2, nt] */
     int64_t         nt, nkv;
+    int64_t         n_out, n_read;   /* out_ids' rows (1, or nt with KILN_OUTPUTS_ALL); the first
+                                        n_read rows' logits are gathered */
 } km_tp_run;
 kiln_status km_tp_gen_open(const kiln_model *m, int g, const kiln_build_opts *bo, const kiln_gen_opts *o,
                            kiln_gen_stats *stats, km_tp_gen **out);

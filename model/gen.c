@@ -176,9 +176,6 @@ static kiln_status gen_new(const kiln_model *m, const kiln_gen_opts *o, bool all
         st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: n_batch %lld must be 1 .. n_ctx (%lld)", (long long)g->n_batch,
                       (long long)g->n_ctx);
     if (!st && (o->tp < 0 || o->tp > 64)) st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: tp %d must be 0 .. 64", o->tp);
-    if (!st && tp && all)
-        st = kb_error(KILN_ERR_INVALID, "kiln_gen: tensor parallelism (tp %d) is not built for batches of sequences yet",
-                      o->tp);
     if (!st) st = gen_alloc(g);
     if (!st) st = build(g, tp);
     if (!st) g->stats.weight_bytes = (uint64_t)weight_bytes(g->graph);
@@ -385,7 +382,9 @@ static void ref_put(void *user, const char *name, kiln_type type, int64_t n, con
 
 /* The run place_inputs made, on the ranks (model/gen_tp.c): the last row's logits. */
 static kiln_status tp_run(kiln_gen *g) {
-    km_tp_run in = {g->tokens, g->positions, g->out_ids, g->slots, g->mask, g->mask_swa, g->nt, g->nkv};
+    km_tp_run in = {.tokens = g->tokens, .positions = g->positions, .out_ids = g->out_ids, .slots = g->slots,
+                    .mask = g->mask, .mask_swa = g->mask_swa, .iv = g->iv, .iv_swa = g->iv_swa, .nt = g->nt,
+                    .nkv = g->nkv, .n_out = g->all ? g->nt : 1, .n_read = g->all ? g->n_read : 1};
     double    t0 = kb_now_ms();
     kiln_status st = km_tp_gen_run(g->tp, &in, g->logits);
     g->stats.run_ms += kb_now_ms() - t0;
@@ -413,10 +412,10 @@ km_gen_inputs km_gen_rows_inputs(kiln_gen *g) {
 kiln_status km_gen_rows_run(kiln_gen *g, int64_t nt, int64_t nkv, int64_t n_read, const float **logits,
                             const int32_t **picks) {
     g->nt = nt, g->nkv = nkv, g->n_read = n_read;
-    kiln_status st = g->cpu ? cpu_run(g) : gpu_run(g, picks ? READ_ARGMAX : READ_LOGITS);
-    if (!st && !g->cpu) g->stats.decode_gpu_ms += kiln_session_last_ms(g->sess);
-    /* the CPU reference has no argmax output: the rows' picks from its logits */
-    for (int64_t t = 0; !st && picks && g->cpu && t < n_read; t++)
+    kiln_status st = g->tp ? tp_run(g) : g->cpu ? cpu_run(g) : gpu_run(g, picks ? READ_ARGMAX : READ_LOGITS);
+    if (!st && !g->cpu) g->stats.decode_gpu_ms += g->tp ? km_tp_gen_last_ms(g->tp) : kiln_session_last_ms(g->sess);
+    /* the CPU reference and split models have no argmax output: the rows' picks from the logits */
+    for (int64_t t = 0; !st && picks && (g->cpu || g->tp) && t < n_read; t++)
         g->picks[t] = (int32_t)kiln_argmax_f32(g->logits + t * g->hp->n_vocab, g->hp->n_vocab);
     if (logits) *logits = st || picks ? NULL : g->logits;
     if (picks) *picks = st ? NULL : g->picks;

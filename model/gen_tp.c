@@ -26,7 +26,7 @@ typedef struct {
     kiln_graph       *graph; /* unbound: the states' sizes; the GPU's program */
     int32_t          *tokens; /* [n_batch]: the run's tokens as this rank's rows */
     float            *shard;  /* [n_batch]: 1 where the token is in this rank's shard */
-    float            *logits; /* [n_vocab / g] of the last row */
+    float            *logits; /* [vs, n_tokens_max]: the rank's rows of the run's outputs */
     km_host_state    *states; /* cpu: the rank's caches */
     int               nstates;
     tp_copy          *copies; /* cpu: assembled weights; gpu: during the upload */
@@ -40,6 +40,7 @@ struct km_tp_gen {
     int                       g;
     bool                      cpu;
     int64_t                   vs; /* vocabulary rows a rank (km_tp_vocab_share: the last rank's padded) */
+    bool                      intervals; /* the masks as key intervals (bo->mask_intervals) */
     tp_rank                  *r;
     kiln_group               *group;
     const km_tp_run          *in; /* the current run's */
@@ -93,8 +94,8 @@ static const void *ref_get(void *user, const char *name, kiln_type type, int64_t
     if (!strcmp(name, "inp_tok_shard")) return r->shard;
     if (!strcmp(name, "inp_pos")) return in->positions;
     if (!strcmp(name, "kv_idxs")) return in->slots;
-    if (!strcmp(name, "kq_mask")) return in->mask;
-    if (!strcmp(name, "kq_mask_swa")) return in->mask_swa;
+    if (!strcmp(name, "kq_mask")) return r->t->intervals ? (const void *)in->iv : in->mask;
+    if (!strcmp(name, "kq_mask_swa")) return r->t->intervals ? (const void *)in->iv_swa : in->mask_swa;
     if (!strcmp(name, "inp_out_ids")) return in->out_ids;
     for (int i = 0; i < r->nstates; i++)
         if (!strcmp(r->states[i].name, name)) return r->states[i].data;
@@ -104,7 +105,7 @@ static const void *ref_get(void *user, const char *name, kiln_type type, int64_t
 static void ref_put(void *user, const char *name, kiln_type type, int64_t n, const void *data) {
     tp_rank *r = user;
     size_t   bytes = (size_t)n * kiln_type_size(type);
-    if (!strcmp(name, "logits") && bytes == sizeof *r->logits * (size_t)r->t->vs) {
+    if (!strcmp(name, "logits") && bytes == sizeof *r->logits * (size_t)(r->t->vs * r->t->in->n_out)) {
         memcpy(r->logits, data, bytes);
         return;
     }
@@ -174,7 +175,7 @@ kiln_status km_tp_gen_open(const kiln_model *m, int g, const kiln_build_opts *bo
     if (st) return st;
     km_tp_gen *t = calloc(1, sizeof *t);
     if (!t) return kb_oom();
-    t->m = m, t->hp = hp, t->g = g, t->cpu = o->cpu, t->vs = km_tp_vocab_share(hp, g);
+    t->m = m, t->hp = hp, t->g = g, t->cpu = o->cpu, t->vs = km_tp_vocab_share(hp, g), t->intervals = bo->mask_intervals;
     int64_t nb = bo->n_tokens_max;
     if (!(t->r = calloc((size_t)g, sizeof *t->r))) st = kb_oom();
     for (int r = 0; !st && r < g; r++) {
@@ -182,7 +183,7 @@ kiln_status km_tp_gen_open(const kiln_model *m, int g, const kiln_build_opts *bo
         k->t = t, k->rank = r;
         k->tokens = malloc(sizeof *k->tokens * (size_t)nb);
         k->shard = malloc(sizeof *k->shard * (size_t)nb);
-        k->logits = malloc(sizeof *k->logits * (size_t)t->vs);
+        k->logits = malloc(sizeof *k->logits * (size_t)(t->vs * nb));
         k->ctx = kiln_ctx_new();
         if (!k->tokens || !k->shard || !k->logits || !k->ctx) {
             st = kb_oom();
@@ -261,9 +262,14 @@ static kiln_status gpu_set(km_tp_gen *t, int r) {
     if (!st) st = kiln_session_set(s, "inp_tok_shard", t->r[r].shard, sizeof(float) * nt);
     if (!st) st = kiln_session_set(s, "inp_pos", in->positions, sizeof(int32_t) * nt);
     if (!st) st = kiln_session_set(s, "kv_idxs", in->slots, sizeof(int64_t) * nt);
-    if (!st) st = kiln_session_set(s, "kq_mask", in->mask, sizeof(uint16_t) * mask);
-    if (!st && in->mask_swa) st = kiln_session_set(s, "kq_mask_swa", in->mask_swa, sizeof(uint16_t) * mask);
-    if (!st) st = kiln_session_set(s, "inp_out_ids", in->out_ids, sizeof(int32_t));
+    if (t->intervals) {
+        if (!st) st = kiln_session_set(s, "kq_mask", in->iv, sizeof(int32_t) * 2 * nt);
+        if (!st && in->iv_swa) st = kiln_session_set(s, "kq_mask_swa", in->iv_swa, sizeof(int32_t) * 2 * nt);
+    } else {
+        if (!st) st = kiln_session_set(s, "kq_mask", in->mask, sizeof(uint16_t) * mask);
+        if (!st && in->mask_swa) st = kiln_session_set(s, "kq_mask_swa", in->mask_swa, sizeof(uint16_t) * mask);
+    }
+    if (!st) st = kiln_session_set(s, "inp_out_ids", in->out_ids, sizeof(int32_t) * (size_t)in->n_out);
     return st ? kb_wrap(st, "rank %d", r) : NULL;
 }
 
@@ -273,7 +279,7 @@ static kiln_status gpu_run(km_tp_gen *t) {
     if (!st) st = kiln_group_run(t->group);
     for (int r = 0; !st && r < t->g; r++)
         st = kiln_session_get_prefix(kiln_group_session(t->group, r), "logits", t->r[r].logits,
-                                     sizeof *t->r[r].logits * (size_t)t->vs);
+                                     sizeof *t->r[r].logits * (size_t)(t->vs * t->in->n_read));
     return st;
 }
 
@@ -281,10 +287,12 @@ kiln_status km_tp_gen_run(km_tp_gen *t, const km_tp_run *in, float *logits) {
     t->in = in;
     rank_tokens(t, in);
     kiln_status st = t->cpu ? cpu_run(t) : gpu_run(t);
+    const int64_t nv = t->hp->n_vocab;
     for (int r = 0; !st && r < t->g; r++) { /* each rank's real rows (the last rank's padding dropped) */
-        int64_t n = t->hp->n_vocab - r * t->vs;
+        int64_t n = nv - r * t->vs;
         n = n < 0 ? 0 : n > t->vs ? t->vs : n;
-        memcpy(logits + r * t->vs, t->r[r].logits, sizeof *logits * (size_t)n);
+        for (int64_t row = 0; row < in->n_read; row++)
+            memcpy(logits + row * nv + r * t->vs, t->r[r].logits + row * t->vs, sizeof *logits * (size_t)n);
     }
     t->in = NULL;
     return st;

@@ -97,6 +97,7 @@ typedef struct {
                                   (llama-server's -c; 0: n_slots x kiln_gen's default) */
     int64_t     n_batch;       /* tokens a step takes at most (0: kiln_batch's default, 512) */
     bool        cpu;           /* the CPU reference */
+    int         tp;            /* the model split over tp GPUs (kiln_batch_opts.tp; 0: one) */
     const char *chat_template; /* a name (kiln_chat_template_name), or NULL: the model's, else chatml */
 } sv_engine_opts;
 kiln_status sv_engine_new(const kiln_model *m, const kiln_tokenizer *tok, const sv_engine_opts *o, sv_engine **out);

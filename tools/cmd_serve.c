@@ -16,7 +16,8 @@ static const char summary[] =
 
 static const char help[] =
     "usage: kiln serve MODEL.gguf [--host ADDR] [--port N] [-np N] [-c N] [-b N] [--queue N]\n"
-    "                  [--api-key KEY] [--alias NAME] [--chat-template NAME] [--max-body BYTES] [--cpu]\n"
+    "                  [--api-key KEY] [--alias NAME] [--chat-template NAME] [--max-body BYTES] [--tp G]\n"
+    "                  [--cpu]\n"
     "  serves the model over HTTP as OpenAI's API does, for any OpenAI client:\n"
     "    POST /v1/completions       {\"model\", \"prompt\", \"max_tokens\", \"temperature\", \"top_p\",\n"
     "                               \"seed\", \"stop\", \"stream\", ...}\n"
@@ -38,13 +39,14 @@ static const char help[] =
     "  --alias NAME      the model's name in requests and /v1/models (default: the file's, no .gguf)\n"
     "  --chat-template NAME  a built-in template ('kiln help run' lists them; default: the model's)\n"
     "  --max-body BYTES  the largest request body (default 1M; K, M, G suffixes)\n"
+    "  --tp G            the model split over G GPUs (tensor parallelism, as kiln run --tp; docs/tp.md)\n"
     "  --cpu             the CPU reference instead of the GPU (slow; for tests). Without a GPU the\n"
     "                    server says so and takes the CPU reference anyway\n"
     "  It needs libmicrohttpd (Debian: libmicrohttpd12), loaded when the server starts.\n";
 
 typedef struct {
     const char *model, *host, *api_key, *alias, *tmpl;
-    int64_t     port, slots, n_ctx, n_batch, queue;
+    int64_t     port, slots, n_ctx, n_batch, queue, tp;
     uint64_t    max_body;
     bool        cpu;
 } serve_args;
@@ -76,6 +78,7 @@ static int parse(int argc, char **argv, serve_args *a) {
         else if (!strcmp(f, "--queue")) ok = kt_flag_int(cmd, f, v, 1, 1 << 20, &a->queue);
         else if (!strcmp(f, "-b") || !strcmp(f, "--batch-size")) ok = kt_flag_int(cmd, f, v, 1, KT_FLAG_MAX_CTX, &a->n_batch);
         else if (!strcmp(f, "--max-body")) ok = kt_flag_size(cmd, f, v, &a->max_body);
+        else if (!strcmp(f, "--tp")) ok = kt_flag_int(cmd, f, v, 1, 64, &a->tp);
         else return kt_usage(cmd, "unknown option '%s'", f);
         if (!ok) return KT_EXIT_USAGE;
     }
@@ -117,7 +120,7 @@ static int run(int argc, char **argv) {
     kiln_status     st = kiln_model_open(a.model, &m);
     if (!st) st = kiln_tokenizer_from_gguf(kiln_model_gguf(m), &tok);
     sv_engine_opts eo = {.n_slots = (int)a.slots, .queue_max = (int)a.queue, .n_ctx = a.n_ctx, .n_batch = a.n_batch,
-                         .cpu = a.cpu,
+                         .cpu = a.cpu, .tp = (int)a.tp,
                          .chat_template = a.tmpl};
     if (!st) st = sv_engine_new(m, tok, &eo, &e);
     if (st && !a.cpu && kiln_status_code(st) == KILN_ERR_NO_GPU) { /* (issue 28: it works, slowly) */
