@@ -5,54 +5,28 @@
  * it with the rank's kernels).
  *
  * Runs: an all_reduce step does not return until every rank has reached it, so the ranks' runs
- * must be issued concurrently. Each rank but the first has a worker thread for the group's
- * life; kiln_group_run hands every worker the run (a generation counter under a mutex), runs
- * rank 0 on the calling thread, and waits for the workers.
- *
- * A rank whose run fails may never reach an all_reduce the others wait for on their GPUs: the
- * first failure aborts every communicator (ncclCommAbort ends the waiting NCCL kernels, so the
- * other ranks' runs return with errors instead of hanging), and the group is then broken: its
- * later runs fail at once, naming the first error's rank. */
+ * are issued concurrently (rt_ranks, runtime/ranks.c: rank 0 on the caller's thread, the others
+ * on workers kept for the group's life). A rank whose run fails may never reach an all_reduce
+ * the others wait for on their GPUs: the first failure aborts every communicator
+ * (ncclCommAbort ends the waiting NCCL kernels, so the other ranks' runs return with errors
+ * instead of hanging), and the group is then broken: its later runs fail at once, naming the
+ * first error's rank. */
 #include "runtime/session_int.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define RT_GROUP_MAX 64
 
-typedef struct {
-    kiln_group *g;
-    int         rank;
-    pthread_t   thread;
-    bool        started;
-    kiln_status st; /* this rank's last run */
-} rt_worker;
-
 struct kiln_group {
-    int            n;
-    kiln_session **s;
-    rt_nccl_comm  *comms;
+    int                n;
+    kiln_session     **s;
+    rt_nccl_comm      *comms;
     const rt_nccl_api *nccl;
-    rt_worker     *w;
-    pthread_mutex_t mu;
-    pthread_cond_t  go, done;
-    bool            sync_ok;
-    uint64_t        gen;  /* runs handed out */
-    int             left; /* workers still running the current one */
-    bool            quit;
-    int             broken; /* 1 + the rank whose failure aborted the communicators, or 0 */
+    rt_ranks          *ranks; /* the runs (runtime/ranks.c) */
+    bool               aborted;
 };
-
-/* A rank's run failed: abort the communicators once (under g->mu), so that no rank waits on its
- * GPU for an all_reduce that will not come. */
-static void abort_locked(kiln_group *g, int rank) {
-    if (g->broken) return;
-    g->broken = rank + 1;
-    for (int r = 0; r < g->n; r++)
-        if (g->comms[r]) g->nccl->CommAbort(g->comms[r]);
-}
 
 /* The number of ranks of program p's all_reduce steps (its variants' too) that is not n, or 0. */
 static int other_ranks(const kiln_program *p, int n, int *step) {
@@ -109,24 +83,17 @@ static kiln_status check_devices(int n, const int *devices) {
     return NULL;
 }
 
-static void *worker_main(void *arg) {
-    rt_worker  *w = arg;
-    kiln_group *g = w->g;
-    uint64_t    seen = 0;
-    pthread_mutex_lock(&g->mu);
-    for (;;) {
-        while (!g->quit && g->gen == seen) pthread_cond_wait(&g->go, &g->mu);
-        if (g->quit) break;
-        seen = g->gen;
-        pthread_mutex_unlock(&g->mu);
-        kiln_status st = kiln_session_run(g->s[w->rank]);
-        pthread_mutex_lock(&g->mu);
-        w->st = st;
-        if (st) abort_locked(g, w->rank);
-        if (--g->left == 0) pthread_cond_signal(&g->done);
-    }
-    pthread_mutex_unlock(&g->mu);
-    return NULL;
+/* rt_ranks' function: rank r's run. */
+static kiln_status run_rank(void *user, int r) { return kiln_session_run(((kiln_group *)user)->s[r]); }
+
+/* The first failure: abort every communicator (under rt_ranks' lock), so that no rank waits on
+ * its GPU for an all_reduce that will not come. */
+static void abort_all(void *user, int rank) {
+    kiln_group *g = user;
+    (void)rank;
+    g->aborted = true;
+    for (int r = 0; r < g->n; r++)
+        if (g->comms[r]) g->nccl->CommAbort(g->comms[r]);
 }
 
 /* Gives session s (and its variants) rank r's communicator. */
@@ -150,9 +117,8 @@ kiln_status kiln_group_new(const kiln_program *const *programs, int n, const kil
     g->n = n;
     g->s = calloc((size_t)n, sizeof *g->s);
     g->comms = calloc((size_t)n, sizeof *g->comms);
-    g->w = calloc((size_t)n, sizeof *g->w);
     int *list = calloc((size_t)n, sizeof *list);
-    if (!g->s || !g->comms || !g->w || !list) st = kb_oom();
+    if (!g->s || !g->comms || !list) st = kb_oom();
     for (int r = 0; !st && r < n; r++) {
         list[r] = devs ? devs[r] : r;
         kiln_session_opts so = {.no_cuda_graph = opts ? opts->no_cuda_graph : 0, .device = list[r]};
@@ -171,19 +137,7 @@ kiln_status kiln_group_new(const kiln_program *const *programs, int n, const kil
     }
     free(list);
     for (int r = 0; !st && r < n; r++) join(g, r);
-    if (!st) {
-        pthread_mutex_init(&g->mu, NULL);
-        pthread_cond_init(&g->go, NULL);
-        pthread_cond_init(&g->done, NULL);
-        g->sync_ok = true;
-    }
-    for (int r = 1; !st && r < n; r++) {
-        g->w[r] = (rt_worker){.g = g, .rank = r};
-        if (pthread_create(&g->w[r].thread, NULL, worker_main, &g->w[r]))
-            st = kb_error(KILN_ERR_NOMEM, "kiln_group_new: cannot start rank %d's thread", r);
-        else
-            g->w[r].started = true;
-    }
+    if (!st) st = rt_ranks_new(n, run_rank, abort_all, g, &g->ranks);
     if (st) {
         kiln_group_free(g);
         return st;
@@ -194,28 +148,14 @@ kiln_status kiln_group_new(const kiln_program *const *programs, int n, const kil
 
 void kiln_group_free(kiln_group *g) {
     if (!g) return;
-    if (g->sync_ok) {
-        pthread_mutex_lock(&g->mu);
-        g->quit = true;
-        pthread_cond_broadcast(&g->go);
-        pthread_mutex_unlock(&g->mu);
-    }
-    for (int r = 1; g->w && r < g->n; r++)
-        if (g->w[r].started) pthread_join(g->w[r].thread, NULL);
-    for (int r = 1; g->w && r < g->n; r++) kiln_status_free(g->w[r].st);
+    rt_ranks_free(g->ranks); /* (its threads joined: no run is in flight) */
     /* The sessions' streams are idle (every run waits for its work); the communicators go
-     * before the contexts the sessions release. */
-    for (int r = 0; g->comms && g->nccl && r < g->n; r++)
-        if (g->comms[r] && !g->broken) g->nccl->CommDestroy(g->comms[r]); /* (aborted ones are freed) */
+     * before the contexts the sessions release. Aborted ones are freed already. */
+    for (int r = 0; g->comms && g->nccl && !g->aborted && r < g->n; r++)
+        if (g->comms[r]) g->nccl->CommDestroy(g->comms[r]);
     for (int r = 0; g->s && r < g->n; r++) kiln_session_free(g->s[r]);
-    if (g->sync_ok) {
-        pthread_mutex_destroy(&g->mu);
-        pthread_cond_destroy(&g->go);
-        pthread_cond_destroy(&g->done);
-    }
     free(g->s);
     free(g->comms);
-    free(g->w);
     free(g);
 }
 
@@ -227,31 +167,9 @@ kiln_session *kiln_group_session(const kiln_group *g, int rank) {
 
 kiln_status kiln_group_run(kiln_group *g) {
     if (!g) return kb_error(KILN_ERR_INVALID, "kiln_group_run: group is NULL");
-    pthread_mutex_lock(&g->mu);
-    if (g->broken) {
-        int r = g->broken - 1;
-        pthread_mutex_unlock(&g->mu);
-        return kb_error(KILN_ERR_INVALID, "kiln_group_run: the group is broken: rank %d's run failed and the "
-                                          "communicators were aborted; create a new group", r);
-    }
-    for (int r = 1; r < g->n; r++) {
-        kiln_status_free(g->w[r].st);
-        g->w[r].st = NULL;
-    }
-    g->left = g->n - 1;
-    g->gen++;
-    pthread_cond_broadcast(&g->go);
-    pthread_mutex_unlock(&g->mu);
-    kiln_status st0 = kiln_session_run(g->s[0]);
-    pthread_mutex_lock(&g->mu);
-    if (st0) abort_locked(g, 0);
-    while (g->left > 0) pthread_cond_wait(&g->done, &g->mu);
-    /* The error of the rank that failed first (the others' follow from the abort). */
-    int         first = g->broken ? g->broken - 1 : -1;
-    kiln_status st = NULL;
-    if (first == 0) st = st0, st0 = NULL;
-    else if (first > 0) st = g->w[first].st, g->w[first].st = NULL;
-    pthread_mutex_unlock(&g->mu);
-    kiln_status_free(st0);
-    return st ? kb_wrap(st, "kiln_group_run: rank %d", first) : NULL;
+    int         failed;
+    kiln_status st = rt_ranks_run(g->ranks, &failed);
+    if (!st) return NULL;
+    return kb_wrap(st, "kiln_group_run: rank %d%s", failed,
+                   g->aborted ? " (the group's communicators are aborted: make a new group)" : "");
 }

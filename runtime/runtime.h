@@ -218,4 +218,18 @@ kiln_status rt_nccl_init(const rt_nccl_api **out);
 /* KILN_ERR_CUDA: "NCCL call <call> failed with result N (<text>) while <what>". */
 kiln_status rt_nccl_error(int result, const char *call, const char *what);
 
+/* ---- ranks run at once (runtime/ranks.c; kiln_group's runs) --------------------------------
+ * rt_ranks_run calls fn(user, r) for every rank r of n at once: ranks 1.. on worker threads
+ * kept for the runner's life, rank 0 on the caller's; it returns when all have returned. The
+ * first failure calls fail(user, rank) once, under the runner's lock, and breaks the runner:
+ * rt_ranks_run returns that rank's error (*failed its rank, else -1), and every later run fails
+ * at once naming it. */
+typedef struct rt_ranks rt_ranks;
+typedef kiln_status (*rt_rank_fn)(void *user, int rank);
+typedef void (*rt_rank_fail_fn)(void *user, int rank);
+kiln_status rt_ranks_new(int n, rt_rank_fn fn, rt_rank_fail_fn fail, void *user, rt_ranks **out);
+kiln_status rt_ranks_run(rt_ranks *p, int *failed);
+int         rt_ranks_broken(rt_ranks *p); /* the rank that broke it, or -1 */
+void        rt_ranks_free(rt_ranks *p);
+
 #endif

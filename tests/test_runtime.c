@@ -205,10 +205,80 @@ START_TEST(test_nccl_loads_or_says_what_is_missing) {
 }
 END_TEST
 
+/* ---- rt_ranks (runtime/ranks.c: kiln_group's runs) ----------------------------------------- */
+
+enum { RANKS = 4, RUNS = 300 };
+
+typedef struct {
+    int   calls[RANKS]; /* each rank's calls, written by its own thread only */
+    int   fail_rank, fail_run, fails;
+    int   run;          /* the run in progress (set by the caller between runs) */
+    pthread_barrier_t meet; /* every rank inside one call at once, as an all_reduce needs */
+    bool  barrier;
+} ranks_data;
+
+static kiln_status rank_fn(void *user, int rank) {
+    ranks_data *d = user;
+    d->calls[rank]++;
+    if (d->barrier) pthread_barrier_wait(&d->meet); /* deadlocks unless all ranks run at once */
+    if (rank == d->fail_rank && d->run == d->fail_run) return kb_error(KILN_ERR_CUDA, "rank %d gave up", rank);
+    return NULL;
+}
+
+static void rank_fail(void *user, int rank) {
+    ranks_data *d = user;
+    ck_assert_int_eq(rank, d->fail_rank);
+    d->fails++;
+}
+
+/* Every run calls every rank once, all of them at once (a barrier of all four inside the call
+ * would hang otherwise); 300 runs in a row; the first failure calls fail once, the run returns
+ * that rank's error, and later runs fail at once naming it, calling no rank. */
+START_TEST(ranks_run_together) {
+    ranks_data d = {.fail_rank = 2, .fail_run = RUNS, .barrier = true};
+    pthread_barrier_init(&d.meet, NULL, RANKS);
+    rt_ranks *p;
+    TS_OK(rt_ranks_new(RANKS, rank_fn, rank_fail, &d, &p));
+    for (d.run = 0; d.run < RUNS; d.run++) {
+        int failed;
+        TS_OK(rt_ranks_run(p, &failed));
+        ck_assert_int_eq(failed, -1);
+        for (int r = 0; r < RANKS; r++) ck_assert_int_eq(d.calls[r], d.run + 1);
+    }
+    ck_assert_int_eq(rt_ranks_broken(p), -1);
+    int failed;
+    kiln_status st = rt_ranks_run(p, &failed); /* run RUNS: rank 2 fails */
+    ck_assert_ptr_nonnull(st);
+    ck_assert_int_eq(failed, 2);
+    ck_assert_msg(strstr(kiln_status_msg(st), "rank 2 gave up"), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    ck_assert_int_eq(d.fails, 1);
+    ck_assert_int_eq(rt_ranks_broken(p), 2);
+    ts_expect_status(rt_ranks_run(p, &failed), KILN_ERR_INVALID, "rank 2 failed in an earlier run");
+    for (int r = 0; r < RANKS; r++) ck_assert_int_eq(d.calls[r], RUNS + 1); /* the refused run called none */
+    ck_assert_int_eq(d.fails, 1);
+    rt_ranks_free(p);
+    pthread_barrier_destroy(&d.meet);
+    /* rank 0 (the caller's thread) failing, one rank alone, bad arguments */
+    d = (ranks_data){.fail_rank = 0, .fail_run = 0};
+    TS_OK(rt_ranks_new(3, rank_fn, rank_fail, &d, &p));
+    st = rt_ranks_run(p, &failed);
+    ck_assert_msg(st && failed == 0 && strstr(kiln_status_msg(st), "rank 0 gave up"), "%s", kiln_status_msg(st));
+    kiln_status_free(st);
+    rt_ranks_free(p);
+    d = (ranks_data){.fail_rank = -1};
+    TS_OK(rt_ranks_new(1, rank_fn, NULL, &d, &p));
+    TS_OK(rt_ranks_run(p, &failed));
+    ck_assert_int_eq(d.calls[0], 1);
+    rt_ranks_free(p);
+    ts_expect_status(rt_ranks_new(0, rank_fn, NULL, &d, &p), KILN_ERR_INVALID, "0 ranks");
+}
+END_TEST
+
 int main(void) {
     Suite *s = TS_SUITE("runtime",
                         TS_CASE("cpu", 60),
                         TS_TESTS(test_null_args, test_null_out_with_program, test_no_gpu, test_forced_missing_driver,
-                                 test_init_threads, test_nccl_loads_or_says_what_is_missing));
+                                 test_init_threads, test_nccl_loads_or_says_what_is_missing, ranks_run_together));
     return ts_main(s);
 }
