@@ -13,10 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A rank's weights assembled from several ranges (the CPU reference reads them every run). */
+/* A rank's weights assembled from several ranges (the CPU reference reads them every run). The
+ * name is a copy: a reference run's names live as long as that run's IR. */
 typedef struct {
-    const char *name;
-    void       *data;
+    char *name;
+    void *data;
 } tp_copy;
 
 typedef struct {
@@ -53,12 +54,14 @@ static kiln_status keep_copy(tp_rank *r, const char *name, void *data) {
         if (!c) return kb_oom();
         r->copies = c, r->capcopies = cap;
     }
-    r->copies[r->ncopies++] = (tp_copy){name, data};
+    char *own = strdup(name);
+    if (!own) return kb_oom();
+    r->copies[r->ncopies++] = (tp_copy){own, data};
     return NULL;
 }
 
 static void free_copies(tp_rank *r) {
-    for (int i = 0; i < r->ncopies; i++) free(r->copies[i].data);
+    for (int i = 0; i < r->ncopies; i++) free(r->copies[i].name), free(r->copies[i].data);
     free(r->copies);
     r->copies = NULL, r->ncopies = r->capcopies = 0;
 }
