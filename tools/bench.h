@@ -22,6 +22,8 @@ typedef struct {
     int         n_seqs, seqs[8]; /* the batch sizes (--seqs; n_seqs 0: 1, 8, 32 and 64) */
     int         batch_small;     /* --batch-small N: kiln_batch_opts.n_small (0: none) */
     int         tp;              /* --tp G: the model rows over G GPUs (kiln_gen_opts.tp; 0: one GPU) */
+    int         nkvs;            /* --kv LIST: the decode rows' cache positions (0: 512, 4096, 32768) */
+    int64_t     kvs[3];
     uint64_t    seed;
     kiln_device_info dev;
     double      copy_gbs;   /* measured roofline */
@@ -36,12 +38,15 @@ typedef struct {
     char   err[256];            /* non-empty: kiln failed on this op */
 } kt_bench_op;
 
-#define KT_BENCH_KVS 2
+#define KT_BENCH_KVS 3 /* decode rows a model at most (kt_bench_model.nkv of them) */
 typedef struct {
     char     name[32];            /* "llama-3-8b" or "llama-3-8b:q4_k_m" */
     char     file_type[16];       /* "bf16", "q4_k_m" (kiln_ftype_name) */
     double   weight_gb, token_gb; /* all weights; read per decoded token (active experts only) */
     double   limit_ms;            /* token_gb at the roofline */
+    double   kv_bytes_pos;        /* bytes of K and V cache a position, all layers (read per token) */
+    double   limit_kv_ms[KT_BENCH_KVS]; /* the weights and kv[k] positions' K/V at the roofline */
+    int      nkv;
     double   cold_ms, warm_ms;    /* graph build + compile with an empty cache, then from it */
     int      kernels;
     double   fill_ms;             /* random weights made on the device */

@@ -60,11 +60,15 @@ kiln_status kt_bench_model_hparams(const char *name, kiln_model_hparams *hp) {
 }
 
 /* Bytes of all weights, and of what one decoded token reads: every weight but the embedding
- * table (one row; all of it when it is also the output matrix) and the unused experts. */
-static void weight_bytes(const kiln_graph *g, const kiln_model_hparams *hp, double *all, double *token) {
-    *all = *token = 0;
+ * table (one row; all of it when it is also the output matrix) and the unused experts; and the
+ * KV cache's bytes a position (the states over n_ctx positions), which a token reads for each
+ * position before it. */
+static void weight_bytes(const kiln_graph *g, const kiln_model_hparams *hp, int64_t n_ctx, double *all, double *token,
+                         double *kv_pos) {
+    *all = *token = *kv_pos = 0;
     for (int i = 0; i < kiln_graph_size(g); i++) {
         const kiln_tensor *t = kiln_graph_node(g, i);
+        if (kiln_tensor_role(t) == KILN_ROLE_STATE) *kv_pos += (double)kiln_tensor_nbytes(t) / (double)n_ctx;
         if (kiln_tensor_role(t) != KILN_ROLE_WEIGHT) continue;
         double      bytes = (double)kiln_tensor_nbytes(t);
         const char *name = kiln_tensor_name(t);
@@ -95,10 +99,11 @@ static kiln_status compile_once(const model_run *r, const kiln_model_hparams *hp
         *ms = kb_now_ms() - t0;
         *kernels = kiln_program_kernel_count(p);
         if (r->m->weight_gb == 0) {
-            double all, token;
-            weight_bytes(g, hp, &all, &token);
+            double all, token, kv;
+            weight_bytes(g, hp, r->n_ctx, &all, &token, &kv);
             r->m->weight_gb = all / 1e9;
             r->m->token_gb = token / 1e9;
+            r->m->kv_bytes_pos = kv;
         }
     }
     kiln_program_free(p);
@@ -207,7 +212,7 @@ static kiln_status run_kiln(model_run *r, const kiln_model_hparams *hp) {
         prompt_ids(ids, r->n_ctx, hp->n_vocab);
         st = time_prefill(r, g, ids);
     }
-    for (int k = 0; !st && k < KT_BENCH_KVS; k++) st = time_decode(r, g, ids, k);
+    for (int k = 0; !st && k < m->nkv; k++) st = time_decode(r, g, ids, k);
     /* The sampler in a program of its own (op `sample` beside argmax: its kernels run every step),
      * so that the greedy figures above are the greedy program's. */
     kiln_gen_free(g);
@@ -236,7 +241,7 @@ static void torch_model_line(void *user, const char *text) {
         snprintf(m->torch_note[mode], sizeof m->torch_note[mode], "%s", rest + 5 + (rest[5] == ' '));
     } else if (!strncmp(rest, "decode ", 7)) {
         int64_t kv = (int64_t)kt_bench_field(rest, "kv");
-        for (int k = 0; k < KT_BENCH_KVS; k++)
+        for (int k = 0; k < m->nkv; k++)
             if (m->kv[k] == kv) m->t_decode_ms[mode][k] = kt_bench_field(rest, "ms");
     } else if (!strncmp(rest, "prefill ", 8)) {
         m->t_prefill_ms[mode] = kt_bench_field(rest, "ms");
@@ -267,8 +272,10 @@ static void run_torch(model_run *r, const kiln_model_hparams *hp) {
                     (long long)hp->n_expert_used, (long long)hp->n_ff_exp);
     if (hp->qk_norm) kb_str_add(&cmd, " --qk-norm");
     if (hp->tied_output) kb_str_add(&cmd, " --tied");
-    kb_str_addf(&cmd, " --kv %lld,%lld --prefill %d --steps %lld --modes %s --max-seconds %d", (long long)m->kv[0],
-                (long long)m->kv[1], PREFILL_N, (long long)r->steps, b->quick ? "eager" : "eager,compile",
+    kb_str_add(&cmd, " --kv ");
+    for (int k = 0; k < m->nkv; k++) kb_str_addf(&cmd, "%s%lld", k ? "," : "", (long long)m->kv[k]);
+    kb_str_addf(&cmd, " --prefill %d --steps %lld --modes %s --max-seconds %d", PREFILL_N, (long long)r->steps,
+                b->quick ? "eager" : "eager,compile",
                 b->quick ? 90 : 300);
     char *c = kb_str_take(&cmd);
     if (!c) return;
@@ -295,12 +302,21 @@ static kiln_status bench_model(kt_bench *b, kt_bench_model *m, const char *cache
     snprintf(m->file_type, sizeof m->file_type, "%s", kiln_ftype_name(hp.ftype));
     model_run r = {.b = b, .m = m, .cache_dir = cache_dir, .steps = b->quick ? 32 : 128,
                    .quantized = ftype_quantized(hp.ftype)};
-    m->kv[0] = 512;
-    m->kv[1] = 4096;
-    r.n_ctx = m->kv[KT_BENCH_KVS - 1] + r.steps + 8;
+    static const int64_t defaults[3] = {512, 4096, 32768};
+    m->nkv = b->nkvs ? b->nkvs : 3;
+    int64_t top = 0;
+    for (int k = 0; k < m->nkv; k++) {
+        m->kv[k] = b->nkvs ? b->kvs[k] : defaults[k];
+        if (m->kv[k] > top) top = m->kv[k];
+    }
+    r.n_ctx = top + r.steps + 8;
     st = run_kiln(&r, &hp);
-    /* over tp GPUs each reads its share of the bytes at once */
-    m->limit_ms = b->copy_gbs > 0 ? m->token_gb * 1e9 / (b->copy_gbs * 1e6) / (b->tp > 1 ? b->tp : 1) : 0;
+    /* over tp GPUs each reads its share of the bytes at once; at kv positions a token also reads
+     * the cache's K and V of each */
+    double tp = b->tp > 1 ? b->tp : 1, bw = b->copy_gbs * 1e6; /* bytes a ms */
+    m->limit_ms = bw > 0 ? m->token_gb * 1e9 / bw / tp : 0;
+    for (int k = 0; k < m->nkv; k++)
+        m->limit_kv_ms[k] = bw > 0 ? (m->token_gb * 1e9 + m->kv_bytes_pos * (double)m->kv[k]) / bw / tp : 0;
     if (b->tp > 1) {
         size_t len = strlen(m->name);
         snprintf(m->name + len, sizeof m->name - len, " tp%d", b->tp);

@@ -83,12 +83,13 @@ static void print_model(const kt_bench_model *m) {
         printf("%-20s FAILED: %s\n", m->name, m->err);
         return;
     }
-    for (int k = 0; k < KT_BENCH_KVS; k++) {
-        /* PyTorch reads each step's token on the host: its ratios are to kiln doing the same. */
-        double like = m->step_ms[k] > 0 ? m->step_ms[k] : m->decode_ms[k];
+    for (int k = 0; k < m->nkv; k++) {
+        /* PyTorch reads each step's token on the host: its ratios are to kiln doing the same. The
+         * limit: the weights and the kv positions' K and V at the roofline. */
+        double like = m->step_ms[k] > 0 ? m->step_ms[k] : m->decode_ms[k], lim = m->limit_kv_ms[k];
         printf("%-20s decode kv %-6lld %8.3f %7.0f %8.3f %8.3f %6.0f%% %9s %9s %8s %8s\n", k ? "" : m->name,
                (long long)m->kv[k], m->decode_ms[k], m->decode_ms[k] > 0 ? 1e3 / m->decode_ms[k] : 0,
-               m->decode_gpu_ms[k], m->limit_ms, m->decode_ms[k] > 0 ? 100 * m->limit_ms / m->decode_ms[k] : 0,
+               m->decode_gpu_ms[k], lim, m->decode_ms[k] > 0 ? 100 * lim / m->decode_ms[k] : 0,
                num(a, sizeof a, m->t_decode_ms[0][k], 3), num(c, sizeof c, m->t_decode_ms[1][k], 3),
                ratio(d, sizeof d, m->t_decode_ms[0][k], like), ratio(e, sizeof e, m->t_decode_ms[1][k], like));
     }
@@ -103,7 +104,7 @@ static void print_model(const kt_bench_model *m) {
            "weights made on the GPU in %.0f ms; torch.compile %s s\n",
            "", m->weight_gb, m->token_gb, m->cold_ms / 1e3, m->kernels, m->warm_ms, m->fill_ms,
            num(f, sizeof f, m->t_compile_s, 1));
-    if (m->step_ms[0] > 0) /* not measured for quantized files in --quick */
+    if (m->step_ms[0] > 0 && m->nkv > 1) /* not measured for quantized files in --quick */
         printf("%-20s one step at a time (a host round trip a token): %.3f / %.3f ms at kv %lld / %lld; at kv %lld: "
                "inputs %.0f us, run %.0f us, argmax readback %.0f us\n", "", m->step_ms[0], m->step_ms[1],
                (long long)m->kv[0], (long long)m->kv[1], (long long)m->kv[0], m->host_us[0][0], m->host_us[0][1],
@@ -223,8 +224,9 @@ static void json_model(kb_str *j, const kt_bench_model *m) {
     json_num(j, "sampled_ms", m->sampled_ms, true);
     kb_str_addf(j, "\"sampled_on_gpu\": %s, ", m->sampled_gpu ? "true" : "false");
     kb_str_add(j, "\n     \"decode\": [");
-    for (int k = 0; k < KT_BENCH_KVS; k++) {
+    for (int k = 0; k < m->nkv; k++) {
         kb_str_addf(j, "%s{\"kv\": %lld, ", k ? ", " : "", (long long)m->kv[k]);
+        json_num(j, "limit_ms", m->limit_kv_ms[k], true);
         json_num(j, "ms", m->decode_ms[k], true);
         json_num(j, "tok_s", m->decode_ms[k] > 0 ? 1e3 / m->decode_ms[k] : 0, true);
         json_num(j, "gpu_ms", m->decode_gpu_ms[k], true);

@@ -19,9 +19,8 @@ static const char summary[] =
 
 static const char help[] =
     "usage: kiln bench [--quick] [--ops-only | --models-only | --batch-only] [--models LIST]\n"
-    "                  [--batch LIST] [--seqs LIST] [--batch-small N] [--tp G] [--json FILE] [--no-torch]\n"
-    "                  [--python PY]\n"
-    "                  [--dir DIR] [--seed S]\n"
+    "                  [--batch LIST] [--seqs LIST] [--batch-small N] [--kv LIST] [--tp G] [--json FILE]\n"
+    "                  [--no-torch] [--python PY] [--dir DIR] [--seed S]\n"
     "  measures kiln on this GPU beside PyTorch, in one run (docs/bench.md):\n"
     "  - the GPU and its device-to-device copy bandwidth (bytes read + written), the roofline;\n"
     "  - ops and fusions at decode shapes (DIR/ops, DIR/fusion): median CUDA-graph replay in us,\n"
@@ -30,8 +29,9 @@ static const char help[] =
     "    'kiln gen-model' writes, made on the GPU), and the quantized files llama-3.2-1b and\n"
     "    llama-3-8b in q4_0, q4_k_m, q8_0 and qwen3-30b-a3b in q4_k_m (random blocks made on the\n"
     "    GPU, each weight of the type llama-quantize's mix gives it): decode ms/token at KV\n"
-    "    positions 512 and 4096, prefill tok/s at 512 tokens, cold compile and warm start, the\n"
-    "    limit (weight bytes read per token at the roofline); beside PyTorch eager and\n"
+    "    positions 512, 4096 and 32768 (--kv), prefill tok/s at 512 tokens, cold compile and warm\n"
+    "    start, the limit (the weight bytes and the position's K and V read per token at the\n"
+    "    roofline); beside PyTorch eager and\n"
     "    torch.compile(mode=\"reduce-overhead\") of the same model (torch_ref.py; bf16 only:\n"
     "    PyTorch has no ggml quantized types);\n"
     "  - batched decode (kiln_batch, issue 28): llama-3-8b in bf16 and q4_k_m at 1, 8, 32 and 64\n"
@@ -51,6 +51,8 @@ static const char help[] =
     "                  a sequence) times the kernels of a decode step of 64 sequences\n"
     "  --batch-small N also a program for steps of at most N tokens (2 .. 511; kiln_batch_opts.n_small):\n"
     "                  the decode steps then take plans made for few tokens\n"
+    "  --kv LIST       the model rows' decode positions, 1 to 3 (default 512,4096,32768); the limit\n"
+    "                  column counts the weights and, at each position, the K and V the token reads\n"
     "  --tp G          the model rows split over G GPUs (with --models-only; kiln run --tp, docs/tp.md):\n"
     "                  random weights of each GPU's share made on it; the limit column is a GPU's\n"
     "                  share of the bytes at the roofline (the all-reduces not counted)\n"
@@ -97,6 +99,28 @@ static bool parse_seqs(kt_bench *b, const char *v) {
     }
 }
 
+/* --kv LIST: 1 to 3 cache positions for the decode rows (a row fills the cache to its position
+ * first: a prefill of all but 3 of them). */
+static bool parse_kvs(kt_bench *b, const char *v) {
+    b->nkvs = 0;
+    for (const char *p = v;;) {
+        char        item[24];
+        const char *e = strchr(p, ',');
+        size_t      len = e ? (size_t)(e - p) : strlen(p);
+        if (b->nkvs == KT_BENCH_KVS || len == 0 || len >= sizeof item) {
+            kt_usage("bench", "--kv %s: 1 to %d comma-separated cache positions", v, KT_BENCH_KVS);
+            return false;
+        }
+        memcpy(item, p, len);
+        item[len] = 0;
+        int32_t kv;
+        if (!kt_flag_int32("bench", "--kv", item, 16, 1 << 20, &kv)) return false;
+        b->kvs[b->nkvs++] = kv;
+        if (!e) return true;
+        p = e + 1;
+    }
+}
+
 /* KT_GO_ON when b is complete, else the exit status. */
 static int parse(int argc, char **argv, kt_bench *b) {
     b->torch = true;
@@ -109,7 +133,7 @@ static int parse(int argc, char **argv, kt_bench *b) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool        valued = !strcmp(a, "--models") || !strcmp(a, "--json") || !strcmp(a, "--python") ||
                       !strcmp(a, "--dir") || !strcmp(a, "--seed") || !strcmp(a, "--batch") || !strcmp(a, "--seqs") ||
-                      !strcmp(a, "--batch-small") || !strcmp(a, "--tp");
+                      !strcmp(a, "--batch-small") || !strcmp(a, "--tp") || !strcmp(a, "--kv");
         if (valued && !v) return kt_usage("bench", "%s needs a value", a);
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return kt_print_help("bench");
         if (!strcmp(a, "--quick")) b->quick = true;
@@ -122,6 +146,9 @@ static int parse(int argc, char **argv, kt_bench *b) {
         }
         else if (!strcmp(a, "--batch-small")) {
             if (!kt_flag_int32("bench", a, v, 2, 511, &b->batch_small)) return KT_EXIT_USAGE; /* (below the prompt steps' 512) */
+        }
+        else if (!strcmp(a, "--kv")) {
+            if (!parse_kvs(b, v)) return KT_EXIT_USAGE;
         }
         else if (!strcmp(a, "--tp")) {
             if (!kt_flag_int32("bench", a, v, 2, 64, &b->tp)) return KT_EXIT_USAGE;
