@@ -433,6 +433,8 @@ kiln_status kiln_bundle_describe(const kiln_bundle *b, char **text);
 /* The arch kiln compiles for on CUDA device `device`: "sm_90a" for compute capability 9.0
  * (arch-specific from 9.0 on), "sm_80" for 8.0. Needs the driver (KILN_ERR_NO_GPU without). */
 kiln_status kiln_device_arch(int device, char *arch, size_t cap);
+/* The CUDA devices of this machine (KILN_ERR_NO_GPU without a driver or a GPU). */
+kiln_status kiln_device_count(int *n);
 typedef struct {
     char     name[128]; /* "NVIDIA H100 80GB HBM3" */
     char     arch[16];  /* as kiln_device_arch */

@@ -130,7 +130,11 @@ static void progress_cb(void *user, uint64_t done, uint64_t total) {
 static kiln_status gpu_open(km_tp_gen *t, const kiln_gen_opts *o, kiln_gen_stats *stats) {
     kiln_compile_opts co = o->compile ? *o->compile : (kiln_compile_opts){0};
     char              arch[16];
-    kiln_status       st = NULL;
+    int               count = 0;
+    kiln_status       st = kiln_device_count(&count); /* before compiling g programs */
+    if (st) return st;
+    if (count < t->g)
+        return kb_error(KILN_ERR_NO_GPU, "tensor parallelism over %d GPUs: this machine has %d", t->g, count);
     if (!co.arch) {
         if ((st = kiln_device_arch(0, arch, sizeof arch))) return st;
         co.arch = arch;

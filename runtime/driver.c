@@ -231,6 +231,15 @@ kiln_status kiln_device_arch(int device, char *arch, size_t cap) {
     return NULL;
 }
 
+kiln_status kiln_device_count(int *n) {
+    if (!n) return kb_error(KILN_ERR_INVALID, "kiln_device_count: n is NULL");
+    *n = 0;
+    kiln_status st = rt_driver_init();
+    if (st) return st;
+    rt_cures r = g_api.DeviceGetCount(n);
+    return r == RT_CUDA_SUCCESS ? NULL : rt_cuda_error(r, "cuDeviceGetCount", "counting the GPUs");
+}
+
 /* Devices whose primary context this process keeps retained. */
 #define RT_MAX_PINNED 64
 static pthread_mutex_t g_pin_lock = PTHREAD_MUTEX_INITIALIZER;

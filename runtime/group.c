@@ -69,11 +69,9 @@ static kiln_status check_args(const kiln_program *const *programs, int n, const 
 
 /* The GPUs present: n of them at least. */
 static kiln_status check_devices(int n, const int *devices) {
-    kiln_status st = rt_driver_init();
+    int         count = 0;
+    kiln_status st = kiln_device_count(&count);
     if (st) return st;
-    int      count = 0;
-    rt_cures r = rt_cuda()->DeviceGetCount(&count);
-    if (r != RT_CUDA_SUCCESS) return rt_cuda_error(r, "cuDeviceGetCount", "counting the GPUs for a group of %d", n);
     int need = n;
     for (int i = 0; devices && i < n; i++)
         if (devices[i] + 1 > need) need = devices[i] + 1;

@@ -111,6 +111,14 @@ START_TEST(test_no_gpu) {
     st = rt_device_arch(0, arch);
     ck_assert_int_eq(kiln_status_code(st), KILN_ERR_NO_GPU);
     kiln_status_free(st);
+    int n = -1; /* kiln_device_count: the same answer, and 0 devices */
+    st = kiln_device_count(&n);
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_NO_GPU);
+    ck_assert_int_eq(n, 0);
+    kiln_status_free(st);
+    st = kiln_device_count(NULL);
+    ck_assert_int_eq(kiln_status_code(st), KILN_ERR_INVALID);
+    kiln_status_free(st);
 
     /* A sources-only program on a machine without a GPU: no GPU is the first problem. */
     kiln_program *src_only = NULL;
