@@ -457,7 +457,11 @@ static kiln_tensor *ffn_moe(mb *b, const layer_w *w, kiln_tensor *x) {
     kiln_tensor *par = nm(b, km_archs[b->arch].oai ? kiln_swiglu_oai(ctx, gate, up, false, 1.702f, 7.0f)
                                                    : kiln_swiglu(ctx, gate, up, false), "par");
     kiln_tensor *experts = nm(b, kiln_mul_mat_id(ctx, w->down_exps, par, selected), "experts");
-    if (w->down_exps_b) experts = nm(b, kiln_add_id(ctx, experts, w->down_exps_b, selected), "experts_b");
+    /* gpt-oss's down biases: split over ranks, each rank's experts give partial sums that the
+     * layer's all_reduce adds, so the bias joins on rank 0 alone (weighted, it is still added
+     * once: the weighting and the slot sum are linear) */
+    if (w->down_exps_b && b->o.tp_rank == 0)
+        experts = nm(b, kiln_add_id(ctx, experts, w->down_exps_b, selected), "experts_b");
     kiln_tensor *weighted = nm(b, kiln_mul(ctx, experts, weights), "weighted");
     if (!weighted) return NULL;
     kiln_tensor **e = calloc((size_t)k, sizeof *e);
@@ -595,10 +599,9 @@ static kiln_status check_opts(const kiln_model_hparams *hp, const kiln_build_opt
         /* Routed experts split by their FFN columns as a dense FFN does (gate and up column-,
          * down row-parallel; the router whole on every rank, so each picks the same experts),
          * and the weighted sum of the partial outputs is all-reduced with the layer's FFN. */
-        const char *why = km_mla(hp)                            ? "multi-head latent attention (deepseek2)"
-                        : hp->n_expert_shared > 0               ? "shared experts (their sum before the all_reduce)"
-                        : km_weight_present(hp, &km_weights[KM_W_ATTN_OUT_BIAS], 0) ? "the attention output's bias (added once, after the sum)"
-                                                                : NULL;
+        const char *why = km_mla(hp)              ? "multi-head latent attention (deepseek2)"
+                        : hp->n_expert_shared > 0 ? "shared experts (their sum before the all_reduce)"
+                                                  : NULL;
         if (why) return kb_error(KILN_ERR_INVALID, "build: tensor parallelism of %s models is not built yet: %s", hp->arch, why);
     }
     if (o->n_tokens_upto != 0 && (o->n_tokens_upto < 2 || o->n_tokens_upto >= o->n_tokens_max))
