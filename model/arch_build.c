@@ -350,7 +350,8 @@ static kiln_tensor *attention_mla(mb *b, const layer_w *w, kiln_tensor *x) {
     kiln_tensor *o = nm(b, kiln_mul_mat(ctx, w->wv_b, attn_t), "attn_v_mla");
     o = nm(b, kiln_cont(ctx, nm(b, kiln_permute(ctx, o, 0, 2, 1, 3), "attn_o_t")), "attn_o");
     kiln_tensor *flat = reshape(b, o, 2, dv * nh, T, 1, "attn_flat");
-    return nm(b, kiln_mul_mat(ctx, w->wo, flat), "attn_out");
+    /* split: each rank's heads give a partial sum (the latent cache is whole on every rank) */
+    return reduce(b, nm(b, kiln_mul_mat(ctx, w->wo, flat), "attn_out"), "attn_out_sum");
 }
 
 /* build_ffn(LLM_FFN_SILU, LLM_FFN_PAR): up, gate, swiglu(gate, up), down (mul_mat_glu fuses). */
@@ -526,9 +527,10 @@ static kiln_tensor *layer(mb *b, kiln_tensor *inpL) {
     /* gpt-oss: the FFN's norm is the weight named post_attention_norm */
     kiln_tensor *ffn_in = norm_w(b, ffn_inp, w.ffn_norm ? w.ffn_norm : w.attn_post_norm, "norm2", "ffn_in");
     kiln_tensor *ffn_out = km_layer_moe(hp, b->il) ? ffn_moe(b, &w, ffn_in) : ffn_dense(b, &w, ffn_in);
-    if (ffn_out) ffn_out = reduce(b, ffn_out, "ffn_out_sum");
-    /* deepseek2: the shared experts, one dense FFN beside the routed ones, added unweighted */
+    /* deepseek2: the shared experts, one dense FFN beside the routed ones, added unweighted;
+     * split, both are partial sums, all-reduced together (one rank: the same graph) */
     if (w.gate_shexp && ffn_out) ffn_out = nm(b, kiln_add(ctx, ffn_out, ffn_shexp(b, &w, ffn_in)), "ffn_moe_shexp");
+    if (ffn_out) ffn_out = reduce(b, ffn_out, "ffn_out_sum");
     ffn_out = residual_scaled(b, ffn_out, "ffn_scaled");
     if (w.ffn_post_norm) ffn_out = norm_w(b, ffn_out, w.ffn_post_norm, "norm_ffn_post", "ffn_post_norm");
     return nm(b, kiln_add(ctx, ffn_out, ffn_inp), "l_out");
@@ -599,10 +601,7 @@ static kiln_status check_opts(const kiln_model_hparams *hp, const kiln_build_opt
         /* Routed experts split by their FFN columns as a dense FFN does (gate and up column-,
          * down row-parallel; the router whole on every rank, so each picks the same experts),
          * and the weighted sum of the partial outputs is all-reduced with the layer's FFN. */
-        const char *why = km_mla(hp)              ? "multi-head latent attention (deepseek2)"
-                        : hp->n_expert_shared > 0 ? "shared experts (their sum before the all_reduce)"
-                                                  : NULL;
-        if (why) return kb_error(KILN_ERR_INVALID, "build: tensor parallelism of %s models is not built yet: %s", hp->arch, why);
+
     }
     if (o->n_tokens_upto != 0 && (o->n_tokens_upto < 2 || o->n_tokens_upto >= o->n_tokens_max))
         return kb_error(KILN_ERR_INVALID, "build: n_tokens_upto = %lld: 0, or 2 .. n_tokens_max - 1 (%lld)",

@@ -286,8 +286,11 @@ kiln_status kiln_model_tp_describe(const kiln_model *m, int g, int64_t n_ctx, ch
     }
     int64_t row = km_cache_row(hp), kv_rows = km_mla(hp) ? 1 : 2;
     double  kv = (double)hp->n_layer * (double)kv_rows * (double)row * (double)n_ctx * 2.0;
-    kb_str_addf(&o, "a GPU holds %.3f GB of the %.3f GB of weights, and %.1f MB of the %.1f MB KV cache at n_ctx %lld\n",
-                rank / 1e9, whole / 1e9, kv / g / 1e6, kv / 1e6, (long long)n_ctx);
+    /* (MLA's latent cache serves every head: whole on each GPU) */
+    double kv_gpu = km_mla(hp) ? kv : kv / g;
+    kb_str_addf(&o, "a GPU holds %.3f GB of the %.3f GB of weights, and %.1f MB of the %.1f MB KV cache at n_ctx %lld%s\n",
+                rank / 1e9, whole / 1e9, kv_gpu / 1e6, kv / 1e6, (long long)n_ctx,
+                km_mla(hp) ? " (the latent cache, whole on each GPU)" : "");
     kb_str_addf(&o, "collectives: an all_reduce of n_embd (%lld) floats a token after each layer's attention output and "
                     "FFN down products and after the embedding lookup: %lld a ubatch; each GPU's logits are its %lld "
                     "vocabulary rows, gathered on the host\n",

@@ -3,7 +3,7 @@
  * - A Megatron-split MLP over 2 ranks (and 4 where the machine has them): every rank's output is
  *   the same bits, and equals the whole MLP's CPU reference by NMSE; the group replays its
  *   CUDA graphs (NCCL captured with the kernels) 200 times without a second capture.
- * - The tiny llama, qwen3moe and gpt-oss over 2 ranks: each rank's logits equal the CPU reference of the
+ * - The tiny llama, qwen3moe, gpt-oss and deepseek2 over 2 ranks: each rank's logits equal the CPU reference of the
  *   same group (kiln_reference_group) and the whole model's rows of its vocabulary shard.
  * - kiln_gen with tp = 2 (kiln run --tp 2) against one GPU: 32 greedy tokens.
  * - More ranks than GPUs: refused, naming both counts (on any machine: on one GPU, a group of 2).
@@ -171,8 +171,9 @@ static void upload(kiln_session *s, const kiln_graph *g, kiln_ref_get_fn get, vo
     }
 }
 
-/* The tiny models split over 2 GPUs: a dense one, two with routed experts (gpt-oss: sinks, biases). */
-static const char *const MODELS[][2] = {{"llama", "tiny"}, {"qwen3moe", "tiny"}, {"gpt-oss", "tiny"}};
+/* The tiny models split over 2 GPUs: a dense one, three with routed experts (gpt-oss: sinks,
+ * biases; deepseek2: latent attention, shared experts). */
+static const char *const MODELS[][2] = {{"llama", "tiny"}, {"qwen3moe", "tiny"}, {"gpt-oss", "tiny"}, {"deepseek2", "tiny"}};
 
 /* Each rank's logits against the CPU reference of the same group, and against the whole
  * model's rows of the rank's vocabulary. */
