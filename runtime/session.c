@@ -278,6 +278,20 @@ void rt_library_ptrs(rt_launch *l) {
     }
 }
 
+/* Step i's library call (CG_GEMM, CG_COLLECTIVE; l->kind set): its operands name parameters of
+ * the step (a collective's, buffers: NCCL gets no scratch or dims), and their device addresses. */
+static kiln_status library_operands(const cg_kernel *k, rt_launch *l, int i) {
+    const cg_mat *m[3] = {&k->gemm.a, &k->gemm.b, &k->gemm.c};
+    int           n = 3;
+    if (k->kind == CG_COLLECTIVE) m[0] = &k->coll.src, m[1] = &k->coll.dst, n = 2;
+    for (int j = 0; j < n; j++)
+        if (m[j]->param < 0 || m[j]->param >= k->nparams || (k->kind == CG_COLLECTIVE && k->params[m[j]->param] < 0))
+            return kb_error(KILN_ERR_INVALID, "kiln_session_new: step %d '%s': operand %d names parameter %d of %d", i,
+                            l->name, j, m[j]->param, k->nparams);
+    rt_library_ptrs(l);
+    return NULL;
+}
+
 static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
     const rt_cuda_api *cu = s->cu;
     if (p->nkernels <= 0) return NULL;
@@ -337,13 +351,8 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
         l->kind = k->kind;
         if (k->kind == CG_GEMM) {
             l->gemm = k->gemm;
-            const cg_mat *m[3] = {&k->gemm.a, &k->gemm.b, &k->gemm.c};
-            for (int j = 0; j < 3; j++) {
-                if (m[j]->param < 0 || m[j]->param >= k->nparams)
-                    return kb_error(KILN_ERR_INVALID, "kiln_session_new: step %d '%s': operand %d names "
-                                                      "parameter %d of %d", i, l->name, j, m[j]->param, k->nparams);
-                l->gemm_ptr[j] = l->argv[m[j]->param] + (rt_cuptr)m[j]->offset;
-            }
+            kiln_status st = library_operands(k, l, i);
+            if (st) return st;
             l->empty = !k->gemm.m || !k->gemm.n;
             /* A captured library call keeps its sizes: a varying one means plain launches. */
             if (k->gemm.n_sym >= 0) s->use_graphs = false;
@@ -352,12 +361,8 @@ static kiln_status load_kernels(kiln_session *s, const kiln_program *p) {
         }
         if (k->kind == CG_COLLECTIVE) {
             l->coll = k->coll;
-            const cg_mat *m[2] = {&k->coll.src, &k->coll.dst};
-            for (int j = 0; j < 2; j++)
-                if (m[j]->param < 0 || m[j]->param >= k->nparams || k->params[m[j]->param] < 0)
-                    return kb_error(KILN_ERR_INVALID, "kiln_session_new: step %d '%s': operand %d names "
-                                                      "parameter %d of %d", i, l->name, j, m[j]->param, k->nparams);
-            rt_library_ptrs(l);
+            kiln_status st = library_operands(k, l, i);
+            if (st) return st;
             l->empty = false;
             if (k->coll.count_sym >= 0) s->use_graphs = false; /* (as a GEMM of varying size) */
             s->ncoll++;
