@@ -7,10 +7,31 @@
  * the operands' f32 values are summed in double, so the reference is the exact result rounded
  * once — a stricter oracle than ggml's CPU path, which rounds b to the weight type first for
  * f16/bf16 weights. An expert id outside [0, n_expert) gives a row of zeros (ggml asserts;
- * kiln cannot check run-time data at build time, so it defines the result instead). */
+ * kiln cannot check run-time data at build time, so it defines the result instead).
+ *
+ * KILN_REF_Q8=1 rounds the activations of a quantized weight's product as the GPU's int8 GEMVs
+ * do (templates/quant.lua's prologue; ggml's CPU rounds to q8_0 alike): per 32 elements,
+ * d = max|x| / 127 and x' = round(x * 127 / max|x|) * d. A diagnosis of a greedy sequence the GPU
+ * and the exact reference part (tests/gpu/test_gpu_model.c): whether that rounding alone turns
+ * the pick, as a near tie of a MoE router does. */
 #include "ir_internal.h"
 
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* Rounds x (K elements, the activations of weight type t) as the GPU's int8 path, where
+ * KILN_REF_Q8 asks for it. (Read at each product: a test sets it between evaluations.) */
+static void round_q8(kiln_type t, float *x, int64_t K) {
+    const char *e = getenv("KILN_REF_Q8");
+    if (!e || strcmp(e, "1") || !kiln_type_is_quantized(t) || K % 32) return;
+    for (int64_t b = 0; b < K; b += 32) {
+        float m = 0.0f;
+        for (int i = 0; i < 32; i++) m = fmaxf(m, fabsf(x[b + i]));
+        const float id = m > 0.0f ? 127.0f / m : 0.0f, d = m * (1.0f / 127.0f);
+        for (int i = 0; i < 32; i++) x[b + i] = nearbyintf(x[b + i] * id) * d; /* (ties to even, as __float2int_rn) */
+    }
+}
 
 /* Row i (length K) of matrix (i2, i3) of r, widened to f32. */
 static void load_row(void **data, const ir_ref *r, int64_t i, int64_t i2, int64_t i3, float *out) {
@@ -43,6 +64,7 @@ static kiln_status mul_mat(const ir_node *n, void **data) {
                 for (int64_t i = 0; i < M; i++) load_row(data, a, i, i2 / r2, i3 / r3, wa + i * K);
             for (int64_t j = 0; j < N; j++) {
                 load_row(data, b, j, i2, i3, wb);
+                round_q8(a->type, wb, K);
                 for (int64_t i = 0; i < M; i++) store(data, d, i, j, i2, i3, dot(wa + i * K, wb, K));
             }
         }
@@ -65,6 +87,7 @@ static kiln_status mul_mat_id(const ir_node *n, void **data) {
                 continue;
             }
             load_row(data, b, u % b->ne[1], t, 0, wb);
+            round_q8(as->type, wb, K);
             for (int64_t i = 0; i < M; i++) {
                 load_row(data, as, i, e, 0, wa);
                 store(data, d, i, u, t, 0, dot(wa, wb, K));

@@ -26,6 +26,7 @@ struct kiln_group {
     const rt_nccl_api *nccl;
     rt_ranks          *ranks; /* the runs (runtime/ranks.c) */
     bool               aborted;
+    bool               closing; /* the ranks' runs destroy their communicators (kiln_group_free) */
 };
 
 /* The number of ranks of program p's all_reduce steps (its variants' too) that is not n, or 0. */
@@ -81,8 +82,34 @@ static kiln_status check_devices(int n, const int *devices) {
     return NULL;
 }
 
-/* rt_ranks' function: rank r's run. */
-static kiln_status run_rank(void *user, int r) { return kiln_session_run(((kiln_group *)user)->s[r]); }
+/* rt_ranks' function: rank r's run, or at the group's end the destruction of its communicator. */
+static kiln_status run_rank(void *user, int r) {
+    kiln_group *g = user;
+    if (!g->closing) return kiln_session_run(g->s[r]);
+    if (g->comms[r]) g->nccl->CommDestroy(g->comms[r]);
+    g->comms[r] = NULL;
+    return NULL;
+}
+
+/* Destroys the communicators: first the sessions' CUDA graphs, which hold references on them
+ * (rt_drop_graphs), then each on its rank's thread, all at once, since a rank's destruction may
+ * wait for the other ranks of the process; without the threads (kiln_group_new failed after
+ * ncclCommInitAll), in one NCCL group call. */
+static void destroy_comms(kiln_group *g) {
+    if (!g->comms || !g->nccl || g->aborted) return; /* (aborted ones are freed already) */
+    for (int r = 0; g->s && r < g->n; r++)
+        if (g->s[r]) rt_drop_graphs(g->s[r]);
+    if (g->ranks && rt_ranks_broken(g->ranks) < 0) {
+        int failed;
+        g->closing = true;
+        kiln_status_free(rt_ranks_run(g->ranks, &failed));
+        return;
+    }
+    g->nccl->GroupStart();
+    for (int r = 0; r < g->n; r++)
+        if (g->comms[r]) g->nccl->CommDestroy(g->comms[r]);
+    g->nccl->GroupEnd();
+}
 
 /* The first failure: abort every communicator (under rt_ranks' lock), so that no rank waits on
  * its GPU for an all_reduce that will not come. */
@@ -146,11 +173,10 @@ kiln_status kiln_group_new(const kiln_program *const *programs, int n, const kil
 
 void kiln_group_free(kiln_group *g) {
     if (!g) return;
-    rt_ranks_free(g->ranks); /* (its threads joined: no run is in flight) */
     /* The sessions' streams are idle (every run waits for its work); the communicators go
-     * before the contexts the sessions release. Aborted ones are freed already. */
-    for (int r = 0; g->comms && g->nccl && !g->aborted && r < g->n; r++)
-        if (g->comms[r]) g->nccl->CommDestroy(g->comms[r]);
+     * before the contexts the sessions release. */
+    destroy_comms(g);
+    rt_ranks_free(g->ranks); /* (its threads joined: no run is in flight) */
     for (int r = 0; g->s && r < g->n; r++) kiln_session_free(g->s[r]);
     free(g->s);
     free(g->comms);

@@ -1024,6 +1024,20 @@ kiln_status rt_capture(kiln_session *s, rt_cugraphexec *exec) {
     return NULL;
 }
 
+/* A group's sessions drop their graphs before the communicators go: a graph that captured NCCL's
+ * kernels holds a reference on its communicator, and ncclCommDestroy waits until none is left
+ * (NCCL 2.28: kiln run --tp 2 hung at its end). The session would capture again at its next run. */
+void rt_drop_graphs(kiln_session *s) {
+    for (int v = -1; s->cu && s->ctx && v < s->nspec; v++) {
+        kiln_session *u = v < 0 ? s : s->spec[v];
+        s->cu->CtxSetCurrent(u->ctx);
+        if (u->stream) s->cu->StreamSynchronize(u->stream);
+        if (u->exec) s->cu->GraphExecDestroy(u->exec);
+        u->exec = NULL;
+        u->warm = false; /* (a new capture comes after a plain run again) */
+    }
+}
+
 static double now_us(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -1088,7 +1102,10 @@ static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats) {
     const rt_cuda_api *cu = s->cu;
     kiln_status        st = rt_make_current(s);
     if (st) return st;
-    if (s->use_graphs && !s->exec) {
+    /* A group's rank runs its first run plain: NCCL makes a communicator's connections at its
+     * first collective of each kind (NCCL_RUNTIME_CONNECT), which a stream capture forbids
+     * (ncclAllReduce then fails with an internal error, seen with NCCL 2.28 on 2 H200s). */
+    if (s->use_graphs && !s->exec && (!s->comm || s->warm)) {
         if ((st = rt_capture(s, &s->exec))) return st;
         stats->captures++;
     }
@@ -1135,6 +1152,7 @@ static kiln_status run_unit(kiln_session *s, kiln_session_stats *stats) {
     stats->runs++;
     if (s->exec) stats->replays++;
     else stats->plain_runs++;
+    s->warm = true;
     return NULL;
 }
 

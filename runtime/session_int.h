@@ -74,6 +74,7 @@ struct kiln_session {
     int        nlaunches;
 
     bool           use_graphs;
+    bool           warm; /* a group's rank: a first run was plain (see run_unit) */
     bool           pdl; /* kernels launched with programmatic stream serialization (sm_90+) */
     rt_cugraphexec exec;
     int            captures;
@@ -155,6 +156,7 @@ size_t        rt_current_bytes(const kiln_session *s, const ir_buf *b); /* at th
 kiln_session *rt_unit(kiln_session *s, int *variant); /* the unit a run at the current dims runs */
 kiln_status   rt_launch_all(kiln_session *s, const char *doing);
 kiln_status   rt_capture(kiln_session *s, rt_cugraphexec *exec); /* s's launches as they are now */
+void          rt_drop_graphs(kiln_session *s); /* s's and its variants' CUDA graphs destroyed */
 kiln_status   rt_flush_pending(kiln_session *s); /* queues the copies of inputs set outside the window */
 void          rt_pins_idle(kiln_session *s);     /* the stream is idle: no pinned block is busy */
 /* Chained runs (runtime/chain.c). */

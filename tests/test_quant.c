@@ -647,6 +647,71 @@ START_TEST(ref_mul_mat_id) {
 }
 END_TEST
 
+/* b rounded as the GPU's int8 GEMVs round the activations (per 32: q = round(x·127/max), times
+ * max/127), written out here independently of ir/ref_matmul.c. */
+static float *round_like_gpu(const float *x, int64_t n) {
+    float *r = malloc((size_t)n * sizeof *r);
+    ck_assert_ptr_nonnull(r);
+    for (int64_t b = 0; b < n; b += 32) {
+        float m = 0;
+        for (int i = 0; i < 32; i++) m = fmaxf(m, fabsf(x[b + i]));
+        for (int i = 0; i < 32; i++) r[b + i] = m > 0 ? rintf(x[b + i] * (127.0f / m)) * (m * (1.0f / 127.0f)) : 0.0f;
+    }
+    return r;
+}
+
+/* One run of kg ("%s": the weight's type) with weight a of type t (q, or f32 f) and input b. */
+static float *ref_run(const char *fmt, const char *bshape, kiln_type t, const void *w, int64_t wn, const float *b,
+                      const int32_t *ids, int64_t *n) {
+    char kg[256];
+    snprintf(kg, sizeof kg, fmt, kiln_type_name(t), bshape);
+    ts_buf bufs[] = {{.name = "a", .type = t, .data = w, .n = wn},
+                     {.name = "b", .type = KILN_F32, .data = b},
+                     {.name = "ids", .type = KILN_I32, .data = ids},
+                     TS_OUT("y"),
+                     {0}};
+    if (!ids) bufs[2] = bufs[3], bufs[3] = (ts_buf){0};
+    ts_reference(kg, bufs);
+    ts_buf *y = ts_buf_find(bufs, "y");
+    float  *out = y->out;
+    *n = y->n, y->out = NULL;
+    return out;
+}
+
+/* KILN_REF_Q8=1: a quantized weight's mul_mat and mul_mat_id take b rounded as the GPU's int8
+ * GEMVs do (bit for bit the f32 weight's product with b rounded by hand), which changes the
+ * result; an f32 weight's product does not change. */
+START_TEST(ref_q8_activations) {
+    static const char *const kg[2] = {
+        "weight a: %s[64, 3]\ninput b: f32[%s]\noutput y = mul_mat(a, b)\n",
+        "weight a: %s[64, 3, 4]\ninput b: f32[%s]\ninput ids: i32[2, 3]\noutput y = mul_mat_id(a, b, ids)\n"};
+    static const char *const bshape[2] = {"64, 2", "64, 2, 3"};
+    const int32_t ids[6] = {3, 0, 1, 3, 2, 2};
+    for (int op = 0; op < 2; op++) {
+        int64_t  wn = op ? 64 * 3 * 4 : 64 * 3, bn = op ? 64 * 6 : 64 * 2, n[4];
+        float   *wf, *x = random_f32(bn, 91 + op), *xr = round_like_gpu(x, bn);
+        uint8_t *wq = quant_weights(KILN_Q8_0, wn, 17 + op, &wf);
+        const int32_t *id = op ? ids : NULL;
+        setenv("KILN_REF_Q8", "1", 1);
+        float *q8 = ref_run(kg[op], bshape[op], KILN_Q8_0, wq, wn, x, id, &n[0]);
+        float *f32 = ref_run(kg[op], bshape[op], KILN_F32, wf, wn, x, id, &n[1]);
+        unsetenv("KILN_REF_Q8");
+        float *hand = ref_run(kg[op], bshape[op], KILN_F32, wf, wn, xr, id, &n[2]);
+        float *exact = ref_run(kg[op], bshape[op], KILN_Q8_0, wq, wn, x, id, &n[3]);
+        bool   differs = false;
+        for (int64_t i = 0; i < n[0]; i++) {
+            ck_assert_msg(bits_of(q8[i]) == bits_of(hand[i]), "op %d: y[%lld] = %a, by hand %a", op, (long long)i, q8[i],
+                          hand[i]);
+            ck_assert_msg(bits_of(f32[i]) == bits_of(exact[i]), "op %d: f32 weight y[%lld] = %a changed by KILN_REF_Q8 "
+                          "(%a)", op, (long long)i, f32[i], exact[i]);
+            differs = differs || q8[i] != exact[i];
+        }
+        ck_assert_msg(differs, "op %d: KILN_REF_Q8 changed nothing", op);
+        free(q8), free(f32), free(hand), free(exact), free(x), free(xr), free(wq), free(wf);
+    }
+}
+END_TEST
+
 /* get_rows of a quantized embedding: the rows come back as ggml dequantizes them, exactly. */
 START_TEST(ref_get_rows) {
     kiln_type     t = QTYPES[_i];
@@ -769,6 +834,7 @@ int main(void) {
                         TS_LOOP(0, 2, quant_idempotent), TS_TESTS(fill_random_quantized),
                         TS_CASE("api", 0), TS_TESTS(type_table, frontend_refusals, kg_round_trip),
                         TS_CASE("reference", 60),
-                        TS_LOOP(0, NQ, ref_mul_mat_columns, ref_mul_mat_layouts, ref_mul_mat_id, ref_get_rows));
+                        TS_LOOP(0, NQ, ref_mul_mat_columns, ref_mul_mat_layouts, ref_mul_mat_id, ref_get_rows),
+                        TS_TESTS(ref_q8_activations));
     return ts_main(s);
 }

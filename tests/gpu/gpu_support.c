@@ -150,19 +150,22 @@ void ref_put(void *user, const char *name, kiln_type type, int64_t n, const void
     memcpy(d->data, data, bytes);
 }
 
-/* NMSE of out against ref; *bad_at is the first index where out is NaN (or -1). */
+/* NMSE of out against ref; *bad_at is the first index where out is NaN (or -1), *ref_nonfinite
+ * whether ref holds an infinity or NaN; either pointer may be NULL. */
 double nmse(const void *out, const void *ref, kiln_type t, int64_t n, int64_t *bad_at,
                    bool *ref_nonfinite) {
-    double num = 0, den = 0;
-    *bad_at = -1;
-    *ref_nonfinite = false;
+    double  num = 0, den = 0;
+    int64_t bad = -1;
+    bool    nonfinite = false;
     for (int64_t i = 0; i < n; i++) {
         double o = kb_load_f32(out, t, i), r = kb_load_f32(ref, t, i);
-        if (!isfinite(r)) *ref_nonfinite = true;
-        if (isnan(o) && *bad_at < 0) *bad_at = i;
+        if (!isfinite(r)) nonfinite = true;
+        if (isnan(o) && bad < 0) bad = i;
         num += (o - r) * (o - r);
         den += r * r;
     }
+    if (bad_at) *bad_at = bad; /* (either may be NULL) */
+    if (ref_nonfinite) *ref_nonfinite = nonfinite;
     if (den == 0) return num == 0 ? 0 : INFINITY;
     return num / den;
 }

@@ -100,10 +100,22 @@ END_TEST
 START_TEST(step_archs_match_cpu) { prefill_and_decode(step_archs[_i]); }
 END_TEST
 
+/* The gap between the best of logits l and l[tok], and l's RMS. */
+static double pick_gap(const float *l, int32_t tok, int64_t n_vocab, double *rms) {
+    double s = 0;
+    for (int64_t v = 0; v < n_vocab; v++) s += (double)l[v] * l[v];
+    *rms = sqrt(s / (double)n_vocab);
+    return (double)l[kiln_argmax_f32(l, n_vocab)] - l[tok];
+}
+
 /* The greedy sequences parted at step i (identical before): evaluated on the same prefix (the
  * prompt and tokens 0..i-1), the GPU's logits must still agree with the CPU's by NMSE, and the
  * GPU's pick must be a near tie on the CPU: within 5% of the logits' RMS of the CPU's best, a
- * gap the tolerated error can close. Anything else is a wrong token. */
+ * gap the tolerated error can close. Or, where it is not, a near tie of the CPU reference that
+ * rounds a quantized product's activations to int8 as the GPU's GEMVs do (KILN_REF_Q8,
+ * ir/ref_matmul.c): a MoE router's near tie earlier in the step turns on that rounding, and the
+ * rest of the step then follows other experts (seen: tiny qwen3moe Q4_K_M, its q5_0 experts).
+ * Anything else is a wrong token. */
 static void near_tie(kiln_gen *gpu, kiln_gen *cpu, const int32_t *tc, int i, int32_t gpu_tok, int64_t n_vocab,
                      const char *label) {
     int32_t seq[7 + DECODE_STEPS];
@@ -121,8 +133,18 @@ static void near_tie(kiln_gen *gpu, kiln_gen *cpu, const int32_t *tc, int i, int
     printf("%s: token %d: GPU %d, CPU %d: CPU logits %.6g vs %.6g (gap %.3g, logits RMS %.3g), NMSE %.3g\n", label, i,
            gpu_tok, tc[i], lc[tc[i]], lc[gpu_tok], gap, rms, e);
     ck_assert_msg(e <= LOGITS_NMSE, "%s: step %d: logits NMSE %g > %g", label, i, e, LOGITS_NMSE);
-    ck_assert_msg(gap <= 0.05 * rms, "%s: token %d: GPU %d, CPU %d, not a near tie (gap %g, logits RMS %g)", label, i,
-                  gpu_tok, tc[i], gap, rms);
+    if (gap <= 0.05 * rms) return;
+    setenv("KILN_REF_Q8", "1", 1);
+    kiln_gen_reset(cpu);
+    kiln_status st = kiln_gen_eval(cpu, seq, 7 + i, &lc);
+    unsetenv("KILN_REF_Q8");
+    TS_OK(st);
+    double rms8, gap8 = pick_gap(lc, gpu_tok, n_vocab, &rms8);
+    printf("%s: token %d: the CPU reference with int8 activations picks %d; GPU %d is %.3g below it (logits RMS "
+           "%.3g)\n", label, i, (int)kiln_argmax_f32(lc, n_vocab), gpu_tok, gap8, rms8);
+    ck_assert_msg(gap8 <= 0.05 * rms8,
+                  "%s: token %d: GPU %d, CPU %d, not a near tie (gap %g, logits RMS %g), nor with the GPU's int8 "
+                  "activations (gap %g)", label, i, gpu_tok, tc[i], gap, rms, gap8);
 }
 
 /* kiln_gen_greedy on the GPU (its decode steps chained) gives the CPU's tokens; a prompt in
