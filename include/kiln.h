@@ -1079,7 +1079,7 @@ typedef struct {
      * the logits gathered on the host, where greedy picks and samples are made. Each GPU reads its
      * part of a model file; a random model (kiln_model_random*) gets random weights of each rank's
      * shapes made on its GPU (benchmarks), not the whole model's slices (the CPU reference's are
-     * the slices). Not with kiln_gen_shift. */
+     * the slices). kiln_gen_shift shifts each rank's cache (its share of the kv heads). */
     int tp;
 } kiln_gen_opts;
 kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out);
@@ -1097,7 +1097,7 @@ int64_t     kiln_gen_n_ctx(const kiln_gen *g); /* its slots */
  * n_discard go, and the rest move down by n_discard with their K re-roped by -n_discard (the
  * model's rope on the CPU reference, in f32, rounded to the cache's f16), so generation goes on
  * at pos - n_discard. The caches pass through host memory (a rare event: it frees half the
- * context). n_keep + n_discard <= pos. */
+ * context). n_keep + n_discard <= pos. With tensor parallelism, every rank's cache. */
 kiln_status kiln_gen_shift(kiln_gen *g, int64_t n_keep, int64_t n_discard);
 void        kiln_gen_reset(kiln_gen *g);     /* start a new sequence (the cache is overwritten) */
 /* Index of the largest of x[0..n) (the first on ties; NaN never wins unless all are NaN). */

@@ -338,6 +338,9 @@ kiln_status km_tp_gen_open(const kiln_model *m, int g, const kiln_build_opts *bo
 kiln_status km_tp_gen_run(km_tp_gen *t, const km_tp_run *in, float *logits);
 double      km_tp_gen_last_ms(const km_tp_gen *t); /* GPU time of rank 0's last run (0 on the CPU) */
 void        km_tp_gen_free(km_tp_gen *t);
+int         km_tp_gen_ranks(const km_tp_gen *t);
+/* Rank `rank`'s cache state `name` (bytes: the rank's size) read into data, or written from it. */
+kiln_status km_tp_gen_state(km_tp_gen *t, int rank, const char *name, void *data, size_t bytes, bool write);
 
 /* ---- file types and the mix (model/ftype.c) ------------------------------------------------ */
 

@@ -793,11 +793,12 @@ static void shift_put(void *user, const char *name, kiln_type type, int64_t n, c
  * the model's own rope on the CPU reference: rope is a rotation, so R(p + delta) = R(delta) R(p).
  * In f32, rounded back to f16, as ggml ropes an f16 cache. A row holds n_head_kv heads of
  * head_dim; deepseek2's (MLA) the latent, then the one rope key of n_rot, the part rotated. */
-static kiln_status rerope(const kiln_gen *g, int64_t il, uint16_t *rows, int64_t m, int64_t delta) {
+static kiln_status rerope(const kiln_gen *g, const kiln_model_hparams *rank, int64_t il, uint16_t *rows, int64_t m,
+                          int64_t delta) {
     /* The rotation only: longrope's attn_factor scaled K when it was roped at its position, and
      * R(delta) must not scale it again (llama.cpp's shift passes the factor again; kiln keeps K
      * equal to K roped anew at the shifted position). */
-    kiln_model_hparams one = *g->hp;
+    kiln_model_hparams one = *rank;
     one.rope_attn_factor = 0.0f;
     /* YaRN: ggml's rope multiplies by 1 + 0.1 ln(factor) whatever attn_factor is; cancel it
      * (km_arch_rope does for deepseek2 already) */
@@ -833,8 +834,10 @@ static kiln_status rerope(const kiln_gen *g, int64_t il, uint16_t *rows, int64_t
     return st;
 }
 
-/* A cache state's bytes: the host copy (cpu), else through the session. */
-static kiln_status state_io(kiln_gen *g, const char *name, void *data, size_t bytes, bool write) {
+/* Rank r's cache state's bytes: the rank's (tensor parallelism), the host copy (cpu), else
+ * through the session. */
+static kiln_status state_io(kiln_gen *g, int r, const char *name, void *data, size_t bytes, bool write) {
+    if (g->tp) return km_tp_gen_state(g->tp, r, name, data, bytes, write);
     if (!g->cpu) return write ? kiln_session_set(g->sess, name, data, bytes) : kiln_session_get(g->sess, name, data, bytes);
     for (int i = 0; i < g->nstates; i++)
         if (!strcmp(g->states[i].name, name) && g->states[i].bytes == bytes) {
@@ -858,22 +861,27 @@ kiln_status kiln_gen_shift(kiln_gen *g, int64_t n_keep, int64_t n_discard) {
     if (!g || n_keep < 0 || n_discard < 1 || n_keep + n_discard > g->pos)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_shift: keep %lld and discard %lld of %lld tokens",
                         (long long)n_keep, (long long)n_discard, (long long)(g ? g->pos : 0));
-    if (g->tp) return kb_error(KILN_ERR_INVALID, "kiln_gen_shift: not built for tensor parallelism yet");
-    const kiln_model_hparams *hp = g->hp;
+    /* Over G ranks each cache holds its n_head_kv / G heads (MLA's latent: whole on every
+     * rank), shifted and re-roped as one GPU's. */
+    int                G = g->tp ? km_tp_gen_ranks(g->tp) : 1;
+    kiln_model_hparams rank = *g->hp;
+    if (!km_mla(&rank)) rank.n_head_kv /= G;
+    const kiln_model_hparams *hp = &rank;
     int64_t     row = km_cache_row(hp), m = g->pos - n_keep - n_discard;
     size_t      bytes = sizeof(uint16_t) * (size_t)(row * g->n_ctx);
     uint16_t   *c = malloc(bytes);
     kiln_status st = c ? NULL : kb_oom();
-    for (int64_t il = 0; !st && il < hp->n_layer; il++)
-        for (int kv = 0; !st && kv < (km_mla(hp) ? 1 : 2); kv++) { /* (MLA: V is within K's rows) */
-            char name[32];
-            snprintf(name, sizeof name, "cache_%c_l%lld", kv ? 'v' : 'k', (long long)il);
-            st = state_io(g, name, c, bytes, false);
-            if (st) break;
-            memmove(c + row * n_keep, c + row * (n_keep + n_discard), sizeof *c * (size_t)(row * m));
-            if (!kv && m > 0 && km_layer_ropes(hp, il)) st = rerope(g, il, c + row * n_keep, m, -n_discard);
-            if (!st) st = state_io(g, name, c, bytes, true);
-        }
+    for (int r = 0; !st && r < G; r++)
+        for (int64_t il = 0; !st && il < hp->n_layer; il++)
+            for (int kv = 0; !st && kv < (km_mla(hp) ? 1 : 2); kv++) { /* (MLA: V is within K's rows) */
+                char name[32];
+                snprintf(name, sizeof name, "cache_%c_l%lld", kv ? 'v' : 'k', (long long)il);
+                st = state_io(g, r, name, c, bytes, false);
+                if (st) break;
+                memmove(c + row * n_keep, c + row * (n_keep + n_discard), sizeof *c * (size_t)(row * m));
+                if (!kv && m > 0 && km_layer_ropes(hp, il)) st = rerope(g, hp, il, c + row * n_keep, m, -n_discard);
+                if (!st) st = state_io(g, r, name, c, bytes, true);
+            }
     free(c);
     if (!st) g->pos -= n_discard;
     return st;

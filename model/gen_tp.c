@@ -212,6 +212,23 @@ kiln_status km_tp_gen_open(const kiln_model *m, int g, const kiln_build_opts *bo
     return NULL;
 }
 
+int km_tp_gen_ranks(const km_tp_gen *t) { return t ? t->g : 0; }
+
+kiln_status km_tp_gen_state(km_tp_gen *t, int rank, const char *name, void *data, size_t bytes, bool write) {
+    if (!t->cpu) {
+        kiln_session *s = kiln_group_session(t->group, rank);
+        return write ? kiln_session_set(s, name, data, bytes) : kiln_session_get(s, name, data, bytes);
+    }
+    tp_rank *r = &t->r[rank];
+    for (int i = 0; i < r->nstates; i++)
+        if (!strcmp(r->states[i].name, name) && r->states[i].bytes == bytes) {
+            if (write) memcpy(r->states[i].data, data, bytes);
+            else memcpy(data, r->states[i].data, bytes);
+            return NULL;
+        }
+    return kb_error(KILN_ERR_NOT_FOUND, "kiln_gen_shift: rank %d has no cache state %s of %zu bytes", rank, name, bytes);
+}
+
 void km_tp_gen_free(km_tp_gen *t) {
     if (!t) return;
     kiln_group_free(t->group);

@@ -471,7 +471,8 @@ END_TEST
 /* --tp: kiln inspect MODEL.gguf --tp G prints the split (exit 0), refuses a G the model cannot
  * split over naming the hyperparameter (exit 1) and a .kg graph (exit 2); kiln run --tp 2 --cpu
  * (the CPU reference evaluating both ranks' graphs together) generates the tokens the whole
- * model does, a prompt longer than --n-batch included; kiln compile --tp is not built (exit 2);
+ * model does, a prompt longer than --n-batch included, and with --context-shift; kiln compile
+ * --tp is not built (exit 2);
  * G is range-checked. */
 START_TEST(tensor_parallel_flag) {
     char m[4200], args[4400];
@@ -493,8 +494,16 @@ START_TEST(tensor_parallel_flag) {
     free(whole), free(split);
     snprintf(args, sizeof args, "run '%s' --tokens 1,2 --tp 3 --cpu", m);
     expect(1, args, "n_head 4 is not a multiple of 3", NULL);
-    snprintf(args, sizeof args, "run '%s' --tokens 1,2 --tp 2 --context-shift --cpu", m);
-    expect(2, args, "--context-shift is not built for several GPUs yet", NULL);
+    /* --context-shift over the ranks: the whole model's tokens after the same shifts */
+    snprintf(args, sizeof args, "run '%s' --tokens 1,17,300,5,9,42 -n 20 --n-ctx 12 --context-shift --cpu", m);
+    ck_assert_int_eq(kiln(args, &whole), 0);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,17,300,5,9,42 -n 20 --n-ctx 12 --context-shift --cpu --tp 2", m);
+    ck_assert_int_eq(kiln(args, &split), 0);
+    gw = strstr(whole, "generated:"), gs = strstr(split, "generated:");
+    ck_assert_msg(gw && gs && strstr(split, "context shifts: "), "%s\n%s", whole, split);
+    ck_assert_msg(!strncmp(gw, gs, strcspn(gw, "\n") + 1), "--tp 2 --context-shift generated\n%s\nthe whole model\n%s",
+                  gs, gw);
+    free(whole), free(split);
     snprintf(args, sizeof args, "compile '%s' --tp 2", m);
     expect(2, args, "kiln compile: --tp 2: a program per GPU", "kiln run MODEL.gguf --tp 2");
     snprintf(args, sizeof args, "inspect '%s' --tp 65", m);

@@ -422,14 +422,17 @@ END_TEST
 /* kiln_gen with tp (model/gen_tp.c) on the CPU reference: the ranks' weights cut from the
  * model's (km_tp_weight_data), the tokens as each rank sees them, the logits gathered: greedy
  * tokens equal the whole model's, with a prompt longer than n_batch, for a dense model, one
- * with experts, and a padded vocabulary; the context shift, which tp does not do, is refused
- * (the batch interface over ranks: tests/test_batch.c). */
+ * with experts, a padded vocabulary and MLA (deepseek2: its latent cache whole on each rank);
+ * then the context shift (kiln_gen_shift: each rank's cache, its share of the kv heads, moved
+ * and re-roped) and 6 more greedy tokens, equal to the whole model's after the same shift (the
+ * batch interface over ranks: tests/test_batch.c). */
 START_TEST(gen_over_ranks) {
     static const struct {
         const char *arch, *preset;
         int64_t     n_vocab; /* 0: the preset's */
         int         tp;
-    } cases[] = {{"llama", "tiny", 0, 2}, {"qwen3moe", "tiny", 0, 2}, {"llama", "tiny", 1021, 2}, {"qwen3", "tiny", 0, 4}};
+    } cases[] = {{"llama", "tiny", 0, 2},  {"qwen3moe", "tiny", 0, 2}, {"llama", "tiny", 1021, 2},
+                 {"qwen3", "tiny", 0, 4}, {"deepseek2", "tiny", 0, 2}};
     static const int32_t prompt[6] = {1, 17, 300, 5, 999, 42};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         kiln_model_hparams hp;
@@ -449,7 +452,14 @@ START_TEST(gen_over_ranks) {
         for (int i = 0; i < 8; i++)
             ck_assert_msg(t1[i] == t2[i], "%s/%s (n_vocab %lld) over %d: token %d is %d, the whole model's %d", cases[c].arch,
                           cases[c].preset, (long long)hp.n_vocab, cases[c].tp, i, t2[i], t1[i]);
-        if (c == 0) ts_expect_status(kiln_gen_shift(g2, 0, 2), KILN_ERR_INVALID, "not built for tensor parallelism");
+        TS_OK(kiln_gen_shift(g1, 2, 6));
+        TS_OK(kiln_gen_shift(g2, 2, 6));
+        ck_assert_int_eq(kiln_gen_pos(g2), kiln_gen_pos(g1));
+        TS_OK(kiln_gen_decode_greedy(g1, t1[7], 6, t1));
+        TS_OK(kiln_gen_decode_greedy(g2, t2[7], 6, t2));
+        for (int i = 0; i < 6; i++)
+            ck_assert_msg(t1[i] == t2[i], "%s/%s over %d, after the context shift: token %d is %d, the whole model's %d",
+                          cases[c].arch, cases[c].preset, cases[c].tp, i, t2[i], t1[i]);
         kiln_gen_free(g1), kiln_gen_free(g2);
         kiln_model_close(m);
     }

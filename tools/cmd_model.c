@@ -291,7 +291,6 @@ static int parse(int argc, char **argv, kt_model_args *a) {
     if (a->tokens && (a->system || a->chat_template))
         return usage("%s", "-sys and --chat-template format a text prompt; they do not go with --tokens");
     if (a->check && a->cpu) return usage("%s", "--check compares the GPU with the CPU; it does not go with --cpu");
-    if (a->tp > 1 && a->context_shift) return usage("%s", "--tp: --context-shift is not built for several GPUs yet");
     return KT_GO_ON;
 }
 
