@@ -739,6 +739,13 @@ typedef struct {
      * rows elsewhere count as zero). Not yet: experts, MLA, biases after a row-parallel product,
      * argmax and sampler outputs (they need the whole vocabulary). */
     int  tp_size, tp_rank;
+    /* Pipeline (layer) split (docs/tp.md): 0 and 0 for every layer; else the graph of layers
+     * layer_first .. layer_end - 1 alone (layer_end 0: to the last), a stage of the model. A
+     * stage after the first takes the input "inp_hidden" f32 [n_embd, n_tokens] (the stage
+     * before's output) instead of inp_tokens; a stage before the last outputs "hidden" f32
+     * [n_embd, n_tokens] (every token's row) instead of the logits. Its states are its layers'
+     * caches. Not with tp_size > 1; argmax and the sampler only in the last stage. */
+    int  layer_first, layer_end;
     /* 0, or 2 .. n_tokens_max - 1: also a program for ubatches of at most this many tokens
      * (kiln_dim_specialize_upto of n_tokens): batched decode steps take plans made for few
      * columns, such as quantized products read once for all tokens, without the steps that
@@ -1081,6 +1088,12 @@ typedef struct {
      * shapes made on its GPU (benchmarks), not the whole model's slices (the CPU reference's are
      * the slices). kiln_gen_shift shifts each rank's cache (its share of the kv heads). */
     int tp;
+    /* 0 or 1, or a pipeline (layer) split over pp stages (docs/tp.md): consecutive layers a
+     * stage, stage s on GPU s (with cpu, the CPU reference), run one after another with each
+     * stage's hidden state handed to the next through host memory: models one GPU cannot hold,
+     * on GPUs without a fast link. Greedy picks and samples on the host, as with tp. Not with
+     * tp; 2 .. 64 stages, at most n_layer. */
+    int pp;
 } kiln_gen_opts;
 kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out);
 void        kiln_gen_free(kiln_gen *g);
@@ -1190,6 +1203,7 @@ typedef struct {
     const kiln_session_opts *session;
     int64_t n_small; /* kiln_gen_opts.n_small: also a program for steps of at most n_small tokens */
     int     tp;      /* kiln_gen_opts.tp: the model split over tp GPUs (0, 1: one) */
+    int     pp;      /* kiln_gen_opts.pp: the layers in pp stages, a GPU each (0, 1: one) */
 } kiln_batch_opts;
 typedef struct {
     int            seq;    /* an open sequence */

@@ -317,6 +317,9 @@ typedef struct {
     size_t      bytes;
 } km_host_state;
 kiln_status km_host_states(const kiln_graph *gr, km_host_state **out, int *n);
+/* State `name` of bytes bytes among s[0 .. n-1] read into data, or written from it; false when
+ * there is none such. */
+bool        km_host_state_io(km_host_state *s, int n, const char *name, void *data, size_t bytes, bool write);
 void        km_host_states_free(km_host_state *s, int n);
 
 /* A tensor-parallel rank's session s of random model m: each weight made on the device in the
@@ -339,6 +342,20 @@ kiln_status km_tp_gen_run(km_tp_gen *t, const km_tp_run *in, float *logits);
 double      km_tp_gen_last_ms(const km_tp_gen *t); /* GPU time of rank 0's last run (0 on the CPU) */
 void        km_tp_gen_free(km_tp_gen *t);
 int         km_tp_gen_ranks(const km_tp_gen *t);
+
+/* kiln_gen over the stages of a pipeline split (model/gen_pp.c): n stages of consecutive layers
+ * (n_layer / n each, the first n_layer % n one more), stage s a session on GPU s or the CPU
+ * reference (o->cpu), run one after another with each stage's hidden state handed on; a run
+ * takes kiln_gen's inputs and gives the first n_read rows of the last stage's logits. */
+typedef struct km_pp_gen km_pp_gen;
+kiln_status km_pp_gen_open(const kiln_model *m, int n, const kiln_build_opts *bo, const kiln_gen_opts *o,
+                           kiln_gen_stats *stats, km_pp_gen **out);
+kiln_status km_pp_gen_run(km_pp_gen *p, const km_tp_run *in, float *logits);
+double      km_pp_gen_last_ms(const km_pp_gen *p); /* the last run's GPU time, the stages' summed */
+int         km_pp_gen_stage_of(const km_pp_gen *p, int64_t il); /* the stage of layer il, or -1 */
+/* Layer il's cache state `name` (its stage's) read into data, or written from it. */
+kiln_status km_pp_gen_state(km_pp_gen *p, int64_t il, const char *name, void *data, size_t bytes, bool write);
+void        km_pp_gen_free(km_pp_gen *p);
 /* Rank `rank`'s cache state `name` (bytes: the rank's size) read into data, or written from it. */
 kiln_status km_tp_gen_state(km_tp_gen *t, int rank, const char *name, void *data, size_t bytes, bool write);
 

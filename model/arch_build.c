@@ -542,8 +542,9 @@ static kiln_tensor *layer(mb *b, kiln_tensor *inpL) {
  * K and V: with flash attention V is not transposed, so llama.cpp's k_idxs and v_idxs agree. */
 static kiln_tensor *inputs(mb *b) {
     int64_t T = b->T;
-    kiln_tensor *tokens = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_tokens", 1, T, 1, 1);
-    kiln_tensor *embd = b->embd = weight(b, KM_W_TOKEN_EMBD);
+    bool    first = b->o.layer_first == 0; /* (a later pipeline stage starts from inp_hidden) */
+    kiln_tensor *tokens = first ? leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_tokens", 1, T, 1, 1) : NULL;
+    kiln_tensor *embd = b->embd = first ? weight(b, KM_W_TOKEN_EMBD) : NULL;
     b->pos = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_pos", 1, T, 1, 1);
     b->kv_idxs = leaf(b, KILN_ROLE_INPUT, KILN_I64, "kv_idxs", 1, T, 1, 1);
     /* the mask, or with mask_intervals each token's [first, end) cell (kiln_build_opts) */
@@ -553,7 +554,8 @@ static kiln_tensor *inputs(mb *b) {
     b->mask = leaf(b, KILN_ROLE_INPUT, mt, "kq_mask", 2, mw, T, 1);
     /* gemma3: the sliding-window layers' mask (llama.cpp's iswa cache input, one cache here) */
     if (b->hp->n_swa > 0) b->mask_swa = leaf(b, KILN_ROLE_INPUT, mt, "kq_mask_swa", 2, mw, T, 1);
-    b->out_ids = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_out_ids", 1, b->o.outputs == KILN_OUTPUTS_LAST ? 1 : T, 1, 1);
+    if (b->o.layer_end == b->hp->n_layer) /* (the last layer picks the output rows) */
+        b->out_ids = leaf(b, KILN_ROLE_INPUT, KILN_I32, "inp_out_ids", 1, b->o.outputs == KILN_OUTPUTS_LAST ? 1 : T, 1, 1);
     /* llama3's factors, or longrope's long or short ones by the cache size (km_rope_factors);
      * both of longrope's are the model's weights (a file has both), one is read. */
     const char  *factors = km_rope_factors(b->hp, b->o.n_ctx);
@@ -561,6 +563,7 @@ static kiln_tensor *inputs(mb *b) {
                 *shrt = weight(b, KM_W_ROPE_FACTORS_SHORT);
     b->rope_freqs = !factors ? NULL : !strcmp(factors, "rope_factors_long.weight") ? lng
                                     : !strcmp(factors, "rope_factors_short.weight") ? shrt : llama3;
+    if (!first) return leaf(b, KILN_ROLE_INPUT, KILN_F32, "inp_hidden", 2, b->hp->n_embd, T, 1);
     kiln_tensor *x = nm(b, kiln_get_rows(b->ctx, embd, tokens), "inp_embd");
     if (b->tp > 1) { /* the rows of tokens in this rank's shard, zero elsewhere, summed over the group */
         b->tok_shard = leaf(b, KILN_ROLE_INPUT, KILN_F32, "inp_tok_shard", 2, 1, T, 1);
@@ -603,6 +606,18 @@ static kiln_status check_opts(const kiln_model_hparams *hp, const kiln_build_opt
          * and the weighted sum of the partial outputs is all-reduced with the layer's FFN. */
 
     }
+    if (o->layer_end == 0) o->layer_end = (int)hp->n_layer;
+    if (o->layer_first < 0 || o->layer_first >= o->layer_end || o->layer_end > hp->n_layer)
+        return kb_error(KILN_ERR_INVALID, "build: layers %d .. %d of %lld: a stage is layer_first .. layer_end - 1, "
+                        "0 <= layer_first < layer_end <= n_layer", o->layer_first, o->layer_end - 1,
+                        (long long)hp->n_layer);
+    bool stage = o->layer_first > 0 || o->layer_end < hp->n_layer;
+    if (stage && o->tp_size > 1)
+        return kb_error(KILN_ERR_INVALID, "build: a pipeline stage (layers %d .. %d) split over %d ranks too: not built",
+                        o->layer_first, o->layer_end - 1, o->tp_size);
+    if (o->layer_end < hp->n_layer && (o->argmax || o->sampler))
+        return kb_error(KILN_ERR_INVALID, "build: a pipeline stage before the last (layers %d .. %d) outputs the hidden "
+                        "state; argmax and the sampler belong to the last", o->layer_first, o->layer_end - 1);
     if (o->n_tokens_upto != 0 && (o->n_tokens_upto < 2 || o->n_tokens_upto >= o->n_tokens_max))
         return kb_error(KILN_ERR_INVALID, "build: n_tokens_upto = %lld: 0, or 2 .. n_tokens_max - 1 (%lld)",
                         (long long)o->n_tokens_upto, (long long)(o->n_tokens_max - 1));
@@ -645,10 +660,14 @@ kiln_status km_build(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_bui
     b.KV = kiln_dim(ctx, "n_kv", b.o.n_ctx);
     b.rows = b.T;
     kiln_tensor *cur = inputs(&b);
-    for (b.il = 0; b.il < hp->n_layer && !ctx->err; b.il++) cur = layer(&b, cur);
+    for (b.il = b.o.layer_first; b.il < b.o.layer_end && !ctx->err; b.il++) cur = layer(&b, cur);
     b.il = -1;
+    if (b.o.layer_end < hp->n_layer) { /* a pipeline stage: its hidden state for the next */
+        kiln_set_output(ctx, cur, "hidden");
+        return kiln_ctx_status(ctx);
+    }
     kiln_tensor *out_norm = weight(&b, KM_W_OUTPUT_NORM);
-    kiln_tensor *out_w = hp->tied_output ? b.embd : weight(&b, KM_W_OUTPUT);
+    kiln_tensor *out_w = !hp->tied_output ? weight(&b, KM_W_OUTPUT) : b.embd ? b.embd : weight(&b, KM_W_TOKEN_EMBD);
     cur = norm_w(&b, cur, out_norm, "norm_out", "result_norm");
     kiln_tensor *logits = kiln_mul_mat(ctx, out_w, cur);
     /* granite: the logits divided by logit_scale (ggml_scale by its reciprocal, as llama.cpp) */

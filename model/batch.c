@@ -45,7 +45,8 @@ kiln_status kiln_batch_new(const kiln_model *m, const kiln_batch_opts *o, kiln_b
         return too_few_cells(o->n_ctx, n_seq);
     }
     kiln_gen_opts go = {.n_ctx = o->n_ctx, .n_batch = o->n_batch, .cpu = o->cpu, .compile = o->compile,
-                        .session = o->session, .n_small = o->n_small, .tp = o->tp};
+                        .session = o->session, .n_small = o->n_small, .tp = o->tp,
+                        .pp = o->pp};
     kiln_status st = km_gen_new_rows(m, &go, &b->g);
     if (!st) {
         b->n_ctx = kiln_gen_n_ctx(b->g);

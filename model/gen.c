@@ -26,6 +26,7 @@ struct kiln_gen {
     kiln_graph               *graph;
     kiln_session             *sess;
     km_tp_gen                *tp; /* kiln_gen_opts.tp > 1: the ranks (model/gen_tp.c) instead of sess */
+    km_pp_gen                *pp; /* kiln_gen_opts.pp > 1: the stages (model/gen_pp.c) instead of sess */
 
     /* The inputs of the current run, at its n_tokens (nt) and n_kv (nkv). */
     int64_t   nt, nkv;
@@ -47,6 +48,10 @@ struct kiln_gen {
     kiln_status ref_err; /* cpu: a put that did not fit */
     kiln_gen_stats stats;
 };
+
+/* Whether the model runs split (over ranks or stages) rather than in one session. */
+static bool split(const kiln_gen *g) { return g->tp || g->pp; }
+static double split_ms(const kiln_gen *g) { return g->tp ? km_tp_gen_last_ms(g->tp) : km_pp_gen_last_ms(g->pp); }
 
 static kiln_status warm_up(kiln_gen *g);
 static kiln_status decode_sampled(kiln_gen *g, int32_t first, int64_t n, int32_t *out);
@@ -165,23 +170,30 @@ static kiln_status gen_new(const kiln_model *m, const kiln_gen_opts *o, bool all
     g->n_ctx = o->n_ctx > 0 ? o->n_ctx : kiln_default_n_ctx(g->hp);
     g->n_batch = o->n_batch > 0 ? o->n_batch : g->n_ctx < 512 ? g->n_ctx : 512;
     g->n_small = o->n_small;
-    bool tp = o->tp > 1;
+    bool tp = o->tp > 1, split = tp || o->pp > 1; /* (split: the logits read to the host) */
     /* A sampler the kernels can run ends the program with `sample` too (any other stays on the
      * host, as does the CPU reference, whose generation samples the logits it reads, and the
      * ranks of a split model, whose logits are gathered first). */
-    if (o->sampler && !o->cpu && !tp && kiln_sampler_on_gpu(o->sampler, g->hp->n_vocab))
+    if (o->sampler && !o->cpu && !split && kiln_sampler_on_gpu(o->sampler, g->hp->n_vocab))
         g->gpu_sample = true, g->sampler = *o->sampler;
     kiln_status st = NULL;
     if (o->n_ctx < 0 || o->n_batch < 0 || g->n_batch > g->n_ctx)
         st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: n_batch %lld must be 1 .. n_ctx (%lld)", (long long)g->n_batch,
                       (long long)g->n_ctx);
     if (!st && (o->tp < 0 || o->tp > 64)) st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: tp %d must be 0 .. 64", o->tp);
+    if (!st && (o->pp < 0 || o->pp > 64)) st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: pp %d must be 0 .. 64", o->pp);
+    if (!st && tp && o->pp > 1)
+        st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: tp %d and pp %d: one split or the other, not both", o->tp,
+                      o->pp);
     if (!st) st = gen_alloc(g);
-    if (!st) st = build(g, tp);
+    if (!st) st = build(g, split);
     if (!st) g->stats.weight_bytes = (uint64_t)weight_bytes(g->graph);
     if (!st && tp) {
         kiln_build_opts bo = build_opts(g, true);
         st = km_tp_gen_open(m, o->tp, &bo, o, &g->stats, &g->tp);
+    } else if (!st && split) {
+        kiln_build_opts bo = build_opts(g, true);
+        st = km_pp_gen_open(m, o->pp, &bo, o, &g->stats, &g->pp);
     } else if (!st) {
         st = g->cpu ? cpu_states(g) : gpu_open(g, o);
     }
@@ -205,6 +217,7 @@ kiln_status km_gen_new_rows(const kiln_model *m, const kiln_gen_opts *o, kiln_ge
 void kiln_gen_free(kiln_gen *g) {
     if (!g) return;
     km_tp_gen_free(g->tp);
+    km_pp_gen_free(g->pp);
     kiln_session_free(g->sess);
     kiln_graph_free(g->graph);
     kiln_ctx_free(g->ctx);
@@ -380,13 +393,14 @@ static void ref_put(void *user, const char *name, kiln_type type, int64_t n, con
                                                              "the generator does not expect", name, (long long)n);
 }
 
-/* The run place_inputs made, on the ranks (model/gen_tp.c): the last row's logits. */
-static kiln_status tp_run(kiln_gen *g) {
+/* The run place_inputs made, on the ranks (model/gen_tp.c) or the stages (model/gen_pp.c): the
+ * first n_read rows' logits. */
+static kiln_status split_run(kiln_gen *g) {
     km_tp_run in = {.tokens = g->tokens, .positions = g->positions, .out_ids = g->out_ids, .slots = g->slots,
                     .mask = g->mask, .mask_swa = g->mask_swa, .iv = g->iv, .iv_swa = g->iv_swa, .nt = g->nt,
                     .nkv = g->nkv, .n_out = g->all ? g->nt : 1, .n_read = g->all ? g->n_read : 1};
     double    t0 = kb_now_ms();
-    kiln_status st = km_tp_gen_run(g->tp, &in, g->logits);
+    kiln_status st = g->tp ? km_tp_gen_run(g->tp, &in, g->logits) : km_pp_gen_run(g->pp, &in, g->logits);
     g->stats.run_ms += kb_now_ms() - t0;
     return st;
 }
@@ -412,10 +426,10 @@ km_gen_inputs km_gen_rows_inputs(kiln_gen *g) {
 kiln_status km_gen_rows_run(kiln_gen *g, int64_t nt, int64_t nkv, int64_t n_read, const float **logits,
                             const int32_t **picks) {
     g->nt = nt, g->nkv = nkv, g->n_read = n_read;
-    kiln_status st = g->tp ? tp_run(g) : g->cpu ? cpu_run(g) : gpu_run(g, picks ? READ_ARGMAX : READ_LOGITS);
-    if (!st && !g->cpu) g->stats.decode_gpu_ms += g->tp ? km_tp_gen_last_ms(g->tp) : kiln_session_last_ms(g->sess);
+    kiln_status st = split(g) ? split_run(g) : g->cpu ? cpu_run(g) : gpu_run(g, picks ? READ_ARGMAX : READ_LOGITS);
+    if (!st && !g->cpu) g->stats.decode_gpu_ms += split(g) ? split_ms(g) : kiln_session_last_ms(g->sess);
     /* the CPU reference and split models have no argmax output: the rows' picks from the logits */
-    for (int64_t t = 0; !st && picks && (g->cpu || g->tp) && t < n_read; t++)
+    for (int64_t t = 0; !st && picks && (g->cpu || split(g)) && t < n_read; t++)
         g->picks[t] = (int32_t)kiln_argmax_f32(g->logits + t * g->hp->n_vocab, g->hp->n_vocab);
     if (logits) *logits = st || picks ? NULL : g->logits;
     if (picks) *picks = st ? NULL : g->picks;
@@ -432,9 +446,9 @@ static kiln_status eval(kiln_gen *g, const int32_t *tokens, int64_t n, run_read 
         int64_t     nt = n - done < g->n_batch ? n - done : g->n_batch;
         bool        last = done + nt == n;
         kiln_status st = make_inputs(g, tokens + done, nt);
-        if (!st) st = g->tp ? tp_run(g) : g->cpu ? cpu_run(g) : gpu_run(g, last ? last_read : READ_NOTHING);
+        if (!st) st = split(g) ? split_run(g) : g->cpu ? cpu_run(g) : gpu_run(g, last ? last_read : READ_NOTHING);
         if (st) return st;
-        double gpu_ms = g->tp ? km_tp_gen_last_ms(g->tp) : g->cpu ? 0.0 : kiln_session_last_ms(g->sess);
+        double gpu_ms = split(g) ? split_ms(g) : g->cpu ? 0.0 : kiln_session_last_ms(g->sess);
         if (prefill) g->stats.prefill_gpu_ms += gpu_ms;
         else g->stats.decode_gpu_ms += gpu_ms;
         g->pos += nt;
@@ -455,7 +469,7 @@ kiln_status kiln_gen_eval(kiln_gen *g, const int32_t *tokens, int64_t n, const f
 static kiln_status eval_greedy(kiln_gen *g, const int32_t *tokens, int64_t n, int32_t *next, bool prefill) {
     if (!g || !tokens || !next || n < 1)
         return kb_error(KILN_ERR_INVALID, "kiln_gen_eval_greedy: %s", n < 1 ? "no tokens" : "NULL argument");
-    bool        host = g->cpu || g->tp; /* (no argmax output: the logits are read) */
+    bool        host = g->cpu || split(g); /* (no argmax output: the logits are read) */
     kiln_status st = eval(g, tokens, n, host ? READ_LOGITS : READ_ARGMAX, prefill);
     if (st) return st;
     double t0 = kb_now_ms();
@@ -569,7 +583,7 @@ static kiln_status decode_picks(kiln_gen *g, int32_t first, int64_t n, pick_fn p
         return kb_error(KILN_ERR_INVALID, "kiln_gen_decode_greedy: %lld steps after %lld do not fit in the cache of "
                                           "%lld (n_ctx)", (long long)n, (long long)g->pos, (long long)g->n_ctx);
     bool chained = false;
-    if (!g->cpu && !g->tp && chain_wanted() &&
+    if (!g->cpu && !split(g) && chain_wanted() &&
         ((st = gpu_decode_chain(g, first, n, pick, user, sample, &chained)) || chained))
         return st;
     int32_t tok = first, next;
@@ -834,18 +848,24 @@ static kiln_status rerope(const kiln_gen *g, const kiln_model_hparams *rank, int
     return st;
 }
 
-/* Rank r's cache state's bytes: the rank's (tensor parallelism), the host copy (cpu), else
- * through the session. */
-static kiln_status state_io(kiln_gen *g, int r, const char *name, void *data, size_t bytes, bool write) {
+/* Rank r's cache state of layer il: the rank's (tensor parallelism), its stage's (pipeline),
+ * the host copy (cpu), else through the session. */
+static kiln_status state_io(kiln_gen *g, int r, int64_t il, const char *name, void *data, size_t bytes, bool write) {
     if (g->tp) return km_tp_gen_state(g->tp, r, name, data, bytes, write);
+    if (g->pp) return km_pp_gen_state(g->pp, il, name, data, bytes, write);
     if (!g->cpu) return write ? kiln_session_set(g->sess, name, data, bytes) : kiln_session_get(g->sess, name, data, bytes);
-    for (int i = 0; i < g->nstates; i++)
-        if (!strcmp(g->states[i].name, name) && g->states[i].bytes == bytes) {
-            if (write) memcpy(g->states[i].data, data, bytes);
-            else memcpy(data, g->states[i].data, bytes);
-            return NULL;
-        }
+    if (km_host_state_io(g->states, g->nstates, name, data, bytes, write)) return NULL;
     return kb_error(KILN_ERR_NOT_FOUND, "kiln_gen_shift: no cache state %s of %zu bytes", name, bytes);
+}
+
+bool km_host_state_io(km_host_state *s, int n, const char *name, void *data, size_t bytes, bool write) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(s[i].name, name) && s[i].bytes == bytes) {
+            if (write) memcpy(s[i].data, data, bytes);
+            else memcpy(data, s[i].data, bytes);
+            return true;
+        }
+    return false;
 }
 
 const void *km_gen_cpu_state(const kiln_gen *g, const char *name, size_t *bytes) {
@@ -876,11 +896,11 @@ kiln_status kiln_gen_shift(kiln_gen *g, int64_t n_keep, int64_t n_discard) {
             for (int kv = 0; !st && kv < (km_mla(hp) ? 1 : 2); kv++) { /* (MLA: V is within K's rows) */
                 char name[32];
                 snprintf(name, sizeof name, "cache_%c_l%lld", kv ? 'v' : 'k', (long long)il);
-                st = state_io(g, r, name, c, bytes, false);
+                st = state_io(g, r, il, name, c, bytes, false);
                 if (st) break;
                 memmove(c + row * n_keep, c + row * (n_keep + n_discard), sizeof *c * (size_t)(row * m));
                 if (!kv && m > 0 && km_layer_ropes(hp, il)) st = rerope(g, hp, il, c + row * n_keep, m, -n_discard);
-                if (!st) st = state_io(g, r, name, c, bytes, true);
+                if (!st) st = state_io(g, r, il, name, c, bytes, true);
             }
     free(c);
     if (!st) g->pos -= n_discard;

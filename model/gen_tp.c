@@ -220,12 +220,7 @@ kiln_status km_tp_gen_state(km_tp_gen *t, int rank, const char *name, void *data
         return write ? kiln_session_set(s, name, data, bytes) : kiln_session_get(s, name, data, bytes);
     }
     tp_rank *r = &t->r[rank];
-    for (int i = 0; i < r->nstates; i++)
-        if (!strcmp(r->states[i].name, name) && r->states[i].bytes == bytes) {
-            if (write) memcpy(r->states[i].data, data, bytes);
-            else memcpy(data, r->states[i].data, bytes);
-            return NULL;
-        }
+    if (km_host_state_io(r->states, r->nstates, name, data, bytes, write)) return NULL;
     return kb_error(KILN_ERR_NOT_FOUND, "kiln_gen_shift: rank %d has no cache state %s of %zu bytes", rank, name, bytes);
 }
 

@@ -323,7 +323,7 @@ kiln_status sv_engine_new(const kiln_model *m, const kiln_tokenizer *tok, const 
                       (long long)total, e->n_slots, (long long)e->n_ctx);
     if (e->n_ctx > hp->n_ctx_train) e->n_ctx = hp->n_ctx_train; /* (rope positions past training) */
     kiln_batch_opts bo = {.n_ctx = e->n_ctx * e->n_slots, .n_seq = e->n_slots, .cpu = o->cpu, .n_batch = o->n_batch,
-                          .tp = o->tp};
+                          .tp = o->tp, .pp = o->pp};
     if (!st) st = kiln_batch_new(m, &bo, &e->b);
     if (!st && pthread_create(&e->thread, NULL, engine_main, e) != 0)
         st = kb_error(KILN_ERR_NOMEM, "serve: could not start the engine's thread");

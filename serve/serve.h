@@ -98,6 +98,7 @@ typedef struct {
     int64_t     n_batch;       /* tokens a step takes at most (0: kiln_batch's default, 512) */
     bool        cpu;           /* the CPU reference */
     int         tp;            /* the model split over tp GPUs (kiln_batch_opts.tp; 0: one) */
+    int         pp;            /* the layers in pp stages, a GPU each (kiln_batch_opts.pp; 0: one) */
     const char *chat_template; /* a name (kiln_chat_template_name), or NULL: the model's, else chatml */
 } sv_engine_opts;
 kiln_status sv_engine_new(const kiln_model *m, const kiln_tokenizer *tok, const sv_engine_opts *o, sv_engine **out);

@@ -471,7 +471,8 @@ END_TEST
 /* --tp: kiln inspect MODEL.gguf --tp G prints the split (exit 0), refuses a G the model cannot
  * split over naming the hyperparameter (exit 1) and a .kg graph (exit 2); kiln run --tp 2 --cpu
  * (the CPU reference evaluating both ranks' graphs together) generates the tokens the whole
- * model does, a prompt longer than --n-batch included, and with --context-shift; kiln compile
+ * model does, a prompt longer than --n-batch included, and with --context-shift; so does --pp 2
+ * (a pipeline of 2 stages), which --tp excludes; kiln compile
  * --tp is not built (exit 2);
  * G is range-checked. */
 START_TEST(tensor_parallel_flag) {
@@ -492,6 +493,19 @@ START_TEST(tensor_parallel_flag) {
     ck_assert_msg(gw && gs, "%s\n%s", whole, split);
     ck_assert_msg(!strncmp(gw, gs, strcspn(gw, "\n") + 1), "--tp 2 generated\n%s\nthe whole model\n%s", gs, gw);
     free(whole), free(split);
+    /* --pp 2: the layers in 2 stages, the whole model's tokens; not with --tp */
+    snprintf(args, sizeof args, "run '%s' --tokens 1,17,300,5,9,42 --n-batch 4 -n 6 --cpu --pp 2", m);
+    ck_assert_int_eq(kiln(args, &split), 0);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,17,300,5,9,42 --n-batch 4 -n 6 --cpu", m);
+    ck_assert_int_eq(kiln(args, &whole), 0);
+    gw = strstr(whole, "generated:"), gs = strstr(split, "generated:");
+    ck_assert_msg(gw && gs && !strncmp(gw, gs, strcspn(gw, "\n") + 1), "--pp 2 generated\n%s\nthe whole model\n%s", split,
+                  whole);
+    free(whole), free(split);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2 --tp 2 --pp 2 --cpu", m);
+    expect(2, args, "--tp and --pp: one split or the other", NULL);
+    snprintf(args, sizeof args, "run '%s' --tokens 1,2 --pp 3 --cpu", m);
+    expect(1, args, "3 stages of 2 layers", NULL);
     snprintf(args, sizeof args, "run '%s' --tokens 1,2 --tp 3 --cpu", m);
     expect(1, args, "n_head 4 is not a multiple of 3", NULL);
     /* --context-shift over the ranks: the whole model's tokens after the same shifts */

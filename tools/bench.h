@@ -22,6 +22,7 @@ typedef struct {
     int         n_seqs, seqs[8]; /* the batch sizes (--seqs; n_seqs 0: 1, 8, 32 and 64) */
     int         batch_small;     /* --batch-small N: kiln_batch_opts.n_small (0: none) */
     int         tp;              /* --tp G: the model rows over G GPUs (kiln_gen_opts.tp; 0: one GPU) */
+    int         pp;              /* --pp G: the model rows' layers in G stages (kiln_gen_opts.pp; 0: one GPU) */
     int         nkvs;            /* --kv LIST: the decode rows' cache positions (0: 512, 4096, 32768) */
     int64_t     kvs[3];
     uint64_t    seed;

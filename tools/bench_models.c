@@ -200,7 +200,7 @@ static kiln_status run_kiln(model_run *r, const kiln_model_hparams *hp) {
     kiln_gen   *g = NULL;
     if (!st) st = (r->quantized ? kiln_model_random_blocks : kiln_model_random)(hp, r->b->seed, &model);
     kiln_compile_opts co = {.arch = r->b->dev.arch, .cache_dir = r->cache_dir};
-    kiln_gen_opts     go = {.n_ctx = r->n_ctx, .n_batch = PREFILL_N, .compile = &co, .tp = r->b->tp};
+    kiln_gen_opts     go = {.n_ctx = r->n_ctx, .n_batch = PREFILL_N, .compile = &co, .tp = r->b->tp, .pp = r->b->pp};
     if (!st) fprintf(stderr, "bench: %s: weights on the device, prefill, decode\n", m->name);
     if (!st) st = kiln_gen_new(model, &go, &g);
     int32_t *ids = malloc(sizeof *ids * (size_t)r->n_ctx);
@@ -219,7 +219,7 @@ static kiln_status run_kiln(model_run *r, const kiln_model_hparams *hp) {
     g = NULL;
     kiln_sampler_params sp = kiln_sampler_params_default();
     go.sampler = &sp;
-    m->sampled_gpu = kiln_sampler_on_gpu(&sp, hp->n_vocab) && !go.tp; /* (split: the host samples) */
+    m->sampled_gpu = kiln_sampler_on_gpu(&sp, hp->n_vocab) && !go.tp && !go.pp; /* (split: the host samples) */
     if (!st) st = kiln_gen_new(model, &go, &g);
     if (!st) st = time_sampled(r, g, ids, m->kv[0]);
     free(ids);
@@ -322,6 +322,11 @@ static kiln_status bench_model(kt_bench *b, kt_bench_model *m, const char *cache
         snprintf(m->name + len, sizeof m->name - len, " tp%d", b->tp);
         for (int mode = 0; mode < 2; mode++)
             snprintf(m->torch_note[mode], sizeof m->torch_note[mode], "torch_ref.py runs on one GPU (--tp %d)", b->tp);
+    } else if (b->pp > 1) { /* (the stages run one after another: one GPU's limit) */
+        size_t len = strlen(m->name);
+        snprintf(m->name + len, sizeof m->name - len, " pp%d", b->pp);
+        for (int mode = 0; mode < 2; mode++)
+            snprintf(m->torch_note[mode], sizeof m->torch_note[mode], "torch_ref.py runs on one GPU (--pp %d)", b->pp);
     } else if (r.quantized)
         for (int mode = 0; mode < 2; mode++)
             snprintf(m->torch_note[mode], sizeof m->torch_note[mode], "PyTorch has no ggml quantized types (%s)",

@@ -19,8 +19,8 @@ static const char summary[] =
 
 static const char help[] =
     "usage: kiln bench [--quick] [--ops-only | --models-only | --batch-only] [--models LIST]\n"
-    "                  [--batch LIST] [--seqs LIST] [--batch-small N] [--kv LIST] [--tp G] [--json FILE]\n"
-    "                  [--no-torch] [--python PY] [--dir DIR] [--seed S]\n"
+    "                  [--batch LIST] [--seqs LIST] [--batch-small N] [--kv LIST] [--tp G | --pp G]\n"
+    "                  [--json FILE] [--no-torch] [--python PY] [--dir DIR] [--seed S]\n"
     "  measures kiln on this GPU beside PyTorch, in one run (docs/bench.md):\n"
     "  - the GPU and its device-to-device copy bandwidth (bytes read + written), the roofline;\n"
     "  - ops and fusions at decode shapes (DIR/ops, DIR/fusion): median CUDA-graph replay in us,\n"
@@ -56,6 +56,9 @@ static const char help[] =
     "  --tp G          the model rows split over G GPUs (with --models-only; kiln run --tp, docs/tp.md):\n"
     "                  random weights of each GPU's share made on it; the limit column is a GPU's\n"
     "                  share of the bytes at the roofline (the all-reduces not counted)\n"
+    "  --pp G          the model rows' layers in G stages, a GPU each (with --models-only; kiln run\n"
+    "                  --pp): each GPU's layers' random weights made on it; the stages run one\n"
+    "                  after another, so the limit column is one GPU's\n"
     "  --json FILE     also write the results as JSON (make bench: build/bench.json)\n"
     "  --no-torch      kiln only\n"
     "  --python PY     the Python that has PyTorch (default: python3)\n"
@@ -133,7 +136,7 @@ static int parse(int argc, char **argv, kt_bench *b) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool        valued = !strcmp(a, "--models") || !strcmp(a, "--json") || !strcmp(a, "--python") ||
                       !strcmp(a, "--dir") || !strcmp(a, "--seed") || !strcmp(a, "--batch") || !strcmp(a, "--seqs") ||
-                      !strcmp(a, "--batch-small") || !strcmp(a, "--tp") || !strcmp(a, "--kv");
+                      !strcmp(a, "--batch-small") || !strcmp(a, "--tp") || !strcmp(a, "--pp") || !strcmp(a, "--kv");
         if (valued && !v) return kt_usage("bench", "%s needs a value", a);
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return kt_print_help("bench");
         if (!strcmp(a, "--quick")) b->quick = true;
@@ -153,6 +156,9 @@ static int parse(int argc, char **argv, kt_bench *b) {
         else if (!strcmp(a, "--tp")) {
             if (!kt_flag_int32("bench", a, v, 2, 64, &b->tp)) return KT_EXIT_USAGE;
         }
+        else if (!strcmp(a, "--pp")) {
+            if (!kt_flag_int32("bench", a, v, 2, 64, &b->pp)) return KT_EXIT_USAGE;
+        }
         else if (!strcmp(a, "--no-torch")) b->torch = false;
         else if (!strcmp(a, "--models")) b->models = v;
         else if (!strcmp(a, "--json")) b->json = v;
@@ -167,6 +173,9 @@ static int parse(int argc, char **argv, kt_bench *b) {
         return kt_usage("bench", "--ops-only, --models-only and --batch-only exclude each other");
     if (b->tp && (b->do_ops || b->do_batch))
         return kt_usage("bench", "--tp %d splits the model rows only: give --models-only", b->tp);
+    if (b->pp && (b->do_ops || b->do_batch))
+        return kt_usage("bench", "--pp %d splits the model rows only: give --models-only", b->pp);
+    if (b->tp && b->pp) return kt_usage("bench", "%s", "--tp and --pp: one split or the other, not both");
     struct stat sb;
     if (stat(b->dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return kt_usage("bench", "no bench folder '%s' (run from the source tree, or give --dir)", b->dir);

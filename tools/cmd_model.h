@@ -32,6 +32,7 @@ typedef struct {
     int64_t     n_new, n_ctx, n_batch;
     int         jobs;
     int         tp; /* --tp G: tensor parallelism over G GPUs (0: none) */
+    int         pp; /* --pp G: pipeline split over G GPUs (0: none) */
     bool        check, cpu, no_graph, no_cache, no_fuse, stats, ignore_eos, raw, verbose_prompt;
     char        no_fuse_passes[256]; /* --no-fuse=NAME[,NAME]: the names, comma-separated */
     const char *stops[KT_MODEL_MAX_STOPS]; /* -r/--reverse-prompt */

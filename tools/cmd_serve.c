@@ -16,7 +16,7 @@ static const char summary[] =
 
 static const char help[] =
     "usage: kiln serve MODEL.gguf [--host ADDR] [--port N] [-np N] [-c N] [-b N] [--queue N]\n"
-    "                  [--api-key KEY] [--alias NAME] [--chat-template NAME] [--max-body BYTES] [--tp G]\n"
+    "                  [--api-key KEY] [--alias NAME] [--chat-template NAME] [--max-body BYTES] [--tp G | --pp G]\n"
     "                  [--cpu]\n"
     "  serves the model over HTTP as OpenAI's API does, for any OpenAI client:\n"
     "    POST /v1/completions       {\"model\", \"prompt\", \"max_tokens\", \"temperature\", \"top_p\",\n"
@@ -40,13 +40,14 @@ static const char help[] =
     "  --chat-template NAME  a built-in template ('kiln help run' lists them; default: the model's)\n"
     "  --max-body BYTES  the largest request body (default 1M; K, M, G suffixes)\n"
     "  --tp G            the model split over G GPUs (tensor parallelism, as kiln run --tp; docs/tp.md)\n"
+    "  --pp G            the layers in G stages, a GPU each (pipeline split, as kiln run --pp)\n"
     "  --cpu             the CPU reference instead of the GPU (slow; for tests). Without a GPU the\n"
     "                    server says so and takes the CPU reference anyway\n"
     "  It needs libmicrohttpd (Debian: libmicrohttpd12), loaded when the server starts.\n";
 
 typedef struct {
     const char *model, *host, *api_key, *alias, *tmpl;
-    int64_t     port, slots, n_ctx, n_batch, queue, tp;
+    int64_t     port, slots, n_ctx, n_batch, queue, tp, pp;
     uint64_t    max_body;
     bool        cpu;
 } serve_args;
@@ -79,10 +80,12 @@ static int parse(int argc, char **argv, serve_args *a) {
         else if (!strcmp(f, "-b") || !strcmp(f, "--batch-size")) ok = kt_flag_int(cmd, f, v, 1, KT_FLAG_MAX_CTX, &a->n_batch);
         else if (!strcmp(f, "--max-body")) ok = kt_flag_size(cmd, f, v, &a->max_body);
         else if (!strcmp(f, "--tp")) ok = kt_flag_int(cmd, f, v, 1, 64, &a->tp);
+        else if (!strcmp(f, "--pp")) ok = kt_flag_int(cmd, f, v, 1, 64, &a->pp);
         else return kt_usage(cmd, "unknown option '%s'", f);
         if (!ok) return KT_EXIT_USAGE;
     }
     if (!a->model) return kt_usage(cmd, "which model? kiln serve MODEL.gguf");
+    if (a->tp > 1 && a->pp > 1) return kt_usage(cmd, "%s", "--tp and --pp: one split or the other, not both");
     /* listening beyond this machine needs a key (issue 28): anyone could use the GPU otherwise */
     if (strcmp(a->host, "127.0.0.1") && strcmp(a->host, "::1") && !a->api_key)
         return kt_usage(cmd, "--host %s listens beyond this machine: give --api-key KEY too", a->host);
@@ -120,7 +123,7 @@ static int run(int argc, char **argv) {
     kiln_status     st = kiln_model_open(a.model, &m);
     if (!st) st = kiln_tokenizer_from_gguf(kiln_model_gguf(m), &tok);
     sv_engine_opts eo = {.n_slots = (int)a.slots, .queue_max = (int)a.queue, .n_ctx = a.n_ctx, .n_batch = a.n_batch,
-                         .cpu = a.cpu, .tp = (int)a.tp,
+                         .cpu = a.cpu, .tp = (int)a.tp, .pp = (int)a.pp,
                          .chat_template = a.tmpl};
     if (!st) st = sv_engine_new(m, tok, &eo, &e);
     if (st && !a.cpu && kiln_status_code(st) == KILN_ERR_NO_GPU) { /* (issue 28: it works, slowly) */

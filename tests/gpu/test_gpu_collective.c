@@ -5,7 +5,8 @@
  *   CUDA graphs (NCCL captured with the kernels) 200 times without a second capture.
  * - The tiny llama, qwen3moe, gpt-oss and deepseek2 over 2 ranks: each rank's logits equal the CPU reference of the
  *   same group (kiln_reference_group) and the whole model's rows of its vocabulary shard.
- * - kiln_gen with tp = 2 (kiln run --tp 2) against one GPU: 32 greedy tokens.
+ * - kiln_gen with tp = 2 (kiln run --tp 2) against one GPU: 32 greedy tokens; and with pp = 2
+ *   (kiln run --pp 2: the layers in 2 stages, a GPU each; model/gen_pp.c, no NCCL).
  * - More ranks than GPUs: refused, naming both counts (on any machine: on one GPU, a group of 2).
  * On a machine with one GPU the group cases cannot run: each says so on stdout and checks the
  * refusal instead. */
@@ -243,27 +244,30 @@ START_TEST(tiny_model_over_2_gpus) {
 }
 END_TEST
 
-/* kiln_gen over 2 GPUs (kiln_gen_opts.tp, model/gen_tp.c: each GPU reads its part of the file)
- * against one GPU: the prompt's logits by NMSE, then 32 greedy tokens identical, or the first
- * that differs a near tie in the one GPU's logits (both picks within 1e-3 of the largest logit). */
+/* kiln_gen over 2 GPUs (kiln_gen_opts.tp, model/gen_tp.c: each GPU reads its part of the file;
+ * or pp, model/gen_pp.c: each GPU its layers) against one GPU: the prompt's logits by NMSE, then
+ * 32 greedy tokens identical, or the first that differs a near tie in the one GPU's logits (both
+ * picks within 1e-3 of the largest logit). */
 enum { GEN_STEPS = 32 };
 
-START_TEST(gen_tokens_over_2_gpus) {
-    const char *arch = MODELS[_i][0];
+static void gen_over_2_gpus(int i, bool pipeline) {
+    const char *arch = MODELS[i][0];
     int         n = gpu_count();
     if (n < 2) {
         printf("kiln_gen of tiny %s over 2 GPUs: this machine has %d GPU: not run\n", arch, n);
         return;
     }
     kiln_model_hparams hp;
-    TS_OK(kiln_model_preset(arch, MODELS[_i][1], &hp));
+    TS_OK(kiln_model_preset(arch, MODELS[i][1], &hp));
     char *dir = ts_tmpdir(), path[512];
     snprintf(path, sizeof path, "%s/m.gguf", dir);
     TS_OK(kiln_model_write_random(&hp, 23, path, NULL, NULL));
     kiln_model *m;
     TS_OK(kiln_model_open(path, &m));
     static const int32_t prompt[7] = {1, 17, 300, 5, 999, 42, 8};
-    kiln_gen_opts        o1 = {.n_ctx = 64, .n_batch = 8}, o2 = {.n_ctx = 64, .n_batch = 8, .tp = 2};
+    kiln_gen_opts        o1 = {.n_ctx = 64, .n_batch = 8}, o2 = {.n_ctx = 64, .n_batch = 8};
+    if (pipeline) o2.pp = 2;
+    else o2.tp = 2;
     kiln_gen            *g1, *g2;
     TS_OK(kiln_gen_new(m, &o1, &g1));
     TS_OK(kiln_gen_new(m, &o2, &g2));
@@ -291,17 +295,25 @@ START_TEST(gen_tokens_over_2_gpus) {
         ck_assert_msg(gap <= 1e-3f * top, "%s: step %d: one GPU picks %d, two pick %d; logits %g and %g (largest %g)",
                       arch, same, t1[same], t2[same], l[t1[same]], l[t2[same]], top);
     }
-    printf("kiln_gen of tiny %s over 2 GPUs: prompt logits NMSE %.3g, %d of %d greedy tokens identical to one GPU's%s\n",
-           arch, e, same, GEN_STEPS, same < GEN_STEPS ? " (then a near tie)" : "");
+    printf("kiln_gen of tiny %s over 2 GPUs (%s): prompt logits NMSE %.3g, %d of %d greedy tokens identical to one "
+           "GPU's%s\n", arch, pipeline ? "2 stages" : "tp 2", e, same, GEN_STEPS, same < GEN_STEPS ? " (then a near tie)" : "");
     kiln_gen_free(g1), kiln_gen_free(g2);
     kiln_model_close(m);
     ts_tmpdir_free(dir);
 }
+
+START_TEST(gen_tokens_over_2_gpus) { gen_over_2_gpus(_i, false); }
+END_TEST
+
+/* The same with the layers in 2 stages (kiln_gen_opts.pp): the stages' arithmetic is one GPU's,
+ * so the logits agree as closely as two runs of one GPU. */
+START_TEST(gen_tokens_over_2_stages) { gen_over_2_gpus(_i, true); }
 END_TEST
 
 int main(void) {
     Suite *s = TS_SUITE("gpu_collective", TS_CASE("group", 300),
                         TS_TESTS(mlp_split_over_gpus, more_ranks_than_gpus),
-                        TS_LOOP(0, (int)(sizeof MODELS / sizeof MODELS[0]), tiny_model_over_2_gpus, gen_tokens_over_2_gpus));
+                        TS_LOOP(0, (int)(sizeof MODELS / sizeof MODELS[0]), tiny_model_over_2_gpus, gen_tokens_over_2_gpus,
+                                gen_tokens_over_2_stages));
     return ts_main(s);
 }
