@@ -989,6 +989,10 @@ const void *kiln_model_weight(const kiln_model *m, const char *name, kiln_type t
  * the collectives, and whether a GPU's graph builds yet. An error when m cannot split over g
  * (the hyperparameter named) or a quantized weight's rows would not hold whole blocks. */
 kiln_status kiln_model_tp_describe(const kiln_model *m, int g, int64_t n_ctx, char **text);
+/* The pipeline split in g stages (kiln_gen_opts.pp), for kiln inspect --pp: each stage's layers,
+ * weight and KV cache bytes at n_ctx (one GPU's), its input and output. Caller frees *text. An
+ * error when g is not 2 .. min(64, n_layer). */
+kiln_status kiln_model_pp_describe(const kiln_model *m, int g, int64_t n_ctx, char **text);
 
 /* Writes a model of hp with random weights (deterministic in seed: matrices uniform with
  * variance 1/ne0, norms near 1, llama3 rope_freqs computed) and a synthetic tokenizer

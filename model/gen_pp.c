@@ -207,6 +207,62 @@ kiln_status km_pp_gen_open(const kiln_model *m, int n, const kiln_build_opts *bo
     return NULL;
 }
 
+/* ---- kiln_model_pp_describe: the stages, for kiln inspect --pp ------------------------------ */
+
+/* The bytes of graph gr's tensors of role r. */
+static double role_bytes(const kiln_graph *gr, kiln_role r) {
+    double n = 0;
+    for (int i = 0; i < kiln_graph_size(gr); i++) {
+        const kiln_tensor *t = kiln_graph_node(gr, i);
+        if (kiln_tensor_role(t) == r) n += (double)kiln_tensor_nbytes(t);
+    }
+    return n;
+}
+
+kiln_status kiln_model_pp_describe(const kiln_model *m, int g, int64_t n_ctx, char **text) {
+    if (!m || !text) return kb_error(KILN_ERR_INVALID, "kiln_model_pp_describe: NULL argument");
+    *text = NULL;
+    const kiln_model_hparams *hp = kiln_model_get_hparams(m);
+    if (g < 2 || g > 64 || g > hp->n_layer)
+        return kb_error(KILN_ERR_INVALID, "pipeline split: %d stages of %lld layers (2 .. 64, at most a layer a stage)",
+                        g, (long long)hp->n_layer);
+    kb_str o = {0};
+    kb_str_addf(&o, "pipeline split in %d stages, a GPU each (docs/tp.md): %s, %lld layers, run one after another, "
+                    "each stage's hidden state (n_embd %lld floats a token) handed to the next through host memory\n",
+                g, hp->arch, (long long)hp->n_layer, (long long)hp->n_embd);
+    kiln_status st = NULL;
+    double      most = 0;
+    for (int s = 0; s < g && !st; s++) {
+        int first, end;
+        stage_layers(hp->n_layer, g, s, &first, &end);
+        kiln_ctx       *ctx = kiln_ctx_new();
+        kiln_graph     *gr = NULL;
+        kiln_build_opts bo = {.n_ctx = n_ctx, .n_tokens_max = 1, .layer_first = first, .layer_end = end};
+        st = ctx ? kiln_model_build(ctx, m, &bo) : kb_oom();
+        if (!st) st = kiln_graph_new(ctx, &gr);
+        if (!st) {
+            double w = role_bytes(gr, KILN_ROLE_WEIGHT), kv = role_bytes(gr, KILN_ROLE_STATE);
+            most = w + kv > most ? w + kv : most;
+            kb_str_addf(&o, "  stage %d (GPU %d): layers %d .. %d, %.3f GB of weights, %.1f MB of KV cache at n_ctx %lld; "
+                            "takes %s, gives %s\n",
+                        s, s, first, end - 1, w / 1e9, kv / 1e6, (long long)n_ctx, s ? "the hidden state" : "the tokens",
+                        end < hp->n_layer ? "its hidden state" : "the logits");
+        } else {
+            st = kb_wrap(st, "stage %d (layers %d .. %d)", s, first, end - 1);
+        }
+        kiln_graph_free(gr);
+        kiln_ctx_free(ctx);
+    }
+    if (st) {
+        kb_str_free(&o);
+        return st;
+    }
+    kb_str_addf(&o, "the fullest GPU holds %.3f GB; 'kiln run MODEL.gguf --pp %d' runs the stages (with --cpu on the "
+                    "CPU reference)\n", most / 1e9, g);
+    *text = kb_str_take(&o);
+    return *text ? NULL : kb_oom();
+}
+
 double km_pp_gen_last_ms(const km_pp_gen *p) { return p ? p->last_ms : 0.0; }
 
 int km_pp_gen_stage_of(const km_pp_gen *p, int64_t il) {

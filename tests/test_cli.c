@@ -506,6 +506,12 @@ START_TEST(tensor_parallel_flag) {
     expect(2, args, "--tp and --pp: one split or the other", NULL);
     snprintf(args, sizeof args, "run '%s' --tokens 1,2 --pp 3 --cpu", m);
     expect(1, args, "3 stages of 2 layers", NULL);
+    snprintf(args, sizeof args, "inspect '%s' --pp 2", m);
+    expect(0, args, "stage 0 (GPU 0): layers 0 .. 0", "stage 1 (GPU 1): layers 1 .. 1");
+    snprintf(args, sizeof args, "inspect '%s' --pp 3", m);
+    expect(1, args, "3 stages of 2 layers", NULL);
+    snprintf(args, sizeof args, "compile '%s' --pp 2", m);
+    expect(2, args, "kiln compile: --pp 2: a program per GPU", "kiln inspect MODEL.gguf --pp 2");
     snprintf(args, sizeof args, "run '%s' --tokens 1,2 --tp 3 --cpu", m);
     expect(1, args, "n_head 4 is not a multiple of 3", NULL);
     /* --context-shift over the ranks: the whole model's tokens after the same shifts */

@@ -14,7 +14,7 @@ static const char summary[] =
 static const char help[] =
     "usage: kiln inspect GRAPH [--no-fuse[=NAME,...]]\n"
     "       kiln inspect FILE.kiln\n"
-    "       kiln inspect MODEL.gguf --tp G [--n-ctx N]\n"
+    "       kiln inspect MODEL.gguf --tp G | --pp G [--n-ctx N]\n"
     "  prints every fusion applied, one per line (\"fused NAME: node, node, ...\"), the IR after\n"
     "  passes (kernels, fused graph nodes, layouts), the memory plan and the generated kernels'\n"
     "  names, launch configs and keys. Needs neither NVRTC nor a GPU.\n"
@@ -23,7 +23,9 @@ static const char help[] =
     "  --tp G: how tensor parallelism splits the model over G GPUs (docs/tp.md): each weight's\n"
     "  shape on a GPU and how it is cut, a GPU's weights and KV cache (at --n-ctx), the\n"
     "  all_reduce collectives, and whether a GPU's graph builds; exit 1 when the model cannot\n"
-    "  split over G (the hyperparameter is named). Running over several GPUs is not built yet.\n";
+    "  split over G (the hyperparameter is named); 'kiln run MODEL.gguf --tp G' runs it.\n"
+    "  --pp G: the pipeline split in G stages (docs/tp.md): each stage's layers, weights and KV\n"
+    "  cache (a GPU's), what it takes and gives; 'kiln run MODEL.gguf --pp G' runs it.\n";
 
 static int inspect_bundle(const char *path) {
     kiln_bundle *b = NULL;
@@ -36,14 +38,15 @@ static int inspect_bundle(const char *path) {
     return st ? kt_fail(NULL, st) : KT_EXIT_OK;
 }
 
-static int inspect_tp(const kt_args *c) {
-    if (!kt_graph_is_gguf(c->graph)) return kt_usage(c->cmd, "--tp splits a GGUF model; %s is not one", c->graph);
+static int inspect_split(const kt_args *c) {
+    if (!kt_graph_is_gguf(c->graph))
+        return kt_usage(c->cmd, "%s splits a GGUF model; %s is not one", c->tp > 1 ? "--tp" : "--pp", c->graph);
     kiln_model *m = NULL;
     char       *text = NULL;
     kiln_status st = kiln_model_open(c->graph, &m);
     if (!st) {
         int64_t n_ctx = c->n_ctx > 0 ? c->n_ctx : kiln_default_n_ctx(kiln_model_get_hparams(m));
-        st = kiln_model_tp_describe(m, c->tp, n_ctx, &text);
+        st = c->tp > 1 ? kiln_model_tp_describe(m, c->tp, n_ctx, &text) : kiln_model_pp_describe(m, c->pp, n_ctx, &text);
     }
     if (!st) fputs(text, stdout);
     free(text);
@@ -55,7 +58,7 @@ static int run(int argc, char **argv) {
     kt_args c = {0};
     int     rc = kt_args_parse(argc, argv, &c);
     if (rc != KT_GO_ON) return rc;
-    if (c.tp > 1) return inspect_tp(&c);
+    if (c.tp > 1 || c.pp > 1) return inspect_split(&c);
     kt_graph_kind kind;
     kiln_status   st = kt_graph_kind_of(c.graph, &kind);
     if (st) return kt_fail(NULL, st);

@@ -54,6 +54,7 @@ static int parse_valued(kt_args *c, const char *a, const char *v) {
     else if (!strcmp(a, "--n-batch")) ok = kt_flag_int(c->cmd, a, v, 1, KT_FLAG_MAX_CTX, &c->n_batch);
     else if (!strcmp(a, "--iters")) ok = kt_flag_int32(c->cmd, a, v, 1, MAX_ITERS, &c->iters);
     else if (!strcmp(a, "--tp")) ok = kt_flag_int32(c->cmd, a, v, 1, 64, &c->tp);
+    else if (!strcmp(a, "--pp")) ok = kt_flag_int32(c->cmd, a, v, 1, 64, &c->pp);
     else return parse_file(c, a, v); /* --input, --output */
     return ok ? KT_GO_ON : KT_EXIT_USAGE;
 }
@@ -61,7 +62,7 @@ static int parse_valued(kt_args *c, const char *a, const char *v) {
 bool kt_args_takes_value(const char *a) {
     static const char *const valued[] = {"--arch", "--dump-cu", "-o",      "--cache-dir", "--bundle", "--jobs",
                                          "--dim",  "--seed",    "--n-ctx", "--n-batch",   "--iters",  "--input",
-                                         "--output", "--tp"};
+                                         "--output", "--tp",    "--pp"};
     for (size_t k = 0; k < sizeof valued / sizeof *valued; k++)
         if (!strcmp(a, valued[k])) return true;
     return false;
@@ -103,6 +104,11 @@ int kt_args_parse(int argc, char **argv, kt_args *c) {
         return kt_usage(c->cmd, "--tp %d: a program per GPU is not written by kiln %s yet; 'kiln run MODEL.gguf --tp %d' "
                         "compiles and runs the split, 'kiln inspect MODEL.gguf --tp %d' shows it", c->tp, c->cmd, c->tp,
                         c->tp);
+    if (c->pp > 1 && strcmp(c->cmd, "inspect"))
+        return kt_usage(c->cmd, "--pp %d: a program per GPU is not written by kiln %s yet; 'kiln run MODEL.gguf --pp %d' "
+                        "compiles and runs the stages, 'kiln inspect MODEL.gguf --pp %d' shows them", c->pp, c->cmd,
+                        c->pp, c->pp);
+    if (c->tp > 1 && c->pp > 1) return kt_usage(c->cmd, "%s", "--tp and --pp: one split or the other, not both");
     return KT_GO_ON;
 }
 

@@ -21,6 +21,7 @@ typedef struct {
     int         iters;
     int64_t     n_ctx, n_batch; /* a GGUF model's graph */
     int         tp;             /* --tp G: tensor parallelism over G GPUs (0: not given) */
+    int         pp;             /* --pp G: a pipeline of G stages (0: not given) */
     const char *inputs[KT_ARGS_MAX_FILES], *outputs[KT_ARGS_MAX_FILES];
     int         ninputs, noutputs;
     bool        stats;
