@@ -94,27 +94,6 @@ static kiln_status build(kiln_gen *g, bool tp) {
     return st;
 }
 
-kiln_status km_host_states(const kiln_graph *gr, km_host_state **out, int *n) {
-    int count = 0;
-    *n = 0;
-    for (int i = 0; i < kiln_graph_size(gr); i++) count += kiln_tensor_role(kiln_graph_node(gr, i)) == KILN_ROLE_STATE;
-    if (!(*out = calloc((size_t)count + 1, sizeof **out))) return kb_oom();
-    for (int i = 0; i < kiln_graph_size(gr); i++) {
-        const kiln_tensor *t = kiln_graph_node(gr, i);
-        if (kiln_tensor_role(t) != KILN_ROLE_STATE) continue;
-        km_host_state *s = &(*out)[(*n)++];
-        s->name = kiln_tensor_name(t);
-        s->bytes = (size_t)kiln_tensor_nelements(t) * kiln_type_size(kiln_tensor_type(t));
-        if (!(s->data = calloc(1, s->bytes))) return kb_oom();
-    }
-    return NULL;
-}
-
-void km_host_states_free(km_host_state *s, int n) {
-    for (int i = 0; s && i < n; i++) free(s[i].data);
-    free(s);
-}
-
 static kiln_status cpu_states(kiln_gen *g) { return km_host_states(g->graph, &g->states, &g->nstates); }
 
 static void load_progress(void *user, uint64_t done, uint64_t total) {
@@ -856,16 +835,6 @@ static kiln_status state_io(kiln_gen *g, int r, int64_t il, const char *name, vo
     if (!g->cpu) return write ? kiln_session_set(g->sess, name, data, bytes) : kiln_session_get(g->sess, name, data, bytes);
     if (km_host_state_io(g->states, g->nstates, name, data, bytes, write)) return NULL;
     return kb_error(KILN_ERR_NOT_FOUND, "kiln_gen_shift: no cache state %s of %zu bytes", name, bytes);
-}
-
-bool km_host_state_io(km_host_state *s, int n, const char *name, void *data, size_t bytes, bool write) {
-    for (int i = 0; i < n; i++)
-        if (!strcmp(s[i].name, name) && s[i].bytes == bytes) {
-            if (write) memcpy(s[i].data, data, bytes);
-            else memcpy(data, s[i].data, bytes);
-            return true;
-        }
-    return false;
 }
 
 const void *km_gen_cpu_state(const kiln_gen *g, const char *name, size_t *bytes) {
