@@ -35,6 +35,10 @@ typedef struct {
 void  kb_str_add(kb_str *b, const char *s);
 void  kb_str_addn(kb_str *b, const char *s, size_t n);
 void  kb_str_addf(kb_str *b, const char *fmt, ...) KB_PRINTF(2, 3);
+/* v in decimal, as "%lld" prints it, into buf (returned); kb_str_add_i64 appends it. Without
+ * printf's machinery: a model's graph text is mostly extents. */
+char *kb_fmt_i64(int64_t v, char buf[24]);
+void  kb_str_add_i64(kb_str *b, int64_t v);
 char *kb_str_take(kb_str *b); /* the string (caller frees), or NULL if oom; b is reset */
 /* In "key value" lines (cache metas, bundle signatures; a line "--- NAME" starts a body that
  * is not searched): the value of the first line for key, cut to cap - 1 bytes. out is "" and

@@ -28,16 +28,48 @@ void kb_str_addn(kb_str *b, const char *s, size_t n) {
 
 void kb_str_add(kb_str *b, const char *s) { kb_str_addn(b, s, strlen(s)); }
 
+/* One formatting pass when the text fits the room left (the usual case: printing a model's
+ * graph took two vsnprintf calls an item), a second after growing when it does not. */
 void kb_str_addf(kb_str *b, const char *fmt, ...) {
+    if (b->oom) return;
+    size_t  room = b->cap - b->len; /* (with the NUL's byte; 0 before the first growth) */
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
+    int n = vsnprintf(room ? b->s + b->len : NULL, room, fmt, ap);
     va_end(ap);
-    if (n < 0 || !grow(b, (size_t)n)) return;
+    if (n < 0) {
+        if (room) b->s[b->len] = 0; /* (an encoding error: nothing added) */
+        return;
+    }
+    if ((size_t)n < room) {
+        b->len += (size_t)n;
+        return;
+    }
+    if (!grow(b, (size_t)n)) {
+        if (room) b->s[b->len] = 0; /* (the partial text undone) */
+        return;
+    }
     va_start(ap, fmt);
     vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
     va_end(ap);
     b->len += (size_t)n;
+}
+
+char *kb_fmt_i64(int64_t v, char buf[24]) {
+    char     tmp[24];
+    int      n = 0;
+    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v; /* (INT64_MIN too) */
+    do tmp[n++] = (char)('0' + u % 10); while (u /= 10);
+    int k = 0;
+    if (v < 0) buf[k++] = '-';
+    while (n) buf[k++] = tmp[--n];
+    buf[k] = 0;
+    return buf;
+}
+
+void kb_str_add_i64(kb_str *b, int64_t v) {
+    char buf[24];
+    kb_str_add(b, kb_fmt_i64(v, buf));
 }
 
 char *kb_str_take(kb_str *b) {

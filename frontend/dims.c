@@ -142,8 +142,7 @@ bool fe_has_sym(const kiln_tensor *t) { return t->sym[0] | t->sym[1] | t->sym[2]
 
 const char *fe_extent_str(const kiln_ctx *ctx, const kiln_tensor *t, int d, char buf[FE_MAX_NAME]) {
     if (t->sym[d] && ctx && t->sym[d] <= ctx->ndims) return ctx->dims[t->sym[d] - 1].name;
-    snprintf(buf, FE_MAX_NAME, "%lld", (long long)t->ne[d]);
-    return buf;
+    return kb_fmt_i64(t->ne[d], buf); /* (FE_MAX_NAME holds its 24) */
 }
 
 static const char *dim_name(const kiln_ctx *ctx, int s) {

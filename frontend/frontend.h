@@ -228,6 +228,7 @@ typedef struct {
 void fe_args_defaults(fe_op op, fe_args *a);
 /* The usage line of op, e.g. "soft_max(a, mask=NAME, scale=1, max_bias=0, sinks=NAME)". */
 void fe_op_usage(fe_op op, char *out, size_t n);
+const char *fe_op_usage_text(fe_op op); /* the same, made once for every op */
 
 /* Builds a tensor of op from generic arguments (the parser's path; the kiln_* builders take the
  * same path). Returns NULL with the error recorded in ctx. */
@@ -317,6 +318,7 @@ int64_t fe_nelements(const kiln_tensor *t);
 /* ggml_can_repeat: every dim of b divides the same dim of a. */
 bool    fe_can_repeat(const kiln_tensor *b, const kiln_tensor *a);
 kiln_tensor *fe_find(const kiln_ctx *ctx, const char *name);
+uint64_t     fe_name_hash(const char *s); /* FNV-1a of a name, for tables by name */
 /* A .kg identifier ([A-Za-z_][A-Za-z0-9_.]*) shorter than FE_MAX_NAME. */
 bool    fe_valid_name(const char *s);
 /* Two of the n tensors sharing a name (lowest ids first), or both NULL. Fails only on OOM. */

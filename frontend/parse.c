@@ -460,8 +460,8 @@ static kiln_status check_args(const parser *P, fe_op op, const arg *args, int na
                               const token *close, op_params *out) {
     const char   *name = fe_ops[op].name;
     const fe_sig *sig = fe_op_sig(op);
-    char          usage[512], buf[64];
-    fe_op_usage(op, usage, sizeof usage);
+    const char   *usage = fe_op_usage_text(op);
+    char          buf[64];
     memset(out, 0, sizeof *out);
     fe_args_defaults(op, &out->a);
 

@@ -47,7 +47,8 @@ static void add_ne(kb_str *b, const kiln_tensor *t, int n) {
     kb_str_add(b, "[");
     for (int i = 0; i < n; i++) {
         char e[FE_MAX_NAME];
-        kb_str_addf(b, "%s%s", i ? ", " : "", fe_extent_str(t->ctx, t, i, e));
+        if (i) kb_str_add(b, ", ");
+        kb_str_add(b, fe_extent_str(t->ctx, t, i, e));
     }
     kb_str_add(b, "]");
 }
@@ -87,7 +88,7 @@ static void add_param(kb_str *b, const kiln_tensor *t, const fe_param *q) {
     case FE_P_ENUM: {
         int v = t->ip[q->slot];
         if (v >= 0 && v < q->nenum) kb_str_add(b, q->enums[v]);
-        else kb_str_addf(b, "%d", v); /* the parser refuses it: a C API misuse shows */
+        else kb_str_add_i64(b, v); /* the parser refuses it: a C API misuse shows */
         break;
     }
     case FE_P_INT4:
@@ -95,7 +96,7 @@ static void add_param(kb_str *b, const kiln_tensor *t, const fe_param *q) {
                     (int)t->ip[q->slot + 2], (int)t->ip[q->slot + 3]);
         break;
     case FE_P_LIST: break; /* views only, printed by print_op */
-    default: kb_str_addf(b, "%d", (int)t->ip[q->slot]); break;
+    default: kb_str_add_i64(b, (int)t->ip[q->slot]); break;
     }
 }
 
@@ -111,9 +112,13 @@ static kiln_status print_op(kb_str *b, const kiln_tensor *t) {
     if (t->n_dims < 1 || t->n_dims > KILN_MAX_DIMS)
         return kb_error(KILN_ERR_INVALID, "cannot print '%s': it has %d dims", t->name, t->n_dims);
     if (t->role == KILN_ROLE_OUTPUT) kb_str_add(b, "output ");
-    kb_str_addf(b, "%s = %s(", t->name, info->name);
+    kb_str_add(b, t->name);
+    kb_str_add(b, " = ");
+    kb_str_add(b, info->name);
+    kb_str_add(b, "(");
     if (t->op == FE_OP_RESHAPE || t->op == FE_OP_VIEW) {
-        kb_str_addf(b, "%s, ", t->src[0]->name);
+        kb_str_add(b, t->src[0]->name);
+        kb_str_add(b, ", ");
         add_ne(b, t, t->n_dims);
         if (t->op == FE_OP_VIEW) {
             kb_str_add(b, ", [");
@@ -130,7 +135,10 @@ static kiln_status print_op(kb_str *b, const kiln_tensor *t) {
         if (q->kind == FE_P_TENSOR && !t->src[q->slot]) continue;
         kb_str_add(b, first ? "" : ", ");
         first = false;
-        if (keyed) kb_str_addf(b, "%s=", q->name);
+        if (keyed) {
+            kb_str_add(b, q->name);
+            kb_str_add(b, "=");
+        }
         add_param(b, t, q);
     }
     kb_str_add(b, ")");

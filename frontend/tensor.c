@@ -95,14 +95,14 @@ bool fe_reject(kiln_ctx *ctx, kiln_code code, const char *fmt, ...) {
  * for its specialized variant), in fe_find's linear scans (name_free checks every name). A
  * rename leaves its old slot behind; lookups compare each tensor's current name, so a stale slot
  * never answers, and a rebuild from ctx->t (as the table grows) drops them. */
-static uint64_t name_hash(const char *s) {
+uint64_t fe_name_hash(const char *s) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
     for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
     return h;
 }
 
 static void index_put(kiln_ctx *ctx, kiln_tensor *t) {
-    size_t i = (size_t)name_hash(t->name) & (size_t)(ctx->icap - 1);
+    size_t i = (size_t)fe_name_hash(t->name) & (size_t)(ctx->icap - 1);
     while (ctx->index[i]) i = (i + 1) & (size_t)(ctx->icap - 1);
     ctx->index[i] = t;
     ctx->iused++;
@@ -131,7 +131,7 @@ static bool index_add(kiln_ctx *ctx, kiln_tensor *t) {
 kiln_tensor *fe_find(const kiln_ctx *ctx, const char *name) {
     kiln_tensor *best = NULL;
     if (!ctx->index) return NULL;
-    for (size_t i = (size_t)name_hash(name) & (size_t)(ctx->icap - 1); ctx->index[i]; i = (i + 1) & (size_t)(ctx->icap - 1))
+    for (size_t i = (size_t)fe_name_hash(name) & (size_t)(ctx->icap - 1); ctx->index[i]; i = (i + 1) & (size_t)(ctx->icap - 1))
         if (strcmp(ctx->index[i]->name, name) == 0 && (!best || ctx->index[i]->id < best->id)) best = ctx->index[i];
     return best;
 }

@@ -238,6 +238,72 @@ START_TEST(print_refuses_unspellable) {
 }
 END_TEST
 
+/* Duplicated names (auto names meeting user names) are refused by kiln_graph_new and kiln_print,
+ * which report the name first in byte order and, for print, its two lowest ids. */
+START_TEST(duplicate_names_reported) {
+    kiln_ctx    *ctx = kiln_ctx_new();
+    int64_t      ne[1] = {4};
+    kiln_tensor *x4 = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "_4", 1, ne); /* id 0 */
+    kiln_tensor *x2 = kiln_new_tensor(ctx, KILN_ROLE_INPUT, KILN_F32, "_2", 1, ne); /* id 1 */
+    kiln_tensor *a = kiln_neg(ctx, kiln_neg(ctx, kiln_neg(ctx, x4)));              /* ids 2 (_2), 3, 4 (_4) */
+    kiln_set_output(ctx, kiln_add(ctx, a, x2), "y");
+    TS_OK(kiln_ctx_status(ctx));
+    kiln_graph *g = NULL;
+    ts_expect_status(kiln_graph_new(ctx, &g), KILN_ERR_INVALID, "two tensors are named '_2'");
+    char       *text = NULL;
+    kiln_status st = kiln_print(ctx, &text);
+    ck_assert_ptr_null(text);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), "tensors 1 and 2 are both named '_2'"), "%s",
+                  st ? kiln_status_msg(st) : "no error");
+    kiln_status_free(st);
+    kiln_ctx_free(ctx);
+}
+END_TEST
+
+/* The builders of text and records the printer and the plan reader lean on: kb_fmt_i64 prints
+ * as "%lld" (the extremes too), kb_str_addf gives snprintf's text whether it fits the room left
+ * or must grow (lengths around the buffer's doublings), and the little-endian readers give back
+ * what the writers put, byte order fixed. */
+START_TEST(text_and_record_builders) {
+    static const int64_t vals[] = {0, 7, -7, 10, -10, 1234567890123LL, INT64_MAX, INT64_MIN, INT64_MIN + 1};
+    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+        char got[24], want[32];
+        snprintf(want, sizeof want, "%lld", (long long)vals[i]);
+        ck_assert_str_eq(kb_fmt_i64(vals[i], got), want);
+    }
+    kb_str  b = {0};
+    char   *want = calloc(1, 1 << 16);
+    size_t  wl = 0;
+    ck_assert_ptr_nonnull(want);
+    for (int n = 0; n < 700; n += 7) { /* pieces of 0 .. 693 characters, '%d' and '%s' mixed */
+        char piece[800];
+        memset(piece, 'a' + n % 26, (size_t)n);
+        piece[n] = 0;
+        kb_str_addf(&b, "%d:%s|", n, piece);
+        wl += (size_t)snprintf(want + wl, (1 << 16) - wl, "%d:%s|", n, piece);
+        ck_assert_uint_eq(b.len, wl);
+        ck_assert_int_eq(b.s[b.len], 0);
+        kb_str_add_i64(&b, -n);
+        wl += (size_t)snprintf(want + wl, (1 << 16) - wl, "%d", -n);
+    }
+    char *text = kb_str_take(&b);
+    ck_assert_str_eq(text, want);
+    free(text), free(want);
+    kb_str r = {0};
+    kb_put_u32(&r, 0x11223344u);
+    kb_put_u64(&r, 0x0102030405060708ull);
+    static const uint8_t le[12] = {0x44, 0x33, 0x22, 0x11, 8, 7, 6, 5, 4, 3, 2, 1};
+    ck_assert_uint_eq(r.len, 12);
+    ck_assert(!memcmp(r.s, le, 12));
+    kb_reader rd = {.p = (const uint8_t *)r.s, .len = r.len};
+    ck_assert_uint_eq(kb_get_u32(&rd, "u32"), 0x11223344u);
+    ck_assert(kb_get_u64(&rd, "u64") == 0x0102030405060708ull);
+    ck_assert_ptr_null(rd.err);
+    ck_assert(kb_get_u32(&rd, "past the end") == 0 && rd.err);
+    kb_str_free(&r);
+}
+END_TEST
+
 /* Every op of the table except leaf has a spelling, and it builds that op. */
 /* Every op of FE_OPS, parsed from text and printed back canonically. */
 START_TEST(every_op_parses) {
@@ -627,7 +693,8 @@ int main(void) {
     Suite *s = TS_SUITE("format",
                         TS_CASE("format", 60),
                         TS_TESTS(examples_roundtrip, inline_roundtrip, canonical_text, print_c_api_graph,
-                                 print_refuses_unspellable, every_op_parses, signatures_match_table,
+                                 print_refuses_unspellable, duplicate_names_reported, text_and_record_builders,
+                                 every_op_parses, signatures_match_table,
                                  families_match_table, keyword_arguments, parse_into_nonempty_ctx, parse_errors,
                                  builder_errors_located, load_file, hostile_input, fuzz_mutations));
     return ts_main(s);
