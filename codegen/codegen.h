@@ -146,8 +146,10 @@ kiln_status cg_lower(const kiln_graph *g, const kiln_compile_opts *o, const char
 /* A program over ir (which it takes, freed on failure too), with no kernels yet. */
 kiln_status cg_program_from_ir(ir_prog *ir, const char *arch, kiln_program **out);
 /* The graph of a specialization: dim d fixed to v (v > 0), or symbolic up to -v (v < 0: a
- * kiln_dim_specialize_upto variant, kiln_ctx_cap). */
-kiln_status cg_bind_graph(const kiln_graph *g, int d, int64_t v, kiln_ctx **bctx, kiln_graph **bg);
+ * kiln_dim_specialize_upto variant, kiln_ctx_cap). text: g's context printed (kiln_print),
+ * which a program's specializations share, or NULL (printed here). */
+kiln_status cg_bind_graph(const kiln_graph *g, const char *text, int d, int64_t v, kiln_ctx **bctx,
+                          kiln_graph **bg);
 /* "n_tokens = 1" or "n_tokens <= 64": specialization v of dim d, for listings. */
 const char *cg_spec_label(const kiln_ctx *ctx, int d, int64_t v, char *buf, size_t len);
 /* Appends sp, the program of p's graph with dim d fixed to v (v < 0: up to -v), to p's
@@ -179,8 +181,9 @@ uint64_t    cg_ir_fingerprint(const ir_prog *ir);
 kiln_status cg_plan_write(const kiln_program *p, kb_str *out);
 kiln_status cg_plan_read(const void *data, size_t size, const kiln_graph *g, const kiln_compile_opts *o,
                          kiln_program **out);
-kiln_status cg_plan_read_keyed(const void *data, size_t size, const kiln_graph *g, const kiln_compile_opts *o,
-                               kiln_program **out);
+/* text: g's context printed (the program key's text), which the specializations bind anew. */
+kiln_status cg_plan_read_keyed(const void *data, size_t size, const kiln_graph *g, const char *text,
+                               const kiln_compile_opts *o, kiln_program **out);
 /* codegen/plan_ir.c: an IR into a plan, and back (over graph g, checked and verified). */
 void        cg_ir_write(kb_str *b, const ir_prog *p);
 kiln_status cg_ir_read(kb_reader *r, const kiln_graph *g, ir_prog **out);

@@ -104,13 +104,15 @@ static kiln_status lower_variants(const compile_env *e, const kiln_graph *g, kil
     int             total = 0;
     for (int d = 0; d < ctx->ndims; d++) total += ctx->dims[d].nspec;
     if (total && !(p->spec = calloc((size_t)total, sizeof *p->spec))) st = kb_oom();
+    char *text = NULL; /* the graph's text, which each specialization binds anew */
+    if (!st && total) st = kiln_print(ctx, &text);
     for (int d = 0; !st && d < ctx->ndims; d++)
         for (int k = 0; !st && k < ctx->dims[d].nspec; k++) {
             int64_t     v = ctx->dims[d].spec_upto[k] ? -ctx->dims[d].spec[k] : ctx->dims[d].spec[k];
             kiln_ctx   *bctx;
             kiln_graph *bg;
             kiln_program *sp = NULL;
-            if ((st = cg_bind_graph(g, d, v, &bctx, &bg))) break;
+            if ((st = cg_bind_graph(g, text, d, v, &bctx, &bg))) break;
             if ((st = cg_lower(bg, e->o, e->arch, &sp))) {
                 kiln_graph_free(bg);
                 kiln_ctx_free(bctx);
@@ -120,6 +122,7 @@ static kiln_status lower_variants(const compile_env *e, const kiln_graph *g, kil
             }
             cg_program_add_spec(p, d, v, sp, bctx, bg);
         }
+    free(text);
     return st;
 }
 
@@ -452,13 +455,14 @@ static void count_loaded(kiln_program *p) {
 /* A hit gives *out; a miss, or an entry that does not load (logged), gives NULL. *corrupt
  * counts a corrupt entry (removed) or one that does not load (replaced by the rebuild): the
  * caller adds it to the stats of whichever program results, hit or rebuilt. */
-static kiln_status load_program(compile_env *e, const kiln_graph *g, kc_key key, kiln_program **out, int *corrupt) {
+static kiln_status load_program(compile_env *e, const kiln_graph *g, const char *text, kc_key key, kiln_program **out,
+                                int *corrupt) {
     *out = NULL;
     void       *data = NULL;
     size_t      size = 0;
     kiln_status st = kc_get(&e->cache, KC_PROGRAM, key, &data, &size, corrupt);
     if (st || !data) return st;
-    st = cg_plan_read_keyed(data, size, g, e->o, out);
+    st = cg_plan_read_keyed(data, size, g, text, e->o, out);
     free(data);
     if (st) {
         char *path = kc_entry_path(&e->cache, KC_PROGRAM, key);
@@ -545,7 +549,7 @@ kiln_status kiln_compile(const kiln_graph *g, const kiln_compile_opts *opts, kil
         st = kiln_print(g->ctx, &graph_text);
         if (!st && !(opts_text = options_text(&e))) st = kb_oom();
         if (!st) key = program_key(&e, graph_text, opts_text);
-        if (!st) st = load_program(&e, g, key, &p, &prog_corrupt);
+        if (!st) st = load_program(&e, g, graph_text, key, &p, &prog_corrupt);
     }
     if (!st && !p) st = build_program(&e, g, &p);
     if (!st) p->stats.corrupt += prog_corrupt;

@@ -269,16 +269,30 @@ static kiln_status read_kernels(kb_reader *r, kiln_program *p) {
     return st;
 }
 
-static kiln_status read_one(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, bool keyed,
-                            kiln_program **out);
+static kiln_status read_one(kb_reader *r, const kiln_graph *g, const char *text, const kiln_compile_opts *o,
+                            bool keyed, kiln_program **out);
 
-static kiln_status read_specs(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, bool keyed,
-                              kiln_program *p) {
+static kiln_status read_spec_list(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, bool keyed,
+                                  kiln_program *p, int64_t n, const char *text);
+
+/* text: g's context printed, when the caller has it (NULL: printed here if there are specializations). */
+static kiln_status read_specs(kb_reader *r, const kiln_graph *g, const char *given, const kiln_compile_opts *o,
+                              bool keyed, kiln_program *p) {
     int64_t n = get_i64(r, "specialization count");
     if (r->err) return NULL;
     if (n < 0 || n > KILN_MAX_SYMS * 4)
         return kb_error(KILN_ERR_FORMAT, "specialization count %lld is out of range", (long long)n);
     if (n && !(p->spec = calloc((size_t)n, sizeof *p->spec))) return kb_oom();
+    char       *text = NULL; /* the graph's text, which each specialization binds anew */
+    kiln_status pst = n && !given ? kiln_print(g->ctx, &text) : NULL;
+    if (pst) return pst;
+    kiln_status st = read_spec_list(r, g, o, keyed, p, n, given ? given : text);
+    free(text);
+    return st;
+}
+
+static kiln_status read_spec_list(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, bool keyed,
+                                  kiln_program *p, int64_t n, const char *text) {
     for (int i = 0; i < n; i++) {
         int64_t d = get_i64(r, "specialized dim"), v = get_i64(r, "specialized value");
         size_t      len;
@@ -291,10 +305,10 @@ static kiln_status read_specs(kb_reader *r, const kiln_graph *g, const kiln_comp
                             (long long)d, (long long)v);
         kiln_ctx   *bctx = NULL;
         kiln_graph *bg = NULL;
-        kiln_status st = cg_bind_graph(g, (int)d, v, &bctx, &bg);
+        kiln_status st = cg_bind_graph(g, text, (int)d, v, &bctx, &bg);
         kb_reader   sr = {.p = sub, .len = len};
         kiln_program *sp = NULL;
-        if (!st) st = read_one(&sr, bg, o, keyed, &sp);
+        if (!st) st = read_one(&sr, bg, NULL, o, keyed, &sp);
         if (!st && sr.err)
             st = kb_error(KILN_ERR_FORMAT, "specialization %d: truncated or malformed at byte %zu (%s)", i, sr.err_at, sr.err);
         if (st) {
@@ -328,8 +342,8 @@ static kiln_status plan_program(kb_reader *r, const kiln_graph *g, const kiln_co
                                      "kiln build", (unsigned long long)have, (unsigned long long)fp);
 }
 
-static kiln_status read_one(kb_reader *r, const kiln_graph *g, const kiln_compile_opts *o, bool keyed,
-                            kiln_program **out) {
+static kiln_status read_one(kb_reader *r, const kiln_graph *g, const char *text, const kiln_compile_opts *o,
+                            bool keyed, kiln_program **out) {
     *out = NULL;
     const uint8_t *magic = r->len - r->pos >= 8 ? r->p + r->pos : NULL;
     if (!magic || memcmp(magic, plan_magic, 8) != 0) return kb_error(KILN_ERR_FORMAT, "not a kiln program (bad magic)");
@@ -346,7 +360,7 @@ static kiln_status read_one(kb_reader *r, const kiln_graph *g, const kiln_compil
     kiln_status   st = plan_program(r, g, o, arch, fp, keyed, &p);
     if (st || r->err) return st;
     p->scratch_bytes = scratch;
-    if (!(st = read_kernels(r, p)) && !r->err) st = read_specs(r, g, o, keyed, p);
+    if (!(st = read_kernels(r, p)) && !r->err) st = read_specs(r, g, text, o, keyed, p);
     if (st || r->err) {
         kiln_program_free(p);
         return st;
@@ -356,10 +370,10 @@ static kiln_status read_one(kb_reader *r, const kiln_graph *g, const kiln_compil
     return NULL;
 }
 
-static kiln_status plan_read(const void *data, size_t size, const kiln_graph *g, const kiln_compile_opts *o,
-                             bool keyed, kiln_program **out) {
+static kiln_status plan_read(const void *data, size_t size, const kiln_graph *g, const char *text,
+                             const kiln_compile_opts *o, bool keyed, kiln_program **out) {
     kb_reader   r = {.p = data, .len = size};
-    kiln_status st = read_one(&r, g, o, keyed, out);
+    kiln_status st = read_one(&r, g, text, o, keyed, out);
     if (!st && r.err) st = kb_error(KILN_ERR_FORMAT, "program truncated or malformed at byte %zu (%s)", r.err_at, r.err);
     if (!st && r.pos != r.len) st = kb_error(KILN_ERR_FORMAT, "program has %zu stray bytes at its end", r.len - r.pos);
     if (st) {
@@ -371,10 +385,10 @@ static kiln_status plan_read(const void *data, size_t size, const kiln_graph *g,
 
 kiln_status cg_plan_read(const void *data, size_t size, const kiln_graph *g, const kiln_compile_opts *o,
                          kiln_program **out) {
-    return plan_read(data, size, g, o, false, out);
+    return plan_read(data, size, g, NULL, o, false, out);
 }
 
-kiln_status cg_plan_read_keyed(const void *data, size_t size, const kiln_graph *g, const kiln_compile_opts *o,
-                               kiln_program **out) {
-    return plan_read(data, size, g, o, true, out);
+kiln_status cg_plan_read_keyed(const void *data, size_t size, const kiln_graph *g, const char *text,
+                               const kiln_compile_opts *o, kiln_program **out) {
+    return plan_read(data, size, g, text, o, true, out);
 }

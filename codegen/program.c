@@ -38,10 +38,10 @@ kiln_status cg_program_from_ir(ir_prog *ir, const char *arch, kiln_program **out
     return NULL;
 }
 
-kiln_status cg_bind_graph(const kiln_graph *g, int d, int64_t v, kiln_ctx **bctx, kiln_graph **bg) {
-    const char *name = g->ctx->dims[d].name;
+kiln_status cg_bind_graph(const kiln_graph *g, const char *text, int d, int64_t v, kiln_ctx **bctx,
+                          kiln_graph **bg) {
     *bg = NULL;
-    kiln_status st = v < 0 ? kiln_ctx_cap(g->ctx, name, -v, bctx) : kiln_ctx_bind(g->ctx, 1, &name, &v, bctx);
+    kiln_status st = fe_ctx_specialize(g->ctx, text, d, v, bctx);
     if (!st) st = kiln_graph_new(*bctx, bg);
     if (st) {
         kiln_ctx_free(*bctx);

@@ -268,13 +268,15 @@ bool fe_sym_reshape(kiln_ctx *ctx, const kiln_tensor *a, const int64_t ne[4], co
     return false;
 }
 
-/* ctx's graph printed and parsed again into c, whose bound or capped dims make it another
- * graph of the same text: *out = c, or c freed and the error returned. */
-static kiln_status reparse(const kiln_ctx *ctx, kiln_ctx *c, const char *what, kiln_ctx **out) {
-    char       *text;
-    kiln_status st = kiln_print(ctx, &text);
+/* ctx's graph printed (or its text, when the caller has it: kiln_print(ctx) already) and parsed
+ * again into c, whose bound or capped dims make it another graph of the same text: *out = c, or
+ * c freed and the error returned. */
+static kiln_status reparse(const kiln_ctx *ctx, const char *given, kiln_ctx *c, const char *what, kiln_ctx **out) {
+    char       *text = NULL;
+    kiln_status st = given ? NULL : kiln_print(ctx, &text);
     if (!st) {
-        st = kiln_parse(c, text, strlen(text), what);
+        const char *t = given ? given : text;
+        st = kiln_parse(c, t, strlen(t), what);
         free(text);
     }
     if (st) {
@@ -285,8 +287,8 @@ static kiln_status reparse(const kiln_ctx *ctx, kiln_ctx *c, const char *what, k
     return NULL;
 }
 
-kiln_status kiln_ctx_bind(const kiln_ctx *ctx, int n, const char *const *names, const int64_t *values,
-                          kiln_ctx **out) {
+static kiln_status bind_text(const kiln_ctx *ctx, const char *text, int n, const char *const *names,
+                             const int64_t *values, kiln_ctx **out) {
     if (!out) return kb_error(KILN_ERR_INVALID, "kiln_ctx_bind: out is NULL");
     *out = NULL;
     if (!ctx || n < 0 || (n && (!names || !values)))
@@ -307,10 +309,15 @@ kiln_status kiln_ctx_bind(const kiln_ctx *ctx, int n, const char *const *names, 
         c->bound_val[i] = values[i];
     }
     c->nbound = n;
-    return reparse(ctx, c, "<bound graph>", out);
+    return reparse(ctx, text, c, "<bound graph>", out);
 }
 
-kiln_status kiln_ctx_cap(const kiln_ctx *ctx, const char *name, int64_t max, kiln_ctx **out) {
+kiln_status kiln_ctx_bind(const kiln_ctx *ctx, int n, const char *const *names, const int64_t *values,
+                          kiln_ctx **out) {
+    return bind_text(ctx, NULL, n, names, values, out);
+}
+
+static kiln_status cap_text(const kiln_ctx *ctx, const char *text, const char *name, int64_t max, kiln_ctx **out) {
     if (!out) return kb_error(KILN_ERR_INVALID, "kiln_ctx_cap: out is NULL");
     *out = NULL;
     if (!ctx || !name) return kb_error(KILN_ERR_INVALID, "kiln_ctx_cap: bad arguments");
@@ -324,5 +331,15 @@ kiln_status kiln_ctx_cap(const kiln_ctx *ctx, const char *name, int64_t max, kil
     if (!c) return kb_oom();
     snprintf(c->cap_name, FE_MAX_NAME, "%s", name);
     c->cap_val = max;
-    return reparse(ctx, c, "<capped graph>", out);
+    return reparse(ctx, text, c, "<capped graph>", out);
+}
+
+kiln_status kiln_ctx_cap(const kiln_ctx *ctx, const char *name, int64_t max, kiln_ctx **out) {
+    return cap_text(ctx, NULL, name, max, out);
+}
+
+kiln_status fe_ctx_specialize(const kiln_ctx *ctx, const char *text, int d, int64_t v, kiln_ctx **out) {
+    if (!ctx || d < 0 || d >= ctx->ndims) return kb_error(KILN_ERR_INVALID, "fe_ctx_specialize: bad arguments");
+    const char *name = ctx->dims[d].name;
+    return v < 0 ? cap_text(ctx, text, name, -v, out) : bind_text(ctx, text, 1, &name, &v, out);
 }

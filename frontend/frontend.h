@@ -322,6 +322,9 @@ uint64_t     fe_name_hash(const char *s); /* FNV-1a of a name, for tables by nam
 /* A .kg identifier ([A-Za-z_][A-Za-z0-9_.]*) shorter than FE_MAX_NAME. */
 bool    fe_valid_name(const char *s);
 /* Two of the n tensors sharing a name (lowest ids first), or both NULL. Fails only on OOM. */
+/* ctx with dim d bound to v (v > 0) or capped to -v (v < 0; kiln_ctx_bind, kiln_ctx_cap), its
+ * text given when the caller printed ctx already (NULL: printed here). */
+kiln_status fe_ctx_specialize(const kiln_ctx *ctx, const char *text, int d, int64_t v, kiln_ctx **out);
 kiln_status fe_find_duplicate_name(kiln_tensor *const *t, int n, const kiln_tensor **first,
                                    const kiln_tensor **second);
 /* ---- symbolic dims (frontend/dims.c) ---- */
