@@ -9,14 +9,27 @@ mkdir -p "$O/t"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 cat "$B/BUILT_AT" 2>/dev/null
 start=$(date +%s)
+# one(NAME PROGRAM [VAR=VALUE...]): a program (or a part of one) with its log, cache and result
+one() {
+    (
+        nm=$1 prog=$2
+        shift 2
+        s=$(date +%s)
+        env "$@" KILN_BIN=$B/kiln KILN_SRC=$PWD KILN_CACHE_DIR=/tmp/cache-$nm CK_DEFAULT_TIMEOUT=900 \
+            timeout "${TLIM:-540}" "$prog" > "$O/t/$nm.log" 2>&1
+        echo "$nm rc=$? $(($(date +%s) - s))s $(grep -aE '^[0-9]+%: Checks' "$O/t/$nm.log" | tail -1)" > "$O/t/$nm.rc"
+    ) &
+}
 for t in ${TESTS:-$B/tests/gpu/test_*}; do
     n=$(basename "$t")
-    (
-        s=$(date +%s)
-        KILN_BIN=$B/kiln KILN_SRC=$PWD KILN_CACHE_DIR=/tmp/cache-$n CK_DEFAULT_TIMEOUT=900 \
-            timeout "${TLIM:-540}" "$t" > "$O/t/$n.log" 2>&1
-        echo "$n rc=$? $(($(date +%s) - s))s $(grep -aE '^[0-9]+%: Checks' "$O/t/$n.log" | tail -1)" > "$O/t/$n.rc"
-    ) &
+    if [ "$n" = test_gpu_ops ]; then
+        # the longest program, one NVRTC compile at a time: its elementwise cases in 4 shares
+        # (KILN_TEST_SHARD), its other cases apart
+        for k in 0 1 2 3; do one "$n.ew$k" "$t" CK_RUN_CASE=elementwise KILN_TEST_SHARD=$k/4; done
+        for c in fused session examples; do one "$n.$c" "$t" CK_RUN_CASE=$c; done
+    else
+        one "$n" "$t"
+    fi
 done
 wait
 sort "$O"/t/*.rc | tee "$O/summary.txt"

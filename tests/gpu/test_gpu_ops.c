@@ -11,7 +11,7 @@
  *
  * This program only runs on GPU machines: every test fails when no GPU is present.
  * $KILN_TEST_CASES changes the number of random cases per op and type (default 24, at least 20
- * for a real run). */
+ * for a real run); $KILN_TEST_SHARD=k/n runs a share of the looped cases (my_shard). */
 #include "tests/support.h"
 
 #include "frontend/frontend.h"
@@ -104,6 +104,16 @@ static void gen_bcast(rng_t *r, const int64_t a[4], int64_t b[4], bool allow) {
     }
 }
 
+/* $KILN_TEST_SHARD=k/n: this process runs the looped tests whose index is k modulo n, so that n
+ * processes share this program's NVRTC work (a kernel a case, one at a time within a process:
+ * alone it took over 400 s on the H100 machine's 16 cores while they idled). Unset: all. */
+static bool my_shard(int i) {
+    const char *e = getenv("KILN_TEST_SHARD");
+    int         k, n;
+    if (!e || sscanf(e, "%d/%d", &k, &n) != 2 || n < 1 || k < 0 || k >= n) return true;
+    return i % n == k;
+}
+
 static int num_cases(void) {
     const char *e = getenv("KILN_TEST_CASES");
     int         n = e && *e ? atoi(e) : 24;
@@ -186,6 +196,7 @@ static void run_op_case(fe_op op, kiln_type t, int c, uint64_t seed, int *reject
 
 START_TEST(test_elementwise_ops) {
     need_gpu();
+    if (!my_shard(_i)) return;
     int       op_i = _i / 3;
     kiln_type t = FLOAT_TYPES[_i % 3];
     fe_op     op = (fe_op)op_i;
@@ -294,6 +305,7 @@ static double max_tol(void) {
 
 START_TEST(test_fused_chains) {
     need_gpu();
+    if (!my_shard(_i)) return;
     int       chain = _i / 3;
     kiln_type t = FLOAT_TYPES[_i % 3];
     char      why[512];
