@@ -1098,6 +1098,12 @@ typedef struct {
      * on GPUs without a fast link. Greedy picks and samples on the host, as with tp. Not with
      * tp; 2 .. 64 stages, at most n_layer. */
     int pp;
+    /* NULL, or the program from an AOT bundle (kiln compile MODEL.gguf -o FILE.kiln;
+     * kiln_bundle_open) instead of compiling: neither NVRTC nor the templates are needed. Its
+     * graph must be this generator's (the same model, n_ctx and n_batch; greedy decoding or
+     * host sampling: a sampler then stays on the host), else an error saying how to compile a
+     * matching one. One GPU only (not with cpu, tp, pp or n_small). */
+    const kiln_bundle *bundle;
 } kiln_gen_opts;
 kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out);
 void        kiln_gen_free(kiln_gen *g);

@@ -101,20 +101,46 @@ static void load_progress(void *user, uint64_t done, uint64_t total) {
     o->progress(o->progress_user, "weights", done, total);
 }
 
+/* The program of an AOT bundle (kiln_gen_opts.bundle) for the GPU of arch, when the bundle's
+ * graph is this generator's: compared as text first (no GPU needed for the refusal), then the
+ * program checked against the graph parsed from the bundle's text, as kiln_bundle_program
+ * wants it. */
+static kiln_status bundle_program(const kiln_gen *g, const kiln_bundle *b, const char *arch, kiln_program **out) {
+    char       *text = NULL;
+    kiln_status st = kiln_print(g->ctx, &text);
+    if (!st && strcmp(text, kiln_bundle_graph_text(b)))
+        st = kb_error(KILN_ERR_INVALID, "the bundle's graph is not this model's at n_ctx %lld and n_batch %lld (greedy "
+                                        "or host sampling): compile one with 'kiln compile MODEL.gguf --n-ctx %lld "
+                                        "--n-batch %lld -o FILE.kiln'", (long long)g->n_ctx, (long long)g->n_batch,
+                      (long long)g->n_ctx, (long long)g->n_batch);
+    free(text);
+    if (st || !arch) return st;
+    kiln_ctx   *ctx = kiln_ctx_new();
+    kiln_graph *bg = NULL;
+    const char *bt = kiln_bundle_graph_text(b);
+    st = ctx ? kiln_parse(ctx, bt, strlen(bt), "<bundle graph>") : kb_oom();
+    if (!st) st = kiln_graph_new(ctx, &bg);
+    if (!st) st = kiln_bundle_program(b, bg, arch, out);
+    kiln_graph_free(bg);
+    kiln_ctx_free(ctx);
+    return st;
+}
+
 static kiln_status gpu_open(kiln_gen *g, const kiln_gen_opts *o) {
     kiln_session_opts so = {0};
     if (o->session) so = *o->session;
     kiln_compile_opts co = {0};
     if (o->compile) co = *o->compile;
     char        arch[16];
-    kiln_status st = NULL;
-    if (!co.arch) {
+    kiln_status st = o->bundle ? bundle_program(g, o->bundle, NULL, NULL) : NULL; /* (before the GPU) */
+    if (st) return st;
+    if (!co.arch || o->bundle) {
         if ((st = kiln_device_arch(so.device, arch, sizeof arch))) return st;
         co.arch = arch;
     }
     double        t0 = kb_now_ms();
     kiln_program *p;
-    if ((st = kiln_compile(g->graph, &co, &p))) return st;
+    if ((st = o->bundle ? bundle_program(g, o->bundle, arch, &p) : kiln_compile(g->graph, &co, &p))) return st;
     kiln_program_stats(p, &g->stats.compile);
     g->stats.compile_ms = kb_now_ms() - t0;
     st = kiln_session_new(p, &so, &g->sess);
@@ -153,7 +179,7 @@ static kiln_status gen_new(const kiln_model *m, const kiln_gen_opts *o, bool all
     /* A sampler the kernels can run ends the program with `sample` too (any other stays on the
      * host, as does the CPU reference, whose generation samples the logits it reads, and the
      * ranks of a split model, whose logits are gathered first). */
-    if (o->sampler && !o->cpu && !split && kiln_sampler_on_gpu(o->sampler, g->hp->n_vocab))
+    if (o->sampler && !o->cpu && !split && !o->bundle && kiln_sampler_on_gpu(o->sampler, g->hp->n_vocab))
         g->gpu_sample = true, g->sampler = *o->sampler;
     kiln_status st = NULL;
     if (o->n_ctx < 0 || o->n_batch < 0 || g->n_batch > g->n_ctx)
@@ -161,6 +187,9 @@ static kiln_status gen_new(const kiln_model *m, const kiln_gen_opts *o, bool all
                       (long long)g->n_ctx);
     if (!st && (o->tp < 0 || o->tp > 64)) st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: tp %d must be 0 .. 64", o->tp);
     if (!st && (o->pp < 0 || o->pp > 64)) st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: pp %d must be 0 .. 64", o->pp);
+    if (!st && o->bundle && (o->cpu || split || o->n_small))
+        st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: a bundle's program runs on one GPU: not with %s",
+                      o->cpu ? "cpu (the CPU reference)" : split ? "tp or pp" : "n_small");
     if (!st && tp && o->pp > 1)
         st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: tp %d and pp %d: one split or the other, not both", o->tp,
                       o->pp);

@@ -531,6 +531,49 @@ START_TEST(tensor_parallel_flag) {
 }
 END_TEST
 
+/* kiln run MODEL.gguf --bundle FILE.kiln (kiln_gen_opts.bundle): a bundle compiled at another
+ * n_ctx is refused before any GPU work, naming the compile command of a matching one (exit 1);
+ * a matching one passes that check, host sampling included (without a driver the run then ends
+ * for want of a GPU, exit 3; with one it generates); a missing file is named; --bundle with
+ * --cpu, --tp or --pp is a usage error. */
+START_TEST(model_bundle) {
+    char m[4200], b1[4300], b2[4300], args[9000];
+    tiny_model(m, sizeof m);
+    snprintf(b1, sizeof b1, "%s/tiny.kiln", cache_dir);
+    snprintf(b2, sizeof b2, "%s/tiny64.kiln", cache_dir);
+    snprintf(args, sizeof args, "compile '%s' --arch sm_90a -o '%s'", m, b1);
+    expect(0, args, "wrote bundle", NULL);
+    snprintf(args, sizeof args, "compile '%s' --arch sm_90a --n-ctx 64 -o '%s'", m, b2);
+    expect(0, args, "wrote bundle", NULL);
+    snprintf(args, sizeof args, "run '%s' --bundle '%s' --tokens 1,2,3 -n 2", m, b2);
+    expect(1, args, "the bundle's graph is not this model's at n_ctx 1024 and n_batch 512",
+           "'kiln compile MODEL.gguf --n-ctx 1024 --n-batch 512 -o FILE.kiln'");
+    bool gpu = ts_run("ldconfig -p | grep -q 'libcuda.so.1'", NULL) == 0;
+    static const char *const how[] = {"", "--temp 0.7"};
+    for (int i = 0; i < 2; i++) {
+        char *out;
+        snprintf(args, sizeof args, "run '%s' --bundle '%s' --tokens 1,2,3 -n 2 %s", m, b1, how[i]);
+        int rc = kiln(args, &out);
+        ck_assert_msg(!strstr(out, "the bundle's graph is not"), "%s: %s", args, out);
+        if (gpu) ck_assert_msg(rc == 0 && strstr(out, "generated:"), "%s: exit %d\n%s", args, rc, out);
+        else ck_assert_msg(rc == 3 && strstr(out, "no CUDA driver"), "%s: exit %d\n%s", args, rc, out);
+        free(out);
+    }
+    snprintf(args, sizeof args, "run '%s' --bundle '%s' --tokens 1,2,3 -n 2 --n-ctx 64", m, b2);
+    char *out;
+    int   rc = kiln(args, &out);
+    ck_assert_msg(!strstr(out, "the bundle's graph is not") && (gpu ? rc == 0 : rc == 3), "%s: exit %d\n%s", args, rc,
+                  out);
+    free(out);
+    snprintf(args, sizeof args, "run '%s' --bundle '%s.none' --tokens 1", m, b1);
+    expect(1, args, "--bundle", "cannot open");
+    snprintf(args, sizeof args, "run '%s' --bundle '%s' --tokens 1 --cpu", m, b1);
+    expect(2, args, "--bundle runs its program on one GPU", NULL);
+    snprintf(args, sizeof args, "run '%s' --bundle '%s' --tokens 1 --pp 2", m, b1);
+    expect(2, args, "not with --cpu, --tp or --pp", NULL);
+}
+END_TEST
+
 int main(void) {
     Suite *s = TS_SUITE("cli",
                         TS_CASE_FIXTURE("cli", 120, setup, teardown),
@@ -540,6 +583,6 @@ int main(void) {
                                  numeric_flags_are_range_checked, model_run_flags_and_context_fit,
                                  model_run_takes_no_fuse_names, help_for_every_command, help_reads_the_command_table,
                                  unusable_graph_files_are_named, cache_explain_takes_a_model,
-                                 arch_below_sm80_is_a_usage_error, tensor_parallel_flag));
+                                 arch_below_sm80_is_a_usage_error, tensor_parallel_flag, model_bundle));
     return ts_main(s);
 }

@@ -21,7 +21,7 @@
 const char kt_run_model_help[] =
     "usage: kiln run MODEL.gguf (--tokens ID,ID,... | --prompt TEXT) [-n N] [-r TEXT]... [--ignore-eos]\n"
     "                           [--raw] [--verbose-prompt] [-sys TEXT] [--chat-template NAME] [-cnv]\n"
-    "                           [--n-ctx N] [--n-batch N] [--tp G | --pp G]\n"
+    "                           [--n-ctx N] [--n-batch N] [--tp G | --pp G] [--bundle FILE.kiln]\n"
     "                           [--check] [--cpu] [--stats] [--no-cuda-graph] [--dump-logits FILE]\n"
     "                           [compile options]\n"
     "  builds the model's graph from the GGUF's hyperparameters (llama, qwen2, qwen3, qwen3moe,\n"
@@ -91,6 +91,10 @@ const char kt_run_model_help[] =
     "                   its part of the file; NCCL sums the partial products (loaded with dlopen).\n"
     "                   With --cpu the CPU reference evaluates the G graphs together. Every arch\n"
     "                   above; 'kiln inspect MODEL.gguf --tp G' shows the split\n"
+    "  --bundle FILE.kiln  the program compiled ahead of time by 'kiln compile MODEL.gguf [--n-ctx N]\n"
+    "                   [--n-batch N] -o FILE.kiln' instead of compiling (no NVRTC needed); its\n"
+    "                   graph must be this run's (the same model, --n-ctx and --n-batch; sampling\n"
+    "                   then stays on the host). One GPU\n"
     "  --pp G           pipeline split over G GPUs (docs/tp.md): consecutive layers a GPU, run\n"
     "                   one after another, each GPU's hidden state handed on through host memory;\n"
     "                   for a model no one GPU holds, on GPUs without a fast link (no faster than\n"
@@ -184,7 +188,7 @@ static bool parse_sampler_flag(kt_model_args *a, const char *o, const char *v) {
 }
 
 bool kt_run_model_takes_value(const char *o) {
-    return !strcmp(o, "--tokens") || !strcmp(o, "--prompt") || !strcmp(o, "-n") || !strcmp(o, "--n-ctx") || !strcmp(o, "--tp") || !strcmp(o, "--pp") ||
+    return !strcmp(o, "--tokens") || !strcmp(o, "--prompt") || !strcmp(o, "-n") || !strcmp(o, "--n-ctx") || !strcmp(o, "--tp") || !strcmp(o, "--pp") || !strcmp(o, "--bundle") ||
            !strcmp(o, "-p") || !strcmp(o, "-f") || !strcmp(o, "--file") || !strcmp(o, "--n-predict") ||
            !strcmp(o, "-c") || !strcmp(o, "--ctx-size") || !strcmp(o, "-b") || !strcmp(o, "--batch-size") ||
            !strcmp(o, "-r") || !strcmp(o, "--reverse-prompt") || !strcmp(o, "-sys") ||
@@ -270,6 +274,7 @@ static int parse(int argc, char **argv, kt_model_args *a) {
         else if (!strcmp(o, "--no-fuse")) a->no_fuse = true;
         else if (!strcmp(o, "--tp")) ok = kt_flag_int32("run", o, v, 1, 64, &a->tp);
         else if (!strcmp(o, "--pp")) ok = kt_flag_int32("run", o, v, 1, 64, &a->pp);
+        else if (!strcmp(o, "--bundle")) a->bundle_path = v;
         else if (o[0] == '-' && o[1]) return usage("unknown option '%s' for a model", o);
         else if (a->path) return usage("more than one model given ('%s')", o);
         else a->path = o;
@@ -297,6 +302,8 @@ static int parse(int argc, char **argv, kt_model_args *a) {
         return usage("%s", "-sys and --chat-template format a text prompt; they do not go with --tokens");
     if (a->check && a->cpu) return usage("%s", "--check compares the GPU with the CPU; it does not go with --cpu");
     if (a->tp > 1 && a->pp > 1) return usage("%s", "--tp and --pp: one split or the other, not both");
+    if (a->bundle_path && (a->cpu || a->tp > 1 || a->pp > 1))
+        return usage("%s", "--bundle runs its program on one GPU: not with --cpu, --tp or --pp");
     return KT_GO_ON;
 }
 
@@ -471,7 +478,7 @@ kiln_gen_opts kt_model_gen_opts(const kt_model_args *a, kiln_compile_opts *co, k
     so->no_cuda_graph = a->no_graph;
     /* the sampler, so that kiln_gen_new builds the decode program's "sample" output when the
      * GPU can run it (kiln_sampler_on_gpu: no penalties, top_k 1 .. 256) */
-    return (kiln_gen_opts){.n_ctx = a->n_ctx, .n_batch = a->n_batch, .cpu = a->cpu, .tp = a->tp, .pp = a->pp, .compile = co, .session = so,
+    return (kiln_gen_opts){.n_ctx = a->n_ctx, .n_batch = a->n_batch, .cpu = a->cpu, .tp = a->tp, .pp = a->pp, .compile = co, .session = so, .bundle = a->bundle,
                            .progress = kt_progress_bytes, .progress_user = ps + 1,
                            .sampler = a->sampling ? &a->sampler : NULL};
 }
@@ -685,7 +692,9 @@ static int run_model(kt_model_args *a) {
     int             rc = KT_EXIT_OK;
     int             saved;
     FILE           *text = raw_streams(a->raw, &saved);
-    kiln_status     st = kiln_model_open(a->path, &m);
+    kiln_status     st = a->bundle_path ? kiln_bundle_open(a->bundle_path, &a->bundle) : NULL;
+    if (st) st = kb_wrap(st, "--bundle %s", a->bundle_path);
+    if (!st) st = kiln_model_open(a->path, &m);
     if (!st) print_model(a, m);
     kiln_status ts = st ? NULL : kiln_tokenizer_from_gguf(kiln_model_gguf(m), &tok);
     if (ts && a->prompt) st = kb_wrap(ts, "--prompt");
@@ -696,6 +705,8 @@ static int run_model(kt_model_args *a) {
     free(prompt);
     kiln_tokenizer_free(tok);
     kiln_model_close(m);
+    kiln_bundle_free(a->bundle);
+    a->bundle = NULL;
     raw_restore(text, saved);
     return st ? kt_fail(NULL, st) : rc;
 }

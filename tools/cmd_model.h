@@ -33,6 +33,8 @@ typedef struct {
     int         jobs;
     int         tp; /* --tp G: tensor parallelism over G GPUs (0: none) */
     int         pp; /* --pp G: pipeline split over G GPUs (0: none) */
+    const char  *bundle_path;  /* --bundle FILE.kiln: the program from kiln compile MODEL.gguf -o */
+    kiln_bundle *bundle;       /* it, opened by run_model */
     bool        check, cpu, no_graph, no_cache, no_fuse, stats, ignore_eos, raw, verbose_prompt;
     char        no_fuse_passes[256]; /* --no-fuse=NAME[,NAME]: the names, comma-separated */
     const char *stops[KT_MODEL_MAX_STOPS]; /* -r/--reverse-prompt */

@@ -492,6 +492,45 @@ START_TEST(quantized_greedy_tokens_identical) {
 }
 END_TEST
 
+/* kiln_gen from an AOT bundle (kiln_gen_opts.bundle; kiln compile MODEL.gguf -o): the graph
+ * kiln compile builds for the model at the generator's n_ctx and n_batch, written for this
+ * GPU's arch, gives the JIT generator's greedy tokens exactly (the same kernels), and the
+ * generator compiled no kernel. */
+START_TEST(bundle_tokens_identical) {
+    need_gpu();
+    kiln_model *m = tiny_model("llama", 55);
+    char        arch[16], path[512];
+    TS_OK(kiln_device_arch(0, arch, sizeof arch));
+    kiln_ctx       *ctx = kiln_ctx_new();
+    kiln_graph     *g = NULL;
+    kiln_build_opts bo = {.n_ctx = 64, .n_tokens_max = 8, .argmax = true}; /* (kiln compile's) */
+    TS_OK(kiln_model_build(ctx, m, &bo));
+    TS_OK(kiln_graph_new(ctx, &g));
+    snprintf(path, sizeof path, "%s/llama.kiln", g_dir);
+    const char *archs[1] = {arch};
+    TS_OK(kiln_bundle_write(g, NULL, 1, archs, path));
+    kiln_bundle *b;
+    TS_OK(kiln_bundle_open(path, &b));
+    kiln_gen_opts o1 = {.n_ctx = 64, .n_batch = 8}, o2 = {.n_ctx = 64, .n_batch = 8, .bundle = b};
+    kiln_gen     *g1, *g2;
+    TS_OK(kiln_gen_new(m, &o1, &g1));
+    TS_OK(kiln_gen_new(m, &o2, &g2));
+    kiln_gen_stats st;
+    kiln_gen_get_stats(g2, &st);
+    ck_assert_int_eq(st.compile.compiled, 0);
+    int32_t t1[DECODE_STEPS], t2[DECODE_STEPS];
+    TS_OK(kiln_gen_greedy(g1, prompt, 7, DECODE_STEPS, t1, NULL));
+    TS_OK(kiln_gen_greedy(g2, prompt, 7, DECODE_STEPS, t2, NULL));
+    for (int i = 0; i < DECODE_STEPS; i++) ck_assert_msg(t1[i] == t2[i], "token %d: bundle %d, JIT %d", i, t2[i], t1[i]);
+    printf("bundle: %d greedy tokens identical to the JIT generator's\n", DECODE_STEPS);
+    kiln_gen_free(g1), kiln_gen_free(g2);
+    kiln_bundle_free(b);
+    kiln_graph_free(g);
+    kiln_ctx_free(ctx);
+    kiln_model_close(m);
+}
+END_TEST
+
 static void setup(void) { g_dir = ts_tmpdir(); }
 static void teardown(void) { ts_tmpdir_free(g_dir); }
 
@@ -501,7 +540,7 @@ int main(void) {
                         TS_LOOP(0, NARCHS, prefill_and_decode_match_cpu, greedy_tokens_identical, generate_stops_match_cpu,
                                 sampled_tokens_agree, context_shift_matches_cpu),
                         TS_LOOP(0, NSTEP_ARCHS, step_archs_match_cpu), TS_TESTS(cli_run_check),
-                        TS_LOOP(0, 2, device_fill_equals_file),
+                        TS_LOOP(0, 2, device_fill_equals_file), TS_TESTS(bundle_tokens_identical),
                         TS_CASE_FIXTURE("quant", 300, setup, teardown),
                         TS_LOOP(0, N_QUANT_CASES, quantized_greedy_tokens_identical));
     return ts_main_isolated(s, "gpu_model");
