@@ -27,6 +27,8 @@ struct kiln_gen {
     kiln_session             *sess;
     km_tp_gen                *tp; /* kiln_gen_opts.tp > 1: the ranks (model/gen_tp.c) instead of sess */
     km_pp_gen                *pp; /* kiln_gen_opts.pp > 1: the stages (model/gen_pp.c) instead of sess */
+    kiln_ctx                 *bundle_ctx;   /* kiln_gen_opts.bundle: its graph parsed, which the */
+    kiln_graph               *bundle_graph; /* program (so the session) refers to while it lives */
 
     /* The inputs of the current run, at its n_tokens (nt) and n_kv (nkv). */
     int64_t   nt, nkv;
@@ -105,7 +107,7 @@ static void load_progress(void *user, uint64_t done, uint64_t total) {
  * graph is this generator's: compared as text first (no GPU needed for the refusal), then the
  * program checked against the graph parsed from the bundle's text, as kiln_bundle_program
  * wants it. */
-static kiln_status bundle_program(const kiln_gen *g, const kiln_bundle *b, const char *arch, kiln_program **out) {
+static kiln_status bundle_program(kiln_gen *g, const kiln_bundle *b, const char *arch, kiln_program **out) {
     char       *text = NULL;
     kiln_status st = kiln_print(g->ctx, &text);
     if (!st && strcmp(text, kiln_bundle_graph_text(b)))
@@ -115,14 +117,11 @@ static kiln_status bundle_program(const kiln_gen *g, const kiln_bundle *b, const
                       (long long)g->n_ctx, (long long)g->n_batch);
     free(text);
     if (st || !arch) return st;
-    kiln_ctx   *ctx = kiln_ctx_new();
-    kiln_graph *bg = NULL;
     const char *bt = kiln_bundle_graph_text(b);
-    st = ctx ? kiln_parse(ctx, bt, strlen(bt), "<bundle graph>") : kb_oom();
-    if (!st) st = kiln_graph_new(ctx, &bg);
-    if (!st) st = kiln_bundle_program(b, bg, arch, out);
-    kiln_graph_free(bg);
-    kiln_ctx_free(ctx);
+    g->bundle_ctx = kiln_ctx_new(); /* (freed with the generator, after its session) */
+    st = g->bundle_ctx ? kiln_parse(g->bundle_ctx, bt, strlen(bt), "<bundle graph>") : kb_oom();
+    if (!st) st = kiln_graph_new(g->bundle_ctx, &g->bundle_graph);
+    if (!st) st = kiln_bundle_program(b, g->bundle_graph, arch, out);
     return st;
 }
 
@@ -227,6 +226,8 @@ void kiln_gen_free(kiln_gen *g) {
     km_tp_gen_free(g->tp);
     km_pp_gen_free(g->pp);
     kiln_session_free(g->sess);
+    kiln_graph_free(g->bundle_graph);
+    kiln_ctx_free(g->bundle_ctx);
     kiln_graph_free(g->graph);
     kiln_ctx_free(g->ctx);
     km_host_states_free(g->states, g->nstates);
