@@ -174,11 +174,11 @@ static kiln_status gen_new(const kiln_model *m, const kiln_gen_opts *o, bool all
     g->n_ctx = o->n_ctx > 0 ? o->n_ctx : kiln_default_n_ctx(g->hp);
     g->n_batch = o->n_batch > 0 ? o->n_batch : g->n_ctx < 512 ? g->n_ctx : 512;
     g->n_small = o->n_small;
-    bool tp = o->tp > 1, split = tp || o->pp > 1; /* (split: the logits read to the host) */
+    bool tp = o->tp > 1, parts = tp || o->pp > 1; /* (a split model: the logits read to the host) */
     /* A sampler the kernels can run ends the program with `sample` too (any other stays on the
      * host, as does the CPU reference, whose generation samples the logits it reads, and the
      * ranks of a split model, whose logits are gathered first). */
-    if (o->sampler && !o->cpu && !split && !o->bundle && kiln_sampler_on_gpu(o->sampler, g->hp->n_vocab))
+    if (o->sampler && !o->cpu && !parts && !o->bundle && kiln_sampler_on_gpu(o->sampler, g->hp->n_vocab))
         g->gpu_sample = true, g->sampler = *o->sampler;
     kiln_status st = NULL;
     if (o->n_ctx < 0 || o->n_batch < 0 || g->n_batch > g->n_ctx)
@@ -186,19 +186,19 @@ static kiln_status gen_new(const kiln_model *m, const kiln_gen_opts *o, bool all
                       (long long)g->n_ctx);
     if (!st && (o->tp < 0 || o->tp > 64)) st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: tp %d must be 0 .. 64", o->tp);
     if (!st && (o->pp < 0 || o->pp > 64)) st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: pp %d must be 0 .. 64", o->pp);
-    if (!st && o->bundle && (o->cpu || split || o->n_small))
+    if (!st && o->bundle && (o->cpu || parts || o->n_small))
         st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: a bundle's program runs on one GPU: not with %s",
-                      o->cpu ? "cpu (the CPU reference)" : split ? "tp or pp" : "n_small");
+                      o->cpu ? "cpu (the CPU reference)" : parts ? "tp or pp" : "n_small");
     if (!st && tp && o->pp > 1)
         st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: tp %d and pp %d: one split or the other, not both", o->tp,
                       o->pp);
     if (!st) st = gen_alloc(g);
-    if (!st) st = build(g, split);
+    if (!st) st = build(g, parts);
     if (!st) g->stats.weight_bytes = (uint64_t)weight_bytes(g->graph);
     if (!st && tp) {
         kiln_build_opts bo = build_opts(g, true);
         st = km_tp_gen_open(m, o->tp, &bo, o, &g->stats, &g->tp);
-    } else if (!st && split) {
+    } else if (!st && parts) {
         kiln_build_opts bo = build_opts(g, true);
         st = km_pp_gen_open(m, o->pp, &bo, o, &g->stats, &g->pp);
     } else if (!st) {
