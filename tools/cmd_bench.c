@@ -82,46 +82,40 @@ static bool known_models(const char *list, const char *flag) {
     return true;
 }
 
-/* --seqs LIST: up to 8 batch sizes, each 1 .. 512 (a step takes 512 tokens, the prompt's). */
-static bool parse_seqs(kt_bench *b, const char *v) {
-    b->n_seqs = 0;
+/* A comma-separated LIST of 1 .. max integers, each lo .. hi, into out[0 .. *n): the flag's
+ * usage error names what the items are. */
+static bool parse_list(const char *flag, const char *v, int max, int32_t lo, int32_t hi, const char *what,
+                       int32_t *out, int *n) {
+    *n = 0;
     for (const char *p = v;;) {
         char        item[24];
         const char *e = strchr(p, ',');
         size_t      len = e ? (size_t)(e - p) : strlen(p);
-        if (b->n_seqs == 8 || len == 0 || len >= sizeof item) {
-            kt_usage("bench", "--seqs %s: 1 to 8 comma-separated batch sizes", v);
+        if (*n == max || len == 0 || len >= sizeof item) {
+            kt_usage("bench", "%s %s: 1 to %d comma-separated %s", flag, v, max, what);
             return false;
         }
         memcpy(item, p, len);
         item[len] = 0;
-        if (!kt_flag_int32("bench", "--seqs", item, 1, 512, &b->seqs[b->n_seqs])) return false;
-        b->n_seqs++;
+        if (!kt_flag_int32("bench", flag, item, lo, hi, &out[(*n)++])) return false;
         if (!e) return true;
         p = e + 1;
     }
 }
 
+/* --seqs LIST: up to 8 batch sizes, each 1 .. 512 (a step takes 512 tokens, the prompt's). */
+static bool parse_seqs(kt_bench *b, const char *v) {
+    return parse_list("--seqs", v, 8, 1, 512, "batch sizes", b->seqs, &b->n_seqs);
+}
+
 /* --kv LIST: 1 to 3 cache positions for the decode rows (a row fills the cache to its position
  * first: a prefill of all but 3 of them). */
 static bool parse_kvs(kt_bench *b, const char *v) {
-    b->nkvs = 0;
-    for (const char *p = v;;) {
-        char        item[24];
-        const char *e = strchr(p, ',');
-        size_t      len = e ? (size_t)(e - p) : strlen(p);
-        if (b->nkvs == KT_BENCH_KVS || len == 0 || len >= sizeof item) {
-            kt_usage("bench", "--kv %s: 1 to %d comma-separated cache positions", v, KT_BENCH_KVS);
-            return false;
-        }
-        memcpy(item, p, len);
-        item[len] = 0;
-        int32_t kv;
-        if (!kt_flag_int32("bench", "--kv", item, 16, 1 << 20, &kv)) return false;
-        b->kvs[b->nkvs++] = kv;
-        if (!e) return true;
-        p = e + 1;
-    }
+    int32_t kv[KT_BENCH_KVS];
+    int     n;
+    if (!parse_list("--kv", v, KT_BENCH_KVS, 16, 1 << 20, "cache positions", kv, &n)) return false;
+    for (b->nkvs = 0; b->nkvs < n; b->nkvs++) b->kvs[b->nkvs] = kv[b->nkvs];
+    return true;
 }
 
 /* KT_GO_ON when b is complete, else the exit status. */
