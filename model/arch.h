@@ -319,6 +319,9 @@ typedef struct {
 kiln_status km_host_states(const kiln_graph *gr, km_host_state **out, int *n);
 /* State `name` of bytes bytes among s[0 .. n-1] read into data, or written from it; false when
  * there is none such. */
+/* The CPU reference's run of ctx's graph (a model's: dims n_tokens and n_kv) at nt and nkv. */
+kiln_status km_ref_run(const kiln_ctx *ctx, int64_t nt, int64_t nkv, kiln_ref_get_fn get, kiln_ref_put_fn put,
+                       void *user);
 bool        km_host_state_io(km_host_state *s, int n, const char *name, void *data, size_t bytes, bool write);
 void        km_host_states_free(km_host_state *s, int n);
 
@@ -336,6 +339,11 @@ typedef struct {
     int64_t         n_out, n_read;   /* out_ids' rows (1, or nt with KILN_OUTPUTS_ALL); the first
                                         n_read rows' logits are gathered */
 } km_tp_run;
+/* A run's input `name` among inp_pos, kv_idxs, kq_mask(_swa) (intervals: the key intervals) and
+ * inp_out_ids, for the CPU reference; NULL for any other name. */
+const void *km_run_input(const km_tp_run *in, bool intervals, const char *name);
+/* Session s's dims and those inputs set for the run (inp_out_ids when out_ids). */
+kiln_status km_run_set_inputs(kiln_session *s, const km_tp_run *in, bool intervals, bool out_ids);
 kiln_status km_tp_gen_open(const kiln_model *m, int g, const kiln_build_opts *bo, const kiln_gen_opts *o,
                            kiln_gen_stats *stats, km_tp_gen **out);
 kiln_status km_tp_gen_run(km_tp_gen *t, const km_tp_run *in, float *logits);

@@ -415,16 +415,8 @@ static kiln_status split_run(kiln_gen *g) {
 }
 
 static kiln_status cpu_run(kiln_gen *g) {
-    static const char *const names[2] = {"n_tokens", "n_kv"};
-    int64_t     values[2] = {g->nt, g->nkv};
-    kiln_ctx   *bound = NULL;
-    kiln_graph *gr = NULL;
-    kiln_status st = kiln_ctx_bind(g->ctx, 2, names, values, &bound);
-    if (!st) st = kiln_graph_new(bound, &gr);
-    if (!st) st = kiln_reference(gr, ref_get, ref_put, g);
+    kiln_status st = km_ref_run(g->ctx, g->nt, g->nkv, ref_get, ref_put, g);
     if (!st && g->ref_err) st = g->ref_err, g->ref_err = NULL;
-    kiln_graph_free(gr);
-    kiln_ctx_free(bound);
     return st;
 }
 

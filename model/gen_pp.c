@@ -48,11 +48,8 @@ static const void *ref_get(void *user, const char *name, kiln_type type, int64_t
     const km_tp_run *in = st->p->in;
     if (!strcmp(name, "inp_tokens")) return in->tokens;
     if (!strcmp(name, "inp_hidden")) return st->p->hidden[0];
-    if (!strcmp(name, "inp_pos")) return in->positions;
-    if (!strcmp(name, "kv_idxs")) return in->slots;
-    if (!strcmp(name, "kq_mask")) return st->p->intervals ? (const void *)in->iv : in->mask;
-    if (!strcmp(name, "kq_mask_swa")) return st->p->intervals ? (const void *)in->iv_swa : in->mask_swa;
-    if (!strcmp(name, "inp_out_ids")) return in->out_ids;
+    const void *input = km_run_input(in, st->p->intervals, name);
+    if (input) return input;
     for (int i = 0; i < st->nstates; i++)
         if (!strcmp(st->states[i].name, name)) return st->states[i].data;
     return kiln_model_weight(st->p->m, name, type, n);
@@ -80,16 +77,8 @@ static void ref_put(void *user, const char *name, kiln_type type, int64_t n, con
 }
 
 static kiln_status cpu_stage(pp_stage *st) {
-    static const char *const names[2] = {"n_tokens", "n_kv"};
-    const int64_t            values[2] = {st->p->in->nt, st->p->in->nkv};
-    kiln_ctx                *bound = NULL;
-    kiln_graph              *gr = NULL;
-    kiln_status              s = kiln_ctx_bind(st->ctx, 2, names, values, &bound);
-    if (!s) s = kiln_graph_new(bound, &gr);
-    if (!s) s = kiln_reference(gr, ref_get, ref_put, st);
+    kiln_status s = km_ref_run(st->ctx, st->p->in->nt, st->p->in->nkv, ref_get, ref_put, st);
     if (!s && st->err) s = st->err, st->err = NULL;
-    kiln_graph_free(gr);
-    kiln_ctx_free(bound);
     return s;
 }
 
@@ -97,23 +86,11 @@ static kiln_status cpu_stage(pp_stage *st) {
 static kiln_status gpu_set(pp_stage *st) {
     const km_tp_run *in = st->p->in;
     kiln_session    *s = st->sess;
-    size_t           nt = (size_t)in->nt, mask = (size_t)(in->nt * in->nkv);
-    kiln_status      e = kiln_session_set_dim(s, "n_tokens", in->nt);
-    if (!e) e = kiln_session_set_dim(s, "n_kv", in->nkv);
+    size_t           nt = (size_t)in->nt;
+    kiln_status      e = km_run_set_inputs(s, in, st->p->intervals, st->end == st->p->hp->n_layer);
     if (!e && st->first == 0) e = kiln_session_set(s, "inp_tokens", in->tokens, sizeof(int32_t) * nt);
     if (!e && st->first > 0)
         e = kiln_session_set(s, "inp_hidden", st->p->hidden[0], sizeof(float) * nt * (size_t)st->p->hp->n_embd);
-    if (!e) e = kiln_session_set(s, "inp_pos", in->positions, sizeof(int32_t) * nt);
-    if (!e) e = kiln_session_set(s, "kv_idxs", in->slots, sizeof(int64_t) * nt);
-    if (st->p->intervals) {
-        if (!e) e = kiln_session_set(s, "kq_mask", in->iv, sizeof(int32_t) * 2 * nt);
-        if (!e && in->iv_swa) e = kiln_session_set(s, "kq_mask_swa", in->iv_swa, sizeof(int32_t) * 2 * nt);
-    } else {
-        if (!e) e = kiln_session_set(s, "kq_mask", in->mask, sizeof(uint16_t) * mask);
-        if (!e && in->mask_swa) e = kiln_session_set(s, "kq_mask_swa", in->mask_swa, sizeof(uint16_t) * mask);
-    }
-    if (!e && st->end == st->p->hp->n_layer)
-        e = kiln_session_set(s, "inp_out_ids", in->out_ids, sizeof(int32_t) * (size_t)in->n_out);
     return e;
 }
 

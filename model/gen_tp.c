@@ -95,11 +95,8 @@ static const void *ref_get(void *user, const char *name, kiln_type type, int64_t
     (void)n;
     if (!strcmp(name, "inp_tokens")) return r->tokens;
     if (!strcmp(name, "inp_tok_shard")) return r->shard;
-    if (!strcmp(name, "inp_pos")) return in->positions;
-    if (!strcmp(name, "kv_idxs")) return in->slots;
-    if (!strcmp(name, "kq_mask")) return r->t->intervals ? (const void *)in->iv : in->mask;
-    if (!strcmp(name, "kq_mask_swa")) return r->t->intervals ? (const void *)in->iv_swa : in->mask_swa;
-    if (!strcmp(name, "inp_out_ids")) return in->out_ids;
+    const void *input = km_run_input(in, r->t->intervals, name);
+    if (input) return input;
     for (int i = 0; i < r->nstates; i++)
         if (!strcmp(r->states[i].name, name)) return r->states[i].data;
     return rank_weight(r, name, type);
@@ -274,21 +271,10 @@ static kiln_status cpu_run(km_tp_gen *t) {
 static kiln_status gpu_set(km_tp_gen *t, int r) {
     const km_tp_run *in = t->in;
     kiln_session    *s = kiln_group_session(t->group, r);
-    size_t           nt = (size_t)in->nt, mask = (size_t)(in->nt * in->nkv);
-    kiln_status      st = kiln_session_set_dim(s, "n_tokens", in->nt);
-    if (!st) st = kiln_session_set_dim(s, "n_kv", in->nkv);
+    size_t           nt = (size_t)in->nt;
+    kiln_status      st = km_run_set_inputs(s, in, t->intervals, true);
     if (!st) st = kiln_session_set(s, "inp_tokens", t->r[r].tokens, sizeof(int32_t) * nt);
     if (!st) st = kiln_session_set(s, "inp_tok_shard", t->r[r].shard, sizeof(float) * nt);
-    if (!st) st = kiln_session_set(s, "inp_pos", in->positions, sizeof(int32_t) * nt);
-    if (!st) st = kiln_session_set(s, "kv_idxs", in->slots, sizeof(int64_t) * nt);
-    if (t->intervals) {
-        if (!st) st = kiln_session_set(s, "kq_mask", in->iv, sizeof(int32_t) * 2 * nt);
-        if (!st && in->iv_swa) st = kiln_session_set(s, "kq_mask_swa", in->iv_swa, sizeof(int32_t) * 2 * nt);
-    } else {
-        if (!st) st = kiln_session_set(s, "kq_mask", in->mask, sizeof(uint16_t) * mask);
-        if (!st && in->mask_swa) st = kiln_session_set(s, "kq_mask_swa", in->mask_swa, sizeof(uint16_t) * mask);
-    }
-    if (!st) st = kiln_session_set(s, "inp_out_ids", in->out_ids, sizeof(int32_t) * (size_t)in->n_out);
     return st ? kb_wrap(st, "rank %d", r) : NULL;
 }
 
