@@ -317,16 +317,13 @@ static kiln_status bench_model(kt_bench *b, kt_bench_model *m, const char *cache
     m->limit_ms = bw > 0 ? m->token_gb * 1e9 / bw / tp : 0;
     for (int k = 0; k < m->nkv; k++)
         m->limit_kv_ms[k] = bw > 0 ? (m->token_gb * 1e9 + m->kv_bytes_pos * (double)m->kv[k]) / bw / tp : 0;
-    if (b->tp > 1) {
-        size_t len = strlen(m->name);
-        snprintf(m->name + len, sizeof m->name - len, " tp%d", b->tp);
+    if (b->tp > 1 || b->pp > 1) { /* a split model: its name says how ("llama-3-8b tp2") */
+        const char *how = b->tp > 1 ? "tp" : "pp";
+        int         g = b->tp > 1 ? b->tp : b->pp;
+        size_t      len = strlen(m->name);
+        snprintf(m->name + len, sizeof m->name - len, " %s%d", how, g);
         for (int mode = 0; mode < 2; mode++)
-            snprintf(m->torch_note[mode], sizeof m->torch_note[mode], "torch_ref.py runs on one GPU (--tp %d)", b->tp);
-    } else if (b->pp > 1) { /* (the stages run one after another: one GPU's limit) */
-        size_t len = strlen(m->name);
-        snprintf(m->name + len, sizeof m->name - len, " pp%d", b->pp);
-        for (int mode = 0; mode < 2; mode++)
-            snprintf(m->torch_note[mode], sizeof m->torch_note[mode], "torch_ref.py runs on one GPU (--pp %d)", b->pp);
+            snprintf(m->torch_note[mode], sizeof m->torch_note[mode], "torch_ref.py runs on one GPU (--%s %d)", how, g);
     } else if (r.quantized)
         for (int mode = 0; mode < 2; mode++)
             snprintf(m->torch_note[mode], sizeof m->torch_note[mode], "PyTorch has no ggml quantized types (%s)",
