@@ -340,7 +340,7 @@ static void dump_header(kb_str *o, const kiln_program *p, int i) {
     kb_str_addf(o, "/* kiln %s: kernel %d of %d, %s", KILN_VERSION, i + 1, p->nkernels, k->name);
     if (k->nsteps > 1) kb_str_addf(o, " (step %d of %d of its node)", k->step + 1, k->nsteps);
     kb_str_add(o, "\n * graph nodes:");
-    /* then the nodes its store computes (pass gemv_rope) */
+    /* then the nodes its kernel computes too (passes gemv_rope, head_rope) */
     bool tails = ir_next_tail(p->ir, k->node, k->node) >= 0;
     for (int j = k->node, s0 = 0; j >= 0; j = ir_next_tail(p->ir, k->node, j)) {
         const ir_node *m = &p->ir->nodes[j];
@@ -349,8 +349,9 @@ static void dump_header(kb_str *o, const kiln_program *p, int i) {
             kb_str_addf(o, "%s %s (%s)", s0 ? "," : "", t->name, fe_ops[t->op].name);
         }
     }
-    kb_str_addf(o, "\n * fusion: %s%s\n", n->fusion ? n->fusion : tails ? "" : "none",
-                tails ? (n->fusion ? "+gemv_rope" : "gemv_rope") : "");
+    const char *pass = n->op == FE_OP_MUL_MAT ? "gemv_rope" : "head_rope";
+    kb_str_addf(o, "\n * fusion: %s%s%s\n", n->fusion ? n->fusion : tails ? "" : "none", tails && n->fusion ? "+" : "",
+                tails ? pass : "");
     if (k->kind == CG_GEMM) kb_str_add(o, " * launch: cuBLAS (below)\n");
     else if (k->kind == CG_COLLECTIVE) kb_str_add(o, " * launch: NCCL (below)\n");
     else

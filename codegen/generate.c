@@ -20,11 +20,14 @@
 
 /* The template module of a node: the elementwise family's, a fusion's own (topk_moe: moe), or
  * that of its op's family (templates/NAME.lua, NAME from FE_FAMS). */
-static const char *template_of(const ir_node *n) {
+static const char *template_of(const ir_prog *p, int node) {
+    const ir_node *n = &p->nodes[node];
     switch (n->kind) {
     case IR_EW: return fe_fams[FE_FAM_EW].name;
     case IR_OP:
         if (n->fused == IR_FUSED_TOPK_MOE) return "moe";
+        /* the first of a head_rope run: one kernel for the run (a GEMV computes its own tails) */
+        if (n->op != FE_OP_MUL_MAT && ir_next_tail(p, node, node) >= 0) return "heads";
         if ((unsigned)n->op >= FE_OP_COUNT || fe_ops[n->op].kind != FE_KERNEL) return NULL;
         return fe_fams[fe_ops[n->op].fam].name;
     }
@@ -720,8 +723,8 @@ static int l_generate(lua_State *L) {
                               g->tpl, want, want);
     }
     if (g->ntails > 0 && (lua_getfield(L, t, "tail"), !lua_toboolean(L, -1)))
-        return luaL_error(L, "template %s.lua does not compute the nodes pass gemv_rope gave its store: its result "
-                             "must say tail = true", g->tpl);
+        return luaL_error(L, "template %s.lua does not compute the tails of its node (passes gemv_rope, head_rope): "
+                             "its result must say tail = true", g->tpl);
     if (g->dynamic && (lua_getfield(L, t, "dynamic"), !lua_toboolean(L, -1)))
         return luaL_error(L, "template %s.lua does not support symbolic dims (%s here): its result must say "
                              "dynamic = true (docs/templates.md, \"Symbolic dims\")",
@@ -780,7 +783,8 @@ static int param_of(gen_ctx *g, int buf) {
     return g->nparams++;
 }
 
-/* The tails of host node `node` (pass gemv_rope) as contexts whose params are the host's. */
+/* The tails of host node `node` (passes gemv_rope, head_rope) as contexts whose params are the
+ * host's. */
 static kiln_status bind_tails(gen_ctx *g, gen_ctx *tails) {
     const ir_prog *p = g->p;
     for (int j = ir_next_tail(p, g->node, g->node); j >= 0; j = ir_next_tail(p, g->node, j)) {
@@ -813,9 +817,9 @@ kiln_status cg_generate_steps(cg_lua *C, const ir_prog *p, int node, cg_kernel *
     const ir_node *n = &p->nodes[node];
     if (n->dead) return kb_error(KILN_ERR_INVALID, "codegen: node %d is dead", node);
     if (n->host)
-        return kb_error(KILN_ERR_INVALID, "codegen: node %d is computed by node %d's kernel (pass gemv_rope)", node,
+        return kb_error(KILN_ERR_INVALID, "codegen: node %d is computed by node %d's kernel (pass gemv_rope or head_rope)", node,
                         n->host - 1);
-    const char *tpl = template_of(n);
+    const char *tpl = template_of(p, node);
     if (!tpl) return kb_error(KILN_ERR_INVALID, "codegen: node %d has unknown kind %d", node, (int)n->kind);
     if (n->nin < 0 || n->nin > IR_MAX_IN)
         return kb_error(KILN_ERR_INVALID, "codegen: node %d: %d inputs", node, n->nin);

@@ -32,72 +32,18 @@
  * Keeps: every IR invariant; verify checks the host rules (ir/verify.c). */
 #include "ir_internal.h"
 
-#include <stdlib.h>
-#include <string.h>
 
 #define MAX_TAILS 4
 #define MAX_WAIT  4 /* nodes that may wait until after a host's tails */
 
-/* One element of an input, weight or state read in no special way: positions and ids. */
-static bool one_preset(const ir_prog *p, const ir_ref *r) {
-    return r && ir_ref_static(r) && ir_buf_preset(p->bufs[r->buf].kind) && r->ne[0] * r->ne[1] * r->ne[2] * r->ne[3] == 1;
-}
-
-/* z's rows [offs, offs + ne0 * ne1) read as `heads` contiguous rows of ne0 of one token. */
-static bool segment_of(const ir_ref *v, int zbuf, int64_t *lo, int64_t *hi) {
-    if (v->buf != zbuf || v->type != KILN_F32 || !ir_ref_static(v) || v->st[0] != 1 || v->ne[2] != 1 || v->ne[3] != 1)
-        return false;
-    if (v->ne[1] > 1 && v->st[1] != v->ne[0]) return false;
-    *lo = v->offs;
-    *hi = v->offs + v->ne[0] * v->ne[1];
-    return *lo % 2 == 0 && *hi % 2 == 0;
-}
-
-/* A mode 0 or neox rope of every element, with static one-token positions and natural frequency
- * factors (or none). */
-static bool normal_rope(const ir_prog *p, const ir_node *r) {
-    const ir_ref *a = ir_operand(r, 0), *pos = ir_operand(r, 1), *ff = ir_operand(r, 2);
-    if (r->op != FE_OP_ROPE_EXT || (r->ip[1] != 0 && r->ip[1] != 2) || !a || r->ip[0] != a->ne[0] || a->ne[0] % 2 != 0)
-        return false;
-    if (!one_preset(p, pos) || pos->type != KILN_I32) return false;
-    return !ff || (ir_ref_static(ff) && ir_buf_preset(p->bufs[ff->buf].kind) && ff->type == KILN_F32);
-}
-
-/* A state written in place at one row of ids: dst is in[a_in] itself, a state. */
-static bool in_place_row(const ir_prog *p, const ir_node *n, int a_in, const ir_ref *ids) {
-    return a_in >= 0 && p->bufs[n->dst.buf].kind == IR_BUF_STATE && ir_ref_equal(&n->in[a_in], &n->dst) &&
-           ir_ref_static(&n->dst) && one_preset(p, ids) && (ids->type == KILN_I64 || ids->type == KILN_I32);
-}
-
-/* Reader c of z as a tail: which operand reads z, and the rows it covers; false when c cannot
- * be one. Every operand but that one must not be z. */
+/* Reader c of z as a tail (ir/tails.c): the rows of z it covers; false when c cannot be one.
+ * Its tail operand must read z, and no other operand. */
 static bool tail_of(const ir_prog *p, const ir_node *c, int zbuf, int64_t *lo, int64_t *hi) {
-    if (c->kind != IR_OP || c->ninstr > 0 || c->paired || c->bnorm || c->has_dst2 || c->host) return false;
-    int zin;
-    if (c->op == FE_OP_ROPE_EXT && (c->fused == IR_FUSED_NONE || c->fused == IR_FUSED_ROPE_SET_ROWS)) {
-        if (!normal_rope(p, c)) return false;
-        zin = c->opd[0];
-        if (c->fused == IR_FUSED_NONE) {
-            if (c->dst.type != KILN_F32 || !ir_ref_static(&c->dst)) return false;
-        } else {
-            const ir_scatter *s = &c->scatter;
-            const ir_ref     *a = &c->in[zin];
-            if (!in_place_row(p, c, s->a_in, &c->in[s->ids_in]) || c->op_type != KILN_F32 ||
-                s->b_ne[0] != a->ne[0] * a->ne[1] || s->b_ne[0] != c->dst.ne[0] || c->dst.st[0] != 1)
-                return false;
-        }
-    } else if (c->op == FE_OP_SET_ROWS && c->fused == IR_FUSED_NONE) {
-        const ir_ref *b = ir_operand(c, 1);
-        if (!b || !in_place_row(p, c, c->opd[0], ir_operand(c, 2)) || b->ne[1] != 1 || b->ne[0] != c->dst.ne[0] ||
-            c->dst.st[0] != 1)
-            return false;
-        zin = c->opd[1];
-    } else {
-        return false;
-    }
+    int zin = ir_tail_operand(p, c);
+    if (zin < 0 || c->in[zin].buf != zbuf) return false;
     for (int k = 0; k < c->nin; k++)
         if (k != zin && c->in[k].buf == zbuf) return false;
-    return segment_of(&c->in[zin], zbuf, lo, hi);
+    return ir_tail_rows(&c->in[zin], lo, hi);
 }
 
 static bool host_candidate(const ir_prog *p, const ir_node *m) {
@@ -110,43 +56,6 @@ static bool host_candidate(const ir_prog *p, const ir_node *m) {
     const ir_ref *z = &m->dst;
     return p->bufs[z->buf].kind == IR_BUF_TEMP && ir_ref_is_natural(p, z) && ir_ref_static(z) && ir_ref_static(a) &&
            ir_ref_static(b) && z->type == KILN_F32 && z->ne[1] == 1 && z->ne[2] == 1 && z->ne[3] == 1 && z->ne[0] % 2 == 0;
-}
-
-/* Whether node n reads or writes buffer b (any operand, either output). */
-static bool touches(const ir_node *n, int b) {
-    if (n->dst.buf == b || (n->has_dst2 && n->dst2.buf == b)) return true;
-    for (int k = 0; k < n->nin; k++)
-        if (n->in[k].buf == b) return true;
-    return false;
-}
-
-/* Node x may run after tail t instead of before it: neither writes what the other reads or
- * writes (buffers are whole, distinct memory before the memory plan). */
-static bool commutes(const ir_node *x, const ir_node *t) {
-    if (touches(x, t->dst.buf)) return false;
-    for (int k = 0; k < t->nin; k++)
-        if (t->in[k].buf == x->dst.buf || (x->has_dst2 && t->in[k].buf == x->dst2.buf)) return false;
-    return true;
-}
-
-/* Moves nodes [lo, hi] so that the tails come first, in order, then the other live nodes,
- * then the dead ones: the waiting nodes commute with every tail after them (checked). */
-static kiln_status gather_tails(ir_prog *p, int lo, int hi, const int *tails, int nt) {
-    int      n = hi - lo + 1, k = 0;
-    ir_node *seg = malloc(sizeof *seg * (size_t)n);
-    if (!seg) return kb_oom();
-    for (int t = 0; t < nt; t++) seg[k++] = p->nodes[tails[t]];
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = lo, t = 0; i <= hi; i++) {
-            if (t < nt && tails[t] == i) {
-                t++;
-                continue;
-            }
-            if (p->nodes[i].dead == (pass == 1)) seg[k++] = p->nodes[i];
-        }
-    memcpy(&p->nodes[lo], seg, sizeof *seg * (size_t)n);
-    free(seg);
-    return NULL;
 }
 
 /* Makes the readers of mul_mat mi tails of it, if legal. Live nodes between it and its readers
@@ -165,7 +74,7 @@ static kiln_status try_host(ir_prog *p, int mi) {
             tails[nt++] = last = i;
             continue;
         }
-        if (touches(c, zbuf) || c->host || nw == MAX_WAIT) break;
+        if (ir_touches(c, zbuf) || c->host || nw == MAX_WAIT) break;
         wait[nw++] = i;
     }
     /* Each tail reads z once (tail_of), so this says nothing else reads it. */
@@ -176,10 +85,10 @@ static kiln_status try_host(ir_prog *p, int mi) {
         for (int k = 0; k < m->nin; k++) /* the GEMV must not read what its store writes */
             if (m->in[k].buf == p->nodes[tails[t]].dst.buf) return NULL;
         for (int w = 0; w < nw; w++)
-            if (wait[w] < tails[t] && !commutes(&p->nodes[wait[w]], &p->nodes[tails[t]])) return NULL;
+            if (wait[w] < tails[t] && !ir_commutes(&p->nodes[wait[w]], &p->nodes[tails[t]])) return NULL;
     }
     if (nw > 0 && wait[0] < last) {
-        kiln_status st = gather_tails(p, mi + 1, last, tails, nt);
+        kiln_status st = ir_gather(p, mi + 1, last, tails, nt);
         if (st) return st;
         for (int t = 0; t < nt; t++) tails[t] = mi + 1 + t;
     }

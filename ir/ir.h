@@ -138,10 +138,12 @@ typedef struct {
     ir_scatter scatter;        /* IR_FUSED_ROPE_SET_ROWS */
     bool     has_dst2;         /* a second output (topk_moe: the selected expert ids) */
     ir_ref   dst2;
-    /* Pass gemv_rope: index + 1 of the node (a one-column mul_mat, earlier, with only other
-     * tails between) whose kernel computes this node in its store; 0: a kernel of its own.
-     * Such a tail reads the host's result and inputs, weights or its own state in place; the
-     * IR, memory plan aside (the group is one step), treats it as a node like any other. */
+    /* Index + 1 of the earlier node (with only other tails of it between) whose kernel also
+     * computes this node; 0: a kernel of its own. Pass gemv_rope: the host is a one-column
+     * mul_mat whose store computes the tail, which reads the host's result (not stored) and
+     * inputs, weights or its own state in place. Pass head_rope: the host is the first of a run
+     * of per-head norms, ropes and cache rows (templates/heads.lua). The IR, memory plan aside
+     * (the group is one step), treats a tail as a node like any other. */
     int      host;
     int      nsrc;             /* graph nodes this kernel implements (tensor ids), in order */
     int      src[IR_MAX_INSTR];
@@ -176,6 +178,7 @@ kiln_status ir_fuse_mul_mat_cat(ir_prog *p);   /* ir/fuse_mul_mat_cat.c */
 kiln_status ir_fuse_rms_norm_gemv(ir_prog *p); /* ir/fuse_rms_norm_gemv.c */
 kiln_status ir_fuse_elementwise(ir_prog *p);   /* ir/fuse_elementwise.c */
 kiln_status ir_fuse_gemv_rope(ir_prog *p);     /* ir/fuse_gemv_rope.c */
+kiln_status ir_fuse_head_rope(ir_prog *p);     /* ir/fuse_head_rope.c */
 kiln_status ir_memplan(ir_prog *p);          /* ir/memplan.c */
 /* The fusion passes, in pipeline order, by the names users give --no-fuse=NAME. */
 typedef struct {

@@ -47,4 +47,25 @@ bool     ir_in_slot(const ir_node *n, int k);
 bool     ir_ew_fuse_producer(ir_prog *p, int ci, int k, const char *fusion);
 bool     ir_absorb_ew(ir_prog *p, int oi, int ci, const int *vals, int nvals, const char *fusion);
 
+/* Tails of a one-token q/k/v product (ir/tails.c; passes gemv_rope and head_rope). */
+/* One element of an input, weight or state read in no special way: positions and ids. */
+bool     ir_tail_one_preset(const ir_prog *p, const ir_ref *r);
+/* r reads rows [*lo, *hi) of its f32 buffer as contiguous rows of one token ([ne0, heads, 1, 1],
+ * static), at even offsets. */
+bool     ir_tail_rows(const ir_ref *r, int64_t *lo, int64_t *hi);
+/* The operand through which node c reads its rows if c can be a tail, else -1: a plain rope of
+ * every element (mode 0 or neox, one static position, natural f32 frequency factors or none)
+ * into an f32 dst, the same rope fused into a state's row in place (rope_set_rows), or a
+ * set_rows of one row into a state in place; no epilogue or other fusion, not yet a tail. */
+int      ir_tail_operand(const ir_prog *p, const ir_node *c);
+/* Whether node n reads or writes buffer b (any operand, either output). */
+bool     ir_touches(const ir_node *n, int b);
+/* Node x may run after node t instead of before it: neither writes what the other reads or
+ * writes (buffers are whole, distinct memory before the memory plan). */
+bool     ir_commutes(const ir_node *x, const ir_node *t);
+/* Moves nodes [lo, hi] so that nodes first[0..nfirst) (ascending, inside) come first, in order,
+ * then the other live nodes, then the dead ones. The caller checked that the live nodes it
+ * moves later commute with every node of first[] after them. */
+kiln_status ir_gather(ir_prog *p, int lo, int hi, const int *first, int nfirst);
+
 #endif

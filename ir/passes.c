@@ -16,6 +16,7 @@ const ir_fusion ir_fusions[] = {
     {"rms_norm_gemv", ir_fuse_rms_norm_gemv, "rms_norm_mul feeding one decode GEMV: the norm computed by the GEMV from the column it streams"},
     {"ew_chain", ir_fuse_elementwise, "chains of elementwise ops (and copies, casts, GLUs) in one kernel"},
     {"gemv_rope", ir_fuse_gemv_rope, "rope of q, rope + cache row of k, cache row of v computed by the decode q/k/v GEMV's store"},
+    {"head_rope", ir_fuse_head_rope, "per-head q/k norms, ropes and cache rows of one token that no GEMV store took, in one kernel"},
 };
 const int ir_nfusions = (int)(sizeof ir_fusions / sizeof ir_fusions[0]);
 

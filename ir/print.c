@@ -137,7 +137,9 @@ static void print_node(kb_str *o, const ir_prog *p, int idx, int k) {
     if (n->kind == IR_OP) kb_str_addf(o, "k%d%s %s", k, tail, fe_ops[n->op].name);
     else kb_str_addf(o, "k%d ew", k);
     if (n->fusion) kb_str_addf(o, " fused %s", n->fusion);
-    if (n->host) kb_str_addf(o, " (computed by k%d's store: gemv_rope)", k);
+    if (n->host)
+        kb_str_addf(o, p->nodes[n->host - 1].op == FE_OP_MUL_MAT ? " (computed by k%d's store: gemv_rope)"
+                                                                 : " (computed by k%d: head_rope)", k);
     kb_str_add(o, " nodes:");
     for (int i = 0; i < n->nsrc; i++) kb_str_addf(o, "%s%s", i ? ", " : " ", ir_node_name(p, n->src[i]));
     kb_str_add(o, "\n    dst ");
@@ -193,7 +195,7 @@ static void print_fusions(kb_str *o, const ir_prog *p) {
     }
     for (int i = 0; i < p->nnodes; i++) {
         if (p->nodes[i].dead || !hosts_tails(p, i)) continue;
-        kb_str_add(o, "  fused gemv_rope:");
+        kb_str_add(o, p->nodes[i].op == FE_OP_MUL_MAT ? "  fused gemv_rope:" : "  fused head_rope:");
         const char *sep = " ";
         add_sources(o, p, &p->nodes[i], &sep);
         for (int j = ir_next_tail(p, i, i); j >= 0; j = ir_next_tail(p, i, j)) add_sources(o, p, &p->nodes[j], &sep);

@@ -132,51 +132,91 @@ static kiln_status check_node(const ir_prog *p, int i, const bool *written) {
     return NULL;
 }
 
-/* Node i is a tail of its host (pass gemv_rope, ir.h): the host is an earlier one-column
- * mul_mat with its own kernel, only tails of it lie between, and the tail is a rope or set_rows
- * reading nothing but the host's result, presets and its own state in place. */
+/* Whether node m hosts tails in its GEMV's store (pass gemv_rope): a one-column mul_mat. */
+static bool gemv_host(const ir_node *m) {
+    return m->kind == IR_OP && m->op == FE_OP_MUL_MAT && m->dst.ne[1] == 1 && m->dst.ne[2] == 1 && m->dst.ne[3] == 1;
+}
+
+/* A member of a head_rope run: a plain rope or set_rows, or an rms_norm with an epilogue at most. */
+static bool head_member(const ir_node *n) {
+    return n->kind == IR_OP && !n->paired && !n->bnorm && !n->has_dst2 &&
+           ((n->op == FE_OP_ROPE_EXT && n->fused != IR_FUSED_TOPK_MOE && n->ninstr == 0) ||
+            (n->op == FE_OP_SET_ROWS && n->fused == IR_FUSED_NONE && n->ninstr == 0) ||
+            (n->op == FE_OP_RMS_NORM && n->fused == IR_FUSED_NONE));
+}
+
+/* Whether buffer b, which tail i of host h reads, is ready for the host's kernel: an input or
+ * weight, the tail's own state in place (operand k), the host's result (gemv_rope), written
+ * before the host, or (head_rope) the result of an rms_norm of the run. */
+static bool tail_reads_ok(const ir_prog *p, int h, int i, int k) {
+    const ir_node *n = &p->nodes[i], *m = &p->nodes[h];
+    int            b = n->in[k].buf;
+    if (ir_buf_preset(p->bufs[b].kind) || in_place_operand(p, n, k)) return true;
+    if (gemv_host(m)) return b == m->dst.buf;
+    int w = ir_node_writing(p, b);
+    return (w >= 0 && w < h) || (w >= h && w < i && p->nodes[w].op == FE_OP_RMS_NORM);
+}
+
+/* Node i is a tail of its host (ir.h, host): the host is an earlier node with its own kernel,
+ * only tails of it lie between, and the tail is one the host's kind computes: a rope or set_rows
+ * after a one-column mul_mat (gemv_rope), or any member of a head_rope run after its first. */
 static kiln_status check_tail(const ir_prog *p, int i) {
     const ir_node *n = &p->nodes[i];
     int            h = n->host - 1;
     const ir_node *m = h >= 0 && h < i ? &p->nodes[h] : NULL;
-    if (!m || m->dead || m->host || m->kind != IR_OP || m->op != FE_OP_MUL_MAT || m->dst.ne[1] != 1 ||
-        m->dst.ne[2] != 1 || m->dst.ne[3] != 1)
-        return kb_error(KILN_ERR_INVALID, "IR node %d: its host %d is not an earlier one-column mul_mat", i, h);
+    if (!m || m->dead || m->host || !(gemv_host(m) || head_member(m)))
+        return kb_error(KILN_ERR_INVALID, "IR node %d: its host %d is not an earlier one-column mul_mat or head_rope run",
+                        i, h);
     for (int j = h + 1; j < i; j++)
         if (!p->nodes[j].dead && p->nodes[j].host != n->host)
             return kb_error(KILN_ERR_INVALID, "IR node %d: node %d runs between it and its host %d", i, j, h);
-    bool kind = n->kind == IR_OP && n->ninstr == 0 && !n->paired && !n->bnorm &&
-                ((n->op == FE_OP_ROPE_EXT && n->fused != IR_FUSED_TOPK_MOE) ||
-                 (n->op == FE_OP_SET_ROWS && n->fused == IR_FUSED_NONE));
-    if (!kind) return kb_error(KILN_ERR_INVALID, "IR node %d: only a plain rope or set_rows can be a tail", i);
-    for (int k = 0; k < n->nin; k++) {
-        int b = n->in[k].buf;
-        if (b != m->dst.buf && !ir_buf_preset(p->bufs[b].kind) && !in_place_operand(p, n, k))
+    bool kind = gemv_host(m) ? n->kind == IR_OP && n->ninstr == 0 && !n->paired && !n->bnorm &&
+                                   ((n->op == FE_OP_ROPE_EXT && n->fused != IR_FUSED_TOPK_MOE) ||
+                                    (n->op == FE_OP_SET_ROWS && n->fused == IR_FUSED_NONE))
+                             : head_member(n);
+    if (!kind)
+        return kb_error(KILN_ERR_INVALID, "IR node %d: only a plain rope or set_rows (or, in a head_rope run, an rms_norm) "
+                        "can be a tail", i);
+    for (int k = 0; k < n->nin; k++)
+        if (!tail_reads_ok(p, h, i, k))
             return kb_error(KILN_ERR_INVALID, "IR node %d: a tail reads '%s', which is neither its host's result nor "
-                            "ready before the host", i, p->bufs[b].name);
-    }
+                            "ready before the host", i, p->bufs[n->in[k].buf].name);
     return NULL;
 }
 
-/* The tails' rules, and: only its tails read a host's result (the host's kernel does not
- * store it). */
+/* The buffer of tail i's group that its kernel does not store, or -1: a gemv_rope host's result;
+ * in a head_rope run, the result of an rms_norm (the tail's own, or the host's when i is the
+ * first tail). */
+static int unstored(const ir_prog *p, int i) {
+    const ir_node *n = &p->nodes[i];
+    int            h = n->host - 1;
+    if (gemv_host(&p->nodes[h])) return p->nodes[h].dst.buf;
+    if (n->op == FE_OP_RMS_NORM) return n->dst.buf;
+    return -1;
+}
+
+/* The tails' rules, and: nothing outside a group reads what its kernel does not store. */
 static kiln_status check_hosts(const ir_prog *p) {
-    int *hosted = NULL; /* by buffer: index + 1 of the host whose result it is */
+    int *hosted = NULL; /* by buffer: index + 1 of the host of the group that does not store it */
     for (int i = 0; i < p->nnodes; i++) {
-        if (p->nodes[i].dead || !p->nodes[i].host) continue;
+        const ir_node *n = &p->nodes[i];
+        if (n->dead || !n->host) continue;
         kiln_status st = check_tail(p, i);
         if (st) {
             free(hosted);
             return st;
         }
         if (!hosted && !(hosted = calloc((size_t)p->nbufs + 1, sizeof *hosted))) return kb_oom();
-        hosted[p->nodes[p->nodes[i].host - 1].dst.buf] = p->nodes[i].host;
+        int h = n->host - 1, b = unstored(p, i);
+        if (b >= 0) hosted[b] = n->host;
+        if (i == ir_next_tail(p, h, h) && !gemv_host(&p->nodes[h]) && p->nodes[h].op == FE_OP_RMS_NORM)
+            hosted[p->nodes[h].dst.buf] = n->host;
     }
     for (int i = 0; hosted && i < p->nnodes; i++) {
         const ir_node *n = &p->nodes[i];
         for (int k = 0; !n->dead && k < n->nin; k++) {
             int h = hosted[n->in[k].buf];
-            if (h && n->host != h) {
+            if (h && n->host != h && i != h - 1) {
                 kiln_status st = kb_error(KILN_ERR_INVALID, "IR node %d reads '%s', the result of host %d, which only "
                                           "its tails may read", i, p->bufs[n->in[k].buf].name, h - 1);
                 free(hosted);
