@@ -323,7 +323,13 @@ kiln_status sv_engine_new(const kiln_model *m, const kiln_tokenizer *tok, const 
                       (long long)total, e->n_slots, (long long)e->n_ctx);
     if (e->n_ctx > hp->n_ctx_train) e->n_ctx = hp->n_ctx_train; /* (rope positions past training) */
     kiln_batch_opts bo = {.n_ctx = e->n_ctx * e->n_slots, .n_seq = e->n_slots, .cpu = o->cpu, .n_batch = o->n_batch,
-                          .tp = o->tp, .pp = o->pp};
+                          .tp = o->tp, .pp = o->pp, .n_small = o->n_small};
+    int64_t nb = o->n_batch > 0 ? o->n_batch : bo.n_ctx < 512 ? bo.n_ctx : 512; /* (kiln_batch's default) */
+    if (o->n_small < 0) /* auto: where steps of several sequences take more than it */
+        bo.n_small = e->n_slots > 1 && !o->cpu && nb > SV_SMALL_AUTO ? SV_SMALL_AUTO : 0;
+    else if (!st && o->n_small >= nb)
+        st = kb_error(KILN_ERR_INVALID, "serve: --batch-small %lld: 0 (none), or 2 .. %lld (below -b %lld)",
+                      (long long)o->n_small, (long long)nb - 1, (long long)nb);
     if (!st) st = kiln_batch_new(m, &bo, &e->b);
     if (!st && pthread_create(&e->thread, NULL, engine_main, e) != 0)
         st = kb_error(KILN_ERR_NOMEM, "serve: could not start the engine's thread");

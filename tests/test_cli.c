@@ -200,7 +200,13 @@ START_TEST(bench_usage) {
     ck_assert_ptr_nonnull(strstr(out, "reduce-overhead"));
     free(out);
     ck_assert_int_eq(kiln("bench --batch-small 1", &out), 2);
-    ck_assert_msg(strstr(out, "--batch-small 1: must be 2 .. 511"), "%s", out);
+    ck_assert_msg(strstr(out, "--batch-small 1: 0 (none), or 2 .. 511"), "%s", out);
+    free(out);
+    ck_assert_int_eq(kiln("bench --batch-small 512", &out), 2);
+    ck_assert_msg(strstr(out, "--batch-small 512: must be 0 .. 511"), "%s", out);
+    free(out);
+    ck_assert_int_eq(kiln("serve m.gguf --batch-small 1", &out), 2);
+    ck_assert_msg(strstr(out, "--batch-small 1: 0 (none), or 2 .. -b minus 1"), "%s", out);
     free(out);
     ck_assert_int_eq(kiln("bench --models llama-9z", &out), 2);
     ck_assert_msg(strstr(out, "unknown preset 'llama-9z'") && strstr(out, "qwen3-30b-a3b"), "%s", out);

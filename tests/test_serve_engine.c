@@ -171,8 +171,16 @@ START_TEST(stop_strings_cut) {
 END_TEST
 
 START_TEST(refusals_and_cancel) {
+    /* a small program (--batch-small) that steps of -b tokens would not leave below them */
+    sv_engine_opts so = {.n_slots = 2, .n_ctx = 256, .n_batch = 32, .n_small = 32, .cpu = true};
+    sv_engine     *e = NULL;
+    kiln_status    st = sv_engine_new(g_model, g_tok, &so, &e);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), "--batch-small 32: 0 (none), or 2 .. 31 (below -b 32)"), "%s",
+                  st ? kiln_status_msg(st) : "(ok)");
+    ck_assert_ptr_null(e);
+    kiln_status_free(st);
     /* a prompt longer than the context (64 slots) */
-    sv_engine *e = engine(1, 1, 64);
+    e = engine(1, 1, 64);
     char       big[4096] = "{\"model\": \"tiny\", \"prompt\": \"";
     for (int i = 0; i < 60; i++) strcat(big, "many different words ");
     strcat(big, "\"}");

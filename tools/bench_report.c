@@ -132,9 +132,11 @@ static void print_models(const kt_bench_model *ms, int n) {
 }
 
 /* The batch rows: aggregate generation, one step, the batch filling, time to first token, limit. */
-static void print_batch(const kt_bench_batch *rows, int n) {
+static void print_batch(const kt_bench_batch *rows, int n, int small) {
     printf("\nbatched decode (kiln_batch: each sequence a %lld-token prompt, then greedy tokens; tok/s of all "
-           "sequences together)\n", n ? (long long)rows[0].prompt_n : 512LL);
+           "sequences together; ", n ? (long long)rows[0].prompt_n : 512LL);
+    if (small) printf("steps of at most %d tokens take their own program, --batch-small)\n", small);
+    else printf("one program for every step, --batch-small 0)\n");
     printf("%-20s %6s %12s %10s %12s %10s %12s %6s\n", "model", "seqs", "gen tok/s", "step ms", "prompt tok/s",
            "ttft ms", "limit tok/s", "%");
     for (int i = 0; i < n; i++) {
@@ -160,7 +162,7 @@ void kt_bench_print(const kt_bench *b, const kt_bench_results *r) {
     if (!b->torch) printf("PyTorch: %s\n", b->torch_why);
     if (nops) print_ops(b, ops, nops);
     if (nmodels) print_models(models, nmodels);
-    if (r->nbatch) print_batch(r->batch, r->nbatch);
+    if (r->nbatch) print_batch(r->batch, r->nbatch, b->batch_small);
 }
 
 /* ---- JSON ------------------------------------------------------------------------------------ */
@@ -254,7 +256,8 @@ static void json_model(kb_str *j, const kt_bench_model *m) {
     kb_str_add(j, "}");
 }
 
-static void json_batch(kb_str *j, const kt_bench_batch *rows, int n) {
+static void json_batch(kb_str *j, const kt_bench_batch *rows, int n, int small) {
+    kb_str_addf(j, "  \"batch_small\": %d,\n", small);
     kb_str_add(j, "  \"batch\": [\n");
     for (int i = 0; i < n; i++) {
         const kt_bench_batch *r = &rows[i];
@@ -297,7 +300,7 @@ kiln_status kt_bench_write_json(const kt_bench *b, const kt_bench_results *r) {
     json_str(&j, b->torch ? "yes" : b->torch_why);
     kb_str_add(&j, "},\n");
     json_ops(&j, ops, nops);
-    json_batch(&j, r->batch, r->nbatch);
+    json_batch(&j, r->batch, r->nbatch, b->batch_small);
     kb_str_add(&j, "  \"models\": [\n");
     for (int i = 0; i < nmodels; i++) {
         json_model(&j, &models[i]);

@@ -49,8 +49,9 @@ static const char help[] =
     "  --seqs LIST     the batched rows' sequence counts, 1 .. 512 each (default 1,8,32,64);\n"
     "                  '--seqs 64' with KILN_PROFILE=1 KILN_PROFILE_SKIP=64 (the prompt steps, one\n"
     "                  a sequence) times the kernels of a decode step of 64 sequences\n"
-    "  --batch-small N also a program for steps of at most N tokens (2 .. 511; kiln_batch_opts.n_small):\n"
-    "                  the decode steps then take plans made for few tokens\n"
+    "  --batch-small N also a program for steps of at most N tokens (2 .. 511; kiln_batch_opts.n_small;\n"
+    "                  default 64, as kiln serve's; 0: none): the decode steps then take plans made\n"
+    "                  for few tokens\n"
     "  --kv LIST       the model rows' decode positions, 1 to 3 (default 512,4096,32768); the limit\n"
     "                  column counts the weights and, at each position, the K and V the token reads\n"
     "  --tp G          the model rows split over G GPUs (with --models-only; kiln run --tp, docs/tp.md):\n"
@@ -142,7 +143,8 @@ static int parse(int argc, char **argv, kt_bench *b) {
             if (!parse_seqs(b, v)) return KT_EXIT_USAGE;
         }
         else if (!strcmp(a, "--batch-small")) {
-            if (!kt_flag_int32("bench", a, v, 2, 511, &b->batch_small)) return KT_EXIT_USAGE; /* (below the prompt steps' 512) */
+            if (!kt_flag_int32("bench", a, v, 0, 511, &b->batch_small)) return KT_EXIT_USAGE; /* (below the prompt steps' 512) */
+            if (b->batch_small == 1) return kt_usage("bench", "%s", "--batch-small 1: 0 (none), or 2 .. 511");
         }
         else if (!strcmp(a, "--kv")) {
             if (!parse_kvs(b, v)) return KT_EXIT_USAGE;
@@ -220,7 +222,7 @@ static kiln_status machine(kt_bench *b) {
 }
 
 static int run(int argc, char **argv) {
-    kt_bench b = {0};
+    kt_bench b = {.batch_small = 64}; /* kiln serve's default small program */
     int      rc = parse(argc, argv, &b);
     if (rc != KT_GO_ON) return rc;
     double      t0 = kb_now_ms();

@@ -15,7 +15,7 @@ static const char summary[] =
     "                  streaming) on 127.0.0.1:8080 ('kiln help serve')\n";
 
 static const char help[] =
-    "usage: kiln serve MODEL.gguf [--host ADDR] [--port N] [-np N] [-c N] [-b N] [--queue N]\n"
+    "usage: kiln serve MODEL.gguf [--host ADDR] [--port N] [-np N] [-c N] [-b N] [--batch-small N] [--queue N]\n"
     "                  [--api-key KEY] [--alias NAME] [--chat-template NAME] [--max-body BYTES] [--tp G | --pp G]\n"
     "                  [--cpu]\n"
     "  serves the model over HTTP as OpenAI's API does, for any OpenAI client:\n"
@@ -34,6 +34,9 @@ static const char help[] =
     "                    -np-th share, as llama-server's -c (default -np x min(4096, the model's))\n"
     "  -b N              tokens one step takes at most, decode tokens and prompt chunks together\n"
     "                    (default min(512, -c))\n"
+    "  --batch-small N   also a program for steps of at most N tokens (0: none; 2 .. -b minus 1): the\n"
+    "                    decode steps of a few slots replay plans made for few tokens (default 64\n"
+    "                    with -np 2 or more on a GPU and -b above 64, else none)\n"
     "  --queue N         requests that may wait for a slot (default 64); more get 429\n"
     "  --api-key KEY     required as \"Authorization: Bearer KEY\" (all routes but /health)\n"
     "  --alias NAME      the model's name in requests and /v1/models (default: the file's, no .gguf)\n"
@@ -47,7 +50,7 @@ static const char help[] =
 
 typedef struct {
     const char *model, *host, *api_key, *alias, *tmpl;
-    int64_t     port, slots, n_ctx, n_batch, queue, tp, pp;
+    int64_t     port, slots, n_ctx, n_batch, n_small, queue, tp, pp;
     uint64_t    max_body;
     bool        cpu;
 } serve_args;
@@ -76,7 +79,10 @@ static int parse(int argc, char **argv, serve_args *a) {
         else if (!strcmp(f, "--port")) ok = kt_flag_int(cmd, f, v, 0, 65535, &a->port);
         else if (!strcmp(f, "-np") || !strcmp(f, "--parallel")) ok = kt_flag_int(cmd, f, v, 1, 256, &a->slots);
         else if (!strcmp(f, "-c") || !strcmp(f, "--ctx-size")) ok = kt_flag_int(cmd, f, v, 1, KT_FLAG_MAX_CTX, &a->n_ctx);
-        else if (!strcmp(f, "--queue")) ok = kt_flag_int(cmd, f, v, 1, 1 << 20, &a->queue);
+        else if (!strcmp(f, "--batch-small")) {
+            ok = kt_flag_int(cmd, f, v, 0, KT_FLAG_MAX_CTX, &a->n_small);
+            if (ok && a->n_small == 1) return kt_usage(cmd, "%s", "--batch-small 1: 0 (none), or 2 .. -b minus 1");
+        } else if (!strcmp(f, "--queue")) ok = kt_flag_int(cmd, f, v, 1, 1 << 20, &a->queue);
         else if (!strcmp(f, "-b") || !strcmp(f, "--batch-size")) ok = kt_flag_int(cmd, f, v, 1, KT_FLAG_MAX_CTX, &a->n_batch);
         else if (!strcmp(f, "--max-body")) ok = kt_flag_size(cmd, f, v, &a->max_body);
         else if (!strcmp(f, "--tp")) ok = kt_flag_int(cmd, f, v, 1, 64, &a->tp);
@@ -103,7 +109,7 @@ static void model_id(const char *path, char *out, size_t n) {
 }
 
 static int run(int argc, char **argv) {
-    serve_args a = {.host = "127.0.0.1", .port = 8080, .slots = 1, .queue = 64, .max_body = 1 << 20};
+    serve_args a = {.host = "127.0.0.1", .port = 8080, .slots = 1, .n_small = -1, .queue = 64, .max_body = 1 << 20};
     int        rc = parse(argc, argv, &a);
     if (rc != KT_GO_ON) return rc;
     char id[128];
@@ -123,6 +129,7 @@ static int run(int argc, char **argv) {
     kiln_status     st = kiln_model_open(a.model, &m);
     if (!st) st = kiln_tokenizer_from_gguf(kiln_model_gguf(m), &tok);
     sv_engine_opts eo = {.n_slots = (int)a.slots, .queue_max = (int)a.queue, .n_ctx = a.n_ctx, .n_batch = a.n_batch,
+                         .n_small = a.n_small,
                          .cpu = a.cpu, .tp = (int)a.tp, .pp = (int)a.pp,
                          .chat_template = a.tmpl};
     if (!st) st = sv_engine_new(m, tok, &eo, &e);
