@@ -61,12 +61,10 @@ static int rows_operand(const ir_prog *p, const ir_node *c) {
     return c->op == FE_OP_SET_ROWS || c->in[k].ne[0] <= MAX_NE0 ? k : -1;
 }
 
-/* Whether member m (rows through operand k) reads the whole result of a norm of the run
- * run[0..n) that only it reads; *norm_of is that norm's index in the run, or -1 when m reads
- * rows written before the run. False when m reads a member's result any other way. */
-static bool source_ok(const ir_prog *p, const int *run, int n, int m, int k, int *norm_of) {
+/* Whether member m of run[0..n) (rows through operand k) reads no member's result, or only the
+ * whole result of an earlier norm of the run that only it reads, through k. */
+static bool source_ok(const ir_prog *p, const int *run, int n, int m, int k) {
     const ir_node *c = &p->nodes[run[m]];
-    *norm_of = -1;
     for (int j = 0; j < n; j++) {
         const ir_node *o = &p->nodes[run[j]];
         if (j == m) continue;
@@ -75,7 +73,6 @@ static bool source_ok(const ir_prog *p, const int *run, int n, int m, int k, int
             bool whole = q == k && j < m && o->op == FE_OP_RMS_NORM && c->op == FE_OP_ROPE_EXT &&
                          ir_ref_equal(&c->in[q], &o->dst) && ir_readers(p, o->dst.buf) == 1;
             if (!whole) return false;
-            *norm_of = j;
         }
     }
     return true;
@@ -105,8 +102,7 @@ static int legal_prefix(const ir_prog *p, const int *run, int n) {
     int ok = 0;
     for (int m = 0; m < n; m++) {
         const ir_node *c = &p->nodes[run[m]];
-        int            k = rows_operand(p, c), norm;
-        if (!source_ok(p, run, m + 1, m, k, &norm)) break;
+        if (!source_ok(p, run, m + 1, m, rows_operand(p, c))) break;
         /* no two members write one buffer, and none read what a later one writes */
         bool fine = true;
         for (int j = 0; j < m && fine; j++) {

@@ -893,3 +893,27 @@ void ts_logit_row(uint64_t *r, float *x, int64_t n, int kind) {
     if (kind == 3 && ts_rng_next(r) % 2) /* NaN only: the fallback is id 0 */
         for (int64_t i = 0; i < n; i++) x[i] = NAN;
 }
+
+ir_prog *ts_lowered(const char *kg, kiln_ctx **ctx, kiln_graph **g) {
+    *ctx = ts_parse(kg);
+    TS_OK(kiln_graph_new(*ctx, g));
+    ir_prog *p;
+    TS_OK(ir_lower(*g, &p));
+    TS_OK(ir_run_passes(p, true, NULL));
+    return p;
+}
+
+int ts_node_named(const ir_prog *p, const char *name) {
+    for (int i = 0; i < p->nnodes; i++)
+        for (int s = 0; !p->nodes[i].dead && s < p->nodes[i].nsrc; s++)
+            if (!strcmp(ir_node_name(p, p->nodes[i].src[s]), name)) return i;
+    ck_abort_msg("no node %s", name);
+    return -1;
+}
+
+void ts_expect_invalid(const ir_prog *p, const char *want) {
+    kiln_status st = ir_verify(p);
+    ck_assert_msg(st && strstr(kiln_status_msg(st), want), "verify: want '%s', got '%s'", want,
+                  st ? kiln_status_msg(st) : "(ok)");
+    kiln_status_free(st);
+}

@@ -193,6 +193,12 @@ void ts_one_kernel_case(int i, const char *kg, const char *want, const char *nam
 /* Hand-built IR for codegen tests (tests/test_codegen.c, tests/test_ew_vector.c). A program of
  * nnodes zeroed nodes and room for 4 * IR_MAX_IN buffers; ts_prog_free frees it. */
 ir_prog *ts_prog_new(int nnodes);
+/* kg parsed, built and lowered with every pass (ts_graph_free(*g, *ctx) after the program). */
+ir_prog *ts_lowered(const char *kg, kiln_ctx **ctx, kiln_graph **g);
+/* The live node that implements graph node `name` (aborts the test when none does). */
+int      ts_node_named(const ir_prog *p, const char *name);
+/* Asserts that ir_verify(p) fails with a message containing want. */
+void     ts_expect_invalid(const ir_prog *p, const char *want);
 void     ts_prog_free(ir_prog *p);
 /* Registers r's buffer (named name) as a temporary large enough for r. */
 void     ts_use_buf(ir_prog *p, const ir_ref *r, const char *name);

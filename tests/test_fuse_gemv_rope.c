@@ -112,22 +112,6 @@ START_TEST(not_fired) {
 }
 END_TEST
 
-static ir_prog *lowered(const char *kg, kiln_ctx **ctx, kiln_graph **g) {
-    *ctx = ts_parse(kg);
-    TS_OK(kiln_graph_new(*ctx, g));
-    ir_prog *p;
-    TS_OK(ir_lower(*g, &p));
-    TS_OK(ir_run_passes(p, true, NULL));
-    return p;
-}
-
-static int node_named(const ir_prog *p, const char *name) {
-    for (int i = 0; i < p->nnodes; i++)
-        for (int s = 0; !p->nodes[i].dead && s < p->nodes[i].nsrc; s++)
-            if (!strcmp(ir_node_name(p, p->nodes[i].src[s]), name)) return i;
-    ck_abort_msg("no node %s", name);
-    return -1;
-}
 
 /* y (a temporary the GEMV reads, dying there) and a temporary rope result (written by the
  * GEMV's store) must not share memory: the tails count at the host's step. */
@@ -139,8 +123,8 @@ START_TEST(memplan_group) {
     char *q = strstr(kg, "output qr");
     memmove(q, q + 7, strlen(q + 7) + 1); /* qr: a temporary ... */
     strcat(kg, "output o = scale(qr, 3)\n"); /* ... read later */
-    ir_prog *p = lowered(kg, &ctx, &g);
-    int      h = node_named(p, "q"), r = node_named(p, "qr"), y = node_named(p, "y");
+    ir_prog *p = ts_lowered(kg, &ctx, &g);
+    int      h = ts_node_named(p, "q"), r = ts_node_named(p, "qr"), y = ts_node_named(p, "y");
     ck_assert_int_eq(p->nodes[r].host, h + 1);
     const ir_buf *qb = &p->bufs[p->nodes[r].dst.buf], *yb = &p->bufs[p->nodes[y].dst.buf];
     ck_assert_int_eq(qb->kind, IR_BUF_TEMP);
@@ -154,31 +138,25 @@ START_TEST(memplan_group) {
 }
 END_TEST
 
-static void expect_invalid(ir_prog *p, const char *want) {
-    kiln_status st = ir_verify(p);
-    ck_assert_msg(st && strstr(kiln_status_msg(st), want), "verify: want '%s', got '%s'", want,
-                  st ? kiln_status_msg(st) : "(ok)");
-    kiln_status_free(st);
-}
 
 START_TEST(verify_rejects) {
     kiln_ctx   *ctx;
     kiln_graph *g;
-    ir_prog    *p = lowered(front("bf16", 64, 1, ROPE, "f16", true, true, "output o = scale(qr, 3)\n"), &ctx, &g);
-    int         h = node_named(p, "q"), r = node_named(p, "qr"), kc = node_named(p, "k_cache"), o = node_named(p, "o");
-    int         v = node_named(p, "v_cache");
+    ir_prog    *p = ts_lowered(front("bf16", 64, 1, ROPE, "f16", true, true, "output o = scale(qr, 3)\n"), &ctx, &g);
+    int         h = ts_node_named(p, "q"), r = ts_node_named(p, "qr"), kc = ts_node_named(p, "k_cache"), o = ts_node_named(p, "o");
+    int         v = ts_node_named(p, "v_cache");
     TS_OK(ir_verify(p));
     p->nodes[r].host = o + 1; /* a host that is not an earlier mul_mat */
-    expect_invalid(p, "is not an earlier one-column mul_mat");
+    ts_expect_invalid(p, "is not an earlier one-column mul_mat");
     p->nodes[r].host = h + 1;
     p->nodes[kc].host = 0; /* a node with its own kernel between a host and its tail ... */
-    expect_invalid(p, "runs between it and its host");
+    ts_expect_invalid(p, "runs between it and its host");
     p->nodes[kc].host = h + 1;
     ir_node saved = p->nodes[o]; /* ... and a node reading the host's result */
     p->nodes[o].in[0] = p->nodes[v].in[p->nodes[v].opd[1]];
     p->nodes[o].in[0].ne[0] = p->nodes[o].dst.ne[0];
     p->nodes[o].in[0].offs = 0;
-    expect_invalid(p, "which only its tails may read");
+    ts_expect_invalid(p, "which only its tails may read");
     p->nodes[o] = saved;
     TS_OK(ir_verify(p));
     ir_prog_free(p);

@@ -97,46 +97,24 @@ START_TEST(not_fired) {
 }
 END_TEST
 
-static ir_prog *lowered(const char *kg, kiln_ctx **ctx, kiln_graph **g) {
-    *ctx = ts_parse(kg);
-    TS_OK(kiln_graph_new(*ctx, g));
-    ir_prog *p;
-    TS_OK(ir_lower(*g, &p));
-    TS_OK(ir_run_passes(p, true, NULL));
-    return p;
-}
 
-static int node_named(const ir_prog *p, const char *name) {
-    for (int i = 0; i < p->nnodes; i++)
-        for (int s = 0; !p->nodes[i].dead && s < p->nodes[i].nsrc; s++)
-            if (!strcmp(ir_node_name(p, p->nodes[i].src[s]), name)) return i;
-    ck_abort_msg("no node %s", name);
-    return -1;
-}
-
-static void expect_invalid(ir_prog *p, const char *want) {
-    kiln_status st = ir_verify(p);
-    ck_assert_msg(st && strstr(kiln_status_msg(st), want), "verify: want '%s', got '%s'", want,
-                  st ? kiln_status_msg(st) : "(ok)");
-    kiln_status_free(st);
-}
 
 /* The run's first node hosts the others; a norm's result (never stored by the kernel) read by a
  * node outside the run, a member that no run computes, a host that is no member: rejected. */
 START_TEST(verify_rejects) {
     kiln_ctx   *ctx;
     kiln_graph *g;
-    ir_prog    *p = lowered(front(64, 2, "bf16", NULL, "f16", 1, NEOX, NULL, "output o = scale(qr, 3)\n"), &ctx, &g);
-    int         h = node_named(p, "qn"), kn = node_named(p, "kn"), kr = node_named(p, "kr"), o = node_named(p, "o");
+    ir_prog    *p = ts_lowered(front(64, 2, "bf16", NULL, "f16", 1, NEOX, NULL, "output o = scale(qr, 3)\n"), &ctx, &g);
+    int         h = ts_node_named(p, "qn"), kn = ts_node_named(p, "kn"), kr = ts_node_named(p, "kr"), o = ts_node_named(p, "o");
     TS_OK(ir_verify(p));
-    for (int i = h + 1; i <= node_named(p, "v_cache"); i++)
+    for (int i = h + 1; i <= ts_node_named(p, "v_cache"); i++)
         if (!p->nodes[i].dead) ck_assert_int_eq(p->nodes[i].host, h + 1);
     ir_node saved = p->nodes[o];
     p->nodes[o].in[0] = p->nodes[kr].in[p->nodes[kr].opd[0]]; /* o reads k's norm */
-    expect_invalid(p, "which only its tails may read");
+    ts_expect_invalid(p, "which only its tails may read");
     p->nodes[o] = saved;
     p->nodes[kn].host = o + 1; /* a host that is no member and no GEMV */
-    expect_invalid(p, "is not an earlier one-column mul_mat or head_rope run");
+    ts_expect_invalid(p, "is not an earlier one-column mul_mat or head_rope run");
     p->nodes[kn].host = h + 1;
     TS_OK(ir_verify(p));
     ir_prog_free(p);

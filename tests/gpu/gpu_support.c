@@ -445,3 +445,16 @@ void check_kg_fused(const char *kg, const char *what, double tol, uint64_t seed)
     hset_free(&h);
     ts_graph_free(g, ctx);
 }
+
+void fused_run_check(const char *kg, const char *const *want, const char *const *absent, const char *label) {
+    char *dir = ts_tmpdir(), *path = write_kg(dir, "g", kg), cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s inspect %s 2>&1", ts_kiln_bin(), path);
+    ck_assert_int_eq(ts_run(cmd, &out), 0);
+    for (int i = 0; want[i]; i++) ck_assert_msg(strstr(out, want[i]), "%s: no '%s':\n%s", label, want[i], out);
+    for (int i = 0; absent && absent[i]; i++)
+        ck_assert_msg(!strstr(out, absent[i]), "%s: '%s' is left:\n%s", label, absent[i], out);
+    free(out);
+    run_check(path, "", label);
+    free(path);
+    ts_tmpdir_free(dir);
+}

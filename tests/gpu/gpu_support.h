@@ -77,6 +77,9 @@ double run_median_ms(const char *path, const char *args_fmt, ...) KB_PRINTF(2, 3
 /* `kiln run PATH ARGS --check` with the CUDA graph and with plain launches: asserts success and
  * no FAILED check, prints the check lines under `label`. */
 void run_check(const char *path, const char *args, const char *label);
+/* Graph text kg in a new folder: `kiln inspect` must print every line of want (NULL-terminated)
+ * and none of absent (NULL-terminated, or NULL), then run_check of it. */
+void fused_run_check(const char *kg, const char *const *want, const char *const *absent, const char *label);
 /* run_check of kg with --dim DIM=V at each of the nvals values. */
 void run_check_at_values(const char *kg, const char *dim, const int *vals, int nvals, const char *label);
 /* The body of a loop test over symbolic cases: needs a GPU, then run_check_at_values of kg at the

@@ -52,20 +52,11 @@ START_TEST(front) {
     snprintf(label, sizeof label, "head_rope K %d heads %d x %d/%d %s weights, %s cache, mode %d%s", K, hd, hq, hkv,
              CASES[_i].wt, CASES[_i].ct, CASES[_i].mode, CASES[_i].scale ? ", q scaled" : "");
 
-    char *dir = ts_tmpdir(), *path = write_kg(dir, "g", kg), cmd[1024], *out = NULL;
-    snprintf(cmd, sizeof cmd, "%s inspect %s 2>&1", ts_kiln_bin(), path);
-    ck_assert_int_eq(ts_run(cmd, &out), 0);
-    const char *want = CASES[_i].vt ? "fused head_rope: qn, qm, kn, km, qr, kr, k_cache\n"
-                                    : "fused head_rope: qn, qm, kn, km, qr, kr, k_cache, v_cache\n";
-    ck_assert_msg(strstr(out, want), "%s: not fused:\n%s", label, out);
-    ck_assert_msg(!CASES[_i].vt || strstr(out, "fused gemv_rope: v0, v_cache\n"), "%s: v's GEMV took no cache row:\n%s",
-                  label, out);
-    ck_assert_msg(!strstr(out, "set_rows nodes:") && !strstr(out, "rope_ext nodes:") && !strstr(out, "rms_norm nodes:"),
-                  "%s: a set_rows, rope or norm kernel is left:\n%s", label, out);
-    free(out);
-    run_check(path, "", label);
-    free(path);
-    ts_tmpdir_free(dir);
+    const char *want[3] = {CASES[_i].vt ? "fused head_rope: qn, qm, kn, km, qr, kr, k_cache\n"
+                                        : "fused head_rope: qn, qm, kn, km, qr, kr, k_cache, v_cache\n",
+                           CASES[_i].vt ? "fused gemv_rope: v0, v_cache\n" : NULL, NULL};
+    const char *absent[4] = {"set_rows nodes:", "rope_ext nodes:", "rms_norm nodes:", NULL};
+    fused_run_check(kg, want, absent, label);
 }
 END_TEST
 
