@@ -59,6 +59,7 @@ struct sv_engine {
     const char           *tmpl;
     int32_t              *eog;
     int64_t               n_eog, n_ctx; /* n_ctx: a request's context */
+    int64_t               n_small;      /* kiln_batch_opts.n_small the batch got */
     int                   n_slots, queue_max;
     kiln_batch           *b;
     slot                 *slots;
@@ -330,6 +331,7 @@ kiln_status sv_engine_new(const kiln_model *m, const kiln_tokenizer *tok, const 
     else if (!st && o->n_small >= nb)
         st = kb_error(KILN_ERR_INVALID, "serve: --batch-small %lld: 0 (none), or 2 .. %lld (below -b %lld)",
                       (long long)o->n_small, (long long)nb - 1, (long long)nb);
+    e->n_small = bo.n_small;
     if (!st) st = kiln_batch_new(m, &bo, &e->b);
     if (!st && pthread_create(&e->thread, NULL, engine_main, e) != 0)
         st = kb_error(KILN_ERR_NOMEM, "serve: could not start the engine's thread");
@@ -376,6 +378,8 @@ void sv_engine_free(sv_engine *e) {
 }
 
 const char *sv_engine_template(const sv_engine *e) { return e ? e->tmpl : NULL; }
+
+int64_t sv_engine_small(const sv_engine *e) { return e ? e->n_small : 0; }
 
 /* The prompt's tokens: a chat's messages rendered with the template first. */
 static bool tokenize(sv_engine *e, sv_job *j, sv_error *err) {

@@ -115,6 +115,8 @@ void        sv_engine_shutdown(sv_engine *e);
 void        sv_engine_free(sv_engine *e);
 /* The chat template in use (static). */
 const char *sv_engine_template(const sv_engine *e);
+/* The small program's tokens (kiln_batch_opts.n_small, 0: none) the engine's batch has. */
+int64_t     sv_engine_small(const sv_engine *e);
 /* Takes r (the engine frees it): its prompt tokenized (a chat's rendered first), then queued.
  * false with *err and nothing queued: 400 for a prompt the context cannot hold (or that does not
  * tokenize), 429 when queue_max requests wait already. *job (may be NULL) is the handle for

@@ -8,10 +8,12 @@
 #include "model/tokenizer.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 char *ts_tmpdir(void) {
     const char *base = getenv("TMPDIR");
@@ -916,4 +918,37 @@ void ts_expect_invalid(const ir_prog *p, const char *want) {
     ck_assert_msg(st && strstr(kiln_status_msg(st), want), "verify: want '%s', got '%s'", want,
                   st ? kiln_status_msg(st) : "(ok)");
     kiln_status_free(st);
+}
+
+ts_server ts_serve_start(const char *model, const char *const *args, bool cpu, char *line_out) {
+    int fd[2];
+    ck_assert_int_eq(pipe(fd), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]);
+        const char *argv[24] = {ts_kiln_bin(), "serve", model, "--port", "0", "--alias", "tiny", "--cpu"};
+        int         n = cpu ? 8 : 7;
+        for (int i = 0; args[i] && n < 22; i++) argv[n++] = args[i];
+        argv[n] = NULL;
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(fd[1]);
+    FILE *f = fdopen(fd[0], "r");
+    char  line[512] = "";
+    ck_assert_msg(fgets(line, sizeof line, f) != NULL, "kiln serve printed nothing (did it start?)");
+    fclose(f);
+    const char *p = strstr(line, "http://127.0.0.1:");
+    ck_assert_msg(p != NULL, "no listening line: %s", line);
+    if (line_out) snprintf(line_out, 512, "%s", line);
+    return (ts_server){pid, atoi(p + 17)};
+}
+
+void ts_serve_stop(ts_server s) {
+    ck_assert_int_eq(kill(s.pid, SIGTERM), 0);
+    int st;
+    ck_assert_int_eq(waitpid(s.pid, &st, 0), s.pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kiln serve ended with %d", st);
 }

@@ -10,6 +10,7 @@
 #include "ir/ir.h"
 
 #include <stdbool.h>
+#include <sys/types.h>
 
 /* Fails the test with the status message when st is an error; frees st. */
 #define TS_OK(expr)                                                                           \
@@ -193,6 +194,17 @@ void ts_one_kernel_case(int i, const char *kg, const char *want, const char *nam
 /* Hand-built IR for codegen tests (tests/test_codegen.c, tests/test_ew_vector.c). A program of
  * nnodes zeroed nodes and room for 4 * IR_MAX_IN buffers; ts_prog_free frees it. */
 ir_prog *ts_prog_new(int nnodes);
+/* A `kiln serve` started by ts_serve_start. */
+typedef struct {
+    pid_t pid;
+    int   port;
+} ts_server;
+/* Starts kiln serve MODEL --port 0 --alias tiny [--cpu] ARGS (NULL-terminated; its stdout read up
+ * to the "listening" line, for the port; that line in line_out[512] when non-NULL). */
+ts_server ts_serve_start(const char *model, const char *const *args, bool cpu, char *line_out);
+/* SIGTERM, then asserts exit status 0. */
+void      ts_serve_stop(ts_server s);
+
 /* kg parsed, built and lowered with every pass (ts_graph_free(*g, *ctx) after the program). */
 ir_prog *ts_lowered(const char *kg, kiln_ctx **ctx, kiln_graph **g);
 /* The live node that implements graph node `name` (aborts the test when none does). */

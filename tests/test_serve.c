@@ -15,55 +15,15 @@
 
 static char *g_dir;
 
-typedef struct {
-    pid_t pid;
-    int   port;
-} server;
-
-/* Starts kiln serve MODEL ARGS (its stdout read up to the "listening" line, for the port; the
- * line in *line when line is non-NULL). cpu: with --cpu. */
-static server start_as(const char *model, const char *const *args, bool cpu, char *line_out);
-static server start(const char *model, const char *const *args) { return start_as(model, args, true, NULL); }
-
-static server start_as(const char *model, const char *const *args, bool cpu, char *line_out) {
-    int fd[2];
-    ck_assert_int_eq(pipe(fd), 0);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        dup2(fd[1], 1);
-        close(fd[0]);
-        const char *argv[24] = {ts_kiln_bin(), "serve", model, "--port", "0", "--alias", "tiny", "--cpu"};
-        int         n = cpu ? 8 : 7;
-        for (int i = 0; args[i] && n < 22; i++) argv[n++] = args[i];
-        argv[n] = NULL;
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    close(fd[1]);
-    FILE *f = fdopen(fd[0], "r");
-    char  line[512] = "";
-    ck_assert_msg(fgets(line, sizeof line, f) != NULL, "kiln serve printed nothing (did it start?)");
-    fclose(f);
-    const char *p = strstr(line, "http://127.0.0.1:");
-    ck_assert_msg(p != NULL, "no listening line: %s", line);
-    if (line_out) snprintf(line_out, 512, "%s", line);
-    return (server){pid, atoi(p + 17)};
-}
-
-static void stop(server s) {
-    ck_assert_int_eq(kill(s.pid, SIGTERM), 0);
-    int st;
-    ck_assert_int_eq(waitpid(s.pid, &st, 0), s.pid);
-    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kiln serve ended with %d", st);
-}
+/* ts_serve_start with --cpu. */
+static ts_server start(const char *model, const char *const *args) { return ts_serve_start(model, args, true, NULL); }
 
 static const char *python(void) {
     const char *p = getenv("KILN_SERVE_PYTHON");
     return p && *p ? p : "build/pyenv-serve/bin/python";
 }
 
-static void client(server s, const char *tests) {
+static void client(ts_server s, const char *tests) {
     ck_assert_msg(access(python(), X_OK) == 0, "%s is missing: make test builds it (a virtual environment with "
                                                 "OpenAI's package from PyPI), or set KILN_SERVE_PYTHON", python());
     char cmd[1024], *out = NULL;
@@ -88,17 +48,17 @@ static char *model(void) {
 
 START_TEST(openai_client) {
     const char *args[] = {"-np", "4", "-c", "1024", NULL};
-    server      s = start(model(), args);
+    ts_server   s = start(model(), args);
     client(s, "test_basics test_bad_requests test_concurrent");
-    stop(s);
+    ts_serve_stop(s);
 }
 END_TEST
 
 START_TEST(leave_and_queue_full) {
     const char *args[] = {"-np", "4", "--queue", "4", "-c", "2048", NULL};
-    server      s = start(model(), args);
+    ts_server   s = start(model(), args);
     client(s, "test_disconnect_and_queue");
-    stop(s);
+    ts_serve_stop(s);
 }
 END_TEST
 
@@ -130,7 +90,7 @@ END_TEST
 /* An API key: 401 without it (or with another), /health open. */
 START_TEST(api_key) {
     const char *args[] = {"--api-key", "sekret", NULL};
-    server      s = start(model(), args);
+    ts_server   s = start(model(), args);
     char        cmd[512], *out;
     snprintf(cmd, sizeof cmd, "curl -s -o /dev/null -w '%%{http_code}' http://127.0.0.1:%d/v1/models", s.port);
     bool curl = ts_run("command -v curl", NULL) == 0;
@@ -155,7 +115,7 @@ START_TEST(api_key) {
         ck_assert_msg(!strncmp(out, "401", 3), "%s", out);
         free(out);
     }
-    stop(s);
+    ts_serve_stop(s);
 }
 END_TEST
 
@@ -164,10 +124,10 @@ END_TEST
 START_TEST(without_cpu_flag) {
     const char *args[] = {NULL};
     char        line[512];
-    server      s = start_as(model(), args, false, line);
+    ts_server   s = ts_serve_start(model(), args, false, line);
     ck_assert_msg(strstr(line, "CPU reference") || strstr(line, ", GPU,"), "%s", line);
     client(s, "test_health");
-    stop(s);
+    ts_serve_stop(s);
 }
 END_TEST
 

@@ -146,8 +146,10 @@ static int run(int argc, char **argv) {
     if (!st) {
         const char *fmt = strchr(a.host, ':') ? "kiln serve: listening on http://[%s]:%d" : "kiln serve: listening on http://%s:%d";
         printf(fmt, a.host, sv_http_port(h));
-        printf(" (model '%s', %lld slot%s, %s, chat template %s)\n", id, (long long)a.slots, a.slots == 1 ? "" : "s",
-               a.cpu ? "CPU reference" : "GPU", sv_engine_template(e));
+        printf(" (model '%s', %lld slot%s, %s", id, (long long)a.slots, a.slots == 1 ? "" : "s",
+               a.cpu ? "CPU reference" : "GPU");
+        if (sv_engine_small(e)) printf(", steps of at most %lld tokens in a program of their own", (long long)sv_engine_small(e));
+        printf(", chat template %s)\n", sv_engine_template(e));
         fflush(stdout);
         int sig = 0;
         sigwait(&sigs, &sig);
