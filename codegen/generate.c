@@ -270,6 +270,8 @@ static void push_dst_inputs(lua_State *L, const gen_ctx *g, const ir_node *n) {
  * (all operands in order), k.params (scalars by name: floats as exact CUDA literals, ints as
  * integers, bools as booleans, types and enum values as names, I4 as a table of 4) and
  * k.values (floats as Lua numbers, for arithmetic at generation time). */
+static void push_node(lua_State *L, const gen_ctx *g); /* (a tail may be elementwise: pass head_rope) */
+
 static void push_op_node(lua_State *L, const gen_ctx *g) {
     const ir_node *n = g->n;
     const fe_sig  *sig = fe_op_sig(n->op);
@@ -338,7 +340,7 @@ static void push_op_node(lua_State *L, const gen_ctx *g) {
     if (g->ntails > 0) {
         lua_createtable(L, g->ntails, 0);
         for (int t = 0; t < g->ntails; t++) {
-            push_op_node(L, &g->tails[t]);
+            push_node(L, &g->tails[t]);
             lua_rawseti(L, -2, t + 1);
         }
         lua_setfield(L, -2, "tail");

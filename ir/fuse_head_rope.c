@@ -9,7 +9,9 @@
  *             token read from an f32 temporary ([ne0, heads, 1, 1], contiguous rows), into an
  *             f32 temporary that exactly one member of the run, a rope, reads whole;
  *   a tail    a rope of whole heads, a rope into a cache row or a cache row (ir/tails.c), of
- *             rows of an f32 temporary or of a norm of the run.
+ *             rows of an f32 temporary or of a norm of the run;
+ *   post      an elementwise node reading the whole f32 result of a plain rope of the run, which
+ *             nothing else reads, its other operands inputs or weights (Gemma 3's scale of q).
  * Legal when
  *   - the run has 2 to MAX_MEMBERS members, heads of at most MAX_NE0 elements;
  *   - the rows the members read are written before the run (or are a norm's, read by its rope);
@@ -19,7 +21,8 @@
  * Effect: every member after the first gets host = the first's index + 1 (ir.h). The IR still
  * says what each node computes and the CPU reference evaluates each as before; code generation
  * gives the first member's kernel the others as k.tail and the template heads.lua computes them
- * all, a warp per head (the norm's result never stored: only its rope reads it). Memory
+ * all, a warp per head (a norm's result never stored: only its rope reads it; nor a rope's that
+ * a post reads). Memory
  * planning treats the run as one step (ir/memplan.c).
  * Requires: after gemv_rope (where a GEMV's store can take the tails, that saves more). */
 #include "ir_internal.h"
@@ -50,11 +53,38 @@ static bool norm_member(const ir_prog *p, const ir_node *c) {
            d->ne[2] == 1 && d->ne[3] == 1 && a->ne[0] % 2 == 0 && a->ne[0] <= MAX_NE0 && preset_epilogue(p, c);
 }
 
-/* The operand through which member c reads its rows (a norm's a, a tail's rows), or -1 when c is
- * no member. A rope's heads are at most MAX_NE0 long; a cache row (set_rows) is copied in
- * pieces of any length. */
+/* Node c as an elementwise node after a rope (Gemma 3's scale of q): the operand through which
+ * it reads the whole f32 result of a plain rope, in heads of one token, every other operand an
+ * input or weight; its result of the same shape, natural. -1 when c is none. */
+static int post_operand(const ir_prog *p, const ir_node *c) {
+    if (c->dead || c->kind != IR_EW || c->host || c->ninstr < 1 || !ir_ref_static(&c->dst) ||
+        !ir_ref_is_natural(p, &c->dst) || p->bufs[c->dst.buf].kind == IR_BUF_STATE)
+        return -1;
+    int k = -1;
+    for (int q = 0; q < c->nin; q++) {
+        const ir_ref *r = &c->in[q];
+        int           w = ir_node_writing(p, r->buf);
+        const ir_node *o = w >= 0 ? &p->nodes[w] : NULL;
+        int64_t        lo, hi;
+        if (o && o->kind == IR_OP && o->op == FE_OP_ROPE_EXT && o->fused == IR_FUSED_NONE && ir_ref_equal(r, &o->dst) &&
+            p->bufs[r->buf].kind == IR_BUF_TEMP && ir_tail_rows(r, &lo, &hi) && k < 0) {
+            k = q;
+            continue;
+        }
+        if (!ir_ref_static(r) || !ir_buf_preset(p->bufs[r->buf].kind)) return -1;
+    }
+    if (k < 0) return -1;
+    for (int d = 0; d < 4; d++)
+        if (c->dst.ne[d] != c->in[k].ne[d]) return -1;
+    return k;
+}
+
+/* The operand through which member c reads its rows (a norm's a, a tail's rows, the rope result
+ * an elementwise node after it reads), or -1 when c is no member. A rope's heads are at most
+ * MAX_NE0 long; a cache row (set_rows) is copied in pieces of any length. */
 static int rows_operand(const ir_prog *p, const ir_node *c) {
     if (norm_member(p, c)) return c->opd[0];
+    if (c->kind == IR_EW) return post_operand(p, c);
     int     k = ir_tail_operand(p, c);
     int64_t lo, hi;
     if (k < 0 || !ir_tail_rows(&c->in[k], &lo, &hi) || p->bufs[c->in[k].buf].kind != IR_BUF_TEMP) return -1;
@@ -62,7 +92,8 @@ static int rows_operand(const ir_prog *p, const ir_node *c) {
 }
 
 /* Whether member m of run[0..n) (rows through operand k) reads no member's result, or only the
- * whole result of an earlier norm of the run that only it reads, through k. */
+ * whole result that only it reads, through k, of an earlier norm (m a rope) or plain rope (m
+ * elementwise) of the run. */
 static bool source_ok(const ir_prog *p, const int *run, int n, int m, int k) {
     const ir_node *c = &p->nodes[run[m]];
     for (int j = 0; j < n; j++) {
@@ -70,8 +101,9 @@ static bool source_ok(const ir_prog *p, const int *run, int n, int m, int k) {
         if (j == m) continue;
         for (int q = 0; q < c->nin; q++) {
             if (c->in[q].buf != o->dst.buf) continue;
-            bool whole = q == k && j < m && o->op == FE_OP_RMS_NORM && c->op == FE_OP_ROPE_EXT &&
-                         ir_ref_equal(&c->in[q], &o->dst) && ir_readers(p, o->dst.buf) == 1;
+            bool pair = c->kind == IR_EW ? o->op == FE_OP_ROPE_EXT && o->fused == IR_FUSED_NONE
+                                         : o->op == FE_OP_RMS_NORM && c->op == FE_OP_ROPE_EXT;
+            bool whole = q == k && j < m && pair && ir_ref_equal(&c->in[q], &o->dst) && ir_readers(p, o->dst.buf) == 1;
             if (!whole) return false;
         }
     }
@@ -102,7 +134,13 @@ static int legal_prefix(const ir_prog *p, const int *run, int n) {
     int ok = 0;
     for (int m = 0; m < n; m++) {
         const ir_node *c = &p->nodes[run[m]];
-        if (!source_ok(p, run, m + 1, m, rows_operand(p, c))) break;
+        int k = rows_operand(p, c);
+        if (!source_ok(p, run, m + 1, m, k)) break;
+        if (c->kind == IR_EW) { /* a post reads a rope of the run */
+            int w = ir_node_writing(p, c->in[k].buf), j = 0;
+            while (j < m && run[j] != w) j++;
+            if (j == m) break;
+        }
         /* no two members write one buffer, and none read what a later one writes */
         bool fine = true;
         for (int j = 0; j < m && fine; j++) {

@@ -135,7 +135,7 @@ static void print_node(kb_str *o, const ir_prog *p, int idx, int k) {
     const ir_node *n = &p->nodes[idx];
     const char    *tail = n->host ? "+" : "";
     if (n->kind == IR_OP) kb_str_addf(o, "k%d%s %s", k, tail, fe_ops[n->op].name);
-    else kb_str_addf(o, "k%d ew", k);
+    else kb_str_addf(o, "k%d%s ew", k, tail);
     if (n->fusion) kb_str_addf(o, " fused %s", n->fusion);
     if (n->host)
         kb_str_addf(o, p->nodes[n->host - 1].op == FE_OP_MUL_MAT ? " (computed by k%d's store: gemv_rope)"

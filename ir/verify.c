@@ -137,8 +137,10 @@ static bool gemv_host(const ir_node *m) {
     return m->kind == IR_OP && m->op == FE_OP_MUL_MAT && m->dst.ne[1] == 1 && m->dst.ne[2] == 1 && m->dst.ne[3] == 1;
 }
 
-/* A member of a head_rope run: a plain rope or set_rows, or an rms_norm with an epilogue at most. */
+/* A member of a head_rope run: a plain rope or set_rows, an rms_norm with an epilogue at most, or
+ * an elementwise node (after a rope of the run). */
 static bool head_member(const ir_node *n) {
+    if (n->kind == IR_EW) return n->ninstr > 0;
     return n->kind == IR_OP && !n->paired && !n->bnorm && !n->has_dst2 &&
            ((n->op == FE_OP_ROPE_EXT && n->fused != IR_FUSED_TOPK_MOE && n->ninstr == 0) ||
             (n->op == FE_OP_SET_ROWS && n->fused == IR_FUSED_NONE && n->ninstr == 0) ||
@@ -147,14 +149,19 @@ static bool head_member(const ir_node *n) {
 
 /* Whether buffer b, which tail i of host h reads, is ready for the host's kernel: an input or
  * weight, the tail's own state in place (operand k), the host's result (gemv_rope), written
- * before the host, or (head_rope) the result of an rms_norm of the run. */
+ * before the host, or (head_rope) the result of an rms_norm (read by a rope) or of a plain rope
+ * (read by an elementwise node) of the run. */
 static bool tail_reads_ok(const ir_prog *p, int h, int i, int k) {
     const ir_node *n = &p->nodes[i], *m = &p->nodes[h];
     int            b = n->in[k].buf;
     if (ir_buf_preset(p->bufs[b].kind) || in_place_operand(p, n, k)) return true;
     if (gemv_host(m)) return b == m->dst.buf;
     int w = ir_node_writing(p, b);
-    return (w >= 0 && w < h) || (w >= h && w < i && p->nodes[w].op == FE_OP_RMS_NORM);
+    if (w >= 0 && w < h) return true;
+    if (w < h || w >= i) return false;
+    const ir_node *o = &p->nodes[w];
+    return n->kind == IR_EW ? o->kind == IR_OP && o->op == FE_OP_ROPE_EXT && o->fused == IR_FUSED_NONE
+                            : o->kind == IR_OP && o->op == FE_OP_RMS_NORM && n->op == FE_OP_ROPE_EXT;
 }
 
 /* Node i is a tail of its host (ir.h, host): the host is an earlier node with its own kernel,
@@ -175,8 +182,8 @@ static kiln_status check_tail(const ir_prog *p, int i) {
                                     (n->op == FE_OP_SET_ROWS && n->fused == IR_FUSED_NONE))
                              : head_member(n);
     if (!kind)
-        return kb_error(KILN_ERR_INVALID, "IR node %d: only a plain rope or set_rows (or, in a head_rope run, an rms_norm) "
-                        "can be a tail", i);
+        return kb_error(KILN_ERR_INVALID, "IR node %d: only a plain rope or set_rows (or, in a head_rope run, an rms_norm "
+                        "or an elementwise node) can be a tail", i);
     for (int k = 0; k < n->nin; k++)
         if (!tail_reads_ok(p, h, i, k))
             return kb_error(KILN_ERR_INVALID, "IR node %d: a tail reads '%s', which is neither its host's result nor "
@@ -186,12 +193,16 @@ static kiln_status check_tail(const ir_prog *p, int i) {
 
 /* The buffer of tail i's group that its kernel does not store, or -1: a gemv_rope host's result;
  * in a head_rope run, the result of an rms_norm (the tail's own, or the host's when i is the
- * first tail). */
+ * first tail), and a rope's result that an elementwise tail reads. */
 static int unstored(const ir_prog *p, int i) {
     const ir_node *n = &p->nodes[i];
     int            h = n->host - 1;
     if (gemv_host(&p->nodes[h])) return p->nodes[h].dst.buf;
-    if (n->op == FE_OP_RMS_NORM) return n->dst.buf;
+    if (n->kind == IR_OP && n->op == FE_OP_RMS_NORM) return n->dst.buf;
+    for (int k = 0; n->kind == IR_EW && k < n->nin; k++) {
+        int w = ir_node_writing(p, n->in[k].buf);
+        if (w >= h && w < i) return n->in[k].buf;
+    }
     return -1;
 }
 
@@ -209,7 +220,8 @@ static kiln_status check_hosts(const ir_prog *p) {
         if (!hosted && !(hosted = calloc((size_t)p->nbufs + 1, sizeof *hosted))) return kb_oom();
         int h = n->host - 1, b = unstored(p, i);
         if (b >= 0) hosted[b] = n->host;
-        if (i == ir_next_tail(p, h, h) && !gemv_host(&p->nodes[h]) && p->nodes[h].op == FE_OP_RMS_NORM)
+        if (i == ir_next_tail(p, h, h) && !gemv_host(&p->nodes[h]) && p->nodes[h].kind == IR_OP &&
+            p->nodes[h].op == FE_OP_RMS_NORM)
             hosted[p->nodes[h].dst.buf] = n->host;
     }
     for (int i = 0; hosted && i < p->nnodes; i++) {

@@ -26,8 +26,8 @@
 
 local kit = require("kit")
 local tpl = require("tpl")
-local ops = require("ops")
 local prelude = require("prelude")
+local E = require("epilogue")
 
 local BLOCK = 256
 local INT_MAX = 2147483647
@@ -241,36 +241,6 @@ local function kernel_name(instrs)
     return name
 end
 
--- The statements of the instructions (register nin + j - 1 for instrs[j]), their notes, and the
--- register of the result.
-local function instructions(instrs, nin, dst, pre)
-    local lines, notes = {}, {}
-    for j, ins in ipairs(instrs) do
-        local reg = nin + j - 1
-        local op = ops[ins.op]
-        if type(op) ~= "table" then fail("unknown op %s", tostring(ins.op)) end
-        local function operand(v, which)
-            if math.type(v) ~= "integer" or v < 0 or v >= reg then
-                fail("instr %d (%s): operand %s = %s is not an earlier register", j - 1, ins.op, which,
-                    tostring(v))
-            end
-            return "r" .. v
-        end
-        local a = operand(ins.a, "a")
-        local b = op.arity > 1 and operand(ins.b, "b") or nil
-        local f = ins.f or { "0.0f", "0.0f" }
-        local e = op.expr(a, b, f)
-        local t = ins.type or "f32"
-        if not prelude.ctype[t] then fail("instr %d: unsupported type %s", j - 1, tostring(t)) end
-        -- The last result is converted to dst's type on store; rounding it to that type first
-        -- changes nothing.
-        if not (j == #instrs and t == dst.type) then e = pre.round(t, e) end
-        lines[#lines + 1] = string.format("const float r%d = %s;", reg, e)
-        local args = a .. (b and ", " .. b or "") .. (ins.op == "scale" and ", " .. f[1] .. ", " .. f[2] or "")
-        notes[#notes + 1] = string.format("r%d = %s(%s)%s", reg, ins.op, args, t ~= "f32" and " -> " .. t or "")
-    end
-    return lines, notes, "r" .. (nin + #instrs - 1)
-end
 
 local function layout_note(r, what, how)
     return string.format("%-4s p%d %-4s ne %s st %s offs %d (%s)", what, r.param, r.type, dims(r.ne),
@@ -419,7 +389,7 @@ local function vector_kernel(c, plan)
                 pre.load(r.type, var .. "[" .. at(r, true) .. "]"))
         end
     end
-    local ilines, inotes, last = instructions(c.instrs, #inputs, dst, pre)
+    local ilines, inotes, last = E.instructions(c.instrs, #inputs, dst, pre)
     for _, l in ipairs(inotes) do notes[#notes + 1] = l end
     local ot = vtype(dst.type)
 
@@ -541,7 +511,7 @@ local function tile_kernel(c, plan)
         end
     end
     local dst_at = offset_expr(dst, dne, I, used)
-    local ilines, inotes, last = instructions(c.instrs, #inputs, dst, pre)
+    local ilines, inotes, last = E.instructions(c.instrs, #inputs, dst, pre)
     for _, l in ipairs(inotes) do notes[#notes + 1] = l end
 
     -- Block index: tile of dim 0 fastest, then the tile of dim d, then the other dims.
@@ -641,7 +611,7 @@ local function plain_kernel(c)
         loads[j] = string.format("const float r%d = %s;", j - 1,
             pre.load(r.type, "in" .. (j - 1) .. "[" .. e .. "]"))
     end
-    local ilines, inotes, last = instructions(c.instrs, #inputs, dst, pre)
+    local ilines, inotes, last = E.instructions(c.instrs, #inputs, dst, pre)
     for _, l in ipairs(inotes) do notes[#notes + 1] = l end
 
     local body = c.dy and coordinates_dyn(used, dne, c.dy, ix, I, "i") or coordinates(used, dne, ix, I, "i")

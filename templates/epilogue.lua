@@ -153,6 +153,41 @@ function M.notes(k)
     return out
 end
 
+-- ---- the instructions of an IR_EW node (templates/elementwise.lua, templates/heads.lua) ------
+
+-- The statements of an elementwise node's instructions (register nin + j - 1 for instrs[j],
+-- named pfx .. "r" .. register, pfx default ""), their notes, and the register of the result:
+-- registers 0..nin-1 are the inputs, which the caller defines. Each result is rounded to its
+-- type, but the last when dst's type is that type (its store converts it: rounding first
+-- changes nothing).
+function M.instructions(instrs, nin, dst, pre, pfx)
+    pfx = pfx or ""
+    local lines, notes = {}, {}
+    for j, ins in ipairs(instrs) do
+        local reg = nin + j - 1
+        local op = ops[ins.op]
+        if type(op) ~= "table" then fail("unknown op %s", tostring(ins.op)) end
+        local function operand(v, which)
+            if math.type(v) ~= "integer" or v < 0 or v >= reg then
+                fail("instr %d (%s): operand %s = %s is not an earlier register", j - 1, ins.op, which,
+                    tostring(v))
+            end
+            return pfx .. "r" .. v
+        end
+        local a = operand(ins.a, "a")
+        local b = op.arity > 1 and operand(ins.b, "b") or nil
+        local f = ins.f or { "0.0f", "0.0f" }
+        local e = op.expr(a, b, f)
+        local t = ins.type or "f32"
+        if not prelude.ctype[t] then fail("instr %d: unsupported type %s", j - 1, tostring(t)) end
+        if not (j == #instrs and t == dst.type) then e = pre.round(t, e) end
+        lines[#lines + 1] = string.format("const float %sr%d = %s;", pfx, reg, e)
+        local args = a .. (b and ", " .. b or "") .. (ins.op == "scale" and ", " .. f[1] .. ", " .. f[2] or "")
+        notes[#notes + 1] = string.format("%sr%d = %s(%s)%s", pfx, reg, ins.op, args, t ~= "f32" and " -> " .. t or "")
+    end
+    return lines, notes, pfx .. "r" .. (nin + #instrs - 1)
+end
+
 -- ---- for kernels that store element by element (matmul, matmul_id) -------------------------
 
 local INT_MAX = 2147483647

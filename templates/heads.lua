@@ -5,7 +5,11 @@
 --   rope_ext (mode 0 or 2, n_dims = ne0)               heads -> its dst
 --   rope_ext fused rope_set_rows   the same, rotated rows into cache row ids[0], in place
 --   set_rows                       one row converted to the cache type at row ids[0], in place
--- A "job" is a rope with the norm before it (if any), a rope alone, or a cache row; a warp
+-- An elementwise node (kind "ew") may follow a plain rope of the run, reading its result, which
+-- is then not stored: the node's instructions run on the rotated values and its result is
+-- stored instead (Gemma 3's scale of q).
+-- A "job" is a rope with the norm before it and the elementwise node after it (if any), a rope
+-- alone, or a cache row; a warp
 -- computes one head of a job (a cache row: one piece of at most PIECE elements), so the kernel
 -- is one warp per head of every job: Qwen3's 32 q heads, 4 k heads and the v row as 40 warps,
 -- where the unfused graph launched 5 kernels.
@@ -50,9 +54,9 @@ end
 local function plan(k)
     local nodes = { k }
     for _, t in ipairs(k.tail or {}) do nodes[#nodes + 1] = t end
-    local norms, jobs = {}, {}
+    local norms, jobs, posts = {}, {}, {}
     for i, t in ipairs(nodes) do
-        local what = string.format("node %d (%s)", i, tostring(t.op))
+        local what = string.format("node %d (%s)", i, tostring(t.op or t.kind))
         static(t.dst, what .. " dst")
         if t.op == "rms_norm" then
             rows_of(t.args.a, what .. " a")
@@ -88,12 +92,32 @@ local function plan(k)
             local b = rows_of(t.args.b, what .. " b")
             if b.ne[2] ~= 1 then fail("%s: %d rows, not one", what, b.ne[2]) end
             jobs[#jobs + 1] = { kind = "row", t = t, x = b, ids = t.args.ids }
+        elseif t.kind == "ew" then
+            posts[#posts + 1] = t
         else
-            fail("%s: not a norm, rope or set_rows", what)
+            fail("%s: not a norm, rope, set_rows or elementwise node", what)
         end
     end
     for i, n in ipairs(norms) do
         if not n.used then fail("norm %d: no rope of the run reads it", i) end
+    end
+    for i, t in ipairs(posts) do -- each reads the result of a plain rope of the run, in its place
+        local found
+        for _, j in ipairs(jobs) do
+            for q, r in ipairs(t.inputs) do
+                if j.kind == "rope" and r.param == j.t.dst.param and r.offs == j.t.dst.offs and not found then
+                    found, j.post, j.post_in = j, t, q - 1
+                end
+            end
+        end
+        if not found then fail("elementwise node %d: reads no rope of the run", i) end
+        static(t.dst, "elementwise dst")
+        for d = 1, 4 do
+            if t.dst.ne[d] ~= found.t.dst.ne[d] then fail("elementwise node %d: shape differs from its rope's", i) end
+        end
+        for q, r in ipairs(t.inputs) do
+            if q - 1 ~= found.post_in then static(r, "elementwise operand") end
+        end
     end
     local w = 0
     for _, j in ipairs(jobs) do
@@ -123,7 +147,7 @@ local function pointers(b, n, j)
     local t = j.t
     local function ptr(r, var, ct, const) b.add(kit.pointer(r, var, ct, const)) end
     ptr(j.norm and j.norm.args.a or j.x, "j" .. n .. "x", "float", true)
-    ptr(t.dst, "j" .. n .. "y", prelude.ctype[t.dst.type], false)
+    ptr(j.post and j.post.dst or t.dst, "j" .. n .. "y", prelude.ctype[(j.post and j.post.dst or t.dst).type], false)
     if j.pos then ptr(j.pos, "j" .. n .. "pos", "int", true) end
     if j.ff then ptr(j.ff, "j" .. n .. "ff", "float", true) end
     if j.ids then ptr(j.ids, "j" .. n .. "ids", j.ids.type == "i64" and "long long" or "int", true) end
@@ -184,7 +208,23 @@ local function rope_lines(b, pre, n, j)
             store = function(c, sn) return string.format("const float c = %s, s = %s;", c, sn) end,
         })
         local o0, o1 = angle.rotate("x0_" .. q, "x1_" .. q, "c", "s")
-        if j.kind == "rope" then
+        if j.kind == "rope" and j.post then -- the elementwise node after the rope, its result stored
+            local e, y = j.post, j.post.dst
+            for h, o in ipairs({ o0, o1 }) do
+                local el, pf = elem(j, i, h - 1), string.format("p%d_%d_", h - 1, q)
+                b.open("{")
+                for r, x in ipairs(e.inputs) do
+                    local v = r - 1 == j.post_in and pre.round(t.dst.type, o) or pre.load(x.type, string.format("((const %s *)p%d)[%s%s]",
+                        prelude.ctype[x.type], x.param, x.offs ~= 0 and x.offs .. "u + " or "",
+                        E.offset(x, y.ne, { "(" .. el .. ")", "hd" }, function(c) return c .. "u" end)))
+                    b.add("const float %sr%d = %s;", pf, r - 1, v)
+                end
+                local lines, _, res = E.instructions(e.instrs, #e.inputs, y, pre, pf)
+                for _, l in ipairs(lines) do b.add("%s", l) end
+                b.add("%sy[(%s) * %du + hd * %du] = %s;", nm, el, y.st[1], y.st[2], pre.store(y.type, res))
+                b.close()
+            end
+        elseif j.kind == "rope" then
             local y = t.dst
             local function at(s)
                 return string.format("(%s) * %du + hd * %du", elem(j, i, s), y.st[1], y.st[2])
@@ -240,6 +280,7 @@ end
 local function describe(j)
     local what = j.kind == "row" and "cache row" or (j.kind == "rope_row" and "rope into a cache row" or "rope")
     if j.norm then what = "rms_norm, " .. what end
+    if j.post then what = what .. ", then elementwise" end
     return string.format("%s: %d warp%s of %d elements%s (%s)", what, j.heads, j.heads > 1 and "s" or "", j.ne0,
         j.kind ~= "row" and (j.neox and ", neox" or ", mode 0") or "", j.t.dst.type)
 end
@@ -254,7 +295,8 @@ return function(k)
     b.add("if (w >= %du) return;", warps)
     local name = "heads"
     for n, j in ipairs(jobs) do
-        name = name .. "_" .. (j.norm and "n" or "") .. ({ rope = "r", rope_row = "k", row = "v" })[j.kind] .. j.x.ne[1]
+        name = name .. "_" .. (j.norm and "n" or "") .. ({ rope = "r", rope_row = "k", row = "v" })[j.kind] .. (j.post and "e" or "")
+            .. j.x.ne[1]
         if n > 1 then b.pop() end
         b.open("%sif (w < %du) { /* job %d: %s */", n > 1 and "} else " or "", j.w0 + j.heads, n, describe(j))
         b.add("const unsigned hd = w - %du;", j.w0)
@@ -264,7 +306,7 @@ return function(k)
     b.close()
     if #name > 60 then name = name:sub(1, 60) end
     local written = {}
-    for _, j in ipairs(jobs) do written[j.t.dst.param] = true end
+    for _, j in ipairs(jobs) do written[(j.post and j.post.dst or j.t.dst).param] = true end
     local plist = {}
     for q = 0, k.nparams - 1 do plist[#plist + 1] = (written[q] and "char" or "const char") .. " *__restrict__ p" .. q end
     local notes = {}

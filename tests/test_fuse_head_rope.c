@@ -3,7 +3,8 @@
  * cache rows) become one kernel (templates/heads.lua). It fires for mode 0 and neox ropes, with
  * frequency factors, for f32/f16/bf16 caches, with a node between the members that moves after
  * them (Gemma 3's scale of q) and beside gemv_rope (a v GEMV of another type hosting its own
- * cache row); it leaves out a norm read twice or one whose rope sits past a node that cannot
+ * cache row) and with the elementwise node after q's rope inside the run (Gemma 3's scale, when
+ * only it reads the rope); it leaves out a norm read twice or one whose rope sits past a node that cannot
  * move, and the graph alone for two tokens or a partial rope; the CPU reference gives the same bits (the IR still says
  * what each node computes); the verifier rejects a norm's result read outside its run; the
  * kernels compile with NVRTC for sm_90a and sm_80 without warnings, and no norm, rope or rows
@@ -49,10 +50,23 @@ static const char *const NEOX = ", n_dims=64, mode=2, n_ctx_orig=4096, freq_base
 static const char *const ROPE_FF = ", ff, n_dims=64, mode=0, n_ctx_orig=4096, freq_base=10000, ext_factor=1, freq_scale=0.5";
 static const char *const ALL = "fused head_rope: qn, qm, kn, km, qr, kr, k_cache, v_cache\n";
 
+/* Gemma 3: q's rope read only by its scale, which attention reads: the scale joins the run */
+static char *gemma_front(void) {
+    static char kg[4096];
+    snprintf(kg, sizeof kg, "%s", front(64, 2, "bf16", NULL, "f16", 1, NEOX, NULL, "output qs = scale(qr, 0.125)\n"));
+    char *at = strstr(kg, "output qr = ");
+    ck_assert_ptr_nonnull(at);
+    memmove(at, at + 7, strlen(at + 7) + 1); /* qr: a temporary */
+    return kg;
+}
+
 START_TEST(fires) {
     static const char *cts[3] = {"f16", "bf16", "f32"};
     ts_expect_fusion(front(64, 2, "bf16", NULL, cts[_i], 1, NEOX, NULL, NULL), NULL, ALL, "rope_ext nodes:", -1);
     ts_expect_fusion(front(64, 2, "f16", NULL, cts[_i], 1, ROPE_FF, NULL, NULL), NULL, ALL, "set_rows nodes:", -1);
+    if (_i == 0)
+        ts_expect_fusion(gemma_front(), NULL, "fused head_rope: qn, qm, kn, km, qr, kr, k_cache, v_cache, qs\n",
+                         " ew nodes: qs", -1);
     /* v rows of 3 * 128 = 384: a piece of 256 elements and one of 128 */
     ts_expect_fusion(front(128, 3, "bf16", NULL, cts[_i], 1,
                            ", n_dims=128, mode=2, n_ctx_orig=4096, freq_base=1000000", NULL, NULL),
@@ -119,6 +133,23 @@ START_TEST(verify_rejects) {
     TS_OK(ir_verify(p));
     ir_prog_free(p);
     ts_graph_free(g, ctx);
+    /* Gemma 3's run: q's rope (its result not stored: the scale in the run reads it) read outside */
+    char kg[4096];
+    snprintf(kg, sizeof kg, "%s", gemma_front());
+    strcat(kg, "output o = scale(kc, 3)\n");
+    p = ts_lowered(kg, &ctx, &g);
+    int qs = ts_node_named(p, "qs"), qr = ts_node_named(p, "qr");
+    o = ts_node_named(p, "o");
+    ck_assert_int_eq(p->nodes[qs].host, ts_node_named(p, "qn") + 1);
+    TS_OK(ir_verify(p));
+    saved = p->nodes[o];
+    p->nodes[o].in[0] = p->nodes[qr].dst;
+    p->nodes[o].dst.ne[0] = p->nodes[qr].dst.ne[0], p->nodes[o].dst.ne[1] = p->nodes[qr].dst.ne[1];
+    ts_expect_invalid(p, "which only its tails may read");
+    p->nodes[o] = saved;
+    TS_OK(ir_verify(p));
+    ir_prog_free(p);
+    ts_graph_free(g, ctx);
 }
 END_TEST
 
@@ -129,7 +160,8 @@ START_TEST(kernels_compile) {
     static const char *archs[2] = {"sm_90a", "sm_80"};
     static const char *const needles[4] = {"// kiln heads kernel", "// kiln rope kernel", "// kiln rows kernel",
                                            "// kiln norm kernel"};
-    const char *kg = _i == 0   ? front(64, 2, "bf16", NULL, "f16", 1, NEOX, NULL, NULL)
+    const char *kg = _i == 4   ? gemma_front()
+                     : _i == 0 ? front(64, 2, "bf16", NULL, "f16", 1, NEOX, NULL, NULL)
                      : _i == 1 ? front(64, 2, "f16", NULL, "bf16", 1, ROPE_FF, NULL, "output qs = scale(qr, 0.125)\n")
                      : _i == 2 ? front(128, 3, "bf16", NULL, "f32", 1, ", n_dims=128, mode=2, n_ctx_orig=4096, freq_base=1000000", NULL, NULL)
                                : front(256, 2, "q4_K", "q6_K", "f16", 1, ", n_dims=256, mode=2, n_ctx_orig=4096, freq_base=1000000", NULL, NULL);
@@ -144,6 +176,6 @@ END_TEST
 
 int main(void) {
     Suite *s = TS_SUITE("fuse_head_rope", TS_CASE("pass", 120), TS_LOOP(0, 3, fires),
-                        TS_TESTS(around_others, not_fired, verify_rejects), TS_LOOP(0, 4, kernels_compile));
+                        TS_TESTS(around_others, not_fired, verify_rejects), TS_LOOP(0, 5, kernels_compile));
     return ts_main_cache(s, "fuse-head-rope", &g_cache);
 }

@@ -5,9 +5,9 @@
  * norm, rope or rows kernel, and `kiln run --check` (CUDA graph, then plain launches) compares q
  * and both caches with the CPU reference of the unfused graph. The cases cover heads of 64, 128
  * and 256, neox and mode 0 ropes, frequency factors and YaRN, f32/f16/bf16 caches, i32 and i64
- * ids, v rows of one, three and four pieces (192, 768, 1024 elements: a piece is 256), a scale of
- * q waiting after the run (Gemma 3), and q4_K q/k with a q6_K v whose GEMV writes v's cache row
- * itself (gemv_rope). */
+ * ids, v rows of one, three and four pieces (192, 768, 1024 elements: a piece is 256), the scale
+ * of q after its rope computed in the run (Gemma 3: q's rope a temporary only the scale reads),
+ * and q4_K q/k with a q6_K v whose GEMV writes v's cache row itself (gemv_rope). */
 #include "tests/gpu/gpu_support.h"
 
 #include <stdio.h>
@@ -41,21 +41,23 @@ START_TEST(front) {
              "q0 = mul_mat(wq, x)\nk0 = mul_mat(wk, x)\nv0 = mul_mat(wv, x)\n"
              "q3 = reshape(q0, [%d, %d, 1])\nk3 = reshape(k0, [%d, %d, 1])\n"
              "qn = rms_norm(q3, 1e-06)\nqm = mul(qn, qw)\nkn = rms_norm(k3, 1e-06)\nkm = mul(kn, kw)\n"
-             "output qr = rope_ext(qm, pos%s, n_dims=%d, mode=%d, n_ctx_orig=8192, freq_base=1000000)\n%s"
+             "%sqr = rope_ext(qm, pos%s, n_dims=%d, mode=%d, n_ctx_orig=8192, freq_base=1000000)\n%s"
              "kr = rope_ext(km, pos%s, n_dims=%d, mode=%d, n_ctx_orig=8192, freq_base=1000000)\n"
              "k_row = reshape(kr, [%d, 1])\n"
              "k_cache = set_rows(cache_k, k_row, kv_idxs)\nv_cache = set_rows(cache_v, v0, kv_idxs)\n"
              "output kc = cont(k_cache)\noutput vc = cont(v_cache)\n",
              K, CASES[_i].it, ffdecl, hd, hd, CASES[_i].ct, hd * hkv, CASES[_i].ct, hd * hkv, CASES[_i].wt, K, hd * hq,
              CASES[_i].wt, K, hd * hkv, CASES[_i].vt ? CASES[_i].vt : CASES[_i].wt, K, hd * hkv, hd, hq, hd, hkv,
-             CASES[_i].rope, hd, CASES[_i].mode, between, CASES[_i].rope, hd, CASES[_i].mode, hd * hkv);
+             CASES[_i].scale ? "" : "output ", CASES[_i].rope, hd, CASES[_i].mode, between, CASES[_i].rope, hd,
+             CASES[_i].mode, hd * hkv);
     snprintf(label, sizeof label, "head_rope K %d heads %d x %d/%d %s weights, %s cache, mode %d%s", K, hd, hq, hkv,
              CASES[_i].wt, CASES[_i].ct, CASES[_i].mode, CASES[_i].scale ? ", q scaled" : "");
 
-    const char *want[3] = {CASES[_i].vt ? "fused head_rope: qn, qm, kn, km, qr, kr, k_cache\n"
-                                        : "fused head_rope: qn, qm, kn, km, qr, kr, k_cache, v_cache\n",
+    const char *want[3] = {CASES[_i].vt      ? "fused head_rope: qn, qm, kn, km, qr, kr, k_cache\n"
+                           : CASES[_i].scale ? "fused head_rope: qn, qm, kn, km, qr, qs, kr, k_cache, v_cache\n"
+                                             : "fused head_rope: qn, qm, kn, km, qr, kr, k_cache, v_cache\n",
                            CASES[_i].vt ? "fused gemv_rope: v0, v_cache\n" : NULL, NULL};
-    const char *absent[4] = {"set_rows nodes:", "rope_ext nodes:", "rms_norm nodes:", NULL};
+    const char *absent[5] = {"set_rows nodes:", "rope_ext nodes:", "rms_norm nodes:", " ew nodes: qs", NULL};
     fused_run_check(kg, want, absent, label);
 }
 END_TEST
