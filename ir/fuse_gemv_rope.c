@@ -58,28 +58,6 @@ static bool host_candidate(const ir_prog *p, const ir_node *m) {
            ir_ref_static(b) && z->type == KILN_F32 && z->ne[1] == 1 && z->ne[2] == 1 && z->ne[3] == 1 && z->ne[0] % 2 == 0;
 }
 
-/* The elementwise node that alone reads a plain rope tail's result (Phi-3's scale of q,
- * ir_tail_post_operand) becomes a tail too, moved up to right after the tails (it reads only
- * that result and inputs or weights, so it may run anywhere after them): the store applies it
- * to the rotated values and stores its result instead. */
-static kiln_status take_posts(ir_prog *p, int mi, const int *tails, int nt) {
-    int last = tails[nt - 1];
-    for (int t = 0; t < nt; t++) {
-        const ir_node *r = &p->nodes[tails[t]];
-        if (r->op != FE_OP_ROPE_EXT || r->fused != IR_FUSED_NONE || ir_readers(p, r->dst.buf) != 1) continue;
-        int e = ir_reader_after(p, r->dst.buf, last);
-        if (e < 0 || ir_tail_post_operand(p, &p->nodes[e]) < 0 || p->nodes[e].in[ir_tail_post_operand(p, &p->nodes[e])].buf !=
-                                                                      r->dst.buf)
-            continue;
-        if (e > last + 1) {
-            kiln_status st = ir_gather(p, last + 1, e, &e, 1);
-            if (st) return st;
-        }
-        p->nodes[++last].host = mi + 1;
-    }
-    return NULL;
-}
-
 /* Makes the readers of mul_mat mi tails of it, if legal. Live nodes between it and its readers
  * that neither read its result nor conflict with the readers after them (the v projection of a
  * layer whose v weight has another type than q and k, so mul_mat_cat left it apart) wait until
@@ -115,7 +93,7 @@ static kiln_status try_host(ir_prog *p, int mi) {
         for (int t = 0; t < nt; t++) tails[t] = mi + 1 + t;
     }
     for (int t = 0; t < nt; t++) p->nodes[tails[t]].host = mi + 1;
-    return take_posts(p, mi, tails, nt);
+    return NULL;
 }
 
 kiln_status ir_fuse_gemv_rope(ir_prog *p) {

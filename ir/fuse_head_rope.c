@@ -53,12 +53,38 @@ static bool norm_member(const ir_prog *p, const ir_node *c) {
            d->ne[2] == 1 && d->ne[3] == 1 && a->ne[0] % 2 == 0 && a->ne[0] <= MAX_NE0 && preset_epilogue(p, c);
 }
 
+/* Node c as an elementwise node after a rope (Gemma 3's scale of q): the operand through which
+ * it reads the whole f32 result of a plain rope, in heads of one token, every other operand an
+ * input or weight; its result of the same shape, natural. -1 when c is none. */
+static int post_operand(const ir_prog *p, const ir_node *c) {
+    if (c->dead || c->kind != IR_EW || c->host || c->ninstr < 1 || !ir_ref_static(&c->dst) ||
+        !ir_ref_is_natural(p, &c->dst) || p->bufs[c->dst.buf].kind == IR_BUF_STATE)
+        return -1;
+    int k = -1;
+    for (int q = 0; q < c->nin; q++) {
+        const ir_ref *r = &c->in[q];
+        int           w = ir_node_writing(p, r->buf);
+        const ir_node *o = w >= 0 ? &p->nodes[w] : NULL;
+        int64_t        lo, hi;
+        if (o && o->kind == IR_OP && o->op == FE_OP_ROPE_EXT && o->fused == IR_FUSED_NONE && ir_ref_equal(r, &o->dst) &&
+            p->bufs[r->buf].kind == IR_BUF_TEMP && ir_tail_rows(r, &lo, &hi) && k < 0) {
+            k = q;
+            continue;
+        }
+        if (!ir_ref_static(r) || !ir_buf_preset(p->bufs[r->buf].kind)) return -1;
+    }
+    if (k < 0) return -1;
+    for (int d = 0; d < 4; d++)
+        if (c->dst.ne[d] != c->in[k].ne[d]) return -1;
+    return k;
+}
+
 /* The operand through which member c reads its rows (a norm's a, a tail's rows, the rope result
  * an elementwise node after it reads), or -1 when c is no member. A rope's heads are at most
  * MAX_NE0 long; a cache row (set_rows) is copied in pieces of any length. */
 static int rows_operand(const ir_prog *p, const ir_node *c) {
     if (norm_member(p, c)) return c->opd[0];
-    if (c->kind == IR_EW) return ir_tail_post_operand(p, c);
+    if (c->kind == IR_EW) return post_operand(p, c);
     int     k = ir_tail_operand(p, c);
     int64_t lo, hi;
     if (k < 0 || !ir_tail_rows(&c->in[k], &lo, &hi) || p->bufs[c->in[k].buf].kind != IR_BUF_TEMP) return -1;

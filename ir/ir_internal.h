@@ -58,11 +58,6 @@ bool     ir_tail_rows(const ir_ref *r, int64_t *lo, int64_t *hi);
  * into an f32 dst, the same rope fused into a state's row in place (rope_set_rows), or a
  * set_rows of one row into a state in place; no epilogue or other fusion, not yet a tail. */
 int      ir_tail_operand(const ir_prog *p, const ir_node *c);
-/* The operand through which elementwise node c reads the whole f32 result of a plain rope (heads
- * of one token, an f32 temporary), every other operand an input or weight, its result of the
- * same shape, natural, no state: a node that may follow the rope in its kernel (Gemma 3's and
- * Phi-3's scale of q; passes head_rope and gemv_rope). -1 when c is none. */
-int      ir_tail_post_operand(const ir_prog *p, const ir_node *c);
 /* Whether node n reads or writes buffer b (any operand, either output). */
 bool     ir_touches(const ir_node *n, int b);
 /* Node x may run after node t instead of before it: neither writes what the other reads or

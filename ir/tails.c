@@ -90,26 +90,3 @@ kiln_status ir_gather(ir_prog *p, int lo, int hi, const int *first, int nfirst) 
     free(seg);
     return NULL;
 }
-
-int ir_tail_post_operand(const ir_prog *p, const ir_node *c) {
-    if (c->dead || c->kind != IR_EW || c->host || c->ninstr < 1 || !ir_ref_static(&c->dst) ||
-        !ir_ref_is_natural(p, &c->dst) || p->bufs[c->dst.buf].kind == IR_BUF_STATE)
-        return -1;
-    int k = -1;
-    for (int q = 0; q < c->nin; q++) {
-        const ir_ref *r = &c->in[q];
-        int           w = ir_node_writing(p, r->buf);
-        const ir_node *o = w >= 0 ? &p->nodes[w] : NULL;
-        int64_t        lo, hi;
-        if (o && o->kind == IR_OP && o->op == FE_OP_ROPE_EXT && o->fused == IR_FUSED_NONE && ir_ref_equal(r, &o->dst) &&
-            p->bufs[r->buf].kind == IR_BUF_TEMP && ir_tail_rows(r, &lo, &hi) && k < 0) {
-            k = q;
-            continue;
-        }
-        if (!ir_ref_static(r) || !ir_buf_preset(p->bufs[r->buf].kind)) return -1;
-    }
-    if (k < 0) return -1;
-    for (int d = 0; d < 4; d++)
-        if (c->dst.ne[d] != c->in[k].ne[d]) return -1;
-    return k;
-}

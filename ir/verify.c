@@ -155,18 +155,18 @@ static bool tail_reads_ok(const ir_prog *p, int h, int i, int k) {
     const ir_node *n = &p->nodes[i], *m = &p->nodes[h];
     int            b = n->in[k].buf;
     if (ir_buf_preset(p->bufs[b].kind) || in_place_operand(p, n, k)) return true;
-    int            w = ir_node_writing(p, b);
-    const ir_node *o = w >= h && w < i ? &p->nodes[w] : NULL; /* a node of the group */
-    if (n->kind == IR_EW) return o && o->kind == IR_OP && o->op == FE_OP_ROPE_EXT && o->fused == IR_FUSED_NONE;
     if (gemv_host(m)) return b == m->dst.buf;
+    int w = ir_node_writing(p, b);
     if (w >= 0 && w < h) return true;
-    return o && o->kind == IR_OP && o->op == FE_OP_RMS_NORM && n->op == FE_OP_ROPE_EXT;
+    if (w < h || w >= i) return false;
+    const ir_node *o = &p->nodes[w];
+    return n->kind == IR_EW ? o->kind == IR_OP && o->op == FE_OP_ROPE_EXT && o->fused == IR_FUSED_NONE
+                            : o->kind == IR_OP && o->op == FE_OP_RMS_NORM && n->op == FE_OP_ROPE_EXT;
 }
 
 /* Node i is a tail of its host (ir.h, host): the host is an earlier node with its own kernel,
  * only tails of it lie between, and the tail is one the host's kind computes: a rope or set_rows
- * after a one-column mul_mat (gemv_rope), or any member of a head_rope run after its first; in
- * both, an elementwise node reading a rope of the group. */
+ * after a one-column mul_mat (gemv_rope), or any member of a head_rope run after its first. */
 static kiln_status check_tail(const ir_prog *p, int i) {
     const ir_node *n = &p->nodes[i];
     int            h = n->host - 1;
@@ -177,14 +177,13 @@ static kiln_status check_tail(const ir_prog *p, int i) {
     for (int j = h + 1; j < i; j++)
         if (!p->nodes[j].dead && p->nodes[j].host != n->host)
             return kb_error(KILN_ERR_INVALID, "IR node %d: node %d runs between it and its host %d", i, j, h);
-    bool kind = gemv_host(m) ? (n->kind == IR_EW && n->ninstr > 0) ||
-                                   (n->kind == IR_OP && n->ninstr == 0 && !n->paired && !n->bnorm &&
-                                    ((n->op == FE_OP_ROPE_EXT && n->fused != IR_FUSED_TOPK_MOE) ||
-                                     (n->op == FE_OP_SET_ROWS && n->fused == IR_FUSED_NONE)))
+    bool kind = gemv_host(m) ? n->kind == IR_OP && n->ninstr == 0 && !n->paired && !n->bnorm &&
+                                   ((n->op == FE_OP_ROPE_EXT && n->fused != IR_FUSED_TOPK_MOE) ||
+                                    (n->op == FE_OP_SET_ROWS && n->fused == IR_FUSED_NONE))
                              : head_member(n);
     if (!kind)
-        return kb_error(KILN_ERR_INVALID, "IR node %d: only a plain rope or set_rows, an elementwise node after a rope "
-                        "(or, in a head_rope run, an rms_norm) can be a tail", i);
+        return kb_error(KILN_ERR_INVALID, "IR node %d: only a plain rope or set_rows (or, in a head_rope run, an rms_norm "
+                        "or an elementwise node) can be a tail", i);
     for (int k = 0; k < n->nin; k++)
         if (!tail_reads_ok(p, h, i, k))
             return kb_error(KILN_ERR_INVALID, "IR node %d: a tail reads '%s', which is neither its host's result nor "
@@ -198,12 +197,12 @@ static kiln_status check_tail(const ir_prog *p, int i) {
 static int unstored(const ir_prog *p, int i) {
     const ir_node *n = &p->nodes[i];
     int            h = n->host - 1;
+    if (gemv_host(&p->nodes[h])) return p->nodes[h].dst.buf;
+    if (n->kind == IR_OP && n->op == FE_OP_RMS_NORM) return n->dst.buf;
     for (int k = 0; n->kind == IR_EW && k < n->nin; k++) {
         int w = ir_node_writing(p, n->in[k].buf);
         if (w >= h && w < i) return n->in[k].buf;
     }
-    if (gemv_host(&p->nodes[h])) return p->nodes[h].dst.buf;
-    if (n->kind == IR_OP && n->op == FE_OP_RMS_NORM) return n->dst.buf;
     return -1;
 }
 

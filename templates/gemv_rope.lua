@@ -4,9 +4,6 @@
 --   rope_ext (mode 0 or 2, n_dims = ne0)  rows [lo, hi) of z as heads of one token -> its dst
 --   rope_ext fused rope_set_rows     the same, rotated rows written to cache row ids[0], in place
 --   set_rows                         rows [lo, hi) converted to the cache type at row ids[0]
---   an elementwise node (kind "ew")   reading a plain rope tail's result (Phi-3's scale of q): its
---                                    instructions on the rotated values, its result stored in
---                                    place of the rope's
 -- The GEMV's thread that stores rows (row, row + 1), row even, has both values of a mode 0 pair
 -- (elements 2i, 2i+1 of a head). A neox (mode 2) pair is elements i and i + ne0/2 of a head, so
 -- in a neox segment the GEMV computes its rows in another order (M.phys_row): its "rows" 2i and
@@ -34,13 +31,9 @@ end
 
 -- One segment of z per tail: {kind, lo, hi, ne0, t (the node), C (angle constants), ...}.
 function M.plan(k, s)
-    local segs, posts = {}, {}
+    local segs = {}
     for i, t in ipairs(k.tail) do
         local g = { t = t, n = i }
-        if t.kind == "ew" then
-            posts[#posts + 1] = { t = t, n = i }
-            goto next
-        end
         if t.op == "rope_ext" then
             if t.params.mode ~= 0 and t.params.mode ~= 2 then fail("tail %d: rope mode %s, not 0 or 2", i, tostring(t.params.mode)) end
             g.neox = t.params.mode == 2
@@ -79,21 +72,6 @@ function M.plan(k, s)
             if g.ids.ne[1] * g.ids.ne[2] * g.ids.ne[3] * g.ids.ne[4] ~= 1 then fail("tail %d: more than one id", i) end
         end
         segs[#segs + 1] = g
-        ::next::
-    end
-    for _, e in ipairs(posts) do -- each reads a plain rope's result, in its place
-        for _, g in ipairs(segs) do
-            for q, r in ipairs(e.t.inputs) do
-                if g.kind == "rope" and not e.g and r.param == g.t.dst.param and r.offs == g.t.dst.offs then
-                    e.g, g.post, g.post_in, g.post_n = g, e.t, q - 1, e.n
-                end
-            end
-        end
-        if not e.g then fail("tail %d: an elementwise node that reads no rope tail", e.n) end
-        static(e.t.dst, "elementwise dst")
-        for d = 1, 4 do
-            if e.t.dst.ne[d] ~= e.g.t.dst.ne[d] then fail("tail %d: shape differs from its rope's", e.n) end
-        end
     end
     segs.k = k
     return segs
@@ -115,7 +93,7 @@ function M.phys_row(segs, L)
     return x
 end
 
--- Whether parameter p is written by a tail (an elementwise one too).
+-- Whether parameter p is written by a tail.
 function M.writes(k, p)
     for _, t in ipairs(k.tail or {}) do
         if t.dst.param == p then return true end
@@ -133,8 +111,7 @@ end
 function M.pointers(b, segs)
     for _, g in ipairs(segs) do
         local t, n = g.t, g.n
-        local y = g.post and g.post.dst or t.dst -- (a rope with an elementwise node after it: that node's result)
-        ptr(b, y, "t" .. n .. "y", prelude.ctype[y.type], false)
+        ptr(b, t.dst, "t" .. n .. "y", prelude.ctype[t.dst.type], false)
         if g.pos then ptr(b, g.pos, "t" .. n .. "pos", "int", true) end
         if g.ff then ptr(b, g.ff, "t" .. n .. "ff", "float", true) end
         if g.ids then ptr(b, g.ids, "t" .. n .. "ids", g.ids.type == "i64" and "long long" or "int", true) end
@@ -191,30 +168,7 @@ function M.store(b, pre, segs, row, ya, yb)
                 store = function(c, sn) return string.format("const float c = %s, s = %s;", c, sn) end,
             })
             local o0, o1 = angle.rotate(ya, yb, "c", "s")
-            if g.kind == "rope" and g.post then
-                -- the elementwise node after the rope: its instructions on the rotated values
-                -- (rounded to the rope's type, as the rope stored them), its result stored
-                local e, y = g.post, g.post.dst
-                local E = require("epilogue")
-                local el = g.neox and "i" or string.format("(e %% %du)", g.ne0)
-                for h, o in ipairs({ o0, o1 }) do
-                    local elh = h == 1 and el or string.format("%s + %du", el, g.neox and g.ne0 // 2 or 1)
-                    local pf = "p" .. (h - 1) .. "_"
-                    b.open("{")
-                    for r, x in ipairs(e.inputs) do
-                        local v = r - 1 == g.post_in and pre.round(t.dst.type, o) or pre.load(x.type,
-                            string.format("((const %s *)p%d)[%s%s]", prelude.ctype[x.type], x.param,
-                                x.offs ~= 0 and lit(x.offs) .. " + " or "",
-                                E.offset(x, y.ne, { "(" .. elh .. ")", "h" }, function(c) return c .. "u" end)))
-                        b.add("const float %sr%d = %s;", pf, r - 1, v)
-                    end
-                    local lines, _, res = E.instructions(e.instrs, #e.inputs, y, pre, pf)
-                    for _, l in ipairs(lines) do b.add("%s", l) end
-                    b.add("%sy[(long long)(%s) * %s + (long long)h * %s] = %s;", n, elh, lit(y.st[1]), lit(y.st[2]),
-                        pre.store(y.type, res))
-                    b.close()
-                end
-            elseif g.kind == "rope" then
+            if g.kind == "rope" then
                 local y = t.dst
                 local el = g.neox and "i" or string.format("(e %% %du)", g.ne0) -- the pair's first element
                 local at = string.format("(long long)%s * %s + (long long)h * %s", el, lit(y.st[1]), lit(y.st[2]))
@@ -238,7 +192,6 @@ function M.notes(segs)
         local mode = g.neox and "neox" or "mode 0"
         local what = ({ rope = "rope (" .. mode .. ") to its dst", rope_row = "rope (" .. mode .. ") into cache row ids[0]",
             row = "into cache row ids[0]" })[g.kind]
-        if g.post then what = what .. string.format(", then tail %d (elementwise) on it", g.post_n) end
         out[#out + 1] = string.format("tail %d: rows [%d, %d), heads of %d: %s (%s)", g.n, g.lo, g.hi, g.ne0, what, g.t.dst.type)
     end
     return out

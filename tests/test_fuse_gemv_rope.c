@@ -1,8 +1,7 @@
 /* Pass gemv_rope (ir/fuse_gemv_rope.c): the readers of a one-column q/k/v GEMV (rope of q,
  * rope of k into a cache row, v into a cache row) become tails computed by its store. It fires
  * for every weight type (quantized ones included), with and without the rms_norm_gemv norm and frequency factors,
- * for neox ropes and with q/k/v biases (the GEMV's epilogue), with the scale of q after its rope
- * (Phi-3: an elementwise tail when only it reads the rope); it
+ * for neox ropes and with q/k/v biases (the GEMV's epilogue); it
  * leaves the graph alone for partial rotation, two tokens, a second reader of the
  * product, a cache that is not a state; it gathers the readers after a GEMV that runs between (v of
  * another type than q and k, or no mul_mat_cat); the CPU reference gives the same bits; the memory plan
@@ -67,16 +66,6 @@ static char *front_bias(const char *wt, const char *rope) {
     return kg;
 }
 
-/* Phi-3: q's rope read only by its scale, which attention reads: the scale is a tail too */
-static char *scaled_front(const char *wt, const char *rope) {
-    static char kg[4096];
-    snprintf(kg, sizeof kg, "%s", front(wt, 2048, 1, rope, "f16", true, true, "output qs = scale(qr, 0.125)\n"));
-    char *at = strstr(kg, "output qr = ");
-    ck_assert_ptr_nonnull(at);
-    memmove(at, at + 7, strlen(at + 7) + 1); /* qr: a temporary */
-    return kg;
-}
-
 START_TEST(fires) {
     static const char *wts[5] = {"bf16", "f16", "f32", "q8_0", "q4_K"};
     const char        *wt = wts[_i];
@@ -87,8 +76,6 @@ START_TEST(fires) {
                      "fused gemv_rope: q, k, v, qr, kr, k_cache, v_cache\n", NULL, -1);
     ts_expect_fusion(front(wt, 2048, 1, NEOX, "bf16", true, false, NULL), NULL, /* neox */
                      "fused gemv_rope: q, k, v, qr, kr, k_cache, v_cache\n", NULL, -1);
-    ts_expect_fusion(scaled_front(wt, _i % 2 ? NEOX : ROPE), NULL,
-                     "fused gemv_rope: n, y, q, k, v, qr, kr, k_cache, v_cache, qs\n", " ew nodes: qs", -1);
     if (_i < 4) /* biases: the q/k/v GEMV's epilogue */
         ts_expect_fusion(front_bias(wt, _i % 2 ? NEOX : ROPE), NULL,
                          "fused gemv_rope: n, y, q, k, v, qb, kb, vb, qr, kr, k_cache, v_cache\n", "rope_ext nodes:", -1);
@@ -182,9 +169,7 @@ END_TEST
 START_TEST(kernels_compile) {
     static const char *archs[2] = {"sm_90a", "sm_80"};
     static const char *const needles[3] = {"tail 3: rows [384, 512)", "// kiln rope kernel", "// kiln rows kernel"};
-    const char        *kg = _i == 6   ? scaled_front("q4_K", NEOX)
-                            : _i == 5 ? scaled_front("bf16", ROPE)
-                            : _i == 4 ? front_bias("q8_0", NEOX)
+    const char        *kg = _i == 4   ? front_bias("q8_0", NEOX)
                             : _i == 3 ? front("q4_K", 2048, 1, NEOX, "f16", true, true, NULL)
                             : _i == 2 ? front("q4_K", 2048, 1, ROPE_FF, "f16", true, true, NULL)
                             : _i == 1 ? front("bf16", 2048, 1, ROPE_FF, "bf16", true, true, NULL)
@@ -201,6 +186,6 @@ END_TEST
 int main(void) {
     Suite *s = TS_SUITE("fuse_gemv_rope",
                         TS_CASE("pass", 120), TS_LOOP(0, 5, fires), TS_TESTS(readers_gathered, not_fired, memplan_group, verify_rejects),
-                        TS_LOOP(0, 7, kernels_compile));
+                        TS_LOOP(0, 5, kernels_compile));
     return ts_main_cache(s, "fuse-gemv-rope", &g_cache);
 }

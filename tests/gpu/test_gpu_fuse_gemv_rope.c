@@ -7,9 +7,8 @@
  * memory at K 2048 and 4096; the quantized gemv's two), f32/f16/bf16 and q4_K/q8_0/q6_K weights,
  * f32/f16/bf16 caches, i32 and i64 ids, a v weight of another type (q4_K q and k, q6_K v: two hosts),
  * frequency factors, YaRN (ext_factor, freq_scale, attn_factor) and heads of 64, 96 and 128; rope
- * mode 0 and neox (mode 2: the GEMV computes each head's rows in pair order), q/k/v biases
- * (qwen2, gpt-oss: the GEMV's epilogue, its values what the tails rotate and store), and the
- * scale of q after its rope as an elementwise tail (Phi-3: the store scales the rotated q). */
+ * mode 0 and neox (mode 2: the GEMV computes each head's rows in pair order), and q/k/v biases
+ * (qwen2, gpt-oss: the GEMV's epilogue, its values what the tails rotate and store). */
 #include "tests/gpu/gpu_support.h"
 
 #include <stdio.h>
@@ -24,24 +23,21 @@ static const struct {
     const char *vt;   /* v's weight type, when not wt's (Q4_K_M's q6_K attn_v layers) */
     int         mode; /* rope mode: 0, or 2 (neox) */
     bool        bias; /* q, k, v biases */
-    bool        scale; /* q's rope a temporary that only a scale reads (Phi-3): the scale a tail too */
 } CASES[] = {
-    {2048, 64, 32, 8, "bf16", "f16", "i64", true, "", NULL, 0, false, false},
-    {64, 64, 4, 2, "f16", "bf16", "i32", false, ", freq_scale=0.5, ext_factor=1, attn_factor=1.5", NULL, 0, false, false},
-    {4096, 128, 32, 8, "bf16", "f16", "i64", true, "", NULL, 0, false, false},
-    {4096, 128, 8, 2, "f32", "f32", "i64", false, ", freq_scale=0.25", NULL, 0, false, false},
-    {4096, 128, 32, 8, "q4_K", "f16", "i64", true, "", NULL, 0, false, false},   /* quantized gemv, warps own their rows */
-    {2048, 64, 32, 8, "q8_0", "f16", "i32", false, "", NULL, 0, false, false},   /* quantized, warps meeting in shared memory */
-    {4096, 128, 8, 2, "q6_K", "bf16", "i64", false, ", freq_scale=0.5", NULL, 0, false, false},
-    {4096, 128, 32, 8, "q4_K", "f16", "i64", true, "", "q6_K", 0, false, false}, /* q and k joined, v apart: two hosts */
-    {2048, 64, 32, 8, "bf16", "f16", "i64", false, "", NULL, 2, false, false},   /* neox */
-    {64, 64, 4, 2, "f16", "bf16", "i32", false, "", NULL, 2, true, false},       /* neox, biases, teams in a warp */
-    {3072, 96, 32, 32, "bf16", "f16", "i64", false, "", NULL, 2, false, false},  /* phi3: heads of 96 */
-    {4096, 128, 32, 8, "q4_K", "f16", "i64", true, "", NULL, 2, true, false},    /* quantized, neox, biases */
+    {2048, 64, 32, 8, "bf16", "f16", "i64", true, "", NULL, 0, false},
+    {64, 64, 4, 2, "f16", "bf16", "i32", false, ", freq_scale=0.5, ext_factor=1, attn_factor=1.5", NULL, 0, false},
+    {4096, 128, 32, 8, "bf16", "f16", "i64", true, "", NULL, 0, false},
+    {4096, 128, 8, 2, "f32", "f32", "i64", false, ", freq_scale=0.25", NULL, 0, false},
+    {4096, 128, 32, 8, "q4_K", "f16", "i64", true, "", NULL, 0, false},   /* quantized gemv, warps own their rows */
+    {2048, 64, 32, 8, "q8_0", "f16", "i32", false, "", NULL, 0, false},   /* quantized, warps meeting in shared memory */
+    {4096, 128, 8, 2, "q6_K", "bf16", "i64", false, ", freq_scale=0.5", NULL, 0, false},
+    {4096, 128, 32, 8, "q4_K", "f16", "i64", true, "", "q6_K", 0, false}, /* q and k joined, v apart: two hosts */
+    {2048, 64, 32, 8, "bf16", "f16", "i64", false, "", NULL, 2, false},   /* neox */
+    {64, 64, 4, 2, "f16", "bf16", "i32", false, "", NULL, 2, true},       /* neox, biases, teams in a warp */
+    {3072, 96, 32, 32, "bf16", "f16", "i64", false, "", NULL, 2, false},  /* phi3: heads of 96 */
+    {4096, 128, 32, 8, "q4_K", "f16", "i64", true, "", NULL, 2, true},    /* quantized, neox, biases */
     {2880, 64, 64, 8, "q8_0", "f16", "i64", false, ", freq_scale=0.03125, ext_factor=1, attn_factor=1", NULL, 2,
-     true, false}, /* gpt-oss: YaRN, biases, K 2880 */
-    {3072, 96, 32, 32, "bf16", "f16", "i64", false, "", NULL, 2, false, true},  /* phi3: the scale of q */
-    {4096, 128, 32, 8, "q4_K", "f16", "i64", true, "", NULL, 0, false, true},   /* quantized, mode 0, scale */
+     true}, /* gpt-oss: YaRN, biases, K 2880 */
 };
 
 START_TEST(front) {
@@ -64,25 +60,22 @@ START_TEST(front) {
              "weight wq: %s[%d, %d]\nweight wk: %s[%d, %d]\nweight wv: %s[%d, %d]\n"
              "q0 = mul_mat(wq, x)\nk0 = mul_mat(wk, x)\nv0 = mul_mat(wv, x)\n%s"
              "q3 = reshape(%s, [%d, %d, 1])\nk3 = reshape(%s, [%d, %d, 1])\n"
-             "%sqr = rope_ext(q3, pos%s, n_dims=%d, mode=%d, n_ctx_orig=8192, freq_base=500000%s)\n"
+             "output qr = rope_ext(q3, pos%s, n_dims=%d, mode=%d, n_ctx_orig=8192, freq_base=500000%s)\n"
              "kr = rope_ext(k3, pos%s, n_dims=%d, mode=%d, n_ctx_orig=8192, freq_base=500000%s)\n"
              "k_row = reshape(kr, [%d, 1])\n"
              "k_cache = set_rows(cache_k, k_row, kv_idxs)\nv_cache = set_rows(cache_v, %s, kv_idxs)\n"
-             "output kc = cont(k_cache)\noutput vc = cont(v_cache)\n%s",
+             "output kc = cont(k_cache)\noutput vc = cont(v_cache)\n",
              K, CASES[_i].it, ffdecl, bdecl, CASES[_i].ct, hd * hkv, CASES[_i].ct, hd * hkv, CASES[_i].wt, K, hd * hq,
              CASES[_i].wt, K, hd * hkv, CASES[_i].vt ? CASES[_i].vt : CASES[_i].wt, K, hd * hkv, badd, q, hd, hq, k, hd, hkv,
-             CASES[_i].scale ? "" : "output ", ffarg, hd, CASES[_i].mode, CASES[_i].rope, ffarg, hd, CASES[_i].mode,
-             CASES[_i].rope, hd * hkv, v, CASES[_i].scale ? "output qs = scale(qr, 0.10206207)\n" : "");
-    snprintf(label, sizeof label, "gemv_rope K %d head %d %s weights (v %s), %s cache, mode %d%s%s", K, hd, CASES[_i].wt,
-             CASES[_i].vt ? CASES[_i].vt : CASES[_i].wt, CASES[_i].ct, CASES[_i].mode, CASES[_i].bias ? ", biases" : "",
-             CASES[_i].scale ? ", q scaled" : "");
+             ffarg, hd, CASES[_i].mode, CASES[_i].rope, ffarg, hd, CASES[_i].mode, CASES[_i].rope, hd * hkv, v);
+    snprintf(label, sizeof label, "gemv_rope K %d head %d %s weights (v %s), %s cache, mode %d%s", K, hd, CASES[_i].wt,
+             CASES[_i].vt ? CASES[_i].vt : CASES[_i].wt, CASES[_i].ct, CASES[_i].mode, CASES[_i].bias ? ", biases" : "");
 
-    const char *want[2] = {CASES[_i].vt      ? "fused gemv_rope: v0, v_cache"
-                           : CASES[_i].bias  ? "fused gemv_rope: q0, k0, v0, qb, kb, vb, qr, kr, k_cache, v_cache"
-                           : CASES[_i].scale ? "fused gemv_rope: q0, k0, v0, qr, kr, k_cache, v_cache, qs"
-                                             : "fused gemv_rope: q0, k0, v0, qr, kr, k_cache, v_cache",
+    const char *want[2] = {CASES[_i].vt     ? "fused gemv_rope: v0, v_cache"
+                           : CASES[_i].bias ? "fused gemv_rope: q0, k0, v0, qb, kb, vb, qr, kr, k_cache, v_cache"
+                                            : "fused gemv_rope: q0, k0, v0, qr, kr, k_cache, v_cache",
                            NULL};
-    const char *absent[4] = {"set_rows nodes:", "rope_ext nodes:", " ew nodes: qs", NULL};
+    const char *absent[3] = {"set_rows nodes:", "rope_ext nodes:", NULL};
     fused_run_check(kg, want, absent, label);
 }
 END_TEST
