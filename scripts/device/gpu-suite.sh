@@ -6,6 +6,10 @@ set -u
 B=${B:-build-dev}
 O=${OUT:-/tmp/out}
 mkdir -p "$O/t"
+# libraries pack.sh copied (libmicrohttpd for kiln serve), when the machine has none of its own
+if [ -d "$B/lib" ] && ! ldconfig -p 2>/dev/null | grep -q libmicrohttpd.so.12; then
+    export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 cat "$B/BUILT_AT" 2>/dev/null
 start=$(date +%s)
