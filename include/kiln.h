@@ -1106,6 +1106,12 @@ typedef struct {
     const kiln_bundle *bundle;
 } kiln_gen_opts;
 kiln_status kiln_gen_new(const kiln_model *m, const kiln_gen_opts *o, kiln_gen **out);
+/* The build options kiln_gen_new gives part `part` of m under o: with o->tp > 1 rank `part` of
+ * the tensor-parallel split (0 .. tp - 1), with o->pp > 1 stage `part` of the pipeline, else
+ * (part 0) the one program. Building and compiling them (kiln_model_build, kiln_compile) ahead of
+ * time fills the kernel cache with what kiln_gen_new will ask for: `kiln compile MODEL.gguf --tp
+ * G`. out->sampler may point into *o. */
+kiln_status kiln_gen_part_opts(const kiln_model *m, const kiln_gen_opts *o, int part, kiln_build_opts *out);
 void        kiln_gen_free(kiln_gen *g);
 /* Appends n tokens to the sequence (prefill in runs of n_batch tokens; one token: the decode
  * program) and gives the logits of the last one: n_vocab floats owned by g, valid until the

@@ -356,6 +356,12 @@ int         km_tp_gen_ranks(const km_tp_gen *t);
  * reference (o->cpu), run one after another with each stage's hidden state handed on; a run
  * takes kiln_gen's inputs and gives the first n_read rows of the last stage's logits. */
 typedef struct km_pp_gen km_pp_gen;
+/* Stage s of n over L layers: layers [*first, *end), L / n each, the first L % n stages one more. */
+void        km_stage_layers(int64_t L, int n, int s, int *first, int *end);
+/* The build options of part `part` of a model split over tp ranks or pp stages (whole: the
+ * split's own, kiln_gen's), as kiln_gen builds each part (model/gen.c). */
+void        km_part_opts(const kiln_model_hparams *hp, const kiln_build_opts *whole, int tp, int pp, int part,
+                         kiln_build_opts *out);
 kiln_status km_pp_gen_open(const kiln_model *m, int n, const kiln_build_opts *bo, const kiln_gen_opts *o,
                            kiln_gen_stats *stats, km_pp_gen **out);
 kiln_status km_pp_gen_run(km_pp_gen *p, const km_tp_run *in, float *logits);

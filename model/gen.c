@@ -160,6 +160,47 @@ static int64_t weight_bytes(const kiln_graph *gr) {
     return n;
 }
 
+/* What g's programs are built from, as o asks: sizes, the CPU reference, the small program, and
+ * whether the program samples. */
+static void plan_from(kiln_gen *g, const kiln_gen_opts *o) {
+    g->cpu = o->cpu;
+    g->n_ctx = o->n_ctx > 0 ? o->n_ctx : kiln_default_n_ctx(g->hp);
+    g->n_batch = o->n_batch > 0 ? o->n_batch : g->n_ctx < 512 ? g->n_ctx : 512;
+    g->n_small = o->n_small;
+    bool parts = o->tp > 1 || o->pp > 1; /* (a split model: the logits read to the host) */
+    /* A sampler the kernels can run ends the program with `sample` too (any other stays on the
+     * host, as does the CPU reference, whose generation samples the logits it reads, and the
+     * ranks of a split model, whose logits are gathered first). */
+    if (o->sampler && !o->cpu && !parts && !o->bundle && kiln_sampler_on_gpu(o->sampler, g->hp->n_vocab))
+        g->gpu_sample = true, g->sampler = *o->sampler;
+}
+
+void km_part_opts(const kiln_model_hparams *hp, const kiln_build_opts *whole, int tp, int pp, int part,
+                  kiln_build_opts *out) {
+    *out = *whole;
+    if (tp > 1) out->tp_size = tp, out->tp_rank = part;
+    else if (pp > 1) km_stage_layers(hp->n_layer, pp, part, &out->layer_first, &out->layer_end);
+}
+
+kiln_status kiln_gen_part_opts(const kiln_model *m, const kiln_gen_opts *o, int part, kiln_build_opts *out) {
+    if (!m || !o || !out) return kb_error(KILN_ERR_INVALID, "kiln_gen_part_opts: NULL argument");
+    int parts = o->tp > 1 ? o->tp : o->pp > 1 ? o->pp : 1;
+    if (o->tp > 1 && o->pp > 1)
+        return kb_error(KILN_ERR_INVALID, "kiln_gen_part_opts: tp %d and pp %d: one split or the other", o->tp, o->pp);
+    if (o->tp > 64 || o->pp > 64 || part < 0 || part >= parts)
+        return kb_error(KILN_ERR_INVALID, "kiln_gen_part_opts: part %d of %d (tp %d, pp %d; 64 at most)", part, parts,
+                        o->tp, o->pp);
+    kiln_gen g = {.m = m, .hp = kiln_model_get_hparams(m)};
+    plan_from(&g, o);
+    if (o->pp > 1 && (o->pp > g.hp->n_layer))
+        return kb_error(KILN_ERR_INVALID, "pipeline split: %d stages of %lld layers (at most a layer a stage)", o->pp,
+                        (long long)g.hp->n_layer);
+    kiln_build_opts whole = build_opts(&g, parts > 1);
+    if (g.gpu_sample) whole.sampler = o->sampler; /* (not g's copy, gone on return) */
+    km_part_opts(g.hp, &whole, o->tp, o->pp, part, out);
+    return NULL;
+}
+
 static kiln_status gen_new(const kiln_model *m, const kiln_gen_opts *o, bool all, kiln_gen **out) {
     if (out) *out = NULL;
     if (!m || !out) return kb_error(KILN_ERR_INVALID, "kiln_gen_new: NULL argument");
@@ -170,16 +211,8 @@ static kiln_status gen_new(const kiln_model *m, const kiln_gen_opts *o, bool all
     g->m = m;
     g->all = all;
     g->hp = kiln_model_get_hparams(m);
-    g->cpu = o->cpu;
-    g->n_ctx = o->n_ctx > 0 ? o->n_ctx : kiln_default_n_ctx(g->hp);
-    g->n_batch = o->n_batch > 0 ? o->n_batch : g->n_ctx < 512 ? g->n_ctx : 512;
-    g->n_small = o->n_small;
-    bool tp = o->tp > 1, parts = tp || o->pp > 1; /* (a split model: the logits read to the host) */
-    /* A sampler the kernels can run ends the program with `sample` too (any other stays on the
-     * host, as does the CPU reference, whose generation samples the logits it reads, and the
-     * ranks of a split model, whose logits are gathered first). */
-    if (o->sampler && !o->cpu && !parts && !o->bundle && kiln_sampler_on_gpu(o->sampler, g->hp->n_vocab))
-        g->gpu_sample = true, g->sampler = *o->sampler;
+    plan_from(g, o);
+    bool tp = o->tp > 1, parts = tp || o->pp > 1;
     kiln_status st = NULL;
     if (o->n_ctx < 0 || o->n_batch < 0 || g->n_batch > g->n_ctx)
         st = kb_error(KILN_ERR_INVALID, "kiln_gen_new: n_batch %lld must be 1 .. n_ctx (%lld)", (long long)g->n_batch,

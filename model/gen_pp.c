@@ -36,8 +36,7 @@ struct km_pp_gen {
     double                    last_ms;
 };
 
-/* Stage s of n over L layers: L / n each, the first L % n stages one more. */
-static void stage_layers(int64_t L, int n, int s, int *first, int *end) {
+void km_stage_layers(int64_t L, int n, int s, int *first, int *end) {
     int64_t base = L / n, extra = L % n;
     *first = (int)(s * base + (s < extra ? s : extra));
     *end = (int)(*first + base + (s < extra));
@@ -167,9 +166,9 @@ kiln_status km_pp_gen_open(const kiln_model *m, int n, const kiln_build_opts *bo
     for (int s = 0; !st && s < n; s++) {
         pp_stage *k = &p->s[s];
         k->p = p, k->index = s;
-        stage_layers(hp->n_layer, n, s, &k->first, &k->end);
-        kiln_build_opts sb = *bo;
-        sb.layer_first = k->first, sb.layer_end = k->end;
+        kiln_build_opts sb;
+        km_part_opts(hp, bo, 0, n, s, &sb);
+        k->first = sb.layer_first, k->end = sb.layer_end;
         if (!(k->ctx = kiln_ctx_new())) st = kb_oom();
         if (!st) st = kiln_model_build(k->ctx, m, &sb);
         if (!st) st = kiln_graph_new(k->ctx, &k->graph);
@@ -211,7 +210,7 @@ kiln_status kiln_model_pp_describe(const kiln_model *m, int g, int64_t n_ctx, ch
     double      most = 0;
     for (int s = 0; s < g && !st; s++) {
         int first, end;
-        stage_layers(hp->n_layer, g, s, &first, &end);
+        km_stage_layers(hp->n_layer, g, s, &first, &end);
         kiln_ctx       *ctx = kiln_ctx_new();
         kiln_graph     *gr = NULL;
         kiln_build_opts bo = {.n_ctx = n_ctx, .n_tokens_max = 1, .layer_first = first, .layer_end = end};

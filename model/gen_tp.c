@@ -193,8 +193,8 @@ kiln_status km_tp_gen_open(const kiln_model *m, int g, const kiln_build_opts *bo
             st = kb_oom();
             break;
         }
-        kiln_build_opts rb = *bo;
-        rb.tp_size = g, rb.tp_rank = r;
+        kiln_build_opts rb;
+        km_part_opts(hp, bo, g, 0, r, &rb);
         st = kiln_model_build(k->ctx, m, &rb);
         if (!st) st = kiln_graph_new(k->ctx, &k->graph);
         if (!st && t->cpu) st = km_host_states(k->graph, &k->states, &k->nstates);

@@ -516,8 +516,8 @@ START_TEST(tensor_parallel_flag) {
     expect(0, args, "stage 0 (GPU 0): layers 0 .. 0", "stage 1 (GPU 1): layers 1 .. 1");
     snprintf(args, sizeof args, "inspect '%s' --pp 3", m);
     expect(1, args, "3 stages of 2 layers", NULL);
-    snprintf(args, sizeof args, "compile '%s' --pp 2", m);
-    expect(2, args, "kiln compile: --pp 2: a program per GPU", "kiln inspect MODEL.gguf --pp 2");
+    snprintf(args, sizeof args, "compile '%s' --pp 2", m); /* each stage's program, into the cache */
+    expect(0, args, "stage 0 of 2: ", "stage 1 of 2: ");
     snprintf(args, sizeof args, "run '%s' --tokens 1,2 --tp 3 --cpu", m);
     expect(1, args, "n_head 4 is not a multiple of 3", NULL);
     /* --context-shift over the ranks: the whole model's tokens after the same shifts */
@@ -530,8 +530,10 @@ START_TEST(tensor_parallel_flag) {
     ck_assert_msg(!strncmp(gw, gs, strcspn(gw, "\n") + 1), "--tp 2 --context-shift generated\n%s\nthe whole model\n%s",
                   gs, gw);
     free(whole), free(split);
-    snprintf(args, sizeof args, "compile '%s' --tp 2", m);
-    expect(2, args, "kiln compile: --tp 2: a program per GPU", "kiln run MODEL.gguf --tp 2");
+    snprintf(args, sizeof args, "compile '%s' --tp 2", m); /* each rank's program, into the cache */
+    expect(0, args, "rank 0 of 2: ", "rank 1 of 2: ");
+    snprintf(args, sizeof args, "compile '%s/examples/activations.kg' --tp 2", ts_src_dir());
+    expect(2, args, "--tp splits a GGUF model;", "is not one");
     snprintf(args, sizeof args, "inspect '%s' --tp 65", m);
     expect(2, args, "--tp 65: must be 1 .. 64", NULL);
 }

@@ -2,7 +2,8 @@
  * weight is either whole on every rank or cut along exactly one extent, a rank's shares add up
  * to the weight, row-parallel weights map into n_embd, and what cannot split is refused with the
  * hyperparameter named; Llama-3-70B in bf16 fits two 80 GB GPUs (a rank's weights) and in
- * Q4_K_M keeps whole blocks in every rank's rows. No GPU needed. */
+ * Q4_K_M keeps whole blocks in every rank's rows; kiln compile --tp/--pp fills the cache with
+ * what the split's run asks for. No GPU needed. */
 #include "tests/support.h"
 
 #include "base/base.h"
@@ -265,9 +266,77 @@ START_TEST(random_weights_of_a_rank) {
 }
 END_TEST
 
+/* Every part of split (tp, pp) of model path, built as kiln_gen_new builds it (kiln_gen_part_opts),
+ * finds all its kernels in cache: the whole program from the program cache, nothing compiled. */
+static void parts_cached(const char *path, int tp, int pp, const char *cache) {
+    kiln_model *m;
+    TS_OK(kiln_model_open(path, &m));
+    kiln_gen_opts go = {.tp = tp, .pp = pp};
+    for (int part = 0; part < (tp > 1 ? tp : pp); part++) {
+        kiln_build_opts bo;
+        TS_OK(kiln_gen_part_opts(m, &go, part, &bo));
+        ck_assert_int_eq(bo.tp_size, tp > 1 ? tp : 0);
+        ck_assert_int_eq(bo.tp_rank, tp > 1 ? part : 0);
+        ck_assert(!bo.argmax); /* (a split's logits are gathered on the host) */
+        kiln_ctx     *ctx = kiln_ctx_new();
+        kiln_graph   *g;
+        kiln_program *p;
+        TS_OK(kiln_model_build(ctx, m, &bo));
+        TS_OK(kiln_graph_new(ctx, &g));
+        kiln_compile_opts o = {.arch = "sm_90a", .cache_dir = cache, .cache_mode = KILN_CACHE_READONLY};
+        TS_OK(kiln_compile(g, &o, &p));
+        kiln_compile_stats st;
+        kiln_program_stats(p, &st);
+        ck_assert_msg(st.program_cached == 1 && st.compiled == 0, "tp %d pp %d part %d: %d compiled, program cached %d",
+                      tp, pp, part, st.compiled, st.program_cached);
+        kiln_program_free(p);
+        kiln_graph_free(g);
+        kiln_ctx_free(ctx);
+    }
+    kiln_model_close(m);
+}
+
+/* kiln compile MODEL.gguf --tp G / --pp G fills the cache with what kiln run --tp G / --pp G
+ * will ask for (kiln_gen_new builds each part with kiln_gen_part_opts too); the split's flags are
+ * refused where they do not apply, and kiln_gen_part_opts refuses parts that do not exist. */
+START_TEST(compile_ahead_of_the_split) {
+    char *dir = ts_tmpdir(), path[512], cache[512], cmd[2048], *out;
+    snprintf(path, sizeof path, "%s/tiny.gguf", dir);
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    kiln_model_hparams hp;
+    TS_OK(kiln_model_preset("llama", "tiny", &hp));
+    TS_OK(kiln_model_write_random(&hp, 3, path, NULL, NULL));
+    snprintf(cmd, sizeof cmd, "'%s' compile '%s' --tp 2 --cache-dir '%s' 2>&1", ts_kiln_bin(), path, cache);
+    ck_assert_int_eq(ts_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "rank 0 of 2: ") && strstr(out, "rank 1 of 2: "), "%s", out);
+    free(out);
+    parts_cached(path, 2, 0, cache);
+    snprintf(cmd, sizeof cmd, "'%s' compile '%s' --pp 2 --cache-dir '%s' 2>&1", ts_kiln_bin(), path, cache);
+    ck_assert_int_eq(ts_run(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "stage 0 of 2: ") && strstr(out, "stage 1 of 2: "), "%s", out);
+    free(out);
+    parts_cached(path, 0, 2, cache);
+    snprintf(cmd, sizeof cmd, "'%s' compile '%s' --tp 2 -o '%s/x.kiln' 2>&1", ts_kiln_bin(), path, dir);
+    ck_assert_int_eq(ts_run(cmd, &out), 2);
+    ck_assert_msg(strstr(out, "-o with --tp: a bundle holds one program, a split has 2"), "%s", out);
+    free(out);
+    kiln_model *m;
+    TS_OK(kiln_model_open(path, &m));
+    kiln_build_opts bo;
+    ts_expect_status(kiln_gen_part_opts(m, &(kiln_gen_opts){.tp = 2}, 2, &bo), KILN_ERR_INVALID, "part 2 of 2");
+    ts_expect_status(kiln_gen_part_opts(m, &(kiln_gen_opts){.tp = 2, .pp = 2}, 0, &bo), KILN_ERR_INVALID,
+                     "one split or the other");
+    TS_OK(kiln_gen_part_opts(m, &(kiln_gen_opts){0}, 0, &bo)); /* one GPU: the program kiln run builds */
+    ck_assert(bo.argmax && bo.tp_size == 0 && bo.layer_end == 0);
+    kiln_model_close(m);
+    ts_tmpdir_free(dir);
+}
+END_TEST
+
 int main(void) {
     Suite *s = TS_SUITE("tp", TS_CASE("plan", 60),
                         TS_TESTS(every_preset_splits_or_is_refused, refusals_name_the_hyperparameter, random_weights_of_a_rank,
-                                 llama_70b_over_2_and_4_gpus, rank_slices_of_the_file, describe_the_split));
+                                 llama_70b_over_2_and_4_gpus, rank_slices_of_the_file, describe_the_split,
+                                 compile_ahead_of_the_split));
     return ts_main_isolated(s, "tp");
 }

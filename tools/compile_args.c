@@ -100,14 +100,13 @@ int kt_args_parse(int argc, char **argv, kt_args *c) {
         return kt_usage(NULL, "--bundle: only 'kiln run' takes a bundle (%s)", c->bundle);
     if (c->bundle && c->graph) return kt_usage(NULL, "give a graph or --bundle, not both ('%s')", c->graph);
     if (!c->graph && !c->bundle) return kt_usage(NULL, "%s: no graph file given", c->cmd);
-    if (c->tp > 1 && strcmp(c->cmd, "inspect"))
-        return kt_usage(c->cmd, "--tp %d: a program per GPU is not written by kiln %s yet; 'kiln run MODEL.gguf --tp %d' "
-                        "compiles and runs the split, 'kiln inspect MODEL.gguf --tp %d' shows it", c->tp, c->cmd, c->tp,
-                        c->tp);
-    if (c->pp > 1 && strcmp(c->cmd, "inspect"))
-        return kt_usage(c->cmd, "--pp %d: a program per GPU is not written by kiln %s yet; 'kiln run MODEL.gguf --pp %d' "
-                        "compiles and runs the stages, 'kiln inspect MODEL.gguf --pp %d' shows them", c->pp, c->cmd,
-                        c->pp, c->pp);
+    /* (kiln run MODEL.gguf --tp/--pp parses its flags elsewhere: here a .kg graph or a bundle) */
+    if (c->tp > 1 && !strcmp(c->cmd, "run"))
+        return kt_usage(c->cmd, "--tp %d splits a GGUF model: 'kiln run MODEL.gguf --tp %d' (not a .kg graph or a "
+                        "bundle)", c->tp, c->tp);
+    if (c->pp > 1 && !strcmp(c->cmd, "run"))
+        return kt_usage(c->cmd, "--pp %d splits a GGUF model: 'kiln run MODEL.gguf --pp %d' (not a .kg graph or a "
+                        "bundle)", c->pp, c->pp);
     if (c->tp > 1 && c->pp > 1) return kt_usage(c->cmd, "%s", "--tp and --pp: one split or the other, not both");
     return KT_GO_ON;
 }
