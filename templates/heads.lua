@@ -9,10 +9,10 @@
 -- is then not stored: the node's instructions run on the rotated values and its result is
 -- stored instead (Gemma 3's scale of q).
 -- A "job" is a rope with the norm before it and the elementwise node after it (if any), a rope
--- alone, or a cache row; a warp
--- computes one head of a job (a cache row: one piece of at most PIECE elements), so the kernel
--- is one warp per head of every job: Qwen3's 32 q heads, 4 k heads and the v row as 40 warps,
--- where the unfused graph launched 5 kernels.
+-- alone, or a cache row. A warp computes one head of a job (of a cache row, one piece of at most
+-- PIECE elements), so the kernel is a warp per head of every job: Qwen3-30B-A3B's 32 q heads,
+-- 4 k heads and the 2 pieces of its v row are 38 warps, where the unfused graph launched 5
+-- kernels.
 --
 -- In a warp, lane l holds pairs i = l, l + 32, ... of the head (a mode 0 pair is elements 2i,
 -- 2i + 1; a neox pair i and i + ne0/2), so loads and stores are coalesced. The norm sums the
