@@ -1,8 +1,9 @@
 /* kiln serve end to end (issue 28): the command on a tiny model with the CPU reference, driven by
  * OpenAI's Python client (tests/serve/client.py, from the virtual environment make test builds:
- * build/pyenv-serve, or KILN_SERVE_PYTHON). Two servers: 4 slots with a long queue for the
- * answers, bad requests and 16 concurrent streams; 4 slots with a queue of 4 for a client that
- * leaves mid-stream and for 429. Each server stops on SIGTERM with exit status 0. The command's
+ * build/pyenv-serve, or KILN_SERVE_PYTHON). Servers of 4 slots: with a long queue for the
+ * answers, bad requests and 16 concurrent streams; the same streams with the program for steps
+ * of at most 8 tokens (--batch-small 8); with a queue of 4 for a client that leaves mid-stream
+ * and for 429. Each server stops on SIGTERM with exit status 0. The command's
  * usage errors are checked too. */
 #include "tests/support.h"
 
@@ -50,6 +51,18 @@ START_TEST(openai_client) {
     const char *args[] = {"-np", "4", "-c", "1024", NULL};
     ts_server   s = start(model(), args);
     client(s, "test_basics test_bad_requests test_concurrent");
+    ts_serve_stop(s);
+}
+END_TEST
+
+/* The batch with a program for steps of at most 8 tokens (--batch-small; kiln serve's default on
+ * a GPU is 64): on the CPU reference too, 16 streams each equal to its request alone. */
+START_TEST(small_program) {
+    const char *args[] = {"-np", "4", "-c", "1024", "--batch-small", "8", NULL};
+    char        line[512];
+    ts_server   s = ts_serve_start(model(), args, true, line);
+    ck_assert_msg(strstr(line, "steps of at most 8 tokens in a program of their own"), "%s", line);
+    client(s, "test_concurrent");
     ts_serve_stop(s);
 }
 END_TEST
@@ -136,6 +149,6 @@ static void teardown(void) { ts_tmpdir_free(g_dir); }
 
 int main(void) {
     Suite *s = TS_SUITE("serve", TS_CASE_FIXTURE("serve", 240, setup, teardown),
-                        TS_TESTS(usage_errors, api_key, without_cpu_flag, openai_client, leave_and_queue_full));
+                        TS_TESTS(usage_errors, api_key, without_cpu_flag, openai_client, small_program, leave_and_queue_full));
     return ts_main_isolated(s, "serve");
 }
