@@ -952,3 +952,15 @@ void ts_serve_stop(ts_server s) {
     ck_assert_int_eq(waitpid(s.pid, &st, 0), s.pid);
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kiln serve ended with %d", st);
 }
+
+void ts_kernels_fused(const char *kg, const char *cache_dir, const char *const *needles, int n) {
+    static const char *archs[2] = {"sm_90a", "sm_80"};
+    int                counts[8];
+    ck_assert_int_le(n, 8);
+    for (int a = 0; a < 2; a++) {
+        ts_kernels_clean(kg, archs[a], cache_dir, needles, counts, n);
+        for (int j = 0; j < n; j++)
+            ck_assert_msg(counts[j] == (j == 0), "%s: %d kernels with '%s' (want %d)", archs[a], counts[j], needles[j],
+                          j == 0);
+    }
+}

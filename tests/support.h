@@ -251,6 +251,10 @@ const char *ts_case_label(int i);
  * last parameter (with TS_KDIMS_IF_USED, only when it mentions kdims at all), and each compiles
  * with NVRTC without a warning. `what` labels failures. */
 enum { TS_LAUNCH_ONLY = 1, TS_KDIMS_IF_USED = 2 };
+/* The fusion tests' check: kg's kernels compile cleanly (ts_kernels_clean) for sm_90a and sm_80,
+ * exactly one source holds needles[0] (the fused kernel) and none needles[1..n) (kernels the
+ * fusion removed). */
+void ts_kernels_fused(const char *kg, const char *cache_dir, const char *const *needles, int n);
 void ts_dyn_kernels(const char *kg, const char *want, const char *cache_dir, bool (*mine)(const ir_node *), int flags,
                     const char *family, const char *what);
 /* Asserts that kg is refused: it parses, its graph builds, and kiln_compile (sm_90a, cache_dir,
