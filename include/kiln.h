@@ -760,6 +760,9 @@ typedef struct {
 kiln_status kiln_build_model(kiln_ctx *ctx, const kiln_model_hparams *hp, const kiln_build_opts *o);
 /* The context a build gets for n_ctx 0: 4096 slots, or n_ctx_train when smaller. */
 int64_t     kiln_default_n_ctx(const kiln_model_hparams *hp);
+/* The batch a build (and kiln_gen, kiln_batch, kiln serve's -b) gets for n_tokens_max 0 in a
+ * context of n_ctx: 512 tokens, or n_ctx when smaller. */
+int64_t     kiln_default_n_batch(int64_t n_ctx);
 
 /* ---- GGUF files (docs/gguf.md) ---------------------------------------------------------------
  * GGUF v2 and v3 (ggml's model format), read over mmap. kiln_gguf_open checks the whole file

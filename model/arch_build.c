@@ -580,11 +580,13 @@ int64_t kiln_default_n_ctx(const kiln_model_hparams *hp) {
     return hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
 }
 
+int64_t kiln_default_n_batch(int64_t n_ctx) { return n_ctx < 512 ? n_ctx : 512; }
+
 static kiln_status check_opts(const kiln_model_hparams *hp, const kiln_build_opts *in, kiln_build_opts *o) {
     kiln_build_opts d = {0};
     *o = in ? *in : d;
     if (o->n_ctx == 0) o->n_ctx = kiln_default_n_ctx(hp);
-    if (o->n_tokens_max == 0) o->n_tokens_max = o->n_ctx < 512 ? o->n_ctx : 512;
+    if (o->n_tokens_max == 0) o->n_tokens_max = kiln_default_n_batch(o->n_ctx);
     if (o->n_ctx < 1 || o->n_ctx > ((int64_t)1 << 31))
         return kb_error(KILN_ERR_INVALID, "build: n_ctx = %lld is out of range (1 .. 2^31)", (long long)o->n_ctx);
     if (o->n_tokens_max < 1 || o->n_tokens_max > o->n_ctx)

@@ -165,7 +165,7 @@ static int64_t weight_bytes(const kiln_graph *gr) {
 static void plan_from(kiln_gen *g, const kiln_gen_opts *o) {
     g->cpu = o->cpu;
     g->n_ctx = o->n_ctx > 0 ? o->n_ctx : kiln_default_n_ctx(g->hp);
-    g->n_batch = o->n_batch > 0 ? o->n_batch : g->n_ctx < 512 ? g->n_ctx : 512;
+    g->n_batch = o->n_batch > 0 ? o->n_batch : kiln_default_n_batch(g->n_ctx);
     g->n_small = o->n_small;
     bool parts = o->tp > 1 || o->pp > 1; /* (a split model: the logits read to the host) */
     /* A sampler the kernels can run ends the program with `sample` too (any other stays on the

@@ -325,7 +325,7 @@ kiln_status sv_engine_new(const kiln_model *m, const kiln_tokenizer *tok, const 
     if (e->n_ctx > hp->n_ctx_train) e->n_ctx = hp->n_ctx_train; /* (rope positions past training) */
     kiln_batch_opts bo = {.n_ctx = e->n_ctx * e->n_slots, .n_seq = e->n_slots, .cpu = o->cpu, .n_batch = o->n_batch,
                           .tp = o->tp, .pp = o->pp, .n_small = o->n_small};
-    int64_t nb = o->n_batch > 0 ? o->n_batch : bo.n_ctx < 512 ? bo.n_ctx : 512; /* (kiln_batch's default) */
+    int64_t nb = o->n_batch > 0 ? o->n_batch : kiln_default_n_batch(bo.n_ctx);
     if (o->n_small < 0) /* auto: where steps of several sequences take more than it */
         bo.n_small = e->n_slots > 1 && !o->cpu && nb > SV_SMALL_AUTO ? SV_SMALL_AUTO : 0;
     else if (!st && o->n_small >= nb)

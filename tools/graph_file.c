@@ -61,7 +61,7 @@ bool kt_model_ctx(const char *cmd, const kiln_model_hparams *hp, int64_t *n_ctx,
     if (*n_batch > *n_ctx)
         return kt_flag_usage(cmd, "--n-batch %lld: a batch must fit in the context, %s %lld", (long long)*n_batch,
                              given ? "--n-ctx" : "which is by default", (long long)*n_ctx);
-    if (*n_batch <= 0) *n_batch = *n_ctx < 512 ? *n_ctx : 512;
+    if (*n_batch <= 0) *n_batch = kiln_default_n_batch(*n_ctx);
     return true;
 }
 
